@@ -1,0 +1,31 @@
+# Two entry points that work on a fresh Debian machine with Python 3.11 (root for the apt step):
+#   make demo   run the daemon on a simulated 2xH200 node with a synthetic workload
+#   make test   install everything, then ruff, mypy --strict and the whole test suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SPEC ?= h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6
+
+.PHONY: demo test lint venv debs
+
+$(BIN)/flexmig: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,torch]'
+	touch $@
+
+venv: $(BIN)/flexmig
+
+debs:
+	@command -v mosquitto >/dev/null && command -v promtool >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus >/dev/null; }
+
+demo: venv
+	$(BIN)/flexmigd --sim $(SPEC)
+
+lint: venv
+	$(BIN)/ruff check daemon tests bench examples dashboards
+	$(BIN)/mypy
+
+test: venv debs lint
+	$(BIN)/pytest -q

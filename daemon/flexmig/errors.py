@@ -1,0 +1,64 @@
+"""The one error hierarchy of flexmig.
+
+Every foreign error (pynvml, sqlite, aiomqtt, OSError from a config file) is converted at the border of the
+layer that meets it, with ``raise ... from``, so callers only ever catch these. Each message names the culprit
+(file, key, line, topic, GPU) because operators read them in a journal, far from the code.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "FlexmigError",
+    "HookTimeoutError",
+    "JobSpecError",
+    "LayoutError",
+    "NodeSpecError",
+    "NvmlCallError",
+    "NvmlUnavailableError",
+    "PlanRejectedError",
+]
+
+
+class FlexmigError(Exception):
+    """Root of every error flexmig raises on purpose."""
+
+
+class NodeSpecError(FlexmigError, ValueError):
+    """A simulated-node spec (``h200x8:3g.71gb@0``) is malformed; the message points at the bad item."""
+
+
+class LayoutError(FlexmigError, ValueError):
+    """A MIG layout breaks a placement rule (overlap, a start the profile does not allow, too many instances)."""
+
+
+class ConfigError(FlexmigError, ValueError):
+    """A configuration file is invalid; the message names the file, the key and the line."""
+
+
+class JobSpecError(FlexmigError, ValueError):
+    """A job spec is invalid or unsafe; the message names the file and the key."""
+
+
+class NvmlUnavailableError(FlexmigError):
+    """No NVML library or driver could be loaded (no GPU, no driver, and no ``--sim``)."""
+
+
+class NvmlCallError(FlexmigError):
+    """An NVML call failed. Carries the NVML return code and the call's name, never the pynvml class."""
+
+    def __init__(self, call: str, code: int, name: str, target: str = "") -> None:
+        where = f" on {target}" if target else ""
+        super().__init__(f"NVML {call}{where} failed: {name} (code {code})")
+        self.call = call
+        self.code = code
+        self.name = name
+        self.target = target
+
+
+class PlanRejectedError(FlexmigError):
+    """A plan was refused: it would break a safety rule or the current mode forbids acting."""
+
+
+class HookTimeoutError(FlexmigError):
+    """A job did not acknowledge a checkpoint request in time; the move is cancelled."""

@@ -1,0 +1,35 @@
+"""Pure MIG model: GPU models, profiles, placements and layouts. No I/O, no clock."""
+
+from flexmig.mig.catalogue import (
+    A100_40,
+    A100_80,
+    H100_80,
+    H200,
+    MODELS,
+    ComputeProfile,
+    GpuModel,
+    Profile,
+    model_by_key,
+    model_by_name,
+)
+from flexmig.mig.enumerate import maximal_layouts
+from flexmig.mig.layout import Layout, PlacedInstance
+from flexmig.mig.nodespec import NodeSpec, parse_node_spec
+
+__all__ = [
+    "A100_40",
+    "A100_80",
+    "H100_80",
+    "H200",
+    "MODELS",
+    "ComputeProfile",
+    "GpuModel",
+    "Layout",
+    "NodeSpec",
+    "PlacedInstance",
+    "Profile",
+    "maximal_layouts",
+    "model_by_key",
+    "model_by_name",
+    "parse_node_spec",
+]

@@ -1,0 +1,1 @@
+"""flexmig.plan."""
