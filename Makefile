@@ -24,7 +24,7 @@ demo: venv
 	$(BIN)/flexmigd --sim $(SPEC)
 
 lint: venv
-	$(BIN)/ruff check daemon tests bench examples dashboards
+	$(BIN)/ruff check $(wildcard daemon tests bench examples dashboards)
 	$(BIN)/mypy
 
 test: venv debs lint
