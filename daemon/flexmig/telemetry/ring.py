@@ -1,0 +1,115 @@
+"""Bounded ring buffers of timed samples, and the window statistics read from them.
+
+Every MIG instance gets a few of these (SM activity, memory used). They are bounded twice: by a fixed number of
+points (so a daemon that runs for months holds the same memory as one that runs for minutes) and by the window
+the reader asks for (so a late sweep never mixes old and new). Unavailable readings are simply not appended: a
+window over points that were never measured is ``None``, never a row of zeros.
+
+Time is passed in (monotonic seconds); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["RingBuffer", "WindowStats", "capacity_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """Statistics of the points of one ring buffer that fall in the last ``seconds`` before ``now``.
+
+    ``span_s`` is how much time the points actually cover (last minus first); a window that just started has a
+    short span, which readers such as the detector use to refuse judging an instance on two seconds of data.
+    """
+
+    seconds: float
+    count: int
+    span_s: float
+    mean: float
+    min: float
+    max: float
+    p95: float
+    last: float
+
+
+def capacity_for(window_s: float, interval_s: float, slack: int = 2) -> int:
+    """How many points a buffer needs to hold ``window_s`` seconds sampled every ``interval_s`` seconds."""
+    if window_s <= 0 or interval_s <= 0:
+        raise ValueError(f"window ({window_s}) and interval ({interval_s}) must be positive")
+    return math.ceil(window_s / interval_s) + slack
+
+
+class RingBuffer:
+    """The last ``capacity`` (time, value) points, oldest first; appending beyond capacity drops the oldest."""
+
+    __slots__ = ("_times", "_values")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"ring buffer capacity must be at least 1, not {capacity}")
+        self._times: deque[float] = deque(maxlen=capacity)
+        self._values: deque[float] = deque(maxlen=capacity)
+
+    @property
+    def capacity(self) -> int:
+        """The most points this buffer holds."""
+        maxlen = self._times.maxlen
+        assert maxlen is not None
+        return maxlen
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+    def append(self, t: float, value: float) -> None:
+        """Add a point. Time must not go backwards (a monotonic clock); a point at the same time replaces the last.
+
+        NaN is refused: it would poison every mean computed after it, and it is never a real reading.
+        """
+        if math.isnan(value):
+            raise ValueError("NaN is not a sample; leave unavailable readings out")
+        if self._times:
+            last = self._times[-1]
+            if t < last:
+                raise ValueError(f"sample time {t} is before the previous one ({last})")
+            if t == last:
+                self._values[-1] = value
+                return
+        self._times.append(t)
+        self._values.append(value)
+
+    def latest(self) -> tuple[float, float] | None:
+        """The newest (time, value), or None when empty."""
+        if not self._times:
+            return None
+        return self._times[-1], self._values[-1]
+
+    def window(self, now: float, seconds: float) -> WindowStats | None:
+        """Mean, min, max, p95 (nearest rank) and last value over ``(now - seconds, now]``; None if empty."""
+        if seconds <= 0:
+            raise ValueError(f"window must be positive, not {seconds}")
+        start = now - seconds
+        times = self._times
+        n = len(times)
+        while n > 0 and times[n - 1] > now:  # points after `now` are not part of this window
+            n -= 1
+        first = n
+        while first > 0 and times[first - 1] > start:
+            first -= 1
+        if first == n:
+            return None
+        vals = [self._values[i] for i in range(first, n)]
+        ordered = sorted(vals)
+        rank = max(1, math.ceil(0.95 * len(ordered)))
+        return WindowStats(
+            seconds=seconds,
+            count=len(vals),
+            span_s=times[n - 1] - times[first],
+            mean=math.fsum(vals) / len(vals),
+            min=ordered[0],
+            max=ordered[-1],
+            p95=ordered[rank - 1],
+            last=vals[-1],
+        )
