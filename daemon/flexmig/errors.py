@@ -15,8 +15,14 @@ __all__ = [
     "LayoutError",
     "NodeSpecError",
     "NvmlCallError",
+    "NvmlGpuLostError",
+    "NvmlInUseError",
+    "NvmlInsufficientResourcesError",
+    "NvmlNoPermissionError",
+    "NvmlNotFoundError",
     "NvmlUnavailableError",
     "PlanRejectedError",
+    "SimError",
 ]
 
 
@@ -54,6 +60,30 @@ class NvmlCallError(FlexmigError):
         self.code = code
         self.name = name
         self.target = target
+
+
+class NvmlInUseError(NvmlCallError):
+    """NVML said IN_USE: the instance still has compute instances or processes (destroy them first)."""
+
+
+class NvmlInsufficientResourcesError(NvmlCallError):
+    """NVML said INSUFFICIENT_RESOURCES: the placement overlaps, is not allowed, or the GPU is full."""
+
+
+class NvmlNotFoundError(NvmlCallError):
+    """NVML said NOT_FOUND: no such GPU instance, compute instance or MIG device (any more)."""
+
+
+class NvmlNoPermissionError(NvmlCallError):
+    """NVML said NO_PERMISSION: MIG changes need root, CAP_SYS_ADMIN or the MIG config capability."""
+
+
+class NvmlGpuLostError(NvmlCallError):
+    """NVML said GPU_IS_LOST: the GPU fell off the bus; stop touching it and alert."""
+
+
+class SimError(FlexmigError, ValueError):
+    """A request to the simulated node cannot be met (unknown UUID, pid in use, memory too large, bad state file)."""
 
 
 class PlanRejectedError(FlexmigError):
