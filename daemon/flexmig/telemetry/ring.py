@@ -11,7 +11,7 @@ Time is passed in (monotonic seconds); nothing here reads a clock.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass
 
 __all__ = ["RingBuffer", "WindowStats", "capacity_for"]
@@ -43,25 +43,30 @@ def capacity_for(window_s: float, interval_s: float, slack: int = 2) -> int:
 
 
 class RingBuffer:
-    """The last ``capacity`` (time, value) points, oldest first; appending beyond capacity drops the oldest."""
+    """The last ``capacity`` (time, value) points, oldest first; appending beyond capacity drops the oldest.
 
-    __slots__ = ("_times", "_values")
+    Two preallocated arrays of doubles used circularly: 16 bytes a point whatever the values, so an hour of
+    one-second history costs 56 KiB per quantity and instance, fixed at creation.
+    """
+
+    __slots__ = ("_cap", "_head", "_size", "_times", "_values")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"ring buffer capacity must be at least 1, not {capacity}")
-        self._times: deque[float] = deque(maxlen=capacity)
-        self._values: deque[float] = deque(maxlen=capacity)
+        self._cap = capacity
+        self._times = array("d", bytes(8 * capacity))
+        self._values = array("d", bytes(8 * capacity))
+        self._head = 0  # where the next point goes
+        self._size = 0
 
     @property
     def capacity(self) -> int:
         """The most points this buffer holds."""
-        maxlen = self._times.maxlen
-        assert maxlen is not None
-        return maxlen
+        return self._cap
 
     def __len__(self) -> int:
-        return len(self._times)
+        return self._size
 
     def append(self, t: float, value: float) -> None:
         """Add a point. Time must not go backwards (a monotonic clock); a point at the same time replaces the last.
@@ -70,46 +75,58 @@ class RingBuffer:
         """
         if math.isnan(value):
             raise ValueError("NaN is not a sample; leave unavailable readings out")
-        if self._times:
-            last = self._times[-1]
+        if self._size:
+            last_i = (self._head - 1) % self._cap
+            last = self._times[last_i]
             if t < last:
                 raise ValueError(f"sample time {t} is before the previous one ({last})")
             if t == last:
-                self._values[-1] = value
+                self._values[last_i] = value
                 return
-        self._times.append(t)
-        self._values.append(value)
+        self._times[self._head] = t
+        self._values[self._head] = value
+        self._head = (self._head + 1) % self._cap
+        if self._size < self._cap:
+            self._size += 1
 
     def latest(self) -> tuple[float, float] | None:
         """The newest (time, value), or None when empty."""
-        if not self._times:
+        if not self._size:
             return None
-        return self._times[-1], self._values[-1]
+        i = (self._head - 1) % self._cap
+        return self._times[i], self._values[i]
 
     def window(self, now: float, seconds: float) -> WindowStats | None:
         """Mean, min, max, p95 (nearest rank) and last value over ``(now - seconds, now]``; None if empty."""
         if seconds <= 0:
             raise ValueError(f"window must be positive, not {seconds}")
         start = now - seconds
-        times = self._times
-        n = len(times)
-        while n > 0 and times[n - 1] > now:  # points after `now` are not part of this window
-            n -= 1
-        first = n
-        while first > 0 and times[first - 1] > start:
-            first -= 1
-        if first == n:
+        times, values, cap = self._times, self._values, self._cap
+        vals: list[float] = []
+        newest_t = oldest_t = 0.0
+        i = self._head
+        for _ in range(self._size):
+            i = i - 1 if i else cap - 1
+            t = times[i]
+            if t > now:
+                continue  # points after `now` are not part of this window
+            if t <= start:
+                break
+            if not vals:
+                newest_t = t
+            oldest_t = t
+            vals.append(values[i])
+        if not vals:
             return None
-        vals = [self._values[i] for i in range(first, n)]
         ordered = sorted(vals)
         rank = max(1, math.ceil(0.95 * len(ordered)))
         return WindowStats(
             seconds=seconds,
             count=len(vals),
-            span_s=times[n - 1] - times[first],
+            span_s=newest_t - oldest_t,
             mean=math.fsum(vals) / len(vals),
             min=ordered[0],
             max=ordered[-1],
             p95=ordered[rank - 1],
-            last=vals[-1],
+            last=vals[0],
         )

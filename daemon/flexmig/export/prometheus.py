@@ -1,0 +1,342 @@
+"""The Prometheus exporter: one custom collector over the latest immutable snapshot, and its HTTP server.
+
+Rules (DESIGN.md, Outputs):
+
+* a scrape never calls NVML: :meth:`SnapshotCollector.collect` only reads the snapshot the sampling loop last
+  published (one reference read, so a scrape on the server's thread sees one whole sweep);
+* names carry the ``flexmig_`` prefix and base units (bytes, seconds, hertz, watts, ratios 0..1); counters end
+  in ``_total``;
+* identity labels follow dcgm-exporter (``gpu``, ``UUID``, ``modelName``, ``GPU_I_ID``, ``GPU_I_PROFILE``,
+  ``Hostname``) so our series join DCGM_FI_PROF_* on one panel; we add ``GPU_CI_ID`` (the compute instance,
+  which dcgm-exporter lacks) and ``mig_uuid`` (what ``CUDA_VISIBLE_DEVICES`` takes);
+* a value that could not be read is an absent series, never 0; an instance destroyed since the last sweep is
+  simply not in the snapshot, so its series vanish at the next scrape.
+
+Other layers add metric families through :class:`SnapshotMetrics` (the detect layer's fragmentation figures, for
+one) and reuse :func:`gpu_labels`/:func:`instance_labels` so every flexmig series joins on the same labels.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from flexmig import __version__
+from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
+
+__all__ = [
+    "GPU_LABELS",
+    "INSTANCE_LABELS",
+    "MetricsServer",
+    "SnapshotCollector",
+    "SnapshotMetrics",
+    "build_registry",
+    "gpu_labels",
+    "instance_labels",
+]
+
+log = logging.getLogger(__name__)
+
+GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "modelName", "Hostname")
+INSTANCE_LABELS: tuple[str, ...] = (*GPU_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "GPU_CI_ID", "mig_uuid")
+_MHZ = 1_000_000.0
+
+
+def gpu_labels(snap: Snapshot, gpu: GpuSnapshot) -> list[str]:
+    """Values of :data:`GPU_LABELS` for one GPU, in order."""
+    return [str(gpu.index), gpu.uuid, gpu.model_name, snap.hostname]
+
+
+def instance_labels(snap: Snapshot, inst: InstanceSnapshot) -> list[str]:
+    """Values of :data:`INSTANCE_LABELS` for one MIG instance, in order."""
+    return [
+        str(inst.gpu_index),
+        inst.gpu_uuid,
+        inst.model_name,
+        snap.hostname,
+        str(inst.gpu_instance_id),
+        inst.profile_name,
+        str(inst.compute_instance_id),
+        inst.mig_uuid,
+    ]
+
+
+class SnapshotMetrics(Protocol):
+    """Extra metric families computed from a snapshot (another layer's figures on our labels)."""
+
+    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
+        """The families for ``snapshot``; must be cheap and must not do I/O (it runs inside a scrape)."""
+        ...
+
+
+class SnapshotCollector(Collector):
+    """A prometheus_client collector that renders the latest snapshot; before the first sweep it renders nothing."""
+
+    def __init__(self, latest: Callable[[], Snapshot | None], extensions: Sequence[SnapshotMetrics] = ()) -> None:
+        self._latest = latest
+        self._extensions = tuple(extensions)
+
+    def describe(self) -> list[Metric]:
+        """Nothing: our families depend on the snapshot, and describing must not call :meth:`collect`."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Every flexmig family for the latest snapshot."""
+        snap = self._latest()
+        if snap is None:
+            return
+        yield from _node_families(snap)
+        yield from _gpu_families(snap)
+        yield from _instance_families(snap)
+        for ext in self._extensions:
+            try:
+                families = list(ext.collect(snap))
+            except Exception:  # one broken extension must not take every other series down with it
+                log.exception("metrics extension %r failed; its series are missing from this scrape", ext)
+                continue
+            yield from families
+
+
+def build_registry(collector: SnapshotCollector, *, process_metrics: bool = True) -> CollectorRegistry:
+    """A fresh registry with our collector (and the standard ``process_*`` series of this process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    if process_metrics:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+# ---------------------------------------------------------------------------------------------------- families
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _node_families(snap: Snapshot) -> Iterator[Metric]:
+    stats = snap.stats
+    info = InfoMetricFamily(
+        "flexmig_node", "The node flexmig runs on: versions of flexmig, the driver and NVML.", labels=["Hostname"]
+    )
+    info.add_metric(
+        [snap.hostname],
+        {"version": __version__, "driver_version": snap.driver_version or "", "nvml_version": snap.nvml_version or ""},
+    )
+    yield info
+
+    node = ["Hostname"]
+    host = [snap.hostname]
+    sweeps = CounterMetricFamily("flexmig_sweeps", "Sampling sweeps completed since start.", labels=node)
+    sweeps.add_metric(host, stats.sweeps)
+    yield sweeps
+    g = _gauge("flexmig_sweep_duration_seconds", "Wall time of the last sampling sweep.", node)
+    g.add_metric(host, stats.last_sweep_s)
+    yield g
+    g = _gauge("flexmig_sweep_cpu_seconds", "CPU time of the last sampling sweep (NVML thread and loop).", node)
+    g.add_metric(host, stats.last_sweep_cpu_s)
+    yield g
+    c = CounterMetricFamily("flexmig_sweep_cpu_seconds", "CPU time spent in sampling sweeps since start.", labels=node)
+    c.add_metric(host, stats.sweep_cpu_s_total)
+    yield c
+    c = CounterMetricFamily(
+        "flexmig_inventories", "Full NVML inventories taken (start-up and re-inventories).", labels=node
+    )
+    c.add_metric(host, stats.inventories)
+    yield c
+    g = _gauge("flexmig_last_sweep_timestamp_seconds", "Unix time of the sweep these figures come from.", node)
+    g.add_metric(host, snap.taken_at)
+    yield g
+    g = _gauge("flexmig_window_seconds", "Length of the window the *_mean/_min/_max/_p95 series cover.", node)
+    g.add_metric(host, snap.window_s)
+    yield g
+    c = CounterMetricFamily(
+        "flexmig_nvml_errors", "NVML calls that failed, by call and NVML error name.", labels=[*node, "call", "error"]
+    )
+    for (call, error), count in sorted(stats.nvml_errors.items()):
+        c.add_metric([*host, call, error], count)
+    yield c
+    c = CounterMetricFamily(
+        "flexmig_source_errors",
+        "Failed reads of a telemetry source (nvml, dcgm, host, sweep).",
+        labels=[*node, "source"],
+    )
+    for source, count in sorted(stats.source_errors.items()):
+        c.add_metric([*host, source], count)
+    yield c
+    if snap.dcgm is not None:
+        d = snap.dcgm
+        g = _gauge("flexmig_dcgm_up", "1 if the last dcgm-exporter scrape succeeded, else 0.", [*node, "url"])
+        g.add_metric([*host, d.url], 1.0 if d.up else 0.0)
+        yield g
+        g = _gauge("flexmig_dcgm_instances", "MIG instances in the last good dcgm-exporter scrape.", [*node, "era"])
+        g.add_metric([*host, d.era or ""], d.instances)
+        yield g
+        if d.age_s is not None:
+            g = _gauge("flexmig_dcgm_scrape_age_seconds", "Age of the last good dcgm-exporter scrape.", node)
+            g.add_metric(host, d.age_s)
+            yield g
+
+
+def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
+    lab = GPU_LABELS
+    power = _gauge("flexmig_gpu_power_watts", "Power draw of the GPU (nvidia-smi -q -d POWER).", lab)
+    temp = _gauge("flexmig_gpu_temperature_celsius", "GPU core temperature.", lab)
+    sm_clock = _gauge("flexmig_gpu_sm_clock_hertz", "Current SM clock.", lab)
+    mem_clock = _gauge("flexmig_gpu_memory_clock_hertz", "Current memory clock.", lab)
+    mem_total = _gauge("flexmig_gpu_memory_total_bytes", "Total memory of the GPU.", lab)
+    mig = _gauge("flexmig_gpu_mig_mode", "1 if MIG mode is enabled on the GPU, 0 if disabled.", lab)
+    lost = _gauge("flexmig_gpu_lost", "1 if NVML reported the GPU lost (fell off the bus), else 0.", lab)
+    count = _gauge("flexmig_gpu_mig_instances", "MIG instances (GI/CI pairs) on the GPU.", lab)
+    free_c = _gauge("flexmig_gpu_free_compute_slices", "Compute slices (of 7) held by no instance.", lab)
+    free_m = _gauge("flexmig_gpu_free_memory_slices", "Memory slices (of 8) held by no instance.", lab)
+    creatable = _gauge(
+        "flexmig_gpu_creatable_instances",
+        "How many instances of this profile alone could still be created on the GPU now.",
+        [*lab, "profile"],
+    )
+    for gpu in snap.gpus:
+        labels = gpu_labels(snap, gpu)
+        lost.add_metric(labels, 1.0 if gpu.lost else 0.0)
+        if gpu.power_w is not None:
+            power.add_metric(labels, gpu.power_w)
+        if gpu.temperature_c is not None:
+            temp.add_metric(labels, gpu.temperature_c)
+        if gpu.sm_clock_mhz is not None:
+            sm_clock.add_metric(labels, gpu.sm_clock_mhz * _MHZ)
+        if gpu.mem_clock_mhz is not None:
+            mem_clock.add_metric(labels, gpu.mem_clock_mhz * _MHZ)
+        if gpu.memory_total_bytes is not None:
+            mem_total.add_metric(labels, gpu.memory_total_bytes)
+        if gpu.mig_current is not None:
+            mig.add_metric(labels, 1.0 if gpu.mig_current else 0.0)
+        if not gpu.lost:
+            count.add_metric(labels, len(gpu.instances))
+        if gpu.free_compute_slices is not None:
+            free_c.add_metric(labels, gpu.free_compute_slices)
+        if gpu.free_memory_slices is not None:
+            free_m.add_metric(labels, gpu.free_memory_slices)
+        for profile, n in gpu.creatable.items():
+            creatable.add_metric([*labels, profile], n)
+    yield from (power, temp, sm_clock, mem_clock, mem_total, mig, lost, count, free_c, free_m, creatable)
+
+
+def _instance_families(snap: Snapshot) -> Iterator[Metric]:
+    lab = INSTANCE_LABELS
+    mem_total = _gauge("flexmig_mig_memory_total_bytes", "Memory of the MIG instance.", lab)
+    mem_used = _gauge("flexmig_mig_memory_used_bytes", "Memory used on the MIG instance.", lab)
+    mem_mean = _gauge("flexmig_mig_memory_used_mean_bytes", "Mean memory used over the window.", lab)
+    mem_max = _gauge("flexmig_mig_memory_used_max_bytes", "Most memory used over the window.", lab)
+    mem_p95 = _gauge("flexmig_mig_memory_used_p95_bytes", "95th percentile of memory used over the window.", lab)
+    sm = _gauge("flexmig_mig_sm_active_ratio", "Fraction of cycles an SM of the instance had a warp (GPM/DCGM).", lab)
+    sm_mean = _gauge("flexmig_mig_sm_active_mean_ratio", "Mean SM activity over the window.", lab)
+    sm_min = _gauge("flexmig_mig_sm_active_min_ratio", "Lowest SM activity over the window.", lab)
+    sm_p95 = _gauge("flexmig_mig_sm_active_p95_ratio", "95th percentile of SM activity over the window.", lab)
+    occ = _gauge("flexmig_mig_sm_occupancy_ratio", "Resident warps as a fraction of the maximum (GPM/DCGM).", lab)
+    dram = _gauge("flexmig_mig_dram_active_ratio", "Fraction of cycles the memory interface was busy.", lab)
+    tensor = _gauge("flexmig_mig_tensor_active_ratio", "Fraction of cycles a tensor pipe was busy.", lab)
+    gr = _gauge(
+        "flexmig_mig_gr_engine_active_ratio", "Fraction of time the graphics/compute engine was busy (DCGM).", lab
+    )
+    source = InfoMetricFamily("flexmig_mig_activity_source", "Where the activity figures come from.", labels=lab)
+    procs = _gauge("flexmig_mig_processes", "Compute processes running on the MIG instance.", lab)
+    cpu = _gauge(
+        "flexmig_mig_processes_cpu_ratio", "CPU use of the instance's processes, summed, in cores (1 = one core).", lab
+    )
+    rss = _gauge(
+        "flexmig_mig_processes_resident_memory_bytes", "Host resident memory of the instance's processes.", lab
+    )
+    idle = _gauge("flexmig_mig_idle_seconds", "Time since the instance last had a process or SM activity.", lab)
+    c_slices = _gauge("flexmig_mig_compute_slices", "Compute slices the instance's profile holds.", lab)
+    m_slices = _gauge("flexmig_mig_memory_slices", "Memory slices the instance's placement holds.", lab)
+    start = _gauge("flexmig_mig_placement_start", "First memory slice of the instance's placement (0-7).", lab)
+
+    for gpu in snap.gpus:
+        for inst in gpu.instances:
+            labels = instance_labels(snap, inst)
+            m_slices.add_metric(labels, inst.memory_slices)
+            start.add_metric(labels, inst.start)
+            if inst.compute_slices is not None:
+                c_slices.add_metric(labels, inst.compute_slices)
+            if inst.memory_total_bytes is not None:
+                mem_total.add_metric(labels, inst.memory_total_bytes)
+            if inst.memory_used_bytes is not None:
+                mem_used.add_metric(labels, inst.memory_used_bytes)
+            w = inst.memory_used_window
+            if w is not None:
+                mem_mean.add_metric(labels, w.mean)
+                mem_max.add_metric(labels, w.max)
+                mem_p95.add_metric(labels, w.p95)
+            a = inst.activity
+            if a is not None:
+                source.add_metric(labels, {"source": a.source})
+                for fam, value in ((sm, a.sm_active), (occ, a.sm_occupancy), (dram, a.dram_active)):
+                    if value is not None:
+                        fam.add_metric(labels, value)
+                for fam, value in ((tensor, a.tensor_active), (gr, a.gr_engine_active)):
+                    if value is not None:
+                        fam.add_metric(labels, value)
+            w = inst.sm_active_window
+            if w is not None:
+                sm_mean.add_metric(labels, w.mean)
+                sm_min.add_metric(labels, w.min)
+                sm_p95.add_metric(labels, w.p95)
+            if inst.processes is not None:
+                procs.add_metric(labels, len(inst.processes))
+                hosts = [p.host for p in inst.processes if p.host is not None]
+                cpus = [h.cpu_ratio for h in hosts if h.cpu_ratio is not None]
+                if cpus:
+                    cpu.add_metric(labels, sum(cpus))
+                rsses = [h.rss_bytes for h in hosts if h.rss_bytes is not None]
+                if rsses:
+                    rss.add_metric(labels, sum(rsses))
+            if inst.idle_seconds is not None:
+                idle.add_metric(labels, inst.idle_seconds)
+    yield from (mem_total, mem_used, mem_mean, mem_max, mem_p95, sm, sm_mean, sm_min, sm_p95, occ, dram, tensor, gr)
+    yield from (source, procs, cpu, rss, idle, c_slices, m_slices, start)
+
+
+# ------------------------------------------------------------------------------------------------------ server
+
+
+class MetricsServer:
+    """prometheus_client's HTTP server on its own thread, with a stop that really stops it.
+
+    Scrapes run on the server's threads; they only read the published snapshot, so the event loop never waits
+    for a scrape and a slow scraper never delays a sweep.
+    """
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> tuple[str, int]:
+        """Bind and serve; returns the bound (host, port), which tells a caller that asked for port 0."""
+        server, thread = start_http_server(self._port, addr=self._host, registry=self._registry)
+        self._server, self._thread = server, thread
+        return self._host, int(server.server_port)
+
+    @property
+    def port(self) -> int | None:
+        """The bound port, once started."""
+        return None if self._server is None else int(self._server.server_port)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
