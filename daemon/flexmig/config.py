@@ -494,14 +494,16 @@ def find_key_line(text: str, dotted: str) -> int | None:
 
     Understands table headers (``[mqtt]``, ``[detect.demand_mix]``), dotted and quoted keys, and skips the
     inside of multi-line strings. When the key itself is not in the text (a missing or inline-table value), it
-    returns the line of the nearest enclosing table header or inline assignment; None when nothing matches.
+    returns the line of the nearest enclosing table: its header, or the first key set inside it (a sibling, an
+    inline table); None when nothing matches.
     """
     want = _split_dotted(dotted)
     current: tuple[str, ...] = ()
     headers: dict[tuple[str, ...], int] = {}
     prefix_hits: dict[tuple[str, ...], int] = {}
     in_string: str | None = None
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    # Split on "\n" only, as TOML (and tomllib's line numbers) do; str.splitlines() also splits on \x0c, \u2028...
+    for lineno, raw in enumerate(text.split("\n"), 1):
         if in_string is not None:
             if raw.count(in_string) % 2 == 1:
                 in_string = None
@@ -528,15 +530,15 @@ def find_key_line(text: str, dotted: str) -> int | None:
         full = current + tuple(keys)
         if full == want:
             return lineno
-        if len(full) < len(want) and want[: len(full)] == full:
-            prefix_hits.setdefault(full, lineno)
+        for i in range(1, len(full) + 1):
+            prefix_hits.setdefault(full[:i], lineno)
         rest = line[pos + 1 :].lstrip()
         for delim in ('"""', "'''"):
             if rest.startswith(delim) and rest.count(delim) % 2 == 1:
                 in_string = delim
                 break
     for i in range(len(want), 0, -1):
-        for table in (prefix_hits, headers):
+        for table in (headers, prefix_hits):
             if want[:i] in table:
                 return table[want[:i]]
     return None
