@@ -1,0 +1,114 @@
+"""Findings: what detection concluded, as typed values with their figures and a reason in words.
+
+A finding has a ``key`` that stays the same while the condition lasts, so a tracker can tell when one starts and
+when it ends; events are emitted on those transitions, and the Prometheus exporter shows the active ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "EndedFinding",
+    "Finding",
+    "FindingKey",
+    "FragmentationFinding",
+    "InstanceChange",
+    "OversizedFinding",
+    "UnderuseFinding",
+]
+
+FindingKey = tuple[str, int, int]
+"""(kind, GPU index, start memory slice; -1 for GPU-wide findings)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnderuseFinding:
+    """An instance whose activity and memory stayed below the thresholds for the whole entry window.
+
+    ``level`` is ``idle`` when no process ran on it, ``underused`` when a job ran but used little.
+    """
+
+    gpu: int
+    start: int
+    profile: str
+    uuid: str | None
+    level: str
+    since: float
+    activity: float | None
+    memory_ratio: float | None
+    processes: int | None
+    reason: str
+
+    @property
+    def key(self) -> FindingKey:
+        """Identity while the finding lasts."""
+        return ("underuse", self.gpu, self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class OversizedFinding:
+    """A job whose p95 SM use and memory would fit a smaller profile with the configured headroom."""
+
+    gpu: int
+    start: int
+    profile: str
+    uuid: str | None
+    suggested: str
+    since: float
+    activity: float
+    memory_used_bytes: int
+    reason: str
+
+    @property
+    def key(self) -> FindingKey:
+        """Identity while the finding lasts."""
+        return ("oversized", self.gpu, self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentationFinding:
+    """A GPU whose demand-weighted external fragmentation score stayed at or above the entry threshold."""
+
+    gpu: int
+    model: str
+    layout: str
+    since: float
+    score: float
+    threshold: float
+    free_compute_slices: int
+    stranded_compute_slices: int
+    unfit: tuple[str, ...]
+    reason: str
+
+    @property
+    def key(self) -> FindingKey:
+        """Identity while the finding lasts."""
+        return ("fragmentation", self.gpu, -1)
+
+
+Finding = UnderuseFinding | OversizedFinding | FragmentationFinding
+
+
+@dataclass(frozen=True, slots=True)
+class EndedFinding:
+    """A finding that ended at ``at``, and why in words (condition cleared, instance destroyed, GPU lost...)."""
+
+    finding: Finding
+    at: float
+    reason: str
+
+    @property
+    def duration_s(self) -> float:
+        """How long the finding lasted."""
+        return self.at - self.finding.since
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceChange:
+    """A GPU instance that appeared or disappeared between two observations of the layouts."""
+
+    gpu: int
+    start: int
+    profile: str
+    at: float
