@@ -21,6 +21,7 @@ __all__ = [
     "NvmlNoPermissionError",
     "NvmlNotFoundError",
     "NvmlUnavailableError",
+    "OutboxError",
     "PlanRejectedError",
     "SimError",
 ]
@@ -84,6 +85,10 @@ class NvmlGpuLostError(NvmlCallError):
 
 class SimError(FlexmigError, ValueError):
     """A request to the simulated node cannot be met (unknown UUID, pid in use, memory too large, bad state file)."""
+
+
+class OutboxError(FlexmigError):
+    """The persistent event outbox (SQLite) cannot be opened, read or written; the message names the file."""
 
 
 class PlanRejectedError(FlexmigError):
