@@ -267,7 +267,7 @@ def test_tls_files_need_tls_and_cert_and_key_go_together() -> None:
         ("mqtt.tls_ca", 2, "set mqtt.tls = true to use TLS files")
     ]
     assert problems_of('[mqtt]\ntls = true\ntls_cert = "/etc/c.pem"\n') == [
-        ("mqtt.tls_key", 1, "tls_cert and tls_key go together")
+        ("mqtt.tls_cert", 3, "tls_cert and tls_key go together")
     ]
 
 
@@ -288,12 +288,16 @@ def test_jobs_may_not_be_allowed_everywhere() -> None:
 
 def test_the_watchdog_stall_limit_must_exceed_two_sweeps() -> None:
     text = "[sampling]\ninterval_s = 20\n"
-    assert problems_of(text) == [("sampling.stall_s", 1, "30 is less than twice sampling.interval_s (20)")]
+    assert problems_of(text) == [
+        ("sampling.interval_s", 2, "sampling.stall_s (30) must be at least twice sampling.interval_s (20)")
+    ]
+    text = "[sampling]\ninterval_s = 20\nstall_s = 39\n"
+    assert problems_of(text)[0][:2] == ("sampling.stall_s", 3), "reported at the first key of the rule the file sets"
 
 
 def test_history_must_cover_the_detection_windows() -> None:
     assert problems_of("[detect]\nunderuse_window_s = 7200\n") == [
-        ("sampling.retention_s", None, "3600 is shorter than the longest detection window (7200)")
+        ("detect.underuse_window_s", 2, "sampling.retention_s (3600) is shorter than detect.underuse_window_s (7200)")
     ]
 
 

@@ -442,6 +442,7 @@ class ConfigFileError(ConfigError):
 # Locating keys in the TOML text (tomllib gives no positions)
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 
 
 def _parse_key(s: str, pos: int) -> tuple[list[str], int] | None:
@@ -460,7 +461,16 @@ def _parse_key(s: str, pos: int) -> tuple[list[str], int] | None:
             while end < n and s[end] != '"':
                 if s[end] == "\\" and end + 1 < n:
                     esc = s[end + 1]
-                    buf.append({"n": "\n", "t": "\t", '"': '"', "\\": "\\"}.get(esc, esc))
+                    width = {"u": 4, "U": 8}.get(esc, 0)
+                    if width:
+                        digits = s[end + 2 : end + 2 + width]
+                        try:
+                            buf.append(chr(int(digits, 16)))
+                        except ValueError:
+                            return None
+                        end += 2 + width
+                        continue
+                    buf.append(_ESCAPES.get(esc, esc))
                     end += 2
                     continue
                 buf.append(s[end])
@@ -489,13 +499,13 @@ def _parse_key(s: str, pos: int) -> tuple[list[str], int] | None:
         return parts, pos
 
 
-def find_key_line(text: str, dotted: str) -> int | None:
+def find_key_line(text: str, dotted: str, *, exact: bool = False) -> int | None:
     """The 1-based line where the dotted key (``mqtt.broker``) is set in TOML ``text``.
 
     Understands table headers (``[mqtt]``, ``[detect.demand_mix]``), dotted and quoted keys, and skips the
     inside of multi-line strings. When the key itself is not in the text (a missing or inline-table value), it
     returns the line of the nearest enclosing table: its header, or the first key set inside it (a sibling, an
-    inline table); None when nothing matches.
+    inline table); None when nothing matches, or with ``exact`` when the key itself is not there.
     """
     want = _split_dotted(dotted)
     current: tuple[str, ...] = ()
@@ -517,7 +527,8 @@ def find_key_line(text: str, dotted: str) -> int | None:
             if parsed is None:
                 continue
             current = tuple(parsed[0])
-            headers.setdefault(current, lineno)
+            for i in range(1, len(current) + 1):
+                headers.setdefault(current[:i], lineno)
             if current == want:
                 return lineno
             continue
@@ -537,11 +548,18 @@ def find_key_line(text: str, dotted: str) -> int | None:
             if rest.startswith(delim) and rest.count(delim) % 2 == 1:
                 in_string = delim
                 break
+    if exact:
+        return None
     for i in range(len(want), 0, -1):
         for table in (headers, prefix_hits):
             if want[:i] in table:
                 return table[want[:i]]
     return None
+
+
+def _no_index(key: str) -> str:
+    """``jobs.allowed_dirs[1]`` -> ``jobs.allowed_dirs``."""
+    return re.sub(r"(\[\d+\])+$", "", key)
 
 
 def _split_dotted(dotted: str) -> tuple[str, ...]:
@@ -550,7 +568,7 @@ def _split_dotted(dotted: str) -> tuple[str, ...]:
 
 
 def _join_key(prefix: str, name: str) -> str:
-    part = name if _BARE_KEY.fullmatch(name) else '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    part = name if _BARE_KEY.fullmatch(name) else _toml_string(name)
     return f"{prefix}.{part}" if prefix else part
 
 
@@ -600,7 +618,7 @@ class _Checker:
         known = {_toml_name(f): f for f in fields(cast(Any, cls))}
         for name in data:
             if name not in known:
-                self.fail(_join_key(prefix, name), _unknown_message(prefix, name, list(known)))
+                self.fail(_join_key(prefix, name), _unknown_message(name, list(known), isinstance(data[name], dict)))
         values: dict[str, Any] = {}
         for name, f in known.items():
             if name not in data:
@@ -694,65 +712,78 @@ _INVALID: Any = _Invalid()
 _SECRET_HINTS = {"password", "passwd", "secret", "token"}
 
 
-def _unknown_message(prefix: str, name: str, known: list[str]) -> str:
+def _unknown_message(name: str, known: list[str], is_table: bool) -> str:
     if name.lower() in _SECRET_HINTS:
         return "unknown key: secrets are never written in the configuration; put it in a file and set password_file"
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    what = "section" if not prefix else "key"
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown {what}{hint}" if prefix or close else f"unknown key{hint}"
+    return f"unknown {'section' if is_table else 'key'}{hint}"
 
 
-def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
-    """Rules between keys; yields (key, message). Only judges keys whose own values were valid."""
+def _cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Rules between keys; yields (keys, message): the problem is reported at the first of ``keys`` that the
+    file sets (the others may be defaults). Only runs when every key's own value was valid."""
     s, d = cfg.sampling, cfg.detect
     if s.stall_s < 2 * s.interval_s:
-        yield "sampling.stall_s", f"{s.stall_s:g} is less than twice sampling.interval_s ({s.interval_s:g})"
-    longest = max(d.underuse_window_s, d.fragmentation_window_s)
-    if s.retention_s < longest:
-        yield "sampling.retention_s", f"{s.retention_s:g} is shorter than the longest detection window ({longest:g})"
+        yield (
+            ("sampling.stall_s", "sampling.interval_s"),
+            f"sampling.stall_s ({s.stall_s:g}) must be at least twice sampling.interval_s ({s.interval_s:g})",
+        )
+    for window in ("underuse_window_s", "fragmentation_window_s"):
+        if s.retention_s < getattr(d, window):
+            yield (
+                ("sampling.retention_s", f"detect.{window}"),
+                f"sampling.retention_s ({s.retention_s:g}) is shorter than detect.{window} ({getattr(d, window):g})",
+            )
     if s.retention_s < 2 * s.interval_s:
-        yield "sampling.retention_s", "must hold at least two sweeps"
-    if d.underuse_activity + d.hysteresis > 1 or d.underuse_memory + d.hysteresis > 1:
-        yield "detect.hysteresis", "threshold + hysteresis exceeds 1"
+        yield (
+            ("sampling.retention_s", "sampling.interval_s"),
+            f"sampling.retention_s ({s.retention_s:g}) must hold two sweeps of sampling.interval_s ({s.interval_s:g})",
+        )
+    for name in ("underuse_activity", "underuse_memory"):
+        if getattr(d, name) + d.hysteresis > 1:
+            yield (("detect.hysteresis", f"detect.{name}"), f"detect.{name} + detect.hysteresis exceeds 1")
     if sum(d.demand_mix.weights().values()) <= 0:
-        yield "detect.demand_mix", "at least one weight must be positive"
+        yield ("detect.demand_mix",), "at least one weight must be positive"
     p = cfg.prometheus
     if p.enabled and not p.allow_remote and not p.listen.is_loopback():
         yield (
-            "prometheus.listen",
+            ("prometheus.listen", "prometheus.allow_remote", "prometheus.enabled"),
             f"{p.listen} is not a loopback address; set prometheus.allow_remote = true to serve metrics to the network",
         )
     m = cfg.mqtt
     if (m.tls_cert is None) != (m.tls_key is None):
-        yield ("mqtt.tls_cert" if m.tls_cert is None else "mqtt.tls_key"), "tls_cert and tls_key go together"
+        yield ("mqtt.tls_cert", "mqtt.tls_key"), "tls_cert and tls_key go together"
     for name in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(m, name) is not None and not m.tls:
-            yield f"mqtt.{name}", "set mqtt.tls = true to use TLS files"
+            yield (f"mqtt.{name}", "mqtt.tls"), "set mqtt.tls = true to use TLS files"
     if m.password_file is not None and m.username is None:
-        yield "mqtt.password_file", "a password needs mqtt.username"
+        yield ("mqtt.password_file",), "a password needs mqtt.username"
     if m.password_file is not None and not m.tls and not m.broker.is_loopback() and not m.allow_plaintext_password:
         yield (
-            "mqtt.password_file",
+            ("mqtt.password_file", "mqtt.broker", "mqtt.tls", "mqtt.allow_plaintext_password"),
             f"the password would cross the network in clear to {m.broker}; set mqtt.tls = true "
             "(or mqtt.allow_plaintext_password = true)",
         )
     if m.commands_enabled and (m.username is None or m.password_file is None):
-        yield "mqtt.commands_enabled", "commands need broker credentials: set mqtt.username and mqtt.password_file"
+        yield (
+            ("mqtt.commands_enabled",),
+            "commands need broker credentials: set mqtt.username and mqtt.password_file",
+        )
     url_problem = _check_url(cfg.dcgm.url)
     if url_problem:
-        yield "dcgm.url", url_problem
+        yield ("dcgm.url",), url_problem
     c = cfg.control
     if c.socket_mode & 0o600 != 0o600 or c.socket_mode & 0o007 or c.socket_mode & ~0o777:
         yield (
-            "control.socket_mode",
+            ("control.socket_mode",),
             f"0o{c.socket_mode:o} must give the owner read/write (0o600) and others nothing (at most 0o770)",
         )
     if len(os.fsencode(str(c.socket))) > 107:
-        yield "control.socket", "longer than 107 bytes, the limit of a unix socket path"
+        yield ("control.socket",), "longer than 107 bytes, the limit of a unix socket path"
     for i, allowed in enumerate(cfg.jobs.allowed_dirs):
         if allowed == Path("/"):
-            yield f"jobs.allowed_dirs[{i}]", "'/' would let a job write anywhere"
+            yield (f"jobs.allowed_dirs[{i}]",), "'/' would let a job write anywhere"
 
 
 def _check_url(url: str) -> str | None:
@@ -790,10 +821,11 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     checker = _Checker()
     cfg = checker.section(Config, data, "")
     if not checker.problems:
-        checker.problems.extend(_cross_checks(cfg))
+        for keys, msg in _cross_checks(cfg):
+            checker.fail(next((k for k in keys if find_key_line(text, _no_index(k), exact=True)), keys[0]), msg)
     if checker.problems:
         problems = [
-            ConfigProblem(source, key, find_key_line(text, key.split("[", 1)[0]), msg) for key, msg in checker.problems
+            ConfigProblem(source, key, find_key_line(text, _no_index(key)), msg) for key, msg in checker.problems
         ]
         problems.sort(key=lambda p: (p.line is None, p.line or 0))
         raise ConfigFileError(problems)
@@ -922,7 +954,11 @@ def _toml_value(value: Any, meta: Any) -> str:
         return repr(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml_value(v, meta) for v in value) + "]"
-    text = str(value)
+    return _toml_string(str(value))
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes and backslashes escaped, control characters as \\uXXXX."""
     escaped = "".join(
         {'"': '\\"', "\\": "\\\\"}.get(ch, ch) if 0x20 <= ord(ch) != 0x7F else f"\\u{ord(ch):04x}" for ch in text
     )
