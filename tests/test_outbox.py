@@ -1,0 +1,90 @@
+"""The persistent outbox: what goes in stays until acknowledged, across reopening and crashes."""
+
+import itertools
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from flexmig.errors import OutboxError
+from flexmig.export.events import EventFactory, EventKind
+from flexmig.export.outbox import Outbox
+
+
+@pytest.fixture
+def fac():
+    ids = (f"e{n:04d}" for n in itertools.count())
+    return EventFactory("n1", clock=lambda: 1.0, new_id=lambda: next(ids))
+
+
+def test_events_come_out_in_the_order_they_went_in(tmp_path, fac):
+    box = Outbox(tmp_path / "o.sqlite")
+    for _ in range(5):
+        box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
+    assert [s.id for s in box.peek(3)] == ["e0000", "e0001", "e0002"]
+    assert len(box) == 5
+
+
+def test_an_event_stays_until_it_is_deleted(tmp_path, fac):
+    box = Outbox(tmp_path / "o.sqlite")
+    e = fac.make(EventKind.GPU_LOST, {"gpu": 0})
+    box.put(e)
+    assert box.peek()[0].body == e.to_json()
+    box.delete(e.id)
+    assert box.peek() == [] and len(box) == 0
+
+
+def test_storing_the_same_event_twice_keeps_one(tmp_path, fac):
+    box = Outbox(tmp_path / "o.sqlite")
+    e = fac.make(EventKind.GPU_LOST, {"gpu": 0})
+    box.put(e)
+    box.put(e)
+    assert len(box) == 1 and box.ids() == [e.id]
+
+
+def test_events_survive_reopening(tmp_path, fac):
+    box = Outbox(tmp_path / "o.sqlite")
+    box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
+    box.close()
+    again = Outbox(tmp_path / "o.sqlite")
+    assert again.ids() == ["e0000"] and len(again) == 1
+
+
+def test_the_outbox_uses_write_ahead_logging(tmp_path):
+    Outbox(tmp_path / "o.sqlite")
+    with sqlite3.connect(tmp_path / "o.sqlite") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_full_outbox_drops_the_oldest_and_counts_them(tmp_path, fac):
+    box = Outbox(tmp_path / "o.sqlite", max_events=3)
+    for _ in range(5):
+        box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
+    assert box.ids() == ["e0002", "e0003", "e0004"]
+    assert box.dropped == 2 and len(box) == 3
+
+
+def test_an_outbox_that_cannot_be_opened_names_its_file(tmp_path):
+    with pytest.raises(OutboxError, match=str(tmp_path / "missing")):
+        Outbox(tmp_path / "missing" / "o.sqlite")
+
+
+def test_an_event_put_before_a_sigkill_is_there_afterwards(tmp_path):
+    path = tmp_path / "o.sqlite"
+    code = f"""
+import os, signal, sys
+from flexmig.export.events import EventFactory, EventKind
+from flexmig.export.outbox import Outbox
+box = Outbox({str(path)!r})
+e = EventFactory("n1").make(EventKind.GPU_LOST, {{"gpu": 0}})
+box.put(e)
+print(e.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert Outbox(path).ids() == [proc.stdout.strip()]
+    assert os.path.exists(path)
