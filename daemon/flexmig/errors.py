@@ -24,6 +24,7 @@ __all__ = [
     "OutboxError",
     "PlanRejectedError",
     "SimError",
+    "TraceError",
 ]
 
 
@@ -89,6 +90,10 @@ class SimError(FlexmigError, ValueError):
 
 class OutboxError(FlexmigError):
     """The persistent event outbox (SQLite) cannot be opened, read or written; the message names the file."""
+
+
+class TraceError(FlexmigError, ValueError):
+    """A trace file for replay is unreadable or malformed; the message names the file, the line and the column."""
 
 
 class PlanRejectedError(FlexmigError):
