@@ -6,9 +6,11 @@ Rules (DESIGN.md, Outputs):
   published (one reference read, so a scrape on the server's thread sees one whole sweep);
 * names carry the ``flexmig_`` prefix and base units (bytes, seconds, hertz, watts, ratios 0..1); counters end
   in ``_total``;
-* identity labels follow dcgm-exporter (``gpu``, ``UUID``, ``modelName``, ``GPU_I_ID``, ``GPU_I_PROFILE``,
-  ``Hostname``) so our series join DCGM_FI_PROF_* on one panel; we add ``GPU_CI_ID`` (the compute instance,
-  which dcgm-exporter lacks) and ``mig_uuid`` (what ``CUDA_VISIBLE_DEVICES`` takes);
+* identity labels follow dcgm-exporter (``gpu``, ``UUID``, ``GPU_I_ID``, ``GPU_I_PROFILE``, ``Hostname``) so
+  our series join DCGM_FI_PROF_* on one panel (``on(gpu, GPU_I_ID)``); we add ``GPU_CI_ID`` (the compute
+  instance, which dcgm-exporter lacks) and ``mig_uuid`` (what ``CUDA_VISIBLE_DEVICES`` takes). The model is
+  ``model_name``, not dcgm-exporter's ``modelName``: ``promtool check metrics`` rejects camelCase label names,
+  and the model is never a join key;
 * a value that could not be read is an absent series, never 0; an instance destroyed since the last sweep is
   simply not in the snapshot, so its series vanish at the next scrape.
 
@@ -45,7 +47,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "modelName", "Hostname")
+GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "model_name", "Hostname")
 INSTANCE_LABELS: tuple[str, ...] = (*GPU_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "GPU_CI_ID", "mig_uuid")
 _MHZ = 1_000_000.0
 
