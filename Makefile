@@ -17,8 +17,8 @@ $(BIN)/flexmig: pyproject.toml
 venv: $(BIN)/flexmig
 
 debs:
-	@command -v mosquitto >/dev/null && command -v promtool >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus >/dev/null; }
+	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd >/dev/null; }
 
 demo: venv
 	$(BIN)/flexmigd --sim $(SPEC)
