@@ -1,0 +1,377 @@
+"""The MQTT publisher: retained status and state, and events that are never lost while the broker is away.
+
+Topics under ``<prefix>/<node>/`` (prefix ``flexmig/v1`` by default):
+
+* ``status``: retained ``online`` once connected; ``offline`` retained as the last will (the broker publishes it
+  when the connection dies without a goodbye: a crash, a SIGKILL, a cable) and published on a clean shutdown;
+* ``state``: retained JSON of the node's GPUs, layouts and fragmentation (``export.mqtt_state``), latest only;
+* ``events/<kind>``: each event at QoS 1 (``export.events``).
+
+Delivery: :meth:`MqttPublisher.emit` writes the event to the SQLite outbox before anything else and returns; the
+:meth:`MqttPublisher.run` loop publishes the outbox in order and deletes an event only once the broker has
+acknowledged it (aiomqtt's QoS 1 publish returns after the PUBACK). When the broker is unreachable, refuses the
+login or drops the connection, ``run`` reconnects with exponential backoff and jitter, logging one clear line per
+kind of failure (repeated identical failures are counted, not logged, for ``log_repeat_s``); the caller's loops
+go on and the outbox keeps every event. A malformed broker address is logged once and publishing stays off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+
+from flexmig.config import HostPort
+from flexmig.errors import ConfigError, OutboxError
+from flexmig.export.events import NODE_NAME, Event
+from flexmig.export.outbox import Outbox
+from flexmig.security import read_secret_file
+
+if TYPE_CHECKING:
+    from flexmig.config import MqttConfig
+
+__all__ = ["MqttPublisher", "PublisherSettings", "PublisherStats", "backoff_delay", "topic_for"]
+
+log = logging.getLogger(__name__)
+
+_TOPIC_PREFIX_LEVEL = NODE_NAME  # same alphabet: no wildcards, no empty levels
+_AUTH_CODES = frozenset({4, 5, 134, 135})  # MQTT 3.1.1 bad user name or password / not authorised; MQTT 5 equivalents
+
+
+def topic_for(prefix: str, node: str, leaf: str) -> str:
+    """``<prefix>/<node>/<leaf>``."""
+    return f"{prefix}/{node}/{leaf}"
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherSettings:
+    """Where and how to publish. ``broker`` is ``host:port`` text, parsed when ``run`` starts so that a bad one
+    is logged and does not stop the daemon; :meth:`from_config` builds these from the daemon's ``[mqtt]`` table."""
+
+    node: str
+    broker: str = "127.0.0.1:1883"
+    topic_prefix: str = "flexmig/v1"
+    client_id: str = ""
+    """Empty: ``flexmig-<node>``, stable across restarts so the broker sees one client per node."""
+    keepalive_s: int = 30
+    username: str | None = None
+    password_file: Path | None = None
+    """First line is the password; read (permissions checked) at every connection attempt, never logged."""
+    tls: bool = False
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    connect_timeout_s: float = 10.0
+    publish_timeout_s: float = 10.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    log_repeat_s: float = 900.0
+    """A failure of the same kind is logged again at most this often (with the count of those not logged)."""
+    trusted_uids: frozenset[int] | None = None
+    """Owners a password file may have (None: root and the current user)."""
+
+    def __post_init__(self) -> None:
+        if not NODE_NAME.fullmatch(self.node):
+            raise ConfigError(f"MQTT node name {self.node!r} is not one topic level ([A-Za-z0-9][A-Za-z0-9._-]*)")
+        if not all(_TOPIC_PREFIX_LEVEL.fullmatch(level) for level in self.topic_prefix.split("/")):
+            raise ConfigError(f"MQTT topic prefix {self.topic_prefix!r}: levels must be [A-Za-z0-9._-], no wildcards")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("MQTT TLS: tls_cert and tls_key go together")
+
+    @property
+    def identifier(self) -> str:
+        """The MQTT client ID."""
+        return self.client_id or f"flexmig-{self.node}"
+
+    @classmethod
+    def from_config(cls, cfg: MqttConfig, node: str, trusted_uids: Collection[int] | None = None) -> PublisherSettings:
+        """Settings from the daemon's validated ``[mqtt]`` configuration."""
+        return cls(
+            node=node,
+            broker=str(cfg.broker),
+            topic_prefix=cfg.topic_prefix,
+            client_id=cfg.client_id,
+            keepalive_s=cfg.keepalive_s,
+            username=cfg.username,
+            password_file=cfg.password_file,
+            tls=cfg.tls,
+            tls_ca=cfg.tls_ca,
+            tls_cert=cfg.tls_cert,
+            tls_key=cfg.tls_key,
+            trusted_uids=None if trusted_uids is None else frozenset(trusted_uids),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherStats:
+    """Counters for the Prometheus exporter and ``flexmig status``."""
+
+    connected: bool
+    queued: int
+    """Events waiting in the outbox (and in memory if the outbox could not be written)."""
+    sent_total: int
+    connect_failures_total: int
+    dropped_total: int
+    """Events the bounded outbox dropped (oldest first) because it was full."""
+    last_error: str | None
+
+
+def backoff_delay(failures: int, initial: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait after ``failures`` consecutive failures: exponential from ``initial``, capped at ``cap``,
+    with "equal jitter" (half fixed, half random) so a fleet of nodes does not reconnect in lockstep."""
+    base = min(cap, initial * float(1 << min(max(0, failures - 1), 32)))
+    return base / 2 + rng.uniform(0, base / 2)
+
+
+class _FailureLog:
+    """One log line per kind of failure, then silence (counted) until the kind changes or time passes."""
+
+    def __init__(self, logger: logging.Logger, repeat_s: float, clock: Callable[[], float]) -> None:
+        self._log = logger
+        self._repeat_s = repeat_s
+        self._clock = clock
+        self._key: str | None = None
+        self._at = 0.0
+        self._suppressed = 0
+
+    def failure(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        now = self._clock()
+        if key == self._key and now - self._at < self._repeat_s:
+            self._suppressed += 1
+            return
+        if key == self._key and self._suppressed:
+            message += f" ({self._suppressed} more since {self._repeat_s:g} s ago)"
+        self._log.log(level, "%s", message)
+        self._key, self._at, self._suppressed = key, now, 0
+
+    def recovered(self, message: str) -> None:
+        if self._key is not None:
+            self._log.info("%s", message)
+        self._key, self._suppressed = None, 0
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class MqttPublisher:
+    """Publishes status, state and events for one node. Create it, start ``run()`` as a task, call ``emit`` and
+    ``set_state`` from the same event loop; cancel the task to stop (it says ``offline`` first)."""
+
+    def __init__(
+        self,
+        settings: PublisherSettings,
+        outbox: Outbox,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+        max_unsaved: int = 100_000,
+    ) -> None:
+        self.settings = settings
+        self.outbox = outbox
+        self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
+        self._log = logger or log
+        self._failures = _FailureLog(self._log, settings.log_repeat_s, clock)
+        self._wake = asyncio.Event()
+        self._unsaved: deque[Event] = deque(maxlen=max_unsaved)
+        self._state: str | None = None
+        self._state_sent: str | None = None
+        self._connected = False
+        self._session_up = False
+        self._sent = 0
+        self._connect_failures = 0
+        self._last_error: str | None = None
+        self.status_topic = topic_for(settings.topic_prefix, settings.node, "status")
+        self.state_topic = topic_for(settings.topic_prefix, settings.node, "state")
+
+    # ------------------------------------------------------------------------------------------ caller API
+    def emit(self, event: Event) -> None:
+        """Queue ``event``: stored in the outbox before this returns (kept in memory if the disk refuses)."""
+        self._unsaved.append(event)
+        self._save_unsaved()
+        self._wake.set()
+
+    def set_state(self, document: Mapping[str, Any]) -> None:
+        """Replace the retained state; only the latest is published (serialised now, so later changes to
+        ``document`` do not leak in)."""
+        self._state = json.dumps(document, separators=(",", ":"), allow_nan=False)
+        self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        """True while a session with the broker is up."""
+        return self._connected
+
+    def stats(self) -> PublisherStats:
+        """Counters as of now."""
+        return PublisherStats(
+            connected=self._connected,
+            queued=len(self.outbox) + len(self._unsaved),
+            sent_total=self._sent,
+            connect_failures_total=self._connect_failures,
+            dropped_total=self.outbox.dropped,
+            last_error=self._last_error,
+        )
+
+    def event_topic(self, kind: str) -> str:
+        """The topic of events of ``kind``."""
+        return topic_for(self.settings.topic_prefix, self.settings.node, f"events/{kind}")
+
+    # ------------------------------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        """Publish until cancelled. Never raises for broker, network, TLS or credential trouble."""
+        s = self.settings
+        try:
+            address = HostPort.parse(s.broker)
+        except ValueError as exc:
+            self._last_error = f"malformed broker address {s.broker!r}: {exc}"
+            self._log.error(
+                "MQTT publishing is off: malformed broker address %r (%s); expected host:port. "
+                "Events are kept in the outbox %s",
+                s.broker,
+                exc,
+                self.outbox.path,
+            )
+            await asyncio.Event().wait()  # nothing to retry until the configuration changes; emit() still stores
+            return
+        failures = 0
+        while True:
+            self._session_up = False
+            try:
+                await self._session(address)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # whatever the network does, the daemon goes on
+                failures = 1 if self._session_up else failures + 1
+                self._connect_failures += 0 if self._session_up else 1
+                key, message = self._describe(_leaf(exc), address)
+                self._last_error = message
+                self._failures.failure(key, message)
+            await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
+
+    async def _session(self, address: HostPort) -> None:
+        s = self.settings
+        password = read_secret_file(s.password_file, s.trusted_uids).reveal() if s.password_file else None
+        client = aiomqtt.Client(
+            address.host,
+            address.port,
+            identifier=s.identifier,
+            username=s.username,
+            password=password,
+            will=aiomqtt.Will(self.status_topic, "offline", qos=1, retain=True),
+            keepalive=s.keepalive_s,
+            timeout=s.connect_timeout_s,
+            tls_context=self._tls_context(),
+            clean_session=True,
+        )
+        async with client:
+            self._connected = self._session_up = True
+            self._state_sent = None  # the broker may have restarted without our retained state
+            self._failures.recovered(
+                f"MQTT connected to {address} as {s.identifier}; {len(self.outbox)} event(s) waiting in the outbox"
+            )
+            try:
+                await client.publish(self.status_topic, "online", qos=1, retain=True, timeout=s.publish_timeout_s)
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(self._watch(client))
+                    tasks.create_task(self._pump(client))
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await client.publish(self.status_topic, "offline", qos=1, retain=True, timeout=2.0)
+                raise
+            finally:
+                self._connected = False
+
+    @staticmethod
+    async def _watch(client: aiomqtt.Client) -> None:
+        """Raise as soon as the connection drops (aiomqtt ends message iteration with MqttError then)."""
+        async for _ in client.messages:
+            pass
+        raise aiomqtt.MqttError("the broker closed the connection")
+
+    async def _pump(self, client: aiomqtt.Client) -> None:
+        timeout = self.settings.publish_timeout_s
+        while True:
+            self._wake.clear()
+            self._save_unsaved()
+            busy = False
+            state = self._state
+            if state is not None and state != self._state_sent:
+                await client.publish(self.state_topic, state, qos=1, retain=True, timeout=timeout)
+                self._state_sent = state
+                busy = True
+            batch = self.outbox.peek(100)
+            for item in batch:
+                await client.publish(self.event_topic(item.kind), item.body, qos=1, timeout=timeout)
+                self.outbox.delete(item.id)  # only now: the broker has acknowledged it
+                self._sent += 1
+            if not busy and not batch:
+                await self._wake.wait()
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _save_unsaved(self) -> None:
+        while self._unsaved:
+            try:
+                self.outbox.put(self._unsaved[0])
+            except OutboxError as exc:
+                self._failures.failure(
+                    "outbox", f"{exc}; keeping {len(self._unsaved)} event(s) in memory until it can be written"
+                )
+                return
+            self._unsaved.popleft()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        s = self.settings
+        if not s.tls:
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=str(s.tls_ca) if s.tls_ca else None)
+            if s.tls_cert is not None:
+                ctx.load_cert_chain(s.tls_cert, s.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            files = ", ".join(str(p) for p in (s.tls_ca, s.tls_cert, s.tls_key) if p)
+            raise ConfigError(f"MQTT TLS files ({files}) cannot be used: {exc}") from exc
+        return ctx
+
+    def _describe(self, exc: BaseException, address: HostPort) -> tuple[str, str]:
+        """(kind of failure, one clear line naming the broker, the cause, and what happens next)."""
+        s = self.settings
+        queued = len(self.outbox) + len(self._unsaved)
+        tail = (
+            f"; retrying with backoff (at most {s.backoff_max_s:g} s apart); "
+            f"{queued} event(s) wait in {self.outbox.path}"
+        )
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, aiomqtt.MqttCodeError) and getattr(exc.rc, "value", exc.rc) in _AUTH_CODES:
+            who = f"user {s.username!r}" if s.username else "an anonymous client"
+            return "auth", (
+                f"MQTT broker {address} refused the login of {who} ({text}): check mqtt.username and "
+                f"mqtt.password_file{tail}"
+            )
+        if isinstance(exc, ConfigError):
+            return "config", f"MQTT cannot connect to {address}: {text}{tail}"
+        lowered = text.lower()
+        if "ssl" in lowered or "certificate" in lowered or isinstance(exc, ssl.SSLError):
+            return "tls", f"MQTT TLS handshake with {address} failed: {text}{tail}"
+        if self._session_up or "disconnect" in lowered or "closed" in lowered:
+            return "lost", f"MQTT lost the connection to {address}: {text}{tail}"
+        if "timed out" in lowered:
+            return "timeout", f"MQTT broker {address} did not answer within {s.connect_timeout_s:g} s{tail}"
+        return "unreachable", f"MQTT broker {address} is unreachable: {text}{tail}"
