@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from flexmig.sdnotify import Heartbeat, Notifier, NotifyReceiver, Watchdog, parse_message, watchdog_timeout_s
+from flexmig.sdnotify import (
+    SYSTEMD_ENV_KEYS,
+    Heartbeat,
+    Notifier,
+    NotifyReceiver,
+    Watchdog,
+    parse_message,
+    watchdog_timeout_s,
+)
 
 
 def _abstract_name() -> str:
@@ -76,14 +84,21 @@ def test_unknown_socket_kinds_are_ignored() -> None:
     assert not Notifier("vsock:2:1234").enabled
 
 
-def test_from_env_removes_the_systemd_variables_so_jobs_do_not_inherit_them() -> None:
-    env = {"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1", "PATH": "/bin"}
+def test_from_env_reads_the_socket_and_the_watchdog_timeout() -> None:
+    env = {"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "30000000", "PATH": "/bin"}
     n = Notifier.from_env(env)
     assert n.enabled
+    assert n.watchdog_timeout_s == 30.0
+    assert env["WATCHDOG_USEC"] == "30000000", "left in place by default, so later readers still see it"
+
+
+def test_from_env_can_remove_the_systemd_variables_and_keeps_the_timeout() -> None:
+    env = {"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid()), "PATH": "/bin"}
+    n = Notifier.from_env(env, unset=True)
     assert env == {"PATH": "/bin"}
-    env2 = {"NOTIFY_SOCKET": "/run/x"}
-    Notifier.from_env(env2, unset=False)
-    assert env2 == {"NOTIFY_SOCKET": "/run/x"}
+    assert n.enabled
+    assert n.watchdog_timeout_s == 1.0
+    assert set(SYSTEMD_ENV_KEYS) == {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 
 
 def test_watchdog_timeout_comes_from_watchdog_usec() -> None:
@@ -151,10 +166,10 @@ _SERVICE = textwrap.dedent(
     from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 
     async def main():
-        timeout = watchdog_timeout_s()
-        notifier = Notifier.from_env()
+        notifier = Notifier.from_env(unset=True)
+        assert watchdog_timeout_s() is None  # removed from the environment, kept by the notifier
         beat = Heartbeat()
-        wd = Watchdog(notifier, beat, timeout_s=timeout, max_age_s=0.5)
+        wd = Watchdog(notifier, beat, timeout_s=notifier.watchdog_timeout_s, max_age_s=0.5)
         notifier.ready("inventory: 2 GPUs")
         wedge = asyncio.Event()
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 __all__ = [
+    "SYSTEMD_ENV_KEYS",
     "Heartbeat",
     "Notifier",
     "NotifyReceiver",
@@ -31,7 +32,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-_ENV_KEYS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+#: The variables systemd hands the main process; a job launcher removes them from a job's environment.
+SYSTEMD_ENV_KEYS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
 def _socket_address(value: str) -> str | None:
@@ -72,23 +74,27 @@ class Notifier:
     level and reported as False, because a notification must never take the daemon down.
     """
 
-    def __init__(self, notify_socket: str | None) -> None:
+    def __init__(self, notify_socket: str | None, watchdog_timeout_s: float | None = None) -> None:
         self._address = _socket_address(notify_socket) if notify_socket else None
         self._sock: socket.socket | None = None
+        #: The ``WatchdogSec=`` systemd asked for (seconds), read when the notifier was made; None: no watchdog.
+        self.watchdog_timeout_s = watchdog_timeout_s
 
     @classmethod
-    def from_env(cls, env: MutableMapping[str, str] | None = None, *, unset: bool = True) -> Notifier:
-        """A notifier for ``$NOTIFY_SOCKET``; with ``unset`` (default) the systemd variables are removed from
-        ``env`` so that jobs the daemon launches do not inherit them (sd_notify's ``unset_environment``).
+    def from_env(cls, env: MutableMapping[str, str] | None = None, *, unset: bool = False) -> Notifier:
+        """A notifier for ``$NOTIFY_SOCKET``, with the watchdog timeout of ``$WATCHDOG_USEC``/``$WATCHDOG_PID``.
 
-        Read :func:`watchdog_timeout_s` before calling this with ``unset=True``.
+        With ``unset`` the systemd variables are then removed from ``env`` (sd_notify's ``unset_environment``).
+        It is off by default because later readers of the environment would find no watchdog; job launchers
+        should rather build each job's environment without :data:`SYSTEMD_ENV_KEYS`.
         """
         env = os.environ if env is None else env
         value = env.get("NOTIFY_SOCKET")
+        timeout = watchdog_timeout_s(env)
         if unset:
-            for key in _ENV_KEYS:
+            for key in SYSTEMD_ENV_KEYS:
                 env.pop(key, None)
-        return cls(value)
+        return cls(value, timeout)
 
     @property
     def enabled(self) -> bool:
@@ -140,7 +146,7 @@ class Notifier:
             self._sock = None
 
     def __repr__(self) -> str:
-        return f"Notifier({self._address!r})"
+        return f"Notifier({self._address!r}, watchdog_timeout_s={self.watchdog_timeout_s!r})"
 
 
 class Heartbeat:
