@@ -1,0 +1,239 @@
+"""What ``flexmig.nvml`` remembers between calls so a sweep makes only the calls whose answers can change.
+
+Static per GPU: its handle, UUID, name, total memory, GPM support, the GPU- and compute-instance profile tables.
+Static per MIG device lifetime (keyed by its ``MIG-`` UUID, new for every GI/CI lifetime): its GI and CI IDs.
+MIG device *handles* are not trusted across sweeps: NVML may reuse them after a reconfiguration, so every sweep
+enumerates them by index and identifies each by UUID.
+"""
+
+from __future__ import annotations
+
+from ctypes import byref, c_uint
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml as N
+
+from flexmig.nvml.calls import GPU_IS_LOST, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, GpuLost, Walk
+
+__all__ = ["CiProfile", "GiProfile", "GpuCache", "MigHandle", "MigStatic"]
+
+
+@dataclass(frozen=True, slots=True)
+class GiProfile:
+    """A GPU-instance profile as this GPU's driver describes it (``nvidia-smi mig -lgip``)."""
+
+    index: int
+    id: int
+    name: str  # without the "MIG " prefix
+    instance_count: int
+    compute_slices: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class CiProfile:
+    """A compute-instance profile inside one GPU-instance profile (``nvidia-smi mig -lcip``)."""
+
+    index: int
+    id: int
+    slices: int
+    instance_count: int
+    sm_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigStatic:
+    """What never changes during one MIG device's life."""
+
+    gi_id: int
+    ci_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigHandle:
+    """A MIG device found by this sweep's enumeration."""
+
+    index: int
+    handle: Any
+    uuid: str
+    static: MigStatic
+
+
+@dataclass(slots=True)
+class GpuCache:
+    """Per-GPU cache; ``index`` is NVML's GPU index."""
+
+    index: int
+    handle: Any = None
+    uuid: str | None = None
+    name: str | None = None
+    memory_total: int | None = None
+    gpm: bool | None = None
+    gi_profiles: dict[str, GiProfile] | None = None
+    ci_profiles: dict[int, tuple[CiProfile, ...]] = field(default_factory=dict)
+    mig_static: dict[str, MigStatic] = field(default_factory=dict)
+    max_mig: int = 0  # nvmlDeviceGetMaxMigDeviceCount once MIG is on (0: not asked yet)
+
+    @property
+    def target(self) -> str:
+        """How issues and errors name this GPU."""
+        return f"GPU {self.index}"
+
+    def get_handle(self, walk: Walk) -> Any:
+        """The GPU's handle (``nvmlDeviceGetHandleByIndex``), cached; GpuLost if NVML says the GPU is lost."""
+        if self.handle is None:
+            self.handle = walk.get(self.target, N.nvmlDeviceGetHandleByIndex, self.index)
+        return self.handle
+
+    def identity(self, walk: Walk) -> None:
+        """Fill UUID, name and total memory once (``nvidia-smi --query-gpu=uuid,name,memory.total``)."""
+        h = self.handle
+        if self.uuid is None:
+            self.uuid = walk.get(self.target, N.nvmlDeviceGetUUID, h)
+        if self.name is None:
+            self.name = walk.get(self.target, N.nvmlDeviceGetName, h)
+        if self.memory_total is None:
+            mem = walk.get(self.target, N.nvmlDeviceGetMemoryInfo, h)
+            self.memory_total = int(mem.total) if mem is not None else None
+
+    def gpm_supported(self, walk: Walk) -> bool:
+        """Whether the GPU has GPM (Hopper and newer), asked once (``nvmlGpmQueryDeviceSupport``)."""
+        if self.gpm is None:
+            support = walk.get(self.target, N.nvmlGpmQueryDeviceSupport, self.handle)
+            if support is None:
+                return False
+            self.gpm = bool(support.isSupportedDevice)
+        return self.gpm
+
+    def profiles(self, walk: Walk) -> dict[str, GiProfile]:
+        """GPU-instance profiles by name (``nvidia-smi mig -lgip``); empty while MIG is off (not cached then).
+
+        Indices the driver does not offer answer NOT_SUPPORTED or INVALID_ARGUMENT and are skipped, as
+        mig-parted does; the profile name is resolved per device because indices differ between GPUs.
+        """
+        if self.gi_profiles is not None:
+            return self.gi_profiles
+        found: dict[str, GiProfile] = {}
+        for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = N.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, idx)
+            except N.NVMLError as exc:
+                if exc.value in (NOT_SUPPORTED, INVALID_ARGUMENT):
+                    continue
+                walk.note(self.target, "nvmlDeviceGetGpuInstanceProfileInfo", exc)
+                continue
+            name = str(info.name).removeprefix("MIG ")
+            found[name] = GiProfile(
+                idx, int(info.id), name, int(info.instanceCount), int(info.sliceCount), int(info.memorySizeMB)
+            )
+        if found:
+            self.gi_profiles = found
+        return found
+
+    def profile_by_id(self, walk: Walk, profile_id: int) -> GiProfile | None:
+        """The GPU-instance profile with NVML profile ID ``profile_id``."""
+        for p in self.profiles(walk).values():
+            if p.id == profile_id:
+                return p
+        return None
+
+    def compute_profiles(self, walk: Walk, gi: Any, gi_profile_id: int) -> tuple[CiProfile, ...]:
+        """Compute-instance profiles of a GI of profile ``gi_profile_id`` (``nvidia-smi mig -lcip``), cached."""
+        cached = self.ci_profiles.get(gi_profile_id)
+        if cached is not None:
+            return cached
+        found: dict[int, CiProfile] = {}
+        for idx in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                info = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, idx, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            except N.NVMLError as exc:
+                if exc.value in (NOT_SUPPORTED, INVALID_ARGUMENT):
+                    continue
+                walk.note(self.target, "nvmlGpuInstanceGetComputeInstanceProfileInfo", exc)
+                return tuple(found.values())
+            # Two indices may share an ID (1_SLICE vs 1_SLICE_REV1): keep the one with more SMs (go-nvlib #85).
+            prof = CiProfile(
+                idx, int(info.id), int(info.sliceCount), int(info.instanceCount), int(info.multiprocessorCount)
+            )
+            if prof.id not in found or prof.sm_count > found[prof.id].sm_count:
+                found[prof.id] = prof
+        result = tuple(found.values())
+        self.ci_profiles[gi_profile_id] = result
+        return result
+
+    def mig_handles(self, walk: Walk) -> list[MigHandle]:
+        """This GPU's MIG devices now (``nvidia-smi -L``), by MIG index, skipping gaps instead of stopping.
+
+        Costs two calls per device (handle by index, UUID); GI and CI IDs come from the UUID-keyed cache.
+        """
+        out: list[MigHandle] = []
+        h = self.handle
+        target = self.target
+        seen: set[str] = set()
+        if not self.max_mig:
+            self.max_mig = int(walk.get(target, N.nvmlDeviceGetMaxMigDeviceCount, h) or 0)
+        for idx in range(self.max_mig):
+            try:
+                mh = N.nvmlDeviceGetMigDeviceHandleByIndex(h, idx)
+                uuid = N.nvmlDeviceGetUUID(mh)
+            except N.NVMLError as exc:
+                if exc.value == NOT_FOUND:
+                    continue
+                if exc.value == INVALID_ARGUMENT:
+                    break  # past the GPU's maximum MIG device count
+                walk.note(f"{target} MIG {idx}", "nvmlDeviceGetMigDeviceHandleByIndex", exc)
+                continue
+            seen.add(uuid)
+            static = self.mig_static.get(uuid)
+            if static is None:
+                gi_id = walk.get(uuid, N.nvmlDeviceGetGpuInstanceId, mh)
+                ci_id = walk.get(uuid, N.nvmlDeviceGetComputeInstanceId, mh)
+                if gi_id is None or ci_id is None:
+                    continue
+                static = self.mig_static[uuid] = MigStatic(int(gi_id), int(ci_id))
+            out.append(MigHandle(idx, mh, uuid, static))
+        if len(self.mig_static) > len(seen):
+            for gone in [u for u in self.mig_static if u not in seen]:
+                del self.mig_static[gone]
+        return out
+
+    def forget_mig(self) -> None:
+        """Drop MIG-device facts after this process changed the GPU's instances."""
+        self.mig_static.clear()
+
+
+def processes(walk: Walk, target: str, handle: Any) -> tuple[Any, ...] | None:
+    """Compute processes on a device (``nvidia-smi --query-compute-apps=pid,used_memory``); None if unknown."""
+    procs = walk.get(target, N.nvmlDeviceGetComputeRunningProcesses, handle)
+    if procs is None:
+        return None
+    return tuple(procs)
+
+
+def gpu_instances(walk: Walk, handle: Any, profile: GiProfile) -> list[Any]:
+    """Handles of the GPU instances of one profile (``nvmlDeviceGetGpuInstances``, caller-allocated array)."""
+    arr = (N.c_nvmlGpuInstance_t * max(1, profile.instance_count))()
+    count = c_uint(0)
+    try:
+        N.nvmlDeviceGetGpuInstances(handle, profile.id, arr, byref(count))
+    except N.NVMLError as exc:
+        if exc.value == GPU_IS_LOST:
+            raise GpuLost(str(profile.id)) from exc
+        walk.note(f"profile {profile.name}", "nvmlDeviceGetGpuInstances", exc)
+        return []
+    return [arr[i] for i in range(count.value)]
+
+
+def compute_instances(walk: Walk, gi: Any, profile: CiProfile, target: str) -> list[Any]:
+    """Handles of the compute instances of one profile in a GI (``nvmlGpuInstanceGetComputeInstances``)."""
+    arr = (N.c_nvmlComputeInstance_t * max(1, profile.instance_count))()
+    count = c_uint(0)
+    try:
+        N.nvmlGpuInstanceGetComputeInstances(gi, profile.id, arr, byref(count))
+    except N.NVMLError as exc:
+        walk.note(target, "nvmlGpuInstanceGetComputeInstances", exc)
+        return []
+    return [arr[i] for i in range(count.value)]

@@ -1,0 +1,169 @@
+"""GPM windows: per-MIG-device activity from pairs of GPM samples taken on successive sweeps.
+
+The rules (apis.md §1.8, after nvidia_gpu_exporter PR #466):
+
+* a metric needs two samples more than 100 ms apart: when sweeps come faster, the previous value is served again
+  and no new sample is taken;
+* the previous sample is kept per MIG device, keyed by its ``MIG-`` UUID, which is new for every GI/CI lifetime,
+  so a GI re-created with the same numeric ID is reseeded instead of being compared with its predecessor;
+* a window grown too long (the daemon was paused) is reseeded rather than averaged over;
+* the first sweep of a device, and a reseed, give None;
+* samples of devices that disappeared are freed, and :meth:`GpmWindows.close` frees the rest.
+
+Each device keeps two sample buffers that swap roles, so a steady sweep allocates nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml as N
+
+from flexmig.nvml.calls import Walk
+from flexmig.nvml.types import GpmActivity
+
+__all__ = ["GpmWindows"]
+
+_METRICS = (
+    N.NVML_GPM_METRIC_SM_UTIL,
+    N.NVML_GPM_METRIC_SM_OCCUPANCY,
+    N.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    N.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+)
+
+
+@dataclass(slots=True)
+class _Slot:
+    gi_id: int
+    prev: Any  # c_nvmlGpmSample_t holding the window's first sample
+    spare: Any | None
+    t_prev: float
+    last: GpmActivity | None
+
+
+class GpmWindows:
+    """Sampling windows for GPM activity, carried from one :meth:`Nvml.sample` sweep to the next.
+
+    One instance per sampler; not thread-safe (the daemon samples on one worker thread). ``clock`` should be the
+    clock the sweeps run on (the simulator's clock in tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        min_interval_s: float = 0.1,
+        max_window_s: float = 60.0,
+    ) -> None:
+        if not 0 < min_interval_s < max_window_s:
+            raise ValueError(f"need 0 < min_interval_s < max_window_s, got {min_interval_s}, {max_window_s}")
+        self.clock = clock
+        self.min_interval_s = min_interval_s
+        self.max_window_s = max_window_s
+        self._slots: dict[str, _Slot] = {}
+        self._seen: set[str] = set()
+        self._mg: Any = None
+
+    def __len__(self) -> int:
+        """Number of devices with an open window (each holds one or two GPM samples)."""
+        return len(self._slots)
+
+    def begin_sweep(self) -> None:
+        """Start a sweep: devices not visited before :meth:`end_sweep` are dropped then."""
+        self._seen.clear()
+
+    def end_sweep(self) -> None:
+        """Free the samples of devices this sweep did not visit (destroyed, or their GPU was lost)."""
+        for uuid in [u for u in self._slots if u not in self._seen]:
+            self._drop(uuid)
+
+    def keep(self, uuid: str) -> None:
+        """Mark ``uuid`` as still present without sampling it (its GPU could not be read this sweep)."""
+        self._seen.add(uuid)
+
+    def activity(self, walk: Walk, parent: Any, gi_id: int, uuid: str) -> GpmActivity | None:
+        """Activity of the GPU instance behind MIG device ``uuid`` over the window that ends now.
+
+        ``parent`` is the physical GPU's handle (``nvmlGpmMigSampleGet`` takes it with the GI id). Failures are
+        recorded in ``walk`` and reseed the window; GPU_IS_LOST propagates.
+        """
+        self._seen.add(uuid)
+        now = self.clock()
+        slot = self._slots.get(uuid)
+        target = f"{uuid} (GI {gi_id})"
+        call = "nvmlGpmMigSampleGet"
+        try:
+            if slot is None or slot.gi_id != gi_id:
+                if slot is not None:
+                    self._drop(uuid)
+                call = "nvmlGpmSampleAlloc"
+                prev = N.nvmlGpmSampleAlloc()
+                self._slots[uuid] = _Slot(gi_id, prev, None, now, None)
+                call = "nvmlGpmMigSampleGet"
+                N.nvmlGpmMigSampleGet(parent, gi_id, prev)
+                return None
+            elapsed = now - slot.t_prev
+            if elapsed < self.min_interval_s:
+                return slot.last
+            if elapsed > self.max_window_s:
+                N.nvmlGpmMigSampleGet(parent, gi_id, slot.prev)
+                slot.t_prev, slot.last = now, None
+                return None
+            if slot.spare is None:
+                call = "nvmlGpmSampleAlloc"
+                slot.spare = N.nvmlGpmSampleAlloc()
+            cur = slot.spare
+            call = "nvmlGpmMigSampleGet"
+            N.nvmlGpmMigSampleGet(parent, gi_id, cur)
+            call = "nvmlGpmMetricsGet"
+            values = self._metrics(slot.prev, cur)
+        except N.NVMLError as exc:
+            self._drop(uuid)
+            walk.note(target, call, exc)
+            return None
+        slot.spare, slot.prev, slot.t_prev = slot.prev, cur, now
+        slot.last = GpmActivity(
+            window_s=elapsed,
+            sm_active=values.get(N.NVML_GPM_METRIC_SM_UTIL),
+            sm_occupancy=values.get(N.NVML_GPM_METRIC_SM_OCCUPANCY),
+            dram_bw=values.get(N.NVML_GPM_METRIC_DRAM_BW_UTIL),
+            tensor_active=values.get(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+        )
+        return slot.last
+
+    def _metrics(self, first: Any, second: Any) -> dict[int, float]:
+        """Ratios 0..1 of the metrics NVML could compute between two samples (``nvmlGpmMetricsGet``)."""
+        mg = self._mg
+        if mg is None:
+            mg = self._mg = N.c_nvmlGpmMetricsGet_t()
+            mg.version = N.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(_METRICS)
+        for i, metric_id in enumerate(_METRICS):
+            mg.metrics[i].metricId = metric_id
+            mg.metrics[i].nvmlReturn = N.NVML_ERROR_UNKNOWN
+        mg.sample1, mg.sample2 = first, second
+        N.nvmlGpmMetricsGet(mg)
+        out: dict[int, float] = {}
+        for i in range(len(_METRICS)):
+            m = mg.metrics[i]
+            if m.nvmlReturn == N.NVML_SUCCESS:
+                out[int(m.metricId)] = min(1.0, max(0.0, float(m.value) / 100.0))
+        return out
+
+    def _drop(self, uuid: str) -> None:
+        slot = self._slots.pop(uuid, None)
+        if slot is None:
+            return
+        for sample in (slot.prev, slot.spare):
+            if sample is not None:
+                with suppress(N.NVMLError):  # the library is gone (shutdown): nothing left to free
+                    N.nvmlGpmSampleFree(sample)
+
+    def close(self) -> None:
+        """Free every sample; call before :meth:`Nvml.close`."""
+        for uuid in list(self._slots):
+            self._drop(uuid)

@@ -1,0 +1,89 @@
+"""Put a simulated node under pynvml for this process, and take it away again.
+
+``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (apis.md §1.9); assigning our
+:class:`~flexmig.sim.library.SimLibrary` to it makes every pynvml wrapper, in any code in this process (our
+``flexmig.nvml``, nvitop's API, a script), talk to the simulator through the real ctypes protocol. The installed
+library remembers what it replaced, so no state of our own lives at module level.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pynvml as N
+
+from flexmig.mig import NodeSpec, parse_node_spec
+from flexmig.sim.faults import FaultTable
+from flexmig.sim.library import SimLibrary
+from flexmig.sim.model import ci_index
+from flexmig.sim.node import SimNode
+from flexmig.sim.persist import load_state, save_state
+from flexmig.sim.state import NodeState
+
+__all__ = ["install", "installed", "uninstall"]
+
+
+def install(
+    spec: str,
+    *,
+    state_path: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    seed: int = 0,
+) -> SimNode:
+    """Install a simulated node described by ``spec`` (``h200x2:3g.71gb@0+2g.35gb@4``) under pynvml.
+
+    With ``state_path``, every change is saved there, and an existing file is restored instead of building the
+    node from the spec (its model and GPU count must match the spec). ``clock`` drives GPM counters; ``seed``
+    fixes the UUIDs and the synthetic workload. A simulator already installed is replaced.
+    Raises NodeSpecError for a bad spec and SimError for an unreadable or mismatched state file.
+    """
+    node_spec = parse_node_spec(spec)
+    if state_path is not None and state_path.exists():
+        state = load_state(state_path, node_spec.model, node_spec.count, clock)
+    else:
+        state = _build(spec, node_spec, clock, seed)
+    faults = FaultTable()
+    library = SimLibrary(state, faults)
+    node = SimNode(node_spec, state, faults, state_path=state_path, seed=seed)
+    if state_path is not None:
+        save_state(state, state_path)
+    with N.libLoadLock:
+        previous = N.nvmlLib
+        library.previous = previous.previous if isinstance(previous, SimLibrary) else previous
+        N.nvmlLib = library
+        N._nvmlGetFunctionPointer_cache.clear()
+        N._nvmlLib_refcount = 0
+    return node
+
+
+def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int) -> NodeState:
+    """A fresh node from the spec: UUIDs derived from the spec and seed, the layout created on every GPU."""
+    node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-sim/{spec.strip()}/{seed}")
+    state = NodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock)
+    for gpu in state.gpus:
+        if node_spec.layout is None:
+            gpu.mig_current = gpu.mig_pending = False
+            gpu.layout = None
+            continue
+        for inst in node_spec.layout:
+            gi = state.create_gi(gpu, inst.profile, inst.start, inst.profile.memory_slices)
+            state.create_ci(gi, ci_index(inst.profile.compute_slices), None)
+    return state
+
+
+def installed() -> bool:
+    """True while a simulated library sits under pynvml."""
+    return isinstance(N.nvmlLib, SimLibrary)
+
+
+def uninstall() -> None:
+    """Take the simulator away and put back whatever pynvml had before (usually nothing: loaded on next init)."""
+    with N.libLoadLock:
+        current = N.nvmlLib
+        if isinstance(current, SimLibrary):
+            N.nvmlLib = current.previous
+        N._nvmlGetFunctionPointer_cache.clear()
+        N._nvmlLib_refcount = 0

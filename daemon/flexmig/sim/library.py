@@ -1,0 +1,900 @@
+"""The C-function surface of the simulated ``libnvidia-ml``: what ``pynvml.nvmlLib`` points at after install.
+
+pynvml looks every C symbol up with ``getattr(nvmlLib, name)`` and calls it with ctypes arguments, so each method
+here is named after a C symbol and speaks the C protocol: it returns an ``nvmlReturn_t`` int, writes outputs
+through ``byref(...)`` arguments (``ref._obj``), fills caller-allocated arrays, and answers a NULL array with the
+count (the size-probe protocol). Handles are pointers to opaque structs that the library keeps alive for its
+whole life, so a stale handle (of a destroyed instance) is recognised and refused instead of being reused.
+
+Every call takes the node's lock: tests change the node from other threads while the daemon calls NVML.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pynvml as N
+
+from flexmig.sim.faults import FaultTable, error_name
+from flexmig.sim.gpm import METRIC_INFO, GpmSnapshot, metric_value
+from flexmig.sim.model import (
+    CI_PROFILE_COUNT,
+    CUDA_DRIVER_VERSION,
+    DRIVER_VERSION,
+    GI_PROFILE_COUNT,
+    MAX_MIG_DEVICES,
+    NVML_VERSION,
+    ci_name,
+    ci_starts,
+    clock_table,
+)
+from flexmig.sim.state import NodeState, NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance
+
+__all__ = ["SimLibrary"]
+
+_SUCCESS: int = int(N.NVML_SUCCESS)
+_INVALID: int = int(N.NVML_ERROR_INVALID_ARGUMENT)
+_NO_INIT = frozenset({"nvmlInit_v2", "nvmlInitWithFlags", "nvmlInit"})
+_ULL_NA = 0xFFFFFFFFFFFFFFFF
+
+_Fn = Callable[..., int]
+
+
+def _entry(fn: _Fn) -> _Fn:
+    """Wrap a C entry point: lock, init check, injected faults, and NvmlReturn -> return code."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def call(self: SimLibrary, *args: Any) -> int:
+        with self._lock:
+            if self._state.init_count <= 0 and name not in _NO_INIT:
+                return int(N.NVML_ERROR_UNINITIALIZED)
+            if self._faults:
+                code = self._faults.take(name, self._gpu_hint(args))
+                if code:
+                    return code
+            try:
+                return fn(self, *args)
+            except NvmlReturn as ret:
+                return ret.code
+
+    return call
+
+
+def _int(value: Any) -> int:
+    """A C integer argument as Python int: pynvml passes some as ints, some as ``c_uint``."""
+    v = getattr(value, "value", value)
+    if not isinstance(v, int):
+        raise NvmlReturn(_INVALID)
+    return v
+
+
+def _out(ref: Any) -> Any:
+    """The object an output pointer argument points at (``byref(x)`` or ``pointer(x)``); NULL is invalid."""
+    obj = getattr(ref, "_obj", None)
+    if obj is not None:
+        return obj
+    if isinstance(ref, ctypes._Pointer) and ref:
+        return ref.contents
+    raise NvmlReturn(_INVALID)
+
+
+def _write_str(buf: Any, size: Any, text: str) -> int:
+    data = text.encode()
+    if buf is None or len(data) + 1 > _int(size):
+        raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_SIZE)
+    buf.value = data
+    return _SUCCESS
+
+
+class SimLibrary:
+    """A Python object that implements libnvidia-ml's C functions over a :class:`NodeState`."""
+
+    def __init__(self, state: NodeState, faults: FaultTable) -> None:
+        self._state = state
+        self._lock = state.lock
+        self._faults = faults
+        self._handles: dict[int, tuple[str, int]] = {}  # struct address -> (kind, key)
+        self._structs: dict[tuple[str, int], Any] = {}  # (kind, key) -> the struct, kept alive forever
+        self._samples: dict[int, tuple[Any, GpmSnapshot]] = {}  # GPM sample address -> (struct, snapshot)
+        self.previous: Any = None  # what pynvml.nvmlLib held before install; uninstall puts it back
+
+        def nvml_error_string(result: Any) -> bytes:
+            # A plain function, not a method: pynvml assigns ``fn.restype`` on it, which a bound method refuses.
+            code = _int(result)
+            text = N.NVMLError._errcode_to_string.get(code)
+            if text is None:
+                text = error_name(code).replace("_", " ").title()
+            return str(text).encode()
+
+        self.nvmlErrorString = nvml_error_string
+
+    # ------------------------------------------------------------------------------------------- handles
+    _STRUCT: ClassVar[dict[str, Any]] = {
+        "gpu": N.struct_c_nvmlDevice_t,
+        "mig": N.struct_c_nvmlDevice_t,
+        "gi": N.struct_c_nvmlGpuInstance_t,
+        "ci": N.struct_c_nvmlComputeInstance_t,
+    }
+
+    def _struct(self, kind: str, key: int) -> Any:
+        s = self._structs.get((kind, key))
+        if s is None:
+            s = self._STRUCT[kind]()
+            self._structs[(kind, key)] = s
+            self._handles[ctypes.addressof(s)] = (kind, key)
+        return s
+
+    def _give(self, ref: Any, kind: str, key: int) -> int:
+        """Write the handle of (kind, key) through the output pointer ``ref``."""
+        _out(ref).contents = self._struct(kind, key)
+        return _SUCCESS
+
+    def _lookup(self, handle: Any) -> tuple[str, int]:
+        try:
+            addr = ctypes.addressof(handle.contents)
+        except (AttributeError, ValueError, TypeError):
+            raise NvmlReturn(_INVALID) from None
+        found = self._handles.get(addr)
+        if found is None:
+            raise NvmlReturn(_INVALID)
+        return found
+
+    def _live(self, gpu: SimGpu) -> SimGpu:
+        if gpu.lost:
+            raise NvmlReturn(N.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def _device(self, handle: Any) -> tuple[SimGpu, SimComputeInstance | None]:
+        """A GPU or MIG device handle -> (GPU, MIG device or None)."""
+        kind, key = self._lookup(handle)
+        if kind == "gpu":
+            return self._live(self._state.gpus[key]), None
+        if kind == "mig":
+            ci = self._state.cis_by_serial.get(key)
+            if ci is None:
+                raise NvmlReturn(_INVALID)
+            return self._live(ci.gi.gpu), ci
+        raise NvmlReturn(_INVALID)
+
+    def _gpu(self, handle: Any) -> SimGpu:
+        """A physical-GPU handle (a MIG device handle is refused)."""
+        gpu, ci = self._device(handle)
+        if ci is not None:
+            raise NvmlReturn(_INVALID)
+        return gpu
+
+    def _gi(self, handle: Any) -> SimGpuInstance:
+        kind, key = self._lookup(handle)
+        gi = self._state.gis_by_serial.get(key) if kind == "gi" else None
+        if gi is None:
+            raise NvmlReturn(_INVALID)
+        self._live(gi.gpu)
+        return gi
+
+    def _ci(self, handle: Any) -> SimComputeInstance:
+        kind, key = self._lookup(handle)
+        ci = self._state.cis_by_serial.get(key) if kind == "ci" else None
+        if ci is None:
+            raise NvmlReturn(_INVALID)
+        self._live(ci.gi.gpu)
+        return ci
+
+    def _gpu_hint(self, args: tuple[Any, ...]) -> int | None:
+        """The GPU a call is about (for faults injected on one GPU), or None."""
+        if not args:
+            return None
+        first = args[0]
+        if isinstance(first, ctypes.c_uint):
+            return int(first.value)
+        try:
+            kind, key = self._lookup(first)
+        except NvmlReturn:
+            return None
+        if kind == "gpu":
+            return key
+        if kind in ("mig", "ci"):
+            ci = self._state.cis_by_serial.get(key)
+            return ci.gi.gpu.index if ci else None
+        gi = self._state.gis_by_serial.get(key)
+        return gi.gpu.index if gi else None
+
+    # ------------------------------------------------------------------------------------- init, system
+    def nvmlInitWithFlags(self, flags: Any) -> int:
+        """Reference-counted init, like the real library."""
+        with self._lock:
+            self._state.init_count += 1
+        return _SUCCESS
+
+    def nvmlInit_v2(self) -> int:
+        """Init without flags."""
+        return self.nvmlInitWithFlags(0)
+
+    def nvmlShutdown(self) -> int:
+        """Drop one init reference; UNINITIALIZED if there is none."""
+        with self._lock:
+            if self._state.init_count <= 0:
+                return int(N.NVML_ERROR_UNINITIALIZED)
+            self._state.init_count -= 1
+        return _SUCCESS
+
+    @_entry
+    def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, DRIVER_VERSION)
+
+    @_entry
+    def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, NVML_VERSION)
+
+    @_entry
+    def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
+        _out(ref).value = CUDA_DRIVER_VERSION
+        return _SUCCESS
+
+    @_entry
+    def nvmlSystemGetCudaDriverVersion_v2(self, ref: Any) -> int:
+        _out(ref).value = CUDA_DRIVER_VERSION
+        return _SUCCESS
+
+    # ------------------------------------------------------------------------------------------- devices
+    @_entry
+    def nvmlDeviceGetCount_v2(self, ref: Any) -> int:
+        _out(ref).value = len(self._state.gpus)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, ref: Any) -> int:
+        i = _int(index)
+        if not 0 <= i < len(self._state.gpus):
+            return _INVALID
+        self._live(self._state.gpus[i])
+        return self._give(ref, "gpu", i)
+
+    @_entry
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any, ref: Any) -> int:
+        raw = getattr(uuid, "value", uuid)
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        found = self._state.by_uuid.get(text)
+        if found is None:
+            return int(N.NVML_ERROR_NOT_FOUND)
+        if isinstance(found, SimGpu):
+            self._live(found)
+            return self._give(ref, "gpu", found.index)
+        self._live(found.gi.gpu)
+        return self._give(ref, "mig", found.serial)
+
+    @_entry
+    def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
+        gpu, ci = self._device(handle)
+        return _write_str(buf, size, ci.uuid if ci else gpu.uuid)
+
+    @_entry
+    def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
+        gpu, ci = self._device(handle)
+        name = gpu.model.name if ci is None else f"{gpu.model.name} {ci_name(ci.gi.profile, ci.slices)}"
+        return _write_str(buf, size, name)
+
+    @_entry
+    def nvmlDeviceGetIndex(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = self._gpu(handle).index
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetArchitecture(self, handle: Any, ref: Any) -> int:
+        gpu, _ = self._device(handle)
+        _out(ref).value = N.NVML_DEVICE_ARCH_HOPPER if gpu.model.gpm else N.NVML_DEVICE_ARCH_AMPERE
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any, major: Any, minor: Any) -> int:
+        gpu, _ = self._device(handle)
+        _out(major).value = 9 if gpu.model.gpm else 8
+        _out(minor).value = 0
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetPersistenceMode(self, handle: Any, ref: Any) -> int:
+        self._gpu(handle)
+        _out(ref).value = N.NVML_FEATURE_ENABLED
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetComputeMode(self, handle: Any, ref: Any) -> int:
+        self._device(handle)
+        _out(ref).value = N.NVML_COMPUTEMODE_DEFAULT
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
+        self._gpu(handle)
+        _out(ref).value = 0  # P0: datacenter GPUs with persistence mode stay in P0
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetFanSpeed(self, handle: Any, ref: Any) -> int:
+        self._device(handle)
+        return int(N.NVML_ERROR_NOT_SUPPORTED)  # SXM modules have no fan of their own
+
+    def _memory(self, handle: Any) -> tuple[int, int]:
+        gpu, ci = self._device(handle)
+        if ci is not None:
+            return ci.gi.memory_total_bytes, ci.gi.memory_used_bytes()
+        if gpu.mig_current and not self._state.privileged:
+            raise NvmlReturn(N.NVML_ERROR_NO_PERMISSION)  # aggregate MIG figures need privileges
+        return gpu.memory_total_bytes, gpu.memory_used_bytes()
+
+    @_entry
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> int:
+        total, used = self._memory(handle)
+        mem = _out(ref)
+        mem.total, mem.used, mem.free = total, used, total - used
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, ref: Any) -> int:
+        mem = _out(ref)
+        if mem.version != N.nvmlMemory_v2:
+            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        total, used = self._memory(handle)
+        mem.total, mem.reserved, mem.used, mem.free = total, 0, used, total - used
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, ref: Any) -> int:
+        gpu, ci = self._device(handle)
+        if ci is not None or gpu.mig_current:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)  # "On MIG-enabled GPUs, querying utilization is not supported"
+        util = _out(ref)
+        util.gpu = round(100 * gpu.activity.sm)
+        util.memory = round(100 * gpu.activity.dram)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        limit = gpu.model.power_limit_w
+        idle = 0.12 * limit
+        _out(ref).value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = 1000 * self._gpu(handle).model.power_limit_w
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = 1000 * self._gpu(handle).model.power_limit_w
+        return _SUCCESS
+
+    def _temperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._gpu(handle)
+        if sensor != N.NVML_TEMPERATURE_GPU:
+            raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
+        return round(31 + 44 * self._state.gpu_load(gpu))
+
+    @_entry
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, ref: Any) -> int:
+        _out(ref).value = self._temperature(handle, _int(sensor))
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetTemperatureV(self, handle: Any, ref: Any) -> int:
+        temp = _out(ref)
+        if temp.version >> 24 != 1:
+            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        temp.temperature = self._temperature(handle, _int(temp.sensorType))
+        return _SUCCESS
+
+    def _clock(self, handle: Any, kind: int, current: bool) -> int:
+        gpu = self._gpu(handle)
+        table = clock_table(gpu.model)
+        if kind == N.NVML_CLOCK_MEM:
+            return table.mem
+        if kind in (N.NVML_CLOCK_GRAPHICS, N.NVML_CLOCK_SM, N.NVML_CLOCK_VIDEO):
+            busy = self._state.gpu_load(gpu) > 0.005
+            return table.sm_max if (busy or not current) else table.sm_idle
+        raise NvmlReturn(_INVALID)
+
+    @_entry
+    def nvmlDeviceGetClockInfo(self, handle: Any, kind: Any, ref: Any) -> int:
+        _out(ref).value = self._clock(handle, _int(kind), current=True)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, kind: Any, ref: Any) -> int:
+        _out(ref).value = self._clock(handle, _int(kind), current=False)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values_ref: Any) -> int:
+        gpu, _ = self._device(handle)
+        values = _out(values_ref)
+        stamp = int(self._state.clock() * 1e6)
+        for i in range(_int(count)):
+            v = values[i]
+            v.timestamp = stamp
+            v.latencyUsec = 0
+            if v.fieldId == N.NVML_FI_DEV_IS_RESETLESS_MIG_SUPPORTED:
+                v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
+                v.value.uiVal = 1 if gpu.model.gpm else 0
+                v.nvmlReturn = _SUCCESS
+            else:
+                v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+        return _SUCCESS
+
+    # ------------------------------------------------------------------------------------------ processes
+    @_entry
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
+        gpu, ci = self._device(handle)
+        if ci is None and gpu.mig_current and not self._state.privileged:
+            return int(N.NVML_ERROR_NO_PERMISSION)
+        procs = self._state.live_processes(gpu, ci)
+        count = _out(count_ref)
+        if infos is None or count.value < len(procs):
+            count.value = len(procs)
+            return int(N.NVML_ERROR_INSUFFICIENT_SIZE) if procs else _SUCCESS
+        for i, (p, gi_id, ci_id) in enumerate(procs):
+            infos[i].pid = p.pid
+            infos[i].usedGpuMemory = p.memory_bytes
+            infos[i].gpuInstanceId = gi_id
+            infos[i].computeInstanceId = ci_id
+        count.value = len(procs)
+        return _SUCCESS
+
+    def _no_processes(self, handle: Any, count_ref: Any) -> int:
+        self._device(handle)
+        _out(count_ref).value = 0
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
+        return self._no_processes(handle, count_ref)  # compute-only datacenter node
+
+    @_entry
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
+        return self._no_processes(handle, count_ref)  # no MPS daemon on the simulated node
+
+    # --------------------------------------------------------------------------------------- MIG devices
+    @_entry
+    def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
+        gpu = self._gpu(handle)
+        _out(current).value = int(gpu.mig_current)
+        _out(pending).value = int(gpu.mig_pending)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceSetMigMode(self, handle: Any, mode: Any, status_ref: Any) -> int:
+        status = _out(status_ref)
+        status.value = self._state.set_mig_mode(self._gpu(handle), _int(mode))
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = MAX_MIG_DEVICES if self._gpu(handle).mig_current else 0
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        i = _int(index)
+        if not gpu.mig_current or not 0 <= i < MAX_MIG_DEVICES:
+            return _INVALID
+        if i >= len(gpu.mig_order):
+            return int(N.NVML_ERROR_NOT_FOUND)
+        return self._give(ref, "mig", gpu.mig_order[i].serial)
+
+    @_entry
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any, ref: Any) -> int:
+        gpu, ci = self._device(handle)
+        if ci is None:
+            return _INVALID
+        return self._give(ref, "gpu", gpu.index)
+
+    @_entry
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any, ref: Any) -> int:
+        _, ci = self._device(handle)
+        _out(ref).value = int(ci is not None)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any, ref: Any) -> int:
+        _, ci = self._device(handle)
+        if ci is None:
+            return _INVALID
+        _out(ref).value = ci.gi.id
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any, ref: Any) -> int:
+        _, ci = self._device(handle)
+        if ci is None:
+            return _INVALID
+        _out(ref).value = ci.id
+        return _SUCCESS
+
+    # ------------------------------------------------------------------------------------- GPU instances
+    def _profile_by_index(self, gpu: SimGpu, index: int) -> Any:
+        self._state.require_mig(gpu)
+        if not 0 <= index < GI_PROFILE_COUNT:
+            raise NvmlReturn(_INVALID)
+        try:
+            return gpu.model.profile_by_index(index)
+        except KeyError:
+            raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED) from None
+
+    def _profile_by_id(self, gpu: SimGpu, profile_id: int) -> Any:
+        try:
+            return gpu.model.profile_by_id(profile_id)
+        except KeyError:
+            raise NvmlReturn(_INVALID) from None
+
+    def _fill_gi_profile(self, gpu: SimGpu, info: Any, profile: Any) -> None:
+        info.id = profile.profile_id
+        info.isP2pSupported = int(gpu.model.gpm)
+        info.sliceCount = profile.compute_slices
+        info.instanceCount = profile.max_instances
+        info.multiprocessorCount = profile.sm_count
+        info.copyEngineCount = profile.copy_engines
+        info.decoderCount = profile.decoders
+        info.encoderCount = profile.encoders
+        info.jpegCount = profile.jpegs
+        info.ofaCount = profile.ofas
+        info.memorySizeMB = profile.memory_mib
+
+    @_entry
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, index: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        self._fill_gi_profile(gpu, _out(ref), self._profile_by_index(gpu, _int(index)))
+        return _SUCCESS
+
+    def _fill_gi_profile_v2(self, gpu: SimGpu, ref: Any, profile: Any) -> int:
+        info = _out(ref)
+        if info.version != N.nvmlGpuInstanceProfileInfo_v2:
+            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self._fill_gi_profile(gpu, info, profile)
+        info.name = profile.nvml_name
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, index: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        return self._fill_gi_profile_v2(gpu, ref, self._profile_by_index(gpu, _int(index)))
+
+    @_entry
+    def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        self._state.require_mig(gpu)
+        return self._fill_gi_profile_v2(gpu, ref, self._profile_by_id(gpu, _int(profile_id)))
+
+    @_entry
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        self._state.require_mig(gpu)
+        profile = self._profile_by_id(gpu, _int(profile_id))
+        assert gpu.layout is not None
+        _out(ref).value = gpu.layout.creatable(profile)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+        self, handle: Any, profile_id: Any, placements: Any, count_ref: Any
+    ) -> int:
+        gpu = self._gpu(handle)
+        if not self._state.privileged:
+            return int(N.NVML_ERROR_NO_PERMISSION)
+        profile = self._profile_by_id(gpu, _int(profile_id))
+        count = _out(count_ref)
+        starts = profile.starts
+        if placements is None:
+            count.value = len(starts)
+            return _SUCCESS
+        if count.value < len(starts):
+            count.value = len(starts)
+            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, s in enumerate(starts):
+            placements[i].start = s
+            placements[i].size = profile.memory_slices
+        count.value = len(starts)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        _out(ref)
+        self._state.require_mig(gpu)
+        gi = self._state.create_gi(gpu, self._profile_by_id(gpu, _int(profile_id)), None)
+        return self._give(ref, "gi", gi.serial)
+
+    @_entry
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: Any, placement: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        _out(ref)
+        if isinstance(placement, ctypes.Structure):
+            return _INVALID  # passed by value: the C function takes a pointer (apis.md §1.3, pass byref)
+        place = _out(placement)
+        self._state.require_mig(gpu)
+        profile = self._profile_by_id(gpu, _int(profile_id))
+        gi = self._state.create_gi(gpu, profile, int(place.start), int(place.size))
+        return self._give(ref, "gi", gi.serial)
+
+    @_entry
+    def nvmlGpuInstanceDestroy(self, handle: Any) -> int:
+        self._state.destroy_gi(self._gi(handle))
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: Any, gis: Any, count_ref: Any) -> int:
+        gpu = self._gpu(handle)
+        count = _out(count_ref)
+        self._state.require_mig(gpu)
+        pid = _int(profile_id)
+        self._profile_by_id(gpu, pid)
+        if gis is None:
+            return _INVALID
+        found = sorted((g for g in gpu.gis.values() if g.profile.profile_id == pid), key=lambda g: g.id)
+        if len(found) > len(gis):
+            count.value = len(found)
+            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, gi in enumerate(found):
+            gis[i] = ctypes.pointer(self._struct("gi", gi.serial))
+        count.value = len(found)
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)
+        _out(ref)
+        self._state.require_mig(gpu)
+        gi = gpu.gis.get(_int(gi_id))
+        if gi is None:
+            return int(N.NVML_ERROR_NOT_FOUND)
+        return self._give(ref, "gi", gi.serial)
+
+    @_entry
+    def nvmlGpuInstanceGetInfo(self, handle: Any, ref: Any) -> int:
+        gi = self._gi(handle)
+        info = _out(ref)
+        info.device = N.c_nvmlDevice_t(self._struct("gpu", gi.gpu.index))
+        info.id = gi.id
+        info.profileId = gi.profile.profile_id
+        info.placement.start = gi.start
+        info.placement.size = gi.profile.memory_slices
+        return _SUCCESS
+
+    # --------------------------------------------------------------------------------- compute instances
+    def _fill_ci_profile(self, gi: SimGpuInstance, index: Any, eng: Any, ref: Any) -> tuple[Any, int]:
+        e = _int(eng)
+        if e != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise NvmlReturn(
+                _INVALID if e >= N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT else N.NVML_ERROR_NOT_SUPPORTED
+            )
+        i = _int(index)
+        if not 0 <= i < CI_PROFILE_COUNT:
+            raise NvmlReturn(_INVALID)
+        slices = self._state.ci_slices(gi, i)
+        info = _out(ref)
+        p = gi.profile
+        info.id = i
+        info.sliceCount = slices
+        info.instanceCount = len(ci_starts(p.compute_slices, slices))
+        info.multiprocessorCount = p.sm_count * slices // p.compute_slices
+        info.sharedCopyEngineCount = p.copy_engines
+        info.sharedDecoderCount = p.decoders
+        info.sharedEncoderCount = p.encoders
+        info.sharedJpegCount = p.jpegs
+        info.sharedOfaCount = p.ofas
+        return info, slices
+
+    @_entry
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, handle: Any, index: Any, eng: Any, ref: Any) -> int:
+        self._fill_ci_profile(self._gi(handle), index, eng, ref)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(self, handle: Any, index: Any, eng: Any, ref: Any) -> int:
+        gi = self._gi(handle)
+        if _out(ref).version != N.nvmlComputeInstanceProfileInfo_v2:
+            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info, slices = self._fill_ci_profile(gi, index, eng, ref)
+        info.name = ci_name(gi.profile, slices)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gi = self._gi(handle)
+        slices = self._state.ci_slices(gi, _int(profile_id))
+        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.slices)}
+        n = 0
+        for start in self._state.ci_free_starts(gi, slices):
+            span = set(range(start, start + slices))
+            if not span & used:
+                used |= span
+                n += 1
+        same = sum(1 for ci in gi.cis.values() if ci.slices == slices)
+        n = min(n, len(ci_starts(gi.profile.compute_slices, slices)) - same)
+        _out(ref).value = max(0, n)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+        self, handle: Any, profile_id: Any, placements: Any, count_ref: Any
+    ) -> int:
+        gi = self._gi(handle)
+        slices = self._state.ci_slices(gi, _int(profile_id))
+        starts = ci_starts(gi.profile.compute_slices, slices)
+        count = _out(count_ref)
+        if placements is None:
+            count.value = len(starts)
+            return _SUCCESS
+        if count.value < len(starts):
+            count.value = len(starts)
+            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, s in enumerate(starts):
+            placements[i].start = s
+            placements[i].size = slices
+        count.value = len(starts)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpuInstanceCreateComputeInstance(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gi = self._gi(handle)
+        _out(ref)
+        ci = self._state.create_ci(gi, _int(profile_id), None)
+        return self._give(ref, "ci", ci.serial)
+
+    @_entry
+    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+        self, handle: Any, profile_id: Any, placement: Any, ref: Any
+    ) -> int:
+        gi = self._gi(handle)
+        _out(ref)
+        if isinstance(placement, ctypes.Structure):
+            return _INVALID
+        place = _out(placement)
+        slices = self._state.ci_slices(gi, _int(profile_id))
+        if int(place.size) != slices:
+            return _INVALID
+        ci = self._state.create_ci(gi, _int(profile_id), int(place.start))
+        return self._give(ref, "ci", ci.serial)
+
+    @_entry
+    def nvmlComputeInstanceDestroy(self, handle: Any) -> int:
+        self._state.destroy_ci(self._ci(handle))
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpuInstanceGetComputeInstances(self, handle: Any, profile_id: Any, cis: Any, count_ref: Any) -> int:
+        gi = self._gi(handle)
+        count = _out(count_ref)
+        pid = _int(profile_id)
+        self._state.ci_slices(gi, pid)
+        if cis is None:
+            return _INVALID
+        found = sorted((c for c in gi.cis.values() if c.profile_id == pid), key=lambda c: c.id)
+        if len(found) > len(cis):
+            count.value = len(found)
+            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, ci in enumerate(found):
+            cis[i] = ctypes.pointer(self._struct("ci", ci.serial))
+        count.value = len(found)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpuInstanceGetComputeInstanceById(self, handle: Any, ci_id: Any, ref: Any) -> int:
+        gi = self._gi(handle)
+        _out(ref)
+        ci = gi.cis.get(_int(ci_id))
+        if ci is None:
+            return int(N.NVML_ERROR_NOT_FOUND)
+        return self._give(ref, "ci", ci.serial)
+
+    def _ci_info(self, handle: Any, ref: Any) -> int:
+        ci = self._ci(handle)
+        info = _out(ref)
+        info.device = N.c_nvmlDevice_t(self._struct("gpu", ci.gi.gpu.index))
+        info.gpuInstance = N.c_nvmlGpuInstance_t(self._struct("gi", ci.gi.serial))
+        info.id = ci.id
+        info.profileId = ci.profile_id
+        info.placement.start = ci.start
+        info.placement.size = ci.slices
+        return _SUCCESS
+
+    @_entry
+    def nvmlComputeInstanceGetInfo_v2(self, handle: Any, ref: Any) -> int:
+        return self._ci_info(handle, ref)
+
+    @_entry
+    def nvmlComputeInstanceGetInfo(self, handle: Any, ref: Any) -> int:
+        return self._ci_info(handle, ref)
+
+    # ----------------------------------------------------------------------------------------------- GPM
+    @_entry
+    def nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> int:
+        gpu, _ = self._device(handle)
+        support = _out(ref)
+        if support.version != N.NVML_GPM_SUPPORT_VERSION:
+            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        support.isSupportedDevice = int(gpu.model.gpm)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
+        target = _out(ref)
+        struct = N.struct_c_nvmlGpmSample_t()
+        self._samples[ctypes.addressof(struct)] = (struct, GpmSnapshot())
+        target.contents = struct
+        return _SUCCESS
+
+    def _sample(self, sample: Any) -> GpmSnapshot:
+        try:
+            addr = ctypes.addressof(sample.contents)
+        except (AttributeError, ValueError, TypeError):
+            raise NvmlReturn(_INVALID) from None
+        found = self._samples.get(addr)
+        if found is None:
+            raise NvmlReturn(_INVALID)
+        return found[1]
+
+    @_entry
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        self._sample(sample)
+        del self._samples[ctypes.addressof(sample.contents)]
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+        gpu, ci = self._device(handle)
+        snap = self._sample(sample)
+        if not gpu.model.gpm:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)
+        now = self._state.clock()
+        if ci is None:
+            snap.owner = (gpu.index, None, -1)
+            snap.t, snap.totals = gpu.counters.snapshot(now)
+        else:
+            snap.owner = (gpu.index, ci.gi.id, ci.gi.serial)
+            snap.t, snap.totals = ci.gi.counters.snapshot(now)
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpmMigSampleGet(self, handle: Any, gi_id: Any, sample: Any) -> int:
+        gpu = self._gpu(handle)
+        snap = self._sample(sample)
+        if not gpu.model.gpm:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)
+        self._state.require_mig(gpu)
+        gi = gpu.gis.get(_int(gi_id))
+        if gi is None:
+            return int(N.NVML_ERROR_NOT_FOUND)
+        snap.owner = (gpu.index, gi.id, gi.serial)
+        snap.t, snap.totals = gi.counters.snapshot(self._state.clock())
+        return _SUCCESS
+
+    @_entry
+    def nvmlGpmMetricsGet(self, ref: Any) -> int:
+        mg = _out(ref)
+        if mg.version != N.NVML_GPM_METRICS_GET_VERSION:
+            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        n = int(mg.numMetrics)
+        if n > N.NVML_GPM_METRIC_MAX:
+            return _INVALID
+        first, second = self._sample(mg.sample1), self._sample(mg.sample2)
+        if first.owner is None or first.owner != second.owner:
+            return _INVALID  # never filled, or two different instances (or lifetimes of one GI id)
+        for i in range(n):
+            metric = mg.metrics[i]
+            value = metric_value(first, second, int(metric.metricId))
+            if value is None:
+                metric.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+                continue
+            metric.value = value
+            metric.nvmlReturn = _SUCCESS
+            short, long, unit = METRIC_INFO[int(metric.metricId)]
+            metric.metricInfo.shortName = short
+            metric.metricInfo.longName = long
+            metric.metricInfo.unit = unit
+        return _SUCCESS

@@ -1,0 +1,181 @@
+"""The simulated node's state file: what a driver keeps across a crash of the program that uses it.
+
+A real driver outlives a daemon that crashes mid-reconfiguration: its GPU instances, compute instances, MIG UUIDs
+and processes are still there when the daemon starts again. With a state path, the simulator writes its state as
+JSON after every mutation (write a temporary file, then ``os.replace``, so a reader never sees half a file), and
+``install`` restores it instead of building the node from the spec.
+
+Activity and GPM counters are not kept: they are measurements, not configuration. Real processes (a pid given by
+the caller) whose pid no longer exists are dropped at load, as they are whenever processes are listed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flexmig.errors import LayoutError, SimError
+from flexmig.mig import GpuModel, Layout, model_by_key
+from flexmig.sim.state import NodeState, SimComputeInstance, SimGpu, SimProcess, pid_alive
+
+__all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_to_dict"]
+
+SCHEMA_VERSION = 1
+
+
+def _proc(p: SimProcess) -> dict[str, Any]:
+    return {"pid": p.pid, "memory_bytes": p.memory_bytes, "real": p.real, "workload": p.workload}
+
+
+def state_to_dict(state: NodeState) -> dict[str, Any]:
+    """The JSON-able form of ``state``."""
+    gpus = []
+    for gpu in state.gpus:
+        gis = []
+        for gi in sorted(gpu.gis.values(), key=lambda g: g.id):
+            cis = [
+                {
+                    "id": ci.id,
+                    "serial": ci.serial,
+                    "slices": ci.slices,
+                    "start": ci.start,
+                    "uuid": ci.uuid,
+                    "processes": [_proc(p) for p in ci.processes.values()],
+                }
+                for ci in sorted(gi.cis.values(), key=lambda c: c.id)
+            ]
+            gis.append(
+                {"id": gi.id, "serial": gi.serial, "profile_id": gi.profile.profile_id, "start": gi.start, "cis": cis}
+            )
+        gpus.append(
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "mig_current": gpu.mig_current,
+                "mig_pending": gpu.mig_pending,
+                "lost": gpu.lost,
+                "processes": [_proc(p) for p in gpu.processes.values()],
+                "gpu_instances": gis,
+            }
+        )
+    return {
+        "schema": SCHEMA_VERSION,
+        "model": state.model.key,
+        "count": len(state.gpus),
+        "node_id": str(state.node_id),
+        "serial": state.serial,
+        "next_fake_pid": state.next_fake_pid,
+        "gpus": gpus,
+    }
+
+
+def save_state(state: NodeState, path: Path) -> None:
+    """Write ``state`` to ``path`` atomically (temporary file in the same directory, then ``os.replace``)."""
+    data = json.dumps(state_to_dict(state), separators=(",", ":"))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(data, encoding="utf-8")
+    tmp.replace(path)
+
+
+def load_state(
+    path: Path,
+    model: GpuModel,
+    count: int,
+    clock: Callable[[], float],
+    is_alive: Callable[[int], bool] = pid_alive,
+) -> NodeState:
+    """Rebuild a node from the state file at ``path``; SimError names the file and what is wrong with it.
+
+    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node.
+    """
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SimError(f"cannot read simulator state file {path}: {exc}") from exc
+    try:
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path)
+    except (KeyError, TypeError, ValueError, LayoutError) as exc:
+        if isinstance(exc, SimError):
+            raise
+        raise SimError(f"simulator state file {path} is malformed: {exc!r}") from exc
+
+
+def _build(
+    raw: dict[str, Any],
+    model: GpuModel,
+    count: int,
+    *,
+    clock: Callable[[], float],
+    is_alive: Callable[[int], bool],
+    path: Path,
+) -> NodeState:
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
+    file_model = model_by_key(str(raw["model"]))
+    if file_model is not model or int(raw["count"]) != count:
+        raise SimError(
+            f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
+            "use the same spec or delete the file"
+        )
+    state = NodeState(model, count, node_id=uuidlib.UUID(str(raw["node_id"])), clock=clock, is_alive=is_alive)
+    state.serial = int(raw["serial"])
+    state.next_fake_pid = int(raw["next_fake_pid"])
+    for g in raw["gpus"]:
+        gpu = state.gpu_at(int(g["index"]))
+        del state.by_uuid[gpu.uuid]
+        gpu.uuid = str(g["uuid"])
+        state.by_uuid[gpu.uuid] = gpu
+        gpu.mig_current = bool(g["mig_current"])
+        gpu.mig_pending = bool(g["mig_pending"])
+        gpu.lost = bool(g["lost"])
+        gpu.layout = Layout.empty(model) if gpu.mig_current else None
+        for p in g["processes"]:
+            _restore_proc(state, gpu.processes, p, (gpu, None), is_alive)
+        for gi_raw in g["gpu_instances"]:
+            if not gpu.mig_current:
+                raise SimError(f"simulator state file {path}: GPU {gpu.index} has MIG disabled but GPU instances")
+            gi = state.restore_gi(
+                gpu,
+                model.profile_by_id(int(gi_raw["profile_id"])),
+                int(gi_raw["start"]),
+                int(gi_raw["id"]),
+                int(gi_raw["serial"]),
+            )
+            for c in gi_raw["cis"]:
+                ci = state.restore_ci(
+                    gi,
+                    int(c["id"]),
+                    slices=int(c["slices"]),
+                    start=int(c["start"]),
+                    uuid=str(c["uuid"]),
+                    serial=int(c["serial"]),
+                )
+                for p in c["processes"]:
+                    _restore_proc(state, ci.processes, p, (gpu, ci), is_alive)
+        state.refresh_rates(gpu)
+    return state
+
+
+def _restore_proc(
+    state: NodeState,
+    procs: dict[int, SimProcess],
+    raw: dict[str, Any],
+    where: tuple[SimGpu, SimComputeInstance | None],
+    is_alive: Callable[[int], bool],
+) -> None:
+    proc = SimProcess(
+        pid=int(raw["pid"]),
+        memory_bytes=int(raw["memory_bytes"]),
+        real=bool(raw["real"]),
+        workload=bool(raw["workload"]),
+    )
+    if proc.real and not is_alive(proc.pid):
+        return
+    if proc.pid in state.pids:
+        raise SimError(f"pid {proc.pid} appears twice in the simulator state file")
+    procs[proc.pid] = proc
+    state.pids[proc.pid] = where
