@@ -1,0 +1,116 @@
+"""Events the actuator emits: each action started, completed, failed or cancelled, with timings; job exits.
+
+The actuator only knows the :class:`EventSink` Protocol. The MQTT publisher (``flexmig.export``) implements it
+and sends each event to ``flexmig/v1/<node>/events/<kind>``; :class:`LoggingSink` and :class:`MemorySink` serve
+the standalone service and tests. ``emit`` must not block: the MQTT sink queues into its persistent outbox.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["Event", "EventSink", "LoggingSink", "MemorySink", "MultiSink"]
+
+#: Event kinds (the last segment of the MQTT topic).
+KINDS = frozenset(
+    {
+        "action_started",
+        "action_completed",
+        "action_failed",
+        "action_cancelled",
+        "action_skipped",
+        "job_started",
+        "job_exited",
+        "job_failed",
+        "reconciled",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing the actuator did or saw.
+
+    ``kind`` is one of ``KINDS``; ``action`` names the action (``migrate``, ``resplit``, ``start``, ``stop``,
+    ``create_instance``, ``destroy_instance``, ``restart``); ``time_s`` is wall-clock time (epoch seconds);
+    ``duration_s`` is set on completion/failure; ``steps`` gives each journalled step's duration in seconds.
+    """
+
+    kind: str
+    time_s: float
+    action: str | None = None
+    action_id: int | None = None
+    job: str | None = None
+    reason: str = ""
+    error: str | None = None
+    duration_s: float | None = None
+    steps: tuple[tuple[str, float], ...] = ()
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (the MQTT payload adds its event ID and schema version around it)."""
+        out: dict[str, Any] = {"kind": self.kind, "time_s": self.time_s}
+        for key in ("action", "action_id", "job", "error", "duration_s"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.reason:
+            out["reason"] = self.reason
+        if self.steps:
+            out["steps"] = [{"step": n, "duration_s": round(d, 6)} for n, d in self.steps]
+        if self.detail:
+            out["detail"] = dict(self.detail)
+        return out
+
+
+class EventSink(Protocol):
+    """Where events go. ``emit`` is called on the event loop and must return at once."""
+
+    def emit(self, event: Event) -> None:
+        """Take one event."""
+
+
+class LoggingSink:
+    """Writes each event as one JSON line to a logger (INFO, WARNING for failures)."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("flexmig.act.events")
+
+    def emit(self, event: Event) -> None:
+        """Log the event."""
+        level = logging.WARNING if event.kind in ("action_failed", "job_failed") else logging.INFO
+        self.logger.log(level, "%s", json.dumps(event.to_json(), sort_keys=True))
+
+
+class MemorySink:
+    """Keeps events in a list (tests, the control API's recent-events view)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        """Append the event."""
+        self.events.append(event)
+
+    def of_kind(self, kind: str) -> list[Event]:
+        """The events of one kind, oldest first."""
+        return [e for e in self.events if e.kind == kind]
+
+
+class MultiSink:
+    """Fans each event out to several sinks; one sink's failure does not stop the others."""
+
+    def __init__(self, sinks: Iterable[EventSink]) -> None:
+        self.sinks = tuple(sinks)
+
+    def emit(self, event: Event) -> None:
+        """Emit to every sink."""
+        for sink in self.sinks:
+            try:
+                sink.emit(event)
+            except Exception:  # a broken sink must not break an action half-way
+                logging.getLogger("flexmig.act.events").exception("event sink %r failed", sink)

@@ -1,0 +1,289 @@
+"""Rank processes: launching them (never through a shell), watching them, and finding them after a restart.
+
+Two kinds of handle share the :class:`RankProcess` Protocol: a process this daemon launched (its exit status is
+known) and a process a previous daemon launched and this one adopted after a crash (found by the job's ID in its
+environment; it is not our child, so its exit status is unknown and reported as None).
+
+The checkpoint signal starts *ignored* in every rank (set between fork and exec): a request that arrives while a
+job is still importing torch is lost instead of killing it, and the daemon repeats its request until the job has
+installed its handler (``flexmig.hook.install``) and acknowledges. A job without the hook simply never
+acknowledges and keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB_ID, ENV_SLOT
+
+__all__ = [
+    "AdoptedProcess",
+    "FoundRank",
+    "LaunchRequest",
+    "LaunchedProcess",
+    "Launcher",
+    "ProcessScanner",
+    "PsutilScanner",
+    "RankProcess",
+    "SubprocessLauncher",
+    "process_alive",
+]
+
+
+def process_alive(pid: int, create_time: float | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, if given, started at ``create_time`` (guards against pid reuse)."""
+    try:
+        p = psutil.Process(pid)
+        if create_time is not None and abs(p.create_time() - create_time) > 0.01:
+            return False
+        return bool(p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+class RankProcess(Protocol):
+    """A running (or finished) rank process."""
+
+    @property
+    def pid(self) -> int:
+        """The process ID."""
+
+    @property
+    def create_time(self) -> float:
+        """When the process started (psutil's create_time), to tell it from a later process with the same pid."""
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once finished; None while running, or when unknown (adopted processes)."""
+
+    def finished(self) -> bool:
+        """True once the process has exited."""
+
+    async def wait(self) -> int | None:
+        """Wait for the exit; returns the status (None when unknown)."""
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` unless the process has exited."""
+
+    def worker_pids(self) -> list[int]:
+        """The processes that run the job's code: itself, or torchrun's workers under it."""
+
+
+class LaunchedProcess:
+    """A rank this daemon started (an asyncio subprocess)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, launcher_kind: str) -> None:
+        self._proc = proc
+        self._kind = launcher_kind
+        try:
+            self._ctime = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            self._ctime = 0.0
+
+    @property
+    def pid(self) -> int:
+        """The process ID."""
+        return int(self._proc.pid)
+
+    @property
+    def create_time(self) -> float:
+        """psutil create_time of the process."""
+        return self._ctime
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status (negative: killed by that signal), None while running."""
+        return self._proc.returncode
+
+    def finished(self) -> bool:
+        """True once exited."""
+        return self._proc.returncode is not None
+
+    async def wait(self) -> int | None:
+        """Wait for the exit."""
+        return await self._proc.wait()
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` (no-op once exited)."""
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(sig)
+
+    def worker_pids(self) -> list[int]:
+        """The rank itself (plain) or torchrun's workers."""
+        return _workers(self.pid, self._kind)
+
+
+class AdoptedProcess:
+    """A rank found after a daemon restart; watched by polling because it is not our child."""
+
+    def __init__(self, pid: int, create_time: float, launcher_kind: str, poll_s: float = 0.05) -> None:
+        self._pid = pid
+        self._ctime = create_time
+        self._kind = launcher_kind
+        self._poll_s = poll_s
+        self._done = False
+
+    @property
+    def pid(self) -> int:
+        """The process ID."""
+        return self._pid
+
+    @property
+    def create_time(self) -> float:
+        """psutil create_time of the process."""
+        return self._ctime
+
+    @property
+    def returncode(self) -> int | None:
+        """Always None: the exit status of a process that is not our child cannot be read."""
+        return None
+
+    def finished(self) -> bool:
+        """True once the process is gone (or a zombie)."""
+        if not self._done and not process_alive(self._pid, self._ctime):
+            self._done = True
+        return self._done
+
+    async def wait(self) -> int | None:
+        """Poll until the process is gone."""
+        while not self.finished():  # noqa: ASYNC110 - no event exists for the exit of a process that is not our child
+            await asyncio.sleep(self._poll_s)
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` if the very same process still runs."""
+        if not self.finished():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self._pid, sig)
+
+    def worker_pids(self) -> list[int]:
+        """The rank itself (plain) or torchrun's workers."""
+        return _workers(self._pid, self._kind)
+
+
+def _workers(pid: int, kind: str) -> list[int]:
+    if kind != "torchrun":
+        return [pid]
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=False)]
+    except psutil.Error:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """Everything needed to start one rank: argv (a list, run without a shell), environment, directory, identity.
+
+    ``uid``/``gid``/``groups`` are applied in the child before exec (only when the daemon is root and they
+    differ from its own). ``ignore_signal`` starts the rank with that signal ignored (see module doc).
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: Path
+    log_path: Path
+    uid: int | None = None
+    gid: int | None = None
+    groups: tuple[int, ...] | None = None
+    ignore_signal: int | None = None
+    launcher_kind: str = "plain"
+
+
+class Launcher(Protocol):
+    """Starts rank processes."""
+
+    async def launch(self, req: LaunchRequest) -> RankProcess:
+        """Start one rank; raises OSError when the program cannot be run."""
+
+
+class SubprocessLauncher:
+    """The real launcher: ``asyncio.create_subprocess_exec`` in a new session, output to a log file."""
+
+    async def launch(self, req: LaunchRequest) -> RankProcess:
+        """Start the rank; its stdout and stderr go to ``req.log_path`` (appended)."""
+        req.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(req.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        sig = req.ignore_signal
+
+        def _child_setup() -> None:  # runs in the child between fork and exec: one syscall, no locks
+            if sig is not None:
+                signal.signal(sig, signal.SIG_IGN)
+
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *req.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd=req.cwd,
+                env=dict(req.env),
+                start_new_session=True,  # jobs outlive a daemon crash and ignore its terminal's signals
+                user=req.uid,
+                group=req.gid,
+                extra_groups=list(req.groups) if req.groups is not None else None,
+                preexec_fn=_child_setup if sig is not None else None,
+            )
+        finally:
+            os.close(log_fd)
+        return LaunchedProcess(proc, req.launcher_kind)
+
+
+@dataclass(frozen=True, slots=True)
+class FoundRank:
+    """A rank process found by scanning the process table."""
+
+    pid: int
+    create_time: float
+    generation: int
+    slot: int
+
+
+class ProcessScanner(Protocol):
+    """Finds the top-level rank processes of a job by the ID in their environment."""
+
+    def find(self, job_uid: str) -> list[FoundRank]:
+        """Every live rank process (not its children) whose environment carries ``FLEXMIG_JOB_ID=job_uid``."""
+
+
+class PsutilScanner:
+    """Scans ``/proc`` through psutil. Reading another user's environment needs root, as the daemon is in act mode."""
+
+    def find(self, job_uid: str) -> list[FoundRank]:
+        """See :class:`ProcessScanner`."""
+        matches: dict[int, FoundRank] = {}
+        parents: dict[int, int] = {}
+        for p in psutil.process_iter(["pid", "ppid", "create_time", "status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                env = p.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+            if env.get(ENV_JOB_ID) != job_uid:
+                continue
+            try:
+                gen = int(env.get(ENV_GENERATION, "-1"))
+                slot = int(env.get(ENV_SLOT, "-1"))
+            except ValueError:
+                continue
+            matches[p.info["pid"]] = FoundRank(p.info["pid"], float(p.info["create_time"]), gen, slot)
+            parents[p.info["pid"]] = int(p.info["ppid"])
+        return sorted(
+            (f for pid, f in matches.items() if parents[pid] not in matches), key=lambda f: (f.generation, f.slot)
+        )
+
+
+def signal_all(procs: Sequence[RankProcess], sig: int) -> None:
+    """Send ``sig`` to each process still running."""
+    for p in procs:
+        p.send_signal(sig)

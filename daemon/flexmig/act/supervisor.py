@@ -1,0 +1,367 @@
+"""The job supervisor: one process per MIG instance, launched as the job's user, never through a shell, watched.
+
+Each rank gets ``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` (its one MIG device, ``cuda:0`` inside the process), the hook
+variables (``FLEXMIG_JOB``, ``FLEXMIG_CHECKPOINT_DIR``, ``FLEXMIG_ACK_PATH``, ``FLEXMIG_CHECKPOINT_SIGNAL``,
+``FLEXMIG_RESUME`` and ``FLEXMIG_RESUME_STEP`` when resuming) and the daemon's markers (``FLEXMIG_JOB_ID``,
+``FLEXMIG_GENERATION``, ``FLEXMIG_SLOT``). With the ``plain`` launcher it also gets torch.distributed's
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (0: one device per process), ``MASTER_ADDR`` (loopback) and
+``MASTER_PORT``. With ``torchrun``, each instance runs one torch elastic agent (``--nproc-per-node 1``) and the
+agents meet in a c10d rendezvous on loopback, which sets those variables for the workers.
+
+The supervisor decides nothing: it launches, signals, waits and reports exits to its ``on_exit`` callback; the
+executor owns every decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import pwd
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from flexmig.act.devices import DeviceProcessTable
+from flexmig.act.events import Event, EventSink
+from flexmig.act.migops import Offload
+from flexmig.act.procs import AdoptedProcess, FoundRank, Launcher, LaunchRequest, RankProcess
+from flexmig.act.records import JobRecord, Slot
+from flexmig.hook.protocol import (
+    ENV_ACK_PATH,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_SIGNAL,
+    ENV_GENERATION,
+    ENV_JOB,
+    ENV_JOB_ID,
+    ENV_RESUME,
+    ENV_RESUME_STEP,
+    ENV_SLOT,
+    Ack,
+)
+
+__all__ = ["RankHandle", "Supervisor", "free_port", "rank_requests"]
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+_BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` right now (for a job's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class RankHandle:
+    """A rank of a running job: its slot number (the rank, for ``plain``), its instance, its process."""
+
+    slot: int
+    place: Slot
+    proc: RankProcess
+    generation: int
+
+
+def _identity(user: str, group: str | None) -> tuple[int | None, int | None, tuple[int, ...] | None, str]:
+    """(uid, gid, groups, home) to switch to, or Nones when no switch is needed (or possible)."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise OSError(f"no such user {user!r}") from None
+    home = pw.pw_dir or "/"
+    if os.geteuid() != 0:
+        return None, None, None, home
+    gid = grp.getgrnam(group).gr_gid if group else pw.pw_gid
+    if pw.pw_uid == 0 and gid == 0:
+        return None, None, None, home
+    return pw.pw_uid, gid, tuple(os.getgrouplist(user, gid)), home
+
+
+def mig_visible(uuid: str) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value for a MIG device UUID (NVML's UUIDs already start with ``MIG-``)."""
+    return uuid if uuid.startswith("MIG-") else f"MIG-{uuid}"
+
+
+def rank_requests(
+    rec: JobRecord, logs_dir: Path, *, port: int, resume: Ack | None, host: str = LOOPBACK
+) -> list[LaunchRequest]:
+    """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order."""
+    spec = rec.spec
+    uid, gid, groups, home = _identity(spec.user, spec.group)
+    n = len(rec.slots)
+    base = {
+        "PATH": _BASE_PATH,
+        "HOME": home,
+        "USER": spec.user,
+        "LOGNAME": spec.user,
+        "LANG": "C.UTF-8",
+        **dict(spec.env),
+        ENV_JOB: spec.name,
+        ENV_CHECKPOINT_DIR: str(spec.checkpoint_dir),
+        ENV_ACK_PATH: str(spec.ack_path),
+        ENV_CHECKPOINT_SIGNAL: spec.hook.signal.name,
+        ENV_JOB_ID: rec.uid,
+        ENV_GENERATION: str(rec.generation),
+    }
+    if resume is not None:
+        base[ENV_RESUME] = resume.checkpoint
+        base[ENV_RESUME_STEP] = str(resume.step)
+    out = []
+    for slot, place in enumerate(rec.slots):
+        env = dict(base)
+        env["CUDA_VISIBLE_DEVICES"] = mig_visible(place.uuid)
+        env[ENV_SLOT] = str(slot)
+        if spec.launcher == "plain":
+            env.update(
+                RANK=str(slot),
+                WORLD_SIZE=str(n),
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR=host,
+                MASTER_PORT=str(port),
+            )
+            argv = spec.argv
+        else:
+            argv = (
+                spec.argv[0],
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                f"{n}:{n}",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{host}:{port}",
+                "--rdzv-id",
+                f"{rec.uid}-g{rec.generation}",
+                "--rdzv-conf",
+                f"is_host={'true' if slot == 0 else 'false'}",
+                "--local-addr",
+                host,
+                "--max-restarts",
+                "0",
+                *spec.argv[1:],
+            )
+        out.append(
+            LaunchRequest(
+                argv=tuple(argv),
+                env=env,
+                cwd=spec.working_dir,
+                log_path=logs_dir / spec.name / f"g{rec.generation:04d}-r{slot}.log",
+                uid=uid,
+                gid=gid,
+                groups=groups,
+                ignore_signal=int(spec.hook.signal),
+                launcher_kind=spec.launcher,
+            )
+        )
+    return out
+
+
+ExitCallback = Callable[[str, int, int | None], None]
+
+
+class Supervisor:
+    """Launches, adopts, signals and watches the ranks of every job; reports each exit to ``on_exit``."""
+
+    def __init__(
+        self,
+        *,
+        launcher: Launcher,
+        devices: DeviceProcessTable,
+        offload: Offload,
+        logs_dir: Path,
+        events: EventSink,
+        wall: Callable[[], float] = time.time,
+        host: str = LOOPBACK,
+    ) -> None:
+        self.launcher = launcher
+        self.devices = devices
+        self.offload = offload
+        self.logs_dir = logs_dir
+        self.events = events
+        self.wall = wall
+        self.host = host
+        self.on_exit: ExitCallback | None = None
+        self._ranks: dict[str, dict[int, RankHandle]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ----------------------------------------------------------------------------------------- launching
+    async def launch(
+        self, rec: JobRecord, *, port: int, resume: Ack | None, only: Iterable[int] | None = None
+    ) -> list[RankHandle]:
+        """Start the ranks of ``rec`` (all, or the slots in ``only``); raises OSError if one cannot start.
+
+        On a failure the ranks already started by this call are killed again, so a launch is all or nothing.
+        """
+        reqs = rank_requests(rec, self.logs_dir, port=port, resume=resume, host=self.host)
+        wanted = set(range(len(reqs))) if only is None else set(only)
+        started: list[RankHandle] = []
+        try:
+            for slot, req in enumerate(reqs):
+                if slot not in wanted:
+                    continue
+                proc = await self.launcher.launch(req)
+                handle = RankHandle(slot, rec.slots[slot], proc, rec.generation)
+                started.append(handle)
+                self._ranks.setdefault(rec.name, {})[slot] = handle
+        except OSError:
+            for h in started:
+                _kill_group(h.proc, signal.SIGKILL)
+                self._ranks.get(rec.name, {}).pop(h.slot, None)
+            raise
+        for h in started:
+            await self._attach(h)
+            self._watch(rec.name, h)
+        self.events.emit(
+            Event(
+                kind="job_started",
+                time_s=self.wall(),
+                job=rec.name,
+                detail={
+                    "generation": rec.generation,
+                    "pids": {str(h.slot): h.proc.pid for h in started},
+                    "instances": [s.spec() for s in rec.slots],
+                    "resume_step": resume.step if resume else None,
+                },
+            )
+        )
+        return started
+
+    async def adopt(self, rec: JobRecord, found: Iterable[FoundRank]) -> list[RankHandle]:
+        """Take over ranks of generation ``rec.generation`` that a previous daemon launched."""
+        out = []
+        for f in found:
+            if f.generation != rec.generation or not 0 <= f.slot < len(rec.slots):
+                continue
+            if f.slot in self._ranks.get(rec.name, {}):
+                continue
+            proc = AdoptedProcess(f.pid, f.create_time, rec.spec.launcher)
+            h = RankHandle(f.slot, rec.slots[f.slot], proc, rec.generation)
+            self._ranks.setdefault(rec.name, {})[f.slot] = h
+            await self._attach(h)
+            self._watch(rec.name, h)
+            out.append(h)
+        return out
+
+    async def _attach(self, h: RankHandle) -> None:
+        if not h.place.uuid:
+            return
+        try:
+            await self.offload(lambda: self.devices.attach(h.place.uuid, h.proc.pid))
+        except Exception as exc:  # registration is bookkeeping for NVML's view; never fail a launch over it
+            log.warning("could not register pid %d on %s: %s", h.proc.pid, h.place.uuid, exc)
+
+    def _watch(self, job: str, h: RankHandle) -> None:
+        task = asyncio.get_running_loop().create_task(self._wait_rank(job, h), name=f"rank-{job}-{h.slot}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wait_rank(self, job: str, h: RankHandle) -> None:
+        code = await h.proc.wait()
+        if h.place.uuid:
+            with contextlib.suppress(Exception):
+                await self.offload(lambda: self.devices.detach(h.place.uuid, h.proc.pid))
+        self.events.emit(
+            Event(
+                kind="job_exited",
+                time_s=self.wall(),
+                job=job,
+                detail={"slot": h.slot, "pid": h.proc.pid, "generation": h.generation, "exit_code": code},
+            )
+        )
+        if self.on_exit is not None:
+            self.on_exit(job, h.slot, code)
+
+    # -------------------------------------------------------------------------------------------- queries
+    def ranks(self, job: str) -> list[RankHandle]:
+        """The ranks of ``job`` this supervisor knows, in slot order (running or finished)."""
+        return [h for _, h in sorted(self._ranks.get(job, {}).items())]
+
+    def alive(self, job: str) -> list[RankHandle]:
+        """The ranks of ``job`` still running."""
+        return [h for h in self.ranks(job) if not h.proc.finished()]
+
+    def pids(self, job: str) -> set[int]:
+        """Pids of ``job``'s running ranks and all their descendants (what NVML may list on their devices)."""
+        out: set[int] = set()
+        for h in self.alive(job):
+            out.add(h.proc.pid)
+            with contextlib.suppress(psutil.Error):
+                out.update(c.pid for c in psutil.Process(h.proc.pid).children(recursive=True))
+        return out
+
+    def all_pids(self) -> set[int]:
+        """Pids of every job's ranks and descendants."""
+        out: set[int] = set()
+        for job in list(self._ranks):
+            out |= self.pids(job)
+        return out
+
+    # ------------------------------------------------------------------------------------------- control
+    def signal_workers(self, job: str, sig: int) -> list[int]:
+        """Send ``sig`` to the processes running the job's code (torchrun: its workers); returns their pids."""
+        sent = []
+        for h in self.alive(job):
+            for pid in h.proc.worker_pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                    sent.append(pid)
+        return sent
+
+    async def wait_exited(self, job: str, timeout_s: float) -> bool:
+        """Wait until every rank of ``job`` exited; False on timeout."""
+        alive = self.alive(job)
+        if not alive:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*(h.proc.wait() for h in alive)), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def terminate(self, job: str, grace_s: float = 10.0) -> None:
+        """SIGTERM every rank's process group, then SIGKILL what is left after ``grace_s``."""
+        for h in self.alive(job):
+            _kill_group(h.proc, signal.SIGTERM)
+        if not await self.wait_exited(job, grace_s):
+            for h in self.alive(job):
+                _kill_group(h.proc, signal.SIGKILL)
+            await self.wait_exited(job, 5.0)
+
+    def forget(self, job: str) -> None:
+        """Drop the handles of ``job``'s finished ranks (before a relaunch)."""
+        ranks = self._ranks.get(job, {})
+        for slot in [s for s, h in ranks.items() if h.proc.finished()]:
+            del ranks[slot]
+
+    async def close(self) -> None:
+        """Stop watching (ranks keep running: jobs outlive the daemon)."""
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+def _kill_group(proc: RankProcess, sig: int) -> None:
+    """Signal the rank's process group (its session: the rank and whatever it started)."""
+    if proc.finished():
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, sig)
