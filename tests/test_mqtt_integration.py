@@ -1,0 +1,407 @@
+"""The MQTT publisher against a real mosquitto (Debian package) on loopback: nothing lost, last will, bad input.
+
+Each test starts its own broker on a free port with a generated configuration and stops it at the end. Every
+wait is bounded; none of the assertions is about speed.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from flexmig.export.events import Deduplicator, Event, EventFactory, EventKind
+from flexmig.export.mqtt import MqttPublisher, PublisherSettings
+from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
+from flexmig.export.outbox import Outbox
+
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed (make debs)"),
+]
+WAIT = 30.0  # the bound on every wait in this file, in seconds
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Mosquitto:
+    """A mosquitto on 127.0.0.1 with its own configuration, persistence and log under ``workdir``."""
+
+    def __init__(self, workdir: Path, extra: str = "", port: int | None = None):
+        self.port = port or free_port()
+        self.dir = workdir / f"mosquitto-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.conf = self.dir / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "user root\n"  # as root, mosquitto would drop to user mosquitto and could not write under tmp_path
+            f"persistence true\npersistence_location {self.dir}/\n"
+            f"log_dest file {self.dir}/mosquitto.log\n" + (extra or "allow_anonymous true\n")
+        )
+        self.proc = None
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {self.proc.stderr.read().decode(errors='replace')}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not listen on {self.port} within {WAIT} s")
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: mosquitto saves its persistent sessions
+            try:
+                self.proc.wait(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=WAIT)
+        if self.proc is not None:
+            self.proc.stderr.close()
+        self.proc = None
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Mosquitto(tmp_path).start()
+    yield b
+    b.stop()
+
+
+async def until(predicate, what, limit=WAIT):
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def cancel(*tasks):
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(t, WAIT)
+
+
+def fast(node="node-1", **kw):
+    return PublisherSettings(node=node, backoff_initial_s=0.05, backoff_max_s=0.5, connect_timeout_s=5, **kw)
+
+
+def sub_settings(address, **kw):
+    return SubscriberSettings(broker=address, node="node-1", backoff_initial_s=0.05, backoff_max_s=0.5, **kw)
+
+
+async def retained_status(address, limit=WAIT):
+    """The retained status of node-1 as a fresh subscriber sees it."""
+    statuses = []
+    task = asyncio.create_task(
+        follow_events(sub_settings(address), lambda e: None, on_status=lambda n, s: statuses.append(s))
+    )
+    try:
+        await until(lambda: statuses, "a retained status", limit)
+    finally:
+        await cancel(task)
+    return statuses[0]
+
+
+# ---------------------------------------------------------------------------------------------- nothing lost
+def test_every_event_arrives_exactly_once_though_the_broker_restarts_midway(tmp_path):
+    async def scenario():
+        broker = Mosquitto(tmp_path).start()
+        try:
+            outbox = Outbox(tmp_path / "outbox.sqlite")
+            pub = MqttPublisher(fast(broker=broker.address), outbox)
+            received, deliveries, statuses = [], [], []
+            dedupe = Deduplicator()
+
+            class Counting(Deduplicator):
+                def first_time(self, event_id):
+                    deliveries.append(event_id)
+                    return dedupe.first_time(event_id)
+
+            sub = asyncio.create_task(
+                follow_events(
+                    sub_settings(broker.address, client_id="test-subscriber"),  # persistent session
+                    received.append,
+                    on_status=lambda n, s: statuses.append(s),
+                    dedupe=Counting(),
+                )
+            )
+            runner = asyncio.create_task(pub.run())
+            await until(lambda: statuses and statuses[-1] == "online", "the publisher to come online")
+            fac = EventFactory("node-1")
+            emitted = []
+
+            async def emit(n):
+                for _ in range(n):
+                    e = fac.make(EventKind.INSTANCE_CREATED, {"gpu": 0, "start": 0, "profile": "1g.18gb", "uuid": None})
+                    pub.emit(e)
+                    emitted.append(e.id)
+                    await asyncio.sleep(0.01)
+
+            await emit(30)
+            broker.stop()
+            await until(lambda: not pub.connected, "the publisher to notice the broker is gone")
+            await emit(30)  # the broker is down: these wait in the outbox
+            assert len(outbox) >= 30
+            broker.start()  # same port, same persistence directory
+            await emit(30)
+            await until(lambda: len(received) == len(emitted), f"{len(emitted)} events at the subscriber")
+            await until(lambda: len(outbox) == 0, "the outbox to drain")
+            assert not runner.done()
+            await cancel(runner, sub)
+            return emitted, received, deliveries, pub.stats()
+        finally:
+            broker.stop()
+
+    emitted, received, deliveries, stats = asyncio.run(scenario())
+    assert [e.id for e in received] == emitted  # every ID, once each, in order
+    assert len(set(deliveries)) == len(emitted)  # redeliveries, if any, were only duplicates
+    assert stats.sent_total >= len(emitted)
+
+
+def test_the_retained_state_is_the_latest_document(broker, tmp_path):
+    async def scenario():
+        pub = MqttPublisher(fast(broker=broker.address), Outbox(tmp_path / "o.sqlite"))
+        runner = asyncio.create_task(pub.run())
+        for i in range(5):
+            pub.set_state({"schema_version": 1, "sweep": i})
+        await until(lambda: pub._state_sent is not None and json.loads(pub._state_sent)["sweep"] == 4, "state sent")
+        await cancel(runner)
+        got = []
+        async with aiomqtt.Client("127.0.0.1", broker.port, timeout=5) as client:
+            await client.subscribe("flexmig/v1/node-1/state", qos=1)
+            async with asyncio.timeout(WAIT):
+                async for message in client.messages:
+                    got.append((json.loads(message.payload), message.retain))
+                    break
+        return got
+
+    assert asyncio.run(scenario()) == [({"schema_version": 1, "sweep": 4}, True)]
+
+
+def test_a_clean_stop_says_offline(broker, tmp_path):
+    async def scenario():
+        pub = MqttPublisher(fast(broker=broker.address), Outbox(tmp_path / "o.sqlite"))
+        runner = asyncio.create_task(pub.run())
+        await until(lambda: pub.connected, "connection")
+        assert await retained_status(broker.address) == "online"
+        await cancel(runner)
+        return await retained_status(broker.address)
+
+    assert asyncio.run(scenario()) == "offline"
+
+
+# ---------------------------------------------------------------------------------------------- last will
+CHILD = """
+import asyncio, sys
+from flexmig.detect import DetectSettings, DetectState, Observation, observe
+from flexmig.export.events import EventFactory, events_from_report
+from flexmig.export.mqtt import MqttPublisher, PublisherSettings
+from flexmig.export.mqtt_state import state_document
+from flexmig.export.outbox import Outbox
+from flexmig.mig import H200, Layout
+
+async def main(address, outbox_path):
+    pub = MqttPublisher(PublisherSettings(node="node-1", broker=address, keepalive_s=60), Outbox(outbox_path))
+    asyncio.create_task(pub.run())
+    fac = EventFactory("node-1")
+    layouts = [Layout.of(H200, [("3g.71gb", 0)]), Layout.of(H200, [("3g.71gb", 0), ("2g.35gb", 4)])]
+    state, t = DetectState(), 0
+    while True:  # a simulated node whose instances come and go, one sweep every 20 ms
+        t += 1
+        node = {0: layouts[t % 2], 1: layouts[(t // 3) % 2]}
+        state, report = observe(state, Observation(now=1e9 + t, layouts=node), DetectSettings())
+        for event in events_from_report(report, fac):
+            pub.emit(event)
+            print(event.id, flush=True)  # after emit: the event is in the outbox
+        pub.set_state(state_document("node-1", report, node))
+        await asyncio.sleep(0.02)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_killing_the_publisher_with_sigkill_leaves_status_offline_and_loses_no_event(broker, tmp_path):
+    outbox_path = tmp_path / "child-outbox.sqlite"
+
+    async def scenario():
+        received, statuses = [], []
+        sub = asyncio.create_task(
+            follow_events(
+                sub_settings(broker.address, client_id="watcher"),
+                received.append,
+                on_status=lambda n, s: statuses.append(s),
+            )
+        )
+        await asyncio.sleep(0.2)
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CHILD, broker.address, str(outbox_path), stdout=asyncio.subprocess.PIPE
+        )
+        printed = []
+        try:
+            await until(lambda: "online" in statuses, "the child to come online")
+            while len(printed) < 40:
+                line = await asyncio.wait_for(child.stdout.readline(), WAIT)
+                assert line, "the child exited early"
+                printed.append(line.decode().strip())
+        finally:
+            child.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(child.wait(), WAIT)
+        # whatever it printed after that is also in its outbox or delivered; read the rest of its output
+        rest = await asyncio.wait_for(child.stdout.read(), WAIT)
+        printed += [x for x in rest.decode().split() if x]
+        await until(lambda: statuses[-1] == "offline", "the last will")
+        left = set(Outbox(outbox_path).ids())
+        # every event the child emitted is either still in its outbox or reaches the subscriber
+        await until(lambda: set(printed) <= left | {e.id for e in received}, "the acknowledged events")
+        await cancel(sub)
+        return printed, {e.id for e in received}, left, child.returncode, await retained_status(broker.address)
+
+    printed, delivered, left, rc, retained = asyncio.run(scenario())
+    assert rc == -signal.SIGKILL
+    assert retained == "offline"
+    assert len(printed) >= 40
+    assert set(printed) <= delivered | left  # nothing emitted was lost
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def run_beside_a_sampler(pub, n_events=10):
+    """Run the publisher while a stand-in sampling loop ticks 100 times and emits ``n_events``; returns the
+    emitted IDs, the number of ticks and whether the publisher was still running at the end."""
+
+    async def scenario():
+        runner = asyncio.create_task(pub.run())
+        fac = EventFactory("node-1")
+        ids, ticks = [], 0
+        for i in range(100):
+            ticks += 1
+            if i % (100 // n_events) == 0:
+                e = fac.make(EventKind.GPU_LOST, {"gpu": 0, "uuid": None, "reason": "test"})
+                pub.emit(e)
+                ids.append(e.id)
+            await asyncio.sleep(0.015)
+        alive = not runner.done()
+        await cancel(runner)
+        return ids, ticks, alive
+
+    return asyncio.run(asyncio.wait_for(scenario(), WAIT))
+
+
+def mqtt_records(caplog):
+    return [r for r in caplog.records if r.name == "flexmig.export.mqtt" and r.levelno >= logging.WARNING]
+
+
+def test_an_unreachable_broker_gives_one_clear_line_and_keeps_every_event(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flexmig.export.mqtt")
+    port = free_port()  # nothing listens there
+    pub = MqttPublisher(fast(broker=f"127.0.0.1:{port}"), Outbox(tmp_path / "o.sqlite"))
+    ids, ticks, alive = run_beside_a_sampler(pub)
+    (record,) = mqtt_records(caplog)
+    assert f"MQTT broker 127.0.0.1:{port} is unreachable" in record.getMessage()
+    assert str(tmp_path / "o.sqlite") in record.getMessage()
+    assert (ticks, alive) == (100, True)
+    assert pub.outbox.ids() == ids
+    assert pub.stats().connect_failures_total > 1  # it kept retrying, quietly
+
+
+def test_bad_credentials_give_one_clear_line_and_keep_every_event(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flexmig.export.mqtt")
+    passwd = tmp_path / "passwd"
+    passwd.write_text("flexmig:right\n")
+    subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, timeout=WAIT)
+    broker = Mosquitto(tmp_path, extra=f"allow_anonymous false\npassword_file {passwd}\n").start()
+    try:
+        wrong = tmp_path / "wrong.password"
+        wrong.write_text("not-right\n")
+        wrong.chmod(0o600)
+        pub = MqttPublisher(
+            fast(broker=broker.address, username="flexmig", password_file=wrong), Outbox(tmp_path / "o.sqlite")
+        )
+        ids, ticks, alive = run_beside_a_sampler(pub)
+        (record,) = mqtt_records(caplog)
+        assert f"MQTT broker {broker.address} refused the login of user 'flexmig'" in record.getMessage()
+        assert "not-right" not in caplog.text  # never the password
+        assert (ticks, alive) == (100, True)
+        assert pub.outbox.ids() == ids
+
+        right = tmp_path / "right.password"
+        right.write_text("right\n")
+        right.chmod(0o600)
+        good = MqttPublisher(
+            fast(broker=broker.address, username="flexmig", password_file=right), Outbox(tmp_path / "o.sqlite")
+        )
+
+        async def drain():
+            runner = asyncio.create_task(good.run())
+            await until(lambda: len(good.outbox) == 0, "the right password to drain the outbox")
+            await cancel(runner)
+
+        asyncio.run(drain())
+        assert good.stats().sent_total == len(ids)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "no port", "[::1", "host:port:extra"])
+def test_a_malformed_broker_address_gives_one_clear_line_and_keeps_every_event(tmp_path, caplog, address):
+    caplog.set_level(logging.INFO, logger="flexmig.export.mqtt")
+    pub = MqttPublisher(fast(broker=address), Outbox(tmp_path / "o.sqlite"))
+    ids, ticks, alive = run_beside_a_sampler(pub)
+    (record,) = mqtt_records(caplog)
+    assert record.levelno == logging.ERROR
+    assert f"malformed broker address {address!r}" in record.getMessage()
+    assert (ticks, alive) == (100, True)
+    assert pub.outbox.ids() == ids
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+def test_flexmig_events_prints_each_event_once_as_json(broker, tmp_path):
+    async def scenario():
+        # Open the CLI's persistent session first, so the broker queues events for it however slowly it starts.
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="cli-test", clean_session=False) as c:
+            await c.subscribe("flexmig/v1/node-1/events/#", qos=1)
+        pub = MqttPublisher(fast(broker=broker.address), Outbox(tmp_path / "o.sqlite"))
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "flexmig.cli.main", "events", "--broker", broker.address, "--node", "node-1",
+            "--json", "--count", "3", "--timeout", str(WAIT), "--client-id", "cli-test",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        runner = asyncio.create_task(pub.run())
+        fac = EventFactory("node-1")
+        events = [fac.make(EventKind.GPU_LOST, {"gpu": i, "uuid": None, "reason": f"gpu {i}"}) for i in range(3)]
+        for e in events:
+            pub.emit(e)
+        out, err = await asyncio.wait_for(cli.communicate(), WAIT + 10)
+        await cancel(runner)
+        return events, cli.returncode, out.decode(), err.decode()
+
+    events, rc, out, err = asyncio.run(scenario())
+    assert rc == 0, err
+    lines = [Event.from_json(line) for line in out.splitlines()]
+    assert [e.id for e in lines] == [e.id for e in events]
