@@ -405,3 +405,59 @@ def test_flexmig_events_prints_each_event_once_as_json(broker, tmp_path):
     assert rc == 0, err
     lines = [Event.from_json(line) for line in out.splitlines()]
     assert [e.id for e in lines] == [e.id for e in events]
+
+
+# ---------------------------------------------------------------------------------------------- TLS
+def make_ca_and_server_cert(d: Path, name: str):
+    """A throwaway CA and a server certificate for 127.0.0.1 signed by it (openssl, EC keys: fast)."""
+    d.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def ssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=WAIT)
+
+    ssl("req", "-x509", *ec, "-keyout", d / f"{name}-ca.key", "-out", d / f"{name}-ca.crt", "-days", "1",
+        "-subj", f"/CN={name} test CA")  # fmt: skip
+    ssl("req", *ec, "-keyout", d / f"{name}-server.key", "-out", d / f"{name}-server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    ssl("x509", "-req", "-in", d / f"{name}-server.csr", "-CA", d / f"{name}-ca.crt", "-CAkey", d / f"{name}-ca.key",
+        "-CAcreateserial", "-out", d / f"{name}-server.crt", "-days", "1", "-extfile", d / "san.ext")  # fmt: skip
+    return d / f"{name}-ca.crt", d / f"{name}-server.crt", d / f"{name}-server.key"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_events_travel_over_tls_and_a_wrong_ca_gives_one_clear_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flexmig.export.mqtt")
+    ca, cert, key = make_ca_and_server_cert(tmp_path / "pki", "good")
+    other_ca, _, _ = make_ca_and_server_cert(tmp_path / "pki", "other")
+    broker = Mosquitto(tmp_path, extra=f"allow_anonymous true\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n").start()
+    try:
+        wrong = MqttPublisher(fast(broker=broker.address, tls=True, tls_ca=other_ca), Outbox(tmp_path / "o.sqlite"))
+        ids, ticks, alive = run_beside_a_sampler(wrong, n_events=5)
+        (record,) = mqtt_records(caplog)
+        assert f"MQTT TLS handshake with {broker.address} failed" in record.getMessage()
+        assert (ticks, alive) == (100, True)
+        assert wrong.outbox.ids() == ids
+
+        async def scenario():
+            received, statuses = [], []
+            sub = asyncio.create_task(
+                follow_events(
+                    sub_settings(broker.address, tls=True, tls_ca=ca),
+                    received.append,
+                    on_status=lambda n, st: statuses.append(st),
+                )
+            )
+            good = MqttPublisher(fast(broker=broker.address, tls=True, tls_ca=ca), Outbox(tmp_path / "o.sqlite"))
+            runner = asyncio.create_task(good.run())
+            # the retained "online" reaches the subscriber only once it has subscribed (events first, then status)
+            await until(lambda: "online" in statuses, "the subscriber to see the node online over TLS")
+            e = EventFactory("node-1").make(EventKind.GPU_LOST, {"gpu": 1, "uuid": None, "reason": "tls"})
+            good.emit(e)
+            await until(lambda: e.id in {r.id for r in received}, "the event over TLS")
+            await until(lambda: len(good.outbox) == 0, "the outbox to drain over TLS")
+            await cancel(runner, sub)
+
+        asyncio.run(scenario())
+    finally:
+        broker.stop()
