@@ -17,7 +17,13 @@ from flexmig.detect.findings import (
 from flexmig.detect.fragmentation import GpuFragmentation, NodeFragmentation, gpu_fragmentation, node_fragmentation
 from flexmig.detect.hysteresis import Signal, Switch
 from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile
-from flexmig.detect.settings import DEFAULT_DEMAND, DetectSettings, FragmentationSettings, UnderuseSettings
+from flexmig.detect.settings import (
+    DEFAULT_DEMAND,
+    DetectSettings,
+    FragmentationSettings,
+    UnderuseSettings,
+    settings_from_thresholds,
+)
 from flexmig.detect.tracker import DetectState, Observation, Report, observe, underuse_signal
 from flexmig.detect.usage import InstanceKey, InstanceUsage
 
@@ -51,6 +57,7 @@ __all__ = [
     "node_fragmentation",
     "observe",
     "repacked_capacity",
+    "settings_from_thresholds",
     "smaller_profile",
     "stranded_capacity",
     "underuse_signal",

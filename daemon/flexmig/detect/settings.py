@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_DEMAND", "DetectSettings", "FragmentationSettings", "UnderuseSettings"]
+__all__ = [
+    "DEFAULT_DEMAND",
+    "DetectSettings",
+    "FragmentationSettings",
+    "UnderuseSettings",
+    "settings_from_thresholds",
+]
 
 DEFAULT_DEMAND: tuple[tuple[str, float], ...] = (
     ("1g", 0.35),
@@ -87,3 +94,37 @@ class DetectSettings:
 
     underuse: UnderuseSettings = field(default_factory=UnderuseSettings)
     fragmentation: FragmentationSettings = field(default_factory=FragmentationSettings)
+
+
+def settings_from_thresholds(
+    *,
+    activity: float,
+    memory: float,
+    window_s: float,
+    hysteresis: float,
+    fragmentation: float,
+    fragmentation_window_s: float,
+    demand: Mapping[int, float],
+) -> DetectSettings:
+    """Settings from one threshold per figure plus a hysteresis margin (the daemon's ``[detect]`` table).
+
+    A finding starts below ``activity``/``memory`` (above ``fragmentation``) held for the window, and ends above
+    the threshold plus ``hysteresis`` (below it minus ``hysteresis``); ``demand`` maps compute slices to weights.
+    """
+    underuse = UnderuseSettings(
+        activity_enter=activity,
+        activity_exit=min(1.0, activity + hysteresis),
+        memory_enter=memory,
+        memory_exit=min(1.0, memory + hysteresis),
+        enter_after_s=window_s,
+        exit_after_s=min(120.0, window_s),  # the default exit window, never longer than the entry window
+        oversize_after_s=window_s,
+    )
+    frag = FragmentationSettings(
+        enter=fragmentation,
+        exit=max(0.0, fragmentation - hysteresis),
+        enter_after_s=fragmentation_window_s,
+        exit_after_s=fragmentation_window_s,
+        demand=tuple((f"{g}g", w) for g, w in sorted(demand.items())),
+    )
+    return DetectSettings(underuse=underuse, fragmentation=frag)
