@@ -1,0 +1,266 @@
+"""``flexmigd``: the node daemon. Wiring only: every loop lives in its own module.
+
+Start-up: read the configuration, open NVML (or install the simulated node) on the NVML thread, take the first
+inventory and sweep, start the metrics server, tell systemd READY; then run every loop under one TaskGroup until
+SIGTERM or SIGINT. Components are added as named loops (:meth:`Daemon.add_loop`), snapshot enrichers and
+subscribers (``daemon.hub``) and extra metric families (:meth:`Daemon.add_metrics`), so the MQTT publisher, the
+planner, the actuator and the control socket plug in without touching the sampling code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from flexmig import __version__
+from flexmig.config import DEFAULT_CONFIG_PATH, Config, HostPort, load_config
+from flexmig.errors import ConfigError, FlexmigError
+from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
+from flexmig.telemetry.backend import Backend, open_backend
+from flexmig.telemetry.dcgm import DcgmSource
+from flexmig.telemetry.host import HostSource
+from flexmig.telemetry.publish import SnapshotHub
+from flexmig.telemetry.sampler import SamplingLoop, dcgm_loop, periodic_step
+from flexmig.telemetry.settings import TelemetrySettings
+from flexmig.telemetry.snapshot import Snapshot
+from flexmig.telemetry.worker import NvmlWorker
+
+__all__ = ["Daemon", "build_parser", "main"]
+
+log = logging.getLogger("flexmig.daemon")
+
+LoopFactory = Callable[[], Coroutine[Any, Any, None]]
+
+
+class Daemon:
+    """One flexmig daemon: the NVML thread, the sampling loop, the metrics server, and whatever else is added."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        sim_spec: str | None = None,
+        sim_workload: bool = True,
+        metrics_addr: HostPort | None = None,
+        hostname: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.sim_spec = sim_spec
+        self.sim_workload = sim_workload
+        self.settings = TelemetrySettings.from_config(config)
+        listen = metrics_addr or config.prometheus.listen
+        if not listen.is_loopback() and not config.prometheus.allow_remote:
+            raise ConfigError(
+                f"metrics address {listen} is not loopback; set prometheus.allow_remote = true to serve the network"
+            )
+        self.metrics_addr = listen if config.prometheus.enabled or metrics_addr is not None else None
+        self.hostname = hostname or socket.gethostname()
+        self.clock = clock
+        self.hub = SnapshotHub()
+        self.heartbeat = Heartbeat(clock)
+        self.worker = NvmlWorker()
+        self.backend: Backend | None = None
+        self.sampler: SamplingLoop | None = None
+        self.metrics_port: int | None = None
+        self._loops: list[tuple[str, LoopFactory]] = []
+        self._metrics_ext: list[SnapshotMetrics] = []
+        self._started = asyncio.Event()
+
+    # ------------------------------------------------------------------------------------------ extension
+    def add_loop(self, name: str, factory: LoopFactory) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup once start-up is done; it should loop until cancelled."""
+        self._loops.append((name, factory))
+
+    def add_metrics(self, extension: SnapshotMetrics) -> None:
+        """Export more metric families from each snapshot (call before :meth:`run`)."""
+        self._metrics_ext.append(extension)
+
+    def latest(self) -> Snapshot | None:
+        """The last published snapshot."""
+        return self.hub.latest()
+
+    async def started(self) -> None:
+        """Wait until the first sweep is published and the metrics server listens."""
+        await self._started.wait()
+
+    # ------------------------------------------------------------------------------------------ running
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, run every loop until ``stop`` is set (or a loop fails), then shut down in reverse order."""
+        notifier = Notifier.from_env()
+        server: MetricsServer | None = None
+        try:
+            self.backend = await self.worker.call(open_backend, self.sim_spec, self.settings.gpm, self.clock)
+            host = HostSource(clock=self.clock) if self.settings.host else None
+            dcgm = None
+            if self.settings.dcgm_url is not None:
+                dcgm = DcgmSource(
+                    self.settings.dcgm_url,
+                    timeout_s=self.settings.dcgm_timeout_s,
+                    max_age_s=self.settings.dcgm_max_age_s,
+                    clock=self.clock,
+                )
+            self.sampler = SamplingLoop(
+                self.backend.reader,
+                self.worker,
+                self.settings,
+                self._published,
+                hostname=self.hostname,
+                host=host,
+                dcgm=dcgm,
+                clock=self.clock,
+            )
+            first = await self.sampler.start()
+            if self.metrics_addr is not None:
+                registry = build_registry(SnapshotCollector(self.hub.latest, self._metrics_ext))
+                server = MetricsServer(registry, self.metrics_addr.host, self.metrics_addr.port)
+                _, self.metrics_port = server.start()
+                log.info("metrics on http://%s:%d/metrics", _bracket(self.metrics_addr.host), self.metrics_port)
+            log.info(
+                "flexmigd %s up: %d GPU(s), %d MIG instance(s)%s",
+                __version__,
+                len(first.gpus),
+                len(first.instances()),
+                f" (simulated {self.sim_spec})" if self.sim_spec else "",
+            )
+            notifier.ready(f"sampling {len(first.gpus)} GPU(s), {len(first.instances())} MIG instance(s)")
+            self._started.set()
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self.sampler.run(), name="sampling")]
+                if dcgm is not None:
+                    tasks.append(tg.create_task(dcgm_loop(dcgm, self.settings.dcgm_interval_s), name="dcgm"))
+                if self.backend.workload_step is not None and self.sim_workload:
+                    step = self.backend.workload_step
+                    tasks.append(
+                        tg.create_task(
+                            periodic_step(self.worker, step, self.settings.interval_s, self.clock), name="workload"
+                        )
+                    )
+                timeout = watchdog_timeout_s()
+                if timeout is not None:
+                    dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
+                    tasks.append(tg.create_task(_watchdog_loop(dog), name="watchdog"))
+                for name, factory in self._loops:
+                    tasks.append(tg.create_task(factory(), name=name))
+                await stop.wait()
+                log.info("stopping")
+                notifier.stopping()
+                for task in tasks:
+                    task.cancel()
+        finally:
+            if server is not None:
+                server.stop()
+            backend, self.backend = self.backend, None
+            if backend is not None:
+                with contextlib.suppress(FlexmigError):
+                    await self.worker.call(backend.close)
+            self.worker.shutdown()
+            notifier.close()
+
+    def _published(self, snapshot: Snapshot) -> Snapshot:
+        snapshot = self.hub.publish(snapshot)
+        self.heartbeat.beat(snapshot.monotonic)
+        return snapshot
+
+
+async def _watchdog_loop(dog: Watchdog) -> None:
+    interval = dog.interval_s
+    assert interval is not None
+    while True:
+        dog.tick()
+        await asyncio.sleep(interval)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+# ---------------------------------------------------------------------------------------------------- command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``flexmigd``'s arguments."""
+    p = argparse.ArgumentParser(
+        prog="flexmigd",
+        description="flexmig node daemon: per-MIG-instance telemetry, Prometheus metrics, repartitioning.",
+    )
+    p.add_argument("--version", action="version", version=f"flexmigd {__version__}")
+    p.add_argument(
+        "--sim",
+        metavar="SPEC",
+        help="run on a simulated node (e.g. h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6) with a synthetic workload",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help=f"configuration file (default: {DEFAULT_CONFIG_PATH} if it exists, else built-in defaults)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics here (default: prometheus.listen of the configuration, 127.0.0.1:9400)",
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
+    return p
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, HostPort | None]:
+    if args.config is not None:
+        config = load_config(args.config)
+    elif DEFAULT_CONFIG_PATH.exists():
+        config = load_config(DEFAULT_CONFIG_PATH)
+    else:
+        config = Config.default()
+    addr = None
+    if args.metrics_addr is not None:
+        try:
+            addr = HostPort.parse(args.metrics_addr)
+        except ValueError as exc:
+            raise ConfigError(f"--metrics-addr: {exc}") from None
+    return config, addr
+
+
+async def _serve(daemon: Daemon) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await daemon.run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flexmigd`` console script; returns the exit status (2: bad input, 1: cannot run)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        config, addr = _load(args)
+        daemon = Daemon(config, sim_spec=args.sim, metrics_addr=addr)
+        asyncio.run(_serve(daemon))
+    except FlexmigError as exc:
+        print(f"flexmigd: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except OSError as exc:  # the metrics port is taken, and the like
+        print(f"flexmigd: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
