@@ -72,14 +72,14 @@ class GpuFragmentation:
 
     def reason(self) -> str:
         """The figures in words, for a person reading an event."""
-        parts = [f"GPU {self.gpu} ({self.model}) has {self.free_compute_slices} free compute slice(s)"]
+        text = f"GPU {self.gpu} ({self.model}) has {self.free_compute_slices} free compute slice(s)"
         if self.unfit:
-            parts.append(f"that cannot host {', '.join(self.unfit)}")
+            text += f" that cannot host {', '.join(self.unfit)}"
         stranded = self.stranded()
         if stranded:
             items = ", ".join(f"{n} {p}" for p, n in stranded.items())
-            parts.append(f"; repacking the running instances would free room for {items}")
-        return " ".join(parts)
+            text += f"; repacking the running instances would free room for {items}"
+        return text
 
 
 def gpu_fragmentation(
