@@ -1,9 +1,12 @@
 """The dcgm-exporter parser and scraper: both naming eras, joins by gpu + GPU_I_ID, bad input refused safely."""
 
+# ruff: noqa: E501  (exposition lines are quoted whole, as dcgm-exporter writes them)
+
 from __future__ import annotations
 
 import asyncio
 import http.server
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -188,8 +191,6 @@ def test_an_oversized_body_is_refused(exporter: tuple[type[_Handler], str]) -> N
 
 
 def test_nobody_listening_is_a_dcgm_error_naming_the_url() -> None:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

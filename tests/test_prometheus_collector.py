@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from flexmig.export.prometheus import (
     INSTANCE_LABELS,
@@ -88,8 +89,6 @@ def _text(snapshot: Snapshot | None, extensions: Iterable[object] = ()) -> str:
 
 
 def _sample(text: str, name: str, **labels: str) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):

@@ -44,10 +44,8 @@ class TelemetrySettings:
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigError(f"telemetry setting {name} must be a positive number of seconds, not {value!r}")
-        if self.interval_s < 0.1:
-            raise ConfigError(
-                f"telemetry setting interval_s must be at least 0.1 s (GPM needs >100 ms), not {self.interval_s}"
-            )
+        if self.interval_s < 0.05:
+            raise ConfigError(f"telemetry setting interval_s must be at least 0.05 s, not {self.interval_s}")
         if self.history_s < self.window_s:
             raise ConfigError(f"telemetry setting history_s ({self.history_s}) must cover window_s ({self.window_s})")
         if not 0.0 <= self.idle_threshold <= 1.0:

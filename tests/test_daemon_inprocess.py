@@ -1,0 +1,240 @@
+"""The daemon in this process on a simulated node: instance churn, NVML errors, a lost GPU, clean stop.
+
+Each test runs the real Daemon (NVML worker thread, sampling loop, metrics server on a free loopback port) over
+the simulated libnvidia-ml, changes the node through the same NVML layer or the simulator's handle, and reads
+what a Prometheus server would read: the HTTP exposition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from flexmig.config import Config, HostPort, SamplingConfig
+from flexmig.daemon import Daemon
+from flexmig.nvml import Nvml
+from flexmig.sim import SimNode
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = Config(sampling=SamplingConfig(interval_s=0.05, retention_s=60.0))
+Series = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@contextlib.asynccontextmanager
+async def running(spec: str, config: Config = FAST, *, workload: bool = False) -> AsyncIterator[Daemon]:
+    """A started daemon on ``spec``; stopped (and checked to stop cleanly) on exit."""
+    daemon = Daemon(config, sim_spec=spec, sim_workload=workload, metrics_addr=HostPort("127.0.0.1", 0))
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    started = asyncio.create_task(daemon.started())
+    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if started not in done:
+        started.cancel()
+        if task in done:
+            task.result()  # raises what stopped start-up
+        raise AssertionError("daemon did not start within 30 s")
+    try:
+        yield daemon
+        assert not task.done(), "a daemon loop ended while the daemon should be running"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def node_of(daemon: Daemon) -> SimNode:
+    assert daemon.backend is not None and daemon.backend.node is not None
+    return daemon.backend.node
+
+
+def nvml_of(daemon: Daemon) -> Nvml:
+    assert daemon.backend is not None
+    return daemon.backend.nvml
+
+
+async def sweeps(daemon: Daemon, n: int, timeout_s: float = 20.0) -> None:
+    """Wait until ``n`` more sweeps have been published."""
+    snap = daemon.latest()
+    assert snap is not None
+    target = snap.stats.sweeps + n
+    deadline = time.monotonic() + timeout_s
+    while (s := daemon.latest()) is None or s.stats.sweeps < target:
+        assert time.monotonic() < deadline, f"fewer than {n} sweeps in {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+async def scrape(daemon: Daemon) -> Series:
+    """The daemon's /metrics, parsed: sample name -> [(labels, value)]."""
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10) as resp:
+            return str(resp.read().decode())
+
+    out: Series = {}
+    for family in text_string_to_metric_families(await asyncio.to_thread(get)):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, float(s.value)))
+    return out
+
+
+def values(series: Series, name: str, **match: str) -> list[float]:
+    return [v for labels, v in series.get(name, []) if all(labels.get(k) == w for k, w in match.items())]
+
+
+def exported_instances(series: Series) -> set[str]:
+    return {labels["mig_uuid"] for labels, _ in series.get("flexmig_mig_memory_total_bytes", [])}
+
+
+# ------------------------------------------------------------------------------------------------ churn
+
+
+def test_destroyed_and_created_instances_show_in_the_export_within_two_sweeps() -> None:
+    async def scenario() -> None:
+        async with running("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6") as daemon:
+            node, nvml = node_of(daemon), nvml_of(daemon)
+            before = exported_instances(await scrape(daemon))
+            assert before == set(node.mig_uuids())
+
+            gone_gi = node.gpu(0).gpu_instances[1]  # the 2g.35gb at slice 4
+            gone_uuid = gone_gi.compute_instances[0].uuid
+            await daemon.worker.call(nvml.destroy_instance, 0, gone_gi.id)
+            await sweeps(daemon, 2)
+            after_destroy = exported_instances(await scrape(daemon))
+            assert after_destroy == before - {gone_uuid}
+
+            created = await daemon.worker.call(nvml.create_instance, 0, "1g.18gb", 4)
+            await daemon.worker.call(nvml.create_instance, 0, "1g.18gb", 5)
+            await sweeps(daemon, 2)
+            series = await scrape(daemon)
+            assert exported_instances(series) == set(node.mig_uuids())
+            assert created.uuid in exported_instances(series)
+            assert values(series, "flexmig_mig_memory_total_bytes", mig_uuid=created.uuid) == [
+                float(node.gpu(0).mig_device(created.uuid)[0].memory_bytes)
+            ]
+            # free capacity follows the new layout: 3g@0 + 1g@4 + 1g@5 + 1g@6 leaves memory slice 7 and one
+            # compute slice, and no 1g.18gb fits any more (slice 7 is not a valid start)
+            assert values(series, "flexmig_gpu_free_compute_slices", gpu="0") == [1.0]
+            assert values(series, "flexmig_gpu_free_memory_slices", gpu="0") == [1.0]
+            assert values(series, "flexmig_gpu_creatable_instances", gpu="0", profile="1g.18gb") == [0.0]
+            assert values(series, "flexmig_source_errors_total", source="sweep") in ([], [0.0])
+            assert values(series, "flexmig_inventories_total")[0] >= 3
+
+    asyncio.run(scenario())
+
+
+def test_rapid_churn_between_sweeps_never_breaks_sampling() -> None:
+    async def scenario() -> None:
+        async with running("h200x1:3g.71gb@0") as daemon:
+            node, nvml = node_of(daemon), nvml_of(daemon)
+            for _ in range(15):
+                info = await daemon.worker.call(nvml.create_instance, 0, "1g.18gb", 6)
+                await asyncio.sleep(0.02)
+                gi = next(g for g in node.gpu(0).gpu_instances if g.start == 6)
+                await daemon.worker.call(nvml.destroy_instance, 0, gi.id)
+                assert info.uuid not in node.mig_uuids()
+            await sweeps(daemon, 2)
+            series = await scrape(daemon)
+            assert exported_instances(series) == set(node.mig_uuids())
+            assert values(series, "flexmig_source_errors_total", source="sweep") in ([], [0.0])
+            assert values(series, "flexmig_source_errors_total", source="nvml") in ([], [0.0])
+            # history of instances that came and went is bounded: kept one window at most, then dropped
+            assert daemon.sampler is not None and daemon.sampler.store.tracked() <= 1 + 15
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def test_an_nvml_error_on_one_gpu_leaves_the_others_sampled_and_is_counted() -> None:
+    async def scenario() -> None:
+        async with running("h200x2:3g.71gb@0+3g.71gb@4") as daemon:
+            node = node_of(daemon)
+            node.inject_error("nvmlDeviceGetPowerUsage", "UNKNOWN", gpu=1, times=None)
+            node.inject_error("nvmlDeviceGetMemoryInfo", "UNKNOWN", gpu=1, times=None)
+            await sweeps(daemon, 3)
+            series = await scrape(daemon)
+            assert values(series, "flexmig_gpu_power_watts", gpu="0") != []
+            assert values(series, "flexmig_gpu_power_watts", gpu="1") == []  # absent, not 0
+            assert len(values(series, "flexmig_mig_memory_used_bytes", gpu="0")) == 2
+            assert values(series, "flexmig_mig_memory_used_bytes", gpu="1") == []
+            assert len(values(series, "flexmig_mig_processes", gpu="1")) == 2  # the rest of GPU 1 is still read
+            errors = values(series, "flexmig_nvml_errors_total", call="nvmlDeviceGetPowerUsage", error="UNKNOWN")
+            assert errors and errors[0] >= 3
+            node.clear_errors()
+            await sweeps(daemon, 2)
+            series = await scrape(daemon)
+            assert len(values(series, "flexmig_mig_memory_used_bytes", gpu="1")) == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_gpu_is_marked_and_reported_and_the_rest_keeps_going() -> None:
+    async def scenario() -> None:
+        async with running("h200x2:3g.71gb@0+3g.71gb@4") as daemon:
+            node = node_of(daemon)
+            lost_uuid = node.gpu(1).uuid
+            node.lose_gpu(1)
+            await sweeps(daemon, 2)
+            series = await scrape(daemon)
+            assert values(series, "flexmig_gpu_lost", gpu="1") == [1.0]
+            assert values(series, "flexmig_gpu_lost", gpu="0") == [0.0]
+            assert values(series, "flexmig_mig_memory_total_bytes", gpu="1") == []  # no stale series
+            assert len(values(series, "flexmig_mig_memory_total_bytes", gpu="0")) == 2
+            assert values(series, "flexmig_gpu_free_compute_slices", gpu="1") == []
+            snap = daemon.latest()
+            assert snap is not None and lost_uuid in snap.stats.lost_gpus
+            lost_calls = [
+                labels for labels, _ in series["flexmig_nvml_errors_total"] if labels["error"] == "GPU_IS_LOST"
+            ]
+            assert lost_calls
+
+            node.reset_gpu(1)  # back on the bus: sampled again
+            await sweeps(daemon, 3)
+            series = await scrape(daemon)
+            assert values(series, "flexmig_gpu_lost", gpu="1") == [0.0]
+            assert len(values(series, "flexmig_mig_memory_total_bytes", gpu="1")) == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_node_spec_stops_start_up_with_an_error_naming_it() -> None:
+    async def scenario() -> None:
+        daemon = Daemon(FAST, sim_spec="h200:bogus@0", metrics_addr=HostPort("127.0.0.1", 0))
+        with pytest.raises(Exception, match="bogus"):
+            await daemon.run(asyncio.Event())
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
+    async def scenario() -> None:
+        async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:
+            node = node_of(daemon)
+            busy, quiet = node.mig_uuids()
+            node.start_process(busy, memory_bytes=5 << 30)
+            node.set_activity(busy, sm=0.6, dram=0.3, tensor=0.4, occupancy=0.25)
+            await sweeps(daemon, 4)
+            await asyncio.sleep(0.15)  # GPM needs two samples more than 100 ms apart
+            await sweeps(daemon, 2)
+            series = await scrape(daemon)
+            assert values(series, "flexmig_mig_memory_used_bytes", mig_uuid=busy) == [float(5 << 30)]
+            assert values(series, "flexmig_mig_processes", mig_uuid=busy) == [1.0]
+            assert values(series, "flexmig_mig_processes", mig_uuid=quiet) == [0.0]
+            assert values(series, "flexmig_mig_sm_active_ratio", mig_uuid=busy) == [pytest.approx(0.6, abs=1e-6)]
+            assert values(series, "flexmig_mig_tensor_active_ratio", mig_uuid=busy) == [pytest.approx(0.4, abs=1e-6)]
+            assert values(series, "flexmig_mig_dram_active_ratio", mig_uuid=busy) == [pytest.approx(0.3, abs=1e-6)]
+            assert values(series, "flexmig_mig_activity_source_info", mig_uuid=busy, source="gpm") == [1.0]
+            assert values(series, "flexmig_mig_idle_seconds", mig_uuid=busy) == [0.0]
+            assert values(series, "flexmig_mig_idle_seconds", mig_uuid=quiet)[0] > 0.0
+
+    asyncio.run(scenario())
