@@ -47,7 +47,7 @@ def install(
         state = _build(spec, node_spec, clock, seed)
     faults = FaultTable()
     library = SimLibrary(state, faults)
-    node = SimNode(node_spec, state, faults, state_path=state_path, seed=seed)
+    node = SimNode(node_spec, state, faults, library, state_path=state_path, seed=seed)
     if state_path is not None:
         save_state(state, state_path)
     with N.libLoadLock:

@@ -352,6 +352,29 @@ class SimLibrary:
         util.memory = round(100 * gpu.activity.dram)
         return _SUCCESS
 
+    def _media_utilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
+        _, ci = self._device(handle)
+        if ci is not None:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)
+        _out(util_ref).value = 0  # no video work on a compute node
+        _out(period_ref).value = 167_000
+        return _SUCCESS
+
+    @_entry
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
+        return self._media_utilization(handle, util_ref, period_ref)
+
+    @_entry
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
+        return self._media_utilization(handle, util_ref, period_ref)
+
+    @_entry
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count_ref: Any, since: Any) -> int:
+        gpu, _ = self._device(handle)
+        if gpu.mig_current:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)  # per-process utilization does not exist in MIG mode
+        return int(N.NVML_ERROR_NOT_FOUND)  # no samples in the buffer since ``since``
+
     @_entry
     def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
         gpu = self._gpu(handle)
@@ -828,6 +851,10 @@ class SimLibrary:
         self._samples[ctypes.addressof(struct)] = (struct, GpmSnapshot())
         target.contents = struct
         return _SUCCESS
+
+    def gpm_sample_count(self) -> int:
+        """GPM samples allocated and not freed."""
+        return len(self._samples)
 
     def _sample(self, sample: Any) -> GpmSnapshot:
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flexmig.mig import NodeSpec
 from flexmig.sim.faults import Fault, FaultTable
+from flexmig.sim.library import SimLibrary
 from flexmig.sim.model import Activity
 from flexmig.sim.persist import save_state
 from flexmig.sim.state import NodeState, SimComputeInstance, SimGpu, SimProcess
@@ -32,6 +33,7 @@ class SimNode:
         spec: NodeSpec,
         state: NodeState,
         faults: FaultTable,
+        library: SimLibrary,
         *,
         state_path: Path | None,
         seed: int,
@@ -41,6 +43,7 @@ class SimNode:
         self.seed = seed
         self._state = state
         self._faults = faults
+        self._library = library
         self._workload = SyntheticWorkload(seed)
         self._quiet = False
         state.on_change = self._persist
@@ -75,6 +78,11 @@ class SimNode:
         """Ground truth of GPU ``index``."""
         with self._state.lock:
             return self._truth(self._state.gpu_at(index))
+
+    def gpm_samples_allocated(self) -> int:
+        """GPM sample buffers allocated and not yet freed (a leak shows here)."""
+        with self._state.lock:
+            return self._library.gpm_sample_count()
 
     def mig_uuids(self, gpu_index: int | None = None) -> tuple[str, ...]:
         """MIG device UUIDs of one GPU, or of all GPUs in GPU then MIG-index order."""

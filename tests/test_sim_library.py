@@ -1,0 +1,455 @@
+"""The simulated libnvidia-ml, spoken to through the real pynvml wrappers: what a driver would answer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from ctypes import byref, c_uint
+
+import pynvml as N
+import pytest
+
+from flexmig.errors import SimError
+from flexmig.sim import FAKE_PID_BASE, install, installed, uninstall
+
+H200_LAYOUT = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
+
+
+@pytest.fixture
+def sim():
+    """Install a simulator per test; the test calls ``sim(spec)`` and gets the node with NVML initialised."""
+    nodes = []
+
+    def make(spec: str = H200_LAYOUT, **kw):
+        node = install(spec, **kw)
+        N.nvmlInit()
+        nodes.append(node)
+        return node
+
+    yield make
+    uninstall()
+
+
+def gpu(i: int = 0):
+    return N.nvmlDeviceGetHandleByIndex(i)
+
+
+def create_gi(dev, profile_id: int, start: int, size: int):
+    placement = N.c_nvmlGpuInstancePlacement_t(start, size)
+    return N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, byref(placement))
+
+
+def gi_id(gi) -> int:
+    return N.nvmlGpuInstanceGetInfo(gi).id
+
+
+def mig_handles(dev):
+    out = []
+    for i in range(N.nvmlDeviceGetMaxMigDeviceCount(dev)):
+        try:
+            out.append(N.nvmlDeviceGetMigDeviceHandleByIndex(dev, i))
+        except N.NVMLError_NotFound:
+            continue
+    return out
+
+
+# ------------------------------------------------------------------------------------------- install
+def test_uninstall_puts_back_no_library_so_init_says_library_not_found(sim):
+    sim("h200")
+    uninstall()
+    assert not installed()
+    with pytest.raises(N.NVMLError_LibraryNotFound):
+        N.nvmlInit()
+
+
+def test_calls_before_init_are_uninitialized():
+    install("h200")
+    try:
+        with pytest.raises(N.NVMLError_Uninitialized):
+            N.nvmlDeviceGetCount()
+    finally:
+        uninstall()
+
+
+def test_a_bad_spec_is_refused_before_anything_is_installed():
+    with pytest.raises(ValueError, match=r"3g\.71gb may start only"):
+        install("h200:3g.71gb@2")
+    assert not installed()
+
+
+def test_node_reports_driver_versions_gpu_names_and_memory(sim):
+    sim("a100-80x3")
+    assert N.nvmlSystemGetDriverVersion() == "570.124.06"
+    assert N.nvmlSystemGetNVMLVersion().startswith("12.")
+    assert N.nvmlDeviceGetCount() == 3
+    assert N.nvmlDeviceGetName(gpu(2)) == "NVIDIA A100-SXM4-80GB"
+    assert N.nvmlDeviceGetMemoryInfo(gpu(0)).total == 81920 << 20
+    assert N.nvmlDeviceGetUUID(gpu(0)) != N.nvmlDeviceGetUUID(gpu(1))
+
+
+# ------------------------------------------------------------------------------------------ profiles
+def test_profile_index_and_profile_id_are_different_numbers(sim):
+    sim("h200")
+    info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+    assert (info.id, info.name, info.sliceCount, info.memorySizeMB) == (9, "MIG 3g.71gb", 3, 71168)
+    assert N.nvmlDeviceGetGpuInstanceProfileInfoById(gpu(), 9).name == "MIG 3g.71gb"
+
+
+def test_profile_indices_a_gpu_does_not_offer_are_not_supported(sim):
+    sim("h200")
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_8_SLICE)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_COUNT)
+
+
+def test_possible_placements_answer_a_null_array_with_the_count_then_fill_it(sim):
+    sim("h200")
+    count = c_uint(0)
+    N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, None, byref(count))
+    assert count.value == 2
+    arr = (N.c_nvmlGpuInstancePlacement_t * count.value)()
+    N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, arr, byref(count))
+    assert [(p.start, p.size) for p in arr] == [(0, 4), (4, 4)]
+
+
+def test_possible_placements_refuse_a_too_small_array(sim):
+    sim("h200")
+    count = c_uint(1)
+    arr = (N.c_nvmlGpuInstancePlacement_t * 1)()
+    with pytest.raises(N.NVMLError_InsufficientSize):
+        N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 19, arr, byref(count))
+    assert count.value == 7
+
+
+# ------------------------------------------------------------------------------------ GPU instances
+def test_3g_cannot_start_at_2(sim):
+    sim("h200")
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        create_gi(gpu(), 9, 2, 4)
+
+
+def test_overlapping_instances_are_insufficient_resources(sim):
+    sim("h200:3g.71gb@0")
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        create_gi(gpu(), 14, 2, 2)  # 2g at 2 overlaps the 3g at 0..3
+
+
+def test_a_second_1g_me_is_insufficient_resources(sim):
+    sim("h200:1g.18gb+me@0")
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        create_gi(gpu(), 20, 1, 1)
+
+
+def test_a_placement_size_that_is_not_the_profiles_is_invalid(sim):
+    sim("h200")
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        create_gi(gpu(), 9, 0, 3)  # 3g spans 4 memory slices, not 3
+
+
+def test_a_placement_passed_by_value_is_refused(sim):
+    sim("h200")
+    placement = N.c_nvmlGpuInstancePlacement_t(0, 4)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceCreateGpuInstanceWithPlacement(gpu(), 9, placement)
+
+
+def test_gi_ids_follow_the_buddy_numbering_over_memory_slices(sim):
+    sim("h200")
+    ids = {(start, size): gi_id(create_gi(gpu(), pid, start, size)) for pid, start, size in [(9, 4, 4), (14, 0, 2)]}
+    ids[(2, 1)] = gi_id(create_gi(gpu(), 19, 2, 1))
+    ids[(3, 1)] = gi_id(create_gi(gpu(), 19, 3, 1))
+    assert ids == {(4, 4): 2, (0, 2): 3, (2, 1): 9, (3, 1): 10}
+
+
+def test_without_placement_the_driver_takes_the_highest_start_that_fits(sim):
+    sim("h200")
+    first = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(), 9))
+    second = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(), 9))
+    assert (first.id, first.placement.start, second.id, second.placement.start) == (2, 4, 1, 0)
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        N.nvmlDeviceCreateGpuInstance(gpu(), 19)
+
+
+def test_remaining_capacity_counts_what_still_fits(sim):
+    sim("h200:3g.71gb@0")
+    assert N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 19) == 3  # slices 4, 5, 6
+    assert N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 5) == 0
+
+
+def test_gpu_instances_are_listed_per_profile_into_a_caller_array(sim):
+    sim("h200:1g.18gb@0+1g.18gb@1+3g.71gb@4")
+    arr = (N.c_nvmlGpuInstance_t * 7)()
+    count = c_uint(0)
+    N.nvmlDeviceGetGpuInstances(gpu(), 19, arr, byref(count))
+    assert sorted(gi_id(arr[i]) for i in range(count.value)) == [7, 8]
+
+
+def test_gpu_instance_by_id_is_not_found_when_absent(sim):
+    sim("h200")
+    with pytest.raises(N.NVMLError_NotFound):
+        N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+
+
+def test_destroying_a_gi_with_a_compute_instance_is_in_use(sim):
+    sim("h200:3g.71gb@0")
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    with pytest.raises(N.NVMLError_InUse):
+        N.nvmlGpuInstanceDestroy(gi)
+
+
+def test_destroying_a_ci_with_a_process_is_in_use_and_without_it_succeeds(sim):
+    node = sim("h200:3g.71gb@0")
+    pid = node.start_process(node.mig_uuids(0)[0], memory_bytes=1 << 30)
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
+    with pytest.raises(N.NVMLError_InUse):
+        N.nvmlComputeInstanceDestroy(ci)
+    node.stop_process(pid)
+    N.nvmlComputeInstanceDestroy(ci)
+    N.nvmlGpuInstanceDestroy(gi)
+    assert node.gpu(0).gpu_instances == ()
+
+
+def test_a_handle_of_a_destroyed_instance_is_refused_not_reused(sim):
+    sim("h200:3g.71gb@0")
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
+    N.nvmlComputeInstanceDestroy(ci)
+    N.nvmlGpuInstanceDestroy(gi)
+    create_gi(gpu(), 9, 0, 4)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlGpuInstanceGetInfo(gi)
+
+
+def test_mig_calls_on_a_gpu_with_mig_disabled_are_not_supported(sim):
+    sim("a100-40:-")
+    assert N.nvmlDeviceGetMigMode(gpu()) == [0, 0]
+    assert N.nvmlDeviceGetMaxMigDeviceCount(gpu()) == 0
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceCreateGpuInstance(gpu(), 19)
+
+
+# ------------------------------------------------------------------------------------ compute instances
+def test_smaller_compute_instances_fill_a_gpu_instance(sim):
+    sim("h200")
+    gi = create_gi(gpu(), 9, 0, 4)
+    prof = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
+    assert (prof.sliceCount, prof.instanceCount, prof.name) == (1, 3, "MIG 1c.3g.71gb")
+    cis = [N.nvmlGpuInstanceCreateComputeInstance(gi, prof.id) for _ in range(3)]
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        N.nvmlGpuInstanceCreateComputeInstance(gi, prof.id)
+    assert [N.nvmlComputeInstanceGetInfo(c).id for c in cis] == [0, 1, 2]
+    assert len(mig_handles(gpu())) == 3  # every compute instance is a MIG device
+
+
+def test_a_compute_profile_the_gpu_instance_lacks_is_not_supported(sim):
+    sim("h200")
+    gi = create_gi(gpu(), 9, 0, 4)
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE, 0)
+
+
+# ------------------------------------------------------------------------------------------ MIG devices
+def test_mig_index_without_a_device_is_not_found_and_past_the_maximum_is_invalid(sim):
+    sim("h200:3g.71gb@0")
+    N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    with pytest.raises(N.NVMLError_NotFound):
+        N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 1)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 7)
+
+
+def test_mig_devices_are_re_enumerated_after_a_change(sim):
+    node = sim("h200:3g.71gb@0+3g.71gb@4")
+    before = [N.nvmlDeviceGetUUID(h) for h in mig_handles(gpu())]
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+    after = [N.nvmlDeviceGetUUID(h) for h in mig_handles(gpu())]
+    assert after == before[1:] == list(node.mig_uuids(0))
+
+
+def test_mig_uuid_is_stable_for_the_life_of_the_instance_and_new_after_recreation(sim):
+    node = sim("h200:3g.71gb@0")
+    old = node.mig_uuids(0)[0]
+    assert N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)) == old
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+    N.nvmlGpuInstanceCreateComputeInstance(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    new = N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0))
+    assert new.startswith("MIG-") and new != old
+
+
+def test_handle_by_uuid_accepts_mig_uuids_and_leads_back_to_the_parent(sim):
+    node = sim()
+    uuid = node.mig_uuids(1)[2]
+    mig = N.nvmlDeviceGetHandleByUUID(uuid)
+    assert bool(N.nvmlDeviceIsMigDeviceHandle(mig))
+    assert N.nvmlDeviceGetIndex(N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)) == 1
+    assert (N.nvmlDeviceGetGpuInstanceId(mig), N.nvmlDeviceGetComputeInstanceId(mig)) == (13, 0)
+    assert N.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 1g.18gb"
+    with pytest.raises(N.NVMLError_NotFound):
+        N.nvmlDeviceGetHandleByUUID("MIG-00000000-0000-0000-0000-000000000000")
+
+
+def test_utilization_rates_are_not_supported_on_mig(sim):
+    node = sim()
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetUtilizationRates(N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[0]))
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetUtilizationRates(gpu())
+
+
+def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim):
+    node = sim()
+    uuid = node.mig_uuids(0)[1]
+    node.start_process(uuid, memory_bytes=3 << 30)
+    mem = N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByUUID(uuid))
+    assert (mem.total, mem.used, mem.free) == (33024 << 20, 3 << 30, (33024 << 20) - (3 << 30))
+
+
+# ------------------------------------------------------------------------------------------- processes
+def test_processes_come_back_through_the_v3_size_probe(sim):
+    node = sim()
+    uuid = node.mig_uuids(0)[0]
+    pids = [node.start_process(uuid, memory_bytes=(i + 1) << 30) for i in range(3)]
+    procs = N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByUUID(uuid))
+    assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId) for p in procs] == [
+        (pids[i], (i + 1) << 30, 1, 0) for i in range(3)
+    ]
+    assert all(pid >= FAKE_PID_BASE for pid in pids)
+
+
+def test_the_gpu_handle_lists_every_process_of_its_mig_devices(sim):
+    node = sim()
+    a, b = node.mig_uuids(0)[:2]
+    node.start_process(a)
+    node.start_process(b)
+    assert len(N.nvmlDeviceGetComputeRunningProcesses(gpu(0))) == 2
+    assert N.nvmlDeviceGetComputeRunningProcesses(gpu(1)) == []
+
+
+def test_a_real_process_disappears_once_its_pid_is_gone(sim):
+    node = sim()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    uuid = node.mig_uuids(0)[0]
+    node.start_process(uuid, pid=child.pid, memory_bytes=1 << 20)
+    node.start_process(uuid, pid=os.getpid(), memory_bytes=1 << 20)
+    procs = N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByUUID(uuid))
+    assert [p.pid for p in procs] == [os.getpid()]
+
+
+def test_mistakes_on_the_node_handle_name_the_culprit(sim):
+    node = sim()
+    uuid = node.mig_uuids(0)[2]
+    with pytest.raises(SimError, match="MIG-nope"):
+        node.start_process("MIG-nope")
+    with pytest.raises(SimError, match="do not fit"):
+        node.start_process(uuid, memory_bytes=1 << 40)
+    pid = node.start_process(uuid)
+    with pytest.raises(SimError, match=f"pid {pid} already"):
+        node.start_process(node.mig_uuids(0)[0], pid=pid)
+    with pytest.raises(SimError, match="MIG is enabled"):
+        node.start_process(node.gpu(0).uuid)
+
+
+# ------------------------------------------------------------------------------------------- MIG mode
+def test_set_mig_mode_with_processes_running_stays_pending_with_in_use(sim):
+    node = sim("h200x2:3g.71gb@0")
+    node.start_process(node.mig_uuids(0)[0])
+    assert N.nvmlDeviceSetMigMode(gpu(0), N.NVML_DEVICE_MIG_DISABLE) == N.NVML_ERROR_IN_USE
+    assert N.nvmlDeviceGetMigMode(gpu(0)) == [1, 0]
+    assert N.nvmlDeviceSetMigMode(gpu(1), N.NVML_DEVICE_MIG_DISABLE) == N.NVML_SUCCESS
+    assert N.nvmlDeviceGetMigMode(gpu(1)) == [0, 0]
+    assert node.gpu(1).gpu_instances == ()
+
+
+def test_a_gpu_reset_applies_the_pending_mig_mode_once_idle(sim):
+    node = sim("h200:3g.71gb@0")
+    pid = node.start_process(node.mig_uuids(0)[0])
+    N.nvmlDeviceSetMigMode(gpu(0), N.NVML_DEVICE_MIG_DISABLE)
+    with pytest.raises(SimError, match="still runs processes"):
+        node.reset_gpu(0)
+    node.stop_process(pid)
+    node.reset_gpu(0)
+    assert N.nvmlDeviceGetMigMode(gpu(0)) == [0, 0]
+
+
+# ------------------------------------------------------------------------------------ faults on demand
+def test_without_privileges_mig_changes_are_no_permission(sim):
+    node = sim("h200:3g.71gb@0")
+    node.set_privileged(False)
+    with pytest.raises(N.NVMLError_NoPermission):
+        create_gi(gpu(), 9, 4, 4)
+    with pytest.raises(N.NVMLError_NoPermission):
+        N.nvmlDeviceSetMigMode(gpu(), 0)
+    with pytest.raises(N.NVMLError_NoPermission):
+        N.nvmlDeviceGetMemoryInfo(gpu())  # aggregate MIG memory needs privileges
+    assert N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)).total == 71168 << 20
+
+
+def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_keep_working(sim):
+    node = sim()
+    mig = N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[0])
+    node.lose_gpu(0)
+    with pytest.raises(N.NVMLError_GpuIsLost):
+        N.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(N.NVMLError_GpuIsLost):
+        N.nvmlDeviceGetMemoryInfo(mig)
+    assert N.nvmlDeviceGetCount() == 2
+    assert N.nvmlDeviceGetName(gpu(1)) == "NVIDIA H200"
+    node.reset_gpu(0)
+    assert N.nvmlDeviceGetMemoryInfo(mig).total == 71168 << 20
+
+
+def test_an_injected_error_fires_once_on_the_named_call(sim):
+    node = sim()
+    node.inject_error("nvmlDeviceGetUUID", "UNKNOWN")
+    with pytest.raises(N.NVMLError_Unknown):
+        N.nvmlDeviceGetUUID(gpu(0))
+    assert N.nvmlDeviceGetUUID(gpu(0)).startswith("GPU-")
+
+
+def test_an_injected_error_can_target_one_gpu_and_persist_until_cleared(sim):
+    node = sim()
+    node.inject_error("nvmlDeviceGetPowerUsage", N.NVML_ERROR_GPU_IS_LOST, gpu=1, times=None)
+    assert N.nvmlDeviceGetPowerUsage(gpu(0)) > 0
+    for _ in range(3):
+        with pytest.raises(N.NVMLError_GpuIsLost):
+            N.nvmlDeviceGetPowerUsage(gpu(1))
+    node.clear_errors()
+    assert N.nvmlDeviceGetPowerUsage(gpu(1)) > 0
+
+
+def test_an_injected_error_matches_the_versioned_c_symbol(sim):
+    node = sim()
+    node.inject_error("nvmlDeviceGetComputeRunningProcesses", "NO_PERMISSION")
+    with pytest.raises(N.NVMLError_NoPermission):
+        N.nvmlDeviceGetComputeRunningProcesses(gpu(0))  # the C symbol is ..._v3
+
+
+def test_injecting_an_unknown_error_name_is_refused(sim):
+    node = sim()
+    with pytest.raises(SimError, match="NOT_AN_ERROR"):
+        node.inject_error("nvmlDeviceGetUUID", "NOT_AN_ERROR")
+
+
+def test_error_strings_come_from_the_library_for_codes_pynvml_does_not_know(sim):
+    sim()
+    assert N.nvmlErrorString(N.NVML_ERROR_INSUFFICIENT_RESOURCES) == "Insufficient Resources"
+
+
+# ------------------------------------------------------------------------------------------- clocks
+def test_power_temperature_and_clocks_rise_with_activity(sim):
+    node = sim("h200:7g.141gb@0")
+    idle = (N.nvmlDeviceGetPowerUsage(gpu()), N.nvmlDeviceGetTemperature(gpu(), 0))
+    assert N.nvmlDeviceGetClockInfo(gpu(), N.NVML_CLOCK_SM) == 345
+    uuid = node.mig_uuids(0)[0]
+    node.start_process(uuid)
+    node.set_activity(uuid, sm=0.9, dram=0.5)
+    busy = (N.nvmlDeviceGetPowerUsage(gpu()), N.nvmlDeviceGetTemperature(gpu(), 0))
+    assert busy[0] > idle[0] and busy[1] > idle[1]
+    assert N.nvmlDeviceGetClockInfo(gpu(), N.NVML_CLOCK_SM) == 1980
+    assert busy[0] <= N.nvmlDeviceGetPowerManagementLimit(gpu())
