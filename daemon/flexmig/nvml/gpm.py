@@ -15,11 +15,12 @@ Each device keeps two sample buffers that swap roles, so a steady sweep allocate
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pynvml as N
 
@@ -34,6 +35,21 @@ _METRICS = (
     N.NVML_GPM_METRIC_DRAM_BW_UTIL,
     N.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
 )
+
+
+class _Metric(ctypes.Structure):
+    """Layout of ``c_nvmlGpmMetric_t`` (metricId, nvmlReturn, value, metricInfo) as a plain ctypes struct."""
+
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+        ("metricInfo", ctypes.c_char_p * 3),
+    ]
+
+
+_METRICS_OFFSET: int = N.c_nvmlGpmMetricsGet_t.metrics.offset
+assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
 
 
 @dataclass(slots=True)
@@ -67,6 +83,7 @@ class GpmWindows:
         self._slots: dict[str, _Slot] = {}
         self._seen: set[str] = set()
         self._mg: Any = None
+        self._view: Any = None
 
     def __len__(self) -> int:
         """Number of devices with an open window (each holds one or two GPM samples)."""
@@ -136,22 +153,26 @@ class GpmWindows:
         return slot.last
 
     def _metrics(self, first: Any, second: Any) -> dict[int, float]:
-        """Ratios 0..1 of the metrics NVML could compute between two samples (``nvmlGpmMetricsGet``)."""
+        """Ratios 0..1 of the metrics NVML could compute between two samples (``nvmlGpmMetricsGet``).
+
+        One request struct is reused: its metric IDs are written once (NVML only writes results), and the results
+        are read through a plain ctypes view of the same memory, which skips pynvml's per-field formatting.
+        """
         mg = self._mg
         if mg is None:
             mg = self._mg = N.c_nvmlGpmMetricsGet_t()
             mg.version = N.NVML_GPM_METRICS_GET_VERSION
             mg.numMetrics = len(_METRICS)
-        for i, metric_id in enumerate(_METRICS):
-            mg.metrics[i].metricId = metric_id
-            mg.metrics[i].nvmlReturn = N.NVML_ERROR_UNKNOWN
-        mg.sample1, mg.sample2 = first, second
+            for i, metric_id in enumerate(_METRICS):
+                mg.metrics[i].metricId = metric_id
+            self._view = (_Metric * len(_METRICS)).from_address(ctypes.addressof(mg) + _METRICS_OFFSET)
+        mg.sample1 = first
+        mg.sample2 = second
         N.nvmlGpmMetricsGet(mg)
         out: dict[int, float] = {}
-        for i in range(len(_METRICS)):
-            m = mg.metrics[i]
-            if m.nvmlReturn == N.NVML_SUCCESS:
-                out[int(m.metricId)] = min(1.0, max(0.0, float(m.value) / 100.0))
+        for metric_id, m in zip(_METRICS, self._view, strict=True):
+            if m.nvmlReturn == 0:
+                out[metric_id] = min(1.0, max(0.0, m.value / 100.0))
         return out
 
     def _drop(self, uuid: str) -> None:

@@ -43,6 +43,31 @@ _ULL_NA = 0xFFFFFFFFFFFFFFFF
 _Fn = Callable[..., int]
 
 
+class _MetricInfo(ctypes.Structure):
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("shortName", ctypes.c_char_p),
+        ("longName", ctypes.c_char_p),
+        ("unit", ctypes.c_char_p),
+    ]
+
+
+class _Metric(ctypes.Structure):
+    """``c_nvmlGpmMetric_t`` as a plain ctypes struct: the library reads the caller's memory as C would."""
+
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+        ("metricInfo", _MetricInfo),
+    ]
+
+
+_METRICS_OFFSET: int = N.c_nvmlGpmMetricsGet_t.metrics.offset
+# Names a driver writes into each result; the bytes stay alive with these constant structs.
+_INFO = {metric_id: _MetricInfo(*names) for metric_id, names in METRIC_INFO.items()}
+assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
+
+
 def _entry(fn: _Fn) -> _Fn:
     """Wrap a C entry point: lock, init check, injected faults, and NvmlReturn -> return code."""
     name = fn.__name__
@@ -912,16 +937,13 @@ class SimLibrary:
         first, second = self._sample(mg.sample1), self._sample(mg.sample2)
         if first.owner is None or first.owner != second.owner:
             return _INVALID  # never filled, or two different instances (or lifetimes of one GI id)
-        for i in range(n):
-            metric = mg.metrics[i]
-            value = metric_value(first, second, int(metric.metricId))
+        view = (_Metric * n).from_address(ctypes.addressof(mg) + _METRICS_OFFSET)
+        for metric in view:
+            value = metric_value(first, second, metric.metricId)
             if value is None:
                 metric.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
                 continue
             metric.value = value
             metric.nvmlReturn = _SUCCESS
-            short, long, unit = METRIC_INFO[int(metric.metricId)]
-            metric.metricInfo.shortName = short
-            metric.metricInfo.longName = long
-            metric.metricInfo.unit = unit
+            metric.metricInfo = _INFO[metric.metricId]
         return _SUCCESS
