@@ -366,7 +366,7 @@ class Executor:
             await self.offload(self.devices.prune)
         return NodeView.of(await self.mig.inventory())
 
-    def _held(self, exclude: str | None = None) -> dict[tuple[int, int], str]:
+    def held(self, exclude: str | None = None) -> dict[tuple[int, int], str]:
         """Instances held by running jobs: ``(gpu, start) -> job``."""
         out: dict[tuple[int, int], str] = {}
         for rec in self.journal.jobs():
@@ -437,7 +437,7 @@ class Executor:
 
     async def _destroy_instance(self, run: _Run) -> None:
         slot = Slot.from_json(run.row.payload["slot"])
-        holder = self._held().get(slot.key)
+        holder = self.held().get(slot.key)
         if holder is not None and not run.resumed:
             raise _Rejected(f"{slot.spec()} is held by job {holder}")
         await run.step(f"destroy:{slot.gpu}@{slot.start}", slot.to_json(), lambda: self._destroy_idle(slot))
@@ -476,7 +476,7 @@ class Executor:
     async def _check_free(self, rec: JobRecord, dst: Sequence[Slot], own: frozenset[tuple[int, int]]) -> None:
         """Every target exists with its profile, is held by no other job and runs no foreign process."""
         view = await self.view()
-        held = self._held(exclude=rec.name)
+        held = self.held(exclude=rec.name)
         for d in dst:
             if d.gpu in view.lost:
                 raise _Rejected(f"GPU {d.gpu} is lost")
@@ -507,7 +507,7 @@ class Executor:
             if inst.pids is None or foreign:
                 raise _Rejected(f"{inst.spec()} runs processes of no registered job: {sorted(foreign)}")
         own = frozenset(s.key for s in src)
-        held = self._held(exclude=rec.name)
+        held = self.held(exclude=rec.name)
         missing: list[Slot] = []
         for d in dst:
             if d.gpu in view.lost:

@@ -1,0 +1,105 @@
+"""``python -m flexmig.act``: the actuator as a standalone service (executor, supervisor, control socket).
+
+For tests, demos and nodes that want only the job actuator; ``flexmigd`` runs the same :class:`Actuator` inside
+its TaskGroup. Example on a simulated node::
+
+    python -m flexmig.act --mode act --sim 'h200:1g.18gb@0+1g.18gb@1' --sim-state /tmp/fm/sim.json \\
+        --state-dir /tmp/fm --allow-dir /tmp/fm
+    flexmig jobs --socket /tmp/fm/control.sock submit /tmp/fm/job.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from flexmig import sim
+from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
+from flexmig.act.events import LoggingSink
+from flexmig.act.journal import StepEvent
+from flexmig.act.migops import ThreadOffload
+from flexmig.act.service import Actuator
+from flexmig.errors import FlexmigError
+from flexmig.jobs.spec import JobPolicy
+from flexmig.nvml import Nvml
+
+__all__ = ["main", "parse_args", "run"]
+
+log = logging.getLogger("flexmig.act")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The service's command line."""
+    p = argparse.ArgumentParser(prog="python -m flexmig.act", description=__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=("observe", "advise", "act"), default="observe", help="default: observe")
+    p.add_argument("--state-dir", type=Path, required=True, help="journal, rank logs and (default) the socket")
+    p.add_argument("--socket", type=Path, default=None, help="control socket (default STATE_DIR/control.sock)")
+    p.add_argument("--socket-mode", type=lambda s: int(s, 8), default=0o600, help="octal, default 600")
+    p.add_argument("--allow-dir", type=Path, action="append", default=[], help="directory jobs may use (repeatable)")
+    p.add_argument("--ack-timeout", type=float, default=300.0, help="default checkpoint ack timeout, seconds")
+    p.add_argument("--sim", metavar="SPEC", default=None, help="run on a simulated node (node-spec grammar)")
+    p.add_argument("--sim-state", type=Path, default=None, help="simulator state file (survives restarts)")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | None = None) -> int:
+    """Run until SIGTERM/SIGINT."""
+    devices: DeviceProcessTable = DriverProcessTable()
+    if args.sim:
+        node = sim.install(args.sim, state_path=args.sim_state)
+        devices = SimProcessTable(node)
+    nvml = Nvml.open()
+    offload = ThreadOffload()
+    state: Path = args.state_dir
+    act = Actuator.build(
+        mode=args.mode,
+        nvml=nvml,
+        offload=offload,
+        devices=devices,
+        journal_path=state / "journal.sqlite3",
+        logs_dir=state / "logs",
+        policy=JobPolicy(tuple(args.allow_dir), default_ack_timeout_s=args.ack_timeout),
+        events=LoggingSink(),
+        on_step=on_step,
+    )
+    try:
+        summary = await act.start()
+        log.info("reconciled: %s", summary)
+        control = act.control_server(args.socket or state / "control.sock", args.socket_mode)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with asyncio.TaskGroup() as tg:
+            server = tg.create_task(control.serve(lambda: log.info("control socket ready at %s", control.path)))
+            await stop.wait()
+            server.cancel()
+    finally:
+        await act.close()
+        offload.close()
+        with contextlib.suppress(Exception):
+            nvml.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, on_step: Callable[[StepEvent], None] | None = None) -> int:
+    """Entry point; ``on_step`` is called after every journal commit (tests crash the service there)."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return asyncio.run(run(args, on_step))
+    except FlexmigError as exc:
+        print(f"flexmig.act: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The ``jobs.*`` operations of the control API: submit, list, migrate, resplit, stop.
+
+Each validates its arguments, turns the request into a Plan (:mod:`flexmig.act.placement`) and hands it to the
+executor, which refuses outside mode ``act``. In mode ``advise`` the answer is the plan that would have run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flexmig.act.control import Handler, RequestError
+from flexmig.act.executor import Executor, PlanResult, new_job_uid
+from flexmig.act.placement import choose_targets, move_plan, node_model, start_plan
+from flexmig.act.records import JobRecord
+from flexmig.errors import JobSpecError, PlanRejectedError
+from flexmig.jobs.spec import JobPolicy, load_job_spec
+from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
+
+__all__ = ["JobsApi", "describe_plan"]
+
+_MAX_STR = 4096
+
+
+def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    v = args.get(key)
+    if v is None:
+        if required:
+            raise RequestError(f"argument {key!r} is required")
+        return None
+    if not isinstance(v, str) or not v or len(v) > _MAX_STR or "\x00" in v:
+        raise RequestError(f"argument {key!r} must be a non-empty string")
+    return v
+
+
+def _int(args: Mapping[str, Any], key: str) -> int:
+    v = args.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RequestError(f"argument {key!r} must be an integer")
+    return v
+
+
+def _only(args: Mapping[str, Any], *keys: str) -> None:
+    extra = set(args) - set(keys)
+    if extra:
+        raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    """One line per action, for people (advise-mode answers, CLI output)."""
+    out = []
+    for a in plan.actions:
+        kind = type(a).__name__
+        if isinstance(a, CreateInstance | DestroyInstance):
+            out.append(f"{kind} gpu{a.gpu}:{a.profile.name}@{a.start}: {a.reason}")
+        else:
+            to = a.instances if isinstance(a, StartJob) else a.to_instances
+            out.append(f"{kind} {a.job} -> {', '.join(i.spec() for i in to)}: {a.reason}")
+    return out
+
+
+class JobsApi:
+    """Job operations over an :class:`Executor`; ``handlers()`` plugs them into a ControlServer."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        policy: JobPolicy,
+        settings: PlannerSettings | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.ex = executor
+        self.policy = policy
+        self.settings = settings or PlannerSettings()
+        self.wall = wall
+
+    def handlers(self) -> dict[str, Handler]:
+        """``{"jobs.submit": ..., "jobs.list": ..., ...}``."""
+        return {
+            "jobs.submit": self._submit,
+            "jobs.list": self._list,
+            "jobs.migrate": self._migrate,
+            "jobs.resplit": self._resplit,
+            "jobs.stop": self._stop,
+        }
+
+    async def _run(self, plan: Plan) -> dict[str, Any]:
+        if self.ex.mode == "advise":
+            lines = "; ".join(describe_plan(plan))
+            raise PlanRejectedError(f"mode is 'advise': plan not executed: {lines}")
+        self.ex.require_act()
+        res: PlanResult = await self.ex.execute(plan, origin="control")
+        return {**res.to_json(), "plan": describe_plan(plan)}
+
+    # ---------------------------------------------------------------------------------------- handlers
+    async def _submit(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "path")
+        path = Path(_str(args, "path") or "")
+        if not path.is_absolute():
+            raise RequestError(f"job spec path must be absolute, not {path}")
+        if self.ex.mode == "observe":
+            self.ex.require_act()
+        spec = load_job_spec(path, self.policy)
+        view = await self.ex.view()
+        model = node_model(view)
+        try:
+            profile = spec.need.profile_on(model)
+        except (KeyError, ValueError) as exc:
+            raise JobSpecError(f"{path}: need: {exc.args[0]} (this node has {model.name})") from None
+        old = self.ex.journal.get_job(spec.name)
+        if old is not None and old.state == "running":
+            raise PlanRejectedError(f"job {spec.name} is already running")
+        resume = old.last_ack if old is not None and old.state in ("stopped", "failed") else None
+        held = self.ex.held()
+        targets = choose_targets(view, profile.name, spec.ranks_start, held=held)
+        plan = start_plan(view, spec.name, targets, self.settings, reason=f"submitted from {path}")
+        if self.ex.mode != "act":
+            return await self._run(plan)
+        rec = JobRecord(
+            name=spec.name,
+            uid=new_job_uid(),
+            spec=spec,
+            state="pending",
+            generation=old.generation if old else 0,
+            last_ack=resume,
+            submitted_s=self.wall(),
+        )
+        self.ex.journal.put_job(rec)
+        out = await self._run(plan)
+        job = self.ex.journal.get_job(spec.name)
+        return {**out, "job": job.summary() if job else None}
+
+    async def _list(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        _only(args)
+        out = []
+        for rec in self.ex.journal.jobs():
+            s = rec.summary()
+            s["pids"] = [h.proc.pid for h in self.ex.supervisor.alive(rec.name)]
+            out.append(s)
+        return out
+
+    def _running(self, name: str) -> JobRecord:
+        rec = self.ex.journal.get_job(name)
+        if rec is None:
+            raise RequestError(f"no job named {name!r}")
+        if rec.state != "running":
+            raise PlanRejectedError(f"job {name} is {rec.state}, not running")
+        return rec
+
+    async def _migrate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "name", "to")
+        rec = self._running(_str(args, "name") or "")
+        view = await self.ex.view()
+        model = node_model(view)
+        profile = _str(args, "to", required=False) or rec.slots[0].profile
+        try:
+            model.profile(profile)
+        except KeyError as exc:
+            raise RequestError(str(exc.args[0])) from None
+        targets = choose_targets(view, profile, len(rec.slots), held=self.ex.held(exclude=rec.name), own=rec.slots)
+        plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=False, reason="operator request")
+        return await self._run(plan)
+
+    async def _resplit(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "name", "ranks", "profile")
+        rec = self._running(_str(args, "name") or "")
+        ranks = _int(args, "ranks")
+        if not rec.spec.ranks_min <= ranks <= rec.spec.ranks_max:
+            raise RequestError(f"job {rec.name} may run {rec.spec.ranks_min}..{rec.spec.ranks_max} ranks, not {ranks}")
+        view = await self.ex.view()
+        model = node_model(view)
+        profile = _str(args, "profile", required=False) or rec.slots[0].profile
+        try:
+            model.profile(profile)
+        except KeyError as exc:
+            raise RequestError(str(exc.args[0])) from None
+        targets = choose_targets(
+            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=True
+        )
+        plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request")
+        return await self._run(plan)
+
+    async def _stop(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "name", "force")
+        name = _str(args, "name") or ""
+        force = args.get("force", False)
+        if not isinstance(force, bool):
+            raise RequestError("argument 'force' must be true or false")
+        self._running(name)
+        if self.ex.mode == "advise":
+            raise PlanRejectedError(f"mode is 'advise': would stop job {name}; nothing done")
+        res = await self.ex.execute_encoded([("stop", name, {"force": force, "reason": "operator request"})], "control")
+        return res.to_json()

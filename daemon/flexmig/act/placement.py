@@ -1,0 +1,173 @@
+"""Where an operator's request puts a job: target instances for ``jobs submit``, ``migrate`` and ``resplit``.
+
+The planner (``flexmig.plan``) decides moves of its own; a person who types ``flexmig jobs migrate`` wants the
+job moved now, so this small, pure chooser picks the targets and :func:`move_plan` writes the Plan the executor
+runs. Preference order: free instances that already exist, then new instances where they fit now, then (when
+the job's own instances may make room) new instances overlapping them, created after the job has stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from flexmig.act.nodeview import NodeView
+from flexmig.act.records import Slot
+from flexmig.errors import PlanRejectedError
+from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.plan.types import (
+    Action,
+    CreateInstance,
+    DestroyInstance,
+    Instance,
+    MigrateJob,
+    Plan,
+    PlannerSettings,
+    ResplitJob,
+    StartJob,
+)
+
+__all__ = ["choose_targets", "move_plan", "node_model", "start_plan"]
+
+
+def node_model(view: NodeView) -> GpuModel:
+    """The model of the node's GPUs (the first known one; flexmig nodes hold one model)."""
+    for gpu, model in view.models:
+        if model is not None and gpu not in view.lost:
+            return model
+    raise PlanRejectedError("no usable MIG GPU of a known model on this node")
+
+
+def choose_targets(
+    view: NodeView,
+    profile: str,
+    count: int,
+    *,
+    held: Mapping[tuple[int, int], str],
+    own: Sequence[Slot] = (),
+    keep_own: bool = False,
+) -> list[Slot]:
+    """``count`` instances of ``profile`` for one job; PlanRejectedError says why there is no room.
+
+    ``held``: instances other jobs hold. ``own``: the job's current instances; with ``keep_own`` those of the
+    same profile are reused first (a re-split keeps what it has), otherwise they are avoided unless nothing
+    else fits, in which case new instances may overlap them (created after the job stopped).
+    """
+    chosen: list[Slot] = []
+    own_keys = {s.key for s in own}
+
+    def take(s: Slot) -> bool:
+        if s.key not in {c.key for c in chosen}:
+            chosen.append(s)
+        return len(chosen) >= count
+
+    if keep_own:
+        for s in own:
+            if s.profile == profile and take(Slot(s.gpu, s.start, s.profile)):
+                return chosen
+    for inst in view.instances:
+        if (
+            inst.profile == profile
+            and inst.key not in held
+            and inst.key not in own_keys
+            and inst.gpu not in view.lost
+            and inst.pids is not None
+            and not inst.pids
+            and take(Slot(inst.gpu, inst.start, profile))
+        ):
+            return chosen
+
+    def fill(without: frozenset[tuple[int, int]]) -> bool:
+        for gpu in view.gpus():
+            model = view.model(gpu)
+            layout = view.layout(gpu, without=without)
+            if gpu in view.lost or model is None or layout is None:
+                continue
+            try:
+                prof = model.profile(profile)
+            except KeyError:
+                continue
+            for c in chosen:
+                if c.gpu == gpu and layout.at(c.start) is None:
+                    layout = layout.place(prof, c.start)
+            while starts := [s for s in layout.placements(prof) if (gpu, s) not in held]:
+                layout = layout.place(prof, starts[0])
+                if take(Slot(gpu, starts[0], profile)):
+                    return True
+        return False
+
+    if fill(frozenset()):
+        return chosen
+    if own_keys and fill(frozenset(own_keys - {c.key for c in chosen})):
+        return chosen
+    raise PlanRejectedError(
+        f"no room for {count} x {profile}: found {len(chosen)} (free instances and free memory slices included)"
+    )
+
+
+def _inst(model: GpuModel, s: Slot) -> Instance:
+    return Instance(s.gpu, s.start, model.profile(s.profile))
+
+
+def start_plan(
+    view: NodeView, job: str, targets: Sequence[Slot], settings: PlannerSettings, reason: str = "submitted"
+) -> Plan:
+    """Create the targets that do not exist, then start ``job`` on them."""
+    model = node_model(view)
+    actions: list[Action] = []
+    for t in targets:
+        if view.instance(t.gpu, t.start) is None:
+            actions.append(CreateInstance(t.gpu, t.start, model.profile(t.profile), reason, settings.reconfigure_s))
+    insts = tuple(_inst(model, t) for t in targets)
+    actions.append(StartJob(job, insts, reason, settings.restart_s))
+    return Plan(tuple(actions))
+
+
+def _overlaps(model: GpuModel, a: Slot, b: Slot) -> bool:
+    if a.gpu != b.gpu:
+        return False
+    pa: Profile = model.profile(a.profile)
+    pb: Profile = model.profile(b.profile)
+    return a.start < b.start + pb.memory_slices and b.start < a.start + pa.memory_slices
+
+
+def move_plan(
+    view: NodeView,
+    job: str,
+    src: Sequence[Slot],
+    targets: Sequence[Slot],
+    settings: PlannerSettings,
+    *,
+    resplit: bool,
+    reason: str,
+) -> Plan:
+    """Create free-standing targets, move the job (migrate or re-split), then destroy the sources it left.
+
+    Targets that overlap the job's own sources are not created up front: the executor destroys those sources
+    and creates the targets after the job has stopped (inside the move). Sources overlapped that way are gone
+    by the end, so they get no DestroyInstance of their own.
+    """
+    model = node_model(view)
+    src_keys = {s.key for s in src}
+    actions: list[Action] = []
+    inside: list[Slot] = []
+    for t in targets:
+        if view.instance(t.gpu, t.start) is not None:
+            continue
+        if any(_overlaps(model, t, s) for s in src):
+            inside.append(t)
+            continue
+        actions.append(CreateInstance(t.gpu, t.start, model.profile(t.profile), reason, settings.reconfigure_s))
+    from_i = tuple(_inst(model, s) for s in src)
+    to_i = tuple(_inst(model, t) for t in targets)
+    cost = settings.move_cost()
+    if resplit:
+        actions.append(ResplitJob(job, len(targets), model.profile(targets[0].profile), from_i, to_i, reason, cost))
+    else:
+        actions.append(MigrateJob(job, from_i, to_i, reason, cost))
+    target_keys = {t.key for t in targets}
+    for s in src:
+        if s.key in target_keys or any(_overlaps(model, s, t) for t in inside):
+            continue
+        if s.key in src_keys:
+            actions.append(DestroyInstance(s.gpu, s.start, model.profile(s.profile), reason, settings.reconfigure_s))
+    return Plan(tuple(actions))

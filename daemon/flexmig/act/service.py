@@ -1,0 +1,118 @@
+"""The actuator assembled: journal, supervisor, executor, jobs API and control server.
+
+The daemon builds one :class:`Actuator` in its TaskGroup::
+
+    act = Actuator.build(mode=cfg.mode, nvml=nvml, offload=nvml_thread, devices=DriverProcessTable(),
+                         journal_path=cfg.state.journal, logs_dir=cfg.state.directory / "logs",
+                         policy=JobPolicy(cfg.jobs.allowed_dirs, default_ack_timeout_s=cfg.jobs.ack_timeout_s),
+                         events=mqtt_sink)
+    await act.start()                                   # reconcile journal vs NVML vs process table
+    control = act.control_server(cfg.control.socket, cfg.control.socket_mode)
+    tg.create_task(control.serve())                     # plus the daemon's own operations via control.add()
+    ...
+    await act.execute(plan)                             # planner plans, in mode act
+    await act.close()                                   # on shutdown (jobs keep running)
+
+``python -m flexmig.act`` runs the same thing standalone (see :mod:`flexmig.act.__main__`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flexmig.act.control import ControlServer
+from flexmig.act.devices import DeviceProcessTable
+from flexmig.act.events import EventSink
+from flexmig.act.executor import Executor, Mode, PlanResult
+from flexmig.act.jobs_api import JobsApi
+from flexmig.act.journal import Journal, StepEvent
+from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
+from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
+from flexmig.act.supervisor import Supervisor
+from flexmig.jobs.spec import JobPolicy
+from flexmig.plan.types import Plan, PlannerSettings
+
+__all__ = ["Actuator"]
+
+
+@dataclass
+class Actuator:
+    """Everything ``act/`` runs, wired together. Build with :meth:`build`."""
+
+    journal: Journal
+    supervisor: Supervisor
+    executor: Executor
+    jobs: JobsApi
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        mode: Mode,
+        nvml: NvmlLike,
+        offload: Offload,
+        devices: DeviceProcessTable,
+        journal_path: Path,
+        logs_dir: Path,
+        policy: JobPolicy,
+        events: EventSink,
+        settings: PlannerSettings | None = None,
+        launcher: Launcher | None = None,
+        scanner: ProcessScanner | None = None,
+        on_step: Callable[[StepEvent], None] | None = None,
+        wall: Callable[[], float] = time.time,
+        poll_s: float = 0.02,
+        resend_s: float = 1.0,
+        term_grace_s: float = 10.0,
+    ) -> Actuator:
+        """Wire the parts; nothing runs until :meth:`start`."""
+        journal = Journal(journal_path, wall=wall, on_step=on_step)
+        supervisor = Supervisor(
+            launcher=launcher or SubprocessLauncher(),
+            devices=devices,
+            offload=offload,
+            logs_dir=logs_dir,
+            events=events,
+            wall=wall,
+        )
+        executor = Executor(
+            mode=mode,
+            mig=NvmlMigOps(nvml, offload),
+            supervisor=supervisor,
+            journal=journal,
+            events=events,
+            scanner=scanner or PsutilScanner(),
+            devices=devices,
+            offload=offload,
+            wall=wall,
+            poll_s=poll_s,
+            resend_s=resend_s,
+            term_grace_s=term_grace_s,
+        )
+        return cls(journal, supervisor, executor, JobsApi(executor, policy, settings, wall))
+
+    async def start(self) -> dict[str, Any]:
+        """Reconcile the journal with NVML and the process table (adopt ranks, finish or roll back actions)."""
+        return await self.executor.reconcile()
+
+    async def execute(self, plan: Plan, origin: str = "planner") -> PlanResult:
+        """Run a plan (PlanRejectedError outside mode ``act``)."""
+        return await self.executor.execute(plan, origin)
+
+    def set_mode(self, mode: Mode) -> None:
+        """Change the mode (configuration reload); takes effect for the next action."""
+        self.executor.mode = mode
+
+    def control_server(self, path: Path, mode: int = 0o600) -> ControlServer:
+        """A control server with the ``jobs.*`` operations; add the daemon's own with ``add()``."""
+        return ControlServer(path, self.jobs.handlers(), mode=mode)
+
+    async def close(self) -> None:
+        """Stop watching ranks (they keep running) and close the journal."""
+        await self.executor.close()
+        await self.supervisor.close()
+        self.journal.close()

@@ -1,0 +1,111 @@
+"""``flexmig jobs``: submit, list, migrate, re-split and stop jobs through the daemon's control socket."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from flexmig.act.client import ControlClient
+
+__all__ = ["DEFAULT_SOCKET", "register"]
+
+DEFAULT_SOCKET = Path("/run/flexmig/control.sock")
+
+
+def register(sub: Any) -> None:
+    """Add the ``jobs`` subcommand and its actions."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "jobs", help="submit, list, migrate, re-split and stop jobs", description=__doc__
+    )
+    p.add_argument(
+        "--socket",
+        type=Path,
+        default=Path(os.environ.get("FLEXMIG_CONTROL_SOCKET", str(DEFAULT_SOCKET))),
+        help=f"control socket (default $FLEXMIG_CONTROL_SOCKET or {DEFAULT_SOCKET})",
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the daemon (default 900)")
+    acts = p.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+
+    s = acts.add_parser("submit", help="register a job spec (TOML) and start it")
+    s.add_argument("file", type=Path, help="job spec file")
+    s.set_defaults(func=_submit)
+
+    s = acts.add_parser("list", help="list jobs")
+    s.add_argument("--json", action="store_true", help="print JSON for programs")
+    s.set_defaults(func=_list)
+
+    s = acts.add_parser("migrate", help="checkpoint a job and move it to other MIG instances")
+    s.add_argument("name")
+    s.add_argument("--to", metavar="PROFILE", default=None, help="profile of the new instances (default: same)")
+    s.set_defaults(func=_migrate)
+
+    s = acts.add_parser("resplit", help="checkpoint a job and relaunch it with another number of ranks")
+    s.add_argument("name")
+    s.add_argument("--ranks", type=int, required=True, help="new number of ranks (one MIG instance each)")
+    s.add_argument("--profile", default=None, help="profile of the instances (default: same)")
+    s.set_defaults(func=_resplit)
+
+    s = acts.add_parser("stop", help="checkpoint and stop a job (--force: SIGTERM without a checkpoint)")
+    s.add_argument("name")
+    s.add_argument("--force", action="store_true", help="terminate without waiting for a checkpoint")
+    s.set_defaults(func=_stop)
+
+
+def _client(args: argparse.Namespace) -> ControlClient:
+    return ControlClient(args.socket, timeout_s=args.timeout)
+
+
+def _report(result: dict[str, Any]) -> int:
+    """Print one line per action of a plan result; status 0 only if every action completed."""
+    for a in result.get("actions", []):
+        steps = ", ".join(f"{s['step']} {s['duration_s'] * 1000:.0f} ms" for s in a.get("steps", []))
+        line = f"{a['kind']}{' ' + a['job'] if a.get('job') else ''}: {a['outcome']} in {a['duration_s']:.2f} s"
+        print(line + (f" ({steps})" if steps else ""))
+        if a.get("error"):
+            print(f"  {a['error']}")
+    return 0 if result.get("ok") else 1
+
+
+def _submit(args: argparse.Namespace) -> int:
+    res = _client(args).call("jobs.submit", path=str(args.file.absolute()))
+    status = _report(res)
+    job = res.get("job") or {}
+    if job:
+        where = ", ".join(f"gpu{i['gpu']}:{i['profile']}@{i['start']}" for i in job.get("instances", []))
+        print(f"job {job['name']}: {job['state']} on {where or '-'}")
+    return status
+
+
+def _list(args: argparse.Namespace) -> int:
+    jobs = _client(args).call("jobs.list")
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    if not jobs:
+        print("no jobs")
+        return 0
+    print(f"{'NAME':20} {'STATE':8} {'RANKS':>5} {'GEN':>4} {'ACK':>8}  INSTANCES")
+    for j in jobs:
+        ack = j["last_ack"]["step"] if j.get("last_ack") else "-"
+        where = ",".join(f"gpu{i['gpu']}:{i['profile']}@{i['start']}" for i in j["instances"])
+        print(f"{j['name']:20} {j['state']:8} {j['ranks']:>5} {j['generation']:>4} {ack!s:>8}  {where}")
+        if j.get("error"):
+            print(f"  {j['error']}")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    extra = {"to": args.to} if args.to else {}
+    return _report(_client(args).call("jobs.migrate", name=args.name, **extra))
+
+
+def _resplit(args: argparse.Namespace) -> int:
+    extra = {"profile": args.profile} if args.profile else {}
+    return _report(_client(args).call("jobs.resplit", name=args.name, ranks=args.ranks, **extra))
+
+
+def _stop(args: argparse.Namespace) -> int:
+    return _report(_client(args).call("jobs.stop", name=args.name, force=args.force))
