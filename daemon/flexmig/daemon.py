@@ -53,12 +53,14 @@ class Daemon:
         sim_workload: bool = True,
         metrics_addr: HostPort | None = None,
         hostname: str | None = None,
+        telemetry: TelemetrySettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``telemetry`` overrides the settings derived from ``config`` (finer knobs than the file has)."""
         self.config = config
         self.sim_spec = sim_spec
         self.sim_workload = sim_workload
-        self.settings = TelemetrySettings.from_config(config)
+        self.settings = telemetry or TelemetrySettings.from_config(config)
         listen = metrics_addr or config.prometheus.listen
         if not listen.is_loopback() and not config.prometheus.allow_remote:
             raise ConfigError(
