@@ -178,13 +178,15 @@ class GpuCache:
         for idx in range(self.max_mig):
             try:
                 mh = N.nvmlDeviceGetMigDeviceHandleByIndex(h, idx)
-                uuid = N.nvmlDeviceGetUUID(mh)
             except N.NVMLError as exc:
                 if exc.value == NOT_FOUND:
                     continue
                 if exc.value == INVALID_ARGUMENT:
-                    break  # past the GPU's maximum MIG device count
+                    break  # past the GPU's maximum MIG device count (MIG was just turned off)
                 walk.note(f"{target} MIG {idx}", "nvmlDeviceGetMigDeviceHandleByIndex", exc)
+                continue
+            uuid = walk.get(f"{target} MIG {idx}", N.nvmlDeviceGetUUID, mh)  # fails if destroyed meanwhile
+            if uuid is None:
                 continue
             seen.add(uuid)
             static = self.mig_static.get(uuid)
