@@ -12,6 +12,7 @@ from flexmig.mig import GpuModel, Profile
 
 __all__ = [
     "CI_PROFILE_COUNT",
+    "CUDA_DRIVER_VERSION",
     "DRIVER_VERSION",
     "FAKE_PID_BASE",
     "GI_PROFILE_COUNT",
@@ -23,6 +24,7 @@ __all__ = [
     "ci_index",
     "ci_name",
     "ci_sizes",
+    "ci_slices_for_index",
     "ci_starts",
     "clock_table",
     "gi_id_for",
@@ -129,8 +131,3 @@ class Activity:
     def as_tuple(self) -> tuple[float, float, float, float]:
         """(sm, occupancy, dram, tensor): the order of the simulator's GPM counters."""
         return (self.sm, self.occupancy, self.dram, self.tensor)
-
-    @property
-    def load(self) -> float:
-        """One figure for power and clocks: mostly SM activity, some memory traffic."""
-        return min(1.0, 0.8 * self.sm + 0.2 * self.dram)

@@ -20,6 +20,7 @@ from flexmig.errors import SimError
 from flexmig.mig import GpuModel, Layout, Profile
 from flexmig.sim.gpm import Counters
 from flexmig.sim.model import (
+    CI_PROFILE_COUNT,
     FAKE_PID_BASE,
     MIB,
     Activity,
@@ -356,7 +357,7 @@ class NodeState:
 
     def ci_slices(self, gi: SimGpuInstance, profile_id: int) -> int:
         """Compute slices of CI profile ``profile_id`` in ``gi``; INVALID_ARGUMENT/NOT_SUPPORTED like a driver."""
-        if not 0 <= profile_id < 0x9:
+        if not 0 <= profile_id < CI_PROFILE_COUNT:
             raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
         slices = ci_slices_for_index(profile_id)
         if slices is None or slices not in ci_sizes(gi.profile.compute_slices):
