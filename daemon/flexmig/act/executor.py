@@ -45,7 +45,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.procs import ProcessScanner
 from flexmig.act.records import JobRecord, Slot
 from flexmig.act.supervisor import Supervisor, free_port
-from flexmig.errors import FlexmigError, NvmlCallError, PlanRejectedError
+from flexmig.errors import FlexmigError, LayoutError, NvmlCallError, PlanRejectedError
 from flexmig.hook.protocol import Ack, AckError, read_ack
 from flexmig.mig.catalogue import MODELS
 from flexmig.plan.types import (
@@ -285,14 +285,31 @@ class Executor:
             return await self._run_plan(plan_id)
 
     async def _run_plan(self, plan_id: int) -> PlanResult:
+        """Run a plan's pending actions in order. When one fails or is cancelled, the rest are skipped and the
+        instances the plan created up front (still free) are destroyed again by appended ``undo`` actions."""
         results: list[ActionResult] = []
         stop = False
-        for row in self.journal.actions(plan_id):
+        rows = self.journal.actions(plan_id)
+        undo_added = any(r.payload.get("undo") for r in rows)
+        i = 0
+        while True:
+            if i >= len(rows):
+                if stop and not undo_added:
+                    undo_added = True
+                    undo = self._undo_actions(self.journal.actions(plan_id))
+                    if undo:
+                        self.journal.append_actions(plan_id, undo)
+                        rows = self.journal.actions(plan_id)
+                        continue
+                break
+            row = rows[i]
+            i += 1
+            is_undo = bool(row.payload.get("undo"))
             if row.state in ("done", "failed", "cancelled", "skipped"):
                 results.append(self._result(row))
-                stop = stop or row.state != "done"
+                stop = stop or (row.state != "done" and not is_undo)
                 continue
-            if stop:
+            if stop and not is_undo:
                 self.journal.finish_action(row.id, "skipped", "an earlier action of the plan did not complete")
                 res = self._result(self.journal.action(row.id))
                 self._emit("action_skipped", row, res)
@@ -300,9 +317,22 @@ class Executor:
                 continue
             res = await self._run_action(row)
             results.append(res)
-            stop = res.outcome != "completed"
+            if not is_undo:
+                stop = stop or res.outcome != "completed"
         self.journal.finish_plan(plan_id, "failed" if stop else "done")
         return PlanResult(plan_id, tuple(results))
+
+    def _undo_actions(self, rows: Sequence[ActionRow]) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """Destroy actions for the instances this plan's CreateInstance actions made and no job holds."""
+        held = self.held()
+        out: list[tuple[str, str | None, dict[str, Any]]] = []
+        for row in reversed(rows):
+            if row.kind == "create_instance" and row.state == "done" and not row.payload.get("undo"):
+                slot = Slot.from_json(row.payload["slot"])
+                if slot.key not in held:
+                    reason = f"undo action {row.id}: its plan stopped before using the instance"
+                    out.append(("destroy_instance", None, {"slot": slot.to_json(), "reason": reason, "undo": True}))
+        return out
 
     def _result(self, row: ActionRow) -> ActionResult:
         steps = tuple((s.name, (s.finished_s or s.started_s) - s.started_s) for s in self.journal.steps(row.id))
@@ -389,9 +419,9 @@ class Executor:
             return {"absent": True}
         if inst.profile != slot.profile:
             raise StepFailed(f"{inst.spec()} is not the expected {slot.profile}; not destroyed")
-        if inst.pids is None:
+        if inst.pids is None and inst.uuid is not None:
             raise StepFailed(f"NVML does not list the processes of {inst.spec()}; not destroyed")
-        if inst.pids:
+        if inst.pids:  # a GI without compute instance (no MIG device) runs nothing and may go
             owner = {p: n for n in self._job_names() for p in self.supervisor.pids(n)}
             who = ", ".join(f"{p} ({owner.get(p, 'no registered job')})" for p in sorted(inst.pids))
             raise StepFailed(f"{inst.spec()} still runs processes {who}; not destroyed", code="IN_USE")
@@ -413,11 +443,18 @@ class Executor:
         if inst is not None:
             if inst.profile == slot.profile and inst.uuid:
                 return {"uuid": inst.uuid, "gi_id": inst.gi_id}
-            raise StepFailed(f"memory slice {slot.start} of GPU {slot.gpu} is held by {inst.spec()}")
+            if inst.profile != slot.profile or inst.uuid is not None:
+                raise StepFailed(f"memory slice {slot.start} of GPU {slot.gpu} is held by {inst.spec()}")
+            # A GPU instance without its compute instance: a destroy that failed half-way (NVML destroys the
+            # compute instances first). Nothing can run on it; remove it and create the pair afresh.
+            try:
+                await self.mig.destroy(slot.gpu, inst.gi_id)
+            except NvmlCallError as exc:
+                raise StepFailed(str(exc), code=exc.name) from exc
         try:
             dev = await self.mig.create(slot.gpu, slot.profile, slot.start)
-        except NvmlCallError as exc:
-            raise StepFailed(str(exc), code=exc.name) from exc
+        except (NvmlCallError, LayoutError) as exc:
+            raise StepFailed(str(exc), code=getattr(exc, "name", None)) from exc
         return {"uuid": dev.uuid, "gi_id": dev.gpu_instance_id}
 
     async def _with_uuids(self, slots: Sequence[Slot]) -> list[Slot]:

@@ -168,6 +168,20 @@ class Journal:
                 ids.append(int(c.lastrowid or 0))
         return plan_id, ids
 
+    def append_actions(self, plan_id: int, actions: Sequence[tuple[str, str | None, dict[str, Any]]]) -> list[int]:
+        """Add actions at the end of a plan (undo actions after a failure), as ``pending``."""
+        with self._tx() as db:
+            row = db.execute("SELECT COALESCE(MAX(seq), -1) FROM actions WHERE plan_id=?", (plan_id,)).fetchone()
+            seq = int(row[0]) + 1
+            ids = []
+            for k, (kind, job, payload) in enumerate(actions):
+                c = db.execute(
+                    "INSERT INTO actions(plan_id, seq, kind, job, payload, state) VALUES (?, ?, ?, ?, ?, 'pending')",
+                    (plan_id, seq + k, kind, job, _dumps(payload)),
+                )
+                ids.append(int(c.lastrowid or 0))
+        return ids
+
     def finish_plan(self, plan_id: int, state: str) -> None:
         """Mark a plan finished (``done`` or ``failed``)."""
         with self._tx() as db:

@@ -1,0 +1,179 @@
+"""The stdlib checkpoint hook: environment, signal flag, atomic acknowledgement, and the daemon's ack reader."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flexmig import hook
+from flexmig.hook import Ack, AckError, HookEnv, atomic_write_json, atomic_writer, parse_signal, read_ack
+from flexmig.hook.protocol import ACK_MAX_BYTES
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        "FLEXMIG_JOB": "train",
+        "FLEXMIG_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "FLEXMIG_ACK_PATH": str(tmp_path / "ack.json"),
+        **extra,
+    }
+
+
+def test_hook_env_reads_every_variable_of_the_protocol(tmp_path):
+    env = HookEnv.from_environ(
+        env_for(
+            tmp_path,
+            FLEXMIG_RESUME=str(tmp_path / "ckpt/step-7.pt"),
+            FLEXMIG_RESUME_STEP="7",
+            FLEXMIG_CHECKPOINT_SIGNAL="SIGUSR2",
+            RANK="3",
+            WORLD_SIZE="4",
+        )
+    )
+    assert env.job == "train"
+    assert env.checkpoint_dir == tmp_path / "ckpt"
+    assert env.ack_path == tmp_path / "ack.json"
+    assert env.resume == tmp_path / "ckpt/step-7.pt" and env.resume_step == 7
+    assert env.signal == signal.SIGUSR2
+    assert (env.rank, env.world_size) == (3, 4)
+
+
+def test_first_start_has_no_resume_point_and_defaults_to_sigusr1(tmp_path):
+    env = HookEnv.from_environ(env_for(tmp_path))
+    assert env.resume is None and env.resume_step is None
+    assert env.signal == signal.SIGUSR1 and env.rank == 0
+
+
+def test_outside_flexmig_the_hook_writes_no_acknowledgement(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = hook.install({}, handler=False)
+    assert h.job is None and h.env.ack_path is None
+    h.acknowledge(5, tmp_path / "x.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["SIGKILL", "SIGTERM", "9", "NOPE", ""])
+def test_signals_the_daemon_keeps_for_itself_cannot_be_checkpoint_signals(bad):
+    with pytest.raises(ValueError, match="is not one of"):
+        parse_signal(bad)
+
+
+@pytest.mark.parametrize("text", ["SIGUSR1", "usr1", "10", " SIGUSR1 "])
+def test_checkpoint_signal_accepts_name_short_name_and_number(text):
+    assert parse_signal(text) == signal.SIGUSR1
+
+
+def test_a_malformed_hook_variable_is_named_in_the_error(tmp_path):
+    with pytest.raises(ValueError, match="FLEXMIG_CHECKPOINT_SIGNAL"):
+        HookEnv.from_environ(env_for(tmp_path, FLEXMIG_CHECKPOINT_SIGNAL="SIGKILL"))
+    with pytest.raises(ValueError, match="RANK"):
+        HookEnv.from_environ(env_for(tmp_path, RANK="zero"))
+
+
+def test_the_signal_handler_only_raises_the_flag(tmp_path):
+    h = hook.install(env_for(tmp_path))
+    try:
+        assert not h.should_checkpoint()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert h.should_checkpoint()
+        assert h.should_checkpoint(), "the request stays until cleared"
+        h.clear()
+        assert not h.should_checkpoint()
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_rank_0_acknowledges_with_step_and_absolute_checkpoint_path(tmp_path):
+    h = hook.install(env_for(tmp_path), handler=False)
+    h.acknowledge(41, tmp_path / "ckpt" / "step-41.pt")
+    data = json.loads((tmp_path / "ack.json").read_text())
+    assert data == {"step": 41, "checkpoint": str(tmp_path / "ckpt" / "step-41.pt")}
+    assert read_ack(tmp_path / "ack.json") == Ack(41, str(tmp_path / "ckpt" / "step-41.pt"))
+
+
+def test_other_ranks_never_write_the_acknowledgement(tmp_path):
+    h = hook.install(env_for(tmp_path, RANK="1", WORLD_SIZE="2"), handler=False)
+    h.acknowledge(41, tmp_path / "x.pt")
+    assert not (tmp_path / "ack.json").exists()
+
+
+def test_atomic_write_leaves_no_temporary_file_and_replaces_the_old_content(tmp_path):
+    target = tmp_path / "state.json"
+    atomic_write_json(target, {"v": 1})
+    atomic_write_json(target, {"v": 2})
+    assert json.loads(target.read_text()) == {"v": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_writer_that_fails_leaves_the_old_file_untouched(tmp_path):
+    target = tmp_path / "ckpt.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_writer(target) as f:
+        f.write(b"half a checkpoint")
+        raise RuntimeError("disk full")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+def test_no_acknowledgement_yet_reads_as_none(tmp_path):
+    assert read_ack(tmp_path / "ack.json") is None
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"step": -1, "checkpoint": "/x"}', "non-negative"),
+        (b'{"step": true, "checkpoint": "/x"}', "non-negative"),
+        (b'{"step": 3}', "checkpoint"),
+        (b'{"step": 3, "checkpoint": ""}', "checkpoint"),
+    ],
+)
+def test_malformed_acknowledgements_are_refused_with_the_reason(tmp_path, content, why):
+    (tmp_path / "ack.json").write_bytes(content)
+    with pytest.raises(AckError, match=why):
+        read_ack(tmp_path / "ack.json")
+
+
+def test_an_acknowledgement_that_is_a_symlink_is_refused_unread(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text('{"step": 1, "checkpoint": "/etc/shadow"}')
+    (tmp_path / "ack.json").symlink_to(secret)
+    with pytest.raises(AckError, match="symbolic link"):
+        read_ack(tmp_path / "ack.json")
+
+
+def test_an_oversized_acknowledgement_is_refused(tmp_path):
+    (tmp_path / "ack.json").write_bytes(b" " * (ACK_MAX_BYTES + 1))
+    with pytest.raises(AckError, match="larger than"):
+        read_ack(tmp_path / "ack.json")
+
+
+def test_the_hook_module_needs_nothing_beyond_the_standard_library(tmp_path):
+    # A training script imports flexmig.hook in an environment without flexmig's dependencies: block them.
+    code = textwrap.dedent(
+        """
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {"psutil", "pynvml", "torch", "prometheus_client", "aiomqtt", "rich"}:
+                    raise ImportError("blocked " + name)
+                return None
+        sys.meta_path.insert(0, Block())
+        from flexmig import hook
+        h = hook.install({})
+        print("ok", h.should_checkpoint())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok False"
