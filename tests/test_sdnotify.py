@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -211,10 +212,11 @@ def test_service_under_notify_socket_sends_ready_status_watchdog_and_stops_feedi
     env = dict(os.environ, NOTIFY_SOCKET=receiver.env_value, WATCHDOG_USEC="200000")
     proc = subprocess.Popen([sys.executable, "-c", _SERVICE], env=env)
     messages: list[dict[str, str]] = []
+    deadline = time.monotonic() + 60
     try:
         while not messages or "STOPPING" not in messages[-1]:
-            msg = receiver.receive(60)
-            assert msg is not None, f"no notification within 60 s; got {messages}"
+            msg = receiver.receive(max(0.0, deadline - time.monotonic()))
+            assert msg is not None, f"no STOPPING within 60 s; got {messages[-20:]}"
             messages.append(msg)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -230,3 +232,8 @@ def test_service_under_notify_socket_sends_ready_status_watchdog_and_stops_feedi
     assert wedged < stalled
     assert all(m != {"WATCHDOG": "1"} for m in messages[stalled:]), "no WATCHDOG=1 once the loop is wedged"
     assert messages[-1] == {"STOPPING": "1", "STATUS": "bye"}
+
+
+def test_receiving_with_no_time_left_returns_none(receiver: NotifyReceiver) -> None:
+    assert receiver.receive(0) is None
+    assert receiver.receive(-1) is None

@@ -260,10 +260,10 @@ class NotifyReceiver:
 
     def receive(self, timeout_s: float) -> dict[str, str] | None:
         """The next notification, or None when none came within ``timeout_s``."""
-        self._sock.settimeout(timeout_s)
+        self._sock.settimeout(max(timeout_s, 0.001))  # 0 would mean non-blocking, not "wait no longer"
         try:
             data = self._sock.recv(65536)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             return None
         return parse_message(data)
 
