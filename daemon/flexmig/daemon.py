@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmig import __version__
-from flexmig.config import DEFAULT_CONFIG_PATH, Config, HostPort, load_config
+from flexmig.config import DEFAULT_CONFIG_PATH, Config, HostPort, load_config, reload_config
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
@@ -52,12 +52,15 @@ class Daemon:
         sim_spec: str | None = None,
         sim_workload: bool = True,
         metrics_addr: HostPort | None = None,
+        config_path: Path | None = None,
         hostname: str | None = None,
         telemetry: TelemetrySettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``telemetry`` overrides the settings derived from ``config`` (finer knobs than the file has)."""
+        """``config_path`` is the file :meth:`reload` reads again; ``telemetry`` overrides the settings derived
+        from ``config`` (finer knobs than the file has)."""
         self.config = config
+        self.config_path = config_path
         self.sim_spec = sim_spec
         self.sim_workload = sim_workload
         self.settings = telemetry or TelemetrySettings.from_config(config)
@@ -76,6 +79,8 @@ class Daemon:
         self.sampler: SamplingLoop | None = None
         self.metrics_port: int | None = None
         self._loops: list[tuple[str, LoopFactory]] = []
+        self._reload_hooks: list[Callable[[Config], None]] = []
+        self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
 
@@ -88,6 +93,44 @@ class Daemon:
         """Export more metric families from each snapshot (call before :meth:`run`)."""
         self._metrics_ext.append(extension)
 
+    def on_reload(self, hook: Callable[[Config], None]) -> None:
+        """Call ``hook`` with the new configuration after each accepted reload (SIGHUP)."""
+        self._reload_hooks.append(hook)
+
+    def reload(self) -> bool:
+        """Read the configuration file again (SIGHUP). A bad file is logged and the old configuration kept.
+
+        Applied at once: the sampling interval, and whatever the ``on_reload`` hooks apply; keys marked
+        restart-only, and the other telemetry keys (retention, GPM, DCGM), take effect at the next start.
+        """
+        if self.config_path is None:
+            log.warning("reload asked, but the daemon runs on built-in defaults (no configuration file)")
+            return False
+        notifier = self._notifier
+        if notifier is not None:
+            notifier.reloading()
+        result = reload_config(self.config, self.config_path)
+        if result.error is not None:
+            log.error("configuration reload refused, keeping the current one: %s", result.error)
+        else:
+            self.config = result.config
+            if self.sampler is not None:
+                self.sampler.interval_s = result.config.sampling.interval_s
+            for hook in self._reload_hooks:
+                try:
+                    hook(result.config)
+                except Exception:
+                    log.exception("reload hook %r failed", hook)
+            later = [k for k in result.changed if k in result.needs_restart or _restart_only(k)]
+            log.info(
+                "configuration reloaded: %s%s",
+                ", ".join(result.changed) or "nothing changed",
+                f" (at next restart: {', '.join(later)})" if later else "",
+            )
+        if notifier is not None:
+            notifier.ready()
+        return result.ok
+
     def latest(self) -> Snapshot | None:
         """The last published snapshot."""
         return self.hub.latest()
@@ -99,7 +142,7 @@ class Daemon:
     # ------------------------------------------------------------------------------------------ running
     async def run(self, stop: asyncio.Event) -> None:
         """Start, run every loop until ``stop`` is set (or a loop fails), then shut down in reverse order."""
-        notifier = Notifier.from_env()
+        notifier = self._notifier = Notifier.from_env()
         server: MetricsServer | None = None
         try:
             self.backend = await self.worker.call(open_backend, self.sim_spec, self.settings.gpm, self.clock)
@@ -175,6 +218,11 @@ class Daemon:
         return snapshot
 
 
+async def _restart_only(key: str) -> bool:
+    """Telemetry keys the running sampler does not pick up (the sweep interval it does)."""
+    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith("dcgm.")
+
+
 async def _watchdog_loop(dog: Watchdog) -> None:
     interval = dog.interval_s
     assert interval is not None
@@ -217,20 +265,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace) -> tuple[Config, HostPort | None]:
-    if args.config is not None:
-        config = load_config(args.config)
-    elif DEFAULT_CONFIG_PATH.exists():
-        config = load_config(DEFAULT_CONFIG_PATH)
-    else:
-        config = Config.default()
+def _load(args: argparse.Namespace) -> tuple[Config, Path | None, HostPort | None]:
+    path: Path | None = args.config
+    if path is None and DEFAULT_CONFIG_PATH.exists():
+        path = DEFAULT_CONFIG_PATH
+    config = load_config(path) if path is not None else Config.default()
     addr = None
     if args.metrics_addr is not None:
         try:
             addr = HostPort.parse(args.metrics_addr)
         except ValueError as exc:
             raise ConfigError(f"--metrics-addr: {exc}") from None
-    return config, addr
+    return config, path, addr
 
 
 async def _serve(daemon: Daemon) -> None:
@@ -238,10 +284,11 @@ async def _serve(daemon: Daemon) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     try:
         await daemon.run(stop)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
 
 
@@ -252,8 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
-        config, addr = _load(args)
-        daemon = Daemon(config, sim_spec=args.sim, metrics_addr=addr)
+        config, path, addr = _load(args)
+        daemon = Daemon(config, sim_spec=args.sim, metrics_addr=addr, config_path=path)
         asyncio.run(_serve(daemon))
     except FlexmigError as exc:
         print(f"flexmigd: error: {exc}", file=sys.stderr)

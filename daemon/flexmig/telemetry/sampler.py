@@ -74,6 +74,7 @@ class SamplingLoop:
         self._clock = clock
         self._wall = wall
         self.store = TelemetryStore(settings, hostname)
+        self.interval_s = settings.interval_s  # the sweep cadence; a reload may change it while running
         self._inventory_at: float | None = None
         self._sweeps = 0
         self._inventories = 0
@@ -94,11 +95,11 @@ class SamplingLoop:
 
     async def run(self) -> None:
         """Sweep every ``interval_s`` until cancelled (fixed rate; a late sweep skips the ticks it missed)."""
-        interval = self._settings.interval_s
         loop = asyncio.get_running_loop()
-        next_at = loop.time() + interval
+        next_at = loop.time() + self.interval_s
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
+            interval = self.interval_s  # read per tick: a configuration reload may change it
             try:
                 await self.sweep()
             except Exception:  # a bug in one sweep must not end sampling; it is counted and logged
