@@ -175,7 +175,9 @@ class PlannerSettings:
     * ``settling_s`` 600: a job moved (started, migrated, re-split) is not moved again for ten minutes;
     * ``gain_margin`` 2: a move happens only when its expected gain is at least twice its cost;
     * ``resplit``/``migrate``/``repartition_busy``: switch the three mechanisms off, e.g. for comparisons;
-    * ``max_moves`` 8: moves (migrations and re-splits) in one plan, to bound disruption.
+    * ``max_moves`` 8: moves (migrations and re-splits) in one plan, to bound disruption;
+    * ``unknown_wait_s`` 1800: how long a blocked job is assumed to wait when the running jobs' remaining times
+      are unknown (the gain a move that unblocks it is weighed by).
     """
 
     checkpoint_s: float = 20.0
@@ -188,6 +190,7 @@ class PlannerSettings:
     migrate: bool = True
     repartition_busy: bool = True
     max_moves: int = 8
+    unknown_wait_s: float = 1800.0
 
     def move_cost(self, override_s: float | None = None) -> float:
         """Downtime of moving one job: checkpoint plus restart, or the job's own figure."""
