@@ -305,7 +305,7 @@ def test_demand_mix_needs_one_positive_weight() -> None:
     text = "[detect.demand_mix]\n1g = 0\n2g = 0\n3g = 0\n4g = 0\n7g = 0\n"
     assert problems_of(text) == [("detect.demand_mix", 1, "at least one weight must be positive")]
     cfg = parse_config("[detect.demand_mix]\n1g = 4\n7g = 0\n")
-    assert cfg.detect.demand_mix.weights() == {1: 4.0, 2: 1.0, 3: 1.0, 4: 1.0, 7: 0.0}
+    assert cfg.detect.demand_mix.weights() == {1: 4.0, 2: 0.25, 3: 0.2, 4: 0.1, 7: 0.0}
 
 
 def test_a_control_socket_open_to_others_is_refused() -> None:
@@ -447,11 +447,11 @@ def test_a_reload_with_errors_keeps_the_old_configuration(tmp_path: Path) -> Non
 def test_a_reload_reports_what_changed_and_what_needs_a_restart(tmp_path: Path) -> None:
     path = write(tmp_path / "flexmig.toml", 'mode = "advise"\n')
     current = load_config(path)
-    write(path, 'mode = "act"\n[prometheus]\nlisten = "127.0.0.1:9500"\n[detect]\nhysteresis = 0.1\n')
+    write(path, 'mode = "act"\n[prometheus]\nlisten = "127.0.0.1:9500"\n[detect]\nfragmentation_exit = 0.1\n')
     result = reload_config(current, path)
     assert result.ok
     assert result.config.mode == "act"
-    assert result.changed == ("mode", "prometheus.listen", "detect.hysteresis")
+    assert result.changed == ("mode", "prometheus.listen", "detect.fragmentation_exit")
     assert result.needs_restart == ("prometheus.listen",)
 
 

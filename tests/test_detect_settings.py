@@ -20,26 +20,27 @@ def test_the_default_demand_mix_sums_to_one_and_favours_small_instances():
     assert weights["1g"] > weights["3g"] > weights["7g"]
 
 
-def test_one_threshold_and_a_margin_become_enter_and_exit_thresholds():
-    s = settings_from_thresholds(
-        activity=0.2, memory=0.25, window_s=600, hysteresis=0.05, fragmentation=0.5, fragmentation_window_s=300,
-        demand={1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 7: 1.0},
+def _from_table(d):
+    return settings_from_thresholds(
+        activity=d.underuse_activity, activity_exit=d.underuse_activity_exit,
+        memory=d.underuse_memory, memory_exit=d.underuse_memory_exit,
+        window_s=d.underuse_window_s, exit_window_s=d.underuse_exit_window_s,
+        oversize_margin=d.oversize_margin, oversize_window_s=d.oversize_window_s,
+        fragmentation=d.fragmentation_threshold, fragmentation_exit=d.fragmentation_exit,
+        fragmentation_window_s=d.fragmentation_window_s, demand=d.demand_mix.weights(),
     )  # fmt: skip
-    assert (s.underuse.activity_enter, s.underuse.activity_exit) == (0.2, pytest.approx(0.25))
-    assert (s.underuse.memory_enter, s.underuse.memory_exit) == (0.25, pytest.approx(0.30))
-    assert (s.fragmentation.enter, s.fragmentation.exit) == (0.5, pytest.approx(0.45))
-    assert s.underuse.enter_after_s == 600 and s.fragmentation.enter_after_s == 300
-    assert dict(s.fragmentation.demand) == {"1g": 1.0, "2g": 1.0, "3g": 1.0, "4g": 1.0, "7g": 1.0}
+
+
+def test_a_daemon_without_a_detect_table_uses_the_documented_detection_defaults():
+    assert _from_table(parse_config("", "flexmig.toml").detect) == DetectSettings()
 
 
 def test_the_daemon_configuration_maps_onto_detection_settings():
-    d = parse_config("[detect]\nunderuse_activity = 0.1\n", "flexmig.toml").detect
-    s = settings_from_thresholds(
-        activity=d.underuse_activity, memory=d.underuse_memory, window_s=d.underuse_window_s,
-        hysteresis=d.hysteresis, fragmentation=d.fragmentation_threshold,
-        fragmentation_window_s=d.fragmentation_window_s, demand=d.demand_mix.weights(),
-    )  # fmt: skip
+    d = parse_config("[detect]\nunderuse_activity = 0.1\nfragmentation_exit = 0.2\n", "flexmig.toml").detect
+    s = _from_table(d)
     assert s.underuse.activity_enter == 0.1
+    assert s.fragmentation.exit == 0.2
+    assert s.underuse.memory_exit == DetectSettings().underuse.memory_exit
 
 
 def test_exit_above_enter_is_refused():

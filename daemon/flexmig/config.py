@@ -274,13 +274,16 @@ class DcgmConfig:
 
 @dataclass(frozen=True)
 class DemandMix:
-    """Relative demand for each instance size (by compute slices); weights fragmentation and stranded capacity."""
+    """Relative demand for each instance size (by compute slices); weights the external fragmentation score.
 
-    g1: float = _doc(1.0, "Weight of 1-slice profiles (1g.*).", lo=0, hi=1e6, toml="1g")
-    g2: float = _doc(1.0, "Weight of 2-slice profiles (2g.*).", lo=0, hi=1e6, toml="2g")
-    g3: float = _doc(1.0, "Weight of 3-slice profiles (3g.*).", lo=0, hi=1e6, toml="3g")
-    g4: float = _doc(1.0, "Weight of 4-slice profiles (4g.*).", lo=0, hi=1e6, toml="4g")
-    g7: float = _doc(1.0, "Weight of the whole-GPU profile (7g.*).", lo=0, hi=1e6, toml="7g")
+    The default leans to small instances, as MIG is chosen for jobs smaller than a GPU (detect.settings).
+    """
+
+    g1: float = _doc(0.35, "Weight of 1-slice profiles (1g.*).", lo=0, hi=1e6, toml="1g")
+    g2: float = _doc(0.25, "Weight of 2-slice profiles (2g.*).", lo=0, hi=1e6, toml="2g")
+    g3: float = _doc(0.20, "Weight of 3-slice profiles (3g.*).", lo=0, hi=1e6, toml="3g")
+    g4: float = _doc(0.10, "Weight of 4-slice profiles (4g.*).", lo=0, hi=1e6, toml="4g")
+    g7: float = _doc(0.10, "Weight of the whole-GPU profile (7g.*).", lo=0, hi=1e6, toml="7g")
 
     def weights(self) -> dict[int, float]:
         """Compute-slice count -> weight, for the detection layer."""
@@ -292,21 +295,39 @@ class DetectConfig:
     """Thresholds of the underuse and fragmentation findings."""
 
     underuse_activity: float = _doc(
-        0.2,
-        "An instance whose mean SM activity stays below this ratio over underuse_window_s is underused.",
+        0.05,
+        "An instance whose SM activity (p95, else mean) stays at or below this ratio, and whose memory stays at "
+        "or below underuse_memory, for underuse_window_s is underused (idle when it runs no process).",
         lo=0,
         hi=1,
     )
-    underuse_memory: float = _doc(0.25, "... and whose memory used stays below this ratio of its memory.", lo=0, hi=1)
-    underuse_window_s: float = _doc(600.0, "Window over which underuse is judged, in seconds.", lo=1, hi=86400)
-    hysteresis: float = _doc(
-        0.05, "A finding clears only when the figure crosses its threshold by this much more (ratio).", lo=0, hi=0.5
+    underuse_activity_exit: float = _doc(
+        0.15, "The finding ends once activity stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
     )
+    underuse_memory: float = _doc(
+        0.10, "Memory used, as a ratio of the instance's memory, that counts as low.", lo=0, hi=1
+    )
+    underuse_memory_exit: float = _doc(
+        0.25, "... or once memory used stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
+    )
+    underuse_window_s: float = _doc(
+        600.0, "How long low use must hold before it is a finding, in seconds.", lo=1, hi=86400
+    )
+    underuse_exit_window_s: float = _doc(
+        120.0, "How long high use must hold before an underuse finding ends, in seconds.", lo=0, hi=86400
+    )
+    oversize_margin: float = _doc(
+        0.25, "A job is oversized when a smaller profile holds its p95 SMs and memory with this headroom.", lo=0, hi=10
+    )
+    oversize_window_s: float = _doc(900.0, "How long a job must fit a smaller profile to be oversized.", lo=1, hi=86400)
     fragmentation_threshold: float = _doc(
-        0.5, "A GPU whose fragmentation score (0-1) stays above this is fragmented.", lo=0, hi=1
+        0.5, "A GPU whose external fragmentation score (0-1) stays at or above this is fragmented.", lo=0, hi=1
+    )
+    fragmentation_exit: float = _doc(
+        0.3, "The fragmentation finding ends once the score stays at or below this.", lo=0, hi=1
     )
     fragmentation_window_s: float = _doc(
-        300.0, "How long fragmentation must persist before it is a finding, in seconds.", lo=0, hi=86400
+        60.0, "How long fragmentation (or its end) must persist before it is reported, in seconds.", lo=0, hi=86400
     )
     demand_mix: DemandMix = _doc(factory=DemandMix, doc=DemandMix.__doc__ or "")
 
@@ -740,9 +761,14 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
             ("sampling.retention_s", "sampling.interval_s"),
             f"sampling.retention_s ({s.retention_s:g}) must hold two sweeps of sampling.interval_s ({s.interval_s:g})",
         )
-    for name in ("underuse_activity", "underuse_memory"):
-        if getattr(d, name) + d.hysteresis > 1:
-            yield (("detect.hysteresis", f"detect.{name}"), f"detect.{name} + detect.hysteresis exceeds 1")
+    for enter, leave in (("underuse_activity", "underuse_activity_exit"), ("underuse_memory", "underuse_memory_exit")):
+        if getattr(d, enter) > getattr(d, leave):
+            yield ((f"detect.{leave}", f"detect.{enter}"), f"detect.{leave} must be at least detect.{enter}")
+    if d.fragmentation_exit > d.fragmentation_threshold:
+        yield (
+            ("detect.fragmentation_exit", "detect.fragmentation_threshold"),
+            "detect.fragmentation_exit must be at most detect.fragmentation_threshold",
+        )
     if sum(d.demand_mix.weights().values()) <= 0:
         yield ("detect.demand_mix",), "at least one weight must be positive"
     p = cfg.prometheus

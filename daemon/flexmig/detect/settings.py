@@ -99,30 +99,36 @@ class DetectSettings:
 def settings_from_thresholds(
     *,
     activity: float,
+    activity_exit: float,
     memory: float,
+    memory_exit: float,
     window_s: float,
-    hysteresis: float,
+    exit_window_s: float,
+    oversize_margin: float,
+    oversize_window_s: float,
     fragmentation: float,
+    fragmentation_exit: float,
     fragmentation_window_s: float,
     demand: Mapping[int, float],
 ) -> DetectSettings:
-    """Settings from one threshold per figure plus a hysteresis margin (the daemon's ``[detect]`` table).
+    """Settings from the daemon's ``[detect]`` table (flat keys; ``demand`` maps compute slices to weights).
 
-    A finding starts below ``activity``/``memory`` (above ``fragmentation``) held for the window, and ends above
-    the threshold plus ``hysteresis`` (below it minus ``hysteresis``); ``demand`` maps compute slices to weights.
+    The table's defaults equal :class:`DetectSettings`'s, so a daemon without a ``[detect]`` table detects exactly
+    what the README documents (a test keeps the two equal).
     """
     underuse = UnderuseSettings(
         activity_enter=activity,
-        activity_exit=min(1.0, activity + hysteresis),
+        activity_exit=activity_exit,
         memory_enter=memory,
-        memory_exit=min(1.0, memory + hysteresis),
+        memory_exit=memory_exit,
         enter_after_s=window_s,
-        exit_after_s=min(120.0, window_s),  # the default exit window, never longer than the entry window
-        oversize_after_s=window_s,
+        exit_after_s=exit_window_s,
+        oversize_margin=oversize_margin,
+        oversize_after_s=oversize_window_s,
     )
     frag = FragmentationSettings(
         enter=fragmentation,
-        exit=max(0.0, fragmentation - hysteresis),
+        exit=fragmentation_exit,
         enter_after_s=fragmentation_window_s,
         exit_after_s=fragmentation_window_s,
         demand=tuple((f"{g}g", w) for g, w in sorted(demand.items())),
