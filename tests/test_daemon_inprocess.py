@@ -238,3 +238,33 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
             assert values(series, "flexmig_mig_idle_seconds", mig_uuid=quiet)[0] > 0.0
 
     asyncio.run(scenario())
+
+
+def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> None:
+    async def scenario() -> None:
+        async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:
+            node, nvml = node_of(daemon), nvml_of(daemon)
+            old_uuid = node.mig_uuids()[1]
+            old_gi = node.gpu(0).mig_device(old_uuid)[0].id
+            node.set_activity(old_uuid, sm=0.9)
+            await asyncio.sleep(0.3)
+            await sweeps(daemon, 2)
+            snap = daemon.latest()
+            assert snap is not None
+            old = next(i for i in snap.instances() if i.mig_uuid == old_uuid)
+            assert old.sm_active_window is not None and old.sm_active_window.count >= 3
+
+            await daemon.worker.call(nvml.destroy_instance, 0, old_gi)
+            new = await daemon.worker.call(nvml.create_instance, 0, "3g.71gb", 4)
+            assert new.gpu_instance_id == old_gi and new.uuid != old_uuid  # NVML reuses the GI ID
+            await sweeps(daemon, 1)
+            snap = daemon.latest()
+            assert snap is not None
+            fresh = next(i for i in snap.instances() if i.mig_uuid == new.uuid)
+            assert fresh.first_seen > old.first_seen
+            # the new instance is idle: none of the old one's 0.9 may leak into its window or its GPM figure
+            assert fresh.sm_active_window is None or fresh.sm_active_window.max < 0.5
+            assert fresh.activity is None or (fresh.activity.sm_active or 0.0) < 0.5
+            assert old_uuid not in {i.mig_uuid for i in snap.instances()}
+
+    asyncio.run(scenario())
