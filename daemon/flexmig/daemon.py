@@ -70,7 +70,7 @@ class Daemon:
                 f"metrics address {listen} is not loopback; set prometheus.allow_remote = true to serve the network"
             )
         self.metrics_addr = listen if config.prometheus.enabled or metrics_addr is not None else None
-        self.hostname = hostname or socket.gethostname()
+        self.hostname = hostname or config.node_name or socket.gethostname()  # the Hostname label
         self.clock = clock
         self.hub = SnapshotHub()
         self.heartbeat = Heartbeat(clock)
