@@ -9,6 +9,7 @@ process right after the chosen step's journal commit (``intent``: before the ste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -177,10 +178,8 @@ def request_in_background(node: Node, op: str, **args: Any) -> threading.Thread:
     """Send a request whose connection dies with the actuator; the answer does not matter."""
 
     def go() -> None:
-        try:
+        with contextlib.suppress(ControlError):
             node.call(op, **args)
-        except ControlError:
-            pass
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
