@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 
 torch = pytest.importorskip("torch")
@@ -165,8 +166,6 @@ exit_timeout_s = 60
 
 
 def _uid(base: Path) -> str | None:
-    from flexmig.act.journal import Journal
-
     j = Journal(base / "journal.sqlite3")
     try:
         rec = j.get_job("ddp")
