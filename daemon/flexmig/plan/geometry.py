@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Geometry:
         self._values: dict[tuple[float, ...], dict[LayoutKey, float]] = {}
         self.index = {p.profile_id: k for k, p in enumerate(self.profiles)}
         self._shapes: dict[tuple[object, ...], tuple[Shape, ...]] = {}
+        self._maximal: tuple[Layout, ...] | None = None
 
     @staticmethod
     def key_of(layout: Layout) -> LayoutKey:
@@ -102,6 +104,12 @@ class Geometry:
             got = sum(w * c * p.compute_slices for w, c, p in zip(weights, caps, self.profiles, strict=True))
             table[key] = got
         return got
+
+    def maximal_layouts(self) -> tuple[Layout, ...]:
+        """:func:`flexmig.mig.maximal_layouts` over the plain profiles (computed once)."""
+        if self._maximal is None:
+            self._maximal = tuple(maximal_layouts(self.model))
+        return self._maximal
 
     def shapes(self, request: JobRequest, *, resplit: bool) -> tuple[Shape, ...]:
         """:func:`flexmig.plan.shapes.shapes_for`, memoised by the request's shape fields."""

@@ -97,9 +97,7 @@ class Mover:
         if self.settings.resplit and job.nominal.elastic:
             options += [s for s in self.scratch.geo.shapes(job.nominal, resplit=True) if s != current]
         for shape in options:
-            got = self.scratch.place_shape(
-                tag, shape, self.weights, gpus, f"move {name}", forbid=forbid, exact=True
-            )
+            got = self.scratch.place_shape(tag, shape, self.weights, gpus, f"move {name}", forbid=forbid, exact=True)
             if got is None:
                 continue
             new = got[0]
@@ -151,7 +149,9 @@ class Mover:
             layout = self.scratch.layouts[g]
             for s in p.starts:
                 end = s + p.memory_slices
-                names = sorted({owner[i.start] for i in layout.instances if i.start in owner and i.start < end and s < i.end})
+                names = sorted(
+                    {owner[i.start] for i in layout.instances if i.start in owner and i.start < end and s < i.end}
+                )
                 if not names or len(names) > _MAX_OWNERS or BLOCKED in names:
                     continue
                 if not all(self.movable(n) for n in names):
@@ -215,4 +215,3 @@ class Mover:
             )
             self.scratch.emit(ResplitJob(name, nominal.ranks, nominal.profile, old, got[0], why, cost))
             self.moved.add(name)
-

@@ -44,9 +44,7 @@ def profile_for_need(model: GpuModel, need: RankNeed) -> Profile:
         except KeyError as exc:
             raise PlanRejectedError(str(exc.args[0])) from None
     fits = [
-        p
-        for p in model.plain_profiles
-        if p.compute_slices >= need.compute_slices and p.memory_mib >= need.memory_mib
+        p for p in model.plain_profiles if p.compute_slices >= need.compute_slices and p.memory_mib >= need.memory_mib
     ]
     if not fits:
         raise PlanRejectedError(

@@ -168,7 +168,9 @@ def validate_plan(
                 and job.last_moved_s is not None
                 and state.now_s - job.last_moved_s < settings.settling_s
             ):
-                raise refuse(f"{action.job!r} moved {state.now_s - job.last_moved_s:.0f}s ago, inside the settling time")
+                raise refuse(
+                    f"{action.job!r} moved {state.now_s - job.last_moved_s:.0f}s ago, inside the settling time"
+                )
             if set(action.from_instances) != set(holds[action.job]):
                 raise refuse(f"{action.job!r} does not hold exactly the instances it is moved from")
             if isinstance(action, MigrateJob):

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flexmig.mig.catalogue import Profile
-from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout
 from flexmig.plan.placer import BasePlacer, Placed
 from flexmig.plan.scratch import Scratch
@@ -63,38 +62,39 @@ class StaticPlacer(BasePlacer):
 class DrainPlacer(BasePlacer):
     """Free instances first; else re-lay out an idle GPU for the rank."""
 
-    _menus: dict[int, list[Layout]]
+    _targets: dict[tuple[int, tuple[float, ...]], Layout | None]
 
-    def _menu(self, profile: Profile) -> list[Layout]:
-        """Maximal layouts holding an instance of ``profile`` (cached per placer)."""
-        if not hasattr(self, "_menus"):
-            self._menus = {}
-        got = self._menus.get(profile.profile_id)
-        if got is None:
-            got = [lay for lay in maximal_layouts(self.model) if any(i.profile == profile for i in lay)]
-            self._menus[profile.profile_id] = got
-        return got
+    def _target(self, profile: Profile) -> Layout | None:
+        """The maximal layout holding ``profile`` whose other instances are worth most to the demand.
 
-    def _worth(self, layout: Layout, profile: Profile) -> float:
-        """Demand-weighted compute of the layout's instances other than one of ``profile``."""
-        index = {p.profile_id: k for k, p in enumerate(self.scratch.geo.profiles)}
-        total = 0.0
-        skipped = False
-        for inst in layout:
-            if inst.profile == profile and not skipped:
-                skipped = True
+        Worth is the demand-weighted compute of the instances besides one of ``profile``; the first of equals
+        in :func:`maximal_layouts` order wins. Memoised per profile and weights.
+        """
+        if not hasattr(self, "_targets"):
+            self._targets = {}
+        key = (profile.profile_id, self.weights)
+        if key in self._targets:
+            return self._targets[key]
+        index = self.scratch.geo.index
+        best: tuple[float, Layout] | None = None
+        for lay in self.scratch.geo.maximal_layouts():
+            if not any(i.profile == profile for i in lay):
                 continue
-            total += self.weights[index[inst.profile.profile_id]] * inst.profile.compute_slices
-        return total
+            worth = sum(self.weights[index[i.profile.profile_id]] * i.profile.compute_slices for i in lay)
+            worth -= self.weights[index[profile.profile_id]] * profile.compute_slices
+            if best is None or worth > best[0]:
+                best = (worth, lay)
+        got = None if best is None else best[1]
+        self._targets[key] = got
+        return got
 
     def _relayout(self, scratch: Scratch, profile: Profile, gpus: Sequence[int], reason: str) -> Instance | None:
         idle = [g for g in gpus if scratch.is_idle(g)]
         if not idle:
             return None
-        menu = self._menu(profile)
-        if not menu:
+        target = self._target(profile)
+        if target is None:
             return None
-        target = max(menu, key=lambda lay: self._worth(lay, profile))  # first of equals: menu order is stable
         wanted = {(i.start, i.profile.profile_id) for i in target}
 
         def steps(g: int) -> int:

@@ -37,10 +37,11 @@ def request_for(job: TraceJob) -> JobRequest:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """The node right after the events at ``t``: slices held by jobs, jobs waiting, fragmentation."""
+    """The node right after the events at ``t``: compute slices the running jobs asked for, jobs waiting,
+    fragmentation."""
 
     t: float
-    held_slices: int
+    used_slices: int
     queued: int
     fragmentation: float
 
@@ -147,7 +148,7 @@ def replay(
     tick = progress or (lambda _n: None)
     i = 0
     last_t = order[0].arrival_s if order else 0.0
-    held = 0
+    used = 0
     frag = 0.0
     while True:
         while heap and (heap[0][2] not in running or running[heap[0][2]].version != heap[0][1]):
@@ -157,7 +158,7 @@ def replay(
         t = min(t_arr, t_end)
         if t == math.inf:
             break
-        tot.busy += held * (t - last_t)
+        tot.busy += used * (t - last_t)
         tot.frag += frag * (t - last_t)
         last_t = t
         while heap and heap[0][0] <= t:
@@ -167,6 +168,7 @@ def replay(
                 continue
             del running[name]
             done[name] = run
+            used -= by_name[name].compute_slices
             manager.release(name)
             tick(1)
         while i < len(order) and order[i].arrival_s <= t:
@@ -186,15 +188,15 @@ def replay(
             started = _apply(grants, t, queue, running, by_name, heap, tot)
             if started:
                 queue = [r for r in queue if r.name not in started]
+                used += sum(by_name[name].compute_slices for name in started)
         if queue and not running and not grants and i >= len(order):
             # Nothing runs, nothing arrives, and the queue cannot start: those jobs can never run here.
             unplaceable.extend(r.name for r in queue)
             for _ in queue:
                 tick(1)
             queue = []
-        held = manager.held_slices()
         frag = manager.fragmentation(mix)
-        tot.samples.append(Sample(t, held, len(queue), frag))
+        tot.samples.append(Sample(t, used, len(queue), frag))
 
     records = []
     for j in order:

@@ -1,0 +1,157 @@
+"""``flexmig simulate``: replay a GPU-cluster trace on a simulated MIG node under one policy.
+
+Prints the figures (or JSON with ``--json``), shows a progress bar on stderr, and with ``--plot`` draws
+utilization, queue length and fragmentation over time. The trace mapping, the load, the time compression and
+the policies are described in docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from flexmig.errors import TraceError
+from flexmig.plan.types import PlannerSettings
+
+__all__ = ["register", "run"]
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
+    return value
+
+
+def _efficiency(text: str) -> float:
+    value = _positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"an efficiency is at most 1, not {text}")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``simulate`` subcommand."""
+    from flexmig.sim.replay.run import POLICIES  # noqa: PLC0415 - keep `flexmig --help` light
+    from flexmig.sim.replay.trace import ELASTIC_RULES  # noqa: PLC0415
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate", help="replay a GPU-cluster trace on a simulated MIG node", description=__doc__
+    )
+    p.add_argument("--trace", required=True, type=Path, help="pod-list CSV (Alibaba cluster-trace-gpu-v2023 format)")
+    p.add_argument("--node", default="h200x8", help="node spec, e.g. h200x8 (default) or h200x4:3g.71gb@0+4g.71gb@4")
+    p.add_argument("--policy", required=True, choices=POLICIES, help="how MIG is managed")
+    p.add_argument("--load", type=_positive, metavar="RHO", help="thin the trace to offer RHO x the node's compute")
+    p.add_argument("--seed", type=int, default=0, help="seed of the thinning (default 0)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw utilization, queue and fragmentation")
+    p.add_argument("--no-resplit", action="store_true", help="flex: never spread or re-split a job")
+    p.add_argument("--no-migrate", action="store_true", help="flex: never migrate a running job")
+    p.add_argument("--elastic", choices=ELASTIC_RULES, default="whole", help="which jobs may be split (default whole)")
+    p.add_argument(
+        "--max-runtime", type=_non_negative, default=86400.0, metavar="S", help="cap run times (0: none; default 86400)"
+    )
+    p.add_argument(
+        "--max-gap", type=_positive, default=1800.0, metavar="S", help="with --load: longest gap between arrivals"
+    )
+    defaults = PlannerSettings()
+    p.add_argument("--checkpoint-s", type=_non_negative, default=defaults.checkpoint_s, help="checkpoint time")
+    p.add_argument("--restart-s", type=_non_negative, default=defaults.restart_s, help="restart time after a move")
+    p.add_argument(
+        "--reconfigure-s", type=_non_negative, default=defaults.reconfigure_s, help="one instance create/destroy"
+    )
+    p.add_argument(
+        "--spread-efficiency", type=_efficiency, default=defaults.spread_efficiency, help="speed of a spread job"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Replay, then print (and plot)."""
+    from flexmig.sim.replay.run import ReplayConfig, prepare, run_policy, static_eligibility  # noqa: PLC0415
+
+    settings = PlannerSettings(
+        checkpoint_s=args.checkpoint_s,
+        restart_s=args.restart_s,
+        reconfigure_s=args.reconfigure_s,
+        spread_efficiency=args.spread_efficiency,
+        resplit=not args.no_resplit,
+        migrate=not args.no_migrate,
+    )
+    config = ReplayConfig(
+        trace=args.trace,
+        node=args.node,
+        load=args.load,
+        seed=args.seed,
+        max_runtime_s=args.max_runtime,
+        max_gap_s=args.max_gap,
+        elastic=args.elastic,
+        settings=settings,
+    )
+    prep = prepare(config)
+    replays = 0
+    if args.policy == "static":
+        replays = sum(1 for _, ok in static_eligibility(prep, settings) if ok)
+    elif args.policy != "bound":
+        replays = 1
+    total = 2 * len(prep.jobs) * replays
+    if args.no_progress or total == 0:
+        result = run_policy(prep, args.policy, settings)
+    else:
+        from tqdm import tqdm  # noqa: PLC0415
+
+        with tqdm(total=total, desc=f"{args.policy} {prep.info['node']}", unit="ev", file=sys.stderr) as bar:
+            result = run_policy(prep, args.policy, settings, bar.update)
+    figures = result.to_json()
+    if args.plot is not None:
+        if not result.samples:
+            raise TraceError(f"policy {args.policy} replays nothing, so there is nothing to plot")
+        from flexmig.sim.replay.plot import plot_timeline  # noqa: PLC0415
+
+        plot_timeline(result.samples, prep.capacity, args.plot, title=f"{args.policy} on {prep.info['node']}")
+        figures["plot"] = str(args.plot)
+    if args.json:
+        print(json.dumps(figures, indent=2, sort_keys=True))
+    else:
+        _print_table(figures)
+    return 0
+
+
+def _print_table(figures: dict[str, Any]) -> None:
+    keys = (
+        "policy",
+        "static_layout",
+        "jobs",
+        "jobs_completed",
+        "jobs_unplaceable",
+        "makespan_s",
+        "mean_jct_s",
+        "p95_jct_s",
+        "mean_wait_s",
+        "utilization",
+        "fragmentation_mean",
+        "migrations",
+        "resplits",
+        "spread_starts",
+        "plot",
+    )
+    for key in keys:
+        if figures.get(key) is not None:
+            print(f"{key:20} {figures[key]}")
