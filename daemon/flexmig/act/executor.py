@@ -744,7 +744,9 @@ class Executor:
 
         async def launch() -> dict[str, Any]:
             await self._prepare_dirs(new)
-            found = await asyncio.to_thread(self.scanner.find, new.uid)
+            # Only a re-run after a crash can find ranks of this generation already started (or an older one
+            # still running); a first run skips the process-table scan, which costs tens of milliseconds.
+            found = await asyncio.to_thread(self.scanner.find, new.uid) if prior is not None else []
             for f in found:
                 if f.generation != gen:  # an older generation still running would make the job run twice
                     with contextlib.suppress(ProcessLookupError, PermissionError):

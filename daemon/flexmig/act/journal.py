@@ -109,7 +109,11 @@ class Journal:
         path: Path,
         wall: Callable[[], float] = time.time,
         on_step: Callable[[StepEvent], None] | None = None,
+        synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
     ) -> None:
+        """Open (or create) the journal at ``path``. ``synchronous`` below FULL is for benchmarks only."""
+        if synchronous not in ("FULL", "NORMAL", "OFF"):
+            raise JournalError(f"synchronous must be FULL, NORMAL or OFF, not {synchronous!r}")
         self.path = path
         self.wall = wall
         self.on_step = on_step
@@ -118,7 +122,7 @@ class Journal:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute(f"PRAGMA synchronous={synchronous}")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(_SCHEMA)
             row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
@@ -68,9 +68,10 @@ class Actuator:
         poll_s: float = 0.02,
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
+        journal_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
     ) -> Actuator:
         """Wire the parts; nothing runs until :meth:`start`."""
-        journal = Journal(journal_path, wall=wall, on_step=on_step)
+        journal = Journal(journal_path, wall=wall, on_step=on_step, synchronous=journal_synchronous)
         supervisor = Supervisor(
             launcher=launcher or SubprocessLauncher(),
             devices=devices,
