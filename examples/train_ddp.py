@@ -2,7 +2,7 @@
 """A small, real torch DDP training job that flexmig can migrate and re-split.
 
 Linear regression on synthetic, deterministic data (a fixed random teacher), trained with SGD under
-DistributedDataParallel over gloo (CPU works; on a MIG node each rank sees its one MIG device as ``cuda:0``).
+DistributedDataParallel over gloo (``FLEXMIG_DIST_BACKEND``) (CPU works; on a MIG node each rank sees its one MIG device as ``cuda:0``).
 It uses the checkpoint hook: on a checkpoint request every rank stops at the same step, rank 0 saves model,
 optimizer, step and RNG atomically, acknowledges, and all ranks exit 0. On a restart with ``FLEXMIG_RESUME`` it
 loads that checkpoint and continues at the next step, under any world size: the data stream is defined per global
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
     if distributed:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        # flexmig recommends the backend (gloo: no P2P between MIG instances); by hand, gloo too.
+        dist.init_process_group(os.environ.get("FLEXMIG_DIST_BACKEND", "gloo"), timeout=timedelta(seconds=60))
     rank = dist.get_rank() if distributed else 0
     log = Log(args.log, rank)
 

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from flexmig.act.client import ControlClient
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 
@@ -185,3 +186,64 @@ def test_the_example_runs_by_hand_without_flexmig(tmp_path):
     log = [json.loads(x) for x in (tmp_path / "l").read_text().splitlines()]
     losses = [e["loss"] for e in log if e["event"] == "step"]
     assert len(losses) == 30 and losses[-1] < losses[0] / 2 and log[-1]["event"] == "done"
+
+
+def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base):
+    """launcher = "torchrun": c10d rendezvous on loopback; the checkpoint signal reaches the workers, not the
+    agents, and the job resumes after a migration as with the plain launcher."""
+    sock = base / "control.sock"
+    spec = base / "tr.toml"
+    spec.write_text(
+        f"""\
+name = "ddp"
+argv = ["{sys.executable}", "{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.03",
+        "--log", "{base}/train.log"]
+user = "root"
+working_dir = "{base}"
+checkpoint_dir = "{base}/ckpt"
+launcher = "torchrun"
+env = {{ OMP_NUM_THREADS = "1" }}
+[ranks]
+min = 1
+max = 2
+start = 2
+[need]
+profile = "1g.18gb"
+[hook]
+ack_timeout_s = 120
+exit_timeout_s = 60
+"""
+    )
+    spec.chmod(0o644)
+    service = subprocess.Popen(
+        [sys.executable, "-m", "flexmig.act", "--mode", "act", "--sim", "h200", "--state-dir", str(base),
+         "--allow-dir", str(base), "--log-level", "WARNING"],
+        stdout=(base / "service.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    t = Training(base)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client = ControlClient(sock, timeout_s=300)
+        assert client.call("jobs.submit", path=str(spec))["ok"]
+        assert t.wait_for(1, 5)["world"] == 2
+        agents = PsutilScanner().find(_uid(base) or "")
+        assert len(agents) == 2
+        assert all("torch.distributed.run" in " ".join(psutil.Process(a.pid).cmdline()) for a in agents)
+        assert client.call("jobs.migrate", name="ddp")["ok"]
+        resumed = t.wait_for(2, 5)
+        (ckpt,) = [e for e in t.log() if e["event"] == "checkpoint"]
+        assert resumed["step"] == ckpt["step"] + 1 and resumed["params"] == ckpt["params"]
+        assert resumed["world"] == 2
+        assert client.call("jobs.stop", name="ddp")["ok"]
+    finally:
+        service.send_signal(signal.SIGTERM)
+        try:
+            service.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            service.kill()
+        uid = _uid(base)
+        if uid:
+            for f in PsutilScanner().find(uid):
+                psutil.Process(f.pid).kill()

@@ -38,6 +38,7 @@ from flexmig.hook.protocol import (
     ENV_ACK_PATH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_SIGNAL,
+    ENV_DIST_BACKEND,
     ENV_GENERATION,
     ENV_JOB,
     ENV_JOB_ID,
@@ -110,6 +111,7 @@ def rank_requests(
         ENV_CHECKPOINT_DIR: str(spec.checkpoint_dir),
         ENV_ACK_PATH: str(spec.ack_path),
         ENV_CHECKPOINT_SIGNAL: spec.hook.signal.name,
+        ENV_DIST_BACKEND: "gloo",
         ENV_JOB_ID: rec.uid,
         ENV_GENERATION: str(rec.generation),
     }
@@ -152,6 +154,7 @@ def rank_requests(
                 host,
                 "--max-restarts",
                 "0",
+                "--",  # the script's own options must not be read as (abbreviated) torchrun options
                 *spec.argv[1:],
             )
         out.append(

@@ -21,6 +21,7 @@ __all__ = [
     "ENV_ACK_PATH",
     "ENV_CHECKPOINT_DIR",
     "ENV_CHECKPOINT_SIGNAL",
+    "ENV_DIST_BACKEND",
     "ENV_GENERATION",
     "ENV_JOB",
     "ENV_JOB_ID",
@@ -39,6 +40,9 @@ ENV_ACK_PATH = "FLEXMIG_ACK_PATH"
 ENV_RESUME = "FLEXMIG_RESUME"
 ENV_RESUME_STEP = "FLEXMIG_RESUME_STEP"
 ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
+#: The collective backend the launcher recommends: ranks on MIG instances have no CUDA P2P between them and
+#: NCCL's multi-rank-per-GPU mode is experimental (academic.md §1.3), so flexmig says ``gloo``.
+ENV_DIST_BACKEND = "FLEXMIG_DIST_BACKEND"
 # Reserved for the daemon: how it recognises its ranks after a restart. Jobs must not rely on them.
 ENV_JOB_ID = "FLEXMIG_JOB_ID"
 ENV_GENERATION = "FLEXMIG_GENERATION"
