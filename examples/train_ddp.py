@@ -2,7 +2,8 @@
 """A small, real torch DDP training job that flexmig can migrate and re-split.
 
 Linear regression on synthetic, deterministic data (a fixed random teacher), trained with SGD under
-DistributedDataParallel over gloo (``FLEXMIG_DIST_BACKEND``) (CPU works; on a MIG node each rank sees its one MIG device as ``cuda:0``).
+DistributedDataParallel over gloo (``FLEXMIG_DIST_BACKEND``; CPU works, and on a MIG node each rank sees its one
+MIG device as ``cuda:0``).
 It uses the checkpoint hook: on a checkpoint request every rank stops at the same step, rank 0 saves model,
 optimizer, step and RNG atomically, acknowledges, and all ranks exit 0. On a restart with ``FLEXMIG_RESUME`` it
 loads that checkpoint and continues at the next step, under any world size: the data stream is defined per global
