@@ -34,6 +34,7 @@ from flexmig.telemetry.sampler import SamplingLoop, dcgm_loop, periodic_step
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.telemetry.worker import NvmlWorker
+from flexmig.wiring import wire
 
 __all__ = ["Daemon", "build_parser", "main"]
 
@@ -83,6 +84,7 @@ class Daemon:
         self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
+        self.components = wire(self)  # detection, its metrics and (if enabled) MQTT, through the hooks below
 
     # ------------------------------------------------------------------------------------------ extension
     def add_loop(self, name: str, factory: LoopFactory) -> None:
@@ -218,7 +220,7 @@ class Daemon:
         return snapshot
 
 
-async def _restart_only(key: str) -> bool:
+def _restart_only(key: str) -> bool:
     """Telemetry keys the running sampler does not pick up (the sweep interval it does)."""
     return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith("dcgm.")
 

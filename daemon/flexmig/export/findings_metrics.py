@@ -222,12 +222,12 @@ def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSna
             if internal.memory_idle is not None:
                 idle_m.add_metric(labels, internal.memory_idle)
             for kind in INSTANCE_FINDINGS:
-                f = found.get(kind)
-                finding.add_metric([*labels, kind], 1.0 if f is not None else 0.0)
-                if f is not None:
-                    finding_s.add_metric([*labels, kind], max(0.0, report.now - f.since))
-                    if isinstance(f, OversizedFinding):
-                        suggested.add_metric(labels, {"suggested_profile": f.suggested})
+                hit = found.get(kind)
+                finding.add_metric([*labels, kind], 1.0 if hit is not None else 0.0)
+                if hit is not None:
+                    finding_s.add_metric([*labels, kind], max(0.0, report.now - hit.since))
+                    if isinstance(hit, OversizedFinding):
+                        suggested.add_metric(labels, {"suggested_profile": hit.suggested})
     yield from (idle_c, idle_m, finding, finding_s, suggested)
 
 

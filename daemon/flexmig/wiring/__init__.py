@@ -1,0 +1,66 @@
+"""The daemon's components above telemetry: detection on every snapshot, its Prometheus families, and MQTT.
+
+:func:`wire` registers them on a daemon through its extension points only (a snapshot enricher and subscriber, a
+metrics extension, a loop, a reload hook), so ``daemon.py`` keeps no knowledge of detection or MQTT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flexmig.config import Config
+from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
+from flexmig.export.prometheus import SnapshotMetrics
+from flexmig.telemetry.publish import SnapshotHub
+from flexmig.wiring.detection import Detector, detect_settings
+from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
+
+__all__ = ["Components", "DaemonHooks", "Detector", "FindingsPublisher", "MqttComponent", "detect_settings", "wire"]
+
+
+class DaemonHooks(Protocol):
+    """What :func:`wire` needs of a daemon (``flexmig.daemon.Daemon`` has it)."""
+
+    config: Config
+    hostname: str
+    hub: SnapshotHub
+
+    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup."""
+        ...
+
+    def add_metrics(self, extension: SnapshotMetrics) -> None:
+        """Export more families from each snapshot."""
+        ...
+
+    def on_reload(self, hook: Callable[[Config], None]) -> None:
+        """Call ``hook`` after each accepted configuration reload."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    """What :func:`wire` added: the detector always, the MQTT component when ``[mqtt] enabled``."""
+
+    detector: Detector
+    mqtt: MqttComponent | None
+
+
+def wire(daemon: DaemonHooks) -> Components:
+    """Register detection (enricher, metrics, reload of ``[detect]``) and, if enabled, MQTT (loop ``mqtt``,
+    subscriber, publisher metrics). Raises ConfigError or OutboxError when MQTT cannot be set up."""
+    config = daemon.config
+    detector = Detector(detect_settings(config.detect))
+    daemon.hub.add_enricher(detector.enrich)
+    daemon.add_metrics(FindingsMetrics(detector.stats))
+    daemon.on_reload(lambda cfg: detector.configure(detect_settings(cfg.detect)))
+    mqtt: MqttComponent | None = None
+    if config.mqtt.enabled:
+        hostname = daemon.hostname
+        mqtt = MqttComponent(config.mqtt, config.node(lambda: hostname), detector, mode=config.mode)
+        daemon.hub.subscribe(mqtt.findings)
+        daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
+        daemon.add_loop("mqtt", mqtt.run)
+    return Components(detector, mqtt)

@@ -1,0 +1,124 @@
+"""Detection -> MQTT in the running daemon: events on every transition, the retained state, the publisher loop.
+
+:class:`FindingsPublisher` subscribes to the snapshot hub. For each snapshot that carries a detection Report it
+hands the sweep's events (``export.events.events_from_report``: GPUs lost, instances destroyed and created,
+findings ended and started) to the :class:`~flexmig.export.mqtt.MqttPublisher`, which stores each in the
+persistent outbox before anything else, and replaces the retained ``state`` document when its content changed
+(or every ``state_refresh_s``, so the retained time stays recent). Each event is also logged, one line with its
+ID, so the journal is the record of what the daemon emitted.
+
+:class:`MqttComponent` owns the outbox and the publisher and is the ``mqtt`` loop under the daemon's TaskGroup;
+cancelling it (SIGTERM) publishes ``offline`` before the connection closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from flexmig.config import MqttConfig
+from flexmig.export.events import Event, EventFactory, EventKind, events_from_report
+from flexmig.export.findings_metrics import report_of
+from flexmig.export.mqtt import MqttPublisher, PublisherSettings
+from flexmig.export.mqtt_state import state_document
+from flexmig.export.outbox import Outbox
+from flexmig.telemetry.snapshot import Snapshot
+from flexmig.wiring.detection import Detector
+
+__all__ = ["FindingsPublisher", "MqttComponent"]
+
+log = logging.getLogger(__name__)
+
+
+def describe(event: Event) -> str:
+    """One line for the journal: the event's reason, or what changed."""
+    p = event.payload
+    if "reason" in p:
+        return str(p["reason"])
+    if event.kind in (EventKind.INSTANCE_CREATED, EventKind.INSTANCE_DESTROYED):
+        return f"{p.get('profile')} at GPU {p.get('gpu')} slice {p.get('start')} ({p.get('uuid') or 'no UUID'})"
+    return ""
+
+
+class FindingsPublisher:
+    """A hub subscriber: each detection Report becomes events and the retained state on ``publisher``."""
+
+    def __init__(
+        self,
+        publisher: MqttPublisher,
+        detector: Detector,
+        node: str,
+        *,
+        mode: str | None = None,
+        state_refresh_s: float = 60.0,
+    ) -> None:
+        self.publisher = publisher
+        self.detector = detector
+        self.node = node
+        self.mode = mode
+        self.state_refresh_s = state_refresh_s
+        self._factory = EventFactory(node)
+        self._uuids: dict[tuple[int, int], str] = {}
+        self._emitted: Counter[str] = Counter()
+        self._state_key: str | None = None
+        self._state_at: float | None = None
+
+    def emitted(self) -> Mapping[str, int]:
+        """Events handed to the publisher since start, by kind."""
+        return dict(self._emitted)
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        """Publish what detection found on ``snapshot`` (nothing if detection did not run on it)."""
+        report = report_of(snapshot)
+        node = self.detector.last
+        if report is None or node is None or node.observation.now != report.now:
+            return
+        # A destroyed instance is no longer in this sweep: its UUID comes from the previous one.
+        uuids = {**self._uuids, **node.instance_uuids}
+        for event in events_from_report(report, self._factory, instance_uuids=uuids, gpu_uuids=node.gpu_uuids):
+            self.publisher.emit(event)
+            self._emitted[event.kind.value] += 1
+            log.info("event %s %s: %s", event.kind.value, event.id, describe(event))
+        self._uuids = dict(node.instance_uuids)
+        obs = node.observation
+        doc = state_document(
+            self.node,
+            report,
+            obs.layouts,
+            gpu_uuids=node.gpu_uuids,
+            instance_uuids=node.instance_uuids,
+            lost=obs.lost_gpus,
+            mode=self.mode,
+        )
+        self._maybe_set_state(doc, report.now)
+
+    def _maybe_set_state(self, doc: Mapping[str, Any], now: float) -> None:
+        """Replace the retained state when anything but its time changed, or when it is ``state_refresh_s`` old."""
+        key = repr(sorted((k, repr(v)) for k, v in doc.items() if k != "time"))
+        stale = self._state_at is None or now - self._state_at >= self.state_refresh_s
+        if key != self._state_key or stale:
+            self.publisher.set_state(doc)
+            self._state_key, self._state_at = key, now
+
+
+class MqttComponent:
+    """The outbox, the publisher and the detection-to-MQTT subscriber of one daemon (``[mqtt] enabled = true``).
+
+    Construction opens the outbox (OutboxError: the daemon refuses to start rather than lose events); the broker
+    address and credentials are only used by :meth:`run`, which never raises for network or broker trouble.
+    """
+
+    def __init__(self, cfg: MqttConfig, node: str, detector: Detector, *, mode: str | None = None) -> None:
+        settings = PublisherSettings.from_config(cfg, node)
+        self.outbox = Outbox(cfg.outbox)
+        self.publisher = MqttPublisher(settings, self.outbox)
+        self.findings = FindingsPublisher(self.publisher, detector, node, mode=mode)
+
+    async def run(self) -> None:
+        """The publisher loop until cancelled (it says ``offline`` first); then the outbox is closed."""
+        try:
+            await self.publisher.run()
+        finally:
+            self.outbox.close()
