@@ -48,8 +48,14 @@ class Rig:
     """A simulated node with the actuator on it, in this process."""
 
     def __init__(
-        self, base: Path, spec: str, mode: str = "act", on_step: Callable[[StepEvent], None] | None = None
+        self,
+        base: Path,
+        spec: str,
+        mode: str = "act",
+        on_step: Callable[[StepEvent], None] | None = None,
+        ack_dir: Path | None = None,
     ) -> None:
+        self.ack_dir = ack_dir
         self.base = base
         self.spec = spec
         self.mode = mode
@@ -75,6 +81,7 @@ class Rig:
             policy=JobPolicy((self.base,)),
             events=self.events,
             on_step=self.on_step,
+            ack_dir=self.ack_dir,
             poll_s=0.01,
             resend_s=0.3,
             term_grace_s=3.0,
@@ -311,6 +318,22 @@ def test_a_restarted_actuator_adopts_running_ranks_and_can_still_move_them(base)
             assert (await rig.call("jobs.migrate", name="counter"))["ok"]
             await rig.stepped(past=2)
             assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == "zombie" for p in pids)
+
+    run(scenario())
+
+
+def test_acknowledgements_can_go_to_a_daemon_owned_directory_nobody_can_list(base):
+    async def scenario() -> None:
+        async with Rig(base, "h200", ack_dir=base / "acks") as rig:
+            assert (base / "acks").stat().st_mode & 0o7777 == 0o1733
+            await rig.call("jobs.submit", path=str(rig.job(ranks=1)))
+            await rig.stepped()
+            (h,) = rig.act.supervisor.alive("counter")
+            env = psutil.Process(h.proc.pid).environ()
+            rec = rig.record()
+            assert env["FLEXMIG_ACK_PATH"] == str(base / "acks" / f"counter.{rec.uid}.ack.json")
+            assert (await rig.call("jobs.migrate", name="counter"))["ok"]
+            assert (await rig.stepped(past=2))["step"] == rig.record().last_ack.step + 1
 
     run(scenario())
 

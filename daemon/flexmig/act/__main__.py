@@ -43,6 +43,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--socket-mode", type=lambda s: int(s, 8), default=0o600, help="octal, default 600")
     p.add_argument("--allow-dir", type=Path, action="append", default=[], help="directory jobs may use (repeatable)")
     p.add_argument("--ack-timeout", type=float, default=300.0, help="default checkpoint ack timeout, seconds")
+    p.add_argument(
+        "--ack-dir", type=Path, default=None, help="acknowledgements here (mode 1733) instead of checkpoint dirs"
+    )
     p.add_argument("--sim", metavar="SPEC", default=None, help="run on a simulated node (node-spec grammar)")
     p.add_argument("--sim-state", type=Path, default=None, help="simulator state file (survives restarts)")
     p.add_argument("--log-level", default="INFO")
@@ -68,6 +71,7 @@ async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | N
         policy=JobPolicy(tuple(args.allow_dir), default_ack_timeout_s=args.ack_timeout),
         events=LoggingSink(),
         on_step=on_step,
+        ack_dir=args.ack_dir,
     )
     try:
         summary = await act.start()

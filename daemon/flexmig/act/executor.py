@@ -30,6 +30,7 @@ import logging
 import os
 import pwd
 import signal
+import stat
 import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -626,10 +627,11 @@ class Executor:
         """Request a checkpoint, wait for the acknowledgement, then for every rank to exit."""
         spec = rec.spec
         name = rec.name
+        ack_path = self.supervisor.acks.path(rec)
 
         async def clear_ack() -> dict[str, Any]:
             with contextlib.suppress(FileNotFoundError):
-                spec.ack_path.unlink()
+                ack_path.unlink()
             return {}
 
         async def request() -> dict[str, Any]:
@@ -638,7 +640,7 @@ class Executor:
         async def await_ack() -> dict[str, Any]:
             return {"ack": (await self._wait_ack(rec)).to_json()}
 
-        await run.step("clear_ack", {"path": str(spec.ack_path)}, clear_ack)
+        await run.step("clear_ack", {"path": str(ack_path)}, clear_ack)
         await run.step("request", {"signal": spec.hook.signal.name}, request)
         try:
             res = await run.step(
@@ -669,11 +671,12 @@ class Executor:
     async def _wait_ack(self, rec: JobRecord) -> Ack:
         """Poll for the acknowledgement; repeat the request meanwhile; fail if ranks die without one."""
         spec = rec.spec
+        ack_path = self.supervisor.acks.path(rec)
         deadline = time.monotonic() + spec.hook.ack_timeout_s
         next_send = time.monotonic() + self.resend_s
         while True:
             try:
-                ack = read_ack(spec.ack_path)
+                ack = read_ack(ack_path)
             except AckError as exc:
                 raise StepFailed(f"job {rec.name}: {exc}", outcome="cancelled") from exc
             if ack is not None:
@@ -682,7 +685,7 @@ class Executor:
             bad = [h for h in ranks if h.proc.finished() and h.proc.returncode not in (0, None)]
             if bad or (ranks and all(h.proc.finished() for h in ranks)) or not ranks:
                 # One last look: the ack may have landed just before the last rank exited.
-                ack = read_ack(spec.ack_path)
+                ack = read_ack(ack_path)
                 if ack is not None:
                     return self._validate_ack(rec, ack)
                 what = ", ".join(f"rank {h.slot} exited with status {h.proc.returncode}" for h in bad) or (
@@ -703,13 +706,24 @@ class Executor:
             await asyncio.sleep(self.poll_s)
 
     def _validate_ack(self, rec: JobRecord, ack: Ack) -> Ack:
-        ckpt = Path(os.path.realpath(ack.checkpoint))
+        """The checkpoint must lie inside the job's checkpoint directory and be a non-empty file.
+
+        A daemon without CAP_DAC_OVERRIDE (the shipped systemd unit) may not be allowed to look inside the job's
+        directory; then only the path is checked, and the job's word taken for the rest.
+        """
+        ckpt = Path(os.path.realpath(rec.spec.working_dir / ack.checkpoint))
         root = rec.spec.checkpoint_dir
         if ckpt != root and root not in ckpt.parents:
             raise StepFailed(
                 f"job {rec.name} acknowledged a checkpoint outside {root}: {ack.checkpoint}", outcome="cancelled"
             )
-        if not ckpt.is_file() or ckpt.stat().st_size == 0:
+        try:
+            st = ckpt.stat()
+        except PermissionError:
+            return Ack(step=ack.step, checkpoint=str(ckpt))
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {ckpt}", outcome="cancelled")
         return Ack(step=ack.step, checkpoint=str(ckpt))
 
@@ -754,7 +768,7 @@ class Executor:
             mine = [f for f in found if f.generation == gen]
             if not mine:
                 with contextlib.suppress(FileNotFoundError):
-                    new.spec.ack_path.unlink()
+                    self.supervisor.acks.path(new).unlink()
             self.supervisor.forget(new.name)
             await self.supervisor.adopt(new, mine)
             have = {h.slot for h in self.supervisor.alive(new.name)}
@@ -776,13 +790,18 @@ class Executor:
     async def _prepare_dirs(self, rec: JobRecord) -> None:
         """Create the checkpoint directory if missing, owned by the job's user, mode 0700."""
         d = rec.spec.checkpoint_dir
-        if d.is_dir():
-            return
-        d.mkdir(parents=True, mode=0o700, exist_ok=True)
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam(rec.spec.user)
-            gid = grp.getgrnam(rec.spec.group).gr_gid if rec.spec.group else pw.pw_gid
-            os.chown(d, pw.pw_uid, gid)
+        try:
+            if d.is_dir():
+                return
+            d.mkdir(parents=True, mode=0o700, exist_ok=True)
+            if os.geteuid() == 0:
+                pw = pwd.getpwnam(rec.spec.user)
+                gid = grp.getgrnam(rec.spec.group).gr_gid if rec.spec.group else pw.pw_gid
+                os.chown(d, pw.pw_uid, gid)
+        except (OSError, KeyError) as exc:
+            raise StepFailed(
+                f"cannot create checkpoint_dir {d} for user {rec.spec.user} ({exc}); create it, owned by that user"
+            ) from exc
 
     async def _roll_back(self, run: _Run, rec: JobRecord, src: Sequence[Slot], ack: Ack, cause: StepFailed) -> None:
         """Undo a failed move after its checkpoint: remove what it created, restore what it destroyed, relaunch."""
@@ -835,7 +854,7 @@ class Executor:
         if not await self.supervisor.wait_exited(job, rec.spec.hook.exit_timeout_s):
             return  # others still run; their exits call us again
         try:
-            ack = read_ack(rec.spec.ack_path)
+            ack = read_ack(self.supervisor.acks.path(rec))
         except AckError:
             ack = None
         if ack is not None and (rec.resume is None or ack.step > rec.resume.step):

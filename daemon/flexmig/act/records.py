@@ -8,12 +8,13 @@ as the step's intent, so after a crash the record and the journal agree. Instanc
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.hook.protocol import Ack
 from flexmig.jobs.spec import JobSpec
 
-__all__ = ["JobRecord", "JobState", "Slot"]
+__all__ = ["AckPlacement", "JobRecord", "JobState", "Slot"]
 
 #: ``pending``: submitted, not started; ``running``: ranks up (or being checked after a restart); ``stopped``:
 #: stopped by an operator after a checkpoint; ``failed``: ranks crashed or a move could not be undone; ``done``:
@@ -91,3 +92,28 @@ class JobRecord:
             "launcher": self.spec.launcher,
             "user": self.spec.user,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class AckPlacement:
+    """Where each job acknowledges checkpoints (``FLEXMIG_ACK_PATH``).
+
+    ``directory`` None: in the job's checkpoint directory. Set it when the daemon's root lacks CAP_DAC_OVERRIDE
+    (the shipped systemd unit) and so cannot read inside job directories: acknowledgements then go to a
+    daemon-owned directory, mode 1733 (anyone may create a file, nobody may list it, only the owner may remove it),
+    under a name no other user can guess (it holds the job's random ID).
+    """
+
+    directory: Path | None = None
+
+    def path(self, rec: JobRecord) -> Path:
+        """The acknowledgement file of ``rec``'s current submission."""
+        if self.directory is None:
+            return rec.spec.ack_path
+        return self.directory / f"{rec.name}.{rec.uid}.ack.json"
+
+    def prepare(self) -> None:
+        """Create the directory (mode 1733) if one is configured."""
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.chmod(0o1733)

@@ -32,6 +32,7 @@ from flexmig.act.jobs_api import JobsApi
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
+from flexmig.act.records import AckPlacement
 from flexmig.act.supervisor import Supervisor
 from flexmig.jobs.spec import JobPolicy
 from flexmig.plan.types import Plan, PlannerSettings
@@ -69,8 +70,14 @@ class Actuator:
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
         journal_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
+        ack_dir: Path | None = None,
     ) -> Actuator:
-        """Wire the parts; nothing runs until :meth:`start`."""
+        """Wire the parts; nothing runs until :meth:`start`.
+
+        ``ack_dir``: where jobs acknowledge (see :class:`~flexmig.act.records.AckPlacement`); None puts each
+        acknowledgement in the job's checkpoint directory. Under the shipped systemd unit (no CAP_DAC_OVERRIDE)
+        pass a directory the daemon owns that job users can reach, e.g. ``/run/flexmig/acks``.
+        """
         journal = Journal(journal_path, wall=wall, on_step=on_step, synchronous=journal_synchronous)
         supervisor = Supervisor(
             launcher=launcher or SubprocessLauncher(),
@@ -79,6 +86,7 @@ class Actuator:
             logs_dir=logs_dir,
             events=events,
             wall=wall,
+            acks=AckPlacement(ack_dir),
         )
         executor = Executor(
             mode=mode,
@@ -98,6 +106,7 @@ class Actuator:
 
     async def start(self) -> dict[str, Any]:
         """Reconcile the journal with NVML and the process table (adopt ranks, finish or roll back actions)."""
+        self.supervisor.acks.prepare()
         return await self.executor.reconcile()
 
     async def execute(self, plan: Plan, origin: str = "planner") -> PlanResult:

@@ -33,7 +33,7 @@ from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import Event, EventSink
 from flexmig.act.migops import Offload
 from flexmig.act.procs import AdoptedProcess, FoundRank, Launcher, LaunchRequest, RankProcess
-from flexmig.act.records import JobRecord, Slot
+from flexmig.act.records import AckPlacement, JobRecord, Slot
 from flexmig.hook.protocol import (
     ENV_ACK_PATH,
     ENV_CHECKPOINT_DIR,
@@ -94,7 +94,13 @@ def mig_visible(uuid: str) -> str:
 
 
 def rank_requests(
-    rec: JobRecord, logs_dir: Path, *, port: int, resume: Ack | None, host: str = LOOPBACK
+    rec: JobRecord,
+    logs_dir: Path,
+    *,
+    port: int,
+    resume: Ack | None,
+    host: str = LOOPBACK,
+    acks: AckPlacement | None = None,
 ) -> list[LaunchRequest]:
     """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order."""
     spec = rec.spec
@@ -109,7 +115,7 @@ def rank_requests(
         **dict(spec.env),
         ENV_JOB: spec.name,
         ENV_CHECKPOINT_DIR: str(spec.checkpoint_dir),
-        ENV_ACK_PATH: str(spec.ack_path),
+        ENV_ACK_PATH: str((acks or AckPlacement()).path(rec)),
         ENV_CHECKPOINT_SIGNAL: spec.hook.signal.name,
         ENV_DIST_BACKEND: "gloo",
         ENV_JOB_ID: rec.uid,
@@ -189,7 +195,9 @@ class Supervisor:
         events: EventSink,
         wall: Callable[[], float] = time.time,
         host: str = LOOPBACK,
+        acks: AckPlacement | None = None,
     ) -> None:
+        self.acks = acks or AckPlacement()
         self.launcher = launcher
         self.devices = devices
         self.offload = offload
@@ -209,7 +217,7 @@ class Supervisor:
 
         On a failure the ranks already started by this call are killed again, so a launch is all or nothing.
         """
-        reqs = rank_requests(rec, self.logs_dir, port=port, resume=resume, host=self.host)
+        reqs = rank_requests(rec, self.logs_dir, port=port, resume=resume, host=self.host, acks=self.acks)
         wanted = set(range(len(reqs))) if only is None else set(only)
         started: list[RankHandle] = []
         try:
