@@ -151,7 +151,8 @@ def move_plan(
     actions: list[Action] = []
     inside: list[Slot] = []
     for t in targets:
-        if view.instance(t.gpu, t.start) is not None:
+        inst = view.instance(t.gpu, t.start)
+        if inst is not None and inst.profile == t.profile:
             continue
         if any(_overlaps(model, t, s) for s in src):
             inside.append(t)
