@@ -1,0 +1,97 @@
+"""An in-process flexmigd for tests: start it on a simulated node, wait for sweeps, scrape its /metrics.
+
+Not a test module; imported by ``test_daemon_detect*``, ``test_daemon_mqtt*`` and ``test_findings_metrics*``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from flexmig.config import Config, HostPort
+from flexmig.daemon import Daemon
+from flexmig.nvml import Nvml
+from flexmig.sim import SimNode
+
+Series = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@contextlib.asynccontextmanager
+async def running(spec: str, config: Config, *, workload: bool = False) -> AsyncIterator[Daemon]:
+    """A started daemon on ``spec`` with metrics on a free loopback port; stopped (cleanly, bounded) on exit."""
+    daemon = Daemon(config, sim_spec=spec, sim_workload=workload, metrics_addr=HostPort("127.0.0.1", 0))
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    started = asyncio.create_task(daemon.started())
+    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if started not in done:
+        started.cancel()
+        if task in done:
+            task.result()  # raises what stopped start-up
+        raise AssertionError("daemon did not start within 30 s")
+    try:
+        yield daemon
+        assert not task.done(), "a daemon loop ended while the daemon should be running"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def sim_node(daemon: Daemon) -> SimNode:
+    assert daemon.backend is not None and daemon.backend.node is not None
+    return daemon.backend.node
+
+
+def nvml_of(daemon: Daemon) -> Nvml:
+    assert daemon.backend is not None
+    return daemon.backend.nvml
+
+
+async def sweeps(daemon: Daemon, n: int, timeout_s: float = 20.0) -> None:
+    """Wait until ``n`` more sweeps have been published."""
+    snap = daemon.latest()
+    assert snap is not None
+    target = snap.stats.sweeps + n
+    deadline = time.monotonic() + timeout_s
+    while (s := daemon.latest()) is None or s.stats.sweeps < target:
+        assert time.monotonic() < deadline, f"fewer than {n} sweeps in {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+async def exposition(daemon: Daemon) -> str:
+    """The daemon's /metrics text."""
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10) as resp:
+            return str(resp.read().decode())
+
+    return await asyncio.to_thread(get)
+
+
+def parse(text: str) -> Series:
+    """Exposition text -> sample name -> [(labels, value)]."""
+    out: Series = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, float(s.value)))
+    return out
+
+
+async def scrape(daemon: Daemon) -> Series:
+    """The daemon's /metrics, parsed."""
+    return parse(await exposition(daemon))
+
+
+def values(series: Series, name: str, **match: str) -> list[float]:
+    """Values of ``name`` whose labels include ``match``."""
+    return [v for labels, v in series.get(name, []) if all(labels.get(k) == w for k, w in match.items())]
+
+
+def by_label(series: Series, name: str, label: str, **match: str) -> dict[str, float]:
+    """``label`` value -> value, for the samples of ``name`` matching ``match``."""
+    return {labels[label]: v for labels, v in series.get(name, []) if all(labels.get(k) == w for k, w in match.items())}
