@@ -19,18 +19,18 @@ from flexmig.nvml import Nvml
 from flexmig.sim import SimNode
 
 Series = dict[str, list[tuple[dict[str, str], float]]]
+LOOPBACK_ANY = HostPort("127.0.0.1", 0)  # metrics on a free loopback port
 
 
 @contextlib.asynccontextmanager
-async def running(spec: str, config: Config, *, workload: bool = False) -> AsyncIterator[Daemon]:
-    """A started daemon on ``spec`` with metrics on a free loopback port; stopped (cleanly, bounded) on exit."""
-    daemon = Daemon(config, sim_spec=spec, sim_workload=workload, metrics_addr=HostPort("127.0.0.1", 0))
+async def started(daemon: Daemon) -> AsyncIterator[Daemon]:
+    """Run ``daemon`` for the body of an ``async with``; stopped (cleanly, bounded) on exit."""
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
-    started = asyncio.create_task(daemon.started())
-    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if started not in done:
-        started.cancel()
+    up = asyncio.create_task(daemon.started())
+    done, _ = await asyncio.wait({task, up}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if up not in done:
+        up.cancel()
         if task in done:
             task.result()  # raises what stopped start-up
         raise AssertionError("daemon did not start within 30 s")
@@ -40,6 +40,11 @@ async def running(spec: str, config: Config, *, workload: bool = False) -> Async
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def running(spec: str, config: Config, *, workload: bool = False) -> contextlib.AbstractAsyncContextManager[Daemon]:
+    """A started daemon on ``spec`` with metrics on a free loopback port."""
+    return started(Daemon(config, sim_spec=spec, sim_workload=workload, metrics_addr=LOOPBACK_ANY))
 
 
 def sim_node(daemon: Daemon) -> SimNode:

@@ -36,7 +36,7 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring import wire
 
-__all__ = ["Daemon", "build_parser", "main"]
+__all__ = ["Daemon", "build_parser", "main", "serve"]
 
 log = logging.getLogger("flexmig.daemon")
 
@@ -281,7 +281,8 @@ def _load(args: argparse.Namespace) -> tuple[Config, Path | None, HostPort | Non
     return config, path, addr
 
 
-async def _serve(daemon: Daemon) -> None:
+async def serve(daemon: Daemon) -> None:
+    """Run ``daemon`` until SIGTERM or SIGINT, with SIGHUP reloading its configuration: what ``flexmigd`` runs."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -303,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, path, addr = _load(args)
         daemon = Daemon(config, sim_spec=args.sim, metrics_addr=addr, config_path=path)
-        asyncio.run(_serve(daemon))
+        asyncio.run(serve(daemon))
     except FlexmigError as exc:
         print(f"flexmigd: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
