@@ -378,9 +378,9 @@ class SimLibrary:
         return _SUCCESS
 
     def _media_utilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
-        _, ci = self._device(handle)
-        if ci is not None:
-            return int(N.NVML_ERROR_NOT_SUPPORTED)
+        gpu, ci = self._device(handle)
+        if ci is not None or gpu.mig_current:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)  # like utilization rates: not per GPU once MIG is enabled
         _out(util_ref).value = 0  # no video work on a compute node
         _out(period_ref).value = 167_000
         return _SUCCESS
