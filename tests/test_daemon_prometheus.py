@@ -6,96 +6,24 @@ same spec in this process to read the simulator's ground truth, then compares wh
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from flexmig import sim
+from promstack import PROMETHEUS, PROMTOOL, SPEC, flexmigd, free_port, ground_truth, http_get, query, wait_for
+from promstack import prometheus as run_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str, timeout: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return bytes(resp.read())
-
-
-def wait_for(what: str, probe: object, timeout_s: float) -> object:
-    """Call ``probe()`` until it returns something truthy without raising; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = probe()  # type: ignore[operator]
-            if got:
-                return got
-        except (OSError, ValueError, KeyError) as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not seen within {timeout_s} s (last error: {last})")
-
-
-def ground_truth(spec: str) -> dict[str, tuple[int, int, str, int]]:
-    """MIG UUID -> (GPU index, GI ID, profile, memory bytes), straight from the simulator's state."""
-    node = sim.install(spec)
-    try:
-        return {
-            ci.uuid: (g.index, gi.id, gi.profile.name, gi.memory_bytes)
-            for g in node.gpus()
-            for gi in g.gpu_instances
-            for ci in gi.compute_instances
-        }
-    finally:
-        sim.uninstall()
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    port = free_port()
-    log = (tmp_path / "flexmigd.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flexmig.daemon", "--sim", SPEC, "--metrics-addr", f"127.0.0.1:{port}"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "NOTIFY_SOCKET": ""},
-    )
-    try:
-        wait_for(
-            "flexmigd metrics",
-            lambda: b"flexmig_mig_memory_total_bytes" in http_get(f"http://127.0.0.1:{port}/metrics"),
-            60,
-        )
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        log.close()
+    with flexmigd(tmp_path, SPEC) as d:
+        yield d.proc, d.port
 
 
 @pytest.fixture
@@ -103,42 +31,8 @@ def prometheus(tmp_path: Path, daemon: tuple[subprocess.Popen[bytes], int]) -> I
     if not Path(PROMETHEUS).exists():
         pytest.skip("prometheus (Debian package prometheus) is not installed")
     _, target = daemon
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: flexmig\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target}']\n"
-    )
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for("prometheus ready", lambda: http_get(f"http://127.0.0.1:{port}/-/ready"), 60)
+    with run_prometheus(tmp_path, {"flexmig": [f"127.0.0.1:{target}"]}) as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
-
-
-def query(port: int, promql: str) -> list[dict[str, object]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    body = json.loads(http_get(url))
-    assert body["status"] == "success", body
-    return list(body["data"]["result"])
 
 
 def test_prometheus_scrapes_a_series_per_mig_instance_matching_the_simulator(prometheus: int) -> None:

@@ -1,0 +1,188 @@
+"""flexmig: actions. Migrations, re-splits and other actions, their outcomes, durations and the downtime jobs saw.
+
+The ``flexmig_actions_*``/``flexmig_action_*``/``flexmig_job_downtime_*``/``flexmig_jobs`` panels use the names
+the actuator is expected to export (flexmig_dashboards.metrics lists them as not exported yet); until it does,
+they show "No data". The layout-change and fragmentation panels work today: every MIG change makes flexmigd
+re-inventory, and fragmentation is what act mode acts on.
+
+Generate with ``python dashboards/build.py``.
+"""
+
+from __future__ import annotations
+
+from flexmig_dashboards.panels import Grid, Q, gpu_variable, host_variable, stat, table, timeseries
+from flexmig_dashboards.panels import dashboard as make_dashboard
+from flexmig_dashboards.promql import GPU, HOST
+
+_RI = "$__rate_interval"
+_MOVES = 'action=~"migrate|resplit"'
+
+g = Grid()
+
+g.row("Outcomes")
+for title, outcome, colour in (
+    ("Completed", "completed", "green"),
+    ("Failed", "failed", "red"),
+    ("Cancelled", "cancelled", "orange"),
+    ("Skipped", "skipped", "blue"),
+):
+    g.add(
+        stat(
+            f"{title} actions (time range)",
+            f"Actions that ended {outcome} in the dashboard's time range, every kind.",
+            [
+                Q(
+                    f'sum by (Hostname) (increase(flexmig_actions_total{{{HOST}, outcome="{outcome}"}}[$__range]))',
+                    "{{Hostname}}",
+                )
+            ],
+            thresholds=(("green", None), (colour, 1)) if outcome != "completed" else (("green", None),),
+        ),
+        w=6,
+        h=4,
+    )
+g.add(
+    timeseries(
+        "Actions by kind and outcome",
+        "Actions finished per interval: migrate, resplit, start, stop, create_instance, destroy_instance, "
+        "restart; outcome completed, failed (rolled back or job left stopped), cancelled (e.g. checkpoint not "
+        "acknowledged in time), skipped.",
+        [
+            Q(
+                f"sum by (Hostname, action, outcome) (increase(flexmig_actions_total{{{HOST}}}[{_RI}]))",
+                "{{Hostname}} {{action}} {{outcome}}",
+            )
+        ],
+        bars=True,
+        stacked=True,
+    ),
+    w=16,
+)
+g.add(
+    stat(
+        "Action in progress",
+        "1 while the actuator executes an action (they run one at a time).",
+        [Q(f"flexmig_actions_in_progress{{{HOST}}}", "{{Hostname}}")],
+        mappings=[{"type": "value", "options": {"0": {"text": "idle"}, "1": {"text": "acting"}}}],
+    ),
+    w=8,
+)
+
+g.row("Migrations and re-splits")
+g.add(
+    timeseries(
+        "Migrations and re-splits",
+        "Job moves per interval: migrate (same world size, other instances) and resplit (another number or size "
+        "of instances), by outcome.",
+        [
+            Q(
+                f"sum by (Hostname, action, outcome) (increase(flexmig_actions_total{{{HOST}, {_MOVES}}}[{_RI}]))",
+                "{{Hostname}} {{action}} {{outcome}}",
+            )
+        ],
+        bars=True,
+        stacked=True,
+    ),
+    w=12,
+)
+g.add(
+    timeseries(
+        "Job downtime per move (p50, p95)",
+        "Time a job had no rank running during a migrate or resplit: old ranks stopped to new ranks started.",
+        [
+            Q(
+                "histogram_quantile(0.5, sum by (Hostname, action, le) "
+                f"(rate(flexmig_job_downtime_seconds_bucket{{{HOST}}}[{_RI}])))",
+                "p50 {{Hostname}} {{action}}",
+            ),
+            Q(
+                "histogram_quantile(0.95, sum by (Hostname, action, le) "
+                f"(rate(flexmig_job_downtime_seconds_bucket{{{HOST}}}[{_RI}])))",
+                "p95 {{Hostname}} {{action}}",
+            ),
+        ],
+        "s",
+        min_value=0,
+    ),
+    w=12,
+)
+g.add(
+    timeseries(
+        "Mean downtime and action duration",
+        "Mean job downtime per move, and mean wall time of each kind of action (first journalled step to last).",
+        [
+            Q(
+                f"sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_sum{{{HOST}}}[{_RI}])) "
+                f"/ sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_count{{{HOST}}}[{_RI}]))",
+                "downtime {{Hostname}} {{action}}",
+            ),
+            Q(
+                f"sum by (Hostname, action) (rate(flexmig_action_duration_seconds_sum{{{HOST}}}[{_RI}])) "
+                f"/ sum by (Hostname, action) (rate(flexmig_action_duration_seconds_count{{{HOST}}}[{_RI}]))",
+                "duration {{Hostname}} {{action}}",
+            ),
+        ],
+        "s",
+        min_value=0,
+    ),
+    w=12,
+)
+g.add(
+    table(
+        "Outcomes by kind (time range)",
+        "Actions in the time range, by kind and outcome.",
+        [Q(f"sum by (Hostname, action, outcome) (increase(flexmig_actions_total{{{HOST}}}[$__range])) > 0")],
+        rename={"Value": "actions"},
+    ),
+    w=12,
+)
+
+g.row("What the actions change")
+g.add(
+    timeseries(
+        "MIG layout changes",
+        "Re-inventories per interval: flexmigd takes one whenever the set of MIG instances changes (flexmig's "
+        "own actions or anyone's), so every create, destroy, migration and re-split shows here.",
+        [
+            Q(
+                f"sum by (Hostname) (increase(flexmig_inventories_total{{{HOST}}}[{_RI}]))",
+                "{{Hostname}} inventories",
+            ),
+            Q(f"sum by (Hostname) (flexmig_gpu_mig_instances{{{GPU}}})", "{{Hostname}} instances"),
+        ],
+        min_value=0,
+    ),
+    w=8,
+)
+g.add(
+    timeseries(
+        "Fragmentation and stranded capacity",
+        "What act mode repairs: the node's external fragmentation and the compute slices repacking would free.",
+        [
+            Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}} external fragmentation"),
+            Q(f"flexmig_node_stranded_ratio{{{HOST}}}", "{{Hostname}} stranded share"),
+        ],
+        "percentunit",
+        min_value=0,
+        max_value=1,
+    ),
+    w=8,
+)
+g.add(
+    timeseries(
+        "Jobs by state",
+        "Jobs registered with the actuator: pending, running, stopped, failed, done.",
+        [Q(f"sum by (Hostname, state) (flexmig_jobs{{{HOST}}})", "{{Hostname}} {{state}}")],
+        min_value=0,
+        stacked=True,
+    ),
+    w=8,
+)
+
+dashboard = make_dashboard(
+    "flexmig: actions",
+    "flexmig-actions",
+    "Migrations, re-splits and other actuator actions: outcomes, durations, job downtime.",
+    g,
+    [host_variable(), gpu_variable()],
+)

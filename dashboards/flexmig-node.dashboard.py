@@ -1,0 +1,254 @@
+"""flexmig: node overview. GPUs, their MIG layouts as slice maps, free capacity per profile, fragmentation.
+
+Generate with ``python dashboards/build.py`` (or ``PYTHONPATH=dashboards generate-dashboard -o
+dashboards/flexmig-node.json dashboards/flexmig-node.dashboard.py``).
+"""
+
+from __future__ import annotations
+
+from flexmig_dashboards.panels import (
+    Grid,
+    Q,
+    gpu_variable,
+    host_variable,
+    stat,
+    state_timeline,
+    table,
+    timeseries,
+    value_mapping,
+)
+from flexmig_dashboards.panels import dashboard as make_dashboard
+from flexmig_dashboards.promql import GPU, HOST, SLICES, slice_occupant
+
+_GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
+
+g = Grid()
+
+g.row("Node")
+g.add(
+    stat(
+        "MIG GPUs",
+        "GPUs with MIG mode enabled (flexmig_gpu_mig_mode == 1).",
+        [Q(f"count by (Hostname) (flexmig_gpu_mig_mode{{{GPU}}} == 1)", "{{Hostname}}")],
+    ),
+    w=4,
+    h=4,
+)
+g.add(
+    stat(
+        "MIG instances",
+        "GPU/compute instance pairs on the selected GPUs.",
+        [Q(f"sum by (Hostname) (flexmig_gpu_mig_instances{{{GPU}}})", "{{Hostname}}")],
+    ),
+    w=4,
+    h=4,
+)
+g.add(
+    stat(
+        "Free compute slices",
+        "Compute slices no instance holds, summed over the selected GPUs.",
+        [Q(f"sum by (Hostname) (flexmig_gpu_free_compute_slices{{{GPU}}})", "{{Hostname}}")],
+    ),
+    w=4,
+    h=4,
+)
+g.add(
+    stat(
+        "External fragmentation",
+        "Demand-weighted external fragmentation of the node, 0-1: the chance a request from the demand mix finds "
+        "no place although compute slices are free (README: Fragmentation).",
+        [Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}}")],
+        "percentunit",
+        thresholds=(("green", None), ("orange", 0.3), ("red", 0.5)),
+    ),
+    w=4,
+    h=4,
+)
+g.add(
+    stat(
+        "Stranded compute slices",
+        "Compute slices that repacking the running instances would make usable, summed over the node's GPUs.",
+        [Q(f"flexmig_node_stranded_compute_slices{{{HOST}}}", "{{Hostname}}")],
+        thresholds=(("green", None), ("orange", 1), ("red", 3)),
+    ),
+    w=4,
+    h=4,
+)
+g.add(
+    stat(
+        "Lost GPUs",
+        "GPUs NVML reported lost (GPU_IS_LOST): their instances drop out until the GPU comes back.",
+        [Q(f"sum by (Hostname) (flexmig_gpu_lost{{{GPU}}})", "{{Hostname}}")],
+        thresholds=(("green", None), ("red", 1)),
+    ),
+    w=4,
+    h=4,
+)
+
+g.row("Layouts")
+_PROFILE_COLOURS = (
+    ("0", "free", "transparent"),
+    ("1", "1g", "green"),
+    ("2", "2g", "blue"),
+    ("3", "3g", "purple"),
+    ("4", "4g", "orange"),
+    ("7", "7g", "red"),
+)
+g.add(
+    state_timeline(
+        "Slice map: memory slices 0-7 of each GPU",
+        "One row per GPU and memory slice; the colour is the size (compute slices) of the instance holding the "
+        "slice, 'free' when none does. An instance spans as many rows as its placement has memory slices, so "
+        "each GPU's column of rows is its MIG layout, and a migration or re-split shows as a change over time.",
+        [Q(slice_occupant(s), f"{_GPU_LEGEND} slice {s}") for s in range(SLICES)],
+        [value_mapping(_PROFILE_COLOURS)],
+    ),
+    w=14,
+    h=16,
+)
+g.add(
+    table(
+        "Instances",
+        "Every MIG instance on the selected GPUs: profile, placement (first memory slice and count), processes, "
+        "SM activity over the window, idle time.",
+        [
+            Q(f"flexmig_mig_placement_start{{{GPU}}}"),
+            Q(f"flexmig_mig_memory_slices{{{GPU}}}"),
+            Q(f"flexmig_mig_processes{{{GPU}}}"),
+            Q(f"flexmig_mig_sm_active_mean_ratio{{{GPU}}}"),
+            Q(f"flexmig_mig_idle_seconds{{{GPU}}}"),
+        ],
+        rename={
+            "GPU_I_ID": "GI",
+            "GPU_CI_ID": "CI",
+            "GPU_I_PROFILE": "profile",
+            "Value #A": "start",
+            "Value #B": "memory slices",
+            "Value #C": "processes",
+            "Value #D": "SM active (mean)",
+            "Value #E": "idle",
+        },
+        units={"Value #D": "percentunit", "Value #E": "s"},
+    ),
+    w=10,
+    h=16,
+)
+
+g.row("Free capacity per profile")
+g.add(
+    table(
+        "Creatable now vs if repacked",
+        "Per GPU and profile: how many instances of that profile alone could be created now, how many if the "
+        "running instances were packed tightly, and the difference (capacity stranded by placement).",
+        [
+            Q(f"flexmig_gpu_creatable_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_stranded_instances{{{GPU}}}"),
+        ],
+        rename={"Value #A": "creatable now", "Value #B": "if repacked", "Value #C": "stranded"},
+    ),
+    w=12,
+    h=10,
+)
+g.add(
+    timeseries(
+        "Creatable now, node total per profile",
+        "Sum over the selected GPUs of flexmig_gpu_creatable_instances: what a scheduler could still place here.",
+        [Q(f"sum by (Hostname, profile) (flexmig_gpu_creatable_instances{{{GPU}}})", "{{Hostname}} {{profile}}")],
+        min_value=0,
+    ),
+    w=12,
+    h=10,
+)
+g.add(
+    timeseries(
+        "Free slices per GPU",
+        "Compute slices (of 7) and memory slices (of 8) that no instance holds.",
+        [
+            Q(f"flexmig_gpu_free_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} compute"),
+            Q(f"flexmig_gpu_free_memory_slices{{{GPU}}}", f"{_GPU_LEGEND} memory"),
+        ],
+        min_value=0,
+    ),
+    w=24,
+    h=8,
+)
+
+g.row("Fragmentation")
+g.add(
+    timeseries(
+        "External fragmentation per GPU",
+        "Demand-weighted external fragmentation score F/free per GPU (0 when nothing is free); the node figure "
+        "is the sum of F over the sum of free slices. A fragmentation finding starts at 0.5 held for the window.",
+        [
+            Q(f"flexmig_gpu_fragmentation_external_ratio{{{GPU}}}", _GPU_LEGEND),
+            Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}} node"),
+        ],
+        "percentunit",
+        min_value=0,
+        max_value=1,
+    ),
+    w=12,
+)
+g.add(
+    timeseries(
+        "Stranded compute slices per GPU",
+        "Most compute slices that repacking the running instances would make usable by one profile.",
+        [
+            Q(f"flexmig_gpu_stranded_compute_slices{{{GPU}}}", _GPU_LEGEND),
+            Q(f"flexmig_gpu_fragmentation_external_slices{{{GPU}}}", f"{_GPU_LEGEND} F (unusable free slices)"),
+        ],
+        min_value=0,
+    ),
+    w=12,
+)
+g.add(
+    state_timeline(
+        "Fragmentation findings",
+        "A GPU is 'fragmented' while its fragmentation finding is active (with hysteresis; see README).",
+        [Q(f'flexmig_gpu_finding{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
+        [value_mapping((("0", "ok", "green"), ("1", "fragmented", "red")))],
+    ),
+    w=24,
+    h=6,
+)
+
+g.row("GPU health")
+g.add(
+    timeseries(
+        "Power",
+        "Power draw per GPU.",
+        [Q(f"flexmig_gpu_power_watts{{{GPU}}}", _GPU_LEGEND)],
+        "watt",
+    ),
+    w=8,
+)
+g.add(
+    timeseries(
+        "Temperature",
+        "GPU core temperature.",
+        [Q(f"flexmig_gpu_temperature_celsius{{{GPU}}}", _GPU_LEGEND)],
+        "celsius",
+    ),
+    w=8,
+)
+g.add(
+    timeseries(
+        "Clocks",
+        "SM and memory clocks.",
+        [
+            Q(f"flexmig_gpu_sm_clock_hertz{{{GPU}}}", f"{_GPU_LEGEND} SM"),
+            Q(f"flexmig_gpu_memory_clock_hertz{{{GPU}}}", f"{_GPU_LEGEND} memory"),
+        ],
+        "hertz",
+    ),
+    w=8,
+)
+
+dashboard = make_dashboard(
+    "flexmig: node overview",
+    "flexmig-node",
+    "GPUs, MIG layouts as slice maps, free capacity per profile and fragmentation, from flexmigd.",
+    g,
+    [host_variable(), gpu_variable()],
+)

@@ -1,0 +1,299 @@
+"""grafanalib building blocks: the data source and variables every flexmig dashboard shares, panel helpers, and a
+grid that lays panels out left to right, row by row.
+
+Every panel and target names its data source through the ``${datasource}`` variable, so one JSON works with
+whatever the Prometheus data source is called (UI import or provisioning alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import attr
+from grafanalib.core import (
+    SORT_ALPHA_ASC,
+    SORT_NUMERIC_ASC,
+    Dashboard,
+    DashboardLink,
+    GridPos,
+    RowPanel,
+    Stat,
+    StateTimeline,
+    Table,
+    Target,
+    Template,
+    Templating,
+    Time,
+    TimeSeries,
+)
+
+from flexmig_dashboards.promql import GPU, HOST
+
+__all__ = [
+    "DS",
+    "SCHEMA_VERSION",
+    "Grid",
+    "Q",
+    "dashboard",
+    "datasource_variable",
+    "gpu_variable",
+    "host_variable",
+    "instance_variable",
+    "stat",
+    "state_timeline",
+    "table",
+    "timeseries",
+]
+
+DS: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
+"""The data-source reference of every panel and target."""
+SCHEMA_VERSION = 39
+"""Grafana's dashboard model version we write (Grafana 10.3 to 11): no migration runs on load."""
+_ALL: dict[str, Any] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+
+
+# ----------------------------------------------------------------------------------------------- variables
+
+
+def datasource_variable() -> Template:
+    """``$datasource``: any Prometheus data source (the default one when the dashboard opens)."""
+    return Template(name="datasource", type="datasource", query="prometheus", label="Data source", default=None)
+
+
+def _query_variable(name: str, label: str, query: str, sort: int) -> Template:
+    t = Template(
+        name=name,
+        label=label,
+        query=query,
+        dataSource=DS,
+        includeAll=True,
+        multi=True,
+        allValue=".*",
+        refresh=2,  # on time-range change: hosts, GPUs and instances come and go
+        sort=sort,
+    )
+    t._current = dict(_ALL)
+    return t
+
+
+def host_variable() -> Template:
+    """``$Hostname``: nodes that run flexmigd (``Hostname`` label, as dcgm-exporter before 4.8.3 spells it)."""
+    return _query_variable("Hostname", "Host", "label_values(flexmig_node_info, Hostname)", SORT_ALPHA_ASC)
+
+
+def gpu_variable() -> Template:
+    """``$gpu``: NVML indices of the GPUs on the selected hosts."""
+    return _query_variable("gpu", "GPU", f"label_values(flexmig_gpu_lost{{{HOST}}}, gpu)", SORT_NUMERIC_ASC)
+
+
+def instance_variable() -> Template:
+    """``$GPU_I_ID``: GPU-instance IDs of the MIG instances on the selected GPUs (the legend adds the MIG UUID)."""
+    return _query_variable(
+        "GPU_I_ID", "MIG instance (GI)", f"label_values(flexmig_mig_memory_slices{{{GPU}}}, GPU_I_ID)", SORT_NUMERIC_ASC
+    )
+
+
+# ----------------------------------------------------------------------------------------------- queries
+
+
+@dataclass(frozen=True, slots=True)
+class Q:
+    """One query of a panel: PromQL, legend, and whether it is an instant query for a table."""
+
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+    def target(self, ref_id: str) -> Target:
+        """The grafanalib target with ``ref_id``."""
+        return Target(
+            expr=self.expr,
+            legendFormat=self.legend,
+            refId=ref_id,
+            instant=self.instant,
+            format="table" if self.instant else "time_series",
+            datasource=DS,
+            intervalFactor=1,
+        )
+
+
+def _targets(queries: Sequence[Q]) -> list[Target]:
+    return [q.target(chr(ord("A") + i)) for i, q in enumerate(queries)]
+
+
+def timeseries(
+    title: str,
+    description: str,
+    queries: Sequence[Q],
+    unit: str = "short",
+    *,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    stacked: bool = False,
+    bars: bool = False,
+    overrides: Sequence[dict[str, Any]] = (),
+) -> TimeSeries:
+    """A time series panel (legend as a table at the bottom, with last and max)."""
+    return TimeSeries(
+        title=title,
+        description=description,
+        dataSource=DS,
+        targets=_targets(queries),
+        unit=unit,
+        valueMin=min_value,
+        valueMax=max_value,
+        legendDisplayMode="table",
+        legendCalcs=["lastNotNull", "max"],
+        stacking={"mode": "normal", "group": "A"} if stacked else {"mode": "none"},
+        drawStyle="bars" if bars else "line",
+        fillOpacity=30 if stacked or bars else 10,
+        tooltipMode="multi",
+        tooltipSort="desc",
+        overrides=list(overrides),
+    )
+
+
+def stat(
+    title: str,
+    description: str,
+    queries: Sequence[Q],
+    unit: str = "short",
+    *,
+    thresholds: Sequence[tuple[str, float | None]] = (("green", None),),
+    mappings: Sequence[dict[str, Any]] = (),
+    no_value: str = "none",
+) -> Stat:
+    """A stat panel: the last value of each series, coloured by ``thresholds`` ((colour, from value) pairs)."""
+    return Stat(
+        title=title,
+        description=description,
+        dataSource=DS,
+        targets=_targets(queries),
+        format=unit,
+        reduceCalc="lastNotNull",
+        thresholds=[{"color": c, "value": v} for c, v in thresholds],
+        mappings=list(mappings),
+        graphMode="area",
+        colorMode="value",
+        noValue=no_value,
+    )
+
+
+def table(
+    title: str,
+    description: str,
+    queries: Sequence[Q],
+    *,
+    rename: dict[str, str] | None = None,
+    hide: Sequence[str] = ("Time", "__name__", "UUID", "model_name", "job", "instance"),
+    units: dict[str, str] | None = None,
+) -> Table:
+    """A table of instant queries, one row per label set: the values merged side by side, columns renamed."""
+    names = dict(rename or {})
+    return Table(
+        title=title,
+        description=description,
+        dataSource=DS,
+        targets=[attr.evolve(t, instant=True, format="table") for t in _targets(queries)],
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {"excludeByName": dict.fromkeys(hide, True), "renameByName": names, "indexByName": {}},
+            },
+        ],
+        overrides=[
+            {"matcher": {"id": "byName", "options": names.get(col, col)}, "properties": [{"id": "unit", "value": u}]}
+            for col, u in sorted((units or {}).items())
+        ],
+        filterable=True,
+    )
+
+
+def state_timeline(
+    title: str, description: str, queries: Sequence[Q], mappings: Sequence[dict[str, Any]], row_height: float = 0.9
+) -> StateTimeline:
+    """A state timeline: one row per series, coloured by ``mappings`` (value -> text and colour)."""
+    return StateTimeline(
+        title=title,
+        description=description,
+        dataSource=DS,
+        targets=_targets(queries),
+        mappings=list(mappings),
+        rowHeight=row_height,
+        mergeValues=True,
+        showValue="auto",
+        alignValue="center",
+        fillOpacity=80,
+        colorMode="fixed",
+        legendDisplayMode="hidden",
+    )
+
+
+def value_mapping(pairs: Sequence[tuple[str, str, str]]) -> dict[str, Any]:
+    """A Grafana value mapping from (value, text, colour) triples."""
+    return {
+        "type": "value",
+        "options": {v: {"text": text, "color": colour, "index": i} for i, (v, text, colour) in enumerate(pairs)},
+    }
+
+
+# ----------------------------------------------------------------------------------------------- layout
+
+
+@dataclass
+class Grid:
+    """Places panels on Grafana's 24-column grid: rows of panels left to right, a new line when one is full."""
+
+    panels: list[Any] = field(default_factory=list)
+    _x: int = 0
+    _y: int = 0
+    _line_h: int = 0
+
+    def row(self, title: str) -> None:
+        """Start a (non-collapsed) row titled ``title`` on a new line."""
+        self._newline()
+        self.panels.append(RowPanel(title=title, gridPos=GridPos(h=1, w=24, x=0, y=self._y)))
+        self._y += 1
+
+    def add(self, panel: Any, w: int = 12, h: int = 8) -> None:
+        """Place ``panel`` ``w`` columns wide and ``h`` units high after the previous one."""
+        if self._x + w > 24:
+            self._newline()
+        self.panels.append(attr.evolve(panel, gridPos=GridPos(h=h, w=w, x=self._x, y=self._y)))
+        self._x += w
+        self._line_h = max(self._line_h, h)
+
+    def _newline(self) -> None:
+        self._y += self._line_h
+        self._x = 0
+        self._line_h = 0
+
+
+def dashboard(title: str, uid: str, description: str, grid: Grid, variables: Sequence[Template]) -> Dashboard:
+    """A flexmig dashboard: tagged ``flexmig``, linked to the others, last hour, refreshed every 30 s."""
+    return Dashboard(
+        title=title,
+        uid=uid,
+        description=description,
+        tags=["flexmig", "mig", "gpu"],
+        timezone="browser",
+        refresh="30s",
+        time=Time("now-1h", "now"),
+        schemaVersion=SCHEMA_VERSION,
+        graphTooltip=1,
+        links=[
+            DashboardLink(
+                title="flexmig",
+                type="dashboards",
+                tags=["flexmig"],
+                asDropdown=True,
+                includeVars=True,
+                keepTime=True,
+            )
+        ],
+        templating=Templating(list=[datasource_variable(), *variables]),
+        panels=grid.panels,
+    ).auto_panel_ids()

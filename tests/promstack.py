@@ -1,0 +1,180 @@
+"""flexmigd as a subprocess and a real Prometheus scraping it, for integration tests (not a test module).
+
+Both listen on loopback at free ports, keep their files under the test's directory, and are stopped by the
+context managers that start them; every wait is bounded. Used by ``test_daemon_prometheus.py`` and
+``test_dashboards_prometheus.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flexmig import sim
+
+SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+START_S = 60.0  # the bound on waiting for a server to come up
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    """The body of ``url``."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return bytes(resp.read())
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float) -> Any:
+    """Call ``probe()`` until it returns something truthy without raising; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = probe()
+            if got:
+                return got
+        except (OSError, ValueError, KeyError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not seen within {timeout_s} s (last error: {last})")
+
+
+def ground_truth(spec: str) -> dict[str, tuple[int, int, str, int]]:
+    """MIG UUID -> (GPU index, GI ID, profile, memory bytes), straight from the simulator's state."""
+    node = sim.install(spec)
+    try:
+        return {
+            ci.uuid: (g.index, gi.id, gi.profile.name, gi.memory_bytes)
+            for g in node.gpus()
+            for gi in g.gpu_instances
+            for ci in gi.compute_instances
+        }
+    finally:
+        sim.uninstall()
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
+    """Stop ``proc`` with ``sig``, then SIGKILL if it has not exited within ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@dataclass(frozen=True)
+class Flexmigd:
+    """A running flexmigd: its process, metrics port and log file."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def metrics(self) -> str:
+        """The current exposition."""
+        return http_get(f"http://127.0.0.1:{self.port}/metrics").decode()
+
+
+@contextlib.contextmanager
+def flexmigd(workdir: Path, spec: str = SPEC, config: Path | None = None) -> Iterator[Flexmigd]:
+    """``flexmigd --sim spec`` serving metrics on a free loopback port; stopped with SIGTERM on exit.
+
+    Fails at once (with the log) if the daemon exits before serving."""
+    port = free_port()
+    log_path = workdir / f"flexmigd-{port}.log"
+    argv = [sys.executable, "-m", "flexmig.daemon", "--sim", spec, "--metrics-addr", f"127.0.0.1:{port}"]
+    if config is not None:
+        argv += ["--config", str(config)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": ""})
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"flexmigd exited with {proc.returncode}: {log_path.read_text()}")
+            return b"flexmig_mig_memory_total_bytes" in http_get(f"http://127.0.0.1:{port}/metrics")
+
+        try:
+            wait_for(f"flexmigd metrics (log: {log_path})", serving, START_S)
+            yield Flexmigd(proc, port, log_path)
+        finally:
+            stop(proc)
+
+
+@contextlib.contextmanager
+def prometheus(
+    workdir: Path, jobs: Mapping[str, Sequence[str]], rule_files: Sequence[Path] = (), interval: str = "1s"
+) -> Iterator[int]:
+    """A Prometheus on a free loopback port scraping ``jobs`` (job name -> targets) every ``interval``, with
+    ``rule_files`` loaded and evaluated at the same interval; yields its port, terminates it on exit."""
+    port = free_port()
+    home = workdir / f"prometheus-{port}"
+    home.mkdir(parents=True)
+    config = home / "prometheus.yml"
+    lines = [f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}"]
+    if rule_files:
+        lines.append("rule_files:\n" + "".join(f"  - {json.dumps(str(p))}\n" for p in rule_files).rstrip())
+    lines.append("scrape_configs:")
+    for job, targets in jobs.items():
+        lines.append(
+            f"  - job_name: {json.dumps(job)}\n    static_configs:\n      - targets: {json.dumps(list(targets))}"
+        )
+    config.write_text("\n".join(lines) + "\n")
+    with (home / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={home / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+        def ready() -> bytes:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"prometheus exited with {proc.returncode}: {(home / 'prometheus.log').read_text()}"
+                )
+            return http_get(f"http://127.0.0.1:{port}/-/ready")
+
+        try:
+            wait_for("prometheus ready", ready, START_S)
+            yield port
+        finally:
+            stop(proc)
+
+
+def api(port: int, path: str, **params: str | Sequence[str]) -> Any:
+    """``data`` of a Prometheus HTTP API call (``/api/v1/<path>``); fails on an error status."""
+    url = f"http://127.0.0.1:{port}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+    body = json.loads(http_get(url))
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def query(port: int, promql: str) -> list[dict[str, Any]]:
+    """The result vector of an instant query."""
+    return list(api(port, "query", query=promql)["result"])
