@@ -47,6 +47,7 @@ class BasePlacer:
         self.now_s = now_s
         self.ends = dict(ends)
         self.on_start = on_start
+        self._nominal_start: dict[tuple[int, int], float] = {}
 
     # ------------------------------------------------------------------------------------------ protocol
     def shape_key(self, job: JobRequest) -> Hashable:
@@ -95,9 +96,20 @@ class BasePlacer:
         """Place ``job`` on ``scratch`` using ``gpus``; None and no change when it does not fit."""
         raise NotImplementedError
 
+    def exhausted(self) -> bool:
+        """No free instance on any usable GPU, and (subclasses) no other way to make one."""
+        return not any(self.scratch.free_instances(g) for g in self.scratch.usable_gpus())
+
 
 class FlexPlacer(BasePlacer):
     """The flex rules: nominal anywhere (creating around held instances), else the best spread."""
+
+    def exhausted(self) -> bool:
+        """Not even the smallest instance could be created or reused anywhere."""
+        if not super().exhausted():
+            return False
+        smallest = min(self.model.plain_profiles, key=lambda p: (p.compute_slices, p.memory_slices))
+        return self.scratch.room(smallest, self.scratch.usable_gpus()) == 0
 
     def fit(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place ``job`` on ``scratch`` (nominal first, then the best spread); None and no change if it cannot."""
@@ -107,6 +119,8 @@ class FlexPlacer(BasePlacer):
             got = scratch.place_shape(job.name, nominal, self.weights, gpus, reason)
             if got is not None:
                 return nominal, got[0]
+        if len(shapes) > 1 and scratch is self.scratch and not self._spread_pays(job, nominal):
+            return None
         best: tuple[tuple[float, int], Shape] | None = None
         for shape in shapes[1:]:
             if scratch.room(shape.profile, gpus) < shape.ranks:
@@ -124,6 +138,39 @@ class FlexPlacer(BasePlacer):
         again = scratch.place_shape(job.name, best[1], self.weights, gpus, reason, exact=True)
         assert again is not None, "a trial that fitted must fit again"
         return best[1], again[0]
+
+    def _spread_pays(self, job: JobRequest, nominal: Shape) -> bool:
+        """Would spreading ``job`` now end it sooner than waiting for its nominal shape?
+
+        Spread now, it ends at ``now + R / e``; nominal, no earlier than when the running jobs ending first leave
+        room for it, ``t_n + R``. Spread only when ``t_n - now > R (1/e - 1)``: a spread also holds its slices
+        longer, so a short wait is the better use of the node. Unknown run times: spread.
+        """
+        runtime = job.expected_runtime_s
+        if runtime is None:
+            return True
+        key = (nominal.profile.profile_id, nominal.ranks)
+        t_n = self._nominal_start.get(key)
+        if t_n is None:
+            t_n = self._earliest(nominal)
+            self._nominal_start[key] = t_n
+        return t_n - self.now_s > runtime * (1.0 / self.settings.spread_efficiency - 1.0)
+
+    def _earliest(self, shape: Shape) -> float:
+        """When ``shape`` first fits as running jobs end in order (infinity if never)."""
+        twin = self.scratch.fork()
+        gpus = twin.usable_gpus()
+        order = sorted((t, name) for name, t in self.ends.items() if name in twin.jobs)
+        for t, name in order:
+            twin.release(name)
+            if twin.room(shape.profile, gpus) < shape.ranks:
+                continue
+            twin.begin()
+            got = twin.place_shape("\x00probe", shape, self.weights, gpus, "look ahead")
+            twin.rollback()
+            if got is not None:
+                return t
+        return float("inf")
 
 
 def _reserved_gpus(reservation: Reservation | None) -> frozenset[int]:

@@ -61,11 +61,15 @@ class Planner:
             state.blocked,
             state.blocked_gpus,
         )
+        needs: Counter[tuple[object, ...]] = Counter()
+        shapes: dict[tuple[object, ...], JobRequest] = {}
+        for req in (*(r.nominal for r in state.running), *state.pending):
+            k = (req.need, req.ranks)
+            needs[k] += 1
+            shapes.setdefault(k, req)
         counts: Counter[str] = Counter()
-        for run in state.running:
-            counts[self.geometry.nominal(run.nominal).profile.name] += 1
-        for req in state.pending:
-            counts[self.geometry.nominal(req).profile.name] += 1
+        for k, n in needs.items():
+            counts[self.geometry.nominal(shapes[k]).profile.name] += n
         weights = demand_weights(self.geometry, counts)
 
         ends: dict[str, float] = {}

@@ -54,6 +54,10 @@ class Placer(Protocol):
         """When and where ``job`` could start if nothing else started; None when unknown or never."""
         ...
 
+    def exhausted(self) -> bool:
+        """True when no job at all could start now (the node is full): the pass may stop early."""
+        ...
+
 
 def admit(
     queue: Sequence[JobRequest],
@@ -77,6 +81,8 @@ def admit(
                 started.append(job.name)
                 continue
             failed.add((key, False))
+            if placer.exhausted():
+                break
             reservation = placer.shadow(job)
             if unblock is not None and unblock(job, reservation):
                 started.append(job.name)
@@ -97,4 +103,6 @@ def admit(
             started.append(job.name)
         else:
             failed.add(fkey)
+            if placer.exhausted():
+                break
     return Admission(tuple(started), reservation)

@@ -138,7 +138,8 @@ class Scratch:
     ) -> list[Candidate]:
         """Where one rank of ``profile`` could go on ``gpu`` now (flex rules), each with its capacity change.
 
-        ``exact`` limits reuse to free instances of exactly ``profile`` (not larger ones that cover it).
+        ``exact`` limits reuse to free instances of exactly ``profile`` (not larger ones that cover it). With the
+        settings' ``repartition_busy`` off, new instances are created only on GPUs where nothing is held.
         """
         key = self.keys[gpu]
         base = self.geo.value(key, weights)
@@ -153,7 +154,7 @@ class Scratch:
                 same.add(inst.start)
             gain = self.geo.value(self.geo.add(key, inst.profile, inst.start), weights) - base
             out.append(Candidate(gpu, inst.start, inst.profile, True, gain, 0))
-        if create:
+        if create and (self.settings.repartition_busy or not self.owner[gpu]):
             free = self.free_instances(gpu)
             for s in self.geo.starts(key, profile):
                 end = s + profile.memory_slices
@@ -282,7 +283,7 @@ class Scratch:
                 return None
             placed.append(self.place_rank(owner, best, reason))
             total += best.gain
-            want, exact = best.profile, exact or best.profile != want
+            want, exact = best.profile, True  # the other ranks take exactly this profile
         self.commit()
         return tuple(placed), total
 

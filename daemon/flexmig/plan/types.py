@@ -174,7 +174,8 @@ class PlannerSettings:
       slices would give in one instance;
     * ``settling_s`` 600: a job moved (started, migrated, re-split) is not moved again for ten minutes;
     * ``gain_margin`` 2: a move happens only when its expected gain is at least twice its cost;
-    * ``resplit``/``migrate``/``repartition_busy``: switch the three mechanisms off, e.g. for comparisons;
+    * ``resplit``/``migrate``/``repartition_busy``: switch the three mechanisms off, e.g. for comparisons
+      (``repartition_busy`` off: instances are created only on GPUs where no job runs);
     * ``max_moves`` 8: moves (migrations and re-splits) in one plan, to bound disruption;
     * ``unknown_wait_s`` 1800: how long a blocked job is assumed to wait when the running jobs' remaining times
       are unknown (the gain a move that unblocks it is weighed by).

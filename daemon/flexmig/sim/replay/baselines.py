@@ -14,7 +14,7 @@ one-to-one allocation), and neither migrates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flexmig.mig.catalogue import Profile
 from flexmig.mig.layout import Layout
@@ -27,40 +27,70 @@ __all__ = ["DrainPlacer", "StaticPlacer"]
 
 
 def _existing(scratch: Scratch, profile: Profile, gpus: Sequence[int]) -> Instance | None:
-    """The best free instance covering ``profile``: smallest, on a busy GPU first, then lowest GPU and start."""
-    best: tuple[tuple[int, int, bool, int, int], Instance] | None = None
+    """A free instance of exactly ``profile``: on a busy GPU first, then the lowest GPU and start."""
+    best: tuple[tuple[bool, int, int], Instance] | None = None
     for g in gpus:
         idle = scratch.is_idle(g)
         for inst in scratch.free_instances(g):
-            if not covers(inst.profile, profile):
+            if inst.profile != profile:
                 continue
-            key = (inst.profile.compute_slices, inst.profile.memory_slices, idle, g, inst.start)
+            key = (idle, g, inst.start)
             if best is None or key < best[0]:
-                best = (key, Instance(g, inst.start, inst.profile))
+                best = (key, Instance(g, inst.start, profile))
     return None if best is None else best[1]
 
 
+def _covering(scratch: Scratch, profile: Profile) -> list[Profile]:
+    """Profiles whose instances can host a rank of ``profile``, smallest first."""
+    return sorted(
+        (p for p in scratch.geo.profiles if covers(p, profile)), key=lambda p: (p.compute_slices, p.memory_slices)
+    )
+
+
+def _ranks_on(
+    scratch: Scratch,
+    owner: str,
+    profile: Profile,
+    ranks: int,
+    gpus: Sequence[int],
+    fallback: Callable[[Scratch, Profile, Sequence[int]], Instance | None] | None = None,
+) -> tuple[Instance, ...] | None:
+    """``ranks`` instances of one profile for ``owner``: free ones of ``profile``, then ``fallback`` (if any)."""
+    scratch.begin()
+    placed: list[Instance] = []
+    for _ in range(ranks):
+        inst = _existing(scratch, profile, gpus)
+        if inst is None and fallback is not None:
+            inst = fallback(scratch, profile, gpus)
+        if inst is None:
+            scratch.rollback()
+            return None
+        scratch.hold(owner, (inst,))
+        placed.append(inst)
+    scratch.commit()
+    return tuple(placed)
+
+
 class StaticPlacer(BasePlacer):
-    """Fixed layouts: free instances only, best fit."""
+    """Fixed layouts: free instances only, best fit (the smallest profile that covers the rank and has room for
+    every rank; all ranks of a job share one profile)."""
 
     def fit(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place every rank on a free covering instance, or nothing."""
         shape = scratch.geo.nominal(job)
-        scratch.begin()
-        placed: list[Instance] = []
-        for _ in range(shape.ranks):
-            inst = _existing(scratch, shape.profile, gpus)
-            if inst is None:
-                scratch.rollback()
-                return None
-            scratch.hold(job.name, (inst,))
-            placed.append(inst)
-        scratch.commit()
-        return shape, tuple(placed)
+        for profile in _covering(scratch, shape.profile):
+            got = _ranks_on(scratch, job.name, profile, shape.ranks, gpus)
+            if got is not None:
+                return shape, got
+        return None
 
 
 class DrainPlacer(BasePlacer):
     """Free instances first; else re-lay out an idle GPU for the rank."""
+
+    def exhausted(self) -> bool:
+        """No free instance and no idle GPU."""
+        return super().exhausted() and not any(self.scratch.is_idle(g) for g in self.scratch.usable_gpus())
 
     _targets: dict[tuple[int, tuple[float, ...]], Layout | None]
 
@@ -88,7 +118,7 @@ class DrainPlacer(BasePlacer):
         self._targets[key] = got
         return got
 
-    def _relayout(self, scratch: Scratch, profile: Profile, gpus: Sequence[int], reason: str) -> Instance | None:
+    def _relayout(self, scratch: Scratch, profile: Profile, gpus: Sequence[int]) -> Instance | None:
         idle = [g for g in gpus if scratch.is_idle(g)]
         if not idle:
             return None
@@ -112,16 +142,11 @@ class DrainPlacer(BasePlacer):
         return Instance(g, start, profile)
 
     def fit(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
-        """Place every rank on a free covering instance or a freshly re-laid-out idle GPU, or nothing."""
+        """Place every rank on free covering instances (as static does); else on freshly re-laid-out idle GPUs."""
         shape = scratch.geo.nominal(job)
-        scratch.begin()
-        placed: list[Instance] = []
-        for _ in range(shape.ranks):
-            inst = _existing(scratch, shape.profile, gpus) or self._relayout(scratch, shape.profile, gpus, reason)
-            if inst is None:
-                scratch.rollback()
-                return None
-            scratch.hold(job.name, (inst,))
-            placed.append(inst)
-        scratch.commit()
-        return shape, tuple(placed)
+        for profile in _covering(scratch, shape.profile):
+            got = _ranks_on(scratch, job.name, profile, shape.ranks, gpus)
+            if got is not None:
+                return shape, got
+        got = _ranks_on(scratch, job.name, shape.profile, shape.ranks, gpus, self._relayout)
+        return None if got is None else (shape, got)

@@ -101,12 +101,14 @@ class _Run:
     resplits: int = 0
     spread_start: bool = False
     slices: int = 0
+    ran_s: float = 0.0
 
     def advance(self, now: float) -> None:
         begin = max(self.mark_s, self.resume_s)
         if now > begin:
             self.work_left = max(0.0, self.work_left - (now - begin) * self.speed)
-        self.mark_s = now
+            self.ran_s += now - begin
+        self.mark_s = max(self.mark_s, now)
 
     def remaining(self, now: float) -> float:
         wait = max(0.0, self.resume_s - now)
@@ -158,7 +160,6 @@ def replay(
         t = min(t_arr, t_end)
         if t == math.inf:
             break
-        tot.busy += used * (t - last_t)
         tot.frag += frag * (t - last_t)
         last_t = t
         while heap and heap[0][0] <= t:
@@ -167,8 +168,10 @@ def replay(
             if run is None or run.version != version:
                 continue
             del running[name]
+            run.advance(run.end_s)
             done[name] = run
             used -= by_name[name].compute_slices
+            tot.busy += by_name[name].compute_slices * run.ran_s
             manager.release(name)
             tick(1)
         while i < len(order) and order[i].arrival_s <= t:

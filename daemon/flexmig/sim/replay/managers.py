@@ -370,6 +370,9 @@ class FluidManager:
                     bisect.insort(ends, (now_s + job.expected_runtime_s, job.name))
                 return True
 
+            def exhausted(self) -> bool:
+                return pool._used >= pool.capacity
+
             def shadow(self, job: JobRequest) -> Reservation | None:
                 need = pool._need(job)
                 free = pool.capacity - pool._used

@@ -4,8 +4,9 @@
 * ``mean_jct_s``, ``p95_jct_s``: completion time (end minus arrival) of the completed jobs, mean and 95th
   percentile (nearest rank);
 * ``mean_wait_s``: arrival to first running (after the plan's reconfiguration delay);
-* ``utilization``: compute-slice-seconds the running jobs asked for (their nominal compute, not the larger
-  instance a policy may have given them) over the slice-seconds available during the makespan;
+* ``utilization``: compute-slice-seconds of running jobs (their nominal compute, not the larger instance a
+  policy may have given them, and only while they run: not while a plan reconfigures for them or moves them) over
+  the slice-seconds available during the makespan;
 * ``fragmentation_mean``: time-weighted mean of the node's FGD external fragmentation score over the makespan;
 * ``migrations``, ``resplits``: moves of running jobs; ``spread_starts``: jobs that started spread;
 * ``jobs_completed``, ``jobs_unplaceable`` (can never run on the node under the policy).
