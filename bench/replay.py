@@ -136,9 +136,8 @@ def report(
         short = trace.removeprefix("openb_pod_list_").removesuffix(".csv")
         first = results[(trace, loads[0], seeds[0], "static")]
         print(f"\n== {short}: {first['rows_mapped']} GPU jobs mapped, skipped {first['rows_skipped']}")
-        print(
-            f"   static layout chosen: {sorted({results[(trace, r, s, 'static')]['static_layout'] for r in loads for s in seeds})}"
-        )
+        chosen = sorted({results[(trace, r, s, "static")]["static_layout"] for r in loads for s in seeds})
+        print(f"   static layout chosen: {chosen}")
         head = f"{'RHO':>4} {'jobs':>5} | " + " ".join(f"{p:>9}" for p in POLICIES)
         print("   median mean JCT (h) per policy")
         print("   " + head)
@@ -163,7 +162,9 @@ def report(
         for rho in loads:
             for variant in ("flex", "flex-nr"):
 
-                def ratio(other: str, key: str, variant: str = variant, rho: float = rho) -> list[float]:
+                def ratio(
+                    other: str, key: str, variant: str = variant, rho: float = rho, trace: str = trace
+                ) -> list[float]:
                     return [
                         results[(trace, rho, s, variant)][key] / results[(trace, rho, s, other)][key] for s in seeds
                     ]
@@ -191,7 +192,8 @@ def report(
         extra = [results[(trace, r, s, "flex")] for r in loads for s in seeds]
         print(
             "   flex moves per replay (median): migrations "
-            f"{statistics.median(e['migrations'] for e in extra)}, re-splits {statistics.median(e['resplits'] for e in extra)}, "
+            f"{statistics.median(e['migrations'] for e in extra)}, "
+            f"re-splits {statistics.median(e['resplits'] for e in extra)}, "
             f"spread starts {statistics.median(e['spread_starts'] for e in extra)}"
         )
     print("\n== goals (worst seed)")

@@ -80,7 +80,7 @@ def test_empty_queue_gives_an_empty_plan():
 
 def test_small_jobs_share_a_gpu_and_keep_the_other_whole_for_a_7g():
     state = NodeState(H200, node([], []), pending=(req("a", P1), req("b", P2, t=1), req("c", P7, t=2)))
-    plan, out = plan_for(state)
+    plan, _ = plan_for(state)
     started = {a.job: a.instances for a in of_type(plan, StartJob)}
     assert set(started) == {"a", "b", "c"}
     assert started["a"][0].gpu == started["b"][0].gpu
@@ -125,7 +125,7 @@ def test_elastic_7g_spreads_over_scattered_free_slices():
         running=tuple(running(f"r{g}", (g, 0, P3)) for g in range(3)),
         pending=(req("big", P7, elastic=True),),
     )
-    plan, out = plan_for(state)
+    plan, _ = plan_for(state)
     (start,) = of_type(plan, StartJob)
     assert len(start.instances) == 7 and {i.profile for i in start.instances} == {P1}
     assert len({i.gpu for i in start.instances}) >= 2  # one job on several GPUs
@@ -168,7 +168,7 @@ def _blocked_7g(**kw):
 
 
 def test_small_job_migrates_to_free_a_whole_gpu_for_a_waiting_7g():
-    plan, out = plan_for(_blocked_7g())
+    plan, _ = plan_for(_blocked_7g())
     (move,) = of_type(plan, MigrateJob)
     assert move.job == "small" and move.to_instances[0].gpu == 1
     (start,) = of_type(plan, StartJob)
@@ -257,7 +257,7 @@ def test_state_with_one_instance_held_twice_is_refused():
 
 def test_request_for_an_unknown_profile_is_refused_by_name():
     bad = JobRequest("x", RankNeed(profile="9g.1tb"))
-    with pytest.raises(PlanRejectedError, match="9g.1tb"):
+    with pytest.raises(PlanRejectedError, match=r"9g\.1tb"):
         Planner(H200).plan(NodeState(H200, node([]), pending=(bad,)))
 
 

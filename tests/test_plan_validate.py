@@ -76,7 +76,7 @@ def test_destroying_an_instance_a_job_holds_is_refused():
 
 
 def test_destroying_a_missing_instance_is_refused():
-    with pytest.raises(PlanRejectedError, match="no 3g.71gb"):
+    with pytest.raises(PlanRejectedError, match=r"no 3g\.71gb"):
         check(state([[]]), destroy(0, 0, P3))
 
 
@@ -93,7 +93,7 @@ def test_start_needs_a_queued_job_and_existing_free_instances():
     assert check(st, StartJob("a", (Instance(0, 0, P3),), "go", 0)).holds["a"] == (Instance(0, 0, P3),)
     with pytest.raises(PlanRejectedError, match="not waiting"):
         check(st, StartJob("zz", (Instance(0, 0, P3),), "go", 0))
-    with pytest.raises(PlanRejectedError, match="no 3g.71gb instance at gpu0:3g.71gb@4"):
+    with pytest.raises(PlanRejectedError, match=r"no 3g\.71gb instance at gpu0:3g\.71gb@4"):
         check(st, StartJob("a", (Instance(0, 4, P3),), "go", 0))
 
 

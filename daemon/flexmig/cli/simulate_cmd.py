@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_progress or total == 0:
         result = run_policy(prep, args.policy, settings)
     else:
-        from tqdm import tqdm  # noqa: PLC0415
+        from tqdm import tqdm  # type: ignore[import-untyped]  # noqa: PLC0415
 
         with tqdm(total=total, desc=f"{args.policy} {prep.info['node']}", unit="ev", file=sys.stderr) as bar:
             result = run_policy(prep, args.policy, settings, bar.update)

@@ -9,7 +9,6 @@ The cache belongs to one :class:`Geometry` object (one per planner or replay), n
 from __future__ import annotations
 
 from collections.abc import Mapping
-
 from typing import TYPE_CHECKING
 
 from flexmig.mig.catalogue import GpuModel, Profile

@@ -47,6 +47,7 @@ class Mover:
         scratch: Scratch,
         model: GpuModel,
         settings: PlannerSettings,
+        *,
         weights: tuple[float, ...],
         running: Mapping[str, RunningJob],
         now_s: float,

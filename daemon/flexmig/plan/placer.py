@@ -35,6 +35,7 @@ class BasePlacer:
         scratch: Scratch,
         model: GpuModel,
         settings: PlannerSettings,
+        *,
         weights: tuple[float, ...],
         now_s: float,
         ends: Mapping[str, float],

@@ -27,7 +27,7 @@ from flexmig.plan.placer import FlexPlacer
 from flexmig.plan.queue import admit
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, speed_of
-from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings
+from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings, RankNeed
 from flexmig.plan.validate import check_state
 
 __all__ = ["Planner"]
@@ -58,11 +58,11 @@ class Planner:
             state.layouts,
             {j.name: j.instances for j in state.running},
             settings,
-            state.blocked,
-            state.blocked_gpus,
+            blocked=state.blocked,
+            blocked_gpus=state.blocked_gpus,
         )
-        needs: Counter[tuple[object, ...]] = Counter()
-        shapes: dict[tuple[object, ...], JobRequest] = {}
+        needs: Counter[tuple[RankNeed, int]] = Counter()
+        shapes: dict[tuple[RankNeed, int], JobRequest] = {}
         for req in (*(r.nominal for r in state.running), *state.pending):
             k = (req.need, req.ranks)
             needs[k] += 1
@@ -76,8 +76,9 @@ class Planner:
         for run in state.running:
             if run.remaining_s is not None:
                 ends[run.name] = now + run.remaining_s
-        placer = FlexPlacer(scratch, self.model, settings, weights, now, ends)
-        mover = Mover(scratch, self.model, settings, weights, {j.name: j for j in state.running}, now)
+        placer = FlexPlacer(scratch, self.model, settings, weights=weights, now_s=now, ends=ends)
+        running = {j.name: j for j in state.running}
+        mover = Mover(scratch, self.model, settings, weights=weights, running=running, now_s=now)
         queue = sorted(state.pending, key=lambda r: r.submitted_s)  # stable: equal times keep input order
 
         def duration(job: JobRequest) -> float | None:
@@ -87,14 +88,14 @@ class Planner:
             return job.expected_runtime_s / (settings.spread_efficiency if spreads else 1.0)
 
         admission = admit(queue, placer, now, duration, mover.unblock)
-        reserved = frozenset()
+        reserved: frozenset[int] = frozenset()
         if admission.reservation is not None and isinstance(admission.reservation.token, frozenset):
-            reserved = admission.reservation.token
+            reserved = frozenset(g for g in admission.reservation.token if isinstance(g, int))
         mover.consolidate(reserved)
         notes = list(mover.notes)
         if admission.reservation is not None and admission.reservation.start_s != float("inf"):
             r = admission.reservation
-            notes.append(f"{r.job} waits; reserved from t={r.start_s:.0f}s on GPU(s) {sorted(r.token or ())}")
+            notes.append(f"{r.job} waits; reserved from t={r.start_s:.0f}s on GPU(s) {sorted(reserved)}")
         return Plan(tuple(scratch.actions), now, tuple(notes))
 
     def speed(self, request: JobRequest, shape: Shape) -> float:

@@ -64,6 +64,7 @@ class Scratch:
         layouts: Sequence[Layout],
         holds: Mapping[str, Sequence[Instance]],
         settings: PlannerSettings,
+        *,
         blocked: Iterable[tuple[int, int]] = (),
         blocked_gpus: Iterable[int] = (),
     ) -> None:

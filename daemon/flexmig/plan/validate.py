@@ -15,7 +15,7 @@ run. It checks, at every step:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from flexmig.errors import PlanRejectedError
@@ -65,10 +65,10 @@ def check_state(state: NodeState) -> None:
         bad = lay.violations()
         if bad:
             raise PlanRejectedError(f"node state holds an invalid layout: {bad[0]}")
-    for job in (*state.running, *state.pending):
-        if job.name in names:
-            raise PlanRejectedError(f"job {job.name!r} appears twice in the node state")
-        names.add(job.name)
+    for name in (*(j.name for j in state.running), *(r.name for r in state.pending)):
+        if name in names:
+            raise PlanRejectedError(f"job {name!r} appears twice in the node state")
+        names.add(name)
     for run in state.running:
         if not run.instances:
             raise PlanRejectedError(f"running job {run.name!r} holds no instance")
@@ -150,7 +150,7 @@ def validate_plan(
                 raise refuse(f"{action.job!r} is not waiting in the queue")
             if action.job in started:
                 raise refuse(f"{action.job!r} is started twice")
-            _take(layouts, owner, state, action.job, action.instances, (), refuse)
+            _take(layouts, owner, state, action.job, action.instances, own=(), refuse=refuse)
             if not _shape_allowed(state, request, action.instances):
                 raise refuse(f"{action.job!r} may not run on {len(action.instances)} such instance(s)")
             holds[action.job] = action.instances
@@ -184,7 +184,7 @@ def validate_plan(
                     raise refuse(f"re-split of {action.job!r} names {action.ranks}x{action.profile.name}")
                 if not _shape_allowed(state, job.nominal, action.to_instances):
                     raise refuse(f"{action.job!r} may not run as {action.ranks}x{action.profile.name}")
-            _take(layouts, owner, state, action.job, action.to_instances, action.from_instances, refuse)
+            _take(layouts, owner, state, action.job, action.to_instances, own=action.from_instances, refuse=refuse)
             for inst in action.from_instances:
                 owner.pop(inst.key, None)
             for inst in action.to_instances:
@@ -194,7 +194,7 @@ def validate_plan(
         else:  # pragma: no cover - the Action union is closed
             raise refuse("unknown action")
 
-    for name, job in running.items():
+    for name in running:
         if not holds.get(name):
             raise PlanRejectedError(f"running job {name!r} holds no instance after the plan")
     seen: dict[tuple[int, int], str] = {}
@@ -212,11 +212,11 @@ def _take(
     state: NodeState,
     job: str,
     instances: tuple[Instance, ...],
+    *,
     own: tuple[Instance, ...],
-    refuse: object,
+    refuse: Callable[[str], PlanRejectedError],
 ) -> None:
     """Check ``instances`` exist, are free (or among ``own``) and unblocked, then give them to ``job``."""
-    assert callable(refuse)
     mine = {i.key for i in own}
     if len({i.key for i in instances}) != len(instances):
         raise refuse(f"{job!r} names one instance twice")

@@ -53,6 +53,7 @@ def _ranks_on(
     profile: Profile,
     ranks: int,
     gpus: Sequence[int],
+    *,
     fallback: Callable[[Scratch, Profile, Sequence[int]], Instance | None] | None = None,
 ) -> tuple[Instance, ...] | None:
     """``ranks`` instances of one profile for ``owner``: free ones of ``profile``, then ``fallback`` (if any)."""
@@ -148,5 +149,5 @@ class DrainPlacer(BasePlacer):
             got = _ranks_on(scratch, job.name, profile, shape.ranks, gpus)
             if got is not None:
                 return shape, got
-        got = _ranks_on(scratch, job.name, shape.profile, shape.ranks, gpus, self._relayout)
+        got = _ranks_on(scratch, job.name, shape.profile, shape.ranks, gpus, fallback=self._relayout)
         return None if got is None else (shape, got)

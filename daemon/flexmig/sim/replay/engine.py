@@ -188,7 +188,7 @@ def replay(
         }
         grants = manager.schedule(t, queue, views)
         if grants:
-            started = _apply(grants, t, queue, running, by_name, heap, tot)
+            started = _apply(grants, t, queue, running=running, by_name=by_name, heap=heap, tot=tot)
             if started:
                 queue = [r for r in queue if r.name not in started]
                 used += sum(by_name[name].compute_slices for name in started)
@@ -229,6 +229,7 @@ def _apply(
     grants: Sequence[Grant],
     t: float,
     queue: Sequence[JobRequest],
+    *,
     running: dict[str, _Run],
     by_name: dict[str, TraceJob],
     heap: list[tuple[float, int, str]],
@@ -248,9 +249,10 @@ def _apply(
             running[g.job] = run
             started.add(g.job)
         else:
-            run = running.get(g.job)
-            if run is None:
+            moved = running.get(g.job)
+            if moved is None:
                 raise PlanRejectedError(f"t={t}: {g.job!r} moved but not running")
+            run = moved
             run.advance(t)
             run.moves += 1
             if g.kind == "resplit":

@@ -91,8 +91,8 @@ def thin(jobs: Sequence[TraceJob], rho: float, slices: int, seed: int) -> list[T
     first, last = ordered[0], ordered[-1]
     kept = {first.name, last.name}
     work = first.work + (last.work if last is not first else 0.0)
-    rest = [j for j in ordered[1:-1]]
-    random.Random(seed).shuffle(rest)
+    rest = list(ordered[1:-1])
+    random.Random(seed).shuffle(rest)  # noqa: S311 - a reproducible sample, not a secret
     for j in rest:
         if work >= target:
             break

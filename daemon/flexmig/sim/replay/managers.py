@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
-from flexmig.plan.geometry import Geometry, demand_weights
+from flexmig.plan.geometry import demand_weights
 from flexmig.plan.placer import BasePlacer
 from flexmig.plan.planner import Planner
 from flexmig.plan.queue import Reservation, admit
@@ -161,17 +161,15 @@ class LayoutManager:
         now_s: float,
         ends: Mapping[str, float],
     ) -> BasePlacer:
-        return cls(scratch, self.model, self.settings, weights, now_s, ends)
+        return cls(scratch, self.model, self.settings, weights=weights, now_s=now_s, ends=ends)
 
     def placeable(self, job: JobRequest) -> bool:
         """Could ``job`` run on the node when nothing else runs (static: on its fixed layout)?"""
         key = (self.geometry.nominal(job), job.elastic and self.settings.resplit, job.min_ranks, job.max_ranks)
         got = self._placeable.get(key)
         if got is None:
-            if self.policy == "static":
-                base = self._initial
-            else:
-                base = tuple(Layout.empty(self.model) for _ in self._initial)
+            empty = tuple(Layout.empty(self.model) for _ in self._initial)
+            base = self._initial if self.policy == "static" else empty
             scratch = Scratch(self.geometry, base, {}, self.settings)
             cls = {"static": StaticPlacer, "drain": DrainPlacer}.get(self.policy)
             weights = demand_weights(self.geometry, {})
@@ -222,7 +220,7 @@ class LayoutManager:
         except PlanRejectedError as exc:  # a planner bug: stop loudly, with the plan
             raise PlanRejectedError(f"{self.policy} made a plan the hardware would refuse at t={now_s}: {exc}") from exc
         self._layouts = outcome.layouts
-        self._holds = {k: v for k, v in outcome.holds.items()}
+        self._holds = dict(outcome.holds)
         return self._grants(plan, queue, running)
 
     def _baseline_plan(self, now_s: float, queue: Sequence[JobRequest], running: Mapping[str, RunView]) -> Plan:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from flexmig.errors import TraceError
 from flexmig.mig.nodespec import NodeSpec, parse_node_spec
-from flexmig.plan.types import PlannerSettings
+from flexmig.plan.types import JobRequest, PlannerSettings
 from flexmig.sim.replay.bound import lower_bound
 from flexmig.sim.replay.engine import Sample, replay, request_for
 from flexmig.sim.replay.load import cap_runtime, compress, natural_load, thin
@@ -143,7 +143,8 @@ def run_policy(
     assert spec.layout is not None
     start = (spec.layout,) * spec.count
     if policy in ("drain", "flex"):
-        manager = LayoutManager(policy, spec.model, start, settings)
+        kind: Literal["drain", "flex"] = "drain" if policy == "drain" else "flex"
+        manager = LayoutManager(kind, spec.model, start, settings)
         run = replay(prep.jobs, manager, prep.capacity, prep.mix(), progress)
         return SimResult(metrics_of(policy, run, extra), run.samples)
     if policy != "static":
@@ -179,7 +180,7 @@ def static_eligibility(prep: Prepared, settings: PlannerSettings) -> list[tuple[
 
     Jobs that need more compute than the whole node are unplaceable under every policy and are left out.
     """
-    requests = {}
+    requests: dict[tuple[str, int], JobRequest] = {}
     for j in prep.jobs:
         if j.compute_slices <= prep.capacity:
             requests.setdefault((j.profile.name, j.ranks), request_for(j))
