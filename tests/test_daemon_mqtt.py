@@ -39,7 +39,7 @@ EVENT_LINE = re.compile(r"flexmig\.wiring\.mqtt: event (\w+) ([0-9a-f-]{36}):")
 SPEC = "h200x2:3g.71gb@0"
 
 # The daemon, with the same signal handling as flexmigd, and a scheduler that creates and destroys a 1g.18gb on
-# GPU 1 every 0.3 s: instance_created/destroyed and fragmentation_above/below keep coming (3g@0 + 1g@4 scores 0.4,
+# GPU 1 every 0.3 s: instance_created/destroyed and fragmentation_above/below keep coming (3g@0 + 1g@4 scores 0.65,
 # 3g@0 alone 0.2, against a 0.3 threshold with no wait).
 CHURNING_DAEMON = """
 import asyncio, logging, sys
@@ -364,3 +364,30 @@ def test_a_malformed_broker_address_in_a_reload_is_one_clear_line_and_changes_no
     assert len(refused) == 1 and "mqtt.broker" in refused[0] and str(path) in refused[0]
     assert after > before
     assert stored == event_lines(caplog) and len(stored) == 2
+
+
+def test_an_outbox_that_cannot_be_opened_stops_the_start_up_naming_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "flexmig.toml"
+    missing = tmp_path / "no-such-dir" / "outbox.sqlite3"
+    config.write_text(daemon_config("127.0.0.1:1883", missing))
+    config.chmod(0o600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flexmig.daemon", "--sim", "h200", "--config", str(config)],
+        capture_output=True, text=True, timeout=WAIT, env={**os.environ, "NOTIFY_SOCKET": ""}, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert f"outbox {missing}: cannot open" in proc.stderr
+
+
+def test_a_reload_says_mqtt_changes_wait_for_the_next_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="flexmig.daemon")
+    path = tmp_path / "flexmig.toml"
+    path.write_text(daemon_config("127.0.0.1:1883", tmp_path / "outbox.sqlite3"))
+    path.chmod(0o600)
+    daemon = Daemon(load_config(path), sim_spec="h200", config_path=path)
+    path.write_text(daemon_config("127.0.0.1:1884", tmp_path / "outbox.sqlite3"))
+    assert daemon.reload()
+    assert any("at next restart: mqtt.broker" in r.getMessage() for r in caplog.records)
+    assert daemon.components.mqtt is not None
+    assert daemon.components.mqtt.publisher.settings.broker == "127.0.0.1:1883"  # the running publisher is kept
+    daemon.components.mqtt.outbox.close()

@@ -221,8 +221,9 @@ class Daemon:
 
 
 def _restart_only(key: str) -> bool:
-    """Telemetry keys the running sampler does not pick up (the sweep interval it does)."""
-    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith("dcgm.")
+    """Keys the running daemon does not pick up: telemetry's (the sweep interval it does) and MQTT's (the publisher
+    and its outbox are set up at start; ``[detect]`` thresholds, by contrast, apply at once)."""
+    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith(("dcgm.", "mqtt."))
 
 
 async def _watchdog_loop(dog: Watchdog) -> None:
