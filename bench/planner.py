@@ -97,11 +97,11 @@ def time_plans(make: Callable[[], Callable[[NodeState], object]], state: NodeSta
 def drain_planner(state: NodeState) -> Callable[[NodeState], object]:
     """The drain baseline's planning step over the same state (via the replay's manager)."""
     manager = LayoutManager("drain", H200, state.layouts, PlannerSettings())
-    manager._holds = {j.name: j.instances for j in state.running}  # noqa: SLF001 - bench sets up the state directly
+    manager._holds = {j.name: j.instances for j in state.running}
     views = {j.name: RunView(j.nominal, j.remaining_s or 0.0, j.last_moved_s or 0.0, 1.0) for j in state.running}
 
     def plan(s: NodeState) -> object:
-        return manager._baseline_plan(s.now_s, s.pending, views)  # noqa: SLF001
+        return manager._baseline_plan(s.now_s, s.pending, views)
 
     return plan
 
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         worst = sorted(flex)[min(len(flex) - 1, int(0.99 * len(flex)))]
         verdict = "met" if worst <= target else "MISSED"
         print(
-            f"\n{label}: {len(state.running)} running, {len(state.pending)} pending; plan has {len(plan)} actions {kinds}"
+            f"\n{label}: {len(state.running)} running, {len(state.pending)} pending; "
+            f"plan has {len(plan)} actions {kinds}"
         )
         print(f"  flex (warm)   {quantiles(flex)}")
         print(f"  flex (cold)   {quantiles(cold)}")
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if flex_s <= 60 else "MISSED"
         print(f"\nfull replay of {TRACE} on h200x8 (arrivals as they are, {len(prep.jobs)} jobs):")
         print(
-            f"  flex {flex_s:.1f} s (drain {drain_s:.1f} s, flex/drain {flex_s / drain_s:.2f}x); target <= 60 s: {verdict}"
+            f"  flex {flex_s:.1f} s (drain {drain_s:.1f} s, flex/drain {flex_s / drain_s:.2f}x); "
+            f"target <= 60 s: {verdict}"
         )
         print(
             f"  flex figures: makespan {m.makespan_s / 86400:.1f} d, mean JCT {m.mean_jct_s / 3600:.2f} h, "
