@@ -338,6 +338,29 @@ def test_acknowledgements_can_go_to_a_daemon_owned_directory_nobody_can_list(bas
     run(scenario())
 
 
+def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_its_peers_stopped(base):
+    hang = _script(
+        base, "hang.py", "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(7)\ntime.sleep(600)\n"
+    )
+
+    async def scenario() -> None:
+        async with Rig(base, "h200") as rig:
+            spec = rig.job(name="short", ranks=2)
+            spec.write_text(spec.read_text().replace('"--log-every"', '"--steps", "20", "--log-every"'))
+            await rig.call("jobs.submit", path=str(spec))
+            rec = await rig.until(lambda: (r := rig.record("short")).state != "running" and r)
+            assert rec.state == "done" and rec.error is None
+            assert [e["event"] for e in rig.log("short")][-1] == "done"
+
+            await rig.call("jobs.submit", path=str(rig.job(name="bad", script=hang)))
+            rec = await rig.until(lambda: (r := rig.record("bad")).state != "running" and r)
+            assert rec.state == "failed" and rec.error == "rank 1 exited with status 7"
+            await rig.until(lambda: not rig.act.supervisor.alive("bad"))
+            assert "job_failed" in rig.kinds()
+
+    run(scenario())
+
+
 # ---------------------------------------------------------------------------------------- safety rules
 @pytest.mark.parametrize("mode", ["observe", "advise"])
 def test_observe_and_advise_never_act(base, mode):
