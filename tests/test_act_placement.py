@@ -9,8 +9,10 @@ import pytest
 from flexmig.act.journal import Journal, JournalError, StepEvent
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import choose_targets, move_plan, start_plan
-from flexmig.act.records import Slot
+from flexmig.act.planview import pending_requests, running_jobs
+from flexmig.act.records import JobRecord, Slot
 from flexmig.errors import PlanRejectedError
+from flexmig.jobs import JobPolicy, JobSpec, parse_job_spec
 from flexmig.mig import H200
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo, ProcessInfo
 from flexmig.plan.types import CreateInstance, DestroyInstance, MigrateJob, PlannerSettings, ResplitJob, StartJob
@@ -134,3 +136,23 @@ def test_step_event_names_the_action_kind(tmp_path):
     _, (aid,) = j.begin_plan("t", [("create_instance", None, {})])
     j.step_failed_with(j.step_intent(aid, "create_instance", "create:0@1", {}), "create_instance", "boom")
     assert [(e.action_kind, e.phase) for e in got] == [("create_instance", "intent"), ("create_instance", "failed")]
+
+
+# --------------------------------------------------------------------------------------- planner's view
+def test_job_records_become_the_planners_running_jobs_and_queue(tmp_path):
+
+    def spec(name: str, need: str) -> JobSpec:
+        text = f'name = "{name}"\nargv = ["/bin/true"]\nuser = "root"\nworking_dir = "{tmp_path}"\n'
+        text += f'checkpoint_dir = "c"\n[ranks]\nmin = 1\nmax = 4\nstart = 2\n[need]\n{need}\n'
+        return parse_job_spec(text, JobPolicy((tmp_path,), check_permissions=False))
+
+    run = JobRecord("a", "u1", spec("a", 'profile = "1g.18gb"'), "running", 1, (Slot(0, 3, "1g.18gb"),))
+    late = JobRecord("b", "u2", spec("b", "memory_gib = 20"), "pending", submitted_s=5.0)
+    early = JobRecord("c", "u3", spec("c", "compute_slices = 2"), "pending", submitted_s=1.0)
+    (r,) = running_jobs([run, late, early], H200, {"a": 42.0})
+    assert r.name == "a" and [i.key for i in r.instances] == [(0, 3)] and r.last_moved_s == 42.0
+    assert (r.nominal.ranks, r.nominal.min_ranks, r.nominal.max_ranks) == (2, 1, 4)
+    assert r.nominal.need.profile == "1g.18gb" and r.nominal.rank_memory_mib == H200.profile("1g.18gb").memory_mib
+    queue = pending_requests([run, late, early], H200)
+    assert [q.name for q in queue] == ["c", "b"]
+    assert (queue[1].need.memory_mib, queue[0].need.compute_slices) == (20480, 2)
