@@ -63,17 +63,15 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """A rule group (evaluated together, at ``interval``)."""
+    """A rule group (evaluated together, at Prometheus's ``evaluation_interval``)."""
 
     name: str
-    interval: str
     rules: tuple[Rule, ...]
 
 
 GROUPS: tuple[Group, ...] = (
     Group(
         "flexmig-daemon",
-        "30s",
         (
             Rule(
                 "FlexmigDaemonDown",
@@ -112,7 +110,7 @@ GROUPS: tuple[Group, ...] = (
                 "warning",
                 "flexmigd on {{ $labels.Hostname }} fails to read {{ $labels.source }}",
                 "Reads of the {{ $labels.source }} telemetry source have failed for 10 minutes "
-                "({{ $value | humanize }}/s): those figures are missing from the node's series.",
+                '({{ $value | printf "%.2f" }}/s): those figures are missing from the node\'s series.',
                 _DAEMON_DASH,
             ),
             Rule(
@@ -121,8 +119,8 @@ GROUPS: tuple[Group, ...] = (
                 "15m",
                 "warning",
                 "NVML call {{ $labels.call }} fails with {{ $labels.error }} on {{ $labels.Hostname }}",
-                "{{ $labels.call }} has failed with {{ $labels.error }} for 15 minutes ({{ $value | humanize }}/s); "
-                "the field it reads is absent from the metrics.",
+                "{{ $labels.call }} has failed with {{ $labels.error }} for 15 minutes "
+                '({{ $value | printf "%.2f" }}/s); the field it reads is absent from the metrics.',
                 _DAEMON_DASH,
             ),
             Rule(
@@ -158,7 +156,6 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "flexmig-findings",
-        "1m",
         (
             Rule(
                 "FlexmigMigInstanceIdle",
@@ -218,7 +215,6 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "flexmig-actions",
-        "1m",
         (
             Rule(
                 "FlexmigActionFailed",
@@ -248,7 +244,7 @@ GROUPS: tuple[Group, ...] = (
 def rules_document() -> dict[str, object]:
     """The rules file as data (what a YAML parser must read back from :func:`render_rules`)."""
     return {
-        "groups": [{"name": g.name, "interval": g.interval, "rules": [r.document() for r in g.rules]} for g in GROUPS]
+        "groups": [{"name": g.name, "rules": [r.document() for r in g.rules]} for g in GROUPS]
     }
 
 
@@ -263,7 +259,6 @@ def _lines() -> Iterator[str]:
     yield "groups:"
     for g in GROUPS:
         yield f"  - name: {_q(g.name)}"
-        yield f"    interval: {g.interval}"
         yield "    rules:"
         for r in g.rules:
             yield f"      - alert: {r.alert}"

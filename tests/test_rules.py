@@ -1,0 +1,84 @@
+"""flexmig's Prometheus alerting rules (dashboards/rules/flexmig.rules.yml): promtool accepts them, their unit tests
+pass under promtool, the YAML says exactly what the Python definition says, and they cover what operators need
+to hear about. How they evaluate against a live node: test_dashboards_prometheus.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards_support import RULES, RULES_TEST, alerts, metrics, promql
+from promstack import PROMTOOL
+
+pytestmark = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
+
+RULES_LIST = [r for g in alerts.GROUPS for r in g.rules]
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PROMTOOL, *args], check=False, capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_the_rules_file_passes_promtool_check_rules() -> None:
+    done = promtool("check", "rules", str(RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(RULES_LIST)} rules found" in done.stdout
+
+
+def test_promtool_check_rules_rejects_a_broken_rule(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.rules.yml"
+    broken.write_text(RULES.read_text().replace("flexmig_gpu_lost == 1", "flexmig_gpu_lost == (1", 1))
+    done = promtool("check", "rules", str(broken))
+    assert done.returncode == 1 and "FlexmigGpuLost" in done.stderr
+
+
+def test_the_rules_unit_tests_pass_under_promtool_test_rules() -> None:
+    done = promtool("test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_the_unit_tests_exercise_every_alert() -> None:
+    tested = set(re.findall(r"alertname: (\w+)", RULES_TEST.read_text()))
+    assert tested == {r.alert for r in RULES_LIST}
+
+
+def test_the_rules_file_reads_back_as_its_python_definition() -> None:
+    assert yaml.safe_load(RULES.read_text()) == alerts.rules_document()
+
+
+def test_every_alert_waits_a_for_duration_has_a_severity_and_says_what_and_why() -> None:
+    for r in RULES_LIST:
+        assert re.fullmatch(r"\d+[smh]", r.for_), r.alert
+        assert r.severity in {"critical", "warning", "info"}, r.alert
+        assert r.summary and len(r.description) >= 60, r.alert
+        assert r.alert.startswith("Flexmig"), r.alert
+
+
+def test_the_rules_cover_underuse_fragmentation_daemon_down_failed_actions_and_sampling_errors() -> None:
+    reads = {r.alert: promql.metric_names(r.expr) for r in RULES_LIST}
+    expected = {
+        "FlexmigMigInstanceIdle": "flexmig_mig_finding",
+        "FlexmigMigInstanceUnderused": "flexmig_mig_finding",
+        "FlexmigGpuFragmented": "flexmig_gpu_fragmentation_external_ratio",
+        "FlexmigDaemonDown": "up",
+        "FlexmigDaemonAbsent": "up",
+        "FlexmigActionFailed": "flexmig_actions_total",
+        "FlexmigSamplingErrors": "flexmig_source_errors_total",
+        "FlexmigSamplingStalled": "flexmig_last_sweep_timestamp_seconds",
+    }
+    for alert, metric in expected.items():
+        assert metric in reads[alert], alert
+    assert 'finding="underused"' in next(r.expr for r in RULES_LIST if r.alert == "FlexmigMigInstanceUnderused")
+    assert f'up{{job="{alerts.JOB}"}} == 0' in next(r.expr for r in RULES_LIST if r.alert == "FlexmigDaemonDown")
+
+
+def test_only_the_failed_action_rules_wait_for_metrics_nobody_exports_yet() -> None:
+    planned = metrics.sample_names(exported=False)
+    waiting = {r.alert for r in RULES_LIST if promql.metric_names(r.expr) & planned}
+    assert waiting == {"FlexmigActionFailed", "FlexmigActionsCancelled"}
