@@ -248,7 +248,9 @@ class MqttConfig:
         False, "Allow sending the password without TLS to a broker that is not on loopback."
     )
     commands_enabled: bool = _doc(
-        False, "Accept commands on <topic_prefix>/<node>/cmd/#; needs username and password_file."
+        False,
+        "Accept commands on <topic_prefix>/<node>/commands/<verb> (README: Security); needs username and "
+        "password_file.",
     )
     outbox: Path = _doc(
         Path("/var/lib/flexmig/outbox.sqlite3"),
