@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"total wall time {wall:.0f}s")
     if args.json:
-        rows = [{"trace": t, "load": r, "seed": s, "policy": p, **fig} for (t, r, s, p), fig in sorted(results.items())]
+        rows = [{**fig, "trace": t, "load": r, "seed": s, "policy": p} for (t, r, s, p), fig in sorted(results.items())]
         args.json.write_text(json.dumps({"machine": machine(), "results": rows}, indent=1))
     return 0
 
