@@ -108,18 +108,24 @@ g.add(
 )
 g.add(
     timeseries(
-        "Mean downtime and action duration",
-        "Mean job downtime per move, and mean wall time of each kind of action (first journalled step to last).",
+        "Action duration and mean downtime",
+        "Wall time of each kind of action (first journalled step to last), p95 and mean, and the mean job "
+        "downtime per move.",
         [
+            Q(
+                "histogram_quantile(0.95, sum by (Hostname, action, le) "
+                f"(rate(flexmig_action_duration_seconds_bucket{{{HOST}}}[{_RI}])))",
+                "p95 duration {{Hostname}} {{action}}",
+            ),
             Q(
                 f"sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_sum{{{HOST}}}[{_RI}])) "
                 f"/ sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_count{{{HOST}}}[{_RI}]))",
-                "downtime {{Hostname}} {{action}}",
+                "mean downtime {{Hostname}} {{action}}",
             ),
             Q(
                 f"sum by (Hostname, action) (rate(flexmig_action_duration_seconds_sum{{{HOST}}}[{_RI}])) "
                 f"/ sum by (Hostname, action) (rate(flexmig_action_duration_seconds_count{{{HOST}}}[{_RI}]))",
-                "duration {{Hostname}} {{action}}",
+                "mean duration {{Hostname}} {{action}}",
             ),
         ],
         "s",

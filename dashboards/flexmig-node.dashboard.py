@@ -87,7 +87,7 @@ g.add(
 
 g.row("Layouts")
 _PROFILE_COLOURS = (
-    ("0", "free", "transparent"),
+    ("0", "free", "#808080"),
     ("1", "1g", "green"),
     ("2", "2g", "blue"),
     ("3", "3g", "purple"),
@@ -209,7 +209,18 @@ g.add(
         [Q(f'flexmig_gpu_finding{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
         [value_mapping((("0", "ok", "green"), ("1", "fragmented", "red")))],
     ),
-    w=24,
+    w=16,
+    h=6,
+)
+g.add(
+    timeseries(
+        "Fragmented for",
+        "How long each GPU's active fragmentation finding has lasted (the alert FlexmigGpuFragmented waits 15 min).",
+        [Q(f'flexmig_gpu_finding_duration_seconds{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
+        "s",
+        min_value=0,
+    ),
+    w=8,
     h=6,
 )
 

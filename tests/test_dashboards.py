@@ -228,6 +228,13 @@ def test_the_catalogue_lists_each_metric_once_and_only_the_actuators_are_not_exp
     }
 
 
+def test_every_metric_in_the_catalogue_is_read_by_a_dashboard_or_a_rule() -> None:
+    used = set().union(*(promql.metric_names(q.expr) for q in panel_queries()))
+    used |= set().union(*(promql.metric_names(r.expr) for g in alerts.GROUPS for r in g.rules))
+    unused = [m.family for m in metrics.METRICS if not set(m.names) & used]
+    assert unused == []
+
+
 def test_metric_names_reads_names_not_functions_labels_keywords_or_durations() -> None:
     expr = (
         'sum by (Hostname, le) (rate(flexmig_x_bucket{a="b", c=~"$d"}[5m] offset 1h)) '

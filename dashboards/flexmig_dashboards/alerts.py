@@ -243,9 +243,7 @@ GROUPS: tuple[Group, ...] = (
 
 def rules_document() -> dict[str, object]:
     """The rules file as data (what a YAML parser must read back from :func:`render_rules`)."""
-    return {
-        "groups": [{"name": g.name, "rules": [r.document() for r in g.rules]} for g in GROUPS]
-    }
+    return {"groups": [{"name": g.name, "rules": [r.document() for r in g.rules]} for g in GROUPS]}
 
 
 def _q(text: str) -> str:

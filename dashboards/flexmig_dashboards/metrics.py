@@ -64,7 +64,7 @@ def _c(
 _HOST_PROCS = "the instance runs processes the host can see (psutil); the simulator's workload pids are not real"
 _MQTT = "[mqtt] enabled = true"
 _DCGM_ON = "[dcgm] enabled = true"
-_DETECT = "detection ran on the snapshot (every sweep once wired)"
+_DETECT = "detection has judged the node (from the first sweeps on)"
 
 METRICS: tuple[MetricDef, ...] = (
     # ------------------------------------------------------------------ flexmigd: node and sampling cost
@@ -75,7 +75,6 @@ METRICS: tuple[MetricDef, ...] = (
     _c("flexmig_sweep_cpu_seconds", "Hostname", "CPU time spent sampling since start"),
     _c("flexmig_inventories", "Hostname", "full NVML inventories (start-up and after every MIG change)"),
     _g("flexmig_last_sweep_timestamp_seconds", "Hostname", "Unix time of the sweep the figures come from"),
-    _g("flexmig_window_seconds", "Hostname", "window of the _mean/_min/_max/_p95 series"),
     _c("flexmig_nvml_errors", "Hostname, call, error", "failed NVML calls", condition="an NVML call failed"),
     _c("flexmig_source_errors", "Hostname, source", "failed reads of a telemetry source"),
     _g("flexmig_dcgm_up", "Hostname, url", "1 if the last dcgm-exporter scrape worked", condition=_DCGM_ON),
@@ -90,7 +89,6 @@ METRICS: tuple[MetricDef, ...] = (
     _g("flexmig_gpu_temperature_celsius", _GPU, "core temperature"),
     _g("flexmig_gpu_sm_clock_hertz", _GPU, "SM clock"),
     _g("flexmig_gpu_memory_clock_hertz", _GPU, "memory clock"),
-    _g("flexmig_gpu_memory_total_bytes", _GPU, "memory of the whole GPU"),
     _g("flexmig_gpu_mig_mode", _GPU, "1 MIG enabled, 0 disabled"),
     _g("flexmig_gpu_lost", _GPU, "1 after GPU_IS_LOST"),
     _g("flexmig_gpu_mig_instances", _GPU, "MIG instances on the GPU"),
@@ -99,13 +97,11 @@ METRICS: tuple[MetricDef, ...] = (
     _g("flexmig_gpu_creatable_instances", f"{_GPU}, profile", "instances of the profile creatable now"),
     # ------------------------------------------------------------------ flexmigd: fragmentation (detection)
     _g("flexmig_node_fragmentation_external_ratio", "Hostname", "node external fragmentation 0-1", condition=_DETECT),
-    _g("flexmig_node_fragmentation_external_slices", "Hostname", "node sum of F_g(M)", condition=_DETECT),
     _g("flexmig_node_stranded_compute_slices", "Hostname", "slices repacking would free", condition=_DETECT),
     _g("flexmig_node_stranded_ratio", "Hostname", "stranded over all compute slices", condition=_DETECT),
     _g("flexmig_gpu_fragmentation_external_ratio", _GPU, "GPU external fragmentation 0-1", condition=_DETECT),
     _g("flexmig_gpu_fragmentation_external_slices", _GPU, "F_g(M) of the GPU", condition=_DETECT),
     _g("flexmig_gpu_stranded_compute_slices", _GPU, "compute slices repacking would free", condition=_DETECT),
-    _g("flexmig_gpu_stranded_ratio", _GPU, "stranded compute slices over 7", condition=_DETECT),
     _g(
         "flexmig_gpu_creatable_repacked_instances",
         f"{_GPU}, profile",

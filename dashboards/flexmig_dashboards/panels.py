@@ -138,6 +138,7 @@ def timeseries(
     """A time series panel (legend as a table at the bottom, with last and max)."""
     return TimeSeries(
         title=title,
+        maxDataPoints=None,  # Grafana's default: one point per pixel, not grafanalib's 100
         description=description,
         dataSource=DS,
         targets=_targets(queries),
@@ -168,6 +169,7 @@ def stat(
     """A stat panel: the last value of each series, coloured by ``thresholds`` ((colour, from value) pairs)."""
     return Stat(
         title=title,
+        maxDataPoints=None,  # Grafana's default: one point per pixel, not grafanalib's 100
         description=description,
         dataSource=DS,
         targets=_targets(queries),
@@ -194,6 +196,7 @@ def table(
     names = dict(rename or {})
     return Table(
         title=title,
+        maxDataPoints=None,  # Grafana's default: one point per pixel, not grafanalib's 100
         description=description,
         dataSource=DS,
         targets=[attr.evolve(t, instant=True, format="table") for t in _targets(queries)],
@@ -218,6 +221,7 @@ def state_timeline(
     """A state timeline: one row per series, coloured by ``mappings`` (value -> text and colour)."""
     return StateTimeline(
         title=title,
+        maxDataPoints=None,  # Grafana's default: one point per pixel, not grafanalib's 100
         description=description,
         dataSource=DS,
         targets=_targets(queries),
@@ -227,7 +231,8 @@ def state_timeline(
         showValue="auto",
         alignValue="center",
         fillOpacity=80,
-        colorMode="fixed",
+        colorMode="thresholds",
+        thresholds=[{"color": "text", "value": None}],  # values without a mapping
         legendDisplayMode="hidden",
     )
 
