@@ -89,7 +89,8 @@ class JobRequest:
     ``PlannerSettings.spread_efficiency`` of the speed its slices would give as one instance.
 
     ``expected_runtime_s`` is the run time at the nominal shape, if known (the planner uses it to weigh moves);
-    ``submitted_s`` orders the queue (FIFO, with backfilling).
+    ``submitted_s`` orders the queue (FIFO, with backfilling). ``movable`` and ``move_cost_s`` are what the job's
+    :class:`RunningJob` should carry once it runs (whoever starts it copies them; the replay does).
     """
 
     name: str

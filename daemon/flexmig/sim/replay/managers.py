@@ -192,6 +192,8 @@ class LayoutManager:
                         name=name,
                         instances=self._holds[name],
                         nominal=view.request,
+                        movable=view.request.movable,
+                        move_cost_s=view.request.move_cost_s,
                         last_moved_s=view.last_moved_s,
                         remaining_s=view.remaining_s,
                     )
@@ -209,7 +211,13 @@ class LayoutManager:
             self.model,
             self._layouts,
             tuple(
-                RunningJob(name, self._holds[name], view.request, last_moved_s=view.last_moved_s)
+                RunningJob(
+                    name,
+                    self._holds[name],
+                    view.request,
+                    movable=view.request.movable,
+                    last_moved_s=view.last_moved_s,
+                )
                 for name, view in running.items()
             ),
             tuple(queue),
