@@ -42,6 +42,7 @@ __all__ = [
     "STATIC_VALUES",
     "PanelQuery",
     "alerts",
+    "all_panels",
     "build",
     "committed",
     "metrics",
