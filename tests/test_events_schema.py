@@ -11,6 +11,7 @@ from flexmig.detect import DetectSettings, DetectState, FragmentationSettings, I
 from flexmig.export.events import Deduplicator, Event, EventFactory, EventKind, events_from_report
 from flexmig.export.mqtt_state import state_document
 from flexmig.mig import H200, Layout
+from test_action_events import actuator_events
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "event.v1.schema.json").read_text())
@@ -65,6 +66,7 @@ def scenario():
         fac.action_completed("a1", "migrate", "job train-1", 12.5),
         fac.action_failed("a2", "resplit", "job train-2", 3.0, "checkpoint not acknowledged within 30 s"),
     ]
+    events += actuator_events(fac)  # the other kinds, as the daemon makes them (tests/test_action_events.py)
     return events, docs
 
 

@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from flexmig.config import DEFAULT_CONFIG_PATH, Config, HostPort, load_config, r
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
+from flexmig.sim import SimNode
 from flexmig.telemetry.backend import Backend, open_backend
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
@@ -52,6 +53,7 @@ class Daemon:
         *,
         sim_spec: str | None = None,
         sim_workload: bool = True,
+        sim_state: Path | None = None,
         metrics_addr: HostPort | None = None,
         config_path: Path | None = None,
         hostname: str | None = None,
@@ -59,11 +61,13 @@ class Daemon:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``config_path`` is the file :meth:`reload` reads again; ``telemetry`` overrides the settings derived
-        from ``config`` (finer knobs than the file has)."""
+        from ``config`` (finer knobs than the file has); ``sim_state`` keeps the simulated node in a file across
+        restarts."""
         self.config = config
         self.config_path = config_path
         self.sim_spec = sim_spec
         self.sim_workload = sim_workload
+        self.sim_state = sim_state
         self.settings = telemetry or TelemetrySettings.from_config(config)
         listen = metrics_addr or config.prometheus.listen
         if not listen.is_loopback() and not config.prometheus.allow_remote:
@@ -81,10 +85,12 @@ class Daemon:
         self.metrics_port: int | None = None
         self._loops: list[tuple[str, LoopFactory]] = []
         self._reload_hooks: list[Callable[[Config], None]] = []
+        self._start_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._stop_hooks: list[Callable[[], Awaitable[None]]] = []
         self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
-        self.components = wire(self)  # detection, its metrics and (if enabled) MQTT, through the hooks below
+        self.components = wire(self)  # detection, MQTT (if enabled), the actuator and planner, through the hooks below
 
     # ------------------------------------------------------------------------------------------ extension
     def add_loop(self, name: str, factory: LoopFactory) -> None:
@@ -98,6 +104,14 @@ class Daemon:
     def on_reload(self, hook: Callable[[Config], None]) -> None:
         """Call ``hook`` with the new configuration after each accepted reload (SIGHUP)."""
         self._reload_hooks.append(hook)
+
+    def on_start(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` after the first sweep and before READY; an exception from it stops the start-up."""
+        self._start_hooks.append(hook)
+
+    def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` when a stop is asked, before the loops are cancelled (to let an action finish)."""
+        self._stop_hooks.append(hook)
 
     def reload(self) -> bool:
         """Read the configuration file again (SIGHUP). A bad file is logged and the old configuration kept.
@@ -147,7 +161,9 @@ class Daemon:
         notifier = self._notifier = Notifier.from_env()
         server: MetricsServer | None = None
         try:
-            self.backend = await self.worker.call(open_backend, self.sim_spec, self.settings.gpm, self.clock)
+            self.backend = await self.worker.call(
+                open_backend, self.sim_spec, self.settings.gpm, self.clock, self.sim_state
+            )
             host = HostSource(clock=self.clock) if self.settings.host else None
             dcgm = None
             if self.settings.dcgm_url is not None:
@@ -180,14 +196,16 @@ class Daemon:
                 len(first.instances()),
                 f" (simulated {self.sim_spec})" if self.sim_spec else "",
             )
+            for start_hook in self._start_hooks:
+                await start_hook()
             notifier.ready(f"sampling {len(first.gpus)} GPU(s), {len(first.instances())} MIG instance(s)")
             self._started.set()
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self.sampler.run(), name="sampling")]
                 if dcgm is not None:
                     tasks.append(tg.create_task(dcgm_loop(dcgm, self.settings.dcgm_interval_s), name="dcgm"))
-                if self.backend.workload_step is not None and self.sim_workload:
-                    step = self.backend.workload_step
+                if self.backend.node is not None and self.sim_workload:
+                    step = self._workload_step(self.backend.node)
                     tasks.append(
                         tg.create_task(
                             periodic_step(self.worker, step, self.settings.interval_s, self.clock), name="workload"
@@ -202,6 +220,11 @@ class Daemon:
                 await stop.wait()
                 log.info("stopping")
                 notifier.stopping()
+                for stop_hook in self._stop_hooks:
+                    try:
+                        await stop_hook()
+                    except Exception:
+                        log.exception("stop hook %r failed", stop_hook)
                 for task in tasks:
                     task.cancel()
         finally:
@@ -213,6 +236,15 @@ class Daemon:
                     await self.worker.call(backend.close)
             self.worker.shutdown()
             notifier.close()
+
+    def _workload_step(self, node: SimNode) -> Callable[[float], None]:
+        """The demo workload's step, leaving alone the instances the actuator uses (read on the NVML thread)."""
+        actuator = self.components.actuator
+
+        def step(now: float) -> None:
+            node.step_workload(now, exclude=actuator.workload_exclude)
+
+        return step
 
     def _published(self, snapshot: Snapshot) -> Snapshot:
         snapshot = self.hub.publish(snapshot)
@@ -252,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sim",
         metavar="SPEC",
         help="run on a simulated node (e.g. h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6) with a synthetic workload",
+    )
+    p.add_argument(
+        "--sim-state",
+        metavar="FILE",
+        type=Path,
+        help="with --sim: restore the simulated node from FILE if it exists, and save every change there",
     )
     p.add_argument(
         "--config",
@@ -304,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config, path, addr = _load(args)
-        daemon = Daemon(config, sim_spec=args.sim, metrics_addr=addr, config_path=path)
+        if args.sim_state is not None and args.sim is None:
+            raise ConfigError("--sim-state FILE needs --sim SPEC")
+        daemon = Daemon(config, sim_spec=args.sim, sim_state=args.sim_state, metrics_addr=addr, config_path=path)
         asyncio.run(serve(daemon))
     except FlexmigError as exc:
         print(f"flexmigd: error: {exc}", file=sys.stderr)

@@ -16,7 +16,8 @@ from flexmig.act.executor import Executor, PlanResult, new_job_uid
 from flexmig.act.placement import choose_targets, move_plan, node_model, start_plan
 from flexmig.act.records import JobRecord
 from flexmig.errors import JobSpecError, PlanRejectedError
-from flexmig.jobs.spec import JobPolicy, load_job_spec
+from flexmig.hook.protocol import Ack
+from flexmig.jobs.spec import JobPolicy, JobSpec, load_job_spec
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
 
 __all__ = ["JobsApi", "describe_plan"]
@@ -75,6 +76,9 @@ class JobsApi:
         self.policy = policy
         self.settings = settings or PlannerSettings()
         self.wall = wall
+        self.queue_when_full = False
+        """In mode act, a submitted job that finds no room now is registered ``pending`` (the daemon's planner
+        starts it later) instead of refused."""
 
     def handlers(self) -> dict[str, Handler]:
         """``{"jobs.submit": ..., "jobs.list": ..., ...}``."""
@@ -114,7 +118,12 @@ class JobsApi:
             raise PlanRejectedError(f"job {spec.name} is already running")
         resume = old.last_ack if old is not None and old.state in ("stopped", "failed") else None
         held = self.ex.held()
-        targets = choose_targets(view, profile.name, spec.ranks_start, held=held)
+        try:
+            targets = choose_targets(view, profile.name, spec.ranks_start, held=held)
+        except PlanRejectedError as exc:
+            if not (self.queue_when_full and self.ex.mode == "act"):
+                raise
+            return self._queue(spec, old, resume, str(exc))
         plan = start_plan(view, spec.name, targets, self.settings, reason=f"submitted from {path}")
         if self.ex.mode != "act":
             return await self._run(plan)
@@ -131,6 +140,20 @@ class JobsApi:
         out = await self._run(plan)
         job = self.ex.journal.get_job(spec.name)
         return {**out, "job": job.summary() if job else None}
+
+    def _queue(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None, why: str) -> dict[str, Any]:
+        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it)."""
+        rec = JobRecord(
+            name=spec.name,
+            uid=new_job_uid(),
+            spec=spec,
+            state="pending",
+            generation=old.generation if old else 0,
+            last_ack=resume,
+            submitted_s=self.wall(),
+        )
+        self.ex.journal.put_job(rec)
+        return {"plan_id": None, "ok": True, "actions": [], "queued": f"no room now ({why})", "job": rec.summary()}
 
     async def _list(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         _only(args)

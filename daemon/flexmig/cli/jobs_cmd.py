@@ -72,6 +72,8 @@ def _report(result: dict[str, Any]) -> int:
 def _submit(args: argparse.Namespace) -> int:
     res = _client(args).call("jobs.submit", path=str(args.file.absolute()))
     status = _report(res)
+    if res.get("queued"):
+        print(f"queued: {res['queued']}; the planner starts it when it fits")
     job = res.get("job") or {}
     if job:
         where = ", ".join(f"gpu{i['gpu']}:{i['profile']}@{i['start']}" for i in job.get("instances", []))

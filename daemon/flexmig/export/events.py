@@ -58,6 +58,13 @@ class EventKind(enum.StrEnum):
     ACTION_STARTED = "action_started"
     ACTION_COMPLETED = "action_completed"
     ACTION_FAILED = "action_failed"
+    ACTION_CANCELLED = "action_cancelled"
+    ACTION_SKIPPED = "action_skipped"
+    JOB_STARTED = "job_started"
+    JOB_EXITED = "job_exited"
+    JOB_FAILED = "job_failed"
+    RECONCILED = "reconciled"
+    PLAN_PROPOSED = "plan_proposed"
 
 
 def format_time(at: float) -> str:

@@ -6,7 +6,7 @@ thread sweeps. Mistakes (an unknown UUID, a pid already in use) raise :class:`~f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from flexmig.mig import NodeSpec
@@ -158,8 +158,12 @@ class SimNode:
         with self._state.lock:
             self._state.set_activity(uuid, act)
 
-    def step_workload(self, now: float) -> None:
-        """Advance the synthetic workload to time ``now``: start, resize or stop its processes, set activity."""
+    def step_workload(self, now: float, *, exclude: Collection[tuple[int, int]] = ()) -> None:
+        """Advance the synthetic workload to time ``now``: start, resize or stop its processes, set activity.
+
+        Instances at ``exclude`` (GPU index, first memory slice) get no synthetic process: one they have is
+        stopped. The daemon excludes the instances its actuator uses, where jobs run their own processes.
+        """
         state = self._state
         with state.lock:
             self._quiet = True
@@ -168,6 +172,10 @@ class SimNode:
                     if gpu.lost or not gpu.mig_current:
                         continue
                     for ci in list(gpu.mig_order):
+                        if (gpu.index, ci.gi.start) in exclude:
+                            for p in [p for p in ci.processes.values() if p.workload]:
+                                state.stop_process(p.pid)
+                            continue
                         self._step_device(gpu, ci, now)
             finally:
                 self._quiet = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from flexmig import sim
 from flexmig.nvml import GpmWindows, GpuSample, Inventory, Nvml
@@ -57,12 +58,19 @@ class Backend:
                 sim.uninstall()
 
 
-def open_backend(sim_spec: str | None, gpm: bool, clock: Callable[[], float] = time.monotonic) -> Backend:
+def open_backend(
+    sim_spec: str | None,
+    gpm: bool,
+    clock: Callable[[], float] = time.monotonic,
+    sim_state: Path | None = None,
+) -> Backend:
     """Install the simulated node ``sim_spec`` (if given), open NVML and set up GPM windows (if ``gpm``).
 
-    Raises NodeSpecError for a bad spec, NvmlUnavailableError when there is no driver and no simulator.
+    ``sim_state``: the simulator's state file (restored if it exists, saved on every change), so a simulated
+    node keeps its instances across daemon restarts. Raises NodeSpecError for a bad spec, SimError for an
+    unreadable state file, NvmlUnavailableError when there is no driver and no simulator.
     """
-    node = sim.install(sim_spec, clock=clock) if sim_spec is not None else None
+    node = sim.install(sim_spec, clock=clock, state_path=sim_state) if sim_spec is not None else None
     try:
         nvml = Nvml.open()
     except BaseException:

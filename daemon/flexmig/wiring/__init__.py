@@ -1,7 +1,8 @@
-"""The daemon's components above telemetry: detection on every snapshot, its Prometheus families, and MQTT.
+"""The daemon's components above telemetry: detection on every snapshot, its Prometheus families, MQTT, and the
+actuator with the planner and the control socket.
 
 :func:`wire` registers them on a daemon through its extension points only (a snapshot enricher and subscriber, a
-metrics extension, a loop, a reload hook), so ``daemon.py`` keeps no knowledge of detection or MQTT.
+metrics extension, loops, start/stop/reload hooks), so ``daemon.py`` keeps no knowledge of any of them.
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ from flexmig.config import Config
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.telemetry.publish import SnapshotHub
+from flexmig.wiring.actuator import ActuatorComponent, ActuatorHost
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
 
-__all__ = ["Components", "DaemonHooks", "Detector", "FindingsPublisher", "MqttComponent", "detect_settings", "wire"]
+__all__ = [
+    "ActuatorComponent",
+    "Components",
+    "DaemonHooks",
+    "Detector",
+    "FindingsPublisher",
+    "MqttComponent",
+    "detect_settings",
+    "wire",
+]
 
 
 class DaemonHooks(Protocol):
@@ -42,15 +53,17 @@ class DaemonHooks(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Components:
-    """What :func:`wire` added: the detector always, the MQTT component when ``[mqtt] enabled``."""
+    """What :func:`wire` added: the detector and the actuator always, the MQTT component when ``[mqtt] enabled``."""
 
     detector: Detector
     mqtt: MqttComponent | None
+    actuator: ActuatorComponent
 
 
-def wire(daemon: DaemonHooks) -> Components:
-    """Register detection (enricher, metrics, reload of ``[detect]``) and, if enabled, MQTT (loop ``mqtt``,
-    subscriber, publisher metrics). Raises ConfigError or OutboxError when MQTT cannot be set up."""
+def wire(daemon: ActuatorHost) -> Components:
+    """Register detection (enricher, metrics, reload of ``[detect]``), if enabled MQTT (loop ``mqtt``,
+    subscriber, publisher metrics), and the actuator (start, loop ``actuator``, stop, reload, action metrics).
+    Raises ConfigError or OutboxError when MQTT cannot be set up."""
     config = daemon.config
     detector = Detector(detect_settings(config.detect))
     daemon.hub.add_enricher(detector.enrich)
@@ -63,4 +76,5 @@ def wire(daemon: DaemonHooks) -> Components:
         daemon.hub.subscribe(mqtt.findings)
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
         daemon.add_loop("mqtt", mqtt.run)
-    return Components(detector, mqtt)
+    actuator = ActuatorComponent(daemon, mqtt=mqtt)
+    return Components(detector, mqtt, actuator)

@@ -1,0 +1,115 @@
+"""``flexmig plan``: what the planner would do on this node now, with each action's reason and estimated cost.
+
+Nothing is changed. From the running daemon (its jobs, queue and a fresh inventory; ``--request`` adds what-if
+jobs to its queue for this answer only), or with ``--sim SPEC`` for a simulated node in this process, where the
+demo workload's processes block their instances and only ``--request`` jobs are planned for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.table import Table
+
+from flexmig.act.client import ControlClient
+from flexmig.cli.status_cmd import add_source_arguments, console
+from flexmig.config import Config
+from flexmig.errors import ConfigError, PlanRejectedError
+from flexmig.plan import Plan, Planner, validate_plan
+from flexmig.wiring.oneshot import sim_plan_input
+from flexmig.wiring.planning import plan_document, planner_settings
+
+__all__ = ["register", "render", "run"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``plan`` subcommand."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan", help="what the planner would do now, with reasons and costs (changes nothing)", description=__doc__
+    )
+    add_source_arguments(p)
+    p.add_argument(
+        "--request",
+        metavar="[Nx]PROFILE",
+        action="append",
+        default=[],
+        help="plan as if a job of N ranks of PROFILE were queued too (repeatable), e.g. 3g.71gb or 2x1g.18gb",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Ask the daemon (or plan for ``--sim``) and print the plan."""
+    if args.sim:
+        doc = sim_plan(args.sim, args.request)
+    else:
+        doc = ControlClient(args.socket, timeout_s=args.timeout).call("plan", requests=args.request)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        render(doc)
+    return 1 if doc.get("error") else 0
+
+
+def sim_plan(spec: str, requests: list[str]) -> dict[str, Any]:
+    """The plan document for the simulated node ``spec`` with ``requests`` queued, with default planner settings."""
+    now = time.time()
+    try:
+        given = sim_plan_input(spec, requests, now)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError | PlanRejectedError):
+            raise
+        raise ConfigError(str(exc)) from None
+    settings = planner_settings(Config.default().planner)
+    error = None
+    try:
+        plan = Planner(given.state.model, settings).plan(given.state)
+        validate_plan(given.state, plan, settings)
+    except PlanRejectedError as exc:
+        plan, error = Plan(now_s=now), str(exc)
+    return plan_document(plan, given, mode="advise", source=f"sim:{spec}", error=error)
+
+
+def render(doc: Mapping[str, Any]) -> None:
+    """Print a plan document for people."""
+    out = console()
+    if doc["source"] == "daemon":
+        how = {
+            "act": "the daemon executes plans like this one (mode act)",
+            "advise": "the daemon publishes this plan and changes nothing (mode advise)",
+            "observe": "the daemon does not plan in mode observe; this is what it would do",
+        }.get(doc["mode"], doc["mode"])
+    else:
+        how = f"simulated node {doc['source'].removeprefix('sim:')}"
+    out.print(f"[bold]plan[/bold] ({how}): {doc['summary']}")
+    if doc.get("error"):
+        out.print(f"[red]! the planner refused this node state: {doc['error']}[/red]")
+    if doc["actions"]:
+        table = Table(title_justify="left")
+        for col in ("#", "action", "target", "from", "to", "cost s", "reason"):
+            table.add_column(col)
+        for n, a in enumerate(doc["actions"], 1):
+            table.add_row(
+                str(n),
+                a["action"],
+                a["target"],
+                ", ".join(a.get("from", ())) or "-",
+                ", ".join(a.get("to", ())) or "-",
+                f"{a['cost_s']:.1f}",
+                a["reason"],
+            )
+        out.print(table)
+    for note in doc.get("notes", ()):
+        out.print(f"note: {note}")
+    for job in doc.get("running", ()):
+        out.print(f"running: {job['job']} on {', '.join(job['instances'])}")
+    for job in doc.get("pending", ()):
+        out.print(f"queued: {job['job']} ({job['ranks']} x {job['need']})")
+    for where, why in doc.get("blocked", {}).items():
+        out.print(f"left alone: {where}: {why}")
+    for job, why in doc.get("left_out", {}).items():
+        out.print(f"not planned for: job {job}: {why}")

@@ -1,0 +1,581 @@
+"""The actuator and the planner in the running daemon: journal, control socket, planning rounds, action metrics.
+
+:class:`ActuatorComponent` plugs into ``flexmigd`` through its extension points only:
+
+* **start** (``on_start``, before READY): build the :class:`~flexmig.act.service.Actuator` on the daemon's NVML
+  worker thread (every NVML call of the actuator goes through ``worker.call``), reconcile the journal with NVML and
+  the process table (in every mode: ranks still running are adopted; unfinished actions are finished or rolled
+  back only in mode ``act``, the executor refuses otherwise), and bind the control socket (``[control]``). In
+  mode ``act`` a state directory or socket that cannot be used stops the start; in ``observe`` and ``advise`` it
+  is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
+* **loop** ``actuator``: serve the control socket (``jobs.*`` from the actuator, plus ``status`` and ``plan``)
+  and plan every ``planner.interval_s``: ``observe`` never plans; ``advise`` plans and publishes each new plan
+  (``plan_proposed`` event, ``flexmig_planned_actions``), changing nothing; ``act`` also executes it;
+* **stop** (``on_stop``, SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
+  ``jobs.shutdown_grace_s``; past that the journal has the next start finish it;
+* **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once.
+
+Actions and plans reach the fleet as events (:mod:`flexmig.export.action_events`, through the MQTT publisher
+when ``[mqtt]`` is on) and Prometheus as :mod:`flexmig.export.action_metrics`. Every action is also one log line.
+
+The simulated node's demo workload (``flexmigd --sim``) never runs on an instance that a job holds or that an
+action has touched since start (see :attr:`ActuatorComponent.workload_exclude`): its synthetic processes belong
+to no registered job, so on those instances they would stop the actuator (it never destroys or moves onto an
+instance running a process it cannot account for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from flexmig.act.control import ControlServer, Handler, RequestError
+from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
+from flexmig.act.events import Event as ActEvent
+from flexmig.act.executor import Mode
+from flexmig.act.journal import ActionRow
+from flexmig.act.nodeview import NodeView
+from flexmig.act.placement import node_model
+from flexmig.act.records import Slot
+from flexmig.act.service import Actuator
+from flexmig.config import Config, ControlConfig, StateConfig
+from flexmig.errors import FlexmigError, PlanRejectedError
+from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
+from flexmig.export.action_metrics import ActionMetrics
+from flexmig.export.events import Event, EventFactory, EventKind
+from flexmig.export.findings_metrics import report_of
+from flexmig.export.prometheus import SnapshotMetrics
+from flexmig.jobs.spec import JobPolicy
+from flexmig.plan import Planner, validate_plan
+from flexmig.plan.types import Plan
+from flexmig.telemetry.backend import Backend
+from flexmig.telemetry.publish import SnapshotHub
+from flexmig.telemetry.snapshot import Snapshot
+from flexmig.telemetry.worker import NvmlWorker
+from flexmig.wiring.mqtt import MqttComponent
+from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
+from flexmig.wiring.status import status_document
+
+__all__ = ["ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
+
+log = logging.getLogger(__name__)
+
+_MUTATING = ("jobs.submit", "jobs.migrate", "jobs.resplit", "jobs.stop")
+_MIN_ROUND_GAP_S = 1.0  # planning rounds woken by events never come closer than this
+_MAX_REQUESTS = 16
+
+
+class ActuatorHost(Protocol):
+    """What the component needs of the daemon (``flexmig.daemon.Daemon`` has it)."""
+
+    config: Config
+    hostname: str
+    hub: SnapshotHub
+    worker: NvmlWorker
+    backend: Backend | None
+    sim_spec: str | None
+
+    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup."""
+        ...
+
+    def add_metrics(self, extension: SnapshotMetrics) -> None:
+        """Export more families from each snapshot."""
+        ...
+
+    def on_reload(self, hook: Callable[[Config], None]) -> None:
+        """Call ``hook`` after each accepted configuration reload."""
+        ...
+
+    def on_start(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` after the first sweep, before READY (an exception stops the start)."""
+        ...
+
+    def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` on SIGTERM, before the loops are cancelled."""
+        ...
+
+    def latest(self) -> Snapshot | None:
+        """The last published snapshot."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActuatorPaths:
+    """Where the actuator keeps its journal, the ranks' logs and its control socket.
+
+    ``private`` is a directory the daemon made for a simulated node that was not given its own ``[state]`` and
+    ``[control]`` paths: a simulated node's jobs must never mix with the real node's journal in
+    ``/var/lib/flexmig``, and two simulated daemons must not fight over ``/run/flexmig/control.sock``.
+    """
+
+    journal: Path
+    logs: Path
+    socket: Path
+    private: Path | None = None
+
+    @classmethod
+    def of(cls, config: Config, *, simulated: bool) -> ActuatorPaths:
+        """The paths of ``config``; for a simulated node, defaults replaced by a fresh private directory."""
+        state, control = config.state, config.control
+        default_state = state == StateConfig()
+        default_socket = control.socket == ControlConfig().socket
+        private = None
+        if simulated and (default_state or default_socket):
+            private = Path(tempfile.mkdtemp(prefix="flexmig-sim-"))
+        journal = state.journal if not (simulated and default_state) or private is None else private / "journal.sqlite3"
+        logs = (state.directory if not (simulated and default_state) or private is None else private) / "logs"
+        socket = control.socket if not (simulated and default_socket) or private is None else private / "control.sock"
+        return cls(journal, logs, socket, private)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRound:
+    """One planning round: the plan, the document ``flexmig plan`` shows, and why it could not plan (if so)."""
+
+    plan: Plan
+    document: dict[str, Any]
+    error: str | None = None
+
+
+class ActuatorComponent:
+    """The actuator, control socket and planner of one daemon. Also the actuator's event sink."""
+
+    def __init__(
+        self,
+        host: ActuatorHost,
+        *,
+        mqtt: MqttComponent | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.host = host
+        self.config = host.config
+        self.mode: Mode = host.config.mode
+        self.mqtt = mqtt
+        self.wall = wall
+        self.metrics = ActionMetrics()
+        self.paths: ActuatorPaths | None = None
+        self.act: Actuator | None = None
+        self.control: ControlServer | None = None
+        self.unavailable: str | None = None  # why the actuator could not start (observe/advise only)
+        self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
+        """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
+        self._touched: set[tuple[int, int]] = set()
+        self._busy = asyncio.Lock()
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._last_signature: tuple[str, ...] | None = None
+        self._last_round: PlanRound | None = None
+        self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
+        host.add_metrics(self.metrics)
+        host.hub.subscribe(lambda _snapshot: self._refresh())
+        host.on_start(self.start)
+        host.on_stop(self.drain)
+        host.on_reload(self.reload)
+        host.add_loop("actuator", self.run)
+
+    # ------------------------------------------------------------------------------------------ start
+    async def start(self) -> None:
+        """Build the actuator, reconcile the journal, bind the control socket (see the module docstring)."""
+        backend = self.host.backend
+        if backend is None:
+            raise FlexmigError("the actuator needs an open NVML session")
+        cfg = self.config
+        try:
+            self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.node is not None)
+            if paths.private is not None:
+                log.info("simulated node: journal, rank logs and control socket under %s", paths.private)
+            devices: DeviceProcessTable = (
+                DriverProcessTable() if backend.node is None else SimProcessTable(backend.node)
+            )
+            act = Actuator.build(
+                mode=self.mode,
+                nvml=backend.nvml,
+                offload=self.host.worker.call,
+                devices=devices,
+                journal_path=paths.journal,
+                logs_dir=paths.logs,
+                policy=self._policy(cfg),
+                events=self,
+                settings=planner_settings(cfg.planner),
+                ack_dir=cfg.jobs.ack_dir,
+            )
+        except (FlexmigError, OSError) as exc:
+            self._give_up(f"cannot open the actuator's state: {exc}")
+            return
+        act.jobs.queue_when_full = True
+        self.act = act
+        try:
+            for rec in act.journal.jobs():
+                if rec.state == "running":
+                    self._touched.update(s.key for s in rec.slots)
+            self._refresh()
+            summary = await act.start()
+            log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
+            if cfg.control.enabled:
+                control = act.control_server(paths.socket, cfg.control.socket_mode)
+                for op in _MUTATING:
+                    control.add(op, self._serialized(op, control.handlers[op]))
+                control.add("status", self._status)
+                control.add("plan", self._plan_request)
+                await control.start()
+                self.control = control
+                log.info("control socket at %s (mode %o)", paths.socket, cfg.control.socket_mode)
+        except (FlexmigError, OSError) as exc:
+            await self._close()
+            self._give_up(f"actuator start-up failed: {exc}")
+
+    def _give_up(self, why: str) -> None:
+        if self.mode == "act":
+            raise FlexmigError(why)
+        self.unavailable = why
+        log.error("%s; in mode %s the daemon samples on without jobs and without the control socket", why, self.mode)
+
+    @staticmethod
+    def _policy(cfg: Config) -> JobPolicy:
+        return JobPolicy(tuple(cfg.jobs.allowed_dirs), default_ack_timeout_s=cfg.jobs.ack_timeout_s)
+
+    # ------------------------------------------------------------------------------------------ running
+    async def run(self) -> None:
+        """The planning loop (modes advise and act) until cancelled; then the socket and journal are closed."""
+        try:
+            if self.act is None:
+                await asyncio.Event().wait()
+            await self._plan_loop()
+        finally:
+            await self._close()
+
+    async def _plan_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -_MIN_ROUND_GAP_S
+        while True:
+            interval = self.config.planner.interval_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, last + interval - loop.time()))
+            self._wake.clear()
+            gap = last + _MIN_ROUND_GAP_S - loop.time()
+            if gap > 0:
+                await asyncio.sleep(gap)
+            last = loop.time()
+            if self._stopping:
+                return
+            if self.mode == "observe":
+                continue
+            try:
+                await self.round()
+            except Exception:  # a planner bug must not end the daemon; counted and logged
+                self.metrics.record_plan_failure()
+                log.exception("planning round failed")
+
+    def wake(self) -> None:
+        """Plan soon (a job was queued, or one ended and freed instances)."""
+        self._wake.set()
+
+    async def round(self) -> PlanRound:
+        """One planning round in the current mode: plan; publish a new plan; in mode ``act`` execute it."""
+        async with self._busy:
+            if self._stopping:
+                return PlanRound(Plan(), {}, "stopping")
+            mode = self.mode
+            result = await self.plan_now(source="daemon")
+            if result.error is not None:
+                self.metrics.record_plan_failure()
+                log.warning("planning round: %s", result.error)
+                return result
+            plan = result.plan
+            self.metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
+            self._last_round = result
+            if not plan:
+                self._last_signature = None
+                return result
+            signature = tuple(json.dumps(a, sort_keys=True) for a in plan_actions(plan))
+            if signature != self._last_signature or mode == "act":
+                self._last_signature = signature
+                self._publish_plan(plan, mode)
+            if mode == "act" and self.act is not None:
+                res = await self.act.execute(plan, origin="planner")
+                log.info("plan %d %s", res.plan_id, "completed" if res.ok else "did not complete")
+            return result
+
+    def _publish_plan(self, plan: Plan, mode: str) -> None:
+        what = "executing" if mode == "act" else "proposing (advise: nothing is changed)"
+        log.info("planner %s: %s", what, plan_summary(plan))
+        for item in plan_actions(plan):
+            log.info("  %s %s: %s (~%.1f s)", item["action"], item["target"], item["reason"], item["cost_s"])
+        for note in plan.notes:
+            log.info("  note: %s", note)
+        if self.mqtt is not None:
+            self.mqtt.publisher.emit(plan_event(self._translate.factory, plan, mode, self.wall()))
+
+    async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
+        """What the planner would do now (a fresh inventory through the NVML worker); changes nothing."""
+        act = self.act
+        if act is None:
+            raise PlanRejectedError(self.unavailable or "the actuator is not running")
+        ex = act.executor
+        with contextlib.suppress(Exception):
+            await ex.offload(ex.devices.prune)
+        inventory = await ex.mig.inventory()
+        view = NodeView.of(inventory)
+        now = self.wall()
+        jobs = act.journal.jobs()
+        alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs}
+        try:
+            model = node_model(view)
+            extra = tuple(parse_request(r, i + 1, model, now) for i, r in enumerate(requests))
+            given = planning_state(
+                view,
+                jobs,
+                alive_pids=alive,
+                now_s=now,
+                mig_enabled={g.index: g.mig_current for g in inventory.gpus},
+                last_moved_s=self._last_moved(),
+                extra=extra,
+            )
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        settings = planner_settings(self.config.planner)
+        try:
+            plan = Planner(given.state.model, settings).plan(given.state)
+            validate_plan(given.state, plan, settings)
+        except PlanRejectedError as exc:
+            empty = Plan(now_s=now)
+            doc = plan_document(empty, given, mode=self.mode, source=source, error=str(exc))
+            return PlanRound(empty, doc, str(exc))
+        return PlanRound(plan, plan_document(plan, given, mode=self.mode, source=source))
+
+    def _last_moved(self) -> dict[str, float]:
+        """When each job last started or moved (wall time), from the journal."""
+        assert self.act is not None
+        out: dict[str, float] = {}
+        for row in self.act.journal.recent_actions(1000):
+            if row.job and row.state == "done" and row.finished_s and row.kind in ("start", "migrate", "resplit"):
+                out[row.job] = max(out.get(row.job, 0.0), row.finished_s)
+        return out
+
+    # ------------------------------------------------------------------------------------------ control ops
+    def _serialized(self, op: str, handler: Handler) -> Handler:
+        """``handler`` run under the action lock (no plan runs meanwhile), refused while stopping."""
+
+        async def run(args: Mapping[str, Any]) -> Any:
+            async with self._busy:
+                if self._stopping:
+                    raise PlanRejectedError("the daemon is stopping; try again after it restarts")
+                result = await handler(args)
+            self._refresh()
+            if op == "jobs.submit" and isinstance(result, dict) and result.get("queued"):
+                self.wake()
+            return result
+
+        return run
+
+    async def _status(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``status`` request: served from the latest snapshot and the journal (no NVML call)."""
+        if args:
+            raise RequestError(f"status takes no arguments, got {', '.join(sorted(args))}")
+        snap = self.host.latest()
+        if snap is None:
+            raise PlanRejectedError("no sweep published yet")
+        return self.status(snap)
+
+    def status(self, snap: Snapshot) -> dict[str, Any]:
+        """The status document of ``snap`` with this daemon's jobs, mode and recent actions."""
+        jobs: list[dict[str, Any]] = []
+        recent: list[dict[str, Any]] = []
+        if self.act is not None:
+            jobs = [rec.summary() for rec in self.act.journal.jobs()]
+            recent = [_action_json(r) for r in self.act.journal.recent_actions(10)]
+        doc = status_document(
+            snap,
+            report_of(snap),
+            source="daemon",
+            mode=self.mode,
+            jobs=jobs,
+            actions_in_progress=self.metrics.in_progress(),
+            recent_actions=recent,
+        )
+        if self.unavailable:
+            doc["actuator_unavailable"] = self.unavailable
+        return doc
+
+    async def _plan_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``plan`` request: what the planner would do now, with ``requests`` (``[Nx]PROFILE``) queued too."""
+        extra = set(args) - {"requests"}
+        if extra:
+            raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
+        requests = args.get("requests", [])
+        if not isinstance(requests, list) or len(requests) > _MAX_REQUESTS:
+            raise RequestError(f"'requests' must be a list of at most {_MAX_REQUESTS} strings")
+        if not all(isinstance(r, str) and 0 < len(r) <= 64 for r in requests):
+            raise RequestError("each request must be a string like 3g.71gb or 2x1g.18gb")
+        result = await self.plan_now(source="daemon", requests=tuple(requests))
+        return result.document
+
+    # ------------------------------------------------------------------------------------------ events
+    def emit(self, event: ActEvent) -> None:
+        """The actuator's event sink: metrics, the demo workload's exclusions, a log line, the fleet event."""
+        act = self.act
+        row = self._row(event.action_id)
+        if event.kind == "action_started" and row is not None:
+            self._touched.update(_slots_of(row))
+        downtime = None
+        moved = event.kind in ("action_completed", "action_failed") and row is not None
+        if moved and row is not None and row.kind in ("migrate", "resplit"):
+            downtime = self._downtime(event.action_id)
+        self.metrics.record(event, downtime)
+        if act is not None:
+            self._refresh()
+        fleet = self._translate(event, mode=self.mode)
+        if fleet is not None:
+            _log_event(fleet)
+            if self.mqtt is not None:
+                self.mqtt.publisher.emit(fleet)
+        if event.kind in ("job_failed",) or (event.kind == "job_exited" and event.detail.get("state") == "done"):
+            self.wake()
+        if event.kind == "action_completed" and event.action == "stop":
+            self.wake()
+
+    def _row(self, action_id: int | None) -> ActionRow | None:
+        if action_id is None or self.act is None:
+            return None
+        try:
+            return self.act.journal.action(action_id)
+        except FlexmigError:
+            return None
+
+    def _facts(self, action_id: int) -> ActionFacts:
+        row = self._row(action_id)
+        if row is None or self.act is None:
+            return ActionFacts()
+        origin = None
+        with contextlib.suppress(Exception):
+            found = self.act.journal.db.execute("SELECT origin FROM plans WHERE id=?", (row.plan_id,)).fetchone()
+            origin = str(found[0]) if found else None
+        target = None
+        if "slot" in row.payload:
+            target = Slot.from_json(row.payload["slot"]).spec()
+        downtime = self._downtime(action_id) if row.kind in ("migrate", "resplit") else None
+        return ActionFacts(plan_id=row.plan_id, origin=origin, target=target, downtime_s=downtime)
+
+    def _downtime(self, action_id: int | None) -> float | None:
+        """A move's downtime: its old ranks had exited (``await_exit`` done) to its new ranks started."""
+        if action_id is None or self.act is None:
+            return None
+        steps = {s.name: s for s in self.act.journal.steps(action_id)}
+        stopped = steps.get("await_exit")
+        launch = steps.get("launch")
+        started = launch if launch is not None and launch.state == "done" else steps.get("relaunch")
+        if stopped is None or started is None or stopped.finished_s is None or started.finished_s is None:
+            return None
+        if started.state != "done":
+            return None
+        return max(0.0, started.finished_s - stopped.finished_s)
+
+    def _refresh(self) -> None:
+        """Job counts for the metrics, and the instances the demo workload must leave alone."""
+        if self.act is None:
+            return
+        jobs = self.act.journal.jobs()
+        self.metrics.set_jobs(Counter(rec.state for rec in jobs))
+        held = {s.key for rec in jobs if rec.state == "running" for s in rec.slots}
+        self.workload_exclude = frozenset(self._touched | held)
+
+    # ------------------------------------------------------------------------------------------ reload, stop
+    def reload(self, config: Config) -> None:
+        """Apply a reloaded configuration: mode, planner settings, job policy (socket and state paths: at restart)."""
+        old = self.mode
+        self.config = config
+        self.mode = config.mode
+        if self.act is not None:
+            self.act.set_mode(config.mode)
+            self.act.jobs.policy = self._policy(config)
+            self.act.jobs.settings = planner_settings(config.planner)
+        if self.mqtt is not None:
+            self.mqtt.findings.mode = config.mode
+        if old != config.mode:
+            log.info("mode %s -> %s", old, config.mode)
+            self._last_signature = None
+            self.wake()
+
+    async def drain(self) -> None:
+        """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
+        self._stopping = True
+        self._wake.set()
+        grace = self.config.jobs.shutdown_grace_s
+        if self._busy.locked():
+            log.info("stopping: waiting up to %.0f s for the action in flight", grace)
+        try:
+            await asyncio.wait_for(self._busy.acquire(), timeout=grace)
+        except TimeoutError:
+            log.warning(
+                "stopping: an action is still running after %.0f s; the journal has the next start finish or "
+                "roll it back (jobs keep running)",
+                grace,
+            )
+
+    async def _close(self) -> None:
+        control, self.control = self.control, None
+        if control is not None:
+            await control.close()
+        act, self.act = self.act, None
+        if act is not None:
+            running = any(rec.state in ("running", "pending") for rec in act.journal.jobs())
+            await act.close()
+            paths = self.paths
+            if paths is not None and paths.private is not None and not running:
+                shutil.rmtree(paths.private, ignore_errors=True)
+
+
+def _slots_of(row: ActionRow) -> set[tuple[int, int]]:
+    out: set[tuple[int, int]] = set()
+    p = row.payload
+    for key in ("from", "to"):
+        for d in p.get(key, ()) or ():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                out.add(Slot.from_json(d).key)
+    if "slot" in p:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            out.add(Slot.from_json(p["slot"]).key)
+    return out
+
+
+def _action_json(row: ActionRow) -> dict[str, Any]:
+    return {
+        "action_id": row.id,
+        "plan_id": row.plan_id,
+        "action": row.kind,
+        "job": row.job,
+        "state": row.state,
+        "error": row.error,
+        "started_s": row.started_s,
+        "finished_s": row.finished_s,
+        "reason": row.payload.get("reason"),
+    }
+
+
+def _log_event(event: Event) -> None:
+    """One journal line per actuator event: kind, action ID, target, and the reason or error with timings."""
+    p = event.payload
+    level = logging.WARNING if event.kind in (EventKind.ACTION_FAILED, EventKind.JOB_FAILED) else logging.INFO
+    head = event.kind.value
+    if "action_id" in p:
+        head += f" #{p['action_id']} {p.get('action')} {p.get('target')}"
+    elif "job" in p:
+        head += f" job {p['job']}"
+    timing = ""
+    if "duration_s" in p:
+        timing = f" in {p['duration_s']:.2f} s"
+        if "downtime_s" in p:
+            timing += f" (downtime {p['downtime_s']:.2f} s)"
+    why = p.get("error") or p.get("reason") or ""
+    log.log(level, "%s%s%s", head, timing, f": {why}" if why else "")
