@@ -16,7 +16,8 @@ same dispatcher as the control socket (:meth:`flexmig.act.control.ControlServer.
 checks and the same mode rules apply: in ``observe`` and ``advise`` nothing is executed. Retained commands are
 refused (they would run again at every reconnect), repeated IDs are not run twice, and the session is clean, so
 commands sent while the daemon was away are not run later. Every refusal is one log line naming the topic and why,
-and a result message; nothing a publisher sends ends the listener.
+and a result message (an empty payload is no command: it is how a retained message is cleared, and is ignored);
+nothing a publisher sends ends the listener.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiomqtt
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError, FlexmigError
@@ -294,11 +296,15 @@ def _show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class _DuplicateKeyError(ValueError):
+    """Two equal keys in one object: parsers disagree on which wins, so neither does."""
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"duplicate key {_show(key)}")
+            raise _DuplicateKeyError(f"payload has the key {_show(key)} twice")
         out[key] = value
     return out
 
@@ -320,6 +326,8 @@ def _loads(payload: bytes) -> Any:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except RecursionError:
         raise CommandRefusedError("payload is not JSON: nested too deeply") from None
+    except _DuplicateKeyError as exc:
+        raise CommandRefusedError(str(exc)) from None
     except ValueError as exc:
         raise CommandRefusedError(f"payload is not JSON: {exc}") from None
 
@@ -565,6 +573,18 @@ class _RefusalLog:
         self.logger.warning("%s", message)
 
 
+def _honour_cancel() -> None:
+    """Raise CancelledError if this task was asked to stop.
+
+    Python 3.11's ``asyncio.wait_for`` (inside aiomqtt's publish and subscribe) returns normally when the awaited
+    result lands in the same loop turn as a cancellation, swallowing it; a loop that then waits again would keep
+    a TaskGroup (the daemon's shutdown) waiting forever. Checked after every await that may go through it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -619,6 +639,7 @@ class CommandListener:
         s = self.settings
         failures = 0
         while True:
+            _honour_cancel()
             self._up = False
             try:
                 await self._session()
@@ -630,6 +651,7 @@ class CommandListener:
                     self._log.warning("MQTT commands: %s; retrying with backoff", text)
                     self._last_failure = text
             failures = 1 if self._up else failures + 1
+            _honour_cancel()
             await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
 
     async def _session(self) -> None:
@@ -645,11 +667,17 @@ class CommandListener:
             keepalive=s.keepalive_s,
             timeout=s.connect_timeout_s,
             tls_context=self._tls_context(),
-            clean_session=True,  # commands sent while we were away are not run later
+            # MQTT 5: a clean start with no session expiry, so commands sent while we were away are not run later.
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=True,
         )
         del password
+        # retainAsPublished: a live delivery of a retained publish keeps its flag, so every retained command is
+        # refused (3.1.1 clears the flag on live deliveries). noLocal: our own results do not come back.
+        options = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
         async with client:
-            await client.subscribe(self.filter, qos=1, timeout=s.connect_timeout_s)
+            await client.subscribe(self.filter, options=options, timeout=s.connect_timeout_s)
+            _honour_cancel()
             self._connected = self._up = True
             self._last_failure = None
             self._log.info(
@@ -671,6 +699,7 @@ class CommandListener:
             while self._results:
                 await client.publish(self.result_topic, self._results[0], qos=1, timeout=timeout)
                 self._results.popleft()  # only now: the broker has it
+                _honour_cancel()
             await self._results_ready.wait()
 
     async def _worker(self) -> None:
@@ -685,6 +714,7 @@ class CommandListener:
             except Exception as exc:  # dispatch never raises by contract; a bug must still not end the listener
                 self._log.exception("MQTT command %s on %s: the dispatcher failed", command.id, topic)
                 answer = {"ok": False, "error": f"internal error: {exc!r}", "type": "InternalError"}
+            _honour_cancel()
             if answer.get("ok"):
                 self._completed += 1
                 self._log.info("MQTT command %s %s on %s: done", command.id, command.verb, topic)
@@ -706,6 +736,9 @@ class CommandListener:
         shown = _show(topic, 160)
         raw = message.payload
         payload = bytes(raw) if isinstance(raw, bytes | bytearray) else str(raw or "").encode()
+        if not payload:  # no command: how a retained message is cleared (the broker passes the clearing on)
+            self._log.debug("MQTT commands: ignored an empty message on %s", shown)
+            return
         try:
             command = parse_command(verb, payload)
         except CommandRefusedError as exc:
@@ -737,7 +770,8 @@ class CommandListener:
 
     def _refuse(self, shown_topic: str, command_id: str | None, verb: str, why: str, kind: str) -> None:
         self._refused += 1
-        self._refusals.line(f"MQTT command on {shown_topic} refused: {why}")
+        who = f"MQTT command {command_id}" if command_id else "MQTT command"
+        self._refusals.line(f"{who} on {shown_topic} refused: {why}")
         self._post(command_id, verb, {"ok": False, "error": why, "type": kind})
 
     def _post(self, command_id: str | None, verb: str | None, answer: Mapping[str, Any]) -> None:
