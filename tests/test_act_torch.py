@@ -14,56 +14,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from flexmig.act.client import ControlClient
-from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
+from jobs_support import ROOT, Training, ddp_spec, flexmig, job_uid, kill_ranks, write_spec
 
 torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def flexmig(sock: Path, *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "flexmig.cli.main", "jobs", "--socket", str(sock), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
-class Training:
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.log_path = base / "train.log"
-
-    def log(self) -> list[dict[str, Any]]:
-        if not self.log_path.exists():
-            return []
-        return [json.loads(x) for x in self.log_path.read_text().splitlines() if x.strip()]
-
-    def wait_for(self, n_starts: int, steps_after: int, timeout_s: float = 120) -> dict[str, Any]:
-        """Wait for the n-th start event and ``steps_after`` steps after it; returns that start."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            log = self.log()
-            starts = [i for i, e in enumerate(log) if e["event"] == "start"]
-            if len(starts) >= n_starts:
-                i = starts[n_starts - 1]
-                if sum(1 for e in log[i:] if e["event"] == "step") >= steps_after:
-                    return log[i]
-            time.sleep(0.1)
-        raise AssertionError(f"training did not reach start {n_starts} + {steps_after} steps: {self.log()[-3:]}")
 
 
 @pytest.fixture
@@ -76,28 +37,7 @@ def base():
 
 def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base):
     sock = base / "control.sock"
-    spec = base / "train.toml"
-    spec.write_text(
-        f"""\
-name = "ddp"
-argv = ["{sys.executable}", "{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.03",
-        "--lr", "0.005", "--log", "{base}/train.log"]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt"
-env = {{ OMP_NUM_THREADS = "1" }}
-[ranks]
-min = 1
-max = 4
-start = 2
-[need]
-profile = "1g.18gb"
-[hook]
-ack_timeout_s = 120
-exit_timeout_s = 60
-"""
-    )
-    spec.chmod(0o644)
+    spec = write_spec(base / "train.toml", ddp_spec(base))
     service = subprocess.Popen(
         [sys.executable, "-m", "flexmig.act", "--mode", "act", "--sim", "h200", "--sim-state", str(base / "sim.json"),
          "--state-dir", str(base), "--allow-dir", str(base), "--log-level", "WARNING"],
@@ -128,29 +68,10 @@ exit_timeout_s = 60
         assert after_shrink["world"] == 2
         jobs = json.loads(flexmig(sock, "list", "--json"))
         assert jobs[0]["state"] == "running" and jobs[0]["ranks"] == 2 and jobs[0]["generation"] == 4
-        live = PsutilScanner().find(_uid(base) or "")
+        live = PsutilScanner().find(job_uid(base / "journal.sqlite3", "ddp") or "")
         assert sorted(f.slot for f in live) == [0, 1] and {f.generation for f in live} == {4}
 
-        log = t.log()
-        checkpoints = [e for e in log if e["event"] == "checkpoint"]
-        starts = [e for e in log if e["event"] == "start"]
-        assert len(checkpoints) == 3 and len(starts) == 4
-        for ckpt, start in zip(checkpoints, starts[1:], strict=True):
-            assert start["step"] == ckpt["step"] + 1, "resumes at the acknowledged step + 1"
-            assert start["params"] == ckpt["params"], "parameters are exactly the checkpoint's"
-            saved = torch.load(ckpt["path"], map_location="cpu", weights_only=True)
-            flat = [float(v) for t_ in saved["model"].values() for v in t_.reshape(-1).tolist()]
-            assert flat == start["params"]
-
-        steps = [e["step"] for e in log if e["event"] == "step"]
-        assert steps == list(range(len(steps))), "every step ran exactly once across the moves"
-        loss = {e["step"]: e["loss"] for e in log if e["event"] == "step"}
-        for ckpt in checkpoints:
-            k = ckpt["step"]
-            before = sum(loss[s] for s in range(k - 2, k + 1)) / 3
-            after = sum(loss[s] for s in range(k + 1, k + 4)) / 3
-            assert after < before, f"loss rose across the move at step {k}: {before} -> {after}"
-        assert loss[steps[-1]] < loss[0] / 2
+        t.check_resumed_exactly(torch, moves=3)
 
         out = flexmig(sock, "stop", "ddp")
         assert "stop ddp: completed" in out
@@ -160,19 +81,7 @@ exit_timeout_s = 60
             service.wait(timeout=20)
         except subprocess.TimeoutExpired:
             service.kill()
-        uid = _uid(base)
-        if uid:
-            for f in PsutilScanner().find(uid):
-                psutil.Process(f.pid).kill()
-
-
-def _uid(base: Path) -> str | None:
-    j = Journal(base / "journal.sqlite3")
-    try:
-        rec = j.get_job("ddp")
-        return rec.uid if rec else None
-    finally:
-        j.close()
+        kill_ranks(base / "journal.sqlite3", "ddp")
 
 
 def test_the_example_runs_by_hand_without_flexmig(tmp_path):
@@ -192,29 +101,7 @@ def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base
     """launcher = "torchrun": c10d rendezvous on loopback; the checkpoint signal reaches the workers, not the
     agents, and the job resumes after a migration as with the plain launcher."""
     sock = base / "control.sock"
-    spec = base / "tr.toml"
-    spec.write_text(
-        f"""\
-name = "ddp"
-argv = ["{sys.executable}", "{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.03",
-        "--log", "{base}/train.log"]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt"
-launcher = "torchrun"
-env = {{ OMP_NUM_THREADS = "1" }}
-[ranks]
-min = 1
-max = 2
-start = 2
-[need]
-profile = "1g.18gb"
-[hook]
-ack_timeout_s = 120
-exit_timeout_s = 60
-"""
-    )
-    spec.chmod(0o644)
+    spec = write_spec(base / "tr.toml", ddp_spec(base, max_ranks=2, launcher="torchrun"))
     service = subprocess.Popen(
         [sys.executable, "-m", "flexmig.act", "--mode", "act", "--sim", "h200", "--state-dir", str(base),
          "--allow-dir", str(base), "--log-level", "WARNING"],
@@ -228,7 +115,7 @@ exit_timeout_s = 60
         client = ControlClient(sock, timeout_s=300)
         assert client.call("jobs.submit", path=str(spec))["ok"]
         assert t.wait_for(1, 5)["world"] == 2
-        agents = PsutilScanner().find(_uid(base) or "")
+        agents = PsutilScanner().find(job_uid(base / "journal.sqlite3", "ddp") or "")
         assert len(agents) == 2
         assert all("torch.distributed.run" in " ".join(psutil.Process(a.pid).cmdline()) for a in agents)
         assert client.call("jobs.migrate", name="ddp")["ok"]
@@ -243,7 +130,4 @@ exit_timeout_s = 60
             service.wait(timeout=20)
         except subprocess.TimeoutExpired:
             service.kill()
-        uid = _uid(base)
-        if uid:
-            for f in PsutilScanner().find(uid):
-                psutil.Process(f.pid).kill()
+        kill_ranks(base / "journal.sqlite3", "ddp")

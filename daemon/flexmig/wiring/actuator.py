@@ -315,7 +315,7 @@ class ActuatorComponent:
         for note in plan.notes:
             log.info("  note: %s", note)
         if self.mqtt is not None:
-            self.mqtt.publisher.emit(plan_event(self._translate.factory, plan, mode, self.wall()))
+            self.mqtt.findings.emit(plan_event(self._translate.factory, plan, mode, self.wall()))
 
     async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
         """What the planner would do now (a fresh inventory through the NVML worker); changes nothing."""
@@ -438,8 +438,8 @@ class ActuatorComponent:
         fleet = self._translate(event, mode=self.mode)
         if fleet is not None:
             _log_event(fleet)
-            if self.mqtt is not None:
-                self.mqtt.publisher.emit(fleet)
+            if self.mqtt is not None and not _nothing_reconciled(event):
+                self.mqtt.findings.emit(fleet)
         if event.kind in ("job_failed",) or (event.kind == "job_exited" and event.detail.get("state") == "done"):
             self.wake()
         if event.kind == "action_completed" and event.action == "stop":
@@ -534,6 +534,14 @@ class ActuatorComponent:
             paths = self.paths
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
+
+
+def _nothing_reconciled(event: ActEvent) -> bool:
+    """A start-up reconciliation that found no job, rank or action to take care of: not news for the fleet."""
+    if event.kind != "reconciled":
+        return False
+    d = event.detail
+    return not any(d.get(k) for k in ("adopted", "killed_stale", "plans", "settled"))
 
 
 def _slots_of(row: ActionRow) -> set[tuple[int, int]]:

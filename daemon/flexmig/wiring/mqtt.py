@@ -69,6 +69,13 @@ class FindingsPublisher:
         """Events handed to the publisher since start, by kind."""
         return dict(self._emitted)
 
+    def emit(self, event: Event) -> None:
+        """Publish an event of another component (the actuator's, the planner's): stored in the outbox, counted
+        and logged with its ID exactly like detection's, so the journal records every ID the daemon emitted."""
+        self.publisher.emit(event)
+        self._emitted[event.kind.value] += 1
+        log.info("event %s %s: %s", event.kind.value, event.id, describe(event))
+
     def __call__(self, snapshot: Snapshot) -> None:
         """Publish what detection found on ``snapshot`` (nothing if detection did not run on it)."""
         report = report_of(snapshot)
