@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import queue
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -60,7 +61,8 @@ def secured_broker(workdir: Path) -> Mosquitto:
     subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, timeout=WAIT)
     acl = workdir / "flexmig.acl"
     acl.write_text(ACL)
-    return Mosquitto(workdir, extra=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n").start()
+    extra = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\nset_tcp_nodelay true\n"
+    return Mosquitto(workdir, extra=extra).start()
 
 
 def password_file(directory: Path, user: str = NODE, password: str | None = None) -> Path:
@@ -81,6 +83,9 @@ class Operator:
             paho.CallbackAPIVersion.VERSION2, client_id=f"{user}-{uuid.uuid4().hex[:8]}", protocol=paho.MQTTv5
         )
         self.client.username_pw_set(user, PASSWORDS[user])
+        self.client.on_socket_open = lambda _c, _u, sock: sock.setsockopt(  # type: ignore[union-attr]
+            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+        )
         self.client.on_message = lambda _c, _u, msg: self.results.put(json.loads(msg.payload))
         subscribed = queue.Queue[bool]()
         self.client.on_subscribe = lambda *_a: subscribed.put(True)

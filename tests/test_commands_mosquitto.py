@@ -189,8 +189,14 @@ def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
     slow = RunningListener(node, broker, password_file(tmp_path, "node-2"), node_name="node-2", max_pending=1)
     operator = Operator(broker, node="node-2")
     try:
-        for i in range(3):
-            operator.send("plan-now", {"id": f"p{i}"})
+        slow.wait_connected()
+        operator.send("plan-now", {"id": "p0"})
+        deadline = time.monotonic() + WAIT
+        while not started:  # p0 runs (and waits to be released)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        operator.send("plan-now", {"id": "p1"})  # waits in the queue of 1
+        operator.send("plan-now", {"id": "p2"})  # finds the queue full
         busy = operator.result()
         assert busy["id"] == "p2" and busy["type"] == "Busy", busy
         assert started == ["plan"], "one runs, one waits, the third is refused"

@@ -27,6 +27,7 @@ import json
 import logging
 import random
 import re
+import socket
 import ssl
 import time
 from collections import deque
@@ -670,6 +671,8 @@ class CommandListener:
             # MQTT 5: a clean start with no session expiry, so commands sent while we were away are not run later.
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=True,
+            # Few, small messages that someone waits for: no Nagle delay on results.
+            socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )
         del password
         # retainAsPublished: a live delivery of a retained publish keeps its flag, so every retained command is
