@@ -67,7 +67,7 @@ def test_the_verbs_are_exactly_migrate_resplit_stop_and_plan_now() -> None:
         "migrate": "jobs.migrate",
         "resplit": "jobs.resplit",
         "stop": "jobs.stop",
-        "plan-now": "plan.now",
+        "plan-now": "plan",
     }, "jobs.submit takes a path: it is not reachable from the network"
 
 

@@ -173,7 +173,7 @@ def test_the_readme_shows_the_acl_the_tests_use() -> None:
 def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
     node: LiveNode, broker: Mosquitto, tmp_path: Path
 ) -> None:
-    """plan-now forwards to the daemon's ``plan.now`` operation; here one that waits until released."""
+    """plan-now forwards to the daemon's ``plan`` operation; here one that waits until released."""
     release = asyncio.Event()
     started: list[str] = []
 
@@ -183,7 +183,7 @@ def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
         return {"planned": True}
 
     async def add() -> None:
-        node.control.add("plan.now", plan_now)
+        node.control.add("plan", plan_now)
 
     node.call(add())
     slow = RunningListener(node, broker, password_file(tmp_path, "node-2"), node_name="node-2", max_pending=1)
@@ -215,7 +215,7 @@ def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
         slow.stop()
 
         async def remove() -> None:
-            node.control.handlers.pop("plan.now", None)
+            node.control.handlers.pop("plan", None)
 
         node.call(remove())
 

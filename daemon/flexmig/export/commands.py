@@ -177,8 +177,8 @@ VERBS: Mapping[str, VerbSpec] = MappingProxyType(
         ),
         "plan-now": VerbSpec(
             "plan-now",
-            "plan.now",
-            "Run a planning round now instead of at the next planner.interval_s (in act mode its plan is executed).",
+            "plan",
+            "What the planner would do now, with its reasons (the daemon's plan operation); changes nothing.",
             {},
             {"id": "op-45"},
         ),
