@@ -170,6 +170,10 @@ class ControlServer:
                 await self._send(writer, answer)
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:
+            # close() ended the connection (the daemon is stopping). Ending quietly: asyncio's stream callback
+            # would log a cancelled connection task as an error with a traceback.
+            return
         finally:
             if task is not None:
                 self._conns.discard(task)

@@ -844,6 +844,8 @@ class Executor:
         if rec is None or rec.state != "running" or job in self._busy:
             return
         ranks = [h for h in self.supervisor.ranks(job) if h.generation == rec.generation]
+        if ranks and not any(h.proc.finished() for h in ranks):
+            return  # a rank of an older generation exited (adopted across a restart, after its move): nothing to do
         bad = [h for h in ranks if h.proc.finished() and h.proc.returncode not in (0, None)]
         if bad:
             await self.supervisor.terminate(job, self.term_grace_s)

@@ -267,8 +267,8 @@ class ActuatorComponent:
             if gap > 0:
                 await asyncio.sleep(gap)
             last = loop.time()
-            if self._stopping:
-                return
+            if self._stopping:  # wait for the daemon to cancel us: closing now would cut the action in flight
+                await asyncio.Event().wait()
             if self.mode == "observe":
                 continue
             try:
