@@ -26,6 +26,7 @@ import jsonschema
 import pytest
 
 from daemon_node import ActNode, act_node, collect_events, open_session, wait_until
+from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 from flexmig.act.records import JobRecord
@@ -143,6 +144,8 @@ def test_ddp_job_under_flexmigd_migrates_and_resplits_exactly_with_action_metric
         held = sorted(s for s, _, _, job in got if job == "ddp")
         assert held == sorted(i["start"] for i in node.jobs()["ddp"]["instances"])
         assert [j["name"] for j in status["jobs"]] == ["ddp"] and status["mode"] == "act"
+        people = node.cli("status")
+        assert people.returncode == 0 and "job ddp: " in people.stdout and "mode act" in people.stdout
 
         out = flexmig(node.sock, "stop", "ddp")
         assert "stop ddp: completed" in out
@@ -234,6 +237,18 @@ def test_observe_never_plans_advise_publishes_the_plan_and_changes_nothing_and_a
         assert [a["action"] for a in plan["actions"]] == ["create_instance", "start"]
         where = plan["actions"][0]["target"]  # gpu0:1g.18gb@S, where the planner wants the queued job
         start = int(where.rsplit("@", 1)[1])
+        what_if = node.cli_json("plan", "--request", "2x2g.35gb")
+        assert {a["job"] for a in what_if["actions"] if a["action"] == "start"} == {"queued", "what-if-1"}
+        client = ControlClient(node.sock, timeout_s=30)
+        with pytest.raises(ControlRequestError, match="status takes no arguments"):
+            client.call("status", verbose=True)
+        with pytest.raises(ControlRequestError, match="'requests' must be a list"):
+            client.call("plan", requests="1g.18gb")
+        with pytest.raises(ControlRequestError, match=r"expected \[Nx\]PROFILE"):
+            client.call("plan", requests=["1g.18gb; reboot"])
+        other = write_spec(base / "other.toml", counter_spec(base, "other"))
+        with pytest.raises(ControlError, match="mode is 'observe'"):
+            client.call("jobs.submit", path=str(other))
         assert plan["pending"] == [{"job": "queued", "ranks": 1, "need": "1g.18gb"}]
 
         node.hup("advise")
