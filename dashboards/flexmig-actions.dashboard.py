@@ -1,9 +1,9 @@
 """flexmig: actions. Migrations, re-splits and other actions, their outcomes, durations and the downtime jobs saw.
 
-The ``flexmig_actions_*``/``flexmig_action_*``/``flexmig_job_downtime_*``/``flexmig_jobs`` panels use the names
-the actuator is expected to export (flexmig_dashboards.metrics lists them as not exported yet); until it does,
-they show "No data". The layout-change and fragmentation panels work today: every MIG change makes flexmigd
-re-inventory, and fragmentation is what act mode acts on.
+The ``flexmig_actions_*``/``flexmig_action_*``/``flexmig_job_downtime_*``/``flexmig_jobs`` panels read what
+flexmigd's actuator exports (``daemon/flexmig/export/action_metrics.py``; the histograms have a series per action
+once it ran). The layout-change and fragmentation panels show every MIG change (each makes flexmigd
+re-inventory), and fragmentation is what act mode acts on.
 
 Generate with ``python dashboards/build.py``.
 """

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,10 +28,12 @@ import aiomqtt
 from prometheus_client.parser import text_string_to_metric_families
 
 from flexmig import sim
+from flexmig.act.client import ControlClient
 from flexmig.act.journal import Journal
+from flexmig.errors import FlexmigError
 from flexmig.export.events import Event
 from flexmig.sim.truth import GpuTruth
-from jobs_support import kill_ranks
+from jobs_support import counter_spec, kill_ranks, write_spec
 from promstack import free_port, http_get
 
 WAIT_S = 60.0
@@ -224,6 +227,45 @@ def act_node(base: Path, spec: str, *, jobs: tuple[str, ...] = (), **kw: Any) ->
             with contextlib.suppress(AssertionError):
                 node.stop()
         kill_ranks(node.journal, *jobs)
+
+
+class JobCycler(threading.Thread):
+    """Keeps an :class:`ActNode` acting until :meth:`stop`: a stdlib job is submitted, migrated, re-split to 2
+    ranks and back, and stopped, over and over, so every kind of move shows in rates and histograms."""
+
+    def __init__(self, node: ActNode, name: str = "cycle", pause_s: float = 0.5) -> None:
+        super().__init__(name=f"cycler-{name}", daemon=True)
+        self.node = node
+        self.job = name
+        self.pause_s = pause_s
+        self.cycles = 0
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+        self.spec = write_spec(node.base / f"{name}.toml", counter_spec(node.base, name, max_ranks=2))
+
+    def run(self) -> None:
+        client = ControlClient(self.node.sock, timeout_s=WAIT_S)
+        steps: list[tuple[str, dict[str, Any]]] = [
+            ("jobs.submit", {"path": str(self.spec)}),
+            ("jobs.migrate", {"name": self.job}),
+            ("jobs.resplit", {"name": self.job, "ranks": 2}),
+            ("jobs.resplit", {"name": self.job, "ranks": 1}),
+            ("jobs.stop", {"name": self.job}),
+        ]
+        while not self._halt.is_set():
+            for op, args in steps:
+                try:
+                    client.call(op, **args)
+                except FlexmigError as exc:
+                    self.errors.append(f"{op}: {exc}")
+                if self._halt.wait(self.pause_s / len(steps)):
+                    return
+            self.cycles += 1
+
+    def stop(self) -> None:
+        """Finish the step in progress and end (bounded)."""
+        self._halt.set()
+        self.join(WAIT_S)
 
 
 # ---------------------------------------------------------------------------------------------------- MQTT

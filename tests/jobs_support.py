@@ -72,10 +72,12 @@ def counter_spec(
     *,
     profile: str = "1g.18gb",
     ranks: int = 1,
+    max_ranks: int | None = None,
     step_time: float = 0.01,
     ack_timeout_s: float = 30,
 ) -> str:
-    """The stdlib example (``examples/hook_minimal.py``) as a job spec, logging to base/NAME.log."""
+    """The stdlib example (``examples/hook_minimal.py``) as a job spec, logging to base/NAME.log (``max_ranks``
+    above ``ranks``: it may be re-split up to that many)."""
     return f"""\
 name = "{name}"
 argv = ["{sys.executable}", "{ROOT}/examples/hook_minimal.py", "--step-time", "{step_time}",
@@ -85,7 +87,7 @@ working_dir = "{base}"
 checkpoint_dir = "{base}/ckpt-{name}"
 [ranks]
 min = {ranks}
-max = {ranks}
+max = {max_ranks or ranks}
 start = {ranks}
 [need]
 profile = "{profile}"

@@ -4,14 +4,16 @@ One stack for the module: ``flexmigd --sim h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6`
 figures moving) with MQTT on (a real mosquitto), detection windows short enough for findings to appear within
 seconds, and dcgm-exporter on: a stand-in serving dcgm-exporter's format (4.8.x: legacy field names, lowercase
 ``hostname``) for the same simulated GPUs, computed from the same deterministic workload, since the real
-dcgm-exporter needs a GPU. Prometheus (1 s scrapes) scrapes both, as job ``flexmig`` and ``dcgm-exporter``, and
-evaluates dashboards/rules/flexmig.rules.yml.
+dcgm-exporter needs a GPU. Beside it a second flexmigd in mode act (``dash-node-act``, a simulated H200) keeps
+submitting, migrating, re-splitting and stopping a job, so the actions dashboard has live actions to show; its
+panels are queried for that host. Prometheus (1 s scrapes) scrapes all three, as job ``flexmig`` and
+``dcgm-exporter``, and evaluates dashboards/rules/flexmig.rules.yml.
 
 Every panel query then runs through Prometheus's HTTP API with the dashboard variables set to the first host,
-GPU and MIG instance the variables' own queries return, and must return data. The only queries excused are
-those that read a metric nobody exports yet (the actuator's, ``exported=False`` in the catalogue); the test
-checks the catalogue against the live exposition in both directions, so such a query is excused only while its
-metric is really absent, and the skip names it.
+GPU and MIG instance the variables' own queries return (the acting node's host for queries of the actuator's
+metrics), and must return data. The only queries excused would be those that read a metric nobody exports yet
+(``exported=False`` in the catalogue; none today); the test checks the catalogue against the live exposition in
+both directions, so such a query is excused only while its metric is really absent, and the skip names it.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from daemon_node import ActNode, JobCycler
 from dashboards_support import RULES, PanelQuery, metrics, panel_queries, promql, variable_queries
 from flexmig import sim
 from flexmig.sim.workload import SyntheticWorkload
+from jobs_support import kill_ranks
 from mosquitto_broker import MOSQUITTO, Mosquitto
 from promstack import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, prometheus, query, wait_for
 
@@ -40,6 +44,7 @@ pytestmark = [
 ]
 
 NODE = "dash-node"
+ACT_NODE = "dash-node-act"  # longer than NODE, so the $Hostname variable's first value stays NODE
 DATA_S = 45.0  # the bound on waiting for one query's data (rate windows need a few scrapes)
 WINDOWS = {"__rate_interval": "5s", "__interval": "1s", "__range": "1m"}
 MIB = 1024 * 1024
@@ -141,6 +146,7 @@ class Stack:
     daemon: Flexmigd
     flexmigd_families: frozenset[str]
     dcgm_names: frozenset[str]
+    act: ActNode
 
 
 def families(exposition: str) -> frozenset[str]:
@@ -179,13 +185,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         with serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port:
             config = write_config(work / "flexmig.toml", broker.address, dcgm_port, work / "outbox.sqlite3")
-            with flexmigd(work, SPEC, config) as daemon:
+            with flexmigd(work, SPEC, config) as daemon, acting_node(work / "act") as act:
                 dcgm_target = f"127.0.0.1:{dcgm_port}"
-                jobs = {"flexmig": [f"127.0.0.1:{daemon.port}"], "dcgm-exporter": [dcgm_target]}
+                flexmig_targets = [f"127.0.0.1:{daemon.port}", f"127.0.0.1:{act.port}"]
+                jobs = {"flexmig": flexmig_targets, "dcgm-exporter": [dcgm_target]}
                 with prometheus(work, jobs, rule_files=[RULES]) as port:
                     wait_for(
-                        "both targets up in Prometheus",
-                        lambda: len(query(port, "up == 1")) == 2,
+                        "all three targets up in Prometheus",
+                        lambda: len(query(port, "up == 1")) == 3,
                         60,
                     )
                     # the families flexmigd declares once detection, MQTT and DCGM have all reported
@@ -202,9 +209,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         60,
                     )
                     dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
-                    yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text))
+                    yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text), act)
     finally:
         broker.stop()
+
+
+@contextlib.contextmanager
+def acting_node(work: Path) -> Iterator[ActNode]:
+    """A flexmigd in mode act on a simulated H200 whose job is moved around without pause (see the docstring)."""
+    work.mkdir(mode=0o755)
+    node = ActNode(work, "h200", node_name=ACT_NODE).start()
+    cycler = JobCycler(node)
+    cycler.start()
+    try:
+        wait_for("two rounds of actions", lambda: cycler.cycles >= 2, 60)
+        yield node
+    finally:
+        cycler.stop()
+        node.stop()
+        kill_ranks(node.journal, cycler.job)
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +262,8 @@ def test_the_catalogue_says_which_metrics_flexmigd_exports(stack: Stack) -> None
 def test_the_variables_list_the_simulated_node_its_gpus_and_instances(stack: Stack, values: dict[str, str]) -> None:
     assert values["Hostname"] == NODE
     assert values["gpu"] == "0"
-    gis = api(stack.prometheus, "label/GPU_I_ID/values", **{"match[]": f'flexmig_mig_memory_slices{{gpu="{0}"}}'})
+    match = f'flexmig_mig_memory_slices{{gpu="0", Hostname="{NODE}"}}'
+    gis = api(stack.prometheus, "label/GPU_I_ID/values", **{"match[]": match})
     assert sorted(gis, key=int) == ["1", "5", "13"]
     assert values["GPU_I_ID"] == "1"
 
@@ -253,6 +277,8 @@ def test_every_panel_query_returns_data(stack: Stack, values: dict[str, str], q:
         planned = metrics.sample_names(exported=False)
         assert missing <= planned, f"{q.id}: reads {sorted(missing)}, which nobody exports and nothing plans"
         pytest.skip(f"reads {', '.join(sorted(missing))}: not exported by flexmigd yet (the actuator's, planned)")
+    if promql.metric_names(q.expr) & metrics.sample_names(source="actuator"):
+        values = {**values, "Hostname": ACT_NODE}  # the node that acts
     promql_text = promql.substitute(q.expr, values)
     result = wait_for(f"data for {q.id}: {promql_text}", lambda: query(stack.prometheus, promql_text), DATA_S)
     assert all(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result), result
@@ -273,7 +299,7 @@ def test_the_fragmentation_and_idle_alerts_go_pending_on_the_simulated_node(stac
     # both GPUs are 3g@0 + 2g@4 + 1g@6: one compute slice free that no profile can use (score 1); on GPU 0
     # the 3g and the 1g run nothing (the demo workload's idle role)
     def pending() -> set[tuple[str, str, str]]:
-        alerts = query(stack.prometheus, 'ALERTS{alertstate="pending"}')
+        alerts = query(stack.prometheus, f'ALERTS{{alertstate="pending", Hostname="{NODE}"}}')
         return {(a["metric"]["alertname"], a["metric"]["gpu"], a["metric"].get("GPU_I_ID", "")) for a in alerts}
 
     want = {

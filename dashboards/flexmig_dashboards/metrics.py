@@ -2,9 +2,9 @@
 
 The dashboards and rules never spell a metric name that is not listed here (a test parses every expression and
 checks). ``exported`` says whether its source exports it today: flexmigd's families are the ones in the README
-metrics table (``daemon/flexmig/export/prometheus.py`` and ``findings_metrics.py``); the actuator's action
-metrics are the names the dashboards expect once the actuator is wired into flexmigd (``exported=False`` until
-then; their panels show "No data" and the integration test says which metric it waits for).
+metrics table (``daemon/flexmig/export/prometheus.py``, ``findings_metrics.py`` and, for the actuator's actions
+and jobs, ``action_metrics.py``). A metric marked ``exported=False`` would be one a dashboard expects before its
+source exports it (its panels show "No data" and the integration test says which metric it waits for).
 
 ``condition`` names what must be true for the series to carry samples at all (a family can be exported and
 still have no series: host CPU exists only for processes the host can see).
@@ -176,14 +176,13 @@ METRICS: tuple[MetricDef, ...] = (
     _g("process_resident_memory_bytes", "(target labels only)", "RSS of the flexmigd process"),
     _g("process_open_fds", "(target labels only)", "open file descriptors of the flexmigd process"),
     _g("process_start_time_seconds", "(target labels only)", "Unix time the flexmigd process started"),
-    # ------------------------------------------------------------------ actuator (expected names, not yet exported)
+    # ------------------------------------------------------------------ actuator (flexmigd's actions and jobs)
     _c(
         "flexmig_actions",
         "Hostname, action, outcome",
         "actions finished; action = migrate|resplit|start|stop|create_instance|destroy_instance|restart, "
         "outcome = completed|failed|cancelled|skipped",
         source="actuator",
-        exported=False,
     ),
     MetricDef(
         "flexmig_action_duration_seconds",
@@ -191,7 +190,6 @@ METRICS: tuple[MetricDef, ...] = (
         "Hostname, action",
         "wall time of an action from its first journalled step to its last",
         source="actuator",
-        exported=False,
     ),
     MetricDef(
         "flexmig_job_downtime_seconds",
@@ -199,16 +197,14 @@ METRICS: tuple[MetricDef, ...] = (
         "Hostname, action",
         "time a job had no rank running during a migrate or resplit (old ranks stopped to new ranks started)",
         source="actuator",
-        exported=False,
     ),
     _g(
         "flexmig_actions_in_progress",
         "Hostname",
         "1 while an action is executing (actions run one at a time)",
         source="actuator",
-        exported=False,
     ),
-    _g("flexmig_jobs", "Hostname, state", "registered jobs by state", source="actuator", exported=False),
+    _g("flexmig_jobs", "Hostname, state", "registered jobs by state", source="actuator"),
     # ------------------------------------------------------------------ dcgm-exporter (overlays) and Prometheus
     _g("DCGM_FI_PROF_SM_ACTIVE", _DCGM, "SM active ratio (dcgm-exporter < 4.9)", source="dcgm-exporter"),
     _g("DCGM_FI_PROF_SM_UTIL_RATIO", _DCGM, "SM active ratio (dcgm-exporter >= 4.9)", source="dcgm-exporter"),

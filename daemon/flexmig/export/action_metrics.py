@@ -6,7 +6,7 @@ Names are the ones the dashboards and alert rules read (``dashboards/flexmig_das
   present from the start at 0, so a panel or an ``increase()`` has a series before the first action;
 * ``flexmig_action_duration_seconds{Hostname, action}`` (histogram): first journalled step to last;
 * ``flexmig_job_downtime_seconds{Hostname, action}`` (histogram, migrate and resplit): the job's old ranks
-  exited to its new ranks started;
+  exited to its new ranks started; both histograms have a series per action once that action has run;
 * ``flexmig_actions_in_progress{Hostname}``: 1 while an action executes (they run one at a time);
 * ``flexmig_jobs{Hostname, state}``: registered jobs by state, every state present;
 * ``flexmig_planner_runs_total{Hostname}``, ``flexmig_planner_failures_total{Hostname}``,
@@ -97,8 +97,10 @@ class ActionMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._actions: Counter[tuple[str, str]] = Counter()
-        self._durations = {a: Histogram(DURATION_BUCKETS_S) for a in ACTIONS}
-        self._downtimes = {a: Histogram(DOWNTIME_BUCKETS_S) for a in MOVES}
+        # Histograms appear per action once it has been observed: a quantile or a mean of an action that never
+        # ran would only be NaN on a dashboard.
+        self._durations: dict[str, Histogram] = {}
+        self._downtimes: dict[str, Histogram] = {}
         self._running: set[int] = set()
         self._jobs: dict[str, int] = dict.fromkeys(JOB_STATES, 0)
         self._planner_runs = 0
@@ -123,7 +125,8 @@ class ActionMetrics:
                 hist = self._durations.setdefault(event.action, Histogram(DURATION_BUCKETS_S))
                 hist.observe(max(0.0, event.duration_s))
             if downtime_s is not None and event.action in MOVES:
-                self._downtimes[event.action].observe(max(0.0, downtime_s))
+                hist = self._downtimes.setdefault(event.action, Histogram(DOWNTIME_BUCKETS_S))
+                hist.observe(max(0.0, downtime_s))
 
     def set_jobs(self, counts: Mapping[str, int]) -> None:
         """Registered jobs by state (every known state is exported; missing ones as 0)."""
