@@ -79,9 +79,9 @@ def render(doc: Mapping[str, Any]) -> None:
     out = console()
     if doc["source"] == "daemon":
         how = {
-            "act": "the daemon executes plans like this one (mode act)",
-            "advise": "the daemon publishes this plan and changes nothing (mode advise)",
-            "observe": "the daemon does not plan in mode observe; this is what it would do",
+            "act": "mode act: the daemon executes plans like this one",
+            "advise": "mode advise: published, nothing is changed",
+            "observe": "mode observe: the daemon does not plan; this is what it would do",
         }.get(doc["mode"], doc["mode"])
     else:
         how = f"simulated node {doc['source'].removeprefix('sim:')}"
@@ -107,8 +107,10 @@ def render(doc: Mapping[str, Any]) -> None:
         out.print(f"note: {note}")
     for job in doc.get("running", ()):
         out.print(f"running: {job['job']} on {', '.join(job['instances'])}")
+    started = {a["job"] for a in doc["actions"] if a["action"] == "start"}
     for job in doc.get("pending", ()):
-        out.print(f"queued: {job['job']} ({job['ranks']} x {job['need']})")
+        fate = "started by this plan" if job["job"] in started else "waits"
+        out.print(f"queued: {job['job']} ({job['ranks']} x {job['need']}): {fate}")
     for where, why in doc.get("blocked", {}).items():
         out.print(f"left alone: {where}: {why}")
     for job, why in doc.get("left_out", {}).items():
