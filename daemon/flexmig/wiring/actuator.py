@@ -260,8 +260,11 @@ class ActuatorComponent:
         last = -_MIN_ROUND_GAP_S
         while True:
             interval = self.config.planner.interval_s
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that arrives as the event is
+            # set (drain() sets it just before the daemon cancels this task), and the loop would never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, last + interval - loop.time()))
+                async with asyncio.timeout(max(0.0, last + interval - loop.time())):
+                    await self._wake.wait()
             self._wake.clear()
             gap = last + _MIN_ROUND_GAP_S - loop.time()
             if gap > 0:
@@ -515,7 +518,8 @@ class ActuatorComponent:
         if self._busy.locked():
             log.info("stopping: waiting up to %.0f s for the action in flight", grace)
         try:
-            await asyncio.wait_for(self._busy.acquire(), timeout=grace)
+            async with asyncio.timeout(grace):
+                await self._busy.acquire()
         except TimeoutError:
             log.warning(
                 "stopping: an action is still running after %.0f s; the journal has the next start finish or "
