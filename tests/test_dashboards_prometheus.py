@@ -226,8 +226,10 @@ def acting_node(work: Path) -> Iterator[ActNode]:
         yield node
     finally:
         cycler.stop()
-        node.stop()
-        kill_ranks(node.journal, cycler.job)
+        try:
+            assert node.stop() == 0
+        finally:
+            kill_ranks(node.journal, cycler.job)
 
 
 @pytest.fixture(scope="module")
