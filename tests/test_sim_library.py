@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from ctypes import byref, c_uint
+from pathlib import Path
 
 import pynvml as N
 import pytest
 
 from flexmig.errors import SimError
 from flexmig.sim import FAKE_PID_BASE, install, installed, uninstall
+from flexmig.sim.state import pid_alive
 
 H200_LAYOUT = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
@@ -29,6 +32,11 @@ def sim():
 
     yield make
     uninstall()
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter /proc shows for ``pid`` ("R", "S", "Z", ...)."""
+    return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0]
 
 
 def gpu(i: int = 0):
@@ -339,6 +347,35 @@ def test_a_real_process_disappears_once_its_pid_is_gone(sim):
     node.start_process(uuid, pid=os.getpid(), memory_bytes=1 << 20)
     procs = N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByUUID(uuid))
     assert [p.pid for p in procs] == [os.getpid()]
+
+
+def test_a_real_process_that_exited_unreaped_a_zombie_is_gone_from_the_device(sim):
+    node = sim()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while _proc_state(child.pid) != "Z":  # exited, not waited for: a zombie until we reap it
+            assert time.monotonic() < deadline, "the child did not exit within 30 s"
+            time.sleep(0.01)
+        uuid = node.mig_uuids(0)[0]
+        node.start_process(uuid, pid=child.pid, memory_bytes=1 << 20)
+        procs = N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByUUID(uuid))
+        assert [p.pid for p in procs] == []
+        assert not pid_alive(child.pid)
+    finally:
+        child.wait(30)
+
+
+def test_a_running_process_is_alive_and_a_zombie_is_not_whatever_its_command_name(tmp_path):
+    def fake(pid: int, stat: bytes) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_bytes(stat)
+
+    me = os.getpid()
+    fake(me, f"{me} (a) R (b) Z 1 1 1".encode())  # a command name may hold ") R ("; the state follows the last ")"
+    assert not pid_alive(me, proc=tmp_path)
+    assert pid_alive(me)  # the real /proc says running
+    assert pid_alive(me, proc=tmp_path / "none")  # no /proc to read: the signal probe decides
 
 
 def test_mistakes_on_the_node_handle_name_the_culprit(sim):

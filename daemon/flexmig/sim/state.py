@@ -13,6 +13,7 @@ import threading
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pynvml as N
 
@@ -50,17 +51,37 @@ class NvmlReturn(Exception):
         self.code = code
 
 
-def pid_alive(pid: int) -> bool:
-    """True when a process with ``pid`` exists (signal 0 probes without sending anything)."""
+def pid_alive(pid: int, *, proc: Path = Path("/proc")) -> bool:
+    """True when a process with ``pid`` exists and is not a zombie.
+
+    Signal 0 probes without sending anything, but it also succeeds on a zombie: a process that has exited and
+    that no parent has reaped yet (an orphan under an init that does not reap, or a child whose parent has not
+    called wait). A zombie holds no GPU memory on a real driver, so it must not hold any here either; its state
+    (``Z``, or ``X`` while being reaped) is read from ``proc``/PID/stat. Where that file cannot be read (no /proc),
+    the signal probe decides.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
+        pass  # exists, owned by someone else
     except OSError:
         return False
-    return True
+    return _proc_state(proc, pid) not in ("Z", "X")
+
+
+def _proc_state(proc: Path, pid: int) -> str | None:
+    """The state letter of ``proc``/PID/stat (the field after the parenthesised command name), None if unreadable."""
+    try:
+        raw = (proc / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    _, paren, rest = raw.rpartition(b")")  # the command name may itself hold ")" and spaces
+    fields = rest.split()
+    if not paren or not fields:
+        return None
+    return fields[0].decode("ascii", "replace")
 
 
 @dataclass(slots=True)
