@@ -6,19 +6,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
+from ctypes import byref
 from pathlib import Path
 
+import pynvml as N
 import pytest
 
-from daemon_harness import nvml_of, running, sim_node, sweeps
+from daemon_harness import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
+from flexmig.act.nodeview import NodeView
 from flexmig.config import Config, DetectConfig, SamplingConfig, load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.detect import DetectSettings, Report
 from flexmig.export.findings_metrics import report_of
+from flexmig.telemetry import TelemetrySettings
 from flexmig.telemetry.ring import WindowStats
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, SamplingStats, Snapshot
 from flexmig.wiring import Detector, detect_settings
 from flexmig.wiring.detection import usage_of
+from flexmig.wiring.status import status_document
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,6 +121,56 @@ def test_detection_runs_on_the_snapshot_the_exporter_reads() -> None:
     assert [g.layout for g in report.fragmentation.gpus] == ["3g.71gb@0+1g.18gb@4"]
     assert {(i.gpu, i.start, i.profile) for i in report.internal} == {(0, 0, "3g.71gb"), (0, 4, "1g.18gb")}
     assert detector.stats()[1] == 0
+
+
+def _gpu_instance_without_compute_instance(gpu: int, start: int) -> None:
+    """``nvidia-smi mig -i GPU -cgi 3g.71gb:START`` without ``-C``: a 3g GPU instance and no MIG device."""
+    handle = N.nvmlDeviceGetHandleByIndex(gpu)
+    profile = N.nvmlDeviceGetGpuInstanceProfileInfo(handle, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+    placement = N.c_nvmlGpuInstancePlacement_t(start, 4)
+    N.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile.id, byref(placement))
+
+
+def test_a_gpu_instance_without_a_compute_instance_holds_its_slices_in_every_figure() -> None:
+    async def scenario() -> tuple[Snapshot, Series, NodeView]:
+        cfg = Config(node_name="node-1", sampling=SAMPLING)
+        fast = TelemetrySettings(interval_s=0.05, inventory_interval_s=0.1)  # re-inventory soon after the create
+        daemon = Daemon(cfg, sim_spec="h200:3g.71gb@0", sim_workload=False, metrics_addr=LOOPBACK_ANY, telemetry=fast)
+        async with started(daemon):
+            before = daemon.latest()
+            assert before is not None
+            await daemon.worker.call(_gpu_instance_without_compute_instance, 0, 4)
+            deadline = time.monotonic() + 20
+            while (snap := daemon.latest()) is None or snap.stats.inventories <= before.stats.inventories:
+                assert time.monotonic() < deadline, "no re-inventory within 20 s"
+                await asyncio.sleep(0.01)
+            await sweeps(daemon, 2)
+            snap = daemon.latest()
+            assert snap is not None
+            planners_view = NodeView.of(await daemon.worker.call(nvml_of(daemon).inventory))
+            return snap, await scrape(daemon), planners_view
+
+    snap, series, planners_view = asyncio.run(scenario())
+    gpu = snap.gpus[0]
+    assert [(i.start, i.profile_name) for i in gpu.instances] == [(0, "3g.71gb")]  # one MIG device...
+    assert [(g.start, g.profile_name, g.compute_instances) for g in gpu.gpu_instances] == [
+        (0, "3g.71gb", 1),
+        (4, "3g.71gb", 0),  # ...and a GPU instance that has none
+    ]
+    assert (gpu.free_memory_slices, gpu.free_compute_slices, gpu.creatable["1g.18gb"]) == (0, 1, 0)
+    report = report_of(snap)
+    assert report is not None
+    frag = report.fragmentation.gpus[0]
+    assert frag.layout == "3g.71gb@0+3g.71gb@4"
+    assert (frag.free_memory_slices, frag.free_compute_slices) == (0, 1)
+    assert frag.creatable()["3g.71gb"] == 0 and frag.creatable()["1g.18gb"] == 0
+    assert values(series, "flexmig_gpu_free_memory_slices") == [0.0]
+    assert by_label(series, "flexmig_gpu_creatable_repacked_instances", "profile")["3g.71gb"] == 0.0
+    status = status_document(snap, report, source="test", mode="observe")
+    assert status["gpus"][0]["layout"] == "3g.71gb@0+3g.71gb@4"
+    assert status["fragmentation"]["free_memory_slices"] == 0
+    layout = planners_view.layout(0)
+    assert layout is not None and layout.spec() == "3g.71gb@0+3g.71gb@4"  # the planner creates nothing there
 
 
 # ------------------------------------------------------------------------------------------ inputs

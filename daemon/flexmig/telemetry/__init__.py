@@ -3,7 +3,8 @@
 Modules, one idea each:
 
 * ``ring``: bounded ring buffers of timed samples and their window statistics (mean, min, max, p95);
-* ``snapshot``: the immutable values every reader sees (Snapshot, GpuSnapshot, InstanceSnapshot, ...);
+* ``snapshot``: the immutable values every reader sees (Snapshot, GpuSnapshot,
+  GpuInstanceSnapshot, InstanceSnapshot, ...);
 * ``store``: turns one sweep's readings into the next Snapshot, keeping per-instance history;
 * ``sampler``: the sampling loop (cadence, re-inventory, error counting) and the DCGM/workload loops;
 * ``worker``: the one thread every NVML call runs on;
@@ -17,6 +18,7 @@ from flexmig.telemetry.ring import RingBuffer, WindowStats
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import (
     DcgmStatus,
+    GpuInstanceSnapshot,
     GpuSnapshot,
     HostProcess,
     InstanceActivity,
@@ -29,6 +31,7 @@ from flexmig.telemetry.snapshot import (
 __all__ = [
     "DcgmStatus",
     "Enricher",
+    "GpuInstanceSnapshot",
     "GpuSnapshot",
     "HostProcess",
     "InstanceActivity",

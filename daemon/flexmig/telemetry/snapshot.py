@@ -20,6 +20,7 @@ from flexmig.telemetry.ring import WindowStats
 __all__ = [
     "ActivitySource",
     "DcgmStatus",
+    "GpuInstanceSnapshot",
     "GpuSnapshot",
     "HostProcess",
     "InstanceActivity",
@@ -106,6 +107,24 @@ class InstanceSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuInstanceSnapshot:
+    """One GPU instance as the last inventory saw it (``nvidia-smi mig -lgi``), with or without a MIG device.
+
+    A GPU instance holds its memory and compute slices from creation, even before it has a compute instance
+    (``nvidia-smi mig -cgi 9`` without ``-C``): it is then no MIG device, has no telemetry and is missing from
+    :attr:`GpuSnapshot.instances`, but layouts built from a snapshot must still count its slices as taken.
+    """
+
+    gpu_instance_id: int
+    profile_id: int
+    profile_name: str  # as in InstanceSnapshot.profile_name
+    start: int  # first memory slice of the placement
+    memory_slices: int
+    compute_slices: int | None  # None when the profile is not in our catalogue
+    compute_instances: int  # 0: no MIG device (nothing can run on it yet)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     """One physical GPU: its sensors, MIG state, free capacity and instances."""
 
@@ -123,6 +142,9 @@ class GpuSnapshot:
     free_memory_slices: int | None
     creatable: Mapping[str, int]  # profile name -> how many could still be created now (empty if unknown)
     instances: tuple[InstanceSnapshot, ...]
+    # Every GPU instance of the last inventory, those without a MIG device included (empty when lost); the
+    # placements layouts are built from. Defaults to none for snapshots made by hand.
+    gpu_instances: tuple[GpuInstanceSnapshot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

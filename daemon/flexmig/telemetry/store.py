@@ -23,6 +23,7 @@ from flexmig.telemetry.ring import RingBuffer, capacity_for
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import (
     DcgmStatus,
+    GpuInstanceSnapshot,
     GpuSnapshot,
     HostProcess,
     InstanceActivity,
@@ -59,6 +60,7 @@ class _GpuStatic:
     creatable: Mapping[str, int]
     profile_names: Mapping[int, str]  # GI ID -> profile name
     compute_slices: Mapping[int, int | None]  # GI ID -> compute slices
+    gpu_instances: tuple[GpuInstanceSnapshot, ...]  # every GI, with or without a MIG device
 
 
 @dataclass(slots=True)
@@ -164,6 +166,7 @@ class TelemetryStore:
                     free_memory_slices=None if lost else static.free_memory,
                     creatable={} if lost else static.creatable,
                     instances=tuple(instances),
+                    gpu_instances=() if lost else static.gpu_instances,
                 )
             )
         keep_after = now - settings.window_s
@@ -324,4 +327,16 @@ def _static_of(gpu: GpuInfo) -> _GpuStatic:
         creatable={} if layout is None else layout.capacity(),
         profile_names=names,
         compute_slices=slices,
+        gpu_instances=tuple(
+            GpuInstanceSnapshot(
+                gpu_instance_id=gi.id,
+                profile_id=gi.profile_id,
+                profile_name=names[gi.id],
+                start=gi.start,
+                memory_slices=gi.size,
+                compute_slices=slices[gi.id],
+                compute_instances=len(gi.compute_instances),
+            )
+            for gi in sorted(gpu.gpu_instances, key=lambda gi: (gi.start, gi.id))
+        ),
     )

@@ -65,11 +65,13 @@ LayoutCache = dict[tuple[str, tuple[tuple[int, int], ...]], Layout | None]
 
 
 def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
-    """The GPU's layout from its instances (GI profile and start); None when our catalogue cannot model it."""
+    """The GPU's layout from its GPU instances (profile and start), those without a MIG device included (they hold
+    their slices all the same); None when our catalogue cannot model it."""
     model = model_by_name(gpu.model_name)
     if model is None:
         return None
-    items = tuple(sorted({(i.start, i.profile_id) for i in gpu.instances}))
+    placed = {(i.start, i.profile_id) for i in gpu.instances} | {(g.start, g.profile_id) for g in gpu.gpu_instances}
+    items = tuple(sorted(placed))
     key = (model.key, items)
     if key in cache:
         return cache[key]
