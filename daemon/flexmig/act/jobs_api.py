@@ -6,6 +6,7 @@ executor, which refuses outside mode ``act``. In mode ``advise`` the answer is t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,11 +27,11 @@ _MAX_STR = 4096
 
 
 def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
-    v = args.get(key)
-    if v is None:
+    if key not in args:
         if required:
             raise RequestError(f"argument {key!r} is required")
         return None
+    v = args[key]  # an explicit null is a bad value, not an absent argument: it must not pick the default
     if not isinstance(v, str) or not v or len(v) > _MAX_STR or "\x00" in v:
         raise RequestError(f"argument {key!r} must be a non-empty string")
     return v
@@ -106,7 +107,7 @@ class JobsApi:
             raise RequestError(f"job spec path must be absolute, not {path}")
         if self.ex.mode == "observe":
             self.ex.require_act()
-        spec = load_job_spec(path, self.policy)
+        spec = await asyncio.to_thread(load_job_spec, path, self.policy)  # file system I/O: off the loop
         view = await self.ex.view()
         model = node_model(view)
         try:
