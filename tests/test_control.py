@@ -246,3 +246,46 @@ def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(t
             sim.uninstall()
 
     asyncio.run(main())
+
+
+def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps_serving(tmp_path):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo, 0o644)
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"")
+    huge.chmod(0o644)
+    os.truncate(huge, 1 << 40)  # sparse: a terabyte by its size, nothing on disk
+    proc_file = Path(f"/proc/{os.getpid()}/status")
+
+    async def main() -> list[str]:
+        node = sim.install("h200:1g.18gb@0")
+        nvml = Nvml.open()
+        off = ThreadOffload()
+        act = Actuator.build(
+            mode="advise", nvml=nvml, offload=off, devices=SimProcessTable(node),
+            journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
+            events=MemorySink(),
+        )  # fmt: skip
+        await act.start()
+        server = act.control_server(tmp_path / "c.sock")
+        await server.start()
+        client = ControlClient(server.path, timeout_s=10)
+        errors = []
+        try:
+            for path in (fifo, huge, proc_file):
+                with pytest.raises(ControlError) as info:
+                    await asyncio.to_thread(client.call, "jobs.submit", path=str(path))
+                errors.append(str(info.value))
+            assert await asyncio.to_thread(client.call, "jobs.list") == []  # still serving
+        finally:
+            await server.close()
+            await act.close()
+            off.close()
+            nvml.close()
+            sim.uninstall()
+        return errors
+
+    fifo_error, huge_error, proc_error = asyncio.run(main())
+    assert fifo_error.startswith(f"{fifo}: ") and "not a regular file" in fifo_error
+    assert huge_error == f"{huge}: job spec larger than 65536 bytes (1099511627776 bytes)"
+    assert proc_error.startswith(f"{proc_file}: refused: holds other than the 0 bytes")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import signal
 import sys
 from pathlib import Path
@@ -204,6 +205,28 @@ def test_a_symlink_cannot_smuggle_a_directory_out_of_the_allowed_ones(tmp_path, 
 def test_a_spec_others_can_write_is_refused_unread(tmp_path, policy):
     p = write(tmp_path, "this is not even TOML", mode=0o666)
     with pytest.raises(JobSpecError, match="lets group or others write it"):
+        load_job_spec(p, policy)
+
+
+def test_a_spec_over_the_size_limit_is_refused_unread(tmp_path, policy):
+    p = write(tmp_path, "")
+    os.truncate(p, 1 << 40)  # a sparse terabyte (as /proc/kcore claims): reading it whole exhausts memory
+    with pytest.raises(JobSpecError, match=re.escape(f"{p}: job spec larger than 65536 bytes (1099511627776 bytes)")):
+        load_job_spec(p, policy)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("check_permissions", [True, False])
+def test_a_fifo_is_refused_unread_without_waiting_for_a_writer(tmp_path, check_permissions):
+    p = tmp_path / "job.toml"
+    os.mkfifo(p, 0o644)
+    with pytest.raises(JobSpecError, match=re.escape(f"{p}: ") + ".*not a regular file"):
+        load_job_spec(p, JobPolicy((tmp_path,), check_permissions=check_permissions))
+
+
+def test_a_proc_file_that_says_it_is_empty_but_is_not_is_refused(tmp_path, policy):
+    p = Path(f"/proc/{os.getpid()}/status")  # ours, read-only: passes the permission rules
+    with pytest.raises(JobSpecError, match=re.escape(f"{p}: refused: holds other than the 0 bytes its size says")):
         load_job_spec(p, policy)
 
 

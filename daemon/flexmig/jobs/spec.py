@@ -14,6 +14,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -240,21 +241,81 @@ def load_job_spec(path: Path, policy: JobPolicy) -> JobSpec:
     """Read, check and return the job spec at ``path``; JobSpecError names the file, key and line of any fault.
 
     Permissions are checked before the file is parsed: a spec someone else could have written is refused unread.
+    So is anything but an ordinary file of at most 64 KiB (see :func:`_read_spec`). Blocks on the file system:
+    the daemon calls it off its event loop.
     """
     path = Path(path).absolute()
     if policy.check_permissions:
         _check_permissions(path, policy.trusted_uids)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > _MAX_SPEC_BYTES:
-        raise JobSpecError(f"{path}: job spec larger than {_MAX_SPEC_BYTES} bytes")
+    raw = _read_spec(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise JobSpecError(f"{path}: job spec is not UTF-8 text") from None
     return parse_job_spec(text, policy, source=path)
+
+
+def _read_spec(path: Path) -> bytes:
+    """The bytes of the spec file at ``path``, read only once it is known to be safe to read.
+
+    Refused unread (JobSpecError naming the file): anything that is not a regular file (a FIFO would block the
+    reader forever, a device may act on being opened) and a file whose size is over the limit (``/proc/kcore``
+    claims terabytes). A file that holds other than its stated size (``/proc`` and ``/sys`` files say 0 bytes and
+    yield more; a file being written) is refused after at most its size plus one byte has been read.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise JobSpecError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    _check_readable(path, st)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+            raise JobSpecError(f"{path}: refused: the file was replaced while it was being opened")
+        _check_readable(path, opened)
+        chunks: list[bytes] = []
+        left = opened.st_size + 1  # one byte more than stated tells a file that holds more than it says
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) != opened.st_size:
+        raise JobSpecError(
+            f"{path}: refused: holds other than the {opened.st_size} bytes its size says "
+            "(a /proc or /sys file, or one being written)"
+        )
+    return raw
+
+
+def _check_readable(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise JobSpecError(f"{path}: refused: not a regular file ({_file_kind(st.st_mode)})")
+    if st.st_size > _MAX_SPEC_BYTES:
+        raise JobSpecError(f"{path}: job spec larger than {_MAX_SPEC_BYTES} bytes ({st.st_size} bytes)")
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not an ordinary file")
 
 
 def _check_permissions(path: Path, trusted: Collection[int]) -> None:
