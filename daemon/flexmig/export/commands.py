@@ -42,6 +42,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError, FlexmigError
+from flexmig.export.cancellation import honour_cancel
 from flexmig.export.events import NODE_NAME, Deduplicator, format_time
 from flexmig.export.mqtt import backoff_delay, topic_for
 from flexmig.mig.catalogue import MODELS
@@ -574,18 +575,6 @@ class _RefusalLog:
         self.logger.warning("%s", message)
 
 
-def _honour_cancel() -> None:
-    """Raise CancelledError if this task was asked to stop.
-
-    Python 3.11's ``asyncio.wait_for`` (inside aiomqtt's publish and subscribe) returns normally when the awaited
-    result lands in the same loop turn as a cancellation, swallowing it; a loop that then waits again would keep
-    a TaskGroup (the daemon's shutdown) waiting forever. Checked after every await that may go through it.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
 def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -640,7 +629,7 @@ class CommandListener:
         s = self.settings
         failures = 0
         while True:
-            _honour_cancel()
+            honour_cancel()
             self._up = False
             try:
                 await self._session()
@@ -652,7 +641,7 @@ class CommandListener:
                     self._log.warning("MQTT commands: %s; retrying with backoff", text)
                     self._last_failure = text
             failures = 1 if self._up else failures + 1
-            _honour_cancel()
+            honour_cancel()
             await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
 
     async def _session(self) -> None:
@@ -680,7 +669,7 @@ class CommandListener:
         options = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
         async with client:
             await client.subscribe(self.filter, options=options, timeout=s.connect_timeout_s)
-            _honour_cancel()
+            honour_cancel()
             self._connected = self._up = True
             self._last_failure = None
             self._log.info(
@@ -702,7 +691,7 @@ class CommandListener:
             while self._results:
                 await client.publish(self.result_topic, self._results[0], qos=1, timeout=timeout)
                 self._results.popleft()  # only now: the broker has it
-                _honour_cancel()
+                honour_cancel()
             await self._results_ready.wait()
 
     async def _worker(self) -> None:
@@ -717,7 +706,7 @@ class CommandListener:
             except Exception as exc:  # dispatch never raises by contract; a bug must still not end the listener
                 self._log.exception("MQTT command %s on %s: the dispatcher failed", command.id, topic)
                 answer = {"ok": False, "error": f"internal error: {exc!r}", "type": "InternalError"}
-            _honour_cancel()
+            honour_cancel()
             if answer.get("ok"):
                 self._completed += 1
                 self._log.info("MQTT command %s %s on %s: done", command.id, command.verb, topic)

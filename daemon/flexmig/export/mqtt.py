@@ -34,6 +34,7 @@ import aiomqtt
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError, OutboxError
+from flexmig.export.cancellation import honour_cancel
 from flexmig.export.events import NODE_NAME, Event
 from flexmig.export.outbox import Outbox
 from flexmig.security import read_secret_file
@@ -264,6 +265,7 @@ class MqttPublisher:
                 key, message = self._describe(_leaf(exc), address)
                 self._last_error = message
                 self._failures.failure(key, message)
+            honour_cancel()  # a cancellation swallowed by wait_for ends here, not in another round of backoff
             await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
 
     async def _session(self, address: HostPort) -> None:
@@ -288,7 +290,9 @@ class MqttPublisher:
                 f"MQTT connected to {address} as {s.identifier}; {len(self.outbox)} event(s) waiting in the outbox"
             )
             try:
+                honour_cancel()  # the connect's wait_for may have swallowed it
                 await client.publish(self.status_topic, "online", qos=1, retain=True, timeout=s.publish_timeout_s)
+                honour_cancel()
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(self._watch(client))
                     tasks.create_task(self._pump(client))
@@ -317,11 +321,13 @@ class MqttPublisher:
                 await client.publish(self.state_topic, state, qos=1, retain=True, timeout=timeout)
                 self._state_sent = state
                 busy = True
+                honour_cancel()
             batch = self.outbox.peek(100)
             for item in batch:
                 await client.publish(self.event_topic(item.kind), item.body, qos=1, timeout=timeout)
                 self.outbox.delete(item.id)  # only now: the broker has acknowledged it
                 self._sent += 1
+                honour_cancel()  # after the delete: an acknowledged event is never sent again
             if not busy and not batch:
                 await self._wake.wait()
 
