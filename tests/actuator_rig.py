@@ -21,17 +21,15 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
-
 from flexmig import sim
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.migops import ThreadOffload
-from flexmig.act.procs import PsutilScanner
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
 from flexmig.nvml import Nvml
+from jobs_support import kill_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = ROOT / "examples" / "hook_minimal.py"
@@ -105,15 +103,16 @@ class LiveNode:
         await self._until(lambda: len(self.act.supervisor.alive(self.job_name)) == self.ranks, "the job's ranks")
 
     async def _stop(self) -> None:
-        for rec in self.act.journal.jobs():
-            await self.act.supervisor.terminate(rec.name, 3.0)
-            for found in PsutilScanner().find(rec.uid):
-                psutil.Process(found.pid).kill()
-        await self.control.close()
-        await self.act.close()
-        self.offload.close()
-        self.nvml.close()
-        sim.uninstall()
+        try:
+            for rec in self.act.journal.jobs():
+                await self.act.supervisor.terminate(rec.name, 3.0)
+        finally:
+            await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
+            await self.control.close()
+            await self.act.close()
+            self.offload.close()
+            self.nvml.close()
+            sim.uninstall()
 
     @staticmethod
     async def _until(predicate: Any, what: str) -> None:

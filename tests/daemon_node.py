@@ -217,8 +217,9 @@ class ActNode:
 
 
 @contextlib.contextmanager
-def act_node(base: Path, spec: str, *, jobs: tuple[str, ...] = (), **kw: Any) -> Iterator[ActNode]:
-    """A started :class:`ActNode`; on exit it is stopped and the named jobs' ranks are killed."""
+def act_node(base: Path, spec: str, **kw: Any) -> Iterator[ActNode]:
+    """A started :class:`ActNode`; on exit it is stopped, and every job's ranks (and anything else still running
+    under ``base``) are killed and waited for."""
     node = ActNode(base, spec, **kw)
     try:
         yield node.start()
@@ -226,7 +227,7 @@ def act_node(base: Path, spec: str, *, jobs: tuple[str, ...] = (), **kw: Any) ->
         if node.proc is not None and node.proc.poll() is None:
             with contextlib.suppress(AssertionError):
                 node.stop()
-        kill_ranks(node.journal, *jobs)
+        kill_ranks(node.journal, base=node.base)
 
 
 class JobCycler(threading.Thread):

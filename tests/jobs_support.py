@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from typing import Any
 import psutil
 
 from flexmig.act.journal import Journal
-from flexmig.act.procs import PsutilScanner
+from flexmig.hook.protocol import ENV_CHECKPOINT_DIR, ENV_JOB_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,21 +156,69 @@ class Training:
 
 def job_uid(journal: Path, name: str) -> str | None:
     """The job's current submission ID from the journal (None if there is no such job)."""
+    return job_uids(journal, name).get(name)
+
+
+def job_uids(journal: Path, *names: str) -> dict[str, str]:
+    """Job name -> current submission ID from the journal, for ``names`` (every job when none is named)."""
     if not journal.exists():
-        return None
+        return {}
     j = Journal(journal)
     try:
-        rec = j.get_job(name)
-        return rec.uid if rec else None
+        return {rec.name: rec.uid for rec in j.jobs() if not names or rec.name in names}
     finally:
         j.close()
 
 
-def kill_ranks(journal: Path, *names: str) -> None:
-    """SIGKILL every rank of the named jobs still running (test clean-up: jobs outlive the daemon)."""
-    for name in names:
-        uid = job_uid(journal, name)
-        if uid:
-            for f in PsutilScanner().find(uid):
-                with contextlib.suppress(psutil.Error):
-                    psutil.Process(f.pid).kill()
+def kill_ranks(journal: Path, *names: str, base: Path | None = None, timeout_s: float = 10.0) -> list[int]:
+    """Test clean-up (jobs outlive their daemon): SIGKILL the ranks of the named jobs (every job in ``journal``
+    when none is named), and with ``base`` every process that runs in, or names on its command line or in its
+    checkpoint directory, a path under ``base``; then wait for them to be gone or zombies (bounded). Returns their pids.
+
+    Each rank leads its own session, so its whole process group goes (a launcher's workers too); a process in
+    the caller's own group is killed alone."""
+    uids = set(job_uids(journal, *names).values())
+    found = [p for p in psutil.process_iter(["pid", "status"]) if _belongs(p, uids, base)]
+    own_group = os.getpgrp()
+    for p in found:
+        with contextlib.suppress(psutil.Error, OSError):
+            group = os.getpgid(p.pid)
+            if group == p.pid and group != own_group:
+                os.killpg(group, signal.SIGKILL)
+            p.kill()
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in found if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes still alive {timeout_s} s after SIGKILL: {[p.pid for p in left]}"
+    return [p.pid for p in found]
+
+
+def _belongs(p: psutil.Process, uids: set[str], base: Path | None) -> bool:
+    """True for a live process of one of the jobs ``uids``, or one that runs under ``base`` (never ourselves)."""
+    try:
+        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid in _self_and_ancestors():
+            return False
+        env = p.environ()
+        if env.get(ENV_JOB_ID) in uids:
+            return True
+        if base is None:
+            return False
+        under = str(base.resolve())
+        paths = [p.cwd(), env.get(ENV_CHECKPOINT_DIR, "")]
+        return any(x == under or x.startswith(under + os.sep) for x in paths) or any(
+            under + os.sep in a for a in p.cmdline()
+        )
+    except (psutil.Error, OSError):
+        return False
+
+
+def _self_and_ancestors() -> set[int]:
+    me = psutil.Process()
+    return {me.pid, *(a.pid for a in me.parents())}
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
+from jobs_support import kill_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -134,10 +134,7 @@ class Node:
             sim.uninstall()
 
     def kill_ranks(self) -> None:
-        rec = self.record()
-        if rec is not None:
-            for f in PsutilScanner().find(rec.uid):
-                psutil.Process(f.pid).kill()
+        kill_ranks(self.base / "journal.sqlite3", base=self.base)
 
 
 def job_spec(base: Path, ranks: int) -> Path:

@@ -28,13 +28,13 @@ from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.migops import ThreadOffload
-from flexmig.act.procs import PsutilScanner
 from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError, PlanRejectedError
 from flexmig.jobs import JobPolicy
 from flexmig.mig import H200
 from flexmig.nvml import Nvml
 from flexmig.plan.types import DestroyInstance, Instance, MigrateJob, Plan
+from jobs_support import kill_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -96,14 +96,15 @@ class Rig:
         return await self.act.start()
 
     async def __aexit__(self, *exc: object) -> None:
-        for rec in self.act.journal.jobs():
-            await self.act.supervisor.terminate(rec.name, 3.0)
-            for f in PsutilScanner().find(rec.uid):
-                psutil.Process(f.pid).kill()
-        await self.act.close()
-        self.offload.close()
-        self.nvml.close()
-        sim.uninstall()
+        try:
+            for rec in self.act.journal.jobs():
+                await self.act.supervisor.terminate(rec.name, 3.0)
+        finally:
+            await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
+            await self.act.close()
+            self.offload.close()
+            self.nvml.close()
+            sim.uninstall()
 
     # ------------------------------------------------------------------------------------------- helpers
     def job(

@@ -81,7 +81,7 @@ def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base):
             service.wait(timeout=20)
         except subprocess.TimeoutExpired:
             service.kill()
-        kill_ranks(base / "journal.sqlite3", "ddp")
+        kill_ranks(base / "journal.sqlite3", base=base)
 
 
 def test_the_example_runs_by_hand_without_flexmig(tmp_path):
@@ -130,4 +130,4 @@ def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base
             service.wait(timeout=20)
         except subprocess.TimeoutExpired:
             service.kill()
-        kill_ranks(base / "journal.sqlite3", "ddp")
+        kill_ranks(base / "journal.sqlite3", base=base)

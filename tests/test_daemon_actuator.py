@@ -102,7 +102,7 @@ def test_ddp_job_under_flexmigd_migrates_and_resplits_exactly_with_action_metric
 ) -> None:
     torch = pytest.importorskip("torch")
     open_session(broker.port, "ddp-node", "ddp-watcher")
-    with act_node(base, "h200", node_name="ddp-node", broker=broker.address, jobs=("ddp",)) as node:
+    with act_node(base, "h200", node_name="ddp-node", broker=broker.address) as node:
         spec = write_spec(base / "train.toml", ddp_spec(base))
         out = flexmig(node.sock, "submit", str(spec))
         assert "job ddp: running on gpu0:1g.18gb@0, gpu0:1g.18gb@1" in out
@@ -172,7 +172,7 @@ def test_ddp_job_under_flexmigd_migrates_and_resplits_exactly_with_action_metric
 
 def test_the_planner_moves_a_running_job_to_start_a_queued_one_that_did_not_fit(base: Path, broker: Mosquitto) -> None:
     open_session(broker.port, "plan-node", "plan-watcher")
-    with act_node(base, "h200", node_name="plan-node", broker=broker.address, jobs=("small", "big")) as node:
+    with act_node(base, "h200", node_name="plan-node", broker=broker.address) as node:
         flexmig(node.sock, "submit", str(write_spec(base / "small.toml", counter_spec(base, "small"))))
         wait_until("small runs", lambda: len(log_lines(base / "small.log")) >= 3)
         out = flexmig(
@@ -223,9 +223,7 @@ def test_observe_never_plans_advise_publishes_the_plan_and_changes_nothing_and_a
     node = ActNode(base, "h200", mode="observe", node_name="modes-node", broker=broker.address)
     register_pending(node, base, "queued")
     open_session(broker.port, "modes-node", "modes-watcher")
-    with act_node(
-        base, "h200", mode="observe", node_name="modes-node", broker=broker.address, jobs=("queued",)
-    ) as node:
+    with act_node(base, "h200", mode="observe", node_name="modes-node", broker=broker.address) as node:
         # observe: a pending job, yet no planning round in three intervals
         sweeps = node.metric("flexmig_sweeps_total") or 0
         wait_until("3 s of sweeps", lambda: (node.metric("flexmig_sweeps_total") or 0) >= sweeps + 3)
@@ -295,7 +293,7 @@ def start_migration(node: ActNode, job: str) -> subprocess.Popen[str]:
 
 
 def test_sigterm_during_a_migration_lets_it_finish_before_the_daemon_exits(base: Path) -> None:
-    with act_node(base, "h200", jobs=("slow",)) as node:
+    with act_node(base, "h200") as node:
         flexmig(node.sock, "submit", str(write_spec(base / "slow.toml", counter_spec(base, "slow", step_time=1.5))))
         wait_until("slow runs", lambda: len(log_lines(base / "slow.log")) >= 2)
         cli = start_migration(node, "slow")
@@ -321,7 +319,7 @@ def test_sigterm_during_a_migration_lets_it_finish_before_the_daemon_exits(base:
 def test_sigterm_past_the_grace_time_leaves_the_move_to_the_journal_and_the_next_start_finishes_it(
     base: Path,
 ) -> None:
-    with act_node(base, "h200", jobs=("slow",), grace_s=0.2) as node:
+    with act_node(base, "h200", grace_s=0.2) as node:
         flexmig(node.sock, "submit", str(write_spec(base / "slow.toml", counter_spec(base, "slow", step_time=3.0))))
         wait_until("slow runs", lambda: len(log_lines(base / "slow.log")) >= 2)
         cli = start_migration(node, "slow")

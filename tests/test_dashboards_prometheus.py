@@ -229,7 +229,7 @@ def acting_node(work: Path) -> Iterator[ActNode]:
         try:
             assert node.stop() == 0
         finally:
-            kill_ranks(node.journal, cycler.job)
+            kill_ranks(node.journal, base=work)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,47 @@
+"""The suite's own clean-up (``jobs_support.kill_ranks``): a job left running by a test goes with its whole process
+group, and nothing outside the test's directory is touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from jobs_support import kill_ranks
+
+# A rank that leads its own session (as the supervisor starts them) and has a child of its own (a launcher's
+# worker); both sleep until killed, and the leader names the test's directory on its command line.
+RANK = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+time.sleep(600)
+"""
+
+
+def _children_of(pid: int, timeout_s: float = 30) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    while not (kids := psutil.Process(pid).children()):
+        assert time.monotonic() < deadline, "the rank started no worker"
+        time.sleep(0.02)
+    return kids
+
+
+def test_a_rank_left_running_is_killed_with_its_workers_and_a_bystander_is_not(tmp_path: Path) -> None:
+    base = tmp_path / "job"
+    base.mkdir()
+    rank = subprocess.Popen([sys.executable, "-c", RANK, "--log", f"{base}/x.log"], start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], cwd=tmp_path)
+    try:
+        (worker,) = _children_of(rank.pid)
+        killed = kill_ranks(base / "journal.sqlite3", base=base)  # no journal: found by the directory alone
+        assert killed == [rank.pid]
+        assert rank.wait(10) < 0
+        worker.wait(10)  # the worker went with its group (psutil waits for a process that is not our child)
+        assert bystander.poll() is None
+    finally:
+        for p in (rank, bystander):
+            p.kill()
+            p.wait(10)
