@@ -293,9 +293,12 @@ class MqttPublisher:
                 honour_cancel()  # the connect's wait_for may have swallowed it
                 await client.publish(self.status_topic, "online", qos=1, retain=True, timeout=s.publish_timeout_s)
                 honour_cancel()
+                # The watch runs in this task, not as a second child: on 3.11 a child that fails while its parent
+                # waits in TaskGroup.__aexit__ leaves the parent's cancel request counted (no uncancel), and
+                # honour_cancel() would then take a lost connection for a shutdown.
                 async with asyncio.TaskGroup() as tasks:
-                    tasks.create_task(self._watch(client))
                     tasks.create_task(self._pump(client))
+                    await self._watch(client)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     await client.publish(self.status_topic, "offline", qos=1, retain=True, timeout=2.0)
