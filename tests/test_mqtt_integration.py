@@ -141,6 +141,34 @@ def test_a_clean_stop_says_offline(broker, tmp_path):
     assert asyncio.run(scenario()) == "offline"
 
 
+def test_each_connection_is_one_info_line_with_the_broker_the_client_id_and_the_queue(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flexmig.export.mqtt")
+    broker = Mosquitto(tmp_path).start()
+
+    async def scenario():
+        pub = MqttPublisher(fast(broker=broker.address), Outbox(tmp_path / "o.sqlite"))
+        fac = EventFactory("node-1")
+        for i in range(3):
+            pub.emit(fac.make(EventKind.GPU_LOST, {"gpu": i, "uuid": None, "reason": f"gpu {i}"}))
+        runner = asyncio.create_task(pub.run())
+        await until(lambda: len(pub.outbox) == 0, "the outbox to drain")
+        broker.stop()
+        await until(lambda: not pub.connected, "the publisher to notice the broker is gone")
+        broker.start()
+        await until(lambda: pub.connected, "the reconnection")
+        await cancel(runner)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        broker.stop()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "connected to" in r.getMessage()]
+    assert lines == [
+        f"MQTT connected to {broker.address} as flexmig-node-1; 3 event(s) queued",
+        f"MQTT connected to {broker.address} as flexmig-node-1; 0 event(s) queued",
+    ]
+
+
 # ---------------------------------------------------------------------------------------------- last will
 CHILD = """
 import asyncio, sys

@@ -158,6 +158,10 @@ class _FailureLog:
         self._log.log(level, "%s", message)
         self._key, self._at, self._suppressed = key, now, 0
 
+    def reset(self) -> None:
+        """Forget the last failure (a success came between): the next failure is logged at once."""
+        self._key, self._suppressed = None, 0
+
     def recovered(self, message: str) -> None:
         if self._key is not None:
             self._log.info("%s", message)
@@ -286,9 +290,9 @@ class MqttPublisher:
         async with client:
             self._connected = self._session_up = True
             self._state_sent = None  # the broker may have restarted without our retained state
-            self._failures.recovered(
-                f"MQTT connected to {address} as {s.identifier}; {len(self.outbox)} event(s) waiting in the outbox"
-            )
+            self._failures.reset()
+            queued = len(self.outbox) + len(self._unsaved)
+            self._log.info("MQTT connected to %s as %s; %d event(s) queued", address, s.identifier, queued)
             try:
                 honour_cancel()  # the connect's wait_for may have swallowed it
                 await client.publish(self.status_topic, "online", qos=1, retain=True, timeout=s.publish_timeout_s)
