@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -73,6 +74,8 @@ class ActNode:
     node_name: str = "act-node"
     broker: str | None = None
     grace_s: float | None = None  # jobs.shutdown_grace_s (default 60)
+    mqtt_extra: str = ""  # more [mqtt] keys (credentials, commands_enabled), with ``broker``
+    control: bool = True  # [control] enabled: the socket is served
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -103,13 +106,16 @@ class ActNode:
         mqtt = ""
         if self.broker:
             mqtt = f'[mqtt]\nenabled = true\nbroker = "{self.broker}"\noutbox = "{self.base}/outbox.sqlite3"\n'
+            mqtt += self.mqtt_extra
         text = (
             f'mode = "{self.mode}"\nnode_name = "{self.node_name}"\n'
             "[planner]\ninterval_s = 1\nsettling_s = 0\n"
             f'[jobs]\nallowed_dirs = ["{self.base}"]\nack_timeout_s = 60\n'
             + (f"shutdown_grace_s = {self.grace_s}\n" if self.grace_s is not None else "")
             + f'[control]\nsocket = "{self.sock}"\n'
-            f'[state]\ndirectory = "{self.base}/state"\njournal = "{self.journal}"\n' + mqtt
+            + ("" if self.control else "enabled = false\n")
+            + f'[state]\ndirectory = "{self.base}/state"\njournal = "{self.journal}"\n'
+            + mqtt
         )
         self.config.write_text(text)
         self.config.chmod(0o600)
@@ -131,7 +137,7 @@ class ActNode:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"flexmigd exited with {self.proc.returncode}: {self.log.read_text()}")
-            return self.sock.exists() and b"flexmig_actions_total" in http_get(self.url)
+            return (self.sock.exists() or not self.control) and b"flexmig_actions_total" in http_get(self.url)
 
         try:
             wait_until(f"flexmigd up (log {self.log})", up)
@@ -214,6 +220,17 @@ class ActNode:
     def layout(self) -> dict[int, list[tuple[int, str]]]:
         """GPU -> sorted (start, profile) of its instances, from the ground truth."""
         return {g.index: sorted((gi.start, gi.profile.name) for gi in g.gpu_instances) for g in self.truth()}
+
+
+@contextlib.contextmanager
+def short_base(prefix: str = "fm-") -> Iterator[Path]:
+    """A short, world-traversable temporary directory (unix socket paths are limited to 107 bytes), removed after."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextlib.contextmanager

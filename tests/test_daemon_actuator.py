@@ -25,7 +25,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from daemon_node import ActNode, act_node, collect_events, open_session, wait_until
+from daemon_node import ActNode, act_node, collect_events, open_session, short_base, wait_until
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
@@ -59,10 +59,8 @@ def broker() -> Iterator[Mosquitto]:
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A short, world-traversable directory (unix socket paths are limited to 107 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="fm-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with short_base() as d:
+        yield d
 
 
 def valid(events: list[Event]) -> list[Event]:

@@ -1,5 +1,5 @@
-"""The daemon's components above telemetry: detection on every snapshot, its Prometheus families, MQTT, and the
-actuator with the planner and the control socket.
+"""The daemon's components above telemetry: detection on every snapshot, its Prometheus families, MQTT, the
+actuator with the planner and the control socket, and the MQTT command listener that forwards to the actuator.
 
 :func:`wire` registers them on a daemon through its extension points only (a snapshot enricher and subscriber, a
 metrics extension, loops, start/stop/reload hooks), so ``daemon.py`` keeps no knowledge of any of them.
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flexmig.config import Config
+from flexmig.export.commands import CommandListener, command_listener
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.telemetry.publish import SnapshotHub
@@ -58,11 +59,14 @@ class Components:
     detector: Detector
     mqtt: MqttComponent | None
     actuator: ActuatorComponent
+    commands: CommandListener | None = None
+    """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
 
 
 def wire(daemon: ActuatorHost) -> Components:
     """Register detection (enricher, metrics, reload of ``[detect]``), if enabled MQTT (loop ``mqtt``,
-    subscriber, publisher metrics), and the actuator (start, loop ``actuator``, stop, reload, action metrics).
+    subscriber, publisher metrics), the actuator (start, loop ``actuator``, stop, reload, action metrics), and if
+    enabled the MQTT command listener (loop ``mqtt-commands``, forwarding to :meth:`ActuatorComponent.dispatch`).
     Raises ConfigError or OutboxError when MQTT cannot be set up."""
     config = daemon.config
     detector = Detector(detect_settings(config.detect))
@@ -77,4 +81,8 @@ def wire(daemon: ActuatorHost) -> Components:
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
         daemon.add_loop("mqtt", mqtt.run)
     actuator = ActuatorComponent(daemon, mqtt=mqtt)
-    return Components(detector, mqtt, actuator)
+    hostname = daemon.hostname
+    listener = command_listener(config, config.node(lambda: hostname), actuator.dispatch)
+    if listener is not None:
+        daemon.add_loop("mqtt-commands", listener.run)
+    return Components(detector, mqtt, actuator, listener)

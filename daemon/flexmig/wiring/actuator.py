@@ -8,6 +8,8 @@
   back only in mode ``act``, the executor refuses otherwise), and bind the control socket (``[control]``). In
   mode ``act`` a state directory or socket that cannot be used stops the start; in ``observe`` and ``advise`` it
   is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
+* **dispatch**: :meth:`ActuatorComponent.dispatch` runs one control request line for the MQTT command listener,
+  through the same operations and checks as the socket, whether or not ``[control]`` binds the socket;
 * **loop** ``actuator``: serve the control socket (``jobs.*`` from the actuator, plus ``status`` and ``plan``)
   and plan every ``planner.interval_s``: ``observe`` never plans; ``advise`` plans and publishes each new plan
   (``plan_proposed`` event, ``flexmig_planned_actions``), changing nothing; ``act`` also executes it;
@@ -167,6 +169,9 @@ class ActuatorComponent:
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
         self.control: ControlServer | None = None
+        """The control socket's server, while it listens (``[control] enabled``)."""
+        self.dispatcher: ControlServer | None = None
+        """Runs control requests (the socket's, and MQTT commands') while the actuator runs, bound or not."""
         self.unavailable: str | None = None  # why the actuator could not start (observe/advise only)
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
@@ -222,18 +227,32 @@ class ActuatorComponent:
             self._refresh()
             summary = await act.start()
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
+            # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
+            control = act.control_server(paths.socket, cfg.control.socket_mode)
+            for op in _MUTATING:
+                control.add(op, self._serialized(op, control.handlers[op]))
+            control.add("status", self._status)
+            control.add("plan", self._plan_request)
+            self.dispatcher = control
             if cfg.control.enabled:
-                control = act.control_server(paths.socket, cfg.control.socket_mode)
-                for op in _MUTATING:
-                    control.add(op, self._serialized(op, control.handlers[op]))
-                control.add("status", self._status)
-                control.add("plan", self._plan_request)
                 await control.start()
                 self.control = control
                 log.info("control socket at %s (mode %o)", paths.socket, cfg.control.socket_mode)
         except (FlexmigError, OSError) as exc:
             await self._close()
             self._give_up(f"actuator start-up failed: {exc}")
+
+    async def dispatch(self, line: bytes) -> dict[str, Any]:
+        """Run one control request line (an MQTT command's) as the control socket would; never raises.
+
+        Works with ``[control] enabled = false`` too (nothing is bound for it); while the actuator is not running
+        (it could not start in observe/advise, or the daemon stopped) the answer is a PlanRejectedError.
+        """
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            why = self.unavailable or ("the daemon is stopping" if self._stopping else "not started yet")
+            return {"ok": False, "error": f"the actuator is not running: {why}", "type": "PlanRejectedError"}
+        return await dispatcher.dispatch(line)
 
     def _give_up(self, why: str) -> None:
         if self.mode == "act":
@@ -528,6 +547,7 @@ class ActuatorComponent:
             )
 
     async def _close(self) -> None:
+        self.dispatcher = None
         control, self.control = self.control, None
         if control is not None:
             await control.close()

@@ -1,0 +1,99 @@
+"""MQTT commands in the real ``flexmigd``: a command through a real mosquitto (passwords and the README's ACL)
+reaches the daemon's actuator and its result comes back on ``commands/result``.
+
+* in mode act, ``migrate`` moves a running job (``examples/hook_minimal.py``) and the result says so;
+* after a reload into observe, the same command is refused with a result, and nothing moves;
+* with ``[control] enabled = false`` nothing is bound, and commands still run (the dispatcher needs no socket);
+* SIGTERM stops the daemon, listener included (exit status 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from commands_rig import NODE, Operator, password_file, secured_broker
+from daemon_node import act_node, short_base, wait_until
+from jobs_support import counter_spec, flexmig, log_lines, write_spec
+from mosquitto_broker import Mosquitto, needs_mosquitto
+
+pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    b = secured_broker(tmp_path_factory.mktemp("broker"))
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    with short_base() as d:
+        yield d
+
+
+def commands_on(base: Path) -> str:
+    """The ``[mqtt]`` keys that turn commands on, with the node's broker credentials."""
+    return f'username = "{NODE}"\npassword_file = "{password_file(base)}"\ncommands_enabled = true\n'
+
+
+def listening(log: Path) -> bool:
+    return "MQTT commands: listening on flexmig/v1/node-1/commands/+" in log.read_text()
+
+
+def test_a_migrate_command_moves_a_job_in_act_and_is_refused_with_a_result_in_observe(
+    base: Path, broker: Mosquitto
+) -> None:
+    with act_node(base, "h200", node_name=NODE, broker=broker.address, mqtt_extra=commands_on(base)) as node:
+        wait_until("the command listener", lambda: listening(node.log))
+        flexmig(node.sock, "submit", str(write_spec(base / "counter.toml", counter_spec(base, "counter"))))
+        wait_until("counter runs", lambda: len(log_lines(base / "counter.log")) >= 3)
+        before = node.jobs()["counter"]
+        operator = Operator(broker)
+        try:
+            moved = operator.ask("migrate", {"id": "op-1", "args": {"name": "counter"}})
+            after = node.jobs()["counter"]
+            node.hup("observe")
+            refused = operator.ask("migrate", {"id": "op-2", "args": {"name": "counter"}})
+        finally:
+            operator.close()
+        unmoved = node.jobs()["counter"]
+        rc = node.stop()
+        log = node.log.read_text()
+
+    assert (moved["id"], moved["node"], moved["verb"], moved["ok"]) == ("op-1", NODE, "migrate", True), moved
+    assert "migrate" in [a["kind"] for a in moved["result"]["actions"]]
+    assert after["state"] == "running" and after["generation"] == before["generation"] + 1
+    assert after["instances"] != before["instances"], "the job runs on another instance now"
+    assert sum(e["event"] == "start" for e in log_lines(base / "counter.log")) == 2  # resumed once, after the move
+
+    assert (refused["id"], refused["ok"], refused["type"]) == ("op-2", False, "PlanRejectedError"), refused
+    assert "mode is 'observe'" in refused["error"]
+    assert unmoved["generation"] == after["generation"] and unmoved["instances"] == after["instances"]
+
+    assert "MQTT command op-1 migrate on 'flexmig/v1/node-1/commands/migrate': done" in log
+    assert "MQTT command op-2 migrate on 'flexmig/v1/node-1/commands/migrate' refused by the daemon" in log
+    assert rc == 0 and "Traceback" not in log
+
+
+def test_commands_run_with_the_control_socket_disabled(base: Path, broker: Mosquitto) -> None:
+    with act_node(
+        base, "h200", node_name=NODE, broker=broker.address, mqtt_extra=commands_on(base), control=False
+    ) as node:
+        wait_until("the command listener", lambda: listening(node.log))
+        operator = Operator(broker)
+        try:
+            plan = operator.ask("plan-now", {"id": "p-1"})
+            stop = operator.ask("stop", {"id": "s-1", "args": {"name": "nosuch"}})
+        finally:
+            operator.close()
+        bound = node.sock.exists()
+        rc = node.stop()
+
+    assert not bound, "[control] enabled = false binds no socket"
+    assert plan["ok"] is True and plan["result"]["mode"] == "act" and plan["result"]["executes"] is True, plan
+    assert (stop["ok"], stop["type"]) == (False, "RequestError") and "no job named 'nosuch'" in stop["error"], stop
+    assert rc == 0
