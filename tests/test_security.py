@@ -13,6 +13,7 @@ from flexmig.errors import ConfigError
 from flexmig.security import (
     RedactingFilter,
     Secret,
+    attach_redaction,
     check_file_permissions,
     read_secret_file,
     redact,
@@ -143,3 +144,59 @@ def test_the_logging_filter_scrubs_secrets_from_messages_and_arguments(caplog: p
         "nothing to hide 5",
     ]
     assert "s3cr3t" not in caplog.text
+
+
+def handler_output(filt: RedactingFilter | None, log: logging.Logger) -> tuple[logging.Handler, list[str]]:
+    """A handler on ``log`` that formats each record (traceback included) into a list, with ``filt`` on it."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    if filt is not None:
+        handler.addFilter(filt)
+    log.addHandler(handler)
+    return handler, lines
+
+
+def test_the_logging_filter_scrubs_secrets_from_tracebacks_and_stacks() -> None:
+    log = logging.getLogger("thirdparty.redact")
+    log.propagate = False
+    handler, lines = handler_output(RedactingFilter([Secret("s3cr3t")]), log)
+    try:
+        try:
+            raise ConnectionError("login refused for password s3cr3t")
+        except ConnectionError:
+            log.exception("connect failed")
+        log.warning("here", stack_info=True, extra={"unused": "s3cr3t"})
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
+    assert "ConnectionError: login refused for password ***" in lines[0]
+    assert "s3cr3t" not in "\n".join(lines)
+
+
+def test_a_broken_log_call_is_left_to_the_handler_not_raised_by_the_filter() -> None:
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "two %s %s", ("one",), None)
+    assert RedactingFilter([Secret("s3cr3t")]).filter(record) is True
+
+
+def test_attach_redaction_covers_every_handler_of_the_logger_and_can_learn_new_secrets() -> None:
+    log = logging.getLogger("flexmig.test.attach")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    outputs = [handler_output(None, log) for _ in range(2)]
+    try:
+        filt = attach_redaction(log, [Secret("first")])
+        log.info("first second")
+        filt.update([Secret("second")])
+        log.info("first second")
+    finally:
+        for handler, _lines in outputs:
+            log.removeHandler(handler)
+        log.propagate = True
+    for _handler, lines in outputs:
+        assert lines == ["flexmig.test.attach: *** second", "flexmig.test.attach: first ***"]

@@ -26,6 +26,7 @@ from flexmig.config import DEFAULT_CONFIG_PATH, Config, HostPort, load_config, r
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
+from flexmig.security import RedactingFilter, Secret, attach_redaction
 from flexmig.sim import SimNode
 from flexmig.telemetry.backend import Backend, open_backend
 from flexmig.telemetry.dcgm import DcgmSource
@@ -37,7 +38,7 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring import wire
 
-__all__ = ["Daemon", "build_parser", "main", "serve"]
+__all__ = ["Daemon", "build_parser", "config_secrets", "main", "serve", "setup_logging"]
 
 log = logging.getLogger("flexmig.daemon")
 
@@ -334,17 +335,36 @@ async def serve(daemon: Daemon) -> None:
             loop.remove_signal_handler(sig)
 
 
+def config_secrets(config: Config) -> tuple[Secret, ...]:
+    """The secrets ``config`` names (the MQTT password), read now, for the log filter; an unreadable one is left
+    out (whoever needs it reports that when it tries)."""
+    try:
+        password = config.mqtt.password()
+    except ConfigError:
+        return ()
+    return () if password is None else (password,)
+
+
+def setup_logging(level: str) -> RedactingFilter:
+    """The daemon's logging: one stderr handler (the journal under systemd) at ``level``, with a redacting filter on
+    every root handler, so no record, a third-party library's included, shows a secret. Returns the filter, whose
+    secrets are set once the configuration is read (and again at each reload)."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return attach_redaction()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flexmigd`` console script; returns the exit status (2: bad input, 1: cannot run)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    redactor = setup_logging(args.log_level)
     try:
         config, path, addr = _load(args)
+        redactor.update(config_secrets(config))
         if args.sim_state is not None and args.sim is None:
             raise ConfigError("--sim-state FILE needs --sim SPEC")
         daemon = Daemon(config, sim_spec=args.sim, sim_state=args.sim_state, metrics_addr=addr, config_path=path)
+        # Secrets once known stay redacted: a line about the old password may still come after a reload.
+        daemon.on_reload(lambda cfg: redactor.update((*redactor.secrets, *config_secrets(cfg))))
         asyncio.run(serve(daemon))
     except FlexmigError as exc:
         print(f"flexmigd: error: {exc}", file=sys.stderr)

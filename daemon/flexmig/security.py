@@ -23,6 +23,7 @@ __all__ = [
     "FileKind",
     "RedactingFilter",
     "Secret",
+    "attach_redaction",
     "check_file_permissions",
     "default_trusted_uids",
     "read_secret_file",
@@ -137,23 +138,49 @@ def redact(text: str, secrets: Iterable[Secret | str]) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that rewrites each record's message with the given secrets replaced by ``***``.
+    """A logging filter that rewrites each record with the given secrets replaced by ``***``.
 
-    Attach it to the daemon's handlers once the credentials are read; it formats the record's arguments first,
-    so a secret passed as a ``%s`` argument is caught too.
+    Attach it to handlers (:func:`attach_redaction`), not loggers: a handler's filters see every record that
+    reaches it, a third-party library's included, while a logger's see only records logged on that very logger.
+    It formats the record's arguments first, so a secret passed as a ``%s`` argument is caught, and it redacts
+    the traceback and stack of the record too (formatted here, so the handler's formatter uses this text).
     """
 
     def __init__(self, secrets: Iterable[Secret] = ()) -> None:
         super().__init__()
         self.secrets = tuple(secrets)
 
+    def update(self, secrets: Iterable[Secret]) -> None:
+        """Redact these secrets from now on (a reload may have named another password file)."""
+        self.secrets = tuple(secrets)
+
     def filter(self, record: logging.LogRecord) -> bool:
         """Redact the record in place; never drops it."""
-        if not self.secrets:
+        secrets = self.secrets
+        if not secrets:
             return True
-        message = record.getMessage()
-        cleaned = redact(message, self.secrets)
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken log call (arguments that do not fit): the handler reports it, not us
+            return True
+        cleaned = redact(message, secrets)
         if cleaned != message:
             record.msg = cleaned
             record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, secrets)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info, secrets)
         return True
+
+
+def attach_redaction(logger: logging.Logger | None = None, secrets: Iterable[Secret] = ()) -> RedactingFilter:
+    """One :class:`RedactingFilter` on every handler of ``logger`` (the root logger by default); returns it so
+    its secrets can be updated. Call it after the handlers are set up (``logging.basicConfig``)."""
+    target = logger if logger is not None else logging.getLogger()
+    redactor = RedactingFilter(secrets)
+    for handler in target.handlers:
+        handler.addFilter(redactor)
+    return redactor
