@@ -19,6 +19,7 @@ from flexmig.config import (
     find_key_line,
     iter_keys,
     load_config,
+    load_config_deferring,
     parse_config,
     reload_config,
     render_toml,
@@ -428,6 +429,49 @@ def test_a_world_readable_tls_key_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "f.toml", f'[mqtt]\ntls = true\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
     with pytest.raises(ConfigFileError, match=r"f.toml:4: mqtt.tls_key: .*lets others read a credential"):
         load_config(path)
+
+
+# ---------------------------------------------------------------------------------------------------- deferring
+
+
+def test_a_file_whose_only_problem_is_the_broker_address_loads_with_it_deferred(tmp_path: Path) -> None:
+    path = write(tmp_path / "flexmig.toml", 'mode = "advise"\n[mqtt]\nenabled = true\nbroker = "no-port"\n')
+    cfg, deferred = load_config_deferring(path)
+    ((file, key, line),) = [(p.file, p.key, p.line) for p in deferred]
+    assert (file, key, line) == (str(path), "mqtt.broker", 4)
+    assert "'no-port' is not host:port" in deferred[0].message
+    assert cfg.mode == "advise" and cfg.mqtt.enabled  # the rest of the file applies
+    assert cfg.mqtt.broker == Config.default().mqtt.broker  # the bad key is left at its default
+    with pytest.raises(ConfigFileError, match=r"flexmig.toml:4: mqtt.broker"):
+        load_config(path)  # strict everywhere else: config check, reload
+
+
+def test_a_valid_file_has_nothing_deferred(tmp_path: Path) -> None:
+    path = write(tmp_path / "flexmig.toml", '[mqtt]\nbroker = "mqtt.lan:8883"\n')
+    assert load_config_deferring(path) == (load_config(path), ())
+
+
+@pytest.mark.parametrize(
+    ("text", "others"),
+    [
+        ('[mqtt]\nbroker = "no-port"\nkeepalive_s = 1\n', [("mqtt.keepalive_s", 3)]),
+        # cross-checks only run once every value is valid: the broker hid this one
+        ('[sampling]\ninterval_s = 5\nstall_s = 6\n[mqtt]\nbroker = "no-port"\n', [("sampling.stall_s", 3)]),
+        (
+            '[mqtt]\nbroker = "no-port"\nusername = "u"\npassword_file = "/nonexistent/pw"\n',
+            [("mqtt.password_file", 4)],
+        ),
+    ],
+)
+def test_any_other_problem_beside_the_broker_address_is_still_fatal_and_both_are_named(
+    tmp_path: Path, text: str, others: list[tuple[str, int]]
+) -> None:
+    path = write(tmp_path / "flexmig.toml", text)
+    with pytest.raises(ConfigFileError) as info:
+        load_config_deferring(path)
+    found = [(p.key, p.line) for p in info.value.problems]
+    assert ("mqtt.broker", text.split("\n").index('broker = "no-port"') + 1) in found
+    assert all(o in found for o in others), found
 
 
 # ---------------------------------------------------------------------------------------------------- reload

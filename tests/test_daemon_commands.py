@@ -9,6 +9,7 @@ reaches the daemon's actuator and its result comes back on ``commands/result``.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,4 +97,25 @@ def test_commands_run_with_the_control_socket_disabled(base: Path, broker: Mosqu
     assert not bound, "[control] enabled = false binds no socket"
     assert plan["ok"] is True and plan["result"]["mode"] == "act" and plan["result"]["executes"] is True, plan
     assert (stop["ok"], stop["type"]) == (False, "RequestError") and "no job named 'nosuch'" in stop["error"], stop
+    assert rc == 0
+
+
+def test_started_with_a_malformed_broker_address_commands_begin_once_a_reload_fixes_it(
+    base: Path, broker: Mosquitto
+) -> None:
+    with act_node(base, "h200", node_name=NODE, broker="no-port", mqtt_extra=commands_on(base)) as node:
+        wait_until("the line saying MQTT is off", lambda: "MQTT publishing is off" in node.log.read_text())
+        assert not listening(node.log)
+        node.broker = broker.address
+        node.write_config()
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGHUP)
+        wait_until("the command listener after the reload", lambda: listening(node.log))
+        operator = Operator(broker)
+        try:
+            plan = operator.ask("plan-now", {"id": "after-fix"})
+        finally:
+            operator.close()
+        rc = node.stop()
+    assert (plan["id"], plan["ok"]) == ("after-fix", True), plan
     assert rc == 0

@@ -25,12 +25,14 @@ import jsonschema
 import pytest
 
 from daemon_harness import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
+from daemon_node import sample
 from flexmig.config import load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.export.events import Deduplicator, Event
 from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
 from flexmig.export.outbox import Outbox
 from mosquitto_broker import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
+from promstack import http_get
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -325,9 +327,77 @@ def test_bad_credentials_give_one_clear_line_and_the_daemon_samples_on_and_keeps
     assert stored == event_lines(caplog) and len(stored) == 4
 
 
-def test_a_malformed_broker_address_is_refused_at_start_naming_the_file_line_and_key(tmp_path: Path) -> None:
+def test_a_malformed_broker_address_at_start_keeps_sampling_and_every_event_until_a_reload_fixes_it(
+    tmp_path: Path,
+) -> None:
+    """flexmigd starts on a file whose only problem is ``mqtt.broker``: one error line names the file, line and
+    key; it samples and detects on and stores its events; a SIGHUP with a valid address publishes them all."""
+    broker = Mosquitto(tmp_path).start()
+    outbox = tmp_path / "outbox.sqlite3"
+    config = write_config(tmp_path / "flexmig.toml", "broker-without-port", outbox)
+    port = free_port()
+    log = tmp_path / "flexmigd.log"
+    check = subprocess.run(
+        [sys.executable, "-m", "flexmig.cli.main", "config", "check", str(config)],
+        capture_output=True, text=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+
+    async def scenario() -> dict[str, object]:
+        watcher = Watcher(broker)
+        await watcher.start()
+        with log.open("wb") as out:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "flexmig.daemon", "--sim", SPEC, "--config", str(config),
+                "--metrics-addr", f"127.0.0.1:{port}", stderr=out, stdout=out, env={**os.environ, "NOTIFY_SOCKET": ""},
+            )  # fmt: skip
+        try:
+            await until(lambda: len(emitted_ids(log)) >= 1, "an event while publishing is off")
+            sweeps_before = sweeps_total(port)
+            await until(lambda: sweeps_total(port) >= sweeps_before + 5, "sampling to go on")
+            stored = Outbox(outbox).ids()
+            before_fix = emitted_ids(log)
+            assert watcher.events == [] and child.returncode is None
+            write_config(config, broker.address, outbox)
+            child.send_signal(signal.SIGHUP)
+            await until(lambda: set(before_fix) <= set(watcher.ids()), "the stored events after the fix")
+            await until(lambda: len(Outbox(outbox)) == 0, "the outbox to drain")
+        finally:
+            child.send_signal(signal.SIGTERM)
+            rc = await asyncio.wait_for(child.wait(), WAIT)
+        await cancel(watcher.task)  # type: ignore[arg-type]
+        return {"stored": stored, "before_fix": before_fix, "received": watcher.ids(), "rc": rc}
+
+    try:
+        r = asyncio.run(scenario())
+    finally:
+        broker.stop()
+    text = log.read_text()
+    assert check.returncode == 2, "flexmig config check still calls it an error"
+    assert f"{config}:8: mqtt.broker: 'broker-without-port' is not host:port" in check.stdout + check.stderr
+    off = [line for line in text.splitlines() if "MQTT publishing is off" in line]
+    assert len(off) == 1, off
+    assert off[0].endswith(
+        f"{config}:8: mqtt.broker: 'broker-without-port' is not host:port (write IPv6 hosts in brackets: "
+        f"[::1]:9400); MQTT publishing is off until it is fixed (SIGHUP after fixing); events wait in the outbox "
+        f"{outbox}"
+    )
+    assert " ERROR " in off[0]
+    assert r["stored"] == r["before_fix"], "every event emitted while off waited in the outbox"
+    assert set(r["before_fix"]) <= set(r["received"])  # type: ignore[arg-type]
+    assert f"MQTT broker address fixed by the reload: publishing to {broker.address}" in text
+    assert "configuration reloaded: mqtt.broker" in text and "at next restart: mqtt.broker" not in text
+    assert r["rc"] == 0 and "Traceback" not in text
+
+
+def sweeps_total(port: int) -> float:
+    """flexmig_sweeps_total from flexmigd's /metrics."""
+    value = sample(http_get(f"http://127.0.0.1:{port}/metrics").decode(), "flexmig_sweeps_total")
+    return value if value is not None else -1.0
+
+
+def test_any_other_problem_beside_a_malformed_broker_address_still_stops_the_start(tmp_path: Path) -> None:
     config = tmp_path / "flexmig.toml"
-    config.write_text(daemon_config("broker-without-port", tmp_path / "outbox.sqlite3"))
+    config.write_text(daemon_config("broker-without-port", tmp_path / "outbox.sqlite3", "keepalive_s = 1\n"))
     config.chmod(0o600)
     proc = subprocess.run(
         [sys.executable, "-m", "flexmig.daemon", "--sim", "h200", "--config", str(config)],
@@ -335,6 +405,7 @@ def test_a_malformed_broker_address_is_refused_at_start_naming_the_file_line_and
     )  # fmt: skip
     assert proc.returncode == 2
     assert f"{config}:6: mqtt.broker: 'broker-without-port' is not host:port" in proc.stderr
+    assert f"{config}:8: mqtt.keepalive_s: 1 is out of range" in proc.stderr
     assert not (tmp_path / "outbox.sqlite3").exists()  # nothing started, nothing written
 
 

@@ -39,6 +39,7 @@ from flexmig.security import Secret, check_file_permissions, read_secret_file
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
+    "DEFERRABLE_KEYS",
     "Config",
     "ConfigFileError",
     "ConfigProblem",
@@ -59,6 +60,7 @@ __all__ = [
     "find_key_line",
     "iter_keys",
     "load_config",
+    "load_config_deferring",
     "parse_config",
     "reload_config",
     "render_toml",
@@ -871,6 +873,21 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     Raises :class:`ConfigFileError` (a :class:`~flexmig.errors.ConfigError`) listing every problem with its
     dotted key and line; never anything else for any text.
     """
+    return _parse(text, source)
+
+
+def _drop_key(data: dict[str, Any], dotted: str) -> None:
+    """Remove the dotted key from parsed TOML (its default applies), if every table on the way is a table."""
+    *tables, leaf = _split_dotted(dotted)
+    node: object = data
+    for name in tables:
+        node = node.get(name) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(leaf, None)
+
+
+def _parse(text: str, source: str, without: Collection[str] = ()) -> Config:
+    """:func:`parse_config`, with the keys ``without`` left at their defaults whatever the text says."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -880,6 +897,8 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         raise ConfigFileError([ConfigProblem(source, "", line, f"TOML syntax: {message}")]) from None
     except RecursionError:
         raise ConfigFileError([ConfigProblem(source, "", None, "TOML syntax: nested too deeply")]) from None
+    for key in without:
+        _drop_key(data, key)
     checker = _Checker()
     cfg = checker.section(Config, data, "")
     if not checker.problems:
@@ -907,6 +926,56 @@ def load_config(path: Path | str = DEFAULT_CONFIG_PATH, *, trusted_uids: Collect
     line of every problem.
     """
     path = Path(path)
+    text = _read_config_text(path, trusted_uids)
+    cfg = parse_config(text, str(path))
+    problems = _credential_file_problems(path, text, cfg, trusted_uids)
+    if problems:
+        raise ConfigFileError(problems)
+    return cfg
+
+
+#: Keys whose problems ``flexmigd`` can start with (:func:`load_config_deferring`): a malformed broker address
+#: only stops MQTT publishing, which the outbox makes up for once a reload fixes it.
+DEFERRABLE_KEYS = ("mqtt.broker",)
+
+
+def load_config_deferring(
+    path: Path | str,
+    keys: Collection[str] = DEFERRABLE_KEYS,
+    *,
+    trusted_uids: Collection[int] | None = None,
+) -> tuple[Config, tuple[ConfigProblem, ...]]:
+    """:func:`load_config` for the daemon's start: when every problem of the file is in ``keys``, return the
+    configuration with those keys at their defaults, and the problems (the caller turns off what they steer).
+
+    Any other problem raises :class:`ConfigFileError` listing all of them, the deferrable ones included, exactly
+    as :func:`load_config` would. ``flexmig config check`` and reloads stay strict (:func:`load_config`).
+    """
+    path = Path(path)
+    text = _read_config_text(path, trusted_uids)
+    deferred: tuple[ConfigProblem, ...] = ()
+    try:
+        cfg = parse_config(text, str(path))
+    except ConfigFileError as exc:
+        if not exc.problems or any(p.key not in keys for p in exc.problems):
+            raise
+        deferred = exc.problems
+        try:
+            cfg = _parse(text, str(path), without=keys)
+        except ConfigFileError as rest:  # problems the bad keys hid (cross-checks only run on valid values)
+            raise ConfigFileError(_in_file_order([*deferred, *rest.problems])) from None
+    problems = _credential_file_problems(path, text, cfg, trusted_uids)
+    if problems:
+        raise ConfigFileError(_in_file_order([*deferred, *problems]))
+    return cfg, deferred
+
+
+def _in_file_order(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0))
+
+
+def _read_config_text(path: Path, trusted_uids: Collection[int] | None) -> str:
+    """The file's text after its permission, size and encoding checks (ConfigFileError otherwise)."""
     try:
         check_file_permissions(path, "config", trusted_uids)
         with path.open("rb") as fh:
@@ -918,11 +987,16 @@ def load_config(path: Path | str = DEFAULT_CONFIG_PATH, *, trusted_uids: Collect
     if len(raw) > _MAX_FILE_BYTES:
         raise ConfigFileError([ConfigProblem(str(path), "", None, f"larger than {_MAX_FILE_BYTES} bytes")])
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigFileError([ConfigProblem(str(path), "", line, "not UTF-8 text")]) from None
-    cfg = parse_config(text, str(path))
+
+
+def _credential_file_problems(
+    path: Path, text: str, cfg: Config, trusted_uids: Collection[int] | None
+) -> list[ConfigProblem]:
+    """Problems with the files the configuration names (password file, TLS key and certificates)."""
     problems: list[ConfigProblem] = []
     m = cfg.mqtt
     for key, file, kind in (
@@ -937,9 +1011,7 @@ def load_config(path: Path | str = DEFAULT_CONFIG_PATH, *, trusted_uids: Collect
             check_file_permissions(file, cast(Literal["config", "secret"], kind), trusted_uids)
         except ConfigError as exc:
             problems.append(_file_problem(path, text, key, exc))
-    if problems:
-        raise ConfigFileError(problems)
-    return cfg
+    return problems
 
 
 def _strip_path(message: str, path: Path) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmig import __version__
-from flexmig.config import DEFAULT_CONFIG_PATH, Config, HostPort, load_config, reload_config
+from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
@@ -60,11 +60,15 @@ class Daemon:
         hostname: str | None = None,
         telemetry: TelemetrySettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        deferred_problems: Sequence[ConfigProblem] = (),
     ) -> None:
         """``config_path`` is the file :meth:`reload` reads again; ``telemetry`` overrides the settings derived
         from ``config`` (finer knobs than the file has); ``sim_state`` keeps the simulated node in a file across
-        restarts."""
+        restarts; ``deferred_problems`` are the problems of keys ``config`` left at their defaults
+        (:func:`~flexmig.config.load_config_deferring`: a malformed ``mqtt.broker`` keeps MQTT off until a reload
+        fixes it)."""
         self.config = config
+        self.deferred_problems = tuple(deferred_problems)
         self.config_path = config_path
         self.sim_spec = sim_spec
         self.sim_workload = sim_workload
@@ -138,7 +142,9 @@ class Daemon:
                     hook(result.config)
                 except Exception:
                     log.exception("reload hook %r failed", hook)
-            later = [k for k in result.changed if k in result.needs_restart or _restart_only(k)]
+            fixed = {p.key for p in self.deferred_problems}  # applied by their components' reload hooks
+            self.deferred_problems = ()
+            later = [k for k in result.changed if k not in fixed and (k in result.needs_restart or _restart_only(k))]
             log.info(
                 "configuration reloaded: %s%s",
                 ", ".join(result.changed) or "nothing changed",
@@ -307,18 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace) -> tuple[Config, Path | None, HostPort | None]:
+def _load(args: argparse.Namespace) -> tuple[Config, Path | None, HostPort | None, tuple[ConfigProblem, ...]]:
     path: Path | None = args.config
     if path is None and DEFAULT_CONFIG_PATH.exists():
         path = DEFAULT_CONFIG_PATH
-    config = load_config(path) if path is not None else Config.default()
+    config, deferred = load_config_deferring(path) if path is not None else (Config.default(), ())
     addr = None
     if args.metrics_addr is not None:
         try:
             addr = HostPort.parse(args.metrics_addr)
         except ValueError as exc:
             raise ConfigError(f"--metrics-addr: {exc}") from None
-    return config, path, addr
+    return config, path, addr, deferred
 
 
 async def serve(daemon: Daemon) -> None:
@@ -358,11 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     redactor = setup_logging(args.log_level)
     try:
-        config, path, addr = _load(args)
+        config, path, addr, deferred = _load(args)
         redactor.update(config_secrets(config))
         if args.sim_state is not None and args.sim is None:
             raise ConfigError("--sim-state FILE needs --sim SPEC")
-        daemon = Daemon(config, sim_spec=args.sim, sim_state=args.sim_state, metrics_addr=addr, config_path=path)
+        daemon = Daemon(
+            config,
+            sim_spec=args.sim,
+            sim_state=args.sim_state,
+            metrics_addr=addr,
+            config_path=path,
+            deferred_problems=deferred,
+        )
         # Secrets once known stay redacted: a line about the old password may still come after a reload.
         daemon.on_reload(lambda cfg: redactor.update((*redactor.secrets, *config_secrets(cfg))))
         asyncio.run(serve(daemon))

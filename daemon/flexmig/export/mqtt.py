@@ -12,7 +12,8 @@ Delivery: :meth:`MqttPublisher.emit` writes the event to the SQLite outbox befor
 acknowledged it (aiomqtt's QoS 1 publish returns after the PUBACK). When the broker is unreachable, refuses the
 login or drops the connection, ``run`` reconnects with exponential backoff and jitter, logging one clear line per
 kind of failure (repeated identical failures are counted, not logged, for ``log_repeat_s``); the caller's loops
-go on and the outbox keeps every event. A malformed broker address is logged once and publishing stays off.
+go on and the outbox keeps every event. A malformed broker address is logged once and publishing stays off
+until :meth:`MqttPublisher.resume` brings usable settings (``flexmigd`` does on a reload that fixes it).
 """
 
 from __future__ import annotations
@@ -187,7 +188,10 @@ class MqttPublisher:
         clock: Callable[[], float] = time.monotonic,
         logger: logging.Logger | None = None,
         max_unsaved: int = 100_000,
+        off: str | None = None,
     ) -> None:
+        """``off``: publishing starts off for this reason (already reported by the caller, e.g. a malformed
+        ``mqtt.broker`` that flexmigd started with) until :meth:`resume` gives usable settings."""
         self.settings = settings
         self.outbox = outbox
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
@@ -201,7 +205,10 @@ class MqttPublisher:
         self._session_up = False
         self._sent = 0
         self._connect_failures = 0
-        self._last_error: str | None = None
+        self._last_error: str | None = off
+        self._off = off
+        self._off_reported = off is not None
+        self._resumed = asyncio.Event()
         self.status_topic = topic_for(settings.topic_prefix, settings.node, "status")
         self.state_topic = topic_for(settings.topic_prefix, settings.node, "state")
 
@@ -217,6 +224,28 @@ class MqttPublisher:
         ``document`` do not leak in)."""
         self._state = json.dumps(document, separators=(",", ":"), allow_nan=False)
         self._wake.set()
+
+    @property
+    def off(self) -> str | None:
+        """Why publishing is off (no usable broker address), or None while it publishes or tries to."""
+        return self._off
+
+    def resume(self, settings: PublisherSettings) -> bool:
+        """Publish with ``settings`` (a fixed broker address) if publishing is off; returns whether it was.
+
+        A publisher that is on keeps its settings (``[mqtt]`` changes take effect at the next start)."""
+        if self._off is None:
+            return False
+        self.settings = settings
+        self._off = self._last_error = None
+        self._off_reported = False
+        self._resumed.set()
+        return True
+
+    async def wait_on(self) -> None:
+        """Return once publishing is on (at once if it is): a broker address is there to connect to."""
+        while self._off is not None:
+            await self._resumed.wait()
 
     @property
     def connected(self) -> bool:
@@ -240,21 +269,10 @@ class MqttPublisher:
 
     # ------------------------------------------------------------------------------------------ the loop
     async def run(self) -> None:
-        """Publish until cancelled. Never raises for broker, network, TLS or credential trouble."""
+        """Publish until cancelled. Never raises for broker, network, TLS or credential trouble. While publishing
+        is off (a malformed broker address) it waits for :meth:`resume`; :meth:`emit` still stores every event."""
+        address = await self._address()
         s = self.settings
-        try:
-            address = HostPort.parse(s.broker)
-        except ValueError as exc:
-            self._last_error = f"malformed broker address {s.broker!r}: {exc}"
-            self._log.error(
-                "MQTT publishing is off: malformed broker address %r (%s); expected host:port. "
-                "Events are kept in the outbox %s",
-                s.broker,
-                exc,
-                self.outbox.path,
-            )
-            await asyncio.Event().wait()  # nothing to retry until the configuration changes; emit() still stores
-            return
         failures = 0
         while True:
             self._session_up = False
@@ -271,6 +289,25 @@ class MqttPublisher:
                 self._failures.failure(key, message)
             honour_cancel()  # a cancellation swallowed by wait_for ends here, not in another round of backoff
             await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
+
+    async def _address(self) -> HostPort:
+        """The broker's address, once there is a usable one (a malformed one is logged once, then waited out)."""
+        while True:
+            if self._off is None:
+                broker = self.settings.broker
+                try:
+                    return HostPort.parse(broker)
+                except ValueError as exc:
+                    self._off = self._last_error = f"malformed broker address {broker!r}: {exc}"
+            if not self._off_reported:
+                self._off_reported = True
+                self._log.error(
+                    "MQTT publishing is off: %s; expected host:port. Events are kept in the outbox %s",
+                    self._off,
+                    self.outbox.path,
+                )
+            self._resumed.clear()
+            await self._resumed.wait()
 
     async def _session(self, address: HostPort) -> None:
         s = self.settings

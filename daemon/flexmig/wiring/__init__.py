@@ -7,12 +7,15 @@ metrics extension, loops, start/stop/reload hooks), so ``daemon.py`` keeps no kn
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flexmig.config import Config
-from flexmig.export.commands import CommandListener, command_listener
+from flexmig.config import Config, ConfigProblem
+from flexmig.errors import ConfigError
+from flexmig.export.commands import CommandListener, Dispatch, command_listener
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.telemetry.publish import SnapshotHub
@@ -27,9 +30,12 @@ __all__ = [
     "Detector",
     "FindingsPublisher",
     "MqttComponent",
+    "WiredDaemon",
     "detect_settings",
     "wire",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class DaemonHooks(Protocol):
@@ -63,7 +69,14 @@ class Components:
     """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
 
 
-def wire(daemon: ActuatorHost) -> Components:
+class WiredDaemon(ActuatorHost, Protocol):
+    """What :func:`wire` needs of a daemon (``flexmig.daemon.Daemon`` has it): the actuator's host, and the
+    configuration problems it started with (:func:`flexmig.config.load_config_deferring`)."""
+
+    deferred_problems: tuple[ConfigProblem, ...]
+
+
+def wire(daemon: WiredDaemon) -> Components:
     """Register detection (enricher, metrics, reload of ``[detect]``), if enabled MQTT (loop ``mqtt``,
     subscriber, publisher metrics), the actuator (start, loop ``actuator``, stop, reload, action metrics), and if
     enabled the MQTT command listener (loop ``mqtt-commands``, forwarding to :meth:`ActuatorComponent.dispatch`).
@@ -73,16 +86,44 @@ def wire(daemon: ActuatorHost) -> Components:
     daemon.hub.add_enricher(detector.enrich)
     daemon.add_metrics(FindingsMetrics(detector.stats))
     daemon.on_reload(lambda cfg: detector.configure(detect_settings(cfg.detect)))
+    hostname = daemon.hostname
+    node = config.node(lambda: hostname)
+    broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
     mqtt: MqttComponent | None = None
     if config.mqtt.enabled:
-        hostname = daemon.hostname
-        mqtt = MqttComponent(config.mqtt, config.node(lambda: hostname), detector, mode=config.mode)
+        mqtt = MqttComponent(config.mqtt, node, detector, mode=config.mode, broker_problem=broker_problem)
         daemon.hub.subscribe(mqtt.findings)
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
         daemon.add_loop("mqtt", mqtt.run)
+        daemon.on_reload(mqtt.reload)
+    elif broker_problem is not None:
+        log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
     actuator = ActuatorComponent(daemon, mqtt=mqtt)
-    hostname = daemon.hostname
-    listener = command_listener(config, config.node(lambda: hostname), actuator.dispatch)
+    listener = command_listener(config, node, actuator.dispatch)
     if listener is not None:
-        daemon.add_loop("mqtt-commands", listener.run)
+        if mqtt is not None and mqtt.publisher.off is not None:
+            daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch))
+        else:
+            daemon.add_loop("mqtt-commands", listener.run)
     return Components(detector, mqtt, actuator, listener)
+
+
+def _commands_once_on(
+    daemon: WiredDaemon, mqtt: MqttComponent, node: str, dispatch: Dispatch
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """The command listener of a daemon that started with a malformed ``mqtt.broker``: it waits until a reload
+    fixed the address (the publisher is on), then listens with the reloaded configuration."""
+
+    async def run() -> None:
+        await mqtt.publisher.wait_on()
+        try:
+            listener = command_listener(daemon.config, node, dispatch)
+        except ConfigError as exc:  # the reload validated the file; settings it cannot express stay off
+            log.error("MQTT commands stay off: %s", exc)
+            listener = None
+        if listener is None:
+            await asyncio.Event().wait()
+            return
+        await listener.run()
+
+    return run

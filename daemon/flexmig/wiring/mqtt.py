@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from flexmig.config import MqttConfig
+from flexmig.config import Config, MqttConfig
 from flexmig.export.events import Event, EventFactory, EventKind, events_from_report
 from flexmig.export.findings_metrics import report_of
 from flexmig.export.mqtt import MqttPublisher, PublisherSettings
@@ -115,13 +115,42 @@ class MqttComponent:
 
     Construction opens the outbox (OutboxError: the daemon refuses to start rather than lose events); the broker
     address and credentials are only used by :meth:`run`, which never raises for network or broker trouble.
+
+    ``broker_problem`` (flexmigd started with a malformed ``mqtt.broker``, see
+    :func:`flexmig.config.load_config_deferring`): one error line says so, naming the file, line and key;
+    publishing stays off, events wait in the outbox, and the first accepted reload (:meth:`reload`) turns it on.
     """
 
-    def __init__(self, cfg: MqttConfig, node: str, detector: Detector, *, mode: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: MqttConfig,
+        node: str,
+        detector: Detector,
+        *,
+        mode: str | None = None,
+        broker_problem: str | None = None,
+    ) -> None:
         settings = PublisherSettings.from_config(cfg, node)
+        self.node = node
         self.outbox = Outbox(cfg.outbox)
-        self.publisher = MqttPublisher(settings, self.outbox)
+        self.publisher = MqttPublisher(settings, self.outbox, off=broker_problem)
         self.findings = FindingsPublisher(self.publisher, detector, node, mode=mode)
+        if broker_problem is not None:
+            log.error(
+                "%s; MQTT publishing is off until it is fixed (SIGHUP after fixing); events wait in the outbox %s",
+                broker_problem,
+                self.outbox.path,
+            )
+
+    def reload(self, config: Config) -> None:
+        """An accepted reload: if publishing was off for a malformed broker address, publish to the new one (the
+        reload validated it). Otherwise ``[mqtt]`` changes wait for the next start."""
+        if config.mqtt.enabled and self.publisher.resume(PublisherSettings.from_config(config.mqtt, self.node)):
+            log.info(
+                "MQTT broker address fixed by the reload: publishing to %s; %d event(s) queued",
+                config.mqtt.broker,
+                len(self.outbox),
+            )
 
     async def run(self) -> None:
         """The publisher loop until cancelled (it says ``offline`` first); then the outbox is closed."""
