@@ -33,7 +33,6 @@ import contextlib
 import json
 import logging
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -66,6 +65,7 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
+from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
 from flexmig.wiring.status import status_document
 
 __all__ = ["ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
@@ -127,14 +127,17 @@ class ActuatorPaths:
     private: Path | None = None
 
     @classmethod
-    def of(cls, config: Config, *, simulated: bool) -> ActuatorPaths:
-        """The paths of ``config``; for a simulated node, defaults replaced by a fresh private directory."""
+    def of(cls, config: Config, *, simulated: bool, tmp: Path | None = None) -> ActuatorPaths:
+        """The paths of ``config``; for a simulated node, defaults replaced by a fresh private directory under
+        ``tmp`` (the temporary directory by default), after removing those of simulated daemons that are gone
+        (:mod:`flexmig.wiring.simdirs`: a SIGKILL leaves them behind)."""
         state, control = config.state, config.control
         default_state = state == StateConfig()
         default_socket = control.socket == ControlConfig().socket
         private = None
         if simulated and (default_state or default_socket):
-            private = Path(tempfile.mkdtemp(prefix="flexmig-sim-"))
+            remove_stale_private_dirs(tmp)
+            private = make_private_dir(tmp)
         journal = state.journal if not (simulated and default_state) or private is None else private / "journal.sqlite3"
         logs = (state.directory if not (simulated and default_state) or private is None else private) / "logs"
         socket = control.socket if not (simulated and default_socket) or private is None else private / "control.sock"
