@@ -263,13 +263,10 @@ def test_the_planner_cost_defaults_are_the_measured_ones() -> None:
 
 
 def test_a_simulated_node_keeps_its_journal_and_socket_apart_from_the_real_nodes(tmp_path: Path) -> None:
-    paths = ActuatorPaths.of(Config.default(), simulated=True)
-    try:
-        assert paths.private is not None and paths.private.is_dir()
-        assert paths.journal.parent == paths.private and paths.socket.parent == paths.private
-        assert paths.journal != StateConfig().journal and paths.socket != ControlConfig().socket
-    finally:
-        paths.private.rmdir()  # type: ignore[union-attr]
+    paths = ActuatorPaths.of(Config.default(), simulated=True, tmp=tmp_path)
+    assert paths.private is not None and paths.private.is_dir() and paths.private.parent == tmp_path
+    assert paths.journal.parent == paths.private and paths.socket.parent == paths.private
+    assert paths.journal != StateConfig().journal and paths.socket != ControlConfig().socket
     real = ActuatorPaths.of(Config.default(), simulated=False)
     assert (real.journal, real.socket, real.private) == (StateConfig().journal, ControlConfig().socket, None)
     cfg = parse_config(
