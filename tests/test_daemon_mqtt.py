@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -25,7 +26,7 @@ import jsonschema
 import pytest
 
 from daemon_harness import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
-from daemon_node import sample
+from daemon_node import sample, short_base
 from flexmig.config import load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.export.events import Deduplicator, Event
@@ -137,15 +138,24 @@ class Watcher:
 # ---------------------------------------------------------------------------------------------- nothing lost
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temporary directory (a control socket's path under it fits in 107 bytes), removed after."""
+    with short_base("fm-mqtt-") as d:
+        yield d
+
+
 def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_sigkill_and_a_restart(
-    tmp_path: Path,
+    tmp_path: Path, short_tmp: Path
 ) -> None:
     broker = Mosquitto(tmp_path).start()
     outbox = tmp_path / "outbox.sqlite3"
     config = write_config(tmp_path / "flexmig.toml", broker.address, outbox)
     churn_log, cli_log = tmp_path / "churning.log", tmp_path / "flexmigd.log"
     event_schema = validator("event.v1.schema.json")
-    env = {**os.environ, "NOTIFY_SOCKET": ""}
+    # The simulated daemons' private directories go under the test's own short directory, not /tmp: the SIGKILLed
+    # one's stays behind.
+    env = {**os.environ, "NOTIFY_SOCKET": "", "TMPDIR": str(short_tmp)}
 
     async def scenario() -> dict[str, object]:
         watcher = Watcher(broker)
