@@ -7,6 +7,7 @@ same spec in this process to read the simulator's ground truth, then compares wh
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -110,3 +111,21 @@ def test_a_non_loopback_metrics_address_is_refused_without_allow_remote() -> Non
     )
     assert done.returncode == 2
     assert b"not loopback" in done.stderr
+
+
+def test_a_taken_metrics_port_is_named_with_the_usual_culprit_and_exits_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "flexmig.daemon", "--sim", "h200", "--metrics-addr", f"127.0.0.1:{port}"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 1
+    line = done.stderr.decode().strip().splitlines()[-1]
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in line
+    assert "--metrics-addr" in line and "dcgm-exporter" in line

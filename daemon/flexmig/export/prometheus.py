@@ -20,6 +20,7 @@ one) and reuse :func:`gpu_labels`/:func:`instance_labels` so every flexmig serie
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from flexmig import __version__
+from flexmig.errors import FlexmigError
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = [
@@ -324,7 +326,19 @@ class MetricsServer:
 
     def start(self) -> tuple[str, int]:
         """Bind and serve; returns the bound (host, port), which tells a caller that asked for port 0."""
-        server, thread = start_http_server(self._port, addr=self._host, registry=self._registry)
+        try:
+            server, thread = start_http_server(self._port, addr=self._host, registry=self._registry)
+        except OSError as exc:
+            hint = ""
+            if exc.errno == errno.EADDRINUSE:
+                # dcgm-exporter's default port is 9400 too, so on a GPU node this is the usual collision.
+                hint = (
+                    " (another program listens there; dcgm-exporter also defaults to port 9400): "
+                    "choose another address with --metrics-addr HOST:PORT or [prometheus] listen"
+                )
+            raise FlexmigError(
+                f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror or exc}{hint}"
+            ) from exc
         self._server, self._thread = server, thread
         return self._host, int(server.server_port)
 
