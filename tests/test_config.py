@@ -536,3 +536,11 @@ def test_config_example_output_is_a_file_that_config_check_accepts(tmp_path: Pat
     assert out == render_toml()
     path = write(tmp_path / "flexmig.toml", out)
     assert cli_main(["config", "check", str(path)]) == 0
+
+
+def test_dcgm_enabled_on_flexmigds_own_metrics_address_is_refused() -> None:
+    ((key, line, message),) = problems_of("[dcgm]\nenabled = true\n")
+    assert (key, line) == ("dcgm.enabled", 2)
+    assert "flexmigd's own metrics address" in message and "9400" in message
+    cfg = parse_config('[dcgm]\nenabled = true\nurl = "http://127.0.0.1:9401/metrics"\n', SRC)
+    assert cfg.dcgm.enabled

@@ -28,6 +28,7 @@ import textwrap
 import tomllib
 import types
 import typing
+import urllib.parse
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -815,6 +816,15 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
             ("prometheus.listen", "prometheus.allow_remote", "prometheus.enabled"),
             f"{p.listen} is not a loopback address; set prometheus.allow_remote = true to serve metrics to the network",
         )
+    dc = cfg.dcgm
+    if dc.enabled and p.enabled:
+        target = urllib.parse.urlsplit(dc.url)
+        if target.hostname is not None and _same_endpoint(target.hostname, target.port or 80, p.listen):
+            yield (
+                ("dcgm.url", "dcgm.enabled", "prometheus.listen"),
+                f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); dcgm-exporter "
+                "also defaults to port 9400: move one of them",
+            )
     m = cfg.mqtt
     if (m.tls_cert is None) != (m.tls_key is None):
         yield ("mqtt.tls_cert", "mqtt.tls_key"), "tls_cert and tls_key go together"
@@ -1144,3 +1154,11 @@ def _render_table(obj: Any, prefix: str, out: list[str]) -> None:
         out.append(f"[{table}]")
         out.append("")
         _render_table(value, table, out)
+
+
+def _same_endpoint(host: str, port: int, listen: HostPort) -> bool:
+    """True when ``host:port`` names the address flexmigd serves its metrics on (loopback names count as one)."""
+    if port != listen.port:
+        return False
+    loopback = {"localhost", "127.0.0.1", "::1"}
+    return host == listen.host or (host in loopback and listen.host in loopback)
