@@ -529,6 +529,15 @@ def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path, capsys: p
     ]
 
 
+def test_config_check_says_a_bad_broker_alone_only_stops_mqtt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "flexmig.toml", '[mqtt]\nenabled = true\nbroker = "nohost"\n')
+    assert cli_main(["config", "check", str(path)]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"flexmig: {path}: 1 problem; flexmigd would start with MQTT publishing off")
+
+
 def test_config_example_output_is_a_file_that_config_check_accepts(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "flexmig.cli.main", "config", "example"], capture_output=True, text=True, check=True

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from flexmig.config import DEFAULT_CONFIG_PATH, ConfigFileError, load_config, render_toml
+from flexmig.config import DEFAULT_CONFIG_PATH, DEFERRABLE_KEYS, ConfigFileError, load_config, render_toml
 
 __all__ = ["register"]
 
@@ -39,10 +39,13 @@ def run_check(args: argparse.Namespace) -> int:
     except ConfigFileError as exc:
         print(exc, file=sys.stderr)
         n = len(exc.problems)
-        print(
-            f"flexmig: {args.file}: {n} problem{'s' if n != 1 else ''}; the daemon would refuse this file",
-            file=sys.stderr,
-        )
+        if exc.problems and all(p.key in DEFERRABLE_KEYS for p in exc.problems):
+            verdict = (
+                "flexmigd would start with MQTT publishing off until a reload fixes it (events wait in the outbox)"
+            )
+        else:
+            verdict = "the daemon would refuse this file"
+        print(f"flexmig: {args.file}: {n} problem{'s' if n != 1 else ''}; {verdict}", file=sys.stderr)
         return 2
     extras = [f"mode {cfg.mode}"]
     extras.append(f"metrics {cfg.prometheus.listen}" if cfg.prometheus.enabled else "metrics off")
