@@ -9,82 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import urllib.request
-from collections.abc import AsyncIterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from flexmig.config import Config, HostPort, SamplingConfig
+from daemon_harness import LOOPBACK_ANY, Series, nvml_of, scrape, sweeps, values
+from daemon_harness import running as harness_running
+from daemon_harness import sim_node as node_of
+from flexmig.config import Config, SamplingConfig
 from flexmig.daemon import Daemon
-from flexmig.nvml import Nvml
-from flexmig.sim import SimNode
 
 pytestmark = pytest.mark.timeout(120)
 
 FAST = Config(sampling=SamplingConfig(interval_s=0.05, retention_s=60.0))
-Series = dict[str, list[tuple[dict[str, str], float]]]
 
 
-@contextlib.asynccontextmanager
-async def running(spec: str, config: Config = FAST, *, workload: bool = False) -> AsyncIterator[Daemon]:
-    """A started daemon on ``spec``; stopped (and checked to stop cleanly) on exit."""
-    daemon = Daemon(config, sim_spec=spec, sim_workload=workload, metrics_addr=HostPort("127.0.0.1", 0))
-    stop = asyncio.Event()
-    task = asyncio.create_task(daemon.run(stop))
-    started = asyncio.create_task(daemon.started())
-    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if started not in done:
-        started.cancel()
-        if task in done:
-            task.result()  # raises what stopped start-up
-        raise AssertionError("daemon did not start within 30 s")
-    try:
-        yield daemon
-        assert not task.done(), "a daemon loop ended while the daemon should be running"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-
-
-def node_of(daemon: Daemon) -> SimNode:
-    assert daemon.backend is not None and daemon.backend.node is not None
-    return daemon.backend.node
-
-
-def nvml_of(daemon: Daemon) -> Nvml:
-    assert daemon.backend is not None
-    return daemon.backend.nvml
-
-
-async def sweeps(daemon: Daemon, n: int, timeout_s: float = 20.0) -> None:
-    """Wait until ``n`` more sweeps have been published."""
-    snap = daemon.latest()
-    assert snap is not None
-    target = snap.stats.sweeps + n
-    deadline = time.monotonic() + timeout_s
-    while (s := daemon.latest()) is None or s.stats.sweeps < target:
-        assert time.monotonic() < deadline, f"fewer than {n} sweeps in {timeout_s} s"
-        await asyncio.sleep(0.01)
-
-
-async def scrape(daemon: Daemon) -> Series:
-    """The daemon's /metrics, parsed: sample name -> [(labels, value)]."""
-
-    def get() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10) as resp:
-            return str(resp.read().decode())
-
-    out: Series = {}
-    for family in text_string_to_metric_families(await asyncio.to_thread(get)):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, float(s.value)))
-    return out
-
-
-def values(series: Series, name: str, **match: str) -> list[float]:
-    return [v for labels, v in series.get(name, []) if all(labels.get(k) == w for k, w in match.items())]
+def running(
+    spec: str, config: Config = FAST, *, workload: bool = False
+) -> contextlib.AbstractAsyncContextManager[Daemon]:
+    """A started daemon on ``spec`` (sampling every 50 ms unless ``config`` says otherwise)."""
+    return harness_running(spec, config, workload=workload)
 
 
 def exported_instances(series: Series) -> set[str]:
@@ -206,7 +149,7 @@ def test_a_lost_gpu_is_marked_and_reported_and_the_rest_keeps_going() -> None:
 
 def test_a_bad_node_spec_stops_start_up_with_an_error_naming_it() -> None:
     async def scenario() -> None:
-        daemon = Daemon(FAST, sim_spec="h200:bogus@0", metrics_addr=HostPort("127.0.0.1", 0))
+        daemon = Daemon(FAST, sim_spec="h200:bogus@0", metrics_addr=LOOPBACK_ANY)
         with pytest.raises(Exception, match="bogus"):
             await daemon.run(asyncio.Event())
 
