@@ -28,7 +28,6 @@ import logging
 import random
 import re
 import socket
-import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -42,11 +41,11 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError, FlexmigError
+from flexmig.export.broker import BrokerConnection, check_tls_pair, client_arguments
 from flexmig.export.cancellation import honour_cancel
 from flexmig.export.events import NODE_NAME, Deduplicator, format_time
 from flexmig.export.mqtt import backoff_delay, topic_for
 from flexmig.mig.catalogue import MODELS
-from flexmig.security import read_secret_file
 
 if TYPE_CHECKING:
     from flexmig.config import Config
@@ -493,8 +492,7 @@ class CommandSettings:
                 f"mqtt.commands_enabled: the password would cross the network in clear to {self.broker}; "
                 "set mqtt.tls = true (or mqtt.allow_plaintext_password = true)"
             )
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("MQTT TLS: tls_cert and tls_key go together")
+        check_tls_pair(self)
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
         if self.max_pending < 1 or self.max_unsent_results < 1 or self.refusal_log_limit < 1:
@@ -516,20 +514,14 @@ class CommandSettings:
     ) -> CommandSettings:
         """Settings from the daemon's validated configuration (``limits`` overrides the fields after TLS)."""
         m = config.mqtt
+        connection = BrokerConnection.from_config(m, trusted_uids)
         return cls(
             node=node,
-            broker=m.broker,
-            username=m.username,
-            password_file=m.password_file,
+            broker=connection.broker,
             topic_prefix=m.topic_prefix,
             client_id=f"{m.client_id}-commands" if m.client_id else "",
-            tls=m.tls,
-            tls_ca=m.tls_ca,
-            tls_cert=m.tls_cert,
-            tls_key=m.tls_key,
             allow_plaintext_password=m.allow_plaintext_password,
-            keepalive_s=m.keepalive_s,
-            trusted_uids=None if trusted_uids is None else frozenset(trusted_uids),
+            **connection.login_fields(),
             **limits,
         )
 
@@ -647,23 +639,14 @@ class CommandListener:
     async def _session(self) -> None:
         """One connection: subscribe, then serve messages and publish results until the connection ends."""
         s = self.settings
-        password = read_secret_file(s.password_file, s.trusted_uids).reveal() if s.password_file else None
         client = aiomqtt.Client(
-            s.broker.host,
-            s.broker.port,
-            identifier=s.identifier,
-            username=s.username,
-            password=password,
-            keepalive=s.keepalive_s,
-            timeout=s.connect_timeout_s,
-            tls_context=self._tls_context(),
+            **client_arguments(s, s.broker, s.identifier, s.connect_timeout_s, tls_what="TLS files"),
             # MQTT 5: a clean start with no session expiry, so commands sent while we were away are not run later.
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=True,
             # Few, small messages that someone waits for: no Nagle delay on results.
             socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )
-        del password
         # retainAsPublished: a live delivery of a retained publish keeps its flag, so every retained command is
         # refused (3.1.1 clears the flag on live deliveries). noLocal: our own results do not come back.
         options = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
@@ -772,19 +755,6 @@ class CommandListener:
         self._results_ready.set()
 
     # ------------------------------------------------------------------------------------------ helpers
-    def _tls_context(self) -> ssl.SSLContext | None:
-        s = self.settings
-        if not s.tls:
-            return None
-        try:
-            ctx = ssl.create_default_context(cafile=str(s.tls_ca) if s.tls_ca else None)
-            if s.tls_cert is not None:
-                ctx.load_cert_chain(s.tls_cert, s.tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            files = ", ".join(str(p) for p in (s.tls_ca, s.tls_cert, s.tls_key) if p)
-            raise ConfigError(f"TLS files ({files}) cannot be used: {exc}") from exc
-        return ctx
-
     def _describe(self, exc: BaseException) -> str:
         s = self.settings
         text = str(exc) or type(exc).__name__

@@ -35,10 +35,10 @@ import aiomqtt
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError, OutboxError
+from flexmig.export.broker import BrokerConnection, check_tls_pair, client_arguments
 from flexmig.export.cancellation import honour_cancel
 from flexmig.export.events import NODE_NAME, Event
 from flexmig.export.outbox import Outbox
-from flexmig.security import read_secret_file
 
 if TYPE_CHECKING:
     from flexmig.config import MqttConfig
@@ -90,8 +90,7 @@ class PublisherSettings:
             raise ConfigError(f"MQTT topic prefix {self.topic_prefix!r}: levels must be [A-Za-z0-9._-], no wildcards")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("MQTT TLS: tls_cert and tls_key go together")
+        check_tls_pair(self)
 
     @property
     def identifier(self) -> str:
@@ -101,19 +100,13 @@ class PublisherSettings:
     @classmethod
     def from_config(cls, cfg: MqttConfig, node: str, trusted_uids: Collection[int] | None = None) -> PublisherSettings:
         """Settings from the daemon's validated ``[mqtt]`` configuration."""
+        connection = BrokerConnection.from_config(cfg, trusted_uids)
         return cls(
             node=node,
-            broker=str(cfg.broker),
+            broker=str(connection.broker),
             topic_prefix=cfg.topic_prefix,
             client_id=cfg.client_id,
-            keepalive_s=cfg.keepalive_s,
-            username=cfg.username,
-            password_file=cfg.password_file,
-            tls=cfg.tls,
-            tls_ca=cfg.tls_ca,
-            tls_cert=cfg.tls_cert,
-            tls_key=cfg.tls_key,
-            trusted_uids=None if trusted_uids is None else frozenset(trusted_uids),
+            **connection.login_fields(),
         )
 
 
@@ -311,17 +304,9 @@ class MqttPublisher:
 
     async def _session(self, address: HostPort) -> None:
         s = self.settings
-        password = read_secret_file(s.password_file, s.trusted_uids).reveal() if s.password_file else None
         client = aiomqtt.Client(
-            address.host,
-            address.port,
-            identifier=s.identifier,
-            username=s.username,
-            password=password,
+            **client_arguments(s, address, s.identifier, s.connect_timeout_s),
             will=aiomqtt.Will(self.status_topic, "offline", qos=1, retain=True),
-            keepalive=s.keepalive_s,
-            timeout=s.connect_timeout_s,
-            tls_context=self._tls_context(),
             clean_session=True,
         )
         async with client:
@@ -386,19 +371,6 @@ class MqttPublisher:
                 )
                 return
             self._unsaved.popleft()
-
-    def _tls_context(self) -> ssl.SSLContext | None:
-        s = self.settings
-        if not s.tls:
-            return None
-        try:
-            ctx = ssl.create_default_context(cafile=str(s.tls_ca) if s.tls_ca else None)
-            if s.tls_cert is not None:
-                ctx.load_cert_chain(s.tls_cert, s.tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            files = ", ".join(str(p) for p in (s.tls_ca, s.tls_cert, s.tls_key) if p)
-            raise ConfigError(f"MQTT TLS files ({files}) cannot be used: {exc}") from exc
-        return ctx
 
     def _describe(self, exc: BaseException, address: HostPort) -> tuple[str, str]:
         """(kind of failure, one clear line naming the broker, the cause, and what happens next)."""

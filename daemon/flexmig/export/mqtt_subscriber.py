@@ -19,9 +19,9 @@ import aiomqtt
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError
+from flexmig.export.broker import client_arguments
 from flexmig.export.events import NODE_NAME, Deduplicator, Event
 from flexmig.export.mqtt import backoff_delay
-from flexmig.security import read_secret_file
 
 __all__ = ["SubscriberSettings", "follow_events"]
 
@@ -40,6 +40,9 @@ class SubscriberSettings:
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    keepalive_s: int = 60
+    trusted_uids: frozenset[int] | None = None
+    """Owners the password file may have (None: root and the current user)."""
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     connect_timeout_s: float = 10.0
@@ -78,21 +81,9 @@ async def follow_events(
     failures = 0
     while True:
         try:
-            password = read_secret_file(settings.password_file).reveal() if settings.password_file is not None else None
-            tls = None
-            if settings.tls:
-                tls = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
-                if settings.tls_cert is not None:
-                    tls.load_cert_chain(settings.tls_cert, settings.tls_key)
             client = aiomqtt.Client(
-                address.host,
-                address.port,
-                identifier=settings.client_id,
+                **client_arguments(settings, address, settings.client_id, settings.connect_timeout_s),
                 clean_session=settings.client_id is None,
-                username=settings.username,
-                password=password,
-                tls_context=tls,
-                timeout=settings.connect_timeout_s,
             )
             async with client:
                 await client.subscribe(events_filter, qos=1)
