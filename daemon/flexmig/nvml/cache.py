@@ -12,7 +12,7 @@ from ctypes import byref, c_uint
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.nvml.calls import GPU_IS_LOST, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, GpuLost, Walk
 

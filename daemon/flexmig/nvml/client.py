@@ -15,7 +15,7 @@ from ctypes import byref, c_uint
 from types import TracebackType
 from typing import Any
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.errors import (
     LayoutError,

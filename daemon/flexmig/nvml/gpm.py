@@ -22,7 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.nvml.calls import Walk
 from flexmig.nvml.types import GpmActivity

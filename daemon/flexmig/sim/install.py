@@ -13,7 +13,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from pathlib import Path
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.mig import NodeSpec, parse_node_spec
 from flexmig.sim.faults import FaultTable

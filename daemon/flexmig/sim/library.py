@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.sim.faults import FaultTable, error_name
 from flexmig.sim.gpm import METRIC_INFO, GpmSnapshot, metric_value
