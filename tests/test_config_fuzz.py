@@ -2,49 +2,26 @@
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexmig.config import Config, ConfigFileError, changed_keys, iter_keys, parse_config, render_toml
+from tomltext import toml_string, toml_value
 
 SRC = "/etc/flexmig/flexmig.toml"
 KEYS = [key for key, _, _ in iter_keys(Config.default())]
 SECTIONS = sorted({k.rsplit(".", 1)[0] for k in KEYS if "." in k})
 
 
-def toml_key(name: str) -> str:
-    return json.dumps(name, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return toml_key(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
-
-
 def dump(tables: dict[str, dict[str, Any]]) -> str:
     """A TOML document: top-level keys first, then one [table] per section."""
-    out = [f"{toml_key(k)} = {toml_value(v)}" for k, v in tables.get("", {}).items()]
+    out = [f"{toml_string(k)} = {toml_value(v)}" for k, v in tables.get("", {}).items()]
     for table, items in tables.items():
         if table:
-            out.append("[" + ".".join(toml_key(p) for p in table.split(".")) + "]")
-            out += [f"{toml_key(k)} = {toml_value(v)}" for k, v in items.items()]
+            out.append("[" + ".".join(toml_string(p) for p in table.split(".")) + "]")
+            out += [f"{toml_string(k)} = {toml_value(v)}" for k, v in items.items()]
     return "\n".join(out) + "\n"
 
 

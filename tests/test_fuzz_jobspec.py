@@ -4,8 +4,6 @@ acts on nothing (no file written, no process started)."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import pwd
 import re
@@ -22,6 +20,7 @@ from hypothesis import strategies as st
 
 from flexmig.errors import JobSpecError
 from flexmig.jobs.spec import RESERVED_ENV, JobPolicy, JobSpec, load_job_spec, parse_job_spec
+from tomltext import toml_string, toml_value
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 USER = pwd.getpwuid(os.geteuid()).pw_name
@@ -45,26 +44,6 @@ def snapshot(base: Path) -> tuple[list[str], list[int]]:
 
 
 # ------------------------------------------------------------------------------------------------ TOML rendering
-def toml_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return toml_string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return "{" + ", ".join(f"{toml_string(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
 
 
 def dump(doc: dict[str, Any]) -> str:
