@@ -153,6 +153,15 @@ class SimLibrary:
             self._handles[ctypes.addressof(s)] = (kind, key)
         return s
 
+    def _fill_handles(self, arr: Any, count: Any, kind: str, keys: list[int]) -> int:
+        """NVML's caller-allocates protocol: too small an array gets INSUFFICIENT_SIZE and the count needed."""
+        count.value = len(keys)
+        if len(keys) > len(arr):
+            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, key in enumerate(keys):
+            arr[i] = ctypes.pointer(self._struct(kind, key))
+        return _SUCCESS
+
     def _give(self, ref: Any, kind: str, key: int) -> int:
         """Write the handle of (kind, key) through the output pointer ``ref``."""
         _out(ref).contents = self._struct(kind, key)
@@ -684,13 +693,7 @@ class SimLibrary:
         if gis is None:
             return _INVALID
         found = sorted((g for g in gpu.gis.values() if g.profile.profile_id == pid), key=lambda g: g.id)
-        if len(found) > len(gis):
-            count.value = len(found)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, gi in enumerate(found):
-            gis[i] = ctypes.pointer(self._struct("gi", gi.serial))
-        count.value = len(found)
-        return _SUCCESS
+        return self._fill_handles(gis, count, "gi", [g.serial for g in found])
 
     @_entry
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, ref: Any) -> int:
@@ -823,13 +826,7 @@ class SimLibrary:
         if cis is None:
             return _INVALID
         found = sorted((c for c in gi.cis.values() if c.profile_id == pid), key=lambda c: c.id)
-        if len(found) > len(cis):
-            count.value = len(found)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, ci in enumerate(found):
-            cis[i] = ctypes.pointer(self._struct("ci", ci.serial))
-        count.value = len(found)
-        return _SUCCESS
+        return self._fill_handles(cis, count, "ci", [c.serial for c in found])
 
     @_entry
     def nvmlGpuInstanceGetComputeInstanceById(self, handle: Any, ci_id: Any, ref: Any) -> int:
