@@ -29,7 +29,7 @@ from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
-from jobs_support import kill_ranks
+from support.jobs import kill_ranks
 
 pytestmark = pytest.mark.integration
 

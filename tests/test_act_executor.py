@@ -34,7 +34,7 @@ from flexmig.jobs import JobPolicy
 from flexmig.mig import H200
 from flexmig.nvml import Nvml
 from flexmig.plan.types import DestroyInstance, Instance, MigrateJob, Plan
-from jobs_support import kill_ranks
+from support.jobs import kill_ranks
 
 pytestmark = pytest.mark.integration
 

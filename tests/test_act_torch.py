@@ -20,7 +20,7 @@ import pytest
 
 from flexmig.act.client import ControlClient
 from flexmig.act.procs import PsutilScanner
-from jobs_support import ROOT, Training, ddp_spec, flexmig, job_uid, kill_ranks, write_spec
+from support.jobs import ROOT, Training, ddp_spec, flexmig, job_uid, kill_ranks, write_spec
 
 torch = pytest.importorskip("torch")
 

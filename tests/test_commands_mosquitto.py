@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from actuator_rig import LiveNode
-from commands_rig import ACL, PASSWORDS, Operator, RunningListener, password_file, secured_broker
-from mosquitto_broker import WAIT, Mosquitto, needs_mosquitto
+from support.actuator import LiveNode
+from support.commands import ACL, PASSWORDS, Operator, RunningListener, password_file, secured_broker
+from support.mosquitto import WAIT, Mosquitto, needs_mosquitto
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 

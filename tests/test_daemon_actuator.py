@@ -25,15 +25,15 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from daemon_node import ActNode, act_node, collect_events, open_session, short_base, wait_until
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 from flexmig.act.records import JobRecord
 from flexmig.export.events import Event, EventKind
 from flexmig.jobs.spec import JobPolicy, load_job_spec
-from jobs_support import Training, counter_spec, ddp_spec, flexmig, job_uid, log_lines, write_spec
-from mosquitto_broker import MOSQUITTO, Mosquitto
+from support.flexmigd import ActNode, act_node, collect_events, open_session, short_base, wait_until
+from support.jobs import Training, counter_spec, ddp_spec, flexmig, job_uid, log_lines, write_spec
+from support.mosquitto import MOSQUITTO, Mosquitto
 
 pytestmark = [
     pytest.mark.integration,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from commands_rig import NODE, Operator, password_file, secured_broker
-from daemon_node import act_node, short_base, wait_until
-from jobs_support import counter_spec, flexmig, log_lines, write_spec
-from mosquitto_broker import Mosquitto, needs_mosquitto
+from support.commands import NODE, Operator, password_file, secured_broker
+from support.flexmigd import act_node, short_base, wait_until
+from support.jobs import counter_spec, flexmig, log_lines, write_spec
+from support.mosquitto import Mosquitto, needs_mosquitto
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(300)]
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pynvml as N
 import pytest
 
-from daemon_harness import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
 from flexmig.act.nodeview import NodeView
 from flexmig.config import Config, DetectConfig, SamplingConfig, load_config, parse_config
 from flexmig.daemon import Daemon
@@ -25,6 +24,7 @@ from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, SamplingSt
 from flexmig.wiring import Detector, detect_settings
 from flexmig.wiring.detection import usage_of
 from flexmig.wiring.status import status_document
+from support.daemon import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
 
 pytestmark = pytest.mark.timeout(120)
 

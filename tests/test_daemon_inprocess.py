@@ -12,11 +12,11 @@ import contextlib
 
 import pytest
 
-from daemon_harness import LOOPBACK_ANY, Series, nvml_of, scrape, sweeps, values
-from daemon_harness import running as harness_running
-from daemon_harness import sim_node as node_of
 from flexmig.config import Config, SamplingConfig
 from flexmig.daemon import Daemon
+from support.daemon import LOOPBACK_ANY, Series, nvml_of, scrape, sweeps, values
+from support.daemon import running as harness_running
+from support.daemon import sim_node as node_of
 
 pytestmark = pytest.mark.timeout(120)
 

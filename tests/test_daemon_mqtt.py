@@ -25,15 +25,15 @@ import aiomqtt
 import jsonschema
 import pytest
 
-from daemon_harness import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
-from daemon_node import sample, short_base
 from flexmig.config import load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.export.events import Deduplicator, Event
 from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
 from flexmig.export.outbox import Outbox
-from mosquitto_broker import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
-from promstack import http_get
+from support.daemon import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
+from support.flexmigd import sample, short_base
+from support.mosquitto import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
+from support.prometheus import http_get
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from promstack import PROMETHEUS, PROMTOOL, SPEC, flexmigd, free_port, ground_truth, http_get, query, wait_for
-from promstack import prometheus as run_prometheus
+from support.prometheus import PROMETHEUS, PROMTOOL, SPEC, flexmigd, free_port, ground_truth, http_get, query, wait_for
+from support.prometheus import prometheus as run_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon_node import short_base, wait_until
 from flexmig.wiring.simdirs import PID_FILE, PREFIX, make_private_dir, remove_stale_private_dirs
+from support.flexmigd import short_base, wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 

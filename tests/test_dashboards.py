@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards_support import (
+from support.dashboards import (
     DASHBOARDS,
     RULES,
     STATIC_VALUES,
@@ -29,7 +29,7 @@ from dashboards_support import (
     promtool_parse_errors,
     variable_queries,
 )
-from promstack import PROMTOOL
+from support.prometheus import PROMTOOL
 
 needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
 DASHBOARD_FILES = ("flexmig-actions.json", "flexmig-daemon.json", "flexmig-instance.json", "flexmig-node.json")

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import pytest
 
-from daemon_node import ActNode, JobCycler
-from dashboards_support import RULES, PanelQuery, metrics, panel_queries, promql, variable_queries
 from flexmig import sim
 from flexmig.sim.workload import SyntheticWorkload
-from jobs_support import kill_ranks
-from mosquitto_broker import MOSQUITTO, Mosquitto
-from promstack import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, prometheus, query, wait_for
+from support.dashboards import RULES, PanelQuery, metrics, panel_queries, promql, variable_queries
+from support.flexmigd import ActNode, JobCycler
+from support.jobs import kill_ranks
+from support.mosquitto import MOSQUITTO, Mosquitto
+from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, prometheus, query, wait_for
 
 pytestmark = [
     pytest.mark.integration,

@@ -12,13 +12,13 @@ import subprocess
 
 import pytest
 
-from daemon_harness import by_label, exposition, nvml_of, parse, running, scrape, sim_node, sweeps, values
 from flexmig.config import Config, DetectConfig, SamplingConfig
 from flexmig.detect import DEFAULT_DEMAND, DemandMix, gpu_fragmentation
 from flexmig.export.findings_metrics import PublisherMetrics
 from flexmig.export.mqtt import PublisherStats
 from flexmig.mig import H200, Layout
 from flexmig.telemetry.snapshot import SamplingStats, Snapshot
+from support.daemon import by_label, exposition, nvml_of, parse, running, scrape, sim_node, sweeps, values
 
 pytestmark = pytest.mark.timeout(120)
 

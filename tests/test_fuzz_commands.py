@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from actuator_rig import LiveNode
-from commands_rig import Operator, RunningListener, password_file, secured_broker
 from flexmig.export.commands import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
-from mosquitto_broker import Mosquitto, needs_mosquitto
+from support.actuator import LiveNode
+from support.commands import Operator, RunningListener, password_file, secured_broker
+from support.mosquitto import Mosquitto, needs_mosquitto
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "command.v1.schema.json").read_text())
 VALIDATORS = {verb: jsonschema.Draft202012Validator({**SCHEMA, "$ref": f"#/$defs/{verb}"}) for verb in VERBS}

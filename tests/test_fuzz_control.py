@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from actuator_rig import LiveNode
 from flexmig.act.control import MAX_REQUEST_BYTES
 from flexmig.mig import H200
+from support.actuator import LiveNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -19,7 +19,7 @@ import pytest
 from flexmig.export.events import EventFactory, EventKind
 from flexmig.export.mqtt import MqttPublisher, PublisherSettings
 from flexmig.export.outbox import Outbox
-from mosquitto_broker import WAIT, Mosquitto, needs_mosquitto, until
+from support.mosquitto import WAIT, Mosquitto, needs_mosquitto, until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(120)]
 

@@ -20,7 +20,7 @@ from flexmig.export.events import Deduplicator, Event, EventFactory, EventKind
 from flexmig.export.mqtt import MqttPublisher, PublisherSettings
 from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
 from flexmig.export.outbox import Outbox
-from mosquitto_broker import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
+from support.mosquitto import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards_support import RULES, RULES_TEST, alerts, metrics, promql
-from promstack import PROMTOOL
+from support.dashboards import RULES, RULES_TEST, alerts, metrics, promql
+from support.prometheus import PROMTOOL
 
 pytestmark = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
 

@@ -23,14 +23,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from commands_rig import PASSWORDS, Operator, password_file, secured_broker
 from flexmig.act.control import ControlServer
 from flexmig.config import Config, ConfigFileError, HostPort, load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.errors import ConfigError
 from flexmig.export.commands import CommandSettings, command_listener
 from flexmig.export.mqtt import PublisherSettings
-from mosquitto_broker import WAIT, free_port, needs_mosquitto
+from support.commands import PASSWORDS, Operator, password_file, secured_broker
+from support.mosquitto import WAIT, free_port, needs_mosquitto
 
 FLEXMIGD = Path(sys.executable).with_name("flexmigd")
 FLEXMIG = Path(sys.executable).with_name("flexmig")

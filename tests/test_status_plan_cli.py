@@ -24,7 +24,7 @@ from flexmig.plan import Planner, validate_plan
 from flexmig.sim.workload import SyntheticWorkload
 from flexmig.wiring.actuator import ActuatorPaths
 from flexmig.wiring.planning import parse_request, planner_settings, planning_state
-from jobs_support import counter_spec, write_spec
+from support.jobs import counter_spec, write_spec
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 

@@ -1,5 +1,5 @@
 """MQTT commands against a real mosquitto: a broker with passwords and the README's ACL, an operator client, and
-the command listener running on a :class:`~actuator_rig.LiveNode`'s loop, forwarding to its control dispatcher.
+the command listener running on a :class:`~support.actuator.LiveNode`'s loop, forwarding to its control dispatcher.
 
 Not a test module; imported by ``test_commands_mosquitto`` and ``test_fuzz_commands``.
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
-from actuator_rig import LiveNode
 from flexmig.config import HostPort
 from flexmig.export.commands import CommandListener, CommandSettings, Dispatch
-from mosquitto_broker import WAIT, Mosquitto
+from support.actuator import LiveNode
+from support.mosquitto import WAIT, Mosquitto
 
 NODE = "node-1"
 PASSWORDS = {

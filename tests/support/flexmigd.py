@@ -34,8 +34,8 @@ from flexmig.act.journal import Journal
 from flexmig.errors import FlexmigError
 from flexmig.export.events import Event
 from flexmig.sim.truth import GpuTruth
-from jobs_support import counter_spec, kill_ranks, write_spec
-from promstack import free_port, http_get
+from support.jobs import counter_spec, kill_ranks, write_spec
+from support.prometheus import free_port, http_get
 
 WAIT_S = 60.0
 

@@ -21,7 +21,7 @@ import psutil
 from flexmig.act.journal import Journal
 from flexmig.hook.protocol import ENV_CHECKPOINT_DIR, ENV_JOB_ID
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def flexmig(sock: Path, *args: str, check: bool = True, timeout_s: float = 300) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 RULES = DASHBOARDS / "rules" / "flexmig.rules.yml"
 RULES_TEST = DASHBOARDS / "rules" / "flexmig.rules.test.yml"

@@ -29,9 +29,9 @@ from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
 from flexmig.nvml import Nvml
-from jobs_support import kill_ranks
+from support.jobs import kill_ranks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = ROOT / "examples" / "hook_minimal.py"
 WAIT = 60.0
 T = TypeVar("T")
