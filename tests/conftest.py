@@ -1,4 +1,4 @@
-"""One rule for the whole test run: no process a test starts outlives the run.
+"""One rule for the whole test run: no process a test starts outlives the run; and the MQTT brokers tests share.
 
 At start the pytest process becomes a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): a process started on a
 test's behalf by another process (a job's rank, launched in its own session by a flexmigd subprocess) stays in
@@ -6,6 +6,10 @@ this process tree when its parent exits, instead of moving to PID 1. At the end 
 descendant is a leak (where no subreaper can be set, every live process running a script of this repository's
 ``examples/`` started during the session is one): they are listed, killed (their process group, with a bounded
 wait), and the session ends with an error naming them.
+
+Brokers (a real mosquitto on a free loopback port, :mod:`support.mosquitto`): ``broker`` (anonymous) and
+``secured_broker`` (passwords and the README's ACL) are shared by one test module's tests; ``mosquitto`` starts a
+test's own (``mosquitto()``, ``mosquitto(extra)``, ``mosquitto(secured=True)``), stopped when that test ends.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from support.mosquitto import Brokers, Mosquitto
 
 EXAMPLES = str(Path(__file__).resolve().parent.parent / "examples") + os.sep
 _PR_SET_CHILD_SUBREAPER = 36
@@ -99,3 +105,35 @@ def no_process_outlives_the_test_run() -> Iterator[None]:
         "processes started by this test run (by any of its tests) were still alive at its end (now killed):\n"
         + "\n".join(names)
     )
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """An anonymous mosquitto that one test module's tests share (stopped after the module)."""
+    brokers = Brokers(tmp_path_factory.mktemp("broker"))
+    try:
+        yield brokers()
+    finally:
+        brokers.close()
+
+
+@pytest.fixture(scope="module")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """A mosquitto that refuses anonymous clients, knows ``support.mosquitto.PASSWORDS`` and applies the README's
+    ACL, shared by one test module's tests (stopped after the module)."""
+    brokers = Brokers(tmp_path_factory.mktemp("secured-broker"))
+    try:
+        yield brokers(secured=True)
+    finally:
+        brokers.close()
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Brokers]:
+    """Starts a test's own mosquittos (a fresh broker: no retained message or session from another test; or one
+    with its own configuration); every one is stopped when the test ends."""
+    brokers = Brokers(tmp_path)
+    try:
+        yield brokers
+    finally:
+        brokers.close()

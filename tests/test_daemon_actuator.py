@@ -14,10 +14,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,17 +41,6 @@ pytestmark = [
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "event.v1.schema.json").read_text())
 EVENTS = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[Mosquitto]:
-    work = Path(tempfile.mkdtemp(prefix="fm-mqtt-"))
-    b = Mosquitto(work).start()
-    try:
-        yield b
-    finally:
-        b.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture

@@ -178,40 +178,36 @@ def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("dashboards")
     instances = sim_instances(SPEC)
-    broker = Mosquitto(work).start()
-    try:
-        with serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port:
-            config = write_config(work / "flexmig.toml", broker.address, dcgm_port, work / "outbox.sqlite3")
-            with flexmigd(work, SPEC, config) as daemon, acting_node(work / "act") as act:
-                dcgm_target = f"127.0.0.1:{dcgm_port}"
-                flexmig_targets = [f"127.0.0.1:{daemon.port}", f"127.0.0.1:{act.port}"]
-                jobs = {"flexmig": flexmig_targets, "dcgm-exporter": [dcgm_target]}
-                with prometheus(work, jobs, rule_files=[RULES]) as port:
-                    wait_for(
-                        "all three targets up in Prometheus",
-                        lambda: len(query(port, "up == 1")) == 3,
-                        60,
-                    )
-                    # the families flexmigd declares once detection, MQTT and DCGM have all reported
-                    wait_for(
-                        "flexmigd's findings, MQTT and DCGM families",
-                        lambda: all(
-                            f in daemon.metrics()
-                            for f in (
-                                "flexmig_mig_finding{",
-                                f'flexmig_mqtt_connected{{Hostname="{NODE}"}} 1.0',
-                                "flexmig_dcgm_up{",
-                            )
-                        ),
-                        60,
-                    )
-                    dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
-                    yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text), act)
-    finally:
-        broker.stop()
+    with serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port:
+        config = write_config(work / "flexmig.toml", broker.address, dcgm_port, work / "outbox.sqlite3")
+        with flexmigd(work, SPEC, config) as daemon, acting_node(work / "act") as act:
+            dcgm_target = f"127.0.0.1:{dcgm_port}"
+            flexmig_targets = [f"127.0.0.1:{daemon.port}", f"127.0.0.1:{act.port}"]
+            jobs = {"flexmig": flexmig_targets, "dcgm-exporter": [dcgm_target]}
+            with prometheus(work, jobs, rule_files=[RULES]) as port:
+                wait_for(
+                    "all three targets up in Prometheus",
+                    lambda: len(query(port, "up == 1")) == 3,
+                    60,
+                )
+                # the families flexmigd declares once detection, MQTT and DCGM have all reported
+                wait_for(
+                    "flexmigd's findings, MQTT and DCGM families",
+                    lambda: all(
+                        f in daemon.metrics()
+                        for f in (
+                            "flexmig_mig_finding{",
+                            f'flexmig_mqtt_connected{{Hostname="{NODE}"}} 1.0',
+                            "flexmig_dcgm_up{",
+                        )
+                    ),
+                    60,
+                )
+                dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
+                yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text), act)
 
 
 @contextlib.contextmanager

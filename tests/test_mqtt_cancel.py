@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,6 @@ pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(120)
 
 STOP_BOUND_S = 10.0
 MQTT_LOGGER = "mqtt"  # aiomqtt's default logger, which paho logs every packet to
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path_factory.mktemp("broker")).start()
-    yield b
-    b.stop()
 
 
 class CancelOnPacket(logging.Handler):

@@ -29,8 +29,8 @@ from flexmig.daemon import Daemon
 from flexmig.errors import ConfigError
 from flexmig.export.commands import CommandSettings, command_listener
 from flexmig.export.mqtt import PublisherSettings
-from support.commands import PASSWORDS, Operator, password_file, secured_broker
-from support.mosquitto import WAIT, free_port, needs_mosquitto
+from support.commands import Operator, password_file
+from support.mosquitto import PASSWORDS, WAIT, Brokers, free_port, needs_mosquitto
 
 FLEXMIGD = Path(sys.executable).with_name("flexmigd")
 FLEXMIG = Path(sys.executable).with_name("flexmig")
@@ -239,9 +239,11 @@ def test_no_settings_object_shows_the_password(tmp_path: Path) -> None:
 @needs_mosquitto
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("credentials", ["good", "bad"])
-def test_the_password_never_reaches_the_log_at_debug_level(tmp_path: Path, credentials: str) -> None:
+def test_the_password_never_reaches_the_log_at_debug_level(
+    tmp_path: Path, mosquitto: Brokers, credentials: str
+) -> None:
     """The real daemon (publisher and command listener) against a mosquitto that checks passwords."""
-    broker = secured_broker(tmp_path / "broker")
+    broker = mosquitto(secured=True)
     wrong = "Wrong-Secret-77"
     secret = password_file(tmp_path, password=None if credentials == "good" else wrong)
     config = write(
@@ -272,7 +274,6 @@ def test_the_password_never_reaches_the_log_at_debug_level(tmp_path: Path, crede
             wait_for(log, "refused the login of user 'node-1'", "MQTT commands: broker", proc=proc)
     finally:
         stop(proc)
-        broker.stop()
     text = log.read_text(errors="replace")
     assert "DEBUG" in text, "the log was at DEBUG level"
     assert PASSWORDS["node-1"] not in text and wrong not in text

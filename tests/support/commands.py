@@ -1,5 +1,6 @@
-"""MQTT commands against a real mosquitto: a broker with passwords and the README's ACL, an operator client, and
-the command listener running on a :class:`~support.actuator.LiveNode`'s loop, forwarding to its control dispatcher.
+"""MQTT commands against a real mosquitto (the ``secured_broker`` fixture: passwords and the README's ACL): an
+operator client, and the command listener running on a :class:`~support.actuator.LiveNode`'s loop, forwarding to
+its control dispatcher.
 
 Not a test module; imported by ``test_commands_mosquitto`` and ``test_fuzz_commands``.
 """
@@ -12,7 +13,6 @@ import json
 import logging
 import queue
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,47 +22,9 @@ import paho.mqtt.client as paho
 from flexmig.config import HostPort
 from flexmig.export.commands import CommandListener, CommandSettings, Dispatch
 from support.actuator import LiveNode
-from support.mosquitto import WAIT, Mosquitto
+from support.mosquitto import PASSWORDS, WAIT, Mosquitto
 
 NODE = "node-1"
-PASSWORDS = {
-    "node-1": "node-pass-Zq8",
-    "node-2": "node-pass-Yr2",
-    "node-3": "node-pass-Vt6",
-    "operator": "op-pass-Xk3",
-    "viewer": "view-pass-Wm5",
-}
-
-#: The ACL of the README's Security section, for node "node-1" (test_commands_mosquitto checks the README has it).
-ACL = """\
-# The node reads its own commands and writes its results, status, state and events.
-pattern read flexmig/v1/%u/commands/+
-pattern write flexmig/v1/%u/commands/result
-pattern write flexmig/v1/%u/status
-pattern write flexmig/v1/%u/state
-pattern write flexmig/v1/%u/events/#
-
-# Operators send commands to any node and read everything.
-user operator
-topic write flexmig/v1/+/commands/+
-topic read flexmig/v1/#
-
-# Everyone else with an account only reads.
-user viewer
-topic read flexmig/v1/#
-"""
-
-
-def secured_broker(workdir: Path) -> Mosquitto:
-    """A mosquitto that refuses anonymous clients and applies :data:`ACL` (started)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    passwd = workdir / "passwd"
-    passwd.write_text("".join(f"{user}:{password}\n" for user, password in PASSWORDS.items()))
-    subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, timeout=WAIT)
-    acl = workdir / "flexmig.acl"
-    acl.write_text(ACL)
-    extra = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\nset_tcp_nodelay true\n"
-    return Mosquitto(workdir, extra=extra).start()
 
 
 def password_file(directory: Path, user: str = NODE, password: str | None = None) -> Path:
