@@ -472,6 +472,7 @@ CRASH_ON_CHECKPOINT = """\
 import sys, time
 from flexmig import hook
 h = hook.install()
+(h.checkpoint_dir / f"ready-{h.rank}").touch()   # the hook answers a checkpoint request from now on
 while True:
     time.sleep(0.01)
     if h.should_checkpoint():
@@ -526,7 +527,8 @@ def test_a_job_that_crashes_while_checkpointing_is_marked_failed_and_its_ranks_s
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
             await rig.call("jobs.submit", path=str(rig.job(script=_script(base, "crash.py", CRASH_ON_CHECKPOINT))))
-            await asyncio.sleep(0.5)
+            ckpt = base / "counter.ckpt"
+            await rig.until(lambda: (ckpt / "ready-0").exists() and (ckpt / "ready-1").exists())
             res = await rig.call("jobs.migrate", name="counter")
             migrate = next(a for a in res["actions"] if a["kind"] == "migrate")
             assert migrate["outcome"] == "failed"
@@ -545,10 +547,10 @@ def test_a_late_acknowledgement_after_a_cancelled_move_resumes_the_job_in_place(
         async with Rig(base, "h200:1g.18gb@0") as rig:
             spec = rig.job(script=_script(base, "slow.py", SLOW_ACK), ranks=1, ack_timeout_s=0.3)
             await rig.call("jobs.submit", path=str(spec))
-            await asyncio.sleep(0.3)
+            starts = base / "counter.ckpt" / "starts.log"
+            await rig.until(starts.exists)  # written once the hook is installed
             res = await rig.call("jobs.migrate", name="counter")
             assert next(a for a in res["actions"] if a["kind"] == "migrate")["outcome"] == "cancelled"
-            starts = base / "counter.ckpt" / "starts.log"
             lines = await rig.until(lambda: len(starts.read_text().splitlines()) >= 2 and starts.read_text())
             second = json.loads(lines.splitlines()[1])
             rec = await rig.until(lambda: (r := rig.record()).generation == 2 and r)

@@ -14,7 +14,8 @@ import pytest
 
 from flexmig.config import Config, SamplingConfig
 from flexmig.daemon import Daemon
-from support.daemon import LOOPBACK_ANY, Series, nvml_of, scrape, sweeps, values
+from flexmig.telemetry.snapshot import Snapshot
+from support.daemon import LOOPBACK_ANY, Series, instance, nvml_of, scrape, sweeps, until_snapshot, values
 from support.daemon import running as harness_running
 from support.daemon import sim_node as node_of
 
@@ -166,9 +167,13 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
             busy, quiet = node.mig_uuids()
             node.start_process(busy, memory_bytes=5 << 30)
             node.set_activity(busy, sm=0.6, dram=0.3, tensor=0.4, occupancy=0.25)
-            await sweeps(daemon, 4)
-            await asyncio.sleep(0.15)  # GPM needs two samples more than 100 ms apart
-            await sweeps(daemon, 2)
+            # GPM's figure covers the time between two of its samples (more than 100 ms apart): wait for a pair
+            # taken wholly after the change, before reading the export.
+            def settled(s: Snapshot) -> bool:
+                a = instance(s, busy).activity
+                return a is not None and a.sm_active is not None and abs(a.sm_active - 0.6) < 1e-6
+
+            await until_snapshot(daemon, settled, "a GPM figure covering only the new activity")
             series = await scrape(daemon)
             assert values(series, "flexmig_mig_memory_used_bytes", mig_uuid=busy) == [float(5 << 30)]
             assert values(series, "flexmig_mig_processes", mig_uuid=busy) == [1.0]
@@ -190,11 +195,13 @@ def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> N
             old_uuid = node.mig_uuids()[1]
             old_gi = node.gpu(0).mig_device(old_uuid)[0].id
             node.set_activity(old_uuid, sm=0.9)
-            await asyncio.sleep(0.3)
-            await sweeps(daemon, 2)
-            snap = daemon.latest()
-            assert snap is not None
-            old = next(i for i in snap.instances() if i.mig_uuid == old_uuid)
+
+            def three_samples(s: Snapshot) -> bool:
+                window = instance(s, old_uuid).sm_active_window
+                return window is not None and window.count >= 3
+
+            snap = await until_snapshot(daemon, three_samples, "three SM-activity samples of the busy instance")
+            old = instance(snap, old_uuid)
             assert old.sm_active_window is not None and old.sm_active_window.count >= 3
 
             await daemon.worker.call(nvml.destroy_instance, 0, old_gi)

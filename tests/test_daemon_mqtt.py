@@ -254,17 +254,22 @@ def mqtt_problems(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def churn_and_watch_sampling(daemon: Daemon, changes: int = 4) -> tuple[float, float]:
-    """Create and destroy an instance ``changes`` times while scraping; returns flexmig_sweeps_total before and
-    after, so a test can see sampling went on."""
-    before = values(await scrape(daemon), "flexmig_sweeps_total")[0]
+    """Create and destroy an instance ``changes`` times, then watch the publisher fail to connect twice more; returns
+    flexmig_sweeps_total at the first of those failed attempts and at the second, so a test can see sampling went on
+    while the publisher retried (nothing here waits for a sweep in between)."""
     nvml = nvml_of(daemon)
     for _ in range(changes // 2):
         device = await daemon.worker.call(nvml.create_instance, 1, "1g.18gb", 4)
         await sweeps(daemon, 2)
         await daemon.worker.call(nvml.destroy_instance, 1, device.gpu_instance_id)
         await sweeps(daemon, 2)
-    await asyncio.sleep(1.5)  # let the publisher retry a few times
-    await sweeps(daemon, 1)
+    assert daemon.components.mqtt is not None
+    publisher = daemon.components.mqtt.publisher
+    seen = publisher.stats().connect_failures_total
+    await until(lambda: publisher.stats().connect_failures_total > seen, "a failed connection attempt of the publisher")
+    before = values(await scrape(daemon), "flexmig_sweeps_total")[0]
+    seen = publisher.stats().connect_failures_total
+    await until(lambda: publisher.stats().connect_failures_total > seen, "the publisher's next attempt")
     return before, values(await scrape(daemon), "flexmig_sweeps_total")[0]
 
 
@@ -296,7 +301,7 @@ def test_an_unreachable_broker_gives_one_clear_line_and_the_daemon_samples_on_an
     before, after, series, stored = asyncio.run(scenario())
     (problem,) = mqtt_problems(caplog)
     assert f"MQTT broker 127.0.0.1:{port} is unreachable" in problem
-    assert after > before  # sampling went on
+    assert after > before  # sampling went on while the publisher retried
     emitted = event_lines(caplog)
     assert len(emitted) == 4 and stored == emitted  # created, destroyed, created, destroyed: all in the outbox
     assert values(series, "flexmig_mqtt_connected") == [0.0]

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,6 +17,7 @@ from flexmig.config import Config, HostPort
 from flexmig.daemon import Daemon
 from flexmig.nvml import Nvml
 from flexmig.sim import SimNode
+from flexmig.telemetry.snapshot import InstanceSnapshot, Snapshot
 
 Series = dict[str, list[tuple[dict[str, str], float]]]
 LOOPBACK_ANY = HostPort("127.0.0.1", 0)  # metrics on a free loopback port
@@ -66,6 +67,24 @@ async def sweeps(daemon: Daemon, n: int, timeout_s: float = 20.0) -> None:
     while (s := daemon.latest()) is None or s.stats.sweeps < target:
         assert time.monotonic() < deadline, f"fewer than {n} sweeps in {timeout_s} s"
         await asyncio.sleep(0.01)
+
+
+async def until_snapshot(
+    daemon: Daemon, probe: Callable[[Snapshot], object], what: str, timeout_s: float = 20.0
+) -> Snapshot:
+    """The first published snapshot for which ``probe`` is truthy (AssertionError naming ``what`` after the bound)."""
+    deadline = time.monotonic() + timeout_s
+    while (s := daemon.latest()) is None or not probe(s):
+        assert time.monotonic() < deadline, f"no snapshot with {what} in {timeout_s} s"
+        await asyncio.sleep(0.01)
+    return s
+
+
+def instance(snap: Snapshot, mig_uuid: str) -> InstanceSnapshot:
+    """The instance ``mig_uuid`` in ``snap`` (AssertionError if it is not there)."""
+    found = [i for i in snap.instances() if i.mig_uuid == mig_uuid]
+    assert found, f"no instance {mig_uuid} in the snapshot"
+    return found[0]
 
 
 async def exposition(daemon: Daemon) -> str:
