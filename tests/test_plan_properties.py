@@ -1,6 +1,6 @@
 """Invariants of every plan, over random nodes, jobs and queues (hypothesis)."""
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flexmig.errors import PlanRejectedError
@@ -153,8 +153,7 @@ def _valid(state):
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
 def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_job(state, cfg):
-    if not _valid(state):
-        return
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     out = validate_plan(state, plan, cfg)  # refuses any invalid intermediate layout, loss or duplicate
     assert set(out.holds) >= {j.name for j in state.running}
@@ -165,8 +164,7 @@ def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_j
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
 def test_unmovable_jobs_are_never_moved(state, cfg):
-    if not _valid(state):
-        return
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     pinned = {j.name for j in state.running if not j.movable}
     moved = {a.job for a in plan.actions if isinstance(a, MigrateJob | ResplitJob)}
@@ -180,8 +178,7 @@ def test_unmovable_jobs_are_never_moved(state, cfg):
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
 def test_no_job_moves_within_the_settling_time(state, cfg):
-    if not _valid(state):
-        return
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     recent = {
         j.name for j in state.running if j.last_moved_s is not None and state.now_s - j.last_moved_s < cfg.settling_s
@@ -192,8 +189,7 @@ def test_no_job_moves_within_the_settling_time(state, cfg):
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
 def test_switched_off_mechanisms_stay_off(state, cfg):
-    if not _valid(state):
-        return
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     if not cfg.migrate:
         assert not any(isinstance(a, MigrateJob) for a in plan.actions)
@@ -204,8 +200,7 @@ def test_switched_off_mechanisms_stay_off(state, cfg):
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
 def test_blocked_instances_survive_every_plan(state, cfg):
-    if not _valid(state):
-        return
+    assume(_valid(state))
     out = validate_plan(state, Planner(H200, cfg).plan(state), cfg)
     for g, s in state.blocked:
         assert out.layouts[g].at(s) is not None
@@ -214,6 +209,5 @@ def test_blocked_instances_survive_every_plan(state, cfg):
 @settings(max_examples=40, deadline=None)
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
 def test_the_same_state_always_gives_the_same_plan(state, cfg):
-    if not _valid(state):
-        return
+    assume(_valid(state))
     assert Planner(H200, cfg).plan(state) == Planner(H200, cfg).plan(state)
