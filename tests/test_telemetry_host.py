@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from flexmig.telemetry.host import HostSource, read_cgroup
 
 
@@ -24,8 +26,13 @@ def test_a_live_process_reports_user_cmdline_rss_and_cpu_from_the_second_read() 
         assert first.cmdline is not None and first.cmdline[0] == sys.executable
         assert first.rss_bytes is not None and first.rss_bytes > 0
         assert first.cpu_ratio is None  # a rate needs two readings
-        # let the child burn some CPU, then read again one (fake) second later
-        time.sleep(0.3)
+        # let the child burn some CPU (its CPU time moves on past the first reading), then read again one (fake)
+        # second later
+        cpu = psutil.Process(child.pid).cpu_times
+        burnt, deadline = cpu().user + cpu().system, time.monotonic() + 30
+        while cpu().user + cpu().system <= burnt:
+            assert time.monotonic() < deadline, "the child used no CPU time in 30 s"
+            time.sleep(0.01)
         now[0] = 1.0
         second = source.read([child.pid])[child.pid]
         assert second.cpu_ratio is not None and second.cpu_ratio > 0
