@@ -10,7 +10,7 @@ import time
 from ctypes import byref
 from pathlib import Path
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.act.nodeview import NodeView

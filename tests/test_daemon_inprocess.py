@@ -167,6 +167,7 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
             busy, quiet = node.mig_uuids()
             node.start_process(busy, memory_bytes=5 << 30)
             node.set_activity(busy, sm=0.6, dram=0.3, tensor=0.4, occupancy=0.25)
+
             # GPM's figure covers the time between two of its samples (more than 100 ms apart): wait for a pair
             # taken wholly after the change, before reading the export.
             def settled(s: Snapshot) -> bool:

@@ -70,7 +70,7 @@ def scenario():
     return events, docs
 
 
-def test_every_event_kind_occurs_in_the_scenario_and_validates():
+def test_every_event_kind_occurs_in_the_scenario_and_validates() -> None:
     events, _ = scenario()
     assert {e.kind for e in events} == set(EventKind)
     for e in events:
@@ -78,7 +78,7 @@ def test_every_event_kind_occurs_in_the_scenario_and_validates():
         assert errors == [], (e.kind, errors)
 
 
-def test_underuse_events_say_which_finding_and_why():
+def test_underuse_events_say_which_finding_and_why() -> None:
     events, _ = scenario()
     started = {e.payload["finding"]: e.payload for e in events if e.kind is EventKind.UNDERUSE_STARTED}
     assert set(started) == {"idle", "oversized"}
@@ -87,7 +87,7 @@ def test_underuse_events_say_which_finding_and_why():
     assert "no process ran on 3g.71gb" in started["idle"]["reason"]
 
 
-def test_every_state_document_validates():
+def test_every_state_document_validates() -> None:
     _, docs = scenario()
     for doc in docs:
         errors = [f"{list(err.path)}: {err.message}" for err in STATE.iter_errors(doc)]
@@ -95,14 +95,14 @@ def test_every_state_document_validates():
     assert any(g["lost"] for g in docs[-1]["gpus"])
 
 
-def test_the_schema_refuses_a_payload_of_the_wrong_shape():
+def test_the_schema_refuses_a_payload_of_the_wrong_shape() -> None:
     event = factory().make(EventKind.INSTANCE_CREATED, {"gpu": 0, "start": 9, "profile": "3g.71gb", "uuid": None})
     assert any("maximum" in err.message or "9" in err.message for err in EVENTS.iter_errors(event.to_dict()))
     event = factory().make(EventKind.GPU_LOST, {"gpu": 0})
     assert list(EVENTS.iter_errors(event.to_dict()))
 
 
-def test_events_round_trip_through_json():
+def test_events_round_trip_through_json() -> None:
     for e in scenario()[0]:
         back = Event.from_json(e.to_json().encode())
         assert (back.id, back.kind, back.node, dict(back.payload)) == (e.id, e.kind, e.node, dict(e.payload))
@@ -120,22 +120,22 @@ def test_events_round_trip_through_json():
         (b'{"id":"x","time":"2025-01-01T00:00:00Z","node":"n","kind":"gpu_lost","payload":{}}', "schema_version"),
     ],
 )
-def test_a_malformed_event_is_refused_with_the_field_named(wire, why):
+def test_a_malformed_event_is_refused_with_the_field_named(wire, why) -> None:
     with pytest.raises(ValueError, match=why):
         Event.from_json(wire)
 
 
-def test_event_ids_are_unique_by_default():
+def test_event_ids_are_unique_by_default() -> None:
     fac = EventFactory("n1")
     assert len({fac.make(EventKind.GPU_LOST, {}).id for _ in range(1000)}) == 1000
 
 
-def test_a_node_name_must_be_one_topic_level():
+def test_a_node_name_must_be_one_topic_level() -> None:
     for bad in ("a/b", "+", "#", "", "-x"):
         with pytest.raises(ValueError, match="topic level"):
             EventFactory(bad)
 
 
-def test_the_deduplicator_shows_each_id_once_within_its_memory():
+def test_the_deduplicator_shows_each_id_once_within_its_memory() -> None:
     d = Deduplicator(capacity=2)
     assert [d.first_time(x) for x in ("a", "a", "b", "c", "a")] == [True, False, True, True, True]

@@ -30,7 +30,7 @@ def config(**detect: float) -> Config:
     return Config(node_name="node-1", sampling=SAMPLING, detect=DetectConfig(**detect))
 
 
-async def until_metric(daemon, name, limit_s=20.0, **match):
+async def until_metric(daemon, name, limit_s: float = 20.0, **match):
     """Scrape until ``name{match}`` has a sample equal to 1; returns the last scrape."""
     deadline = asyncio.get_running_loop().time() + limit_s
     while True:

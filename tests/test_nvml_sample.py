@@ -3,10 +3,12 @@ GPM activity with the windowing rules of apis.md §1.8."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from flexmig.nvml import GpmWindows, Nvml
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 
 
 class Clock:
@@ -20,24 +22,24 @@ class Clock:
 
 
 @pytest.fixture
-def clock():
+def clock() -> Clock:
     return Clock()
 
 
 @pytest.fixture
-def node(clock):
+def node(clock: Clock) -> Iterator[SimNode]:
     yield install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock)
     uninstall()
 
 
 @pytest.fixture
-def nvml(node):
+def nvml(node: SimNode) -> Iterator[Nvml]:
     with Nvml.open() as session:
         yield session
 
 
 @pytest.fixture
-def windows(clock, nvml):
+def windows(clock: Clock, nvml: Nvml) -> Iterator[GpmWindows]:
     gpm = GpmWindows(clock=clock)
     yield gpm
     gpm.close()
@@ -47,7 +49,7 @@ def device(samples, uuid):
     return next(d for g in samples for d in g.mig_devices if d.uuid == uuid)
 
 
-def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node, nvml):
+def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node: SimNode, nvml: Nvml) -> None:
     uuid = node.mig_uuids(1)[2]
     pid = node.start_process(uuid, memory_bytes=2 << 30)
     samples = nvml.sample()
@@ -63,7 +65,9 @@ def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node, nvml)
     assert dev.activity is None  # no GpmWindows given
 
 
-def test_the_first_sweep_gives_no_activity_and_the_second_the_window_average(node, nvml, windows, clock):
+def test_the_first_sweep_gives_no_activity_and_the_second_the_window_average(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     uuid = node.mig_uuids(0)[0]
     node.set_activity(uuid, sm=0.8, dram=0.4, tensor=0.6, occupancy=0.3)
     assert device(nvml.sample(windows), uuid).activity is None
@@ -74,7 +78,9 @@ def test_the_first_sweep_gives_no_activity_and_the_second_the_window_average(nod
     assert (act.sm_active, act.sm_occupancy, act.dram_bw, act.tensor_active) == pytest.approx((0.8, 0.3, 0.4, 0.6))
 
 
-def test_sweeps_closer_than_100ms_serve_the_previous_value(node, nvml, windows, clock):
+def test_sweeps_closer_than_100ms_serve_the_previous_value(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     uuid = node.mig_uuids(0)[0]
     node.set_activity(uuid, sm=0.5)
     nvml.sample(windows)
@@ -90,7 +96,7 @@ def test_sweeps_closer_than_100ms_serve_the_previous_value(node, nvml, windows, 
     assert later.sm_active == pytest.approx(1.0)
 
 
-def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node, nvml, clock):
+def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node: SimNode, nvml: Nvml, clock: Clock) -> None:
     gpm = GpmWindows(clock=clock, max_window_s=30.0)
     uuid = node.mig_uuids(0)[0]
     nvml.sample(gpm)
@@ -101,7 +107,9 @@ def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node, nvml, clo
     gpm.close()
 
 
-def test_a_gi_recreated_with_the_same_id_starts_a_new_window(node, nvml, windows, clock):
+def test_a_gi_recreated_with_the_same_id_starts_a_new_window(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     old = node.mig_uuids(0)[2]
     nvml.sample(windows)
     nvml.destroy_instance(0, 13)
@@ -113,7 +121,9 @@ def test_a_gi_recreated_with_the_same_id_starts_a_new_window(node, nvml, windows
     assert device(nvml.sample(windows), new.uuid).activity is not None
 
 
-def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(node, nvml, windows, clock):
+def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     nvml.sample(windows)
     clock.t += 1.0
     nvml.sample(windows)
@@ -127,7 +137,7 @@ def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(node, nv
     assert node.gpm_samples_allocated() == 0
 
 
-def test_ampere_has_no_gpm_so_activity_stays_none(clock):
+def test_ampere_has_no_gpm_so_activity_stays_none(clock: Clock) -> None:
     install("a100-80:7g.80gb@0", clock=clock)
     try:
         with Nvml.open() as nvml:
@@ -141,7 +151,9 @@ def test_ampere_has_no_gpm_so_activity_stays_none(clock):
         uninstall()
 
 
-def test_a_gpm_failure_is_an_issue_and_the_window_reseeds(node, nvml, windows, clock):
+def test_a_gpm_failure_is_an_issue_and_the_window_reseeds(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     uuid = node.mig_uuids(0)[0]
     nvml.sample(windows)
     clock.t += 1.0
@@ -155,7 +167,9 @@ def test_a_gpm_failure_is_an_issue_and_the_window_reseeds(node, nvml, windows, c
     assert device(nvml.sample(windows), uuid).activity is not None
 
 
-def test_a_lost_gpu_samples_as_lost_and_keeps_its_windows(node, nvml, windows, clock):
+def test_a_lost_gpu_samples_as_lost_and_keeps_its_windows(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     nvml.sample(windows)
     node.lose_gpu(0)
     clock.t += 1.0
@@ -165,6 +179,6 @@ def test_a_lost_gpu_samples_as_lost_and_keeps_its_windows(node, nvml, windows, c
     assert len(windows) == 6
 
 
-def test_windows_refuse_nonsense_settings():
+def test_windows_refuse_nonsense_settings() -> None:
     with pytest.raises(ValueError, match="min_interval_s"):
         GpmWindows(min_interval_s=5.0, max_window_s=1.0)

@@ -24,7 +24,7 @@ MIX = {"1g.18gb": 0.25, "3g.71gb": 0.25, "4g.71gb": 0.25, "7g.141gb": 0.25}
 RECONF = PlannerSettings().reconfigure_s
 
 
-def job(name, profile, arrival, runtime, ranks=1, elastic=False):
+def job(name, profile, arrival, runtime, ranks: int = 1, elastic: bool = False):
     return TraceJob(name, float(arrival), float(runtime), profile, ranks, elastic, 1000)
 
 
@@ -32,7 +32,7 @@ def empty(gpus):
     return [Layout.empty(H200)] * gpus
 
 
-def run(policy, jobs, gpus=1, layouts=None, settings=None):
+def run(policy: str, jobs, gpus: int = 1, layouts=None, settings=None):
     settings = settings or PlannerSettings()
     if policy == "fluid":
         manager = FluidManager(H200, gpus)
@@ -46,14 +46,14 @@ def ends(result):
     return {r.name: r.end_s for r in result.records}
 
 
-def test_fluid_runs_two_full_gpu_jobs_one_after_the_other_on_one_gpu():
+def test_fluid_runs_two_full_gpu_jobs_one_after_the_other_on_one_gpu() -> None:
     result, m = run("fluid", [job("a", P7, 0, 100), job("b", P7, 0, 100)])
     assert ends(result) == {"a": 100.0, "b": 200.0}
     assert (m.makespan_s, m.mean_jct_s, m.mean_wait_s) == (200.0, 150.0, 50.0)
     assert m.utilization == pytest.approx(1.0)
 
 
-def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_together():
+def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_together() -> None:
     jobs = [job("a", P4, 0, 100), job("b", P3, 0, 100)]
     static, _ = run("static", jobs, layouts=[Layout.of(H200, [(P7, 0)])])
     assert ends(static) == {"a": 100.0, "b": 200.0}
@@ -63,7 +63,7 @@ def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_togeth
     assert m.utilization == pytest.approx(7 * 100 / (7 * (100 + 2 * RECONF)))
 
 
-def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job():
+def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job() -> None:
     jobs = [job("a", P1, 0, 1000), job("b", P3, 1, 10)]
     start = [Layout.of(H200, [(P1, 6)])]
     drain, _ = run("drain", jobs, layouts=start)
@@ -73,7 +73,7 @@ def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job():
     assert b.start_s == 1 + RECONF and b.end_s == 1 + RECONF + 10
 
 
-def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_efficiency():
+def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_efficiency() -> None:
     hogs = [job(f"h{g}", P4, 0, 100_000) for g in range(3)]  # a 4g sits at 0: one per GPU
     wide = job("wide", P7, 10, 900, elastic=True)
     result, m = run("flex", [*hogs, wide], gpus=3)
@@ -85,7 +85,7 @@ def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_effici
     assert next(r for r in rigid.records if r.name == "wide").start_s >= 100_000
 
 
-def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts():
+def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts() -> None:
     # GPU 0: a long 4g (plus a short 3g); GPU 1: a short 4g (plus the long 1g). At t=100 the short ones end,
     # leaving the 1g alone on GPU 1, which the 7g arriving at t=1000 needs whole.
     jobs = [
@@ -105,14 +105,14 @@ def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts():
     assert moved.end_s - moved.start_s == pytest.approx(50_000 + cost)  # the moved job pays its downtime
 
 
-def test_job_larger_than_the_node_is_unplaceable_under_every_policy():
+def test_job_larger_than_the_node_is_unplaceable_under_every_policy() -> None:
     jobs = [job("huge", P7, 0, 10, ranks=4), job("ok", P1, 0, 10)]
     for policy in ("fluid", "static", "drain", "flex"):
         _, m = run(policy, jobs, gpus=2, layouts=[Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None)
         assert (m.jobs_unplaceable, m.jobs_completed) == (1, 1), policy
 
 
-def test_bound_is_the_larger_of_latest_finish_and_work_over_capacity():
+def test_bound_is_the_larger_of_latest_finish_and_work_over_capacity() -> None:
     jobs = [job("a", P7, 0, 100), job("b", P7, 0, 100), job("c", P1, 50, 10)]
     m = lower_bound(jobs, 7)
     assert m.makespan_s == pytest.approx((700 + 700 + 10) / 7)
@@ -121,13 +121,13 @@ def test_bound_is_the_larger_of_latest_finish_and_work_over_capacity():
     assert late.makespan_s == 800.0
 
 
-def test_percentile_is_nearest_rank():
+def test_percentile_is_nearest_rank() -> None:
     assert percentile([1, 2, 3, 4], 95) == 4
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([], 95) == 0.0
 
 
-def test_static_reports_the_best_eligible_candidate_and_skips_ineligible_ones():
+def test_static_reports_the_best_eligible_candidate_and_skips_ineligible_ones() -> None:
     spec = parse_node_spec("h200x2")
     jobs = (job("a", P7, 0, 100, ranks=2), job("b", P1, 0, 100), job("c", P1, 0, 100))
     prep = Prepared(spec, jobs, {})
@@ -152,7 +152,7 @@ def job_lists(draw):
 
 @settings(max_examples=25, deadline=None)
 @given(jobs=job_lists())
-def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs):
+def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs) -> None:
     bound = lower_bound(jobs, 14)
     for policy in ("fluid", "static", "drain", "flex"):
         layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
@@ -169,7 +169,7 @@ def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the
 
 @settings(max_examples=15, deadline=None)
 @given(jobs=job_lists())
-def test_the_same_jobs_give_the_same_replay(jobs):
+def test_the_same_jobs_give_the_same_replay(jobs) -> None:
     first, _ = run("flex", jobs, gpus=2)
     again, _ = run("flex", [replace(j) for j in jobs], gpus=2)
     assert first == again

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ctypes import byref, c_uint
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
