@@ -130,7 +130,9 @@ class Node:
         shutil.copy(self.base / "sim.json", copy)
         node = sim.install(self.spec, state_path=copy)
         try:
-            return node.gpu(0).layout.spec()
+            layout = node.gpu(0).layout
+            assert layout is not None
+            return layout.spec()
         finally:
             sim.uninstall()
 
@@ -216,7 +218,9 @@ MIGRATE_POINTS = [
 
 
 @pytest.mark.parametrize("kill_at", MIGRATE_POINTS)
-def test_a_migration_killed_at_any_step_finishes_after_restart_with_the_job_running_once(base: Path, kill_at) -> None:
+def test_a_migration_killed_at_any_step_finishes_after_restart_with_the_job_running_once(
+    base: Path, kill_at: str
+) -> None:
     node = Node(base, "h200")
     try:
         node.start(kill_at)
@@ -241,7 +245,7 @@ RESPLIT_IN_PLACE_POINTS = [
 
 
 @pytest.mark.parametrize("kill_at", RESPLIT_IN_PLACE_POINTS)
-def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_instances(base: Path, kill_at) -> None:
+def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_instances(base: Path, kill_at: str) -> None:
     # 1g@2, 1g@3 and 3g@4 leave no room elsewhere, so 2g.35gb@0 must replace the job's own 1g@0 and 1g@1.
     node = Node(base, "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+3g.71gb@4")
     try:

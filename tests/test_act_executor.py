@@ -179,7 +179,9 @@ class Rig:
         return got
 
     def layout(self, gpu: int = 0) -> str:
-        return self.node.gpu(gpu).layout.spec()
+        layout = self.node.gpu(gpu).layout
+        assert layout is not None
+        return layout.spec()
 
     def pids_on(self, gpu: int = 0) -> dict[str, set[int]]:
         g = self.node.gpu(gpu)
@@ -364,7 +366,7 @@ def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_i
 
 # ---------------------------------------------------------------------------------------- safety rules
 @pytest.mark.parametrize("mode", ["observe", "advise"])
-def test_observe_and_advise_never_act(base: Path, mode) -> None:
+def test_observe_and_advise_never_act(base: Path, mode: str) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0", mode=mode) as rig:
             with pytest.raises(PlanRejectedError, match=f"mode is '{mode}'") as err:
@@ -419,7 +421,7 @@ def _in_place_move(rig: Rig) -> Plan:
     ("call", "code"),
     [("nvmlGpuInstanceDestroy", "IN_USE"), ("nvmlDeviceCreateGpuInstanceWithPlacement", "INSUFFICIENT_RESOURCES")],
 )
-def test_nvml_errors_during_a_migration_roll_back_to_the_old_instance(base: Path, call, code) -> None:
+def test_nvml_errors_during_a_migration_roll_back_to_the_old_instance(base: Path, call: str, code: str) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0") as rig:
             await rig.call("jobs.submit", path=str(rig.job(ranks=1)))

@@ -82,8 +82,9 @@ def test_every_key_of_config_appears_in_the_example_with_a_comment() -> None:
             assert len(hits) == 1, key
             line = hits[0] + 1
         else:
-            line = find_key_line(example, key)
-            assert line is not None, key
+            found = find_key_line(example, key)
+            assert found is not None, key
+            line = found
             assert lines[line - 1].startswith(f"{name} = "), key
         assert lines[line - 2].startswith("# "), f"{key} has no comment above it"
 

@@ -108,7 +108,9 @@ def test_requests_and_answers_are_json_lines_on_one_connection(tmp_path: Path) -
         (b"\xff\xfe\n", "not JSON"),
     ],
 )
-def test_malformed_requests_get_an_error_answer_and_the_server_keeps_serving(tmp_path: Path, line, why) -> None:
+def test_malformed_requests_get_an_error_answer_and_the_server_keeps_serving(
+    tmp_path: Path, line: bytes, why: str
+) -> None:
     async def scenario(server: ControlServer) -> list[dict[str, Any]]:
         return await talk(server.path, line, b'{"op": "echo"}\n')
 

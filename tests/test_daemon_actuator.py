@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -63,7 +64,7 @@ def of_kind(events: list[Event], kind: EventKind, **payload: object) -> list[dic
     ]
 
 
-def started_twice(path: Path) -> list[dict[str, object]]:
+def started_twice(path: Path) -> list[dict[str, Any]]:
     """The log of an ``examples/hook_minimal.py`` job once it has started a second time (after one move)."""
 
     def probe() -> list[dict[str, object]]:
@@ -74,7 +75,7 @@ def started_twice(path: Path) -> list[dict[str, object]]:
 
 
 def instances_of(status: dict[str, object], gpu: int) -> set[tuple[int, str, str, str | None]]:
-    g = next(x for x in status["gpus"] if x["index"] == gpu)  # type: ignore[attr-defined, index]
+    g = next(x for x in status["gpus"] if x["index"] == gpu)  # type: ignore[attr-defined]
     return {(i["start"], i["profile"], i["uuid"], i["job"]) for i in g["instances"]}
 
 

@@ -209,8 +209,9 @@ def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> N
             new = await daemon.worker.call(nvml.create_instance, 0, "3g.71gb", 4)
             assert new.gpu_instance_id == old_gi and new.uuid != old_uuid  # NVML reuses the GI ID
             await sweeps(daemon, 1)
-            snap = daemon.latest()
-            assert snap is not None
+            latest = daemon.latest()
+            assert latest is not None
+            snap = latest
             fresh = next(i for i in snap.instances() if i.mig_uuid == new.uuid)
             assert fresh.first_seen > old.first_seen
             # the new instance is idle: none of the old one's 0.9 may leak into its window or its GPM figure

@@ -19,6 +19,7 @@ both directions, so such a query is excused only while its metric is really abse
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import threading
 import time
@@ -238,7 +239,7 @@ def values(stack: Stack) -> dict[str, str]:
         path, match = f"label/{label}/values", promql.substitute(selector, chosen)
         found = wait_for(
             f"values of ${name}",
-            lambda path=path, match=match: api(stack.prometheus, path, **{"match[]": match}),
+            functools.partial(api, stack.prometheus, path, **{"match[]": match}),
             DATA_S,
         )
         chosen[name] = sorted(found, key=lambda v: (len(v), v))[0]

@@ -11,6 +11,7 @@ from flexmig.detect import (
     DEFAULT_DEMAND,
     DemandMix,
     FragmentationSettings,
+    StrandedCapacity,
     arrangements,
     demand_from_requests,
     gpu_fragmentation,
@@ -23,7 +24,7 @@ from flexmig.mig import A100_40, H100_80, H200, MODELS, Layout
 MIX = DemandMix(DEFAULT_DEMAND)
 
 
-def cap(layout, name):
+def cap(layout: Layout, name: str) -> StrandedCapacity:
     return {c.profile: c for c in stranded_capacity(layout)}[name]
 
 
@@ -126,7 +127,7 @@ def test_a_demand_mix_needs_a_positive_weight() -> None:
 
 # ------------------------------------------------------------------------------------------------ properties
 @st.composite
-def layouts(draw):
+def layouts(draw: st.DrawFn) -> Layout:
     model = draw(st.sampled_from(MODELS))
     layout = Layout.empty(model)
     for _ in range(draw(st.integers(0, 9))):
@@ -144,14 +145,14 @@ mixes = st.lists(st.tuples(st.sampled_from(["1g", "2g", "3g", "4g", "7g"]), st.f
 
 @settings(max_examples=150, deadline=None)
 @given(layouts())
-def test_stranded_capacity_is_never_negative_and_repacking_never_loses(layout) -> None:
+def test_stranded_capacity_is_never_negative_and_repacking_never_loses(layout: Layout) -> None:
     for c in stranded_capacity(layout):
         assert c.creatable_repacked >= c.creatable_now >= 0
 
 
 @settings(max_examples=80, deadline=None)
 @given(layouts(), st.data())
-def test_repacked_capacity_depends_only_on_the_multiset_of_profiles(layout, data) -> None:
+def test_repacked_capacity_depends_only_on_the_multiset_of_profiles(layout: Layout, data: st.DataObject) -> None:
     others = list(arrangements(layout.model, [i.profile for i in layout]))
     assert any(o.spec() == layout.spec() for o in others)  # the layout is one of its own arrangements
     other = data.draw(st.sampled_from(others))
@@ -160,7 +161,7 @@ def test_repacked_capacity_depends_only_on_the_multiset_of_profiles(layout, data
 
 @settings(max_examples=80, deadline=None)
 @given(layouts())
-def test_every_arrangement_holds_the_same_instances_validly(layout) -> None:
+def test_every_arrangement_holds_the_same_instances_validly(layout: Layout) -> None:
     want = sorted(i.profile.name for i in layout)
     for other in arrangements(layout.model, [i.profile for i in layout]):
         assert other.is_valid()
@@ -169,7 +170,7 @@ def test_every_arrangement_holds_the_same_instances_validly(layout) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(layouts(), mixes)
-def test_external_score_is_a_ratio_and_zero_when_nothing_is_free(layout, mix) -> None:
+def test_external_score_is_a_ratio_and_zero_when_nothing_is_free(layout: Layout, mix: DemandMix) -> None:
     g = gpu_fragmentation(0, layout, mix)
     assert 0.0 <= g.external_score <= 1.0 + 1e-9
     assert g.external_fragment <= g.free_compute_slices + 1e-9
@@ -181,7 +182,7 @@ def test_external_score_is_a_ratio_and_zero_when_nothing_is_free(layout, mix) ->
 
 @settings(max_examples=100, deadline=None)
 @given(layouts(), mixes)
-def test_a_profile_counts_as_unfit_exactly_when_none_can_be_created(layout, mix) -> None:
+def test_a_profile_counts_as_unfit_exactly_when_none_can_be_created(layout: Layout, mix: DemandMix) -> None:
     g = gpu_fragmentation(0, layout, mix)
     if g.free_compute_slices:
         creatable = g.creatable()
@@ -190,7 +191,7 @@ def test_a_profile_counts_as_unfit_exactly_when_none_can_be_created(layout, mix)
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(layouts(), min_size=1, max_size=4), mixes)
-def test_node_score_lies_between_its_gpus_scores(gpu_layouts, mix) -> None:
+def test_node_score_lies_between_its_gpus_scores(gpu_layouts: list[Layout], mix: DemandMix) -> None:
     node = node_fragmentation(dict(enumerate(gpu_layouts)), mix)
     with_free = [g.external_score for g in node.gpus if g.free_compute_slices]
     if with_free:

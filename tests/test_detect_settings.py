@@ -2,7 +2,7 @@
 
 import pytest
 
-from flexmig.config import parse_config
+from flexmig.config import DetectConfig, parse_config
 from flexmig.detect import DEFAULT_DEMAND, DetectSettings, settings_from_thresholds
 from flexmig.detect.settings import FragmentationSettings
 
@@ -20,7 +20,7 @@ def test_the_default_demand_mix_sums_to_one_and_favours_small_instances() -> Non
     assert weights["1g"] > weights["3g"] > weights["7g"]
 
 
-def _from_table(d):
+def _from_table(d: DetectConfig) -> DetectSettings:
     return settings_from_thresholds(
         activity=d.underuse_activity, activity_exit=d.underuse_activity_exit,
         memory=d.underuse_memory, memory_exit=d.underuse_memory_exit,

@@ -1,14 +1,18 @@
 """The detection step over whole sweeps: instance changes, lost GPUs and fragmentation findings."""
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmig.detect import (
     DetectSettings,
     DetectState,
+    FragmentationFinding,
     FragmentationSettings,
     InstanceUsage,
     Observation,
+    Report,
     observe,
 )
 from flexmig.mig import H200, Layout
@@ -19,7 +23,7 @@ FS = FragmentationSettings(enter=0.35, exit=0.25, enter_after_s=20, exit_after_s
 S = DetectSettings(fragmentation=FS)
 
 
-def sweep(state, now, layouts, **kw):
+def sweep(state: DetectState, now: float, layouts: dict[int, Layout], **kw: Any) -> tuple[DetectState, Report]:
     return observe(state, Observation(now=now, layouts=layouts, **kw), S)
 
 
@@ -53,7 +57,8 @@ def test_fragmentation_starts_after_its_window_and_ends_after_repacking() -> Non
     started, ended = [], []
     for t, layout in [(0, FRAGMENTED), (10, FRAGMENTED), (20, FRAGMENTED), (30, PACKED), (40, PACKED), (50, PACKED)]:
         state, report = sweep(state, t, {0: layout})
-        started += [(t, f.gpu, round(f.score, 2)) for f in report.started]
+        assert all(isinstance(f, FragmentationFinding) for f in report.started)
+        started += [(t, f.gpu, round(f.score, 2)) for f in report.started if isinstance(f, FragmentationFinding)]
         ended += [(t, e.finding.gpu) for e in report.ended]
     assert started == [(20, 0, 0.4)]
     assert ended == [(50, 0)]
@@ -64,6 +69,7 @@ def test_a_fragmentation_finding_explains_itself() -> None:
     for t in (0, 10, 20):
         state, report = sweep(state, t, {0: FRAGMENTED})
     (finding,) = report.started
+    assert isinstance(finding, FragmentationFinding)
     assert finding.unfit == ("3g.71gb", "4g.71gb", "7g.141gb")
     assert finding.reason.startswith("GPU 0 (h200) has 4 free compute slice(s) that cannot host 3g.71gb")
     assert "repacking the running instances would free room for 1 2g.35gb, 1 3g.71gb, 1 4g.71gb" in finding.reason
@@ -84,7 +90,7 @@ def test_repacked_capacities_are_searched_once_per_multiset() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([FRAGMENTED, PACKED, Layout.empty(H200)]), min_size=1, max_size=30))
-def test_fragmentation_findings_alternate_start_end_and_never_overlap(seq) -> None:
+def test_fragmentation_findings_alternate_start_end_and_never_overlap(seq: list[Layout]) -> None:
     state = DetectState()
     on = False
     for t, layout in enumerate(seq):

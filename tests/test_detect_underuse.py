@@ -1,5 +1,7 @@
 """Underuse, oversized jobs, internal fragmentation and the hysteresis that keeps findings from flapping."""
 
+from collections.abc import Iterable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -7,10 +9,13 @@ from hypothesis import strategies as st
 from flexmig.detect import (
     DetectSettings,
     DetectState,
+    Finding,
     InstanceUsage,
     Observation,
+    OversizedFinding,
     Signal,
     Switch,
+    UnderuseFinding,
     UnderuseSettings,
     internal_fragmentation,
     observe,
@@ -18,7 +23,8 @@ from flexmig.detect import (
     underuse_signal,
 )
 from flexmig.detect.hysteresis import step
-from flexmig.mig import H200, Layout
+from flexmig.detect.tracker import Report
+from flexmig.mig import H200, Layout, Profile
 
 GIB = 2**30
 P3G = H200.profile("3g.71gb")
@@ -28,15 +34,15 @@ SETTINGS = DetectSettings(underuse=US)
 
 
 def usage(
-    at,
-    activity: float = 0.5,
-    used_gib: float = 30.0,
+    at: float,
+    activity: float | None = 0.5,
+    used_gib: float | None = 30.0,
     processes: int = 1,
     start: int = 0,
     profile: str = "3g.71gb",
     window: float = 30.0,
     total_gib: float = 69.5,
-):
+) -> InstanceUsage:
     return InstanceUsage(
         gpu=0,
         start=start,
@@ -51,14 +57,19 @@ def usage(
     )
 
 
-def instance_findings(findings):
+def instance_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     return tuple(f for f in findings if type(f).__name__ != "FragmentationFinding")
 
 
-def run(windows, layout=LAYOUT, settings_=SETTINGS, kind: str = "UnderuseFinding"):
+def run(
+    windows: Iterable[InstanceUsage],
+    layout: Layout = LAYOUT,
+    settings_: DetectSettings = SETTINGS,
+    kind: str = "UnderuseFinding",
+) -> tuple[list[tuple[float, str, str]], DetectState, Report]:
     """Feed windows one sweep each; return every (time, started/ended, type) transition of findings of `kind`."""
     state = DetectState()
-    out = []
+    out: list[tuple[float, str, str]] = []
     for w in windows:
         state, report = observe(state, Observation(now=w.at, layouts={0: layout}, usage=(w,)), settings_)
         out.extend((w.at, "started", kind) for f in report.started if type(f).__name__ == kind)
@@ -100,6 +111,7 @@ def test_underuse_starts_only_after_low_held_for_the_entry_window() -> None:
     # first window covers (0, 30]; low has held 300 s at t=300
     assert transitions == [(300, "started", "UnderuseFinding")]
     (finding,) = [f for f in report.active if type(f).__name__ == "UnderuseFinding"]
+    assert isinstance(finding, UnderuseFinding)
     assert finding.level == "underused"
     assert "stayed at or below 5% activity" in finding.reason
 
@@ -160,7 +172,9 @@ signals = st.lists(st.tuples(st.sampled_from(list(Signal)), st.floats(1.0, 50.0)
 
 @settings(max_examples=200, deadline=None)
 @given(signals, st.floats(0.0, 200.0), st.floats(0.0, 200.0))
-def test_a_switch_flips_only_after_its_condition_held_unbroken_for_the_duration(seq, on_after, off_after) -> None:
+def test_a_switch_flips_only_after_its_condition_held_unbroken_for_the_duration(
+    seq: list[tuple[Signal, float]], on_after: float, off_after: float
+) -> None:
     state, t = Switch(), 0.0
     history = []  # (from, to, signal)
     for signal, width in seq:
@@ -186,7 +200,7 @@ def test_a_switch_flips_only_after_its_condition_held_unbroken_for_the_duration(
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.booleans(), max_size=40))
-def test_alternating_faster_than_the_windows_never_flips(flags) -> None:
+def test_alternating_faster_than_the_windows_never_flips(flags: list[bool]) -> None:
     state = Switch()
     for i, flag in enumerate(flags):
         state, flipped = step(
@@ -221,7 +235,9 @@ def test_a_job_with_unknown_activity_has_unknown_compute_need() -> None:
     st.floats(0.0, 1.0),
     st.integers(0, 3),
 )
-def test_needed_slices_never_exceed_held_slices(profile, activity, mem_frac, procs) -> None:
+def test_needed_slices_never_exceed_held_slices(
+    profile: Profile, activity: float | None, mem_frac: float, procs: int
+) -> None:
     total = profile.memory_mib * 2**20
     u = InstanceUsage(0, 0, profile.name, 10.0, 10.0, activity, activity, int(total * mem_frac), total, procs)
     inner = internal_fragmentation(u, profile)
@@ -233,12 +249,14 @@ def test_needed_slices_never_exceed_held_slices(profile, activity, mem_frac, pro
 
 # ------------------------------------------------------------------------------------------------ oversized
 def test_a_job_using_little_of_a_3g_fits_a_2g_with_headroom() -> None:
-    assert smaller_profile(usage(0, activity=0.40, used_gib=20.0), H200, P3G, 0.25).name == "2g.35gb"
+    smaller = smaller_profile(usage(0, activity=0.40, used_gib=20.0), H200, P3G, 0.25)
+    assert smaller is not None and smaller.name == "2g.35gb"
 
 
 def test_the_margin_can_refuse_a_tight_fit() -> None:
     # 0.5 * 60 SMs = 30 SMs fit a 2g (32 SMs) exactly-ish, but not with 25% headroom (37.5 SMs)
-    assert smaller_profile(usage(0, activity=0.5, used_gib=10.0), H200, P3G, 0.0).name == "2g.35gb"
+    smaller = smaller_profile(usage(0, activity=0.5, used_gib=10.0), H200, P3G, 0.0)
+    assert smaller is not None and smaller.name == "2g.35gb"
     assert smaller_profile(usage(0, activity=0.5, used_gib=10.0), H200, P3G, 0.25) is None
 
 
@@ -249,7 +267,9 @@ def test_no_job_or_unknown_activity_is_never_oversized() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(H200.plain_profiles), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
-def test_a_suggested_profile_is_smaller_and_holds_the_job(profile, activity, mem_frac, margin) -> None:
+def test_a_suggested_profile_is_smaller_and_holds_the_job(
+    profile: Profile, activity: float, mem_frac: float, margin: float
+) -> None:
     total = profile.memory_mib * 2**20
     u = InstanceUsage(0, 0, profile.name, 10.0, 10.0, activity, activity, int(total * mem_frac), total, 1)
     q = smaller_profile(u, H200, profile, margin)
@@ -257,6 +277,7 @@ def test_a_suggested_profile_is_smaller_and_holds_the_job(profile, activity, mem
         assert q.compute_slices <= profile.compute_slices and q.memory_slices <= profile.memory_slices
         assert (q.compute_slices, q.memory_slices) != (profile.compute_slices, profile.memory_slices)
         assert activity * profile.sm_count * (1 + margin) <= q.sm_count
+        assert u.memory_used_bytes is not None
         assert u.memory_used_bytes * (1 + margin) <= q.memory_mib * 2**20
 
 
@@ -265,5 +286,6 @@ def test_an_oversized_job_is_reported_after_its_window() -> None:
     transitions, _, report = run(windows, kind="OversizedFinding")
     assert transitions == [(300, "started", "OversizedFinding")]
     (finding,) = instance_findings(report.active)
+    assert isinstance(finding, OversizedFinding)
     assert finding.suggested == "2g.35gb"
     assert "2g.35gb would hold it with 25% headroom" in finding.reason

@@ -41,7 +41,7 @@ def live() -> Iterator[LiveNode]:
 
 def exchange(node: LiveNode, payload: bytes, expect: int = 1) -> list[dict[str, Any]]:
     """Send ``payload`` on a fresh connection; read up to ``expect`` answers (fewer if the server hangs up)."""
-    answers = []
+    answers: list[dict[str, Any]] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(str(node.socket))

@@ -61,13 +61,13 @@ def test_outside_flexmig_the_hook_writes_no_acknowledgement(tmp_path: Path, monk
 
 
 @pytest.mark.parametrize("bad", ["SIGKILL", "SIGTERM", "9", "NOPE", ""])
-def test_signals_the_daemon_keeps_for_itself_cannot_be_checkpoint_signals(bad) -> None:
+def test_signals_the_daemon_keeps_for_itself_cannot_be_checkpoint_signals(bad: str) -> None:
     with pytest.raises(ValueError, match="is not one of"):
         parse_signal(bad)
 
 
 @pytest.mark.parametrize("text", ["SIGUSR1", "usr1", "10", " SIGUSR1 "])
-def test_checkpoint_signal_accepts_name_short_name_and_number(text) -> None:
+def test_checkpoint_signal_accepts_name_short_name_and_number(text: str) -> None:
     assert parse_signal(text) == signal.SIGUSR1
 
 
@@ -114,7 +114,7 @@ def test_atomic_write_leaves_no_temporary_file_and_replaces_the_old_content(tmp_
     assert target.stat().st_mode & 0o777 == 0o600
 
 
-def test_a_writer_that_fails_leaves_the_old_file_untouched(tmp_path: Path):
+def test_a_writer_that_fails_leaves_the_old_file_untouched(tmp_path: Path) -> None:
     target = tmp_path / "ckpt.bin"
     target.write_bytes(b"old")
     with pytest.raises(RuntimeError), atomic_writer(target) as f:
@@ -139,7 +139,7 @@ def test_no_acknowledgement_yet_reads_as_none(tmp_path: Path) -> None:
         (b'{"step": 3, "checkpoint": ""}', "checkpoint"),
     ],
 )
-def test_malformed_acknowledgements_are_refused_with_the_reason(tmp_path: Path, content, why) -> None:
+def test_malformed_acknowledgements_are_refused_with_the_reason(tmp_path: Path, content: bytes, why: str) -> None:
     (tmp_path / "ack.json").write_bytes(content)
     with pytest.raises(AckError, match=why):
         read_ack(tmp_path / "ack.json")

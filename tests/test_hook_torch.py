@@ -25,7 +25,9 @@ pytestmark = pytest.mark.torch
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=60, deadline=None)
-def test_rank_shares_partition_the_global_batch_whatever_the_world_size(n, batch, step, world, seed) -> None:
+def test_rank_shares_partition_the_global_batch_whatever_the_world_size(
+    n: int, batch: int, step: int, world: int, seed: int
+) -> None:
     g = torch_hook.global_batch_indices(n, batch, step, seed)
     shares = [torch_hook.rank_share(g, r, world) for r in range(world)]
     assert sorted(i for s in shares for i in s) == sorted(g)
@@ -34,7 +36,7 @@ def test_rank_shares_partition_the_global_batch_whatever_the_world_size(n, batch
 
 @given(n=st.integers(1, 100), batch=st.integers(1, 32), seed=st.integers(0, 100))
 @settings(max_examples=40, deadline=None)
-def test_every_epoch_visits_each_sample_exactly_once(n, batch, seed) -> None:
+def test_every_epoch_visits_each_sample_exactly_once(n: int, batch: int, seed: int) -> None:
     stream = [
         i for s in range((3 * n + batch - 1) // batch) for i in torch_hook.global_batch_indices(n, batch, s, seed)
     ]

@@ -118,7 +118,9 @@ def test_the_shipped_example_spec_is_valid() -> None:
         (("OMP_NUM_THREADS", '"A B"'), "env", "not a valid environment variable name"),
     ],
 )
-def test_shell_metacharacters_and_shells_are_refused(tmp_path: Path, policy: JobPolicy, edit, key, why) -> None:
+def test_shell_metacharacters_and_shells_are_refused(
+    tmp_path: Path, policy: JobPolicy, edit: tuple[str, str], key: str, why: str
+) -> None:
     text = GOOD.replace(*edit)
     with pytest.raises(JobSpecError, match=why) as err:
         load_job_spec(write(tmp_path, text), policy)
@@ -153,7 +155,9 @@ def test_unknown_keys_are_refused_with_their_line(tmp_path: Path, policy: JobPol
         (("[ranks]\nmin = 1\nmax = 4\nstart = 2\n", "ranks = 3\n"), "ranks", "must be a table"),
     ],
 )
-def test_wrong_types_and_values_are_refused_naming_the_key(tmp_path: Path, policy: JobPolicy, edit, key, why) -> None:
+def test_wrong_types_and_values_are_refused_naming_the_key(
+    tmp_path: Path, policy: JobPolicy, edit: tuple[str, str], key: str, why: str
+) -> None:
     with pytest.raises(JobSpecError, match=why) as err:
         load_job_spec(write(tmp_path, GOOD.replace(*edit)), policy)
     assert f": {key}:" in str(err.value)
@@ -170,7 +174,7 @@ def test_wrong_types_and_values_are_refused_naming_the_key(tmp_path: Path, polic
         ("", r"give \[need\] profile"),
     ],
 )
-def test_impossible_profiles_are_refused(tmp_path: Path, policy: JobPolicy, need, why) -> None:
+def test_impossible_profiles_are_refused(tmp_path: Path, policy: JobPolicy, need: str, why: str) -> None:
     with pytest.raises(JobSpecError, match=why):
         load_job_spec(write(tmp_path, GOOD.replace('profile = "1g.18gb"', need)), policy)
 
@@ -189,7 +193,9 @@ def test_a_profile_of_another_gpu_model_is_refused_on_this_node(tmp_path: Path, 
         (('checkpoint_dir = "ckpt"', 'checkpoint_dir = "/var/tmp/../../etc"'), "checkpoint_dir"),
     ],
 )
-def test_paths_outside_the_allowed_directories_are_refused(tmp_path: Path, policy: JobPolicy, edit, key) -> None:
+def test_paths_outside_the_allowed_directories_are_refused(
+    tmp_path: Path, policy: JobPolicy, edit: tuple[str, str], key: str
+) -> None:
     with pytest.raises(JobSpecError, match="outside the allowed directories") as err:
         load_job_spec(write(tmp_path, GOOD.replace(*edit)), policy)
     assert f": {key}:" in str(err.value)
@@ -217,7 +223,7 @@ def test_a_spec_over_the_size_limit_is_refused_unread(tmp_path: Path, policy: Jo
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("check_permissions", [True, False])
-def test_a_fifo_is_refused_unread_without_waiting_for_a_writer(tmp_path: Path, check_permissions) -> None:
+def test_a_fifo_is_refused_unread_without_waiting_for_a_writer(tmp_path: Path, check_permissions: bool) -> None:
     p = tmp_path / "job.toml"
     os.mkfifo(p, 0o644)
     with pytest.raises(JobSpecError, match=re.escape(f"{p}: ") + ".*not a regular file"):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from flexmig.mig import A100_40, A100_80, H100_80, H200, MODELS, Layout, maximal_layouts
+from flexmig.mig import A100_40, A100_80, H100_80, H200, MODELS, GpuModel, Layout, maximal_layouts
 
 # nvidia-smi mig -lgipp, identical on A100-40GB, A100-80GB, H100-80GB and H200 (academic.md §3.2):
 PUBLISHED_PLACEMENTS = {
@@ -25,18 +25,18 @@ NAMES = {
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
-def test_placement_table_matches_nvidia_lgipp(model) -> None:
+def test_placement_table_matches_nvidia_lgipp(model: GpuModel) -> None:
     table = {p.profile_id: (p.starts, p.memory_slices) for p in model.profiles}
     assert table == PUBLISHED_PLACEMENTS
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
-def test_profile_index_and_id_are_kept_apart(model) -> None:
+def test_profile_index_and_id_are_kept_apart(model: GpuModel) -> None:
     assert {p.profile_id: p.index for p in model.profiles} == PUBLISHED_INDEX
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
-def test_profile_names_as_nvidia_smi_prints_them(model) -> None:
+def test_profile_names_as_nvidia_smi_prints_them(model: GpuModel) -> None:
     assert [p.name for p in model.profiles] == NAMES[model.key]
 
 
@@ -92,7 +92,7 @@ def test_empty_gpu_capacity_is_the_published_instance_count() -> None:
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
-def test_maximal_layout_counts(model) -> None:
+def test_maximal_layout_counts(model: GpuModel) -> None:
     assert len(maximal_layouts(model)) == 78
     assert len(maximal_layouts(model, model.profiles)) == 239
 

@@ -12,7 +12,6 @@ from pytest import LogCaptureFixture
 from flexmig.config import MqttConfig, parse_config
 from flexmig.errors import ConfigError
 from flexmig.export.mqtt import PublisherSettings, _FailureLog, backoff_delay, topic_for
-from flexmig.sim import SimNode
 
 
 def test_topics_live_under_prefix_and_node() -> None:
@@ -25,13 +24,13 @@ def test_the_client_id_is_stable_per_node() -> None:
 
 
 @pytest.mark.parametrize("node", ["a/b", "+", "#", "", "x y"])
-def test_a_node_name_with_topic_syntax_is_refused(node: SimNode) -> None:
+def test_a_node_name_with_topic_syntax_is_refused(node: str) -> None:
     with pytest.raises(ConfigError, match="node name"):
         PublisherSettings(node=node)
 
 
 @pytest.mark.parametrize("prefix", ["flexmig/+", "flexmig//v1", "/flexmig", "a/#"])
-def test_a_topic_prefix_with_wildcards_or_empty_levels_is_refused(prefix) -> None:
+def test_a_topic_prefix_with_wildcards_or_empty_levels_is_refused(prefix: str) -> None:
     with pytest.raises(ConfigError, match="topic prefix"):
         PublisherSettings(node="n1", topic_prefix=prefix)
 
@@ -43,7 +42,7 @@ def test_a_client_certificate_needs_its_key() -> None:
 
 def test_settings_come_from_the_daemon_configuration() -> None:
     cfg = parse_config(
-        '[mqtt]\nenabled = true\nbroker = "broker.example:8883"\ntls = true\nusername = "node"\n', Path("x.toml")
+        '[mqtt]\nenabled = true\nbroker = "broker.example:8883"\ntls = true\nusername = "node"\n', "x.toml"
     ).mqtt
     assert isinstance(cfg, MqttConfig)
     s = PublisherSettings.from_config(cfg, node="n1")
@@ -51,7 +50,7 @@ def test_settings_come_from_the_daemon_configuration() -> None:
 
 
 @given(st.integers(1, 10_000), st.floats(0.01, 10.0), st.floats(10.0, 600.0), st.integers(0, 2**32))
-def test_backoff_is_bounded_and_never_below_half_its_step(failures, initial, cap, seed) -> None:
+def test_backoff_is_bounded_and_never_below_half_its_step(failures: int, initial: float, cap: float, seed: int) -> None:
     d = backoff_delay(failures, initial, cap, random.Random(seed))
     step = min(cap, initial * 2 ** min(failures - 1, 32))
     assert step / 2 <= d <= step <= cap
@@ -67,7 +66,7 @@ class Clock:
     def __init__(self) -> None:
         self.now = 0.0
 
-    def __call__(self):
+    def __call__(self) -> float:
         return self.now
 
 

@@ -44,7 +44,8 @@ def test_create_instance_returns_the_new_mig_device_with_the_drivers_gi_id(node:
 def test_create_instance_takes_the_placement_size_in_memory_slices(node: SimNode, nvml: Nvml) -> None:
     nvml.destroy_instance(1, 1)
     dev = nvml.create_instance(1, "3g.71gb", 0)  # size 4, not its 3 compute slices
-    assert node.gpu(1).layout.spec() == "3g.71gb@0+2g.35gb@4"
+    layout = node.gpu(1).layout
+    assert layout is not None and layout.spec() == "3g.71gb@0+2g.35gb@4"
     assert node.gpu(1).mig_device(dev.uuid)[0].size == 4
 
 
@@ -72,7 +73,8 @@ def test_when_the_compute_instance_fails_the_gpu_instance_is_rolled_back(node: S
     with pytest.raises(NvmlCallError) as info:
         nvml.create_instance(0, "1g.18gb", 6)
     assert info.value.call == "nvmlGpuInstanceCreateComputeInstance"
-    assert node.gpu(0).layout.spec() == "3g.71gb@0+2g.35gb@4"
+    layout = node.gpu(0).layout
+    assert layout is not None and layout.spec() == "3g.71gb@0+2g.35gb@4"
 
 
 def test_destroy_instance_removes_compute_instances_then_the_gpu_instance(node: SimNode, nvml: Nvml) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes.util
 from collections.abc import Iterator
+from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
@@ -28,7 +29,7 @@ def nvml(node: SimNode) -> Iterator[Nvml]:
         yield session
 
 
-def inventory_view(inv: Inventory) -> list[dict]:
+def inventory_view(inv: Inventory) -> list[dict[str, Any]]:
     """The inventory's content in the shape of the simulator's ground truth."""
     return [
         {
@@ -62,7 +63,7 @@ def inventory_view(inv: Inventory) -> list[dict]:
     ]
 
 
-def truth_view(node: SimNode) -> list[dict]:
+def truth_view(node: SimNode) -> list[dict[str, Any]]:
     """The simulator's ground truth in the same shape."""
     out = []
     for g in node.gpus():

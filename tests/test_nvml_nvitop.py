@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pytest import CaptureFixture
@@ -29,9 +30,10 @@ def nvitop_on_sim() -> Iterator[SimNode]:
     uninstall()
 
 
-def flexmig_json(capsys: CaptureFixture[str]) -> dict:
+def flexmig_json(capsys: CaptureFixture[str]) -> dict[str, Any]:
     assert main(["inventory", "--sim", SPEC, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
 
 
 def test_nvitop_enumerates_the_same_mig_devices_as_flexmig_inventory_json(

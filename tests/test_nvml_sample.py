@@ -3,11 +3,12 @@ GPM activity with the windowing rules of apis.md §1.8."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from flexmig.nvml import GpmWindows, Nvml
+from flexmig.nvml.types import GpuSample, MigDeviceSample
 from flexmig.sim import SimNode, install, uninstall
 
 
@@ -45,7 +46,7 @@ def windows(clock: Clock, nvml: Nvml) -> Iterator[GpmWindows]:
     gpm.close()
 
 
-def device(samples, uuid):
+def device(samples: Sequence[GpuSample], uuid: str) -> MigDeviceSample:
     return next(d for g in samples for d in g.mig_devices if d.uuid == uuid)
 
 
@@ -56,11 +57,13 @@ def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node: SimNo
     assert [g.index for g in samples] == [0, 1]
     g0 = samples[0]
     assert g0.uuid == node.gpu(0).uuid and g0.mig_current is True
+    assert g0.power_w is not None and g0.temperature_c is not None
     assert 0 < g0.power_w <= 700 and g0.temperature_c > 0
     assert (g0.sm_clock_mhz, g0.mem_clock_mhz) == (345, 3201)
     dev = device(samples, uuid)
     assert (dev.gpu_index, dev.gpu_instance_id, dev.compute_instance_id) == (1, 13, 0)
     assert (dev.memory_total_bytes, dev.memory_used_bytes) == (16384 << 20, 2 << 30)
+    assert dev.processes is not None
     assert [(p.pid, p.used_memory_bytes) for p in dev.processes] == [(pid, 2 << 30)]
     assert dev.activity is None  # no GpmWindows given
 
@@ -92,6 +95,7 @@ def test_sweeps_closer_than_100ms_serve_the_previous_value(
     assert again == first  # not a 50 ms window
     clock.t += 0.95
     later = device(nvml.sample(windows), uuid).activity
+    assert later is not None
     assert later.window_s == pytest.approx(1.0)  # measured from the last real sample, not the skipped one
     assert later.sm_active == pytest.approx(1.0)
 
@@ -103,7 +107,8 @@ def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node: SimNode, 
     clock.t += 31.0
     assert device(nvml.sample(gpm), uuid).activity is None
     clock.t += 1.0
-    assert device(nvml.sample(gpm), uuid).activity.window_s == pytest.approx(1.0)
+    activity = device(nvml.sample(gpm), uuid).activity
+    assert activity is not None and activity.window_s == pytest.approx(1.0)
     gpm.close()
 
 

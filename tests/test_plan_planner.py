@@ -1,9 +1,13 @@
 """The planner on small nodes whose right answer can be checked by hand (H200; memory slices 0-7)."""
 
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
 import pytest
 
 from flexmig.errors import PlanRejectedError
-from flexmig.mig import H200, Layout
+from flexmig.mig import H200, Layout, Profile
 from flexmig.plan import (
     CreateInstance,
     DestroyInstance,
@@ -11,6 +15,7 @@ from flexmig.plan import (
     JobRequest,
     MigrateJob,
     NodeState,
+    Outcome,
     Plan,
     Planner,
     PlannerSettings,
@@ -27,18 +32,19 @@ P2 = H200.profile("2g.35gb")
 P3 = H200.profile("3g.71gb")
 P4 = H200.profile("4g.71gb")
 P7 = H200.profile("7g.141gb")
+A = TypeVar("A")
 
 
 def req(
-    name,
-    profile,
+    name: str,
+    profile: Profile,
     *,
     t: float = 0.0,
     runtime: float = 1000.0,
     ranks: int = 1,
     elastic: bool = False,
     movable: bool = True,
-):
+) -> JobRequest:
     """A queued request; elastic ones may run as 1..7*ranks ranks."""
     return JobRequest(
         name,
@@ -52,12 +58,19 @@ def req(
     )
 
 
-def node(*gpus):
+def node(*gpus: list[tuple[Profile, int]]) -> tuple[Layout, ...]:
     """Layouts from lists of (profile, start) per GPU."""
     return tuple(Layout.of(H200, items) for items in gpus)
 
 
-def running(name, *instances, remaining: float = 10_000.0, last_moved=-10_000.0, movable: bool = True, nominal=None):
+def running(
+    name: str,
+    *instances: tuple[int, int, Profile],
+    remaining: float = 10_000.0,
+    last_moved: float | None = -10_000.0,
+    movable: bool = True,
+    nominal: JobRequest | None = None,
+) -> RunningJob:
     """A running job on ``instances`` ((gpu, start, profile) triples)."""
     insts = tuple(Instance(g, s, p) for g, s, p in instances)
     return RunningJob(
@@ -70,14 +83,14 @@ def running(name, *instances, remaining: float = 10_000.0, last_moved=-10_000.0,
     )
 
 
-def plan_for(state, settings=None):
+def plan_for(state: NodeState, settings: PlannerSettings | None = None) -> tuple[Plan, Outcome]:
     settings = settings or PlannerSettings()
     plan = Planner(H200, settings).plan(state)
     outcome = validate_plan(state, plan, settings)
     return plan, outcome
 
 
-def of_type(plan, kind):
+def of_type(plan: Plan, kind: type[A]) -> list[A]:
     return [a for a in plan.actions if isinstance(a, kind)]
 
 
@@ -122,7 +135,9 @@ def test_busy_gpu_is_repartitioned_around_its_running_job() -> None:
     )
     plan, out = plan_for(state)
     assert [type(a) for a in plan.actions] == [DestroyInstance, CreateInstance, StartJob]
-    assert plan.actions[0].start == 0 and plan.actions[1].profile == P4
+    destroy, create = plan.actions[0], plan.actions[1]
+    assert isinstance(destroy, DestroyInstance) and isinstance(create, CreateInstance)
+    assert destroy.start == 0 and create.profile == P4
     assert out.holds["r"] == (Instance(0, 4, P3),)
 
 
@@ -165,7 +180,7 @@ def test_no_resplit_setting_keeps_elastic_jobs_whole() -> None:
     assert of_type(plan, StartJob) == []
 
 
-def _blocked_7g(**kw):
+def _blocked_7g(**kw: Any) -> NodeState:
     """GPU 0 holds a small job at 0; GPU 1 holds a 3g at 0: a rigid 7g waits unless the small job moves."""
     return NodeState(
         H200,

@@ -26,7 +26,7 @@ P7 = H200.profile("7g.141gb")
 
 
 @st.composite
-def node_states(draw):
+def node_states(draw: st.DrawFn) -> NodeState:
     gpus = draw(st.integers(1, 4))
     layouts = []
     for _ in range(gpus):
@@ -100,7 +100,7 @@ def node_states(draw):
 
 
 @st.composite
-def crowded_states(draw):
+def crowded_states(draw: st.DrawFn) -> NodeState:
     """Small movable jobs scattered over every GPU and a rigid 7g waiting: the planner has to make room."""
     gpus = draw(st.integers(2, 4))
     small = [H200.profile("1g.18gb"), H200.profile("2g.35gb")]
@@ -141,7 +141,7 @@ planner_settings = st.builds(
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _valid(state) -> bool:
+def _valid(state: NodeState) -> bool:
     """The generator can pair a job with instances of mixed profiles; such states are refused up front."""
     try:
         check_state(state)
@@ -152,7 +152,9 @@ def _valid(state) -> bool:
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_job(state, cfg) -> None:
+def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_job(
+    state: NodeState, cfg: PlannerSettings
+) -> None:
     assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     out = validate_plan(state, plan, cfg)  # refuses any invalid intermediate layout, loss or duplicate
@@ -163,7 +165,7 @@ def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_j
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_unmovable_jobs_are_never_moved(state, cfg) -> None:
+def test_unmovable_jobs_are_never_moved(state: NodeState, cfg: PlannerSettings) -> None:
     assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     pinned = {j.name for j in state.running if not j.movable}
@@ -177,7 +179,7 @@ def test_unmovable_jobs_are_never_moved(state, cfg) -> None:
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_no_job_moves_within_the_settling_time(state, cfg) -> None:
+def test_no_job_moves_within_the_settling_time(state: NodeState, cfg: PlannerSettings) -> None:
     assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     recent = {
@@ -188,7 +190,7 @@ def test_no_job_moves_within_the_settling_time(state, cfg) -> None:
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_switched_off_mechanisms_stay_off(state, cfg) -> None:
+def test_switched_off_mechanisms_stay_off(state: NodeState, cfg: PlannerSettings) -> None:
     assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     if not cfg.migrate:
@@ -199,7 +201,7 @@ def test_switched_off_mechanisms_stay_off(state, cfg) -> None:
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_blocked_instances_survive_every_plan(state, cfg) -> None:
+def test_blocked_instances_survive_every_plan(state: NodeState, cfg: PlannerSettings) -> None:
     assume(_valid(state))
     out = validate_plan(state, Planner(H200, cfg).plan(state), cfg)
     for g, s in state.blocked:
@@ -208,6 +210,6 @@ def test_blocked_instances_survive_every_plan(state, cfg) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_the_same_state_always_gives_the_same_plan(state, cfg) -> None:
+def test_the_same_state_always_gives_the_same_plan(state: NodeState, cfg: PlannerSettings) -> None:
     assume(_valid(state))
     assert Planner(H200, cfg).plan(state) == Planner(H200, cfg).plan(state)

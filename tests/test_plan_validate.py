@@ -1,16 +1,23 @@
 """validate_plan refuses, by action number and reason, every plan the hardware or a rule would refuse."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
 from flexmig.errors import PlanRejectedError
-from flexmig.mig import H200, Layout
+from flexmig.mig import H200, Layout, Profile
 from flexmig.plan import (
+    Action,
     CreateInstance,
     DestroyInstance,
     Instance,
     JobRequest,
     MigrateJob,
     NodeState,
+    Outcome,
     Plan,
     PlannerSettings,
     RankNeed,
@@ -26,7 +33,7 @@ P4 = H200.profile("4g.71gb")
 P7 = H200.profile("7g.141gb")
 
 
-def req(name, profile, ranks: int = 1, elastic: bool = False):
+def req(name: str, profile: Profile, ranks: int = 1, elastic: bool = False) -> JobRequest:
     return JobRequest(
         name,
         RankNeed(profile=profile.name),
@@ -36,26 +43,38 @@ def req(name, profile, ranks: int = 1, elastic: bool = False):
     )
 
 
-def state(layouts, running=(), pending=(), now: float = 1000.0, **kw):
+def state(
+    layouts: list[list[tuple[Profile, int]]],
+    running: Iterable[RunningJob] = (),
+    pending: Iterable[JobRequest] = (),
+    now: float = 1000.0,
+    **kw: Any,
+) -> NodeState:
     return NodeState(
         H200, tuple(Layout.of(H200, items) for items in layouts), tuple(running), tuple(pending), now, **kw
     )
 
 
-def run(name, *insts, movable: bool = True, last: float = 0.0, nominal=None):
+def run(
+    name: str,
+    *insts: tuple[int, int, Profile],
+    movable: bool = True,
+    last: float = 0.0,
+    nominal: JobRequest | None = None,
+) -> RunningJob:
     instances = tuple(Instance(g, s, p) for g, s, p in insts)
     return RunningJob(name, instances, nominal or req(name, instances[0].profile, len(instances)), movable, None, last)
 
 
-def check(st, *actions, settings=None):
+def check(st: NodeState, *actions: Action, settings: PlannerSettings | None = None) -> Outcome:
     return validate_plan(st, Plan(tuple(actions)), settings)
 
 
-def create(g, s, p):
+def create(g: int, s: int, p: Profile) -> CreateInstance:
     return CreateInstance(g, s, p, "test", 2.0)
 
 
-def destroy(g, s, p):
+def destroy(g: int, s: int, p: Profile) -> DestroyInstance:
     return DestroyInstance(g, s, p, "test", 2.0)
 
 

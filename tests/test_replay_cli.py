@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pytest import CaptureFixture, TempPathFactory
@@ -46,7 +47,7 @@ def trace(tmp_path_factory: TempPathFactory) -> Path:
     return out
 
 
-def simulate(capsys: CaptureFixture[str], *args):
+def simulate(capsys: CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     status = main(["simulate", "--no-progress", *args])
     captured = capsys.readouterr()
     return status, captured.out, captured.err
@@ -121,9 +122,10 @@ def test_bound_has_nothing_to_plot(capsys: CaptureFixture[str], trace: Path, tmp
 
 
 def test_no_policy_beats_the_bound_on_the_slice(capsys: CaptureFixture[str], trace: Path) -> None:
-    def figures(policy: str):
+    def figures(policy: str) -> dict[str, Any]:
         out = simulate(capsys, "--trace", str(trace), "--node", "h200x2", "--policy", policy, "--json")[1]
-        return json.loads(out)
+        doc: dict[str, Any] = json.loads(out)
+        return doc
 
     bound = figures("bound")
     for policy in ("fluid", "flex", "drain"):

@@ -1,17 +1,20 @@
 """The replay engine and the five policies on job lists small enough to check by hand."""
 
+from __future__ import annotations
+
 from dataclasses import replace
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexmig.mig import H200, Layout, parse_node_spec
+from flexmig.mig import H200, Layout, Profile, parse_node_spec
 from flexmig.plan import PlannerSettings
 from flexmig.sim.replay.bound import lower_bound
-from flexmig.sim.replay.engine import replay
-from flexmig.sim.replay.managers import FluidManager, LayoutManager
-from flexmig.sim.replay.metrics import metrics_of, percentile
+from flexmig.sim.replay.engine import Replay, replay
+from flexmig.sim.replay.managers import FluidManager, LayoutManager, Manager
+from flexmig.sim.replay.metrics import Metrics, metrics_of, percentile
 from flexmig.sim.replay.run import Prepared, run_policy
 from flexmig.sim.replay.trace import TraceJob
 
@@ -24,16 +27,23 @@ MIX = {"1g.18gb": 0.25, "3g.71gb": 0.25, "4g.71gb": 0.25, "7g.141gb": 0.25}
 RECONF = PlannerSettings().reconfigure_s
 
 
-def job(name, profile, arrival, runtime, ranks: int = 1, elastic: bool = False):
+def job(name: str, profile: Profile, arrival: float, runtime: float, ranks: int = 1, elastic: bool = False) -> TraceJob:
     return TraceJob(name, float(arrival), float(runtime), profile, ranks, elastic, 1000)
 
 
-def empty(gpus):
+def empty(gpus: int) -> list[Layout]:
     return [Layout.empty(H200)] * gpus
 
 
-def run(policy: str, jobs, gpus: int = 1, layouts=None, settings=None):
+def run(
+    policy: Literal["fluid", "static", "drain", "flex"],
+    jobs: list[TraceJob],
+    gpus: int = 1,
+    layouts: list[Layout] | None = None,
+    settings: PlannerSettings | None = None,
+) -> tuple[Replay, Metrics]:
     settings = settings or PlannerSettings()
+    manager: Manager
     if policy == "fluid":
         manager = FluidManager(H200, gpus)
     else:
@@ -42,7 +52,7 @@ def run(policy: str, jobs, gpus: int = 1, layouts=None, settings=None):
     return result, metrics_of(policy, result)
 
 
-def ends(result):
+def ends(result: Replay) -> dict[str, float | None]:
     return {r.name: r.end_s for r in result.records}
 
 
@@ -67,7 +77,8 @@ def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job() -> No
     jobs = [job("a", P1, 0, 1000), job("b", P3, 1, 10)]
     start = [Layout.of(H200, [(P1, 6)])]
     drain, _ = run("drain", jobs, layouts=start)
-    assert next(r for r in drain.records if r.name == "b").start_s >= 1000.0
+    b_start = next(r for r in drain.records if r.name == "b").start_s
+    assert b_start is not None and b_start >= 1000.0
     flex, _ = run("flex", jobs, layouts=start)
     b = next(r for r in flex.records if r.name == "b")
     assert b.start_s == 1 + RECONF and b.end_s == 1 + RECONF + 10
@@ -80,9 +91,11 @@ def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_effici
     record = next(r for r in result.records if r.name == "wide")
     assert record.spread_start and m.spread_starts == 1
     efficiency = PlannerSettings().spread_efficiency
+    assert record.end_s is not None and record.start_s is not None
     assert record.end_s - record.start_s == pytest.approx(900 / efficiency)
     rigid, _ = run("flex", [*hogs, wide], gpus=3, settings=PlannerSettings(resplit=False))
-    assert next(r for r in rigid.records if r.name == "wide").start_s >= 100_000
+    wide_start = next(r for r in rigid.records if r.name == "wide").start_s
+    assert wide_start is not None and wide_start >= 100_000
 
 
 def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts() -> None:
@@ -98,10 +111,11 @@ def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts() -> None:
     result, m = run("flex", jobs, gpus=2)
     assert m.migrations == 1
     big = next(r for r in result.records if r.name == "big")
-    assert big.start_s < 2000  # instead of waiting ~49,000 s
+    assert big.start_s is not None and big.start_s < 2000  # instead of waiting ~49,000 s
     (moved,) = [r for r in result.records if r.moves]
     assert moved.name in ("long4", "small")  # either makes a GPU whole; one move is enough
     cost = PlannerSettings().checkpoint_s + PlannerSettings().restart_s
+    assert moved.end_s is not None and moved.start_s is not None
     assert moved.end_s - moved.start_s == pytest.approx(50_000 + cost)  # the moved job pays its downtime
 
 
@@ -138,7 +152,7 @@ def test_static_reports_the_best_eligible_candidate_and_skips_ineligible_ones() 
 
 
 @st.composite
-def job_lists(draw):
+def job_lists(draw: st.DrawFn) -> list[TraceJob]:
     n = draw(st.integers(1, 12))
     out = []
     for i in range(n):
@@ -152,7 +166,7 @@ def job_lists(draw):
 
 @settings(max_examples=25, deadline=None)
 @given(jobs=job_lists())
-def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs) -> None:
+def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs: list[TraceJob]) -> None:
     bound = lower_bound(jobs, 14)
     for policy in ("fluid", "static", "drain", "flex"):
         layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
@@ -161,6 +175,7 @@ def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the
         for rec, j in zip(
             sorted(result.records, key=lambda r: r.name), sorted(jobs, key=lambda j: j.name), strict=True
         ):
+            assert rec.start_s is not None and rec.end_s is not None
             assert rec.start_s >= j.arrival_s
             assert rec.end_s - rec.arrival_s >= j.runtime_s - 1e-6
         assert m.makespan_s >= bound.makespan_s - 1e-6, policy
@@ -169,7 +184,7 @@ def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the
 
 @settings(max_examples=15, deadline=None)
 @given(jobs=job_lists())
-def test_the_same_jobs_give_the_same_replay(jobs) -> None:
+def test_the_same_jobs_give_the_same_replay(jobs: list[TraceJob]) -> None:
     first, _ = run("flex", jobs, gpus=2)
     again, _ = run("flex", [replace(j) for j in jobs], gpus=2)
     assert first == again

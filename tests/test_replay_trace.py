@@ -1,5 +1,7 @@
 """Reading the Alibaba pod list and turning rows into MIG jobs; load thinning, gap compression, run-time cap."""
 
+from __future__ import annotations
+
 from pathlib import Path
 
 import pytest
@@ -7,14 +9,14 @@ import pytest
 from flexmig.errors import TraceError
 from flexmig.mig import A100_40, H200
 from flexmig.sim.replay.load import cap_runtime, compress, natural_load, span_of, thin
-from flexmig.sim.replay.trace import map_trace, profile_for_share, read_trace
+from flexmig.sim.replay.trace import ElasticRule, TraceJob, map_trace, profile_for_share, read_trace
 
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
 )
 
 
-def write(tmp_path: Path, rows, header=HEADER, name: str = "pods.csv"):
+def write(tmp_path: Path, rows: list[str], header: str = HEADER, name: str = "pods.csv") -> Path:
     path = tmp_path / name
     path.write_text(header + "".join(r + "\n" for r in rows))
     return path
@@ -37,7 +39,7 @@ def write(tmp_path: Path, rows, header=HEADER, name: str = "pods.csv"):
         (1000, "7g.141gb"),
     ],
 )
-def test_gpu_share_maps_to_the_smallest_profile_covering_it_in_compute_or_memory(milli, profile) -> None:
+def test_gpu_share_maps_to_the_smallest_profile_covering_it_in_compute_or_memory(milli: int, profile: str) -> None:
     assert profile_for_share(H200, milli).name == profile
 
 
@@ -86,7 +88,7 @@ def test_rows_without_gpu_schedule_or_run_time_are_skipped_and_counted(tmp_path:
     ("rule", "elastic"),
     [("whole", {"full", "multi"}), ("multi", {"multi"}), ("none", set()), ("all", {"full", "multi", "share"})],
 )
-def test_elastic_rule_picks_which_jobs_may_be_split(tmp_path: Path, rule, elastic) -> None:
+def test_elastic_rule_picks_which_jobs_may_be_split(tmp_path: Path, rule: ElasticRule, elastic: set[str]) -> None:
     path = write(
         tmp_path,
         [
@@ -122,7 +124,7 @@ def test_an_unreadable_trace_is_named(tmp_path: Path) -> None:
         read_trace(tmp_path / "missing.csv")
 
 
-def _jobs(tmp_path: Path, n: int = 200):
+def _jobs(tmp_path: Path, n: int = 200) -> tuple[TraceJob, ...]:
     rows = [
         f"j{i:03},1,1,1,{[100, 300, 1000][i % 3]},,LS,Running,{i * 100},{i * 100 + 50 + (i * 37) % 900},{i * 100}"
         for i in range(n)

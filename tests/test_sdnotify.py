@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def _abstract_name() -> str:
 
 
 @pytest.fixture(params=["path", "abstract"])
-def receiver(request: pytest.FixtureRequest, tmp_path: Path):
+def receiver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NotifyReceiver]:
     address = str(tmp_path / "notify.sock") if request.param == "path" else _abstract_name()
     with NotifyReceiver(address) as rx:
         yield rx

@@ -126,6 +126,7 @@ def test_a_running_flexmigd_with_default_settings_listens_on_loopback_only(tmp_p
         assert all(c.status == psutil.CONN_LISTEN for c in conns), f"no outbound connection (MQTT is off): {conns}"
         for c in psutil.Process(proc.pid).net_connections(kind="unix"):
             if c.laddr and c.status == psutil.CONN_LISTEN:  # the control socket, once the daemon serves one
+                assert isinstance(c.laddr, str), c.laddr
                 st = os.stat(c.laddr)
                 assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid(), c.laddr
     finally:

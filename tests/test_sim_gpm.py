@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
@@ -33,7 +34,7 @@ def h200(clock: Clock) -> Iterator[SimNode]:
     uninstall()
 
 
-def metrics(first, second, ids):
+def metrics(first: Any, second: Any, ids: list[int]) -> dict[int, tuple[int, Any]]:
     mg = N.c_nvmlGpmMetricsGet_t()
     mg.version = N.NVML_GPM_METRICS_GET_VERSION
     mg.numMetrics = len(ids)

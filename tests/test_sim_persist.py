@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ SPEC = "h200x2:3g.71gb@0+2g.35gb@4"
 
 
 @pytest.fixture(autouse=True)
-def _uninstall():
+def _uninstall() -> Iterator[None]:
     yield
     uninstall()
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from flexmig.sim import install, uninstall
+from flexmig.sim.model import Activity
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 
-def run(seed: int, times=(0.0, 40.0, 80.0)):
+def run(seed: int, times: tuple[float, ...] = (0.0, 40.0, 80.0)) -> list[list[tuple[int, int, Activity]]]:
     node = install(SPEC, clock=lambda: 0.0, seed=seed)
     try:
-        seen = []
+        seen: list[list[tuple[int, int, Activity]]] = []
         for t in times:
             node.step_workload(t)
             seen.append(

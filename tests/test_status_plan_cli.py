@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from flexmig.act.records import JobRecord, Slot
 from flexmig.config import Config, ControlConfig, PlannerConfig, StateConfig, parse_config
 from flexmig.errors import PlanRejectedError
 from flexmig.jobs.spec import JobPolicy, load_job_spec
-from flexmig.mig import A100_40, H200
+from flexmig.mig import A100_40, H200, GpuModel
 from flexmig.plan import Planner, validate_plan
 from flexmig.sim.workload import SyntheticWorkload
 from flexmig.wiring.actuator import ActuatorPaths
@@ -58,7 +59,7 @@ def truth() -> dict[int, list[tuple[int, int, str, str, int]]]:
         sim.uninstall()
 
 
-def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(status: dict) -> None:
+def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(status: dict[str, Any]) -> None:
     got = {
         g["index"]: sorted(
             (i["gpu_instance_id"], i["start"], i["profile"], i["uuid"], i["memory_total_bytes"]) for i in g["instances"]
@@ -73,7 +74,7 @@ def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(st
         assert (g["free_compute_slices"], g["free_memory_slices"]) == (1, 1)
 
 
-def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(status: dict) -> None:
+def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(status: dict[str, Any]) -> None:
     roles = SyntheticWorkload(seed=0)
     for g in status["gpus"]:
         for i in g["instances"]:
@@ -83,7 +84,7 @@ def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(stat
             assert i["job"] is None
 
 
-def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: dict) -> None:
+def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: dict[str, Any]) -> None:
     frag = status["fragmentation"]
     assert frag["free_compute_slices"] == 2 and frag["external_score"] == 1.0
     kinds = sorted((f["kind"], f["gpu"]) for f in status["findings"])
@@ -166,11 +167,15 @@ def test_a_bad_what_if_request_is_refused_naming_it(request_: str, why: str) -> 
 # ------------------------------------------------------------------------------------ the planner's view
 
 
-def view(*instances: InstanceView, gpus: int = 1, lost: frozenset[int] = frozenset(), model=H200) -> NodeView:
+def view(
+    *instances: InstanceView, gpus: int = 1, lost: frozenset[int] = frozenset(), model: GpuModel = H200
+) -> NodeView:
     return NodeView(tuple(instances), tuple((g, model) for g in range(gpus)), lost)
 
 
-def inst(gpu: int, start: int, profile: str, pids: frozenset[int] | None = frozenset(), uuid: str | None = "MIG-x"):
+def inst(
+    gpu: int, start: int, profile: str, pids: frozenset[int] | None = frozenset(), uuid: str | None = "MIG-x"
+) -> InstanceView:
     return InstanceView(gpu, start, profile, start + 1, uuid, pids)
 
 

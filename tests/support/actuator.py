@@ -160,7 +160,7 @@ class LiveNode:
         gpus = {}
         for g in self.node.gpus():
             gpus[g.index] = {
-                "layout": g.layout.spec(),
+                "layout": g.layout.spec() if g.layout is not None else None,
                 "pids": {
                     f"{gi.profile.name}@{gi.start}": sorted(p.pid for ci in gi.compute_instances for p in ci.processes)
                     for gi in g.gpu_instances

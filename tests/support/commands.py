@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
 
 from flexmig.config import HostPort
 from flexmig.export.commands import CommandListener, CommandSettings, Dispatch
@@ -42,10 +43,10 @@ class Operator:
         self.base = f"flexmig/v1/{node}/commands"
         self.results: queue.Queue[dict[str, Any]] = queue.Queue()
         self.client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2, client_id=f"{user}-{uuid.uuid4().hex[:8]}", protocol=paho.MQTTv5
+            CallbackAPIVersion.VERSION2, client_id=f"{user}-{uuid.uuid4().hex[:8]}", protocol=paho.MQTTv5
         )
         self.client.username_pw_set(user, PASSWORDS[user])
-        self.client.on_socket_open = lambda _c, _u, sock: sock.setsockopt(  # type: ignore[union-attr]
+        self.client.on_socket_open = lambda _c, _u, sock: sock.setsockopt(  # type: ignore[attr-defined]  # a TCP socket here
             socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
         )
         self.client.on_message = lambda _c, _u, msg: self.results.put(json.loads(msg.payload))

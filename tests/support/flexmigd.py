@@ -316,7 +316,7 @@ def collect_events(
                         message = await anext(messages)
                 except TimeoutError:
                     break
-                out.append(Event.from_json(bytes(message.payload)))  # type: ignore[arg-type]
+                out.append(Event.from_json(bytes(message.payload)))
         return out
 
     return asyncio.run(go())
