@@ -265,6 +265,7 @@ def test_planner_rounds_and_the_last_plan_are_exported() -> None:
     assert 'flexmig_plan_cost_seconds{Hostname="node-1"} 5.0' in text
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
 def test_the_action_families_pass_promtool_check_metrics() -> None:
     m = ActionMetrics()

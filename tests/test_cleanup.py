@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from support.jobs import kill_ranks
+
+pytestmark = pytest.mark.integration
 
 # A rank that leads its own session (as the supervisor starts them) and has a child of its own (a launcher's
 # worker); both sleep until killed, and the leader names the test's directory on its command line.

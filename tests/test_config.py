@@ -539,6 +539,7 @@ def test_config_check_says_a_bad_broker_alone_only_stops_mqtt(
     assert last.startswith(f"flexmig: {path}: 1 problem; flexmigd would start with MQTT publishing off")
 
 
+@pytest.mark.integration
 def test_config_example_output_is_a_file_that_config_check_accepts(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "flexmig.cli.main", "config", "example"], capture_output=True, text=True, check=True

@@ -26,6 +26,8 @@ from flexmig.errors import ConfigError, PlanRejectedError
 from flexmig.jobs import JobPolicy
 from flexmig.nvml import Nvml
 
+pytestmark = pytest.mark.integration
+
 
 async def echo(args: Mapping[str, Any]) -> Any:
     return {"echo": dict(args)}

@@ -83,6 +83,7 @@ def test_a_reload_applies_new_detection_thresholds_at_once(tmp_path: Path) -> No
 # ------------------------------------------------------------------------------------------ in the daemon
 
 
+@pytest.mark.integration
 def test_instances_created_and_destroyed_while_running_are_reported_once_each() -> None:
     async def scenario() -> list[Report]:
         reports: list[Report] = []
@@ -107,6 +108,7 @@ def test_instances_created_and_destroyed_while_running_are_reported_once_each() 
     assert [r.now for r in reports] == sorted(r.now for r in reports)
 
 
+@pytest.mark.integration
 def test_detection_runs_on_the_snapshot_the_exporter_reads() -> None:
     async def scenario() -> tuple[Snapshot | None, Detector]:
         cfg = Config(node_name="node-1", sampling=SAMPLING, detect=DetectConfig(underuse_window_s=1))
@@ -131,6 +133,7 @@ def _gpu_instance_without_compute_instance(gpu: int, start: int) -> None:
     N.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile.id, byref(placement))
 
 
+@pytest.mark.integration
 def test_a_gpu_instance_without_a_compute_instance_holds_its_slices_in_every_figure() -> None:
     async def scenario() -> tuple[Snapshot, Series, NodeView]:
         cfg = Config(node_name="node-1", sampling=SAMPLING)

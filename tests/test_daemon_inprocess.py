@@ -38,6 +38,7 @@ def exported_instances(series: Series) -> set[str]:
 # ------------------------------------------------------------------------------------------------ churn
 
 
+@pytest.mark.integration
 def test_destroyed_and_created_instances_show_in_the_export_within_two_sweeps() -> None:
     async def scenario() -> None:
         async with running("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6") as daemon:
@@ -72,6 +73,7 @@ def test_destroyed_and_created_instances_show_in_the_export_within_two_sweeps() 
     asyncio.run(scenario())
 
 
+@pytest.mark.integration
 def test_rapid_churn_between_sweeps_never_breaks_sampling() -> None:
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0") as daemon:
@@ -96,6 +98,7 @@ def test_rapid_churn_between_sweeps_never_breaks_sampling() -> None:
 # ------------------------------------------------------------------------------------------------ errors
 
 
+@pytest.mark.integration
 def test_an_nvml_error_on_one_gpu_leaves_the_others_sampled_and_is_counted() -> None:
     async def scenario() -> None:
         async with running("h200x2:3g.71gb@0+3g.71gb@4") as daemon:
@@ -119,6 +122,7 @@ def test_an_nvml_error_on_one_gpu_leaves_the_others_sampled_and_is_counted() -> 
     asyncio.run(scenario())
 
 
+@pytest.mark.integration
 def test_a_lost_gpu_is_marked_and_reported_and_the_rest_keeps_going() -> None:
     async def scenario() -> None:
         async with running("h200x2:3g.71gb@0+3g.71gb@4") as daemon:
@@ -160,6 +164,7 @@ def test_a_bad_node_spec_stops_start_up_with_an_error_naming_it() -> None:
 # ------------------------------------------------------------------------------------------------ figures
 
 
+@pytest.mark.integration
 def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:
@@ -189,6 +194,7 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.integration
 def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> None:
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:

@@ -47,6 +47,7 @@ def test_regenerating_gives_the_committed_files_byte_for_byte() -> None:
         assert path.read_bytes() == text.encode(), f"{path} differs from its definition: run dashboards/build.py"
 
 
+@pytest.mark.integration
 def test_grafanalib_generate_dashboard_writes_the_same_bytes(tmp_path: Path) -> None:
     tool = Path(sys.executable).with_name("generate-dashboard")
     for definition in build.definitions():
@@ -63,6 +64,7 @@ def test_grafanalib_generate_dashboard_writes_the_same_bytes(tmp_path: Path) -> 
         assert out.read_bytes() == build.json_path(definition).read_bytes(), definition.name
 
 
+@pytest.mark.integration
 def test_build_check_fails_naming_a_stale_file_and_writes_nothing(tmp_path: Path) -> None:
     copy = tmp_path / "dashboards"
     shutil.copytree(DASHBOARDS, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -79,6 +81,7 @@ def test_build_check_fails_naming_a_stale_file_and_writes_nothing(tmp_path: Path
 # ------------------------------------------------------------------------------------------- queries
 
 
+@pytest.mark.integration
 @needs_promtool
 def test_every_panel_query_and_variable_selector_parses_with_promtool(tmp_path: Path) -> None:
     exprs = {q.id: promql.substitute(q.expr, STATIC_VALUES) for q in panel_queries()}
@@ -88,6 +91,7 @@ def test_every_panel_query_and_variable_selector_parses_with_promtool(tmp_path: 
     assert promtool_parse_errors(exprs, tmp_path, PROMTOOL) == ""
 
 
+@pytest.mark.integration
 @needs_promtool
 def test_the_promtool_check_reports_a_broken_query_by_its_panel(tmp_path: Path) -> None:
     errors = promtool_parse_errors({"board.json: Broken panel: A": "sum(rate(x[5m])"}, tmp_path, PROMTOOL)
@@ -274,6 +278,7 @@ def test_the_datasource_file_provisions_a_prometheus() -> None:
     assert ds["jsonData"]["timeInterval"], "$__rate_interval needs the scrape interval"
 
 
+@pytest.mark.integration
 @needs_promtool
 def test_the_example_prometheus_configuration_passes_promtool_with_the_rules(tmp_path: Path) -> None:
     text = (DASHBOARDS / "provisioning" / "prometheus" / "prometheus.yml").read_text()

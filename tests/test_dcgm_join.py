@@ -23,7 +23,7 @@ from flexmig.sim import SimNode
 from flexmig.telemetry.settings import TelemetrySettings
 from support.daemon import sweeps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SPEC = "a100-40x1:3g.20gb@4+2g.10gb@0+1g.5gb@2"
 MIB = 1 << 20

@@ -46,6 +46,7 @@ async def until_metric(daemon: Daemon, name: str, limit_s: float = 20.0, **match
 # ------------------------------------------------------------------------------------------ fragmentation
 
 
+@pytest.mark.integration
 def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_figures() -> None:
     """GPU 0: 2g.35gb@0 + 1g.18gb@4 (four compute slices free, no 3g or 4g fits); GPU 1 emptied."""
 
@@ -104,6 +105,7 @@ def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_
 # ------------------------------------------------------------------------------------------ instances
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_idle_and_oversized_instances_are_findings_and_a_busy_one_is_not() -> None:
     """3g.71gb@0 runs a job at 20% SM and 5 GiB (fits a 1g.18gb); 2g.35gb@4 is busy; 1g.18gb@6 runs nothing."""
@@ -153,6 +155,7 @@ def test_idle_and_oversized_instances_are_findings_and_a_busy_one_is_not() -> No
 # ------------------------------------------------------------------------------------------ absent series
 
 
+@pytest.mark.integration
 def test_a_lost_gpu_has_no_fragmentation_or_finding_series() -> None:
     async def scenario() -> Series:
         async with running("h200x2:3g.71gb@0+1g.18gb@4", config()) as daemon:
@@ -175,6 +178,7 @@ def test_a_lost_gpu_has_no_fragmentation_or_finding_series() -> None:
         assert values(series, name, gpu="0") != [], name
 
 
+@pytest.mark.integration
 def test_without_per_instance_activity_the_compute_figure_is_absent_but_memory_is_not() -> None:
     """An A100 without dcgm-exporter: NVML gives memory per instance but no activity."""
 
@@ -193,6 +197,7 @@ def test_without_per_instance_activity_the_compute_figure_is_absent_but_memory_i
     assert values(series, "flexmig_mig_internal_fragmentation_memory_slices", mig_uuid=uuid) == [3.0]  # 1 of 4
 
 
+@pytest.mark.integration
 def test_a_gpu_without_mig_has_no_fragmentation_series() -> None:
     async def scenario() -> Series:
         async with running("a100-40:-", config()) as daemon:

@@ -159,6 +159,7 @@ def test_an_oversized_acknowledgement_is_refused(tmp_path: Path) -> None:
         read_ack(tmp_path / "ack.json")
 
 
+@pytest.mark.integration
 def test_the_hook_module_needs_nothing_beyond_the_standard_library(tmp_path: Path) -> None:
     # A training script imports flexmig.hook in an environment without flexmig's dependencies: block them.
     code = textwrap.dedent(

@@ -73,6 +73,7 @@ def test_an_outbox_that_cannot_be_opened_names_its_file(tmp_path: Path) -> None:
         Outbox(tmp_path / "missing" / "o.sqlite")
 
 
+@pytest.mark.integration
 def test_an_event_put_before_a_sigkill_is_there_afterwards(tmp_path: Path) -> None:
     path = tmp_path / "o.sqlite"
     code = f"""

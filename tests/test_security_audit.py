@@ -134,6 +134,7 @@ def test_a_running_flexmigd_with_default_settings_listens_on_loopback_only(tmp_p
     assert proc.returncode == 0
 
 
+@pytest.mark.integration
 def test_the_control_socket_is_owner_only_as_served(tmp_path: Path) -> None:
     cfg = Config.default()
 
@@ -202,6 +203,7 @@ def test_a_tls_key_others_can_read_and_a_configuration_others_can_write_are_refu
 
 
 # ------------------------------------------------------------------------------------------------ secrets
+@pytest.mark.integration
 def test_config_check_never_prints_a_secret(tmp_path: Path) -> None:
     secret = write(tmp_path / "mqtt.password", "s3cret-Value-4\n")
     config = mqtt_config(tmp_path, secret, 'password = "inline-Secret-5"\n')

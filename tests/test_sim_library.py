@@ -341,6 +341,7 @@ def test_the_gpu_handle_lists_every_process_of_its_mig_devices(sim: Sim) -> None
     assert N.nvmlDeviceGetComputeRunningProcesses(gpu(1)) == []
 
 
+@pytest.mark.integration
 def test_a_real_process_disappears_once_its_pid_is_gone(sim: Sim) -> None:
     node = sim()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -352,6 +353,7 @@ def test_a_real_process_disappears_once_its_pid_is_gone(sim: Sim) -> None:
     assert [p.pid for p in procs] == [os.getpid()]
 
 
+@pytest.mark.integration
 def test_a_real_process_that_exited_unreaped_a_zombie_is_gone_from_the_device(sim: Sim) -> None:
     node = sim()
     child = subprocess.Popen([sys.executable, "-c", "pass"])

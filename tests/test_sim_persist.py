@@ -73,6 +73,7 @@ def test_new_mig_uuids_after_a_restore_never_repeat_old_ones(tmp_path: Path) -> 
     assert new.uuid not in old
 
 
+@pytest.mark.integration
 def test_real_processes_that_died_meanwhile_are_dropped_at_load(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)

@@ -59,6 +59,7 @@ def truth() -> dict[int, list[tuple[int, int, str, str, int]]]:
         sim.uninstall()
 
 
+@pytest.mark.integration
 def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(status: dict[str, Any]) -> None:
     got = {
         g["index"]: sorted(
@@ -74,6 +75,7 @@ def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(st
         assert (g["free_compute_slices"], g["free_memory_slices"]) == (1, 1)
 
 
+@pytest.mark.integration
 def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(status: dict[str, Any]) -> None:
     roles = SyntheticWorkload(seed=0)
     for g in status["gpus"]:
@@ -84,6 +86,7 @@ def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(stat
             assert i["job"] is None
 
 
+@pytest.mark.integration
 def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: dict[str, Any]) -> None:
     frag = status["fragmentation"]
     assert frag["free_compute_slices"] == 2 and frag["external_score"] == 1.0
@@ -100,6 +103,7 @@ def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: 
     assert idle == expected and idle
 
 
+@pytest.mark.integration
 def test_status_for_people_shows_each_gpu_its_instances_and_findings() -> None:
     out = flexmig("status", "--sim", SPEC)
     assert out.returncode == 0, out.stderr
@@ -109,12 +113,14 @@ def test_status_for_people_shows_each_gpu_its_instances_and_findings() -> None:
     assert "finding: fragmentation" in out.stdout and "external fragmentation 1.00" in out.stdout
 
 
+@pytest.mark.integration
 def test_status_without_a_daemon_says_where_it_looked() -> None:
     out = flexmig("status", "--socket", "/nonexistent/flexmig.sock")
     assert out.returncode == 1
     assert "cannot reach the flexmig daemon at /nonexistent/flexmig.sock" in out.stderr
 
 
+@pytest.mark.integration
 def test_plan_on_a_simulated_node_places_what_if_requests_around_the_demo_workload() -> None:
     out = flexmig("plan", "--sim", SPEC, "--json", "--request", "2x1g.18gb", "--request", "2g.35gb")
     assert out.returncode == 0, out.stderr
@@ -140,6 +146,7 @@ def test_plan_on_a_simulated_node_places_what_if_requests_around_the_demo_worklo
     assert doc["cost_s"] == sum(a["cost_s"] for a in doc["actions"]) and doc["executes"] is False
 
 
+@pytest.mark.integration
 def test_plan_for_people_lists_actions_reasons_and_what_is_left_alone() -> None:
     out = flexmig("plan", "--sim", SPEC, "--request", "1g.18gb")
     assert out.returncode == 0, out.stderr
@@ -150,6 +157,7 @@ def test_plan_for_people_lists_actions_reasons_and_what_is_left_alone() -> None:
     assert empty.returncode == 0 and "nothing worth doing" in empty.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("request_", "why"),
     [

@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from flexmig.telemetry.host import HostSource, read_cgroup
 
 
+@pytest.mark.integration
 def test_a_live_process_reports_user_cmdline_rss_and_cpu_from_the_second_read() -> None:
     busy = "print('ready', flush=True)\nwhile True: sum(range(10000))"
     child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE)
@@ -41,6 +43,7 @@ def test_a_live_process_reports_user_cmdline_rss_and_cpu_from_the_second_read() 
         child.wait()
 
 
+@pytest.mark.integration
 def test_a_vanished_process_is_left_out_and_its_history_dropped() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
