@@ -29,10 +29,10 @@ from pathlib import Path
 
 from flexmig.mig import H200, Layout
 from flexmig.plan import NodeState, Planner, PlannerSettings, RunningJob, StartJob, validate_plan
-from flexmig.sim.replay.engine import request_for
-from flexmig.sim.replay.managers import LayoutManager, RunView
-from flexmig.sim.replay.run import ReplayConfig, prepare, run_policy
-from flexmig.sim.replay.trace import TraceJob, map_trace, read_trace
+from flexmig.replay.engine import request_for
+from flexmig.replay.managers import LayoutManager, RunView
+from flexmig.replay.run import ReplayConfig, prepare, run_policy
+from flexmig.replay.trace import TraceJob, map_trace, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.plan.types import PlannerSettings
-from flexmig.sim.replay.run import Prepared, ReplayConfig, prepare, run_policy
+from flexmig.replay.run import Prepared, ReplayConfig, prepare, run_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"

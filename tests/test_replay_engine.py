@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 
 from flexmig.mig import H200, Layout, parse_node_spec
 from flexmig.plan import PlannerSettings
-from flexmig.sim.replay.bound import lower_bound
-from flexmig.sim.replay.engine import replay
-from flexmig.sim.replay.managers import FluidManager, LayoutManager
-from flexmig.sim.replay.metrics import metrics_of, percentile
-from flexmig.sim.replay.run import Prepared, run_policy
-from flexmig.sim.replay.trace import TraceJob
+from flexmig.replay.bound import lower_bound
+from flexmig.replay.engine import replay
+from flexmig.replay.managers import FluidManager, LayoutManager
+from flexmig.replay.metrics import metrics_of, percentile
+from flexmig.replay.run import Prepared, run_policy
+from flexmig.replay.trace import TraceJob
 
 P1 = H200.profile("1g.18gb")
 P2 = H200.profile("2g.35gb")

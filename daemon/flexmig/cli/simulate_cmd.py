@@ -48,8 +48,8 @@ def _efficiency(text: str) -> float:
 
 def register(sub: Any) -> None:
     """Add the ``simulate`` subcommand."""
-    from flexmig.sim.replay.run import POLICIES  # noqa: PLC0415 - keep `flexmig --help` light
-    from flexmig.sim.replay.trace import ELASTIC_RULES  # noqa: PLC0415
+    from flexmig.replay.run import POLICIES  # noqa: PLC0415 - keep `flexmig --help` light
+    from flexmig.replay.trace import ELASTIC_RULES  # noqa: PLC0415
 
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate", help="replay a GPU-cluster trace on a simulated MIG node", description=__doc__
@@ -85,7 +85,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Replay, then print (and plot)."""
-    from flexmig.sim.replay.run import ReplayConfig, prepare, run_policy, static_eligibility  # noqa: PLC0415
+    from flexmig.replay.run import ReplayConfig, prepare, run_policy, static_eligibility  # noqa: PLC0415
 
     settings = PlannerSettings(
         checkpoint_s=args.checkpoint_s,
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         if not result.samples:
             raise TraceError(f"policy {args.policy} replays nothing, so there is nothing to plot")
-        from flexmig.sim.replay.plot import plot_timeline  # noqa: PLC0415
+        from flexmig.replay.plot import plot_timeline  # noqa: PLC0415
 
         plot_timeline(result.samples, prep.capacity, args.plot, title=f"{args.policy} on {prep.info['node']}")
         figures["plot"] = str(args.plot)

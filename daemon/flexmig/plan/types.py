@@ -1,7 +1,7 @@
 """The values the planner reads and writes: jobs, requests, node state, settings, actions and plans.
 
 These types are the contract between ``plan/`` (which builds plans), ``act/`` (which executes them) and
-``sim/replay/`` (which replays traces through the same planner). They are frozen values; nothing here does I/O
+``replay/`` (which replays traces through the same planner). They are frozen values; nothing here does I/O
 or reads a clock.
 
 Identity rules:
