@@ -145,7 +145,6 @@ def _line_in(text: str, line: str) -> int:
     return [n for n, got in enumerate(text.split("\n"), 1) if got == line][-1]
 
 
-@pytest.mark.xfail(strict=True, reason="jobs/spec.py's own line finder reads the string's [hook] as a header")
 def test_a_header_inside_a_multi_line_string_is_not_where_the_key_is(tmp_path, policy):
     argv = f'argv = ["{sys.executable}", "train.py", "--steps", "100"]'
     text = GOOD.replace(argv, argv[:-1] + ', """\n[hook]\nsignal = "SIGKILL"\n"""]')
@@ -157,7 +156,6 @@ def test_a_header_inside_a_multi_line_string_is_not_where_the_key_is(tmp_path, p
     assert f"job.toml:{line}: hook.signal:" in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="jobs/spec.py's own line finder knows no inline tables")
 def test_a_key_in_an_inline_table_is_refused_with_its_line(tmp_path, policy):
     text = GOOD.replace('[hook]\nsignal = "SIGUSR2"\nack_timeout_s = 30\nexit_timeout_s = 5\n', "")
     text = text.replace("[ranks]", 'hook = { signal = "SIGKILL" }\n\n[ranks]')

@@ -17,6 +17,7 @@ from flexmig.config.checks import Checker, cross_checks
 from flexmig.config.keys import find_key_line, no_index, split_dotted
 from flexmig.config.problems import ConfigFileError, ConfigProblem, in_file_order
 from flexmig.config.schema import Config
+from flexmig.config.trusted import read_trusted_text
 from flexmig.errors import ConfigError
 from flexmig.security import check_file_permissions
 
@@ -137,22 +138,8 @@ def load_config_deferring(
 
 
 def _read_config_text(path: Path, trusted_uids: Collection[int] | None) -> str:
-    """The file's text after its permission, size and encoding checks (ConfigFileError otherwise)."""
-    try:
-        check_file_permissions(path, "config", trusted_uids)
-        with path.open("rb") as fh:
-            raw = fh.read(_MAX_FILE_BYTES + 1)
-    except ConfigError as exc:
-        raise ConfigFileError([ConfigProblem(str(path), "", None, _strip_path(str(exc), path))]) from None
-    except OSError as exc:
-        raise ConfigFileError([ConfigProblem(str(path), "", None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(raw) > _MAX_FILE_BYTES:
-        raise ConfigFileError([ConfigProblem(str(path), "", None, f"larger than {_MAX_FILE_BYTES} bytes")])
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigFileError([ConfigProblem(str(path), "", line, "not UTF-8 text")]) from None
+    """The file's text after its type, permission, size and encoding checks (ConfigFileError otherwise)."""
+    return read_trusted_text(path, what="configuration file", max_bytes=_MAX_FILE_BYTES, trusted_uids=trusted_uids)
 
 
 def _credential_file_problems(
@@ -174,8 +161,3 @@ def _credential_file_problems(
         except ConfigError as exc:
             problems.append(_file_problem(path, text, key, exc))
     return problems
-
-
-def _strip_path(message: str, path: Path) -> str:
-    prefix = f"{path}: "
-    return message[len(prefix) :] if message.startswith(prefix) else message

@@ -14,17 +14,18 @@ import os
 import pwd
 import re
 import signal
-import stat
 import tomllib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flexmig.errors import ConfigError, JobSpecError
+from flexmig.config.keys import find_key_line, join_key
+from flexmig.config.problems import ConfigFileError
+from flexmig.config.trusted import read_trusted_text
+from flexmig.errors import JobSpecError
 from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
 from flexmig.mig.catalogue import MODELS, GpuModel, Profile
-from flexmig.security import check_file_permissions
 
 __all__ = [
     "RESERVED_ENV",
@@ -201,128 +202,33 @@ class _Ctx:
         self.source = source
         self.text = text
 
-    def fail(self, key: str, why: str) -> JobSpecError:
+    def fail(self, key: str, why: str, *, at: str | None = None) -> JobSpecError:
+        """The error for ``key``, with the line where ``at`` (default: ``key``; a dotted TOML key) is set."""
         where = str(self.source) if self.source else "<job spec>"
-        line = _line_of(self.text, key) if self.text else None
-        at = f":{line}" if line else ""
-        return JobSpecError(f"{where}{at}: {key}: {why}")
-
-
-def _line_of(text: str, dotted: str) -> int | None:
-    """The 1-based line where ``dotted`` (``hook.signal``, ``argv``) is assigned, if it can be found."""
-    parts = dotted.split(".")
-    table, key = (".".join(parts[:-1]), parts[-1]) if len(parts) > 1 else ("", parts[0])
-    current = ""
-    key_re = re.compile(rf"^\s*(?:\"{re.escape(key)}\"|{re.escape(key)})\s*=")
-    header = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\s*(#.*)?$")
-    dotted_re = re.compile(rf"^\s*{re.escape(dotted)}\s*=")
-    for n, line in enumerate(text.splitlines(), start=1):
-        m = header.match(line)
-        if m:
-            current = m.group(1).replace('"', "").replace(" ", "")
-            if not key and current == table:
-                return n
-            continue
-        if current == table and key_re.match(line):
-            return n
-        if current == "" and table and dotted_re.match(line):
-            return n
-        if current == "" and table == "" and key_re.match(line):
-            return n
-    if table:
-        for n, line in enumerate(text.splitlines(), start=1):
-            m = header.match(line)
-            if m and m.group(1).replace('"', "").replace(" ", "") == table:
-                return n
-    return None
+        line = find_key_line(self.text, at or key) if self.text else None
+        shown = f":{line}" if line else ""
+        return JobSpecError(f"{where}{shown}: {key}: {why}")
 
 
 def load_job_spec(path: Path, policy: JobPolicy) -> JobSpec:
     """Read, check and return the job spec at ``path``; JobSpecError names the file, key and line of any fault.
 
-    Permissions are checked before the file is parsed: a spec someone else could have written is refused unread.
-    So is anything but an ordinary file of at most 64 KiB (see :func:`_read_spec`). Blocks on the file system:
-    the daemon calls it off its event loop.
+    The file is read as the daemon's configuration is (:func:`~flexmig.config.trusted.read_trusted_text`): a spec
+    someone else could have written, anything but an ordinary file, and a file over 64 KiB are refused unread.
+    Blocks on the file system: the daemon calls it off its event loop.
     """
     path = Path(path).absolute()
-    if policy.check_permissions:
-        _check_permissions(path, policy.trusted_uids)
-    raw = _read_spec(path)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise JobSpecError(f"{path}: job spec is not UTF-8 text") from None
-    return parse_job_spec(text, policy, source=path)
-
-
-def _read_spec(path: Path) -> bytes:
-    """The bytes of the spec file at ``path``, read only once it is known to be safe to read.
-
-    Refused unread (JobSpecError naming the file): anything that is not a regular file (a FIFO would block the
-    reader forever, a device may act on being opened) and a file whose size is over the limit (``/proc/kcore``
-    claims terabytes). A file that holds other than its stated size (``/proc`` and ``/sys`` files say 0 bytes and
-    yield more; a file being written) is refused after at most its size plus one byte has been read.
-    """
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise JobSpecError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    _check_readable(path, st)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-            raise JobSpecError(f"{path}: refused: the file was replaced while it was being opened")
-        _check_readable(path, opened)
-        chunks: list[bytes] = []
-        left = opened.st_size + 1  # one byte more than stated tells a file that holds more than it says
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) != opened.st_size:
-        raise JobSpecError(
-            f"{path}: refused: holds other than the {opened.st_size} bytes its size says "
-            "(a /proc or /sys file, or one being written)"
+        text = read_trusted_text(
+            path,
+            what="job spec",
+            max_bytes=_MAX_SPEC_BYTES,
+            trusted_uids=policy.trusted_uids,
+            check_permissions=policy.check_permissions,
         )
-    return raw
-
-
-def _check_readable(path: Path, st: os.stat_result) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise JobSpecError(f"{path}: refused: not a regular file ({_file_kind(st.st_mode)})")
-    if st.st_size > _MAX_SPEC_BYTES:
-        raise JobSpecError(f"{path}: job spec larger than {_MAX_SPEC_BYTES} bytes ({st.st_size} bytes)")
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not an ordinary file")
-
-
-def _check_permissions(path: Path, trusted: Collection[int]) -> None:
-    try:
-        check_file_permissions(path, "config", trusted)
-    except ConfigError as exc:
+    except ConfigFileError as exc:
         raise JobSpecError(str(exc)) from None
+    return parse_job_spec(text, policy, source=path)
 
 
 def parse_job_spec(text: str, policy: JobPolicy, source: Path | None = None) -> JobSpec:
@@ -344,14 +250,15 @@ def _build(
     for key in data:
         if key not in _TOP_KEYS and key not in _TABLES:
             known = ", ".join(sorted(_TOP_KEYS | set(_TABLES)))
-            raise c.fail(key, f"unknown key (known keys: {known})")
+            raise c.fail(key, f"unknown key (known keys: {known})", at=join_key("", key))
     for table, keys in _TABLES.items():
         sub = data.get(table, {})
         if not isinstance(sub, dict):
             raise c.fail(table, f"must be a table ([{table}]), not {_tname(sub)}")
         for key in sub:
             if key not in keys:
-                raise c.fail(f"{table}.{key}", f"unknown key (known keys in [{table}]: {', '.join(sorted(keys))})")
+                known = f"known keys in [{table}]: {', '.join(sorted(keys))}"
+                raise c.fail(f"{table}.{key}", f"unknown key ({known})", at=join_key(table, key))
 
     name = _str(c, data, "name", required=True)
     if not _NAME.match(name):
