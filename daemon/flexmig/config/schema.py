@@ -19,6 +19,7 @@ from typing import Any, Literal, cast
 
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key
+from flexmig.plan.types import PlannerSettings
 from flexmig.security import Secret, read_secret_file
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
 #: What the daemon may do. ``observe``: sample, detect, export, never change a GPU. ``advise``: also plan and
 #: publish plans. ``act``: execute plans (needs root with CAP_SYS_ADMIN).
 Mode = Literal["observe", "advise", "act"]
+
+_PLANNER = PlannerSettings()  # the planner's defaults are the [planner] table's
 
 
 def _doc(
@@ -249,45 +252,52 @@ class DetectConfig:
 class PlannerConfig:
     """The planner (modes advise and act): how often it runs and what actions cost."""
 
+    # Every key PlannerSettings also has takes its default from there (the one set of planner defaults), so a
+    # daemon without a [planner] table plans exactly as the planner documents; its docstring gives the figures.
     interval_s: float = _doc(60.0, "Seconds between two planning rounds.", lo=1, hi=86400)
     settling_s: float = _doc(
-        300.0, "A job started, migrated or re-split is not moved again for this long, in seconds.", lo=0, hi=86400
+        _PLANNER.settling_s,
+        "A job started, migrated or re-split is not moved again for this long, in seconds.",
+        lo=0,
+        hi=86400,
     )
     # Action costs: the measured figures of bench/migration.py and the torch DDP example (examples/train_ddp.py,
-    # 2 ranks, gloo, on the simulated node): the daemon adds ~0.06 s per move; the job acknowledges a checkpoint
-    # in 40-90 ms and its ranks exit 2-3 s later; relaunched ranks reach their first step 4-6 s after the launch.
-    # On hardware add the driver's instance create/destroy (order of seconds, not measurable on the simulator).
+    # 2 ranks, gloo, on the simulated node).
     checkpoint_s: float = _doc(
-        3.0,
+        _PLANNER.checkpoint_s,
         "Expected time from the checkpoint request to the job's ranks having exited (measured: acknowledgement "
         "40-90 ms, ranks exit 2-3 s; bench/migration.py). Raise it for jobs with large checkpoints.",
         lo=0,
         hi=3600,
     )
-    reconfigure_s: float = _doc(5.0, "Expected time to destroy or create one MIG instance.", lo=0, hi=3600)
+    reconfigure_s: float = _doc(
+        _PLANNER.reconfigure_s, "Expected time to destroy or create one MIG instance.", lo=0, hi=3600
+    )
     restart_s: float = _doc(
-        6.0,
+        _PLANNER.restart_s,
         "Expected time from relaunch to the job's first step after resuming (measured: 4-6 s for the torch "
         "example, of which the daemon's own part is ~0.06 s; bench/migration.py).",
         lo=0,
         hi=3600,
     )
     spread_efficiency: float = _doc(
-        0.9,
+        _PLANNER.spread_efficiency,
         "Speed of a job spread over several instances, as a fraction of the speed its compute slices would give "
         "in one instance (one rank per instance, no P2P/NVLink between MIG instances).",
         gt=0,
         hi=1,
     )
     gain_margin: float = _doc(
-        0.1,
+        _PLANNER.gain_margin,
         "Move a job only when the expected gain (the wait it spares another job, the run time it saves) is at "
         "least (1 + this) times its cost.",
         lo=0,
         hi=10,
     )
-    migrate_enabled: bool = _doc(True, "Plan migrations of jobs between instances.")
-    resplit_enabled: bool = _doc(True, "Plan re-splits of distributed jobs over another number of instances.")
+    migrate_enabled: bool = _doc(_PLANNER.migrate, "Plan migrations of jobs between instances.")
+    resplit_enabled: bool = _doc(
+        _PLANNER.resplit, "Plan re-splits of distributed jobs over another number of instances."
+    )
 
 
 @dataclass(frozen=True)

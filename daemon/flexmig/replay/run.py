@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ from flexmig.errors import TraceError
 from flexmig.mig.nodespec import NodeSpec, parse_node_spec
 from flexmig.plan.types import JobRequest, PlannerSettings
 from flexmig.replay.bound import lower_bound
+from flexmig.replay.costs import REPLAY_SETTINGS
 from flexmig.replay.engine import Sample, replay, request_for
 from flexmig.replay.load import cap_runtime, compress, natural_load, thin
 from flexmig.replay.managers import FluidManager, LayoutManager
@@ -42,7 +43,8 @@ POLICIES: tuple[str, ...] = ("static", "drain", "flex", "fluid", "bound")
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
-    """Everything a replay depends on. Defaults are the documented ones (docs/replay.md)."""
+    """Everything a replay depends on. Defaults are the documented ones (docs/replay.md); the costs are replay's own
+    (:data:`~flexmig.replay.costs.REPLAY_SETTINGS`), not the daemon's."""
 
     trace: Path
     node: str = "h200x8"
@@ -51,7 +53,7 @@ class ReplayConfig:
     max_runtime_s: float = 86400.0
     max_gap_s: float = 1800.0
     elastic: ElasticRule = "whole"
-    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    settings: PlannerSettings = REPLAY_SETTINGS
 
 
 @dataclass(frozen=True, slots=True)
