@@ -19,6 +19,7 @@ from typing import Any, Literal, cast
 
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key
+from flexmig.detect.settings import DEFAULT_DEMAND
 from flexmig.plan.types import PlannerSettings
 from flexmig.security import Secret, read_secret_file
 
@@ -26,7 +27,7 @@ __all__ = [
     "Config",
     "ControlConfig",
     "DcgmConfig",
-    "DemandMix",
+    "DemandMixConfig",
     "DetectConfig",
     "JobsConfig",
     "Mode",
@@ -44,6 +45,7 @@ __all__ = [
 Mode = Literal["observe", "advise", "act"]
 
 _PLANNER = PlannerSettings()  # the planner's defaults are the [planner] table's
+_DEMAND = dict(DEFAULT_DEMAND)  # detection's default mix is the [detect.demand_mix] table's
 
 
 def _doc(
@@ -189,17 +191,18 @@ class DcgmConfig:
 
 
 @dataclass(frozen=True)
-class DemandMix:
+class DemandMixConfig:
     """Relative demand for each instance size (by compute slices); weights the external fragmentation score.
 
     The default leans to small instances, as MIG is chosen for jobs smaller than a GPU (detect.settings).
     """
 
-    g1: float = _doc(0.35, "Weight of 1-slice profiles (1g.*).", lo=0, hi=1e6, toml="1g")
-    g2: float = _doc(0.25, "Weight of 2-slice profiles (2g.*).", lo=0, hi=1e6, toml="2g")
-    g3: float = _doc(0.20, "Weight of 3-slice profiles (3g.*).", lo=0, hi=1e6, toml="3g")
-    g4: float = _doc(0.10, "Weight of 4-slice profiles (4g.*).", lo=0, hi=1e6, toml="4g")
-    g7: float = _doc(0.10, "Weight of the whole-GPU profile (7g.*).", lo=0, hi=1e6, toml="7g")
+    # The defaults are detection's own mix (flexmig.detect.DEFAULT_DEMAND), the one place they are set.
+    g1: float = _doc(_DEMAND["1g"], "Weight of 1-slice profiles (1g.*).", lo=0, hi=1e6, toml="1g")
+    g2: float = _doc(_DEMAND["2g"], "Weight of 2-slice profiles (2g.*).", lo=0, hi=1e6, toml="2g")
+    g3: float = _doc(_DEMAND["3g"], "Weight of 3-slice profiles (3g.*).", lo=0, hi=1e6, toml="3g")
+    g4: float = _doc(_DEMAND["4g"], "Weight of 4-slice profiles (4g.*).", lo=0, hi=1e6, toml="4g")
+    g7: float = _doc(_DEMAND["7g"], "Weight of the whole-GPU profile (7g.*).", lo=0, hi=1e6, toml="7g")
 
     def weights(self) -> dict[int, float]:
         """Compute-slice count -> weight, for the detection layer."""
@@ -245,7 +248,7 @@ class DetectConfig:
     fragmentation_window_s: float = _doc(
         60.0, "How long fragmentation (or its end) must persist before it is reported, in seconds.", lo=0, hi=86400
     )
-    demand_mix: DemandMix = _doc(factory=DemandMix, doc=DemandMix.__doc__ or "")
+    demand_mix: DemandMixConfig = _doc(factory=DemandMixConfig, doc=DemandMixConfig.__doc__ or "")
 
 
 @dataclass(frozen=True)
