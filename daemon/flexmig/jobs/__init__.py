@@ -6,7 +6,7 @@ from flexmig.jobs.spec import (
     JobPolicy,
     JobSpec,
     Launcher,
-    RankNeed,
+    NeedSpec,
     load_job_spec,
     parse_job_spec,
 )
@@ -17,7 +17,7 @@ __all__ = [
     "JobPolicy",
     "JobSpec",
     "Launcher",
-    "RankNeed",
+    "NeedSpec",
     "load_job_spec",
     "parse_job_spec",
 ]

@@ -26,6 +26,7 @@ from flexmig.config.trusted import read_trusted_text
 from flexmig.errors import JobSpecError
 from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
 from flexmig.mig.catalogue import MODELS, GpuModel, Profile
+from flexmig.mig.need import fitting_profile, need_mib
 
 __all__ = [
     "RESERVED_ENV",
@@ -33,7 +34,7 @@ __all__ = [
     "JobPolicy",
     "JobSpec",
     "Launcher",
-    "RankNeed",
+    "NeedSpec",
     "load_job_spec",
     "parse_job_spec",
 ]
@@ -92,8 +93,12 @@ class JobPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class RankNeed:
-    """What one rank needs: a named MIG profile, or memory and compute to pick the smallest profile that fits."""
+class NeedSpec:
+    """A spec's ``[need]`` table: what one rank needs, a named MIG profile or memory (GiB) and compute slices.
+
+    :meth:`profile_on` picks the profile by the one rule of :func:`flexmig.mig.need.fitting_profile`, which the
+    planner follows too (through :func:`flexmig.act.planview.job_request`).
+    """
 
     profile: str | None = None
     memory_gib: float | None = None
@@ -109,12 +114,13 @@ class RankNeed:
         """The profile a rank gets on ``model``; ValueError when no profile of that model can satisfy the need."""
         if self.profile:
             return model.profile(self.profile)  # KeyError lists the model's profiles
-        mem_mib = (self.memory_gib or 0.0) * 1024
-        comp = self.compute_slices or 1
-        fits = [p for p in model.plain_profiles if p.memory_mib >= mem_mib and p.compute_slices >= comp]
-        if not fits:
+        try:
+            fit = fitting_profile(model, need_mib(self.memory_gib or 0.0), self.compute_slices or 1)
+        except ValueError:  # not a finite amount of memory
+            fit = None
+        if fit is None:
             raise ValueError(f"no MIG profile of {model.key} offers {self.describe()}")
-        return min(fits, key=lambda p: (p.compute_slices, p.memory_slices, p.memory_mib))
+        return fit
 
     def possible_anywhere(self) -> bool:
         """True when some supported GPU model has a profile that satisfies this need."""
@@ -149,7 +155,7 @@ class JobSpec:
     ranks_min: int
     ranks_max: int
     ranks_start: int
-    need: RankNeed
+    need: NeedSpec
     launcher: Launcher = "plain"
     hook: HookSettings = HookSettings()
     env: tuple[tuple[str, str], ...] = ()
@@ -431,7 +437,7 @@ def _env(c: _Ctx, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-def _need(c: _Ctx, need: Mapping[str, Any]) -> RankNeed:
+def _need(c: _Ctx, need: Mapping[str, Any]) -> NeedSpec:
     profile = _str(c, need, "profile") or None
     mem = need.get("memory_gib")
     comp = need.get("compute_slices")
@@ -447,7 +453,7 @@ def _need(c: _Ctx, need: Mapping[str, Any]) -> RankNeed:
         comp = _int(c, need, "need.compute_slices", "compute_slices", 1)
         if comp not in (1, 2, 3, 4, 7):
             raise c.fail("need.compute_slices", f"{comp} is not a MIG compute size (1, 2, 3, 4 or 7)")
-    rn = RankNeed(profile=profile, memory_gib=mem, compute_slices=comp)
+    rn = NeedSpec(profile=profile, memory_gib=mem, compute_slices=comp)
     if profile is not None:
         if any(ch in _SHELL_META for ch in profile):
             raise c.fail("need.profile", f"{profile!r} is not a MIG profile name")

@@ -70,7 +70,9 @@ class RankNeed:
 
     With ``profile`` set, the rank gets exactly that profile. Otherwise the planner picks the smallest plain
     profile of the node's model with at least ``compute_slices`` compute slices and ``memory_mib`` memory
-    (:func:`flexmig.plan.shapes.profile_for_need`).
+    (:func:`flexmig.plan.shapes.profile_for_need`, by the rule of :func:`flexmig.mig.need.fitting_profile`). A job
+    spec's ``[need]`` (:class:`flexmig.jobs.spec.NeedSpec`, memory in GiB) becomes one of these in
+    :func:`flexmig.act.planview.job_request`.
     """
 
     profile: str | None = None
