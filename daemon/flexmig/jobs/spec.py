@@ -33,13 +33,14 @@ __all__ = [
     "HookSettings",
     "JobPolicy",
     "JobSpec",
-    "Launcher",
+    "LauncherKind",
     "NeedSpec",
     "load_job_spec",
     "parse_job_spec",
 ]
 
-Launcher = Literal["plain", "torchrun"]
+#: How a job's ranks are started: ``plain`` runs argv once per rank, ``torchrun`` through torch elastic.
+LauncherKind = Literal["plain", "torchrun"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
@@ -156,7 +157,7 @@ class JobSpec:
     ranks_max: int
     ranks_start: int
     need: NeedSpec
-    launcher: Launcher = "plain"
+    launcher: LauncherKind = "plain"
     hook: HookSettings = HookSettings()
     env: tuple[tuple[str, str], ...] = ()
     source: Path | None = None
