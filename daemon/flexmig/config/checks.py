@@ -23,23 +23,12 @@ from urllib.parse import urlsplit
 
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key
-from flexmig.config.problems import show
+from flexmig.config.problems import show, type_name
 from flexmig.config.schema import Config, toml_name
 
 __all__ = ["Checker", "cross_checks"]
 
 _T = TypeVar("_T")
-
-
-def _type_name(value: object) -> str:
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a float",
-        str: "a string",
-        list: "an array",
-        dict: "a table",
-    }.get(type(value), type(value).__name__)
 
 
 class Checker:
@@ -55,7 +44,7 @@ class Checker:
     def section(self, cls: type[_T], data: object, prefix: str) -> _T:
         """The table ``data`` as ``cls``: unknown keys are problems, invalid values keep their defaults."""
         if not isinstance(data, dict):
-            self.fail(prefix, f"expected a table, got {_type_name(data)}")
+            self.fail(prefix, f"expected a table, got {type_name(data)}")
             return cls()
         hints = typing.get_type_hints(cls)
         known = {toml_name(f): f for f in fields(cast(Any, cls))}
@@ -89,30 +78,30 @@ class Checker:
         if origin is tuple:
             (item_tp, _ellipsis) = typing.get_args(tp)
             if not isinstance(raw, list):
-                self.fail(key, f"expected an array, got {_type_name(raw)}")
+                self.fail(key, f"expected an array, got {type_name(raw)}")
                 return _INVALID
             items = [self.value(item_tp, item, f"{key}[{i}]", meta) for i, item in enumerate(raw)]
             return _INVALID if any(i is _INVALID for i in items) else tuple(items)
         if tp is bool:
             if not isinstance(raw, bool):
-                self.fail(key, f"expected true or false, got {_type_name(raw)}")
+                self.fail(key, f"expected true or false, got {type_name(raw)}")
                 return _INVALID
             return raw
         if tp is int:
             if isinstance(raw, bool) or not isinstance(raw, int):
-                self.fail(key, f"expected an integer, got {_type_name(raw)}")
+                self.fail(key, f"expected an integer, got {type_name(raw)}")
                 return _INVALID
             return raw if self.in_range(raw, key, meta) else _INVALID
         if tp is float:
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-                self.fail(key, f"expected a number, got {_type_name(raw)}")
+                self.fail(key, f"expected a number, got {type_name(raw)}")
                 return _INVALID
             if not math.isfinite(raw):
                 self.fail(key, f"expected a finite number, got {raw}")
                 return _INVALID
             return float(raw) if self.in_range(raw, key, meta) else _INVALID
         if not isinstance(raw, str):
-            self.fail(key, f"expected a string, got {_type_name(raw)}")
+            self.fail(key, f"expected a string, got {type_name(raw)}")
             return _INVALID
         if "\x00" in raw:
             self.fail(key, "contains a NUL character")

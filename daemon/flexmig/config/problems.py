@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from flexmig.errors import ConfigError
 
-__all__ = ["ConfigFileError", "ConfigProblem", "in_file_order", "show"]
+__all__ = ["ConfigFileError", "ConfigProblem", "in_file_order", "show", "type_name"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,15 @@ def show(value: object, limit: int = 40) -> str:
     """A short, printable rendering of a user value for an error message."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def type_name(value: object) -> str:
+    """What a parsed TOML value is, for "expected X, got Y" messages (``a float``, ``a table``)."""
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a float",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)

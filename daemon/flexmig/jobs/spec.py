@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.config.keys import find_key_line, join_key
-from flexmig.config.problems import ConfigFileError
+from flexmig.config.problems import ConfigFileError, type_name
 from flexmig.config.trusted import read_trusted_text
 from flexmig.errors import JobSpecError
 from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
@@ -261,7 +261,7 @@ def _build(
     for table, keys in _TABLES.items():
         sub = data.get(table, {})
         if not isinstance(sub, dict):
-            raise c.fail(table, f"must be a table ([{table}]), not {_tname(sub)}")
+            raise c.fail(table, f"must be a table ([{table}]), not {type_name(sub)}")
         for key in sub:
             if key not in keys:
                 known = f"known keys in [{table}]: {', '.join(sorted(keys))}"
@@ -330,17 +330,6 @@ def _build(
     )
 
 
-def _tname(v: object) -> str:
-    return {
-        str: "a string",
-        int: "an integer",
-        float: "a number",
-        bool: "a boolean",
-        list: "an array",
-        dict: "a table",
-    }.get(type(v), type(v).__name__)
-
-
 def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> str:
     if key not in data:
         if required:
@@ -348,7 +337,7 @@ def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> 
         return ""
     v = data[key]
     if not isinstance(v, str):
-        raise c.fail(key, f"must be a string, not {_tname(v)}")
+        raise c.fail(key, f"must be a string, not {type_name(v)}")
     if "\x00" in v or "\n" in v:
         raise c.fail(key, "must not contain NUL or newline characters")
     return v
@@ -357,14 +346,14 @@ def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> 
 def _int(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: int) -> int:
     v = table.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise c.fail(dotted, f"must be an integer, not {_tname(v)}")
+        raise c.fail(dotted, f"must be an integer, not {type_name(v)}")
     return v
 
 
 def _num(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: float) -> float:
     v = table.get(key, default)
     if not isinstance(v, int | float) or isinstance(v, bool):
-        raise c.fail(dotted, f"must be a number, not {_tname(v)}")
+        raise c.fail(dotted, f"must be a number, not {type_name(v)}")
     return float(v)
 
 
@@ -375,12 +364,12 @@ def _argv(c: _Ctx, data: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(v, str):
         raise c.fail("argv", "must be a list of arguments, not a string: flexmig never runs a shell")
     if not isinstance(v, list) or not v:
-        raise c.fail("argv", f"must be a non-empty list of strings, not {_tname(v)}")
+        raise c.fail("argv", f"must be a non-empty list of strings, not {type_name(v)}")
     if len(v) > _MAX_ARGV:
         raise c.fail("argv", f"more than {_MAX_ARGV} arguments")
     for i, a in enumerate(v):
         if not isinstance(a, str):
-            raise c.fail("argv", f"argument {i} must be a string, not {_tname(a)}")
+            raise c.fail("argv", f"argument {i} must be a string, not {type_name(a)}")
         if "\x00" in a or len(a) > _MAX_ARG_LEN:
             raise c.fail("argv", f"argument {i} holds a NUL character or is longer than {_MAX_ARG_LEN}")
     prog = v[0]
@@ -423,7 +412,7 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
 def _env(c: _Ctx, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     v = data.get("env", {})
     if not isinstance(v, dict):
-        raise c.fail("env", f'must be a table of NAME = "value", not {_tname(v)}')
+        raise c.fail("env", f'must be a table of NAME = "value", not {type_name(v)}')
     out: list[tuple[str, str]] = []
     for k, val in v.items():
         if not _ENV_NAME.match(k):
@@ -431,7 +420,7 @@ def _env(c: _Ctx, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         if k in RESERVED_ENV or k.startswith(("FLEXMIG_", "TORCHELASTIC_")):
             raise c.fail("env", f"{k} is set by flexmig and may not be overridden")
         if not isinstance(val, str):
-            raise c.fail("env", f"{k} must be a string, not {_tname(val)}")
+            raise c.fail("env", f"{k} must be a string, not {type_name(val)}")
         if "\x00" in val:
             raise c.fail("env", f"{k} holds a NUL character")
         out.append((k, val))
