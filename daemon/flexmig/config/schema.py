@@ -19,7 +19,7 @@ from typing import Any, Literal, cast
 
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key
-from flexmig.detect.settings import DEFAULT_DEMAND
+from flexmig.detect.settings import DEFAULT_DEMAND, FragmentationSettings, UnderuseSettings
 from flexmig.plan.types import PlannerSettings
 from flexmig.security import Secret, read_secret_file
 
@@ -45,7 +45,9 @@ __all__ = [
 Mode = Literal["observe", "advise", "act"]
 
 _PLANNER = PlannerSettings()  # the planner's defaults are the [planner] table's
-_DEMAND = dict(DEFAULT_DEMAND)  # detection's default mix is the [detect.demand_mix] table's
+_UNDERUSE = UnderuseSettings()  # detection's defaults are the [detect] table's
+_FRAGMENTATION = FragmentationSettings()
+_DEMAND = dict(DEFAULT_DEMAND)  # and its default mix the [detect.demand_mix] table's
 
 
 def _doc(
@@ -213,40 +215,58 @@ class DemandMixConfig:
 class DetectConfig:
     """Thresholds of the underuse and fragmentation findings."""
 
+    # The defaults are detection's own (flexmig.detect.DetectSettings), the one place they are set.
     underuse_activity: float = _doc(
-        0.05,
+        _UNDERUSE.activity_enter,
         "An instance whose SM activity (p95, else mean) stays at or below this ratio, and whose memory stays at "
         "or below underuse_memory, for underuse_window_s is underused (idle when it runs no process).",
         lo=0,
         hi=1,
     )
     underuse_activity_exit: float = _doc(
-        0.15, "The finding ends once activity stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
+        _UNDERUSE.activity_exit,
+        "The finding ends once activity stays above this ratio for underuse_exit_window_s.",
+        lo=0,
+        hi=1,
     )
     underuse_memory: float = _doc(
-        0.10, "Memory used, as a ratio of the instance's memory, that counts as low.", lo=0, hi=1
+        _UNDERUSE.memory_enter, "Memory used, as a ratio of the instance's memory, that counts as low.", lo=0, hi=1
     )
     underuse_memory_exit: float = _doc(
-        0.25, "... or once memory used stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
+        _UNDERUSE.memory_exit, "... or once memory used stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
     )
     underuse_window_s: float = _doc(
-        600.0, "How long low use must hold before it is a finding, in seconds.", lo=1, hi=86400
+        _UNDERUSE.enter_after_s, "How long low use must hold before it is a finding, in seconds.", lo=1, hi=86400
     )
     underuse_exit_window_s: float = _doc(
-        120.0, "How long high use must hold before an underuse finding ends, in seconds.", lo=0, hi=86400
+        _UNDERUSE.exit_after_s,
+        "How long high use must hold before an underuse finding ends, in seconds.",
+        lo=0,
+        hi=86400,
     )
     oversize_margin: float = _doc(
-        0.25, "A job is oversized when a smaller profile holds its p95 SMs and memory with this headroom.", lo=0, hi=10
+        _UNDERUSE.oversize_margin,
+        "A job is oversized when a smaller profile holds its p95 SMs and memory with this headroom.",
+        lo=0,
+        hi=10,
     )
-    oversize_window_s: float = _doc(900.0, "How long a job must fit a smaller profile to be oversized.", lo=1, hi=86400)
+    oversize_window_s: float = _doc(
+        _UNDERUSE.oversize_after_s, "How long a job must fit a smaller profile to be oversized.", lo=1, hi=86400
+    )
     fragmentation_threshold: float = _doc(
-        0.5, "A GPU whose external fragmentation score (0-1) stays at or above this is fragmented.", lo=0, hi=1
+        _FRAGMENTATION.enter,
+        "A GPU whose external fragmentation score (0-1) stays at or above this is fragmented.",
+        lo=0,
+        hi=1,
     )
     fragmentation_exit: float = _doc(
-        0.3, "The fragmentation finding ends once the score stays at or below this.", lo=0, hi=1
+        _FRAGMENTATION.exit, "The fragmentation finding ends once the score stays at or below this.", lo=0, hi=1
     )
     fragmentation_window_s: float = _doc(
-        60.0, "How long fragmentation (or its end) must persist before it is reported, in seconds.", lo=0, hi=86400
+        _FRAGMENTATION.enter_after_s,
+        "How long fragmentation (or its end) must persist before it is reported, in seconds.",
+        lo=0,
+        hi=86400,
     )
     demand_mix: DemandMixConfig = _doc(factory=DemandMixConfig, doc=DemandMixConfig.__doc__ or "")
 
