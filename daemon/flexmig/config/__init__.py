@@ -7,7 +7,8 @@ from files. Every problem is reported at once, each naming the file, the dotted 
 
 One idea per module: :mod:`~flexmig.config.schema` (the tables and their defaults), :mod:`~flexmig.config.keys`
 (where a key sits in TOML text), :mod:`~flexmig.config.checks` (types, ranges, rules between keys),
-:mod:`~flexmig.config.load` (text and files to a configuration), :mod:`~flexmig.config.reload`,
+:mod:`~flexmig.config.load` (text and files to a configuration), :mod:`~flexmig.config.trusted` (reading a file
+that steers the daemon; job specs are read the same way), :mod:`~flexmig.config.reload`,
 :mod:`~flexmig.config.render` (the example file), :mod:`~flexmig.config.address` and
 :mod:`~flexmig.config.problems`. This package re-exports the public names.
 """
