@@ -169,7 +169,7 @@ def main() -> int:
         )
     print(f"goal: median daemon-added time <= 500 ms: {'met' if ok else 'NOT met'}")
     print(
-        "planner defaults (plan/types.py PlannerSettings): daemon overhead per move is "
+        "planner defaults (plan/types.py PlannerSettings, the [planner] table's): daemon overhead per move is "
         f"{max(m['daemon'] for m in medians.values()):.3f} s here; reconfigure_s covers the driver's create/destroy "
         "time, which the simulator cannot measure"
     )

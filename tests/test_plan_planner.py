@@ -1,5 +1,7 @@
 """The planner on small nodes whose right answer can be checked by hand (H200; memory slices 0-7)."""
 
+from dataclasses import replace
+
 import pytest
 
 from flexmig.errors import PlanRejectedError
@@ -27,6 +29,9 @@ P2 = H200.profile("2g.35gb")
 P3 = H200.profile("3g.71gb")
 P4 = H200.profile("4g.71gb")
 P7 = H200.profile("7g.141gb")
+
+# The costs these cases are worked out for: a 50 s move that must gain twice its cost, ten minutes of settling.
+SETTINGS = PlannerSettings(checkpoint_s=20.0, restart_s=30.0, reconfigure_s=2.0, settling_s=600.0, gain_margin=1.0)
 
 
 def req(name, profile, *, t=0.0, runtime=1000.0, ranks=1, elastic=False, movable=True):
@@ -62,7 +67,7 @@ def running(name, *instances, remaining=10_000.0, last_moved=-10_000.0, movable=
 
 
 def plan_for(state, settings=None):
-    settings = settings or PlannerSettings()
+    settings = settings or SETTINGS
     plan = Planner(H200, settings).plan(state)
     outcome = validate_plan(state, plan, settings)
     return plan, outcome
@@ -152,7 +157,7 @@ def test_no_resplit_setting_keeps_elastic_jobs_whole():
         running=tuple(running(f"r{g}", (g, 0, P3), movable=False) for g in range(3)),
         pending=(req("big", P7, elastic=True),),
     )
-    plan, _ = plan_for(state, PlannerSettings(resplit=False))
+    plan, _ = plan_for(state, replace(SETTINGS, resplit=False))
     assert of_type(plan, StartJob) == []
 
 
@@ -175,7 +180,7 @@ def test_small_job_migrates_to_free_a_whole_gpu_for_a_waiting_7g():
     assert start.job == "big" and start.instances == (Instance(0, 0, P7),)
     kinds = [type(a) for a in plan.actions]
     assert kinds.index(MigrateJob) < kinds.index(StartJob)
-    assert move.cost_s == PlannerSettings().checkpoint_s + PlannerSettings().restart_s
+    assert move.cost_s == SETTINGS.checkpoint_s + SETTINGS.restart_s
 
 
 def test_unmovable_job_is_never_migrated():

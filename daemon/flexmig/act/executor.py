@@ -46,6 +46,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.procs import ProcessScanner
 from flexmig.act.records import JobRecord, Slot
 from flexmig.act.supervisor import Supervisor, free_port
+from flexmig.config import Mode
 from flexmig.errors import FlexmigError, LayoutError, NvmlCallError, PlanRejectedError
 from flexmig.hook.protocol import Ack, AckError, read_ack
 from flexmig.mig.catalogue import MODELS
@@ -64,7 +65,6 @@ __all__ = ["ActionResult", "Executor", "Mode", "PlanResult", "encode_action"]
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["observe", "advise", "act"]
 Outcome = Literal["completed", "failed", "cancelled", "skipped"]
 
 
