@@ -25,6 +25,7 @@ from flexmig import __version__
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction
 from flexmig.sim import SimNode
@@ -35,7 +36,6 @@ from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.sampler import SamplingLoop, dcgm_loop, periodic_step
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring import wire
 
 __all__ = ["Daemon", "build_parser", "config_secrets", "main", "serve", "setup_logging"]

@@ -23,11 +23,10 @@ from flexmig import sim
 from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
 from flexmig.act.events import LoggingSink
 from flexmig.act.journal import StepEvent
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError
 from flexmig.jobs.spec import JobPolicy
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 
 __all__ = ["main", "parse_args", "run"]
 
@@ -59,12 +58,12 @@ async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | N
         node = sim.install(args.sim, state_path=args.sim_state)
         devices = SimProcessTable(node)
     nvml = Nvml.open()
-    offload = ThreadOffload()
+    worker = NvmlWorker()
     state: Path = args.state_dir
     act = Actuator.build(
         mode=args.mode,
         nvml=nvml,
-        offload=offload,
+        offload=worker.call,
         devices=devices,
         journal_path=state / "journal.sqlite3",
         logs_dir=state / "logs",
@@ -87,7 +86,7 @@ async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | N
             server.cancel()
     finally:
         await act.close()
-        offload.close()
+        worker.shutdown()
         with contextlib.suppress(Exception):
             nvml.close()
     return 0

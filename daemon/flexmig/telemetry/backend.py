@@ -1,7 +1,7 @@
 """Opening the node the daemon samples: the real NVML, or a simulated node installed under pynvml first.
 
 Everything here runs on the NVML thread (the daemon calls :func:`open_backend` and :meth:`Backend.close` through
-its :class:`~flexmig.telemetry.worker.NvmlWorker`), so the simulator's state and NVML's are only ever touched from
+its :class:`~flexmig.nvml.worker.NvmlWorker`), so the simulator's state and NVML's are only ever touched from
 that one thread by the daemon.
 """
 

@@ -57,12 +57,12 @@ from flexmig.export.events import Event, EventFactory, EventKind
 from flexmig.export.findings_metrics import report_of
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.jobs.spec import JobPolicy
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
 from flexmig.telemetry.backend import Backend
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs

@@ -20,13 +20,13 @@ from flexmig.act.placement import node_model
 from flexmig.config import Config
 from flexmig.detect import Report
 from flexmig.export.findings_metrics import report_of
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan.types import JobRequest
 from flexmig.telemetry.backend import Backend, open_backend
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.planning import PlanningInput, parse_request, planning_state
 
