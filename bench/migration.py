@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 from flexmig import sim
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
@@ -79,7 +78,7 @@ async def scenario(kind: str, runs: int, sync: str) -> list[dict[str, float]]:
             ack_mtimes.append((base / "ckpt" / "flexmig-ack.json").stat().st_mtime)
 
     act = Actuator.build(
-        mode="act", nvml=nvml, offload=off.call, devices=SimProcessTable(node), journal_path=base / "j.sqlite3",
+        mode="act", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node), journal_path=base / "j.sqlite3",
         logs_dir=base / "logs", policy=JobPolicy((base,)), events=MemorySink(), on_step=on_step,
         poll_s=0.005, journal_synchronous=sync,  # type: ignore[arg-type]
     )  # fmt: skip

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 from flexmig import sim
 from flexmig.act.control import ControlServer
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
@@ -83,7 +82,7 @@ class LiveNode:
             mode="act",
             nvml=self.nvml,
             offload=self.offload.call,
-            devices=SimProcessTable(self.node),
+            devices=sim.SimProcessTable(self.node),
             journal_path=self.base / "journal.sqlite3",
             logs_dir=self.base / "logs",
             policy=JobPolicy((self.base,)),

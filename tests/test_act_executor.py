@@ -24,7 +24,6 @@ import psutil
 import pytest
 
 from flexmig import sim
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
@@ -74,7 +73,7 @@ class Rig:
             mode=self.mode,  # type: ignore[arg-type]
             nvml=self.nvml,
             offload=self.offload.call,
-            devices=SimProcessTable(self.node),
+            devices=sim.SimProcessTable(self.node),
             journal_path=self.base / "journal.sqlite3",
             logs_dir=self.base / "logs",
             policy=JobPolicy((self.base,)),

@@ -18,7 +18,6 @@ import pytest
 from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.control import ControlServer
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.service import Actuator
 from flexmig.errors import ConfigError, PlanRejectedError
@@ -219,7 +218,7 @@ def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(t
         nvml = Nvml.open()
         off = NvmlWorker()
         act = Actuator.build(
-            mode="observe", nvml=nvml, offload=off.call, devices=SimProcessTable(node),
+            mode="observe", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node),
             journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
             events=MemorySink(),
         )  # fmt: skip
@@ -261,7 +260,7 @@ def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps
         nvml = Nvml.open()
         off = NvmlWorker()
         act = Actuator.build(
-            mode="advise", nvml=nvml, offload=off.call, devices=SimProcessTable(node),
+            mode="advise", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node),
             journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
             events=MemorySink(),
         )  # fmt: skip

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from flexmig import sim
-from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
+from flexmig.act.devices import DeviceProcessTable, DriverProcessTable
 from flexmig.act.events import LoggingSink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
@@ -56,7 +56,7 @@ async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | N
     devices: DeviceProcessTable = DriverProcessTable()
     if args.sim:
         node = sim.install(args.sim, state_path=args.sim_state)
-        devices = SimProcessTable(node)
+        devices = sim.SimProcessTable(node)
     nvml = Nvml.open()
     worker = NvmlWorker()
     state: Path = args.state_dir

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexmig.act.control import ControlServer, Handler, RequestError
-from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
+from flexmig.act.devices import DeviceProcessTable, DriverProcessTable
 from flexmig.act.events import Event as ActEvent
 from flexmig.act.executor import Mode
 from flexmig.act.journal import ActionRow
@@ -60,6 +60,7 @@ from flexmig.jobs.spec import JobPolicy
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
+from flexmig.sim import SimProcessTable
 from flexmig.telemetry.backend import Backend
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
