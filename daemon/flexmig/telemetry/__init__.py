@@ -10,7 +10,9 @@ Modules, one idea each:
   NVML thread (:class:`flexmig.nvml.worker.NvmlWorker`);
 * ``dcgm``: dcgm-exporter scrape and parser (both naming eras); ``host``: psutil facts per GPU process;
 * ``publish``: the latest-snapshot hub with enricher and subscriber hooks;
-* ``backend``: opening NVML or the simulated node; ``settings``: the loops' settings.
+* ``reader``: the sampler's view of an NVML session; ``settings``: the loops' settings.
+
+Which node NVML reads (the driver, or a simulated one) is the wiring's choice (``flexmig.wiring.backend``).
 """
 
 from flexmig.telemetry.publish import Enricher, SnapshotHub, Subscriber
