@@ -2,7 +2,7 @@
 
 The daemon builds one :class:`Actuator` in its TaskGroup::
 
-    act = Actuator.build(mode=cfg.mode, nvml=nvml, offload=nvml_thread, devices=DriverProcessTable(),
+    act = Actuator.build(mode=cfg.mode, nvml=nvml, offload=worker.call, devices=DriverProcessTable(),
                          journal_path=cfg.state.journal, logs_dir=cfg.state.directory / "logs",
                          policy=JobPolicy(cfg.jobs.allowed_dirs, default_ack_timeout_s=cfg.jobs.ack_timeout_s),
                          events=mqtt_sink)

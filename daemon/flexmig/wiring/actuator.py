@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexmig.act.control import ControlServer, Handler, RequestError
-from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
 from flexmig.act.events import Event as ActEvent
 from flexmig.act.executor import Mode
 from flexmig.act.journal import ActionRow
@@ -57,12 +56,12 @@ from flexmig.export.events import Event, EventFactory, EventKind
 from flexmig.export.findings_metrics import report_of
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.jobs.spec import JobPolicy
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
-from flexmig.telemetry.backend import Backend
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
+from flexmig.wiring.backend import Backend
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
@@ -200,17 +199,14 @@ class ActuatorComponent:
             raise FlexmigError("the actuator needs an open NVML session")
         cfg = self.config
         try:
-            self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.node is not None)
+            self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.simulated)
             if paths.private is not None:
                 log.info("simulated node: journal, rank logs and control socket under %s", paths.private)
-            devices: DeviceProcessTable = (
-                DriverProcessTable() if backend.node is None else SimProcessTable(backend.node)
-            )
             act = Actuator.build(
                 mode=self.mode,
                 nvml=backend.nvml,
                 offload=self.host.worker.call,
-                devices=devices,
+                devices=backend.devices,
                 journal_path=paths.journal,
                 logs_dir=paths.logs,
                 policy=self._policy(cfg),
