@@ -44,10 +44,6 @@ PURE_STDLIB = frozenset(
         "typing",
     }
 )
-# Modules on their way to another layer (issue 15.2 moves trace replay out of the simulator).
-MOVING = {"flexmig.sim.replay": "replay"}
-
-
 def layer_table(doc: str) -> tuple[frozenset[str], ...]:
     """The layers of the package docstring's ``::`` block, top line first."""
     block = re.search(r"::\n\n((?:    \S.*\n)+)", doc)
@@ -61,9 +57,6 @@ RANK = {name: len(LAYERS) - i for i, row in enumerate(LAYERS) for name in row}
 
 def layer_of(module: str) -> str:
     """The layer of the flexmig module ``module`` (``flexmig.act.devices`` -> ``act``)."""
-    for prefix, layer in MOVING.items():
-        if module == prefix or module.startswith(prefix + "."):
-            return layer
     parts = module.split(".")
     if parts[-1] == "__main__":
         return "__main__"
