@@ -41,7 +41,7 @@ ENV_RESUME = "FLEXMIG_RESUME"
 ENV_RESUME_STEP = "FLEXMIG_RESUME_STEP"
 ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
 #: The collective backend the launcher recommends: ranks on MIG instances have no CUDA P2P between them and
-#: NCCL's multi-rank-per-GPU mode is experimental (academic.md §1.3), so flexmig says ``gloo``.
+#: NCCL's multi-rank-per-GPU mode is experimental (NCCL_MULTI_RANK_GPU_ENABLE, NCCL 2.30), so flexmig says ``gloo``.
 ENV_DIST_BACKEND = "FLEXMIG_DIST_BACKEND"
 # Reserved for the daemon: how it recognises its ranks after a restart. Jobs must not rely on them.
 ENV_JOB_ID = "FLEXMIG_JOB_ID"

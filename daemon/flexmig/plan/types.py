@@ -14,7 +14,7 @@ Semantics of a plan (checked by :func:`flexmig.plan.validate.validate_plan`): th
 time. ``CreateInstance``/``DestroyInstance`` change one GPU's layout; a destroyed instance must hold no job. A
 job starts, migrates or re-splits onto instances that exist at that point and that no job holds; the instances it
 leaves stay (free) until a later ``DestroyInstance`` removes them. So every intermediate layout is one the
-hardware accepts (reference/apis.md §1.5), and a job is never on two sets of instances at once.
+hardware accepts (placements in memory slices, no overlap), and a job is never on two sets of instances at once.
 """
 
 from __future__ import annotations
@@ -168,10 +168,10 @@ class PlannerSettings:
 
     * ``checkpoint_s`` 20: a training step boundary plus writing a state dict of a few GB to local disk;
     * ``restart_s`` 30: process launch, CUDA context on the new MIG device, loading the checkpoint;
-    * ``reconfigure_s`` 2: one GPU-instance create or destroy (reference/academic.md §3.4: "order of seconds",
-      not measured publicly);
+    * ``reconfigure_s`` 2: one GPU-instance create or destroy (published work suggests "order of seconds";
+      NVIDIA publishes no timings);
     * ``spread_efficiency`` 0.9: a job spread over several instances (one rank per instance, collectives over
-      host shared memory, no P2P between MIG instances: academic.md §1.3) runs at 90% of the speed its compute
+      host shared memory, no NVLink or CUDA IPC between MIG instances) runs at 90% of the speed its compute
       slices would give in one instance;
     * ``settling_s`` 600: a job moved (started, migrated, re-split) is not moved again for ten minutes;
     * ``gain_margin`` 2: a move happens only when its expected gain is at least twice its cost;
