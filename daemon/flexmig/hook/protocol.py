@@ -1,8 +1,8 @@
 """The hook protocol's shared vocabulary: environment variable names, the acknowledgement, the signals.
 
 Both sides use this module: the training script (through :mod:`flexmig.hook`) and the daemon (``flexmig.act``).
-Standard library only. The names and the acknowledgement's JSON shape are a stable interface (README, "Checkpoint
-hook protocol"); change them only with a new protocol version.
+Standard library only. The names and the acknowledgement's JSON shape are a stable interface (docs/jobs.md,
+"Checkpoint hook protocol"); change them only with a new protocol version.
 """
 
 from __future__ import annotations
