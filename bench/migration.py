@@ -14,8 +14,8 @@ Two kinds of move, on the simulated node with the real actuator in this process 
 * ``in place``: 1 rank moved 1g.18gb@0 -> 2g.35gb@0 and back (destroy and create inside the window).
 
 Rival, same process, same moves: the journal with ``synchronous=OFF`` (no fsync per step), to show what crash
-safety costs. NVML create/destroy on hardware take far longer than in the simulator (academic.md §3.4: "order of
-seconds", not measured publicly); the ``destroy``/``create`` columns here are the daemon's side only.
+safety costs. NVML create/destroy on hardware take far longer than in the simulator (published work suggests "order
+of seconds"; NVIDIA publishes no timings); the ``destroy``/``create`` columns here are the daemon's side only.
 
 Run: ``.venv/bin/python bench/migration.py [--runs N]``.
 """

@@ -1,6 +1,6 @@
 """Put a simulated node under pynvml for this process, and take it away again.
 
-``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (apis.md §1.9); assigning our
+``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (only while it is None); assigning our
 :class:`~flexmig.sim.library.SimLibrary` to it makes every pynvml wrapper, in any code in this process (our
 ``flexmig.nvml``, nvitop's API, a script), talk to the simulator through the real ctypes protocol. The installed
 library remembers what it replaced, so no state of our own lives at module level.

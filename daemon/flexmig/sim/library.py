@@ -671,7 +671,7 @@ class SimLibrary:
         gpu = self._gpu(handle)
         _out(ref)
         if isinstance(placement, ctypes.Structure):
-            return _INVALID  # passed by value: the C function takes a pointer (apis.md §1.3, pass byref)
+            return _INVALID  # passed by value: the C function takes a pointer (pynvml sets no argtypes: byref)
         place = _out(placement)
         self._state.require_mig(gpu)
         profile = self._profile_by_id(gpu, _int(profile_id))
