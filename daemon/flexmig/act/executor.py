@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.act.devices import DeviceProcessTable
-from flexmig.act.events import Event, EventSink
+from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.journal import ActionRow, Journal, StepRow
 from flexmig.act.migops import MigOps, Offload
 from flexmig.act.nodeview import NodeView
@@ -343,7 +343,7 @@ class Executor:
 
     def _emit(self, kind: str, row: ActionRow, res: ActionResult | None = None, **detail: Any) -> None:
         self.events.emit(
-            Event(
+            ActEvent(
                 kind=kind,
                 time_s=self.wall(),
                 action=row.kind,
@@ -653,7 +653,7 @@ class Executor:
             if exc.outcome == "failed":
                 await self.supervisor.terminate(name, self.term_grace_s)
                 self.journal.put_job(self._job(name).with_(state="failed", error=str(exc)))
-                self.events.emit(Event(kind="job_failed", time_s=self.wall(), job=name, error=str(exc)))
+                self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=name, error=str(exc)))
             raise
         ack = Ack.from_json(res["ack"])
 
@@ -818,7 +818,7 @@ class Executor:
         except StepFailed as exc:
             msg = f"{cause}; roll-back failed too: {exc}; job stopped with checkpoint step {ack.step} kept"
             self.journal.put_job(self._job(rec.name).with_(state="failed", error=msg, last_ack=ack))
-            self.events.emit(Event(kind="job_failed", time_s=self.wall(), job=rec.name, error=msg))
+            self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=rec.name, error=msg))
             raise StepFailed(msg, code=cause.code) from exc
         raise StepFailed(f"{cause}; rolled back: job relaunched on its instances from step {ack.step}", code=cause.code)
 
@@ -851,7 +851,7 @@ class Executor:
             await self.supervisor.terminate(job, self.term_grace_s)
             msg = ", ".join(f"rank {h.slot} exited with status {h.proc.returncode}" for h in bad)
             self.journal.put_job(rec.with_(state="failed", error=msg))
-            self.events.emit(Event(kind="job_failed", time_s=self.wall(), job=job, error=msg))
+            self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=job, error=msg))
             return
         if not await self.supervisor.wait_exited(job, rec.spec.hook.exit_timeout_s):
             return  # others still run; their exits call us again
@@ -877,10 +877,10 @@ class Executor:
         if unknown or not ranks:
             msg = "ranks exited while the daemon was away; exit status unknown"
             self.journal.put_job(rec.with_(state="failed", error=msg))
-            self.events.emit(Event(kind="job_failed", time_s=self.wall(), job=job, error=msg))
+            self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=job, error=msg))
             return
         self.journal.put_job(rec.with_(state="done", error=None))
-        self.events.emit(Event(kind="job_exited", time_s=self.wall(), job=job, detail={"state": "done"}))
+        self.events.emit(ActEvent(kind="job_exited", time_s=self.wall(), job=job, detail={"state": "done"}))
 
     # --------------------------------------------------------------------------------------- recovery
     async def reconcile(self) -> dict[str, Any]:
@@ -914,7 +914,7 @@ class Executor:
                     if rec.state == "running" and len(self.supervisor.alive(rec.name)) < len(rec.slots):
                         await self._settle_locked(rec.name)
                         summary["settled"].append(rec.name)
-        self.events.emit(Event(kind="reconciled", time_s=self.wall(), detail=summary))
+        self.events.emit(ActEvent(kind="reconciled", time_s=self.wall(), detail=summary))
         return summary
 
     async def close(self) -> None:

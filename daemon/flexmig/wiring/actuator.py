@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from flexmig.act.control import ControlServer, Handler, RequestError
 from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
-from flexmig.act.events import Event as ActEvent
+from flexmig.act.events import ActEvent
 from flexmig.act.executor import Mode
 from flexmig.act.journal import ActionRow
 from flexmig.act.nodeview import NodeView
