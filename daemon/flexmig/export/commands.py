@@ -29,7 +29,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -37,11 +36,19 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError
-from flexmig.export.broker import BrokerConnection, check_tls_pair, client_arguments
+from flexmig.export.broker import (
+    ConnectionFailure,
+    ConnectionSettings,
+    check_node_topics,
+    client_arguments,
+    connection_fields,
+    reconnect_forever,
+    refused_login,
+)
 from flexmig.export.cancellation import honour_cancel
 from flexmig.export.command_schema import Command, CommandRefusedError, parse_command, printable, result_document
-from flexmig.export.events import NODE_NAME, Deduplicator
-from flexmig.export.mqtt import backoff_delay, topic_for
+from flexmig.export.events import Deduplicator
+from flexmig.export.mqtt import topic_for
 
 if TYPE_CHECKING:
     from flexmig.config import Config
@@ -56,31 +63,23 @@ Dispatch = Callable[[bytes], Awaitable[Mapping[str, Any]]]
 
 
 # -------------------------------------------------------------------------------------------------- settings
-@dataclass(frozen=True, slots=True)
-class CommandSettings:
-    """Where the listener connects and its limits; :meth:`from_config` builds it from ``[mqtt]``.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandSettings(ConnectionSettings):
+    """Where the listener connects and its limits (the login and retry fields are :class:`ConnectionSettings`');
+    :meth:`from_config` builds it from ``[mqtt]``.
 
-    Construction refuses (ConfigError naming the ``mqtt.*`` key) anonymous connections, and a password sent
-    without TLS to a broker off this machine unless ``allow_plaintext_password``.
+    Construction refuses (ConfigError naming the ``mqtt.*`` key) anonymous connections (``username`` and
+    ``password_file`` are both needed), and a password sent without TLS to a broker off this machine unless
+    ``allow_plaintext_password``.
     """
 
     node: str
     broker: HostPort
-    username: str | None
-    password_file: Path | None
     topic_prefix: str = "flexmig/v1"
     client_id: str = ""
     """Empty: ``flexmig-<node>-commands`` (the publisher uses ``flexmig-<node>``; the broker allows one each)."""
-    tls: bool = False
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
     allow_plaintext_password: bool = False
-    keepalive_s: int = 30
-    connect_timeout_s: float = 10.0
     publish_timeout_s: float = 10.0
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
     max_pending: int = 16
     """Commands accepted but not yet run; more are refused as Busy (commands run one at a time)."""
     max_unsent_results: int = 1000
@@ -88,14 +87,9 @@ class CommandSettings:
     refusal_log_limit: int = 100
     """At most this many refusal lines per ``refusal_log_window_s``; the rest are counted in the next line."""
     refusal_log_window_s: float = 60.0
-    trusted_uids: frozenset[int] | None = None
-    """Owners the password file may have (None: root and the current user)."""
 
     def __post_init__(self) -> None:
-        if not NODE_NAME.fullmatch(self.node):
-            raise ConfigError(f"MQTT node name {self.node!r} is not one topic level ([A-Za-z0-9][A-Za-z0-9._-]*)")
-        if not all(NODE_NAME.fullmatch(level) for level in self.topic_prefix.split("/")):
-            raise ConfigError(f"MQTT topic prefix {self.topic_prefix!r}: levels must be [A-Za-z0-9._-], no wildcards")
+        check_node_topics(self.node, self.topic_prefix)
         if self.client_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.client_id):
             raise ConfigError(f"MQTT client ID {self.client_id!r}: 1-64 of [A-Za-z0-9._-]")
         if self.username is None or self.password_file is None:
@@ -108,9 +102,7 @@ class CommandSettings:
                 f"mqtt.commands_enabled: the password would cross the network in clear to {self.broker}; "
                 "set mqtt.tls = true (or mqtt.allow_plaintext_password = true)"
             )
-        check_tls_pair(self)
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
+        ConnectionSettings.__post_init__(self)  # the TLS pair, the backoff
         if self.max_pending < 1 or self.max_unsent_results < 1 or self.refusal_log_limit < 1:
             raise ConfigError("MQTT commands: max_pending, max_unsent_results and refusal_log_limit must be >= 1")
 
@@ -130,14 +122,13 @@ class CommandSettings:
     ) -> CommandSettings:
         """Settings from the daemon's validated configuration (``limits`` overrides the fields after TLS)."""
         m = config.mqtt
-        connection = BrokerConnection.from_config(m, trusted_uids)
         return cls(
             node=node,
-            broker=connection.broker,
+            broker=m.broker,
             topic_prefix=m.topic_prefix,
             client_id=f"{m.client_id}-commands" if m.client_id else "",
             allow_plaintext_password=m.allow_plaintext_password,
-            **connection.login_fields(),
+            **connection_fields(m, trusted_uids),
             **limits,
         )
 
@@ -183,12 +174,6 @@ class _RefusalLog:
         self.logger.warning("%s", message)
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 # -------------------------------------------------------------------------------------------------- listener
 class CommandListener:
     """Receives commands from the broker, validates them, runs them through ``dispatch`` one at a time, and
@@ -214,7 +199,7 @@ class CommandListener:
         self._results: deque[bytes] = deque(maxlen=settings.max_unsent_results)
         self._results_ready = asyncio.Event()
         self._seen = Deduplicator(10_000)
-        self._connected = self._up = False
+        self._connected = False
         self._last_failure: str | None = None
         self._received = self._refused = self._completed = self._failed = 0
         self.filter = f"{settings.base}/+"
@@ -234,29 +219,19 @@ class CommandListener:
             await self._connect_forever()
 
     async def _connect_forever(self) -> None:
-        s = self.settings
-        failures = 0
-        while True:
-            honour_cancel()
-            self._up = False
-            try:
-                await self._session()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # whatever the network or the broker does, the listener goes on
-                text = self._describe(_leaf(exc))
-                if text != self._last_failure:  # the same failure again is not logged again
-                    self._log.warning("MQTT commands: %s; retrying with backoff", text)
-                    self._last_failure = text
-            failures = 1 if self._up else failures + 1
-            honour_cancel()
-            await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
+        await reconnect_forever(self.settings, self._session, self._connection_failed, self._rng)
 
-    async def _session(self) -> None:
+    def _connection_failed(self, failure: ConnectionFailure) -> None:
+        text = self._describe(failure.error)
+        if text != self._last_failure:  # the same failure again is not logged again
+            self._log.warning("MQTT commands: %s; retrying with backoff", text)
+            self._last_failure = text
+
+    async def _session(self, connected: Callable[[], None]) -> None:
         """One connection: subscribe, then serve messages and publish results until the connection ends."""
         s = self.settings
         client = aiomqtt.Client(
-            **client_arguments(s, s.broker, s.identifier, s.connect_timeout_s, tls_what="TLS files"),
+            **client_arguments(s, s.broker, s.identifier, tls_what="TLS files"),
             # MQTT 5: a clean start with no session expiry, so commands sent while we were away are not run later.
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=True,
@@ -269,7 +244,8 @@ class CommandListener:
         async with client:
             await client.subscribe(self.filter, options=options, timeout=s.connect_timeout_s)
             honour_cancel()
-            self._connected = self._up = True
+            self._connected = True
+            connected()
             self._last_failure = None
             self._log.info(
                 "MQTT commands: listening on %s as %s (results on %s)", self.filter, s.identifier, self.result_topic
@@ -374,7 +350,7 @@ class CommandListener:
     def _describe(self, exc: BaseException) -> str:
         s = self.settings
         text = str(exc) or type(exc).__name__
-        if isinstance(exc, aiomqtt.MqttCodeError) and getattr(exc.rc, "value", exc.rc) in {4, 5, 134, 135}:
+        if refused_login(exc):
             return (
                 f"broker {s.broker} refused the login of user {s.username!r} ({text}): check mqtt.username and "
                 "mqtt.password_file"
