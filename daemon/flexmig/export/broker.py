@@ -33,6 +33,7 @@ __all__ = [
     "ConnectionFailure",
     "ConnectionSettings",
     "backoff_delay",
+    "check_backoff",
     "check_node_topics",
     "check_tls_pair",
     "client_arguments",
@@ -70,8 +71,7 @@ class ConnectionSettings:
     def __post_init__(self) -> None:
         # Derived settings call this explicitly: zero-argument super() does not work in slotted dataclasses.
         check_tls_pair(self)
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
+        check_backoff(self)
 
 
 def connection_fields(cfg: MqttConfig, trusted_uids: Collection[int] | None = None) -> dict[str, Any]:
@@ -93,6 +93,12 @@ def check_tls_pair(s: ConnectionSettings) -> None:
     """ConfigError unless ``tls_cert`` and ``tls_key`` are both given or both absent."""
     if (s.tls_cert is None) != (s.tls_key is None):
         raise ConfigError("MQTT TLS: tls_cert and tls_key go together")
+
+
+def check_backoff(s: ConnectionSettings) -> None:
+    """ConfigError unless ``0 < backoff_initial_s <= backoff_max_s``."""
+    if not 0 < s.backoff_initial_s <= s.backoff_max_s:
+        raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
 
 
 def check_node_topics(node: str, topic_prefix: str) -> None:

@@ -18,7 +18,13 @@ import aiomqtt
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError
-from flexmig.export.broker import ConnectionFailure, ConnectionSettings, client_arguments, reconnect_forever
+from flexmig.export.broker import (
+    ConnectionFailure,
+    ConnectionSettings,
+    check_backoff,
+    client_arguments,
+    reconnect_forever,
+)
 from flexmig.export.cancellation import honour_cancel
 from flexmig.export.events import NODE_NAME, Deduplicator, Event
 
@@ -38,6 +44,11 @@ class SubscriberSettings(ConnectionSettings):
     keepalive_s: int = 60
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        # Not the daemon's tls_cert/tls_key pairing rule: ``flexmig events --tls-cert`` alone may name one PEM file
+        # that holds the key too (ssl reads the key from the certificate file when no key file is given).
+        check_backoff(self)
 
     def address(self) -> HostPort:
         """The broker address; ConfigError names the bad text."""
