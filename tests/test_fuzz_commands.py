@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from actuator_rig import LiveNode
 from commands_rig import Operator, RunningListener, password_file, secured_broker
-from flexmig.export.commands import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
+from flexmig.export.command_schema import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
 from mosquitto_broker import Mosquitto, needs_mosquitto
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "command.v1.schema.json").read_text())

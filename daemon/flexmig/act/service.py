@@ -27,13 +27,15 @@ from typing import Any, Literal
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import EventSink
-from flexmig.act.executor import Executor, Mode, PlanResult
+from flexmig.act.executor import Executor
 from flexmig.act.jobs_api import JobsApi
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
 from flexmig.act.records import AckPlacement
+from flexmig.act.results import PlanResult
 from flexmig.act.supervisor import Supervisor
+from flexmig.config import Mode
 from flexmig.jobs.spec import JobPolicy
 from flexmig.plan.types import Plan, PlannerSettings
 

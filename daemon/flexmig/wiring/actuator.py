@@ -41,14 +41,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexmig.act.control import ControlServer, Handler, RequestError
-from flexmig.act.events import Event as ActEvent
-from flexmig.act.executor import Mode
-from flexmig.act.journal import ActionRow
+from flexmig.act.encoding import CreateInstancePayload, DestroyInstancePayload, payload_of, reason_of, slots_named
+from flexmig.act.events import ActEvent
+from flexmig.act.journal import ActionRow, JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
-from flexmig.act.records import Slot
 from flexmig.act.service import Actuator
-from flexmig.config import Config, ControlConfig, StateConfig
+from flexmig.config import Config, ControlConfig, Mode, StateConfig
 from flexmig.errors import FlexmigError, PlanRejectedError
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.export.action_metrics import ActionMetrics
@@ -483,8 +482,10 @@ class ActuatorComponent:
             found = self.act.journal.db.execute("SELECT origin FROM plans WHERE id=?", (row.plan_id,)).fetchone()
             origin = str(found[0]) if found else None
         target = None
-        if "slot" in row.payload:
-            target = Slot.from_json(row.payload["slot"]).spec()
+        with contextlib.suppress(JournalError):
+            p = payload_of(row)
+            if isinstance(p, CreateInstancePayload | DestroyInstancePayload):
+                target = p.slot.spec()
         downtime = self._downtime(action_id) if row.kind in ("migrate", "resplit") else None
         return ActionFacts(plan_id=row.plan_id, origin=origin, target=target, downtime_s=downtime)
 
@@ -568,16 +569,10 @@ def _nothing_reconciled(event: ActEvent) -> bool:
 
 
 def _slots_of(row: ActionRow) -> set[tuple[int, int]]:
-    out: set[tuple[int, int]] = set()
-    p = row.payload
-    for key in ("from", "to"):
-        for d in p.get(key, ()) or ():
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                out.add(Slot.from_json(d).key)
-    if "slot" in p:
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            out.add(Slot.from_json(p["slot"]).key)
-    return out
+    try:
+        return {s.key for s in slots_named(payload_of(row))}
+    except JournalError:
+        return set()
 
 
 def _action_json(row: ActionRow) -> dict[str, Any]:
@@ -590,7 +585,7 @@ def _action_json(row: ActionRow) -> dict[str, Any]:
         "error": row.error,
         "started_s": row.started_s,
         "finished_s": row.finished_s,
-        "reason": row.payload.get("reason"),
+        "reason": reason_of(row),
     }
 
 
