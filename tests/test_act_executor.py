@@ -24,15 +24,13 @@ import psutil
 import pytest
 
 from flexmig import sim
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError, PlanRejectedError
 from flexmig.jobs import JobPolicy
 from flexmig.mig import H200
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import DestroyInstance, Instance, MigrateJob, Plan
 from support.jobs import kill_ranks
 
@@ -65,7 +63,7 @@ class Rig:
     async def __aenter__(self) -> Rig:
         self.node = sim.install(self.spec, state_path=self.base / "sim.json")
         self.nvml = Nvml.open()
-        self.offload = ThreadOffload()
+        self.offload = NvmlWorker()
         self.act = self._build()
         await self.act.start()
         return self
@@ -74,8 +72,8 @@ class Rig:
         return Actuator.build(
             mode=self.mode,  # type: ignore[arg-type]
             nvml=self.nvml,
-            offload=self.offload,
-            devices=SimProcessTable(self.node),
+            offload=self.offload.call,
+            devices=sim.SimProcessTable(self.node),
             journal_path=self.base / "journal.sqlite3",
             logs_dir=self.base / "logs",
             policy=JobPolicy((self.base,)),
@@ -102,7 +100,7 @@ class Rig:
         finally:
             await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
             await self.act.close()
-            self.offload.close()
+            self.offload.shutdown()
             self.nvml.close()
             sim.uninstall()
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from flexmig.act.events import Event as ActEvent
+from flexmig.act.events import ActEvent
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_event
 from flexmig.export.action_metrics import ACTIONS, OUTCOMES, ActionMetrics
 from flexmig.export.events import Event, EventFactory, EventKind

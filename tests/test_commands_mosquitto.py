@@ -166,8 +166,9 @@ def test_a_user_the_acl_does_not_allow_cannot_command(
     assert node.truth() == before
 
 
-def test_the_readme_shows_the_acl_the_tests_use() -> None:
-    assert ACL in README.read_text(), "README Security section: the mosquitto ACL must be the one tested here"
+def test_the_docs_show_the_acl_the_tests_use() -> None:
+    docs = README.parent / "docs" / "mqtt.md"
+    assert ACL in docs.read_text(), "docs/mqtt.md, MQTT commands: the mosquitto ACL must be the one tested here"
 
 
 # ------------------------------------------------------------------------------------------------ queue

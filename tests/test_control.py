@@ -18,13 +18,11 @@ import pytest
 from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.control import ControlServer
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import ConfigError, PlanRejectedError
 from flexmig.jobs import JobPolicy
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 
 pytestmark = pytest.mark.integration
 
@@ -222,9 +220,9 @@ def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(t
     async def main() -> None:
         node = sim.install("h200:1g.18gb@0")
         nvml = Nvml.open()
-        off = ThreadOffload()
+        off = NvmlWorker()
         act = Actuator.build(
-            mode="observe", nvml=nvml, offload=off, devices=SimProcessTable(node),
+            mode="observe", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node),
             journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
             events=MemorySink(),
         )  # fmt: skip
@@ -245,7 +243,7 @@ def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(t
         finally:
             await server.close()
             await act.close()
-            off.close()
+            off.shutdown()
             nvml.close()
             sim.uninstall()
 
@@ -264,9 +262,9 @@ def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps
     async def main() -> list[str]:
         node = sim.install("h200:1g.18gb@0")
         nvml = Nvml.open()
-        off = ThreadOffload()
+        off = NvmlWorker()
         act = Actuator.build(
-            mode="advise", nvml=nvml, offload=off, devices=SimProcessTable(node),
+            mode="advise", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node),
             journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
             events=MemorySink(),
         )  # fmt: skip
@@ -284,7 +282,7 @@ def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps
         finally:
             await server.close()
             await act.close()
-            off.close()
+            off.shutdown()
             nvml.close()
             sim.uninstall()
         return errors

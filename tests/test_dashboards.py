@@ -261,14 +261,14 @@ def test_substitute_fills_every_variable_and_names_a_missing_one() -> None:
 # ------------------------------------------------------------------------------------------- provisioning
 
 
-def test_the_dashboard_provider_reads_the_folder_the_readme_copies_the_json_to() -> None:
+def test_the_dashboard_provider_reads_the_folder_the_docs_copy_the_json_to() -> None:
     doc = yaml.safe_load((DASHBOARDS / "provisioning" / "dashboards" / "flexmig.yaml").read_text())
     (provider,) = doc["providers"]
     assert doc["apiVersion"] == 1 and provider["type"] == "file"
     folder = provider["options"]["path"]
-    readme = (DASHBOARDS.parent / "README.md").read_text()
-    assert f"dashboards/flexmig-*.json {folder}/" in readme
-    assert "dashboards/provisioning/dashboards/flexmig.yaml /etc/grafana/provisioning/dashboards/" in readme
+    docs = (DASHBOARDS.parent / "docs" / "metrics.md").read_text()
+    assert f"dashboards/flexmig-*.json {folder}/" in docs
+    assert "dashboards/provisioning/dashboards/flexmig.yaml /etc/grafana/provisioning/dashboards/" in docs
 
 
 def test_the_datasource_file_provisions_a_prometheus() -> None:

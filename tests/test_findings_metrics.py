@@ -63,7 +63,7 @@ def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_
     expected = gpu_fragmentation(0, Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)]), DemandMix(DEFAULT_DEMAND))
     g0, g1 = {"gpu": "0"}, {"gpu": "1"}
 
-    # hand-checked (README worked example) ...
+    # hand-checked (docs/detection.md worked example) ...
     assert values(series, "flexmig_gpu_free_compute_slices", **g0) == [4.0]
     assert by_label(series, "flexmig_gpu_creatable_instances", "profile", **g0)["3g.71gb"] == 0
     assert by_label(series, "flexmig_gpu_creatable_repacked_instances", "profile", **g0)["3g.71gb"] == 1

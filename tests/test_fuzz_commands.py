@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from flexmig.export.commands import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
+from flexmig.export.command_schema import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
 from support.actuator import LiveNode
 from support.commands import Operator, RunningListener, password_file
 from support.mosquitto import Mosquitto, needs_mosquitto

@@ -142,6 +142,31 @@ def test_unknown_keys_are_refused_with_their_line(tmp_path: Path, policy: JobPol
         load_job_spec(write(tmp_path, GOOD.replace("argv =", "argvs =")), policy)
 
 
+def _line_in(text: str, line: str) -> int:
+    """The 1-based number of the last line of ``text`` that equals ``line``."""
+    return [n for n, got in enumerate(text.split("\n"), 1) if got == line][-1]
+
+
+def test_a_header_inside_a_multi_line_string_is_not_where_the_key_is(tmp_path: Path, policy: JobPolicy) -> None:
+    argv = f'argv = ["{sys.executable}", "train.py", "--steps", "100"]'
+    text = GOOD.replace(argv, argv[:-1] + ', """\n[hook]\nsignal = "SIGKILL"\n"""]')
+    text = text.replace('signal = "SIGUSR2"', 'signal = "SIGKILL"')
+    assert text.count("[hook]") == 2 and text.count('signal = "SIGKILL"') == 2
+    with pytest.raises(JobSpecError, match="is not one of") as err:
+        load_job_spec(write(tmp_path, text), policy)
+    line = _line_in(text, 'signal = "SIGKILL"')
+    assert f"job.toml:{line}: hook.signal:" in str(err.value)
+
+
+def test_a_key_in_an_inline_table_is_refused_with_its_line(tmp_path: Path, policy: JobPolicy) -> None:
+    text = GOOD.replace('[hook]\nsignal = "SIGUSR2"\nack_timeout_s = 30\nexit_timeout_s = 5\n', "")
+    text = text.replace("[ranks]", 'hook = { signal = "SIGKILL" }\n\n[ranks]')
+    with pytest.raises(JobSpecError, match="is not one of") as err:
+        load_job_spec(write(tmp_path, text), policy)
+    line = _line_in(text, 'hook = { signal = "SIGKILL" }')
+    assert f"job.toml:{line}: hook.signal:" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("edit", "key", "why"),
     [

@@ -4,7 +4,7 @@ import pytest
 
 from flexmig.mig import A100_40, A100_80, H100_80, H200, MODELS, GpuModel, Layout, maximal_layouts
 
-# nvidia-smi mig -lgipp, identical on A100-40GB, A100-80GB, H100-80GB and H200 (academic.md §3.2):
+# nvidia-smi mig -lgipp, identical on A100-40GB, A100-80GB, H100-80GB and H200 (NVIDIA MIG User Guide):
 PUBLISHED_PLACEMENTS = {
     19: ((0, 1, 2, 3, 4, 5, 6), 1),
     20: ((0, 1, 2, 3, 4, 5, 6), 1),

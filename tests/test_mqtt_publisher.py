@@ -11,7 +11,8 @@ from pytest import LogCaptureFixture
 
 from flexmig.config import MqttConfig, parse_config
 from flexmig.errors import ConfigError
-from flexmig.export.mqtt import PublisherSettings, _FailureLog, backoff_delay, topic_for
+from flexmig.export.broker import backoff_delay
+from flexmig.export.mqtt import PublisherSettings, _FailureLog, topic_for
 
 
 def test_topics_live_under_prefix_and_node() -> None:

@@ -1,5 +1,5 @@
 """Sampling sweeps through flexmig.nvml: per-GPU power/temperature/clocks, per-MIG-device memory, processes and
-GPM activity with the windowing rules of apis.md §1.8."""
+GPM activity with the windowing rules of flexmig.nvml.gpm."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -33,6 +34,9 @@ P3 = H200.profile("3g.71gb")
 P4 = H200.profile("4g.71gb")
 P7 = H200.profile("7g.141gb")
 A = TypeVar("A")
+
+# The costs these cases are worked out for: a 50 s move that must gain twice its cost, ten minutes of settling.
+SETTINGS = PlannerSettings(checkpoint_s=20.0, restart_s=30.0, reconfigure_s=2.0, settling_s=600.0, gain_margin=1.0)
 
 
 def req(
@@ -84,7 +88,7 @@ def running(
 
 
 def plan_for(state: NodeState, settings: PlannerSettings | None = None) -> tuple[Plan, Outcome]:
-    settings = settings or PlannerSettings()
+    settings = settings or SETTINGS
     plan = Planner(H200, settings).plan(state)
     outcome = validate_plan(state, plan, settings)
     return plan, outcome
@@ -176,7 +180,7 @@ def test_no_resplit_setting_keeps_elastic_jobs_whole() -> None:
         running=tuple(running(f"r{g}", (g, 0, P3), movable=False) for g in range(3)),
         pending=(req("big", P7, elastic=True),),
     )
-    plan, _ = plan_for(state, PlannerSettings(resplit=False))
+    plan, _ = plan_for(state, replace(SETTINGS, resplit=False))
     assert of_type(plan, StartJob) == []
 
 
@@ -199,7 +203,7 @@ def test_small_job_migrates_to_free_a_whole_gpu_for_a_waiting_7g() -> None:
     assert start.job == "big" and start.instances == (Instance(0, 0, P7),)
     kinds = [type(a) for a in plan.actions]
     assert kinds.index(MigrateJob) < kinds.index(StartJob)
-    assert move.cost_s == PlannerSettings().checkpoint_s + PlannerSettings().restart_s
+    assert move.cost_s == SETTINGS.checkpoint_s + SETTINGS.restart_s
 
 
 def test_unmovable_job_is_never_migrated() -> None:

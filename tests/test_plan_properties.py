@@ -131,8 +131,11 @@ def crowded_states(draw: st.DrawFn) -> NodeState:
 
 planner_settings = st.builds(
     PlannerSettings,
+    checkpoint_s=st.sampled_from([3.0, 20.0]),  # the daemon's measured costs and replay's large-model ones
+    restart_s=st.sampled_from([6.0, 30.0]),
+    reconfigure_s=st.sampled_from([2.0, 5.0]),
     settling_s=st.sampled_from([0.0, 600.0, 4000.0]),
-    gain_margin=st.sampled_from([0.5, 2.0]),
+    gain_margin=st.sampled_from([-0.5, 0.1, 1.0]),  # moves that gain 0.5, 1.1 and 2 times their cost
     resplit=st.booleans(),
     migrate=st.booleans(),
     repartition_busy=st.booleans(),

@@ -132,3 +132,19 @@ def test_no_policy_beats_the_bound_on_the_slice(capsys: CaptureFixture[str], tra
         got = figures(policy)
         assert got["makespan_s"] >= bound["makespan_s"] - 1e-6
         assert got["mean_jct_s"] >= bound["mean_jct_s"] - 1e-6
+
+
+def test_replay_charges_its_own_large_model_costs_unless_told_otherwise(
+    capsys: CaptureFixture[str], trace: Path
+) -> None:
+    base = ["--trace", str(trace), "--node", "h200x2", "--policy", "flex", "--json"]
+    status, out, _ = simulate(capsys, *base)
+    assert status == 0
+    got = json.loads(out)["planner_settings"]
+    assert (got["checkpoint_s"], got["restart_s"], got["reconfigure_s"]) == (20.0, 30.0, 2.0)
+    assert (got["settling_s"], got["gain_margin"]) == (600.0, 1.0)
+    status, out, _ = simulate(capsys, *base, "--costs", "daemon", "--checkpoint-s", "7", "--gain-margin", "0.5")
+    assert status == 0
+    got = json.loads(out)["planner_settings"]
+    assert (got["checkpoint_s"], got["restart_s"], got["reconfigure_s"]) == (7.0, 6.0, 5.0)
+    assert (got["settling_s"], got["gain_margin"]) == (300.0, 0.5)

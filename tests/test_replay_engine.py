@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 
 from flexmig.mig import H200, Layout, Profile, parse_node_spec
 from flexmig.plan import PlannerSettings
-from flexmig.sim.replay.bound import lower_bound
-from flexmig.sim.replay.engine import Replay, replay
-from flexmig.sim.replay.managers import FluidManager, LayoutManager, Manager
-from flexmig.sim.replay.metrics import Metrics, metrics_of, percentile
-from flexmig.sim.replay.run import Prepared, run_policy
-from flexmig.sim.replay.trace import TraceJob
+from flexmig.replay.bound import lower_bound
+from flexmig.replay.costs import REPLAY_SETTINGS
+from flexmig.replay.engine import Replay, replay
+from flexmig.replay.managers import FluidManager, LayoutManager, Manager
+from flexmig.replay.metrics import Metrics, metrics_of, percentile
+from flexmig.replay.run import Prepared, run_policy
+from flexmig.replay.trace import TraceJob
 
 P1 = H200.profile("1g.18gb")
 P2 = H200.profile("2g.35gb")
@@ -24,7 +25,7 @@ P3 = H200.profile("3g.71gb")
 P4 = H200.profile("4g.71gb")
 P7 = H200.profile("7g.141gb")
 MIX = {"1g.18gb": 0.25, "3g.71gb": 0.25, "4g.71gb": 0.25, "7g.141gb": 0.25}
-RECONF = PlannerSettings().reconfigure_s
+RECONF = REPLAY_SETTINGS.reconfigure_s
 
 
 def job(name: str, profile: Profile, arrival: float, runtime: float, ranks: int = 1, elastic: bool = False) -> TraceJob:
@@ -42,7 +43,7 @@ def run(
     layouts: list[Layout] | None = None,
     settings: PlannerSettings | None = None,
 ) -> tuple[Replay, Metrics]:
-    settings = settings or PlannerSettings()
+    settings = settings or REPLAY_SETTINGS
     manager: Manager
     if policy == "fluid":
         manager = FluidManager(H200, gpus)
@@ -90,10 +91,10 @@ def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_effici
     result, m = run("flex", [*hogs, wide], gpus=3)
     record = next(r for r in result.records if r.name == "wide")
     assert record.spread_start and m.spread_starts == 1
-    efficiency = PlannerSettings().spread_efficiency
+    efficiency = REPLAY_SETTINGS.spread_efficiency
     assert record.end_s is not None and record.start_s is not None
     assert record.end_s - record.start_s == pytest.approx(900 / efficiency)
-    rigid, _ = run("flex", [*hogs, wide], gpus=3, settings=PlannerSettings(resplit=False))
+    rigid, _ = run("flex", [*hogs, wide], gpus=3, settings=replace(REPLAY_SETTINGS, resplit=False))
     wide_start = next(r for r in rigid.records if r.name == "wide").start_s
     assert wide_start is not None and wide_start >= 100_000
 
@@ -114,7 +115,7 @@ def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts() -> None:
     assert big.start_s is not None and big.start_s < 2000  # instead of waiting ~49,000 s
     (moved,) = [r for r in result.records if r.moves]
     assert moved.name in ("long4", "small")  # either makes a GPU whole; one move is enough
-    cost = PlannerSettings().checkpoint_s + PlannerSettings().restart_s
+    cost = REPLAY_SETTINGS.checkpoint_s + REPLAY_SETTINGS.restart_s
     assert moved.end_s is not None and moved.start_s is not None
     assert moved.end_s - moved.start_s == pytest.approx(50_000 + cost)  # the moved job pays its downtime
 
@@ -145,7 +146,7 @@ def test_static_reports_the_best_eligible_candidate_and_skips_ineligible_ones() 
     spec = parse_node_spec("h200x2")
     jobs = (job("a", P7, 0, 100, ranks=2), job("b", P1, 0, 100), job("c", P1, 0, 100))
     prep = Prepared(spec, jobs, {})
-    result = run_policy(prep, "static", PlannerSettings())
+    result = run_policy(prep, "static", REPLAY_SETTINGS)
     assert result.metrics.extra["static_layout"] == "2x7g"  # only all-7g hosts the two-GPU job
     table = {row["layout"]: row["eligible"] for row in result.metrics.extra["static_candidates"]}
     assert table["2x7g"] and not table["2x7x1g"]

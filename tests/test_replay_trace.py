@@ -8,8 +8,8 @@ import pytest
 
 from flexmig.errors import TraceError
 from flexmig.mig import A100_40, H200
-from flexmig.sim.replay.load import cap_runtime, compress, natural_load, span_of, thin
-from flexmig.sim.replay.trace import ElasticRule, TraceJob, map_trace, profile_for_share, read_trace
+from flexmig.replay.load import cap_runtime, compress, natural_load, span_of, thin
+from flexmig.replay.trace import ElasticRule, TraceJob, map_trace, profile_for_share, read_trace
 
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"

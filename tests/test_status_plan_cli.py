@@ -21,7 +21,7 @@ from flexmig.config import Config, ControlConfig, PlannerConfig, StateConfig, pa
 from flexmig.errors import PlanRejectedError
 from flexmig.jobs.spec import JobPolicy, load_job_spec
 from flexmig.mig import A100_40, H200, GpuModel
-from flexmig.plan import Planner, validate_plan
+from flexmig.plan import Planner, PlannerSettings, validate_plan
 from flexmig.sim.workload import SyntheticWorkload
 from flexmig.wiring.actuator import ActuatorPaths
 from flexmig.wiring.planning import parse_request, planner_settings, planning_state
@@ -259,7 +259,8 @@ def test_the_planner_table_maps_onto_planner_settings() -> None:
         "x.toml",
     ).planner
     s = planner_settings(cfg)
-    assert (s.gain_margin, s.settling_s, s.checkpoint_s, s.restart_s, s.resplit, s.migrate) == (
+    assert s.gain_margin == 0.5
+    assert (s.gain_ratio, s.settling_s, s.checkpoint_s, s.restart_s, s.resplit, s.migrate) == (
         1.5,
         10.0,
         1.0,
@@ -272,7 +273,12 @@ def test_the_planner_table_maps_onto_planner_settings() -> None:
 
 def test_the_planner_cost_defaults_are_the_measured_ones() -> None:
     d = PlannerConfig()
-    assert (d.checkpoint_s, d.restart_s) == (3.0, 6.0)  # bench/migration.py and the torch example, see config.py
+    assert (d.checkpoint_s, d.restart_s) == (3.0, 6.0)  # bench/migration.py and the torch example, see PlannerSettings
+
+
+def test_a_daemon_without_a_planner_table_plans_with_the_planners_own_defaults() -> None:
+    assert planner_settings(parse_config("", "x.toml").planner) == PlannerSettings()
+    assert PlannerSettings().gain_ratio == pytest.approx(1.1)
 
 
 def test_a_simulated_node_keeps_its_journal_and_socket_apart_from_the_real_nodes(tmp_path: Path) -> None:

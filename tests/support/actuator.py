@@ -23,12 +23,10 @@ from typing import Any, TypeVar
 
 from flexmig import sim
 from flexmig.act.control import ControlServer
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 from support.jobs import kill_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,12 +77,12 @@ class LiveNode:
     async def _start(self) -> None:
         self.node = sim.install(self.spec, state_path=self.base / "sim.json")
         self.nvml = Nvml.open()
-        self.offload = ThreadOffload()
+        self.offload = NvmlWorker()
         self.act = Actuator.build(
             mode="act",
             nvml=self.nvml,
-            offload=self.offload,
-            devices=SimProcessTable(self.node),
+            offload=self.offload.call,
+            devices=sim.SimProcessTable(self.node),
             journal_path=self.base / "journal.sqlite3",
             logs_dir=self.base / "logs",
             policy=JobPolicy((self.base,)),
@@ -110,7 +108,7 @@ class LiveNode:
             await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
             await self.control.close()
             await self.act.close()
-            self.offload.close()
+            self.offload.shutdown()
             self.nvml.close()
             sim.uninstall()
 

@@ -48,7 +48,7 @@ INVALID_ARGUMENT = N.NVML_ERROR_INVALID_ARGUMENT
 
 
 def error_name(code: int) -> str:
-    """``IN_USE`` for 19; log names and codes, never ``str(err)`` (apis.md §1.2)."""
+    """``IN_USE`` for 19; log names and codes, never ``str(err)`` (pynvml has no text for 19, 23 and others)."""
     return _NAMES.get(code, f"UNKNOWN_{code}")
 
 

@@ -31,7 +31,7 @@ from flexmig.sim.model import (
     ci_starts,
     clock_table,
 )
-from flexmig.sim.state import NodeState, NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance
+from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
 
 __all__ = ["SimLibrary"]
 
@@ -116,9 +116,9 @@ def _write_str(buf: Any, size: Any, text: str) -> int:
 
 
 class SimLibrary:
-    """A Python object that implements libnvidia-ml's C functions over a :class:`NodeState`."""
+    """A Python object that implements libnvidia-ml's C functions over a :class:`SimNodeState`."""
 
-    def __init__(self, state: NodeState, faults: FaultTable) -> None:
+    def __init__(self, state: SimNodeState, faults: FaultTable) -> None:
         self._state = state
         self._lock = state.lock
         self._faults = faults
@@ -671,7 +671,7 @@ class SimLibrary:
         gpu = self._gpu(handle)
         _out(ref)
         if isinstance(placement, ctypes.Structure):
-            return _INVALID  # passed by value: the C function takes a pointer (apis.md §1.3, pass byref)
+            return _INVALID  # passed by value: the C function takes a pointer (pynvml sets no argtypes: byref)
         place = _out(placement)
         self._state.require_mig(gpu)
         profile = self._profile_by_id(gpu, _int(profile_id))

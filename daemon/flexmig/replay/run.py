@@ -1,7 +1,7 @@
 """One replay from a trace file, a node spec and a policy: what ``flexmig simulate`` and the benchmark call.
 
-Steps: read and map the trace (:mod:`~flexmig.sim.replay.trace`), cap run times, and with a load compress the
-quiet gaps between arrivals and thin the jobs to that load (:mod:`~flexmig.sim.replay.load`); then replay under
+Steps: read and map the trace (:mod:`~flexmig.replay.trace`), cap run times, and with a load compress the
+quiet gaps between arrivals and thin the jobs to that load (:mod:`~flexmig.replay.load`); then replay under
 the policy and compute the figures. Everything is a function of the inputs and the seed.
 """
 
@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.errors import TraceError
 from flexmig.mig.nodespec import NodeSpec, parse_node_spec
 from flexmig.plan.types import JobRequest, PlannerSettings
-from flexmig.sim.replay.bound import lower_bound
-from flexmig.sim.replay.engine import Sample, replay, request_for
-from flexmig.sim.replay.load import cap_runtime, compress, natural_load, thin
-from flexmig.sim.replay.managers import FluidManager, LayoutManager
-from flexmig.sim.replay.metrics import Metrics, metrics_of
-from flexmig.sim.replay.static import StaticCandidate, candidates
-from flexmig.sim.replay.trace import ElasticRule, TraceJob, map_trace, read_trace
+from flexmig.replay.bound import lower_bound
+from flexmig.replay.costs import REPLAY_SETTINGS
+from flexmig.replay.engine import Sample, replay, request_for
+from flexmig.replay.load import cap_runtime, compress, natural_load, thin
+from flexmig.replay.managers import FluidManager, LayoutManager
+from flexmig.replay.metrics import Metrics, metrics_of
+from flexmig.replay.static import StaticCandidate, candidates
+from flexmig.replay.trace import ElasticRule, TraceJob, map_trace, read_trace
 
 __all__ = [
     "POLICIES",
@@ -42,7 +43,8 @@ POLICIES: tuple[str, ...] = ("static", "drain", "flex", "fluid", "bound")
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
-    """Everything a replay depends on. Defaults are the documented ones (docs/replay.md)."""
+    """Everything a replay depends on. Defaults are the documented ones (docs/replay.md); the costs are replay's own
+    (:data:`~flexmig.replay.costs.REPLAY_SETTINGS`), not the daemon's."""
 
     trace: Path
     node: str = "h200x8"
@@ -51,7 +53,7 @@ class ReplayConfig:
     max_runtime_s: float = 86400.0
     max_gap_s: float = 1800.0
     elastic: ElasticRule = "whole"
-    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    settings: PlannerSettings = REPLAY_SETTINGS
 
 
 @dataclass(frozen=True, slots=True)

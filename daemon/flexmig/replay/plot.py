@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flexmig.errors import TraceError
-from flexmig.sim.replay.engine import Sample
+from flexmig.replay.engine import Sample
 
 __all__ = ["plot_timeline"]
 

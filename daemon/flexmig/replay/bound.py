@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flexmig.sim.replay.metrics import Metrics, percentile
-from flexmig.sim.replay.trace import TraceJob
+from flexmig.replay.metrics import Metrics, percentile
+from flexmig.replay.trace import TraceJob
 
 __all__ = ["lower_bound"]
 

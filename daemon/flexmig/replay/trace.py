@@ -4,7 +4,7 @@ The mapping (documented in docs/replay.md, and the same for every policy):
 
 * **GPU share to profile.** A row with ``num_gpu == 1`` asks ``gpu_milli`` thousandths of one GPU. It becomes
   one rank of the smallest plain MIG profile that covers the share in compute *or* in memory: the fewest compute
-  slices ``k`` (then memory slices ``m``) with ``k/7 >= share`` or ``m/8 >= share`` (academic.md §4.2). On an
+  slices ``k`` (then memory slices ``m``) with ``k/7 >= share`` or ``m/8 >= share``. On an
   H200: up to 142 -> 1g.18gb, up to 250 -> 1g.35gb, up to 285 -> 2g.35gb, up to 500 -> 3g.71gb, up to 571 ->
   4g.71gb, above -> 7g.141gb.
 * **Multi-GPU tasks.** ``num_gpu = n > 1`` becomes a distributed job of ``n`` ranks of the full-GPU profile.

@@ -1,9 +1,10 @@
 """The one thread every NVML call runs on.
 
-NVML calls block (ctypes), and MIG reconfiguration steps must never interleave with each other or with a sweep
-that holds handles about to be invalidated. So the daemon owns exactly one :class:`NvmlWorker` (a single-thread
-executor) and every layer that talks to NVML (sampling, the simulator's workload, the actuator) goes through it.
-The event loop stays free for scrapes, MQTT and signals meanwhile.
+NVML calls block (ctypes; a GPU-instance create can take seconds on hardware), and MIG reconfiguration steps must
+never interleave with each other or with a sweep that holds handles about to be invalidated. So a process owns
+exactly one :class:`NvmlWorker` (a single-thread executor) and every layer that talks to NVML (sampling, the
+simulator's workload, the actuator, whose :class:`~flexmig.act.migops.Offload` is :meth:`NvmlWorker.call`) goes
+through it. The event loop stays free for scrapes, MQTT and signals meanwhile.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexmig.sim.replay.engine import Replay
+from flexmig.replay.engine import Replay
 
 __all__ = ["Metrics", "metrics_of", "percentile"]
 

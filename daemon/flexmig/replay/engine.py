@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from flexmig.errors import PlanRejectedError
 from flexmig.plan.types import JobRequest, RankNeed
-from flexmig.sim.replay.managers import Grant, Manager, RunView
-from flexmig.sim.replay.trace import TraceJob
+from flexmig.replay.managers import Grant, Manager, RunView
+from flexmig.replay.trace import TraceJob
 
-__all__ = ["JobRecord", "Replay", "Sample", "replay", "request_for"]
+__all__ = ["JobOutcome", "Replay", "Sample", "replay", "request_for"]
 
 
 def request_for(job: TraceJob) -> JobRequest:
@@ -47,7 +47,7 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
+class JobOutcome:
     """What happened to one job (times in seconds of simulated time)."""
 
     name: str
@@ -71,10 +71,10 @@ class JobRecord:
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """The raw outcome of one replay (metrics are computed by :mod:`flexmig.sim.replay.metrics`)."""
+    """The raw outcome of one replay (metrics are computed by :mod:`flexmig.replay.metrics`)."""
 
     capacity_slices: int
-    records: tuple[JobRecord, ...]
+    records: tuple[JobOutcome, ...]
     unplaceable: tuple[str, ...]
     samples: tuple[Sample, ...]
     migrations: int
@@ -205,10 +205,10 @@ def replay(
     for j in order:
         run = done.get(j.name)
         if run is None:
-            records.append(JobRecord(j.name, j.arrival_s, None, None, 0, 0, False))
+            records.append(JobOutcome(j.name, j.arrival_s, None, None, 0, 0, False))
         else:
             records.append(
-                JobRecord(j.name, j.arrival_s, run.start_s, run.end_s, run.moves, run.resplits, run.spread_start)
+                JobOutcome(j.name, j.arrival_s, run.start_s, run.end_s, run.moves, run.resplits, run.spread_start)
             )
     ends = [r.end_s for r in records if r.end_s is not None]
     return Replay(

@@ -38,7 +38,7 @@ from flexmig.plan.types import (
     StartJob,
 )
 from flexmig.plan.validate import validate_plan
-from flexmig.sim.replay.baselines import DrainPlacer, StaticPlacer
+from flexmig.replay.baselines import DrainPlacer, StaticPlacer
 
 __all__ = ["FluidManager", "Grant", "LayoutManager", "Manager", "RunView"]
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from flexmig.errors import TraceError
-from flexmig.sim.replay.trace import TraceJob
+from flexmig.replay.trace import TraceJob
 
 __all__ = ["cap_runtime", "compress", "natural_load", "span_of", "thin"]
 
