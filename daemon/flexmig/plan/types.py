@@ -14,7 +14,8 @@ Semantics of a plan (checked by :func:`flexmig.plan.validate.validate_plan`): th
 time. ``CreateInstance``/``DestroyInstance`` change one GPU's layout; a destroyed instance must hold no job. A
 job starts, migrates or re-splits onto instances that exist at that point and that no job holds; the instances it
 leaves stay (free) until a later ``DestroyInstance`` removes them. So every intermediate layout is one the
-hardware accepts (each instance at one of its profile's allowed starts, none overlapping), and a job is never on two sets of instances at once.
+hardware accepts (each instance at one of its profile's allowed starts, none overlapping), and a job is never
+on two sets of instances at once.
 """
 
 from __future__ import annotations
