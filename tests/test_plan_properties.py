@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from flexmig.errors import PlanRejectedError
 from flexmig.mig import H200, Layout
+from flexmig.plan import shapes
 from flexmig.plan import (
     Instance,
     JobRequest,
@@ -68,6 +69,7 @@ def node_states(draw: st.DrawFn) -> NodeState:
             min_ranks=1 if elastic else ranks,
             max_ranks=7 * ranks if elastic else ranks,
             expected_runtime_s=draw(st.floats(10, 20000)),
+            malleable=elastic and draw(st.booleans()),
         )
         running.append(
             RunningJob(
@@ -94,6 +96,7 @@ def node_states(draw: st.DrawFn) -> NodeState:
                 max_ranks=7 * ranks if elastic else ranks,
                 submitted_s=draw(st.floats(0, now)),
                 expected_runtime_s=draw(st.one_of(st.none(), st.floats(10, 20000))),
+                malleable=elastic and draw(st.booleans()),
             )
         )
     return NodeState(H200, tuple(layouts), tuple(running), tuple(pending), now, frozenset(blocked))
@@ -139,6 +142,8 @@ planner_settings = st.builds(
     resplit=st.booleans(),
     migrate=st.booleans(),
     repartition_busy=st.booleans(),
+    malleable=st.booleans(),
+    discipline=st.sampled_from(["easy", "greedy"]),
 )
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmig.mig import H200, Layout, Profile, parse_node_spec
-from flexmig.plan import PlannerSettings
+from flexmig.plan import Discipline, PlannerSettings
 from flexmig.replay.bound import lower_bound
 from flexmig.replay.costs import REPLAY_SETTINGS
 from flexmig.replay.engine import Replay, replay
 from flexmig.replay.managers import FluidManager, LayoutManager, Manager
 from flexmig.replay.metrics import Metrics, metrics_of, percentile
+from flexmig.replay.repack import RepackManager
 from flexmig.replay.run import Prepared, run_policy
 from flexmig.replay.trace import TraceJob
 
@@ -36,20 +37,28 @@ def empty(gpus: int) -> list[Layout]:
     return [Layout.empty(H200)] * gpus
 
 
+Policy = Literal["fluid", "repack", "static", "drain", "drain-first-fit", "flex"]
+
+
 def run(
-    policy: Literal["fluid", "static", "drain", "flex"],
+    policy: Policy,
     jobs: list[TraceJob],
     gpus: int = 1,
     layouts: list[Layout] | None = None,
     settings: PlannerSettings | None = None,
+    *,
+    discipline: Discipline = "easy",
+    malleable: bool = False,
 ) -> tuple[Replay, Metrics]:
-    settings = settings or REPLAY_SETTINGS
+    settings = replace(settings or REPLAY_SETTINGS, discipline=discipline)
     manager: Manager
     if policy == "fluid":
-        manager = FluidManager(H200, gpus)
+        manager = FluidManager(H200, gpus, discipline)
+    elif policy == "repack":
+        manager = RepackManager(H200, gpus, discipline)
     else:
         manager = LayoutManager(policy, H200, layouts or empty(gpus), settings)
-    result = replay(jobs, manager, 7 * gpus, MIX)
+    result = replay(jobs, manager, 7 * gpus, MIX, malleable=malleable)
     return result, metrics_of(policy, result)
 
 
@@ -77,7 +86,7 @@ def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_togeth
 def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job() -> None:
     jobs = [job("a", P1, 0, 1000), job("b", P3, 1, 10)]
     start = [Layout.of(H200, [(P1, 6)])]
-    drain, _ = run("drain", jobs, layouts=start)
+    drain, _ = run("drain-first-fit", jobs, layouts=start)  # a takes the idle GPU's 1g as it is
     b_start = next(r for r in drain.records if r.name == "b").start_s
     assert b_start is not None and b_start >= 1000.0
     flex, _ = run("flex", jobs, layouts=start)

@@ -3,9 +3,11 @@
 from flexmig.plan.planner import Planner
 from flexmig.plan.shapes import Shape, profile_for_need, shapes_for, speed_of
 from flexmig.plan.types import (
+    DISCIPLINES,
     Action,
     CreateInstance,
     DestroyInstance,
+    Discipline,
     Instance,
     JobRequest,
     MigrateJob,
@@ -20,9 +22,11 @@ from flexmig.plan.types import (
 from flexmig.plan.validate import Outcome, check_state, validate_plan
 
 __all__ = [
+    "DISCIPLINES",
     "Action",
     "CreateInstance",
     "DestroyInstance",
+    "Discipline",
     "Instance",
     "JobRequest",
     "MigrateJob",

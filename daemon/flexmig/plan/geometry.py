@@ -110,14 +110,15 @@ class Geometry:
             self._maximal = tuple(maximal_layouts(self.model))
         return self._maximal
 
-    def shapes(self, request: JobRequest, *, resplit: bool) -> tuple[Shape, ...]:
+    def shapes(self, request: JobRequest, *, resplit: bool, malleable: bool = False) -> tuple[Shape, ...]:
         """:func:`flexmig.plan.shapes.shapes_for`, memoised by the request's shape fields."""
-        k = (request.need, request.ranks, request.min_ranks, request.max_ranks, request.rank_memory_mib, resplit)
+        narrow = malleable and request.malleable
+        k = (request.need, request.ranks, request.min_ranks, request.max_ranks, request.rank_memory_mib, resplit, narrow)
         got = self._shapes.get(k)
         if got is None:
             from flexmig.plan.shapes import shapes_for  # noqa: PLC0415 - shapes imports types, which is heavier
 
-            got = self._shapes[k] = shapes_for(self.model, request, resplit=resplit)
+            got = self._shapes[k] = shapes_for(self.model, request, resplit=resplit, malleable=narrow)
         return got
 
     def nominal(self, request: JobRequest) -> Shape:

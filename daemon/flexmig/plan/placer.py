@@ -1,33 +1,57 @@
-"""The flex placer: where a job goes under flexmig's rules, for the shared queue discipline.
+"""Placers: where a job goes under one policy's rules, for the shared queue discipline; the flex placer here.
 
-A job first tries its nominal shape anywhere on the node: free instances that fit, or new instances created
-around the running jobs on busy GPUs (repartitioning a busy GPU never touches a held instance). An elastic job
-that does not fit nominally is spread over several smaller instances, on one GPU or several (one rank per
-instance, Flex-MIG's one-to-many placement), at the settings' spread efficiency; of the spreads that fit, the one
-that keeps the most demand-weighted capacity wins.
+A placer answers the discipline's questions (:class:`flexmig.plan.queue.Placer`) on a :class:`Scratch`:
+
+* whether a job starts now, and where: its nominal shape first; an elastic job that does not fit nominally may be
+  *spread* (flex only); a malleable job that still does not fit may start *narrow*, below its nominal compute,
+  when that ends it sooner than waiting for its nominal shape (:meth:`BasePlacer.narrow_pays`);
+* the head's reservation: the earliest time it could start as running jobs end (all jobs ending at one time
+  together), and whether it still could then with a backfilled job running (:meth:`BasePlacer.keeps_head`).
+
+The flex rules: a job first tries its nominal shape anywhere on the node: free instances that fit, or new
+instances created around the running jobs on busy GPUs (repartitioning a busy GPU never touches a held instance).
+An elastic job that does not fit nominally is spread over several smaller instances, on one GPU or several (one
+rank per instance, Flex-MIG's one-to-many placement), at the settings' spread efficiency; of the spreads that fit,
+the one that keeps the most demand-weighted capacity wins.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import replace
 
-from flexmig.mig.catalogue import GpuModel
+from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.plan.queue import Reservation
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, speed_of
-from flexmig.plan.types import Instance, JobRequest, PlannerSettings, StartJob
+from flexmig.plan.types import Instance, JobRequest, PlannerSettings, RankNeed, StartJob
 
-__all__ = ["BasePlacer", "FlexPlacer", "Placed"]
+__all__ = ["BasePlacer", "FlexPlacer", "Placed", "rigid"]
 
 Placed = tuple[Shape, tuple[Instance, ...]]
 
+_INF = math.inf
+
+
+def rigid(request: JobRequest, name: str | None = None) -> JobRequest:
+    """``request`` that may run only at its nominal shape (named ``name``): for look-aheads and growth."""
+    return replace(
+        request,
+        name=name or request.name,
+        min_ranks=request.ranks,
+        max_ranks=request.ranks,
+        malleable=False,
+    )
+
 
 class BasePlacer:
-    """What every placer on a :class:`Scratch` shares: starting jobs, and the head's reservation by look-ahead.
+    """What every placer on a :class:`Scratch` shares: starting jobs (narrow ones too), and the head's
+    reservation by look-ahead.
 
-    Subclasses say where a job fits (:meth:`fit`). ``ends`` gives the expected end time of each running job (for
-    the head's reservation); jobs without one are assumed to run forever. Reservations hold GPUs: a backfilled
-    job that would run past the head's start keeps off them.
+    Subclasses say where a job fits at its nominal shape or a spread (:meth:`fit_nominal`) and how ranks of one
+    profile are placed (:meth:`place_exact`). ``ends`` gives the expected end time of each running job (for the
+    head's reservation); jobs without one are assumed to run forever.
     """
 
     def __init__(
@@ -50,60 +74,274 @@ class BasePlacer:
         self.on_start = on_start
         self._nominal_start: dict[tuple[int, int], float] = {}
 
+    # ------------------------------------------------------------------------------------------- shapes
+    def shapes(self, job: JobRequest) -> tuple[Shape, ...]:
+        """Every shape ``job`` may take under these settings: nominal, spreads, narrow shapes."""
+        return self.scratch.geo.shapes(job, resplit=self.settings.resplit, malleable=self.settings.malleable)
+
+    def speed(self, job: JobRequest, shape: Shape) -> float:
+        """Speed of ``job`` as ``shape``, relative to nominal."""
+        return speed_of(self.model, job, shape, self.settings)
+
     # ------------------------------------------------------------------------------------------ protocol
     def shape_key(self, job: JobRequest) -> Hashable:
-        """Nominal profile, rank count, and (when spreads are on) the elastic range."""
-        if self.settings.resplit and job.elastic:
-            return (job.need, job.ranks, job.min_ranks, job.max_ranks, job.rank_memory_mib)
+        """Nominal profile and rank count; for jobs that may take other shapes, their range and run time too
+        (whether such a job spreads or starts narrow depends on its run time)."""
+        if (self.settings.resplit and job.elastic) or (self.settings.malleable and job.malleable):
+            return (job.need, job.ranks, job.min_ranks, job.max_ranks, job.rank_memory_mib, job.expected_runtime_s)
         return (job.need, job.ranks)
 
     def try_place(self, job: JobRequest, reservation: Reservation | None) -> bool:
-        """Start ``job`` now if it fits (off the reserved GPUs when a reservation is given)."""
-        avoid = _reserved_gpus(reservation)
-        got = self.fit(self.scratch, job, self.scratch.usable_gpus(avoid), f"start {job.name}")
-        if got is None:
+        """Start ``job`` now at its nominal shape or a spread if it fits; with a reservation, only where the head
+        still fits at its start.
+
+        The placement this policy prefers is tried first; if it would keep the head from starting on time and the
+        reservation names GPUs, a placement off those GPUs is tried too.
+        """
+        return self._try(job, reservation, self.fit)
+
+    def try_narrow(self, job: JobRequest, reservation: Reservation | None) -> bool:
+        """Start the malleable ``job`` now narrow, on what is left, if that pays (:meth:`narrow_pays`); with a
+        reservation, only where the head still fits at its start."""
+        if not (self.settings.malleable and job.malleable):
             return False
-        shape, instances = got
-        speed = speed_of(self.model, job, shape, self.settings)
-        how = "as requested" if speed == 1.0 else f"spread over {shape.ranks} instances at {speed:.0%} speed"
-        self.scratch.emit(StartJob(job.name, instances, f"{job.name} fits {how}", 0.0))
-        if job.expected_runtime_s is not None:
-            self.ends[job.name] = self.now_s + job.expected_runtime_s / speed
+        return self._try(job, reservation, self.fit_narrow)
+
+    def _try(
+        self,
+        job: JobRequest,
+        reservation: Reservation | None,
+        fit: Callable[[Scratch, JobRequest, Sequence[int], str], Placed | None],
+    ) -> bool:
+        guard = reservation if reservation is not None and reservation.start_s < _INF else None
+        if guard is not None and (guard.request is None or guard.job == job.name):
+            guard = None
+        reason = f"start {job.name}"
+        tries = [self.scratch.usable_gpus()]
+        avoid = _reserved_gpus(guard)
+        if guard is not None and avoid:
+            tries.append(self.scratch.usable_gpus(avoid))
+        for gpus in tries:
+            if not gpus:
+                continue
+            self.scratch.begin()
+            got = fit(self.scratch, job, gpus, reason)
+            if got is not None and (guard is None or self.keeps_head(guard, {job.name: self._end_of(job, got[0])})):
+                self.scratch.commit()
+                self._started(job, *got)
+                return True
+            self.scratch.rollback()
+            if got is None:
+                return False  # no placement at all on every usable GPU: fewer GPUs will not help
+        return False
+
+    def _end_of(self, job: JobRequest, shape: Shape) -> float:
+        runtime = job.expected_runtime_s
+        if runtime is None:
+            return _INF
+        return self.now_s + runtime / self.speed(job, shape)
+
+    def _started(self, job: JobRequest, shape: Shape, instances: tuple[Instance, ...]) -> None:
+        speed = self.speed(job, shape)
+        nominal = self.shapes(job)[0]
+        if speed == 1.0:
+            how = "fits as requested"
+        elif shape.compute_slices >= nominal.compute_slices:
+            how = f"fits spread over {shape.ranks} instances at {speed:.0%} speed"
+        else:
+            wait = self._nominal_start.get((nominal.profile.profile_id, nominal.ranks))
+            waited = "" if wait is None else f" (its {nominal.ranks}x{nominal.profile.name} " + (
+                "never frees up as running jobs end" if wait == _INF else f"frees up in ~{wait - self.now_s:.0f}s"
+            ) + ")"
+            how = (
+                f"starts narrow as {shape.ranks}x{shape.profile.name} at {speed:.0%} speed rather than wait"
+                f"{waited}; it is grown when room frees"
+            )
+        self.scratch.emit(StartJob(job.name, instances, f"{job.name} {how}", 0.0))
+        self.ends[job.name] = self._end_of(job, shape)
         if self.on_start is not None:
             self.on_start(job, shape, instances)
-        return True
 
     def shadow(self, job: JobRequest) -> Reservation | None:
-        """Release running jobs in end order on a copy until ``job`` fits; the time and the GPUs it would use."""
+        """Release running jobs in end order on a copy (every job ending at one time together) until ``job`` fits;
+        the time, the GPUs it would use and the shape it is reserved as.
+
+        A rigid job is reserved at its nominal shape or a spread. A malleable one may instead be reserved *narrow*:
+        at the first time its smallest narrow shape fits, holding just that, when starting narrow then ends it sooner
+        than waiting for its nominal shape (:meth:`narrow_pays`, at the smallest shape's speed). This is how
+        shrinking a waiting head beats reserving the node for it: the head needs only what frees first, not a
+        drain; when it starts it takes whatever narrow shape fits then.
+        """
         twin = self.scratch.fork()
-        order = sorted(
-            ((t, name) for name, t in self.ends.items() if name in twin.jobs),
-            key=lambda item: (item[0], item[1]),
-        )
-        shapes = twin.geo.shapes(job, resplit=self.settings.resplit)
+        order = sorted(((t, name) for name, t in self.ends.items() if name in twin.jobs and t < _INF))
+        shapes = self.shapes(job)
+        nominal = shapes[0]
+        full = [s for s in shapes if s.compute_slices >= nominal.compute_slices]
+        narrow = [s for s in shapes if s.compute_slices < nominal.compute_slices]
         gpus = twin.usable_gpus()
-        for t, name in order:
-            twin.release(name)
-            if not any(twin.room(shape.profile, gpus) >= shape.ranks for shape in shapes):
+        first_narrow: tuple[float, Shape, tuple[Instance, ...]] | None = None
+        i = 0
+        while i < len(order):
+            t = order[i][0]
+            while i < len(order) and order[i][0] == t:
+                twin.release(order[i][1])
+                i += 1
+            if narrow and first_narrow is None:
+                for shape in reversed(narrow):  # the least the head needs to start
+                    if not self.may_fit(twin, (shape,), gpus):
+                        continue
+                    twin.begin()
+                    got_n = self.place_exact(twin, job.name, shape.profile, shape.ranks, gpus, "look ahead")
+                    twin.rollback()
+                    if got_n is not None:
+                        first_narrow = (max(t, self.now_s), Shape(len(got_n), got_n[0].profile), got_n)
+                        break
+            if not self.may_fit(twin, full, gpus):
                 continue
             twin.begin()
             got = self.fit(twin, job, gpus, "look ahead")
             twin.rollback()
             if got is not None:
-                return Reservation(job.name, max(t, self.now_s), frozenset(i.gpu for i in got[1]))
+                t_full = max(t, self.now_s)
+                if first_narrow is not None and first_narrow[0] < t_full:
+                    at, shape, where = first_narrow
+                    if self.narrow_pays(job, nominal, self.speed(job, shape), start_s=at, nominal_s=t_full):
+                        return self._narrow_reservation(job, at, shape, where)
+                return Reservation(job.name, t_full, frozenset(i.gpu for i in got[1]), job)
+        if first_narrow is not None:
+            return self._narrow_reservation(job, *first_narrow)
         return None
 
+    @staticmethod
+    def _narrow_reservation(job: JobRequest, at: float, shape: Shape, where: tuple[Instance, ...]) -> Reservation:
+        n = shape.ranks
+        held = replace(rigid(job), need=RankNeed(profile=shape.profile.name), ranks=n, min_ranks=n, max_ranks=n)
+        return Reservation(job.name, at, frozenset(i.gpu for i in where), held)
+
+    def may_fit(self, scratch: Scratch, shapes: Sequence[Shape], gpus: Sequence[int]) -> bool:
+        """A cheap necessary condition for one of ``shapes`` to fit on ``gpus`` (subclasses may sharpen it)."""
+        return any(scratch.room(shape.profile, gpus) >= shape.ranks for shape in shapes)
+
+    def keeps_head(self, reservation: Reservation, extra: Mapping[str, float]) -> bool:
+        """True when the head of ``reservation`` still fits at its start with what this pass placed, where
+        ``extra`` gives end times of jobs placed but not yet in :attr:`ends`: every job ending by then is released
+        on a copy, and the head is fitted there (nominal or spread, never narrow)."""
+        head = reservation.request
+        if head is None or reservation.start_s == _INF:
+            return True
+        t = reservation.start_s
+        if all(end <= t for end in extra.values()):
+            return True
+        twin = self.scratch.fork()
+        for name, end in (*self.ends.items(), *extra.items()):
+            if end <= t and name in twin.jobs:
+                twin.release(name)
+        gpus = twin.usable_gpus()
+        return self.fit(twin, head, gpus, "look ahead") is not None
+
     def fit(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
-        """Place ``job`` on ``scratch`` using ``gpus``; None and no change when it does not fit."""
+        """Place ``job`` on ``scratch`` using ``gpus`` at its nominal shape or a spread (:meth:`fit_nominal`); None and
+        no change when it does not fit."""
+        return self.fit_nominal(scratch, job, gpus, reason)
+
+    def fit_narrow(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
+        """Place the malleable ``job`` narrow: the narrow shape with the most compute that fits (and, on the plan's
+        own scratch, pays); None and no change when none does."""
+        shapes = self.shapes(job)
+        nominal = shapes[0]
+        live = scratch is self.scratch
+        for shape in shapes[1:]:
+            if shape.compute_slices >= nominal.compute_slices:
+                continue
+            if not self.may_fit(scratch, (shape,), gpus):
+                continue
+            if live and not self.narrow_pays(job, nominal, self.speed(job, shape)):
+                continue
+            placed = self.place_exact(scratch, job.name, shape.profile, shape.ranks, gpus, reason)
+            if placed is not None:
+                return Shape(len(placed), placed[0].profile), placed
+        return None
+
+    def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
+        """Place ``job`` at its nominal shape (or, for policies that spread, a spread); None and no change if not."""
+        raise NotImplementedError
+
+    def place_exact(
+        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+    ) -> tuple[Instance, ...] | None:
+        """``count`` ranks of one profile (``profile`` or, where the policy allows, one that covers it) for
+        ``owner`` on ``gpus``; None and no change when they do not all fit."""
         raise NotImplementedError
 
     def exhausted(self) -> bool:
         """No free instance on any usable GPU, and (subclasses) no other way to make one."""
         return not any(self.scratch.free_instances(g) for g in self.scratch.usable_gpus())
 
+    # -------------------------------------------------------------------------------------- narrow starts
+    def nominal_start(self, nominal: Shape) -> float:
+        """When ``nominal`` first fits as the running jobs end in order, ignoring the queue (infinity if never);
+        memoised for the pass."""
+        key = (nominal.profile.profile_id, nominal.ranks)
+        got = self._nominal_start.get(key)
+        if got is None:
+            got = self._nominal_start[key] = self._earliest(nominal)
+        return got
+
+    def _earliest(self, shape: Shape) -> float:
+        twin = self.scratch.fork()
+        gpus = twin.usable_gpus()
+        n = shape.ranks
+        probe = JobRequest("\x00probe", RankNeed(profile=shape.profile.name), ranks=n, min_ranks=n, max_ranks=n)
+        order = sorted((t, name) for name, t in self.ends.items() if name in twin.jobs and t < _INF)
+        i = 0
+        while i < len(order):
+            t = order[i][0]
+            while i < len(order) and order[i][0] == t:
+                twin.release(order[i][1])
+                i += 1
+            if not self.may_fit(twin, (shape,), gpus):
+                continue
+            twin.begin()
+            got = self.fit_nominal(twin, probe, gpus, "look ahead")
+            twin.rollback()
+            if got is not None:
+                return t
+        return _INF
+
+    def narrow_pays(
+        self,
+        job: JobRequest,
+        nominal: Shape,
+        speed: float,
+        *,
+        start_s: float | None = None,
+        nominal_s: float | None = None,
+    ) -> bool:
+        """Does starting ``job`` narrow at ``start_s`` (now), at ``speed``, end it sooner than waiting for its
+        nominal shape until ``nominal_s``?
+
+        Waiting, it ends at ``t_n + R`` (``t_n``: by default when the running jobs ending first leave room for the
+        nominal shape, ignoring the queue, so the wait is if anything underestimated). Narrow, it runs at ``speed``
+        until it can grow, no earlier than ``t_n`` and no earlier than the settling time after its start, pays one
+        re-split then, and runs the rest at full speed; if it would finish before growing, it ends at
+        ``start + R / speed``. Unknown run time or a nominal shape that never frees up: start narrow.
+        """
+        runtime = job.expected_runtime_s
+        t_n = self.nominal_start(nominal) if nominal_s is None else nominal_s
+        if runtime is None or t_n == _INF:
+            return True
+        start = self.now_s if start_s is None else start_s
+        grow_at = max(t_n, start + self.settings.settling_s)
+        done = speed * (grow_at - start)
+        if done >= runtime:
+            narrow_end = start + runtime / speed
+        else:
+            narrow_end = grow_at + self.settings.move_cost(job.move_cost_s) + runtime - done
+        return narrow_end < t_n + runtime
+
 
 class FlexPlacer(BasePlacer):
-    """The flex rules: nominal anywhere (creating around held instances), else the best spread."""
+    """The flex rules: nominal anywhere (creating around held instances), else the best spread, else narrow."""
 
     def exhausted(self) -> bool:
         """Not even the smallest instance could be created or reused anywhere."""
@@ -112,7 +350,7 @@ class FlexPlacer(BasePlacer):
         smallest = min(self.model.plain_profiles, key=lambda p: (p.compute_slices, p.memory_slices))
         return self.scratch.room(smallest, self.scratch.usable_gpus()) == 0
 
-    def fit(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
+    def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place ``job`` on ``scratch`` (nominal first, then the best spread); None and no change if it cannot."""
         shapes = scratch.geo.shapes(job, resplit=self.settings.resplit)
         nominal = shapes[0]
@@ -140,6 +378,15 @@ class FlexPlacer(BasePlacer):
         assert again is not None, "a trial that fitted must fit again"
         return best[1], again[0]
 
+    def place_exact(
+        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+    ) -> tuple[Instance, ...] | None:
+        """``count`` instances of exactly ``profile``, the flex way (reused or created around held instances)."""
+        if scratch.room(profile, gpus) < count:
+            return None
+        got = scratch.place_shape(owner, Shape(count, profile), self.weights, gpus, reason, exact=True)
+        return None if got is None else got[0]
+
     def _spread_pays(self, job: JobRequest, nominal: Shape) -> bool:
         """Would spreading ``job`` now end it sooner than waiting for its nominal shape?
 
@@ -150,31 +397,12 @@ class FlexPlacer(BasePlacer):
         runtime = job.expected_runtime_s
         if runtime is None:
             return True
-        key = (nominal.profile.profile_id, nominal.ranks)
-        t_n = self._nominal_start.get(key)
-        if t_n is None:
-            t_n = self._earliest(nominal)
-            self._nominal_start[key] = t_n
+        t_n = self.nominal_start(nominal)
         return t_n - self.now_s > runtime * (1.0 / self.settings.spread_efficiency - 1.0)
-
-    def _earliest(self, shape: Shape) -> float:
-        """When ``shape`` first fits as running jobs end in order (infinity if never)."""
-        twin = self.scratch.fork()
-        gpus = twin.usable_gpus()
-        order = sorted((t, name) for name, t in self.ends.items() if name in twin.jobs)
-        for t, name in order:
-            twin.release(name)
-            if twin.room(shape.profile, gpus) < shape.ranks:
-                continue
-            twin.begin()
-            got = twin.place_shape("\x00probe", shape, self.weights, gpus, "look ahead")
-            twin.rollback()
-            if got is not None:
-                return t
-        return float("inf")
 
 
 def _reserved_gpus(reservation: Reservation | None) -> frozenset[int]:
     if reservation is None or not isinstance(reservation.token, frozenset):
         return frozenset()
     return frozenset(g for g in reservation.token if isinstance(g, int))
+

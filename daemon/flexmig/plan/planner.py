@@ -2,14 +2,18 @@
 
 One pass, in this order:
 
-1. **Admit** the queue with the shared discipline (FIFO with EASY backfilling, :mod:`flexmig.plan.queue`) and
-   the flex placer (:mod:`flexmig.plan.placer`): nominal shape first, anywhere on the node, creating instances
-   around running jobs on busy GPUs; elastic jobs that do not fit are spread over several instances.
-2. When the head still cannot start, **make room** (:meth:`flexmig.plan.moves.Mover.unblock`): migrate (or
-   re-split) the few movable, settled jobs that stand in one placement of it, if the wait it is spared outweighs
-   their downtime by the gain margin.
-3. **Consolidate**: a spread job whose nominal shape fits again is re-split back when the run time it saves
-   outweighs the downtime (never onto the GPUs reserved for the waiting head).
+1. **Admit** the queue with the shared discipline (EASY backfilling by default, or greedy;
+   :mod:`flexmig.plan.queue`) and the flex placer (:mod:`flexmig.plan.placer`): nominal shape first, anywhere on
+   the node, creating instances around running jobs on busy GPUs; elastic jobs that do not fit are spread over
+   several instances. Malleable jobs that still do not fit then start narrow on what is left, when that ends them
+   sooner than waiting; a malleable head may be reserved narrow instead of at its nominal shape.
+2. While admitting: when the head cannot start, **make room** (:meth:`flexmig.plan.moves.Mover.unblock`): migrate,
+   re-split or shrink the few movable, settled jobs that stand in one placement of it, if the wait it is spared
+   outweighs their cost by the gain margin; a few later one-rank jobs may have larger malleable jobs shrink for
+   them (:meth:`~flexmig.plan.moves.Mover.yield_to`), keeping the head's reservation.
+3. **Grow** the jobs that run below their nominal speed (narrow malleable jobs, spreads) with what admission left,
+   where a faster shape fits and pays and the head (EASY) still fits at its reserved start
+   (:mod:`flexmig.plan.grow`).
 
 Placement choices keep the most demand-weighted capacity (FGD's fragmentation measure, adapted to MIG: see
 :meth:`flexmig.plan.geometry.Geometry.value`); the demand is the profile mix of the running and waiting jobs.
@@ -22,12 +26,13 @@ from collections import Counter
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.geometry import Geometry, demand_weights
+from flexmig.plan.grow import Grower, MoveBook
 from flexmig.plan.moves import Mover
 from flexmig.plan.placer import FlexPlacer
 from flexmig.plan.queue import admit
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, speed_of
-from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings, RankNeed
+from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings, RankNeed, RunningJob
 from flexmig.plan.validate import check_state
 
 __all__ = ["Planner"]
@@ -77,9 +82,11 @@ class Planner:
             if run.remaining_s is not None:
                 ends[run.name] = now + run.remaining_s
         placer = FlexPlacer(scratch, self.model, settings, weights=weights, now_s=now, ends=ends)
-        running = {j.name: j for j in state.running}
-        mover = Mover(scratch, self.model, settings, weights=weights, running=running, now_s=now)
-        queue = sorted(state.pending, key=lambda r: r.submitted_s)  # stable: equal times keep input order
+        book = MoveBook(settings, {j.name: j for j in state.running}, now)
+        mover = Mover(scratch, self.model, settings, weights=weights, book=book, now_s=now, placer=placer)
+        notes: list[str] = []
+        grower = Grower(placer, book, notes)
+        queue = tuple(sorted(state.pending, key=lambda r: r.submitted_s))  # stable: equal times keep input order
 
         def duration(job: JobRequest) -> float | None:
             if job.expected_runtime_s is None:
@@ -87,15 +94,15 @@ class Planner:
             spreads = settings.resplit and job.elastic
             return job.expected_runtime_s / (settings.spread_efficiency if spreads else 1.0)
 
-        admission = admit(queue, placer, now, duration, mover.unblock)
-        reserved: frozenset[int] = frozenset()
-        if admission.reservation is not None and isinstance(admission.reservation.token, frozenset):
-            reserved = frozenset(g for g in admission.reservation.token if isinstance(g, int))
-        mover.consolidate(reserved)
-        notes = list(mover.notes)
-        if admission.reservation is not None and admission.reservation.start_s != float("inf"):
-            r = admission.reservation
-            notes.append(f"{r.job} waits; reserved from t={r.start_s:.0f}s on GPU(s) {sorted(reserved)}")
+        admission = admit(
+            queue, placer, now, duration, mover.unblock, discipline=settings.discipline, yield_to=mover.yield_to
+        )
+        grower.grow(grower.slow(), admission.reservation)
+        notes = [*mover.notes, *notes]
+        r = admission.reservation
+        if r is not None and r.start_s != float("inf"):
+            gpus = sorted(g for g in r.token if isinstance(g, int)) if isinstance(r.token, frozenset) else []
+            notes.append(f"{r.job} waits; reserved from t={r.start_s:.0f}s on GPU(s) {gpus}")
         return Plan(tuple(scratch.actions), now, tuple(notes))
 
     def speed(self, request: JobRequest, shape: Shape) -> float:

@@ -1,14 +1,23 @@
-"""The queue discipline every policy shares: FIFO with EASY backfilling.
+"""The queue discipline every policy shares: FIFO with EASY backfilling (the default), or greedy backfilling.
 
-Jobs are considered in arrival order. The first job that cannot start (the *head*) gets a reservation: the
-earliest time it could start if nothing else started, found by releasing the running jobs in the order they are
-expected to end (:meth:`Placer.shadow`), and the resources it would use then. A job behind the head may start
-now (backfill) if it fits and either ends before that time or leaves the head's reserved resources alone. So
-small jobs fill holes but never delay the head (EASY, Lifka 1995), and a big job cannot starve.
+Jobs are considered in arrival order.
 
-How a job fits, what a reservation holds (GPUs, slices) and what "leaves it alone" means are the placer's: the
-static, drain, flex and fluid policies differ only there, which is the point of sharing this module. Without
-run-time estimates (``duration`` returns None) a backfilled job is assumed to run past the head's start.
+* **EASY** (Lifka 1995; what ``flexmigd`` does): the first job that cannot start (the *head*) gets a reservation:
+  the earliest time ``T`` it could start if nothing else started, found by releasing the running jobs in the order
+  they are expected to end, every job that ends at ``T`` together (:meth:`Placer.shadow`). A job behind the head
+  may start now (backfill) if it fits and either ends by ``T`` or leaves the head able to start at ``T`` with it
+  still running. So small jobs fill holes but never delay the head, and a big job cannot starve.
+* **greedy**: no reservation; every job that fits starts, in arrival order. Holes are filled best, and jobs that
+  need much of the node at once (multi-GPU jobs) can wait without bound while smaller ones keep arriving.
+
+Under both, malleable jobs that could not start at their nominal shape may then start *narrow* on what the pass
+left, in arrival order (:meth:`Placer.try_narrow`): a malleable job takes only capacity no job before it in the
+queue could use now, so it never keeps a rigid job from starting, yet under EASY its reservation may be a narrow
+one (what it needs to start at all), which is what keeps it from waiting without bound.
+
+How a job fits, what a reservation holds and what "the head still fits at ``T``" means are the placer's: the
+static, drain, flex, fluid and repack policies differ only there, which is the point of sharing this module.
+Without run-time estimates a backfilled job is assumed to run past the head's start.
 """
 
 from __future__ import annotations
@@ -17,18 +26,24 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from flexmig.plan.types import JobRequest
+from flexmig.plan.types import DISCIPLINES, Discipline, JobRequest
 
-__all__ = ["Admission", "Placer", "Reservation", "admit"]
+__all__ = ["DISCIPLINES", "Admission", "Discipline", "Placer", "Reservation", "admit"]
+
+_YIELD_TRIES = 4  # later blocked jobs per pass that may have larger malleable jobs shrink for them
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """The head ``job`` may start at ``start_s``, using ``token`` (GPUs, slices: the placer's to interpret)."""
+    """The head ``job`` may start at ``start_s``, using ``token`` (GPUs, slices: the placer's to interpret).
+
+    ``request`` is the head itself, so a placer can check that it still fits at ``start_s`` with a backfilled job.
+    """
 
     job: str
     start_s: float
     token: Hashable
+    request: JobRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +62,18 @@ class Placer(Protocol):
         ...
 
     def try_place(self, job: JobRequest, reservation: Reservation | None) -> bool:
-        """Start ``job`` now if it fits, leaving ``reservation``'s resources alone when one is given."""
+        """Start ``job`` now if it fits; with ``reservation``, only if it ends by the head's start or the head
+        still fits then with it running."""
+        ...
+
+    def try_narrow(self, job: JobRequest, reservation: Reservation | None) -> bool:
+        """Start the malleable ``job`` now below its nominal compute, on what is left, if that pays; with
+        ``reservation``, only if the head still fits at its start (False for policies without malleable jobs)."""
         ...
 
     def shadow(self, job: JobRequest) -> Reservation | None:
-        """When and where ``job`` could start if nothing else started; None when unknown or never."""
+        """When and where ``job`` could start if nothing else started (for a malleable job, possibly narrow);
+        None when unknown or never."""
         ...
 
     def exhausted(self) -> bool:
@@ -65,15 +87,24 @@ def admit(
     now_s: float,
     duration: Callable[[JobRequest], float | None],
     unblock: Callable[[JobRequest, Reservation | None], bool] | None = None,
+    *,
+    discipline: Discipline = "easy",
+    yield_to: Callable[[JobRequest, Reservation | None], bool] | None = None,
 ) -> Admission:
     """Start what the discipline allows, in order.
 
-    ``unblock`` (flex only) gets one chance at the head before it waits: it may make room by moving other jobs,
-    and returns True when it started the head.
+    ``unblock`` (flex only) gets one chance at the first job that cannot start: it may make room by moving other
+    jobs, and returns True when it started that job. ``yield_to`` (flex only) gets a chance at a few of the later
+    jobs that cannot start: it may shrink larger malleable jobs for them, keeping the head's reservation. ``duration`` (a job's run time at its nominal shape, or a
+    bound) only sorts backfill candidates into those that end before the head's start and those that do not, to
+    skip repeats; the placer decides on the shape it actually places.
     """
     started: list[str] = []
     reservation: Reservation | None = None
+    blocked = False
     failed: set[tuple[Hashable, bool]] = set()
+    waiting: list[JobRequest] = []
+    yields = _YIELD_TRIES if yield_to is not None else 0
     for job in queue:
         key = placer.shape_key(job)
         if reservation is None:
@@ -81,28 +112,59 @@ def admit(
                 started.append(job.name)
                 continue
             failed.add((key, False))
-            if placer.exhausted():
-                break
-            reservation = placer.shadow(job)
-            if unblock is not None and unblock(job, reservation):
-                started.append(job.name)
-                reservation = None
+            if blocked:  # greedy: only the first blocked job gets a look-ahead and a chance to unblock
+                if yields > 0 and yield_to is not None:
+                    yields -= 1
+                    if yield_to(job, None):
+                        started.append(job.name)
+                        continue
+                waiting.append(job)
+                if placer.exhausted():
+                    break
                 continue
-            if reservation is None:
-                # The head cannot be given a start time (run times unknown, or it never fits): it does not hold
-                # the queue up; later jobs are tried as if it were not there.
-                reservation = Reservation(job.name, float("inf"), None)
+            waiting.append(job)
+            blocked = True
+            shadow = placer.shadow(job) if discipline == "easy" or unblock is not None else None
+            if unblock is not None and unblock(job, shadow):
+                started.append(job.name)
+                waiting.pop()
+                blocked = False
+                continue
+            if discipline == "greedy":
+                continue
+            # The head cannot be given a start time (run times unknown, or it never fits): it does not hold the
+            # queue up; later jobs are tried as if it were not there.
+            reservation = shadow or Reservation(job.name, float("inf"), None, job)
             continue
         runs = duration(job)
-        ends_first = runs is not None and now_s + runs <= reservation.start_s
-        guard = None if ends_first else reservation
-        fkey = (key, guard is not None)
+        short = runs is not None and now_s + runs <= reservation.start_s
+        fkey = (key, not short)
         if fkey in failed:
+            waiting.append(job)
             continue
-        if placer.try_place(job, guard):
+        if placer.try_place(job, reservation):
+            started.append(job.name)
+            continue
+        if yields > 0 and yield_to is not None:
+            yields -= 1
+            if yield_to(job, reservation):
+                started.append(job.name)
+                continue
+        waiting.append(job)
+        failed.add(fkey)
+        if placer.exhausted():
+            break
+    # Malleable jobs still waiting may start narrow on what the others left, in order (the head first: its
+    # reservation may be a narrow one that holds what it needs).
+    narrowed: set[Hashable] = set()
+    for job in waiting:
+        if placer.exhausted():
+            break
+        key = placer.shape_key(job)
+        if key in narrowed:
+            continue
+        if placer.try_narrow(job, reservation):
             started.append(job.name)
         else:
-            failed.add(fkey)
-            if placer.exhausted():
-                break
+            narrowed.add(key)
     return Admission(tuple(started), reservation)

@@ -21,14 +21,17 @@ on two sets of instances at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.mig.layout import Layout
 
 __all__ = [
+    "DISCIPLINES",
     "Action",
     "CreateInstance",
     "DestroyInstance",
+    "Discipline",
     "Instance",
     "JobRequest",
     "MigrateJob",
@@ -91,6 +94,11 @@ class JobRequest:
     compute slices) and ``P`` holds ``rank_memory_mib``. Such a spread runs at
     ``PlannerSettings.spread_efficiency`` of the speed its slices would give as one instance.
 
+    A job is *malleable* when ``malleable`` is set: it may also run *below* its nominal compute (fewer ranks
+    than ``ranks``, down to ``min_ranks``, or, for a one-rank job, one rank of a smaller profile), at a speed
+    proportional to the compute it holds, and is re-split up when room frees (:mod:`flexmig.plan.grow`). A job
+    spec is malleable when ``ranks.min`` is below ``ranks.start`` (:func:`flexmig.act.planview.job_request`).
+
     ``expected_runtime_s`` is the run time at the nominal shape, if known (the planner uses it to weigh moves);
     ``submitted_s`` orders the queue (FIFO, with backfilling). ``movable`` and ``move_cost_s`` are what the job's
     :class:`RunningJob` should carry once it runs (whoever starts it copies them; the replay does).
@@ -106,6 +114,7 @@ class JobRequest:
     expected_runtime_s: float | None = None
     movable: bool = True
     move_cost_s: float | None = None
+    malleable: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -163,6 +172,11 @@ class NodeState:
 
 
 # --------------------------------------------------------------------------------------------- settings
+Discipline = Literal["easy", "greedy"]
+"""The queue discipline (:mod:`flexmig.plan.queue`): EASY backfilling, or greedy backfilling without a reservation."""
+DISCIPLINES: tuple[Discipline, ...] = ("easy", "greedy")
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
     """Action costs and planning rules: the one set of planner defaults, which ``flexmigd``'s ``[planner]`` table
@@ -184,6 +198,11 @@ class PlannerSettings:
       cost (:attr:`gain_ratio`), here 1.1 times;
     * ``resplit``/``migrate``/``repartition_busy``: switch the three mechanisms off, e.g. for comparisons
       (``repartition_busy`` off: instances are created only on GPUs where no job runs);
+    * ``discipline`` ``"easy"``: the queue's head gets a reservation that backfilled jobs may not delay (EASY
+      backfilling, what ``flexmigd`` does); ``"greedy"``: no reservation, every job that fits starts
+      (:mod:`flexmig.plan.queue`);
+    * ``malleable``: malleable jobs (:attr:`JobRequest.malleable`) may start or keep running below their nominal
+      compute and are grown back when room frees; off, every job runs at its nominal compute or more;
     * ``max_moves`` 8: moves (migrations and re-splits) in one plan, to bound disruption;
     * ``unknown_wait_s`` 1800: how long a blocked job is assumed to wait when the running jobs' remaining times
       are unknown (the gain a move that unblocks it is weighed by).
@@ -200,6 +219,8 @@ class PlannerSettings:
     resplit: bool = True
     migrate: bool = True
     repartition_busy: bool = True
+    malleable: bool = True
+    discipline: Discipline = "easy"
     max_moves: int = 8
     unknown_wait_s: float = 1800.0
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.layout import Layout
-from flexmig.plan.shapes import Shape, covers, shapes_for
+from flexmig.plan.shapes import Shape, shape_allowed
 from flexmig.plan.types import (
     CreateInstance,
     DestroyInstance,
@@ -93,12 +93,7 @@ def _exists(layouts: tuple[Layout, ...] | list[Layout], inst: Instance, who: str
 def _shape_allowed(state: NodeState, request: JobRequest, instances: tuple[Instance, ...]) -> bool:
     if not instances or len({i.profile for i in instances}) != 1:
         return False
-    profile = instances[0].profile
-    allowed = shapes_for(state.model, request, resplit=True)
-    nominal = allowed[0]
-    if len(instances) == nominal.ranks and covers(profile, nominal.profile):
-        return True
-    return Shape(len(instances), profile) in allowed[1:]
+    return shape_allowed(state.model, request, Shape(len(instances), instances[0].profile))
 
 
 def validate_plan(

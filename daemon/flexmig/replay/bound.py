@@ -12,8 +12,8 @@ asked for, and a spread runs slower), so:
    every percentile of completion times is at least that percentile of the ``p_j`` (sorted completion times
    dominate sorted run times element by element).
 
-``makespan_s`` is the largest of (1) and (2), measured from the first arrival; ``mean_jct_s`` and ``p95_jct_s``
-come from (3); waits are 0; ``utilization`` is total work over ``C`` times that makespan (an upper bound on the
+``makespan_s`` is the largest of (1) and (2), measured from the first arrival; ``mean_jct_s``, ``p95_jct_s`` and
+``max_jct_s`` (and per size class) come from (3); waits are 0, the bounded slowdown 1; ``utilization`` is total work over ``C`` times that makespan (an upper bound on the
 utilization any policy reaches); fragmentation is 0. Jobs the node can never host (larger than the node) are
 left out and counted as unplaceable.
 """
@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flexmig.replay.metrics import Metrics, percentile
+from flexmig.replay.engine import JobOutcome, size_class
+from flexmig.replay.metrics import Metrics, percentile, size_figures
 from flexmig.replay.trace import TraceJob
 
 __all__ = ["lower_bound"]
@@ -59,4 +60,13 @@ def lower_bound(jobs: Sequence[TraceJob], capacity_slices: int, extra: dict[str,
         jobs_completed=len(order),
         jobs_unplaceable=len(jobs) - len(order),
         extra=dict(extra or {}),
+        max_jct_s=max(runtimes),
+        max_wait_s=0.0,
+        p95_bounded_slowdown=1.0,
+        by_size=size_figures(
+            [
+                JobOutcome(j.name, j.arrival_s, j.arrival_s, j.arrival_s + j.runtime_s, 0, 0, False, j.runtime_s, size_class(j))
+                for j in order
+            ]
+        ),
     )

@@ -2,8 +2,8 @@
 
 Deterministic: events at equal times are handled completions first, then arrivals in trace order, then one
 scheduling pass; nothing reads a clock or draws a random number here. Progress of a job is tracked in nominal
-seconds of work: it runs at its grant's speed (1.0, or the spread efficiency) once its grant's delay (the plan's
-reconfiguration and move costs before it) has passed, and ends when its work is done.
+seconds of work: it runs at its grant's speed (1.0; the spread efficiency; below 1 when narrow) once its grant's
+delay (the plan's reconfiguration and move costs before it) has passed, and ends when its work is done.
 """
 
 from __future__ import annotations
@@ -18,11 +18,23 @@ from flexmig.plan.types import JobRequest, RankNeed
 from flexmig.replay.managers import Grant, Manager, RunView
 from flexmig.replay.trace import TraceJob
 
-__all__ = ["JobOutcome", "Replay", "Sample", "replay", "request_for"]
+__all__ = ["SIZE_CLASSES", "JobOutcome", "Replay", "Sample", "replay", "request_for", "size_class"]
+
+SIZE_CLASSES: tuple[str, ...] = ("share", "whole", "multi")
+"""Job size classes in the figures: a share of one GPU, one whole GPU, several GPUs."""
 
 
-def request_for(job: TraceJob) -> JobRequest:
-    """The queue entry of a trace job: its nominal shape, elastic range and true run time."""
+def size_class(job: TraceJob) -> str:
+    """``share`` (a fraction of one GPU), ``whole`` (one whole GPU) or ``multi`` (several GPUs), by what the trace
+    row asked for."""
+    if job.ranks > 1:
+        return "multi"
+    return "whole" if job.gpu_milli >= 1000 else "share"
+
+
+def request_for(job: TraceJob, *, malleable: bool = False) -> JobRequest:
+    """The queue entry of a trace job: its nominal shape, elastic range and true run time; with ``malleable``, an
+    elastic job may also run below its nominal compute, down to one rank."""
     ranks_max = job.ranks * job.profile.compute_slices if job.elastic else job.ranks
     return JobRequest(
         name=job.name,
@@ -32,6 +44,7 @@ def request_for(job: TraceJob) -> JobRequest:
         max_ranks=max(ranks_max, job.ranks),
         submitted_s=job.arrival_s,
         expected_runtime_s=job.runtime_s,
+        malleable=malleable and job.elastic,
     )
 
 
@@ -48,7 +61,8 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
-    """What happened to one job (times in seconds of simulated time)."""
+    """What happened to one job (times in seconds of simulated time): when it arrived, first ran and ended, how
+    often it moved, whether it started spread or narrow, its nominal run time and its size class."""
 
     name: str
     arrival_s: float
@@ -57,6 +71,9 @@ class JobOutcome:
     moves: int
     resplits: int
     spread_start: bool
+    runtime_s: float = 0.0
+    size: str = "share"
+    narrow_start: bool = False
 
     @property
     def jct_s(self) -> float | None:
@@ -100,14 +117,16 @@ class _Run:
     moves: int = 0
     resplits: int = 0
     spread_start: bool = False
+    narrow_start: bool = False
     slices: int = 0
-    ran_s: float = 0.0
+    useful: int = 0  # slices that do the job's work: what it holds, at most its nominal compute
+    busy: float = 0.0
 
     def advance(self, now: float) -> None:
         begin = max(self.mark_s, self.resume_s)
         if now > begin:
             self.work_left = max(0.0, self.work_left - (now - begin) * self.speed)
-            self.ran_s += now - begin
+            self.busy += (now - begin) * self.useful
         self.mark_s = max(self.mark_s, now)
 
     def remaining(self, now: float) -> float:
@@ -132,10 +151,13 @@ def replay(
     capacity_slices: int,
     mix: dict[str, float],
     progress: Callable[[int], None] | None = None,
+    *,
+    malleable: bool = False,
 ) -> Replay:
     """Replay ``jobs`` (in arrival order) on ``manager``; ``mix`` weighs profiles in the fragmentation figure.
 
     ``progress`` is called with 1 for every job that arrives and every job that ends (2 per job in all).
+    ``malleable``: elastic jobs may run below their nominal compute (:func:`request_for`).
     """
     order = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
     by_name = {j.name: j for j in order}
@@ -150,7 +172,6 @@ def replay(
     tick = progress or (lambda _n: None)
     i = 0
     last_t = order[0].arrival_s if order else 0.0
-    used = 0
     frag = 0.0
     while True:
         while heap and (heap[0][2] not in running or running[heap[0][2]].version != heap[0][1]):
@@ -170,12 +191,11 @@ def replay(
             del running[name]
             run.advance(run.end_s)
             done[name] = run
-            used -= by_name[name].compute_slices
-            tot.busy += by_name[name].compute_slices * run.ran_s
+            tot.busy += run.busy
             manager.release(name)
             tick(1)
         while i < len(order) and order[i].arrival_s <= t:
-            req = request_for(order[i])
+            req = request_for(order[i], malleable=malleable)
             i += 1
             tick(1)
             if manager.placeable(req):
@@ -191,7 +211,6 @@ def replay(
             started = _apply(grants, t, queue, running=running, by_name=by_name, heap=heap, tot=tot)
             if started:
                 queue = [r for r in queue if r.name not in started]
-                used += sum(by_name[name].compute_slices for name in started)
         if queue and not running and not grants and i >= len(order):
             # Nothing runs, nothing arrives, and the queue cannot start: those jobs can never run here.
             unplaceable.extend(r.name for r in queue)
@@ -199,16 +218,28 @@ def replay(
                 tick(1)
             queue = []
         frag = manager.fragmentation(mix)
-        tot.samples.append(Sample(t, used, len(queue), frag))
+        tot.samples.append(Sample(t, sum(r.useful for r in running.values()), len(queue), frag))
 
     records = []
     for j in order:
         run = done.get(j.name)
+        size = size_class(j)
         if run is None:
-            records.append(JobOutcome(j.name, j.arrival_s, None, None, 0, 0, False))
+            records.append(JobOutcome(j.name, j.arrival_s, None, None, 0, 0, False, j.runtime_s, size))
         else:
             records.append(
-                JobOutcome(j.name, j.arrival_s, run.start_s, run.end_s, run.moves, run.resplits, run.spread_start)
+                JobOutcome(
+                    j.name,
+                    j.arrival_s,
+                    run.start_s,
+                    run.end_s,
+                    run.moves,
+                    run.resplits,
+                    run.spread_start,
+                    j.runtime_s,
+                    size,
+                    run.narrow_start,
+                )
             )
     ends = [r.end_s for r in records if r.end_s is not None]
     return Replay(
@@ -245,7 +276,8 @@ def _apply(
             job = by_name[g.job]
             run = _Run(req, job.arrival_s, job.runtime_s, mark_s=t)
             run.start_s = t + g.delay_s
-            run.spread_start = g.speed < 1.0
+            run.spread_start = g.speed < 1.0 and g.slices >= job.compute_slices
+            run.narrow_start = g.slices < job.compute_slices
             running[g.job] = run
             started.add(g.job)
         else:
@@ -265,6 +297,7 @@ def _apply(
         run.mark_s = t
         run.last_moved_s = t
         run.slices = g.slices
+        run.useful = min(g.slices, by_name[g.job].compute_slices)
         run.version += 1
         run.end_s = run.resume_s + run.work_left / run.speed
         heapq.heappush(heap, (run.end_s, run.version, g.job))

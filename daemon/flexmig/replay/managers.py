@@ -1,9 +1,12 @@
-"""How each policy manages the simulated node: layouts and plans for static, drain and flex; a slice pool for fluid.
+"""How each policy manages the simulated node: layouts and plans for static, drain (both kinds) and flex; a slice
+pool for fluid (and, in :mod:`flexmig.replay.repack`, freely re-packed whole instances for repack).
 
 Every manager answers to the engine the same way (:class:`Manager`): which queued jobs start or move now, as
-:class:`Grant`s. The three MIG policies build a :class:`~flexmig.plan.types.Plan` and the engine-facing state
-is whatever :func:`~flexmig.plan.validate.validate_plan` says the plan leads to, so every plan of every policy
-is replayed action by action on the pure model, and a plan the hardware would refuse stops the replay.
+:class:`Grant`s, under the queue discipline of its settings (EASY or greedy). The MIG policies build a
+:class:`~flexmig.plan.types.Plan` and the engine-facing state is whatever :func:`~flexmig.plan.validate.validate_plan`
+says the plan leads to, so every plan of every policy is replayed action by action on the pure model, and a plan
+the hardware would refuse stops the replay. The baselines plan as flex does, in the same order (admit, then grow
+slow jobs with what is left), with their own placer and without moving jobs to make room.
 
 Plans run serially: an action finishes ``cost_s`` after the one before it. A job started or moved by an action
 makes no progress until that action is done (its *delay*).
@@ -14,19 +17,21 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
 from flexmig.plan.geometry import demand_weights
+from flexmig.plan.grow import Grower, MoveBook
 from flexmig.plan.placer import BasePlacer
 from flexmig.plan.planner import Planner
 from flexmig.plan.queue import Reservation, admit
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, covers, nominal_shape, speed_of
 from flexmig.plan.types import (
+    Discipline,
     Instance,
     JobRequest,
     MigrateJob,
@@ -38,9 +43,17 @@ from flexmig.plan.types import (
     StartJob,
 )
 from flexmig.plan.validate import validate_plan
-from flexmig.replay.baselines import DrainPlacer, StaticPlacer
+from flexmig.replay.baselines import DrainFirstFitPlacer, DrainPlacer, StaticPlacer
 
-__all__ = ["FluidManager", "Grant", "LayoutManager", "Manager", "RunView"]
+__all__ = ["MIG_POLICIES", "FluidManager", "Grant", "LayoutManager", "Manager", "MigPolicy", "RunView"]
+
+MigPolicy = Literal["static", "drain", "drain-first-fit", "flex"]
+MIG_POLICIES: tuple[MigPolicy, ...] = ("static", "drain", "drain-first-fit", "flex")
+_PLACERS: dict[str, type[BasePlacer]] = {
+    "static": StaticPlacer,
+    "drain": DrainPlacer,
+    "drain-first-fit": DrainFirstFitPlacer,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +117,15 @@ def _duration(settings: PlannerSettings) -> Callable[[JobRequest], float | None]
 
 
 class LayoutManager:
-    """static, drain or flex on a node of ``gpus`` GPUs of ``model`` starting from ``layouts``."""
+    """static, drain, drain-first-fit or flex on a node of ``gpus`` GPUs of ``model`` starting from ``layouts``.
+
+    The baselines keep the settings' costs, discipline and malleability, with spreading, migration and
+    repartitioning of busy GPUs off (they have none of flexmig's mechanisms).
+    """
 
     def __init__(
         self,
-        policy: Literal["static", "drain", "flex"],
+        policy: MigPolicy,
         model: GpuModel,
         layouts: Sequence[Layout],
         settings: PlannerSettings,
@@ -118,17 +135,7 @@ class LayoutManager:
         if policy == "flex":
             self.settings = settings
         else:
-            self.settings = PlannerSettings(
-                checkpoint_s=settings.checkpoint_s,
-                restart_s=settings.restart_s,
-                reconfigure_s=settings.reconfigure_s,
-                spread_efficiency=settings.spread_efficiency,
-                settling_s=settings.settling_s,
-                gain_margin=settings.gain_margin,
-                resplit=False,
-                migrate=False,
-                repartition_busy=False,
-            )
+            self.settings = replace(settings, resplit=False, migrate=False, repartition_busy=False)
         self.planner = Planner(model, self.settings)
         self.geometry = self.planner.geometry
         self._layouts: tuple[Layout, ...] = tuple(layouts)
@@ -160,7 +167,10 @@ class LayoutManager:
         weights: tuple[float, ...],
         now_s: float,
         ends: Mapping[str, float],
+        queue: Sequence[JobRequest] = (),
     ) -> BasePlacer:
+        if cls is DrainPlacer:
+            return DrainPlacer(scratch, self.model, self.settings, weights=weights, now_s=now_s, ends=ends, queue=queue)
         return cls(scratch, self.model, self.settings, weights=weights, now_s=now_s, ends=ends)
 
     def placeable(self, job: JobRequest) -> bool:
@@ -171,9 +181,9 @@ class LayoutManager:
             empty = tuple(Layout.empty(self.model) for _ in self._initial)
             base = self._initial if self.policy == "static" else empty
             scratch = Scratch(self.geometry, base, {}, self.settings)
-            cls = {"static": StaticPlacer, "drain": DrainPlacer}.get(self.policy)
             weights = demand_weights(self.geometry, {})
-            placer = self._placer(cls or _flex_placer(), scratch, weights, 0.0, {})
+            cls = _PLACERS.get(self.policy) or _flex_placer()
+            placer = self._placer(cls, scratch, weights, 0.0, {})
             got = placer.fit(scratch, job, scratch.usable_gpus(), "probe") is not None
             self._placeable[key] = got
         return got
@@ -181,48 +191,29 @@ class LayoutManager:
     # ------------------------------------------------------------------------------------------- schedule
     def schedule(self, now_s: float, queue: Sequence[JobRequest], running: Mapping[str, RunView]) -> list[Grant]:
         """Build this policy's plan for now, replay it on the model, and say who starts or moves."""
-        if not queue and (self.policy != "flex" or all(v.speed >= 1.0 for v in running.values())):
-            return []
-        if self.policy == "flex":
-            state = NodeState(
-                self.model,
-                self._layouts,
-                tuple(
-                    RunningJob(
-                        name=name,
-                        instances=self._holds[name],
-                        nominal=view.request,
-                        movable=view.request.movable,
-                        move_cost_s=view.request.move_cost_s,
-                        last_moved_s=view.last_moved_s,
-                        remaining_s=view.remaining_s,
-                    )
-                    for name, view in running.items()
-                ),
-                tuple(queue),
-                now_s,
-            )
-            plan = self.planner.plan(state, check=False)
-        else:
-            plan = self._baseline_plan(now_s, queue, running)
-        if not plan.actions:
+        if not queue and all(v.speed >= 1.0 for v in running.values()):
             return []
         state = NodeState(
             self.model,
             self._layouts,
             tuple(
                 RunningJob(
-                    name,
-                    self._holds[name],
-                    view.request,
+                    name=name,
+                    instances=self._holds[name],
+                    nominal=view.request,
                     movable=view.request.movable,
+                    move_cost_s=view.request.move_cost_s,
                     last_moved_s=view.last_moved_s,
+                    remaining_s=view.remaining_s,
                 )
                 for name, view in running.items()
             ),
             tuple(queue),
             now_s,
         )
+        plan = self.planner.plan(state, check=False) if self.policy == "flex" else self._baseline_plan(state)
+        if not plan.actions:
+            return []
         try:
             outcome = validate_plan(state, plan, self.settings, check=False)
         except PlanRejectedError as exc:  # a planner bug: stop loudly, with the plan
@@ -231,18 +222,21 @@ class LayoutManager:
         self._holds = dict(outcome.holds)
         return self._grants(plan, queue, running)
 
-    def _baseline_plan(self, now_s: float, queue: Sequence[JobRequest], running: Mapping[str, RunView]) -> Plan:
-        scratch = Scratch(self.geometry, self._layouts, self._holds, self.settings)
+    def _baseline_plan(self, state: NodeState) -> Plan:
+        """The baseline's plan: grow, admit, grow (as flex plans, without making room by moving jobs)."""
+        now_s = state.now_s
+        scratch = Scratch(self.geometry, state.layouts, {j.name: j.instances for j in state.running}, self.settings)
         counts: Counter[str] = Counter()
-        for view in running.values():
-            counts[self.geometry.nominal(view.request).profile.name] += 1
-        for req in queue:
+        for req in (*(j.nominal for j in state.running), *state.pending):
             counts[self.geometry.nominal(req).profile.name] += 1
         weights = demand_weights(self.geometry, counts)
-        ends = {name: now_s + view.remaining_s for name, view in running.items()}
-        cls = StaticPlacer if self.policy == "static" else DrainPlacer
-        placer = self._placer(cls, scratch, weights, now_s, ends)
-        admit(sorted(queue, key=lambda r: r.submitted_s), placer, now_s, _duration(self.settings))
+        ends = {j.name: now_s + j.remaining_s for j in state.running if j.remaining_s is not None}
+        queue = tuple(sorted(state.pending, key=lambda r: r.submitted_s))
+        placer = self._placer(_PLACERS[self.policy], scratch, weights, now_s, ends, queue)
+        book = MoveBook(self.settings, {j.name: j for j in state.running}, now_s)
+        grower = Grower(placer, book, [])
+        admission = admit(queue, placer, now_s, _duration(self.settings), discipline=self.settings.discipline)
+        grower.grow(grower.slow(), admission.reservation)
         return Plan(tuple(scratch.actions), now_s)
 
     def _grants(self, plan: Plan, queue: Sequence[JobRequest], running: Mapping[str, RunView]) -> list[Grant]:
@@ -255,12 +249,7 @@ class LayoutManager:
             if isinstance(action, StartJob | MigrateJob | ResplitJob):
                 insts = action.instances if isinstance(action, StartJob) else action.to_instances
                 request = requests[action.job]
-                shape = Shape(len(insts), insts[0].profile)
-                nominal = self.geometry.nominal(request)
-                if shape.ranks == nominal.ranks and covers(shape.profile, nominal.profile):
-                    speed = 1.0
-                else:
-                    speed = speed_of(self.model, request, shape, self.settings)
+                speed = speed_of(self.model, request, Shape(len(insts), insts[0].profile), self.settings)
                 kind: Literal["start", "migrate", "resplit"]
                 kind = (
                     "start"
@@ -303,7 +292,7 @@ class LayoutManager:
                     continue
                 if self.policy == "flex" and self.geometry.starts(key, profile):
                     continue
-                if self.policy == "drain" and not held:
+                if self.policy in ("drain", "drain-first-fit") and not held:
                     continue
                 frag += w * free
         return frag / free_total if free_total else 0.0
@@ -318,9 +307,10 @@ def _flex_placer() -> type[BasePlacer]:
 class FluidManager:
     """The node as one pool of compute slices: a job starts when enough slices are free, wherever they are."""
 
-    def __init__(self, model: GpuModel, gpus: int) -> None:
+    def __init__(self, model: GpuModel, gpus: int, discipline: Discipline = "easy") -> None:
         self.model = model
         self.capacity = model.compute_slices * gpus
+        self.discipline: Discipline = discipline
         self._held: dict[str, int] = {}
         self._used = 0
         self._extra_used = 0
@@ -349,7 +339,8 @@ class FluidManager:
         return 0.0
 
     def schedule(self, now_s: float, queue: Sequence[JobRequest], running: Mapping[str, RunView]) -> list[Grant]:
-        """The shared discipline over the pool."""
+        """The shared discipline over the pool. The head's reservation holds the slices it needs at its start;
+        what is left then (``extra``) is what jobs that run past it may take."""
         if not queue:
             return []
         ends = sorted((now_s + v.remaining_s, name) for name, v in running.items())
@@ -365,16 +356,21 @@ class FluidManager:
                 need = pool._need(job)
                 if need > pool.capacity - pool._used:
                     return False
-                if reservation is not None and isinstance(reservation.token, int):
+                runs = job.expected_runtime_s
+                past = reservation is not None and (runs is None or now_s + runs > reservation.start_s)
+                if reservation is not None and past and isinstance(reservation.token, int):
                     if need > reservation.token - pool._extra_used:
                         return False
                     pool._extra_used += need
                 pool._held[job.name] = need
                 pool._used += need
                 grants.append(Grant(job.name, "start", 1.0, 0.0, need))
-                if job.expected_runtime_s is not None:
-                    bisect.insort(ends, (now_s + job.expected_runtime_s, job.name))
+                if runs is not None:
+                    bisect.insort(ends, (now_s + runs, job.name))
                 return True
+
+            def try_narrow(self, job: JobRequest, reservation: Reservation | None) -> bool:
+                return False  # jobs run at their nominal compute here
 
             def exhausted(self) -> bool:
                 return pool._used >= pool.capacity
@@ -382,11 +378,18 @@ class FluidManager:
             def shadow(self, job: JobRequest) -> Reservation | None:
                 need = pool._need(job)
                 free = pool.capacity - pool._used
-                for t, name in ends:
-                    free += pool._held.get(name, 0)
+                i = 0
+                while i < len(ends):
+                    t = ends[i][0]
+                    while i < len(ends) and ends[i][0] == t:  # every job ending at t frees its slices at t
+                        free += pool._held.get(ends[i][1], 0)
+                        i += 1
                     if free >= need:
-                        return Reservation(job.name, t, free - need)
+                        return Reservation(job.name, max(t, now_s), free - need, job)
                 return None
 
-        admit(sorted(queue, key=lambda r: r.submitted_s), _Pool(), now_s, _duration(PlannerSettings(resplit=False)))
+        def duration(job: JobRequest) -> float | None:
+            return job.expected_runtime_s
+
+        admit(sorted(queue, key=lambda r: r.submitted_s), _Pool(), now_s, duration, discipline=self.discipline)
         return grants

@@ -4,11 +4,17 @@
 * ``mean_jct_s``, ``p95_jct_s``: completion time (end minus arrival) of the completed jobs, mean and 95th
   percentile (nearest rank);
 * ``mean_wait_s``: arrival to first running (after the plan's reconfiguration delay);
+* ``max_jct_s``, ``max_wait_s``: the worst completion time and the worst wait;
+* ``by_size``: per size class (``share`` of one GPU, one ``whole`` GPU, ``multi``-GPU), the number of completed
+  jobs, their mean completion time and their worst wait;
+* ``p95_bounded_slowdown``: the 95th percentile of each job's bounded slowdown,
+  ``max(1, JCT / max(run time, 10 s))`` (the customary bound of 10 s keeps very short jobs from dominating);
 * ``utilization``: compute-slice-seconds of running jobs (their nominal compute, not the larger instance a
   policy may have given them, and only while they run: not while a plan reconfigures for them or moves them) over
   the slice-seconds available during the makespan;
 * ``fragmentation_mean``: time-weighted mean of the node's FGD external fragmentation score over the makespan;
 * ``migrations``, ``resplits``: moves of running jobs; ``spread_starts``: jobs that started spread;
+  ``narrow_starts``: jobs that started below their nominal compute;
 * ``jobs_completed``, ``jobs_unplaceable`` (can never run on the node under the policy).
 """
 
@@ -19,9 +25,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexmig.replay.engine import Replay
+from flexmig.replay.engine import SIZE_CLASSES, JobOutcome, Replay
 
-__all__ = ["Metrics", "metrics_of", "percentile"]
+__all__ = ["SLOWDOWN_BOUND_S", "Metrics", "bounded_slowdown", "metrics_of", "percentile", "size_figures"]
+
+SLOWDOWN_BOUND_S = 10.0
+"""The run-time bound of the bounded slowdown, in seconds."""
+
+
+def bounded_slowdown(jct_s: float, runtime_s: float, bound_s: float = SLOWDOWN_BOUND_S) -> float:
+    """``max(1, JCT / max(run time, bound))``."""
+    return max(1.0, jct_s / max(runtime_s, bound_s))
+
+
+def size_figures(records: Sequence[JobOutcome]) -> dict[str, dict[str, float | int]]:
+    """Per size class: completed jobs, mean completion time and worst wait (classes without jobs are left out)."""
+    out: dict[str, dict[str, float | int]] = {}
+    for size in SIZE_CLASSES:
+        done = [r for r in records if r.size == size and r.end_s is not None and r.start_s is not None]
+        if not done:
+            continue
+        jcts = [r.end_s - r.arrival_s for r in done if r.end_s is not None]
+        waits = [r.start_s - r.arrival_s for r in done if r.start_s is not None]
+        out[size] = {
+            "jobs": len(done),
+            "mean_jct_s": round(sum(jcts) / len(jcts), 3),
+            "max_wait_s": round(max(waits), 3),
+        }
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -51,6 +82,11 @@ class Metrics:
     jobs_completed: int
     jobs_unplaceable: int
     extra: dict[str, Any] = field(default_factory=dict)
+    max_jct_s: float = 0.0
+    max_wait_s: float = 0.0
+    p95_bounded_slowdown: float = 1.0
+    by_size: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    narrow_starts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with every figure and the extras (static layout, trace facts, settings)."""
@@ -60,11 +96,17 @@ class Metrics:
             "mean_jct_s": round(self.mean_jct_s, 3),
             "p95_jct_s": round(self.p95_jct_s, 3),
             "mean_wait_s": round(self.mean_wait_s, 3),
+            "max_jct_s": round(self.max_jct_s, 3),
+            "max_wait_s": round(self.max_wait_s, 3),
+            "p95_bounded_slowdown": round(self.p95_bounded_slowdown, 4),
+            "slowdown_bound_s": SLOWDOWN_BOUND_S,
+            "by_size": self.by_size,
             "utilization": round(self.utilization, 6),
             "fragmentation_mean": round(self.fragmentation_mean, 6),
             "migrations": self.migrations,
             "resplits": self.resplits,
             "spread_starts": self.spread_starts,
+            "narrow_starts": self.narrow_starts,
             "jobs": self.jobs,
             "jobs_completed": self.jobs_completed,
             "jobs_unplaceable": self.jobs_unplaceable,
@@ -95,4 +137,13 @@ def metrics_of(policy: str, run: Replay, extra: dict[str, Any] | None = None) ->
         jobs_completed=len(completed),
         jobs_unplaceable=len(run.unplaceable),
         extra=dict(extra or {}),
+        max_jct_s=max(jcts, default=0.0),
+        max_wait_s=max(waits, default=0.0),
+        p95_bounded_slowdown=percentile(
+            [bounded_slowdown(r.end_s - r.arrival_s, r.runtime_s) for r in completed if r.end_s is not None], 95
+        )
+        if completed
+        else 1.0,
+        by_size=size_figures(run.records),
+        narrow_starts=sum(1 for r in completed if r.narrow_start),
     )

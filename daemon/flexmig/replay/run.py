@@ -2,7 +2,8 @@
 
 Steps: read and map the trace (:mod:`~flexmig.replay.trace`), cap run times, and with a load compress the
 quiet gaps between arrivals and thin the jobs to that load (:mod:`~flexmig.replay.load`); then replay under
-the policy and compute the figures. Everything is a function of the inputs and the seed.
+the policy, the queue discipline of the settings (EASY or greedy) and, with ``malleable``, elastic jobs that may run
+below their nominal compute, and compute the figures. Everything is a function of the inputs and the seed.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from flexmig.replay.bound import lower_bound
 from flexmig.replay.costs import REPLAY_SETTINGS
 from flexmig.replay.engine import Sample, replay, request_for
 from flexmig.replay.load import cap_runtime, compress, natural_load, thin
-from flexmig.replay.managers import FluidManager, LayoutManager
+from flexmig.replay.managers import FluidManager, LayoutManager, MigPolicy
 from flexmig.replay.metrics import Metrics, metrics_of
+from flexmig.replay.repack import RepackManager
 from flexmig.replay.static import StaticCandidate, candidates
 from flexmig.replay.trace import ElasticRule, TraceJob, map_trace, read_trace
 
 __all__ = [
+    "MALLEABLE_POLICIES",
     "POLICIES",
     "Policy",
     "Prepared",
@@ -37,8 +40,10 @@ __all__ = [
     "static_eligibility",
 ]
 
-Policy = Literal["static", "drain", "flex", "fluid", "bound"]
-POLICIES: tuple[str, ...] = ("static", "drain", "flex", "fluid", "bound")
+Policy = Literal["static", "drain", "drain-first-fit", "flex", "fluid", "repack", "bound"]
+POLICIES: tuple[str, ...] = ("static", "drain", "drain-first-fit", "flex", "fluid", "repack", "bound")
+MALLEABLE_POLICIES: tuple[str, ...] = ("static", "drain", "drain-first-fit", "flex")
+"""The policies that run malleable jobs narrow; fluid, repack and bound are references without it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,7 @@ class ReplayConfig:
     max_gap_s: float = 1800.0
     elastic: ElasticRule = "whole"
     settings: PlannerSettings = REPLAY_SETTINGS
+    malleable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,31 +137,47 @@ def run_policy(
     policy: str,
     settings: PlannerSettings,
     progress: Callable[[int], None] | None = None,
+    *,
+    malleable: bool = False,
 ) -> SimResult:
-    """Replay ``prep`` under ``policy`` (static: every eligible candidate, reporting the best)."""
+    """Replay ``prep`` under ``policy`` (static: every eligible candidate, reporting the best), with the queue
+    discipline of ``settings``; ``malleable``: elastic jobs may run below their nominal compute (the MIG policies
+    only)."""
     spec = prep.spec
     extra = dict(prep.info)
+    extra["discipline"] = settings.discipline
+    extra["malleable"] = malleable and policy in MALLEABLE_POLICIES
     if policy == "flex":
         extra["planner_settings"] = _settings_json(settings)
     if policy == "bound":
         return SimResult(lower_bound(prep.jobs, prep.capacity, extra))
     if policy == "fluid":
-        run = replay(prep.jobs, FluidManager(spec.model, spec.count), prep.capacity, prep.mix(), progress)
+        manager = FluidManager(spec.model, spec.count, settings.discipline)
+        run = replay(prep.jobs, manager, prep.capacity, prep.mix(), progress)
+        return SimResult(metrics_of(policy, run, extra), run.samples)
+    if policy == "repack":
+        packed = RepackManager(spec.model, spec.count, settings.discipline)
+        run = replay(prep.jobs, packed, prep.capacity, prep.mix(), progress)
         return SimResult(metrics_of(policy, run, extra), run.samples)
     assert spec.layout is not None
     start = (spec.layout,) * spec.count
-    if policy in ("drain", "flex"):
-        kind: Literal["drain", "flex"] = "drain" if policy == "drain" else "flex"
-        manager = LayoutManager(kind, spec.model, start, settings)
-        run = replay(prep.jobs, manager, prep.capacity, prep.mix(), progress)
+    if policy in ("drain", "drain-first-fit", "flex"):
+        kind: MigPolicy = "drain" if policy == "drain" else "drain-first-fit" if policy == "drain-first-fit" else "flex"
+        layouts = LayoutManager(kind, spec.model, start, settings)
+        run = replay(prep.jobs, layouts, prep.capacity, prep.mix(), progress, malleable=malleable)
         return SimResult(metrics_of(policy, run, extra), run.samples)
     if policy != "static":
         raise TraceError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-    return _best_static(prep, settings, extra, progress)
+    return _best_static(prep, settings, extra, progress, malleable=malleable)
 
 
 def _best_static(
-    prep: Prepared, settings: PlannerSettings, extra: dict[str, Any], progress: Callable[[int], None] | None
+    prep: Prepared,
+    settings: PlannerSettings,
+    extra: dict[str, Any],
+    progress: Callable[[int], None] | None,
+    *,
+    malleable: bool = False,
 ) -> SimResult:
     spec = prep.spec
     judged = static_eligibility(prep, settings)
@@ -164,7 +186,7 @@ def _best_static(
     best: tuple[float, SimResult, str] | None = None
     for cand in eligible:
         manager = LayoutManager("static", spec.model, cand.layouts, settings)
-        run = replay(prep.jobs, manager, prep.capacity, prep.mix(), progress)
+        run = replay(prep.jobs, manager, prep.capacity, prep.mix(), progress, malleable=malleable)
         m = metrics_of("static", run)
         for row in report:
             if row["layout"] == cand.name:
@@ -195,7 +217,7 @@ def static_eligibility(prep: Prepared, settings: PlannerSettings) -> list[tuple[
 
 def simulate(config: ReplayConfig, policy: str, progress: Callable[[int], None] | None = None) -> SimResult:
     """Prepare ``config`` and replay it under ``policy``."""
-    return run_policy(prepare(config), policy, config.settings, progress)
+    return run_policy(prepare(config), policy, config.settings, progress, malleable=config.malleable)
 
 
 def _settings_json(settings: PlannerSettings) -> dict[str, Any]:
@@ -208,4 +230,6 @@ def _settings_json(settings: PlannerSettings) -> dict[str, Any]:
         "gain_margin": settings.gain_margin,
         "resplit": settings.resplit,
         "migrate": settings.migrate,
+        "malleable": settings.malleable,
+        "discipline": settings.discipline,
     }
