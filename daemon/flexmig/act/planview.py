@@ -17,7 +17,9 @@ __all__ = ["job_request", "pending_requests", "running_jobs"]
 
 
 def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
-    """The planner's request for ``rec``: its rank need, nominal and allowed rank counts, submission time."""
+    """The planner's request for ``rec``: its rank need, nominal and allowed rank counts, submission time; it is
+    malleable (may run on fewer ranks than it starts with, down to ``ranks.min``) when ``ranks.min`` is below
+    ``ranks.start``."""
     need = rec.spec.need
     if need.profile:
         plan_need = RankNeed(profile=need.profile)
@@ -34,6 +36,7 @@ def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
         rank_memory_mib=memory_mib,
         submitted_s=rec.submitted_s,
         movable=True,
+        malleable=rec.spec.ranks_min < rec.spec.ranks_start,
     )
 
 

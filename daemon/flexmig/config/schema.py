@@ -321,6 +321,11 @@ class PlannerConfig:
     resplit_enabled: bool = _doc(
         _PLANNER.resplit, "Plan re-splits of distributed jobs over another number of instances."
     )
+    malleable_enabled: bool = _doc(
+        _PLANNER.malleable,
+        "Let a job whose spec allows fewer ranks than it starts with (ranks.min below ranks.start) start or keep "
+        "running on fewer ranks, at lower speed, when that beats waiting, and grow it back when room frees.",
+    )
 
 
 @dataclass(frozen=True)

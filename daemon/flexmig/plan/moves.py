@@ -69,6 +69,7 @@ class Mover:
         self.now_s = now_s
         self.placer = placer
         self.notes: list[str] = []
+        self._how: dict[str, str] = {}  # job moved out of the way -> "migrating", "re-splitting" or "shrinking"
 
     # --------------------------------------------------------------------------------------------- rules
     def movable(self, name: str) -> bool:
@@ -125,11 +126,16 @@ class Mover:
             old = self.scratch.release(name)
             self.scratch.rename(tag, name)
             if shape == current:
-                why = f"migrate {name} to make room"
+                why = f"migrate {name} to make room{f' for {head.name}' if head is not None else ''}"
                 self.scratch.emit(MigrateJob(name, old, new, why, cost))
+                self._how[name] = "migrating"
             else:
+                self._how[name] = "re-splitting"
                 speed = self.speed(job, shape)
-                why = f"re-split {name} to {shape.ranks}x{shape.profile.name} ({speed:.0%} speed) to make room"
+                why = (
+                    f"re-split {name} to {shape.ranks}x{shape.profile.name} ({speed:.0%} speed) to make room"
+                    f"{f' for {head.name}' if head is not None else ''}"
+                )
                 self.scratch.emit(ResplitJob(name, shape.ranks, shape.profile, old, new, why, cost))
             self.book.moved.add(name)
             return cost + self.slowdown_cost(job, shape)
@@ -155,6 +161,7 @@ class Mover:
         )
         self.scratch.emit(ResplitJob(job.name, shape.ranks, shape.profile, old, keep, why, cost))
         self.book.moved.add(job.name)
+        self._how[job.name] = "shrinking"
         return cost + extra
 
     # ------------------------------------------------------------------------------------------- unblock
@@ -283,7 +290,8 @@ class Mover:
         return total
 
     def _start_head(self, head: JobRequest, nominal: Shape, target: _Target, gain: float, cost: float) -> None:
-        why = f"start {head.name} after moving {', '.join(target.owners)}"
+        moves = ", ".join(f"{self._how.get(n, 'moving')} {n}" for n in target.owners)
+        why = f"start {head.name} after {moves}"
         inst = self.scratch.ensure(target.gpu, nominal.profile, target.start, why)
         self.scratch.hold(head.name, (inst,))
         reason = f"{why}: spares ~{gain:.0f}s of waiting for {cost:.0f}s of moves"

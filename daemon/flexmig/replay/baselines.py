@@ -23,10 +23,11 @@ back, by the same rules as flex (:mod:`flexmig.plan.placer`, :mod:`flexmig.plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.mig.layout import Layout
+from flexmig.plan.geometry import Geometry, LayoutKey
 from flexmig.plan.placer import BasePlacer, Placed
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, covers
@@ -88,31 +89,28 @@ def _ranks_on(
     return tuple(placed)
 
 
-def _highest_start(layout: Layout, profile: Profile) -> int | None:
-    starts = layout.placements(profile)
-    return max(starts) if starts else None
-
-
-def target_layout(model: GpuModel, wanted: Sequence[Profile]) -> Layout:
+def target_layout(geo: Geometry, wanted: Iterable[Profile]) -> Layout:
     """The layout strong drain gives an idle GPU: ``wanted`` instances in order, each at the highest start it may
     take, skipping those that no longer fit; then the largest instances that still fit (most compute, then most
     memory), until none does."""
-    layout = Layout.empty(model)
+    key: LayoutKey = ()
     for p in wanted:
-        start = _highest_start(layout, p)
-        if start is not None:
-            layout = layout.place(p, start)
-    fill = sorted(model.plain_profiles, key=lambda p: (-p.compute_slices, -p.memory_slices))
+        if not any(geo.capacities(key)):
+            break  # full: nothing more fits
+        starts = geo.starts(key, p)
+        if starts:
+            key = geo.add(key, p, max(starts))
+    fill = sorted(geo.profiles, key=lambda p: (-p.compute_slices, -p.memory_slices))
     placed = True
     while placed:
         placed = False
         for p in fill:
-            start = _highest_start(layout, p)
-            if start is not None:
-                layout = layout.place(p, start)
+            starts = geo.starts(key, p)
+            if starts:
+                key = geo.add(key, p, max(starts))
                 placed = True
                 break
-    return layout
+    return geo.layout(key)
 
 
 class StaticPlacer(BasePlacer):
@@ -187,7 +185,7 @@ class DrainPlacer(BasePlacer):
             key = tuple(p.profile_id for p in wanted)
             target = self._targets.get(key)
             if target is None:
-                target = self._targets[key] = target_layout(self.model, wanted)
+                target = self._targets[key] = target_layout(scratch.geo, wanted)
             want = {(i.start, i.profile.profile_id) for i in target}
 
             def steps(g: int) -> int:

@@ -1,4 +1,5 @@
-"""A replay's timeline as a PNG: utilization, queue length and fragmentation over simulated time.
+"""A replay's timeline as a picture (PNG, SVG or PDF): utilization, queue length and fragmentation over simulated
+time.
 
 matplotlib runs with the Agg backend (no display); it is imported here only, so replays without ``--plot``
 never pay for it.
@@ -17,8 +18,11 @@ __all__ = ["plot_timeline"]
 _MAX_POINTS = 4000
 
 
-def plot_timeline(samples: Sequence[Sample], capacity_slices: int, path: Path, title: str = "") -> None:
-    """Draw three stacked step plots of ``samples`` into ``path`` (PNG). TraceError if it cannot be written."""
+def plot_timeline(
+    samples: Sequence[Sample], capacity_slices: int, path: Path, title: str = "", fmt: str = "png"
+) -> None:
+    """Draw three stacked step plots of ``samples`` into ``path`` in format ``fmt`` (``png``, ``svg``, ``pdf``).
+    TraceError if it cannot be written."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -47,7 +51,7 @@ def plot_timeline(samples: Sequence[Sample], capacity_slices: int, path: Path, t
             axes[0].set_title(title)
         fig.tight_layout()
         try:
-            fig.savefig(path, format="png", dpi=100)
+            fig.savefig(path, format=fmt, dpi=100)
         except OSError as exc:
             raise TraceError(f"cannot write plot {path}: {exc.strerror or exc}") from None
     finally:

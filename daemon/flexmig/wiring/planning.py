@@ -45,7 +45,8 @@ _REQUEST = re.compile(r"(?:(?P<n>[1-9][0-9]?)x)?(?P<profile>[1-7]g\.[0-9]+gb(?:\
 
 def planner_settings(cfg: PlannerConfig) -> PlannerSettings:
     """The ``[planner]`` table as planner settings: the same names with the same meanings (the table's defaults are
-    :class:`PlannerSettings`'s), ``migrate_enabled``/``resplit_enabled`` as ``migrate``/``resplit``."""
+    :class:`PlannerSettings`'s), ``migrate_enabled``/``resplit_enabled``/``malleable_enabled`` as
+    ``migrate``/``resplit``/``malleable``."""
     return PlannerSettings(
         checkpoint_s=cfg.checkpoint_s,
         restart_s=cfg.restart_s,
@@ -55,6 +56,7 @@ def planner_settings(cfg: PlannerConfig) -> PlannerSettings:
         gain_margin=cfg.gain_margin,
         migrate=cfg.migrate_enabled,
         resplit=cfg.resplit_enabled,
+        malleable=cfg.malleable_enabled,
     )
 
 
