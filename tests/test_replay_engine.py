@@ -129,9 +129,92 @@ def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts() -> None:
     assert moved.end_s - moved.start_s == pytest.approx(50_000 + cost)  # the moved job pays its downtime
 
 
+EASY_CASE = [  # see the two tests below
+    job("j0", P7, 0, 1),
+    job("j1", P7, 0, 100),
+    job("j2", P7, 0, 100),
+    job("j3", P7, 1, 50, ranks=2),
+    job("j4", P7, 2, 1000),
+]
+
+
+def starts(result: Replay) -> dict[str, float | None]:
+    return {r.name: r.start_s for r in result.records}
+
+
+def test_a_backfill_may_take_the_heads_gpu_when_the_head_still_fits_elsewhere_at_its_start() -> None:
+    # 3x7g, static. j0 leaves GPU 0 at t=1; j1 and j2 hold GPUs 1 and 2 until t=100. The 2-GPU head j3 waits for
+    # t=100 and would take GPUs 0 and 1; j4 (long) fits now only on GPU 0. It starts: at t=100 the head still fits
+    # on GPUs 1 and 2 ("sits on a reserved GPU" is not the test; "the head still fits at T" is).
+    result, _ = run("static", EASY_CASE, gpus=3, layouts=[Layout.of(H200, [(P7, 0)])] * 3)
+    got = starts(result)
+    assert (got["j4"], got["j3"]) == (2.0, 100.0)
+
+
+def test_every_job_ending_at_the_heads_start_is_released_together() -> None:
+    # Fluid, 21 slices: j1 and j2 both end at t=100, so 7 slices are left then beside the 14-slice head: enough for
+    # the long j4 now (counting only the first of the two to end, none would be).
+    result, _ = run("fluid", EASY_CASE, gpus=3)
+    got = starts(result)
+    assert (got["j4"], got["j3"]) == (2.0, 100.0)
+    packed, _ = run("repack", EASY_CASE, gpus=3)
+    assert starts(packed) == got
+
+
+def test_greedy_never_holds_a_job_back_for_the_head_and_easy_does() -> None:
+    # 2x7g: a long job holds GPU 0; the 2-GPU head waits for it; short 7g jobs keep arriving. Greedy runs every one
+    # of them at once on GPU 1 (the head starves until they stop); EASY lets only those that end before the head's
+    # start in.
+    jobs = [job("hold", P7, 0, 1000), job("head", P7, 1, 100, ranks=2)]
+    jobs += [job(f"s{i}", P7, 2 + 300 * i, 600) for i in range(6)]
+    easy, me = run("fluid", jobs, gpus=2)
+    greedy, mg = run("fluid", jobs, gpus=2, discipline="greedy")
+    assert starts(easy)["head"] == 1000.0
+    assert (starts(greedy)["head"] or 0) > 2000.0  # after every short job
+    assert mg.by_size["multi"]["max_wait_s"] > me.by_size["multi"]["max_wait_s"]
+    assert mg.max_wait_s > me.max_wait_s
+
+
+def test_strong_drain_lays_an_idle_gpu_out_for_the_waiting_jobs_and_fills_the_rest() -> None:
+    # One idle GPU holding a 7g. Drain-first-fit hands the 7g to the first 1g job and re-lays out nothing; strong
+    # drain re-lays the GPU out for the waiting jobs' profiles (1g, 3g, 2g), so all three start at once.
+    jobs = [job("a", P1, 0, 1000), job("b", P3, 0, 1000), job("c", P2, 0, 1000)]
+    start = [Layout.of(H200, [(P7, 0)])]
+    strong, _ = run("drain", jobs, layouts=start)
+    assert all(s is not None and s < 20 for s in starts(strong).values())
+    first, _ = run("drain-first-fit", jobs, layouts=start)
+    assert [n for n, s in starts(first).items() if s is not None and s < 20] == ["a"]
+
+
+def test_a_malleable_multi_gpu_job_starts_narrow_instead_of_draining_the_node_and_grows_back() -> None:
+    # 2 GPUs; a long 7g holds GPU 0. An 8-hour, 2-GPU elastic job arrives: rigid, it waits 10 hours for GPU 0; it
+    # pays to start it now on GPU 1 at half speed, and it grows to both GPUs when GPU 0 frees.
+    jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=2, elastic=True)]
+    rigid, _ = run("flex", jobs, gpus=2)
+    narrow, m = run("flex", jobs, gpus=2, malleable=True)
+    big = next(r for r in narrow.records if r.name == "big")
+    assert next(r for r in rigid.records if r.name == "big").start_s == pytest.approx(36_000, abs=10)
+    assert big.narrow_start and m.narrow_starts == 1 and big.resplits == 1  # grown once, when GPU 0 freed
+    assert big.start_s is not None and big.start_s < 20
+    done_narrow = 0.5 * (36_000 - big.start_s)  # half speed until GPU 0 frees, then full speed after a re-split
+    cost = REPLAY_SETTINGS.checkpoint_s + REPLAY_SETTINGS.restart_s
+    assert big.end_s == pytest.approx(36_000 + cost + 28_800 - done_narrow, abs=30)
+    assert m.by_size["multi"]["max_wait_s"] < 100
+
+
+def test_malleable_baselines_start_narrow_on_whole_instances_of_their_own_profile() -> None:
+    jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=2, elastic=True)]
+    for policy in ("static", "drain"):
+        layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
+        result, m = run(policy, jobs, gpus=2, layouts=layouts, malleable=True)
+        big = next(r for r in result.records if r.name == "big")
+        assert big.narrow_start and big.start_s is not None and big.start_s < 20, policy
+        assert big.resplits == 1, policy
+
+
 def test_job_larger_than_the_node_is_unplaceable_under_every_policy() -> None:
     jobs = [job("huge", P7, 0, 10, ranks=4), job("ok", P1, 0, 10)]
-    for policy in ("fluid", "static", "drain", "flex"):
+    for policy in ("fluid", "repack", "static", "drain", "drain-first-fit", "flex"):
         _, m = run(policy, jobs, gpus=2, layouts=[Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None)
         assert (m.jobs_unplaceable, m.jobs_completed) == (1, 1), policy
 
@@ -175,12 +258,15 @@ def job_lists(draw: st.DrawFn) -> list[TraceJob]:
 
 
 @settings(max_examples=25, deadline=None)
-@given(jobs=job_lists())
-def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs: list[TraceJob]) -> None:
+@given(jobs=job_lists(), discipline=st.sampled_from(["easy", "greedy"]), malleable=st.booleans())
+def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(
+    jobs: list[TraceJob], discipline: Discipline, malleable: bool
+) -> None:
     bound = lower_bound(jobs, 14)
-    for policy in ("fluid", "static", "drain", "flex"):
+    policies: tuple[Policy, ...] = ("fluid", "repack", "static", "drain", "drain-first-fit", "flex")
+    for policy in policies:
         layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
-        result, m = run(policy, jobs, gpus=2, layouts=layouts)
+        result, m = run(policy, jobs, gpus=2, layouts=layouts, discipline=discipline, malleable=malleable)
         assert m.jobs_completed + m.jobs_unplaceable == len(jobs)
         for rec, j in zip(
             sorted(result.records, key=lambda r: r.name), sorted(jobs, key=lambda j: j.name), strict=True

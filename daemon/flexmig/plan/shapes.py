@@ -160,6 +160,8 @@ def shape_allowed(model: GpuModel, request: JobRequest, shape: Shape) -> bool:
         return True
     if not request.malleable or not request.min_ranks <= shape.ranks <= max(request.max_ranks, request.ranks):
         return False
+    if shape.ranks < nominal.ranks and covers(shape.profile, nominal.profile):
+        return True  # fewer of its ranks, on instances that cover them
     if shape.compute_slices >= nominal.compute_slices or not _holds(request, shape.profile):
         return False
     if _same_kind(shape.profile, nominal.profile):
