@@ -300,3 +300,96 @@ def test_plan_cost_is_the_sum_of_action_costs() -> None:
     plan, _ = plan_for(_blocked_7g())
     assert plan.cost_s == pytest.approx(sum(a.cost_s for a in plan.actions))
     assert isinstance(plan, Plan) and all(a.reason for a in plan.actions)
+
+
+# ----------------------------------------------------------------------------------------------- malleable jobs
+DAEMON = PlannerSettings(settling_s=0.0)  # the daemon's costs; remaining times unknown, as in flexmigd
+
+
+def ddp(name: str = "ddp", ranks: int = 4, min_ranks: int = 2) -> JobRequest:
+    """A job spec with ranks.min below ranks.start: malleable, as flexmigd reads it."""
+    return JobRequest(
+        name,
+        RankNeed(profile=P1M.name),
+        ranks=ranks,
+        min_ranks=min_ranks,
+        max_ranks=ranks,
+        rank_memory_mib=P1M.memory_mib,
+        malleable=True,
+    )
+
+
+def test_a_malleable_job_shrinks_for_a_queued_one_and_grows_back_when_it_ends() -> None:
+    # 4 x 1g.35gb fill every memory slice; a queued 3g needs four of them. Unknown run times (the daemon's case).
+    job = RunningJob("ddp", tuple(Instance(0, s, P1M) for s in (0, 2, 4, 6)), ddp(), last_moved_s=0.0)
+    head = JobRequest("b", RankNeed(profile=P3.name), rank_memory_mib=P3.memory_mib, submitted_s=1.0)
+    state = NodeState(H200, node([(P1M, s) for s in (0, 2, 4, 6)]), (job,), (head,), now_s=100.0)
+    plan, out = plan_for(state, DAEMON)
+    (shrink,) = of_type(plan, ResplitJob)
+    assert (shrink.job, shrink.ranks, [i.start for i in shrink.to_instances]) == ("ddp", 2, [4, 6])
+    assert "shrink ddp to 2x1g.35gb (50% speed) to make room for b" in shrink.reason
+    (start,) = of_type(plan, StartJob)
+    assert start.job == "b" and "after shrinking ddp" in start.reason
+    assert sorted(i.start for i in out.holds["ddp"]) == [4, 6]
+
+    # b ends: ddp runs narrow at half speed and grows back to its four ranks.
+    narrow = RunningJob("ddp", out.holds["ddp"], ddp(), last_moved_s=100.0)
+    after = NodeState(H200, out.layouts, (narrow,), (), now_s=200.0)
+    plan, out = plan_for(after, DAEMON)
+    (grow,) = of_type(plan, ResplitJob)
+    assert grow.ranks == 4 and {i.start for i in grow.from_instances} <= {i.start for i in grow.to_instances}
+    assert grow.reason.startswith("grow ddp to 4x1g.35gb (100% speed, from 50%)")
+    assert len(out.holds["ddp"]) == 4
+
+
+def test_a_job_that_is_not_malleable_is_never_shrunk() -> None:
+    rigid = replace(ddp(), min_ranks=4, malleable=False)
+    job = RunningJob("ddp", tuple(Instance(0, s, P1M) for s in (0, 2, 4, 6)), rigid, last_moved_s=0.0)
+    head = JobRequest("b", RankNeed(profile=P3.name), submitted_s=1.0)
+    state = NodeState(H200, node([(P1M, s) for s in (0, 2, 4, 6)]), (job,), (head,), now_s=100.0)
+    plan, _ = plan_for(state, DAEMON)
+    assert not of_type(plan, ResplitJob) and not of_type(plan, StartJob)
+    off, _ = plan_for(replace(state, running=(replace(job, nominal=ddp()),)), replace(DAEMON, malleable=False))
+    assert not of_type(off, ResplitJob), "malleable off: nothing shrinks either"
+
+
+def test_a_malleable_head_starts_narrow_when_waiting_for_its_shape_ends_it_later() -> None:
+    # GPU 0 runs a job for 10 hours; a 2-GPU elastic, malleable head of 8 hours fits on GPU 1 alone.
+    big = replace(req("big", P7, ranks=2, elastic=True, runtime=28_800.0), malleable=True)
+    state = NodeState(H200, node([(P7, 0)], []), (running("hold", (0, 0, P7), remaining=36_000.0),), (big,))
+    plan, out = plan_for(state)
+    (start,) = of_type(plan, StartJob)
+    assert start.job == "big" and len(start.instances) == 1 and start.instances[0].gpu == 1
+    assert "starts narrow as 1x7g.141gb at 50% speed" in start.reason
+    # ... and waits when its shape frees soon: narrow, it would end later.
+    soon = replace(state, running=(running("hold", (0, 0, P7), remaining=300.0),))
+    plan, _ = plan_for(soon)
+    assert not of_type(plan, StartJob)
+
+
+def test_a_malleable_head_is_reserved_narrow_so_it_needs_only_what_frees_first() -> None:
+    # Both GPUs busy: GPU 0 frees in 1 h, GPU 1 in 10 h. The 2-GPU malleable head is reserved for one GPU at 1 h,
+    # not for both at 10 h: a 2-hour job behind it may not take GPU 0, a 30-minute one may.
+    big = replace(req("big", P7, ranks=2, elastic=True, runtime=28_800.0), malleable=True)
+    held = (running("soon", (0, 0, P7), remaining=3600.0), running("late", (1, 0, P7), remaining=36_000.0))
+    pending = (big, req("long", P1, t=1.0, runtime=7200.0), req("short", P1, t=2.0, runtime=1800.0))
+    state = NodeState(H200, node([(P7, 0)], [(P7, 0)]), held, pending)
+    plan, _ = plan_for(state)
+    assert not of_type(plan, StartJob)  # nothing is free now at all
+    assert any("big waits; reserved from t=3600s" in n for n in plan.notes)
+
+
+def test_greedy_discipline_lets_a_long_job_take_the_gpu_the_head_waits_for() -> None:
+    state = NodeState(
+        H200,
+        node([(P3, 0)], [(P7, 0)]),
+        running=(
+            running("ends-soon", (0, 0, P3), remaining=100.0, movable=False),
+            running("ends-late", (1, 0, P7), remaining=10_000.0, movable=False),
+        ),
+        pending=(req("head", P7, t=0), req("long", P1, t=1, runtime=5_000.0), req("short", P1, t=2, runtime=50.0)),
+    )
+    easy, _ = plan_for(state)
+    greedy, _ = plan_for(state, replace(SETTINGS, discipline="greedy"))
+    assert [a.job for a in of_type(easy, StartJob)] == ["short"]
+    assert [a.job for a in of_type(greedy, StartJob)] == ["long", "short"]
