@@ -129,6 +129,14 @@ def test_flexmigd_shrinks_a_malleable_ddp_job_for_a_queued_one_and_grows_it_back
         if e.kind is EventKind.ACTION_COMPLETED and e.payload.get("action") == "resplit"
     ]
     assert [m["origin"] for m in moves] == ["planner", "planner"]
-    reasons = [m["reason"] for m in moves]
+    proposed = [
+        a
+        for e in events
+        if e.kind is EventKind.PLAN_PROPOSED and e.payload.get("mode") == "act"
+        for a in e.payload["actions"]  # type: ignore[attr-defined]
+        if a["action"] == "resplit"
+    ]
+    reasons = [a["reason"] for a in proposed]
+    assert len(reasons) == 2, reasons
     assert reasons[0].startswith("shrink ddp to 2x1g.35gb") and "for short" in reasons[0]
     assert reasons[1].startswith("grow ddp to 4x1g.35gb (100% speed, from 50%)")
