@@ -1,21 +1,28 @@
-"""Trace replay: the five MIG policies side by side on a simulated 8 x H200 node.
+"""Trace replay: every policy side by side on a simulated 8 x H200 node, under both queue disciplines, with and
+without malleable jobs.
 
-For each trace (``openb_pod_list_default.csv``, ``openb_pod_list_gpushare40.csv``), each load RHO (0.7, 0.9, 1.1)
-and each seed (0, 1, 2) the same thinned job set is replayed under ``static`` (best eligible candidate layout),
-``drain``, ``flex`` (with replay's large-model action costs, ``flexmig.replay.costs.REPLAY_SETTINGS``: checkpoint
-20 s, restart 30 s, create/destroy 2 s), ``flex`` with re-splitting off, ``fluid`` and the
-``bound``. The table gives, per trace and load, the median over seeds of mean completion time (JCT) and makespan
-per policy, and the ratios the goals are stated in, as median [min-max over seeds]:
+For each trace (by default the two vendored Alibaba pod lists, ``openb_pod_list_default.csv`` and
+``openb_pod_list_gpushare40.csv``; ``--trace FILE`` takes any pod list of that format instead), each load RHO (0.7,
+0.9, 1.1) and each seed (0, 1, 2), the same thinned job set is replayed under:
 
-* flex/drain and flex/static mean JCT (goal: flex never worse than drain; >= 5% lower on gpushare40 at 0.9 and
-  1.1; >= 17% lower than static on gpushare40 at 0.9/1.1, >= 10% on default);
-* flex/fluid makespan (goal <= 1.05) and mean JCT (goal <= 1.10);
-* the same ratios for flex without re-splitting.
+* ``bound`` (lower bounds), ``fluid`` (one pool of compute slices) and ``repack`` (whole instances re-packed for
+  free at every event), under EASY and greedy;
+* ``static`` (best eligible candidate layout), ``drain-first-fit`` (drain as flexmig first had it), ``drain`` (the
+  strong drain) and ``flex``, under EASY and greedy, each without and with ``--malleable``.
 
-Every goal is checked on every seed and printed as met or missed, with the worst seed's figure.
+Replay's own action costs apply (``flexmig.replay.costs.REPLAY_SETTINGS``: checkpoint 20 s, restart 30 s,
+create/destroy 2 s, settling 600 s, gain margin 1). The report gives, per trace and load, the median over seeds of
+mean JCT, the ratios against the strong drain (same discipline; ``+m``: malleable, against drain without), the worst
+waits (all jobs, multi-GPU jobs) and the worst JCT, and checks the goals of issue 10 cell by cell:
 
-Run: ``.venv/bin/python bench/replay.py [--trace-dir DIR] [--processes N] [--json FILE]``. Traces are looked for
-in ``--trace-dir``, by default ``../shared/traces/alibaba-gpu-v2023`` relative to the repository root.
+1. flex / strong drain mean JCT, EASY: <= 0.80;
+2. flex / repack mean JCT, EASY: <= 1.0;
+3. flex malleable / flex, EASY: <= 0.6;
+4. flex malleable / flex worst wait of multi-GPU jobs, EASY: <= 1.0;
+5. flex malleable EASY / flex greedy mean JCT: <= 1.5.
+
+Run: ``.venv/bin/python bench/replay.py [--quick] [--processes N] [--json FILE] [--markdown FILE]``. ``--quick``:
+gpushare40 at 0.9, seed 0, the policies the goals name (a few minutes). The machine is printed first.
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ from flexmig.replay.costs import REPLAY_SETTINGS
 from flexmig.replay.run import Prepared, ReplayConfig, prepare, run_policy
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
-TRACES = ("openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv")
+TRACE_DIR = ROOT / "bench" / "traces" / "alibaba-gpu-v2023"
+TRACES = (TRACE_DIR / "openb_pod_list_default.csv", TRACE_DIR / "openb_pod_list_gpushare40.csv")
 LOADS = (0.7, 0.9, 1.1)
 SEEDS = (0, 1, 2)
-POLICIES = ("bound", "fluid", "static", "drain", "flex", "flex-nr")
+MIG = ("static", "drain-first-fit", "drain", "flex")
+REFERENCES = ("bound", "fluid", "repack")
+Variant = tuple[str, str, bool]  # policy, discipline, malleable
 
 _CACHE: dict[tuple[str, float, int], Prepared] = {}
 
@@ -58,153 +67,223 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def _task(args: tuple[str, str, float, int, str]) -> tuple[str, float, int, str, dict[str, Any], float]:
-    trace_dir, trace, rho, seed, policy = args
+def variants(quick: bool) -> list[Variant]:
+    """Every (policy, discipline, malleable) to replay."""
+    if quick:
+        out: list[Variant] = [("repack", "easy", False), ("fluid", "easy", False)]
+        out += [(p, d, False) for p in ("drain", "flex") for d in ("easy", "greedy")]
+        return [*out, ("drain", "easy", True), ("flex", "easy", True), ("flex", "greedy", True)]
+    out = [("bound", "easy", False)]
+    out += [(p, d, False) for p in ("fluid", "repack") for d in ("easy", "greedy")]
+    out += [(p, d, m) for p in MIG for d in ("easy", "greedy") for m in (False, True)]
+    return out
+
+
+def name_of(v: Variant) -> str:
+    """``flex greedy +m``."""
+    policy, discipline, malleable = v
+    return f"{policy} {discipline}{' +m' if malleable else ''}"
+
+
+def _task(args: tuple[str, float, int, Variant]) -> tuple[str, float, int, Variant, dict[str, Any], float]:
+    trace, rho, seed, v = args
     key = (trace, rho, seed)
     prep = _CACHE.get(key)
     if prep is None:
-        prep = prepare(ReplayConfig(Path(trace_dir) / trace, node="h200x8", load=rho, seed=seed))
+        prep = prepare(ReplayConfig(Path(trace), node="h200x8", load=rho, seed=seed))
         _CACHE[key] = prep
-    settings = REPLAY_SETTINGS
-    if policy == "flex-nr":
-        settings = replace(settings, resplit=False)
+    policy, discipline, malleable = v
     t0 = time.perf_counter()
-    result = run_policy(prep, "flex" if policy == "flex-nr" else policy, settings)
-    return trace, rho, seed, policy, result.to_json(), time.perf_counter() - t0
+    result = run_policy(prep, policy, replace(REPLAY_SETTINGS, discipline=discipline), malleable=malleable)
+    return trace, rho, seed, v, result.to_json(), time.perf_counter() - t0
 
 
-def _fmt_ratio(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+Results = dict[tuple[str, float, int, Variant], dict[str, Any]]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace-dir", type=Path, default=DEFAULT_DIR, help=f"default {DEFAULT_DIR}")
+    parser.add_argument("--trace", type=Path, action="append", help="a pod-list CSV (repeatable; default: both vendored)")
     parser.add_argument("--processes", type=int, default=min(4, os.cpu_count() or 1), help="worker processes")
-    parser.add_argument("--loads", default=",".join(map(str, LOADS)), help="comma-separated RHO values")
-    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
-    parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated trace file names")
+    parser.add_argument("--loads", help="comma-separated RHO values (default 0.7,0.9,1.1)")
+    parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--quick", action="store_true", help="gpushare40, RHO 0.9, seed 0, the goals' policies only")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--markdown", type=Path, help="also write the results tables (Markdown) to this file")
     args = parser.parse_args(argv)
-    traces = [t for t in args.traces.split(",") if t]
+    traces = [str(t) for t in (args.trace or ([TRACES[1]] if args.quick else TRACES))]
     for t in traces:
-        if not (args.trace_dir / t).is_file():
-            print(f"replay bench: trace {args.trace_dir / t} not found (use --trace-dir)", file=sys.stderr)
+        if not Path(t).is_file():
+            print(f"replay bench: trace {t} not found", file=sys.stderr)
             return 2
-    loads = [float(x) for x in args.loads.split(",") if x]
-    seeds = [int(x) for x in args.seeds.split(",") if x]
-    tasks = [(str(args.trace_dir), t, r, s, p) for t in traces for r in loads for s in seeds for p in POLICIES]
+    loads = [float(x) for x in args.loads.split(",")] if args.loads else ([0.9] if args.quick else list(LOADS))
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else ([0] if args.quick else list(SEEDS))
+    todo = variants(args.quick)
+    tasks = [(t, r, s, v) for t in traces for r in loads for s in seeds for v in todo]
     # Long replays first, so the pool does not end on one straggler.
-    tasks.sort(key=lambda a: (a[4] not in ("flex", "flex-nr", "drain"), -a[2]))
+    tasks.sort(key=lambda a: (a[3][0] not in ("flex", "drain", "static", "drain-first-fit"), a[3][1] != "easy", -a[1]))
     print(f"machine: {machine()}")
     print(f"node h200x8, {len(tasks)} replays on {args.processes} process(es); replay costs: {REPLAY_SETTINGS}")
     start = time.perf_counter()
-    results: dict[tuple[str, float, int, str], dict[str, Any]] = {}
+    results: Results = {}
     seconds: dict[str, list[float]] = {}
     if args.processes > 1:
         with ProcessPoolExecutor(max_workers=args.processes) as pool:
-            for trace, rho, seed, policy, fig, secs in pool.map(_task, tasks, chunksize=1):
-                results[(trace, rho, seed, policy)] = fig
-                seconds.setdefault(policy, []).append(secs)
+            for trace, rho, seed, v, fig, secs in pool.map(_task, tasks, chunksize=1):
+                results[(trace, rho, seed, v)] = fig
+                seconds.setdefault(name_of(v), []).append(secs)
     else:
         for task in tasks:
-            trace, rho, seed, policy, fig, secs = _task(task)
-            results[(trace, rho, seed, policy)] = fig
-            seconds.setdefault(policy, []).append(secs)
+            trace, rho, seed, v, fig, secs = _task(task)
+            results[(trace, rho, seed, v)] = fig
+            seconds.setdefault(name_of(v), []).append(secs)
     wall = time.perf_counter() - start
-    report(results, traces, loads, seeds)
+    goals = report(results, traces, loads, seeds, todo)
     print(
-        "\nreplay time per policy (s, median [max]): "
-        + ", ".join(f"{p} {statistics.median(v):.1f} [{max(v):.1f}]" for p, v in seconds.items())
+        "\nreplay time per variant (s, median [max]): "
+        + ", ".join(f"{p} {statistics.median(v):.1f} [{max(v):.1f}]" for p, v in sorted(seconds.items()))
     )
     print(f"total wall time {wall:.0f}s")
     if args.json:
-        rows = [{**fig, "trace": t, "load": r, "seed": s, "policy": p} for (t, r, s, p), fig in sorted(results.items())]
-        args.json.write_text(json.dumps({"machine": machine(), "results": rows}, indent=1))
+        rows = [
+            {**fig, "trace": Path(t).name, "load": r, "seed": s, "variant": name_of(v)}
+            for (t, r, s, v), fig in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], name_of(kv[0][3])))
+        ]
+        args.json.write_text(json.dumps({"machine": machine(), "wall_s": round(wall), "goals": goals, "results": rows}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(markdown(results, traces, loads, seeds, todo, goals))
     return 0
 
 
-def report(
-    results: dict[tuple[str, float, int, str], dict[str, Any]],
+def short(trace: str) -> str:
+    """``gpushare40`` for openb_pod_list_gpushare40.csv."""
+    return Path(trace).name.removeprefix("openb_pod_list_").removesuffix(".csv")
+
+
+def med(results: Results, trace: str, rho: float, seeds: list[int], v: Variant, key: str) -> float:
+    """Median over seeds of a figure."""
+    return statistics.median(results[(trace, rho, s, v)][key] for s in seeds)
+
+
+def multi_wait(fig: dict[str, Any]) -> float:
+    """Worst wait of multi-GPU jobs (0 when there were none)."""
+    got = fig.get("by_size", {}).get("multi")
+    return float(got["max_wait_s"]) if got else 0.0
+
+
+def ratio(results: Results, trace: str, rho: float, seeds: list[int], a: Variant, b: Variant, key: str) -> list[float]:
+    """Per seed, ``a``'s figure over ``b``'s (``multi_wait``: the multi-GPU jobs' worst wait)."""
+    out = []
+    for s in seeds:
+        fa, fb = results[(trace, rho, s, a)], results[(trace, rho, s, b)]
+        va, vb = (multi_wait(fa), multi_wait(fb)) if key == "multi_wait" else (fa[key], fb[key])
+        out.append(va / vb if vb else 1.0)
+    return out
+
+
+GOALS: tuple[tuple[str, Variant, Variant, str, float], ...] = (
+    ("flex / strong drain, mean JCT, EASY", ("flex", "easy", False), ("drain", "easy", False), "mean_jct_s", 0.80),
+    ("flex / repack, mean JCT, EASY", ("flex", "easy", False), ("repack", "easy", False), "mean_jct_s", 1.0),
+    ("flex malleable / flex, mean JCT, EASY", ("flex", "easy", True), ("flex", "easy", False), "mean_jct_s", 0.6),
+    (
+        "flex malleable / flex, worst multi-GPU wait, EASY",
+        ("flex", "easy", True),
+        ("flex", "easy", False),
+        "multi_wait",
+        1.0,
+    ),
+    ("flex malleable EASY / flex greedy, mean JCT", ("flex", "easy", True), ("flex", "greedy", False), "mean_jct_s", 1.5),
+)
+
+
+def report(results: Results, traces: list[str], loads: list[float], seeds: list[int], todo: list[Variant]) -> list[dict[str, Any]]:
+    """Print the per-trace tables and the goal checks; returns the goals, cell by cell."""
+    for trace in traces:
+        first = results[(trace, loads[0], seeds[0], todo[0])]
+        print(f"\n== {short(trace)}: {first['rows_mapped']} GPU jobs mapped, skipped {first['rows_skipped']}")
+        statics = [v for v in todo if v[0] == "static"]
+        if statics:
+            chosen = sorted({results[(trace, r, s, v)]["static_layout"] for r in loads for s in seeds for v in statics})
+            print(f"   static layout chosen: {chosen}")
+        for rho in loads:
+            jobs = statistics.median(results[(trace, rho, s, todo[0])]["jobs"] for s in seeds)
+            print(f"\n   RHO {rho}, {jobs:.0f} jobs; medians over seeds {seeds}")
+            print(
+                f"   {'variant':22} {'JCT (h)':>8} {'/drain':>7} {'max JCT (d)':>11} {'max wait (d)':>12}"
+                f" {'multi wait (d)':>14} {'p95 BSLD':>9} {'mksp (d)':>8} {'moves':>6} {'narrow':>6}"
+            )
+            for v in todo:
+                base = ("drain", v[1] if v[0] != "bound" else "easy", False)
+                rel = statistics.median(ratio(results, trace, rho, seeds, v, base, "mean_jct_s")) if base in todo else 0
+                figs = [results[(trace, rho, s, v)] for s in seeds]
+                print(
+                    f"   {name_of(v):22} {med(results, trace, rho, seeds, v, 'mean_jct_s') / 3600:8.1f} {rel:7.3f}"
+                    f" {med(results, trace, rho, seeds, v, 'max_jct_s') / 86400:11.2f}"
+                    f" {med(results, trace, rho, seeds, v, 'max_wait_s') / 86400:12.2f}"
+                    f" {statistics.median(multi_wait(f) for f in figs) / 86400:14.2f}"
+                    f" {med(results, trace, rho, seeds, v, 'p95_bounded_slowdown'):9.0f}"
+                    f" {med(results, trace, rho, seeds, v, 'makespan_s') / 86400:8.2f}"
+                    f" {statistics.median(f['migrations'] + f['resplits'] for f in figs):6.0f}"
+                    f" {statistics.median(f['narrow_starts'] for f in figs):6.0f}"
+                )
+    goals: list[dict[str, Any]] = []
+    print("\n== goals (median over seeds per trace and load; met only if met in every cell)")
+    for label, a, b, key, limit in GOALS:
+        if a not in todo or b not in todo:
+            continue
+        cells = []
+        for trace in traces:
+            for rho in loads:
+                values = ratio(results, trace, rho, seeds, a, b, key)
+                cells.append({"trace": short(trace), "load": rho, "median": statistics.median(values),
+                              "min": min(values), "max": max(values)})  # fmt: skip
+        worst = max(c["median"] for c in cells)
+        met = worst <= limit
+        goals.append({"goal": label, "limit": limit, "met": met, "worst_cell": worst, "cells": cells})
+        text = ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in cells)
+        print(f"   {'met   ' if met else 'MISSED'} {label} <= {limit}: {text}")
+    return goals
+
+
+def markdown(
+    results: Results,
     traces: list[str],
     loads: list[float],
     seeds: list[int],
-) -> None:
-    """Print the per-trace tables and the goal checks."""
-    goals: list[str] = []
-    for trace in traces:
-        short = trace.removeprefix("openb_pod_list_").removesuffix(".csv")
-        first = results[(trace, loads[0], seeds[0], "static")]
-        print(f"\n== {short}: {first['rows_mapped']} GPU jobs mapped, skipped {first['rows_skipped']}")
-        chosen = sorted({results[(trace, r, s, "static")]["static_layout"] for r in loads for s in seeds})
-        print(f"   static layout chosen: {chosen}")
-        head = f"{'RHO':>4} {'jobs':>5} | " + " ".join(f"{p:>9}" for p in POLICIES)
-        print("   median mean JCT (h) per policy")
-        print("   " + head)
-        for rho in loads:
-            jobs = statistics.median(results[(trace, rho, s, "flex")]["jobs"] for s in seeds)
-            cells = [
-                statistics.median(results[(trace, rho, s, p)]["mean_jct_s"] for s in seeds) / 3600 for p in POLICIES
-            ]
-            print(f"   {rho:>4} {jobs:>5.0f} | " + " ".join(f"{c:>9.1f}" for c in cells))
-        print("   median makespan (days) per policy")
-        print("   " + head)
-        for rho in loads:
-            jobs = statistics.median(results[(trace, rho, s, "flex")]["jobs"] for s in seeds)
-            cells = [
-                statistics.median(results[(trace, rho, s, p)]["makespan_s"] for s in seeds) / 86400 for p in POLICIES
-            ]
-            print(f"   {rho:>4} {jobs:>5.0f} | " + " ".join(f"{c:>9.2f}" for c in cells))
-        print("   ratios, median [min-max] over seeds")
-        print(
-            f"   {'RHO':>4} | {'variant':8} | {'JCT/drain':>20} {'JCT/static':>20} {'JCT/fluid':>20} {'mksp/fluid':>20}"
-        )
-        for rho in loads:
-            for variant in ("flex", "flex-nr"):
-
-                def ratio(
-                    other: str, key: str, variant: str = variant, rho: float = rho, trace: str = trace
-                ) -> list[float]:
-                    return [
-                        results[(trace, rho, s, variant)][key] / results[(trace, rho, s, other)][key] for s in seeds
-                    ]
-
-                jd, js, jf = ratio("drain", "mean_jct_s"), ratio("static", "mean_jct_s"), ratio("fluid", "mean_jct_s")
-                mf = ratio("fluid", "makespan_s")
-                print(
-                    f"   {rho:>4} | {variant:8} | {_fmt_ratio(jd):>20} {_fmt_ratio(js):>20} {_fmt_ratio(jf):>20}"
-                    f" {_fmt_ratio(mf):>20}"
-                )
-                if variant != "flex":
-                    continue
-                gs = short == "gpushare40"
-                goals.append(_goal(f"{short} {rho}: flex JCT <= drain", max(jd), 1.0))
-                if gs and rho >= 0.9:
-                    goals.append(_goal(f"{short} {rho}: flex JCT <= 0.95 x drain", max(jd), 0.95))
-                if rho >= 0.9:
-                    goals.append(
-                        _goal(
-                            f"{short} {rho}: flex JCT <= {0.83 if gs else 0.90} x static", max(js), 0.83 if gs else 0.90
-                        )
-                    )
-                goals.append(_goal(f"{short} {rho}: flex makespan <= 1.05 x fluid", max(mf), 1.05))
-                goals.append(_goal(f"{short} {rho}: flex JCT <= 1.10 x fluid", max(jf), 1.10))
-        extra = [results[(trace, r, s, "flex")] for r in loads for s in seeds]
-        print(
-            "   flex moves per replay (median): migrations "
-            f"{statistics.median(e['migrations'] for e in extra)}, "
-            f"re-splits {statistics.median(e['resplits'] for e in extra)}, "
-            f"spread starts {statistics.median(e['spread_starts'] for e in extra)}"
-        )
-    print("\n== goals (worst seed)")
-    for line in goals:
-        print("   " + line)
-
-
-def _goal(name: str, worst: float, limit: float) -> str:
-    verdict = "met   " if worst <= limit else "MISSED"
-    return f"{verdict} {name}: worst {worst:.3f} (limit {limit:.2f})"
+    todo: list[Variant],
+    goals: list[dict[str, Any]],
+) -> str:
+    """The results tables of docs/results.md: mean JCT (h) and worst waits per variant and cell, and the goals."""
+    cells = [(t, r) for t in traces for r in loads]
+    head = "| variant | " + " | ".join(f"{short(t)} {r}" for t, r in cells) + " |"
+    rule = "|---|" + "---|" * len(cells)
+    lines = ["Median mean JCT in hours (in brackets: the ratio to the strong drain under the same discipline):", "", head, rule]
+    for v in todo:
+        row = []
+        for t, r in cells:
+            jct = med(results, t, r, seeds, v, "mean_jct_s") / 3600
+            base = ("drain", v[1] if v[0] != "bound" else "easy", False)
+            rel = statistics.median(ratio(results, t, r, seeds, v, base, "mean_jct_s")) if base in todo else None
+            row.append(f"{jct:.1f}" + (f" ({rel:.2f})" if rel is not None and v != base else ""))
+        lines.append(f"| {name_of(v)} | " + " | ".join(row) + " |")
+    lines += ["", "Median worst wait, all jobs / multi-GPU jobs, in days:", "", head, rule]
+    for v in todo:
+        if v[0] == "bound":
+            continue
+        row = []
+        for t, r in cells:
+            figs = [results[(t, r, s, v)] for s in seeds]
+            row.append(
+                f"{statistics.median(f['max_wait_s'] for f in figs) / 86400:.1f} / "
+                f"{statistics.median(multi_wait(f) for f in figs) / 86400:.1f}"
+            )
+        lines.append(f"| {name_of(v)} | " + " | ".join(row) + " |")
+    lines += ["", "Goals (median over seeds per cell):", "", "| goal | limit | worst cell | met | per cell |", "|---|---|---|---|---|"]
+    for g in goals:
+        per = ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in g["cells"])
+        lines.append(f"| {g['goal']} | {g['limit']} | {g['worst_cell']:.2f} | {'yes' if g['met'] else 'no'} | {per} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

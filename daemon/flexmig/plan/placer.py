@@ -85,10 +85,10 @@ class BasePlacer:
 
     # ------------------------------------------------------------------------------------------ protocol
     def shape_key(self, job: JobRequest) -> Hashable:
-        """Nominal profile and rank count; for jobs that may take other shapes, their range and run time too
-        (whether such a job spreads or starts narrow depends on its run time)."""
+        """Nominal profile and rank count; for jobs that may take other shapes, their range too (the discipline also
+        weighs their run time: :class:`flexmig.plan.queue.Placer`)."""
         if (self.settings.resplit and job.elastic) or (self.settings.malleable and job.malleable):
-            return (job.need, job.ranks, job.min_ranks, job.max_ranks, job.rank_memory_mib, job.expected_runtime_s)
+            return (job.need, job.ranks, job.min_ranks, job.max_ranks, job.rank_memory_mib, job.malleable)
         return (job.need, job.ranks)
 
     def try_place(self, job: JobRequest, reservation: Reservation | None) -> bool:

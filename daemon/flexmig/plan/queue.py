@@ -102,16 +102,16 @@ def admit(
     started: list[str] = []
     reservation: Reservation | None = None
     blocked = False
-    failed: set[tuple[Hashable, bool]] = set()
+    failed = _Failures()
     waiting: list[JobRequest] = []
     yields = _YIELD_TRIES if yield_to is not None else 0
     for job in queue:
         key = placer.shape_key(job)
         if reservation is None:
-            if (key, False) not in failed and placer.try_place(job, None):
+            if not failed.skips((key, False), job) and placer.try_place(job, None):
                 started.append(job.name)
                 continue
-            failed.add((key, False))
+            failed.add((key, False), job)
             if blocked:  # greedy: only the first blocked job gets a look-ahead and a chance to unblock
                 if yields > 0 and yield_to is not None:
                     yields -= 1
@@ -139,7 +139,7 @@ def admit(
         runs = duration(job)
         short = runs is not None and now_s + runs <= reservation.start_s
         fkey = (key, not short)
-        if fkey in failed:
+        if failed.skips(fkey, job):
             waiting.append(job)
             continue
         if placer.try_place(job, reservation):
@@ -151,20 +151,46 @@ def admit(
                 started.append(job.name)
                 continue
         waiting.append(job)
-        failed.add(fkey)
+        failed.add(fkey, job)
         if placer.exhausted():
             break
     # Malleable jobs still waiting may start narrow on what the others left, in order (the head first: its
     # reservation may be a narrow one that holds what it needs).
-    narrowed: set[Hashable] = set()
+    narrowed = _Failures()
     for job in waiting:
         if placer.exhausted():
             break
         key = placer.shape_key(job)
-        if key in narrowed:
+        if narrowed.skips(key, job):
             continue
         if placer.try_narrow(job, reservation):
             started.append(job.name)
         else:
-            narrowed.add(key)
+            narrowed.add(key, job)
     return Admission(tuple(started), reservation)
+
+
+class _Failures:
+    """Jobs that failed in this pass, to skip the ones that would fail the same way.
+
+    A rigid job fails or fits by its shape alone: once one fails, every later one of that shape is skipped. Whether
+    an elastic or malleable job spreads or starts narrow also depends on its run time, and a longer job gains less
+    from either: so a later one of that shape is skipped only if it runs at least as long as one that failed.
+    """
+
+    def __init__(self) -> None:
+        self._shortest: dict[Hashable, float] = {}
+
+    def add(self, key: Hashable, job: JobRequest) -> None:
+        runs = _runtime_key(job)
+        self._shortest[key] = min(runs, self._shortest.get(key, runs))
+
+    def skips(self, key: Hashable, job: JobRequest) -> bool:
+        shortest = self._shortest.get(key)
+        return shortest is not None and _runtime_key(job) >= shortest
+
+
+def _runtime_key(job: JobRequest) -> float:
+    if not (job.elastic or job.malleable):
+        return 0.0  # its run time does not change where it fits
+    return float("inf") if job.expected_runtime_s is None else job.expected_runtime_s
