@@ -104,7 +104,9 @@ Results = dict[tuple[str, float, int, Variant], dict[str, Any]]
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, action="append", help="a pod-list CSV (repeatable; default: both vendored)")
+    parser.add_argument(
+        "--trace", type=Path, action="append", help="a pod-list CSV (repeatable; default: both vendored)"
+    )
     parser.add_argument("--processes", type=int, default=min(4, os.cpu_count() or 1), help="worker processes")
     parser.add_argument("--loads", help="comma-separated RHO values (default 0.7,0.9,1.1)")
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
@@ -148,9 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         rows = [
             {**fig, "trace": Path(t).name, "load": r, "seed": s, "variant": name_of(v)}
-            for (t, r, s, v), fig in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], name_of(kv[0][3])))
+            for (t, r, s, v), fig in sorted(
+                results.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], name_of(kv[0][3]))
+            )
         ]
-        args.json.write_text(json.dumps({"machine": machine(), "wall_s": round(wall), "goals": goals, "results": rows}, indent=1))
+        args.json.write_text(
+            json.dumps({"machine": machine(), "wall_s": round(wall), "goals": goals, "results": rows}, indent=1)
+        )
     if args.markdown:
         args.markdown.write_text(markdown(results, traces, loads, seeds, todo, goals))
     return 0
@@ -193,11 +199,19 @@ GOALS: tuple[tuple[str, Variant, Variant, str, float], ...] = (
         "multi_wait",
         1.0,
     ),
-    ("flex malleable EASY / flex greedy, mean JCT", ("flex", "easy", True), ("flex", "greedy", False), "mean_jct_s", 1.5),
+    (
+        "flex malleable EASY / flex greedy, mean JCT",
+        ("flex", "easy", True),
+        ("flex", "greedy", False),
+        "mean_jct_s",
+        1.5,
+    ),
 )
 
 
-def report(results: Results, traces: list[str], loads: list[float], seeds: list[int], todo: list[Variant]) -> list[dict[str, Any]]:
+def report(
+    results: Results, traces: list[str], loads: list[float], seeds: list[int], todo: list[Variant]
+) -> list[dict[str, Any]]:
     """Print the per-trace tables and the goal checks; returns the goals, cell by cell."""
     for trace in traces:
         first = results[(trace, loads[0], seeds[0], todo[0])]
@@ -258,7 +272,12 @@ def markdown(
     cells = [(t, r) for t in traces for r in loads]
     head = "| variant | " + " | ".join(f"{short(t)} {r}" for t, r in cells) + " |"
     rule = "|---|" + "---|" * len(cells)
-    lines = ["Median mean JCT in hours (in brackets: the ratio to the strong drain under the same discipline):", "", head, rule]
+    lines = [
+        "Median mean JCT in hours (in brackets: the ratio to the strong drain under the same discipline):",
+        "",
+        head,
+        rule,
+    ]
     for v in todo:
         row = []
         for t, r in cells:
@@ -279,7 +298,13 @@ def markdown(
                 f"{statistics.median(multi_wait(f) for f in figs) / 86400:.1f}"
             )
         lines.append(f"| {name_of(v)} | " + " | ".join(row) + " |")
-    lines += ["", "Goals (median over seeds per cell):", "", "| goal | limit | worst cell | met | per cell |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Goals (median over seeds per cell):",
+        "",
+        "| goal | limit | worst cell | met | per cell |",
+        "|---|---|---|---|---|",
+    ]
     for g in goals:
         per = ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in g["cells"])
         lines.append(f"| {g['goal']} | {g['limit']} | {g['worst_cell']:.2f} | {'yes' if g['met'] else 'no'} | {per} |")

@@ -80,9 +80,7 @@ profile = "3g.71gb"
 """
 
 
-def test_flexmigd_shrinks_a_malleable_ddp_job_for_a_queued_one_and_grows_it_back(
-    base: Path, broker: Mosquitto
-) -> None:
+def test_flexmigd_shrinks_a_malleable_ddp_job_for_a_queued_one_and_grows_it_back(base: Path, broker: Mosquitto) -> None:
     torch = pytest.importorskip("torch")
     open_session(broker.port, "mall-node", "mall-watcher")
     with act_node(base, "h200", node_name="mall-node", broker=broker.address) as node:
@@ -124,16 +122,14 @@ def test_flexmigd_shrinks_a_malleable_ddp_job_for_a_queued_one_and_grows_it_back
     for e in events:
         assert [err.message for err in EVENTS.iter_errors(e.to_dict())] == []
     moves: list[dict[str, Any]] = [
-        dict(e.payload)
-        for e in events
-        if e.kind is EventKind.ACTION_COMPLETED and e.payload.get("action") == "resplit"
+        dict(e.payload) for e in events if e.kind is EventKind.ACTION_COMPLETED and e.payload.get("action") == "resplit"
     ]
     assert [m["origin"] for m in moves] == ["planner", "planner"]
     proposed = [
         a
         for e in events
         if e.kind is EventKind.PLAN_PROPOSED and e.payload.get("mode") == "act"
-        for a in e.payload["actions"]  # type: ignore[attr-defined]
+        for a in e.payload["actions"]
         if a["action"] == "resplit"
     ]
     reasons = [a["reason"] for a in proposed]

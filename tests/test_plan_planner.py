@@ -357,7 +357,7 @@ def test_a_malleable_head_starts_narrow_when_waiting_for_its_shape_ends_it_later
     # GPU 0 runs a job for 10 hours; a 2-GPU elastic, malleable head of 8 hours fits on GPU 1 alone.
     big = replace(req("big", P7, ranks=2, elastic=True, runtime=28_800.0), malleable=True)
     state = NodeState(H200, node([(P7, 0)], []), (running("hold", (0, 0, P7), remaining=36_000.0),), (big,))
-    plan, out = plan_for(state)
+    plan, _ = plan_for(state)
     (start,) = of_type(plan, StartJob)
     assert start.job == "big" and len(start.instances) == 1 and start.instances[0].gpu == 1
     assert "starts narrow as 1x7g.141gb at 50% speed" in start.reason

@@ -5,7 +5,6 @@ from hypothesis import strategies as st
 
 from flexmig.errors import PlanRejectedError
 from flexmig.mig import H200, Layout
-from flexmig.plan import shapes
 from flexmig.plan import (
     Instance,
     JobRequest,

@@ -155,9 +155,10 @@ def test_the_discipline_and_malleable_jobs_are_a_choice_and_show_in_the_figures(
     assert easy != greedy
     for figures in (easy, greedy, narrow):
         sizes = figures["by_size"]
-        assert set(sizes) <= {"share", "whole", "multi"} and sum(v["jobs"] for v in sizes.values()) == figures[
-            "jobs_completed"
-        ]
+        assert (
+            set(sizes) <= {"share", "whole", "multi"}
+            and sum(v["jobs"] for v in sizes.values()) == figures["jobs_completed"]
+        )
         assert figures["max_wait_s"] == max(v["max_wait_s"] for v in sizes.values())
         assert figures["max_jct_s"] >= figures["p95_jct_s"] >= 0 and figures["p95_bounded_slowdown"] >= 1.0
 

@@ -206,7 +206,7 @@ def test_malleable_baselines_start_narrow_on_whole_instances_of_their_own_profil
     jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=2, elastic=True)]
     for policy in ("static", "drain"):
         layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
-        result, m = run(policy, jobs, gpus=2, layouts=layouts, malleable=True)
+        result, _ = run(policy, jobs, gpus=2, layouts=layouts, malleable=True)
         big = next(r for r in result.records if r.name == "big")
         assert big.narrow_start and big.start_s is not None and big.start_s < 20, policy
         assert big.resplits == 1, policy

@@ -9,7 +9,6 @@ completion time, and job for job on at least 95% of the start times. (They agree
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from pytest import TempPathFactory

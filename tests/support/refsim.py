@@ -164,7 +164,9 @@ class _Policy:
     def __init__(self, gpus: int) -> None:
         self.gpus = gpus
 
-    def place(self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]) -> tuple[int, set[int]] | None:
+    def place(
+        self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]
+    ) -> tuple[int, set[int]] | None:
         raise NotImplementedError
 
     def empty(self, initial: Sequence[Sequence[Inst]]) -> _Node:
@@ -176,7 +178,9 @@ def _free_on(node: _Node, g: int, name: str) -> list[int]:
 
 
 class _Static(_Policy):
-    def place(self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]) -> tuple[int, set[int]] | None:
+    def place(
+        self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]
+    ) -> tuple[int, set[int]] | None:
         gs = list(gpus)
         for name in _covering(job.profile):
             trial = node.copy()
@@ -195,7 +199,9 @@ class _Static(_Policy):
 
 
 class _Drain(_Policy):
-    def place(self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]) -> tuple[int, set[int]] | None:
+    def place(
+        self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]
+    ) -> tuple[int, set[int]] | None:
         gs = list(gpus)
         for name in _covering(job.profile):
             trial = node.copy()
@@ -242,7 +248,9 @@ class _Drain(_Policy):
 
 
 class _Fluid(_Policy):
-    def place(self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]) -> tuple[int, set[int]] | None:
+    def place(
+        self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]
+    ) -> tuple[int, set[int]] | None:
         used = sum(PROFILES[p].compute for ps in node.held.values() for p in ps)
         if used + PROFILES[job.profile].compute * job.ranks > _COMPUTE * self.gpus:
             return None
@@ -286,7 +294,9 @@ class _Repack(_Policy):
                     lay.pop()
         return False
 
-    def place(self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]) -> tuple[int, set[int]] | None:
+    def place(
+        self, node: _Node, job: RefJob, gpus: Iterable[int], waiting: Sequence[RefJob]
+    ) -> tuple[int, set[int]] | None:
         now = [p for ps in node.held.values() for p in ps]
         mine = [job.profile] * job.ranks
         if not self.packs(now + mine):

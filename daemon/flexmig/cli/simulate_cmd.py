@@ -117,7 +117,9 @@ def register(sub: Any) -> None:
         metavar="E",
         help=f"speed of a spread job (default {replay_costs.spread_efficiency:g})",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none unless stderr is a terminal)")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (there is none unless stderr is a terminal)"
+    )
     p.set_defaults(func=run)
 
 
@@ -238,9 +240,7 @@ def _print_table(figures: dict[str, Any]) -> None:
     for size in ("share", "whole", "multi"):
         got = sizes.get(size)
         if got:
-            print(
-                f"{size + ' jobs':22} {got['jobs']}, mean JCT {got['mean_jct_s']}, max wait {got['max_wait_s']}"
-            )
+            print(f"{size + ' jobs':22} {got['jobs']}, mean JCT {got['mean_jct_s']}, max wait {got['max_wait_s']}")
     if figures.get("slowdown_bound_s") is not None:
         print(f"{'slowdown bound (s)':22} {figures['slowdown_bound_s']}")
     if figures.get("plot") is not None:

@@ -113,7 +113,15 @@ class Geometry:
     def shapes(self, request: JobRequest, *, resplit: bool, malleable: bool = False) -> tuple[Shape, ...]:
         """:func:`flexmig.plan.shapes.shapes_for`, memoised by the request's shape fields."""
         narrow = malleable and request.malleable
-        k = (request.need, request.ranks, request.min_ranks, request.max_ranks, request.rank_memory_mib, resplit, narrow)
+        k = (
+            request.need,
+            request.ranks,
+            request.min_ranks,
+            request.max_ranks,
+            request.rank_memory_mib,
+            resplit,
+            narrow,
+        )
         got = self._shapes.get(k)
         if got is None:
             from flexmig.plan.shapes import shapes_for  # noqa: PLC0415 - shapes imports types, which is heavier

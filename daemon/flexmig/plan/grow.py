@@ -107,7 +107,7 @@ class Grower:
                 continue
             scratch.begin()
             if own:
-                added = placer.place_exact(scratch, tag, job.profile, extra, gpus, f"grow {job.name}")
+                added = placer.place_exact(scratch, tag, Shape(extra, job.profile), gpus, f"grow {job.name}")
                 same = added is not None and all(i.profile == job.profile for i in added)
                 placed = (*job.instances, *added) if added is not None and same else None
             else:

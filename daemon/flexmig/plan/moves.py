@@ -209,7 +209,7 @@ class Mover:
         }
         if not shrinkable:
             return False
-        targets = [t for t in self._targets(nominal, float("inf"), only=shrinkable)]
+        targets = list(self._targets(nominal, float("inf"), only=shrinkable))
         if not targets:
             return False
         shadow = self.placer.shadow(job)
@@ -221,7 +221,11 @@ class Mover:
             self.scratch.begin()
             cost = 0.0
             for name in target.owners:
-                got = self._shrink(self.running[name], {target.gpu: range(target.start, target.start + nominal.profile.memory_slices)}, job)
+                got = self._shrink(
+                    self.running[name],
+                    {target.gpu: range(target.start, target.start + nominal.profile.memory_slices)},
+                    job,
+                )
                 if got is None:
                     cost = float("inf")
                     break
@@ -279,8 +283,10 @@ class Mover:
         region = {target.gpu: range(target.start, target.start + nominal.profile.memory_slices)}
         total = 0.0
         for name in target.owners:
-            cost = self.relocate(name, region, head) if self.settings.migrate else self._shrink(
-                self.running[name], region, head
+            cost = (
+                self.relocate(name, region, head)
+                if self.settings.migrate
+                else self._shrink(self.running[name], region, head)
             )
             if cost is None:
                 return None

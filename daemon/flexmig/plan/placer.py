@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 
-from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.queue import Reservation
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, speed_of
@@ -150,9 +150,13 @@ class BasePlacer:
             how = f"fits spread over {shape.ranks} instances at {speed:.0%} speed"
         else:
             wait = self._nominal_start.get((nominal.profile.profile_id, nominal.ranks))
-            waited = "" if wait is None else f" (its {nominal.ranks}x{nominal.profile.name} " + (
-                "never frees up as running jobs end" if wait == _INF else f"frees up in ~{wait - self.now_s:.0f}s"
-            ) + ")"
+            waited = (
+                ""
+                if wait is None
+                else f" (its {nominal.ranks}x{nominal.profile.name} "
+                + ("never frees up as running jobs end" if wait == _INF else f"frees up in ~{wait - self.now_s:.0f}s")
+                + ")"
+            )
             how = (
                 f"starts narrow as {shape.ranks}x{shape.profile.name} at {speed:.0%} speed rather than wait"
                 f"{waited}; it is grown when room frees"
@@ -191,7 +195,7 @@ class BasePlacer:
                     if not self.may_fit(twin, (shape,), gpus):
                         continue
                     twin.begin()
-                    got_n = self.place_exact(twin, job.name, shape.profile, shape.ranks, gpus, "look ahead")
+                    got_n = self.place_exact(twin, job.name, shape, gpus, "look ahead")
                     twin.rollback()
                     if got_n is not None:
                         first_narrow = (max(t, self.now_s), Shape(len(got_n), got_n[0].profile), got_n)
@@ -257,7 +261,7 @@ class BasePlacer:
                 continue
             if live and not self.narrow_pays(job, nominal, self.speed(job, shape)):
                 continue
-            placed = self.place_exact(scratch, job.name, shape.profile, shape.ranks, gpus, reason)
+            placed = self.place_exact(scratch, job.name, shape, gpus, reason)
             if placed is not None:
                 return Shape(len(placed), placed[0].profile), placed
         return None
@@ -267,9 +271,9 @@ class BasePlacer:
         raise NotImplementedError
 
     def place_exact(
-        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+        self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
-        """``count`` ranks of one profile (``profile`` or, where the policy allows, one that covers it) for
+        """``shape.ranks`` ranks of one profile (``shape.profile`` or, where the policy allows, one covering it) for
         ``owner`` on ``gpus``; None and no change when they do not all fit."""
         raise NotImplementedError
 
@@ -379,9 +383,11 @@ class FlexPlacer(BasePlacer):
         return best[1], again[0]
 
     def place_exact(
-        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+        self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
-        """``count`` instances of exactly ``profile``, the flex way (reused or created around held instances)."""
+        """``shape.ranks`` instances of exactly ``shape.profile``, the flex way (reused or created around held
+        instances)."""
+        profile, count = shape.profile, shape.ranks
         if scratch.room(profile, gpus) < count:
             return None
         got = scratch.place_shape(owner, Shape(count, profile), self.weights, gpus, reason, exact=True)
@@ -405,4 +411,3 @@ def _reserved_gpus(reservation: Reservation | None) -> frozenset[int]:
     if reservation is None or not isinstance(reservation.token, frozenset):
         return frozenset()
     return frozenset(g for g in reservation.token if isinstance(g, int))
-

@@ -32,7 +32,7 @@ from flexmig.plan.placer import FlexPlacer
 from flexmig.plan.queue import admit
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, speed_of
-from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings, RankNeed, RunningJob
+from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings, RankNeed
 from flexmig.plan.validate import check_state
 
 __all__ = ["Planner"]

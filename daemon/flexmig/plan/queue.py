@@ -95,9 +95,10 @@ def admit(
 
     ``unblock`` (flex only) gets one chance at the first job that cannot start: it may make room by moving other
     jobs, and returns True when it started that job. ``yield_to`` (flex only) gets a chance at a few of the later
-    jobs that cannot start: it may shrink larger malleable jobs for them, keeping the head's reservation. ``duration`` (a job's run time at its nominal shape, or a
-    bound) only sorts backfill candidates into those that end before the head's start and those that do not, to
-    skip repeats; the placer decides on the shape it actually places.
+    jobs that cannot start: it may shrink larger malleable jobs for them, keeping the head's reservation.
+    ``duration`` (a job's run time at its nominal shape, or a bound) only sorts backfill candidates into those that
+    end before the head's start and those that do not, to skip repeats; the placer decides on the shape it actually
+    places.
     """
     started: list[str] = []
     reservation: Reservation | None = None

@@ -183,9 +183,9 @@ def speed_of(model: GpuModel, request: JobRequest, shape: Shape, settings: Plann
     if covers(shape.profile, nominal.profile):
         if shape.ranks >= nominal.ranks:
             return 1.0
-        share = shape.ranks * min(shape.profile.compute_slices, nominal.profile.compute_slices)
+        held = shape.ranks * min(shape.profile.compute_slices, nominal.profile.compute_slices)
         if shape.ranks == 1:
-            share = shape.profile.compute_slices
-        return min(1.0, share / nominal.compute_slices)
+            held = shape.profile.compute_slices
+        return min(1.0, held / nominal.compute_slices)
     share = min(1.0, shape.compute_slices / nominal.compute_slices)
     return share if shape.ranks == 1 else share * settings.spread_efficiency

@@ -120,13 +120,14 @@ class StaticPlacer(BasePlacer):
     def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place every rank on a free covering instance, or nothing."""
         shape = scratch.geo.nominal(job)
-        got = self.place_exact(scratch, job.name, shape.profile, shape.ranks, gpus, reason)
+        got = self.place_exact(scratch, job.name, shape, gpus, reason)
         return None if got is None else (shape, got)
 
     def place_exact(
-        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+        self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
-        """``count`` free instances of the smallest profile covering ``profile`` that has room for all."""
+        """``shape.ranks`` free instances of the smallest profile covering ``shape.profile`` that has room for all."""
+        profile, count = shape.profile, shape.ranks
         for p in _covering(scratch, profile):
             got = _ranks_on(scratch, owner, p, count, gpus)
             if got is not None:
@@ -208,14 +209,15 @@ class DrainPlacer(BasePlacer):
     def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Every rank on a free covering instance of a busy GPU; else on idle GPUs re-laid out for the queue."""
         shape = scratch.geo.nominal(job)
-        got = self.place_exact(scratch, job.name, shape.profile, shape.ranks, gpus, reason)
+        got = self.place_exact(scratch, job.name, shape, gpus, reason)
         return None if got is None else (Shape(len(got), got[0].profile), got)
 
     def place_exact(
-        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+        self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
-        """``count`` ranks: on free instances of busy GPUs (exactly ``profile``, then the smallest covering one),
-        else of ``profile`` with idle GPUs re-laid out as needed."""
+        """``shape.ranks`` ranks: on free instances of busy GPUs (exactly ``shape.profile``, then the smallest
+        covering one), else of ``shape.profile`` with idle GPUs re-laid out as needed."""
+        profile, count = shape.profile, shape.ranks
         for p in _covering(scratch, profile):
             got = _ranks_on(scratch, owner, p, count, gpus, busy_only=True)
             if got is not None:
@@ -282,13 +284,14 @@ class DrainFirstFitPlacer(BasePlacer):
     def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place every rank on free covering instances (as static does); else on freshly re-laid-out idle GPUs."""
         shape = scratch.geo.nominal(job)
-        got = self.place_exact(scratch, job.name, shape.profile, shape.ranks, gpus, reason)
+        got = self.place_exact(scratch, job.name, shape, gpus, reason)
         return None if got is None else (Shape(len(got), got[0].profile), got)
 
     def place_exact(
-        self, scratch: Scratch, owner: str, profile: Profile, count: int, gpus: Sequence[int], reason: str
+        self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
-        """Free covering instances anywhere (smallest first); else ``profile`` on re-laid-out idle GPUs."""
+        """Free covering instances anywhere (smallest first); else ``shape.profile`` on re-laid-out idle GPUs."""
+        profile, count = shape.profile, shape.ranks
         for p in _covering(scratch, profile):
             got = _ranks_on(scratch, owner, p, count, gpus)
             if got is not None:

@@ -13,9 +13,9 @@ asked for, and a spread runs slower), so:
    dominate sorted run times element by element).
 
 ``makespan_s`` is the largest of (1) and (2), measured from the first arrival; ``mean_jct_s``, ``p95_jct_s`` and
-``max_jct_s`` (and per size class) come from (3); waits are 0, the bounded slowdown 1; ``utilization`` is total work over ``C`` times that makespan (an upper bound on the
-utilization any policy reaches); fragmentation is 0. Jobs the node can never host (larger than the node) are
-left out and counted as unplaceable.
+``max_jct_s`` (and per size class) come from (3); waits are 0, the bounded slowdown 1; ``utilization`` is total
+work over ``C`` times that makespan (an upper bound on the utilization any policy reaches); fragmentation is 0.
+Jobs the node can never host (larger than the node) are left out and counted as unplaceable.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def lower_bound(jobs: Sequence[TraceJob], capacity_slices: int, extra: dict[str,
         p95_bounded_slowdown=1.0,
         by_size=size_figures(
             [
-                JobOutcome(j.name, j.arrival_s, j.arrival_s, j.arrival_s + j.runtime_s, 0, 0, False, j.runtime_s, size_class(j))
+                JobOutcome(
+                    j.name, j.arrival_s, j.arrival_s, j.arrival_s + j.runtime_s, 0, 0, False, j.runtime_s, size_class(j)
+                )
                 for j in order
             ]
         ),

@@ -164,6 +164,7 @@ class LayoutManager:
         self,
         cls: type[BasePlacer],
         scratch: Scratch,
+        *,
         weights: tuple[float, ...],
         now_s: float,
         ends: Mapping[str, float],
@@ -183,7 +184,7 @@ class LayoutManager:
             scratch = Scratch(self.geometry, base, {}, self.settings)
             weights = demand_weights(self.geometry, {})
             cls = _PLACERS.get(self.policy) or _flex_placer()
-            placer = self._placer(cls, scratch, weights, 0.0, {})
+            placer = self._placer(cls, scratch, weights=weights, now_s=0.0, ends={})
             got = placer.fit(scratch, job, scratch.usable_gpus(), "probe") is not None
             self._placeable[key] = got
         return got
@@ -232,7 +233,7 @@ class LayoutManager:
         weights = demand_weights(self.geometry, counts)
         ends = {j.name: now_s + j.remaining_s for j in state.running if j.remaining_s is not None}
         queue = tuple(sorted(state.pending, key=lambda r: r.submitted_s))
-        placer = self._placer(_PLACERS[self.policy], scratch, weights, now_s, ends, queue)
+        placer = self._placer(_PLACERS[self.policy], scratch, weights=weights, now_s=now_s, ends=ends, queue=queue)
         book = MoveBook(self.settings, {j.name: j for j in state.running}, now_s)
         grower = Grower(placer, book, [])
         admission = admit(queue, placer, now_s, _duration(self.settings), discipline=self.settings.discipline)

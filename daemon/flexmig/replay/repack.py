@@ -46,7 +46,11 @@ class Packer:
         # Drop vectors another one dominates: they never host anything the other cannot.
         self.maximal: tuple[Counts, ...] = tuple(
             sorted(
-                (v for v in vectors if not any(w != v and all(a <= b for a, b in zip(v, w, strict=True)) for w in vectors)),
+                (
+                    v
+                    for v in vectors
+                    if not any(w != v and all(a <= b for a, b in zip(v, w, strict=True)) for w in vectors)
+                ),
                 reverse=True,
             )
         )
