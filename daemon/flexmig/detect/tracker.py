@@ -129,18 +129,24 @@ def _oversized_finding(u: InstanceUsage, smaller: Profile, since: float, s: Unde
 
 
 def _fragmentation_finding(g: GpuFragmentation, since: float, s: FragmentationSettings) -> FragmentationFinding:
-    reason = f"{g.reason()} (external fragmentation {g.external_score:.2f} >= {s.enter:.2f})"
+    best = g.recoverable
+    reason = (
+        f"{g.reason()}: repacking would make {g.recoverable_compute_slices} of {g.compute_slices} compute slices "
+        f"usable (recoverable {g.recoverable_score:.2f} >= {s.enter:.2f})"
+    )
     return FragmentationFinding(
         g.gpu,
         g.model,
         g.layout,
         since,
-        g.external_score,
+        g.recoverable_score,
         s.enter,
         g.free_compute_slices,
         g.stranded_compute_slices,
         g.unfit,
         reason,
+        g.recoverable_compute_slices,
+        None if best is None else best.profile,
     )
 
 
@@ -266,7 +272,7 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         if g.gpu in obs.lost_gpus:
             continue
         key_f: FindingKey = ("fragmentation", g.gpu, -1)
-        score = g.external_score
+        score = g.recoverable_score
         signal = Signal.ON if score >= fs.enter else Signal.OFF if score <= fs.exit else Signal.HOLD
         # Layouts are read at instants: a condition has held since the first sweep that saw it.
         sw, flipped = step(
@@ -284,7 +290,11 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
             active[key_f] = finding_f
             started.append(finding_f)
         elif flipped:
-            end(key_f, f"GPU {g.gpu} external fragmentation fell to {score:.2f} <= {fs.exit:.2f}")
+            end(
+                key_f,
+                f"GPU {g.gpu}: repacking would make only {g.recoverable_compute_slices} compute slice(s) usable "
+                f"(recoverable {score:.2f} <= {fs.exit:.2f})",
+            )
 
     new_state = DetectState(
         layouts=MappingProxyType(merged),

@@ -130,7 +130,16 @@ class Nvml:
         devices: tuple[MigDeviceInfo, ...] = ()
         try:
             if g.get_handle(walk) is None:
-                return GpuInfo(g.index, g.uuid or "", g.name, g.memory_total, None, None, errors=walk.take())
+                return GpuInfo(
+                    g.index,
+                    g.uuid or "",
+                    g.name,
+                    g.memory_total,
+                    None,
+                    None,
+                    errors=walk.take(),
+                    pci_bus_id=g.pci_bus_id,
+                )
             g.identity(walk)
             mig = walk.get(g.target, N.nvmlDeviceGetMigMode, g.handle)
             if mig is not None and mig[0] == N.NVML_DEVICE_MIG_ENABLE:
@@ -138,7 +147,17 @@ class Nvml:
                 devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk))
         except GpuLost:
             g.handle = None
-            return GpuInfo(g.index, g.uuid or "", g.name, g.memory_total, None, None, lost=True, errors=walk.take())
+            return GpuInfo(
+                g.index,
+                g.uuid or "",
+                g.name,
+                g.memory_total,
+                None,
+                None,
+                lost=True,
+                errors=walk.take(),
+                pci_bus_id=g.pci_bus_id,
+            )
         return GpuInfo(
             index=g.index,
             uuid=g.uuid or "",
@@ -149,6 +168,7 @@ class Nvml:
             gpu_instances=gis,
             mig_devices=devices,
             errors=walk.take(),
+            pci_bus_id=g.pci_bus_id,
         )
 
     def _gpu_instances(self, g: GpuCache, walk: Walk) -> tuple[GpuInstanceInfo, ...]:

@@ -93,6 +93,7 @@ class GpuInfo:
     mig_devices: tuple[MigDeviceInfo, ...] = ()
     lost: bool = False  # GPU_IS_LOST seen: nothing else about it can be trusted
     errors: tuple[NvmlIssue, ...] = ()
+    pci_bus_id: str | None = None  # "00000000:18:00.0" (nvidia-smi --query-gpu=pci.bus_id); None if NVML would not say
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,9 @@ from flexmig.sim.model import (
     ci_name,
     ci_starts,
     clock_table,
+    pci_bus_id,
+    pci_device_id,
+    pci_location,
 )
 from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
 
@@ -310,6 +313,18 @@ class SimLibrary:
         gpu, ci = self._device(handle)
         name = gpu.model.name if ci is None else f"{gpu.model.name} {ci_name(ci.gi.profile, ci.slices)}"
         return _write_str(buf, size, name)
+
+    @_entry
+    def nvmlDeviceGetPciInfo_v3(self, handle: Any, ref: Any) -> int:
+        gpu = self._gpu(handle)  # flexmig asks physical GPUs only; MIG devices take their parent's location
+        info = _out(ref)
+        bus_id = pci_bus_id(gpu.index).encode()
+        info.domain, info.bus, info.device = pci_location(gpu.index)
+        info.pciDeviceId = pci_device_id(gpu.model.key)
+        info.pciSubSystemId = 0
+        info.busIdLegacy = bus_id
+        info.busId = bus_id
+        return _SUCCESS
 
     @_entry
     def nvmlDeviceGetIndex(self, handle: Any, ref: Any) -> int:
