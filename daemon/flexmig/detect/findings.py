@@ -113,9 +113,14 @@ class EndedFinding:
 
 @dataclass(frozen=True, slots=True)
 class InstanceChange:
-    """A GPU instance that appeared or disappeared between two observations of the layouts."""
+    """A GPU instance that appeared or disappeared between two observations of the layouts.
+
+    ``uuid`` is the instance's own MIG device UUID when the observation that saw it knew one: for a destroyed
+    instance the one it had, not that of an instance created at the same place since.
+    """
 
     gpu: int
     start: int
     profile: str
     at: float
+    uuid: str | None = None
