@@ -65,6 +65,8 @@ class DetectState:
     memo: Mapping[RepackKey, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
     uuids: Mapping[tuple[int, int], str] = field(default_factory=lambda: MappingProxyType({}))
     """The UUIDs of the instances of ``layouts``, so a destroyed instance is reported with its own."""
+    instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,9 @@ class Report:
     """GPUs newly reported lost."""
     ignored: tuple[str, ...]
     """Telemetry windows that matched no instance of the layouts, in words (stale or misattributed samples)."""
+    instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``): every
+    change of a layout counts, whoever made it."""
 
 
 def underuse_signal(usage: InstanceUsage, settings: UnderuseSettings) -> Signal:
@@ -323,9 +328,14 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
                 f"(recoverable {score:.2f} <= {fs.exit:.2f})",
             )
 
+    changes = dict(state.instance_changes)
+    for kind, items in (("destroyed", destroyed), ("created", created)):
+        for c in items:
+            changes[(c.gpu, kind)] = changes.get((c.gpu, kind), 0) + 1
     uuids = {k: u for k, u in state.uuids.items() if k[0] in obs.lost_gpus}  # a lost GPU's, as its layout
     uuids.update({k: u for k, u in obs.uuids.items() if k[0] not in obs.lost_gpus})
     new_state = DetectState(
+        instance_changes=MappingProxyType(changes),
         uuids=MappingProxyType(uuids),
         layouts=MappingProxyType(merged),
         lost=frozenset(obs.lost_gpus),
@@ -345,5 +355,6 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         destroyed=tuple(destroyed),
         lost=newly_lost,
         ignored=tuple(ignored),
+        instance_changes=new_state.instance_changes,
     )
     return new_state, report

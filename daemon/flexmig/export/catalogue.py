@@ -155,6 +155,11 @@ FAMILIES: tuple[Family, ...] = (
     _g("flexmig_dcgm_scrape_age_seconds", _N, "Age of the last good dcgm-exporter scrape.", _DCGM),
     # ------------------------------------------------------------------ GPUs
     _g("flexmig_gpu_power_watts", _G, "Power draw of the GPU (nvidia-smi -q -d POWER)."),
+    _g(
+        "flexmig_gpu_power_limit_watts",
+        _G,
+        "Enforced power limit of the GPU (nvidia-smi --query-gpu=enforced.power.limit), read at each inventory.",
+    ),
     _g("flexmig_gpu_temperature_celsius", _G, "GPU core temperature."),
     _g("flexmig_gpu_sm_clock_hertz", _G, "Current SM clock."),
     _g("flexmig_gpu_memory_clock_hertz", _G, "Current memory clock."),
@@ -280,6 +285,13 @@ FAMILIES: tuple[Family, ...] = (
         _G,
         "Recoverable compute slices over the GPU's compute slices, 0-1 (what [detect] fragmentation_threshold "
         "compares).",
+        _DETECT,
+    ),
+    _c(
+        "flexmig_gpu_instance_changes",
+        (*_G, "change"),
+        "MIG instances created and destroyed on the GPU since start, by change (created, destroyed), whoever made "
+        "them (flexmig, nvidia-smi, mig-parted): a layout change counts here.",
         _DETECT,
     ),
     _g(

@@ -108,6 +108,7 @@ def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot
     stranded_ratio = by_name("flexmig_gpu_stranded_ratio").gauge()
     recoverable = by_name("flexmig_gpu_recoverable_compute_slices").gauge()
     recoverable_ratio = by_name("flexmig_gpu_recoverable_ratio").gauge()
+    changes = by_name("flexmig_gpu_instance_changes").counter()
     repacked = by_name("flexmig_gpu_creatable_repacked_instances").gauge()
     stranded_p = by_name("flexmig_gpu_stranded_instances").gauge()
     finding = by_name("flexmig_gpu_finding").gauge()
@@ -124,6 +125,8 @@ def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot
         stranded_ratio.add_metric(labels, g.stranded_score)
         recoverable.add_metric(labels, g.recoverable_compute_slices)
         recoverable_ratio.add_metric(labels, g.recoverable_score)
+        for change in ("created", "destroyed"):
+            changes.add_metric([*labels, change], report.instance_changes.get((g.gpu, change), 0))
         for c in g.capacity:
             repacked.add_metric([*labels, c.profile], c.creatable_repacked)
             stranded_p.add_metric([*labels, c.profile], c.stranded)
@@ -132,7 +135,7 @@ def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot
         if f is not None:
             finding_s.add_metric([*labels, "fragmentation"], max(0.0, report.now - f.since))
     yield from (ext, ext_slices, stranded, stranded_ratio, recoverable, recoverable_ratio)
-    yield from (repacked, stranded_p, finding, finding_s)
+    yield from (changes, repacked, stranded_p, finding, finding_s)
 
 
 def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot]) -> Iterator[Metric]:

@@ -178,6 +178,7 @@ def _node_families(snap: Snapshot) -> Iterator[Metric]:
 
 def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
     power = by_name("flexmig_gpu_power_watts").gauge()
+    limit = by_name("flexmig_gpu_power_limit_watts").gauge()
     temp = by_name("flexmig_gpu_temperature_celsius").gauge()
     sm_clock = by_name("flexmig_gpu_sm_clock_hertz").gauge()
     mem_clock = by_name("flexmig_gpu_memory_clock_hertz").gauge()
@@ -193,6 +194,8 @@ def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
         lost.add_metric(labels, 1.0 if gpu.lost else 0.0)
         if gpu.power_w is not None:
             power.add_metric(labels, gpu.power_w)
+        if gpu.power_limit_w is not None:
+            limit.add_metric(labels, gpu.power_limit_w)
         if gpu.temperature_c is not None:
             temp.add_metric(labels, gpu.temperature_c)
         if gpu.sm_clock_mhz is not None:
@@ -211,7 +214,7 @@ def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
             free_m.add_metric(labels, gpu.free_memory_slices)
         for profile, n in gpu.creatable.items():
             creatable.add_metric([*labels, profile], n)
-    yield from (power, temp, sm_clock, mem_clock, mem_total, mig, lost, count, free_c, free_m, creatable)
+    yield from (power, limit, temp, sm_clock, mem_clock, mem_total, mig, lost, count, free_c, free_m, creatable)
 
 
 def _instance_families(snap: Snapshot) -> Iterator[Metric]:

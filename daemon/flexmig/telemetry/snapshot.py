@@ -147,6 +147,7 @@ class GpuSnapshot:
     # placements layouts are built from. Defaults to none for snapshots made by hand.
     gpu_instances: tuple[GpuInstanceSnapshot, ...] = ()
     pci_bus_id: str | None = None  # "00000000:18:00.0" as NVML and dcgm-exporter write it; None if NVML would not say
+    power_limit_w: float | None = None  # the enforced power limit, from the last inventory
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,6 +168,7 @@ class TelemetryStore:
                     instances=tuple(instances),
                     gpu_instances=() if lost else static.gpu_instances,
                     pci_bus_id=info.pci_bus_id,
+                    power_limit_w=info.power_limit_w,
                 )
             )
         keep_after = now - settings.window_s
