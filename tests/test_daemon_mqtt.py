@@ -42,8 +42,8 @@ EVENT_LINE = re.compile(r"flexmig\.wiring\.mqtt: event (\w+) ([0-9a-f-]{36}):")
 SPEC = "h200x2:3g.71gb@0"
 
 # The daemon, with the same signal handling as flexmigd, and a scheduler that creates and destroys a 1g.18gb on
-# GPU 1 every 0.3 s: instance_created/destroyed and fragmentation_above/below keep coming (3g@0 + 1g@4 scores 0.65,
-# 3g@0 alone 0.2, against a 0.3 threshold with no wait).
+# GPU 1 every 0.3 s: instance_created/destroyed and fragmentation_above/below keep coming (3g@0 alone: a repack
+# would make room for a 4g, recoverable 4/7 = 0.57; 3g@0 + 1g@4: a 2g, 2/7 = 0.29; against 0.5/0.3 with no wait).
 CHURNING_DAEMON = """
 import asyncio, logging, sys
 from pathlib import Path
@@ -73,7 +73,7 @@ def write_config(path: Path, broker: str, outbox: Path, extra: str = "") -> Path
         "[sampling]\ninterval_s = 0.1\n"
         "[prometheus]\nenabled = false\n"
         f'[mqtt]\nenabled = true\nbroker = "{broker}"\noutbox = "{outbox}"\n{extra}'
-        "[detect]\nunderuse_window_s = 1\nfragmentation_threshold = 0.3\nfragmentation_exit = 0.25\n"
+        "[detect]\nunderuse_window_s = 1\nfragmentation_threshold = 0.5\nfragmentation_exit = 0.3\n"
         "fragmentation_window_s = 0\n"
     )
     path.chmod(0o600)

@@ -114,12 +114,6 @@ class GpuFragmentation:
         if stranded:
             items = ", ".join(f"{n} {p}" for p, n in stranded.items())
             text += f"; repacking the running instances would free room for {items}"
-        best = self.recoverable
-        if best is not None:
-            text += (
-                f" ({best.stranded_compute_slices} compute slice(s) usable by {best.stranded} more {best.profile}, "
-                "a profile the demand mix asks for)"
-            )
         return text
 
 

@@ -140,9 +140,10 @@ def _oversized_finding(u: InstanceUsage, smaller: Profile, since: float, s: Unde
 
 def _fragmentation_finding(g: GpuFragmentation, since: float, s: FragmentationSettings) -> FragmentationFinding:
     best = g.recoverable
+    gain = "" if best is None else f" by {best.stranded} more {best.profile}"
     reason = (
-        f"{g.reason()}: repacking would make {g.recoverable_compute_slices} of {g.compute_slices} compute slices "
-        f"usable (recoverable {g.recoverable_score:.2f} >= {s.enter:.2f})"
+        f"{g.reason()}: {g.recoverable_compute_slices} of {g.compute_slices} compute slices usable{gain}, a profile "
+        f"the demand mix asks for (recoverable {g.recoverable_score:.2f} >= {s.enter:.2f})"
     )
     return FragmentationFinding(
         g.gpu,
