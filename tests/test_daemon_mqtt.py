@@ -195,7 +195,10 @@ def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_si
             )  # fmt: skip
         try:
             await until(lambda: set(churned) <= set(watcher.ids()), "the killed daemon's leftovers")
-            await until(lambda: len(emitted_ids(cli_log)) >= 1, "flexmigd's own event (the idle 3g on GPU 0)")
+            await until(
+                lambda: "underuse_started" in {m.group(1) for m in EVENT_LINE.finditer(cli_log.read_text())},
+                "flexmigd's own underuse event (the idle 3g on GPU 0; the fragmentation ones come first)",
+            )
             await until(lambda: set(emitted_ids(cli_log)) <= set(watcher.ids()), "flexmigd's events")
             state, state_retained = await retained(broker.port, "flexmig/v1/node-1/state")
         finally:
@@ -243,7 +246,9 @@ def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_si
     validator("state.v1.schema.json").validate(state)
     assert [(g["index"], g["layout"]) for g in state["gpus"]] == [(0, "3g.71gb@0"), (1, "3g.71gb@0")]
     assert state["fragmentation"]["external_score"] == pytest.approx(0.2)
-    assert {f["kind"] for f in state["findings"]} == {"idle"}
+    # both lone 3g.71gb@0 would leave room for a 4g if moved to slice 4: recoverable 4 of 7 slices, fragmented
+    assert state["fragmentation"]["recoverable_compute_slices"] == 8
+    assert {f["kind"] for f in state["findings"]} == {"idle", "fragmentation"}
 
 
 # ---------------------------------------------------------------------------------------------- bad input
