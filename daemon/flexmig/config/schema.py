@@ -353,7 +353,7 @@ class JobsConfig:
     ack_dir: Path | None = _doc(
         None,
         "Jobs acknowledge checkpoints here (created mode 1733) instead of in their checkpoint directories; needed "
-        "when the daemon cannot read job directories (the shipped systemd unit has no CAP_DAC_OVERRIDE).",
+        "when the daemon cannot read job directories (a unit without the act drop-in's CAP_DAC_READ_SEARCH).",
         example="/run/flexmig/acks",
         restart=True,
     )
