@@ -19,13 +19,10 @@ _SKIP = {".git", ".venv", "build", "dist", "__pycache__", ".mypy_cache", ".ruff_
 
 
 def source_copy(dest: Path) -> Path:
-    """The checkout's tracked files (``git ls-files``; without git, the tree less caches and venvs) under ``dest``."""
+    """The checkout's files that git does not ignore (without git: the tree less caches and venvs) under ``dest``."""
     git = shutil.which("git")
-    listed = (
-        subprocess.run([git, "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60, check=False)
-        if git is not None
-        else None
-    )
+    argv = [git, "ls-files", "-z", "--cached", "--others", "--exclude-standard"] if git is not None else None
+    listed = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=60, check=False) if argv else None
     if listed is not None and listed.returncode == 0 and listed.stdout:
         files = [ROOT / name for name in listed.stdout.decode().split("\0") if name]
     else:
