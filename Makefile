@@ -20,8 +20,9 @@ $(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 venv: $(BIN)/flexmig
 
 debs:
-	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd >/dev/null; }
+	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
+	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
 
 demo: venv
 	$(BIN)/flexmigd --sim $(SPEC)
