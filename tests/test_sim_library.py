@@ -540,3 +540,59 @@ def test_power_temperature_and_clocks_rise_with_activity(sim):
     assert busy[0] > idle[0] and busy[1] > idle[1]
     assert N.nvmlDeviceGetClockInfo(gpu(), N.NVML_CLOCK_SM) == 1980
     assert busy[0] <= N.nvmlDeviceGetPowerManagementLimit(gpu())
+
+
+# ------------------------------------------------------------------------------- Hopper profile fields
+@pytest.mark.parametrize("model", ["h100-80", "h200"])
+def test_hopper_profiles_have_the_engines_nvidia_smi_mig_lgip_prints(sim, model):
+    # `nvidia-smi mig -lgip` on an H200 (NVIDIA/mig-parted#120): DEC 1/1/1/2/3/4/7, JPEG the same, OFA on 1g+me
+    # and 7g only, and P2P "No" on every profile.
+    sim(model)
+    seen = {}
+    for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), idx)
+        except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+            continue
+        seen[info.id] = (info.decoderCount, info.jpegCount, info.ofaCount, info.copyEngineCount, info.isP2pSupported)
+    assert seen == {
+        19: (1, 1, 0, 1, 0),
+        20: (1, 1, 1, 1, 0),
+        15: (1, 1, 0, 1, 0),
+        14: (2, 2, 0, 2, 0),
+        9: (3, 3, 0, 3, 0),
+        5: (4, 4, 0, 4, 0),
+        0: (7, 7, 1, 8, 0),
+    }
+
+
+# ------------------------------------------------------------------------------------ semantics of nvml.h
+def test_get_index_of_a_mig_handle_is_the_index_get_mig_device_handle_by_index_takes(sim):
+    # nvml.h, nvmlDeviceGetIndex: "When used with MIG device handles this API returns indices that can be
+    # passed to nvmlDeviceGetMigDeviceHandleByIndex to retrieve an identical handle."
+    node = sim()
+    for i, uuid in enumerate(node.mig_uuids(1)):
+        mig = N.nvmlDeviceGetHandleByUUID(uuid)
+        index = N.nvmlDeviceGetIndex(mig)
+        assert index == i
+        same = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(1), index)
+        assert ctypes.addressof(same.contents) == ctypes.addressof(mig.contents)
+    assert N.nvmlDeviceGetIndex(gpu(1)) == 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 19),
+        lambda: N.nvmlDeviceGetGpuInstanceById(gpu(), 1),
+        lambda: N.nvmlDeviceGetGpuInstances(gpu(), 9, (N.c_nvmlGpuInstance_t * 2)(), byref(c_uint(0))),
+        lambda: N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, None, byref(c_uint(0))),
+    ],
+    ids=["RemainingCapacity", "GetGpuInstanceById", "GetGpuInstances", "PossiblePlacements_v2"],
+)
+def test_calls_the_header_marks_requires_privileged_user_are_no_permission_unprivileged(sim, call):
+    node = sim("h200:3g.71gb@0")
+    call()  # privileged: answers
+    node.set_privileged(False)
+    with pytest.raises(N.NVMLError_NoPermission):
+        call()

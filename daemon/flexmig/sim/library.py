@@ -77,6 +77,7 @@ class SimLibrary(DeviceInfoCalls):
         self._lock = state.lock
         self._faults = faults
         self._table = HandleTable(self._alive, self._pool)
+        self._synced = -1  # state.serial when handles were last given to new instances
         self._born = state.clock()  # when the "driver" was loaded: energy counters start here
         self.answers: Any = None  # recorded answers (flexmig.sim.recorded.RecordedAnswers) that override the model
         self._samples: dict[int, tuple[Any, GpmSnapshot]] = {}  # GPM sample address -> (struct, snapshot)
@@ -104,7 +105,22 @@ class SimLibrary(DeviceInfoCalls):
         return self._state.cis_by_serial[key].gi.gpu.index
 
     def _struct(self, kind: str, key: int) -> Any:
+        self._sync_handles()
         return self._table.struct(kind, key)
+
+    def _sync_handles(self) -> None:
+        """Give every instance created since the last call its handles, in creation order (as a driver does at
+        creation), so a new instance takes over a destroyed one's handle before anyone asks for it."""
+        state = self._state
+        if state.serial == self._synced:
+            return
+        self._synced = state.serial
+        for serial in sorted(set(state.gis_by_serial) | set(state.cis_by_serial)):
+            if serial in state.gis_by_serial:
+                self._table.struct("gi", serial)
+            else:
+                self._table.struct("ci", serial)
+                self._table.struct("mig", serial)
 
     def _intercept(self, name: str, args: tuple[Any, ...]) -> int | None:
         """A recorded answer for this call, if the node was built from a recording and has one (else None)."""
@@ -131,6 +147,7 @@ class SimLibrary(DeviceInfoCalls):
             addr = ctypes.addressof(handle.contents)
         except (AttributeError, ValueError, TypeError):
             raise NvmlReturn(_INVALID) from None
+        self._sync_handles()
         found = self._table.lookup(addr)
         if found is None or not self._alive(*found):
             raise NvmlReturn(_INVALID)
