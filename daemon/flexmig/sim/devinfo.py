@@ -459,13 +459,13 @@ class DeviceInfoCalls:
     @entry
     def nvmlDeviceGetDisplayMode(self: LibraryCore, handle: Any, ref: Any) -> int:
         _physical(self, handle)
-        out(ref).value = N.NVML_FEATURE_DISABLED  # no display attached to a datacenter GPU
+        out(ref).value = N.NVML_FEATURE_ENABLED  # `nvidia-smi -q` on A100-SXM4-80GB and H100: Display Mode Enabled
         return SUCCESS
 
     @entry
     def nvmlDeviceGetDisplayActive(self: LibraryCore, handle: Any, ref: Any) -> int:
         _physical(self, handle)
-        out(ref).value = N.NVML_FEATURE_DISABLED
+        out(ref).value = N.NVML_FEATURE_DISABLED  # ... and Display Active Disabled: no monitor attached
         return SUCCESS
 
     @entry

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
+from flexmig.sim.boardcalls import BoardCalls
 from flexmig.sim.cabi import INVALID as _INVALID
 from flexmig.sim.cabi import SUCCESS as _SUCCESS
 from flexmig.sim.cabi import entry as _entry
@@ -69,7 +70,7 @@ _INFO = {metric_id: _MetricInfo(*names) for metric_id, names in METRIC_INFO.item
 assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
 
 
-class SimLibrary(DeviceInfoCalls):
+class SimLibrary(DeviceInfoCalls, BoardCalls):
     """A Python object that implements libnvidia-ml's C functions over a :class:`NodeState`."""
 
     def __init__(self, state: NodeState, faults: FaultTable) -> None:
@@ -487,6 +488,9 @@ class SimLibrary(DeviceInfoCalls):
     # --------------------------------------------------------------------------------------- MIG devices
     @_entry
     def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
+        _, ci = self._device(handle)
+        if ci is not None:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)  # a MIG device cannot itself be partitioned ("doesn't support")
         gpu = self._gpu(handle)
         _out(current).value = int(gpu.mig_current)
         _out(pending).value = int(gpu.mig_pending)
