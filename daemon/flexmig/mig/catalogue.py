@@ -176,6 +176,7 @@ def _profiles(
     sms: dict[str, int],
     ce7: int,
     dec: dict[str, int],
+    *,
     jpeg: dict[str, int] | None = None,
 ) -> tuple[Profile, ...]:
     """Build the seven profiles shared by A100/H100/H200 geometry; only names, memory, SMs and engines differ."""
@@ -267,7 +268,7 @@ H100_80 = GpuModel(
         _HOPPER_SM,
         8,
         _HOPPER_DEC,
-        _HOPPER_JPEG,
+        jpeg=_HOPPER_JPEG,
     ),
 )
 H200 = GpuModel(
@@ -284,7 +285,7 @@ H200 = GpuModel(
         _HOPPER_SM,
         8,
         _HOPPER_DEC,
-        _HOPPER_JPEG,
+        jpeg=_HOPPER_JPEG,
     ),
 )
 
