@@ -125,9 +125,10 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
 
     def _intercept(self, name: str, args: tuple[Any, ...]) -> int | None:
         """A recorded answer for this call, if the node was built from a recording and has one (else None)."""
-        if self.answers is None:
+        if self.answers is None or not self.answers.covers(name):
             return None
-        return int(self.answers.answer(self, name, args)) if self.answers.covers(name) else None
+        answered: int | None = self.answers.answer(self, name, args)
+        return answered
 
     def _fill_handles(self, arr: Any, count: Any, kind: str, keys: list[int]) -> int:
         """NVML's caller-allocates protocol: too small an array gets INSUFFICIENT_SIZE and the count needed."""
