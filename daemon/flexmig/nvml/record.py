@@ -25,7 +25,17 @@ from flexmig.nvml.calls import error_name
 from flexmig.nvml.client import Nvml
 from flexmig.nvml.types import Inventory
 
-__all__ = ["DEVICE_PROBES", "SCHEMA", "SYSTEM_PROBES", "Probe", "record"]
+__all__ = [
+    "BY_MEMORY_CLOCK",
+    "BY_PROFILE_ID",
+    "DEVICE_PROBES",
+    "P2P",
+    "SCHEMA",
+    "SYSTEM_PROBES",
+    "Probe",
+    "key",
+    "record",
+]
 
 SCHEMA = "flexmig-nvml-record/1"
 _STR_SIZE = 256
@@ -187,42 +197,14 @@ DEVICE_PROBES: tuple[Probe, ...] = (
 )
 
 # Calls whose inputs come from what the GPU answered before (its profile IDs, its memory clocks, its peers).
-_BY_PROFILE_ID: tuple[Probe, ...] = (
+BY_PROFILE_ID: tuple[Probe, ...] = (
     Probe("nvmlDeviceGetGpuInstanceProfileInfoByIdV", "S", struct=N.c_nvmlGpuInstanceProfileInfo_v2_t,
           version=N.nvmlGpuInstanceProfileInfo_v2),
     Probe("nvmlDeviceGetGpuInstanceRemainingCapacity", "u"),
     Probe("nvmlDeviceGetGpuInstancePossiblePlacements_v2", "PS", struct=N.c_nvmlGpuInstancePlacement_t),
 )
-_BY_MEMORY_CLOCK = Probe("nvmlDeviceGetSupportedGraphicsClocks", "Lu")
-_P2P = Probe("nvmlDeviceGetP2PStatus", "u")
-
-# Entry points the simulator has that the recorder never calls, and why (the docs page lists them).
-NOT_RECORDED: dict[str, str] = {
-    "nvmlInitWithFlags": "session", "nvmlInit_v2": "session", "nvmlShutdown": "session",
-    "nvmlDeviceGetHandleByIndex_v2": "gives a handle (the layout records what it leads to)",
-    "nvmlDeviceGetHandleByUUID": "gives a handle", "nvmlDeviceGetHandleByPciBusId_v2": "gives a handle",
-    "nvmlDeviceGetMigDeviceHandleByIndex": "gives a handle",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": "gives a handle",
-    "nvmlDeviceGetGpuInstances": "gives handles (recorded as the layout)",
-    "nvmlDeviceGetGpuInstanceById": "gives a handle (recorded as the layout)",
-    "nvmlGpuInstanceGetInfo": "recorded as the layout", "nvmlComputeInstanceGetInfo": "recorded as the layout",
-    "nvmlComputeInstanceGetInfo_v2": "recorded as the layout",
-    "nvmlGpuInstanceGetComputeInstances": "recorded as the layout",
-    "nvmlGpuInstanceGetComputeInstanceById": "gives a handle",
-    "nvmlGpuInstanceGetComputeInstanceProfileInfo": "per GPU instance: answered by the model",
-    "nvmlGpuInstanceGetComputeInstanceProfileInfoV": "per GPU instance: answered by the model",
-    "nvmlGpuInstanceGetComputeInstanceRemainingCapacity": "per GPU instance: answered by the model",
-    "nvmlGpuInstanceGetComputeInstancePossiblePlacements": "per GPU instance: answered by the model",
-    "nvmlDeviceGetFieldValues": "takes a list of field IDs", "nvmlDeviceGetTemperatureV": "input inside a struct",
-    "nvmlDeviceGetProcessUtilization": "samples since a timestamp",
-    "nvmlSystemGetProcessName": "takes a pid of this machine",
-    "nvmlGpmSampleAlloc": "allocates a sample buffer", "nvmlGpmSampleFree": "frees a sample buffer",
-    "nvmlGpmSampleGet": "fills a sample buffer", "nvmlGpmMigSampleGet": "fills a sample buffer",
-    "nvmlGpmMetricsGet": "needs two samples taken over time",
-}
-MUTATING_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceCreate", "nvmlGpuInstanceCreate", "nvmlGpuInstanceDestroy",
-                     "nvmlComputeInstanceDestroy", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlGpmSetStreaming")
-
+BY_MEMORY_CLOCK = Probe("nvmlDeviceGetSupportedGraphicsClocks", "Lu")
+P2P = Probe("nvmlDeviceGetP2PStatus", "u")
 
 def _jsonable(value: Any) -> Any:
     """A ctypes output as JSON: numbers, strings, structs as objects (pointers left out), arrays as lists."""
@@ -327,16 +309,16 @@ def _probe_device(caller: _Caller, handle: Any, peers: int, self_index: int | No
             if k.startswith("nvmlDeviceGetGpuInstanceProfileInfoV(") and "value" in answer
         }
     )
-    for probe in _BY_PROFILE_ID:
+    for probe in BY_PROFILE_ID:
         for pid in profile_ids:
             calls[key(probe.name, (pid,))] = caller.call(probe, handle, (pid,))
     mem_clocks = calls.get("nvmlDeviceGetSupportedMemoryClocks", {}).get("value", [])
     for mhz in mem_clocks:
-        calls[key(_BY_MEMORY_CLOCK.name, (mhz,))] = caller.call(_BY_MEMORY_CLOCK, handle, (mhz,))
+        calls[key(BY_MEMORY_CLOCK.name, (mhz,))] = caller.call(BY_MEMORY_CLOCK, handle, (mhz,))
     for other in range(peers):
         if other != self_index:
             for index in range(5):
-                calls[key(_P2P.name, (f"gpu{other}", index))] = caller.call(_P2P, handle, (f"gpu{other}", index))
+                calls[key(P2P.name, (f"gpu{other}", index))] = caller.call(P2P, handle, (f"gpu{other}", index))
     return calls
 
 
