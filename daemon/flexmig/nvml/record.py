@@ -176,6 +176,7 @@ DEVICE_PROBES: tuple[Probe, ...] = (
     # topology
     Probe("nvmlDeviceGetNvLinkState", "u", _each(range(N.NVML_NVLINK_MAX_LINKS))),
     Probe("nvmlDeviceGetNvLinkVersion", "u", _each(range(N.NVML_NVLINK_MAX_LINKS))),
+    Probe("nvmlDeviceGetNvLinkCapability", "u", _each(range(N.NVML_NVLINK_MAX_LINKS), range(N.NVML_NVLINK_CAP_COUNT))),
     Probe("nvmlDeviceGetCpuAffinity", "A", _each([_AFFINITY_WORDS])),
     Probe("nvmlDeviceGetCpuAffinityWithinScope", "A", _each([_AFFINITY_WORDS], range(2)), inputs_after=1),
     Probe("nvmlDeviceGetMemoryAffinity", "A", _each([_AFFINITY_WORDS], range(2)), inputs_after=1),

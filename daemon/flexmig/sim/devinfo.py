@@ -123,6 +123,16 @@ class DeviceInfoCalls:
                 return int(self._give(ref, "gpu", gpu.index))
         return int(N.NVML_ERROR_NOT_FOUND)
 
+    @entry
+    def nvmlDeviceGetHandleBySerial(self: LibraryCore, serial: Any, ref: Any) -> int:
+        raw = getattr(serial, "value", serial)
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        for gpu in self._state.gpus:
+            if _serial(gpu) == text:
+                self._live(gpu)
+                return self._give(ref, "gpu", gpu.index)
+        return int(N.NVML_ERROR_NOT_FOUND)
+
     # ------------------------------------------------------------------------------------------------ BAR1
     @entry
     def nvmlDeviceGetBAR1MemoryInfo(self: LibraryCore, handle: Any, ref: Any) -> int:
@@ -491,11 +501,28 @@ class DeviceInfoCalls:
     def nvmlDeviceGetP2PStatus(self: LibraryCore, first: Any, second: Any, index: Any, ref: Any) -> int:
         a = _physical(self, first)
         b = _physical(self, second)
-        if int_arg(index) not in _P2P_INDICES:
+        i = int_arg(index)
+        if i == N.NVML_P2P_CAPS_INDEX_UNKNOWN:
+            out(ref).value = N.NVML_P2P_STATUS_UNKNOWN
+            return SUCCESS
+        if i not in _P2P_INDICES:
             raise NvmlReturn(INVALID)
         # CUDA P2P is not supported between MIG devices, so a GPU in MIG mode has none to offer.
         ok = a is not b and not a.mig_current and not b.mig_current
         out(ref).value = N.NVML_P2P_STATUS_OK if ok else N.NVML_P2P_STATUS_NOT_SUPPORTED
+        return SUCCESS
+
+    @entry
+    def nvmlDeviceGetNvLinkCapability(self: LibraryCore, handle: Any, link: Any, cap: Any, ref: Any) -> int:
+        gpu = _physical(self, handle)
+        if not 0 <= int_arg(link) < _NVLINKS.get(gpu.model.architecture, 12):
+            raise NvmlReturn(INVALID)
+        c = int_arg(cap)
+        if not 0 <= c < N.NVML_NVLINK_CAP_COUNT:
+            raise NvmlReturn(INVALID)
+        # GPU-to-GPU links through NVSwitch: peer access and atomics, no system memory over NVLink, no SLI.
+        supported = {N.NVML_NVLINK_CAP_P2P_SUPPORTED, N.NVML_NVLINK_CAP_P2P_ATOMICS, N.NVML_NVLINK_CAP_VALID}
+        out(ref).value = int(c in supported)
         return SUCCESS
 
     @entry

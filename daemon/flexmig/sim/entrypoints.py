@@ -65,7 +65,8 @@ HEADER_SAYS: dict[str, str] = {
 NOT_RECORDED: dict[str, str] = {
     "nvmlInitWithFlags": "session", "nvmlInit_v2": "session", "nvmlShutdown": "session",
     "nvmlDeviceGetHandleByIndex_v2": "gives a handle (the layout records what it leads to)",
-    "nvmlDeviceGetHandleByUUID": "gives a handle", "nvmlDeviceGetHandleByPciBusId_v2": "gives a handle",
+    "nvmlDeviceGetHandleByUUID": "gives a handle",
+    "nvmlDeviceGetHandleBySerial": "gives a handle", "nvmlDeviceGetHandleByPciBusId_v2": "gives a handle",
     "nvmlDeviceGetMigDeviceHandleByIndex": "gives a handle",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": "gives a handle",
     "nvmlDeviceGetGpuInstances": "gives handles (recorded as the layout)",
