@@ -49,11 +49,17 @@ class Spy:
         return getattr(self._lib, name)
 
 
-def spy_on_library() -> Spy:
+def symbols_looked_up_by_a_recording() -> set[str]:
+    """Record the installed node with a spy where pynvml finds its C symbols; the symbols it looked up."""
     spy = Spy(N.nvmlLib)
     N.nvmlLib = spy
     N._nvmlGetFunctionPointer_cache.clear()
-    return spy
+    try:
+        record(clock=fixed_clock)
+    finally:
+        N.nvmlLib = spy._lib
+        N._nvmlGetFunctionPointer_cache.clear()
+    return spy.seen
 
 
 def write(tmp_path: Path, doc: dict[str, Any], name: str = "rec.json") -> Path:
@@ -65,28 +71,18 @@ def write(tmp_path: Path, doc: dict[str, Any], name: str = "rec.json") -> Path:
 # ------------------------------------------------------------------------------------------ read-only
 def test_the_recorder_calls_no_entry_point_that_changes_anything(sim):
     sim()
-    spy = spy_on_library()
-    try:
-        record(clock=fixed_clock)
-    finally:
-        N.nvmlLib = spy._lib
-        N._nvmlGetFunctionPointer_cache.clear()
-    changing = {name for name in spy.seen if name.startswith(MUTATING_PREFIXES)}
+    seen = symbols_looked_up_by_a_recording()
+    changing = {name for name in seen if name.startswith(MUTATING_PREFIXES)}
     assert changing == set()
     assert all(name.startswith(("nvmlSystemGet", "nvmlDevice", "nvmlGpuInstanceGet", "nvmlComputeInstanceGet",
-                                "nvmlGpmQuery", "nvmlInit", "nvmlShutdown", "nvmlErrorString")) for name in spy.seen)
+                                "nvmlGpmQuery", "nvmlInit", "nvmlShutdown", "nvmlErrorString")) for name in seen)
 
 
 def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim):
     sim()
-    spy = spy_on_library()
-    try:
-        record(clock=fixed_clock)
-    finally:
-        N.nvmlLib = spy._lib
-        N._nvmlGetFunctionPointer_cache.clear()
+    seen = symbols_looked_up_by_a_recording()
     queries = {n for n in entry_points() if not n.startswith(MUTATING_PREFIXES) and n not in NOT_RECORDED}
-    assert queries - spy.seen == set()
+    assert queries - seen == set()
     probed = {p.name for p in (*DEVICE_PROBES, *SYSTEM_PROBES, *BY_PROFILE_ID, BY_MEMORY_CLOCK, P2P)}
     assert probed - set(entry_points()) == set(), "a probe for an entry point the simulator does not have"
     assert set(NOT_RECORDED) <= set(entry_points()), "NOT_RECORDED names an entry point that does not exist"
