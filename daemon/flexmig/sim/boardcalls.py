@@ -12,20 +12,13 @@ from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
-from flexmig.sim.cabi import INVALID, NOT_SUPPORTED, SUCCESS, LibraryCore, entry, int_arg, out
+from flexmig.sim.cabi import INVALID, NOT_SUPPORTED, SUCCESS, LibraryCore, entry, int_arg, out, physical
 from flexmig.sim.model import clock_table
 from flexmig.sim.state import NvmlReturn, SimGpu
 
 __all__ = ["BoardCalls"]
 
 _GRAPHICS_KINDS = (N.NVML_CLOCK_GRAPHICS, N.NVML_CLOCK_SM, N.NVML_CLOCK_VIDEO)
-
-
-def _physical(core: LibraryCore, handle: Any) -> SimGpu:
-    gpu, ci = core._device(handle)
-    if ci is not None:
-        raise NvmlReturn(NOT_SUPPORTED)
-    return gpu
 
 
 def _graphics_clocks(gpu: SimGpu) -> list[int]:
@@ -51,20 +44,20 @@ class BoardCalls:
 
     @entry
     def nvmlDeviceGetSupportedMemoryClocks(self: LibraryCore, handle: Any, count_ref: Any, arr: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         return _fill(count_ref, arr, [clock_table(gpu.model).mem])  # HBM runs at one clock
 
     @entry
     def nvmlDeviceGetSupportedGraphicsClocks(
         self: LibraryCore, handle: Any, mem_mhz: Any, count_ref: Any, arr: Any
     ) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         if int_arg(mem_mhz) != clock_table(gpu.model).mem:
             raise NvmlReturn(N.NVML_ERROR_NOT_FOUND)  # not a supported memory clock of this GPU
         return _fill(count_ref, arr, _graphics_clocks(gpu))
 
     def _app_clock(self: LibraryCore, handle: Any, kind: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         k = int_arg(kind)
         table = clock_table(gpu.model)
         if k == N.NVML_CLOCK_MEM:
@@ -91,14 +84,14 @@ class BoardCalls:
     def nvmlDeviceGetRemappedRows(
         self: LibraryCore, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any
     ) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         for ref in (corr, unc, pending, failure):
             out(ref).value = 0
         return SUCCESS
 
     @entry
     def nvmlDeviceGetBridgeChipInfo(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).bridgeCount = 0  # SXM modules sit on the baseboard without a PCIe bridge chip of their own
         return SUCCESS
 

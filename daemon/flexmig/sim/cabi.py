@@ -28,6 +28,7 @@ __all__ = [
     "entry",
     "int_arg",
     "out",
+    "physical",
     "write_str",
 ]
 
@@ -84,6 +85,19 @@ def entry(fn: Fn) -> Fn:
                 return ret.code
 
     return call
+
+
+def physical(core: LibraryCore, handle: Any) -> SimGpu:
+    """A GPU handle's GPU; a MIG device handle is NOT_SUPPORTED.
+
+    For physical telemetry (power, temperature, clocks, PCIe counters, NVLink) nvml.h says nothing about MIG
+    handles; a MIG handle is a valid device handle (so not INVALID_ARGUMENT), and the quantity is the board's, so
+    the simulator answers that the device "does not support" it.
+    """
+    gpu, ci = core._device(handle)
+    if ci is not None:
+        raise NvmlReturn(NOT_SUPPORTED)
+    return gpu
 
 
 def int_arg(value: Any) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.mig import GpuModel
-from flexmig.sim.cabi import INVALID, NOT_SUPPORTED, SUCCESS, LibraryCore, entry, int_arg, out, write_str
+from flexmig.sim.cabi import INVALID, NOT_SUPPORTED, SUCCESS, LibraryCore, entry, int_arg, out, physical, write_str
 from flexmig.sim.memory import bar1_total_bytes, gi_bar1_total_bytes
 from flexmig.sim.model import MIB
 from flexmig.sim.state import NvmlReturn, SimGpu
@@ -76,14 +76,6 @@ def _load_kbps(load: float) -> int:
 
 def _link_gen(model: GpuModel) -> int:
     return 5 if model.architecture == "Hopper" else 4
-
-
-def _physical(core: LibraryCore, handle: Any) -> SimGpu:
-    """A GPU handle; a MIG handle is NOT_SUPPORTED (board-level telemetry the header gives per GPU only)."""
-    gpu, ci = core._device(handle)
-    if ci is not None:
-        raise NvmlReturn(NOT_SUPPORTED)
-    return gpu
 
 
 class DeviceInfoCalls:
@@ -290,7 +282,7 @@ class DeviceInfoCalls:
     # -------------------------------------------------------------------------------- PCIe link, throughput
     @entry
     def nvmlDeviceGetPcieThroughput(self: LibraryCore, handle: Any, counter: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         c = int_arg(counter)
         if c not in (N.NVML_PCIE_UTIL_TX_BYTES, N.NVML_PCIE_UTIL_RX_BYTES):
             raise NvmlReturn(INVALID)
@@ -330,20 +322,20 @@ class DeviceInfoCalls:
 
     @entry
     def nvmlDeviceGetPcieReplayCounter(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = 0
         return SUCCESS
 
     # ------------------------------------------------------------------------- power state, heat, energy
     @entry
     def nvmlDeviceGetPowerState(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.NVML_PSTATE_0
         return SUCCESS
 
     @entry
     def nvmlDeviceGetTemperatureThreshold(self: LibraryCore, handle: Any, kind: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         k = int_arg(kind)
         if not 0 <= k < N.NVML_TEMPERATURE_THRESHOLD_COUNT:
             raise NvmlReturn(INVALID)
@@ -355,7 +347,7 @@ class DeviceInfoCalls:
 
     @entry
     def nvmlDeviceGetTotalEnergyConsumption(self: LibraryCore, handle: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         now = self._state.clock()
         _, totals = gpu.counters.snapshot(now)
         limit = gpu.model.power_limit_w
@@ -367,44 +359,44 @@ class DeviceInfoCalls:
 
     @entry
     def nvmlDeviceGetPowerManagementMode(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.NVML_FEATURE_ENABLED
         return SUCCESS
 
     @entry
     def nvmlDeviceGetPowerManagementDefaultLimit(self: LibraryCore, handle: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         out(ref).value = 1000 * gpu.model.power_limit_w
         return SUCCESS
 
     @entry
     def nvmlDeviceGetPowerManagementLimitConstraints(self: LibraryCore, handle: Any, min_ref: Any, max_ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         out(min_ref).value = 1000 * (gpu.model.power_limit_w // 7 * 2)  # 200 W of 700 W, 114 W of 400 W
         out(max_ref).value = 1000 * gpu.model.power_limit_w
         return SUCCESS
 
     @entry
     def nvmlDeviceGetCurrentClocksEventReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         out(ref).value = 0 if self._state.gpu_load(gpu) > 0.005 else N.nvmlClocksEventReasonGpuIdle
         return SUCCESS
 
     @entry
     def nvmlDeviceGetCurrentClocksThrottleReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         out(ref).value = 0 if self._state.gpu_load(gpu) > 0.005 else N.nvmlClocksThrottleReasonGpuIdle
         return SUCCESS
 
     @entry
     def nvmlDeviceGetSupportedClocksThrottleReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.nvmlClocksThrottleReasonAll
         return SUCCESS
 
     @entry
     def nvmlDeviceGetSupportedClocksEventReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.nvmlClocksEventReasonAll
         return SUCCESS
 
@@ -468,39 +460,39 @@ class DeviceInfoCalls:
     # --------------------------------------------------------------------------- display, accounting modes
     @entry
     def nvmlDeviceGetDisplayMode(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.NVML_FEATURE_ENABLED  # `nvidia-smi -q` on A100-SXM4-80GB and H100: Display Mode Enabled
         return SUCCESS
 
     @entry
     def nvmlDeviceGetDisplayActive(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.NVML_FEATURE_DISABLED  # ... and Display Active Disabled: no monitor attached
         return SUCCESS
 
     @entry
     def nvmlDeviceGetAccountingMode(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = N.NVML_FEATURE_DISABLED  # "On MIG-enabled GPUs, accounting mode would be set to DISABLED"
         return SUCCESS
 
     @entry
     def nvmlDeviceGetAccountingBufferSize(self: LibraryCore, handle: Any, ref: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(ref).value = _ACCOUNTING_BUFFER
         return SUCCESS
 
     @entry
     def nvmlDeviceGetAccountingPids(self: LibraryCore, handle: Any, count_ref: Any, pids: Any) -> int:
-        _physical(self, handle)
+        physical(self, handle)
         out(count_ref).value = 0  # accounting is disabled, so no pid was recorded
         return SUCCESS
 
     # ------------------------------------------------------------------------------------- P2P and NVLink
     @entry
     def nvmlDeviceGetP2PStatus(self: LibraryCore, first: Any, second: Any, index: Any, ref: Any) -> int:
-        a = _physical(self, first)
-        b = _physical(self, second)
+        a = physical(self, first)
+        b = physical(self, second)
         i = int_arg(index)
         if i == N.NVML_P2P_CAPS_INDEX_UNKNOWN:
             out(ref).value = N.NVML_P2P_STATUS_UNKNOWN
@@ -514,7 +506,7 @@ class DeviceInfoCalls:
 
     @entry
     def nvmlDeviceGetNvLinkCapability(self: LibraryCore, handle: Any, link: Any, cap: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         if not 0 <= int_arg(link) < _NVLINKS.get(gpu.model.architecture, 12):
             raise NvmlReturn(INVALID)
         c = int_arg(cap)
@@ -527,7 +519,7 @@ class DeviceInfoCalls:
 
     @entry
     def nvmlDeviceGetNvLinkState(self: LibraryCore, handle: Any, link: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         if not 0 <= int_arg(link) < _NVLINKS.get(gpu.model.architecture, 12):
             raise NvmlReturn(INVALID)
         out(ref).value = N.NVML_FEATURE_ENABLED
@@ -535,7 +527,7 @@ class DeviceInfoCalls:
 
     @entry
     def nvmlDeviceGetNvLinkVersion(self: LibraryCore, handle: Any, link: Any, ref: Any) -> int:
-        gpu = _physical(self, handle)
+        gpu = physical(self, handle)
         if not 0 <= int_arg(link) < _NVLINKS.get(gpu.model.architecture, 12):
             raise NvmlReturn(INVALID)
         out(ref).value = 4 if gpu.model.architecture == "Hopper" else 3

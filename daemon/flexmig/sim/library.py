@@ -24,6 +24,7 @@ from flexmig.sim.cabi import SUCCESS as _SUCCESS
 from flexmig.sim.cabi import entry as _entry
 from flexmig.sim.cabi import int_arg as _int
 from flexmig.sim.cabi import out as _out
+from flexmig.sim.cabi import physical as _physical
 from flexmig.sim.cabi import write_str as _write_str
 from flexmig.sim.devinfo import DeviceInfoCalls
 from flexmig.sim.faults import FaultTable, error_name
@@ -312,7 +313,7 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlDeviceGetPersistenceMode(self, handle: Any, ref: Any) -> int:
-        self._gpu(handle)
+        self._device(handle)  # a MIG device reads its GPU's persistence mode
         _out(ref).value = N.NVML_FEATURE_ENABLED
         return _SUCCESS
 
@@ -324,7 +325,7 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
-        self._gpu(handle)
+        _physical(self, handle)
         _out(ref).value = 0  # P0: datacenter GPUs with persistence mode stay in P0
         return _SUCCESS
 
@@ -396,7 +397,7 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
+        gpu = _physical(self, handle)
         limit = gpu.model.power_limit_w
         idle = 0.12 * limit
         _out(ref).value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
@@ -404,16 +405,16 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any, ref: Any) -> int:
-        _out(ref).value = 1000 * self._gpu(handle).model.power_limit_w
+        _out(ref).value = 1000 * _physical(self, handle).model.power_limit_w
         return _SUCCESS
 
     @_entry
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, ref: Any) -> int:
-        _out(ref).value = 1000 * self._gpu(handle).model.power_limit_w
+        _out(ref).value = 1000 * _physical(self, handle).model.power_limit_w
         return _SUCCESS
 
     def _temperature(self, handle: Any, sensor: int) -> int:
-        gpu = self._gpu(handle)
+        gpu = _physical(self, handle)
         if sensor != N.NVML_TEMPERATURE_GPU:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
         return round(31 + 44 * self._state.gpu_load(gpu))
@@ -432,7 +433,7 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
         return _SUCCESS
 
     def _clock(self, handle: Any, kind: int, current: bool) -> int:
-        gpu = self._gpu(handle)
+        gpu = _physical(self, handle)
         table = clock_table(gpu.model)
         if kind == N.NVML_CLOCK_MEM:
             return table.mem
