@@ -12,6 +12,7 @@ import pytest
 
 from flexmig.cli.main import main
 from flexmig.errors import SimError
+from flexmig.nvml import Nvml
 from flexmig.nvml.record import BY_MEMORY_CLOCK, BY_PROFILE_ID, DEVICE_PROBES, P2P, SYSTEM_PROBES, record
 from flexmig.sim import install, uninstall
 from flexmig.sim.entrypoints import MUTATING_PREFIXES, NOT_RECORDED, REFERENCE_SPEC, entry_points, render
@@ -99,6 +100,41 @@ def test_record_simulate_record_gives_the_same_document(sim, tmp_path, spec):
     install(f"recording:{write(tmp_path, first)}")
     second = record(clock=fixed_clock)
     assert second == first
+    if node.mig_uuids():  # flexmig's own NVML layer works on the rebuilt node (placements: NULL, then array)
+        with Nvml.open() as nvml:
+            profile = nvml.inventory().gpus[0].gpu_instances[0].profile_name
+            assert profile is not None
+            assert nvml.possible_placements(0, profile)
+
+
+def test_the_document_holds_values_structs_lists_and_error_names(sim):
+    node = sim()
+    pid = node.start_process(node.mig_uuids(0)[0], memory_bytes=2 << 30)
+    doc = record(clock=fixed_clock)
+    gpu = doc["gpus"][0]
+    calls = gpu["calls"]
+    assert doc["system"]["nvmlSystemGetDriverVersion"] == {"value": "570.124.06"}
+    assert calls["nvmlDeviceGetName"] == {"value": "NVIDIA H200"}
+    assert calls["nvmlDeviceGetPciInfo_v3"]["value"]["busId"] == "00000000:18:00.0"
+    assert calls["nvmlDeviceGetGpuInstancePossiblePlacements_v2(9)"] == {
+        "value": [{"start": 0, "size": 4}, {"start": 4, "size": 4}]
+    }
+    assert calls["nvmlDeviceGetClockInfo(2)"] == {"value": 3201}
+    assert calls["nvmlDeviceGetUtilizationRates"] == {"error": "NOT_SUPPORTED"}
+    assert calls["nvmlDeviceGetEccMode"] == {"value": [1, 1]}
+    mig = gpu["mig_devices"][0]
+    assert (mig["uuid"], mig["gpu_instance_id"]) == (node.mig_uuids(0)[0], 1)
+    procs = mig["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"]["value"]
+    assert [(p["pid"], p["usedGpuMemory"], p["gpuInstanceId"]) for p in procs] == [(pid, 2 << 30, 1)]
+    assert mig["calls"]["nvmlDeviceGetAttributes_v2"]["value"]["gpuInstanceSliceCount"] == 3
+    assert gpu["layout"]["gpu_instances"][0] == {
+        "id": 1,
+        "profile_id": 9,
+        "profile_name": "3g.71gb",
+        "start": 0,
+        "size": 4,
+        "compute_instances": [{"id": 0, "profile_id": 2, "start": 0, "size": 3}],
+    }
 
 
 def test_a_node_built_from_a_recording_answers_what_was_recorded_not_what_the_model_says(sim, tmp_path):

@@ -288,7 +288,9 @@ class _Caller:
         for _ in range(4):  # the size-probe protocol; the list may grow between the calls
             args = [arr, ctypes.byref(count)] if probe.out == "PS" else [ctypes.byref(count), arr]
             ret = fn(*head, *args)
-            if ret == N.NVML_SUCCESS:
+            if ret == N.NVML_SUCCESS and arr is None and count.value > 0:
+                ret = N.NVML_ERROR_INSUFFICIENT_SIZE  # a NULL array answered with the count: allocate and ask again
+            elif ret == N.NVML_SUCCESS:
                 n = count.value if arr is not None else 0
                 return {"value": [_jsonable(arr[i]) for i in range(n)]}
             if ret != N.NVML_ERROR_INSUFFICIENT_SIZE:

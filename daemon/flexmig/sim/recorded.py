@@ -198,7 +198,7 @@ def _split(lib: Any, rest: tuple[Any, ...]) -> tuple[list[int | str], list[tuple
             outputs.append(("ref", a, None))
             i += 1
         elif (a is None or isinstance(a, ctypes.Array)) and isinstance(nxt, _CARG):
-            outputs.append(("list", nxt, a))
+            outputs.append(("array-first list", nxt, a))  # placements: NULL asks for the count
             i += 2
         elif isinstance(a, ctypes._Pointer):
             gpu, _ = lib._device(a)
@@ -217,9 +217,12 @@ def _write_output(kind: str, first: Any, second: Any, value: Any) -> int:
             return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
         first.value = data
         return SUCCESS
-    if kind == "list":
+    if kind in ("list", "array-first list"):
         count = first._obj
         items = list(value)
+        if second is None and kind == "array-first list":
+            count.value = len(items)  # nvml.h: placements "Can be NULL to discover number of allowed placements"
+            return SUCCESS
         if second is None or count.value < len(items):
             count.value = len(items)
             return int(N.NVML_ERROR_INSUFFICIENT_SIZE) if items else SUCCESS
