@@ -63,7 +63,7 @@ def pynvml_utils_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --------------------------------------------------------------------------------------------- nvitop
-def test_nvitop_one_shot_cli_shows_every_mig_device_and_no_error():
+def test_nvitop_one_shot_cli_shows_every_mig_device_and_no_error() -> None:
     done = run_client(
         """
         import sys
@@ -99,7 +99,9 @@ print(json.dumps(nvidia_smi.getInstance().DeviceQuery(fields), default=str))
 """
 
 
-def test_nvidia_smi_device_query_lists_both_gpus_with_pci_bus_ids_and_no_missing_function(pynvml_utils_dir):
+def test_nvidia_smi_device_query_lists_both_gpus_with_pci_bus_ids_and_no_missing_function(
+    pynvml_utils_dir: Path
+) -> None:
     proc = run_client(SMI, args=[str(pynvml_utils_dir)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
@@ -117,7 +119,9 @@ def test_nvidia_smi_device_query_lists_both_gpus_with_pci_bus_ids_and_no_missing
     assert gpu["ecc_mode"] == {"current_ecc": "Enabled", "pending_ecc": "Enabled"}
 
 
-def test_nvidia_smi_full_query_trips_on_the_brand_an_h200_reports_as_it_does_on_real_gpus(pynvml_utils_dir):
+def test_nvidia_smi_full_query_trips_on_the_brand_an_h200_reports_as_it_does_on_real_gpus(
+    pynvml_utils_dir: Path
+) -> None:
     # `nvidia-smi -q` on A100-SXM4-80GB and H100 says "Product Brand : NVIDIA" (NVML_BRAND_NVIDIA = 14), a key the
     # client's brand table lacks: a client bug the simulator reproduces instead of hiding.
     proc = run_client(
@@ -134,7 +138,7 @@ def test_nvidia_smi_full_query_trips_on_the_brand_an_h200_reports_as_it_does_on_
 
 
 # --------------------------------------------------------------------------------------------- gpustat
-def test_gpustat_lists_both_gpus_with_memory_power_and_temperature():
+def test_gpustat_lists_both_gpus_with_memory_power_and_temperature() -> None:
     done = run_client(
         """
         import json, gpustat
@@ -151,7 +155,7 @@ def test_gpustat_lists_both_gpus_with_memory_power_and_temperature():
 
 
 # ------------------------------------------------------------------------------------------------ dask
-def test_dask_nvml_diagnostics_pinned_to_a_mig_uuid_find_it_and_its_cuda_context():
+def test_dask_nvml_diagnostics_pinned_to_a_mig_uuid_find_it_and_its_cuda_context() -> None:
     done = run_client(
         """
         import json, os
@@ -219,7 +223,9 @@ def run_pynvml_suite(spec: str, suite_dir: Path, tmp_path: Path) -> tuple[set[st
     return failed, errors, (lines[-1] if lines else done.stderr[-2000:])
 
 
-def test_pynvmls_own_test_suite_passes_on_a_mig_node_but_for_what_real_gpus_fail_too(pynvml_utils_dir, tmp_path):
+def test_pynvmls_own_test_suite_passes_on_a_mig_node_but_for_what_real_gpus_fail_too(
+    pynvml_utils_dir: Path, tmp_path: Path
+) -> None:
     failed, errors, summary = run_pynvml_suite(SPEC, pynvml_utils_dir, tmp_path)
     # On a MIG-enabled GPU, nvml.h: "querying device utilization rates is not currently supported".
     assert failed == KNOWN_FAILURES | {"test_nvmlDeviceGetUtilizationRates"}, summary
@@ -227,7 +233,7 @@ def test_pynvmls_own_test_suite_passes_on_a_mig_node_but_for_what_real_gpus_fail
     assert "19 passed" in summary
 
 
-def test_pynvmls_own_test_suite_passes_on_a_node_without_mig(pynvml_utils_dir, tmp_path):
+def test_pynvmls_own_test_suite_passes_on_a_node_without_mig(pynvml_utils_dir: Path, tmp_path: Path) -> None:
     failed, errors, summary = run_pynvml_suite("h100-80x2:-", pynvml_utils_dir, tmp_path)
     assert failed == KNOWN_FAILURES, summary
     assert errors == set(), summary

@@ -6,25 +6,26 @@ process." The simulator reuses them deterministically, so these tests make the r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from ctypes import byref
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.nvml import Nvml
 from flexmig.nvml.calls import Walk
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 
 SPEC = "h200:3g.71gb@0+1g.18gb@6"
 
 
 @pytest.fixture
-def node():
+def node() -> Iterator[SimNode]:
     yield install(SPEC)
     uninstall()
 
 
-def repartition_reusing_the_handle_of(node, gi_id: int) -> str:
+def repartition_reusing_the_handle_of(node: SimNode, gi_id: int) -> str:
     """Destroy GI ``gi_id`` behind flexmig's back and create a 2g whose MIG device takes its handle slot."""
     N.nvmlInit()
     try:
@@ -40,7 +41,7 @@ def repartition_reusing_the_handle_of(node, gi_id: int) -> str:
     return next(u for u in node.mig_uuids(0) if node.gpu(0).mig_device(u)[0].id == 3)
 
 
-def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_misattributed(node):
+def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_misattributed(node: SimNode) -> None:
     with Nvml.open() as nvml:
         nvml.inventory()
         g = nvml._cache(0)
@@ -54,7 +55,7 @@ def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_mis
         assert [(i.name, i.target) for i in walk.take()] == [("HANDLE_REUSED", stale.uuid)]
 
 
-def test_the_next_sweep_finds_the_new_device_under_its_own_uuid(node):
+def test_the_next_sweep_finds_the_new_device_under_its_own_uuid(node: SimNode) -> None:
     with Nvml.open() as nvml:
         before = [d.uuid for g in nvml.sample() for d in g.mig_devices]
         new_uuid = repartition_reusing_the_handle_of(node, 1)

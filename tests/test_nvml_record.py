@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.cli.main import main
 from flexmig.errors import SimError
 from flexmig.nvml import Nvml
 from flexmig.nvml.record import BY_MEMORY_CLOCK, BY_PROFILE_ID, DEVICE_PROBES, P2P, SYSTEM_PROBES, record
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 from flexmig.sim.entrypoints import MUTATING_PREFIXES, NOT_RECORDED, REFERENCE_SPEC, entry_points, render
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "simulator-entry-points.md"
+Sim = Callable[..., SimNode]
 
 
 def fixed_clock() -> dt.datetime:
@@ -26,10 +28,10 @@ def fixed_clock() -> dt.datetime:
 
 
 @pytest.fixture
-def sim():
+def sim() -> Iterator[Callable[..., SimNode]]:
     nodes = []
 
-    def make(spec: str = REFERENCE_SPEC):
+    def make(spec: str = REFERENCE_SPEC) -> SimNode:
         node = install(spec)
         nodes.append(node)
         return node
@@ -70,7 +72,7 @@ def write(tmp_path: Path, doc: dict[str, Any], name: str = "rec.json") -> Path:
 
 
 # ------------------------------------------------------------------------------------------ read-only
-def test_the_recorder_calls_no_entry_point_that_changes_anything(sim):
+def test_the_recorder_calls_no_entry_point_that_changes_anything(sim: Sim) -> None:
     sim()
     seen = symbols_looked_up_by_a_recording()
     changing = {name for name in seen if name.startswith(MUTATING_PREFIXES)}
@@ -79,7 +81,7 @@ def test_the_recorder_calls_no_entry_point_that_changes_anything(sim):
                                 "nvmlGpmQuery", "nvmlInit", "nvmlShutdown", "nvmlErrorString")) for name in seen)
 
 
-def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim):
+def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim: Sim) -> None:
     sim()
     seen = symbols_looked_up_by_a_recording()
     queries = {n for n in entry_points() if not n.startswith(MUTATING_PREFIXES) and n not in NOT_RECORDED}
@@ -91,7 +93,7 @@ def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim)
 
 # -------------------------------------------------------------------------------------------- round trip
 @pytest.mark.parametrize("spec", [REFERENCE_SPEC, "a100-40x1:-", "h100-80x2:7g.80gb@0"])
-def test_record_simulate_record_gives_the_same_document(sim, tmp_path, spec):
+def test_record_simulate_record_gives_the_same_document(sim: Sim, tmp_path: Path, spec: str) -> None:
     node = sim(spec)
     if node.mig_uuids():
         node.start_process(node.mig_uuids()[0], memory_bytes=3 << 30)
@@ -107,7 +109,7 @@ def test_record_simulate_record_gives_the_same_document(sim, tmp_path, spec):
             assert nvml.possible_placements(0, profile)
 
 
-def test_the_document_holds_values_structs_lists_and_error_names(sim):
+def test_the_document_holds_values_structs_lists_and_error_names(sim: Sim) -> None:
     node = sim()
     pid = node.start_process(node.mig_uuids(0)[0], memory_bytes=2 << 30)
     doc = record(clock=fixed_clock)
@@ -137,7 +139,9 @@ def test_the_document_holds_values_structs_lists_and_error_names(sim):
     }
 
 
-def test_a_node_built_from_a_recording_answers_what_was_recorded_not_what_the_model_says(sim, tmp_path):
+def test_a_node_built_from_a_recording_answers_what_was_recorded_not_what_the_model_says(
+    sim: Sim, tmp_path: Path
+) -> None:
     sim()
     doc = record(clock=fixed_clock)
     uninstall()
@@ -162,7 +166,7 @@ def test_a_node_built_from_a_recording_answers_what_was_recorded_not_what_the_mo
         N.nvmlShutdown()
 
 
-def test_after_a_change_the_recorded_gpu_is_answered_by_the_model(sim, tmp_path):
+def test_after_a_change_the_recorded_gpu_is_answered_by_the_model(sim: Sim, tmp_path: Path) -> None:
     sim()
     doc = record(clock=fixed_clock)
     uninstall()
@@ -178,7 +182,7 @@ def test_after_a_change_the_recorded_gpu_is_answered_by_the_model(sim, tmp_path)
         N.nvmlShutdown()
 
 
-def test_a_file_that_is_not_a_recording_is_refused_naming_it(tmp_path):
+def test_a_file_that_is_not_a_recording_is_refused_naming_it(tmp_path: Path) -> None:
     bad = write(tmp_path, {"schema": 1, "gpus": []}, "state.json")
     with pytest.raises(SimError, match=r"state\.json is not a flexmig nvml recording"):
         install(f"recording:{bad}")
@@ -187,7 +191,7 @@ def test_a_file_that_is_not_a_recording_is_refused_naming_it(tmp_path):
         install(f"recording:{missing}")
 
 
-def test_a_recording_of_a_gpu_model_without_a_mig_table_is_refused(sim, tmp_path):
+def test_a_recording_of_a_gpu_model_without_a_mig_table_is_refused(sim: Sim, tmp_path: Path) -> None:
     sim("h200x1")
     doc = record(clock=fixed_clock)
     uninstall()
@@ -197,7 +201,9 @@ def test_a_recording_of_a_gpu_model_without_a_mig_table_is_refused(sim, tmp_path
 
 
 # ------------------------------------------------------------------------------------------------- CLI
-def test_cli_records_a_simulated_node_and_rebuilds_it_from_the_file(tmp_path, capsys):
+def test_cli_records_a_simulated_node_and_rebuilds_it_from_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out.json"
     assert main(["nvml", "record", "--sim", REFERENCE_SPEC, str(out)]) == 0
     assert "2 GPU(s), 6 MIG device(s)" in capsys.readouterr().err
@@ -209,7 +215,7 @@ def test_cli_records_a_simulated_node_and_rebuilds_it_from_the_file(tmp_path, ca
     assert first == second
 
 
-def test_cli_refuses_to_overwrite_a_recording_without_force(tmp_path, capsys):
+def test_cli_refuses_to_overwrite_a_recording_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.json"
     out.write_text("keep me")
     assert main(["nvml", "record", "--sim", "h200", str(out)]) == 2
@@ -220,7 +226,7 @@ def test_cli_refuses_to_overwrite_a_recording_without_force(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ docs
-def test_the_entry_point_page_is_the_one_the_code_generates(sim):
+def test_the_entry_point_page_is_the_one_the_code_generates(sim: Sim) -> None:
     sim()
     page = render(record(clock=fixed_clock))
     assert DOC.read_text() == page, (

@@ -2,8 +2,7 @@
 
 Why a catalogue of our own: the simulator must answer NVML's profile queries exactly as a driver does, and the
 pure planner must reason about placements without a driver. Sources: NVIDIA MIG User Guide ("Supported MIG
-Profiles", ``nvidia-smi mig -lgip``/``-lgipp`` transcripts), summarised in shared/reference/academic.md §3 and
-apis.md §1.5.
+Profiles", ``nvidia-smi mig -lgip``/``-lgipp`` transcripts; the H200 figures from NVIDIA/mig-parted issue #120).
 
 Two traps this module keeps apart on purpose:
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.sim.faults import FaultTable
-from flexmig.sim.state import NodeState, NvmlReturn, SimComputeInstance, SimGpu
+from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimNodeState
 
 __all__ = [
     "INVALID",
@@ -43,7 +43,7 @@ Fn = Callable[..., int]
 class LibraryCore(Protocol):
     """What an entry-point family needs from the library it is mixed into."""
 
-    _state: NodeState
+    _state: SimNodeState
     _lock: threading.RLock
     _faults: FaultTable
 

@@ -1,6 +1,6 @@
 """Put a simulated node under pynvml for this process, and take it away again.
 
-``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (apis.md §1.9); assigning our
+``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (only while it is None); assigning our
 :class:`~flexmig.sim.library.SimLibrary` to it makes every pynvml wrapper, in any code in this process (our
 ``flexmig.nvml``, nvitop's API, a script), talk to the simulator through the real ctypes protocol. The installed
 library remembers what it replaced, so no state of our own lives at module level.
@@ -24,7 +24,7 @@ from flexmig.sim.node import SimNode
 from flexmig.sim.persist import load_state, save_state
 from flexmig.sim.recorded import PREFIX as RECORDING
 from flexmig.sim.recorded import RecordedAnswers, load_recording, state_from_recording
-from flexmig.sim.state import NodeState
+from flexmig.sim.state import SimNodeState
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -73,10 +73,10 @@ def install(
     return node
 
 
-def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int) -> NodeState:
+def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int) -> SimNodeState:
     """A fresh node from the spec: UUIDs derived from the spec and seed, the layout created on every GPU."""
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-sim/{spec.strip()}/{seed}")
-    state = NodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock)
+    state = SimNodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock)
     for gpu in state.gpus:
         if node_spec.layout is None:
             gpu.mig_current = gpu.mig_pending = False

@@ -42,7 +42,7 @@ from flexmig.sim.model import (
     ci_starts,
     clock_table,
 )
-from flexmig.sim.state import NodeState, NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance
+from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
 
 __all__ = ["SimLibrary"]
 
@@ -72,9 +72,9 @@ assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml cha
 
 
 class SimLibrary(DeviceInfoCalls, BoardCalls):
-    """A Python object that implements libnvidia-ml's C functions over a :class:`NodeState`."""
+    """A Python object that implements libnvidia-ml's C functions over a :class:`SimNodeState`."""
 
-    def __init__(self, state: NodeState, faults: FaultTable) -> None:
+    def __init__(self, state: SimNodeState, faults: FaultTable) -> None:
         self._state = state
         self._lock = state.lock
         self._faults = faults
@@ -650,7 +650,7 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
         gpu = self._gpu(handle)
         _out(ref)
         if isinstance(placement, ctypes.Structure):
-            return _INVALID  # passed by value: the C function takes a pointer (apis.md §1.3, pass byref)
+            return _INVALID  # passed by value: the C function takes a pointer (pynvml sets no argtypes: byref)
         place = _out(placement)
         self._state.require_mig(gpu)
         profile = self._profile_by_id(gpu, _int(profile_id))

@@ -15,7 +15,7 @@ from flexmig.sim.library import SimLibrary
 from flexmig.sim.memory import idle_used_bytes
 from flexmig.sim.model import Activity
 from flexmig.sim.persist import save_state
-from flexmig.sim.state import NodeState, SimComputeInstance, SimGpu, SimProcess
+from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess
 from flexmig.sim.truth import ComputeInstanceTruth, GpuInstanceTruth, GpuTruth, ProcessTruth
 from flexmig.sim.workload import SyntheticWorkload
 
@@ -32,7 +32,7 @@ class SimNode:
     def __init__(
         self,
         spec: NodeSpec,
-        state: NodeState,
+        state: SimNodeState,
         faults: FaultTable,
         library: SimLibrary,
         *,

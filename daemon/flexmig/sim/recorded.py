@@ -28,7 +28,7 @@ from flexmig.mig import GpuModel, Layout, NodeSpec, model_by_name
 from flexmig.sim.cabi import SUCCESS, int_arg
 from flexmig.sim.faults import error_code
 from flexmig.sim.model import ci_slices_for_index
-from flexmig.sim.state import NodeState, SimComputeInstance, SimGpu
+from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState
 
 __all__ = ["PREFIX", "RecordedAnswers", "load_recording", "state_from_recording"]
 
@@ -69,12 +69,12 @@ def _model(doc: dict[str, Any], path: Path) -> GpuModel:
 
 def state_from_recording(
     doc: dict[str, Any], path: Path, clock: Callable[[], float]
-) -> tuple[NodeState, NodeSpec, RecordedAnswers]:
+) -> tuple[SimNodeState, NodeSpec, RecordedAnswers]:
     """The node state a recording describes, its node spec (model and count) and its recorded answers."""
     model = _model(doc, path)
     gpus = doc["gpus"]
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-recording/{gpus[0].get('uuid')}")
-    state = NodeState(model, len(gpus), node_id=node_id, clock=clock)
+    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock)
     try:
         for raw in gpus:
             _restore_gpu(state, raw)
@@ -88,7 +88,7 @@ def state_from_recording(
     return state, spec, RecordedAnswers(doc, state)
 
 
-def _restore_gpu(state: NodeState, raw: dict[str, Any]) -> None:
+def _restore_gpu(state: SimNodeState, raw: dict[str, Any]) -> None:
     gpu = state.gpu_at(int(raw["index"]))
     del state.by_uuid[gpu.uuid]
     gpu.uuid = str(raw["uuid"])
@@ -125,7 +125,7 @@ def _signature(gpu: SimGpu) -> tuple[Any, ...]:
 class RecordedAnswers:
     """The recorded answers of one node, consulted by the simulated library before its model."""
 
-    def __init__(self, doc: dict[str, Any], state: NodeState) -> None:
+    def __init__(self, doc: dict[str, Any], state: SimNodeState) -> None:
         self._system: dict[str, Any] = dict(doc.get("system") or {})
         self._gpus: dict[int, dict[str, Any]] = {}
         self._migs: dict[str, tuple[int, dict[str, Any]]] = {}

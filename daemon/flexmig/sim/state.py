@@ -1,9 +1,9 @@
 """The simulated node's mutable state and the rules a driver enforces on it.
 
-One :class:`NodeState` holds every GPU, GPU instance (GI), compute instance (CI, = one MIG device) and process.
+One :class:`SimNodeState` holds every GPU, GPU instance (GI), compute instance (CI, = one MIG device) and process.
 Driver-side operations (the ones NVML calls reach) raise :class:`NvmlReturn` with the NVML code a real driver
 returns; test-side operations (start a process, set activity) raise :class:`~flexmig.errors.SimError`.
-Callers hold :attr:`NodeState.lock` around every operation: the library and the test handle share it.
+Callers hold :attr:`SimNodeState.lock` around every operation: the library and the test handle share it.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from flexmig.sim.model import (
 )
 
 __all__ = [
-    "NodeState",
     "NvmlReturn",
     "SimComputeInstance",
     "SimGpu",
     "SimGpuInstance",
+    "SimNodeState",
     "SimProcess",
     "pid_alive",
 ]
@@ -171,7 +171,7 @@ class SimGpu:
                 yield p, ci
 
 
-class NodeState:
+class SimNodeState:
     """All GPUs of one simulated node plus the bookkeeping a driver keeps (IDs, UUIDs, the process table)."""
 
     def __init__(
