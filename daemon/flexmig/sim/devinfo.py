@@ -376,17 +376,19 @@ class DeviceInfoCalls:
         out(max_ref).value = 1000 * gpu.model.power_limit_w
         return SUCCESS
 
-    @entry
-    def nvmlDeviceGetCurrentClocksEventReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
+    def _clock_reasons(self: LibraryCore, handle: Any, ref: Any) -> int:
         gpu = physical(self, handle)
+        # GPU_IDLE (bit 0, the same in the old "throttle" and the new "event" names) while nothing runs.
         out(ref).value = 0 if self._state.gpu_load(gpu) > 0.005 else N.nvmlClocksEventReasonGpuIdle
         return SUCCESS
 
     @entry
+    def nvmlDeviceGetCurrentClocksEventReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
+        return DeviceInfoCalls._clock_reasons(self, handle, ref)
+
+    @entry
     def nvmlDeviceGetCurrentClocksThrottleReasons(self: LibraryCore, handle: Any, ref: Any) -> int:
-        gpu = physical(self, handle)
-        out(ref).value = 0 if self._state.gpu_load(gpu) > 0.005 else N.nvmlClocksThrottleReasonGpuIdle
-        return SUCCESS
+        return DeviceInfoCalls._clock_reasons(self, handle, ref)
 
     @entry
     def nvmlDeviceGetSupportedClocksThrottleReasons(self: LibraryCore, handle: Any, ref: Any) -> int:

@@ -474,18 +474,13 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
         return DeviceInfoCalls._compute_processes(self, handle, count_ref, infos, True)
 
-    def _no_processes(self, handle: Any, count_ref: Any) -> int:
-        self._device(handle)
-        _out(count_ref).value = 0
-        return _SUCCESS
-
     @_entry
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
-        return self._no_processes(handle, count_ref)  # compute-only datacenter node
+        return DeviceInfoCalls._none_running(self, handle, count_ref)  # compute-only datacenter node
 
     @_entry
     def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
-        return self._no_processes(handle, count_ref)  # no MPS daemon on the simulated node
+        return DeviceInfoCalls._none_running(self, handle, count_ref)  # no MPS daemon on the simulated node
 
     # --------------------------------------------------------------------------------------- MIG devices
     @_entry
