@@ -18,7 +18,7 @@ __all__ = ["build_parser", "main"]
 
 # Subcommand modules, in the order `flexmig --help` lists them.
 COMMANDS: tuple[str, ...] = (
-    "inventory", "layouts", "config", "events", "jobs", "simulate", "status", "plan", "install"
+    "inventory", "layouts", "config", "events", "jobs", "simulate", "status", "plan", "nvml", "install"
 )
 
 
