@@ -28,7 +28,7 @@ import flexmig_hook.protocol
 from support.flexmigd import act_node, short_base, wait_until
 from support.jobs import counter_spec, log_lines, write_spec
 from support.jobs import flexmig as jobs_cli
-from support.wheels import ROOT, build_wheel, fresh_venv, install_wheels, pip_into
+from support.wheels import ROOT, build_wheel, fresh_venv, install_wheels, pip_into, source_copy
 
 DAEMON_DEPS = ("prometheus_client", "aiomqtt", "psutil", "pynvml", "rich", "tqdm", "flexmig")
 
@@ -58,7 +58,7 @@ def test_the_hook_distribution_has_no_dependencies_and_the_daemons_version() -> 
 def hook_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtual environment with the hook's wheel and nothing else; its python."""
     tmp = tmp_path_factory.mktemp("hook-env")
-    wheel = build_wheel(ROOT / "hook", tmp / "wheels")
+    wheel = build_wheel(source_copy(tmp / "src") / "hook", tmp / "wheels")
     python = fresh_venv(tmp / "venv")
     install_wheels(python, wheel)
     return python
