@@ -8,9 +8,7 @@ whatever else this machine runs; see tests/support/beside_dcgm.py.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,8 +16,7 @@ import pytest
 
 from flexmig.config import Config
 from flexmig.config.schema import DCGM_EXPORTER_PORT, DEFAULT_METRICS_PORT
-
-TESTS = Path(__file__).resolve().parent
+from support.systemd import run_support_module
 
 
 def test_the_default_metrics_port_is_neither_dcgm_exporters_nor_node_exporters() -> None:
@@ -39,15 +36,7 @@ def test_flexmigd_starts_on_defaults_beside_dcgm_exporter_on_9400_and_reads_it(t
     if unshare is None or shutil.which("ip") is None:
         pytest.fail("unshare (util-linux) and ip (iproute2) are needed: apt-get install util-linux iproute2")
     flexmigd = str(Path(sys.executable).with_name("flexmigd"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [unshare, "--net", "--", sys.executable, "-m", "support.beside_dcgm", flexmigd, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=200,
-        env=env,
-        check=False,
-    )
+    done = run_support_module([unshare, "--net", "--"], "beside_dcgm", flexmigd, str(tmp_path))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import email.parser
 import json
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -25,41 +24,14 @@ from flexmig.cli.shipped_files import SHIPPED, shipped_files, shipped_root
 from flexmig.config import render_toml
 from flexmig.errors import FlexmigError
 from support.prometheus import PROMTOOL
+from support.systemd import exposure, verify
 from support.wheels import ROOT, build_wheel, fresh_venv, pip_into, source_copy
 
 FLEXMIGD = Path("/opt/flexmig/bin/flexmigd")
 
 
-def systemd_analyze() -> str:
-    tool = shutil.which("systemd-analyze")
-    if tool is None:
-        pytest.fail("systemd-analyze not found: apt-get install systemd (make debs does it)")
-    return tool
-
-
-def exposure(unit: Path) -> tuple[float, str]:
-    """``systemd-analyze security --offline=true`` of ``unit`` (drop-ins beside it included): level and report."""
-    done = subprocess.run(
-        [systemd_analyze(), "security", "--offline=true", "--no-pager", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
-    m = re.search(r"Overall exposure level for flexmigd\.service: (\d+\.\d+)", text)
-    assert m, done.stdout + done.stderr
-    return float(m.group(1)), text
-
-
 def run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
-
-
-def verify(unit: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=120, check=False
-    )
 
 
 # ----------------------------------------------------------------------------------------------- in this process

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -25,20 +24,13 @@ import pytest
 from flexmig.act.client import ControlClient
 from flexmig.cli.install_cmd import render_unit
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, parse_config, render_toml
+from support.systemd import exposure, run_support_module, verify
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
 UNIT = ROOT / "systemd" / "flexmigd.service"
 ACT = ROOT / "systemd" / "flexmigd.service.d" / "act.conf"
 EXAMPLE = ROOT / "systemd" / "flexmig.toml"
 ACT_CAPS = {"CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_READ_SEARCH"}
-
-
-def systemd_analyze() -> str:
-    tool = shutil.which("systemd-analyze")
-    if tool is None:
-        pytest.fail("systemd-analyze not found: apt-get install systemd (make debs does it)")
-    return tool
 
 
 def unit_entries(text: str) -> list[tuple[str, str, str]]:
@@ -82,12 +74,6 @@ def capabilities(unit: Path) -> set[str]:
     return set(caps.split())
 
 
-def verify(unit: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [systemd_analyze(), "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("act", [False, True], ids=["observe", "act"])
 def test_systemd_analyze_verify_passes_with_empty_stderr(tmp_path: Path, act: bool) -> None:
@@ -104,20 +90,6 @@ def test_the_verify_check_catches_a_misspelt_key(tmp_path: Path) -> None:
     result = verify(runnable_copy(tmp_path, broken))
     assert result.returncode == 0
     assert "Unknown key 'ProtectSystm' in section [Service], ignoring." in result.stderr
-
-
-def exposure(unit: Path) -> tuple[float, str]:
-    result = subprocess.run(
-        [systemd_analyze(), "security", "--offline=true", "--no-pager", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
-    m = re.search(r"Overall exposure level for flexmigd\.service: (\d+\.\d+)", text)
-    assert m, result.stdout + result.stderr
-    return float(m.group(1)), text
 
 
 @pytest.mark.integration
@@ -199,15 +171,7 @@ def setpriv(caps: set[str]) -> list[str]:
 
 
 def act_probe(caps: set[str], workdir: Path) -> dict[str, object]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [*setpriv(caps), sys.executable, "-m", "support.act_privileges", str(workdir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = run_support_module(setpriv(caps), "act_privileges", str(workdir), timeout_s=120)
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout)
     return result

@@ -233,7 +233,11 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "install-files",
         help="install the systemd unit, configuration, dashboards, alert rules and schemas under a prefix",
-        description=(__doc__ or "").split("\n\n", 1)[0],
+        description=(
+            "Write the systemd unit (ExecStart: this installation's flexmigd), the default configuration (an existing "
+            "one is kept unless --force), and the dashboards, provisioning, alert rules, schemas and LICENSE under "
+            "PREFIX/usr/share. --dry-run prints the same lines and writes nothing."
+        ),
     )
     p.add_argument("--prefix", required=True, help="the root to install under: / for this machine")
     p.add_argument("--dry-run", action="store_true", help="print what would be written and write nothing")
