@@ -40,7 +40,7 @@ import pytest
 from prometheus_client.openmetrics import parser as om_parser
 
 from flexmig import sim
-from flexmig.sim.model import pci_bus_id
+from flexmig.nvml import Nvml
 from flexmig.sim.workload import SyntheticWorkload
 from support.dashboards import (
     DASHBOARDS,
@@ -93,14 +93,19 @@ class SimInstance:
     profile: str
     start: int
     memory_bytes: int
+    pci_bus_id: str
 
 
 def sim_instances(spec: str) -> list[SimInstance]:
     """The instances flexmigd will create for ``spec`` (the simulator is deterministic in spec and seed)."""
     node = sim.install(spec)
     try:
+        with Nvml.open() as nvml:  # the bus IDs as NVML reports them, which is where dcgm-exporter gets them
+            buses = {g.index: g.pci_bus_id or "" for g in nvml.inventory().gpus}
         return [
-            SimInstance(g.index, g.uuid, g.model.name, gi.id, gi.profile.name, gi.start, gi.memory_bytes)
+            SimInstance(
+                g.index, g.uuid, g.model.name, gi.id, gi.profile.name, gi.start, gi.memory_bytes, buses[g.index]
+            )
             for g in node.gpus()
             for gi in g.gpu_instances
         ]
@@ -119,7 +124,7 @@ def dcgm_exposition(instances: list[SimInstance], hostname: str, now: float) -> 
         act = role.activity(now)
         used_mib = int(role.memory_fraction(now) * i.memory_bytes) // MIB
         labels = (
-            f'gpu="{i.gpu}",UUID="{i.gpu_uuid}",pci_bus_id="{pci_bus_id(i.gpu)}",device="nvidia{i.gpu}",'
+            f'gpu="{i.gpu}",UUID="{i.gpu_uuid}",pci_bus_id="{i.pci_bus_id}",device="nvidia{i.gpu}",'
             f'modelName="{i.model}",'
             f'GPU_I_PROFILE="{i.profile}",GPU_I_ID="{i.gi}",hostname="{hostname}",DCGM_FI_DRIVER_VERSION="570.124.06"'
         )

@@ -28,9 +28,6 @@ __all__ = [
     "ci_starts",
     "clock_table",
     "gi_id_for",
-    "pci_bus_id",
-    "pci_device_id",
-    "pci_location",
 ]
 
 MIB = 1 << 20
@@ -98,29 +95,6 @@ def gi_id_for(start: int, size: int) -> int:
     if size == 2:
         return 3 + start // 2
     return 7 + start
-
-
-# PCI bus numbers of the eight GPUs of an HGX H100/H200 board, in NVML index order (``nvidia-smi --query-gpu=
-# pci.bus_id``); a node with more GPUs continues on the next PCI domain.
-_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
-# PCI device IDs (``lspci -nn``: vendor 10de) by model key; the subsystem ID is not modelled (0).
-_PCI_DEVICE_IDS = {"a100-40": 0x20B0, "a100-80": 0x20B2, "h100-80": 0x2330, "h200": 0x2335}
-
-
-def pci_location(index: int) -> tuple[int, int, int]:
-    """(domain, bus, device) of the simulated GPU ``index``: an HGX board's bus numbers, function 0."""
-    return index // len(_HGX_BUSES), _HGX_BUSES[index % len(_HGX_BUSES)], 0
-
-
-def pci_bus_id(index: int) -> str:
-    """NVML's bus ID string of the simulated GPU ``index`` (``00000000:18:00.0``), as dcgm-exporter labels it."""
-    domain, bus, device = pci_location(index)
-    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
-
-
-def pci_device_id(model_key: str) -> int:
-    """NVML's ``pciDeviceId`` of the model: device ID in the high 16 bits, NVIDIA's vendor ID 0x10de low."""
-    return (_PCI_DEVICE_IDS.get(model_key, 0) << 16) | 0x10DE
 
 
 @dataclass(frozen=True, slots=True)
