@@ -28,6 +28,7 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
 
+from flexmig.config.schema import DCGM_EXPORTER_PORT
 from flexmig.detect import DetectSettings
 from flexmig.export import catalogue
 from flexmig.export.action_metrics import ActionMetrics
@@ -95,7 +96,7 @@ def sampled_node() -> Snapshot:
     finally:
         uninstall()
     assert snap is not None
-    return dataclasses.replace(snap, dcgm=DcgmStatus("http://127.0.0.1:9400/metrics", True, "4.9", 6, 0.5))
+    return dataclasses.replace(snap, dcgm=DcgmStatus(f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics", True, "4.9", 6, 0.5))
 
 
 def actions(mode: str) -> ActionMetrics:
