@@ -96,7 +96,9 @@ def sampled_node() -> Snapshot:
     finally:
         uninstall()
     assert snap is not None
-    return dataclasses.replace(snap, dcgm=DcgmStatus(f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics", True, "4.9", 6, 0.5))
+    return dataclasses.replace(
+        snap, dcgm=DcgmStatus(f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics", True, "4.9", 6, 0.5)
+    )
 
 
 def actions(mode: str) -> ActionMetrics:
