@@ -207,7 +207,7 @@ class DcgmConfig:
 
 @dataclass(frozen=True)
 class DemandMixConfig:
-    """Relative demand for each instance size (by compute slices); weights the external fragmentation score.
+    """Relative demand for each instance size (by compute slices); weights the fragmentation figures.
 
     The default leans to small instances, as MIG is chosen for jobs smaller than a GPU (detect.settings).
     """
@@ -268,12 +268,16 @@ class DetectConfig:
     )
     fragmentation_threshold: float = _doc(
         _FRAGMENTATION.enter,
-        "A GPU whose external fragmentation score (0-1) stays at or above this is fragmented.",
+        "A GPU is fragmented while the share of its compute slices that repacking would make usable by a "
+        "profile of the demand mix (its recoverable score, 0-1) stays at or above this (0.25: 2 of 7 slices).",
         lo=0,
         hi=1,
     )
     fragmentation_exit: float = _doc(
-        _FRAGMENTATION.exit, "The fragmentation finding ends once the score stays at or below this.", lo=0, hi=1
+        _FRAGMENTATION.exit,
+        "The fragmentation finding ends once the recoverable score stays at or below this (0.15: 1 of 7 slices).",
+        lo=0,
+        hi=1,
     )
     fragmentation_window_s: float = _doc(
         _FRAGMENTATION.enter_after_s,
