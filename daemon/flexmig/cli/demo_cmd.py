@@ -120,7 +120,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--until-move",
         action="store_true",
-        help="end the demo (status 0) once the first migration or re-split has completed",
+        help="end the demo (status 0) once the first migration or re-split, and the rest of its plan, completed",
     )
     p.add_argument(
         "--timeout", type=float, metavar="S", help="end the demo after S seconds (status 1 with --until-move)"
@@ -342,9 +342,12 @@ class _Demo:
             if proc.poll() is not None:
                 self.say(f"flexmigd exited with status {proc.returncode}; its log: {self.log_path}")
                 return 1
+            busy = True
             with contextlib.suppress(FlexmigError):
-                self._watch(client.call("status"))
-            if self.args.until_move and self.first_move_s is not None:
+                doc = client.call("status")
+                self._watch(doc)
+                busy = bool(doc.get("actions_in_progress"))
+            if self.args.until_move and self.first_move_s is not None and not busy:  # its plan has run to its end
                 self.say(f"first move completed {self.first_move_s:.1f} s after the demo started")
                 return 0
             if deadline is not None and time.monotonic() > deadline:
