@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from flexmig.config import DEFAULT_CONFIG_PATH, DEFERRABLE_KEYS, ConfigFileError, load_config, render_toml
+from flexmig.config import DEFAULT_CONFIG_PATH, DEFERRABLE_KEYS, Config, ConfigFileError, load_config, render_toml
 
 __all__ = ["register"]
 
@@ -22,7 +22,11 @@ def register(sub: Any) -> None:
         help="validate a configuration file (permissions included) as the daemon would",
         description="Exit 0 with one line 'FILE: OK (mode ...)' or exit 2 with every problem as FILE:LINE: KEY: why.",
     )
-    check.add_argument("file", nargs="?", default=str(DEFAULT_CONFIG_PATH), help=f"default {DEFAULT_CONFIG_PATH}")
+    check.add_argument(
+        "file",
+        nargs="?",
+        help=f"default {DEFAULT_CONFIG_PATH}; where it does not exist, flexmigd starts on its built-in defaults",
+    )
     check.set_defaults(func=run_check)
     example = actions.add_parser(
         "example",
@@ -33,9 +37,20 @@ def register(sub: Any) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """Load the file exactly as the daemon does; print OK or the problems."""
+    """Load the file exactly as the daemon does; print OK or the problems.
+
+    Without a file argument, the default file is checked where it exists; where it does not, flexmigd (which
+    reads it only if it exists) starts on its built-in defaults, and that is what this says, with status 0.
+    """
+    if args.file is None and not DEFAULT_CONFIG_PATH.exists():
+        print(
+            f"{DEFAULT_CONFIG_PATH}: no such file; flexmigd starts on its built-in defaults "
+            f"({_summary(Config.default())}); flexmig config example prints them as a file"
+        )
+        return 0
+    file = DEFAULT_CONFIG_PATH if args.file is None else args.file
     try:
-        cfg = load_config(args.file)
+        cfg = load_config(file)
     except ConfigFileError as exc:
         print(exc, file=sys.stderr)
         n = len(exc.problems)
@@ -44,14 +59,19 @@ def run_check(args: argparse.Namespace) -> int:
                 "flexmigd would start with MQTT publishing off until a reload fixes it (events wait in the outbox)"
             )
         else:
-            verdict = "the daemon would refuse this file"
-        print(f"flexmig: {args.file}: {n} problem{'s' if n != 1 else ''}; {verdict}", file=sys.stderr)
+            verdict = "flexmigd would refuse to start with this file, and a reload would keep the running one"
+        print(f"flexmig: {file}: {n} problem{'s' if n != 1 else ''}; {verdict}", file=sys.stderr)
         return 2
+    print(f"{file}: OK ({_summary(cfg)})")
+    return 0
+
+
+def _summary(cfg: Config) -> str:
+    """``mode observe, metrics 127.0.0.1:9400, mqtt off``: what a configuration makes the daemon do first."""
     extras = [f"mode {cfg.mode}"]
     extras.append(f"metrics {cfg.prometheus.listen}" if cfg.prometheus.enabled else "metrics off")
     extras.append(f"mqtt {cfg.mqtt.broker}" if cfg.mqtt.enabled else "mqtt off")
-    print(f"{args.file}: OK ({', '.join(extras)})")
-    return 0
+    return ", ".join(extras)
 
 
 def run_example(args: argparse.Namespace) -> int:

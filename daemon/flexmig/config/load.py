@@ -13,7 +13,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from flexmig.config.checks import Checker, cross_checks
+from flexmig.config.checks import Checker, cross_check_problems
 from flexmig.config.keys import find_key_line, no_index, split_dotted
 from flexmig.config.problems import ConfigFileError, ConfigProblem, in_file_order
 from flexmig.config.schema import Config
@@ -68,9 +68,8 @@ def _parse(text: str, source: str, without: Collection[str] = ()) -> Config:
         _drop_key(data, key)
     checker = Checker()
     cfg = checker.section(Config, data, "")
-    if not checker.problems:
-        for keys, msg in cross_checks(cfg):
-            checker.fail(next((k for k in keys if find_key_line(text, no_index(k), exact=True)), keys[0]), msg)
+    for keys, msg in list(cross_check_problems(cfg, checker)):
+        checker.fail(next((k for k in keys if find_key_line(text, no_index(k), exact=True)), keys[0]), msg)
     if checker.problems:
         problems = [
             ConfigProblem(source, key, find_key_line(text, no_index(key)), msg) for key, msg in checker.problems
@@ -129,7 +128,7 @@ def load_config_deferring(
         deferred = exc.problems
         try:
             cfg = _parse(text, str(path), without=keys)
-        except ConfigFileError as rest:  # problems the bad keys hid (cross-checks only run on valid values)
+        except ConfigFileError as rest:  # rules between keys that the bad keys' problems left out
             raise ConfigFileError(in_file_order([*deferred, *rest.problems])) from None
     problems = _credential_file_problems(path, text, cfg, trusted_uids)
     if problems:

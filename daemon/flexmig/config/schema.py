@@ -59,6 +59,7 @@ def _doc(
     hi: float | None = None,
     gt: float | None = None,
     pattern: str | None = None,
+    allowed: str | None = None,
     example: str | None = None,
     toml: str | None = None,
     octal: bool = False,
@@ -67,7 +68,7 @@ def _doc(
     """A dataclass field with the schema metadata that validation and the example file use.
 
     ``lo``/``hi`` are inclusive bounds, ``gt`` an exclusive lower bound, ``pattern`` a regex a string must match
-    in full, ``example`` the value shown (commented out) for optional keys, ``toml`` the key's name in the file
+    in full (``allowed`` says in words what it allows, for error messages), ``example`` the value shown (commented out) for optional keys, ``toml`` the key's name in the file
     when it is not a Python identifier, ``octal`` prints the default as ``0o600``, and ``restart`` marks keys
     that a reload cannot apply (the daemon must be restarted).
     """
@@ -77,6 +78,7 @@ def _doc(
         "hi": hi,
         "gt": gt,
         "pattern": pattern,
+        "allowed": allowed,
         "example": example,
         "toml": toml,
         "octal": octal,
@@ -134,11 +136,13 @@ class MqttConfig:
         "",
         "MQTT client identifier; empty means flexmig-<node name>.",
         pattern=r"[A-Za-z0-9._-]{0,64}",
+        allowed="at most 64 letters, digits, '.', '_' or '-'",
     )
     topic_prefix: str = _doc(
         "flexmig/v1",
         "Topic prefix; the node's topics are <topic_prefix>/<node>/... No wildcards, no empty levels.",
         pattern=r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,7}",
+        allowed="1 to 8 '/'-separated levels of letters, digits, '.', '_' or '-' (no wildcards, no empty level)",
     )
     keepalive_s: int = _doc(
         30, "MQTT keepalive in seconds; the broker publishes our last will after 1.5x this.", lo=5, hi=3600
@@ -155,7 +159,13 @@ class MqttConfig:
         "Client private key for mutual TLS; like password_file it must not be readable by others.",
         example="/etc/flexmig/mqtt.key",
     )
-    username: str | None = _doc(None, "Broker user name.", example="flexmig-node", pattern=r"[^\x00-\x1f]{1,256}")
+    username: str | None = _doc(
+        None,
+        "Broker user name.",
+        example="flexmig-node",
+        pattern=r"[^\x00-\x1f]{1,256}",
+        allowed="1 to 256 characters, no control characters",
+    )
     password_file: Path | None = _doc(
         None,
         "File whose first line is the broker password (mode 0600 or 0640, owned by root). Passwords are never "
@@ -385,6 +395,7 @@ class Config:
         "",
         "This node's name in MQTT topics and metrics; empty means the host name (first label).",
         pattern=r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?",
+        allowed="empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or digit",
     )
     sampling: SamplingConfig = _doc(factory=SamplingConfig, doc=SamplingConfig.__doc__ or "")
     prometheus: PrometheusConfig = _doc(factory=PrometheusConfig, doc=PrometheusConfig.__doc__ or "")
