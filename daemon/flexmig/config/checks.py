@@ -115,7 +115,8 @@ class Checker:
         if tp is str:
             pattern = meta.get("pattern")
             if pattern and not re.fullmatch(pattern, raw):
-                self.fail(key, f"{show(raw)} is not allowed here: {meta.get('allowed') or 'see flexmig config example'}")
+                rule = meta.get("allowed") or "see flexmig config example"
+                self.fail(key, f"{show(raw)} is not allowed here: {rule}")
                 return _INVALID
             return raw
         if tp is Path:
@@ -261,6 +262,12 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         )
     if len(os.fsencode(str(c.socket))) > 107:
         yield ("control.socket",), "longer than 107 bytes, the limit of a unix socket path"
+    b = cfg.baseline
+    if b.mig_parted_config and b.mig_parted_file is None:
+        yield (
+            ("baseline.mig_parted_config", "baseline.mig_parted_file"),
+            "names a configuration of no file: set mig_parted_file",
+        )
     for i, allowed in enumerate(cfg.jobs.allowed_dirs):
         if allowed == Path("/"):
             yield (f"jobs.allowed_dirs[{i}]",), "'/' would let a job write anywhere"

@@ -30,7 +30,7 @@ def _toml_value(value: Any, meta: Any) -> str:
 
 
 def _comment(text: str, indent: str = "") -> list[str]:
-    text = text.replace("``", "")
+    text = " ".join(text.replace("``", "").split())  # a docstring's line breaks and indents are not the text's
     return [f"{indent}# {line}" for line in textwrap.wrap(text, 100 - len(indent))] if text else []
 
 

@@ -24,6 +24,7 @@ from flexmig.plan.types import PlannerSettings
 from flexmig.security import Secret, read_secret_file
 
 __all__ = [
+    "BaselineConfig",
     "Config",
     "ControlConfig",
     "DcgmConfig",
@@ -68,9 +69,10 @@ def _doc(
     """A dataclass field with the schema metadata that validation and the example file use.
 
     ``lo``/``hi`` are inclusive bounds, ``gt`` an exclusive lower bound, ``pattern`` a regex a string must match
-    in full (``allowed`` says in words what it allows, for error messages), ``example`` the value shown (commented out) for optional keys, ``toml`` the key's name in the file
-    when it is not a Python identifier, ``octal`` prints the default as ``0o600``, and ``restart`` marks keys
-    that a reload cannot apply (the daemon must be restarted).
+    in full (``allowed`` says in words what it allows, for error messages), ``example`` the value shown
+    (commented out) for optional keys, ``toml`` the key's name in the file when it is not a Python identifier,
+    ``octal`` prints the default as ``0o600``, and ``restart`` marks keys that a reload cannot apply (the daemon
+    must be restarted).
     """
     meta = {
         "doc": doc,
@@ -383,6 +385,26 @@ class StateConfig:
 
 
 @dataclass(frozen=True)
+class BaselineConfig:
+    """The node's baseline layout: what its GPUs hold when flexmig is not re-laying them (the static layout an
+    operator declares, e.g. with mig-parted), and what ``flexmig standdown`` restores."""
+
+    mig_parted_file: Path | None = _doc(
+        None,
+        "A mig-parted configuration file (version v1, mig-configs) whose configuration mig_parted_config is the "
+        "baseline; same permission rules as this file.",
+        example="/etc/nvidia-mig-manager/config.yaml",
+    )
+    mig_parted_config: str = _doc(
+        "",
+        "The configuration of mig_parted_file to use (mig-parted's -c, e.g. all-balanced); empty when the file "
+        "holds only one.",
+        pattern=r"[^\x00-\x1f]{0,128}",
+        allowed="at most 128 characters, no control characters",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; :meth:`default` is what an empty file gives."""
 
@@ -406,6 +428,7 @@ class Config:
     jobs: JobsConfig = _doc(factory=JobsConfig, doc=JobsConfig.__doc__ or "")
     control: ControlConfig = _doc(factory=ControlConfig, doc=ControlConfig.__doc__ or "")
     state: StateConfig = _doc(factory=StateConfig, doc=StateConfig.__doc__ or "")
+    baseline: BaselineConfig = _doc(factory=BaselineConfig, doc=BaselineConfig.__doc__ or "")
 
     @classmethod
     def default(cls) -> Config:
