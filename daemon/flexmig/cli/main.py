@@ -19,7 +19,18 @@ from flexmig.errors import FlexmigError
 __all__ = ["FlexmigArgumentParser", "PlainHelpFormatter", "build_parser", "main", "plain_text"]
 
 # Subcommand modules, in the order `flexmig --help` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "inventory", "layouts", "config", "events", "jobs", "simulate", "status", "plan")
+COMMANDS: tuple[str, ...] = (
+    "demo",
+    "inventory",
+    "layouts",
+    "config",
+    "events",
+    "jobs",
+    "simulate",
+    "status",
+    "plan",
+    "standdown",
+)
 
 
 _LITERAL = re.compile(r"``([^`]+)``")
