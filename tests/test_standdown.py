@@ -14,7 +14,6 @@ gives GPU 0 five 1g.18gb and a 2g.35gb (the 2g may stay where it is, beside its 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -74,7 +73,8 @@ def test_standdown_restores_what_it_may_stops_jobs_only_when_told_and_never_touc
             assert done.returncode == 1, done.stdout + done.stderr  # GPU 1 stays as it is
             lines = done.stdout.splitlines()
             assert lines[0].startswith("stand-down to test-baseline (")
-            assert lines[1].startswith("  GPU 0: restored to 1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+2g.35gb@4+1g.18gb@6")
+            restored = "1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+2g.35gb@4+1g.18gb@6"
+            assert lines[1].startswith(f"  GPU 0: restored to {restored}")
             assert "stop big" in lines[1] and "destroy gpu0:3g.71gb@0" in lines[1]
             assert lines[2].startswith("  GPU 1: left alone: ") and "cannot account for" in lines[2]
             assert lines[3].startswith('mode observe: the daemon no longer plans; set mode = "observe"')
