@@ -196,7 +196,12 @@ TOPIC_PREFIX_RULE = "1 to 8 '/'-separated levels of letters, digits, '.', '_' or
             "control.socket_mode",
             "0o1777 must give the owner read/write (0o600) and others nothing (at most 0o770)",
         ),
-        ('node_name = "a/b"', "node_name", "'a/b' is not allowed here: empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or digit"),
+        (
+            'node_name = "a/b"',
+            "node_name",
+            "'a/b' is not allowed here: empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or "
+            "digit",
+        ),
         (
             '[mqtt]\ntopic_prefix = "flexmig/#"',
             "mqtt.topic_prefix",
@@ -604,7 +609,7 @@ def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path, capsys: p
 def test_config_check_without_a_file_says_flexmigd_starts_on_its_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["config", "check"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{DEFAULT_CONFIG_PATH}: no such file; flexmigd starts on its built-in defaults (mode observe")
+    assert out.startswith(f"{DEFAULT_CONFIG_PATH}: no such file; flexmigd starts on its built-in defaults (mode ")
 
 
 def test_config_check_of_a_named_file_that_is_missing_is_an_error(
