@@ -14,6 +14,7 @@ gives GPU 0 five 1g.18gb and a 2g.35gb (the 2g may stay where it is, beside its 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -93,10 +94,6 @@ def test_standdown_restores_what_it_may_stops_jobs_only_when_told_and_never_touc
             assert "mode is 'observe': flexmig changes nothing outside mode 'act'" in again.stderr
 
 
-def _strangers(status: dict[str, object]) -> int:
-    return sum(
-        1
-        for g in status["gpus"]  # type: ignore[attr-defined]
-        for i in g["instances"]
-        if i["processes"] and not i["job"]
-    )
+def _strangers(status: dict[str, Any]) -> int:
+    """Instances running processes of no job."""
+    return len([i for g in status["gpus"] for i in g["instances"] if i["processes"] and not i["job"]])
