@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from flexmig import __version__
-from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
+from flexmig.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigProblem,
+    HostPort,
+    applies_at_next_start,
+    load_config_deferring,
+    reload_config,
+)
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.nvml.worker import NvmlWorker
@@ -153,7 +161,7 @@ class Daemon:
                     log.exception("reload hook %r failed", hook)
             fixed = {p.key for p in self.deferred_problems}  # applied by their components' reload hooks
             self.deferred_problems = ()
-            later = [k for k in result.changed if k not in fixed and (k in result.needs_restart or _restart_only(k))]
+            later = [k for k in result.changed if k not in fixed and applies_at_next_start(k)]
             log.info(
                 "configuration reloaded: %s%s",
                 ", ".join(result.changed) or "nothing changed",
@@ -271,12 +279,6 @@ class Daemon:
         snapshot = self.hub.publish(snapshot)
         self.heartbeat.beat(snapshot.monotonic)
         return snapshot
-
-
-def _restart_only(key: str) -> bool:
-    """Keys the running daemon does not pick up: telemetry's (the sweep interval it does) and MQTT's (the publisher
-    and its outbox are set up at start; ``[detect]`` thresholds, by contrast, apply at once)."""
-    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith(("dcgm.", "mqtt."))
 
 
 async def _watchdog_loop(dog: Watchdog) -> None:

@@ -1,12 +1,24 @@
-"""``flexmig config check [FILE]`` and ``flexmig config example``: validate a configuration, print a full one."""
+"""``flexmig config check [FILE]``, ``config example`` and ``config keys``: validate a configuration, print a full
+commented one, list the keys (``--markdown``: the reference table of docs/configuration.md)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Any
 
-from flexmig.config import DEFAULT_CONFIG_PATH, DEFERRABLE_KEYS, Config, ConfigFileError, load_config, render_toml
+from flexmig.config import (
+    DEFAULT_CONFIG_PATH,
+    DEFERRABLE_KEYS,
+    Config,
+    ConfigFileError,
+    applies_at_next_start,
+    iter_keys,
+    load_config,
+    render_keys_markdown,
+    render_toml,
+)
 
 __all__ = ["register"]
 
@@ -34,6 +46,13 @@ def register(sub: Any) -> None:
         description="The output is a valid file: flexmig config example > /etc/flexmig/flexmig.toml",
     )
     example.set_defaults(func=run_example)
+    keys = actions.add_parser(
+        "keys",
+        help="list every key with its default, when a reload applies it, and what it does",
+        description="The reference of docs/configuration.md, generated from the schema flexmigd validates with.",
+    )
+    keys.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/configuration.md")
+    keys.set_defaults(func=run_keys)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -78,4 +97,18 @@ def run_example(args: argparse.Namespace) -> int:
     """Print the commented default configuration."""
     del args
     sys.stdout.write(render_toml())
+    return 0
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    """Print every key (a Markdown table with ``--markdown``, else one block per key)."""
+    if args.markdown:
+        sys.stdout.write(render_keys_markdown())
+        return 0
+    for key, value, meta in iter_keys(Config.default()):
+        shown = "unset" if value is None else repr(value)
+        reload = "next start" if applies_at_next_start(key) else "at once"
+        print(f"{key} = {shown}  ({reload})")
+        print(textwrap.fill(" ".join(str(meta.get("doc", "")).replace("``", "").split()), 100,
+                            initial_indent="    ", subsequent_indent="    "))  # fmt: skip
     return 0

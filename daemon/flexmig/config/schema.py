@@ -179,8 +179,8 @@ class MqttConfig:
     )
     commands_enabled: bool = _doc(
         False,
-        "Accept commands on <topic_prefix>/<node>/commands/<verb> (README: Security); needs username and "
-        "password_file.",
+        "Accept commands on <topic_prefix>/<node>/commands/<verb> (docs/mqtt.md, MQTT commands); needs username "
+        "and password_file.",
     )
     outbox: Path = _doc(
         Path("/var/lib/flexmig/outbox.sqlite3"),
