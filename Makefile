@@ -14,28 +14,29 @@ DEMO_ARGS ?=
 
 .PHONY: demo test check lint venv debs
 
-$(BIN)/flexmig: pyproject.toml
+$(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,torch]'
+	$(BIN)/pip install -q -e ./hook -e '.[test,torch]'
 	touch $@
 
 venv: $(BIN)/flexmig
 
 debs:
-	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd >/dev/null; }
+	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
+	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
 
-$(DEMO_BIN)/flexmig: pyproject.toml
+$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(DEMO_VENV)
-	$(DEMO_BIN)/pip install -q -e .
+	$(DEMO_BIN)/pip install -q -e ./hook -e .
 	touch $@
 
 demo: $(DEMO_BIN)/flexmig
 	$(DEMO_BIN)/flexmig demo $(DEMO_ARGS)
 
 lint: venv
-	$(BIN)/ruff check $(wildcard daemon tests bench examples dashboards)
+	$(BIN)/ruff check $(wildcard daemon hook tests bench examples dashboards setup.py)
 	$(BIN)/mypy
 
 test: venv debs lint

@@ -30,6 +30,8 @@ COMMANDS: tuple[str, ...] = (
     "status",
     "plan",
     "standdown",
+    "nvml",
+    "install",
 )
 
 
