@@ -55,6 +55,14 @@ class Lines(threading.Thread):
         raise AssertionError(f"no line matching {pattern!r} within {timeout_s} s:\n" + "\n".join(self.lines))
 
 
+def started(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
+    """``argv`` run from the repository's root, its output (stderr too) collected line by line."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    lines.start()
+    return proc, lines
+
+
 def demo_dir(lines: Lines) -> Path:
     return Path(lines.wait_for(r"state, logs, socket\s+(\S+)").group(1))
 
@@ -80,15 +88,9 @@ def test_readme_starts_with_make_demo() -> None:
 def test_make_demo_finds_fragmentation_migrates_a_job_and_prints_working_metrics_and_status_lines() -> None:
     port = free_port()
     args = f"--until-move --timeout 150 --metrics-addr 127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        ["make", "--no-print-directory", "-o", f"{VENV}/bin/flexmig", "demo", f"DEMO_VENV={VENV}", f"DEMO_ARGS={args}"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc, lines = started(
+        ["make", "--no-print-directory", "-o", f"{VENV}/bin/flexmig", "demo", f"DEMO_VENV={VENV}", f"DEMO_ARGS={args}"]
     )
-    lines = Lines(proc)
-    lines.start()
     try:
         base = demo_dir(lines)
         url = lines.wait_for(r"metrics\s+(http://\S+)").group(1)
@@ -136,14 +138,7 @@ def test_the_demo_venv_holds_the_package_without_extras(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_the_jobs_and_the_daemon_and_removes_the_demo_directory() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flexmig.cli.main", "demo", "--metrics-addr", f"127.0.0.1:{free_port()}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = Lines(proc)
-    lines.start()
+    proc, lines = started([sys.executable, "-m", "flexmig.cli.main", "demo", "--metrics-addr", f"127.0.0.1:{free_port()}"])
     try:
         base = demo_dir(lines)
         lines.wait_for(r"job train-d: running on")
