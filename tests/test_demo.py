@@ -138,7 +138,8 @@ def test_the_demo_venv_holds_the_package_without_extras(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_the_jobs_and_the_daemon_and_removes_the_demo_directory() -> None:
-    proc, lines = started([sys.executable, "-m", "flexmig.cli.main", "demo", "--metrics-addr", f"127.0.0.1:{free_port()}"])
+    address = f"127.0.0.1:{free_port()}"
+    proc, lines = started([sys.executable, "-m", "flexmig.cli.main", "demo", "--metrics-addr", address])
     try:
         base = demo_dir(lines)
         lines.wait_for(r"job train-d: running on")
