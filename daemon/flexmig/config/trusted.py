@@ -56,7 +56,7 @@ def read_trusted_text(
             via = f"symlink to {target}: "
         st = os.stat(target)
     except UnsafePathError as exc:
-        raise refuse(exc.why) from None
+        raise refuse(f"refused: {exc.why}") from None
     except FileNotFoundError:
         raise refuse("no such file") from None
     except OSError as exc:
