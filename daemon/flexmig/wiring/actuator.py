@@ -520,7 +520,7 @@ class ActuatorComponent:
         self.mode = config.mode
         if self.act is not None:
             self.act.set_mode(config.mode)
-            self.act.jobs.policy = self._policy(config)
+            self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
         if self.mqtt is not None:
             self.mqtt.findings.mode = config.mode
