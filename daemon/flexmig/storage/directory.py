@@ -25,8 +25,8 @@ def trusted_owners() -> frozenset[int]:
     return frozenset({0, os.geteuid()})
 
 
-def prepare_dir(path: Path, what: str = "state directory", *, create: bool = True) -> Path:
-    """Check (and with ``create``, first make, mode 0700) the directory ``path``; returns it as an absolute path.
+def prepare_dir(path: Path, what: str = "state directory", *, create: bool = True, mode: int = 0o700) -> Path:
+    """Check (and with ``create``, first make, with ``mode``) the directory ``path``; returns it as an absolute path.
 
     Raises :class:`~flexmig.errors.StorageError` with one line naming ``what``, the path and the fix. Blocks on the
     file system (a few ``stat`` calls).
@@ -35,7 +35,7 @@ def prepare_dir(path: Path, what: str = "state directory", *, create: bool = Tru
     if create and not os.path.lexists(path):
         try:
             path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            path.mkdir(mode=0o700)
+            path.mkdir(mode=mode)
         except FileExistsError:
             pass  # made meanwhile (a racing daemon): judged below like any directory we find
         except OSError as exc:

@@ -117,7 +117,7 @@ class LockSet:
 
     def take(self, path: Path, what: str) -> Path:
         """Hold the lock file ``path`` (see :meth:`DirectoryLock.acquire`); returns its key for :meth:`drop`."""
-        key = Path(os.path.realpath(path))
+        key = Path(os.path.realpath(Path(path).parent)) / Path(path).name  # the file itself: never followed
         lock, count = self._held.get(key, (None, 0))
         if lock is None:
             lock = DirectoryLock.acquire(key, what)

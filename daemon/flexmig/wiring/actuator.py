@@ -32,11 +32,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,7 +49,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.service import Actuator
 from flexmig.config import Config, ControlConfig, Mode, StateConfig
-from flexmig.errors import FlexmigError, PlanRejectedError
+from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.export.action_metrics import ActionMetrics
 from flexmig.export.events import Event, EventFactory, EventKind
@@ -58,6 +59,7 @@ from flexmig.jobs.spec import JobPolicy
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
+from flexmig.storage import LockSet, prepare_dir
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.backend import Backend
@@ -66,7 +68,10 @@ from flexmig.wiring.planning import parse_request, plan_document, planner_settin
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
 from flexmig.wiring.status import status_document
 
-__all__ = ["ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
+__all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
+
+NODE_LOCK_DIR = Path("/run/flexmig")
+"""Where a real node's GPU locks live (the systemd unit's RuntimeDirectory)."""
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +165,14 @@ class ActuatorComponent:
         *,
         mqtt: MqttComponent | None = None,
         wall: Callable[[], float] = time.time,
+        locks: LockSet | None = None,
+        node_lock_dir: Path = NODE_LOCK_DIR,
     ) -> None:
         self.host = host
+        self.locks = locks or LockSet()
+        self.node_lock_dir = node_lock_dir
+        self._state_locks: list[Path] = []
+        self._node_locks: list[Path] = []
         self.config = host.config
         self.mode: Mode = host.config.mode
         self.mqtt = mqtt
@@ -201,6 +212,9 @@ class ActuatorComponent:
             self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.simulated)
             if paths.private is not None:
                 log.info("simulated node: journal, rank logs and control socket under %s", paths.private)
+            self._lock_state(paths)
+            if self.mode == "act":
+                self._lock_node()
             act = Actuator.build(
                 mode=self.mode,
                 nvml=backend.nvml,
@@ -213,7 +227,11 @@ class ActuatorComponent:
                 settings=planner_settings(cfg.planner),
                 ack_dir=cfg.jobs.ack_dir,
             )
+        except StateInUseError:
+            self._unlock()
+            raise  # in every mode: a second daemon on the same state or node must not run at all
         except (FlexmigError, OSError) as exc:
+            self._unlock()
             self._give_up(f"cannot open the actuator's state: {exc}")
             return
         act.jobs.queue_when_full = True
@@ -251,6 +269,37 @@ class ActuatorComponent:
             why = self.unavailable or ("the daemon is stopping" if self._stopping else "not started yet")
             return {"ok": False, "error": f"the actuator is not running: {why}", "type": "PlanRejectedError"}
         return await dispatcher.dispatch(line)
+
+    def _lock_state(self, paths: ActuatorPaths) -> None:
+        """Hold the journal's directory and the state directory (made first if missing, and checked) for as long as
+        the actuator runs: a second daemon on them is refused, naming this one's pid."""
+        dirs = [paths.journal.parent] if paths.private is not None else [paths.journal.parent, paths.logs.parent]
+        for d in dict.fromkeys(Path(os.path.abspath(x)) for x in dirs):
+            try:
+                prepare_dir(d, "state directory")
+            except StorageError as exc:
+                raise JournalError(str(exc)) from None
+            self._state_locks.append(self.locks.take_dir(d, "state directory"))
+
+    def _lock_node(self) -> None:
+        """Mode ``act``: hold every GPU of a real node (``gpu-<UUID>.lock`` in the node lock directory), so two
+        daemons never reconfigure one GPU. A simulated node is held through its state file instead
+        (:func:`flexmig.wiring.backend.open_backend`); one without a state file is this process's alone."""
+        backend = self.host.backend
+        snap = self.host.latest()
+        if backend is None or backend.simulated or snap is None or self._node_locks:
+            return
+        prepare_dir(self.node_lock_dir, "lock directory", mode=0o755)
+        for gpu in snap.gpus:
+            self._node_locks.append(self.locks.take(self.node_lock_dir / f"gpu-{gpu.uuid}.lock", f"GPU {gpu.uuid}"))
+
+    def _unlock(self, *, node_only: bool = False) -> None:
+        held = self._node_locks if node_only else [*self._node_locks, *self._state_locks]
+        for key in held:
+            self.locks.drop(key)
+        self._node_locks = []
+        if not node_only:
+            self._state_locks = []
 
     def _give_up(self, why: str) -> None:
         if self.mode == "act":
@@ -516,6 +565,12 @@ class ActuatorComponent:
     def reload(self, config: Config) -> None:
         """Apply a reloaded configuration: mode, planner settings, job policy (socket and state paths: at restart)."""
         old = self.mode
+        if config.mode == "act" and old != "act" and self.act is not None:
+            try:
+                self._lock_node()
+            except FlexmigError as exc:
+                log.error("configuration reload: mode stays %s, not act: %s", old, exc)
+                config = replace(config, mode=old)
         self.config = config
         self.mode = config.mode
         if self.act is not None:
@@ -558,6 +613,7 @@ class ActuatorComponent:
             paths = self.paths
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
+        self._unlock()
 
 
 def _nothing_reconciled(event: ActEvent) -> bool:
