@@ -73,7 +73,7 @@ from flexmig.act.records import JobRecord, Slot
 from flexmig.act.results import ActionResult, PlanResult, action_result
 from flexmig.act.settling import Settler
 from flexmig.act.steps import ActionRun, Refused, StepFailed
-from flexmig.act.supervisor import Supervisor, free_port
+from flexmig.act.supervisor import Supervisor, free_port, mig_visible
 from flexmig.config import Mode
 from flexmig.errors import JobSpecError, LayoutError, NvmlCallError, PlanRejectedError
 from flexmig.hook.protocol import Ack
@@ -573,6 +573,20 @@ class Executor:
                     summary["killed_stale"][rec.name] = [f.pid for f in stale]
                 adopted = await self.supervisor.adopt(rec, found)
                 summary["adopted"][rec.name] = [h.proc.pid for h in adopted]
+            with contextlib.suppress(Exception):  # a report: an NVML hiccup here must not stop the start
+                summary["unknown_ranks"] = unknown = await self.unknown_ranks()
+                for job, ranks in _by_job(unknown).items():
+                    log.warning(
+                        "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but no job in the journal %s knows them "
+                        "(pids %s): left running, and their instances are left alone; stop them by hand, or "
+                        "restore the journal they belong to",
+                        len(ranks),
+                        ranks[0]["job"] or "?",
+                        job,
+                        ", ".join(r["target"] for r in ranks),
+                        self.journal.path,
+                        ", ".join(str(r["pid"]) for r in ranks),
+                    )
             for rec in self.journal.jobs():
                 problem = self.policy_problem(rec) if rec.state in ("running", "pending") else None
                 if problem is not None:
@@ -587,6 +601,34 @@ class Executor:
                         summary["settled"].append(rec.name)
         self.events.emit(ActEvent(kind="reconciled", time_s=self.wall(), detail=summary))
         return summary
+
+    async def unknown_ranks(self, view: NodeView | None = None) -> list[dict[str, Any]]:
+        """Processes with flexmig's job markers on this node's MIG instances (their ``CUDA_VISIBLE_DEVICES``, or
+        NVML's process lists) whose job ID no job in the journal has: ranks a lost, emptied or replaced journal
+        forgot. Reported, never touched (their instances run processes of no registered job, so the actuator
+        leaves those instances alone)."""
+        view = view or await self.view()
+        devices = {mig_visible(i.uuid): i for i in view.instances if i.uuid}
+        on_gpu = {pid: i for i in view.instances for pid in (i.pids or ())}
+        known = {rec.uid for rec in self.journal.jobs()}
+        out = []
+        for r in await asyncio.to_thread(self.scanner.find_marked):
+            inst = devices.get(r.device) or on_gpu.get(r.pid)
+            if r.job_id in known or inst is None:
+                continue
+            out.append(
+                {
+                    "pid": r.pid,
+                    "job": r.job,
+                    "job_id": r.job_id,
+                    "generation": r.generation,
+                    "slot": r.slot,
+                    "user": r.user,
+                    "instance": r.device or f"gpu{inst.gpu}:{inst.profile}@{inst.start}",
+                    "target": inst.spec(),
+                }
+            )
+        return out
 
     def check_unfinished(self) -> None:
         """JournalError, one line per problem naming the journal and the action row, when an action of an
@@ -607,6 +649,13 @@ class Executor:
     async def close(self) -> None:
         """Cancel pending settle tasks."""
         await self.settler.close()
+
+
+def _by_job(ranks: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in ranks:
+        out.setdefault(str(r["job_id"]), []).append(r)
+    return out
 
 
 def new_job_uid() -> str:

@@ -19,6 +19,7 @@ from flexmig.config import Config, ConfigProblem
 from flexmig.errors import ConfigError
 from flexmig.export.commands import CommandListener, Dispatch, command_listener
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
+from flexmig.export.loss_metrics import LossMetrics
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.storage import LockSet
 from flexmig.telemetry.publish import SnapshotHub
@@ -105,11 +106,20 @@ def wire(daemon: WiredDaemon) -> Components:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
     actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks)
     listener = command_listener(config, node, actuator.dispatch)
+    serving = listener
     if listener is not None:
         if mqtt is not None and mqtt.publisher.off is not None:
             daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch))
+            serving = None  # another listener is made once the broker address is fixed
         else:
             daemon.add_loop("mqtt-commands", listener.run)
+    daemon.add_metrics(
+        LossMetrics(
+            publisher=mqtt.publisher.stats if mqtt is not None else None,
+            commands=serving.stats if serving is not None else None,
+            unknown_ranks=actuator.unknown_rank_count,
+        )
+    )
     return Components(detector, mqtt, actuator, listener)
 
 

@@ -185,6 +185,8 @@ class ActuatorComponent:
         self.dispatcher: ControlServer | None = None
         """Runs control requests (the socket's, and MQTT commands') while the actuator runs, bound or not."""
         self.unavailable: str | None = None  # why the actuator could not start (observe/advise only)
+        self.unknown_ranks: list[dict[str, Any]] | None = None
+        """Ranks with flexmig's markers on this node that no journalled job knows (None until the actuator ran)."""
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
         self._touched: set[tuple[int, int]] = set()
@@ -242,6 +244,7 @@ class ActuatorComponent:
                     self._touched.update(s.key for s in rec.slots)
             self._refresh()
             summary = await act.start()
+            self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
             # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
             control = act.control_server(paths.socket, cfg.control.socket_mode)
@@ -338,6 +341,11 @@ class ActuatorComponent:
             last = loop.time()
             if self._stopping:  # wait for the daemon to cancel us: closing now would cut the action in flight
                 await asyncio.Event().wait()
+            if self.unknown_ranks and self.act is not None:  # look again until they are gone
+                try:
+                    self.unknown_ranks = await self.act.executor.unknown_ranks()
+                except Exception as exc:  # a report only
+                    log.warning("could not look for ranks of no journalled job again: %s", exc)
             if self.mode == "observe":
                 continue
             try:
@@ -475,7 +483,13 @@ class ActuatorComponent:
         )
         if self.unavailable:
             doc["actuator_unavailable"] = self.unavailable
+        if self.unknown_ranks is not None:
+            doc["unknown_ranks"] = self.unknown_ranks
         return doc
+
+    def unknown_rank_count(self) -> int | None:
+        """How many ranks of no journalled job run on this node (None while the actuator has not looked)."""
+        return None if self.unknown_ranks is None else len(self.unknown_ranks)
 
     async def _plan_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """The ``plan`` request: what the planner would do now, with ``requests`` (``[Nx]PROFILE``) queued too."""
@@ -621,7 +635,7 @@ def _nothing_reconciled(event: ActEvent) -> bool:
     if event.kind != "reconciled":
         return False
     d = event.detail
-    return not any(d.get(k) for k in ("adopted", "killed_stale", "plans", "settled"))
+    return not any(d.get(k) for k in ("adopted", "killed_stale", "plans", "settled", "unknown_ranks"))
 
 
 def _slots_of(row: ActionRow) -> set[tuple[int, int]]:
