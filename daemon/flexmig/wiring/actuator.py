@@ -350,6 +350,9 @@ class ActuatorComponent:
                 continue
             try:
                 await self.round()
+            except StorageError as exc:  # the journal's trouble (a bad row, a failing disk): one line, no traceback
+                self.metrics.record_plan_failure()
+                log.error("planning round failed: %s", exc)
             except Exception:  # a planner bug must not end the daemon; counted and logged
                 self.metrics.record_plan_failure()
                 log.exception("planning round failed")
