@@ -1,5 +1,6 @@
-"""Nothing is dropped in silence: every bounded buffer counts what it drops, says so in a rate-limited log line, and
-the daemon exports the counts (``flexmig_events_dropped_total{reason}``, ``flexmig_mqtt_command_results_dropped_total``).
+"""Nothing is dropped in silence: every bounded buffer counts what it drops, says so in a rate-limited log line,
+and the daemon exports the counts (``flexmig_events_dropped_total{reason}``,
+``flexmig_mqtt_command_results_dropped_total``).
 """
 
 from __future__ import annotations

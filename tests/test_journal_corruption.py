@@ -208,7 +208,9 @@ def daemon(node: ActNode) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fault", ["garbled page", "spec is not JSON", "slot without a start", "spec is an empty object"])
+@pytest.mark.parametrize(
+    "fault", ["garbled page", "spec is not JSON", "slot without a start", "spec is an empty object"]
+)
 def test_in_mode_act_a_corrupt_journal_stops_the_start_with_its_lines(base: Path, fault: str) -> None:
     node = ActNode(base, SIM)
     node.journal.parent.mkdir(mode=0o700)

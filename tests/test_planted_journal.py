@@ -74,7 +74,9 @@ profile = "1g.18gb"
 """
 
 
-def write_journal(path: Path, base: Path, *, name: str = "evil", user: str = "root", working: Path | None = None) -> None:
+def write_journal(
+    path: Path, base: Path, *, name: str = "evil", user: str = "root", working: Path | None = None
+) -> None:
     """A journal holding job ``name`` (pending) and an unfinished plan that starts it on the node's 1g.18gb."""
     working = working or base
     working.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,7 @@ def test_the_holder_is_found_in_proc_locks_when_its_pid_is_not_in_the_file(tmp_p
     with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-            wait_until("the lock to show", lambda: lock.exists())
+            wait_until("the lock to show", lock.exists)
             with pytest.raises(StateInUseError, match=rf"pid {holder.pid}, lock {lock}"):
                 DirectoryLock.acquire(lock, "the test's lock")
         finally:

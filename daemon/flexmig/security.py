@@ -133,7 +133,7 @@ def resolve_trusted(path: Path, trusted_uids: Collection[int] | None = None) -> 
             links.append(step)
             if len(links) > _MAX_SYMLINKS:
                 raise UnsafePathError(given, step, f"more than {_MAX_SYMLINKS} symlinks on the way (a loop?)")
-            target = Path(os.readlink(step))
+            target = step.readlink()
             if target.is_absolute():
                 current = Path("/")
                 todo.extend(reversed(target.parts[1:]))
@@ -161,7 +161,7 @@ def check_file_permissions(path: Path, kind: FileKind, trusted_uids: Collection[
     """
     try:
         where = resolve_trusted(path, trusted_uids)
-        st = os.stat(where.target)
+        st = where.target.stat()
     except UnsafePathError as exc:
         raise ConfigError(str(exc)) from None
     except FileNotFoundError:

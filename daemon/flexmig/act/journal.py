@@ -12,6 +12,7 @@ fsync per step costs a millisecond or two on an SSD (``bench/migration.py`` meas
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -169,8 +170,7 @@ class Journal:
                 raise JournalError(f"{path}: refused: meta row 'schema': missing (no flexmig journal writes that)")
             if str(row[0]) != str(SCHEMA_VERSION):
                 raise JournalError(
-                    f"{path}: meta row 'schema': journal schema {str(row[0])[:40]}, this flexmig reads "
-                    f"{SCHEMA_VERSION}"
+                    f"{path}: meta row 'schema': journal schema {str(row[0])[:40]}, this flexmig reads {SCHEMA_VERSION}"
                 )
             if missing:
                 raise JournalError(f"{path}: refused: the journal lacks its table(s) {', '.join(missing)}")
@@ -502,7 +502,8 @@ STEP_STATES: tuple[str, ...] = ("intent", "done", "failed")
 def _create_schema(db: sqlite3.Connection) -> None:
     """A new journal's tables and schema version, in WAL mode (run on the file before it takes its name)."""
     db.execute("PRAGMA journal_mode=WAL")
-    db.executescript("BEGIN;" + _SCHEMA + f"INSERT INTO meta(key, value) VALUES ('schema', '{SCHEMA_VERSION}');COMMIT;")
+    db.executescript("BEGIN;" + _SCHEMA + "COMMIT;")
+    db.execute("INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
 
 def _slots(value: Any) -> tuple[Slot, ...]:
@@ -557,7 +558,7 @@ class _Fields:
     def number(self, field: str, value: Any, *, optional: bool = False) -> Any:
         if value is None and optional:
             return None
-        if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+        if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
             raise self.bad(field, f"must be a number, not {_shown(value)}")
         return float(value)
 

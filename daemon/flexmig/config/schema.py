@@ -180,7 +180,7 @@ class MqttConfig:
     outbox_max_bytes: int = _doc(
         256 * 1024 * 1024,
         "Most bytes of event JSON the outbox holds; past it the oldest events are dropped, counted "
-        "(flexmig_events_dropped_total{reason=\"outbox_full\"}) and logged at most once a minute. The file takes "
+        '(flexmig_events_dropped_total{reason="outbox_full"}) and logged at most once a minute. The file takes '
         "up to about twice this (SQLite pages, the index on event IDs).",
         lo=1024 * 1024,
         hi=1 << 40,

@@ -51,10 +51,10 @@ def read_trusted_text(
             target, linked = where.target, bool(where.links)
         else:
             target = Path(os.path.realpath(path))
-            linked = target != Path(os.path.abspath(path))
+            linked = target != Path(os.path.normpath(Path(path).absolute()))
         if linked:
             via = f"symlink to {target}: "
-        st = os.stat(target)
+        st = target.stat()
     except UnsafePathError as exc:
         raise refuse(f"refused: {exc.why}") from None
     except FileNotFoundError:

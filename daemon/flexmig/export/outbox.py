@@ -53,7 +53,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     body    TEXT NOT NULL
 )
 """
-_SIZE = "length(CAST(body AS BLOB))"
+# Every statement that reads sizes, written out once (constants: no input goes into SQL text).
+_TOTALS = "SELECT count(*), COALESCE(SUM(length(CAST(body AS BLOB))), 0) FROM outbox"
+_OLDEST_SIZES = "SELECT seq, length(CAST(body AS BLOB)) FROM outbox WHERE seq > ? ORDER BY seq LIMIT 512"
+_DELETE_SIZED = "DELETE FROM outbox WHERE id = ? RETURNING length(CAST(body AS BLOB))"
 _MAX_SALVAGE_SEEKS = 4096  # bounds the work on a badly damaged file
 T = TypeVar("T")
 
@@ -137,7 +140,7 @@ class Outbox:
 
     def _totals(self) -> tuple[int, int]:
         def count(db: sqlite3.Connection) -> tuple[int, int]:
-            n, size = db.execute(f"SELECT count(*), COALESCE(SUM({_SIZE}), 0) FROM outbox").fetchone()
+            n, size = db.execute(_TOTALS).fetchone()
             return int(n), int(size)
 
         return self._run("cannot read", count)
@@ -189,7 +192,7 @@ class Outbox:
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
         self._db = self._recover(cause)
-        n, size = self._db.execute(f"SELECT count(*), COALESCE(SUM({_SIZE}), 0) FROM outbox").fetchone()
+        n, size = self._db.execute(_TOTALS).fetchone()
         self._count, self._bytes = int(n), int(size)
         try:
             return op(self._db)
@@ -237,9 +240,7 @@ class Outbox:
         freed = dropped = 0
         last = -1
         while freed < excess:
-            batch = db.execute(
-                f"SELECT seq, {_SIZE} FROM outbox WHERE seq > ? ORDER BY seq LIMIT 512", (last,)
-            ).fetchall()
+            batch = db.execute(_OLDEST_SIZES, (last,)).fetchall()
             taken = 0
             for seq, n in batch:
                 if freed >= excess or seq == newest:
@@ -266,7 +267,7 @@ class Outbox:
         """Forget an event the broker acknowledged."""
 
         def remove(db: sqlite3.Connection) -> list[Any]:
-            return db.execute(f"DELETE FROM outbox WHERE id = ? RETURNING {_SIZE}", (event_id,)).fetchall()
+            return db.execute(_DELETE_SIZED, (event_id,)).fetchall()
 
         rows = self._run(f"cannot delete event {event_id}", remove)
         self._count -= len(rows)

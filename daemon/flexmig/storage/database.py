@@ -154,7 +154,7 @@ def create_database(path: Path, what: str, init: Callable[[sqlite3.Connection], 
                 raise
             if os.path.lexists(path):  # no hard links here: rename, after the same check
                 raise StorageError(f"{what} {path}: appeared while a new one was being created") from None
-            os.rename(tmp, path)
+            tmp.rename(path)
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         _fsync_dir(path.parent)
@@ -174,10 +174,10 @@ def quarantine(path: Path, wall: Callable[[], float] = time.time) -> Path:
         n += 1
         target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
     try:
-        os.rename(path, target)
+        path.rename(target)
         for suffix in COMPANIONS:
             with contextlib.suppress(FileNotFoundError):
-                os.rename(f"{path}{suffix}", f"{target}{suffix}")
+                Path(f"{path}{suffix}").rename(f"{target}{suffix}")
         _fsync_dir(path.parent)
     except OSError as exc:
         raise StorageError(f"cannot move the corrupt {path} aside: {exc.strerror or exc}") from None

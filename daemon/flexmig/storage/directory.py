@@ -31,7 +31,7 @@ def prepare_dir(path: Path, what: str = "state directory", *, create: bool = Tru
     Raises :class:`~flexmig.errors.StorageError` with one line naming ``what``, the path and the fix. Blocks on the
     file system (a few ``stat`` calls).
     """
-    path = Path(os.path.abspath(path))
+    path = Path(os.path.normpath(Path(path).absolute()))
     if create and not os.path.lexists(path):
         try:
             path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def prepare_dir(path: Path, what: str = "state directory", *, create: bool = Tru
     except OSError as exc:
         raise StorageError(f"{what} {path}: cannot use it: {exc.strerror or exc}") from None
     try:
-        if os.path.islink(path):  # O_DIRECTORY would call it "not a directory"
+        if path.is_symlink():  # O_DIRECTORY would call it "not a directory"
             raise OSError(errno.ELOOP, "is a symlink")
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

@@ -277,7 +277,7 @@ class ActuatorComponent:
         """Hold the journal's directory and the state directory (made first if missing, and checked) for as long as
         the actuator runs: a second daemon on them is refused, naming this one's pid."""
         dirs = [paths.journal.parent] if paths.private is not None else [paths.journal.parent, paths.logs.parent]
-        for d in dict.fromkeys(Path(os.path.abspath(x)) for x in dirs):
+        for d in dict.fromkeys(Path(os.path.normpath(x.absolute())) for x in dirs):
             try:
                 prepare_dir(d, "state directory")
             except StorageError as exc:
