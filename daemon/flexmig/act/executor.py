@@ -114,6 +114,9 @@ class Executor:
         self.offload = offload
         self.wall = wall
         self.term_grace_s = term_grace_s
+        self.device_uuids_unique = True
+        """MIG device UUIDs name this node's instances alone (real hardware). A simulated node's derive from its
+        seed and repeat across simulated daemons, so there only NVML's process lists tie a process to the node."""
         self.policy: JobPolicy | None = None
         """What job specs may do now (``[jobs]``); every job is checked against it again before each launch, since
         its spec comes back from the journal, not from a file just checked (None: no check, for tests of steps)."""
@@ -573,20 +576,23 @@ class Executor:
                     summary["killed_stale"][rec.name] = [f.pid for f in stale]
                 adopted = await self.supervisor.adopt(rec, found)
                 summary["adopted"][rec.name] = [h.proc.pid for h in adopted]
-            with contextlib.suppress(Exception):  # a report: an NVML hiccup here must not stop the start
+            try:
                 summary["unknown_ranks"] = unknown = await self.unknown_ranks()
-                for job, ranks in _by_job(unknown).items():
-                    log.warning(
-                        "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but no job in the journal %s knows them "
-                        "(pids %s): left running, and their instances are left alone; stop them by hand, or "
-                        "restore the journal they belong to",
-                        len(ranks),
-                        ranks[0]["job"] or "?",
-                        job,
-                        ", ".join(r["target"] for r in ranks),
-                        self.journal.path,
-                        ", ".join(str(r["pid"]) for r in ranks),
-                    )
+            except Exception as exc:  # a report: an NVML hiccup here must not stop the start
+                log.warning("could not look for ranks of no journalled job: %s", exc)
+                unknown = []
+            for job, ranks in _by_job(unknown).items():
+                log.warning(
+                    "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but no job in the journal %s knows them "
+                    "(pids %s): left running, and their instances are left alone; stop them by hand, or "
+                    "restore the journal they belong to",
+                    len(ranks),
+                    ranks[0]["job"] or "?",
+                    job,
+                    ", ".join(r["target"] for r in ranks),
+                    self.journal.path,
+                    ", ".join(str(r["pid"]) for r in ranks),
+                )
             for rec in self.journal.jobs():
                 problem = self.policy_problem(rec) if rec.state in ("running", "pending") else None
                 if problem is not None:
@@ -608,7 +614,7 @@ class Executor:
         forgot. Reported, never touched (their instances run processes of no registered job, so the actuator
         leaves those instances alone)."""
         view = view or await self.view()
-        devices = {mig_visible(i.uuid): i for i in view.instances if i.uuid}
+        devices = {mig_visible(i.uuid): i for i in view.instances if i.uuid} if self.device_uuids_unique else {}
         on_gpu = {pid: i for i in view.instances for pid in (i.pids or ())}
         known = {rec.uid for rec in self.journal.jobs()}
         out = []

@@ -190,6 +190,7 @@ class ActuatorComponent:
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
         self._touched: set[tuple[int, int]] = set()
+        self._run_started = False
         self._busy = asyncio.Lock()
         self._stopping = False
         self._wake = asyncio.Event()
@@ -237,6 +238,7 @@ class ActuatorComponent:
             self._give_up(f"cannot open the actuator's state: {exc}")
             return
         act.jobs.queue_when_full = True
+        act.executor.device_uuids_unique = not backend.simulated
         self.act = act
         try:
             for rec in act.journal.jobs():
@@ -317,6 +319,7 @@ class ActuatorComponent:
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
         """The planning loop (modes advise and act) until cancelled; then the socket and journal are closed."""
+        self._run_started = True
         try:
             if self.act is None:
                 await asyncio.Event().wait()
@@ -617,6 +620,10 @@ class ActuatorComponent:
                 "roll it back (jobs keep running)",
                 grace,
             )
+        if not self._run_started:
+            # A stop asked during start-up cancels the loop before it ever runs, and with it its clean-up: close the
+            # socket and the journal, let the locks go and remove a simulated node's directory here instead.
+            await self._close()
 
     async def _close(self) -> None:
         self.dispatcher = None
