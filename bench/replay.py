@@ -21,8 +21,13 @@ waits (all jobs, multi-GPU jobs) and the worst JCT, and checks the goals of issu
 4. flex malleable / flex worst wait of multi-GPU jobs, EASY: <= 1.0;
 5. flex malleable EASY / flex greedy mean JCT: <= 1.5.
 
+Every replay's figures are printed per trace, load and seed too (mean JCT, its ratio to the strong drain, the worst
+wait of all and of multi-GPU jobs). A line on stderr marks each finished replay.
+
 Run: ``.venv/bin/python bench/replay.py [--quick] [--processes N] [--json FILE] [--markdown FILE]``. ``--quick``:
-gpushare40 at 0.9, seed 0, the policies the goals name (a few minutes). The machine is printed first.
+gpushare40 at 0.9, seed 0, the policies the goals name (a few minutes). ``--from-json FILE`` prints the report
+(and writes ``--markdown``) from a file an earlier run wrote with ``--json``, without replaying. The machine is
+printed first.
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ import platform
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from flexmig.errors import TraceError
 from flexmig.replay.costs import REPLAY_SETTINGS
 from flexmig.replay.run import Prepared, ReplayConfig, prepare, run_policy
 
@@ -113,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="gpushare40, RHO 0.9, seed 0, the goals' policies only")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument("--markdown", type=Path, help="also write the results tables (Markdown) to this file")
+    parser.add_argument("--from-json", type=Path, help="report on the figures of an earlier --json run; no replays")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return from_json(args.from_json, args.markdown)
     traces = [str(t) for t in (args.trace or ([TRACES[1]] if args.quick else TRACES))]
     for t in traces:
         if not Path(t).is_file():
@@ -121,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     loads = [float(x) for x in args.loads.split(",")] if args.loads else ([0.9] if args.quick else list(LOADS))
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else ([0] if args.quick else list(SEEDS))
+    for t in traces:  # refuse a trace or load the replays would refuse, before starting any of them
+        try:
+            prepare(ReplayConfig(Path(t), node="h200x8", load=max(loads), seed=seeds[0]))
+        except TraceError as exc:
+            print(f"replay bench: {exc}", file=sys.stderr)
+            return 2
     todo = variants(args.quick)
     tasks = [(t, r, s, v) for t in traces for r in loads for s in seeds for v in todo]
     # Long replays first, so the pool does not end on one straggler.
@@ -130,16 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results: Results = {}
     seconds: dict[str, list[float]] = {}
+
+    def done(trace: str, rho: float, seed: int, v: Variant, fig: dict[str, Any], secs: float) -> None:
+        results[(trace, rho, seed, v)] = fig
+        seconds.setdefault(name_of(v), []).append(secs)
+        print(
+            f"[{len(results)}/{len(tasks)}] {short(trace)} {rho} seed {seed} {name_of(v)}: {secs:.0f}s,"
+            f" mean JCT {fig['mean_jct_s'] / 3600:.1f} h ({time.perf_counter() - start:.0f}s elapsed)",
+            file=sys.stderr,
+            flush=True,
+        )
+
     if args.processes > 1:
         with ProcessPoolExecutor(max_workers=args.processes) as pool:
-            for trace, rho, seed, v, fig, secs in pool.map(_task, tasks, chunksize=1):
-                results[(trace, rho, seed, v)] = fig
-                seconds.setdefault(name_of(v), []).append(secs)
+            for future in as_completed([pool.submit(_task, task) for task in tasks]):
+                done(*future.result())
     else:
         for task in tasks:
-            trace, rho, seed, v, fig, secs = _task(task)
-            results[(trace, rho, seed, v)] = fig
-            seconds.setdefault(name_of(v), []).append(secs)
+            done(*_task(task))
     wall = time.perf_counter() - start
     goals = report(results, traces, loads, seeds, todo)
     print(
@@ -159,6 +182,31 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.markdown:
         args.markdown.write_text(markdown(results, traces, loads, seeds, todo, goals))
+    return 0
+
+
+def from_json(path: Path, markdown_to: Path | None) -> int:
+    """Print the report (and write the Markdown tables) from a ``--json`` file of an earlier run."""
+    try:
+        doc = json.loads(path.read_text())
+        rows = doc["results"]
+        results: Results = {}
+        for row in rows:
+            policy, discipline, *rest = row["variant"].split()
+            results[(row["trace"], float(row["load"]), int(row["seed"]), (policy, discipline, rest == ["+m"]))] = row
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"replay bench: {path}: not a --json file of this bench ({exc})", file=sys.stderr)
+        return 2
+    order = {v: i for i, v in enumerate(variants(False) + variants(True))}
+    todo = sorted({k[3] for k in results}, key=lambda v: order.get(v, len(order)))
+    traces = sorted({k[0] for k in results}, key=lambda t: [Path(x).name for x in TRACES].index(t)
+                    if t in [Path(x).name for x in TRACES] else len(TRACES))  # fmt: skip
+    loads = sorted({k[1] for k in results})
+    seeds = sorted({k[2] for k in results})
+    print(f"machine: {doc.get('machine')} (figures from {path}, wall time then {doc.get('wall_s')}s)")
+    goals = report(results, traces, loads, seeds, todo)
+    if markdown_to:
+        markdown_to.write_text(markdown(results, traces, loads, seeds, todo, goals))
     return 0
 
 
@@ -241,6 +289,7 @@ def report(
                     f" {statistics.median(f['migrations'] + f['resplits'] for f in figs):6.0f}"
                     f" {statistics.median(f['narrow_starts'] for f in figs):6.0f}"
                 )
+    per_seed(results, traces, loads, seeds, todo)
     goals: list[dict[str, Any]] = []
     print("\n== goals (median over seeds per trace and load; met only if met in every cell)")
     for label, a, b, key, limit in GOALS:
@@ -258,6 +307,26 @@ def report(
         text = ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in cells)
         print(f"   {'met   ' if met else 'MISSED'} {label} <= {limit}: {text}")
     return goals
+
+
+def per_seed(results: Results, traces: list[str], loads: list[float], seeds: list[int], todo: list[Variant]) -> None:
+    """Every replay: mean JCT (h), its ratio to the strong drain of the same discipline, the worst wait of all jobs
+    and of multi-GPU jobs (d), per trace, load and seed."""
+    print("\n== every replay: mean JCT h (/ strong drain, same discipline), worst wait d, worst multi-GPU wait d")
+    for trace in traces:
+        for rho in loads:
+            print(f"\n   {short(trace)} RHO {rho}: " + " | ".join(f"seed {s}" for s in seeds))
+            for v in todo:
+                base = ("drain", v[1] if v[0] != "bound" else "easy", False)
+                cells = []
+                for s in seeds:
+                    fig = results[(trace, rho, s, v)]
+                    rel = ""
+                    if base in todo and v != base:
+                        rel = f" ({fig['mean_jct_s'] / results[(trace, rho, s, base)]['mean_jct_s']:.2f})"
+                    jct, wait, multi = fig["mean_jct_s"] / 3600, fig["max_wait_s"] / 86400, multi_wait(fig) / 86400
+                    cells.append(f"{jct:6.1f}{rel:7} {wait:5.2f} {multi:5.2f}")
+                print(f"   {name_of(v):22} " + " | ".join(cells))
 
 
 def markdown(
