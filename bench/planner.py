@@ -21,8 +21,6 @@ Run: ``.venv/bin/python bench/planner.py [--trace FILE] [--repeat N] [--quick]``
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -37,22 +35,10 @@ from flexmig.replay.engine import request_for
 from flexmig.replay.managers import LayoutManager
 from flexmig.replay.run import ReplayConfig, prepare, run_policy
 from flexmig.replay.trace import TraceJob, map_trace, read_trace
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "bench" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
-
-
-def machine() -> str:
-    """CPU model, cores, Python."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
 def build_state(jobs: list[TraceJob], gpus: int, running: int, pending: int, *, malleable: bool = False) -> NodeState:

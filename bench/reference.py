@@ -16,65 +16,28 @@ Run: ``.venv/bin/python bench/reference.py [--quick] [--trace FILE] [--load RHO]
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from flexmig.mig import H200, Layout
 from flexmig.plan import Discipline
 from flexmig.replay.costs import REPLAY_SETTINGS
-from flexmig.replay.engine import replay
-from flexmig.replay.managers import FluidManager, LayoutManager, Manager
-from flexmig.replay.repack import RepackManager
 from flexmig.replay.run import Prepared, ReplayConfig, prepare
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from support.heldout import heldout_trace  # noqa: E402
-from support.refsim import RefJob, simulate  # noqa: E402
+from support.refcheck import POLICIES, STATIC_LAYOUT, ours, ref_jobs  # noqa: E402
+from support.refsim import simulate  # noqa: E402
 
-P7 = H200.profile("7g.141gb")
-POLICIES = ("static", "drain", "fluid", "repack")
 DISCIPLINES: tuple[Discipline, ...] = ("easy", "greedy")
-
-
-def machine() -> str:
-    """CPU model, cores, Python: where the figures were measured."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
-
-
-def ours(prep: Prepared, policy: str, discipline: Discipline) -> dict[str, tuple[float, float]]:
-    """Start and end of every completed job under the replay's implementation."""
-    settings = replace(REPLAY_SETTINGS, discipline=discipline)
-    gpus = prep.spec.count
-    manager: Manager
-    if policy == "static":
-        manager = LayoutManager("static", H200, [Layout.of(H200, [(P7, 0)])] * gpus, settings)
-    elif policy == "drain":
-        manager = LayoutManager("drain", H200, [Layout.empty(H200)] * gpus, settings)
-    elif policy == "fluid":
-        manager = FluidManager(H200, gpus, discipline)
-    else:
-        manager = RepackManager(H200, gpus, discipline)
-    run = replay(prep.jobs, manager, 7 * gpus, prep.mix())
-    return {r.name: (r.start_s, r.end_s) for r in run.records if r.start_s is not None and r.end_s is not None}
 
 
 def check(prep: Prepared, label: str) -> bool:
     """Print the comparison for one prepared trace; True when every mean agrees within 5%."""
-    jobs = [RefJob(j.name, j.arrival_s, j.runtime_s, j.profile.name, j.ranks) for j in prep.jobs]
+    jobs = ref_jobs(prep)
     arrival = {j.name: j.arrival_s for j in jobs}
     print(f"\n== {label}: {len(jobs)} jobs ({sum(j.ranks > 1 for j in jobs)} multi-GPU) on {prep.spec}")
     print(
@@ -87,7 +50,7 @@ def check(prep: Prepared, label: str) -> bool:
             t0 = time.perf_counter()
             got = ours(prep, policy, discipline)
             t1 = time.perf_counter()
-            layout = [(0, P7.name)] if policy == "static" else []
+            layout = STATIC_LAYOUT if policy == "static" else []
             ref = simulate(jobs, policy, prep.spec.count, discipline, layout, REPLAY_SETTINGS.reconfigure_s)
             t2 = time.perf_counter()
             mean_ours = sum(end - arrival[n] for n, (_, end) in got.items()) / max(1, len(got))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from typing import Any
 from flexmig.errors import TraceError
 from flexmig.replay.costs import REPLAY_SETTINGS
 from flexmig.replay.run import Prepared, ReplayConfig, prepare, run_policy
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_DIR = ROOT / "bench" / "traces" / "alibaba-gpu-v2023"
@@ -58,19 +58,6 @@ REFERENCES = ("bound", "fluid", "repack")
 Variant = tuple[str, str, bool]  # policy, discipline, malleable
 
 _CACHE: dict[tuple[str, float, int], Prepared] = {}
-
-
-def machine() -> str:
-    """CPU model, cores, Python: where the figures were measured."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
 def variants(quick: bool) -> list[Variant]:

@@ -8,22 +8,15 @@ completion time, and job for job on at least 95% of the start times. (They agree
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from pytest import TempPathFactory
 
-from flexmig.mig import H200, Layout
 from flexmig.plan import Discipline
 from flexmig.replay.costs import REPLAY_SETTINGS
-from flexmig.replay.engine import replay
-from flexmig.replay.managers import FluidManager, LayoutManager, Manager
-from flexmig.replay.repack import RepackManager
 from flexmig.replay.run import Prepared, ReplayConfig, prepare
 from support.heldout import heldout_trace
+from support.refcheck import POLICIES, STATIC_LAYOUT, ours, ref_jobs
 from support.refsim import RefJob, simulate
-
-P7 = H200.profile("7g.141gb")
 
 
 @pytest.fixture(scope="module")
@@ -32,31 +25,15 @@ def heldout(tmp_path_factory: TempPathFactory) -> Prepared:
     return prepare(ReplayConfig(trace, node="h200x4", load=0.9, seed=0))
 
 
-def ours(prep: Prepared, policy: str, discipline: Discipline) -> dict[str, tuple[float, float]]:
-    settings = replace(REPLAY_SETTINGS, discipline=discipline)
-    gpus = prep.spec.count
-    manager: Manager
-    if policy == "static":
-        manager = LayoutManager("static", H200, [Layout.of(H200, [(P7, 0)])] * gpus, settings)
-    elif policy == "drain":
-        manager = LayoutManager("drain", H200, [Layout.empty(H200)] * gpus, settings)
-    elif policy == "fluid":
-        manager = FluidManager(H200, gpus, discipline)
-    else:
-        manager = RepackManager(H200, gpus, discipline)
-    run = replay(prep.jobs, manager, 7 * gpus, prep.mix())
-    return {r.name: (r.start_s, r.end_s) for r in run.records if r.start_s is not None and r.end_s is not None}
-
-
 @pytest.mark.parametrize("discipline", ["easy", "greedy"])
-@pytest.mark.parametrize("policy", ["static", "drain", "fluid", "repack"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_the_baselines_agree_with_an_independent_implementation_on_a_held_out_trace(
     heldout: Prepared, policy: str, discipline: Discipline
 ) -> None:
-    jobs = [RefJob(j.name, j.arrival_s, j.runtime_s, j.profile.name, j.ranks) for j in heldout.jobs]
+    jobs = ref_jobs(heldout)
     assert len(jobs) > 1000 and sum(j.ranks > 1 for j in jobs) >= 10  # enough queueing and multi-GPU jobs to matter
     got = ours(heldout, policy, discipline)
-    layout = [(0, P7.name)] if policy == "static" else []
+    layout = STATIC_LAYOUT if policy == "static" else []
     ref = simulate(jobs, policy, heldout.spec.count, discipline, layout, REPLAY_SETTINGS.reconfigure_s)
     assert set(got) == set(ref.end), "the same jobs ran"
     arrival = {j.name: j.arrival_s for j in jobs}
