@@ -268,6 +268,29 @@ def test_backfill_never_takes_the_gpu_reserved_for_the_waiting_head() -> None:
     assert started == ["short"]
 
 
+def test_backfill_may_not_leave_a_head_reserved_at_its_nominal_shape_only_a_spread() -> None:
+    # The elastic 7g head is reserved on GPU 0, which frees at t=2. A long 3g behind it would fit now on GPU 0's
+    # free 3g@4, and at t=2 the head could still start, but only spread (4x1g on GPU 0 beside it, 3x1g on GPU 1's
+    # free 1g.18gb@3, @5, @6) at 90% speed. The head was reserved whole: the 3g waits (GPU 1 has no room for it).
+    ones = [(P1, s) for s in range(7)]
+    state = NodeState(
+        H200,
+        node([(P3, 0), (P3, 4)], ones),
+        running=(
+            running("ends-soon", (0, 0, P3), remaining=2.0, movable=False),
+            running("stays", (1, 0, P1), (1, 1, P1), (1, 2, P1), (1, 4, P1), remaining=50_000.0, movable=False),
+        ),
+        pending=(req("head", P7, t=0, runtime=341.0, elastic=True), req("long", P3, t=1, runtime=3_671.0)),
+    )
+    plan, _ = plan_for(state)
+    assert of_type(plan, StartJob) == []
+    assert any("head waits; reserved from t=2s on GPU(s) [0]" in n for n in plan.notes), plan.notes
+    # Ending by the head's start, the same 3g may go there.
+    short = replace(state, pending=(state.pending[0], req("short", P3, t=1, runtime=1.0)))
+    plan, _ = plan_for(short)
+    assert [a.job for a in of_type(plan, StartJob)] == ["short"]
+
+
 def test_plans_are_deterministic() -> None:
     state = NodeState(
         H200, node([], [], []), pending=tuple(req(f"j{i}", p, t=i) for i, p in enumerate([P1, P3, P2, P4, P1M, P7, P1]))

@@ -170,7 +170,9 @@ class BasePlacer:
         """Release running jobs in end order on a copy (every job ending at one time together) until ``job`` fits;
         the time, the GPUs it would use and the shape it is reserved as.
 
-        A rigid job is reserved at its nominal shape or a spread. A malleable one may instead be reserved *narrow*:
+        A rigid job is reserved at its nominal shape or a spread, and held to what it was reserved as: reserved
+        nominal, a backfill must leave it its nominal shape at its start (:meth:`keeps_head`), not just a spread.
+        A malleable one may instead be reserved *narrow*:
         at the first time its smallest narrow shape fits, holding just that, when starting narrow then ends it sooner
         than waiting for its nominal shape (:meth:`narrow_pays`, at the smallest shape's speed). This is how
         shrinking a waiting head beats reserving the node for it: the head needs only what frees first, not a
@@ -211,7 +213,10 @@ class BasePlacer:
                     at, shape, where = first_narrow
                     if self.narrow_pays(job, nominal, self.speed(job, shape), start_s=at, nominal_s=t_full):
                         return self._narrow_reservation(job, at, shape, where)
-                return Reservation(job.name, t_full, frozenset(i.gpu for i in got[1]), job)
+                # Reserved at its nominal shape, the head is held to it: a backfill that leaves it only a spread at
+                # its start would slow it down, or (when the spread does not pay then) delay it past its start.
+                held = rigid(job) if got[0] == nominal else job
+                return Reservation(job.name, t_full, frozenset(i.gpu for i in got[1]), held)
         if first_narrow is not None:
             return self._narrow_reservation(job, *first_narrow)
         return None
@@ -229,7 +234,8 @@ class BasePlacer:
     def keeps_head(self, reservation: Reservation, extra: Mapping[str, float]) -> bool:
         """True when the head of ``reservation`` still fits at its start with what this pass placed, where
         ``extra`` gives end times of jobs placed but not yet in :attr:`ends`: every job ending by then is released
-        on a copy, and the head is fitted there (nominal or spread, never narrow)."""
+        on a copy, and the head is fitted there in the shape it was reserved as (:meth:`shadow`: its nominal
+        shape; nominal or a spread; or its narrow shape)."""
         head = reservation.request
         if head is None or reservation.start_s == _INF:
             return True
