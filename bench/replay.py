@@ -8,7 +8,9 @@ For each trace (by default the two vendored Alibaba pod lists, ``openb_pod_list_
 * ``bound`` (lower bounds), ``fluid`` (one pool of compute slices) and ``repack`` (whole instances re-packed for
   free at every event), under EASY and greedy;
 * ``static`` (best eligible candidate layout), ``drain-first-fit`` (drain as flexmig first had it), ``drain`` (the
-  strong drain) and ``flex``, under EASY and greedy, each without and with ``--malleable``.
+  strong drain) and ``flex``, under EASY and greedy, each without and with ``--malleable``;
+* ``flex-repartition`` (flex with spreading and migration off: only its repartitioning of busy GPUs), under EASY,
+  to show what each of flex's mechanisms adds.
 
 Replay's own action costs apply (``flexmig.replay.costs.REPLAY_SETTINGS``: checkpoint 20 s, restart 30 s,
 create/destroy 2 s, settling 600 s, gain margin 1). The report gives, per trace and load, the median over seeds of
@@ -69,7 +71,7 @@ def variants(quick: bool) -> list[Variant]:
     out = [("bound", "easy", False)]
     out += [(p, d, False) for p in ("fluid", "repack") for d in ("easy", "greedy")]
     out += [(p, d, m) for p in MIG for d in ("easy", "greedy") for m in (False, True)]
-    return out
+    return [*out, ("flex-repartition", "easy", False)]
 
 
 def name_of(v: Variant) -> str:
@@ -86,8 +88,11 @@ def _task(args: tuple[str, float, int, Variant]) -> tuple[str, float, int, Varia
         prep = prepare(ReplayConfig(Path(trace), node="h200x8", load=rho, seed=seed))
         _CACHE[key] = prep
     policy, discipline, malleable = v
+    settings = replace(REPLAY_SETTINGS, discipline=discipline)
+    if policy == "flex-repartition":
+        policy, settings = "flex", replace(settings, resplit=False, migrate=False)
     t0 = time.perf_counter()
-    result = run_policy(prep, policy, replace(REPLAY_SETTINGS, discipline=discipline), malleable=malleable)
+    result = run_policy(prep, policy, settings, malleable=malleable)
     return trace, rho, seed, v, result.to_json(), time.perf_counter() - t0
 
 
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = variants(args.quick)
     tasks = [(t, r, s, v) for t in traces for r in loads for s in seeds for v in todo]
     # Long replays first, so the pool does not end on one straggler.
-    tasks.sort(key=lambda a: (a[3][0] not in ("flex", "drain", "static", "drain-first-fit"), a[3][1] != "easy", -a[1]))
+    tasks.sort(key=lambda a: (a[3][0] not in (*MIG, "flex-repartition"), a[3][1] != "easy", -a[1]))
     print(f"machine: {machine()}")
     print(f"node h200x8, {len(tasks)} replays on {args.processes} process(es); replay costs: {REPLAY_SETTINGS}")
     start = time.perf_counter()
@@ -244,6 +249,31 @@ GOALS: tuple[tuple[str, Variant, Variant, str, float], ...] = (
 )
 
 
+CONTEXT: tuple[tuple[str, Variant, Variant, str], ...] = (
+    (
+        "fluid / strong drain, mean JCT, EASY (no placement rule at all)",
+        ("fluid", "easy", False),
+        ("drain", "easy", False),
+        "mean_jct_s",
+    ),
+    ("repack / strong drain, mean JCT, EASY", ("repack", "easy", False), ("drain", "easy", False), "mean_jct_s"),
+    (
+        "flex-repartition / strong drain, mean JCT, EASY",
+        ("flex-repartition", "easy", False),
+        ("drain", "easy", False),
+        "mean_jct_s",
+    ),
+    (
+        "flex greedy / strong drain greedy, mean JCT",
+        ("flex", "greedy", False),
+        ("drain", "greedy", False),
+        "mean_jct_s",
+    ),
+    ("flex greedy / flex EASY, worst multi-GPU wait", ("flex", "greedy", False), ("flex", "easy", False), "multi_wait"),
+)
+"""Ratios printed beside the goals, to explain them (no limit)."""
+
+
 def report(
     results: Results, traces: list[str], loads: list[float], seeds: list[int], todo: list[Variant]
 ) -> list[dict[str, Any]]:
@@ -293,6 +323,14 @@ def report(
         goals.append({"goal": label, "limit": limit, "met": met, "worst_cell": worst, "cells": cells})
         text = ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in cells)
         print(f"   {'met   ' if met else 'MISSED'} {label} <= {limit}: {text}")
+    print("\n== for context (median over seeds per trace and load)")
+    for label, a, b, key in CONTEXT:
+        if a in todo and b in todo:
+            cells = [
+                (short(t), r, statistics.median(ratio(results, t, r, seeds, a, b, key))) for t in traces for r in loads
+            ]
+            goals.append({"context": label, "cells": [{"trace": t, "load": r, "median": m} for t, r, m in cells]})
+            print(f"   {label}: " + ", ".join(f"{t} {r}: {m:.2f}" for t, r, m in cells))
     return goals
 
 
@@ -363,7 +401,18 @@ def markdown(
     ]
     for g in goals:
         per = ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in g["cells"])
-        lines.append(f"| {g['goal']} | {g['limit']} | {g['worst_cell']:.2f} | {'yes' if g['met'] else 'no'} | {per} |")
+        if "goal" in g:
+            met = "yes" if g["met"] else "no"
+            lines.append(f"| {g['goal']} | {g['limit']} | {g['worst_cell']:.2f} | {met} | {per} |")
+    context = [g for g in goals if "context" in g]
+    if context:
+        lines += ["", "For context (median over seeds per cell):", "", "| ratio | per cell |", "|---|---|"]
+        lines += [
+            f"| {g['context']} | "
+            + ", ".join(f"{c['trace']} {c['load']}: {c['median']:.2f}" for c in g["cells"])
+            + " |"
+            for g in context
+        ]
     return "\n".join(lines) + "\n"
 
 
