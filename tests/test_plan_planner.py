@@ -416,3 +416,36 @@ def test_greedy_discipline_lets_a_long_job_take_the_gpu_the_head_waits_for() -> 
     greedy, _ = plan_for(state, replace(SETTINGS, discipline="greedy"))
     assert [a.job for a in of_type(easy, StartJob)] == ["short"]
     assert [a.job for a in of_type(greedy, StartJob)] == ["long", "short"]
+
+
+def test_a_spread_job_regrown_onto_a_larger_free_instance_names_that_instance_s_profile() -> None:
+    # The nominal 2g has no place of its own, but a free 3g covers it: the re-split names the 3g it lands on
+    # (a hypothesis case once found a ResplitJob naming 2g.35gb with a 3g.71gb as its target).
+    layouts = node([(P3, 0), (P1, 4), (P1, 5)], [(P1, 0)], [(P1, 0)], [(P1, 0)])
+    elastic = JobRequest("r1", RankNeed(profile=P2.name), ranks=1, min_ranks=1, max_ranks=7, expected_runtime_s=10.0)
+    state = NodeState(
+        H200,
+        layouts,
+        running=(
+            running("r0", (0, 4, P1), movable=False, remaining=None, last_moved=0.0),
+            running("r1", (0, 5, P1), (1, 0, P1), remaining=46.0, last_moved=0.0, nominal=elastic),
+            running("r2", (2, 0, P1), movable=False, remaining=None, last_moved=0.0),
+            running("r3", (3, 0, P1), movable=False, remaining=None, last_moved=0.0),
+        ),
+    )
+    settings = PlannerSettings(
+        checkpoint_s=3.0,
+        restart_s=6.0,
+        reconfigure_s=2.0,
+        settling_s=0.0,
+        gain_margin=-0.5,
+        migrate=False,
+        repartition_busy=False,
+    )
+    plan, out = plan_for(state, settings)
+    resplits = of_type(plan, ResplitJob)
+    assert [a.job for a in resplits] == ["r1"]
+    for action in resplits:
+        assert {i.profile for i in action.to_instances} == {action.profile}
+        assert len(action.to_instances) == action.ranks
+    assert out.holds["r0"] == state.running[0].instances
