@@ -25,6 +25,7 @@ from flexmig.config.problems import ConfigFileError, type_name
 from flexmig.config.trusted import read_trusted_text
 from flexmig.errors import JobSpecError
 from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
+from flexmig.jobs.programs import shell_reason
 from flexmig.mig.catalogue import MODELS, GpuModel, Profile
 from flexmig.mig.need import fitting_profile, need_mib
 
@@ -311,6 +312,9 @@ def _build(
                 allowed = ", ".join(str(p) for p in policy.allowed_dirs) or "(none configured)"
                 raise c.fail(key, f"{d} is outside the allowed directories: {allowed}")
         _check_user(c, user, group)
+        why = shell_reason(argv[0])  # by what the program resolves to; the launcher checks again
+        if why is not None:
+            raise c.fail("argv", why)
 
     return JobSpec(
         name=name,
