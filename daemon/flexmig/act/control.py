@@ -30,11 +30,14 @@ from typing import Any
 
 from flexmig.errors import ConfigError, FlexmigError
 
-__all__ = ["MAX_REQUEST_BYTES", "ControlServer", "Handler", "RequestError"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_REQUEST_BYTES", "ControlServer", "Handler", "RequestError"]
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 32
+"""Objects and arrays nest at most this deep in a request (the request object itself is level 1): no operation
+needs more, and a deeper one would only cost recursion in every layer that walks it."""
 Handler = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 
@@ -202,10 +205,15 @@ class ControlServer:
     def _parse(self, line: bytes) -> tuple[str, Mapping[str, Any]]:
         if len(line) > self.max_request_bytes:
             raise RequestError(f"request longer than {self.max_request_bytes} bytes")
+        too_deep = RequestError(f"request nests deeper than {MAX_JSON_DEPTH} levels")
         try:
             req = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise RequestError(f"request is not JSON: {exc}") from None
+        except RecursionError:  # deeper than the interpreter's recursion limit: far past ours
+            raise too_deep from None
+        if _depth(req) > MAX_JSON_DEPTH:
+            raise too_deep
         if not isinstance(req, dict):
             raise RequestError("request must be a JSON object")
         unknown = set(req) - {"op", "args"}
@@ -218,3 +226,20 @@ class ControlServer:
         if not isinstance(args, dict):
             raise RequestError("'args' must be a JSON object")
         return op, args
+
+
+def _depth(doc: Any) -> int:
+    """How deep objects and arrays nest in ``doc`` (a scalar is 0); iterative, so any depth is safe to measure."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
