@@ -4,6 +4,7 @@ The layers, top to bottom (a subpackage or top-level module of ``flexmig`` each;
 ``python -m`` entry point, such as ``flexmig.act``). A module imports from its own layer and from the lines below
 its own, never from a sibling on its line or from a line above::
 
+    flexmigd
     cli daemon __main__
     wiring
     export
@@ -16,7 +17,7 @@ its own, never from a sibling on its line or from a line above::
     detect
     sim
     mig
-    hook security sdnotify
+    hook security sdnotify signals
     errors
 
 Three rules more:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from flexmig import __version__
+from flexmig import __version__, signals
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
@@ -335,14 +335,20 @@ async def serve(daemon: Daemon) -> None:
     """Run ``daemon`` until SIGTERM or SIGINT, with SIGHUP reloading its configuration: what ``flexmigd`` runs."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, daemon.reload)
+    if signals.take_pending(signal.SIGHUP):  # asked for while flexmigd loaded or read its configuration
+        log.info("SIGHUP during start-up: reloading the configuration")
+        loop.call_soon(daemon.reload)
     try:
         await daemon.run(stop)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig, previous in before.items():
             loop.remove_signal_handler(sig)
+            if previous is not None:  # a signal flexmigd held before the loop (flexmig.signals) stays held
+                signal.signal(sig, previous)
 
 
 def config_secrets(config: Config) -> tuple[Secret, ...]:
@@ -364,7 +370,9 @@ def setup_logging(level: str) -> RedactingFilter:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``flexmigd`` console script; returns the exit status (2: bad input, 1: cannot run)."""
+    """The daemon's command (``flexmigd``, through :mod:`flexmig.flexmigd`); returns the exit status (2: bad input,
+    1: cannot run)."""
+    signals.hold()  # done already by flexmig.flexmigd; here for python -m flexmig.daemon and direct callers
     args = build_parser().parse_args(argv)
     redactor = setup_logging(args.log_level)
     try:
