@@ -17,7 +17,7 @@ its own, never from a sibling on its line or from a line above::
     detect
     sim
     mig
-    hook security sdnotify signals
+    hook security sdnotify signals tasks
     errors
 
 Three rules more:

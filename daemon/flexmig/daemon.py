@@ -17,17 +17,21 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, Metric
+
 from flexmig import __version__, signals
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
-from flexmig.errors import ConfigError, FlexmigError
+from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction
+from flexmig.tasks import FATAL_TASK, describe
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.publish import SnapshotHub
@@ -87,19 +91,44 @@ class Daemon:
         self.backend: Backend | None = None
         self.sampler: SamplingLoop | None = None
         self.metrics_port: int | None = None
-        self._loops: list[tuple[str, LoopFactory]] = []
+        self._loops: list[tuple[str, LoopFactory, bool]] = []
+        self.restart_backoff_s: tuple[float, float] = (1.0, 60.0)
+        """First and longest wait before a restartable loop runs again (doubling in between)."""
+        self.restarts = Counter[str]()
+        """Restarts of each restartable loop since start (``flexmig_task_restarts_total``)."""
+        self._stop: asyncio.Event | None = None
+        self._fatal: BackgroundTaskError | None = None
         self._reload_hooks: list[Callable[[Config], None]] = []
         self._start_hooks: list[Callable[[], Awaitable[None]]] = []
         self._stop_hooks: list[Callable[[], Awaitable[None]]] = []
         self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
+        self.add_metrics(_TaskMetrics(self.restarts))
         self.components = wire(self)  # detection, MQTT (if enabled), the actuator and planner, through the hooks below
 
     # ------------------------------------------------------------------------------------------ extension
-    def add_loop(self, name: str, factory: LoopFactory) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup once start-up is done; it should loop until cancelled."""
-        self._loops.append((name, factory))
+    def add_loop(self, name: str, factory: LoopFactory, *, restart: bool = False) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup once start-up is done; it should loop until cancelled.
+
+        If it raises, the daemon stops with a line naming it (:meth:`fail`), unless ``restart``: then it runs
+        again after a pause (1 s doubling to 60 s), each restart logged and counted, and the daemon stops only
+        when it failed more than :data:`MAX_RESTARTS` times in :data:`RESTART_WINDOW_S`. Only loops that hold no
+        state worth losing may restart (a broker connection, a scrape); the rest are fatal: a restart of the
+        whole daemon, which reconciles its journal, is the safe way back for them.
+        """
+        self._loops.append((name, factory, restart))
+
+    def fail(self, task: str, exc: BaseException, *, note: str = "") -> None:
+        """A background task died: say so in one line and stop the daemon (``run`` then raises
+        :class:`~flexmig.errors.BackgroundTaskError`, exit status 1). The first death is the one reported."""
+        line = f"background task {task!r} died: {describe(exc)}{note}"
+        bug = not isinstance(exc, OSError | FlexmigError)  # environmental errors are one line; bugs get a traceback
+        log.error("%s", line, exc_info=exc if bug else None)
+        if self._fatal is None:
+            self._fatal = BackgroundTaskError(line)
+        if self._stop is not None:
+            self._stop.set()
 
     def add_metrics(self, extension: SnapshotMetrics) -> None:
         """Export more metric families from each snapshot (call before :meth:`run`)."""
@@ -166,6 +195,10 @@ class Daemon:
         """Start, run every loop until ``stop`` is set (or a loop fails), then shut down in reverse order."""
         notifier = self._notifier = Notifier.from_env()
         server: MetricsServer | None = None
+        self._stop, self._fatal = stop, None
+        loop = asyncio.get_running_loop()
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self._loop_exception)
         try:
             self.backend = await self.worker.call(
                 open_backend,
@@ -211,23 +244,24 @@ class Daemon:
                 await start_hook()
             notifier.ready(f"sampling {len(first.gpus)} GPU(s), {len(first.instances())} MIG instance(s)")
             self._started.set()
+            sampler, opened = self.sampler, self.backend
+            loops: list[tuple[str, LoopFactory, bool]] = [("sampling", sampler.run, False)]
+            if dcgm is not None:
+                loops.append(("dcgm", lambda: dcgm_loop(dcgm, self.settings.dcgm_interval_s), True))
+            if opened.workload is not None:
+                step = self._workload_step(opened.workload)
+                loops.append(
+                    ("workload", lambda: periodic_step(self.worker, step, self.settings.interval_s, self.clock), True)
+                )
+            timeout = watchdog_timeout_s()
+            if timeout is not None:
+                dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
+                loops.append(("watchdog", lambda: _watchdog_loop(dog), False))
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self.sampler.run(), name="sampling")]
-                if dcgm is not None:
-                    tasks.append(tg.create_task(dcgm_loop(dcgm, self.settings.dcgm_interval_s), name="dcgm"))
-                if self.backend.workload is not None:
-                    step = self._workload_step(self.backend.workload)
-                    tasks.append(
-                        tg.create_task(
-                            periodic_step(self.worker, step, self.settings.interval_s, self.clock), name="workload"
-                        )
-                    )
-                timeout = watchdog_timeout_s()
-                if timeout is not None:
-                    dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
-                    tasks.append(tg.create_task(_watchdog_loop(dog), name="watchdog"))
-                for name, factory in self._loops:
-                    tasks.append(tg.create_task(factory(), name=name))
+                tasks = [
+                    tg.create_task(self._supervised(name, factory, restart), name=name)
+                    for name, factory, restart in (*loops, *self._loops)
+                ]
                 await stop.wait()
                 log.info("stopping")
                 notifier.stopping()
@@ -247,6 +281,51 @@ class Daemon:
                     await self.worker.call(backend.close)
             self.worker.shutdown()
             notifier.close()
+            loop.set_exception_handler(previous_handler)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _supervised(self, name: str, factory: LoopFactory, restart: bool) -> None:
+        """Run one loop under the daemon's policy (see :meth:`add_loop`); never raises but CancelledError."""
+        failures: deque[float] = deque()
+        pause, longest = self.restart_backoff_s
+        while True:
+            try:
+                await factory()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                failures.append(now)
+                while failures and failures[0] < now - RESTART_WINDOW_S:
+                    failures.popleft()
+                if not restart or len(failures) > MAX_RESTARTS:
+                    note = f" (after {MAX_RESTARTS} restarts in {RESTART_WINDOW_S / 60:.0f} min)" if restart else ""
+                    self.fail(name, exc, note=note)
+                    return
+                self.restarts[name] += 1
+                log.warning(
+                    "background task %r failed (%s); restart %d in %.1f s", name, describe(exc), self.restarts[name],
+                    pause,
+                )  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(longest, pause * 2)
+                continue
+            if self._stop is None or not self._stop.is_set():
+                log.warning("background task %r ended by itself", name)
+            return
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The event loop's exception handler: a spawned task's death is fatal (:mod:`flexmig.tasks`); anything
+        else asyncio reports (a library's own task or callback) is one line at ERROR, its traceback at DEBUG."""
+        exc = context.get("exception")
+        task = context.get(FATAL_TASK)
+        if task is not None and isinstance(exc, BaseException):
+            self.fail(str(task), exc)
+            return
+        what = str(context.get("message") or "unhandled error in the event loop")
+        detail = f": {describe(exc)}" if isinstance(exc, BaseException) else ""
+        log.error("asyncio: %s%s", what, detail, exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
 
     def _workload_step(self, workload: DemoWorkload) -> Callable[[float], None]:
         """The demo workload's step, leaving alone the instances the actuator uses (read on the NVML thread)."""
@@ -261,6 +340,26 @@ class Daemon:
         snapshot = self.hub.publish(snapshot)
         self.heartbeat.beat(snapshot.monotonic)
         return snapshot
+
+
+#: A restartable loop that fails more often than this within :data:`RESTART_WINDOW_S` stops the daemon.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
+
+
+class _TaskMetrics:
+    """``flexmig_task_restarts_total{task}``: restarts of the daemon's restartable loops."""
+
+    def __init__(self, restarts: Counter[str]) -> None:
+        self._restarts = restarts
+
+    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "flexmig_task_restarts", "Restarts of a background task of the daemon after it failed", labels=["task"]
+        )
+        for task, count in sorted(self._restarts.items()):
+            family.add_metric([task], float(count))
+        yield family
 
 
 def _restart_only(key: str) -> bool:

@@ -8,6 +8,7 @@ layer that meets it, with ``raise ... from``, so callers only ever catch these. 
 from __future__ import annotations
 
 __all__ = [
+    "BackgroundTaskError",
     "ConfigError",
     "FlexmigError",
     "HookTimeoutError",
@@ -30,6 +31,11 @@ __all__ = [
 
 class FlexmigError(Exception):
     """Root of every error flexmig raises on purpose."""
+
+
+class BackgroundTaskError(FlexmigError):
+    """A background task of the daemon died (or kept failing past its restarts): the daemon stops, exit status 1,
+    with this one line naming the task and its error."""
 
 
 class NodeSpecError(FlexmigError, ValueError):

@@ -18,6 +18,7 @@ from flexmig.act.journal import Journal
 from flexmig.act.steps import StepFailed
 from flexmig.act.supervisor import Supervisor
 from flexmig.hook.protocol import AckError, read_ack
+from flexmig.tasks import spawn
 
 __all__ = ["Settler"]
 
@@ -57,7 +58,7 @@ class Settler:
         if job in self.busy or job in self._settling:
             return
         self._settling.add(job)
-        task = asyncio.get_running_loop().create_task(self._settle(job), name=f"settle-{job}")
+        task = spawn(self._settle(job), name=f"settle-{job}")  # its death stops the daemon
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -47,8 +47,9 @@ class DaemonHooks(Protocol):
     hostname: str
     hub: SnapshotHub
 
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup."""
+    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup; ``restart``: run it again if it fails (counted, logged)
+        instead of stopping the daemon."""
         ...
 
     def add_metrics(self, extension: SnapshotMetrics) -> None:
@@ -96,7 +97,7 @@ def wire(daemon: WiredDaemon) -> Components:
         mqtt = MqttComponent(config.mqtt, node, detector, mode=config.mode, broker_problem=broker_problem)
         daemon.hub.subscribe(mqtt.findings)
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
-        daemon.add_loop("mqtt", mqtt.run)
+        daemon.add_loop("mqtt", mqtt.run, restart=True)  # its state is in the outbox, on disk
         daemon.on_reload(mqtt.reload)
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
@@ -104,9 +105,9 @@ def wire(daemon: WiredDaemon) -> Components:
     listener = command_listener(config, node, actuator.dispatch)
     if listener is not None:
         if mqtt is not None and mqtt.publisher.off is not None:
-            daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch))
+            daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch), restart=True)
         else:
-            daemon.add_loop("mqtt-commands", listener.run)
+            daemon.add_loop("mqtt-commands", listener.run, restart=True)
     return Components(detector, mqtt, actuator, listener)
 
 

@@ -85,8 +85,8 @@ class ActuatorHost(Protocol):
     backend: Backend | None
     sim_spec: str | None
 
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup."""
+    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup (``restart``: again if it fails, instead of stopping)."""
         ...
 
     def add_metrics(self, extension: SnapshotMetrics) -> None:
