@@ -22,12 +22,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from flexmig import __version__, signals
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
 from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
-from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.export.metrics_http import MetricsServer, ServerStats
+from flexmig.export.prometheus import SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction
@@ -104,7 +105,10 @@ class Daemon:
         self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
+        self.metrics_stats = ServerStats()
+        """What the metrics server did (its connections at the cap, time-outs), exported with the metrics."""
         self.add_metrics(_TaskMetrics(self.restarts))
+        self.add_metrics(_ServerMetrics(lambda: self.metrics_stats))
         self.components = wire(self)  # detection, MQTT (if enabled), the actuator and planner, through the hooks below
 
     # ------------------------------------------------------------------------------------------ extension
@@ -231,6 +235,7 @@ class Daemon:
             if self.metrics_addr is not None:
                 registry = build_registry(SnapshotCollector(self.hub.latest, self._metrics_ext))
                 server = MetricsServer(registry, self.metrics_addr.host, self.metrics_addr.port)
+                self.metrics_stats = server.stats
                 _, self.metrics_port = server.start()
                 log.info("metrics on http://%s:%d/metrics", _bracket(self.metrics_addr.host), self.metrics_port)
             log.info(
@@ -355,11 +360,39 @@ class _TaskMetrics:
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         family = CounterMetricFamily(
-            "flexmig_task_restarts", "Restarts of a background task of the daemon after it failed", labels=["task"]
+            "flexmig_task_restarts",
+            "Restarts of a background task of the daemon after it failed",
+            labels=["Hostname", "task"],
         )
         for task, count in sorted(self._restarts.items()):
-            family.add_metric([task], float(count))
+            family.add_metric([snapshot.hostname, task], float(count))
         yield family
+
+
+class _ServerMetrics:
+    """The metrics server's own figures: open connections and its cap, and what it cut off at the cap or on time."""
+
+    def __init__(self, stats: Callable[[], ServerStats]) -> None:
+        self._stats = stats
+
+    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
+        st, host = self._stats(), [snapshot.hostname]
+        for name, doc, value in (
+            ("flexmig_metrics_connections", "Open connections to the metrics server", st.open),
+            ("flexmig_metrics_connection_limit", "Connections the metrics server holds at most", st.limit),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["Hostname"])
+            gauge.add_metric(host, float(value))
+            yield gauge
+        for name, doc, value in (
+            ("flexmig_metrics_connections_evicted", "Connections still sending their request head, closed at the cap "
+             "to make room for a new one", st.evicted),
+            ("flexmig_metrics_connections_refused", "Connections closed unanswered at the cap", st.refused),
+            ("flexmig_metrics_connections_timed_out", "Connections cut: request head or answer too slow", st.timed_out),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(name, doc, labels=["Hostname"])
+            counter.add_metric(host, float(value))
+            yield counter
 
 
 def _restart_only(key: str) -> bool:

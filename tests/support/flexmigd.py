@@ -77,6 +77,7 @@ class ActNode:
     mqtt_extra: str = ""  # more [mqtt] keys (credentials, commands_enabled), with ``broker``
     control: bool = True  # [control] enabled: the socket is served
     port: int = field(default_factory=free_port)
+    nofile: int | None = None  # RLIMIT_NOFILE (soft and hard) of the daemon, as LimitNOFILE= would set it
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -128,9 +129,14 @@ class ActNode:
             sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(self.sim_state),
             "--config", str(self.config), "--metrics-addr", f"127.0.0.1:{self.port}",
         ]  # fmt: skip
+        if self.nofile is not None:  # prlimit sets the limit, then execs flexmigd (same pid)
+            argv = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *argv]
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": ""}
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "NOTIFY_SOCKET": ""},
             )
 
         def up() -> bool:
