@@ -150,6 +150,29 @@ def test_nesting_up_to_the_limit_is_accepted(tmp_path: Path) -> None:
     assert answer["ok"] is True
 
 
+def test_connections_beyond_the_cap_are_answered_and_closed_and_the_held_ones_keep_working(tmp_path: Path) -> None:
+    async def scenario(server: ControlServer) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+        held = [await asyncio.open_unix_connection(str(server.path)) for _ in range(4)]
+        while len(server._conns) < 4:  # noqa: ASYNC110 - polling the server's state is the point
+            await asyncio.sleep(0.01)
+        refused = await talk(server.path, b'{"op": "echo"}\n')
+        reader, writer = held[0]
+        writer.write(b'{"op": "echo"}\n')
+        answers = [json.loads(await asyncio.wait_for(reader.readline(), 10))]
+        for _, w in held:
+            w.close()
+        while server._conns:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        again = await talk(server.path, b'{"op": "echo"}\n')
+        return refused, answers, again
+
+    refused, answers, again = serve(tmp_path / "c.sock", scenario, max_connections=4)
+    assert refused == [
+        {"ok": False, "error": "too many connections to the control socket (4); try again", "type": "BusyError"}
+    ]
+    assert answers[0]["ok"] is True and again[0]["ok"] is True
+
+
 def test_a_handler_bug_is_an_internal_error_answer_not_a_dead_socket(tmp_path: Path) -> None:
     async def scenario(server: ControlServer) -> list[dict[str, Any]]:
         return await talk(server.path, b'{"op": "boom"}\n', b'{"op": "echo"}\n')
