@@ -11,23 +11,24 @@ SPEC ?= h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6
 
 .PHONY: demo test check lint venv debs
 
-$(BIN)/flexmig: pyproject.toml
+$(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,torch]'
+	$(BIN)/pip install -q -e ./hook -e '.[test,torch]'
 	touch $@
 
 venv: $(BIN)/flexmig
 
 debs:
-	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd >/dev/null; }
+	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
+	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
 
 demo: venv
 	$(BIN)/flexmigd --sim $(SPEC)
 
 lint: venv
-	$(BIN)/ruff check $(wildcard daemon tests bench examples dashboards)
+	$(BIN)/ruff check $(wildcard daemon hook tests bench examples dashboards setup.py)
 	$(BIN)/mypy
 
 test: venv debs lint

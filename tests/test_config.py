@@ -57,7 +57,7 @@ def test_an_empty_file_is_the_default_configuration() -> None:
 def test_the_default_observes_and_keeps_everything_on_loopback_or_off() -> None:
     cfg = Config.default()
     assert cfg.mode == "observe"
-    assert cfg.prometheus.listen == HostPort("127.0.0.1", 9400)
+    assert cfg.prometheus.listen == HostPort("127.0.0.1", 17400)
     assert cfg.prometheus.listen.is_loopback()
     assert not cfg.mqtt.enabled
     assert not cfg.mqtt.commands_enabled
@@ -580,7 +580,7 @@ def test_config_check_prints_one_ok_line(tmp_path: Path, capsys: pytest.CaptureF
     path = write(tmp_path / "flexmig.toml", 'mode = "advise"\n')
     assert cli_main(["config", "check", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out == f"{path}: OK (mode advise, metrics 127.0.0.1:9400, mqtt off)\n"
+    assert out == f"{path}: OK (mode advise, metrics 127.0.0.1:17400, mqtt off)\n"
 
 
 def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -613,9 +613,13 @@ def test_config_example_output_is_a_file_that_config_check_accepts(tmp_path: Pat
     assert cli_main(["config", "check", str(path)]) == 0
 
 
-def test_dcgm_enabled_on_flexmigds_own_metrics_address_is_refused() -> None:
-    ((key, line, message),) = problems_of("[dcgm]\nenabled = true\n")
-    assert (key, line) == ("dcgm.enabled", 2)
-    assert "flexmigd's own metrics address" in message and "9400" in message
-    cfg = parse_config('[dcgm]\nenabled = true\nurl = "http://127.0.0.1:9401/metrics"\n', SRC)
-    assert cfg.dcgm.enabled
+def test_dcgm_on_by_defaults_reads_dcgm_exporter_on_9400_beside_flexmigds_own_port() -> None:
+    cfg = parse_config("[dcgm]\nenabled = true\n", SRC)
+    assert cfg.dcgm.enabled and cfg.dcgm.url == "http://127.0.0.1:9400/metrics"
+    assert cfg.prometheus.listen.port not in (9100, 9400), "node_exporter's and dcgm-exporter's default ports"
+
+
+def test_dcgm_url_on_flexmigds_own_metrics_address_is_refused() -> None:
+    ((key, line, message),) = problems_of('[dcgm]\nenabled = true\nurl = "http://localhost:17400/metrics"\n')
+    assert (key, line) == ("dcgm.url", 3)
+    assert "flexmigd's own metrics address" in message and "dcgm-exporter (port 9400 by default)" in message

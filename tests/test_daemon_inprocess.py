@@ -181,7 +181,8 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
 
             await until_snapshot(daemon, settled, "a GPM figure covering only the new activity")
             series = await scrape(daemon)
-            assert values(series, "flexmig_mig_memory_used_bytes", mig_uuid=busy) == [float(5 << 30)]
+            idle = node.gpu(0).gpu_instances[0].idle_used_bytes  # an idle MIG device shows a few MiB used
+            assert values(series, "flexmig_mig_memory_used_bytes", mig_uuid=busy) == [float((5 << 30) + idle)]
             assert values(series, "flexmig_mig_processes", mig_uuid=busy) == [1.0]
             assert values(series, "flexmig_mig_processes", mig_uuid=quiet) == [0.0]
             assert values(series, "flexmig_mig_sm_active_ratio", mig_uuid=busy) == [pytest.approx(0.6, abs=1e-6)]

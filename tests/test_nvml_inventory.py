@@ -70,7 +70,7 @@ def truth_view(node: SimNode) -> list[dict[str, Any]]:
         devices = []
         for uuid in g.mig_uuids:
             gi, ci = g.mig_device(uuid)
-            used = sum(p.memory_bytes for c in gi.compute_instances for p in c.processes)
+            used = sum(p.memory_bytes for c in gi.compute_instances for p in c.processes) + gi.idle_used_bytes
             devices.append(
                 (uuid, gi.id, ci.id, gi.memory_bytes, used, sorted((p.pid, p.memory_bytes) for p in ci.processes))
             )
@@ -176,8 +176,14 @@ def test_without_privileges_aggregate_memory_is_none_and_recorded(node: SimNode,
     node.set_privileged(False)
     gpu = nvml.inventory().gpus[0]
     assert gpu.memory_total_bytes is None
-    assert [i.name for i in gpu.errors] == ["NO_PERMISSION"]
+    # nvml.h marks GetGpuInstances "Requires privileged user": asked once, recorded once, not per profile.
+    assert [(i.call, i.name) for i in gpu.errors] == [
+        ("nvmlDeviceGetMemoryInfo", "NO_PERMISSION"),
+        ("nvmlDeviceGetGpuInstances", "NO_PERMISSION"),
+    ]
+    assert gpu.gpu_instances == ()
     assert gpu.mig_devices[0].memory_total_bytes == 71168 << 20
+    assert [d.gpu_instance_id for d in gpu.mig_devices] == [1, 5, 13]
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real NVIDIA driver is installed")

@@ -58,6 +58,6 @@ def test_nvitop_sees_gpus_mig_mode_and_processes_started_on_the_node(nvitop_on_s
     pid = node.start_process(uuid, memory_bytes=4 << 30)
     mig = nvitop.MigDevice(uuid)
     assert (mig.physical_index, mig.gpu_instance_id(), mig.compute_instance_id()) == (1, 1, 0)
-    assert mig.memory_used() == 4 << 30
+    assert mig.memory_used() == (4 << 30) + node.gpu(1).gpu_instances[0].idle_used_bytes
     assert list(mig.processes()) == [pid]
     assert mig.gpu_utilization() is nvitop.NA  # NVML has no utilization rates on MIG devices

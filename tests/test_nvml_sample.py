@@ -62,7 +62,8 @@ def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node: SimNo
     assert (g0.sm_clock_mhz, g0.mem_clock_mhz) == (345, 3201)
     dev = device(samples, uuid)
     assert (dev.gpu_index, dev.gpu_instance_id, dev.compute_instance_id) == (1, 13, 0)
-    assert (dev.memory_total_bytes, dev.memory_used_bytes) == (16384 << 20, 2 << 30)
+    idle = node.gpu(1).gpu_instances[2].idle_used_bytes  # an idle MIG device shows a few MiB used
+    assert (dev.memory_total_bytes, dev.memory_used_bytes) == (16384 << 20, (2 << 30) + idle)
     assert dev.processes is not None
     assert [(p.pid, p.used_memory_bytes) for p in dev.processes] == [(pid, 2 << 30)]
     assert dev.activity is None  # no GpmWindows given

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -135,10 +136,17 @@ def test_possible_placements_refuse_a_too_small_array(sim: Sim) -> None:
 
 
 # ------------------------------------------------------------------------------------ GPU instances
-def test_3g_cannot_start_at_2(sim: Sim) -> None:
+def test_3g_cannot_start_at_2_nor_1g_at_7_the_placement_is_invalid(sim: Sim) -> None:
+    # nvml.h, CreateGpuInstanceWithPlacement: INVALID_ARGUMENT "If [...] placement [...] are invalid";
+    # INSUFFICIENT_RESOURCES is for a placement the profile allows that is taken.
     sim("h200")
-    with pytest.raises(N.NVMLError_InsufficientResources):
+    with pytest.raises(N.NVMLError_InvalidArgument):
         create_gi(gpu(), 9, 2, 4)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        create_gi(gpu(), 19, 7, 1)
+    create_gi(gpu(), 9, 0, 4)
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        create_gi(gpu(), 19, 3, 1)  # a valid 1g start inside the 3g
 
 
 def test_overlapping_instances_are_insufficient_resources(sim: Sim) -> None:
@@ -223,15 +231,40 @@ def test_destroying_a_ci_with_a_process_is_in_use_and_without_it_succeeds(sim: S
     assert node.gpu(0).gpu_instances == ()
 
 
-def test_a_handle_of_a_destroyed_instance_is_refused_not_reused(sim: Sim) -> None:
-    sim("h200:3g.71gb@0")
+def test_a_destroyed_instances_handle_is_invalid_until_a_new_instance_reuses_it(sim: Sim) -> None:
+    # nvml.h, GetMigDeviceHandleByIndex: the handle "would remain invalid and must be requested again [...]
+    # Handles may be reused and their properties can change in the process."
+    node = sim("h200:3g.71gb@0")
     gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
-    ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
-    N.nvmlComputeInstanceDestroy(ci)
+    mig = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    old_uuid = N.nvmlDeviceGetUUID(mig)
+    N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
     N.nvmlGpuInstanceDestroy(gi)
-    create_gi(gpu(), 9, 0, 4)
     with pytest.raises(N.NVMLError_InvalidArgument):
         N.nvmlGpuInstanceGetInfo(gi)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceGetUUID(mig)
+    new_gi = create_gi(gpu(), 14, 4, 2)  # a 2g elsewhere: a different instance
+    N.nvmlGpuInstanceCreateComputeInstance(new_gi, N.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
+    fresh = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    # The stale handles now read the new instance: same address, other properties.
+    assert N.nvmlGpuInstanceGetInfo(gi).id == N.nvmlGpuInstanceGetInfo(new_gi).id == 5
+    assert N.nvmlDeviceGetUUID(mig) == N.nvmlDeviceGetUUID(fresh) == node.mig_uuids(0)[0] != old_uuid
+    assert N.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 2g.35gb"
+
+
+def test_handle_reuse_is_deterministic_lowest_free_slot_first(sim: Sim) -> None:
+    sim("h200:1g.18gb@0+1g.18gb@1+1g.18gb@2")
+    handles = [N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i) for i in range(3)]
+    addresses = [ctypes.addressof(h.contents) for h in handles]
+    for gi_id in (9, 7):  # destroy the 1g at 2, then the one at 0
+        gi = N.nvmlDeviceGetGpuInstanceById(gpu(), gi_id)
+        N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+        N.nvmlGpuInstanceDestroy(gi)
+    gi = create_gi(gpu(), 19, 5, 1)
+    N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+    reborn = [ctypes.addressof(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i).contents) for i in range(2)]
+    assert reborn == [addresses[1], addresses[0]]  # the live 1g keeps its handle; the new one takes slot 0
 
 
 def test_mig_calls_on_a_gpu_with_mig_disabled_are_not_supported(sim: Sim) -> None:
@@ -315,9 +348,26 @@ def test_utilization_rates_are_not_supported_on_mig(sim: Sim) -> None:
 def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim: Sim) -> None:
     node = sim()
     uuid = node.mig_uuids(0)[1]
+    handle = N.nvmlDeviceGetHandleByUUID(uuid)
+    idle = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
     node.start_process(uuid, memory_bytes=3 << 30)
-    mem = N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByUUID(uuid))
-    assert (mem.total, mem.used, mem.free) == (33024 << 20, 3 << 30, (33024 << 20) - (3 << 30))
+    mem = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+    assert (mem.total, mem.used - idle.used) == (33024 << 20, 3 << 30)
+    assert mem.total == mem.reserved + mem.used + mem.free
+
+
+def test_an_idle_mig_device_shows_a_few_mib_used_and_reserved_memory_is_not_zero(sim: Sim) -> None:
+    # Hardware: an idle 1g.10gb on an H100 shows 12 MiB used; nvml.h: v1 "used" is the "Sum of Reserved and
+    # Allocated device memory", v2 "accounts separately for reserved memory".
+    node = sim()
+    handle = N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[2])  # the idle 1g.18gb at 6
+    v2 = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+    assert 3 << 20 <= v2.used <= 32 << 20
+    assert v2.reserved > 0
+    assert v2.total == v2.reserved + v2.used + v2.free
+    v1 = N.nvmlDeviceGetMemoryInfo(handle)
+    assert (v1.total, v1.used, v1.free) == (v2.total, v2.reserved + v2.used, v2.free)
+    assert node.gpu(0).gpu_instances[2].idle_used_bytes == v2.used
 
 
 # ------------------------------------------------------------------------------------------- processes
@@ -495,3 +545,61 @@ def test_power_temperature_and_clocks_rise_with_activity(sim: Sim) -> None:
     assert busy[0] > idle[0] and busy[1] > idle[1]
     assert N.nvmlDeviceGetClockInfo(gpu(), N.NVML_CLOCK_SM) == 1980
     assert busy[0] <= N.nvmlDeviceGetPowerManagementLimit(gpu())
+
+
+# ------------------------------------------------------------------------------- Hopper profile fields
+@pytest.mark.parametrize("model", ["h100-80", "h200"])
+def test_hopper_profiles_have_the_engines_nvidia_smi_mig_lgip_prints(sim: Sim, model: str) -> None:
+    # `nvidia-smi mig -lgip` on an H200 (NVIDIA/mig-parted#120): DEC 1/1/1/2/3/4/7, JPEG the same, OFA on 1g+me
+    # and 7g only, and P2P "No" on every profile.
+    sim(model)
+    seen = {}
+    for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), idx)
+        except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+            continue
+        seen[info.id] = (info.decoderCount, info.jpegCount, info.ofaCount, info.copyEngineCount, info.isP2pSupported)
+    assert seen == {
+        19: (1, 1, 0, 1, 0),
+        20: (1, 1, 1, 1, 0),
+        15: (1, 1, 0, 1, 0),
+        14: (2, 2, 0, 2, 0),
+        9: (3, 3, 0, 3, 0),
+        5: (4, 4, 0, 4, 0),
+        0: (7, 7, 1, 8, 0),
+    }
+
+
+# ------------------------------------------------------------------------------------ semantics of nvml.h
+def test_get_index_of_a_mig_handle_is_the_index_get_mig_device_handle_by_index_takes(sim: Sim) -> None:
+    # nvml.h, nvmlDeviceGetIndex: "When used with MIG device handles this API returns indices that can be
+    # passed to nvmlDeviceGetMigDeviceHandleByIndex to retrieve an identical handle."
+    node = sim()
+    for i, uuid in enumerate(node.mig_uuids(1)):
+        mig = N.nvmlDeviceGetHandleByUUID(uuid)
+        index = N.nvmlDeviceGetIndex(mig)
+        assert index == i
+        same = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(1), index)
+        assert ctypes.addressof(same.contents) == ctypes.addressof(mig.contents)
+    assert N.nvmlDeviceGetIndex(gpu(1)) == 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 19),
+        lambda: N.nvmlDeviceGetGpuInstanceById(gpu(), 1),
+        lambda: N.nvmlDeviceGetGpuInstances(gpu(), 9, (N.c_nvmlGpuInstance_t * 2)(), byref(c_uint(0))),
+        lambda: N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, None, byref(c_uint(0))),
+    ],
+    ids=["RemainingCapacity", "GetGpuInstanceById", "GetGpuInstances", "PossiblePlacements_v2"],
+)
+def test_calls_the_header_marks_requires_privileged_user_are_no_permission_unprivileged(
+    sim: Sim, call: Callable[[], object]
+) -> None:
+    node = sim("h200:3g.71gb@0")
+    call()  # privileged: answers
+    node.set_privileged(False)
+    with pytest.raises(N.NVMLError_NoPermission):
+        call()

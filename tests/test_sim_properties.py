@@ -107,8 +107,12 @@ def probe_every_start(dev: Any, placed: dict[int, tuple[int, int]]) -> None:
             pl = N.c_nvmlGpuInstancePlacement_t(start, size)
             try:
                 gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, byref(pl))
+            except N.NVMLError_InvalidArgument:
+                assert start not in PUBLISHED[profile_id][0], f"{profile_id}@{start} is a published start"
+                continue
             except N.NVMLError_InsufficientResources:
                 assert not ok, f"refused {profile_id}@{start} that the published table allows next to {placed}"
+                assert start in PUBLISHED[profile_id][0], f"{profile_id}@{start} is no placement: INVALID_ARGUMENT"
                 continue
             assert ok, f"accepted {profile_id}@{start} that the published table forbids next to {placed}"
             N.nvmlGpuInstanceDestroy(gi)
@@ -124,8 +128,13 @@ def _create(dev: Any, profile_id: int, start: int | None, with_ci: bool, placed:
         else:
             pl = N.c_nvmlGpuInstancePlacement_t(start, size)
             gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, byref(pl))
+    except N.NVMLError_InvalidArgument:
+        assert start is not None, "INVALID_ARGUMENT without a placement"
+        assert start not in PUBLISHED[profile_id][0], f"{profile_id}@{start} is a published start"
+        return
     except N.NVMLError_InsufficientResources:
         assert not expected, f"refused {profile_id}@{start} that the published table allows"
+        assert start is None or start in PUBLISHED[profile_id][0], f"{profile_id}@{start}: INVALID_ARGUMENT"
         return
     assert expected, f"accepted {profile_id}@{start} that the published table forbids"
     info = N.nvmlGpuInstanceGetInfo(gi)

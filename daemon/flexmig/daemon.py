@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-addr",
         metavar="HOST:PORT",
-        help="serve Prometheus metrics here (default: prometheus.listen of the configuration, 127.0.0.1:9400)",
+        help="serve Prometheus metrics here (default: prometheus.listen of the configuration, 127.0.0.1:17400)",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
     return p

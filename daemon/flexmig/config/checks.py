@@ -196,8 +196,8 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         if target.hostname is not None and _same_endpoint(target.hostname, target.port or 80, p.listen):
             yield (
                 ("dcgm.url", "dcgm.enabled", "prometheus.listen"),
-                f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); dcgm-exporter "
-                "also defaults to port 9400: move one of them",
+                f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); flexmigd "
+                "would scrape itself: point dcgm.url at dcgm-exporter (port 9400 by default) or move prometheus.listen",
             )
     m = cfg.mqtt
     if (m.tls_cert is None) != (m.tls_key is None):

@@ -40,6 +40,16 @@ __all__ = [
     "toml_name",
 ]
 
+#: flexmigd's default ``/metrics`` port. The Prometheus project's list of default exporter ports has no free
+#: number left in 9100-9999 and goes on above 10000 (Kubernetes holds 10248-10259); 17400 lies outside both,
+#: below Linux's ephemeral range (32768-60999), and is the default of no exporter met on a GPU node:
+#: dcgm-exporter 9400, node_exporter 9100, nvidia_gpu_exporter 9835, nv-hostengine 5555, Slurm 6817-6819,
+#: torchrun's rendezvous 29400.
+DEFAULT_METRICS_PORT = 17400
+
+#: dcgm-exporter's default port (``--address :9400``), where ``[dcgm] url`` reads it by default.
+DCGM_EXPORTER_PORT = 9400
+
 #: What the daemon may do. ``observe``: sample, detect, export, never change a GPU. ``advise``: also plan and
 #: publish plans. ``act``: execute plans (needs root with CAP_SYS_ADMIN).
 Mode = Literal["observe", "advise", "act"]
@@ -114,9 +124,9 @@ class PrometheusConfig:
 
     enabled: bool = _doc(True, "Serve Prometheus metrics.", restart=True)
     listen: HostPort = _doc(
-        HostPort("127.0.0.1", 9400),
-        "Address to listen on. Loopback only unless allow_remote = true. Note: dcgm-exporter also defaults to "
-        "port 9400; when both run on one node, move one of them.",
+        HostPort("127.0.0.1", DEFAULT_METRICS_PORT),
+        "Address to listen on. Loopback only unless allow_remote = true. The default port, 17400, is taken by "
+        "no common exporter (dcgm-exporter listens on 9400, node_exporter on 9100).",
         restart=True,
     )
     allow_remote: bool = _doc(
@@ -188,7 +198,10 @@ class DcgmConfig:
     """An optional local dcgm-exporter scraped for DCGM_FI_PROF_* per-instance activity."""
 
     enabled: bool = _doc(False, "Scrape dcgm-exporter.")
-    url: str = _doc("http://127.0.0.1:9400/metrics", "dcgm-exporter's metrics URL (http or https, no credentials).")
+    url: str = _doc(
+        f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics",
+        "dcgm-exporter's metrics URL (http or https, no credentials); 9400 is dcgm-exporter's default port.",
+    )
     timeout_s: float = _doc(2.0, "Timeout of one scrape in seconds.", lo=0.1, hi=60)
 
 
@@ -340,7 +353,7 @@ class JobsConfig:
     ack_dir: Path | None = _doc(
         None,
         "Jobs acknowledge checkpoints here (created mode 1733) instead of in their checkpoint directories; needed "
-        "when the daemon cannot read job directories (the shipped systemd unit has no CAP_DAC_OVERRIDE).",
+        "when the daemon cannot read job directories (a unit without the act drop-in's CAP_DAC_READ_SEARCH).",
         example="/run/flexmig/acks",
         restart=True,
     )

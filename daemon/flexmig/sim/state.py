@@ -330,7 +330,9 @@ class SimNodeState:
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
             start = max(fits)
         else:
-            if size is not None and size != profile.memory_slices:
+            # nvml.h: INVALID_ARGUMENT "If [...] placement [is] invalid" (a start or size the profile never has);
+            # INSUFFICIENT_RESOURCES is for a valid placement that is taken.
+            if start not in profile.starts or (size is not None and size != profile.memory_slices):
                 raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
             if layout.why_not(profile, start):
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)

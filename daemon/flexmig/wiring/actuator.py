@@ -63,6 +63,7 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.backend import Backend
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
+from flexmig.wiring.privileges import act_privilege_warning
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
 from flexmig.wiring.status import status_document
 
@@ -179,6 +180,7 @@ class ActuatorComponent:
         self._touched: set[tuple[int, int]] = set()
         self._busy = asyncio.Lock()
         self._stopping = False
+        self._simulated = True  # until start() knows the backend
         self._wake = asyncio.Event()
         self._last_signature: tuple[str, ...] | None = None
         self._last_round: PlanRound | None = None
@@ -197,6 +199,8 @@ class ActuatorComponent:
         if backend is None:
             raise FlexmigError("the actuator needs an open NVML session")
         cfg = self.config
+        self._simulated = backend.simulated
+        self._check_privileges()
         try:
             self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.simulated)
             if paths.private is not None:
@@ -527,7 +531,16 @@ class ActuatorComponent:
         if old != config.mode:
             log.info("mode %s -> %s", old, config.mode)
             self._last_signature = None
+            self._check_privileges()
             self.wake()
+
+    def _check_privileges(self) -> None:
+        """In mode act on a real node, warn once per start or switch when act's capabilities are missing."""
+        if self.mode != "act" or self._simulated:
+            return
+        warning = act_privilege_warning()
+        if warning is not None:
+            log.warning("%s", warning)
 
     async def drain(self) -> None:
         """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
