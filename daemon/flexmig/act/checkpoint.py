@@ -75,7 +75,8 @@ class Checkpointer:
         except StepFailed as exc:
             if exc.outcome == "failed":
                 await self.supervisor.terminate(name, self.term_grace_s)
-                run.journal.put_job(run.job(name).with_(state="failed", error=str(exc)))
+                failed = run.job(name).with_(state="failed", error=str(exc))
+                await run.write("failure of the checkpoint", lambda: run.journal.put_job(failed))
                 self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=name, error=str(exc)))
             raise
         ack = Ack.from_json(res["ack"])

@@ -35,10 +35,12 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from flexmig.act.control import ControlServer, Handler, RequestError
 from flexmig.act.encoding import CreateInstancePayload, DestroyInstancePayload, payload_of, reason_of, slots_named
@@ -186,6 +188,7 @@ class ActuatorComponent:
         self._last_round: PlanRound | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
         host.add_metrics(self.metrics)
+        host.add_metrics(_JournalMetrics(lambda: self.act))
         host.hub.subscribe(lambda _snapshot: self._refresh())
         host.on_start(self.start)
         host.on_stop(self.drain)
@@ -417,7 +420,7 @@ class ActuatorComponent:
         jobs: list[dict[str, Any]] = []
         recent: list[dict[str, Any]] = []
         if self.act is not None:
-            jobs = [rec.summary() for rec in self.act.journal.jobs()]
+            jobs = [self.act.jobs.summary(rec) for rec in self.act.journal.jobs()]
             recent = [_action_json(r) for r in self.act.journal.recent_actions(10)]
         doc = status_document(
             snap,
@@ -571,6 +574,35 @@ class ActuatorComponent:
             paths = self.paths
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
+
+
+class _JournalMetrics:
+    """How the journal's writes fare: ``flexmig_journal_write_waiting`` is 1 while an action waits for the storage
+    (a full disk), with the retries and waits counted since start."""
+
+    def __init__(self, actuator: Callable[[], Actuator | None]) -> None:
+        self._actuator = actuator
+
+    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
+        act = self._actuator()
+        durable = act.executor.durable if act is not None else None
+        host = [snapshot.hostname]
+        waiting = GaugeMetricFamily(
+            "flexmig_journal_write_waiting",
+            "1 while an action waits for the journal to take a write",
+            labels=["Hostname"],
+        )
+        waiting.add_metric(host, 1.0 if durable is not None and durable.stalled is not None else 0.0)
+        yield waiting
+        for name, doc, value in (
+            ("flexmig_journal_write_retries", "Journal writes tried again because the storage could not take them",
+             durable.retries if durable else 0),
+            ("flexmig_journal_write_stalls", "Times an action had to wait for the journal's storage",
+             durable.stalls if durable else 0),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(name, doc, labels=["Hostname"])
+            counter.add_metric(host, float(value))
+            yield counter
 
 
 def _nothing_reconciled(event: ActEvent) -> bool:
