@@ -4,12 +4,15 @@
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
 #               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
+#   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
+#               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
+#               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SPEC ?= h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6
 
-.PHONY: demo test check lint venv debs
+.PHONY: demo test check fault lint venv debs
 
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,3 +39,6 @@ test: venv debs lint
 
 check: venv
 	$(BIN)/pytest -q -m "not integration"
+
+fault: venv debs
+	$(BIN)/pytest -q -m fault
