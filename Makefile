@@ -1,5 +1,6 @@
 # Entry points that work on a fresh Debian machine with Python 3.11 (root for the apt step):
-#   make demo   run the daemon on a simulated 2xH200 node with a synthetic workload
+#   make demo   flexmigd in mode act on a simulated H200 with a stream of demo jobs: fragmentation found, jobs migrated
+#               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
@@ -10,7 +11,9 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SPEC ?= h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6
+DEMO_VENV ?= .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
+DEMO_ARGS ?=
 
 .PHONY: demo test check fault lint venv debs
 
@@ -27,8 +30,13 @@ debs:
 	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
 
-demo: venv
-	$(BIN)/flexmigd --sim $(SPEC)
+$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
+	$(PY) -m venv $(DEMO_VENV)
+	$(DEMO_BIN)/pip install -q -e ./hook -e .
+	touch $@
+
+demo: $(DEMO_BIN)/flexmig
+	$(DEMO_BIN)/flexmig demo $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check $(wildcard daemon hook tests bench examples dashboards setup.py)

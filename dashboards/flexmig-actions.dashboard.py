@@ -2,8 +2,8 @@
 
 The ``flexmig_actions_*``/``flexmig_action_*``/``flexmig_job_downtime_*``/``flexmig_jobs`` panels read what
 flexmigd's actuator exports (``daemon/flexmig/export/action_metrics.py``; the histograms have a series per action
-once it ran). The layout-change and fragmentation panels show every MIG change (each makes flexmigd
-re-inventory), and fragmentation is what act mode acts on.
+once it ran). The layout-change panel shows every MIG change (flexmig's or anyone's), the recoverable-capacity
+panel what act mode acts on; actions and layout changes are also annotations on every graph.
 
 Generate with ``python dashboards/build.py``.
 """
@@ -16,6 +16,23 @@ from flexmig_dashboards.promql import GPU, HOST
 
 _RI = "$__rate_interval"
 _MOVES = 'action=~"migrate|resplit"'
+
+def _ran(histogram: str) -> str:
+    """Per (Hostname, action), 1 where ``histogram`` had observations in the rate window: quantiles and means are
+    only drawn there, as a gap elsewhere, never as the NaN of 0/0 (an action that did not run in the window)."""
+    return f"(sum by (Hostname, action) (rate({histogram}_count{{{HOST}}}[{_RI}])) > 0)"
+
+
+def _quantile(q: float, histogram: str) -> str:
+    return (
+        f"histogram_quantile({q:g}, sum by (Hostname, action, le) (rate({histogram}_bucket{{{HOST}}}[{_RI}]))) "
+        f"and on(Hostname, action) {_ran(histogram)}"
+    )
+
+
+def _mean(histogram: str) -> str:
+    return f"sum by (Hostname, action) (rate({histogram}_sum{{{HOST}}}[{_RI}])) / {_ran(histogram)}"
+
 
 g = Grid()
 
@@ -90,16 +107,8 @@ g.add(
         "Job downtime per move (p50, p95)",
         "Time a job had no rank running during a migrate or resplit: old ranks stopped to new ranks started.",
         [
-            Q(
-                "histogram_quantile(0.5, sum by (Hostname, action, le) "
-                f"(rate(flexmig_job_downtime_seconds_bucket{{{HOST}}}[{_RI}])))",
-                "p50 {{Hostname}} {{action}}",
-            ),
-            Q(
-                "histogram_quantile(0.95, sum by (Hostname, action, le) "
-                f"(rate(flexmig_job_downtime_seconds_bucket{{{HOST}}}[{_RI}])))",
-                "p95 {{Hostname}} {{action}}",
-            ),
+            Q(_quantile(0.5, "flexmig_job_downtime_seconds"), "p50 {{Hostname}} {{action}}"),
+            Q(_quantile(0.95, "flexmig_job_downtime_seconds"), "p95 {{Hostname}} {{action}}"),
         ],
         "s",
         min_value=0,
@@ -112,21 +121,9 @@ g.add(
         "Wall time of each kind of action (first journalled step to last), p95 and mean, and the mean job "
         "downtime per move.",
         [
-            Q(
-                "histogram_quantile(0.95, sum by (Hostname, action, le) "
-                f"(rate(flexmig_action_duration_seconds_bucket{{{HOST}}}[{_RI}])))",
-                "p95 duration {{Hostname}} {{action}}",
-            ),
-            Q(
-                f"sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_sum{{{HOST}}}[{_RI}])) "
-                f"/ sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_count{{{HOST}}}[{_RI}]))",
-                "mean downtime {{Hostname}} {{action}}",
-            ),
-            Q(
-                f"sum by (Hostname, action) (rate(flexmig_action_duration_seconds_sum{{{HOST}}}[{_RI}])) "
-                f"/ sum by (Hostname, action) (rate(flexmig_action_duration_seconds_count{{{HOST}}}[{_RI}]))",
-                "mean duration {{Hostname}} {{action}}",
-            ),
+            Q(_quantile(0.95, "flexmig_action_duration_seconds"), "p95 duration {{Hostname}} {{action}}"),
+            Q(_mean("flexmig_job_downtime_seconds"), "mean downtime {{Hostname}} {{action}}"),
+            Q(_mean("flexmig_action_duration_seconds"), "mean duration {{Hostname}} {{action}}"),
         ],
         "s",
         min_value=0,
@@ -147,12 +144,13 @@ g.row("What the actions change")
 g.add(
     timeseries(
         "MIG layout changes",
-        "Re-inventories per interval: flexmigd takes one whenever the set of MIG instances changes (flexmig's "
-        "own actions or anyone's), so every create, destroy, migration and re-split shows here.",
+        "MIG instances created and destroyed per interval, per GPU, whoever made the change (flexmig's own "
+        "actions, nvidia-smi, mig-parted), and the instances there are: every create, destroy, migration and "
+        "re-split shows here (and as an annotation on every graph).",
         [
             Q(
-                f"sum by (Hostname) (increase(flexmig_inventories_total{{{HOST}}}[{_RI}]))",
-                "{{Hostname}} inventories",
+                f"sum by (Hostname, gpu, change) (increase(flexmig_gpu_instance_changes_total{{{GPU}}}[{_RI}]))",
+                "{{Hostname}} gpu {{gpu}} {{change}}",
             ),
             Q(f"sum by (Hostname) (flexmig_gpu_mig_instances{{{GPU}}})", "{{Hostname}} instances"),
         ],
@@ -162,15 +160,15 @@ g.add(
 )
 g.add(
     timeseries(
-        "Fragmentation and stranded capacity",
-        "What act mode repairs: the node's external fragmentation and the compute slices repacking would free.",
+        "Recoverable capacity",
+        "What act mode repairs: per GPU, the compute slices that repacking the running instances would make "
+        "usable by a profile the demand mix asks for (a fragmentation finding starts at 2 of 7 by default), and "
+        "the node's sum.",
         [
-            Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}} external fragmentation"),
-            Q(f"flexmig_node_stranded_ratio{{{HOST}}}", "{{Hostname}} stranded share"),
+            Q(f"flexmig_gpu_recoverable_compute_slices{{{GPU}}}", "{{Hostname}} gpu {{gpu}}"),
+            Q(f"flexmig_node_recoverable_compute_slices{{{HOST}}}", "{{Hostname}} node"),
         ],
-        "percentunit",
         min_value=0,
-        max_value=1,
     ),
     w=8,
 )

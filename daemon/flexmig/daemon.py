@@ -13,22 +13,30 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from flexmig import __version__, signals
-from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
+from flexmig.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigProblem,
+    HostPort,
+    applies_at_next_start,
+    load_config_deferring,
+    reload_config,
+)
 from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
 from flexmig.export.metrics_http import MetricsServer, ServerStats
 from flexmig.export.prometheus import SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.export.runtime_metrics import ServerMetrics, TaskMetrics
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction
@@ -42,7 +50,16 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring import wire
 from flexmig.wiring.backend import Backend, DemoWorkload, open_backend
 
-__all__ = ["Daemon", "build_parser", "config_secrets", "main", "serve", "setup_logging"]
+__all__ = [
+    "Daemon",
+    "JournalFormatter",
+    "build_parser",
+    "config_secrets",
+    "main",
+    "serve",
+    "setup_logging",
+    "writes_to_journal",
+]
 
 log = logging.getLogger("flexmig.daemon")
 
@@ -107,8 +124,8 @@ class Daemon:
         self._started = asyncio.Event()
         self.metrics_stats = ServerStats()
         """What the metrics server did (its connections at the cap, time-outs), exported with the metrics."""
-        self.add_metrics(_TaskMetrics(self.restarts))
-        self.add_metrics(_ServerMetrics(lambda: self.metrics_stats))
+        self.add_metrics(TaskMetrics(self.restarts))
+        self.add_metrics(ServerMetrics(lambda: self.metrics_stats))
         self.components = wire(self)  # detection, MQTT (if enabled), the actuator and planner, through the hooks below
 
     # ------------------------------------------------------------------------------------------ extension
@@ -176,7 +193,7 @@ class Daemon:
                     log.exception("reload hook %r failed", hook)
             fixed = {p.key for p in self.deferred_problems}  # applied by their components' reload hooks
             self.deferred_problems = ()
-            later = [k for k in result.changed if k not in fixed and (k in result.needs_restart or _restart_only(k))]
+            later = [k for k in result.changed if k not in fixed and applies_at_next_start(k)]
             log.info(
                 "configuration reloaded: %s%s",
                 ", ".join(result.changed) or "nothing changed",
@@ -352,55 +369,6 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
 
 
-class _TaskMetrics:
-    """``flexmig_task_restarts_total{task}``: restarts of the daemon's restartable loops."""
-
-    def __init__(self, restarts: Counter[str]) -> None:
-        self._restarts = restarts
-
-    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        family = CounterMetricFamily(
-            "flexmig_task_restarts",
-            "Restarts of a background task of the daemon after it failed",
-            labels=["Hostname", "task"],
-        )
-        for task, count in sorted(self._restarts.items()):
-            family.add_metric([snapshot.hostname, task], float(count))
-        yield family
-
-
-class _ServerMetrics:
-    """The metrics server's own figures: open connections and its cap, and what it cut off at the cap or on time."""
-
-    def __init__(self, stats: Callable[[], ServerStats]) -> None:
-        self._stats = stats
-
-    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        st, host = self._stats(), [snapshot.hostname]
-        for name, doc, value in (
-            ("flexmig_metrics_connections", "Open connections to the metrics server", st.open),
-            ("flexmig_metrics_connection_limit", "Connections the metrics server holds at most", st.limit),
-        ):
-            gauge = GaugeMetricFamily(name, doc, labels=["Hostname"])
-            gauge.add_metric(host, float(value))
-            yield gauge
-        for name, doc, value in (
-            ("flexmig_metrics_connections_evicted", "Connections still sending their request head, closed at the cap "
-             "to make room for a new one", st.evicted),
-            ("flexmig_metrics_connections_refused", "Connections closed unanswered at the cap", st.refused),
-            ("flexmig_metrics_connections_timed_out", "Connections cut: request head or answer too slow", st.timed_out),
-        ):  # fmt: skip
-            counter = CounterMetricFamily(name, doc, labels=["Hostname"])
-            counter.add_metric(host, float(value))
-            yield counter
-
-
-def _restart_only(key: str) -> bool:
-    """Keys the running daemon does not pick up: telemetry's (the sweep interval it does) and MQTT's (the publisher
-    and its outbox are set up at start; ``[detect]`` thresholds, by contrast, apply at once)."""
-    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith(("dcgm.", "mqtt."))
-
-
 async def _watchdog_loop(dog: Watchdog) -> None:
     interval = dog.interval_s
     assert interval is not None
@@ -433,6 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         type=Path,
         help="with --sim: restore the simulated node from FILE if it exists, and save every change there",
+    )
+    p.add_argument(
+        "--no-sim-workload",
+        action="store_true",
+        help="with --sim: no synthetic workload; the node runs only the jobs flexmigd launches (the demo)",
     )
     p.add_argument(
         "--config",
@@ -493,11 +466,52 @@ def config_secrets(config: Config) -> tuple[Secret, ...]:
     return () if password is None else (password,)
 
 
-def setup_logging(level: str) -> RedactingFilter:
+#: Syslog priorities of the logging levels, as journald reads them from a ``<N>`` prefix on a stream line.
+_SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class JournalFormatter(logging.Formatter):
+    """Log lines for journald: no timestamp (the journal stamps every line itself), and the record's priority as a
+    ``<N>`` prefix, which journald turns into the entry's priority (``SyslogLevelPrefix=``, on by default), so
+    ``journalctl -p warning`` shows the daemon's warnings."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as ``<N>LEVEL logger: message`` (each line of a multi-line message keeps the priority)."""
+        priority = _SYSLOG_PRIORITY.get(record.levelno, 6 if record.levelno < logging.WARNING else 3)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).split("\n"))
+
+
+def writes_to_journal(stream: Any, environ: Mapping[str, str]) -> bool:
+    """True when ``stream`` is the journal stream systemd connected (``$JOURNAL_STREAM`` holds its device and inode
+    as ``DEV:INODE``; systemd.exec(5) says to compare them with the stream's own, since the variable is inherited
+    by children whose stderr may go elsewhere)."""
+    value = environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+def setup_logging(level: str, environ: Mapping[str, str] | None = None) -> RedactingFilter:
     """The daemon's logging: one stderr handler (the journal under systemd) at ``level``, with a redacting filter on
     every root handler, so no record, a third-party library's included, shows a secret. Returns the filter, whose
-    secrets are set once the configuration is read (and again at each reload)."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    secrets are set once the configuration is read (and again at each reload).
+
+    Under journald the lines carry no timestamp of their own (:class:`JournalFormatter`); elsewhere each starts
+    with the local time."""
+    handler = logging.StreamHandler(sys.stderr)
+    if writes_to_journal(sys.stderr, os.environ if environ is None else environ):
+        handler.setFormatter(JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     return attach_redaction()
 
 
@@ -510,12 +524,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, path, addr, deferred = _load(args)
         redactor.update(config_secrets(config))
-        if args.sim_state is not None and args.sim is None:
-            raise ConfigError("--sim-state FILE needs --sim SPEC")
+        if args.sim is None and (args.sim_state is not None or args.no_sim_workload):
+            raise ConfigError(f"{'--sim-state FILE' if args.sim_state else '--no-sim-workload'} needs --sim SPEC")
         daemon = Daemon(
             config,
             sim_spec=args.sim,
             sim_state=args.sim_state,
+            sim_workload=not args.no_sim_workload,
             metrics_addr=addr,
             config_path=path,
             deferred_problems=deferred,

@@ -76,6 +76,8 @@ class ActNode:
     grace_s: float | None = None  # jobs.shutdown_grace_s (default 60)
     mqtt_extra: str = ""  # more [mqtt] keys (credentials, commands_enabled), with ``broker``
     control: bool = True  # [control] enabled: the socket is served
+    extra: str = ""  # more tables for the configuration (e.g. [baseline]), appended as given
+    allowed: Path | None = None  # jobs.allowed_dirs (default: base)
     port: int = field(default_factory=free_port)
     nofile: int | None = None  # RLIMIT_NOFILE (soft and hard) of the daemon, as LimitNOFILE= would set it
     proc: subprocess.Popen[bytes] | None = None
@@ -111,12 +113,13 @@ class ActNode:
         text = (
             f'mode = "{self.mode}"\nnode_name = "{self.node_name}"\n'
             "[planner]\ninterval_s = 1\nsettling_s = 0\n"
-            f'[jobs]\nallowed_dirs = ["{self.base}"]\nack_timeout_s = 60\n'
+            f'[jobs]\nallowed_dirs = ["{self.allowed or self.base}"]\nack_timeout_s = 60\n'
             + (f"shutdown_grace_s = {self.grace_s}\n" if self.grace_s is not None else "")
             + f'[control]\nsocket = "{self.sock}"\n'
             + ("" if self.control else "enabled = false\n")
             + f'[state]\ndirectory = "{self.base}/state"\njournal = "{self.journal}"\n'
             + mqtt
+            + self.extra
         )
         self.config.write_text(text)
         self.config.chmod(0o600)

@@ -49,7 +49,7 @@ from flexmig.hook.protocol import (
 )
 from flexmig.tasks import spawn
 
-__all__ = ["RankHandle", "Supervisor", "free_port", "rank_requests"]
+__all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,10 @@ from flexmig.config.load import (
     parse_config,
 )
 from flexmig.config.problems import ConfigFileError, ConfigProblem
-from flexmig.config.reload import ReloadResult, changed_keys, reload_config
-from flexmig.config.render import render_toml
+from flexmig.config.reload import ReloadResult, applies_at_next_start, changed_keys, reload_config
+from flexmig.config.render import render_keys_markdown, render_toml
 from flexmig.config.schema import (
+    BaselineConfig,
     Config,
     ControlConfig,
     DcgmConfig,
@@ -44,6 +45,7 @@ from flexmig.config.schema import (
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DEFERRABLE_KEYS",
+    "BaselineConfig",
     "Config",
     "ConfigFileError",
     "ConfigProblem",
@@ -60,6 +62,7 @@ __all__ = [
     "ReloadResult",
     "SamplingConfig",
     "StateConfig",
+    "applies_at_next_start",
     "changed_keys",
     "find_key_line",
     "iter_keys",
@@ -67,5 +70,6 @@ __all__ = [
     "load_config_deferring",
     "parse_config",
     "reload_config",
+    "render_keys_markdown",
     "render_toml",
 ]
