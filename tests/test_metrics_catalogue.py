@@ -28,10 +28,10 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
 
+from flexmig.act.durable import Durable
 from flexmig.config.schema import DCGM_EXPORTER_PORT
 from flexmig.detect import DetectSettings
 from flexmig.export import catalogue
-from flexmig.act.durable import Durable
 from flexmig.export.action_metrics import ActionMetrics
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
 from flexmig.export.loss_metrics import LossMetrics

@@ -22,7 +22,6 @@ from typing import Protocol
 from prometheus_client.core import Metric
 
 from flexmig.export.catalogue import by_name
-
 from flexmig.telemetry.snapshot import Snapshot
 
 __all__ = ["DROP_REASONS", "LossMetrics"]
