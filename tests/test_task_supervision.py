@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,11 +19,13 @@ from flexmig.act.events import ActEvent
 from flexmig.act.procs import LaunchRequest, SubprocessLauncher
 from flexmig.act.records import AckPlacement, Slot
 from flexmig.act.supervisor import RankHandle, Supervisor
-from flexmig.config import Config, ControlConfig, SamplingConfig
+from flexmig.config import Config, ControlConfig, HostPort, MqttConfig, SamplingConfig
 from flexmig.daemon import Daemon
 from flexmig.errors import BackgroundTaskError
+from flexmig.export.events import EventFactory, EventKind
 from flexmig.tasks import spawn
 from support.daemon import LOOPBACK_ANY, scrape, values
+from support.mosquitto import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -148,3 +151,148 @@ def test_a_rank_watcher_that_dies_is_reported_to_the_loop_not_left_unretrieved(t
     (ctx,) = contexts
     assert ctx["message"] == "background task 'rank-train-0' died"
     assert isinstance(ctx["exception"], RuntimeError)
+
+
+# ------------------------------------------------------------------------------- teardown never depends on a start
+
+
+def test_a_loop_stopped_before_its_first_step_still_runs_its_finally() -> None:
+    """A stop asked right after start-up (a SIGTERM just after "up") must not cancel a loop before it began: its
+    ``finally`` is where it lets go of what it holds."""
+    closed: list[str] = []
+
+    async def holder() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.append("holder")
+
+    daemon = daemon_with("holder", holder)
+    stop = asyncio.Event()
+
+    async def stop_at_once() -> None:
+        stop.set()  # the last start hook: the loops are made after it, and cancelled at once
+
+    daemon.on_start(stop_at_once)
+    asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
+    assert closed == ["holder"]
+
+
+def test_close_hooks_run_after_the_loops_in_reverse_order_whether_or_not_a_loop_ran() -> None:
+    order: list[str] = []
+
+    async def loop() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            order.append("loop")
+
+    def hook(name: str) -> Callable[[], Awaitable[None]]:
+        async def close() -> None:
+            order.append(name)
+
+        return close
+
+    daemon = daemon_with("loop", loop)
+    daemon.on_close(hook("first registered"))
+    daemon.on_close(hook("second registered"))
+    stop = asyncio.Event()
+
+    async def stop_at_once() -> None:
+        stop.set()
+
+    daemon.on_start(stop_at_once)
+    asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
+    assert order == ["loop", "second registered", "first registered"]
+
+
+def test_close_hooks_run_when_start_up_fails_and_a_failing_one_does_not_stop_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closed: list[str] = []
+
+    async def never() -> None:
+        raise AssertionError("no loop runs when start-up fails")
+
+    async def broken_start() -> None:
+        raise OSError(28, "No space left on device")
+
+    async def close_ok() -> None:
+        closed.append("ok")
+
+    async def close_broken() -> None:
+        raise RuntimeError("close bug")
+
+    daemon = daemon_with("never", never)
+    daemon.on_start(broken_start)
+    daemon.on_close(close_ok)
+    daemon.on_close(close_broken)
+    with caplog.at_level(logging.INFO), pytest.raises(OSError, match="No space left"):
+        asyncio.run(asyncio.wait_for(daemon.run(asyncio.Event()), 60))
+    assert closed == ["ok"]
+    assert "close hook" in caplog.text and "close bug" in caplog.text
+
+
+def test_the_actuator_stopped_right_after_start_up_closes_its_journal_and_removes_its_private_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flake this fixes: SIGTERM just after "up" left a simulated node's private directory behind."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where a simulated daemon makes its private directory
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    daemon = Daemon(
+        Config(sampling=SamplingConfig(interval_s=0.05)), sim_spec="h200", sim_workload=False, metrics_addr=None
+    )
+    stop = asyncio.Event()
+
+    async def stop_at_once() -> None:
+        stop.set()
+
+    daemon.on_start(stop_at_once)  # after the actuator's own start hook: its socket and journal are open
+    asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
+    paths = daemon.components.actuator.paths
+    assert paths is not None and paths.private is not None and paths.private.parent == tmp_path
+    assert not paths.private.exists(), "a clean stop removes the simulated node's private directory"
+    assert daemon.components.actuator.act is None, "the journal is closed"
+
+
+def test_a_restarted_mqtt_loop_still_has_its_outbox(tmp_path: Path) -> None:
+    """The outbox belongs to the component, not to one run of its loop: a restart after a failure publishes from the
+    same, open outbox (it used to be closed by the failed run's ``finally``)."""
+    outbox = tmp_path / "state" / "outbox.sqlite3"
+    outbox.parent.mkdir(mode=0o700)
+    config = Config(
+        sampling=SamplingConfig(interval_s=0.05),
+        control=ControlConfig(enabled=False),
+        mqtt=MqttConfig(enabled=True, broker=HostPort("127.0.0.1", free_port()), outbox=outbox),  # nobody listens there
+    )
+    daemon = Daemon(config, sim_spec="h200", sim_workload=False, metrics_addr=LOOPBACK_ANY)
+    daemon.restart_backoff_s = (0.05, 0.2)
+    mqtt = daemon.components.mqtt
+    assert mqtt is not None
+    real_run, runs = mqtt.publisher.run, []
+
+    async def fails_once() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError("publisher bug")
+        await real_run()
+
+    mqtt.publisher.run = fails_once  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[list[float], list[str]]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(daemon.run(stop))
+        await daemon.started()
+        async with asyncio.timeout(20):
+            while len(runs) < 2:  # noqa: ASYNC110 - the loop under test counts its runs in a list
+                await asyncio.sleep(0.02)
+        event = EventFactory("node-1").make(EventKind.INSTANCE_CREATED, {"gpu": 0})
+        mqtt.findings.emit(event)
+        stored = [event.id] if event.id in mqtt.outbox.ids() else []
+        got = values(await scrape(daemon), "flexmig_task_restarts_total", task="mqtt")
+        stop.set()
+        await task
+        return got, stored
+
+    restarts, stored = asyncio.run(scenario())
+    assert restarts == [1.0] and stored, "the restarted loop's outbox took the event"

@@ -119,6 +119,7 @@ class Daemon:
         self._reload_hooks: list[Callable[[Config], None]] = []
         self._start_hooks: list[Callable[[], Awaitable[None]]] = []
         self._stop_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._close_hooks: list[Callable[[], Awaitable[None]]] = []
         self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
@@ -166,6 +167,14 @@ class Daemon:
     def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Await ``hook`` when a stop is asked, before the loops are cancelled (to let an action finish)."""
         self._stop_hooks.append(hook)
+
+    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` once the daemon's loops have ended, before NVML is closed, newest hook first: what a
+        component holds (sockets, journal, outbox, locks, a simulated node's directory) is let go of here, not in a
+        loop's ``finally``, so it is let go of whether the loop ran, restarted, died or never began (a start-up that
+        failed or a stop asked during it). Runs on every way out of :meth:`run`; a hook that raises is logged and the
+        next one still runs."""
+        self._close_hooks.append(hook)
 
     def reload(self) -> bool:
         """Read the configuration file again (SIGHUP). A bad file is logged and the old configuration kept.
@@ -279,11 +288,23 @@ class Daemon:
             if timeout is not None:
                 dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
                 loops.append(("watchdog", lambda: _watchdog_loop(dog), False))
+            everything = (*loops, *self._loops)
+            waiting = [len(everything)]  # loops that have not begun (names may repeat: a count, not a set)
+            all_begun = asyncio.Event()
+
+            def began() -> None:
+                waiting[0] -= 1
+                if waiting[0] <= 0:
+                    all_begun.set()
+
             async with asyncio.TaskGroup() as tg:
                 tasks = [
-                    tg.create_task(self._supervised(name, factory, restart), name=name)
-                    for name, factory, restart in (*loops, *self._loops)
+                    tg.create_task(self._supervised(name, factory, restart, began), name=name)
+                    for name, factory, restart in everything
                 ]
+                # A task cancelled before its first step never runs a line of its coroutine (not even a finally):
+                # no loop is cancelled before it began, so a stop asked during start-up reaches it inside its try.
+                await all_begun.wait()
                 await stop.wait()
                 log.info("stopping")
                 notifier.stopping()
@@ -295,6 +316,11 @@ class Daemon:
                 for task in tasks:
                     task.cancel()
         finally:
+            for close_hook in reversed(self._close_hooks):
+                try:
+                    await close_hook()
+                except Exception:
+                    log.exception("close hook %r failed", close_hook)
             if server is not None:
                 server.stop()
             backend, self.backend = self.backend, None
@@ -307,12 +333,17 @@ class Daemon:
         if self._fatal is not None:
             raise self._fatal
 
-    async def _supervised(self, name: str, factory: LoopFactory, restart: bool) -> None:
-        """Run one loop under the daemon's policy (see :meth:`add_loop`); never raises but CancelledError."""
+    async def _supervised(self, name: str, factory: LoopFactory, restart: bool, began: Callable[[], None]) -> None:
+        """Run one loop under the daemon's policy (see :meth:`add_loop`); never raises but CancelledError.
+        ``began()`` says it runs (and, once this step is over, its loop waits in its first await)."""
         failures: deque[float] = deque()
+        first = True
         pause, longest = self.restart_backoff_s
         while True:
             try:
+                if first:  # run() goes on only after this step, which takes the loop to its first await
+                    first = False
+                    began()
                 await factory()
             except asyncio.CancelledError:
                 raise

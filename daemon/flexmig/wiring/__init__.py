@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +62,10 @@ class DaemonHooks(Protocol):
         """Call ``hook`` after each accepted configuration reload."""
         ...
 
+    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` once the loops have ended (what a component holds is let go of there)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Components:
@@ -102,6 +106,7 @@ def wire(daemon: WiredDaemon) -> Components:
         daemon.hub.subscribe(mqtt.findings)
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
         daemon.add_loop("mqtt", mqtt.run, restart=True)  # its state is in the outbox, on disk
+        daemon.on_close(mqtt.close)
         daemon.on_reload(mqtt.reload)
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)

@@ -114,6 +114,10 @@ class ActuatorHost(Protocol):
         """Await ``hook`` on SIGTERM, before the loops are cancelled."""
         ...
 
+    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` after the loops have ended, however they ended (or if they never began)."""
+        ...
+
     def latest(self) -> Snapshot | None:
         """The last published snapshot."""
         ...
@@ -194,7 +198,6 @@ class ActuatorComponent:
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
         self._touched: set[tuple[int, int]] = set()
-        self._run_started = False
         self._busy = asyncio.Lock()
         self._stopping = False
         self._simulated = True  # until start() knows the backend
@@ -207,6 +210,7 @@ class ActuatorComponent:
         host.hub.subscribe(lambda _snapshot: self._refresh())
         host.on_start(self.start)
         host.on_stop(self.drain)
+        host.on_close(self._close)
         host.on_reload(self.reload)
         host.add_loop("actuator", self.run)
 
@@ -327,14 +331,11 @@ class ActuatorComponent:
 
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
-        """The planning loop (modes advise and act) until cancelled; then the socket and journal are closed."""
-        self._run_started = True
-        try:
-            if self.act is None:
-                await asyncio.Event().wait()
-            await self._plan_loop()
-        finally:
-            await self._close()
+        """The planning loop (modes advise and act) until cancelled. The socket and journal are closed by the daemon's
+        close hook (:meth:`_close`) once every loop has ended: whether this one ran at all does not matter."""
+        if self.act is None:
+            await asyncio.Event().wait()
+        await self._plan_loop()
 
     async def _plan_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -708,10 +709,6 @@ class ActuatorComponent:
                 "roll it back (jobs keep running)",
                 grace,
             )
-        if not self._run_started:
-            # A stop asked during start-up cancels the loop before it ever runs, and with it its clean-up: close the
-            # socket and the journal, let the locks go and remove a simulated node's directory here instead.
-            await self._close()
 
     async def _close(self) -> None:
         self.dispatcher = None
