@@ -1,6 +1,8 @@
 """Disk full in the middle of a migration or a re-split: the action waits for space and then carries on, the job
 runs once at its checkpoint, and while it waits no job claims ranks that do not exist.
 
+In-process (the actuator on a simulated node) and on flexmigd itself (a subprocess, see the end of this module).
+
 The actuator's state directory (journal and rank logs) is a real tmpfs of 16 MiB. The journal's connection reports
 each statement it runs (SQLite's trace callback); at a chosen COMMIT the test fills the file system to the last
 byte, so that very write fails as it would on a full disk. It then looks at ``jobs.list`` while the action waits,
@@ -15,8 +17,10 @@ import contextlib
 import json
 import os
 import pwd
+import textwrap
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,13 @@ import pytest
 from flexmig import sim
 from flexmig.act.client import ControlClient
 from flexmig.act.events import MemorySink
+from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
 from flexmig.nvml import Nvml, NvmlWorker
 from support.diskfull import Tmpfs
-from support.flexmigd import act_node, short_base, wait_until
+from support.flexmigd import ActNode, act_node, short_base, wait_until
 from support.jobs import counter_spec, kill_ranks, log_lines, write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.timeout(240)]
@@ -292,3 +297,219 @@ def jobs_of(client: ControlClient) -> dict[str, dict[str, Any]]:
 
 def starts_in(log: Path) -> list[dict[str, Any]]:
     return [e for e in log_lines(log) if e["event"] == "start"]
+
+
+# ---------------------------------------------------------------- flexmigd itself, full at every write of a move
+
+HARNESS = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+
+    from flexmig import signals
+
+    signals.hold()
+    sys.path.insert(0, os.environ["TEST_SUPPORT_ROOT"])
+    import flexmig.act.journal as journal
+    from flexmig.daemon import main
+    from support.diskfull import Tmpfs
+
+    fs = Tmpfs(Path(os.environ["TEST_FILL_FS"]))
+    arm, hits = Path(os.environ["TEST_FILL_ARM"]), Path(os.environ["TEST_FILL_HITS"])
+    txn, state = [], {"token": None, "retry": False}
+
+    def trace(sql):
+        # Right before a COMMIT of the journal runs, while the test has armed it: fill the file system, so that
+        # this very write fails as it would on a full disk. Registering a plan is left alone (it is refused at
+        # once by design, changing nothing: another test), and so is the first COMMIT once the space is back
+        # (the stalled write going through).
+        head = sql.strip().split(None, 3)
+        word = head[0].upper() if head else ""
+        if word == "BEGIN":
+            txn.clear()
+            return
+        if word != "COMMIT":
+            txn.append(" ".join(head[:3]))
+            return
+        what, _ = " / ".join(dict.fromkeys(txn)) or "?", txn.clear()
+        if fs.full:
+            return
+        try:
+            token = arm.read_text()
+        except FileNotFoundError:
+            return
+        if token != state["token"]:
+            state.update(token=token, retry=False)
+        if state["retry"]:
+            state["retry"] = False
+            return
+        if "INSERT INTO plans" in what:
+            return
+        fs.fill()
+        state["retry"] = True
+        with hits.open("a") as out:
+            out.write(f"{token}\\t{what}\\n")
+
+    opened = journal.Journal.__init__
+
+    def init(self, path, *args, **kwargs):
+        opened(self, path, *args, **kwargs)
+        if Path(path).parent == fs.path:
+            self.db.set_trace_callback(trace)
+
+    journal.Journal.__init__ = init
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+class FillingNode:
+    """flexmigd (mode act) through :data:`HARNESS`, its state directory a tmpfs that fills at each journal write
+    once armed; the test looks while the write waits, then frees the space."""
+
+    def __init__(self, base: Path, fs: Tmpfs) -> None:
+        self.base, self.fs = base, fs
+        (base / "harness.py").write_text(HARNESS)
+        self.arm, self.hits = base / "armed", base / "hits.tsv"
+        self.node = ActNode(
+            base,
+            "h200",
+            entry=(str(base / "harness.py"),),
+            env={
+                "TEST_SUPPORT_ROOT": str(Path(__file__).resolve().parent),
+                "TEST_FILL_FS": str(fs.path),
+                "TEST_FILL_ARM": str(self.arm),
+                "TEST_FILL_HITS": str(self.hits),
+            },
+        )
+        self.looks: list[dict[str, Any]] = []
+
+    def hit_lines(self, token: str) -> list[str]:
+        if not self.hits.exists():
+            return []
+        return [x.split("\t", 1)[1] for x in self.hits.read_text().splitlines() if x.startswith(f"{token}\t")]
+
+    def move(self, token: str, op: str, **args: Any) -> list[str]:
+        """Ask for a move with every journal write of it hit by a full disk; returns what each hit write did."""
+        client = ControlClient(self.node.sock, timeout_s=10)
+        answers: list[Any] = []
+        mover = threading.Thread(
+            target=lambda: answers.append(ControlClient(self.node.sock, timeout_s=300).call(op, **args)),
+            daemon=True,
+        )
+        self.arm.write_text(token)
+        mover.start()
+        handled = 0
+        try:
+            while mover.is_alive() or len(self.hit_lines(token)) > handled:
+                if len(self.hit_lines(token)) == handled:
+                    mover.join(0.02)
+                    continue
+                handled += 1
+                wait_until("the write waiting for space", lambda: self.node.metric("flexmig_journal_write_waiting"))
+                self.look(client)
+                self.fs.free()
+        finally:
+            self.arm.unlink(missing_ok=True)
+            self.fs.free()
+        mover.join(60)
+        assert answers and answers[0]["ok"], f"{op}: {answers}"
+        return self.hit_lines(token)
+
+    def look(self, client: ControlClient) -> None:
+        """What the daemon says while a write waits: never a job running without its ranks."""
+        listing = client.call("jobs.list")
+        status = client.call("status")
+        for job in listing:
+            alive = [p for p in job["pids"] if psutil.pid_exists(p)]
+            if job["state"] == "running":
+                assert len(alive) == job["ranks"] == len(job["pids"]), f"claims ranks that do not exist: {job}"
+            else:
+                assert "waiting" in job and "database or disk is full" in job["waiting"], job
+        shown = {j["name"]: j["state"] for j in status["jobs"]}
+        assert shown == {j["name"]: j["state"] for j in listing}, (shown, listing)
+        self.looks.append({j["name"]: (j["state"], len(j["pids"])) for j in listing})
+
+
+def write_kind(statements: str) -> str:
+    """What a journal write did, from the statements of its transaction."""
+    for head, kind in (
+        ("INSERT INTO steps", "step intent"),
+        ("UPDATE steps", "step done"),
+        ("UPDATE actions", "action state"),
+        ("UPDATE plans", "plan state"),
+        ("INSERT OR REPLACE", "job record"),
+    ):
+        if statements.startswith(head):
+            return kind
+    return statements
+
+
+def job_uid(journal: Path, name: str) -> str:
+    j = Journal(journal)
+    try:
+        rec = j.get_job(name)
+        assert rec is not None
+        return rec.uid
+    finally:
+        j.close()
+
+
+def check_moved_once_from_its_checkpoint(node: ActNode, generation: int, ranks: int) -> None:
+    """After a move: the job runs at ``generation`` with ``ranks`` live ranks, launched once, from the acknowledged
+    checkpoint, on exactly its instances."""
+    wait_until("the job runs again", lambda: node.jobs()["train"]["state"] == "running")
+    job = node.jobs()["train"]
+    assert job["generation"] == generation and job["ranks"] == ranks and job["resume"] is not None, job
+    log = node.base / "train.log"
+    wait_until("the new generation's start", lambda: str(generation) in {e["generation"] for e in starts_in(log)})
+    live = PsutilScanner().find(job_uid(node.journal, "train"))
+    assert sorted((f.generation, f.slot) for f in live) == [(generation, i) for i in range(ranks)], live
+    starts = [e for e in starts_in(log) if e["generation"] == str(generation)]
+    assert len(starts) == 1, f"generation {generation} launched {len(starts)} times"
+    assert starts[0]["resume"] == job["resume"]["checkpoint"] and starts[0]["step"] == job["resume"]["step"] + 1
+    gens = [e["generation"] for e in starts_in(log)]
+    assert gens == [str(g) for g in range(1, generation + 1)], f"a generation was launched twice or skipped: {gens}"
+    layout = node.layout()[0]
+    assert layout == sorted((s["start"], s["profile"]) for s in job["instances"]), "no instance leaked or missing"
+
+
+def test_flexmigd_with_its_disk_full_at_each_journal_write_of_a_migration_and_of_a_resplit() -> None:
+    """flexmigd itself, a real tmpfs as its state directory: every journal write of a migration, of a re-split to
+    two ranks and of one back to one fails for a full disk in turn; each waits while the test looks (``jobs list``
+    and ``status``: never ``running`` without its ranks), goes through once the space is back, and the move
+    finishes. The job runs once per generation, from its checkpoint; no instance leaks."""
+    with short_base("fm-fulld-") as base, Tmpfs(base / "state") as fs:
+        rig = FillingNode(base, fs)
+        try:
+            node, log = rig.node.start(), base / "train.log"
+            spec = write_spec(base / "train.toml", counter_spec(base, "train", max_ranks=2))
+            assert ControlClient(node.sock, timeout_s=60).call("jobs.submit", path=str(spec))["ok"]
+            wait_until("the job runs", lambda: node.jobs()["train"]["state"] == "running" and starts_in(log))
+            hits: dict[str, list[str]] = {}
+            moves: list[tuple[str, str, dict[str, Any], int]] = [
+                ("migrate", "jobs.migrate", {"name": "train"}, 1),
+                ("resplit to 2", "jobs.resplit", {"name": "train", "ranks": 2}, 2),
+                ("resplit to 1", "jobs.resplit", {"name": "train", "ranks": 1}, 1),
+            ]
+            for generation, (name, op, args, ranks) in enumerate(moves, start=2):
+                hits[name] = rig.move(name, op, **args)
+                check_moved_once_from_its_checkpoint(node, generation, ranks)
+            text = node.log.read_text()
+            assert node.metric("flexmig_journal_write_waiting") == 0.0
+            stalls = node.metric("flexmig_journal_write_stalls_total")
+        finally:
+            with contextlib.suppress(AssertionError):
+                rig.node.stop()
+            kill_ranks(rig.node.journal, base=base)
+    print(f"\nflexmigd, disk full at each journal write: {sum(map(len, hits.values()))} writes hit, {stalls} stalls")
+    for name, what in hits.items():
+        kinds = Counter(write_kind(w) for w in what)
+        print(f"  {name}: {len(what)} writes ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})")
+    seen = Counter(view["train"] for view in rig.looks)
+    print(f"  the job as jobs list showed it while a write waited (state, live ranks): {dict(sorted(seen.items()))}")
+    assert all(len(h) >= 15 for h in hits.values()), hits
+    assert any(ranks == 0 for _, ranks in seen), "a write waited while the job had no rank (the issue's case)"
+    assert stalls == sum(map(len, hits.values())), "each hit write waited once, and nothing else did"
+    assert text.count("cannot write the journal") == stalls and text.count("written again after") == stalls
+    assert "Traceback" not in text and "never retrieved" not in text, text[-3000:]
