@@ -4,7 +4,8 @@ Start-up: read the configuration, open NVML (or install the simulated node) on t
 inventory and sweep, start the metrics server, tell systemd READY; then run every loop under one TaskGroup until
 SIGTERM or SIGINT. Components are added as named loops (:meth:`Daemon.add_loop`), snapshot enrichers and
 subscribers (``daemon.hub``) and extra metric families (:meth:`Daemon.add_metrics`), so the MQTT publisher, the
-planner, the actuator and the control socket plug in without touching the sampling code.
+planner, the actuator and the control socket plug in without touching the sampling code. What a component holds is
+let go of in its close hook (:meth:`Daemon.on_close`), which runs however the loops ended, or if they never began.
 """
 
 from __future__ import annotations
