@@ -262,7 +262,14 @@ class Executor:
         self._busy: set[str] = set()
         self._settling: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.handlers: dict[str, Callable[[_Run], Awaitable[None]]] = {}
+        """Runners of action kinds the executor itself does not know (``slurm_reregister``): see :meth:`add_handler`."""
         supervisor.on_exit = self._on_exit
+
+    def add_handler(self, kind: str, handler: Callable[[_Run], Awaitable[None]]) -> None:
+        """Run journalled actions of ``kind`` with ``handler`` (given the action's step runner), also when the
+        journal finishes them after a crash; add it before :meth:`reconcile`."""
+        self.handlers[kind] = handler
 
     # ------------------------------------------------------------------------------------------ entry
     def require_act(self) -> None:
@@ -369,7 +376,7 @@ class Executor:
             "resplit": self._move,
             "stop": self._stop,
             "restart": self._restart,
-        }.get(row.kind)
+        }.get(row.kind) or self.handlers.get(row.kind)
         state: Literal["done", "failed", "cancelled"] = "done"
         error: str | None = None
         try:

@@ -141,13 +141,13 @@ class SlurmClient:
         await self.run("scontrol", ["update", f"nodename={node}", "state=resume"])
 
     async def delete_node(self, node: str) -> bool:
-        """``scontrol delete nodename=N`` (dynamic nodes); False when N was not registered anyway."""
-        try:
-            await self.run("scontrol", ["delete", f"nodename={node}"])
-        except SlurmError as exc:
-            if "Invalid node name" in str(exc) or "not found" in str(exc).lower():
-                return False
-            raise
+        """``scontrol delete nodename=N`` (dynamic nodes); False when N was not registered anyway.
+
+        22.05.8 says only "failed to delete nodes N" for a node it does not know, so absence is checked first.
+        """
+        if await self.node(node) is None:
+            return False
+        await self.run("scontrol", ["delete", f"nodename={node}"])
         return True
 
     async def signal_batch(self, job_id: int, sig: str = "USR1") -> None:

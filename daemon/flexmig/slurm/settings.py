@@ -1,0 +1,58 @@
+"""The settings of flexmig's Slurm side, as one frozen value (built from the ``[slurm]`` table of the configuration).
+
+Defaults are those of a Debian node: Slurm's commands on ``PATH``, gres.conf in ``/etc/slurm``, slurmd's pid file
+where Debian's unit puts it, the driver's MIG minors in ``/proc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexmig.slurm.demand import DEFAULT_HOOK_TOKEN
+from flexmig.slurm.taskprolog import DEFAULT_CHECKPOINT_DIR
+
+__all__ = ["SlurmSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    """Everything the Slurm component needs to read demand and re-register the node.
+
+    * ``node``: the Slurm node name (empty: the daemon's node name);
+    * ``partitions``: only demand of these partitions counts (empty: the node's own partitions);
+    * ``interval_s``: how often Slurm's queue is read;
+    * ``conf``, ``bin_dir``, ``command_timeout_s``: where Slurm's configuration and commands are, and how long one
+      command may take (slurmctld down: each command needs about 9 s to say so);
+    * ``gres_conf``, ``gres_map``: flexmig's block in gres.conf, and the map the TaskProlog reads;
+    * ``dev_dir``, ``mig_minors``: device files and the driver's capability table (a simulated node: stand-ins);
+    * ``slurmd_pid_file``, ``slurmd_conf``: slurmd's pid file and the dynamic node's other parameters
+      (``CPUs=64 RealMemory=500000 Feature=mig``);
+    * ``hook_token``: a job opts into checkpoint-and-requeue with this word in its comment (``--comment``);
+    * ``checkpoint_dir``: each job's checkpoint directory (``{job_id}``, ``{user}``, ``{uid}`` filled in);
+    * ``ack_timeout_s``, ``drain_timeout_s``, ``register_timeout_s``: bounds of the change's waits;
+    * ``reregister_s``, ``min_interval_s``: the planner's fixed cost of one re-registration, and the shortest time
+      between two.
+    """
+
+    node: str = ""
+    partitions: tuple[str, ...] = ()
+    interval_s: float = 10.0
+    conf: Path | None = None
+    bin_dir: Path | None = None
+    command_timeout_s: float = 30.0
+    gres_conf: Path = Path("/etc/slurm/gres.conf")
+    gres_map: Path = Path("/run/flexmig/slurm/gres-map.json")
+    dev_dir: Path = Path("/dev")
+    mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
+    slurmd_pid_file: Path = Path("/run/slurmd.pid")
+    slurmd_conf: tuple[str, ...] = ()
+    hook_token: str = DEFAULT_HOOK_TOKEN
+    checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
+    checkpoint_signal: str = "USR1"
+    ack_wait_s: float = 600.0
+    ack_timeout_s: float = 120.0
+    drain_timeout_s: float = 7200.0
+    register_timeout_s: float = 60.0
+    reregister_s: float = 5.0
+    min_interval_s: float = 300.0

@@ -1,0 +1,236 @@
+"""A real single-node Slurm (munged, slurmctld, slurmd from the Debian packages) around a simulated MIG node, with
+the real actuator and flexmig's Slurm agent on it, for integration tests (not a test module).
+
+:class:`SlurmRig` starts the private testbed (:class:`flexmig.slurm.testbed.Testbed`) under a fresh
+world-traversable directory in /tmp (munged runs as user munge and must reach its socket), installs the simulated
+node, builds the actuator in mode ``act`` and a :class:`~flexmig.slurm.agent.SlurmAgent`, and registers the node.
+Every wait is bounded; leaving the context stops slurmd, slurmctld and munged by their pid files and removes the
+directory. :func:`skip_reason` says why these tests cannot run here (no Slurm packages, not root), so that they
+skip with that reason; CI installs the packages and runs as root, so there they always run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from flexmig import sim
+from flexmig.act.devices import SimProcessTable
+from flexmig.act.events import MemorySink
+from flexmig.act.migops import ThreadOffload
+from flexmig.act.service import Actuator
+from flexmig.jobs import JobPolicy
+from flexmig.mig.nodespec import parse_node_spec
+from flexmig.nvml import Nvml
+from flexmig.plan.types import PlannerSettings
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.install import render_taskprolog
+from flexmig.slurm.jobs import SlurmJob
+from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, missing_binaries
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
+WAIT_S = 60.0
+T = TypeVar("T")
+
+
+def skip_reason() -> str | None:
+    """Why real-Slurm tests cannot run on this machine, or None."""
+    missing = missing_binaries()
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing; apt-get install {DEBIAN_PACKAGES})"
+    if os.geteuid() != 0:
+        return "the Slurm testbed runs slurmctld and slurmd as root"
+    return None
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float = WAIT_S) -> T:
+    """Await ``probe()`` until it gives something truthy; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            got = await probe()
+        except Exception as exc:  # not yet
+            last = exc
+        else:
+            if got:
+                return got
+            last = got
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
+
+
+class SlurmRig:
+    """``async with SlurmRig("h200:7g.141gb@0") as rig:`` a registered Slurm node on a simulated MIG node."""
+
+    def __init__(self, spec: str = "h200:7g.141gb@0", *, settings: dict[str, Any] | None = None,
+                 planner: PlannerSettings | None = None, register: bool = True) -> None:
+        self.spec = spec
+        node_spec = parse_node_spec(spec)
+        self.base = Path(tempfile.mkdtemp(prefix="fm-slurm-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node="fm-node")
+        self.paths = self.testbed.paths
+        self.events = MemorySink()
+        self.slurm_events: list[tuple[str, dict[str, Any]]] = []
+        self.overrides = settings or {}
+        self.planner = planner or PlannerSettings(checkpoint_s=5.0, restart_s=5.0)
+        self.register_at_start = register
+        self.node = self.testbed.node
+
+    def settings(self) -> SlurmSettings:
+        """The agent's settings: everything under the testbed's directory."""
+        p = self.paths
+        values: dict[str, Any] = {
+            "node": self.node,
+            "interval_s": 1.0,
+            "conf": p.slurm_conf,
+            "command_timeout_s": 20.0,
+            "gres_conf": p.gres_conf,
+            "gres_map": p.flexmig / "gres-map.json",
+            "dev_dir": p.dev,
+            "mig_minors": p.mig_minors,
+            "slurmd_pid_file": p.slurmd_pid(self.node),
+            "slurmd_conf": ("NodeAddr=127.0.0.1", f"CPUs={self.testbed.cpus}"),
+            "checkpoint_dir": str(self.base / "ckpt" / "{user}" / "{job_id}"),
+            "ack_timeout_s": 30.0,
+            "drain_timeout_s": 60.0,
+            "register_timeout_s": 30.0,
+            "reregister_s": 2.0,
+            "min_interval_s": 0.0,
+        }
+        values.update(self.overrides)
+        return SlurmSettings(**values)
+
+    async def __aenter__(self) -> SlurmRig:
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        tb = self.testbed
+        tb.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
+        await asyncio.to_thread(tb.start)
+        self.sim_node = sim.install(self.spec, state_path=self.base / "sim.json")
+        self.nvml = Nvml.open()
+        self.offload = ThreadOffload()
+        self.act = Actuator.build(
+            mode="act",
+            nvml=self.nvml,
+            offload=self.offload,
+            devices=SimProcessTable(self.sim_node),
+            journal_path=self.paths.flexmig / "journal.sqlite3",
+            logs_dir=self.paths.flexmig / "logs",
+            policy=JobPolicy((self.base,)),
+            events=self.events,
+            poll_s=0.01,
+        )
+        self.agent = SlurmAgent(
+            self.settings(),
+            self.node,
+            executor=self.act.executor,
+            planner=self.planner,
+            simulated=True,
+            on_event=lambda kind, detail: self.slurm_events.append((kind, detail)),
+        )
+        await self.act.start()
+        if self.register_at_start:
+            res = await self.agent.register("first registration")
+            assert res.ok, res.to_json()
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.cancel_all)
+        with contextlib.suppress(Exception):
+            await self.agent.slurmd.stop()
+        await asyncio.to_thread(self.testbed.stop)
+        for close in ("act", "offload", "nvml"):
+            obj = getattr(self, close, None)
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    res = obj.close()
+                    if asyncio.iscoroutine(res):
+                        await res
+        sim.uninstall()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def run(self, *argv: str) -> str:
+        """A Slurm command against the testbed; its output (AssertionError with its error on failure)."""
+        res = subprocess.run(list(argv), env=self.testbed.env(), capture_output=True, text=True, timeout=30, check=False)
+        assert res.returncode == 0, f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}"
+        return res.stdout
+
+    def cancel_all(self) -> None:
+        """Cancel every job (so slurmd stops quickly)."""
+        subprocess.run(["scancel", "--full", "--user=root"], env=self.testbed.env(), capture_output=True, timeout=30,
+                       check=False)
+
+    def sbatch(self, *args: str, script: str) -> int:
+        """Submit a batch script; its job ID."""
+        return self.testbed.sbatch(*args, script=script)
+
+    def sleeper(self, *args: str, seconds: float = 600, trap: bool = True) -> int:
+        """A job that sleeps (in slices, so a signal is seen) and notes any USR1 it gets in ``signalled-J``."""
+        trap_line = f'trap \'echo USR1 >> {self.base}/signalled-$SLURM_JOB_ID\' USR1\n' if trap else ""
+        script = (
+            "#!/bin/sh\n"
+            f"{trap_line}"
+            f'echo "$CUDA_VISIBLE_DEVICES" > {self.base}/visible-$SLURM_JOB_ID\n'
+            f"end=$(( $(date +%s) + {int(seconds)} ))\n"
+            'while [ "$(date +%s)" -lt "$end" ]; do sleep 0.2; done\n'
+        )
+        return self.sbatch(*args, script=script)
+
+    def hook_job(self, *args: str, steps: int = 1_000_000, step_time: float = 0.02) -> int:
+        """``examples/hook_minimal.py`` as a Slurm hook job (``--requeue``, comment ``flexmig:hook``)."""
+        log = self.base / "hooklog-$SLURM_JOB_ID.jsonl"
+        script = (
+            "#!/bin/sh\n"
+            f'exec {sys.executable} {HOOK_JOB} --steps {steps} --step-time {step_time} --log-every 1 --log "{log}"\n'
+        )
+        return self.sbatch("--requeue", "--comment=flexmig:hook", *args, script=script)
+
+    def hook_log(self, job: int) -> list[dict[str, Any]]:
+        """The JSON lines ``hook_minimal.py`` wrote for Slurm job ``job``."""
+        path = self.base / f"hooklog-{job}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    async def job(self, job_id: int) -> SlurmJob | None:
+        """Slurm's record of job ``job_id``."""
+        return next((j for j in await self.agent.client.jobs() if j.job_id == job_id), None)
+
+    async def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
+        """Until job ``job_id`` is in ``state``."""
+
+        async def probe() -> SlurmJob | None:
+            j = await self.job(job_id)
+            return j if j is not None and j.state == state else None
+
+        return await until(f"Slurm job {job_id} {state}", probe, timeout_s)
+
+    def visible(self, job_id: int) -> str:
+        """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""
+        path = self.base / f"visible-{job_id}"
+        return path.read_text().strip() if path.exists() else ""
+
+    def signalled(self, job_id: int) -> bool:
+        """True if a sleeper job ever got USR1."""
+        return (self.base / f"signalled-{job_id}").exists()
