@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 from flexmig import sim
 from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
@@ -43,6 +45,21 @@ ROOT = Path(__file__).resolve().parent.parent
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
 WAIT_S = 60.0
 T = TypeVar("T")
+
+
+def kill_job_processes(slurm_conf: Path, timeout_s: float = 10.0) -> list[int]:
+    """Kill what a testbed's jobs left running (slurmstepd outlives slurmd): every process whose environment names
+    this testbed's ``SLURM_CONF``. Returns their pids."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid != os.getpid() and p.environ().get("SLURM_CONF") == str(slurm_conf):
+                found.append(p)
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(found, timeout=timeout_s)
+    return [p.pid for p in found]
 
 
 def skip_reason() -> str | None:
@@ -75,8 +92,14 @@ async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout_s: 
 class SlurmRig:
     """``async with SlurmRig("h200:7g.141gb@0") as rig:`` a registered Slurm node on a simulated MIG node."""
 
-    def __init__(self, spec: str = "h200:7g.141gb@0", *, settings: dict[str, Any] | None = None,
-                 planner: PlannerSettings | None = None, register: bool = True) -> None:
+    def __init__(
+        self,
+        spec: str = "h200:7g.141gb@0",
+        *,
+        settings: dict[str, Any] | None = None,
+        planner: PlannerSettings | None = None,
+        register: bool = True,
+    ) -> None:
         self.spec = spec
         node_spec = parse_node_spec(spec)
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurm-", dir="/tmp"))
@@ -110,6 +133,7 @@ class SlurmRig:
             "register_timeout_s": 30.0,
             "reregister_s": 2.0,
             "min_interval_s": 0.0,
+            "hook_settle_s": 0.0,
         }
         values.update(self.overrides)
         return SlurmSettings(**values)
@@ -156,9 +180,11 @@ class SlurmRig:
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.cancel_all)
+            await until("every job gone", self._no_active_job, 30.0)
         with contextlib.suppress(Exception):
             await self.agent.slurmd.stop()
         await asyncio.to_thread(self.testbed.stop)
+        await asyncio.to_thread(kill_job_processes, self.paths.slurm_conf)
         for close in ("act", "offload", "nvml"):
             obj = getattr(self, close, None)
             if obj is not None:
@@ -169,17 +195,23 @@ class SlurmRig:
         sim.uninstall()
         shutil.rmtree(self.base, ignore_errors=True)
 
+    async def _no_active_job(self) -> bool:
+        return not any(j.active for j in await self.agent.client.jobs())
+
     # ------------------------------------------------------------------------------------------ helpers
     def run(self, *argv: str) -> str:
         """A Slurm command against the testbed; its output (AssertionError with its error on failure)."""
-        res = subprocess.run(list(argv), env=self.testbed.env(), capture_output=True, text=True, timeout=30, check=False)
+        res = subprocess.run(
+            list(argv), env=self.testbed.env(), capture_output=True, text=True, timeout=30, check=False
+        )
         assert res.returncode == 0, f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}"
         return res.stdout
 
     def cancel_all(self) -> None:
         """Cancel every job (so slurmd stops quickly)."""
-        subprocess.run(["scancel", "--full", "--user=root"], env=self.testbed.env(), capture_output=True, timeout=30,
-                       check=False)
+        subprocess.run(
+            ["scancel", "--full", "--user=root"], env=self.testbed.env(), capture_output=True, timeout=30, check=False
+        )
 
     def sbatch(self, *args: str, script: str) -> int:
         """Submit a batch script; its job ID."""
@@ -187,7 +219,7 @@ class SlurmRig:
 
     def sleeper(self, *args: str, seconds: float = 600, trap: bool = True) -> int:
         """A job that sleeps (in slices, so a signal is seen) and notes any USR1 it gets in ``signalled-J``."""
-        trap_line = f'trap \'echo USR1 >> {self.base}/signalled-$SLURM_JOB_ID\' USR1\n' if trap else ""
+        trap_line = f"trap 'echo USR1 >> {self.base}/signalled-$SLURM_JOB_ID' USR1\n" if trap else ""
         script = (
             "#!/bin/sh\n"
             f"{trap_line}"

@@ -169,6 +169,7 @@ class SlurmAgent:
             now_s=self.wall(),
             partitions=self.settings.partitions,
             hook_token=self.settings.hook_token,
+            hook_settle_s=self.settings.hook_settle_s,
         )
         return SlurmRead(jobs, node, inventory, view, demand, model, registered, expected)
 

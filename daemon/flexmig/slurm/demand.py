@@ -158,10 +158,12 @@ def read_demand(
     now_s: float,
     partitions: Sequence[str] = (),
     hook_token: str = DEFAULT_HOOK_TOKEN,
+    hook_settle_s: float = 0.0,
 ) -> SlurmDemand:
     """The node's demand from Slurm's ``jobs`` (``squeue``) and its ``node`` record (``sinfo``; None when it is not
     registered). ``index_map`` gives each GRES index the instance registered there; ``partitions`` (when given)
-    narrows the node's own partitions."""
+    replaces the node's own partitions; a hook job counts as movable once it has run ``hook_settle_s`` (a signal
+    that arrives before the job installed its handler would end it)."""
     wanted = frozenset(partitions) or (frozenset(node.partitions) if node is not None else frozenset())
     pending: list[JobRequest] = []
     pending_jobs: list[SlurmJob] = []
@@ -170,7 +172,7 @@ def read_demand(
     ordered = sorted(jobs, key=lambda j: (-j.priority, j.submit_s, j.job_id))
     for job in ordered:
         if job.active and node_name in job.nodes:
-            running.append(_running(job, node_name, index_map, now_s, hook_token))
+            running.append(_running(job, node_name, index_map, now_s, hook_token, hook_settle_s))
             continue
         if not job.pending:
             continue
@@ -186,7 +188,7 @@ def read_demand(
 
 
 def _running(
-    job: SlurmJob, node: str, index_map: Mapping[int, Instance], now_s: float, hook_token: str
+    job: SlurmJob, node: str, index_map: Mapping[int, Instance], now_s: float, hook_token: str, settle_s: float
 ) -> SlurmRunning:
     instances: list[Instance] = []
     unknown: list[int] = []
@@ -198,5 +200,6 @@ def _running(
             else:
                 instances.append(inst)
     opted = hook_token in re.split(r"[\s,;]+", job.comment)
-    movable = job.requeue and opted and job.node_count == 1 and not unknown
+    settled = job.state == "RUNNING" and job.start_s is not None and now_s - job.start_s >= settle_s
+    movable = job.requeue and opted and job.node_count == 1 and not unknown and settled
     return SlurmRunning(job, tuple(sorted(instances)), movable, job.remaining_s(now_s), tuple(unknown))

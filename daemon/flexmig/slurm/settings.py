@@ -29,6 +29,8 @@ class SlurmSettings:
     * ``slurmd_pid_file``, ``slurmd_conf``: slurmd's pid file and the dynamic node's other parameters
       (``CPUs=64 RealMemory=500000 Feature=mig``);
     * ``hook_token``: a job opts into checkpoint-and-requeue with this word in its comment (``--comment``);
+      ``hook_settle_s``: it is signalled only once it has run that long (a signal that comes before its handler is
+      installed ends it);
     * ``checkpoint_dir``: each job's checkpoint directory (``{job_id}``, ``{user}``, ``{uid}`` filled in);
     * ``ack_timeout_s``, ``drain_timeout_s``, ``register_timeout_s``: bounds of the change's waits;
     * ``reregister_s``, ``min_interval_s``: the planner's fixed cost of one re-registration, and the shortest time
@@ -48,6 +50,7 @@ class SlurmSettings:
     slurmd_pid_file: Path = Path("/run/slurmd.pid")
     slurmd_conf: tuple[str, ...] = ()
     hook_token: str = DEFAULT_HOOK_TOKEN
+    hook_settle_s: float = 60.0
     checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
     checkpoint_signal: str = "USR1"
     ack_wait_s: float = 600.0
