@@ -29,6 +29,7 @@ import psutil
 from flexmig import sim
 from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
+from flexmig.act.journal import StepEvent
 from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
@@ -99,6 +100,7 @@ class SlurmRig:
         settings: dict[str, Any] | None = None,
         planner: PlannerSettings | None = None,
         register: bool = True,
+        on_step: Callable[[StepEvent], None] | None = None,
     ) -> None:
         self.spec = spec
         node_spec = parse_node_spec(spec)
@@ -111,6 +113,7 @@ class SlurmRig:
         self.overrides = settings or {}
         self.planner = planner or PlannerSettings(checkpoint_s=5.0, restart_s=5.0)
         self.register_at_start = register
+        self.on_step = on_step
         self.node = self.testbed.node
 
     def settings(self) -> SlurmSettings:
@@ -150,6 +153,14 @@ class SlurmRig:
         tb = self.testbed
         tb.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
         await asyncio.to_thread(tb.start)
+        await self.open_flexmig()
+        if self.register_at_start:
+            res = await self.agent.register("first registration")
+            assert res.ok, res.to_json()
+
+    async def open_flexmig(self) -> dict[str, Any]:
+        """Build the simulated node (from its state file if there is one), the actuator and the agent, and
+        reconcile the journal (what a flexmigd start does); returns the reconciliation summary."""
         self.sim_node = sim.install(self.spec, state_path=self.base / "sim.json")
         self.nvml = Nvml.open()
         self.offload = ThreadOffload()
@@ -163,6 +174,7 @@ class SlurmRig:
             policy=JobPolicy((self.base,)),
             events=self.events,
             poll_s=0.01,
+            on_step=self.on_step,
         )
         self.agent = SlurmAgent(
             self.settings(),
@@ -172,10 +184,19 @@ class SlurmRig:
             simulated=True,
             on_event=lambda kind, detail: self.slurm_events.append((kind, detail)),
         )
-        await self.act.start()
-        if self.register_at_start:
-            res = await self.agent.register("first registration")
-            assert res.ok, res.to_json()
+        return await self.act.start()
+
+    async def close_flexmig(self) -> None:
+        """Close the actuator and take the simulated node away (a crash leaves the same: journal and state file)."""
+        for name in ("act", "offload", "nvml"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    res = obj.close()
+                    if asyncio.iscoroutine(res):
+                        await res
+                setattr(self, name, None)
+        sim.uninstall()
 
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(Exception):
@@ -185,15 +206,9 @@ class SlurmRig:
             await self.agent.slurmd.stop()
         await asyncio.to_thread(self.testbed.stop)
         await asyncio.to_thread(kill_job_processes, self.paths.slurm_conf)
-        for close in ("act", "offload", "nvml"):
-            obj = getattr(self, close, None)
-            if obj is not None:
-                with contextlib.suppress(Exception):
-                    res = obj.close()
-                    if asyncio.iscoroutine(res):
-                        await res
-        sim.uninstall()
-        shutil.rmtree(self.base, ignore_errors=True)
+        await self.close_flexmig()
+        if not os.environ.get("FLEXMIG_KEEP_TESTBED"):
+            shutil.rmtree(self.base, ignore_errors=True)
 
     async def _no_active_job(self) -> bool:
         return not any(j.active for j in await self.agent.client.jobs())
@@ -252,11 +267,19 @@ class SlurmRig:
     async def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
         """Until job ``job_id`` is in ``state``."""
 
+        seen: list[str] = []
+
         async def probe() -> SlurmJob | None:
             j = await self.job(job_id)
+            seen[:] = [f"{j.state} ({j.reason}, restarts {j.restart_count})" if j else "unknown"]
             return j if j is not None and j.state == state else None
 
-        return await until(f"Slurm job {job_id} {state}", probe, timeout_s)
+        try:
+            return await until(f"Slurm job {job_id} {state}", probe, timeout_s)
+        except AssertionError as exc:
+            out = self.paths.log / f"job-{job_id}.out"
+            tail = out.read_text(errors="replace")[-2000:] if out.exists() else "(no output)"
+            raise AssertionError(f"{exc}; it is {seen[0] if seen else '?'}; its output: {tail}") from None
 
     def visible(self, job_id: int) -> str:
         """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""

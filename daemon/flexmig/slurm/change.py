@@ -57,6 +57,11 @@ log = logging.getLogger(__name__)
 KIND = "slurm_reregister"
 """The journal's action kind of a re-registration."""
 
+REQUEUE_GAP_S = 1.5
+"""How long after a requeued job left the node it may start there again. slurmd revokes the credential of a job it
+killed, by the second: a job requeued and restarted on the node within the same second is refused ("Killing
+non-startable batch JobId=N: Job credential revoked", verified on 22.05.8) and ends FAILED."""
+
 
 class StepRunner(Protocol):
     """The executor's journalled step runner for one action (``flexmig.act``)."""
@@ -155,9 +160,11 @@ class SlurmChange:
             for job in jobs:
                 if await self._checkpoint(run, job):
                     held.append(int(job["job_id"]))
-            await run.step("await_idle", {"timeout_s": self.settings.drain_timeout_s}, lambda: self._await_idle(node))
+            idle = await run.step(
+                "await_idle", {"timeout_s": self.settings.drain_timeout_s}, lambda: self._await_idle(node)
+            )
         except StepFailed as exc:
-            await self._undo(run, node, jobs)
+            await self._undo(run, node, jobs, bool(held))
             raise StepFailed(f"{exc}; the change is cancelled, the node resumed", outcome="cancelled") from exc
         await run.step("stop_slurmd", {}, self._stop_slurmd)
         await run.step("delete", {"node": node}, lambda: self._delete(node))
@@ -172,6 +179,9 @@ class SlurmChange:
                 break
         await run.step("gres", {}, self._gres)
         await run.step("register", {"timeout_s": self.settings.register_timeout_s}, lambda: self._register(node))
+        if held:
+            since = float(idle.get("at", 0.0))
+            await run.step("credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(since))
         for job in jobs:
             job_id = int(job["job_id"])
             await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
@@ -320,7 +330,7 @@ class SlurmChange:
             if jobs is not None:
                 busy = [j.job_id for j in jobs if j.active and node in j.nodes]
                 if not busy and (found is None or found.idle):
-                    return {"waited_s": round(self.clock() - start, 3)}
+                    return {"waited_s": round(self.clock() - start, 3), "at": time.time()}
             if self.clock() >= deadline:
                 raise StepFailed(
                     f"node {node} still runs jobs after {self.settings.drain_timeout_s:g} s of draining",
@@ -384,6 +394,12 @@ class SlurmChange:
                 )
             await asyncio.sleep(self.settings.poll_s)
 
+    async def _credential_gap(self, since: float) -> dict[str, Any]:
+        """Wait until ``REQUEUE_GAP_S`` have passed since ``since`` (wall time the requeued jobs were gone)."""
+        wait = min(REQUEUE_GAP_S, max(0.0, since + REQUEUE_GAP_S - time.time()))
+        await asyncio.sleep(wait)
+        return {"waited_s": round(wait, 3)}
+
     async def _release(self, job_id: int) -> dict[str, Any]:
         try:
             jobs = await self.client.jobs()
@@ -406,8 +422,11 @@ class SlurmChange:
             raise StepFailed(str(exc), code="SLURM") from exc
         return {"resumed": True}
 
-    async def _undo(self, run: StepRunner, node: str, jobs: list[dict[str, Any]]) -> None:
+    async def _undo(self, run: StepRunner, node: str, jobs: list[dict[str, Any]], held: bool) -> None:
         """Release what this change held and resume the node (journalled, so a crash here is finished too)."""
+        if held:
+            now = time.time()
+            await run.step("undo_credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(now))
         for job in jobs:
             job_id = int(job["job_id"])
             await run.step(f"undo_hold:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]

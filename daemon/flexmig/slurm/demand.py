@@ -172,7 +172,11 @@ def read_demand(
     ordered = sorted(jobs, key=lambda j: (-j.priority, j.submit_s, j.job_id))
     for job in ordered:
         if job.active and node_name in job.nodes:
-            running.append(_running(job, node_name, index_map, now_s, hook_token, hook_settle_s))
+            running.append(
+                _running(
+                    job, node_name, index_map=index_map, now_s=now_s, hook_token=hook_token, settle_s=hook_settle_s
+                )
+            )
             continue
         if not job.pending:
             continue
@@ -188,7 +192,7 @@ def read_demand(
 
 
 def _running(
-    job: SlurmJob, node: str, index_map: Mapping[int, Instance], now_s: float, hook_token: str, settle_s: float
+    job: SlurmJob, node: str, *, index_map: Mapping[int, Instance], now_s: float, hook_token: str, settle_s: float
 ) -> SlurmRunning:
     instances: list[Instance] = []
     unknown: list[int] = []
