@@ -32,11 +32,13 @@ from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
+from flexmig.errors import SlurmError
 from flexmig.jobs import JobPolicy
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.nvml import Nvml
 from flexmig.plan.types import PlannerSettings
 from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.settings import SlurmSettings
@@ -199,9 +201,10 @@ class SlurmRig:
         sim.uninstall()
 
     async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.cancel_all)
-            await until("every job gone", self._no_active_job, 30.0)
+        if self.ctld_alive():
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.cancel_all)
+                await until("every job gone", self._no_active_job, 30.0)
         with contextlib.suppress(Exception):
             await self.agent.slurmd.stop()
         await asyncio.to_thread(self.testbed.stop)
@@ -211,7 +214,19 @@ class SlurmRig:
             shutil.rmtree(self.base, ignore_errors=True)
 
     async def _no_active_job(self) -> bool:
-        return not any(j.active for j in await self.agent.client.jobs())
+        client = SlurmClient(self.testbed.slurm_commands())
+        try:
+            return not any(j.active for j in await client.jobs())
+        except SlurmError:
+            return True  # Slurm cannot say; kill_job_processes takes care of what is left
+
+    def ctld_alive(self) -> bool:
+        """True while the testbed's slurmctld runs."""
+        try:
+            pid = int((self.paths.run / "slurmctld.pid").read_text())
+        except (OSError, ValueError):
+            return False
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
     # ------------------------------------------------------------------------------------------ helpers
     def run(self, *argv: str) -> str:
