@@ -1,12 +1,15 @@
-# Two entry points that work on a fresh Debian machine with Python 3.11 (root for the apt step):
+# Entry points that work on a fresh Debian machine with Python 3.11 (root for the apt step):
 #   make demo   run the daemon on a simulated 2xH200 node with a synthetic workload
-#   make test   install everything, then ruff, mypy --strict and the whole test suite
+#   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
+#   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
+#               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
+#               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SPEC ?= h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6
 
-.PHONY: demo test lint venv debs
+.PHONY: demo test check lint venv debs
 
 $(BIN)/flexmig: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,3 +32,6 @@ lint: venv
 
 test: venv debs lint
 	$(BIN)/pytest -q
+
+check: venv
+	$(BIN)/pytest -q -m "not integration"

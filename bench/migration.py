@@ -14,8 +14,8 @@ Two kinds of move, on the simulated node with the real actuator in this process 
 * ``in place``: 1 rank moved 1g.18gb@0 -> 2g.35gb@0 and back (destroy and create inside the window).
 
 Rival, same process, same moves: the journal with ``synchronous=OFF`` (no fsync per step), to show what crash
-safety costs. NVML create/destroy on hardware take far longer than in the simulator (academic.md §3.4: "order of
-seconds", not measured publicly); the ``destroy``/``create`` columns here are the daemon's side only.
+safety costs. NVML create/destroy on hardware take far longer than in the simulator (published work suggests "order
+of seconds"; NVIDIA publishes no timings); the ``destroy``/``create`` columns here are the daemon's side only.
 
 Run: ``.venv/bin/python bench/migration.py [--runs N]``.
 """
@@ -35,14 +35,12 @@ import time
 from pathlib import Path
 
 from flexmig import sim
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.jobs import JobPolicy
 from flexmig.mig import H200
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import Instance, MigrateJob, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +70,7 @@ async def scenario(kind: str, runs: int, sync: str) -> list[dict[str, float]]:
     node_spec = "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3" if kind == "to free instances" else "h200:1g.18gb@0"
     node = sim.install(node_spec)
     nvml = Nvml.open()
-    off = ThreadOffload()
+    off = NvmlWorker()
     ack_mtimes: list[float] = []
 
     def on_step(ev: StepEvent) -> None:
@@ -80,7 +78,7 @@ async def scenario(kind: str, runs: int, sync: str) -> list[dict[str, float]]:
             ack_mtimes.append((base / "ckpt" / "flexmig-ack.json").stat().st_mtime)
 
     act = Actuator.build(
-        mode="act", nvml=nvml, offload=off, devices=SimProcessTable(node), journal_path=base / "j.sqlite3",
+        mode="act", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node), journal_path=base / "j.sqlite3",
         logs_dir=base / "logs", policy=JobPolicy((base,)), events=MemorySink(), on_step=on_step,
         poll_s=0.005, journal_synchronous=sync,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -125,7 +123,7 @@ async def scenario(kind: str, runs: int, sync: str) -> list[dict[str, float]]:
         for rec in act.journal.jobs():
             await act.supervisor.terminate(rec.name, 3.0)
         await act.close()
-        off.close()
+        off.shutdown()
         nvml.close()
         sim.uninstall()
         shutil.rmtree(base, ignore_errors=True)
@@ -169,7 +167,7 @@ def main() -> int:
         )
     print(f"goal: median daemon-added time <= 500 ms: {'met' if ok else 'NOT met'}")
     print(
-        "planner defaults (plan/types.py PlannerSettings): daemon overhead per move is "
+        "planner defaults (plan/types.py PlannerSettings, the [planner] table's): daemon overhead per move is "
         f"{max(m['daemon'] for m in medians.values()):.3f} s here; reconfigure_s covers the driver's create/destroy "
         "time, which the simulator cannot measure"
     )

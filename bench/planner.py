@@ -10,7 +10,8 @@ Cases (targets from the issue):
 The states are built from the trace: the running jobs are placed by the planner itself (so they sit where flexmig
 would have put them), the pending requests are the next rows of the trace. Each plan is timed with
 ``time.perf_counter``; flex and drain alternate on the same state. Warm means the planner's geometry cache is kept
-between plans, as the daemon keeps it; cold builds a new planner each time.
+between plans, as the daemon keeps it; cold builds a new planner each time. Planner settings are replay's
+(``flexmig.replay.costs.REPLAY_SETTINGS``), so the replay case matches bench/replay.py.
 
 Run: ``.venv/bin/python bench/planner.py [--trace-dir DIR] [--repeat N]``.
 """
@@ -28,11 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from flexmig.mig import H200, Layout
-from flexmig.plan import NodeState, Planner, PlannerSettings, RunningJob, StartJob, validate_plan
-from flexmig.sim.replay.engine import request_for
-from flexmig.sim.replay.managers import LayoutManager, RunView
-from flexmig.sim.replay.run import ReplayConfig, prepare, run_policy
-from flexmig.sim.replay.trace import TraceJob, map_trace, read_trace
+from flexmig.plan import NodeState, Planner, RunningJob, StartJob, validate_plan
+from flexmig.replay.costs import REPLAY_SETTINGS
+from flexmig.replay.engine import request_for
+from flexmig.replay.managers import LayoutManager, RunView
+from flexmig.replay.run import ReplayConfig, prepare, run_policy
+from flexmig.replay.trace import TraceJob, map_trace, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
@@ -60,7 +62,7 @@ def build_state(jobs: list[TraceJob], gpus: int, running: int, pending: int) -> 
     head is blocked and the planner does the whole pass: admission, the head's reservation, making room,
     backfilling.
     """
-    planner = Planner(H200, PlannerSettings())
+    planner = Planner(H200, REPLAY_SETTINGS)
     one = H200.profile_for_slices(1)
     layouts = tuple(Layout.empty(H200) for _ in range(gpus))
     holds: dict[str, RunningJob] = {}
@@ -96,7 +98,7 @@ def time_plans(make: Callable[[], Callable[[NodeState], object]], state: NodeSta
 
 def drain_planner(state: NodeState) -> Callable[[NodeState], object]:
     """The drain baseline's planning step over the same state (via the replay's manager)."""
-    manager = LayoutManager("drain", H200, state.layouts, PlannerSettings())
+    manager = LayoutManager("drain", H200, state.layouts, REPLAY_SETTINGS)
     manager._holds = {j.name: j.instances for j in state.running}
     views = {j.name: RunView(j.nominal, j.remaining_s or 0.0, j.last_moved_s or 0.0, 1.0) for j in state.running}
 
@@ -156,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_replay:
         prep = prepare(ReplayConfig(path, node="h200x8"))
         t0 = time.perf_counter()
-        result = run_policy(prep, "flex", PlannerSettings())
+        result = run_policy(prep, "flex", REPLAY_SETTINGS)
         flex_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        run_policy(prep, "drain", PlannerSettings())
+        run_policy(prep, "drain", REPLAY_SETTINGS)
         drain_s = time.perf_counter() - t0
         m = result.metrics
         verdict = "met" if flex_s <= 60 else "MISSED"

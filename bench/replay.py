@@ -2,7 +2,8 @@
 
 For each trace (``openb_pod_list_default.csv``, ``openb_pod_list_gpushare40.csv``), each load RHO (0.7, 0.9, 1.1)
 and each seed (0, 1, 2) the same thinned job set is replayed under ``static`` (best eligible candidate layout),
-``drain``, ``flex`` (default, real non-zero action costs), ``flex`` with re-splitting off, ``fluid`` and the
+``drain``, ``flex`` (with replay's large-model action costs, ``flexmig.replay.costs.REPLAY_SETTINGS``: checkpoint
+20 s, restart 30 s, create/destroy 2 s), ``flex`` with re-splitting off, ``fluid`` and the
 ``bound``. The table gives, per trace and load, the median over seeds of mean completion time (JCT) and makespan
 per policy, and the ratios the goals are stated in, as median [min-max over seeds]:
 
@@ -31,8 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flexmig.plan.types import PlannerSettings
-from flexmig.sim.replay.run import Prepared, ReplayConfig, prepare, run_policy
+from flexmig.replay.costs import REPLAY_SETTINGS
+from flexmig.replay.run import Prepared, ReplayConfig, prepare, run_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
@@ -64,7 +65,7 @@ def _task(args: tuple[str, str, float, int, str]) -> tuple[str, float, int, str,
     if prep is None:
         prep = prepare(ReplayConfig(Path(trace_dir) / trace, node="h200x8", load=rho, seed=seed))
         _CACHE[key] = prep
-    settings = PlannerSettings()
+    settings = REPLAY_SETTINGS
     if policy == "flex-nr":
         settings = replace(settings, resplit=False)
     t0 = time.perf_counter()
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     # Long replays first, so the pool does not end on one straggler.
     tasks.sort(key=lambda a: (a[4] not in ("flex", "flex-nr", "drain"), -a[2]))
     print(f"machine: {machine()}")
-    print(f"node h200x8, {len(tasks)} replays on {args.processes} process(es); defaults: {PlannerSettings()}")
+    print(f"node h200x8, {len(tasks)} replays on {args.processes} process(es); replay costs: {REPLAY_SETTINGS}")
     start = time.perf_counter()
     results: dict[tuple[str, float, int, str], dict[str, Any]] = {}
     seconds: dict[str, list[float]] = {}

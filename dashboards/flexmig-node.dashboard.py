@@ -56,7 +56,7 @@ g.add(
     stat(
         "External fragmentation",
         "Demand-weighted external fragmentation of the node, 0-1: the chance a request from the demand mix finds "
-        "no place although compute slices are free (README: Fragmentation).",
+        "no place although compute slices are free (docs/detection.md).",
         [Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}}")],
         "percentunit",
         thresholds=(("green", None), ("orange", 0.3), ("red", 0.5)),
@@ -205,7 +205,7 @@ g.add(
 g.add(
     state_timeline(
         "Fragmentation findings",
-        "A GPU is 'fragmented' while its fragmentation finding is active (with hysteresis; see README).",
+        "A GPU is 'fragmented' while its fragmentation finding is active (with hysteresis; see docs/detection.md).",
         [Q(f'flexmig_gpu_finding{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
         [value_mapping((("0", "ok", "green"), ("1", "fragmented", "red")))],
     ),

@@ -1,4 +1,4 @@
-"""One rule for the whole test run: no process a test starts outlives the run.
+"""One rule for the whole test run: no process a test starts outlives the run; and the MQTT brokers tests share.
 
 At start the pytest process becomes a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): a process started on a
 test's behalf by another process (a job's rank, launched in its own session by a flexmigd subprocess) stays in
@@ -6,6 +6,14 @@ this process tree when its parent exits, instead of moving to PID 1. At the end 
 descendant is a leak (where no subreaper can be set, every live process running a script of this repository's
 ``examples/`` started during the session is one): they are listed, killed (their process group, with a bounded
 wait), and the session ends with an error naming them.
+
+The ``integration`` marker is kept accurate here too: a test that starts a process (subprocess, fork, spawn) or binds
+a socket (a server: TCP, UDP or unix), in its body or in a fixture it sets up or tears down first or last, fails
+unless it is marked ``integration`` (Python's audit events say what it did). ``make check`` runs the rest.
+
+Brokers (a real mosquitto on a free loopback port, :mod:`support.mosquitto`): ``broker`` (anonymous) and
+``secured_broker`` (passwords and the README's ACL) are shared by one test module's tests; ``mosquitto`` starts a
+test's own (``mosquitto()``, ``mosquitto(extra)``, ``mosquitto(secured=True)``), stopped when that test ends.
 """
 
 from __future__ import annotations
@@ -14,12 +22,15 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+
+from support.mosquitto import Brokers, Mosquitto
 
 EXAMPLES = str(Path(__file__).resolve().parent.parent / "examples") + os.sep
 _PR_SET_CHILD_SUBREAPER = 36
@@ -80,6 +91,76 @@ def _reap_zombie_children() -> None:
                 os.waitpid(child.pid, os.WNOHANG)
 
 
+# Audit events that start a process or open a server socket, and what the marker check calls them.
+_INTEGRATION_EVENTS = {
+    "subprocess.Popen": "starts a process",
+    "os.fork": "forks",
+    "os.forkpty": "forks",
+    "os.posix_spawn": "starts a process",
+    "os.spawn": "starts a process",
+    "os.system": "starts a shell",
+    "os.exec": "execs",
+    "socket.bind": "binds a socket",
+}
+_running: list[pytest.Item] = []  # the test whose setup, call or teardown runs now
+_started: dict[str, set[str]] = {}  # test node id -> what it did of _INTEGRATION_EVENTS
+_fixtures: list[tuple[str, str]] = []  # (where it is defined, name) of the fixtures being set up now
+_fixture_started: dict[tuple[str, str], set[str]] = {}  # the same, for fixtures (shared ones count for every user)
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    what = _INTEGRATION_EVENTS.get(event)
+    if what is not None and _running:
+        _started.setdefault(_running[-1].nodeid, set()).add(what)
+        if _fixtures:
+            _fixture_started.setdefault(_fixtures[-1], set()).add(what)
+
+
+def _done_by(item: pytest.Item) -> set[str]:
+    """What ``item`` did of _INTEGRATION_EVENTS, itself or through the fixtures it uses (the nearest definition)."""
+    did = set(_started.get(item.nodeid, ()))
+    for name in getattr(item, "fixturenames", ()):
+        defs = [key for key in _fixture_started if key[1] == name and item.nodeid.startswith(key[0])]
+        if defs:
+            did |= _fixture_started[max(defs, key=lambda key: len(key[0]))]
+    return did
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> Generator[None, object, object]:
+    _fixtures.append((fixturedef.baseid, fixturedef.argname))
+    try:
+        return (yield)
+    finally:
+        _fixtures.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Fail, at its teardown, a test that started a process or a server without the ``integration`` marker."""
+    report = yield
+    did = _done_by(item) if report.when == "teardown" else set()
+    if report.when == "teardown" and did and item.get_closest_marker("integration") is None:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} {', '.join(sorted(did))} but is not marked integration: add pytest.mark.integration "
+            "(make check leaves such tests out)"
+        )
+    return report
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_process_outlives_the_test_run() -> Iterator[None]:
     """Fail the session (at its last teardown) if any process it started is still alive at the end."""
@@ -99,3 +180,35 @@ def no_process_outlives_the_test_run() -> Iterator[None]:
         "processes started by this test run (by any of its tests) were still alive at its end (now killed):\n"
         + "\n".join(names)
     )
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """An anonymous mosquitto that one test module's tests share (stopped after the module)."""
+    brokers = Brokers(tmp_path_factory.mktemp("broker"))
+    try:
+        yield brokers()
+    finally:
+        brokers.close()
+
+
+@pytest.fixture(scope="module")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """A mosquitto that refuses anonymous clients, knows ``support.mosquitto.PASSWORDS`` and applies the README's
+    ACL, shared by one test module's tests (stopped after the module)."""
+    brokers = Brokers(tmp_path_factory.mktemp("secured-broker"))
+    try:
+        yield brokers(secured=True)
+    finally:
+        brokers.close()
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Brokers]:
+    """Starts a test's own mosquittos (a fresh broker: no retained message or session from another test; or one
+    with its own configuration); every one is stopped when the test ends."""
+    brokers = Brokers(tmp_path)
+    try:
+        yield brokers
+    finally:
+        brokers.close()

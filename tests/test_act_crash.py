@@ -20,6 +20,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
-from jobs_support import kill_ranks
+from support.jobs import kill_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +130,9 @@ class Node:
         shutil.copy(self.base / "sim.json", copy)
         node = sim.install(self.spec, state_path=copy)
         try:
-            return node.gpu(0).layout.spec()
+            layout = node.gpu(0).layout
+            assert layout is not None
+            return layout.spec()
         finally:
             sim.uninstall()
 
@@ -164,7 +167,7 @@ def job_spec(base: Path, ranks: int) -> Path:
 
 
 @pytest.fixture
-def base():
+def base() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="flexmig-crash-"))
     d.chmod(0o755)
     yield d
@@ -215,7 +218,9 @@ MIGRATE_POINTS = [
 
 
 @pytest.mark.parametrize("kill_at", MIGRATE_POINTS)
-def test_a_migration_killed_at_any_step_finishes_after_restart_with_the_job_running_once(base, kill_at):
+def test_a_migration_killed_at_any_step_finishes_after_restart_with_the_job_running_once(
+    base: Path, kill_at: str
+) -> None:
     node = Node(base, "h200")
     try:
         node.start(kill_at)
@@ -240,7 +245,7 @@ RESPLIT_IN_PLACE_POINTS = [
 
 
 @pytest.mark.parametrize("kill_at", RESPLIT_IN_PLACE_POINTS)
-def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_instances(base, kill_at):
+def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_instances(base: Path, kill_at: str) -> None:
     # 1g@2, 1g@3 and 3g@4 leave no room elsewhere, so 2g.35gb@0 must replace the job's own 1g@0 and 1g@1.
     node = Node(base, "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+3g.71gb@4")
     try:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +24,15 @@ import psutil
 import pytest
 
 from flexmig import sim
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError, PlanRejectedError
 from flexmig.jobs import JobPolicy
 from flexmig.mig import H200
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import DestroyInstance, Instance, MigrateJob, Plan
-from jobs_support import kill_ranks
+from support.jobs import kill_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +63,7 @@ class Rig:
     async def __aenter__(self) -> Rig:
         self.node = sim.install(self.spec, state_path=self.base / "sim.json")
         self.nvml = Nvml.open()
-        self.offload = ThreadOffload()
+        self.offload = NvmlWorker()
         self.act = self._build()
         await self.act.start()
         return self
@@ -74,8 +72,8 @@ class Rig:
         return Actuator.build(
             mode=self.mode,  # type: ignore[arg-type]
             nvml=self.nvml,
-            offload=self.offload,
-            devices=SimProcessTable(self.node),
+            offload=self.offload.call,
+            devices=sim.SimProcessTable(self.node),
             journal_path=self.base / "journal.sqlite3",
             logs_dir=self.base / "logs",
             policy=JobPolicy((self.base,)),
@@ -102,7 +100,7 @@ class Rig:
         finally:
             await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
             await self.act.close()
-            self.offload.close()
+            self.offload.shutdown()
             self.nvml.close()
             sim.uninstall()
 
@@ -179,7 +177,9 @@ class Rig:
         return got
 
     def layout(self, gpu: int = 0) -> str:
-        return self.node.gpu(gpu).layout.spec()
+        layout = self.node.gpu(gpu).layout
+        assert layout is not None
+        return layout.spec()
 
     def pids_on(self, gpu: int = 0) -> dict[str, set[int]]:
         g = self.node.gpu(gpu)
@@ -196,7 +196,7 @@ class Rig:
 
 
 @pytest.fixture
-def base():
+def base() -> Iterator[Path]:
     # World-traversable, so a job dropped to 'nobody' can reach its files (pytest's tmp dirs are 0700).
     d = Path(tempfile.mkdtemp(prefix="flexmig-act-"))
     d.chmod(0o755)
@@ -209,7 +209,7 @@ def run(coro: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ happy paths
-def test_submit_starts_one_rank_per_new_instance_each_seeing_only_its_mig_device(base):
+def test_submit_starts_one_rank_per_new_instance_each_seeing_only_its_mig_device(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             res = await rig.call("jobs.submit", path=str(rig.job()))
@@ -226,7 +226,7 @@ def test_submit_starts_one_rank_per_new_instance_each_seeing_only_its_mig_device
     run(scenario())
 
 
-def test_migration_resumes_at_the_acknowledged_step_plus_one_on_the_new_instances(base):
+def test_migration_resumes_at_the_acknowledged_step_plus_one_on_the_new_instances(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             await rig.call("jobs.submit", path=str(rig.job()))
@@ -257,7 +257,7 @@ def test_migration_resumes_at_the_acknowledged_step_plus_one_on_the_new_instance
     run(scenario())
 
 
-def test_resplit_relaunches_with_the_new_world_size_and_keeps_the_instances_it_had(base):
+def test_resplit_relaunches_with_the_new_world_size_and_keeps_the_instances_it_had(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             await rig.call("jobs.submit", path=str(rig.job()))
@@ -274,7 +274,7 @@ def test_resplit_relaunches_with_the_new_world_size_and_keeps_the_instances_it_h
     run(scenario())
 
 
-def test_stop_waits_for_the_checkpoint_and_resubmitting_resumes_from_it(base):
+def test_stop_waits_for_the_checkpoint_and_resubmitting_resumes_from_it(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             spec = rig.job()
@@ -292,7 +292,7 @@ def test_stop_waits_for_the_checkpoint_and_resubmitting_resumes_from_it(base):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
-def test_ranks_run_as_the_spec_user_never_as_root(base):
+def test_ranks_run_as_the_spec_user_never_as_root(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             # The venv's interpreter lives under /root (0700), out of nobody's reach: run a plain program.
@@ -308,7 +308,7 @@ def test_ranks_run_as_the_spec_user_never_as_root(base):
     run(scenario())
 
 
-def test_a_restarted_actuator_adopts_running_ranks_and_can_still_move_them(base):
+def test_a_restarted_actuator_adopts_running_ranks_and_can_still_move_them(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             await rig.call("jobs.submit", path=str(rig.job()))
@@ -323,7 +323,7 @@ def test_a_restarted_actuator_adopts_running_ranks_and_can_still_move_them(base)
     run(scenario())
 
 
-def test_acknowledgements_can_go_to_a_daemon_owned_directory_nobody_can_list(base):
+def test_acknowledgements_can_go_to_a_daemon_owned_directory_nobody_can_list(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200", ack_dir=base / "acks") as rig:
             assert (base / "acks").stat().st_mode & 0o7777 == 0o1733
@@ -339,7 +339,7 @@ def test_acknowledgements_can_go_to_a_daemon_owned_directory_nobody_can_list(bas
     run(scenario())
 
 
-def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_its_peers_stopped(base):
+def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_its_peers_stopped(base: Path) -> None:
     hang = _script(
         base, "hang.py", "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(7)\ntime.sleep(600)\n"
     )
@@ -364,7 +364,7 @@ def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_i
 
 # ---------------------------------------------------------------------------------------- safety rules
 @pytest.mark.parametrize("mode", ["observe", "advise"])
-def test_observe_and_advise_never_act(base, mode):
+def test_observe_and_advise_never_act(base: Path, mode: str) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0", mode=mode) as rig:
             with pytest.raises(PlanRejectedError, match=f"mode is '{mode}'") as err:
@@ -381,7 +381,7 @@ def test_observe_and_advise_never_act(base, mode):
     run(scenario())
 
 
-def test_an_instance_running_a_process_of_no_registered_job_is_never_destroyed(base):
+def test_an_instance_running_a_process_of_no_registered_job_is_never_destroyed(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
             foreign = rig.node.start_process(rig.node.mig_uuids(0)[1])
@@ -393,7 +393,7 @@ def test_an_instance_running_a_process_of_no_registered_job_is_never_destroyed(b
     run(scenario())
 
 
-def test_a_job_sharing_its_instance_with_a_foreign_process_is_not_moved(base):
+def test_a_job_sharing_its_instance_with_a_foreign_process_is_not_moved(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200") as rig:
             await rig.call("jobs.submit", path=str(rig.job(ranks=1)))
@@ -419,7 +419,7 @@ def _in_place_move(rig: Rig) -> Plan:
     ("call", "code"),
     [("nvmlGpuInstanceDestroy", "IN_USE"), ("nvmlDeviceCreateGpuInstanceWithPlacement", "INSUFFICIENT_RESOURCES")],
 )
-def test_nvml_errors_during_a_migration_roll_back_to_the_old_instance(base, call, code):
+def test_nvml_errors_during_a_migration_roll_back_to_the_old_instance(base: Path, call: str, code: str) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0") as rig:
             await rig.call("jobs.submit", path=str(rig.job(ranks=1)))
@@ -439,7 +439,7 @@ def test_nvml_errors_during_a_migration_roll_back_to_the_old_instance(base, call
     run(scenario())
 
 
-def test_a_gpu_lost_mid_migration_leaves_the_job_failed_with_its_checkpoint_kept(base):
+def test_a_gpu_lost_mid_migration_leaves_the_job_failed_with_its_checkpoint_kept(base: Path) -> None:
     rig_box: list[Rig] = []
 
     def lose_after_destroy(ev: StepEvent) -> None:
@@ -472,6 +472,7 @@ CRASH_ON_CHECKPOINT = """\
 import sys, time
 from flexmig import hook
 h = hook.install()
+(h.checkpoint_dir / f"ready-{h.rank}").touch()   # the hook answers a checkpoint request from now on
 while True:
     time.sleep(0.01)
     if h.should_checkpoint():
@@ -504,7 +505,7 @@ def _script(base: Path, name: str, text: str) -> Path:
     return p
 
 
-def test_a_job_that_never_acknowledges_keeps_running_and_the_move_is_cancelled(base):
+def test_a_job_that_never_acknowledges_keeps_running_and_the_move_is_cancelled(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
             spec = rig.job(script=_script(base, "nohook.py", NO_HOOK), ack_timeout_s=0.6)
@@ -522,11 +523,12 @@ def test_a_job_that_never_acknowledges_keeps_running_and_the_move_is_cancelled(b
     run(scenario())
 
 
-def test_a_job_that_crashes_while_checkpointing_is_marked_failed_and_its_ranks_stopped(base):
+def test_a_job_that_crashes_while_checkpointing_is_marked_failed_and_its_ranks_stopped(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
             await rig.call("jobs.submit", path=str(rig.job(script=_script(base, "crash.py", CRASH_ON_CHECKPOINT))))
-            await asyncio.sleep(0.5)
+            ckpt = base / "counter.ckpt"
+            await rig.until(lambda: (ckpt / "ready-0").exists() and (ckpt / "ready-1").exists())
             res = await rig.call("jobs.migrate", name="counter")
             migrate = next(a for a in res["actions"] if a["kind"] == "migrate")
             assert migrate["outcome"] == "failed"
@@ -540,15 +542,15 @@ def test_a_job_that_crashes_while_checkpointing_is_marked_failed_and_its_ranks_s
     run(scenario())
 
 
-def test_a_late_acknowledgement_after_a_cancelled_move_resumes_the_job_in_place(base):
+def test_a_late_acknowledgement_after_a_cancelled_move_resumes_the_job_in_place(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0") as rig:
             spec = rig.job(script=_script(base, "slow.py", SLOW_ACK), ranks=1, ack_timeout_s=0.3)
             await rig.call("jobs.submit", path=str(spec))
-            await asyncio.sleep(0.3)
+            starts = base / "counter.ckpt" / "starts.log"
+            await rig.until(starts.exists)  # written once the hook is installed
             res = await rig.call("jobs.migrate", name="counter")
             assert next(a for a in res["actions"] if a["kind"] == "migrate")["outcome"] == "cancelled"
-            starts = base / "counter.ckpt" / "starts.log"
             lines = await rig.until(lambda: len(starts.read_text().splitlines()) >= 2 and starts.read_text())
             second = json.loads(lines.splitlines()[1])
             rec = await rig.until(lambda: (r := rig.record()).generation == 2 and r)

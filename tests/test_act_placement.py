@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -38,23 +39,23 @@ def keys(slots: list[Slot]) -> list[tuple[int, int]]:
     return [s.key for s in slots]
 
 
-def test_free_existing_instances_come_before_new_ones():
+def test_free_existing_instances_come_before_new_ones() -> None:
     v = view(("1g.18gb", 3, ()), ("1g.18gb", 5, ()))
     assert keys(choose_targets(v, "1g.18gb", 3, held={})) == [(0, 3), (0, 5), (0, 0)]
 
 
-def test_instances_held_or_running_foreign_processes_are_never_chosen():
+def test_instances_held_or_running_foreign_processes_are_never_chosen() -> None:
     v = view(("1g.18gb", 0, ()), ("1g.18gb", 1, (4242,)), ("1g.18gb", 2, ()))
     assert keys(choose_targets(v, "1g.18gb", 2, held={(0, 0): "other"})) == [(0, 2), (0, 3)]
 
 
-def test_a_resplit_keeps_the_instances_it_has_and_adds_more():
+def test_a_resplit_keeps_the_instances_it_has_and_adds_more() -> None:
     v = view(("1g.18gb", 4, (1,)), ("1g.18gb", 5, (2,)))
     own = [Slot(0, 4, "1g.18gb"), Slot(0, 5, "1g.18gb")]
     assert keys(choose_targets(v, "1g.18gb", 3, held={}, own=own, keep_own=True)) == [(0, 4), (0, 5), (0, 0)]
 
 
-def test_when_nothing_else_fits_new_instances_take_the_place_of_the_jobs_own():
+def test_when_nothing_else_fits_new_instances_take_the_place_of_the_jobs_own() -> None:
     v = view(("1g.18gb", 0, (1,)), ("1g.18gb", 1, (2,)), ("1g.18gb", 2, ()), ("1g.18gb", 3, ()), ("3g.71gb", 4, ()))
     own = [Slot(0, 0, "1g.18gb"), Slot(0, 1, "1g.18gb")]
     held = {(0, 2): "a", (0, 3): "b", (0, 4): "c"}
@@ -64,18 +65,18 @@ def test_when_nothing_else_fits_new_instances_take_the_place_of_the_jobs_own():
     assert [type(a) for a in plan.actions] == [ResplitJob], "created and destroyed inside the move"
 
 
-def test_no_room_is_refused_with_the_count_found():
+def test_no_room_is_refused_with_the_count_found() -> None:
     v = view(("7g.141gb", 0, (9,)))
     with pytest.raises(PlanRejectedError, match=r"no room for 2 x 1g\.18gb: found 0"):
         choose_targets(v, "1g.18gb", 2, held={(0, 0): "big"})
 
 
-def test_a_lost_gpu_hosts_nothing():
+def test_a_lost_gpu_hosts_nothing() -> None:
     with pytest.raises(PlanRejectedError):
         choose_targets(view(lost=True), "1g.18gb", 1, held={})
 
 
-def test_a_migration_plan_creates_targets_first_and_destroys_the_sources_last():
+def test_a_migration_plan_creates_targets_first_and_destroys_the_sources_last() -> None:
     v = view(("1g.18gb", 0, (1,)), ("1g.18gb", 1, (2,)))
     own = [Slot(0, 0, "1g.18gb"), Slot(0, 1, "1g.18gb")]
     targets = choose_targets(v, "1g.18gb", 2, held={}, own=own)
@@ -92,7 +93,7 @@ def test_a_migration_plan_creates_targets_first_and_destroys_the_sources_last():
     assert isinstance(move, MigrateJob) and [i.key for i in move.to_instances] == [(0, 2), (0, 3)]
 
 
-def test_a_start_plan_creates_only_what_is_missing():
+def test_a_start_plan_creates_only_what_is_missing() -> None:
     v = view(("1g.18gb", 0, ()))
     plan = start_plan(v, "j", [Slot(0, 0, "1g.18gb"), Slot(0, 1, "1g.18gb")], SETTINGS)
     assert [type(a) for a in plan.actions] == [CreateInstance, StartJob]
@@ -100,7 +101,7 @@ def test_a_start_plan_creates_only_what_is_missing():
 
 
 # ---------------------------------------------------------------------------------------------- journal
-def test_the_journal_is_sqlite_in_wal_mode_and_owner_only(tmp_path):
+def test_the_journal_is_sqlite_in_wal_mode_and_owner_only(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.sqlite3")
     j.close()
     db = sqlite3.connect(tmp_path / "j.sqlite3")
@@ -108,7 +109,7 @@ def test_the_journal_is_sqlite_in_wal_mode_and_owner_only(tmp_path):
     assert (tmp_path / "j.sqlite3").stat().st_mode & 0o777 == 0o600
 
 
-def test_each_step_is_committed_as_intent_before_it_runs_and_as_done_after(tmp_path):
+def test_each_step_is_committed_as_intent_before_it_runs_and_as_done_after(tmp_path: Path) -> None:
     seen: list[tuple[str, str, int]] = []
     j = Journal(tmp_path / "j.sqlite3", on_step=lambda e: seen.append((e.phase, e.step, e.count)))
     _, (aid,) = j.begin_plan("test", [("migrate", "job", {"reason": "r"})])
@@ -121,7 +122,7 @@ def test_each_step_is_committed_as_intent_before_it_runs_and_as_done_after(tmp_p
     assert j.unfinished_plans() == [1]
 
 
-def test_a_journal_from_another_schema_version_is_refused(tmp_path):
+def test_a_journal_from_another_schema_version_is_refused(tmp_path: Path) -> None:
     Journal(tmp_path / "j.sqlite3").close()
     db = sqlite3.connect(tmp_path / "j.sqlite3")
     db.execute("UPDATE meta SET value='99' WHERE key='schema'")
@@ -130,7 +131,7 @@ def test_a_journal_from_another_schema_version_is_refused(tmp_path):
         Journal(tmp_path / "j.sqlite3")
 
 
-def test_step_event_names_the_action_kind(tmp_path):
+def test_step_event_names_the_action_kind(tmp_path: Path) -> None:
     got: list[StepEvent] = []
     j = Journal(tmp_path / "j.sqlite3", on_step=got.append)
     _, (aid,) = j.begin_plan("t", [("create_instance", None, {})])
@@ -139,7 +140,7 @@ def test_step_event_names_the_action_kind(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- planner's view
-def test_job_records_become_the_planners_running_jobs_and_queue(tmp_path):
+def test_job_records_become_the_planners_running_jobs_and_queue(tmp_path: Path) -> None:
 
     def spec(name: str, need: str) -> JobSpec:
         text = f'name = "{name}"\nargv = ["/bin/true"]\nuser = "root"\nworking_dir = "{tmp_path}"\n'

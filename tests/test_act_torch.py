@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,7 +21,7 @@ import pytest
 
 from flexmig.act.client import ControlClient
 from flexmig.act.procs import PsutilScanner
-from jobs_support import ROOT, Training, ddp_spec, flexmig, job_uid, kill_ranks, write_spec
+from support.jobs import ROOT, Training, ddp_spec, flexmig, job_uid, kill_ranks, write_spec
 
 torch = pytest.importorskip("torch")
 
@@ -28,14 +29,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
 
 @pytest.fixture
-def base():
+def base() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="flexmig-torch-"))
     d.chmod(0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base):
+def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base: Path) -> None:
     sock = base / "control.sock"
     spec = write_spec(base / "train.toml", ddp_spec(base))
     service = subprocess.Popen(
@@ -84,7 +85,7 @@ def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base):
         kill_ranks(base / "journal.sqlite3", base=base)
 
 
-def test_the_example_runs_by_hand_without_flexmig(tmp_path):
+def test_the_example_runs_by_hand_without_flexmig(tmp_path: Path) -> None:
     """Outside flexmig the example trains as one process and ignores the hook's environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXMIG_", "RANK", "WORLD_SIZE"))}
     out = subprocess.run(
@@ -97,7 +98,7 @@ def test_the_example_runs_by_hand_without_flexmig(tmp_path):
     assert len(losses) == 30 and losses[-1] < losses[0] / 2 and log[-1]["event"] == "done"
 
 
-def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base):
+def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base: Path) -> None:
     """launcher = "torchrun": c10d rendezvous on loopback; the checkpoint signal reaches the workers, not the
     agents, and the job resumes after a migration as with the plain launcher."""
     sock = base / "control.sock"

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from flexmig.act.events import Event as ActEvent
+from flexmig.act.events import ActEvent
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_event
 from flexmig.export.action_metrics import ACTIONS, OUTCOMES, ActionMetrics
 from flexmig.export.events import Event, EventFactory, EventKind
@@ -126,7 +126,7 @@ def factory() -> EventFactory:
     return EventFactory("node-1", clock=lambda: T0, new_id=lambda: next(ids))
 
 
-def test_every_actuator_event_becomes_a_fleet_event_that_validates_against_the_schema():
+def test_every_actuator_event_becomes_a_fleet_event_that_validates_against_the_schema() -> None:
     events = actuator_events(factory())
     assert len(events) == len(act_events()) + 1
     for e in events:
@@ -146,7 +146,7 @@ def test_every_actuator_event_becomes_a_fleet_event_that_validates_against_the_s
     }
 
 
-def test_a_completed_move_says_its_target_plan_origin_steps_and_downtime():
+def test_a_completed_move_says_its_target_plan_origin_steps_and_downtime() -> None:
     by_id = {(e.kind, e.payload.get("action_id")): e.payload for e in actuator_events(factory())}
     done = by_id[(EventKind.ACTION_COMPLETED, "2")]
     assert done["target"] == "job train" and done["job"] == "train"
@@ -157,13 +157,13 @@ def test_a_completed_move_says_its_target_plan_origin_steps_and_downtime():
     assert created["target"] == "gpu0:1g.18gb@2" and created["job"] is None
 
 
-def test_an_action_started_without_a_reason_says_who_asked_and_whether_it_resumes():
+def test_an_action_started_without_a_reason_says_who_asked_and_whether_it_resumes() -> None:
     started = [e.payload for e in actuator_events(factory()) if e.kind is EventKind.ACTION_STARTED]
     migrate = next(p for p in started if p["action"] == "migrate")
     assert migrate["reason"] == "migrate asked by planner" and migrate["resumed"] is True
 
 
-def test_cancelled_and_skipped_actions_keep_their_own_kinds_and_reasons():
+def test_cancelled_and_skipped_actions_keep_their_own_kinds_and_reasons() -> None:
     events = actuator_events(factory())
     cancelled = next(e.payload for e in events if e.kind is EventKind.ACTION_CANCELLED)
     assert "did not acknowledge" in cancelled["error"]
@@ -171,7 +171,7 @@ def test_cancelled_and_skipped_actions_keep_their_own_kinds_and_reasons():
     assert skipped["reason"] == "an earlier action of the plan did not complete"
 
 
-def test_job_events_say_what_happened_in_words():
+def test_job_events_say_what_happened_in_words() -> None:
     events = actuator_events(factory())
     started = next(e.payload for e in events if e.kind is EventKind.JOB_STARTED)
     assert started["reason"] == "generation 2 on gpu0:1g.18gb@2, gpu0:1g.18gb@3, resuming after step 41"
@@ -182,7 +182,7 @@ def test_job_events_say_what_happened_in_words():
     assert reconciled["adopted"] == {"train": [101, 102]} and reconciled["resumed_plans"] == 1
 
 
-def test_a_proposed_plan_lists_each_action_with_its_reason_and_cost():
+def test_a_proposed_plan_lists_each_action_with_its_reason_and_cost() -> None:
     plan = next(e.payload for e in actuator_events(factory()) if e.kind is EventKind.PLAN_PROPOSED)
     assert [(a["action"], a["target"], a["cost_s"]) for a in plan["actions"]] == [
         ("create_instance", "gpu0:1g.18gb@2", 5.0),
@@ -193,7 +193,7 @@ def test_a_proposed_plan_lists_each_action_with_its_reason_and_cost():
     assert plan["cost_s"] == 14.0 and plan["mode"] == "advise" and plan["notes"] == ["queued waits"]
 
 
-def test_the_schema_refuses_an_action_event_without_its_error():
+def test_the_schema_refuses_an_action_event_without_its_error() -> None:
     bad = factory().make(
         EventKind.ACTION_CANCELLED, {"action_id": "1", "action": "migrate", "target": "job x", "duration_s": 1.0}
     )
@@ -214,7 +214,7 @@ def exposition(metrics: ActionMetrics) -> str:
     return generate_latest(registry).decode()
 
 
-def test_action_counters_exist_at_zero_before_any_action_and_histograms_once_an_action_ran():
+def test_action_counters_exist_at_zero_before_any_action_and_histograms_once_an_action_ran() -> None:
     text = exposition(ActionMetrics())
     for action in ACTIONS:
         for outcome in OUTCOMES:
@@ -225,7 +225,7 @@ def test_action_counters_exist_at_zero_before_any_action_and_histograms_once_an_
     assert "flexmig_job_downtime_seconds_count{" not in text and "flexmig_action_duration_seconds_count{" not in text
 
 
-def test_actions_are_counted_by_outcome_with_their_durations_and_move_downtimes():
+def test_actions_are_counted_by_outcome_with_their_durations_and_move_downtimes() -> None:
     m = ActionMetrics()
     translate_free = act_events()
     for e in translate_free:
@@ -245,7 +245,7 @@ def test_actions_are_counted_by_outcome_with_their_durations_and_move_downtimes(
     assert 'flexmig_actions_in_progress{Hostname="node-1"} 0.0' in text
 
 
-def test_an_action_is_in_progress_from_its_start_to_its_end():
+def test_an_action_is_in_progress_from_its_start_to_its_end() -> None:
     m = ActionMetrics()
     m.record(ActEvent("action_started", T0, action="migrate", action_id=7, job="x"))
     assert m.in_progress() == 1
@@ -253,7 +253,7 @@ def test_an_action_is_in_progress_from_its_start_to_its_end():
     assert m.in_progress() == 0
 
 
-def test_planner_rounds_and_the_last_plan_are_exported():
+def test_planner_rounds_and_the_last_plan_are_exported() -> None:
     m = ActionMetrics()
     m.record_plan(["create_instance", "start"], 5.0)
     m.record_plan_failure()
@@ -265,8 +265,9 @@ def test_planner_rounds_and_the_last_plan_are_exported():
     assert 'flexmig_plan_cost_seconds{Hostname="node-1"} 5.0' in text
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
-def test_the_action_families_pass_promtool_check_metrics():
+def test_the_action_families_pass_promtool_check_metrics() -> None:
     m = ActionMetrics()
     for e in act_events():
         m.record(e, 0.2 if e.kind == "action_completed" and e.action == "migrate" else None)

@@ -1,4 +1,4 @@
-"""The suite's own clean-up (``jobs_support.kill_ranks``): a job left running by a test goes with its whole process
+"""The suite's own clean-up (``support.jobs.kill_ranks``): a job left running by a test goes with its whole process
 group, and nothing outside the test's directory is touched."""
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from jobs_support import kill_ranks
+from support.jobs import kill_ranks
+
+pytestmark = pytest.mark.integration
 
 # A rank that leads its own session (as the supervisor starts them) and has a child of its own (a launcher's
 # worker); both sleep until killed, and the leader names the test's directory on its command line.

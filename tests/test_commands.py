@@ -13,16 +13,15 @@ import pytest
 
 from flexmig.config import Config, HostPort, MqttConfig, parse_config
 from flexmig.errors import ConfigError
-from flexmig.export.commands import (
+from flexmig.export.command_schema import (
     MAX_COMMAND_BYTES,
     VERBS,
     CommandRefusedError,
-    CommandSettings,
-    command_listener,
     parse_command,
     result_document,
     schema_documents,
 )
+from flexmig.export.commands import CommandSettings, command_listener
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 COMMAND_SCHEMA = json.loads((SCHEMAS / "command.v1.schema.json").read_text())
@@ -47,7 +46,7 @@ def test_the_published_schemas_are_the_ones_the_code_enforces() -> None:
         jsonschema.Draft202012Validator.check_schema(doc)
         on_disk = json.loads((SCHEMAS / name).read_text())
         assert on_disk == doc, (
-            f"schemas/{name} is stale; regenerate with: python -c 'import json; from flexmig.export.commands "
+            f"schemas/{name} is stale; regenerate with: python -c 'import json; from flexmig.export.command_schema "
             f'import schema_documents as d; [open(f"schemas/{{n}}", "w").write(json.dumps(s, indent=2) + '
             f'"\\n") for n, s in d().items()]\''
         )

@@ -14,20 +14,14 @@ from typing import Any
 
 import pytest
 
-from actuator_rig import LiveNode
-from commands_rig import ACL, PASSWORDS, Operator, RunningListener, password_file, secured_broker
-from mosquitto_broker import WAIT, Mosquitto, needs_mosquitto
+from support.actuator import LiveNode
+from support.commands import Operator, RunningListener, password_file
+from support.flexmigd import wait_until
+from support.mosquitto import ACL, PASSWORDS, WAIT, Mosquitto, needs_mosquitto
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    b = secured_broker(tmp_path_factory.mktemp("broker"))
-    yield b
-    b.stop()
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +31,18 @@ def node() -> Iterator[LiveNode]:
 
 
 @pytest.fixture(scope="module")
-def listener(node: LiveNode, broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningListener]:
-    running = RunningListener(node, broker, password_file(tmp_path_factory.mktemp("secrets")))
+def listener(
+    node: LiveNode, secured_broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningListener]:
+    running = RunningListener(node, secured_broker, password_file(tmp_path_factory.mktemp("secrets")))
     running.wait_connected()
     yield running
     running.stop()
 
 
 @pytest.fixture
-def operator(broker: Mosquitto, listener: RunningListener) -> Iterator[Operator]:
-    op = Operator(broker)
+def operator(secured_broker: Mosquitto, listener: RunningListener) -> Iterator[Operator]:
+    op = Operator(secured_broker)
     yield op
     op.close()
 
@@ -57,6 +53,11 @@ def new_lines(listener: RunningListener, since: int) -> list[str]:
 
 def refusals(lines: list[str]) -> list[str]:
     return [line for line in lines if "refused" in line]
+
+
+def refused_logins(broker: Mosquitto) -> int:
+    """Logins the broker refused so far, by its own log."""
+    return broker.log().count("disconnected, not authorised")
 
 
 # ------------------------------------------------------------------------------------------------ acting
@@ -122,7 +123,7 @@ def test_a_bad_payload_gets_one_log_line_naming_the_topic_and_a_result(
 
 
 def test_a_retained_command_is_refused_live_and_at_every_reconnect(
-    node: LiveNode, broker: Mosquitto, listener: RunningListener, operator: Operator, tmp_path: Path
+    node: LiveNode, secured_broker: Mosquitto, listener: RunningListener, operator: Operator, tmp_path: Path
 ) -> None:
     before = node.truth()
     operator.send("stop", {"id": "kept", "args": {"name": "counter"}}, retain=True)
@@ -130,7 +131,7 @@ def test_a_retained_command_is_refused_live_and_at_every_reconnect(
         live = operator.result()
         assert live["id"] == "kept" and live["ok"] is False and "retained commands are refused" in live["error"]
         # A second listener connecting now gets the retained message too, and refuses it again.
-        other = RunningListener(node, broker, password_file(tmp_path), client_id="second")
+        other = RunningListener(node, secured_broker, password_file(tmp_path), client_id="second")
         try:
             again = operator.result()
             assert again["id"] == "kept" and "retained" in again["error"]
@@ -151,10 +152,10 @@ def test_a_repeated_id_is_not_run_twice(listener: RunningListener, operator: Ope
 
 
 def test_a_user_the_acl_does_not_allow_cannot_command(
-    node: LiveNode, broker: Mosquitto, listener: RunningListener, operator: Operator
+    node: LiveNode, secured_broker: Mosquitto, listener: RunningListener, operator: Operator
 ) -> None:
     before = node.truth()
-    viewer = Operator(broker, user="viewer")
+    viewer = Operator(secured_broker, user="viewer")
     try:
         viewer.send("stop", {"id": "from-viewer", "args": {"name": "counter"}})  # the broker drops it
         result = operator.ask("stop", {"id": "from-operator", "args": {"name": "nosuch"}})
@@ -165,13 +166,14 @@ def test_a_user_the_acl_does_not_allow_cannot_command(
     assert node.truth() == before
 
 
-def test_the_readme_shows_the_acl_the_tests_use() -> None:
-    assert ACL in README.read_text(), "README Security section: the mosquitto ACL must be the one tested here"
+def test_the_docs_show_the_acl_the_tests_use() -> None:
+    docs = README.parent / "docs" / "mqtt.md"
+    assert ACL in docs.read_text(), "docs/mqtt.md, MQTT commands: the mosquitto ACL must be the one tested here"
 
 
 # ------------------------------------------------------------------------------------------------ queue
 def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
-    node: LiveNode, broker: Mosquitto, tmp_path: Path
+    node: LiveNode, secured_broker: Mosquitto, tmp_path: Path
 ) -> None:
     """plan-now forwards to the daemon's ``plan`` operation; here one that waits until released."""
     release = asyncio.Event()
@@ -186,8 +188,8 @@ def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
         node.control.add("plan", plan_now)
 
     node.call(add())
-    slow = RunningListener(node, broker, password_file(tmp_path, "node-2"), node_name="node-2", max_pending=1)
-    operator = Operator(broker, node="node-2")
+    slow = RunningListener(node, secured_broker, password_file(tmp_path, "node-2"), node_name="node-2", max_pending=1)
+    operator = Operator(secured_broker, node="node-2")
     try:
         slow.wait_connected()
         operator.send("plan-now", {"id": "p0"})
@@ -222,37 +224,40 @@ def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
 
 # ------------------------------------------------------------------------------------------------ broker trouble
 def test_wrong_credentials_give_one_clear_line_without_the_password_and_the_listener_keeps_trying(
-    node: LiveNode, broker: Mosquitto, tmp_path: Path
+    node: LiveNode, secured_broker: Mosquitto, tmp_path: Path
 ) -> None:
     wrong = password_file(tmp_path, password="Not-The-Pass-9f")
-    bad = RunningListener(node, broker, wrong, client_id="wrong")
+    refused_before = refused_logins(secured_broker)
+    bad = RunningListener(node, secured_broker, wrong, client_id="wrong")
     try:
-        deadline = time.monotonic() + WAIT
-        while not any("refused the login" in line for line in bad.log.lines):
-            assert time.monotonic() < deadline, bad.log.lines
-            time.sleep(0.02)
-        time.sleep(0.5)  # several retries at 0.05-0.5 s backoff
+        wait_until("the listener's line", lambda: any("refused the login" in line for line in bad.log.lines), WAIT)
+        # It keeps trying (by the broker's own account), and its log still holds that one line.
+        wait_until("3 refused logins", lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT)
         assert bad.alive()
         (line,) = bad.log.lines
-        assert line.startswith(f"MQTT commands: broker 127.0.0.1:{broker.port} refused the login of user 'node-1'")
+        assert line.startswith(
+            f"MQTT commands: broker 127.0.0.1:{secured_broker.port} refused the login of user 'node-1'"
+        )
         assert "check mqtt.username and mqtt.password_file" in line
         assert "Not-The-Pass-9f" not in line and PASSWORDS["node-1"] not in line
     finally:
         bad.stop()
 
 
-def test_the_listener_comes_back_after_a_broker_restart(node: LiveNode, broker: Mosquitto, tmp_path: Path) -> None:
-    own = RunningListener(node, broker, password_file(tmp_path, "node-3"), node_name="node-3")
+def test_the_listener_comes_back_after_a_broker_restart(
+    node: LiveNode, secured_broker: Mosquitto, tmp_path: Path
+) -> None:
+    own = RunningListener(node, secured_broker, password_file(tmp_path, "node-3"), node_name="node-3")
     try:
         own.wait_connected()
-        broker.stop()
+        secured_broker.stop()
         deadline = time.monotonic() + WAIT
         while own.listener.stats().connected:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        broker.start()
+        secured_broker.start()
         own.wait_connected()
-        op = Operator(broker, node="node-3")
+        op = Operator(secured_broker, node="node-3")
         try:
             result = op.ask("stop", {"id": "after-restart", "args": {"name": "nosuch"}})
         finally:

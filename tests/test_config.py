@@ -6,10 +6,13 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flexmig.cli.main import main as cli_main
 from flexmig.config import (
@@ -82,8 +85,9 @@ def test_every_key_of_config_appears_in_the_example_with_a_comment() -> None:
             assert len(hits) == 1, key
             line = hits[0] + 1
         else:
-            line = find_key_line(example, key)
-            assert line is not None, key
+            found = find_key_line(example, key)
+            assert found is not None, key
+            line = found
             assert lines[line - 1].startswith(f"{name} = "), key
         assert lines[line - 2].startswith("# "), f"{key} has no comment above it"
 
@@ -362,6 +366,67 @@ def test_find_key_line_locates_keys_in_toml_text(text: str, key: str, line: int 
     assert find_key_line(text, key) == line
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ('a = ["""\n[mqtt]\nbroker = 1\n"""]\n[mqtt]\nbroker = 2\n', "mqtt.broker", 6),
+        ("t = { s = '''\nbroker = 1\n''' }\nbroker = 2\n", "broker", 4),
+    ],
+)
+def test_find_key_line_skips_multi_line_strings_inside_arrays_and_inline_tables(
+    text: str, key: str, line: int | None
+) -> None:
+    assert find_key_line(text, key) == line
+
+
+_DECOYS = ["[hook]", "[[x]]", "k0 = 1", "t0.k1 = 2", "# c", "", "{ k0 = 1 }", "'", '"', "''", '""', "\\"]
+
+
+def _string_value(draw: st.DrawFn) -> str:
+    """A TOML string of one of the four kinds whose content reads like headers and keys."""
+    lines = draw(st.lists(st.sampled_from(_DECOYS), min_size=1, max_size=4))
+    kind = draw(st.sampled_from(["basic", "literal", "multi-basic", "multi-literal"]))
+    if kind == "basic":
+        return '"' + " ".join(lines).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if kind == "literal":
+        return "'" + " ".join(lines).replace("'", "") + "'"
+    if kind == "multi-basic":
+        return '"""\n' + "\n".join(lines).replace("\\", "\\\\").replace('"', '\\"') + '\n"""'
+    return "'''\n" + "\n".join(lines).replace("'", "") + "\n'''"
+
+
+@st.composite
+def _documents(draw: st.DrawFn) -> tuple[str, dict[str, int]]:
+    """A TOML text of tables whose values are strings, arrays and inline tables, with each key's line."""
+    out: list[str] = []
+    where: dict[str, int] = {}
+    for t in range(draw(st.integers(0, 3))):
+        table = f"t{t}"
+        out.append(f"[{table}]")
+        for k in range(draw(st.integers(1, 3))):
+            key, form = f"{table}.k{k}", draw(st.sampled_from(["string", "array", "inline"]))
+            where[key] = len(out) + 1
+            if form == "string":
+                out.extend(f"k{k} = {_string_value(draw)}".split("\n"))
+            elif form == "array":
+                items = [_string_value(draw) for _ in range(draw(st.integers(1, 3)))]
+                sep = draw(st.sampled_from([", ", ",\n  "]))
+                out.extend(f"k{k} = [{sep.join(items)}]".split("\n"))
+            else:
+                where[f"{key}.i"] = where[key]
+                out.extend(f"k{k} = {{ i = {_string_value(draw)} }}".split("\n"))
+    return "\n".join(out) + "\n", where
+
+
+@given(_documents())
+def test_find_key_line_names_every_key_where_it_is_written_whatever_its_strings_hold(
+    doc: tuple[str, dict[str, int]],
+) -> None:
+    text, where = doc
+    tomllib.loads(text)  # the generator writes valid TOML
+    assert {key: find_key_line(text, key) for key in where} == where
+
+
 # ---------------------------------------------------------------------------------------------------- files
 
 
@@ -538,6 +603,7 @@ def test_config_check_says_a_bad_broker_alone_only_stops_mqtt(
     assert last.startswith(f"flexmig: {path}: 1 problem; flexmigd would start with MQTT publishing off")
 
 
+@pytest.mark.integration
 def test_config_example_output_is_a_file_that_config_check_accepts(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "flexmig.cli.main", "config", "example"], capture_output=True, text=True, check=True

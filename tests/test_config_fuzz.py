@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexmig.config import Config, ConfigFileError, changed_keys, iter_keys, parse_config, render_toml
-from tomltext import toml_string, toml_value
+from support.toml import toml_string, toml_value
 
 SRC = "/etc/flexmig/flexmig.toml"
 KEYS = [key for key, _, _ in iter_keys(Config.default())]

@@ -18,13 +18,13 @@ import pytest
 from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.control import ControlServer
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import ConfigError, PlanRejectedError
 from flexmig.jobs import JobPolicy
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
+
+pytestmark = pytest.mark.integration
 
 
 async def echo(args: Mapping[str, Any]) -> Any:
@@ -70,7 +70,7 @@ def serve(path: Path, scenario: Any, **kw: Any) -> Any:
     return asyncio.run(main())
 
 
-def test_the_socket_is_owner_only_and_removed_on_close(tmp_path):
+def test_the_socket_is_owner_only_and_removed_on_close(tmp_path: Path) -> None:
     path = tmp_path / "run" / "control.sock"
 
     async def scenario(server: ControlServer) -> None:
@@ -82,7 +82,7 @@ def test_the_socket_is_owner_only_and_removed_on_close(tmp_path):
     assert not path.exists()
 
 
-def test_requests_and_answers_are_json_lines_on_one_connection(tmp_path):
+def test_requests_and_answers_are_json_lines_on_one_connection(tmp_path: Path) -> None:
     async def scenario(server: ControlServer) -> list[dict[str, Any]]:
         return await talk(
             server.path,
@@ -108,7 +108,9 @@ def test_requests_and_answers_are_json_lines_on_one_connection(tmp_path):
         (b"\xff\xfe\n", "not JSON"),
     ],
 )
-def test_malformed_requests_get_an_error_answer_and_the_server_keeps_serving(tmp_path, line, why):
+def test_malformed_requests_get_an_error_answer_and_the_server_keeps_serving(
+    tmp_path: Path, line: bytes, why: str
+) -> None:
     async def scenario(server: ControlServer) -> list[dict[str, Any]]:
         return await talk(server.path, line, b'{"op": "echo"}\n')
 
@@ -117,7 +119,7 @@ def test_malformed_requests_get_an_error_answer_and_the_server_keeps_serving(tmp
     assert good["ok"] is True
 
 
-def test_a_handler_bug_is_an_internal_error_answer_not_a_dead_socket(tmp_path):
+def test_a_handler_bug_is_an_internal_error_answer_not_a_dead_socket(tmp_path: Path) -> None:
     async def scenario(server: ControlServer) -> list[dict[str, Any]]:
         return await talk(server.path, b'{"op": "boom"}\n', b'{"op": "echo"}\n')
 
@@ -126,7 +128,7 @@ def test_a_handler_bug_is_an_internal_error_answer_not_a_dead_socket(tmp_path):
     assert good["ok"] is True
 
 
-def test_an_oversized_request_is_refused_and_the_connection_closed(tmp_path):
+def test_an_oversized_request_is_refused_and_the_connection_closed(tmp_path: Path) -> None:
     async def scenario(server: ControlServer) -> list[dict[str, Any]]:
         big = b'{"op": "echo", "args": {"x": "' + b"a" * 5000 + b'"}}\n'
         return await talk(server.path, big, b'{"op": "echo"}\n')
@@ -135,7 +137,7 @@ def test_an_oversized_request_is_refused_and_the_connection_closed(tmp_path):
     assert answers == [{"ok": False, "error": "request longer than 1024 bytes", "type": "RequestError"}]
 
 
-def test_a_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tmp_path):
+def test_a_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tmp_path: Path) -> None:
     path = tmp_path / "c.sock"
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(path))
@@ -154,7 +156,7 @@ def test_a_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tmp_path):
     assert other.read_text() == "precious"
 
 
-def test_serve_runs_in_a_task_group_until_cancelled(tmp_path):
+def test_serve_runs_in_a_task_group_until_cancelled(tmp_path: Path) -> None:
     path = tmp_path / "c.sock"
 
     async def main() -> None:
@@ -172,7 +174,7 @@ def test_serve_runs_in_a_task_group_until_cancelled(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
-def test_other_users_cannot_connect(tmp_path):
+def test_other_users_cannot_connect(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     path = tmp_path / "c.sock"
     code = (
@@ -192,7 +194,7 @@ def test_other_users_cannot_connect(tmp_path):
     assert serve(path, scenario) == 13
 
 
-def test_client_errors_carry_the_daemons_message(tmp_path):
+def test_client_errors_carry_the_daemons_message(tmp_path: Path) -> None:
     async def scenario(server: ControlServer) -> None:
         client = ControlClient(server.path, timeout_s=10)
         with pytest.raises(ControlError, match="mode is 'observe'"):
@@ -206,7 +208,7 @@ def test_client_errors_carry_the_daemons_message(tmp_path):
 
 
 # --------------------------------------------------------------------------------- flexmig jobs (CLI)
-def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(tmp_path):
+def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(tmp_path: Path) -> None:
     async def cli(*args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flexmig.cli.main", "jobs", "--socket", str(tmp_path / "c.sock"), *args,
@@ -218,9 +220,9 @@ def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(t
     async def main() -> None:
         node = sim.install("h200:1g.18gb@0")
         nvml = Nvml.open()
-        off = ThreadOffload()
+        off = NvmlWorker()
         act = Actuator.build(
-            mode="observe", nvml=nvml, offload=off, devices=SimProcessTable(node),
+            mode="observe", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node),
             journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
             events=MemorySink(),
         )  # fmt: skip
@@ -241,14 +243,14 @@ def test_flexmig_jobs_talks_to_the_actuator_and_refuses_to_act_in_observe_mode(t
         finally:
             await server.close()
             await act.close()
-            off.close()
+            off.shutdown()
             nvml.close()
             sim.uninstall()
 
     asyncio.run(main())
 
 
-def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps_serving(tmp_path):
+def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps_serving(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo, 0o644)
     huge = tmp_path / "huge.toml"
@@ -260,9 +262,9 @@ def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps
     async def main() -> list[str]:
         node = sim.install("h200:1g.18gb@0")
         nvml = Nvml.open()
-        off = ThreadOffload()
+        off = NvmlWorker()
         act = Actuator.build(
-            mode="advise", nvml=nvml, offload=off, devices=SimProcessTable(node),
+            mode="advise", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node),
             journal_path=tmp_path / "j.sqlite3", logs_dir=tmp_path / "logs", policy=JobPolicy((tmp_path,)),
             events=MemorySink(),
         )  # fmt: skip
@@ -280,7 +282,7 @@ def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps
         finally:
             await server.close()
             await act.close()
-            off.close()
+            off.shutdown()
             nvml.close()
             sim.uninstall()
         return errors

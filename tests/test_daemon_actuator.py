@@ -14,26 +14,25 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 
-from daemon_node import ActNode, act_node, collect_events, open_session, short_base, wait_until
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 from flexmig.act.records import JobRecord
 from flexmig.export.events import Event, EventKind
 from flexmig.jobs.spec import JobPolicy, load_job_spec
-from jobs_support import Training, counter_spec, ddp_spec, flexmig, job_uid, log_lines, write_spec
-from mosquitto_broker import MOSQUITTO, Mosquitto
+from support.flexmigd import ActNode, act_node, collect_events, open_session, short_base, wait_until
+from support.jobs import Training, counter_spec, ddp_spec, flexmig, job_uid, log_lines, write_spec
+from support.mosquitto import MOSQUITTO, Mosquitto
 
 pytestmark = [
     pytest.mark.integration,
@@ -43,17 +42,6 @@ pytestmark = [
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "event.v1.schema.json").read_text())
 EVENTS = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[Mosquitto]:
-    work = Path(tempfile.mkdtemp(prefix="fm-mqtt-"))
-    b = Mosquitto(work).start()
-    try:
-        yield b
-    finally:
-        b.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture
@@ -76,7 +64,7 @@ def of_kind(events: list[Event], kind: EventKind, **payload: object) -> list[dic
     ]
 
 
-def started_twice(path: Path) -> list[dict[str, object]]:
+def started_twice(path: Path) -> list[dict[str, Any]]:
     """The log of an ``examples/hook_minimal.py`` job once it has started a second time (after one move)."""
 
     def probe() -> list[dict[str, object]]:
@@ -87,7 +75,7 @@ def started_twice(path: Path) -> list[dict[str, object]]:
 
 
 def instances_of(status: dict[str, object], gpu: int) -> set[tuple[int, str, str, str | None]]:
-    g = next(x for x in status["gpus"] if x["index"] == gpu)  # type: ignore[attr-defined, index]
+    g = next(x for x in status["gpus"] if x["index"] == gpu)  # type: ignore[attr-defined]
     return {(i["start"], i["profile"], i["uuid"], i["job"]) for i in g["instances"]}
 
 

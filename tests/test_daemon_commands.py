@@ -15,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from commands_rig import NODE, Operator, password_file, secured_broker
-from daemon_node import act_node, short_base, wait_until
-from jobs_support import counter_spec, flexmig, log_lines, write_spec
-from mosquitto_broker import Mosquitto, needs_mosquitto
+from support.commands import NODE, Operator, password_file
+from support.flexmigd import act_node, short_base, wait_until
+from support.jobs import counter_spec, flexmig, log_lines, write_spec
+from support.mosquitto import Mosquitto, needs_mosquitto
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    b = secured_broker(tmp_path_factory.mktemp("broker"))
-    yield b
-    b.stop()
 
 
 @pytest.fixture
@@ -46,14 +39,14 @@ def listening(log: Path) -> bool:
 
 
 def test_a_migrate_command_moves_a_job_in_act_and_is_refused_with_a_result_in_observe(
-    base: Path, broker: Mosquitto
+    base: Path, secured_broker: Mosquitto
 ) -> None:
-    with act_node(base, "h200", node_name=NODE, broker=broker.address, mqtt_extra=commands_on(base)) as node:
+    with act_node(base, "h200", node_name=NODE, broker=secured_broker.address, mqtt_extra=commands_on(base)) as node:
         wait_until("the command listener", lambda: listening(node.log))
         flexmig(node.sock, "submit", str(write_spec(base / "counter.toml", counter_spec(base, "counter"))))
         wait_until("counter runs", lambda: len(log_lines(base / "counter.log")) >= 3)
         before = node.jobs()["counter"]
-        operator = Operator(broker)
+        operator = Operator(secured_broker)
         try:
             moved = operator.ask("migrate", {"id": "op-1", "args": {"name": "counter"}})
             after = node.jobs()["counter"]
@@ -80,12 +73,12 @@ def test_a_migrate_command_moves_a_job_in_act_and_is_refused_with_a_result_in_ob
     assert rc == 0 and "Traceback" not in log
 
 
-def test_commands_run_with_the_control_socket_disabled(base: Path, broker: Mosquitto) -> None:
+def test_commands_run_with_the_control_socket_disabled(base: Path, secured_broker: Mosquitto) -> None:
     with act_node(
-        base, "h200", node_name=NODE, broker=broker.address, mqtt_extra=commands_on(base), control=False
+        base, "h200", node_name=NODE, broker=secured_broker.address, mqtt_extra=commands_on(base), control=False
     ) as node:
         wait_until("the command listener", lambda: listening(node.log))
-        operator = Operator(broker)
+        operator = Operator(secured_broker)
         try:
             plan = operator.ask("plan-now", {"id": "p-1"})
             stop = operator.ask("stop", {"id": "s-1", "args": {"name": "nosuch"}})
@@ -101,17 +94,17 @@ def test_commands_run_with_the_control_socket_disabled(base: Path, broker: Mosqu
 
 
 def test_started_with_a_malformed_broker_address_commands_begin_once_a_reload_fixes_it(
-    base: Path, broker: Mosquitto
+    base: Path, secured_broker: Mosquitto
 ) -> None:
     with act_node(base, "h200", node_name=NODE, broker="no-port", mqtt_extra=commands_on(base)) as node:
         wait_until("the line saying MQTT is off", lambda: "MQTT publishing is off" in node.log.read_text())
         assert not listening(node.log)
-        node.broker = broker.address
+        node.broker = secured_broker.address
         node.write_config()
         assert node.proc is not None
         node.proc.send_signal(signal.SIGHUP)
         wait_until("the command listener after the reload", lambda: listening(node.log))
-        operator = Operator(broker)
+        operator = Operator(secured_broker)
         try:
             plan = operator.ask("plan-now", {"id": "after-fix"})
         finally:

@@ -10,10 +10,9 @@ import time
 from ctypes import byref
 from pathlib import Path
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
-from daemon_harness import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
 from flexmig.act.nodeview import NodeView
 from flexmig.config import Config, DetectConfig, SamplingConfig, load_config, parse_config
 from flexmig.daemon import Daemon
@@ -25,6 +24,7 @@ from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, SamplingSt
 from flexmig.wiring import Detector, detect_settings
 from flexmig.wiring.detection import usage_of
 from flexmig.wiring.status import status_document
+from support.daemon import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,6 +83,7 @@ def test_a_reload_applies_new_detection_thresholds_at_once(tmp_path: Path) -> No
 # ------------------------------------------------------------------------------------------ in the daemon
 
 
+@pytest.mark.integration
 def test_instances_created_and_destroyed_while_running_are_reported_once_each() -> None:
     async def scenario() -> list[Report]:
         reports: list[Report] = []
@@ -107,6 +108,7 @@ def test_instances_created_and_destroyed_while_running_are_reported_once_each() 
     assert [r.now for r in reports] == sorted(r.now for r in reports)
 
 
+@pytest.mark.integration
 def test_detection_runs_on_the_snapshot_the_exporter_reads() -> None:
     async def scenario() -> tuple[Snapshot | None, Detector]:
         cfg = Config(node_name="node-1", sampling=SAMPLING, detect=DetectConfig(underuse_window_s=1))
@@ -131,6 +133,7 @@ def _gpu_instance_without_compute_instance(gpu: int, start: int) -> None:
     N.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile.id, byref(placement))
 
 
+@pytest.mark.integration
 def test_a_gpu_instance_without_a_compute_instance_holds_its_slices_in_every_figure() -> None:
     async def scenario() -> tuple[Snapshot, Series, NodeView]:
         cfg = Config(node_name="node-1", sampling=SAMPLING)

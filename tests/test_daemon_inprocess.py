@@ -12,11 +12,12 @@ import contextlib
 
 import pytest
 
-from daemon_harness import LOOPBACK_ANY, Series, nvml_of, scrape, sweeps, values
-from daemon_harness import running as harness_running
-from daemon_harness import sim_node as node_of
 from flexmig.config import Config, SamplingConfig
 from flexmig.daemon import Daemon
+from flexmig.telemetry.snapshot import Snapshot
+from support.daemon import LOOPBACK_ANY, Series, instance, nvml_of, scrape, sweeps, until_snapshot, values
+from support.daemon import running as harness_running
+from support.daemon import sim_node as node_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,6 +38,7 @@ def exported_instances(series: Series) -> set[str]:
 # ------------------------------------------------------------------------------------------------ churn
 
 
+@pytest.mark.integration
 def test_destroyed_and_created_instances_show_in_the_export_within_two_sweeps() -> None:
     async def scenario() -> None:
         async with running("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6") as daemon:
@@ -71,6 +73,7 @@ def test_destroyed_and_created_instances_show_in_the_export_within_two_sweeps() 
     asyncio.run(scenario())
 
 
+@pytest.mark.integration
 def test_rapid_churn_between_sweeps_never_breaks_sampling() -> None:
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0") as daemon:
@@ -95,6 +98,7 @@ def test_rapid_churn_between_sweeps_never_breaks_sampling() -> None:
 # ------------------------------------------------------------------------------------------------ errors
 
 
+@pytest.mark.integration
 def test_an_nvml_error_on_one_gpu_leaves_the_others_sampled_and_is_counted() -> None:
     async def scenario() -> None:
         async with running("h200x2:3g.71gb@0+3g.71gb@4") as daemon:
@@ -118,6 +122,7 @@ def test_an_nvml_error_on_one_gpu_leaves_the_others_sampled_and_is_counted() -> 
     asyncio.run(scenario())
 
 
+@pytest.mark.integration
 def test_a_lost_gpu_is_marked_and_reported_and_the_rest_keeps_going() -> None:
     async def scenario() -> None:
         async with running("h200x2:3g.71gb@0+3g.71gb@4") as daemon:
@@ -159,6 +164,7 @@ def test_a_bad_node_spec_stops_start_up_with_an_error_naming_it() -> None:
 # ------------------------------------------------------------------------------------------------ figures
 
 
+@pytest.mark.integration
 def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:
@@ -166,11 +172,17 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
             busy, quiet = node.mig_uuids()
             node.start_process(busy, memory_bytes=5 << 30)
             node.set_activity(busy, sm=0.6, dram=0.3, tensor=0.4, occupancy=0.25)
-            await sweeps(daemon, 4)
-            await asyncio.sleep(0.15)  # GPM needs two samples more than 100 ms apart
-            await sweeps(daemon, 2)
+
+            # GPM's figure covers the time between two of its samples (more than 100 ms apart): wait for a pair
+            # taken wholly after the change, before reading the export.
+            def settled(s: Snapshot) -> bool:
+                a = instance(s, busy).activity
+                return a is not None and a.sm_active is not None and abs(a.sm_active - 0.6) < 1e-6
+
+            await until_snapshot(daemon, settled, "a GPM figure covering only the new activity")
             series = await scrape(daemon)
-            assert values(series, "flexmig_mig_memory_used_bytes", mig_uuid=busy) == [float(5 << 30)]
+            idle = node.gpu(0).gpu_instances[0].idle_used_bytes  # an idle MIG device shows a few MiB used
+            assert values(series, "flexmig_mig_memory_used_bytes", mig_uuid=busy) == [float((5 << 30) + idle)]
             assert values(series, "flexmig_mig_processes", mig_uuid=busy) == [1.0]
             assert values(series, "flexmig_mig_processes", mig_uuid=quiet) == [0.0]
             assert values(series, "flexmig_mig_sm_active_ratio", mig_uuid=busy) == [pytest.approx(0.6, abs=1e-6)]
@@ -183,6 +195,7 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.integration
 def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> None:
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:
@@ -190,19 +203,22 @@ def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> N
             old_uuid = node.mig_uuids()[1]
             old_gi = node.gpu(0).mig_device(old_uuid)[0].id
             node.set_activity(old_uuid, sm=0.9)
-            await asyncio.sleep(0.3)
-            await sweeps(daemon, 2)
-            snap = daemon.latest()
-            assert snap is not None
-            old = next(i for i in snap.instances() if i.mig_uuid == old_uuid)
+
+            def three_samples(s: Snapshot) -> bool:
+                window = instance(s, old_uuid).sm_active_window
+                return window is not None and window.count >= 3
+
+            snap = await until_snapshot(daemon, three_samples, "three SM-activity samples of the busy instance")
+            old = instance(snap, old_uuid)
             assert old.sm_active_window is not None and old.sm_active_window.count >= 3
 
             await daemon.worker.call(nvml.destroy_instance, 0, old_gi)
             new = await daemon.worker.call(nvml.create_instance, 0, "3g.71gb", 4)
             assert new.gpu_instance_id == old_gi and new.uuid != old_uuid  # NVML reuses the GI ID
             await sweeps(daemon, 1)
-            snap = daemon.latest()
-            assert snap is not None
+            latest = daemon.latest()
+            assert latest is not None
+            snap = latest
             fresh = next(i for i in snap.instances() if i.mig_uuid == new.uuid)
             assert fresh.first_seen > old.first_seen
             # the new instance is idle: none of the old one's 0.9 may leak into its window or its GPM figure

@@ -25,15 +25,15 @@ import aiomqtt
 import jsonschema
 import pytest
 
-from daemon_harness import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
-from daemon_node import sample, short_base
 from flexmig.config import load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.export.events import Deduplicator, Event
 from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
 from flexmig.export.outbox import Outbox
-from mosquitto_broker import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
-from promstack import http_get
+from support.daemon import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
+from support.flexmigd import sample, short_base
+from support.mosquitto import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
+from support.prometheus import http_get
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -97,7 +97,7 @@ async def retained(port: int, topic: str) -> tuple[bytes, bool]:
         await client.subscribe(topic, qos=1)
         async with asyncio.timeout(WAIT):
             async for message in client.messages:
-                return bytes(message.payload), message.retain  # type: ignore[arg-type]
+                return bytes(message.payload), message.retain
     raise AssertionError(f"no retained message on {topic}")
 
 
@@ -254,17 +254,22 @@ def mqtt_problems(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def churn_and_watch_sampling(daemon: Daemon, changes: int = 4) -> tuple[float, float]:
-    """Create and destroy an instance ``changes`` times while scraping; returns flexmig_sweeps_total before and
-    after, so a test can see sampling went on."""
-    before = values(await scrape(daemon), "flexmig_sweeps_total")[0]
+    """Create and destroy an instance ``changes`` times, then watch the publisher fail to connect twice more; returns
+    flexmig_sweeps_total at the first of those failed attempts and at the second, so a test can see sampling went on
+    while the publisher retried (nothing here waits for a sweep in between)."""
     nvml = nvml_of(daemon)
     for _ in range(changes // 2):
         device = await daemon.worker.call(nvml.create_instance, 1, "1g.18gb", 4)
         await sweeps(daemon, 2)
         await daemon.worker.call(nvml.destroy_instance, 1, device.gpu_instance_id)
         await sweeps(daemon, 2)
-    await asyncio.sleep(1.5)  # let the publisher retry a few times
-    await sweeps(daemon, 1)
+    assert daemon.components.mqtt is not None
+    publisher = daemon.components.mqtt.publisher
+    seen = publisher.stats().connect_failures_total
+    await until(lambda: publisher.stats().connect_failures_total > seen, "a failed connection attempt of the publisher")
+    before = values(await scrape(daemon), "flexmig_sweeps_total")[0]
+    seen = publisher.stats().connect_failures_total
+    await until(lambda: publisher.stats().connect_failures_total > seen, "the publisher's next attempt")
     return before, values(await scrape(daemon), "flexmig_sweeps_total")[0]
 
 
@@ -296,7 +301,7 @@ def test_an_unreachable_broker_gives_one_clear_line_and_the_daemon_samples_on_an
     before, after, series, stored = asyncio.run(scenario())
     (problem,) = mqtt_problems(caplog)
     assert f"MQTT broker 127.0.0.1:{port} is unreachable" in problem
-    assert after > before  # sampling went on
+    assert after > before  # sampling went on while the publisher retried
     emitted = event_lines(caplog)
     assert len(emitted) == 4 and stored == emitted  # created, destroyed, created, destroyed: all in the outbox
     assert values(series, "flexmig_mqtt_connected") == [0.0]
@@ -393,7 +398,8 @@ def test_a_malformed_broker_address_at_start_keeps_sampling_and_every_event_unti
     )
     assert " ERROR " in off[0]
     assert r["stored"] == r["before_fix"], "every event emitted while off waited in the outbox"
-    assert set(r["before_fix"]) <= set(r["received"])  # type: ignore[arg-type]
+    assert isinstance(r["before_fix"], list) and isinstance(r["received"], list)
+    assert set(r["before_fix"]) <= set(r["received"])
     assert f"MQTT broker address fixed by the reload: publishing to {broker.address}" in text
     assert "configuration reloaded: mqtt.broker" in text and "at next restart: mqtt.broker" not in text
     assert r["rc"] == 0 and "Traceback" not in text

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from promstack import PROMETHEUS, PROMTOOL, SPEC, flexmigd, free_port, ground_truth, http_get, query, wait_for
-from promstack import prometheus as run_prometheus
+from support.prometheus import PROMETHEUS, PROMTOOL, SPEC, flexmigd, free_port, ground_truth, http_get, query, wait_for
+from support.prometheus import prometheus as run_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -65,7 +65,7 @@ def test_prometheus_scrapes_a_series_per_mig_instance_matching_the_simulator(pro
     # the activity figures flow too (the demo workload drives them), joined on the same identity labels
     def all_active() -> bool:
         got = query(prometheus, "count(flexmig_mig_sm_active_ratio)")
-        return bool(got) and int(float(got[0]["value"][1])) == len(truth)  # type: ignore[index]
+        return bool(got) and int(float(got[0]["value"][1])) == len(truth)
 
     wait_for("a GPM activity series for every instance", all_active, 60)
     used = query(prometheus, "flexmig_mig_memory_used_bytes <= on(mig_uuid) flexmig_mig_memory_total_bytes")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon_node import short_base, wait_until
 from flexmig.wiring.simdirs import PID_FILE, PREFIX, make_private_dir, remove_stale_private_dirs
+from support.flexmigd import short_base, wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -54,12 +54,14 @@ def test_a_new_private_directory_holds_this_process_pid_and_is_private(tmp_path:
     assert (d / PID_FILE).read_text() == f"{os.getpid()}\n"
 
 
+@pytest.mark.integration
 def test_the_directory_of_a_daemon_that_is_gone_is_removed(tmp_path: Path, dead_pid: int) -> None:
     d = left_by(tmp_path, dead_pid)
     assert remove_stale_private_dirs(tmp_path) == [d]
     assert not d.exists()
 
 
+@pytest.mark.integration
 def test_the_directory_of_a_live_process_is_kept(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     d = left_by(tmp_path, sleeper.pid)
     own = left_by(tmp_path, os.getpid(), "own")
@@ -67,6 +69,7 @@ def test_the_directory_of_a_live_process_is_kept(tmp_path: Path, sleeper: subpro
     assert d.exists() and own.exists()
 
 
+@pytest.mark.integration
 def test_a_directory_a_live_rank_still_writes_in_is_kept(tmp_path: Path, dead_pid: int) -> None:
     d = left_by(tmp_path, dead_pid)
     with (d / "logs" / "g0001-r0.log").open("ab") as log:
@@ -80,6 +83,7 @@ def test_a_directory_a_live_rank_still_writes_in_is_kept(tmp_path: Path, dead_pi
     assert remove_stale_private_dirs(tmp_path) == [d]  # once the rank is gone
 
 
+@pytest.mark.integration
 def test_a_process_working_in_the_directory_keeps_it(tmp_path: Path, dead_pid: int) -> None:
     d = left_by(tmp_path, dead_pid)
     worker = subprocess.Popen(SLEEPER, cwd=d)
@@ -98,12 +102,14 @@ def test_a_directory_without_a_readable_pid_is_kept(tmp_path: Path, content: str
     assert d.exists()
 
 
+@pytest.mark.integration
 def test_a_directory_without_a_pid_file_is_kept(tmp_path: Path, dead_pid: int) -> None:
     d = left_by(tmp_path, dead_pid)
     (d / PID_FILE).unlink()
     assert remove_stale_private_dirs(tmp_path) == []
 
 
+@pytest.mark.integration
 def test_a_symlink_is_never_followed(tmp_path: Path, dead_pid: int) -> None:
     target = left_by(tmp_path / "elsewhere", dead_pid, "target")
     link = tmp_path / f"{PREFIX}link"
@@ -121,6 +127,7 @@ def test_other_files_named_like_it_are_left_alone(tmp_path: Path) -> None:
     assert remove_stale_private_dirs(tmp_path) == []
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
 def test_another_users_directory_is_kept(tmp_path: Path, dead_pid: int) -> None:
     d = left_by(tmp_path, dead_pid)

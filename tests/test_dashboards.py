@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards_support import (
+from support.dashboards import (
     DASHBOARDS,
     RULES,
     STATIC_VALUES,
@@ -29,7 +29,7 @@ from dashboards_support import (
     promtool_parse_errors,
     variable_queries,
 )
-from promstack import PROMTOOL
+from support.prometheus import PROMTOOL
 
 needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
 DASHBOARD_FILES = ("flexmig-actions.json", "flexmig-daemon.json", "flexmig-instance.json", "flexmig-node.json")
@@ -47,6 +47,7 @@ def test_regenerating_gives_the_committed_files_byte_for_byte() -> None:
         assert path.read_bytes() == text.encode(), f"{path} differs from its definition: run dashboards/build.py"
 
 
+@pytest.mark.integration
 def test_grafanalib_generate_dashboard_writes_the_same_bytes(tmp_path: Path) -> None:
     tool = Path(sys.executable).with_name("generate-dashboard")
     for definition in build.definitions():
@@ -63,6 +64,7 @@ def test_grafanalib_generate_dashboard_writes_the_same_bytes(tmp_path: Path) -> 
         assert out.read_bytes() == build.json_path(definition).read_bytes(), definition.name
 
 
+@pytest.mark.integration
 def test_build_check_fails_naming_a_stale_file_and_writes_nothing(tmp_path: Path) -> None:
     copy = tmp_path / "dashboards"
     shutil.copytree(DASHBOARDS, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -79,6 +81,7 @@ def test_build_check_fails_naming_a_stale_file_and_writes_nothing(tmp_path: Path
 # ------------------------------------------------------------------------------------------- queries
 
 
+@pytest.mark.integration
 @needs_promtool
 def test_every_panel_query_and_variable_selector_parses_with_promtool(tmp_path: Path) -> None:
     exprs = {q.id: promql.substitute(q.expr, STATIC_VALUES) for q in panel_queries()}
@@ -88,6 +91,7 @@ def test_every_panel_query_and_variable_selector_parses_with_promtool(tmp_path: 
     assert promtool_parse_errors(exprs, tmp_path, PROMTOOL) == ""
 
 
+@pytest.mark.integration
 @needs_promtool
 def test_the_promtool_check_reports_a_broken_query_by_its_panel(tmp_path: Path) -> None:
     errors = promtool_parse_errors({"board.json: Broken panel: A": "sum(rate(x[5m])"}, tmp_path, PROMTOOL)
@@ -257,14 +261,14 @@ def test_substitute_fills_every_variable_and_names_a_missing_one() -> None:
 # ------------------------------------------------------------------------------------------- provisioning
 
 
-def test_the_dashboard_provider_reads_the_folder_the_readme_copies_the_json_to() -> None:
+def test_the_dashboard_provider_reads_the_folder_the_docs_copy_the_json_to() -> None:
     doc = yaml.safe_load((DASHBOARDS / "provisioning" / "dashboards" / "flexmig.yaml").read_text())
     (provider,) = doc["providers"]
     assert doc["apiVersion"] == 1 and provider["type"] == "file"
     folder = provider["options"]["path"]
-    readme = (DASHBOARDS.parent / "README.md").read_text()
-    assert f"dashboards/flexmig-*.json {folder}/" in readme
-    assert "dashboards/provisioning/dashboards/flexmig.yaml /etc/grafana/provisioning/dashboards/" in readme
+    docs = (DASHBOARDS.parent / "docs" / "metrics.md").read_text()
+    assert f"dashboards/flexmig-*.json {folder}/" in docs
+    assert "dashboards/provisioning/dashboards/flexmig.yaml /etc/grafana/provisioning/dashboards/" in docs
 
 
 def test_the_datasource_file_provisions_a_prometheus() -> None:
@@ -274,6 +278,7 @@ def test_the_datasource_file_provisions_a_prometheus() -> None:
     assert ds["jsonData"]["timeInterval"], "$__rate_interval needs the scrape interval"
 
 
+@pytest.mark.integration
 @needs_promtool
 def test_the_example_prometheus_configuration_passes_promtool_with_the_rules(tmp_path: Path) -> None:
     text = (DASHBOARDS / "provisioning" / "prometheus" / "prometheus.yml").read_text()

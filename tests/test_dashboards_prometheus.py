@@ -19,6 +19,7 @@ both directions, so such a query is excused only while its metric is really abse
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import threading
 import time
@@ -28,13 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from daemon_node import ActNode, JobCycler
-from dashboards_support import RULES, PanelQuery, metrics, panel_queries, promql, variable_queries
 from flexmig import sim
 from flexmig.sim.workload import SyntheticWorkload
-from jobs_support import kill_ranks
-from mosquitto_broker import MOSQUITTO, Mosquitto
-from promstack import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, prometheus, query, wait_for
+from support.dashboards import RULES, PanelQuery, metrics, panel_queries, promql, variable_queries
+from support.flexmigd import ActNode, JobCycler
+from support.jobs import kill_ranks
+from support.mosquitto import MOSQUITTO, Mosquitto
+from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, prometheus, query, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -178,40 +179,36 @@ def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("dashboards")
     instances = sim_instances(SPEC)
-    broker = Mosquitto(work).start()
-    try:
-        with serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port:
-            config = write_config(work / "flexmig.toml", broker.address, dcgm_port, work / "outbox.sqlite3")
-            with flexmigd(work, SPEC, config) as daemon, acting_node(work / "act") as act:
-                dcgm_target = f"127.0.0.1:{dcgm_port}"
-                flexmig_targets = [f"127.0.0.1:{daemon.port}", f"127.0.0.1:{act.port}"]
-                jobs = {"flexmig": flexmig_targets, "dcgm-exporter": [dcgm_target]}
-                with prometheus(work, jobs, rule_files=[RULES]) as port:
-                    wait_for(
-                        "all three targets up in Prometheus",
-                        lambda: len(query(port, "up == 1")) == 3,
-                        60,
-                    )
-                    # the families flexmigd declares once detection, MQTT and DCGM have all reported
-                    wait_for(
-                        "flexmigd's findings, MQTT and DCGM families",
-                        lambda: all(
-                            f in daemon.metrics()
-                            for f in (
-                                "flexmig_mig_finding{",
-                                f'flexmig_mqtt_connected{{Hostname="{NODE}"}} 1.0',
-                                "flexmig_dcgm_up{",
-                            )
-                        ),
-                        60,
-                    )
-                    dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
-                    yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text), act)
-    finally:
-        broker.stop()
+    with serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port:
+        config = write_config(work / "flexmig.toml", broker.address, dcgm_port, work / "outbox.sqlite3")
+        with flexmigd(work, SPEC, config) as daemon, acting_node(work / "act") as act:
+            dcgm_target = f"127.0.0.1:{dcgm_port}"
+            flexmig_targets = [f"127.0.0.1:{daemon.port}", f"127.0.0.1:{act.port}"]
+            jobs = {"flexmig": flexmig_targets, "dcgm-exporter": [dcgm_target]}
+            with prometheus(work, jobs, rule_files=[RULES]) as port:
+                wait_for(
+                    "all three targets up in Prometheus",
+                    lambda: len(query(port, "up == 1")) == 3,
+                    60,
+                )
+                # the families flexmigd declares once detection, MQTT and DCGM have all reported
+                wait_for(
+                    "flexmigd's findings, MQTT and DCGM families",
+                    lambda: all(
+                        f in daemon.metrics()
+                        for f in (
+                            "flexmig_mig_finding{",
+                            f'flexmig_mqtt_connected{{Hostname="{NODE}"}} 1.0',
+                            "flexmig_dcgm_up{",
+                        )
+                    ),
+                    60,
+                )
+                dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
+                yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text), act)
 
 
 @contextlib.contextmanager
@@ -242,7 +239,7 @@ def values(stack: Stack) -> dict[str, str]:
         path, match = f"label/{label}/values", promql.substitute(selector, chosen)
         found = wait_for(
             f"values of ${name}",
-            lambda path=path, match=match: api(stack.prometheus, path, **{"match[]": match}),
+            functools.partial(api, stack.prometheus, path, **{"match[]": match}),
             DATA_S,
         )
         chosen[name] = sorted(found, key=lambda v: (len(v), v))[0]

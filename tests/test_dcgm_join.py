@@ -21,8 +21,9 @@ from flexmig.config import Config, DcgmConfig, HostPort, SamplingConfig
 from flexmig.daemon import Daemon
 from flexmig.sim import SimNode
 from flexmig.telemetry.settings import TelemetrySettings
+from support.daemon import sweeps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SPEC = "a100-40x1:3g.20gb@4+2g.10gb@0+1g.5gb@2"
 MIB = 1 << 20
@@ -223,7 +224,7 @@ def test_without_dcgm_an_ampere_instance_has_no_activity_series_not_zeros() -> N
             node = node_of(daemon)
             uuid = node.mig_uuids()[0]
             node.set_activity(uuid, sm=0.9)
-            await asyncio.sleep(0.3)
+            await sweeps(daemon, 2)  # sampled after the activity began
             assert await metric(daemon, "flexmig_mig_sm_active_ratio", uuid) is None
             assert await metric(daemon, "flexmig_mig_memory_total_bytes", uuid) is not None
 
@@ -247,7 +248,7 @@ def test_rows_whose_gpu_uuid_disagrees_with_nvml_are_not_joined() -> None:
                     return snap is not None and snap.dcgm is not None and snap.dcgm.instances > 0
 
                 await eventually(scraped)
-                await asyncio.sleep(0.2)
+                await sweeps(daemon, 2)  # sweeps that had the rows to join
                 assert await metric(daemon, "flexmig_mig_sm_active_ratio", uuid) is None
 
     asyncio.run(scenario())

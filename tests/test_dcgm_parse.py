@@ -160,6 +160,7 @@ def exporter() -> Iterator[tuple[type[_Handler], str]]:
         thread.join(5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("chunked", [False, True])
 def test_scrape_reads_plain_and_chunked_bodies(exporter: tuple[type[_Handler], str], chunked: bool) -> None:
     handler, url = exporter
@@ -168,6 +169,7 @@ def test_scrape_reads_plain_and_chunked_bodies(exporter: tuple[type[_Handler], s
     assert asyncio.run(fetch_text(url, 5.0)) == NEW
 
 
+@pytest.mark.integration
 def test_a_failing_exporter_is_counted_and_the_last_good_scrape_kept(exporter: tuple[type[_Handler], str]) -> None:
     handler, url = exporter
     now = [100.0]
@@ -183,6 +185,7 @@ def test_a_failing_exporter_is_counted_and_the_last_good_scrape_kept(exporter: t
     assert source.fresh(111.0) is None  # too old to pose as current activity
 
 
+@pytest.mark.integration
 def test_an_oversized_body_is_refused(exporter: tuple[type[_Handler], str]) -> None:
     handler, url = exporter
     handler.body = b"x" * 5000
@@ -190,6 +193,7 @@ def test_an_oversized_body_is_refused(exporter: tuple[type[_Handler], str]) -> N
         asyncio.run(fetch_text(url, 5.0, max_bytes=1000))
 
 
+@pytest.mark.integration
 def test_nobody_listening_is_a_dcgm_error_naming_the_url() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,6 +11,7 @@ from flexmig.detect import (
     DEFAULT_DEMAND,
     DemandMix,
     FragmentationSettings,
+    StrandedCapacity,
     arrangements,
     demand_from_requests,
     gpu_fragmentation,
@@ -23,12 +24,12 @@ from flexmig.mig import A100_40, H100_80, H200, MODELS, Layout
 MIX = DemandMix(DEFAULT_DEMAND)
 
 
-def cap(layout, name):
+def cap(layout: Layout, name: str) -> StrandedCapacity:
     return {c.profile: c for c in stranded_capacity(layout)}[name]
 
 
 # ------------------------------------------------------------------------------------------------ hand-checked
-def test_four_free_compute_slices_cannot_host_a_3g():
+def test_four_free_compute_slices_cannot_host_a_3g() -> None:
     layout = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
     g = gpu_fragmentation(0, layout, MIX)
     assert g.free_compute_slices == 4
@@ -36,7 +37,7 @@ def test_four_free_compute_slices_cannot_host_a_3g():
     assert g.creatable()["3g.71gb"] == 0
 
 
-def test_repacking_the_same_instances_frees_room_for_a_3g():
+def test_repacking_the_same_instances_frees_room_for_a_3g() -> None:
     layout = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
     c = cap(layout, "3g.71gb")
     assert (c.creatable_now, c.creatable_repacked, c.stranded) == (0, 1, 1)
@@ -47,7 +48,7 @@ def test_repacking_the_same_instances_frees_room_for_a_3g():
     assert g.stranded_score == pytest.approx(4 / 7)
 
 
-def test_stranded_capacity_disappears_once_repacked():
+def test_stranded_capacity_disappears_once_repacked() -> None:
     scattered = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
     packed = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 2)])
     assert cap(scattered, "3g.71gb").stranded == 1
@@ -55,14 +56,14 @@ def test_stranded_capacity_disappears_once_repacked():
     assert cap(packed, "3g.71gb").creatable_now == 1
 
 
-def test_three_scattered_1g_strand_two_2g():
+def test_three_scattered_1g_strand_two_2g() -> None:
     layout = Layout.of(H200, [("1g.18gb", 0), ("1g.18gb", 2), ("1g.18gb", 5)])
     c = cap(layout, "2g.35gb")
     # now: 2g may start at 0, 2 or 4, and each of those pairs holds a 1g; packed at 4, 5, 6: 2g at 0 and 2.
     assert (c.creatable_now, c.creatable_repacked) == (0, 2)
 
 
-def test_external_score_of_the_worked_example():
+def test_external_score_of_the_worked_example() -> None:
     layout = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
     g = gpu_fragmentation(0, layout, MIX)
     assert g.unfit == ("3g.71gb", "4g.71gb", "7g.141gb")
@@ -70,17 +71,17 @@ def test_external_score_of_the_worked_example():
     assert g.external_score == pytest.approx(0.4)
 
 
-def test_an_empty_gpu_is_not_fragmented():
+def test_an_empty_gpu_is_not_fragmented() -> None:
     g = gpu_fragmentation(0, Layout.empty(H200), MIX)
     assert (g.external_score, g.stranded_score, g.free_compute_slices, g.free_memory_slices) == (0.0, 0.0, 7, 8)
 
 
-def test_a_full_gpu_has_nothing_to_fragment():
+def test_a_full_gpu_has_nothing_to_fragment() -> None:
     g = gpu_fragmentation(0, Layout.of(H200, [("7g.141gb", 0)]), MIX)
     assert (g.external_fragment, g.external_score, g.free_compute_slices) == (0.0, 0.0, 0)
 
 
-def test_compute_left_without_memory_is_all_fragment():
+def test_compute_left_without_memory_is_all_fragment() -> None:
     layout = Layout.of(H100_80, [("1g.20gb", s) for s in (0, 2, 4, 6)])
     g = gpu_fragmentation(0, layout, MIX)
     assert g.free_compute_slices == 3
@@ -89,20 +90,20 @@ def test_compute_left_without_memory_is_all_fragment():
     assert g.stranded_compute_slices == 0
 
 
-def test_a_mix_of_only_1g_sees_no_fragment_where_a_1g_fits():
+def test_a_mix_of_only_1g_sees_no_fragment_where_a_1g_fits() -> None:
     layout = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
     assert gpu_fragmentation(0, layout, DemandMix((("1g", 1.0),))).external_score == 0.0
     assert gpu_fragmentation(0, layout, DemandMix((("3g", 1.0),))).external_score == 1.0
 
 
-def test_mix_shapes_resolve_per_model_and_exact_names_are_kept():
+def test_mix_shapes_resolve_per_model_and_exact_names_are_kept() -> None:
     mix = DemandMix((("3g", 1.0), ("1g.35gb", 1.0), ("nope", 5.0)))
     resolved = {p.name: w for p, w in mix.resolve(H200)}
     assert resolved == {"1g.35gb": 0.5, "3g.71gb": 0.5}
     assert {p.name for p, _ in mix.resolve(A100_40)} == {"3g.20gb"}  # 1g.35gb is not an A100-40 profile
 
 
-def test_node_score_is_fragment_over_free_of_all_gpus():
+def test_node_score_is_fragment_over_free_of_all_gpus() -> None:
     a = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])  # 1.6 of 4 free
     b = Layout.empty(H200)  # 0 of 7 free
     node = node_fragmentation({0: a, 1: b}, MIX)
@@ -112,21 +113,21 @@ def test_node_score_is_fragment_over_free_of_all_gpus():
     assert node.creatable()["3g.71gb"] == 2
 
 
-def test_recent_requests_shift_the_mix_and_old_ones_are_forgotten():
+def test_recent_requests_shift_the_mix_and_old_ones_are_forgotten() -> None:
     fs = FragmentationSettings(demand=(("1g", 1.0),), demand_prior_weight=1.0, demand_window_s=100)
     mix = demand_from_requests([(990.0, "3g")] * 9 + [(10.0, "7g")] * 50, now=1000.0, settings=fs)
     weights = {p.name: w for p, w in mix.resolve(H200)}
     assert weights == pytest.approx({"1g.18gb": 0.1, "3g.71gb": 0.9})
 
 
-def test_a_demand_mix_needs_a_positive_weight():
+def test_a_demand_mix_needs_a_positive_weight() -> None:
     with pytest.raises(ValueError, match="positive weight"):
         DemandMix((("1g", 0.0),))
 
 
 # ------------------------------------------------------------------------------------------------ properties
 @st.composite
-def layouts(draw):
+def layouts(draw: st.DrawFn) -> Layout:
     model = draw(st.sampled_from(MODELS))
     layout = Layout.empty(model)
     for _ in range(draw(st.integers(0, 9))):
@@ -144,14 +145,14 @@ mixes = st.lists(st.tuples(st.sampled_from(["1g", "2g", "3g", "4g", "7g"]), st.f
 
 @settings(max_examples=150, deadline=None)
 @given(layouts())
-def test_stranded_capacity_is_never_negative_and_repacking_never_loses(layout):
+def test_stranded_capacity_is_never_negative_and_repacking_never_loses(layout: Layout) -> None:
     for c in stranded_capacity(layout):
         assert c.creatable_repacked >= c.creatable_now >= 0
 
 
 @settings(max_examples=80, deadline=None)
 @given(layouts(), st.data())
-def test_repacked_capacity_depends_only_on_the_multiset_of_profiles(layout, data):
+def test_repacked_capacity_depends_only_on_the_multiset_of_profiles(layout: Layout, data: st.DataObject) -> None:
     others = list(arrangements(layout.model, [i.profile for i in layout]))
     assert any(o.spec() == layout.spec() for o in others)  # the layout is one of its own arrangements
     other = data.draw(st.sampled_from(others))
@@ -160,7 +161,7 @@ def test_repacked_capacity_depends_only_on_the_multiset_of_profiles(layout, data
 
 @settings(max_examples=80, deadline=None)
 @given(layouts())
-def test_every_arrangement_holds_the_same_instances_validly(layout):
+def test_every_arrangement_holds_the_same_instances_validly(layout: Layout) -> None:
     want = sorted(i.profile.name for i in layout)
     for other in arrangements(layout.model, [i.profile for i in layout]):
         assert other.is_valid()
@@ -169,7 +170,7 @@ def test_every_arrangement_holds_the_same_instances_validly(layout):
 
 @settings(max_examples=150, deadline=None)
 @given(layouts(), mixes)
-def test_external_score_is_a_ratio_and_zero_when_nothing_is_free(layout, mix):
+def test_external_score_is_a_ratio_and_zero_when_nothing_is_free(layout: Layout, mix: DemandMix) -> None:
     g = gpu_fragmentation(0, layout, mix)
     assert 0.0 <= g.external_score <= 1.0 + 1e-9
     assert g.external_fragment <= g.free_compute_slices + 1e-9
@@ -181,7 +182,7 @@ def test_external_score_is_a_ratio_and_zero_when_nothing_is_free(layout, mix):
 
 @settings(max_examples=100, deadline=None)
 @given(layouts(), mixes)
-def test_a_profile_counts_as_unfit_exactly_when_none_can_be_created(layout, mix):
+def test_a_profile_counts_as_unfit_exactly_when_none_can_be_created(layout: Layout, mix: DemandMix) -> None:
     g = gpu_fragmentation(0, layout, mix)
     if g.free_compute_slices:
         creatable = g.creatable()
@@ -190,7 +191,7 @@ def test_a_profile_counts_as_unfit_exactly_when_none_can_be_created(layout, mix)
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(layouts(), min_size=1, max_size=4), mixes)
-def test_node_score_lies_between_its_gpus_scores(gpu_layouts, mix):
+def test_node_score_lies_between_its_gpus_scores(gpu_layouts: list[Layout], mix: DemandMix) -> None:
     node = node_fragmentation(dict(enumerate(gpu_layouts)), mix)
     with_free = [g.external_score for g in node.gpus if g.free_compute_slices]
     if with_free:

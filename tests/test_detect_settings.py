@@ -2,25 +2,25 @@
 
 import pytest
 
-from flexmig.config import parse_config
+from flexmig.config import DetectConfig, parse_config
 from flexmig.detect import DEFAULT_DEMAND, DetectSettings, settings_from_thresholds
 from flexmig.detect.settings import FragmentationSettings
 
 
-def test_defaults_keep_a_dead_band_between_entering_and_leaving():
+def test_defaults_keep_a_dead_band_between_entering_and_leaving() -> None:
     s = DetectSettings()
     assert s.underuse.activity_enter < s.underuse.activity_exit
     assert s.underuse.memory_enter < s.underuse.memory_exit
     assert s.fragmentation.exit < s.fragmentation.enter
 
 
-def test_the_default_demand_mix_sums_to_one_and_favours_small_instances():
+def test_the_default_demand_mix_sums_to_one_and_favours_small_instances() -> None:
     weights = dict(DEFAULT_DEMAND)
     assert sum(weights.values()) == pytest.approx(1.0)
     assert weights["1g"] > weights["3g"] > weights["7g"]
 
 
-def _from_table(d):
+def _from_table(d: DetectConfig) -> DetectSettings:
     return settings_from_thresholds(
         activity=d.underuse_activity, activity_exit=d.underuse_activity_exit,
         memory=d.underuse_memory, memory_exit=d.underuse_memory_exit,
@@ -31,11 +31,11 @@ def _from_table(d):
     )  # fmt: skip
 
 
-def test_a_daemon_without_a_detect_table_uses_the_documented_detection_defaults():
+def test_a_daemon_without_a_detect_table_uses_the_documented_detection_defaults() -> None:
     assert _from_table(parse_config("", "flexmig.toml").detect) == DetectSettings()
 
 
-def test_the_daemon_configuration_maps_onto_detection_settings():
+def test_the_daemon_configuration_maps_onto_detection_settings() -> None:
     d = parse_config("[detect]\nunderuse_activity = 0.1\nfragmentation_exit = 0.2\n", "flexmig.toml").detect
     s = _from_table(d)
     assert s.underuse.activity_enter == 0.1
@@ -43,6 +43,6 @@ def test_the_daemon_configuration_maps_onto_detection_settings():
     assert s.underuse.memory_exit == DetectSettings().underuse.memory_exit
 
 
-def test_exit_above_enter_is_refused():
+def test_exit_above_enter_is_refused() -> None:
     with pytest.raises(ValueError, match="exit <= enter"):
         FragmentationSettings(enter=0.2, exit=0.4)

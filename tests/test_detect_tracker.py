@@ -1,14 +1,18 @@
 """The detection step over whole sweeps: instance changes, lost GPUs and fragmentation findings."""
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmig.detect import (
     DetectSettings,
     DetectState,
+    FragmentationFinding,
     FragmentationSettings,
     InstanceUsage,
     Observation,
+    Report,
     observe,
 )
 from flexmig.mig import H200, Layout
@@ -19,16 +23,16 @@ FS = FragmentationSettings(enter=0.35, exit=0.25, enter_after_s=20, exit_after_s
 S = DetectSettings(fragmentation=FS)
 
 
-def sweep(state, now, layouts, **kw):
+def sweep(state: DetectState, now: float, layouts: dict[int, Layout], **kw: Any) -> tuple[DetectState, Report]:
     return observe(state, Observation(now=now, layouts=layouts, **kw), S)
 
 
-def test_the_first_sweep_is_a_baseline_not_a_burst_of_creations():
+def test_the_first_sweep_is_a_baseline_not_a_burst_of_creations() -> None:
     _, report = sweep(DetectState(), 0, {0: FRAGMENTED})
     assert report.created == () and report.destroyed == ()
 
 
-def test_created_and_destroyed_instances_are_reported_once():
+def test_created_and_destroyed_instances_are_reported_once() -> None:
     state, _ = sweep(DetectState(), 0, {0: Layout.of(H200, [("3g.71gb", 0)])})
     state, report = sweep(state, 1, {0: Layout.of(H200, [("3g.71gb", 4)])})
     assert [(c.start, c.profile) for c in report.created] == [(4, "3g.71gb")]
@@ -37,7 +41,7 @@ def test_created_and_destroyed_instances_are_reported_once():
     assert report.created == () and report.destroyed == ()
 
 
-def test_a_lost_gpu_is_reported_once_and_its_instances_are_not_called_destroyed():
+def test_a_lost_gpu_is_reported_once_and_its_instances_are_not_called_destroyed() -> None:
     state, _ = sweep(DetectState(), 0, {0: FRAGMENTED, 1: PACKED})
     state, report = sweep(state, 1, {1: PACKED}, lost_gpus=frozenset({0}))
     assert report.lost == (0,)
@@ -48,35 +52,37 @@ def test_a_lost_gpu_is_reported_once_and_its_instances_are_not_called_destroyed(
     assert report.created == () and report.destroyed == ()
 
 
-def test_fragmentation_starts_after_its_window_and_ends_after_repacking():
+def test_fragmentation_starts_after_its_window_and_ends_after_repacking() -> None:
     state = DetectState()
     started, ended = [], []
     for t, layout in [(0, FRAGMENTED), (10, FRAGMENTED), (20, FRAGMENTED), (30, PACKED), (40, PACKED), (50, PACKED)]:
         state, report = sweep(state, t, {0: layout})
-        started += [(t, f.gpu, round(f.score, 2)) for f in report.started]
+        assert all(isinstance(f, FragmentationFinding) for f in report.started)
+        started += [(t, f.gpu, round(f.score, 2)) for f in report.started if isinstance(f, FragmentationFinding)]
         ended += [(t, e.finding.gpu) for e in report.ended]
     assert started == [(20, 0, 0.4)]
     assert ended == [(50, 0)]
 
 
-def test_a_fragmentation_finding_explains_itself():
+def test_a_fragmentation_finding_explains_itself() -> None:
     state = DetectState()
     for t in (0, 10, 20):
         state, report = sweep(state, t, {0: FRAGMENTED})
     (finding,) = report.started
+    assert isinstance(finding, FragmentationFinding)
     assert finding.unfit == ("3g.71gb", "4g.71gb", "7g.141gb")
     assert finding.reason.startswith("GPU 0 (h200) has 4 free compute slice(s) that cannot host 3g.71gb")
     assert "repacking the running instances would free room for 1 2g.35gb, 1 3g.71gb, 1 4g.71gb" in finding.reason
 
 
-def test_a_window_for_an_instance_that_is_not_there_is_ignored_and_said_so():
+def test_a_window_for_an_instance_that_is_not_there_is_ignored_and_said_so() -> None:
     w = InstanceUsage(0, 4, "3g.71gb", 10.0, 10.0, 0.0, 0.0, 0, 1, 0)
     _, report = sweep(DetectState(), 10, {0: FRAGMENTED}, usage=(w,))
     assert report.ignored == ("window for 3g.71gb at GPU 0 slice 4 matches no current instance",)
     assert report.internal == ()
 
 
-def test_repacked_capacities_are_searched_once_per_multiset():
+def test_repacked_capacities_are_searched_once_per_multiset() -> None:
     state, _ = sweep(DetectState(), 0, {0: FRAGMENTED})
     state2, _ = sweep(state, 1, {0: FRAGMENTED, 1: PACKED})  # same multiset as GPU 0
     assert state2.memo is state.memo
@@ -84,7 +90,7 @@ def test_repacked_capacities_are_searched_once_per_multiset():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([FRAGMENTED, PACKED, Layout.empty(H200)]), min_size=1, max_size=30))
-def test_fragmentation_findings_alternate_start_end_and_never_overlap(seq):
+def test_fragmentation_findings_alternate_start_end_and_never_overlap(seq: list[Layout]) -> None:
     state = DetectState()
     on = False
     for t, layout in enumerate(seq):

@@ -1,5 +1,7 @@
 """Underuse, oversized jobs, internal fragmentation and the hysteresis that keeps findings from flapping."""
 
+from collections.abc import Iterable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -7,10 +9,13 @@ from hypothesis import strategies as st
 from flexmig.detect import (
     DetectSettings,
     DetectState,
+    Finding,
     InstanceUsage,
     Observation,
+    OversizedFinding,
     Signal,
     Switch,
+    UnderuseFinding,
     UnderuseSettings,
     internal_fragmentation,
     observe,
@@ -18,7 +23,8 @@ from flexmig.detect import (
     underuse_signal,
 )
 from flexmig.detect.hysteresis import step
-from flexmig.mig import H200, Layout
+from flexmig.detect.tracker import Report
+from flexmig.mig import H200, Layout, Profile
 
 GIB = 2**30
 P3G = H200.profile("3g.71gb")
@@ -27,7 +33,16 @@ US = UnderuseSettings(enter_after_s=300, exit_after_s=60, oversize_after_s=300, 
 SETTINGS = DetectSettings(underuse=US)
 
 
-def usage(at, activity=0.5, used_gib=30.0, processes=1, start=0, profile="3g.71gb", window=30.0, total_gib=69.5):
+def usage(
+    at: float,
+    activity: float | None = 0.5,
+    used_gib: float | None = 30.0,
+    processes: int = 1,
+    start: int = 0,
+    profile: str = "3g.71gb",
+    window: float = 30.0,
+    total_gib: float = 69.5,
+) -> InstanceUsage:
     return InstanceUsage(
         gpu=0,
         start=start,
@@ -42,14 +57,19 @@ def usage(at, activity=0.5, used_gib=30.0, processes=1, start=0, profile="3g.71g
     )
 
 
-def instance_findings(findings):
+def instance_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     return tuple(f for f in findings if type(f).__name__ != "FragmentationFinding")
 
 
-def run(windows, layout=LAYOUT, settings_=SETTINGS, kind="UnderuseFinding"):
+def run(
+    windows: Iterable[InstanceUsage],
+    layout: Layout = LAYOUT,
+    settings_: DetectSettings = SETTINGS,
+    kind: str = "UnderuseFinding",
+) -> tuple[list[tuple[float, str, str]], DetectState, Report]:
     """Feed windows one sweep each; return every (time, started/ended, type) transition of findings of `kind`."""
     state = DetectState()
-    out = []
+    out: list[tuple[float, str, str]] = []
     for w in windows:
         state, report = observe(state, Observation(now=w.at, layouts={0: layout}, usage=(w,)), settings_)
         out.extend((w.at, "started", kind) for f in report.started if type(f).__name__ == kind)
@@ -58,44 +78,45 @@ def run(windows, layout=LAYOUT, settings_=SETTINGS, kind="UnderuseFinding"):
 
 
 # ------------------------------------------------------------------------------------------------ the signal
-def test_an_instance_without_processes_reads_idle():
+def test_an_instance_without_processes_reads_idle() -> None:
     assert underuse_signal(usage(0, activity=None, used_gib=None, processes=0), US) is Signal.ON
 
 
-def test_low_activity_and_low_memory_read_underused():
+def test_low_activity_and_low_memory_read_underused() -> None:
     assert underuse_signal(usage(0, activity=0.02, used_gib=3.0), US) is Signal.ON
 
 
-def test_high_activity_or_high_memory_reads_in_use():
+def test_high_activity_or_high_memory_reads_in_use() -> None:
     assert underuse_signal(usage(0, activity=0.5, used_gib=1.0), US) is Signal.OFF
     assert underuse_signal(usage(0, activity=0.01, used_gib=40.0), US) is Signal.OFF
 
 
-def test_between_the_thresholds_changes_nothing():
+def test_between_the_thresholds_changes_nothing() -> None:
     assert underuse_signal(usage(0, activity=0.10, used_gib=3.0), US) is Signal.HOLD
 
 
-def test_a_job_whose_activity_is_unknown_is_never_called_underused():
+def test_a_job_whose_activity_is_unknown_is_never_called_underused() -> None:
     assert underuse_signal(usage(0, activity=None, used_gib=1.0), US) is Signal.OFF
 
 
-def test_thresholds_must_be_ordered():
+def test_thresholds_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="activity_enter <= activity_exit"):
         UnderuseSettings(activity_enter=0.3, activity_exit=0.1)
 
 
 # ------------------------------------------------------------------------------------------------ hysteresis
-def test_underuse_starts_only_after_low_held_for_the_entry_window():
+def test_underuse_starts_only_after_low_held_for_the_entry_window() -> None:
     windows = [usage(t, activity=0.01, used_gib=2.0) for t in range(30, 331, 30)]
     transitions, _, report = run(windows)
     # first window covers (0, 30]; low has held 300 s at t=300
     assert transitions == [(300, "started", "UnderuseFinding")]
     (finding,) = [f for f in report.active if type(f).__name__ == "UnderuseFinding"]
+    assert isinstance(finding, UnderuseFinding)
     assert finding.level == "underused"
     assert "stayed at or below 5% activity" in finding.reason
 
 
-def test_a_single_busy_window_restarts_the_entry_count():
+def test_a_single_busy_window_restarts_the_entry_count() -> None:
     low = [usage(t, activity=0.01, used_gib=2.0) for t in range(30, 241, 30)]
     busy = [usage(270, activity=0.9)]
     low2 = [usage(t, activity=0.01, used_gib=2.0) for t in range(300, 601, 30)]
@@ -103,28 +124,28 @@ def test_a_single_busy_window_restarts_the_entry_count():
     assert transitions == [(570, "started", "UnderuseFinding")]  # 300 s after the busy window ended at 270
 
 
-def test_underuse_ends_only_after_use_held_for_the_exit_window():
+def test_underuse_ends_only_after_use_held_for_the_exit_window() -> None:
     low = [usage(t, activity=0.0, used_gib=1.0, processes=0) for t in range(30, 301, 30)]
     busy = [usage(t, activity=0.8) for t in range(330, 421, 30)]
     transitions, _, _ = run(low + busy)
     assert transitions == [(300, "started", "UnderuseFinding"), (360, "ended", "UnderuseFinding")]
 
 
-def test_hovering_between_the_thresholds_never_flaps():
+def test_hovering_between_the_thresholds_never_flaps() -> None:
     low = [usage(t, activity=0.0, used_gib=1.0, processes=0) for t in range(30, 301, 30)]
     hover = [usage(t, activity=0.04 if (t // 30) % 2 else 0.12, used_gib=3.0) for t in range(330, 3001, 30)]
     transitions, _, _ = run(low + hover)
     assert transitions == [(300, "started", "UnderuseFinding")]
 
 
-def test_a_telemetry_gap_restarts_the_entry_count():
+def test_a_telemetry_gap_restarts_the_entry_count() -> None:
     before = [usage(t, activity=0.01, used_gib=2.0) for t in range(30, 181, 30)]
     after = [usage(t, activity=0.01, used_gib=2.0) for t in range(600, 781, 30)]  # 420 s unseen > max_gap 120 s
     transitions, _, _ = run(before + after)
     assert transitions == []
 
 
-def test_destroying_an_underused_instance_ends_its_finding():
+def test_destroying_an_underused_instance_ends_its_finding() -> None:
     low = [usage(t, activity=0.0, used_gib=1.0, processes=0) for t in range(30, 301, 30)]
     state = DetectState()
     for w in low:
@@ -135,7 +156,7 @@ def test_destroying_an_underused_instance_ends_its_finding():
     assert instance_findings(report.active) == ()
 
 
-def test_an_instance_no_longer_reported_ends_its_finding_after_forget_after():
+def test_an_instance_no_longer_reported_ends_its_finding_after_forget_after() -> None:
     low = [usage(t, activity=0.0, used_gib=1.0, processes=0) for t in range(30, 301, 30)]
     state = DetectState()
     for w in low:
@@ -151,7 +172,9 @@ signals = st.lists(st.tuples(st.sampled_from(list(Signal)), st.floats(1.0, 50.0)
 
 @settings(max_examples=200, deadline=None)
 @given(signals, st.floats(0.0, 200.0), st.floats(0.0, 200.0))
-def test_a_switch_flips_only_after_its_condition_held_unbroken_for_the_duration(seq, on_after, off_after):
+def test_a_switch_flips_only_after_its_condition_held_unbroken_for_the_duration(
+    seq: list[tuple[Signal, float]], on_after: float, off_after: float
+) -> None:
     state, t = Switch(), 0.0
     history = []  # (from, to, signal)
     for signal, width in seq:
@@ -177,7 +200,7 @@ def test_a_switch_flips_only_after_its_condition_held_unbroken_for_the_duration(
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.booleans(), max_size=40))
-def test_alternating_faster_than_the_windows_never_flips(flags):
+def test_alternating_faster_than_the_windows_never_flips(flags: list[bool]) -> None:
     state = Switch()
     for i, flag in enumerate(flags):
         state, flipped = step(
@@ -188,18 +211,18 @@ def test_alternating_faster_than_the_windows_never_flips(flags):
 
 
 # -------------------------------------------------------------------------------------- internal fragmentation
-def test_internal_fragmentation_of_the_worked_example():
+def test_internal_fragmentation_of_the_worked_example() -> None:
     inner = internal_fragmentation(usage(0, activity=0.40, used_gib=20.0), P3G)
     assert (inner.compute_held, inner.compute_needed, inner.compute_idle) == (3, 2, 1)
     assert (inner.memory_held, inner.memory_needed, inner.memory_idle) == (4, 2, 2)
 
 
-def test_an_instance_without_processes_holds_everything_beyond_use():
+def test_an_instance_without_processes_holds_everything_beyond_use() -> None:
     inner = internal_fragmentation(usage(0, activity=None, used_gib=0.5, processes=0), P3G)
     assert (inner.compute_idle, inner.memory_idle) == (3, 4)
 
 
-def test_a_job_with_unknown_activity_has_unknown_compute_need():
+def test_a_job_with_unknown_activity_has_unknown_compute_need() -> None:
     inner = internal_fragmentation(usage(0, activity=None, used_gib=20.0), P3G)
     assert inner.compute_idle is None
     assert inner.memory_idle == 2
@@ -212,7 +235,9 @@ def test_a_job_with_unknown_activity_has_unknown_compute_need():
     st.floats(0.0, 1.0),
     st.integers(0, 3),
 )
-def test_needed_slices_never_exceed_held_slices(profile, activity, mem_frac, procs):
+def test_needed_slices_never_exceed_held_slices(
+    profile: Profile, activity: float | None, mem_frac: float, procs: int
+) -> None:
     total = profile.memory_mib * 2**20
     u = InstanceUsage(0, 0, profile.name, 10.0, 10.0, activity, activity, int(total * mem_frac), total, procs)
     inner = internal_fragmentation(u, profile)
@@ -223,24 +248,28 @@ def test_needed_slices_never_exceed_held_slices(profile, activity, mem_frac, pro
 
 
 # ------------------------------------------------------------------------------------------------ oversized
-def test_a_job_using_little_of_a_3g_fits_a_2g_with_headroom():
-    assert smaller_profile(usage(0, activity=0.40, used_gib=20.0), H200, P3G, 0.25).name == "2g.35gb"
+def test_a_job_using_little_of_a_3g_fits_a_2g_with_headroom() -> None:
+    smaller = smaller_profile(usage(0, activity=0.40, used_gib=20.0), H200, P3G, 0.25)
+    assert smaller is not None and smaller.name == "2g.35gb"
 
 
-def test_the_margin_can_refuse_a_tight_fit():
+def test_the_margin_can_refuse_a_tight_fit() -> None:
     # 0.5 * 60 SMs = 30 SMs fit a 2g (32 SMs) exactly-ish, but not with 25% headroom (37.5 SMs)
-    assert smaller_profile(usage(0, activity=0.5, used_gib=10.0), H200, P3G, 0.0).name == "2g.35gb"
+    smaller = smaller_profile(usage(0, activity=0.5, used_gib=10.0), H200, P3G, 0.0)
+    assert smaller is not None and smaller.name == "2g.35gb"
     assert smaller_profile(usage(0, activity=0.5, used_gib=10.0), H200, P3G, 0.25) is None
 
 
-def test_no_job_or_unknown_activity_is_never_oversized():
+def test_no_job_or_unknown_activity_is_never_oversized() -> None:
     assert smaller_profile(usage(0, activity=0.01, used_gib=1.0, processes=0), H200, P3G, 0.25) is None
     assert smaller_profile(usage(0, activity=None, used_gib=1.0), H200, P3G, 0.25) is None
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(H200.plain_profiles), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
-def test_a_suggested_profile_is_smaller_and_holds_the_job(profile, activity, mem_frac, margin):
+def test_a_suggested_profile_is_smaller_and_holds_the_job(
+    profile: Profile, activity: float, mem_frac: float, margin: float
+) -> None:
     total = profile.memory_mib * 2**20
     u = InstanceUsage(0, 0, profile.name, 10.0, 10.0, activity, activity, int(total * mem_frac), total, 1)
     q = smaller_profile(u, H200, profile, margin)
@@ -248,13 +277,15 @@ def test_a_suggested_profile_is_smaller_and_holds_the_job(profile, activity, mem
         assert q.compute_slices <= profile.compute_slices and q.memory_slices <= profile.memory_slices
         assert (q.compute_slices, q.memory_slices) != (profile.compute_slices, profile.memory_slices)
         assert activity * profile.sm_count * (1 + margin) <= q.sm_count
+        assert u.memory_used_bytes is not None
         assert u.memory_used_bytes * (1 + margin) <= q.memory_mib * 2**20
 
 
-def test_an_oversized_job_is_reported_after_its_window():
+def test_an_oversized_job_is_reported_after_its_window() -> None:
     windows = [usage(t, activity=0.40, used_gib=20.0) for t in range(30, 331, 30)]
     transitions, _, report = run(windows, kind="OversizedFinding")
     assert transitions == [(300, "started", "OversizedFinding")]
     (finding,) = instance_findings(report.active)
+    assert isinstance(finding, OversizedFinding)
     assert finding.suggested == "2g.35gb"
     assert "2g.35gb would hold it with 25% headroom" in finding.reason

@@ -9,16 +9,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from typing import Any
 
 import pytest
 
-from daemon_harness import by_label, exposition, nvml_of, parse, running, scrape, sim_node, sweeps, values
 from flexmig.config import Config, DetectConfig, SamplingConfig
+from flexmig.daemon import Daemon
 from flexmig.detect import DEFAULT_DEMAND, DemandMix, gpu_fragmentation
 from flexmig.export.findings_metrics import PublisherMetrics
 from flexmig.export.mqtt import PublisherStats
 from flexmig.mig import H200, Layout
 from flexmig.telemetry.snapshot import SamplingStats, Snapshot
+from support.daemon import Series, by_label, exposition, nvml_of, parse, running, scrape, sim_node, sweeps, values
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,11 +28,11 @@ GIB = 2**30
 SAMPLING = SamplingConfig(interval_s=0.05, retention_s=60.0)
 
 
-def config(**detect: float) -> Config:
+def config(**detect: Any) -> Config:
     return Config(node_name="node-1", sampling=SAMPLING, detect=DetectConfig(**detect))
 
 
-async def until_metric(daemon, name, limit_s=20.0, **match):
+async def until_metric(daemon: Daemon, name: str, limit_s: float = 20.0, **match: str) -> Series:
     """Scrape until ``name{match}`` has a sample equal to 1; returns the last scrape."""
     deadline = asyncio.get_running_loop().time() + limit_s
     while True:
@@ -44,10 +46,11 @@ async def until_metric(daemon, name, limit_s=20.0, **match):
 # ------------------------------------------------------------------------------------------ fragmentation
 
 
+@pytest.mark.integration
 def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_figures() -> None:
     """GPU 0: 2g.35gb@0 + 1g.18gb@4 (four compute slices free, no 3g or 4g fits); GPU 1 emptied."""
 
-    async def scenario():
+    async def scenario() -> Series:
         cfg = config(fragmentation_threshold=0.3, fragmentation_exit=0.2, fragmentation_window_s=0)
         async with running("h200x2:2g.35gb@0+1g.18gb@4", cfg) as daemon:
             nvml = nvml_of(daemon)
@@ -60,7 +63,7 @@ def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_
     expected = gpu_fragmentation(0, Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)]), DemandMix(DEFAULT_DEMAND))
     g0, g1 = {"gpu": "0"}, {"gpu": "1"}
 
-    # hand-checked (README worked example) ...
+    # hand-checked (docs/detection.md worked example) ...
     assert values(series, "flexmig_gpu_free_compute_slices", **g0) == [4.0]
     assert by_label(series, "flexmig_gpu_creatable_instances", "profile", **g0)["3g.71gb"] == 0
     assert by_label(series, "flexmig_gpu_creatable_repacked_instances", "profile", **g0)["3g.71gb"] == 1
@@ -102,11 +105,12 @@ def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_
 # ------------------------------------------------------------------------------------------ instances
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_idle_and_oversized_instances_are_findings_and_a_busy_one_is_not() -> None:
     """3g.71gb@0 runs a job at 20% SM and 5 GiB (fits a 1g.18gb); 2g.35gb@4 is busy; 1g.18gb@6 runs nothing."""
 
-    async def scenario():
+    async def scenario() -> tuple[dict[int, str], str]:
         cfg = config(underuse_window_s=1, oversize_window_s=1)
         async with running("h200:3g.71gb@0+2g.35gb@4+1g.18gb@6", cfg) as daemon:
             node = sim_node(daemon)
@@ -151,8 +155,9 @@ def test_idle_and_oversized_instances_are_findings_and_a_busy_one_is_not() -> No
 # ------------------------------------------------------------------------------------------ absent series
 
 
+@pytest.mark.integration
 def test_a_lost_gpu_has_no_fragmentation_or_finding_series() -> None:
-    async def scenario():
+    async def scenario() -> Series:
         async with running("h200x2:3g.71gb@0+1g.18gb@4", config()) as daemon:
             await sweeps(daemon, 1)
             sim_node(daemon).lose_gpu(1)
@@ -173,10 +178,11 @@ def test_a_lost_gpu_has_no_fragmentation_or_finding_series() -> None:
         assert values(series, name, gpu="0") != [], name
 
 
+@pytest.mark.integration
 def test_without_per_instance_activity_the_compute_figure_is_absent_but_memory_is_not() -> None:
     """An A100 without dcgm-exporter: NVML gives memory per instance but no activity."""
 
-    async def scenario():
+    async def scenario() -> tuple[str, Series]:
         async with running("a100-40:3g.20gb@0", config()) as daemon:
             node = sim_node(daemon)
             uuid = node.gpu(0).gpu_instances[0].compute_instances[0].uuid
@@ -191,8 +197,9 @@ def test_without_per_instance_activity_the_compute_figure_is_absent_but_memory_i
     assert values(series, "flexmig_mig_internal_fragmentation_memory_slices", mig_uuid=uuid) == [3.0]  # 1 of 4
 
 
+@pytest.mark.integration
 def test_a_gpu_without_mig_has_no_fragmentation_series() -> None:
-    async def scenario():
+    async def scenario() -> Series:
         async with running("a100-40:-", config()) as daemon:
             return await scrape(daemon)
 

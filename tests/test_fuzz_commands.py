@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from actuator_rig import LiveNode
-from commands_rig import Operator, RunningListener, password_file, secured_broker
-from flexmig.export.commands import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
-from mosquitto_broker import Mosquitto, needs_mosquitto
+from flexmig.export.command_schema import MAX_COMMAND_BYTES, VERBS, CommandRefusedError, parse_command
+from support.actuator import LiveNode
+from support.commands import Operator, RunningListener, password_file
+from support.mosquitto import Mosquitto, needs_mosquitto
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "command.v1.schema.json").read_text())
 VALIDATORS = {verb: jsonschema.Draft202012Validator({**SCHEMA, "$ref": f"#/$defs/{verb}"}) for verb in VERBS}
@@ -121,21 +121,19 @@ LIVE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveNode, RunningListener, Operator]]:
-    broker: Mosquitto = secured_broker(tmp_path_factory.mktemp("broker"))
-    try:
-        with LiveNode("h200") as node:
-            node.before = node.truth()  # type: ignore[attr-defined]
-            listener = RunningListener(node, broker, password_file(tmp_path_factory.mktemp("secrets")))
-            listener.wait_connected()
-            operator = Operator(broker)
-            try:
-                yield node, listener, operator
-            finally:
-                operator.close()
-                listener.stop()
-    finally:
-        broker.stop()
+def rig(
+    secured_broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveNode, RunningListener, Operator]]:
+    with LiveNode("h200") as node:
+        node.before = node.truth()  # type: ignore[attr-defined]
+        listener = RunningListener(node, secured_broker, password_file(tmp_path_factory.mktemp("secrets")))
+        listener.wait_connected()
+        operator = Operator(secured_broker)
+        try:
+            yield node, listener, operator
+        finally:
+            operator.close()
+            listener.stop()
 
 
 def could_act(verb: str, payload: bytes) -> bool:

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from actuator_rig import LiveNode
 from flexmig.act.control import MAX_REQUEST_BYTES
 from flexmig.mig import H200
+from support.actuator import LiveNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -41,7 +41,7 @@ def live() -> Iterator[LiveNode]:
 
 def exchange(node: LiveNode, payload: bytes, expect: int = 1) -> list[dict[str, Any]]:
     """Send ``payload`` on a fresh connection; read up to ``expect`` answers (fewer if the server hangs up)."""
-    answers = []
+    answers: list[dict[str, Any]] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(str(node.socket))

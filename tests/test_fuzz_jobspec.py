@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from flexmig.errors import JobSpecError
 from flexmig.jobs.spec import RESERVED_ENV, JobPolicy, JobSpec, load_job_spec, parse_job_spec
-from tomltext import toml_string, toml_value
+from support.toml import toml_string, toml_value
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 USER = pwd.getpwuid(os.geteuid()).pw_name

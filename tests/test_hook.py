@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pytest import MonkeyPatch
 
 from flexmig import hook
 from flexmig.hook import Ack, AckError, HookEnv, atomic_write_json, atomic_writer, parse_signal, read_ack
@@ -26,7 +27,7 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def test_hook_env_reads_every_variable_of_the_protocol(tmp_path):
+def test_hook_env_reads_every_variable_of_the_protocol(tmp_path: Path) -> None:
     env = HookEnv.from_environ(
         env_for(
             tmp_path,
@@ -45,13 +46,13 @@ def test_hook_env_reads_every_variable_of_the_protocol(tmp_path):
     assert (env.rank, env.world_size) == (3, 4)
 
 
-def test_first_start_has_no_resume_point_and_defaults_to_sigusr1(tmp_path):
+def test_first_start_has_no_resume_point_and_defaults_to_sigusr1(tmp_path: Path) -> None:
     env = HookEnv.from_environ(env_for(tmp_path))
     assert env.resume is None and env.resume_step is None
     assert env.signal == signal.SIGUSR1 and env.rank == 0
 
 
-def test_outside_flexmig_the_hook_writes_no_acknowledgement(tmp_path, monkeypatch):
+def test_outside_flexmig_the_hook_writes_no_acknowledgement(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     h = hook.install({}, handler=False)
     assert h.job is None and h.env.ack_path is None
@@ -60,24 +61,24 @@ def test_outside_flexmig_the_hook_writes_no_acknowledgement(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("bad", ["SIGKILL", "SIGTERM", "9", "NOPE", ""])
-def test_signals_the_daemon_keeps_for_itself_cannot_be_checkpoint_signals(bad):
+def test_signals_the_daemon_keeps_for_itself_cannot_be_checkpoint_signals(bad: str) -> None:
     with pytest.raises(ValueError, match="is not one of"):
         parse_signal(bad)
 
 
 @pytest.mark.parametrize("text", ["SIGUSR1", "usr1", "10", " SIGUSR1 "])
-def test_checkpoint_signal_accepts_name_short_name_and_number(text):
+def test_checkpoint_signal_accepts_name_short_name_and_number(text: str) -> None:
     assert parse_signal(text) == signal.SIGUSR1
 
 
-def test_a_malformed_hook_variable_is_named_in_the_error(tmp_path):
+def test_a_malformed_hook_variable_is_named_in_the_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="FLEXMIG_CHECKPOINT_SIGNAL"):
         HookEnv.from_environ(env_for(tmp_path, FLEXMIG_CHECKPOINT_SIGNAL="SIGKILL"))
     with pytest.raises(ValueError, match="RANK"):
         HookEnv.from_environ(env_for(tmp_path, RANK="zero"))
 
 
-def test_the_signal_handler_only_raises_the_flag(tmp_path):
+def test_the_signal_handler_only_raises_the_flag(tmp_path: Path) -> None:
     h = hook.install(env_for(tmp_path))
     try:
         assert not h.should_checkpoint()
@@ -90,7 +91,7 @@ def test_the_signal_handler_only_raises_the_flag(tmp_path):
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
-def test_rank_0_acknowledges_with_step_and_absolute_checkpoint_path(tmp_path):
+def test_rank_0_acknowledges_with_step_and_absolute_checkpoint_path(tmp_path: Path) -> None:
     h = hook.install(env_for(tmp_path), handler=False)
     h.acknowledge(41, tmp_path / "ckpt" / "step-41.pt")
     data = json.loads((tmp_path / "ack.json").read_text())
@@ -98,13 +99,13 @@ def test_rank_0_acknowledges_with_step_and_absolute_checkpoint_path(tmp_path):
     assert read_ack(tmp_path / "ack.json") == Ack(41, str(tmp_path / "ckpt" / "step-41.pt"))
 
 
-def test_other_ranks_never_write_the_acknowledgement(tmp_path):
+def test_other_ranks_never_write_the_acknowledgement(tmp_path: Path) -> None:
     h = hook.install(env_for(tmp_path, RANK="1", WORLD_SIZE="2"), handler=False)
     h.acknowledge(41, tmp_path / "x.pt")
     assert not (tmp_path / "ack.json").exists()
 
 
-def test_atomic_write_leaves_no_temporary_file_and_replaces_the_old_content(tmp_path):
+def test_atomic_write_leaves_no_temporary_file_and_replaces_the_old_content(tmp_path: Path) -> None:
     target = tmp_path / "state.json"
     atomic_write_json(target, {"v": 1})
     atomic_write_json(target, {"v": 2})
@@ -113,7 +114,7 @@ def test_atomic_write_leaves_no_temporary_file_and_replaces_the_old_content(tmp_
     assert target.stat().st_mode & 0o777 == 0o600
 
 
-def test_a_writer_that_fails_leaves_the_old_file_untouched(tmp_path):
+def test_a_writer_that_fails_leaves_the_old_file_untouched(tmp_path: Path) -> None:
     target = tmp_path / "ckpt.bin"
     target.write_bytes(b"old")
     with pytest.raises(RuntimeError), atomic_writer(target) as f:
@@ -123,7 +124,7 @@ def test_a_writer_that_fails_leaves_the_old_file_untouched(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
 
 
-def test_no_acknowledgement_yet_reads_as_none(tmp_path):
+def test_no_acknowledgement_yet_reads_as_none(tmp_path: Path) -> None:
     assert read_ack(tmp_path / "ack.json") is None
 
 
@@ -138,13 +139,13 @@ def test_no_acknowledgement_yet_reads_as_none(tmp_path):
         (b'{"step": 3, "checkpoint": ""}', "checkpoint"),
     ],
 )
-def test_malformed_acknowledgements_are_refused_with_the_reason(tmp_path, content, why):
+def test_malformed_acknowledgements_are_refused_with_the_reason(tmp_path: Path, content: bytes, why: str) -> None:
     (tmp_path / "ack.json").write_bytes(content)
     with pytest.raises(AckError, match=why):
         read_ack(tmp_path / "ack.json")
 
 
-def test_an_acknowledgement_that_is_a_symlink_is_refused_unread(tmp_path):
+def test_an_acknowledgement_that_is_a_symlink_is_refused_unread(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text('{"step": 1, "checkpoint": "/etc/shadow"}')
     (tmp_path / "ack.json").symlink_to(secret)
@@ -152,13 +153,14 @@ def test_an_acknowledgement_that_is_a_symlink_is_refused_unread(tmp_path):
         read_ack(tmp_path / "ack.json")
 
 
-def test_an_oversized_acknowledgement_is_refused(tmp_path):
+def test_an_oversized_acknowledgement_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ack.json").write_bytes(b" " * (ACK_MAX_BYTES + 1))
     with pytest.raises(AckError, match="larger than"):
         read_ack(tmp_path / "ack.json")
 
 
-def test_the_hook_module_needs_nothing_beyond_the_standard_library(tmp_path):
+@pytest.mark.integration
+def test_the_hook_module_needs_nothing_beyond_the_standard_library(tmp_path: Path) -> None:
     # A training script imports flexmig.hook in an environment without flexmig's dependencies: block them.
     code = textwrap.dedent(
         """

@@ -6,8 +6,10 @@ import ctypes.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from pytest import CaptureFixture
 
 from flexmig.cli.main import main
 from flexmig.sim import installed
@@ -15,7 +17,7 @@ from flexmig.sim import installed
 SPEC = "a100-40x2:3g.20gb@4+2g.10gb@0+1g.5gb@2"
 
 
-def test_json_lists_every_gpu_instance_and_mig_device(capsys):
+def test_json_lists_every_gpu_instance_and_mig_device(capsys: CaptureFixture[str]) -> None:
     assert main(["inventory", "--sim", SPEC, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["source"] == f"sim:{SPEC}"
@@ -32,7 +34,7 @@ def test_json_lists_every_gpu_instance_and_mig_device(capsys):
     assert not installed()  # the CLI took its simulator away again
 
 
-def test_the_table_shows_each_mig_device_with_profile_and_placement(capsys):
+def test_the_table_shows_each_mig_device_with_profile_and_placement(capsys: CaptureFixture[str]) -> None:
     assert main(["inventory", "--sim", SPEC]) == 0
     out = capsys.readouterr().out
     assert "GPU 1: NVIDIA A100-SXM4-40GB" in out
@@ -40,13 +42,13 @@ def test_the_table_shows_each_mig_device_with_profile_and_placement(capsys):
     assert "3g.20gb" in out and "4:4" in out
 
 
-def test_the_table_says_when_mig_is_disabled(capsys):
+def test_the_table_says_when_mig_is_disabled(capsys: CaptureFixture[str]) -> None:
     assert main(["inventory", "--sim", "h100-80:-"]) == 0
     assert "MIG off" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real NVIDIA driver is installed")
-def test_without_a_driver_it_says_so_and_how_to_use_sim(capsys):
+def test_without_a_driver_it_says_so_and_how_to_use_sim(capsys: CaptureFixture[str]) -> None:
     assert main(["inventory"]) == 1
     err = capsys.readouterr().err
     assert "No NVIDIA driver was found" in err
@@ -54,7 +56,7 @@ def test_without_a_driver_it_says_so_and_how_to_use_sim(capsys):
     assert "Traceback" not in err
 
 
-def test_a_bad_spec_points_at_the_bad_item(capsys):
+def test_a_bad_spec_points_at_the_bad_item(capsys: CaptureFixture[str]) -> None:
     assert main(["inventory", "--sim", "h200:3g.71gb@0+2g.35gb@3"]) == 2
     err = capsys.readouterr().err
     assert "2g.35gb may start only at memory slice {0,2,4}" in err
@@ -62,12 +64,12 @@ def test_a_bad_spec_points_at_the_bad_item(capsys):
     assert not installed()
 
 
-def test_sim_state_without_sim_is_refused(capsys, tmp_path):
+def test_sim_state_without_sim_is_refused(capsys: CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["inventory", "--sim-state", str(tmp_path / "s.json")]) == 2
     assert "--sim-state FILE needs --sim SPEC" in capsys.readouterr().err
 
 
-def test_sim_state_keeps_the_node_between_runs(capsys, tmp_path):
+def test_sim_state_keeps_the_node_between_runs(capsys: CaptureFixture[str], tmp_path: Path) -> None:
     state = tmp_path / "node.json"
     assert main(["inventory", "--sim", "h200", "--sim-state", str(state), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
@@ -77,7 +79,7 @@ def test_sim_state_keeps_the_node_between_runs(capsys, tmp_path):
 
 
 @pytest.mark.integration
-def test_the_console_script_runs_as_a_separate_process():
+def test_the_console_script_runs_as_a_separate_process() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "flexmig.cli.main", "inventory", "--sim", "h200x2:7g.141gb@0", "--json"],
         capture_output=True,

@@ -55,7 +55,7 @@ def policy(tmp_path: Path) -> JobPolicy:
     return JobPolicy(allowed_dirs=(tmp_path,))
 
 
-def test_a_valid_spec_gives_every_key_its_value(tmp_path, policy):
+def test_a_valid_spec_gives_every_key_its_value(tmp_path: Path, policy: JobPolicy) -> None:
     spec = load_job_spec(write(tmp_path, GOOD), policy)
     assert spec.name == "train-ddp"
     assert spec.argv == (sys.executable, "train.py", "--steps", "100")
@@ -71,7 +71,7 @@ def test_a_valid_spec_gives_every_key_its_value(tmp_path, policy):
     assert spec.env == (("OMP_NUM_THREADS", "1"),)
 
 
-def test_omitted_keys_take_their_defaults(tmp_path, policy):
+def test_omitted_keys_take_their_defaults(tmp_path: Path, policy: JobPolicy) -> None:
     text = f'name = "j"\nargv = ["{sys.executable}"]\nuser = "{ME}"\nworking_dir = "work"\ncheckpoint_dir = "c"\n'
     text += "[need]\ncompute_slices = 2\n"
     spec = load_job_spec(write(tmp_path, text), JobPolicy((tmp_path,), default_ack_timeout_s=42))
@@ -81,24 +81,24 @@ def test_omitted_keys_take_their_defaults(tmp_path, policy):
     assert spec.need.profile_on(H200).name == "2g.35gb"
 
 
-def test_memory_and_compute_pick_the_smallest_profile_that_holds_both(tmp_path, policy):
+def test_memory_and_compute_pick_the_smallest_profile_that_holds_both(tmp_path: Path, policy: JobPolicy) -> None:
     text = GOOD.replace('profile = "1g.18gb"', "memory_gib = 40\ncompute_slices = 1")
     spec = load_job_spec(write(tmp_path, text), policy)
     assert spec.need.profile_on(H200).name == "3g.71gb"
 
 
-def test_spec_survives_the_journal_round_trip(tmp_path, policy):
+def test_spec_survives_the_journal_round_trip(tmp_path: Path, policy: JobPolicy) -> None:
     spec = load_job_spec(write(tmp_path, GOOD), policy)
     again = JobSpec.from_dict(spec.to_dict(), spec.source)
     assert again == spec
 
 
-def test_a_bare_program_name_is_resolved_to_its_path(tmp_path, policy):
+def test_a_bare_program_name_is_resolved_to_its_path(tmp_path: Path, policy: JobPolicy) -> None:
     spec = load_job_spec(write(tmp_path, GOOD.replace(sys.executable, "true")), policy)
     assert Path(spec.argv[0]).is_absolute() and Path(spec.argv[0]).name == "true"
 
 
-def test_the_shipped_example_spec_is_valid():
+def test_the_shipped_example_spec_is_valid() -> None:
     spec = load_job_spec(ROOT / "examples" / "train_ddp.toml", JobPolicy((ROOT,), check_permissions=False))
     assert spec.name == "train-ddp" and spec.argv[1].endswith("examples/train_ddp.py")
 
@@ -118,26 +118,53 @@ def test_the_shipped_example_spec_is_valid():
         (("OMP_NUM_THREADS", '"A B"'), "env", "not a valid environment variable name"),
     ],
 )
-def test_shell_metacharacters_and_shells_are_refused(tmp_path, policy, edit, key, why):
+def test_shell_metacharacters_and_shells_are_refused(
+    tmp_path: Path, policy: JobPolicy, edit: tuple[str, str], key: str, why: str
+) -> None:
     text = GOOD.replace(*edit)
     with pytest.raises(JobSpecError, match=why) as err:
         load_job_spec(write(tmp_path, text), policy)
     assert str(tmp_path / "job.toml") in str(err.value) and f": {key}:" in str(err.value)
 
 
-def test_argv_as_a_shell_string_is_refused(tmp_path, policy):
+def test_argv_as_a_shell_string_is_refused(tmp_path: Path, policy: JobPolicy) -> None:
     text = GOOD.replace(f'argv = ["{sys.executable}", "train.py", "--steps", "100"]', 'argv = "python train.py"')
     with pytest.raises(JobSpecError, match="not a string: flexmig never runs a shell"):
         load_job_spec(write(tmp_path, text), policy)
 
 
-def test_unknown_keys_are_refused_with_their_line(tmp_path, policy):
+def test_unknown_keys_are_refused_with_their_line(tmp_path: Path, policy: JobPolicy) -> None:
     with pytest.raises(JobSpecError) as err:
         load_job_spec(write(tmp_path, GOOD.replace("[hook]\n", "[hook]\nretries = 3\n")), policy)
     msg = str(err.value)
     assert "job.toml:18: hook.retries: unknown key" in msg
     with pytest.raises(JobSpecError, match=r"job.toml:2: argvs: unknown key"):
         load_job_spec(write(tmp_path, GOOD.replace("argv =", "argvs =")), policy)
+
+
+def _line_in(text: str, line: str) -> int:
+    """The 1-based number of the last line of ``text`` that equals ``line``."""
+    return [n for n, got in enumerate(text.split("\n"), 1) if got == line][-1]
+
+
+def test_a_header_inside_a_multi_line_string_is_not_where_the_key_is(tmp_path: Path, policy: JobPolicy) -> None:
+    argv = f'argv = ["{sys.executable}", "train.py", "--steps", "100"]'
+    text = GOOD.replace(argv, argv[:-1] + ', """\n[hook]\nsignal = "SIGKILL"\n"""]')
+    text = text.replace('signal = "SIGUSR2"', 'signal = "SIGKILL"')
+    assert text.count("[hook]") == 2 and text.count('signal = "SIGKILL"') == 2
+    with pytest.raises(JobSpecError, match="is not one of") as err:
+        load_job_spec(write(tmp_path, text), policy)
+    line = _line_in(text, 'signal = "SIGKILL"')
+    assert f"job.toml:{line}: hook.signal:" in str(err.value)
+
+
+def test_a_key_in_an_inline_table_is_refused_with_its_line(tmp_path: Path, policy: JobPolicy) -> None:
+    text = GOOD.replace('[hook]\nsignal = "SIGUSR2"\nack_timeout_s = 30\nexit_timeout_s = 5\n', "")
+    text = text.replace("[ranks]", 'hook = { signal = "SIGKILL" }\n\n[ranks]')
+    with pytest.raises(JobSpecError, match="is not one of") as err:
+        load_job_spec(write(tmp_path, text), policy)
+    line = _line_in(text, 'hook = { signal = "SIGKILL" }')
+    assert f"job.toml:{line}: hook.signal:" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +180,9 @@ def test_unknown_keys_are_refused_with_their_line(tmp_path, policy):
         (("[ranks]\nmin = 1\nmax = 4\nstart = 2\n", "ranks = 3\n"), "ranks", "must be a table"),
     ],
 )
-def test_wrong_types_and_values_are_refused_naming_the_key(tmp_path, policy, edit, key, why):
+def test_wrong_types_and_values_are_refused_naming_the_key(
+    tmp_path: Path, policy: JobPolicy, edit: tuple[str, str], key: str, why: str
+) -> None:
     with pytest.raises(JobSpecError, match=why) as err:
         load_job_spec(write(tmp_path, GOOD.replace(*edit)), policy)
     assert f": {key}:" in str(err.value)
@@ -170,12 +199,12 @@ def test_wrong_types_and_values_are_refused_naming_the_key(tmp_path, policy, edi
         ("", r"give \[need\] profile"),
     ],
 )
-def test_impossible_profiles_are_refused(tmp_path, policy, need, why):
+def test_impossible_profiles_are_refused(tmp_path: Path, policy: JobPolicy, need: str, why: str) -> None:
     with pytest.raises(JobSpecError, match=why):
         load_job_spec(write(tmp_path, GOOD.replace('profile = "1g.18gb"', need)), policy)
 
 
-def test_a_profile_of_another_gpu_model_is_refused_on_this_node(tmp_path, policy):
+def test_a_profile_of_another_gpu_model_is_refused_on_this_node(tmp_path: Path, policy: JobPolicy) -> None:
     spec = load_job_spec(write(tmp_path, GOOD.replace("1g.18gb", "1g.5gb")), policy)  # an A100-40GB profile
     with pytest.raises(KeyError, match=r"h200 has no MIG profile '1g\.5gb'"):
         spec.need.profile_on(H200)
@@ -189,26 +218,28 @@ def test_a_profile_of_another_gpu_model_is_refused_on_this_node(tmp_path, policy
         (('checkpoint_dir = "ckpt"', 'checkpoint_dir = "/var/tmp/../../etc"'), "checkpoint_dir"),
     ],
 )
-def test_paths_outside_the_allowed_directories_are_refused(tmp_path, policy, edit, key):
+def test_paths_outside_the_allowed_directories_are_refused(
+    tmp_path: Path, policy: JobPolicy, edit: tuple[str, str], key: str
+) -> None:
     with pytest.raises(JobSpecError, match="outside the allowed directories") as err:
         load_job_spec(write(tmp_path, GOOD.replace(*edit)), policy)
     assert f": {key}:" in str(err.value)
 
 
-def test_a_symlink_cannot_smuggle_a_directory_out_of_the_allowed_ones(tmp_path, policy):
+def test_a_symlink_cannot_smuggle_a_directory_out_of_the_allowed_ones(tmp_path: Path, policy: JobPolicy) -> None:
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "ckpt").symlink_to("/etc")
     with pytest.raises(JobSpecError, match="checkpoint_dir: /etc is outside"):
         load_job_spec(write(tmp_path, GOOD), policy)
 
 
-def test_a_spec_others_can_write_is_refused_unread(tmp_path, policy):
+def test_a_spec_others_can_write_is_refused_unread(tmp_path: Path, policy: JobPolicy) -> None:
     p = write(tmp_path, "this is not even TOML", mode=0o666)
     with pytest.raises(JobSpecError, match="lets group or others write it"):
         load_job_spec(p, policy)
 
 
-def test_a_spec_over_the_size_limit_is_refused_unread(tmp_path, policy):
+def test_a_spec_over_the_size_limit_is_refused_unread(tmp_path: Path, policy: JobPolicy) -> None:
     p = write(tmp_path, "")
     os.truncate(p, 1 << 40)  # a sparse terabyte (as /proc/kcore claims): reading it whole exhausts memory
     with pytest.raises(JobSpecError, match=re.escape(f"{p}: job spec larger than 65536 bytes (1099511627776 bytes)")):
@@ -217,37 +248,37 @@ def test_a_spec_over_the_size_limit_is_refused_unread(tmp_path, policy):
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("check_permissions", [True, False])
-def test_a_fifo_is_refused_unread_without_waiting_for_a_writer(tmp_path, check_permissions):
+def test_a_fifo_is_refused_unread_without_waiting_for_a_writer(tmp_path: Path, check_permissions: bool) -> None:
     p = tmp_path / "job.toml"
     os.mkfifo(p, 0o644)
     with pytest.raises(JobSpecError, match=re.escape(f"{p}: ") + ".*not a regular file"):
         load_job_spec(p, JobPolicy((tmp_path,), check_permissions=check_permissions))
 
 
-def test_a_proc_file_that_says_it_is_empty_but_is_not_is_refused(tmp_path, policy):
+def test_a_proc_file_that_says_it_is_empty_but_is_not_is_refused(tmp_path: Path, policy: JobPolicy) -> None:
     p = Path(f"/proc/{os.getpid()}/status")  # ours, read-only: passes the permission rules
     with pytest.raises(JobSpecError, match=re.escape(f"{p}: refused: holds other than the 0 bytes its size says")):
         load_job_spec(p, policy)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
-def test_a_spec_owned_by_another_user_is_refused(tmp_path, policy):
+def test_a_spec_owned_by_another_user_is_refused(tmp_path: Path, policy: JobPolicy) -> None:
     p = write(tmp_path, GOOD)
     os.chown(p, pwd.getpwnam("nobody").pw_uid, -1)
     with pytest.raises(JobSpecError, match="owned by uid"):
         load_job_spec(p, policy)
 
 
-def test_an_unknown_user_is_refused(tmp_path, policy):
+def test_an_unknown_user_is_refused(tmp_path: Path, policy: JobPolicy) -> None:
     with pytest.raises(JobSpecError, match="no such user 'nosuchuser'"):
         load_job_spec(write(tmp_path, GOOD.replace(f'user = "{ME}"', 'user = "nosuchuser"')), policy)
 
 
-def test_invalid_toml_names_the_file(tmp_path, policy):
+def test_invalid_toml_names_the_file(tmp_path: Path, policy: JobPolicy) -> None:
     with pytest.raises(JobSpecError, match=r"job.toml: not valid TOML"):
         load_job_spec(write(tmp_path, "name = \n"), policy)
 
 
-def test_parse_without_a_file_names_the_spec_generically(tmp_path):
+def test_parse_without_a_file_names_the_spec_generically(tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"<job spec>: name: is required"):
         parse_job_spec("argv = ['x']", JobPolicy((tmp_path,), check_permissions=False))

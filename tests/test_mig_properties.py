@@ -11,7 +11,7 @@ ops = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 7), st.booleans()), m
 
 @settings(max_examples=150, deadline=None)
 @given(model_i=st.integers(0, len(MODELS) - 1), seq=ops)
-def test_random_place_and_remove_keeps_layout_valid(model_i, seq):
+def test_random_place_and_remove_keeps_layout_valid(model_i: int, seq: list[tuple[int, int, bool]]) -> None:
     model = MODELS[model_i]
     layout = Layout.empty(model)
     for prof_i, start, remove in seq:
@@ -36,7 +36,7 @@ def test_random_place_and_remove_keeps_layout_valid(model_i, seq):
 
 @settings(max_examples=100, deadline=None)
 @given(model_i=st.integers(0, len(MODELS) - 1), seq=ops)
-def test_spec_round_trips(model_i, seq):
+def test_spec_round_trips(model_i: int, seq: list[tuple[int, int, bool]]) -> None:
     model = MODELS[model_i]
     layout = Layout.empty(model)
     for prof_i, start, _ in seq:

@@ -6,23 +6,25 @@ from flexmig.errors import NodeSpecError
 from flexmig.mig import A100_40, H200, parse_node_spec
 
 
-def test_model_alone_is_one_gpu_with_mig_enabled_and_no_instances():
+def test_model_alone_is_one_gpu_with_mig_enabled_and_no_instances() -> None:
     spec = parse_node_spec("h200")
+    assert spec.layout is not None
     assert (spec.model, spec.count, len(spec.layout)) == (H200, 1, 0)
 
 
-def test_count_and_layout():
+def test_count_and_layout() -> None:
     spec = parse_node_spec("a100-40x2:3g.20gb@4+2g.10gb@0+1g.5gb@2")
     assert spec.model == A100_40 and spec.count == 2
-    assert spec.layout.spec() == "2g.10gb@0+1g.5gb@2+3g.20gb@4"
+    assert spec.layout is not None and spec.layout.spec() == "2g.10gb@0+1g.5gb@2+3g.20gb@4"
 
 
-def test_media_variant_profile_keeps_its_plus():
+def test_media_variant_profile_keeps_its_plus() -> None:
     spec = parse_node_spec("h200:1g.18gb+me@0+1g.18gb@1")
+    assert spec.layout is not None
     assert [i.profile.name for i in spec.layout] == ["1g.18gb+me", "1g.18gb"]
 
 
-def test_dash_layout_means_mig_disabled():
+def test_dash_layout_means_mig_disabled() -> None:
     assert parse_node_spec("h100-80x4:-").layout is None
 
 
@@ -39,7 +41,7 @@ def test_dash_layout_means_mig_disabled():
         ("h200:", 5, "empty LAYOUT"),
     ],
 )
-def test_bad_spec_points_at_the_bad_item(spec, caret, words):
+def test_bad_spec_points_at_the_bad_item(spec: str, caret: int, words: str) -> None:
     with pytest.raises(NodeSpecError) as err:
         parse_node_spec(spec)
     message = str(err.value)

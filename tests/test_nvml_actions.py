@@ -3,6 +3,8 @@ NVML refusals as flexmig errors."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from flexmig.errors import (
@@ -15,22 +17,22 @@ from flexmig.errors import (
     NvmlNotFoundError,
 )
 from flexmig.nvml import Nvml
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 
 
 @pytest.fixture
-def node():
+def node() -> Iterator[SimNode]:
     yield install("h200x2:3g.71gb@0+2g.35gb@4")
     uninstall()
 
 
 @pytest.fixture
-def nvml(node):
+def nvml(node: SimNode) -> Iterator[Nvml]:
     with Nvml.open() as session:
         yield session
 
 
-def test_create_instance_returns_the_new_mig_device_with_the_drivers_gi_id(node, nvml):
+def test_create_instance_returns_the_new_mig_device_with_the_drivers_gi_id(node: SimNode, nvml: Nvml) -> None:
     dev = nvml.create_instance(0, "1g.18gb", 6)
     gi, ci = node.gpu(0).mig_device(dev.uuid)
     assert (dev.gpu_instance_id, dev.compute_instance_id) == (gi.id, ci.id) == (13, 0)
@@ -39,14 +41,15 @@ def test_create_instance_returns_the_new_mig_device_with_the_drivers_gi_id(node,
     assert dev.index == list(node.mig_uuids(0)).index(dev.uuid)
 
 
-def test_create_instance_takes_the_placement_size_in_memory_slices(node, nvml):
+def test_create_instance_takes_the_placement_size_in_memory_slices(node: SimNode, nvml: Nvml) -> None:
     nvml.destroy_instance(1, 1)
     dev = nvml.create_instance(1, "3g.71gb", 0)  # size 4, not its 3 compute slices
-    assert node.gpu(1).layout.spec() == "3g.71gb@0+2g.35gb@4"
+    layout = node.gpu(1).layout
+    assert layout is not None and layout.spec() == "3g.71gb@0+2g.35gb@4"
     assert node.gpu(1).mig_device(dev.uuid)[0].size == 4
 
 
-def test_an_overlapping_create_is_insufficient_resources_and_changes_nothing(node, nvml):
+def test_an_overlapping_create_is_insufficient_resources_and_changes_nothing(node: SimNode, nvml: Nvml) -> None:
     before = node.gpu(0)
     with pytest.raises(NvmlInsufficientResourcesError) as info:
         nvml.create_instance(0, "2g.35gb", 2)
@@ -55,31 +58,32 @@ def test_an_overlapping_create_is_insufficient_resources_and_changes_nothing(nod
     assert node.gpu(0) == before
 
 
-def test_a_start_the_profile_never_allows_is_a_layout_error_naming_the_allowed_ones(nvml):
+def test_a_start_the_profile_never_allows_is_a_layout_error_naming_the_allowed_ones(nvml: Nvml) -> None:
     with pytest.raises(LayoutError, match=r"3g.71gb may start only at memory slice \{0,4\} on GPU 0, not 2"):
         nvml.create_instance(0, "3g.71gb", 2)
 
 
-def test_an_unknown_profile_is_a_layout_error_listing_the_profiles(nvml):
+def test_an_unknown_profile_is_a_layout_error_listing_the_profiles(nvml: Nvml) -> None:
     with pytest.raises(LayoutError, match=r"no MIG profile '5g\.99gb'; profiles: 1g\.18gb"):
         nvml.create_instance(0, "5g.99gb", 0)
 
 
-def test_when_the_compute_instance_fails_the_gpu_instance_is_rolled_back(node, nvml):
+def test_when_the_compute_instance_fails_the_gpu_instance_is_rolled_back(node: SimNode, nvml: Nvml) -> None:
     node.inject_error("nvmlGpuInstanceCreateComputeInstance", "UNKNOWN")
     with pytest.raises(NvmlCallError) as info:
         nvml.create_instance(0, "1g.18gb", 6)
     assert info.value.call == "nvmlGpuInstanceCreateComputeInstance"
-    assert node.gpu(0).layout.spec() == "3g.71gb@0+2g.35gb@4"
+    layout = node.gpu(0).layout
+    assert layout is not None and layout.spec() == "3g.71gb@0+2g.35gb@4"
 
 
-def test_destroy_instance_removes_compute_instances_then_the_gpu_instance(node, nvml):
+def test_destroy_instance_removes_compute_instances_then_the_gpu_instance(node: SimNode, nvml: Nvml) -> None:
     nvml.destroy_instance(0, 5)
     assert node.gpu(0).gi_ids == (1,)
     assert len(nvml.inventory().gpus[0].mig_devices) == 1
 
 
-def test_destroying_an_instance_with_a_process_is_in_use(node, nvml):
+def test_destroying_an_instance_with_a_process_is_in_use(node: SimNode, nvml: Nvml) -> None:
     node.start_process(node.mig_uuids(0)[0], memory_bytes=1 << 30)
     with pytest.raises(NvmlInUseError) as info:
         nvml.destroy_instance(0, 1)
@@ -87,12 +91,12 @@ def test_destroying_an_instance_with_a_process_is_in_use(node, nvml):
     assert node.gpu(0).gi_ids == (1, 5)
 
 
-def test_destroying_a_gi_that_is_not_there_is_not_found(nvml):
+def test_destroying_a_gi_that_is_not_there_is_not_found(nvml: Nvml) -> None:
     with pytest.raises(NvmlNotFoundError):
         nvml.destroy_instance(0, 13)
 
 
-def test_changes_without_privileges_are_no_permission(node, nvml):
+def test_changes_without_privileges_are_no_permission(node: SimNode, nvml: Nvml) -> None:
     node.set_privileged(False)
     with pytest.raises(NvmlNoPermissionError):
         nvml.create_instance(0, "1g.18gb", 6)
@@ -100,24 +104,24 @@ def test_changes_without_privileges_are_no_permission(node, nvml):
         nvml.destroy_instance(0, 5)
 
 
-def test_a_lost_gpu_refuses_changes_as_gpu_lost(node, nvml):
+def test_a_lost_gpu_refuses_changes_as_gpu_lost(node: SimNode, nvml: Nvml) -> None:
     node.lose_gpu(1)
     with pytest.raises(NvmlGpuLostError):
         nvml.destroy_instance(1, 5)
 
 
-def test_possible_placements_and_remaining_capacity(node, nvml):
+def test_possible_placements_and_remaining_capacity(node: SimNode, nvml: Nvml) -> None:
     assert nvml.possible_placements(0, "2g.35gb") == ((0, 2), (2, 2), (4, 2))
     assert nvml.remaining_capacity(0, "1g.18gb") == 1
     assert nvml.remaining_capacity(1, "7g.141gb") == 0
 
 
-def test_a_gpu_index_out_of_range_is_a_layout_error(nvml):
+def test_a_gpu_index_out_of_range_is_a_layout_error(nvml: Nvml) -> None:
     with pytest.raises(LayoutError, match="no GPU 5"):
         nvml.create_instance(5, "1g.18gb", 0)
 
 
-def test_set_mig_mode_reports_pending_while_processes_run(node, nvml):
+def test_set_mig_mode_reports_pending_while_processes_run(node: SimNode, nvml: Nvml) -> None:
     node.start_process(node.mig_uuids(0)[0])
     assert nvml.set_mig_mode(0, False) is False
     assert nvml.set_mig_mode(1, False) is True

@@ -4,8 +4,10 @@ and a failing field is None plus an issue, never a crash and never the end of th
 from __future__ import annotations
 
 import ctypes.util
+from collections.abc import Iterator
+from typing import Any
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.errors import NvmlUnavailableError
@@ -16,18 +18,18 @@ SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 
 @pytest.fixture
-def node():
+def node() -> Iterator[SimNode]:
     yield install(SPEC)
     uninstall()
 
 
 @pytest.fixture
-def nvml(node):
+def nvml(node: SimNode) -> Iterator[Nvml]:
     with Nvml.open() as session:
         yield session
 
 
-def inventory_view(inv: Inventory) -> list[dict]:
+def inventory_view(inv: Inventory) -> list[dict[str, Any]]:
     """The inventory's content in the shape of the simulator's ground truth."""
     return [
         {
@@ -61,14 +63,14 @@ def inventory_view(inv: Inventory) -> list[dict]:
     ]
 
 
-def truth_view(node: SimNode) -> list[dict]:
+def truth_view(node: SimNode) -> list[dict[str, Any]]:
     """The simulator's ground truth in the same shape."""
     out = []
     for g in node.gpus():
         devices = []
         for uuid in g.mig_uuids:
             gi, ci = g.mig_device(uuid)
-            used = sum(p.memory_bytes for c in gi.compute_instances for p in c.processes)
+            used = sum(p.memory_bytes for c in gi.compute_instances for p in c.processes) + gi.idle_used_bytes
             devices.append(
                 (uuid, gi.id, ci.id, gi.memory_bytes, used, sorted((p.pid, p.memory_bytes) for p in ci.processes))
             )
@@ -94,7 +96,7 @@ def truth_view(node: SimNode) -> list[dict]:
     return out
 
 
-def test_inventory_equals_the_simulators_ground_truth(node, nvml):
+def test_inventory_equals_the_simulators_ground_truth(node: SimNode, nvml: Nvml) -> None:
     node.start_process(node.mig_uuids(0)[1], memory_bytes=5 << 30)
     node.start_process(node.mig_uuids(1)[0], memory_bytes=7 << 30)
     inv = nvml.inventory()
@@ -102,7 +104,7 @@ def test_inventory_equals_the_simulators_ground_truth(node, nvml):
     assert inv.errors == () and all(g.errors == () for g in inv.gpus)
 
 
-def test_inventory_names_driver_gpus_and_profiles(nvml):
+def test_inventory_names_driver_gpus_and_profiles(nvml: Nvml) -> None:
     inv = nvml.inventory()
     assert inv.driver_version == "570.124.06"
     gpu = inv.gpus[0]
@@ -116,7 +118,7 @@ def test_inventory_names_driver_gpus_and_profiles(nvml):
     assert [uuid for _, d in inv.mig_devices() for uuid in [d.uuid]][:3] == [d.uuid for d in gpu.mig_devices]
 
 
-def test_inventory_reads_a_gpu_with_mig_disabled_read_only():
+def test_inventory_reads_a_gpu_with_mig_disabled_read_only() -> None:
     install("a100-40x2:-")
     try:
         with Nvml.open() as nvml:
@@ -128,7 +130,7 @@ def test_inventory_reads_a_gpu_with_mig_disabled_read_only():
         uninstall()
 
 
-def test_inventory_sees_a_gpu_instance_without_compute_instances_but_no_mig_device(node, nvml):
+def test_inventory_sees_a_gpu_instance_without_compute_instances_but_no_mig_device(node: SimNode, nvml: Nvml) -> None:
     gi = N.nvmlDeviceGetGpuInstanceById(N.nvmlDeviceGetHandleByIndex(0), 13)
     N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
     gpu = nvml.inventory().gpus[0]
@@ -137,7 +139,7 @@ def test_inventory_sees_a_gpu_instance_without_compute_instances_but_no_mig_devi
     assert [d.gpu_instance_id for d in gpu.mig_devices] == [1, 5]
 
 
-def test_a_lost_gpu_is_marked_lost_and_the_walk_goes_on(node, nvml):
+def test_a_lost_gpu_is_marked_lost_and_the_walk_goes_on(node: SimNode, nvml: Nvml) -> None:
     nvml.inventory()
     node.lose_gpu(0)
     inv = nvml.inventory()
@@ -149,7 +151,7 @@ def test_a_lost_gpu_is_marked_lost_and_the_walk_goes_on(node, nvml):
     assert not nvml.inventory().gpus[0].lost
 
 
-def test_a_failing_field_is_none_with_an_issue_and_the_rest_is_read(node, nvml):
+def test_a_failing_field_is_none_with_an_issue_and_the_rest_is_read(node: SimNode, nvml: Nvml) -> None:
     node.inject_error("nvmlDeviceGetMemoryInfo", "UNKNOWN", gpu=0, times=None)
     inv = nvml.inventory()
     gpu0 = inv.gpus[0]
@@ -161,7 +163,7 @@ def test_a_failing_field_is_none_with_an_issue_and_the_rest_is_read(node, nvml):
     assert inv.gpus[1].mig_devices[0].memory_total_bytes == 71168 << 20
 
 
-def test_an_error_at_one_mig_index_skips_that_device_not_the_ones_after_it(node, nvml):
+def test_an_error_at_one_mig_index_skips_that_device_not_the_ones_after_it(node: SimNode, nvml: Nvml) -> None:
     # nvitop breaks out of its MIG loop at the first error; flexmig records it and goes on.
     node.inject_error("nvmlDeviceGetMigDeviceHandleByIndex", "UNKNOWN", gpu=1)
     gpu1 = nvml.inventory().gpus[1]
@@ -170,22 +172,28 @@ def test_an_error_at_one_mig_index_skips_that_device_not_the_ones_after_it(node,
     assert gpu1.errors[0].target == "GPU 1 MIG 0"
 
 
-def test_without_privileges_aggregate_memory_is_none_and_recorded(node, nvml):
+def test_without_privileges_aggregate_memory_is_none_and_recorded(node: SimNode, nvml: Nvml) -> None:
     node.set_privileged(False)
     gpu = nvml.inventory().gpus[0]
     assert gpu.memory_total_bytes is None
-    assert [i.name for i in gpu.errors] == ["NO_PERMISSION"]
+    # nvml.h marks GetGpuInstances "Requires privileged user": asked once, recorded once, not per profile.
+    assert [(i.call, i.name) for i in gpu.errors] == [
+        ("nvmlDeviceGetMemoryInfo", "NO_PERMISSION"),
+        ("nvmlDeviceGetGpuInstances", "NO_PERMISSION"),
+    ]
+    assert gpu.gpu_instances == ()
     assert gpu.mig_devices[0].memory_total_bytes == 71168 << 20
+    assert [d.gpu_instance_id for d in gpu.mig_devices] == [1, 5, 13]
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real NVIDIA driver is installed")
-def test_open_without_a_driver_says_so():
+def test_open_without_a_driver_says_so() -> None:
     uninstall()
     with pytest.raises(NvmlUnavailableError, match="no NVIDIA driver found"):
         Nvml.open()
 
 
-def test_close_after_the_simulator_went_away_is_quiet(node):
+def test_close_after_the_simulator_went_away_is_quiet(node: SimNode) -> None:
     nvml = Nvml.open()
     uninstall()
     nvml.close()

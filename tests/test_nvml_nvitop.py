@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from pytest import CaptureFixture
 
 from flexmig.cli.main import main
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 
 nvitop = pytest.importorskip("nvitop")
 from nvitop.api import libnvml  # noqa: E402
@@ -17,7 +20,7 @@ SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 
 @pytest.fixture
-def nvitop_on_sim():
+def nvitop_on_sim() -> Iterator[SimNode]:
     """Install the simulator for nvitop; afterwards shut nvitop's NVML context down, since nvitop keeps its own
     "initialised" flag and would otherwise skip nvmlInit against the next simulator."""
     node = install(SPEC)
@@ -27,12 +30,15 @@ def nvitop_on_sim():
     uninstall()
 
 
-def flexmig_json(capsys) -> dict:
+def flexmig_json(capsys: CaptureFixture[str]) -> dict[str, Any]:
     assert main(["inventory", "--sim", SPEC, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
 
 
-def test_nvitop_enumerates_the_same_mig_devices_as_flexmig_inventory_json(capsys, nvitop_on_sim):
+def test_nvitop_enumerates_the_same_mig_devices_as_flexmig_inventory_json(
+    capsys: CaptureFixture[str], nvitop_on_sim: SimNode
+) -> None:
     # The CLI installs its own simulator from the same spec (and removes it), so run it first.
     uninstall()
     ours = flexmig_json(capsys)
@@ -43,7 +49,7 @@ def test_nvitop_enumerates_the_same_mig_devices_as_flexmig_inventory_json(capsys
     assert theirs == mine
 
 
-def test_nvitop_sees_gpus_mig_mode_and_processes_started_on_the_node(nvitop_on_sim):
+def test_nvitop_sees_gpus_mig_mode_and_processes_started_on_the_node(nvitop_on_sim: SimNode) -> None:
     node = nvitop_on_sim
     devices = nvitop.Device.all()
     assert [d.name() for d in devices] == ["NVIDIA H200", "NVIDIA H200"]
@@ -52,6 +58,6 @@ def test_nvitop_sees_gpus_mig_mode_and_processes_started_on_the_node(nvitop_on_s
     pid = node.start_process(uuid, memory_bytes=4 << 30)
     mig = nvitop.MigDevice(uuid)
     assert (mig.physical_index, mig.gpu_instance_id(), mig.compute_instance_id()) == (1, 1, 0)
-    assert mig.memory_used() == 4 << 30
+    assert mig.memory_used() == (4 << 30) + node.gpu(1).gpu_instances[0].idle_used_bytes
     assert list(mig.processes()) == [pid]
     assert mig.gpu_utilization() is nvitop.NA  # NVML has no utilization rates on MIG devices

@@ -1,12 +1,15 @@
 """Sampling sweeps through flexmig.nvml: per-GPU power/temperature/clocks, per-MIG-device memory, processes and
-GPM activity with the windowing rules of apis.md §1.8."""
+GPM activity with the windowing rules of flexmig.nvml.gpm."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from flexmig.nvml import GpmWindows, Nvml
-from flexmig.sim import install, uninstall
+from flexmig.nvml.types import GpuSample, MigDeviceSample
+from flexmig.sim import SimNode, install, uninstall
 
 
 class Clock:
@@ -20,50 +23,55 @@ class Clock:
 
 
 @pytest.fixture
-def clock():
+def clock() -> Clock:
     return Clock()
 
 
 @pytest.fixture
-def node(clock):
+def node(clock: Clock) -> Iterator[SimNode]:
     yield install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock)
     uninstall()
 
 
 @pytest.fixture
-def nvml(node):
+def nvml(node: SimNode) -> Iterator[Nvml]:
     with Nvml.open() as session:
         yield session
 
 
 @pytest.fixture
-def windows(clock, nvml):
+def windows(clock: Clock, nvml: Nvml) -> Iterator[GpmWindows]:
     gpm = GpmWindows(clock=clock)
     yield gpm
     gpm.close()
 
 
-def device(samples, uuid):
+def device(samples: Sequence[GpuSample], uuid: str) -> MigDeviceSample:
     return next(d for g in samples for d in g.mig_devices if d.uuid == uuid)
 
 
-def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node, nvml):
+def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node: SimNode, nvml: Nvml) -> None:
     uuid = node.mig_uuids(1)[2]
     pid = node.start_process(uuid, memory_bytes=2 << 30)
     samples = nvml.sample()
     assert [g.index for g in samples] == [0, 1]
     g0 = samples[0]
     assert g0.uuid == node.gpu(0).uuid and g0.mig_current is True
+    assert g0.power_w is not None and g0.temperature_c is not None
     assert 0 < g0.power_w <= 700 and g0.temperature_c > 0
     assert (g0.sm_clock_mhz, g0.mem_clock_mhz) == (345, 3201)
     dev = device(samples, uuid)
     assert (dev.gpu_index, dev.gpu_instance_id, dev.compute_instance_id) == (1, 13, 0)
-    assert (dev.memory_total_bytes, dev.memory_used_bytes) == (16384 << 20, 2 << 30)
+    idle = node.gpu(1).gpu_instances[2].idle_used_bytes  # an idle MIG device shows a few MiB used
+    assert (dev.memory_total_bytes, dev.memory_used_bytes) == (16384 << 20, (2 << 30) + idle)
+    assert dev.processes is not None
     assert [(p.pid, p.used_memory_bytes) for p in dev.processes] == [(pid, 2 << 30)]
     assert dev.activity is None  # no GpmWindows given
 
 
-def test_the_first_sweep_gives_no_activity_and_the_second_the_window_average(node, nvml, windows, clock):
+def test_the_first_sweep_gives_no_activity_and_the_second_the_window_average(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     uuid = node.mig_uuids(0)[0]
     node.set_activity(uuid, sm=0.8, dram=0.4, tensor=0.6, occupancy=0.3)
     assert device(nvml.sample(windows), uuid).activity is None
@@ -74,7 +82,9 @@ def test_the_first_sweep_gives_no_activity_and_the_second_the_window_average(nod
     assert (act.sm_active, act.sm_occupancy, act.dram_bw, act.tensor_active) == pytest.approx((0.8, 0.3, 0.4, 0.6))
 
 
-def test_sweeps_closer_than_100ms_serve_the_previous_value(node, nvml, windows, clock):
+def test_sweeps_closer_than_100ms_serve_the_previous_value(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     uuid = node.mig_uuids(0)[0]
     node.set_activity(uuid, sm=0.5)
     nvml.sample(windows)
@@ -86,22 +96,26 @@ def test_sweeps_closer_than_100ms_serve_the_previous_value(node, nvml, windows, 
     assert again == first  # not a 50 ms window
     clock.t += 0.95
     later = device(nvml.sample(windows), uuid).activity
+    assert later is not None
     assert later.window_s == pytest.approx(1.0)  # measured from the last real sample, not the skipped one
     assert later.sm_active == pytest.approx(1.0)
 
 
-def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node, nvml, clock):
+def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node: SimNode, nvml: Nvml, clock: Clock) -> None:
     gpm = GpmWindows(clock=clock, max_window_s=30.0)
     uuid = node.mig_uuids(0)[0]
     nvml.sample(gpm)
     clock.t += 31.0
     assert device(nvml.sample(gpm), uuid).activity is None
     clock.t += 1.0
-    assert device(nvml.sample(gpm), uuid).activity.window_s == pytest.approx(1.0)
+    activity = device(nvml.sample(gpm), uuid).activity
+    assert activity is not None and activity.window_s == pytest.approx(1.0)
     gpm.close()
 
 
-def test_a_gi_recreated_with_the_same_id_starts_a_new_window(node, nvml, windows, clock):
+def test_a_gi_recreated_with_the_same_id_starts_a_new_window(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     old = node.mig_uuids(0)[2]
     nvml.sample(windows)
     nvml.destroy_instance(0, 13)
@@ -113,7 +127,9 @@ def test_a_gi_recreated_with_the_same_id_starts_a_new_window(node, nvml, windows
     assert device(nvml.sample(windows), new.uuid).activity is not None
 
 
-def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(node, nvml, windows, clock):
+def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     nvml.sample(windows)
     clock.t += 1.0
     nvml.sample(windows)
@@ -127,7 +143,7 @@ def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(node, nv
     assert node.gpm_samples_allocated() == 0
 
 
-def test_ampere_has_no_gpm_so_activity_stays_none(clock):
+def test_ampere_has_no_gpm_so_activity_stays_none(clock: Clock) -> None:
     install("a100-80:7g.80gb@0", clock=clock)
     try:
         with Nvml.open() as nvml:
@@ -141,7 +157,9 @@ def test_ampere_has_no_gpm_so_activity_stays_none(clock):
         uninstall()
 
 
-def test_a_gpm_failure_is_an_issue_and_the_window_reseeds(node, nvml, windows, clock):
+def test_a_gpm_failure_is_an_issue_and_the_window_reseeds(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     uuid = node.mig_uuids(0)[0]
     nvml.sample(windows)
     clock.t += 1.0
@@ -155,7 +173,9 @@ def test_a_gpm_failure_is_an_issue_and_the_window_reseeds(node, nvml, windows, c
     assert device(nvml.sample(windows), uuid).activity is not None
 
 
-def test_a_lost_gpu_samples_as_lost_and_keeps_its_windows(node, nvml, windows, clock):
+def test_a_lost_gpu_samples_as_lost_and_keeps_its_windows(
+    node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
+) -> None:
     nvml.sample(windows)
     node.lose_gpu(0)
     clock.t += 1.0
@@ -165,6 +185,6 @@ def test_a_lost_gpu_samples_as_lost_and_keeps_its_windows(node, nvml, windows, c
     assert len(windows) == 6
 
 
-def test_windows_refuse_nonsense_settings():
+def test_windows_refuse_nonsense_settings() -> None:
     with pytest.raises(ValueError, match="min_interval_s"):
         GpmWindows(min_interval_s=5.0, max_window_s=1.0)

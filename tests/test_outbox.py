@@ -6,6 +6,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +16,12 @@ from flexmig.export.outbox import Outbox
 
 
 @pytest.fixture
-def fac():
+def fac() -> EventFactory:
     ids = (f"e{n:04d}" for n in itertools.count())
     return EventFactory("n1", clock=lambda: 1.0, new_id=lambda: next(ids))
 
 
-def test_events_come_out_in_the_order_they_went_in(tmp_path, fac):
+def test_events_come_out_in_the_order_they_went_in(tmp_path: Path, fac: EventFactory) -> None:
     box = Outbox(tmp_path / "o.sqlite")
     for _ in range(5):
         box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
@@ -28,7 +29,7 @@ def test_events_come_out_in_the_order_they_went_in(tmp_path, fac):
     assert len(box) == 5
 
 
-def test_an_event_stays_until_it_is_deleted(tmp_path, fac):
+def test_an_event_stays_until_it_is_deleted(tmp_path: Path, fac: EventFactory) -> None:
     box = Outbox(tmp_path / "o.sqlite")
     e = fac.make(EventKind.GPU_LOST, {"gpu": 0})
     box.put(e)
@@ -37,7 +38,7 @@ def test_an_event_stays_until_it_is_deleted(tmp_path, fac):
     assert box.peek() == [] and len(box) == 0
 
 
-def test_storing_the_same_event_twice_keeps_one(tmp_path, fac):
+def test_storing_the_same_event_twice_keeps_one(tmp_path: Path, fac: EventFactory) -> None:
     box = Outbox(tmp_path / "o.sqlite")
     e = fac.make(EventKind.GPU_LOST, {"gpu": 0})
     box.put(e)
@@ -45,7 +46,7 @@ def test_storing_the_same_event_twice_keeps_one(tmp_path, fac):
     assert len(box) == 1 and box.ids() == [e.id]
 
 
-def test_events_survive_reopening(tmp_path, fac):
+def test_events_survive_reopening(tmp_path: Path, fac: EventFactory) -> None:
     box = Outbox(tmp_path / "o.sqlite")
     box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
     box.close()
@@ -53,13 +54,13 @@ def test_events_survive_reopening(tmp_path, fac):
     assert again.ids() == ["e0000"] and len(again) == 1
 
 
-def test_the_outbox_uses_write_ahead_logging(tmp_path):
+def test_the_outbox_uses_write_ahead_logging(tmp_path: Path) -> None:
     Outbox(tmp_path / "o.sqlite")
     with sqlite3.connect(tmp_path / "o.sqlite") as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_a_full_outbox_drops_the_oldest_and_counts_them(tmp_path, fac):
+def test_a_full_outbox_drops_the_oldest_and_counts_them(tmp_path: Path, fac: EventFactory) -> None:
     box = Outbox(tmp_path / "o.sqlite", max_events=3)
     for _ in range(5):
         box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
@@ -67,12 +68,13 @@ def test_a_full_outbox_drops_the_oldest_and_counts_them(tmp_path, fac):
     assert box.dropped == 2 and len(box) == 3
 
 
-def test_an_outbox_that_cannot_be_opened_names_its_file(tmp_path):
+def test_an_outbox_that_cannot_be_opened_names_its_file(tmp_path: Path) -> None:
     with pytest.raises(OutboxError, match=str(tmp_path / "missing")):
         Outbox(tmp_path / "missing" / "o.sqlite")
 
 
-def test_an_event_put_before_a_sigkill_is_there_afterwards(tmp_path):
+@pytest.mark.integration
+def test_an_event_put_before_a_sigkill_is_there_afterwards(tmp_path: Path) -> None:
     path = tmp_path / "o.sqlite"
     code = f"""
 import os, signal, sys

@@ -1,6 +1,6 @@
 """Invariants of every plan, over random nodes, jobs and queues (hypothesis)."""
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flexmig.errors import PlanRejectedError
@@ -26,7 +26,7 @@ P7 = H200.profile("7g.141gb")
 
 
 @st.composite
-def node_states(draw):
+def node_states(draw: st.DrawFn) -> NodeState:
     gpus = draw(st.integers(1, 4))
     layouts = []
     for _ in range(gpus):
@@ -100,7 +100,7 @@ def node_states(draw):
 
 
 @st.composite
-def crowded_states(draw):
+def crowded_states(draw: st.DrawFn) -> NodeState:
     """Small movable jobs scattered over every GPU and a rigid 7g waiting: the planner has to make room."""
     gpus = draw(st.integers(2, 4))
     small = [H200.profile("1g.18gb"), H200.profile("2g.35gb")]
@@ -131,8 +131,11 @@ def crowded_states(draw):
 
 planner_settings = st.builds(
     PlannerSettings,
+    checkpoint_s=st.sampled_from([3.0, 20.0]),  # the daemon's measured costs and replay's large-model ones
+    restart_s=st.sampled_from([6.0, 30.0]),
+    reconfigure_s=st.sampled_from([2.0, 5.0]),
     settling_s=st.sampled_from([0.0, 600.0, 4000.0]),
-    gain_margin=st.sampled_from([0.5, 2.0]),
+    gain_margin=st.sampled_from([-0.5, 0.1, 1.0]),  # moves that gain 0.5, 1.1 and 2 times their cost
     resplit=st.booleans(),
     migrate=st.booleans(),
     repartition_busy=st.booleans(),
@@ -141,7 +144,7 @@ planner_settings = st.builds(
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _valid(state):
+def _valid(state: NodeState) -> bool:
     """The generator can pair a job with instances of mixed profiles; such states are refused up front."""
     try:
         check_state(state)
@@ -152,9 +155,10 @@ def _valid(state):
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_job(state, cfg):
-    if not _valid(state):
-        return
+def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_job(
+    state: NodeState, cfg: PlannerSettings
+) -> None:
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     out = validate_plan(state, plan, cfg)  # refuses any invalid intermediate layout, loss or duplicate
     assert set(out.holds) >= {j.name for j in state.running}
@@ -164,9 +168,8 @@ def test_every_plan_replays_onto_valid_layouts_without_losing_or_duplicating_a_j
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_unmovable_jobs_are_never_moved(state, cfg):
-    if not _valid(state):
-        return
+def test_unmovable_jobs_are_never_moved(state: NodeState, cfg: PlannerSettings) -> None:
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     pinned = {j.name for j in state.running if not j.movable}
     moved = {a.job for a in plan.actions if isinstance(a, MigrateJob | ResplitJob)}
@@ -179,9 +182,8 @@ def test_unmovable_jobs_are_never_moved(state, cfg):
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_no_job_moves_within_the_settling_time(state, cfg):
-    if not _valid(state):
-        return
+def test_no_job_moves_within_the_settling_time(state: NodeState, cfg: PlannerSettings) -> None:
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     recent = {
         j.name for j in state.running if j.last_moved_s is not None and state.now_s - j.last_moved_s < cfg.settling_s
@@ -191,9 +193,8 @@ def test_no_job_moves_within_the_settling_time(state, cfg):
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_switched_off_mechanisms_stay_off(state, cfg):
-    if not _valid(state):
-        return
+def test_switched_off_mechanisms_stay_off(state: NodeState, cfg: PlannerSettings) -> None:
+    assume(_valid(state))
     plan = Planner(H200, cfg).plan(state)
     if not cfg.migrate:
         assert not any(isinstance(a, MigrateJob) for a in plan.actions)
@@ -203,9 +204,8 @@ def test_switched_off_mechanisms_stay_off(state, cfg):
 
 @SETTINGS
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_blocked_instances_survive_every_plan(state, cfg):
-    if not _valid(state):
-        return
+def test_blocked_instances_survive_every_plan(state: NodeState, cfg: PlannerSettings) -> None:
+    assume(_valid(state))
     out = validate_plan(state, Planner(H200, cfg).plan(state), cfg)
     for g, s in state.blocked:
         assert out.layouts[g].at(s) is not None
@@ -213,7 +213,6 @@ def test_blocked_instances_survive_every_plan(state, cfg):
 
 @settings(max_examples=40, deadline=None)
 @given(state=st.one_of(node_states(), crowded_states()), cfg=planner_settings)
-def test_the_same_state_always_gives_the_same_plan(state, cfg):
-    if not _valid(state):
-        return
+def test_the_same_state_always_gives_the_same_plan(state: NodeState, cfg: PlannerSettings) -> None:
+    assume(_valid(state))
     assert Planner(H200, cfg).plan(state) == Planner(H200, cfg).plan(state)

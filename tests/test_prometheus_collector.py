@@ -135,6 +135,7 @@ def test_before_the_first_sweep_nothing_is_exported() -> None:
     assert "flexmig_" not in _text(None)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
 def test_promtool_check_metrics_passes_on_the_exposition() -> None:
     registry = build_registry(SnapshotCollector(_snapshot))
@@ -162,6 +163,7 @@ def test_extensions_add_families_on_our_labels_and_a_broken_one_costs_only_itsel
     assert _sample(text, "flexmig_mig_memory_total_bytes", GPU_I_ID="1") == 71 * GIB
 
 
+@pytest.mark.integration
 def test_metrics_server_serves_the_snapshot_and_stops() -> None:
     server = MetricsServer(build_registry(SnapshotCollector(_snapshot)), "127.0.0.1", 0)
     _, port = server.start()

@@ -1,19 +1,23 @@
 """The replay engine and the five policies on job lists small enough to check by hand."""
 
+from __future__ import annotations
+
 from dataclasses import replace
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexmig.mig import H200, Layout, parse_node_spec
+from flexmig.mig import H200, Layout, Profile, parse_node_spec
 from flexmig.plan import PlannerSettings
-from flexmig.sim.replay.bound import lower_bound
-from flexmig.sim.replay.engine import replay
-from flexmig.sim.replay.managers import FluidManager, LayoutManager
-from flexmig.sim.replay.metrics import metrics_of, percentile
-from flexmig.sim.replay.run import Prepared, run_policy
-from flexmig.sim.replay.trace import TraceJob
+from flexmig.replay.bound import lower_bound
+from flexmig.replay.costs import REPLAY_SETTINGS
+from flexmig.replay.engine import Replay, replay
+from flexmig.replay.managers import FluidManager, LayoutManager, Manager
+from flexmig.replay.metrics import Metrics, metrics_of, percentile
+from flexmig.replay.run import Prepared, run_policy
+from flexmig.replay.trace import TraceJob
 
 P1 = H200.profile("1g.18gb")
 P2 = H200.profile("2g.35gb")
@@ -21,19 +25,26 @@ P3 = H200.profile("3g.71gb")
 P4 = H200.profile("4g.71gb")
 P7 = H200.profile("7g.141gb")
 MIX = {"1g.18gb": 0.25, "3g.71gb": 0.25, "4g.71gb": 0.25, "7g.141gb": 0.25}
-RECONF = PlannerSettings().reconfigure_s
+RECONF = REPLAY_SETTINGS.reconfigure_s
 
 
-def job(name, profile, arrival, runtime, ranks=1, elastic=False):
+def job(name: str, profile: Profile, arrival: float, runtime: float, ranks: int = 1, elastic: bool = False) -> TraceJob:
     return TraceJob(name, float(arrival), float(runtime), profile, ranks, elastic, 1000)
 
 
-def empty(gpus):
+def empty(gpus: int) -> list[Layout]:
     return [Layout.empty(H200)] * gpus
 
 
-def run(policy, jobs, gpus=1, layouts=None, settings=None):
-    settings = settings or PlannerSettings()
+def run(
+    policy: Literal["fluid", "static", "drain", "flex"],
+    jobs: list[TraceJob],
+    gpus: int = 1,
+    layouts: list[Layout] | None = None,
+    settings: PlannerSettings | None = None,
+) -> tuple[Replay, Metrics]:
+    settings = settings or REPLAY_SETTINGS
+    manager: Manager
     if policy == "fluid":
         manager = FluidManager(H200, gpus)
     else:
@@ -42,18 +53,18 @@ def run(policy, jobs, gpus=1, layouts=None, settings=None):
     return result, metrics_of(policy, result)
 
 
-def ends(result):
+def ends(result: Replay) -> dict[str, float | None]:
     return {r.name: r.end_s for r in result.records}
 
 
-def test_fluid_runs_two_full_gpu_jobs_one_after_the_other_on_one_gpu():
+def test_fluid_runs_two_full_gpu_jobs_one_after_the_other_on_one_gpu() -> None:
     result, m = run("fluid", [job("a", P7, 0, 100), job("b", P7, 0, 100)])
     assert ends(result) == {"a": 100.0, "b": 200.0}
     assert (m.makespan_s, m.mean_jct_s, m.mean_wait_s) == (200.0, 150.0, 50.0)
     assert m.utilization == pytest.approx(1.0)
 
 
-def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_together():
+def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_together() -> None:
     jobs = [job("a", P4, 0, 100), job("b", P3, 0, 100)]
     static, _ = run("static", jobs, layouts=[Layout.of(H200, [(P7, 0)])])
     assert ends(static) == {"a": 100.0, "b": 200.0}
@@ -63,29 +74,32 @@ def test_static_full_gpu_layout_runs_a_4g_and_a_3g_in_turn_flex_runs_them_togeth
     assert m.utilization == pytest.approx(7 * 100 / (7 * (100 + 2 * RECONF)))
 
 
-def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job():
+def test_drain_never_touches_a_busy_gpu_flex_repartitions_around_the_job() -> None:
     jobs = [job("a", P1, 0, 1000), job("b", P3, 1, 10)]
     start = [Layout.of(H200, [(P1, 6)])]
     drain, _ = run("drain", jobs, layouts=start)
-    assert next(r for r in drain.records if r.name == "b").start_s >= 1000.0
+    b_start = next(r for r in drain.records if r.name == "b").start_s
+    assert b_start is not None and b_start >= 1000.0
     flex, _ = run("flex", jobs, layouts=start)
     b = next(r for r in flex.records if r.name == "b")
     assert b.start_s == 1 + RECONF and b.end_s == 1 + RECONF + 10
 
 
-def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_efficiency():
+def test_elastic_job_spreads_over_scattered_slices_and_runs_at_the_spread_efficiency() -> None:
     hogs = [job(f"h{g}", P4, 0, 100_000) for g in range(3)]  # a 4g sits at 0: one per GPU
     wide = job("wide", P7, 10, 900, elastic=True)
     result, m = run("flex", [*hogs, wide], gpus=3)
     record = next(r for r in result.records if r.name == "wide")
     assert record.spread_start and m.spread_starts == 1
-    efficiency = PlannerSettings().spread_efficiency
+    efficiency = REPLAY_SETTINGS.spread_efficiency
+    assert record.end_s is not None and record.start_s is not None
     assert record.end_s - record.start_s == pytest.approx(900 / efficiency)
-    rigid, _ = run("flex", [*hogs, wide], gpus=3, settings=PlannerSettings(resplit=False))
-    assert next(r for r in rigid.records if r.name == "wide").start_s >= 100_000
+    rigid, _ = run("flex", [*hogs, wide], gpus=3, settings=replace(REPLAY_SETTINGS, resplit=False))
+    wide_start = next(r for r in rigid.records if r.name == "wide").start_s
+    assert wide_start is not None and wide_start >= 100_000
 
 
-def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts():
+def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts() -> None:
     # GPU 0: a long 4g (plus a short 3g); GPU 1: a short 4g (plus the long 1g). At t=100 the short ones end,
     # leaving the 1g alone on GPU 1, which the 7g arriving at t=1000 needs whole.
     jobs = [
@@ -98,21 +112,22 @@ def test_small_job_is_migrated_so_a_waiting_full_gpu_job_starts():
     result, m = run("flex", jobs, gpus=2)
     assert m.migrations == 1
     big = next(r for r in result.records if r.name == "big")
-    assert big.start_s < 2000  # instead of waiting ~49,000 s
+    assert big.start_s is not None and big.start_s < 2000  # instead of waiting ~49,000 s
     (moved,) = [r for r in result.records if r.moves]
     assert moved.name in ("long4", "small")  # either makes a GPU whole; one move is enough
-    cost = PlannerSettings().checkpoint_s + PlannerSettings().restart_s
+    cost = REPLAY_SETTINGS.checkpoint_s + REPLAY_SETTINGS.restart_s
+    assert moved.end_s is not None and moved.start_s is not None
     assert moved.end_s - moved.start_s == pytest.approx(50_000 + cost)  # the moved job pays its downtime
 
 
-def test_job_larger_than_the_node_is_unplaceable_under_every_policy():
+def test_job_larger_than_the_node_is_unplaceable_under_every_policy() -> None:
     jobs = [job("huge", P7, 0, 10, ranks=4), job("ok", P1, 0, 10)]
     for policy in ("fluid", "static", "drain", "flex"):
         _, m = run(policy, jobs, gpus=2, layouts=[Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None)
         assert (m.jobs_unplaceable, m.jobs_completed) == (1, 1), policy
 
 
-def test_bound_is_the_larger_of_latest_finish_and_work_over_capacity():
+def test_bound_is_the_larger_of_latest_finish_and_work_over_capacity() -> None:
     jobs = [job("a", P7, 0, 100), job("b", P7, 0, 100), job("c", P1, 50, 10)]
     m = lower_bound(jobs, 7)
     assert m.makespan_s == pytest.approx((700 + 700 + 10) / 7)
@@ -121,24 +136,24 @@ def test_bound_is_the_larger_of_latest_finish_and_work_over_capacity():
     assert late.makespan_s == 800.0
 
 
-def test_percentile_is_nearest_rank():
+def test_percentile_is_nearest_rank() -> None:
     assert percentile([1, 2, 3, 4], 95) == 4
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([], 95) == 0.0
 
 
-def test_static_reports_the_best_eligible_candidate_and_skips_ineligible_ones():
+def test_static_reports_the_best_eligible_candidate_and_skips_ineligible_ones() -> None:
     spec = parse_node_spec("h200x2")
     jobs = (job("a", P7, 0, 100, ranks=2), job("b", P1, 0, 100), job("c", P1, 0, 100))
     prep = Prepared(spec, jobs, {})
-    result = run_policy(prep, "static", PlannerSettings())
+    result = run_policy(prep, "static", REPLAY_SETTINGS)
     assert result.metrics.extra["static_layout"] == "2x7g"  # only all-7g hosts the two-GPU job
     table = {row["layout"]: row["eligible"] for row in result.metrics.extra["static_candidates"]}
     assert table["2x7g"] and not table["2x7x1g"]
 
 
 @st.composite
-def job_lists(draw):
+def job_lists(draw: st.DrawFn) -> list[TraceJob]:
     n = draw(st.integers(1, 12))
     out = []
     for i in range(n):
@@ -152,7 +167,7 @@ def job_lists(draw):
 
 @settings(max_examples=25, deadline=None)
 @given(jobs=job_lists())
-def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs):
+def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the_bound(jobs: list[TraceJob]) -> None:
     bound = lower_bound(jobs, 14)
     for policy in ("fluid", "static", "drain", "flex"):
         layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
@@ -161,6 +176,7 @@ def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the
         for rec, j in zip(
             sorted(result.records, key=lambda r: r.name), sorted(jobs, key=lambda j: j.name), strict=True
         ):
+            assert rec.start_s is not None and rec.end_s is not None
             assert rec.start_s >= j.arrival_s
             assert rec.end_s - rec.arrival_s >= j.runtime_s - 1e-6
         assert m.makespan_s >= bound.makespan_s - 1e-6, policy
@@ -169,7 +185,7 @@ def test_every_job_completes_no_faster_than_its_run_time_and_no_policy_beats_the
 
 @settings(max_examples=15, deadline=None)
 @given(jobs=job_lists())
-def test_the_same_jobs_give_the_same_replay(jobs):
+def test_the_same_jobs_give_the_same_replay(jobs: list[TraceJob]) -> None:
     first, _ = run("flex", jobs, gpus=2)
     again, _ = run("flex", [replace(j) for j in jobs], gpus=2)
     assert first == again

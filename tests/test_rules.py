@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards_support import RULES, RULES_TEST, alerts, metrics, promql
-from promstack import PROMTOOL
+from support.dashboards import RULES, RULES_TEST, alerts, metrics, promql
+from support.prometheus import PROMTOOL
 
 pytestmark = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool (Debian package prometheus)")
 
@@ -24,12 +24,14 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.run([PROMTOOL, *args], check=False, capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
+@pytest.mark.integration
 def test_the_rules_file_passes_promtool_check_rules() -> None:
     done = promtool("check", "rules", str(RULES))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(RULES_LIST)} rules found" in done.stdout
 
 
+@pytest.mark.integration
 def test_promtool_check_rules_rejects_a_broken_rule(tmp_path: Path) -> None:
     broken = tmp_path / "broken.rules.yml"
     broken.write_text(RULES.read_text().replace("flexmig_gpu_lost == 1", "flexmig_gpu_lost == (1", 1))
@@ -37,6 +39,7 @@ def test_promtool_check_rules_rejects_a_broken_rule(tmp_path: Path) -> None:
     assert done.returncode == 1 and "FlexmigGpuLost" in done.stderr
 
 
+@pytest.mark.integration
 def test_the_rules_unit_tests_pass_under_promtool_test_rules() -> None:
     done = promtool("test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def _abstract_name() -> str:
 
 
 @pytest.fixture(params=["path", "abstract"])
-def receiver(request: pytest.FixtureRequest, tmp_path: Path):
+def receiver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NotifyReceiver]:
     address = str(tmp_path / "notify.sock") if request.param == "path" else _abstract_name()
     with NotifyReceiver(address) as rx:
         yield rx
@@ -45,6 +46,7 @@ def test_no_notify_socket_makes_every_call_a_no_op() -> None:
     assert n.reloading() is False
 
 
+@pytest.mark.integration
 def test_ready_status_watchdog_stopping_arrive_on_path_and_abstract_sockets(receiver: NotifyReceiver) -> None:
     n = Notifier(receiver.env_value)
     assert n.ready("1 GPU, 3 instances")
@@ -58,6 +60,7 @@ def test_ready_status_watchdog_stopping_arrive_on_path_and_abstract_sockets(rece
     n.close()
 
 
+@pytest.mark.integration
 def test_reloading_carries_the_monotonic_clock_in_microseconds(receiver: NotifyReceiver) -> None:
     n = Notifier(receiver.env_value)
     assert n.reloading(monotonic_usec=123456)
@@ -69,6 +72,7 @@ def test_reloading_carries_the_monotonic_clock_in_microseconds(receiver: NotifyR
     assert int(msg["MONOTONIC_USEC"]) > 0
 
 
+@pytest.mark.integration
 def test_a_newline_in_status_cannot_inject_another_assignment(receiver: NotifyReceiver) -> None:
     n = Notifier(receiver.env_value)
     n.status("gpu0 ok\nREADY=1\nMAINPID=1")
@@ -131,6 +135,7 @@ class _Clock:
         return self.now
 
 
+@pytest.mark.integration
 def test_watchdog_pings_only_while_the_heartbeat_is_fresh(receiver: NotifyReceiver) -> None:
     clock = _Clock()
     beat = Heartbeat(clock)
@@ -234,6 +239,7 @@ def test_service_under_notify_socket_sends_ready_status_watchdog_and_stops_feedi
     assert messages[-1] == {"STOPPING": "1", "STATUS": "bye"}
 
 
+@pytest.mark.integration
 def test_receiving_with_no_time_left_returns_none(receiver: NotifyReceiver) -> None:
     assert receiver.receive(0) is None
     assert receiver.receive(-1) is None

@@ -23,14 +23,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from commands_rig import PASSWORDS, Operator, password_file, secured_broker
 from flexmig.act.control import ControlServer
 from flexmig.config import Config, ConfigFileError, HostPort, load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.errors import ConfigError
 from flexmig.export.commands import CommandSettings, command_listener
 from flexmig.export.mqtt import PublisherSettings
-from mosquitto_broker import WAIT, free_port, needs_mosquitto
+from support.commands import Operator, password_file
+from support.mosquitto import PASSWORDS, WAIT, Brokers, free_port, needs_mosquitto
 
 FLEXMIGD = Path(sys.executable).with_name("flexmigd")
 FLEXMIG = Path(sys.executable).with_name("flexmig")
@@ -126,6 +126,7 @@ def test_a_running_flexmigd_with_default_settings_listens_on_loopback_only(tmp_p
         assert all(c.status == psutil.CONN_LISTEN for c in conns), f"no outbound connection (MQTT is off): {conns}"
         for c in psutil.Process(proc.pid).net_connections(kind="unix"):
             if c.laddr and c.status == psutil.CONN_LISTEN:  # the control socket, once the daemon serves one
+                assert isinstance(c.laddr, str), c.laddr
                 st = os.stat(c.laddr)
                 assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid(), c.laddr
     finally:
@@ -133,6 +134,7 @@ def test_a_running_flexmigd_with_default_settings_listens_on_loopback_only(tmp_p
     assert proc.returncode == 0
 
 
+@pytest.mark.integration
 def test_the_control_socket_is_owner_only_as_served(tmp_path: Path) -> None:
     cfg = Config.default()
 
@@ -201,6 +203,7 @@ def test_a_tls_key_others_can_read_and_a_configuration_others_can_write_are_refu
 
 
 # ------------------------------------------------------------------------------------------------ secrets
+@pytest.mark.integration
 def test_config_check_never_prints_a_secret(tmp_path: Path) -> None:
     secret = write(tmp_path / "mqtt.password", "s3cret-Value-4\n")
     config = mqtt_config(tmp_path, secret, 'password = "inline-Secret-5"\n')
@@ -239,9 +242,11 @@ def test_no_settings_object_shows_the_password(tmp_path: Path) -> None:
 @needs_mosquitto
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("credentials", ["good", "bad"])
-def test_the_password_never_reaches_the_log_at_debug_level(tmp_path: Path, credentials: str) -> None:
+def test_the_password_never_reaches_the_log_at_debug_level(
+    tmp_path: Path, mosquitto: Brokers, credentials: str
+) -> None:
     """The real daemon (publisher and command listener) against a mosquitto that checks passwords."""
-    broker = secured_broker(tmp_path / "broker")
+    broker = mosquitto(secured=True)
     wrong = "Wrong-Secret-77"
     secret = password_file(tmp_path, password=None if credentials == "good" else wrong)
     config = write(
@@ -272,7 +277,6 @@ def test_the_password_never_reaches_the_log_at_debug_level(tmp_path: Path, crede
             wait_for(log, "refused the login of user 'node-1'", "MQTT commands: broker", proc=proc)
     finally:
         stop(proc)
-        broker.stop()
     text = log.read_text(errors="replace")
     assert "DEBUG" in text, "the log was at DEBUG level"
     assert PASSWORDS["node-1"] not in text and wrong not in text

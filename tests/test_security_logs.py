@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon_node import wait_until
-from mosquitto_broker import free_port
+from support.flexmigd import wait_until
+from support.mosquitto import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

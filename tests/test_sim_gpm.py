@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import pynvml as N
+from collections.abc import Iterator
+from typing import Any
+
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 
 
 class Clock:
@@ -19,19 +22,19 @@ class Clock:
 
 
 @pytest.fixture
-def clock():
+def clock() -> Clock:
     return Clock()
 
 
 @pytest.fixture
-def h200(clock):
+def h200(clock: Clock) -> Iterator[SimNode]:
     node = install("h200:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock)
     N.nvmlInit()
     yield node
     uninstall()
 
 
-def metrics(first, second, ids):
+def metrics(first: Any, second: Any, ids: list[int]) -> dict[int, tuple[int, Any]]:
     mg = N.c_nvmlGpmMetricsGet_t()
     mg.version = N.NVML_GPM_METRICS_GET_VERSION
     mg.numMetrics = len(ids)
@@ -42,7 +45,7 @@ def metrics(first, second, ids):
     return {mg.metrics[i].metricId: (mg.metrics[i].nvmlReturn, mg.metrics[i].value) for i in range(len(ids))}
 
 
-def test_hopper_supports_gpm_and_ampere_does_not():
+def test_hopper_supports_gpm_and_ampere_does_not() -> None:
     install("h200x1")
     try:
         N.nvmlInit()
@@ -62,7 +65,7 @@ def test_hopper_supports_gpm_and_ampere_does_not():
         uninstall()
 
 
-def test_a_metric_is_the_counter_delta_over_the_elapsed_time_in_percent(h200, clock):
+def test_a_metric_is_the_counter_delta_over_the_elapsed_time_in_percent(h200: SimNode, clock: Clock) -> None:
     uuid = h200.mig_uuids(0)[0]
     h200.start_process(uuid)
     h200.set_activity(uuid, sm=0.6, dram=0.3, tensor=0.45, occupancy=0.2)
@@ -80,7 +83,7 @@ def test_a_metric_is_the_counter_delta_over_the_elapsed_time_in_percent(h200, cl
     assert got[10] == (0, pytest.approx(20.0))
 
 
-def test_an_idle_instance_measures_zero_and_an_unknown_metric_is_not_supported(h200, clock):
+def test_an_idle_instance_measures_zero_and_an_unknown_metric_is_not_supported(h200: SimNode, clock: Clock) -> None:
     dev = N.nvmlDeviceGetHandleByIndex(0)
     s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
     N.nvmlGpmMigSampleGet(dev, 5, s1)
@@ -91,7 +94,7 @@ def test_an_idle_instance_measures_zero_and_an_unknown_metric_is_not_supported(h
     assert got[20][0] == N.NVML_ERROR_NOT_SUPPORTED
 
 
-def test_the_gpu_sample_weighs_instances_by_their_compute_slices(h200, clock):
+def test_the_gpu_sample_weighs_instances_by_their_compute_slices(h200: SimNode, clock: Clock) -> None:
     uuid = h200.mig_uuids(0)[0]  # the 3g instance: 3 of 7 compute slices
     h200.set_activity(uuid, sm=0.7)
     dev = N.nvmlDeviceGetHandleByIndex(0)
@@ -102,7 +105,7 @@ def test_the_gpu_sample_weighs_instances_by_their_compute_slices(h200, clock):
     assert metrics(s1, s2, [2])[2] == (0, pytest.approx(30.0))
 
 
-def test_samples_of_two_different_instances_cannot_be_compared(h200, clock):
+def test_samples_of_two_different_instances_cannot_be_compared(h200: SimNode, clock: Clock) -> None:
     dev = N.nvmlDeviceGetHandleByIndex(0)
     s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
     N.nvmlGpmMigSampleGet(dev, 1, s1)
@@ -112,13 +115,13 @@ def test_samples_of_two_different_instances_cannot_be_compared(h200, clock):
         metrics(s1, s2, [2])
 
 
-def test_a_gpu_instance_that_does_not_exist_is_not_found(h200):
+def test_a_gpu_instance_that_does_not_exist_is_not_found(h200: SimNode) -> None:
     sample = N.nvmlGpmSampleAlloc()
     with pytest.raises(N.NVMLError_NotFound):
         N.nvmlGpmMigSampleGet(N.nvmlDeviceGetHandleByIndex(0), 2, sample)
 
 
-def test_freed_samples_are_gone_and_a_wrong_struct_version_is_refused(h200):
+def test_freed_samples_are_gone_and_a_wrong_struct_version_is_refused(h200: SimNode) -> None:
     sample = N.nvmlGpmSampleAlloc()
     assert h200.gpm_samples_allocated() == 1
     N.nvmlGpmSampleFree(sample)

@@ -2,29 +2,33 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from ctypes import byref, c_uint
 from pathlib import Path
+from typing import Any
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.errors import SimError
-from flexmig.sim import FAKE_PID_BASE, install, installed, uninstall
+from flexmig.sim import FAKE_PID_BASE, SimNode, install, installed, uninstall
 from flexmig.sim.state import pid_alive
 
 H200_LAYOUT = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
+Sim = Callable[..., SimNode]  # sim(spec, **install_options) -> the node, NVML initialised
 
 
 @pytest.fixture
-def sim():
+def sim() -> Iterator[Sim]:
     """Install a simulator per test; the test calls ``sim(spec)`` and gets the node with NVML initialised."""
     nodes = []
 
-    def make(spec: str = H200_LAYOUT, **kw):
+    def make(spec: str = H200_LAYOUT, **kw: Any) -> SimNode:
         node = install(spec, **kw)
         N.nvmlInit()
         nodes.append(node)
@@ -39,20 +43,20 @@ def _proc_state(pid: int) -> str:
     return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0]
 
 
-def gpu(i: int = 0):
+def gpu(i: int = 0) -> Any:
     return N.nvmlDeviceGetHandleByIndex(i)
 
 
-def create_gi(dev, profile_id: int, start: int, size: int):
+def create_gi(dev: Any, profile_id: int, start: int, size: int) -> Any:
     placement = N.c_nvmlGpuInstancePlacement_t(start, size)
     return N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, byref(placement))
 
 
-def gi_id(gi) -> int:
-    return N.nvmlGpuInstanceGetInfo(gi).id
+def gi_id(gi: Any) -> int:
+    return int(N.nvmlGpuInstanceGetInfo(gi).id)
 
 
-def mig_handles(dev):
+def mig_handles(dev: Any) -> list[Any]:
     out = []
     for i in range(N.nvmlDeviceGetMaxMigDeviceCount(dev)):
         try:
@@ -63,7 +67,7 @@ def mig_handles(dev):
 
 
 # ------------------------------------------------------------------------------------------- install
-def test_uninstall_puts_back_no_library_so_init_says_library_not_found(sim):
+def test_uninstall_puts_back_no_library_so_init_says_library_not_found(sim: Sim) -> None:
     sim("h200")
     uninstall()
     assert not installed()
@@ -71,7 +75,7 @@ def test_uninstall_puts_back_no_library_so_init_says_library_not_found(sim):
         N.nvmlInit()
 
 
-def test_calls_before_init_are_uninitialized():
+def test_calls_before_init_are_uninitialized() -> None:
     install("h200")
     try:
         with pytest.raises(N.NVMLError_Uninitialized):
@@ -80,13 +84,13 @@ def test_calls_before_init_are_uninitialized():
         uninstall()
 
 
-def test_a_bad_spec_is_refused_before_anything_is_installed():
+def test_a_bad_spec_is_refused_before_anything_is_installed() -> None:
     with pytest.raises(ValueError, match=r"3g\.71gb may start only"):
         install("h200:3g.71gb@2")
     assert not installed()
 
 
-def test_node_reports_driver_versions_gpu_names_and_memory(sim):
+def test_node_reports_driver_versions_gpu_names_and_memory(sim: Sim) -> None:
     sim("a100-80x3")
     assert N.nvmlSystemGetDriverVersion() == "570.124.06"
     assert N.nvmlSystemGetNVMLVersion().startswith("12.")
@@ -97,14 +101,14 @@ def test_node_reports_driver_versions_gpu_names_and_memory(sim):
 
 
 # ------------------------------------------------------------------------------------------ profiles
-def test_profile_index_and_profile_id_are_different_numbers(sim):
+def test_profile_index_and_profile_id_are_different_numbers(sim: Sim) -> None:
     sim("h200")
     info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
     assert (info.id, info.name, info.sliceCount, info.memorySizeMB) == (9, "MIG 3g.71gb", 3, 71168)
     assert N.nvmlDeviceGetGpuInstanceProfileInfoById(gpu(), 9).name == "MIG 3g.71gb"
 
 
-def test_profile_indices_a_gpu_does_not_offer_are_not_supported(sim):
+def test_profile_indices_a_gpu_does_not_offer_are_not_supported(sim: Sim) -> None:
     sim("h200")
     with pytest.raises(N.NVMLError_NotSupported):
         N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_8_SLICE)
@@ -112,7 +116,7 @@ def test_profile_indices_a_gpu_does_not_offer_are_not_supported(sim):
         N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_COUNT)
 
 
-def test_possible_placements_answer_a_null_array_with_the_count_then_fill_it(sim):
+def test_possible_placements_answer_a_null_array_with_the_count_then_fill_it(sim: Sim) -> None:
     sim("h200")
     count = c_uint(0)
     N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, None, byref(count))
@@ -122,7 +126,7 @@ def test_possible_placements_answer_a_null_array_with_the_count_then_fill_it(sim
     assert [(p.start, p.size) for p in arr] == [(0, 4), (4, 4)]
 
 
-def test_possible_placements_refuse_a_too_small_array(sim):
+def test_possible_placements_refuse_a_too_small_array(sim: Sim) -> None:
     sim("h200")
     count = c_uint(1)
     arr = (N.c_nvmlGpuInstancePlacement_t * 1)()
@@ -132,38 +136,45 @@ def test_possible_placements_refuse_a_too_small_array(sim):
 
 
 # ------------------------------------------------------------------------------------ GPU instances
-def test_3g_cannot_start_at_2(sim):
+def test_3g_cannot_start_at_2_nor_1g_at_7_the_placement_is_invalid(sim: Sim) -> None:
+    # nvml.h, CreateGpuInstanceWithPlacement: INVALID_ARGUMENT "If [...] placement [...] are invalid";
+    # INSUFFICIENT_RESOURCES is for a placement the profile allows that is taken.
     sim("h200")
-    with pytest.raises(N.NVMLError_InsufficientResources):
+    with pytest.raises(N.NVMLError_InvalidArgument):
         create_gi(gpu(), 9, 2, 4)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        create_gi(gpu(), 19, 7, 1)
+    create_gi(gpu(), 9, 0, 4)
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        create_gi(gpu(), 19, 3, 1)  # a valid 1g start inside the 3g
 
 
-def test_overlapping_instances_are_insufficient_resources(sim):
+def test_overlapping_instances_are_insufficient_resources(sim: Sim) -> None:
     sim("h200:3g.71gb@0")
     with pytest.raises(N.NVMLError_InsufficientResources):
         create_gi(gpu(), 14, 2, 2)  # 2g at 2 overlaps the 3g at 0..3
 
 
-def test_a_second_1g_me_is_insufficient_resources(sim):
+def test_a_second_1g_me_is_insufficient_resources(sim: Sim) -> None:
     sim("h200:1g.18gb+me@0")
     with pytest.raises(N.NVMLError_InsufficientResources):
         create_gi(gpu(), 20, 1, 1)
 
 
-def test_a_placement_size_that_is_not_the_profiles_is_invalid(sim):
+def test_a_placement_size_that_is_not_the_profiles_is_invalid(sim: Sim) -> None:
     sim("h200")
     with pytest.raises(N.NVMLError_InvalidArgument):
         create_gi(gpu(), 9, 0, 3)  # 3g spans 4 memory slices, not 3
 
 
-def test_a_placement_passed_by_value_is_refused(sim):
+def test_a_placement_passed_by_value_is_refused(sim: Sim) -> None:
     sim("h200")
     placement = N.c_nvmlGpuInstancePlacement_t(0, 4)
     with pytest.raises(N.NVMLError_InvalidArgument):
         N.nvmlDeviceCreateGpuInstanceWithPlacement(gpu(), 9, placement)
 
 
-def test_gi_ids_follow_the_buddy_numbering_over_memory_slices(sim):
+def test_gi_ids_follow_the_buddy_numbering_over_memory_slices(sim: Sim) -> None:
     sim("h200")
     ids = {(start, size): gi_id(create_gi(gpu(), pid, start, size)) for pid, start, size in [(9, 4, 4), (14, 0, 2)]}
     ids[(2, 1)] = gi_id(create_gi(gpu(), 19, 2, 1))
@@ -171,7 +182,7 @@ def test_gi_ids_follow_the_buddy_numbering_over_memory_slices(sim):
     assert ids == {(4, 4): 2, (0, 2): 3, (2, 1): 9, (3, 1): 10}
 
 
-def test_without_placement_the_driver_takes_the_highest_start_that_fits(sim):
+def test_without_placement_the_driver_takes_the_highest_start_that_fits(sim: Sim) -> None:
     sim("h200")
     first = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(), 9))
     second = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(), 9))
@@ -180,13 +191,13 @@ def test_without_placement_the_driver_takes_the_highest_start_that_fits(sim):
         N.nvmlDeviceCreateGpuInstance(gpu(), 19)
 
 
-def test_remaining_capacity_counts_what_still_fits(sim):
+def test_remaining_capacity_counts_what_still_fits(sim: Sim) -> None:
     sim("h200:3g.71gb@0")
     assert N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 19) == 3  # slices 4, 5, 6
     assert N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 5) == 0
 
 
-def test_gpu_instances_are_listed_per_profile_into_a_caller_array(sim):
+def test_gpu_instances_are_listed_per_profile_into_a_caller_array(sim: Sim) -> None:
     sim("h200:1g.18gb@0+1g.18gb@1+3g.71gb@4")
     arr = (N.c_nvmlGpuInstance_t * 7)()
     count = c_uint(0)
@@ -194,20 +205,20 @@ def test_gpu_instances_are_listed_per_profile_into_a_caller_array(sim):
     assert sorted(gi_id(arr[i]) for i in range(count.value)) == [7, 8]
 
 
-def test_gpu_instance_by_id_is_not_found_when_absent(sim):
+def test_gpu_instance_by_id_is_not_found_when_absent(sim: Sim) -> None:
     sim("h200")
     with pytest.raises(N.NVMLError_NotFound):
         N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
 
 
-def test_destroying_a_gi_with_a_compute_instance_is_in_use(sim):
+def test_destroying_a_gi_with_a_compute_instance_is_in_use(sim: Sim) -> None:
     sim("h200:3g.71gb@0")
     gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
     with pytest.raises(N.NVMLError_InUse):
         N.nvmlGpuInstanceDestroy(gi)
 
 
-def test_destroying_a_ci_with_a_process_is_in_use_and_without_it_succeeds(sim):
+def test_destroying_a_ci_with_a_process_is_in_use_and_without_it_succeeds(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0")
     pid = node.start_process(node.mig_uuids(0)[0], memory_bytes=1 << 30)
     gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
@@ -220,18 +231,43 @@ def test_destroying_a_ci_with_a_process_is_in_use_and_without_it_succeeds(sim):
     assert node.gpu(0).gpu_instances == ()
 
 
-def test_a_handle_of_a_destroyed_instance_is_refused_not_reused(sim):
-    sim("h200:3g.71gb@0")
+def test_a_destroyed_instances_handle_is_invalid_until_a_new_instance_reuses_it(sim: Sim) -> None:
+    # nvml.h, GetMigDeviceHandleByIndex: the handle "would remain invalid and must be requested again [...]
+    # Handles may be reused and their properties can change in the process."
+    node = sim("h200:3g.71gb@0")
     gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
-    ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
-    N.nvmlComputeInstanceDestroy(ci)
+    mig = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    old_uuid = N.nvmlDeviceGetUUID(mig)
+    N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
     N.nvmlGpuInstanceDestroy(gi)
-    create_gi(gpu(), 9, 0, 4)
     with pytest.raises(N.NVMLError_InvalidArgument):
         N.nvmlGpuInstanceGetInfo(gi)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceGetUUID(mig)
+    new_gi = create_gi(gpu(), 14, 4, 2)  # a 2g elsewhere: a different instance
+    N.nvmlGpuInstanceCreateComputeInstance(new_gi, N.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
+    fresh = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
+    # The stale handles now read the new instance: same address, other properties.
+    assert N.nvmlGpuInstanceGetInfo(gi).id == N.nvmlGpuInstanceGetInfo(new_gi).id == 5
+    assert N.nvmlDeviceGetUUID(mig) == N.nvmlDeviceGetUUID(fresh) == node.mig_uuids(0)[0] != old_uuid
+    assert N.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 2g.35gb"
 
 
-def test_mig_calls_on_a_gpu_with_mig_disabled_are_not_supported(sim):
+def test_handle_reuse_is_deterministic_lowest_free_slot_first(sim: Sim) -> None:
+    sim("h200:1g.18gb@0+1g.18gb@1+1g.18gb@2")
+    handles = [N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i) for i in range(3)]
+    addresses = [ctypes.addressof(h.contents) for h in handles]
+    for gi_id in (9, 7):  # destroy the 1g at 2, then the one at 0
+        gi = N.nvmlDeviceGetGpuInstanceById(gpu(), gi_id)
+        N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+        N.nvmlGpuInstanceDestroy(gi)
+    gi = create_gi(gpu(), 19, 5, 1)
+    N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+    reborn = [ctypes.addressof(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i).contents) for i in range(2)]
+    assert reborn == [addresses[1], addresses[0]]  # the live 1g keeps its handle; the new one takes slot 0
+
+
+def test_mig_calls_on_a_gpu_with_mig_disabled_are_not_supported(sim: Sim) -> None:
     sim("a100-40:-")
     assert N.nvmlDeviceGetMigMode(gpu()) == [0, 0]
     assert N.nvmlDeviceGetMaxMigDeviceCount(gpu()) == 0
@@ -240,7 +276,7 @@ def test_mig_calls_on_a_gpu_with_mig_disabled_are_not_supported(sim):
 
 
 # ------------------------------------------------------------------------------------ compute instances
-def test_smaller_compute_instances_fill_a_gpu_instance(sim):
+def test_smaller_compute_instances_fill_a_gpu_instance(sim: Sim) -> None:
     sim("h200")
     gi = create_gi(gpu(), 9, 0, 4)
     prof = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
@@ -252,7 +288,7 @@ def test_smaller_compute_instances_fill_a_gpu_instance(sim):
     assert len(mig_handles(gpu())) == 3  # every compute instance is a MIG device
 
 
-def test_a_compute_profile_the_gpu_instance_lacks_is_not_supported(sim):
+def test_a_compute_profile_the_gpu_instance_lacks_is_not_supported(sim: Sim) -> None:
     sim("h200")
     gi = create_gi(gpu(), 9, 0, 4)
     with pytest.raises(N.NVMLError_NotSupported):
@@ -260,7 +296,7 @@ def test_a_compute_profile_the_gpu_instance_lacks_is_not_supported(sim):
 
 
 # ------------------------------------------------------------------------------------------ MIG devices
-def test_mig_index_without_a_device_is_not_found_and_past_the_maximum_is_invalid(sim):
+def test_mig_index_without_a_device_is_not_found_and_past_the_maximum_is_invalid(sim: Sim) -> None:
     sim("h200:3g.71gb@0")
     N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
     with pytest.raises(N.NVMLError_NotFound):
@@ -269,7 +305,7 @@ def test_mig_index_without_a_device_is_not_found_and_past_the_maximum_is_invalid
         N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 7)
 
 
-def test_mig_devices_are_re_enumerated_after_a_change(sim):
+def test_mig_devices_are_re_enumerated_after_a_change(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0+3g.71gb@4")
     before = [N.nvmlDeviceGetUUID(h) for h in mig_handles(gpu())]
     gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
@@ -278,7 +314,7 @@ def test_mig_devices_are_re_enumerated_after_a_change(sim):
     assert after == before[1:] == list(node.mig_uuids(0))
 
 
-def test_mig_uuid_is_stable_for_the_life_of_the_instance_and_new_after_recreation(sim):
+def test_mig_uuid_is_stable_for_the_life_of_the_instance_and_new_after_recreation(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0")
     old = node.mig_uuids(0)[0]
     assert N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)) == old
@@ -289,7 +325,7 @@ def test_mig_uuid_is_stable_for_the_life_of_the_instance_and_new_after_recreatio
     assert new.startswith("MIG-") and new != old
 
 
-def test_handle_by_uuid_accepts_mig_uuids_and_leads_back_to_the_parent(sim):
+def test_handle_by_uuid_accepts_mig_uuids_and_leads_back_to_the_parent(sim: Sim) -> None:
     node = sim()
     uuid = node.mig_uuids(1)[2]
     mig = N.nvmlDeviceGetHandleByUUID(uuid)
@@ -301,7 +337,7 @@ def test_handle_by_uuid_accepts_mig_uuids_and_leads_back_to_the_parent(sim):
         N.nvmlDeviceGetHandleByUUID("MIG-00000000-0000-0000-0000-000000000000")
 
 
-def test_utilization_rates_are_not_supported_on_mig(sim):
+def test_utilization_rates_are_not_supported_on_mig(sim: Sim) -> None:
     node = sim()
     with pytest.raises(N.NVMLError_NotSupported):
         N.nvmlDeviceGetUtilizationRates(N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[0]))
@@ -309,16 +345,33 @@ def test_utilization_rates_are_not_supported_on_mig(sim):
         N.nvmlDeviceGetUtilizationRates(gpu())
 
 
-def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim):
+def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim: Sim) -> None:
     node = sim()
     uuid = node.mig_uuids(0)[1]
+    handle = N.nvmlDeviceGetHandleByUUID(uuid)
+    idle = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
     node.start_process(uuid, memory_bytes=3 << 30)
-    mem = N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByUUID(uuid))
-    assert (mem.total, mem.used, mem.free) == (33024 << 20, 3 << 30, (33024 << 20) - (3 << 30))
+    mem = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+    assert (mem.total, mem.used - idle.used) == (33024 << 20, 3 << 30)
+    assert mem.total == mem.reserved + mem.used + mem.free
+
+
+def test_an_idle_mig_device_shows_a_few_mib_used_and_reserved_memory_is_not_zero(sim: Sim) -> None:
+    # Hardware: an idle 1g.10gb on an H100 shows 12 MiB used; nvml.h: v1 "used" is the "Sum of Reserved and
+    # Allocated device memory", v2 "accounts separately for reserved memory".
+    node = sim()
+    handle = N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[2])  # the idle 1g.18gb at 6
+    v2 = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+    assert 3 << 20 <= v2.used <= 32 << 20
+    assert v2.reserved > 0
+    assert v2.total == v2.reserved + v2.used + v2.free
+    v1 = N.nvmlDeviceGetMemoryInfo(handle)
+    assert (v1.total, v1.used, v1.free) == (v2.total, v2.reserved + v2.used, v2.free)
+    assert node.gpu(0).gpu_instances[2].idle_used_bytes == v2.used
 
 
 # ------------------------------------------------------------------------------------------- processes
-def test_processes_come_back_through_the_v3_size_probe(sim):
+def test_processes_come_back_through_the_v3_size_probe(sim: Sim) -> None:
     node = sim()
     uuid = node.mig_uuids(0)[0]
     pids = [node.start_process(uuid, memory_bytes=(i + 1) << 30) for i in range(3)]
@@ -329,7 +382,7 @@ def test_processes_come_back_through_the_v3_size_probe(sim):
     assert all(pid >= FAKE_PID_BASE for pid in pids)
 
 
-def test_the_gpu_handle_lists_every_process_of_its_mig_devices(sim):
+def test_the_gpu_handle_lists_every_process_of_its_mig_devices(sim: Sim) -> None:
     node = sim()
     a, b = node.mig_uuids(0)[:2]
     node.start_process(a)
@@ -338,7 +391,8 @@ def test_the_gpu_handle_lists_every_process_of_its_mig_devices(sim):
     assert N.nvmlDeviceGetComputeRunningProcesses(gpu(1)) == []
 
 
-def test_a_real_process_disappears_once_its_pid_is_gone(sim):
+@pytest.mark.integration
+def test_a_real_process_disappears_once_its_pid_is_gone(sim: Sim) -> None:
     node = sim()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
@@ -349,7 +403,8 @@ def test_a_real_process_disappears_once_its_pid_is_gone(sim):
     assert [p.pid for p in procs] == [os.getpid()]
 
 
-def test_a_real_process_that_exited_unreaped_a_zombie_is_gone_from_the_device(sim):
+@pytest.mark.integration
+def test_a_real_process_that_exited_unreaped_a_zombie_is_gone_from_the_device(sim: Sim) -> None:
     node = sim()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
@@ -366,7 +421,7 @@ def test_a_real_process_that_exited_unreaped_a_zombie_is_gone_from_the_device(si
         child.wait(30)
 
 
-def test_a_running_process_is_alive_and_a_zombie_is_not_whatever_its_command_name(tmp_path):
+def test_a_running_process_is_alive_and_a_zombie_is_not_whatever_its_command_name(tmp_path: Path) -> None:
     def fake(pid: int, stat: bytes) -> None:
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "stat").write_bytes(stat)
@@ -378,7 +433,7 @@ def test_a_running_process_is_alive_and_a_zombie_is_not_whatever_its_command_nam
     assert pid_alive(me, proc=tmp_path / "none")  # no /proc to read: the signal probe decides
 
 
-def test_mistakes_on_the_node_handle_name_the_culprit(sim):
+def test_mistakes_on_the_node_handle_name_the_culprit(sim: Sim) -> None:
     node = sim()
     uuid = node.mig_uuids(0)[2]
     with pytest.raises(SimError, match="MIG-nope"):
@@ -393,7 +448,7 @@ def test_mistakes_on_the_node_handle_name_the_culprit(sim):
 
 
 # ------------------------------------------------------------------------------------------- MIG mode
-def test_set_mig_mode_with_processes_running_stays_pending_with_in_use(sim):
+def test_set_mig_mode_with_processes_running_stays_pending_with_in_use(sim: Sim) -> None:
     node = sim("h200x2:3g.71gb@0")
     node.start_process(node.mig_uuids(0)[0])
     assert N.nvmlDeviceSetMigMode(gpu(0), N.NVML_DEVICE_MIG_DISABLE) == N.NVML_ERROR_IN_USE
@@ -403,7 +458,7 @@ def test_set_mig_mode_with_processes_running_stays_pending_with_in_use(sim):
     assert node.gpu(1).gpu_instances == ()
 
 
-def test_a_gpu_reset_applies_the_pending_mig_mode_once_idle(sim):
+def test_a_gpu_reset_applies_the_pending_mig_mode_once_idle(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0")
     pid = node.start_process(node.mig_uuids(0)[0])
     N.nvmlDeviceSetMigMode(gpu(0), N.NVML_DEVICE_MIG_DISABLE)
@@ -415,7 +470,7 @@ def test_a_gpu_reset_applies_the_pending_mig_mode_once_idle(sim):
 
 
 # ------------------------------------------------------------------------------------ faults on demand
-def test_without_privileges_mig_changes_are_no_permission(sim):
+def test_without_privileges_mig_changes_are_no_permission(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0")
     node.set_privileged(False)
     with pytest.raises(N.NVMLError_NoPermission):
@@ -427,7 +482,7 @@ def test_without_privileges_mig_changes_are_no_permission(sim):
     assert N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)).total == 71168 << 20
 
 
-def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_keep_working(sim):
+def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_keep_working(sim: Sim) -> None:
     node = sim()
     mig = N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[0])
     node.lose_gpu(0)
@@ -441,7 +496,7 @@ def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_keep_working(sim):
     assert N.nvmlDeviceGetMemoryInfo(mig).total == 71168 << 20
 
 
-def test_an_injected_error_fires_once_on_the_named_call(sim):
+def test_an_injected_error_fires_once_on_the_named_call(sim: Sim) -> None:
     node = sim()
     node.inject_error("nvmlDeviceGetUUID", "UNKNOWN")
     with pytest.raises(N.NVMLError_Unknown):
@@ -449,7 +504,7 @@ def test_an_injected_error_fires_once_on_the_named_call(sim):
     assert N.nvmlDeviceGetUUID(gpu(0)).startswith("GPU-")
 
 
-def test_an_injected_error_can_target_one_gpu_and_persist_until_cleared(sim):
+def test_an_injected_error_can_target_one_gpu_and_persist_until_cleared(sim: Sim) -> None:
     node = sim()
     node.inject_error("nvmlDeviceGetPowerUsage", N.NVML_ERROR_GPU_IS_LOST, gpu=1, times=None)
     assert N.nvmlDeviceGetPowerUsage(gpu(0)) > 0
@@ -460,26 +515,26 @@ def test_an_injected_error_can_target_one_gpu_and_persist_until_cleared(sim):
     assert N.nvmlDeviceGetPowerUsage(gpu(1)) > 0
 
 
-def test_an_injected_error_matches_the_versioned_c_symbol(sim):
+def test_an_injected_error_matches_the_versioned_c_symbol(sim: Sim) -> None:
     node = sim()
     node.inject_error("nvmlDeviceGetComputeRunningProcesses", "NO_PERMISSION")
     with pytest.raises(N.NVMLError_NoPermission):
         N.nvmlDeviceGetComputeRunningProcesses(gpu(0))  # the C symbol is ..._v3
 
 
-def test_injecting_an_unknown_error_name_is_refused(sim):
+def test_injecting_an_unknown_error_name_is_refused(sim: Sim) -> None:
     node = sim()
     with pytest.raises(SimError, match="NOT_AN_ERROR"):
         node.inject_error("nvmlDeviceGetUUID", "NOT_AN_ERROR")
 
 
-def test_error_strings_come_from_the_library_for_codes_pynvml_does_not_know(sim):
+def test_error_strings_come_from_the_library_for_codes_pynvml_does_not_know(sim: Sim) -> None:
     sim()
     assert N.nvmlErrorString(N.NVML_ERROR_INSUFFICIENT_RESOURCES) == "Insufficient Resources"
 
 
 # ------------------------------------------------------------------------------------------- clocks
-def test_power_temperature_and_clocks_rise_with_activity(sim):
+def test_power_temperature_and_clocks_rise_with_activity(sim: Sim) -> None:
     node = sim("h200:7g.141gb@0")
     idle = (N.nvmlDeviceGetPowerUsage(gpu()), N.nvmlDeviceGetTemperature(gpu(), 0))
     assert N.nvmlDeviceGetClockInfo(gpu(), N.NVML_CLOCK_SM) == 345
@@ -490,3 +545,61 @@ def test_power_temperature_and_clocks_rise_with_activity(sim):
     assert busy[0] > idle[0] and busy[1] > idle[1]
     assert N.nvmlDeviceGetClockInfo(gpu(), N.NVML_CLOCK_SM) == 1980
     assert busy[0] <= N.nvmlDeviceGetPowerManagementLimit(gpu())
+
+
+# ------------------------------------------------------------------------------- Hopper profile fields
+@pytest.mark.parametrize("model", ["h100-80", "h200"])
+def test_hopper_profiles_have_the_engines_nvidia_smi_mig_lgip_prints(sim: Sim, model: str) -> None:
+    # `nvidia-smi mig -lgip` on an H200 (NVIDIA/mig-parted#120): DEC 1/1/1/2/3/4/7, JPEG the same, OFA on 1g+me
+    # and 7g only, and P2P "No" on every profile.
+    sim(model)
+    seen = {}
+    for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), idx)
+        except (N.NVMLError_NotSupported, N.NVMLError_InvalidArgument):
+            continue
+        seen[info.id] = (info.decoderCount, info.jpegCount, info.ofaCount, info.copyEngineCount, info.isP2pSupported)
+    assert seen == {
+        19: (1, 1, 0, 1, 0),
+        20: (1, 1, 1, 1, 0),
+        15: (1, 1, 0, 1, 0),
+        14: (2, 2, 0, 2, 0),
+        9: (3, 3, 0, 3, 0),
+        5: (4, 4, 0, 4, 0),
+        0: (7, 7, 1, 8, 0),
+    }
+
+
+# ------------------------------------------------------------------------------------ semantics of nvml.h
+def test_get_index_of_a_mig_handle_is_the_index_get_mig_device_handle_by_index_takes(sim: Sim) -> None:
+    # nvml.h, nvmlDeviceGetIndex: "When used with MIG device handles this API returns indices that can be
+    # passed to nvmlDeviceGetMigDeviceHandleByIndex to retrieve an identical handle."
+    node = sim()
+    for i, uuid in enumerate(node.mig_uuids(1)):
+        mig = N.nvmlDeviceGetHandleByUUID(uuid)
+        index = N.nvmlDeviceGetIndex(mig)
+        assert index == i
+        same = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(1), index)
+        assert ctypes.addressof(same.contents) == ctypes.addressof(mig.contents)
+    assert N.nvmlDeviceGetIndex(gpu(1)) == 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 19),
+        lambda: N.nvmlDeviceGetGpuInstanceById(gpu(), 1),
+        lambda: N.nvmlDeviceGetGpuInstances(gpu(), 9, (N.c_nvmlGpuInstance_t * 2)(), byref(c_uint(0))),
+        lambda: N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, None, byref(c_uint(0))),
+    ],
+    ids=["RemainingCapacity", "GetGpuInstanceById", "GetGpuInstances", "PossiblePlacements_v2"],
+)
+def test_calls_the_header_marks_requires_privileged_user_are_no_permission_unprivileged(
+    sim: Sim, call: Callable[[], object]
+) -> None:
+    node = sim("h200:3g.71gb@0")
+    call()  # privileged: answers
+    node.set_privileged(False)
+    with pytest.raises(N.NVMLError_NoPermission):
+        call()

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,7 @@ SPEC = "h200x2:3g.71gb@0+2g.35gb@4"
 
 
 @pytest.fixture(autouse=True)
-def _uninstall():
+def _uninstall() -> Iterator[None]:
     yield
     uninstall()
 
@@ -28,7 +30,7 @@ def dead_pid() -> int:
     return child.pid
 
 
-def test_a_reinstall_restores_instances_uuids_ids_and_processes(tmp_path):
+def test_a_reinstall_restores_instances_uuids_ids_and_processes(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)
     with Nvml.open() as nvml:
@@ -49,7 +51,7 @@ def test_a_reinstall_restores_instances_uuids_ids_and_processes(tmp_path):
     assert inv.gpus[1].mig_current is False
 
 
-def test_fake_pids_keep_counting_after_a_restore(tmp_path):
+def test_fake_pids_keep_counting_after_a_restore(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)
     first = node.start_process(node.mig_uuids(0)[0])
@@ -58,7 +60,7 @@ def test_fake_pids_keep_counting_after_a_restore(tmp_path):
     assert node.start_process(node.mig_uuids(0)[1]) == first + 1
 
 
-def test_new_mig_uuids_after_a_restore_never_repeat_old_ones(tmp_path):
+def test_new_mig_uuids_after_a_restore_never_repeat_old_ones(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     install(SPEC, state_path=path)
     with Nvml.open() as nvml:
@@ -71,7 +73,8 @@ def test_new_mig_uuids_after_a_restore_never_repeat_old_ones(tmp_path):
     assert new.uuid not in old
 
 
-def test_real_processes_that_died_meanwhile_are_dropped_at_load(tmp_path):
+@pytest.mark.integration
+def test_real_processes_that_died_meanwhile_are_dropped_at_load(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)
     uuid = node.mig_uuids(0)[0]
@@ -90,7 +93,7 @@ def test_real_processes_that_died_meanwhile_are_dropped_at_load(tmp_path):
     assert [p.pid for p in again.gpu(0).processes] == [os.getpid()]
 
 
-def test_every_mutation_is_on_disk_at_once(tmp_path):
+def test_every_mutation_is_on_disk_at_once(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)
     with Nvml.open() as nvml:
@@ -101,7 +104,7 @@ def test_every_mutation_is_on_disk_at_once(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["node.json"]  # the temporary file was renamed into place
 
 
-def test_a_state_file_of_another_node_is_refused_by_name(tmp_path):
+def test_a_state_file_of_another_node_is_refused_by_name(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     install(SPEC, state_path=path)
     uninstall()
@@ -109,7 +112,7 @@ def test_a_state_file_of_another_node_is_refused_by_name(tmp_path):
         install("a100-40x2", state_path=path)
 
 
-def test_a_corrupt_state_file_is_refused_by_name(tmp_path):
+def test_a_corrupt_state_file_is_refused_by_name(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     path.write_text("{not json")
     with pytest.raises(SimError, match=r"cannot read simulator state file .*node\.json"):
@@ -119,7 +122,7 @@ def test_a_corrupt_state_file_is_refused_by_name(tmp_path):
         install(SPEC, state_path=path)
 
 
-def test_a_state_file_breaking_placement_rules_is_refused(tmp_path):
+def test_a_state_file_breaking_placement_rules_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     install(SPEC, state_path=path)
     uninstall()

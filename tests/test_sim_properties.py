@@ -9,15 +9,16 @@ INSUFFICIENT_RESOURCES, keeps GI IDs unique, and flexmig.nvml's inventory always
 from __future__ import annotations
 
 from ctypes import byref, c_uint
+from typing import Any
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexmig.mig import MODELS, GpuModel
 from flexmig.nvml import Nvml
-from flexmig.sim import install, uninstall
+from flexmig.sim import SimNode, install, uninstall
 
 # nvidia-smi mig -lgipp (same on A100-40/80, H100-80, H200): profile ID -> (allowed starts, size, max instances).
 PUBLISHED = {
@@ -54,7 +55,7 @@ def allowed(placed: dict[int, tuple[int, int]], profile_id: int, start: int) -> 
     return sum(COMPUTE[pid] for pid, _ in placed.values()) + COMPUTE[profile_id] <= 7
 
 
-def check_invariants(model: GpuModel, nvml: Nvml, node, placed: dict[int, tuple[int, int]]) -> None:
+def check_invariants(model: GpuModel, nvml: Nvml, node: SimNode, placed: dict[int, tuple[int, int]]) -> None:
     truth = node.gpu(0)
     # no overlap, GI IDs unique, and exactly what the oracle accepted
     slices = [s for gi in truth.gpu_instances for s in range(gi.start, gi.start + gi.size)]
@@ -79,7 +80,7 @@ def check_invariants(model: GpuModel, nvml: Nvml, node, placed: dict[int, tuple[
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.key)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=ops_strategy)
-def test_random_create_destroy_sequences_keep_every_rule(model: GpuModel, ops) -> None:
+def test_random_create_destroy_sequences_keep_every_rule(model: GpuModel, ops: list[tuple[Any, ...]]) -> None:
     node = install(model.key)
     try:
         with Nvml.open() as nvml:
@@ -98,7 +99,7 @@ def test_random_create_destroy_sequences_keep_every_rule(model: GpuModel, ops) -
         uninstall()
 
 
-def probe_every_start(dev, placed: dict[int, tuple[int, int]]) -> None:
+def probe_every_start(dev: Any, placed: dict[int, tuple[int, int]]) -> None:
     """Every (profile, start) pair: created iff the published rules allow it now (then destroyed again)."""
     for profile_id, (_, size, _) in PUBLISHED.items():
         for start in range(8):
@@ -106,14 +107,18 @@ def probe_every_start(dev, placed: dict[int, tuple[int, int]]) -> None:
             pl = N.c_nvmlGpuInstancePlacement_t(start, size)
             try:
                 gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, byref(pl))
+            except N.NVMLError_InvalidArgument:
+                assert start not in PUBLISHED[profile_id][0], f"{profile_id}@{start} is a published start"
+                continue
             except N.NVMLError_InsufficientResources:
                 assert not ok, f"refused {profile_id}@{start} that the published table allows next to {placed}"
+                assert start in PUBLISHED[profile_id][0], f"{profile_id}@{start} is no placement: INVALID_ARGUMENT"
                 continue
             assert ok, f"accepted {profile_id}@{start} that the published table forbids next to {placed}"
             N.nvmlGpuInstanceDestroy(gi)
 
 
-def _create(dev, profile_id: int, start: int | None, with_ci: bool, placed: dict[int, tuple[int, int]]) -> None:
+def _create(dev: Any, profile_id: int, start: int | None, with_ci: bool, placed: dict[int, tuple[int, int]]) -> None:
     size = PUBLISHED[profile_id][1]
     fits = [s for s in PUBLISHED[profile_id][0] if allowed(placed, profile_id, s)]
     expected = bool(fits) if start is None else allowed(placed, profile_id, start)
@@ -123,8 +128,13 @@ def _create(dev, profile_id: int, start: int | None, with_ci: bool, placed: dict
         else:
             pl = N.c_nvmlGpuInstancePlacement_t(start, size)
             gi = N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, byref(pl))
+    except N.NVMLError_InvalidArgument:
+        assert start is not None, "INVALID_ARGUMENT without a placement"
+        assert start not in PUBLISHED[profile_id][0], f"{profile_id}@{start} is a published start"
+        return
     except N.NVMLError_InsufficientResources:
         assert not expected, f"refused {profile_id}@{start} that the published table allows"
+        assert start is None or start in PUBLISHED[profile_id][0], f"{profile_id}@{start}: INVALID_ARGUMENT"
         return
     assert expected, f"accepted {profile_id}@{start} that the published table forbids"
     info = N.nvmlGpuInstanceGetInfo(gi)
@@ -139,12 +149,12 @@ def _create(dev, profile_id: int, start: int | None, with_ci: bool, placed: dict
         N.nvmlGpuInstanceCreateComputeInstance(gi, prof.id)
 
 
-def _destroy(dev, pick: int, cis_first: bool, placed: dict[int, tuple[int, int]]) -> None:
+def _destroy(dev: Any, pick: int, cis_first: bool, placed: dict[int, tuple[int, int]]) -> None:
     if not placed:
         return
     gi_id = sorted(placed)[pick % len(placed)]
     gi = N.nvmlDeviceGetGpuInstanceById(dev, gi_id)
-    cis = []
+    cis: list[Any] = []
     for idx in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
         try:
             prof = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, idx, 0)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 from ctypes import byref
 
-import pynvml as N
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.nvml import GpmWindows, Nvml
 from flexmig.sim import install, uninstall
 
 
-def test_sweeps_on_another_thread_survive_concurrent_changes_and_end_consistent():
+def test_sweeps_on_another_thread_survive_concurrent_changes_and_end_consistent() -> None:
     node = install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6")
     try:
         nvml = Nvml.open()

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,12 +20,12 @@ from flexmig.act.records import JobRecord, Slot
 from flexmig.config import Config, ControlConfig, PlannerConfig, StateConfig, parse_config
 from flexmig.errors import PlanRejectedError
 from flexmig.jobs.spec import JobPolicy, load_job_spec
-from flexmig.mig import A100_40, H200
-from flexmig.plan import Planner, validate_plan
+from flexmig.mig import A100_40, H200, GpuModel
+from flexmig.plan import Planner, PlannerSettings, validate_plan
 from flexmig.sim.workload import SyntheticWorkload
 from flexmig.wiring.actuator import ActuatorPaths
 from flexmig.wiring.planning import parse_request, planner_settings, planning_state
-from jobs_support import counter_spec, write_spec
+from support.jobs import counter_spec, write_spec
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
@@ -58,7 +59,8 @@ def truth() -> dict[int, list[tuple[int, int, str, str, int]]]:
         sim.uninstall()
 
 
-def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(status: dict) -> None:
+@pytest.mark.integration
+def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(status: dict[str, Any]) -> None:
     got = {
         g["index"]: sorted(
             (i["gpu_instance_id"], i["start"], i["profile"], i["uuid"], i["memory_total_bytes"]) for i in g["instances"]
@@ -73,7 +75,8 @@ def test_status_json_lists_every_gpu_and_instance_as_the_simulator_holds_them(st
         assert (g["free_compute_slices"], g["free_memory_slices"]) == (1, 1)
 
 
-def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(status: dict) -> None:
+@pytest.mark.integration
+def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(status: dict[str, Any]) -> None:
     roles = SyntheticWorkload(seed=0)
     for g in status["gpus"]:
         for i in g["instances"]:
@@ -83,7 +86,8 @@ def test_status_shows_the_demo_workloads_processes_where_its_roles_put_them(stat
             assert i["job"] is None
 
 
-def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: dict) -> None:
+@pytest.mark.integration
+def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: dict[str, Any]) -> None:
     frag = status["fragmentation"]
     assert frag["free_compute_slices"] == 2 and frag["external_score"] == 1.0
     kinds = sorted((f["kind"], f["gpu"]) for f in status["findings"])
@@ -99,6 +103,7 @@ def test_status_reports_fragmentation_and_the_findings_of_its_one_sweep(status: 
     assert idle == expected and idle
 
 
+@pytest.mark.integration
 def test_status_for_people_shows_each_gpu_its_instances_and_findings() -> None:
     out = flexmig("status", "--sim", SPEC)
     assert out.returncode == 0, out.stderr
@@ -108,12 +113,14 @@ def test_status_for_people_shows_each_gpu_its_instances_and_findings() -> None:
     assert "finding: fragmentation" in out.stdout and "external fragmentation 1.00" in out.stdout
 
 
+@pytest.mark.integration
 def test_status_without_a_daemon_says_where_it_looked() -> None:
     out = flexmig("status", "--socket", "/nonexistent/flexmig.sock")
     assert out.returncode == 1
     assert "cannot reach the flexmig daemon at /nonexistent/flexmig.sock" in out.stderr
 
 
+@pytest.mark.integration
 def test_plan_on_a_simulated_node_places_what_if_requests_around_the_demo_workload() -> None:
     out = flexmig("plan", "--sim", SPEC, "--json", "--request", "2x1g.18gb", "--request", "2g.35gb")
     assert out.returncode == 0, out.stderr
@@ -139,6 +146,7 @@ def test_plan_on_a_simulated_node_places_what_if_requests_around_the_demo_worklo
     assert doc["cost_s"] == sum(a["cost_s"] for a in doc["actions"]) and doc["executes"] is False
 
 
+@pytest.mark.integration
 def test_plan_for_people_lists_actions_reasons_and_what_is_left_alone() -> None:
     out = flexmig("plan", "--sim", SPEC, "--request", "1g.18gb")
     assert out.returncode == 0, out.stderr
@@ -149,6 +157,7 @@ def test_plan_for_people_lists_actions_reasons_and_what_is_left_alone() -> None:
     assert empty.returncode == 0 and "nothing worth doing" in empty.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("request_", "why"),
     [
@@ -166,11 +175,15 @@ def test_a_bad_what_if_request_is_refused_naming_it(request_: str, why: str) -> 
 # ------------------------------------------------------------------------------------ the planner's view
 
 
-def view(*instances: InstanceView, gpus: int = 1, lost: frozenset[int] = frozenset(), model=H200) -> NodeView:
+def view(
+    *instances: InstanceView, gpus: int = 1, lost: frozenset[int] = frozenset(), model: GpuModel = H200
+) -> NodeView:
     return NodeView(tuple(instances), tuple((g, model) for g in range(gpus)), lost)
 
 
-def inst(gpu: int, start: int, profile: str, pids: frozenset[int] | None = frozenset(), uuid: str | None = "MIG-x"):
+def inst(
+    gpu: int, start: int, profile: str, pids: frozenset[int] | None = frozenset(), uuid: str | None = "MIG-x"
+) -> InstanceView:
     return InstanceView(gpu, start, profile, start + 1, uuid, pids)
 
 
@@ -246,7 +259,8 @@ def test_the_planner_table_maps_onto_planner_settings() -> None:
         "x.toml",
     ).planner
     s = planner_settings(cfg)
-    assert (s.gain_margin, s.settling_s, s.checkpoint_s, s.restart_s, s.resplit, s.migrate) == (
+    assert s.gain_margin == 0.5
+    assert (s.gain_ratio, s.settling_s, s.checkpoint_s, s.restart_s, s.resplit, s.migrate) == (
         1.5,
         10.0,
         1.0,
@@ -259,7 +273,12 @@ def test_the_planner_table_maps_onto_planner_settings() -> None:
 
 def test_the_planner_cost_defaults_are_the_measured_ones() -> None:
     d = PlannerConfig()
-    assert (d.checkpoint_s, d.restart_s) == (3.0, 6.0)  # bench/migration.py and the torch example, see config.py
+    assert (d.checkpoint_s, d.restart_s) == (3.0, 6.0)  # bench/migration.py and the torch example, see PlannerSettings
+
+
+def test_a_daemon_without_a_planner_table_plans_with_the_planners_own_defaults() -> None:
+    assert planner_settings(parse_config("", "x.toml").planner) == PlannerSettings()
+    assert PlannerSettings().gain_ratio == pytest.approx(1.1)
 
 
 def test_a_simulated_node_keeps_its_journal_and_socket_apart_from_the_real_nodes(tmp_path: Path) -> None:

@@ -9,9 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+import pytest
+
 from flexmig.telemetry.host import HostSource, read_cgroup
 
 
+@pytest.mark.integration
 def test_a_live_process_reports_user_cmdline_rss_and_cpu_from_the_second_read() -> None:
     busy = "print('ready', flush=True)\nwhile True: sum(range(10000))"
     child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE)
@@ -24,8 +28,13 @@ def test_a_live_process_reports_user_cmdline_rss_and_cpu_from_the_second_read() 
         assert first.cmdline is not None and first.cmdline[0] == sys.executable
         assert first.rss_bytes is not None and first.rss_bytes > 0
         assert first.cpu_ratio is None  # a rate needs two readings
-        # let the child burn some CPU, then read again one (fake) second later
-        time.sleep(0.3)
+        # let the child burn some CPU (its CPU time moves on past the first reading), then read again one (fake)
+        # second later
+        cpu = psutil.Process(child.pid).cpu_times
+        burnt, deadline = cpu().user + cpu().system, time.monotonic() + 30
+        while cpu().user + cpu().system <= burnt:
+            assert time.monotonic() < deadline, "the child used no CPU time in 30 s"
+            time.sleep(0.01)
         now[0] = 1.0
         second = source.read([child.pid])[child.pid]
         assert second.cpu_ratio is not None and second.cpu_ratio > 0
@@ -34,6 +43,7 @@ def test_a_live_process_reports_user_cmdline_rss_and_cpu_from_the_second_read() 
         child.wait()
 
 
+@pytest.mark.integration
 def test_a_vanished_process_is_left_out_and_its_history_dropped() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

@@ -25,18 +25,17 @@ from flexmig import __version__
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction
-from flexmig.sim import SimNode
-from flexmig.telemetry.backend import Backend, open_backend
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.sampler import SamplingLoop, dcgm_loop, periodic_step
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
 from flexmig.wiring import wire
+from flexmig.wiring.backend import Backend, DemoWorkload, open_backend
 
 __all__ = ["Daemon", "build_parser", "config_secrets", "main", "serve", "setup_logging"]
 
@@ -169,7 +168,12 @@ class Daemon:
         server: MetricsServer | None = None
         try:
             self.backend = await self.worker.call(
-                open_backend, self.sim_spec, self.settings.gpm, self.clock, self.sim_state
+                open_backend,
+                self.sim_spec,
+                self.settings.gpm,
+                self.clock,
+                self.sim_state,
+                sim_workload=self.sim_workload,
             )
             host = HostSource(clock=self.clock) if self.settings.host else None
             dcgm = None
@@ -211,8 +215,8 @@ class Daemon:
                 tasks = [tg.create_task(self.sampler.run(), name="sampling")]
                 if dcgm is not None:
                     tasks.append(tg.create_task(dcgm_loop(dcgm, self.settings.dcgm_interval_s), name="dcgm"))
-                if self.backend.node is not None and self.sim_workload:
-                    step = self._workload_step(self.backend.node)
+                if self.backend.workload is not None:
+                    step = self._workload_step(self.backend.workload)
                     tasks.append(
                         tg.create_task(
                             periodic_step(self.worker, step, self.settings.interval_s, self.clock), name="workload"
@@ -244,12 +248,12 @@ class Daemon:
             self.worker.shutdown()
             notifier.close()
 
-    def _workload_step(self, node: SimNode) -> Callable[[float], None]:
+    def _workload_step(self, workload: DemoWorkload) -> Callable[[float], None]:
         """The demo workload's step, leaving alone the instances the actuator uses (read on the NVML thread)."""
         actuator = self.components.actuator
 
         def step(now: float) -> None:
-            node.step_workload(now, exclude=actuator.workload_exclude)
+            workload(now, exclude=actuator.workload_exclude)
 
         return step
 

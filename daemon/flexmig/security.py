@@ -25,6 +25,7 @@ __all__ = [
     "Secret",
     "attach_redaction",
     "check_file_permissions",
+    "check_stat_permissions",
     "default_trusted_uids",
     "read_secret_file",
     "redact",
@@ -53,13 +54,21 @@ def check_file_permissions(path: Path, kind: FileKind, trusted_uids: Collection[
     share them). Raises :class:`ConfigError` naming the file and the rule it breaks, with the ``chmod``/``chown``
     that fixes it.
     """
-    uids = default_trusted_uids() if trusted_uids is None else frozenset(trusted_uids)
     try:
         st = path.stat()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    check_stat_permissions(path, st, kind, trusted_uids)
+
+
+def check_stat_permissions(
+    path: Path, st: os.stat_result, kind: FileKind, trusted_uids: Collection[int] | None = None
+) -> None:
+    """:func:`check_file_permissions` for a file already stat'ed: a reader that opened the file checks the
+    ``fstat`` of what it opened, so a file swapped after the check is not the one read."""
+    uids = default_trusted_uids() if trusted_uids is None else frozenset(trusted_uids)
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{path}: not a regular file")
     mode = stat.S_IMODE(st.st_mode)

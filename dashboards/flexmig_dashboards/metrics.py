@@ -1,10 +1,11 @@
 """Every metric the dashboards and alert rules query, in one place, with who exports it and since when.
 
 The dashboards and rules never spell a metric name that is not listed here (a test parses every expression and
-checks). ``exported`` says whether its source exports it today: flexmigd's families are the ones in the README
-metrics table (``daemon/flexmig/export/prometheus.py``, ``findings_metrics.py`` and, for the actuator's actions
-and jobs, ``action_metrics.py``). A metric marked ``exported=False`` would be one a dashboard expects before its
-source exports it (its panels show "No data" and the integration test says which metric it waits for).
+checks). ``exported`` says whether its source exports it today: flexmigd's families are the ones in the metric
+reference of docs/metrics.md (``daemon/flexmig/export/prometheus.py``, ``findings_metrics.py`` and, for the
+actuator's actions and jobs, ``action_metrics.py``). A metric marked ``exported=False`` would be one a dashboard
+expects before its source exports it (its panels show "No data" and the integration test says which metric it waits
+for).
 
 ``condition`` names what must be true for the series to carry samples at all (a family can be exported and
 still have no series: host CPU exists only for processes the host can see).

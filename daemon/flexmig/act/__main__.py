@@ -19,15 +19,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flexmig import sim
-from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
 from flexmig.act.events import LoggingSink
 from flexmig.act.journal import StepEvent
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError
 from flexmig.jobs.spec import JobPolicy
-from flexmig.nvml import Nvml
+from flexmig.nvml import NvmlWorker
+from flexmig.wiring.backend import open_backend
 
 __all__ = ["main", "parse_args", "run"]
 
@@ -54,18 +52,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | None = None) -> int:
     """Run until SIGTERM/SIGINT."""
-    devices: DeviceProcessTable = DriverProcessTable()
-    if args.sim:
-        node = sim.install(args.sim, state_path=args.sim_state)
-        devices = SimProcessTable(node)
-    nvml = Nvml.open()
-    offload = ThreadOffload()
+    backend = open_backend(args.sim or None, False, sim_state=args.sim_state, sim_workload=False)
+    worker = NvmlWorker()
     state: Path = args.state_dir
     act = Actuator.build(
         mode=args.mode,
-        nvml=nvml,
-        offload=offload,
-        devices=devices,
+        nvml=backend.nvml,
+        offload=worker.call,
+        devices=backend.devices,
         journal_path=state / "journal.sqlite3",
         logs_dir=state / "logs",
         policy=JobPolicy(tuple(args.allow_dir), default_ack_timeout_s=args.ack_timeout),
@@ -87,9 +81,9 @@ async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | N
             server.cancel()
     finally:
         await act.close()
-        offload.close()
+        worker.shutdown()
         with contextlib.suppress(Exception):
-            nvml.close()
+            backend.close()
     return 0
 
 

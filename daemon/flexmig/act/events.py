@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Event", "EventSink", "LoggingSink", "MemorySink", "MultiSink"]
+__all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink", "MultiSink"]
 
 #: Event kinds (the last segment of the MQTT topic).
 KINDS = frozenset(
@@ -32,8 +32,8 @@ KINDS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    """One thing the actuator did or saw.
+class ActEvent:
+    """One thing the actuator did or saw (the fleet's versioned form is ``flexmig.export.events.Event``).
 
     ``kind`` is one of ``KINDS``; ``action`` names the action (``migrate``, ``resplit``, ``start``, ``stop``,
     ``create_instance``, ``destroy_instance``, ``restart``); ``time_s`` is wall-clock time (epoch seconds);
@@ -70,7 +70,7 @@ class Event:
 class EventSink(Protocol):
     """Where events go. ``emit`` is called on the event loop and must return at once."""
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: ActEvent) -> None:
         """Take one event."""
 
 
@@ -80,7 +80,7 @@ class LoggingSink:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("flexmig.act.events")
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: ActEvent) -> None:
         """Log the event."""
         level = logging.WARNING if event.kind in ("action_failed", "job_failed") else logging.INFO
         self.logger.log(level, "%s", json.dumps(event.to_json(), sort_keys=True))
@@ -90,13 +90,13 @@ class MemorySink:
     """Keeps events in a list (tests, the control API's recent-events view)."""
 
     def __init__(self) -> None:
-        self.events: list[Event] = []
+        self.events: list[ActEvent] = []
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: ActEvent) -> None:
         """Append the event."""
         self.events.append(event)
 
-    def of_kind(self, kind: str) -> list[Event]:
+    def of_kind(self, kind: str) -> list[ActEvent]:
         """The events of one kind, oldest first."""
         return [e for e in self.events if e.kind == kind]
 
@@ -107,7 +107,7 @@ class MultiSink:
     def __init__(self, sinks: Iterable[EventSink]) -> None:
         self.sinks = tuple(sinks)
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: ActEvent) -> None:
         """Emit to every sink."""
         for sink in self.sinks:
             try:

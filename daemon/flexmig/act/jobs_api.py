@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.act.control import Handler, RequestError
-from flexmig.act.executor import Executor, PlanResult, new_job_uid
+from flexmig.act.encoding import StopPayload, encode
+from flexmig.act.executor import Executor, new_job_uid
 from flexmig.act.placement import choose_targets, move_plan, node_model, start_plan
 from flexmig.act.records import JobRecord
+from flexmig.act.results import PlanResult
 from flexmig.errors import JobSpecError, PlanRejectedError
 from flexmig.hook.protocol import Ack
 from flexmig.jobs.spec import JobPolicy, JobSpec, load_job_spec
@@ -215,5 +217,5 @@ class JobsApi:
         self._running(name)
         if self.ex.mode == "advise":
             raise PlanRejectedError(f"mode is 'advise': would stop job {name}; nothing done")
-        res = await self.ex.execute_encoded([("stop", name, {"force": force, "reason": "operator request"})], "control")
+        res = await self.ex.execute_encoded([encode(StopPayload(force, "operator request"), name)], "control")
         return res.to_json()

@@ -2,20 +2,17 @@
 
 NVML calls block (a GPU-instance create can take seconds on hardware), and reconfiguration steps must never
 interleave with each other or with a sampling sweep half-way through re-enumeration, so every call goes through an
-:class:`Offload`: the daemon passes the function that runs work on its single NVML thread; standalone, a
-:class:`ThreadOffload` owns one.
+:class:`Offload`: the :meth:`~flexmig.nvml.worker.NvmlWorker.call` of the process's one NVML worker thread.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from flexmig.nvml.types import Inventory, MigDeviceInfo
 
-__all__ = ["MigOps", "NvmlLike", "NvmlMigOps", "Offload", "ThreadOffload"]
+__all__ = ["MigOps", "NvmlLike", "NvmlMigOps", "Offload"]
 
 _T = TypeVar("_T")
 
@@ -25,21 +22,6 @@ class Offload(Protocol):
 
     def __call__(self, fn: Callable[[], _T]) -> Awaitable[_T]:
         """Schedule ``fn``; the awaitable gives its result or raises its exception."""
-
-
-class ThreadOffload:
-    """An :class:`Offload` with its own single worker thread (the daemon passes its shared one instead)."""
-
-    def __init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexmig-nvml")
-
-    def __call__(self, fn: Callable[[], _T]) -> Awaitable[_T]:
-        """Run ``fn`` on the worker thread."""
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn)
-
-    def close(self) -> None:
-        """Stop the worker thread (after the running call finishes)."""
-        self._pool.shutdown(wait=True)
 
 
 class NvmlLike(Protocol):

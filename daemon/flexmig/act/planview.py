@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from flexmig.act.records import JobRecord
 from flexmig.mig.catalogue import GpuModel
+from flexmig.mig.need import need_mib
 from flexmig.plan.types import Instance, JobRequest, RankNeed, RunningJob
 
 __all__ = ["job_request", "pending_requests", "running_jobs"]
@@ -22,7 +23,7 @@ def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
         plan_need = RankNeed(profile=need.profile)
         memory_mib = model.profile(need.profile).memory_mib
     else:
-        memory_mib = int((need.memory_gib or 0.0) * 1024)
+        memory_mib = need_mib(need.memory_gib or 0.0)  # rounded up, as at submit: the same profile either way
         plan_need = RankNeed(memory_mib=memory_mib, compute_slices=need.compute_slices or 0)
     return JobRequest(
         name=rec.name,

@@ -2,7 +2,7 @@
 
 The daemon builds one :class:`Actuator` in its TaskGroup::
 
-    act = Actuator.build(mode=cfg.mode, nvml=nvml, offload=nvml_thread, devices=DriverProcessTable(),
+    act = Actuator.build(mode=cfg.mode, nvml=nvml, offload=worker.call, devices=DriverProcessTable(),
                          journal_path=cfg.state.journal, logs_dir=cfg.state.directory / "logs",
                          policy=JobPolicy(cfg.jobs.allowed_dirs, default_ack_timeout_s=cfg.jobs.ack_timeout_s),
                          events=mqtt_sink)
@@ -27,13 +27,15 @@ from typing import Any, Literal
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import EventSink
-from flexmig.act.executor import Executor, Mode, PlanResult
+from flexmig.act.executor import Executor
 from flexmig.act.jobs_api import JobsApi
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
 from flexmig.act.records import AckPlacement
+from flexmig.act.results import PlanResult
 from flexmig.act.supervisor import Supervisor
+from flexmig.config import Mode
 from flexmig.jobs.spec import JobPolicy
 from flexmig.plan.types import Plan, PlannerSettings
 

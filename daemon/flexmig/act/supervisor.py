@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from flexmig.act.devices import DeviceProcessTable
-from flexmig.act.events import Event, EventSink
+from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.migops import Offload
 from flexmig.act.procs import AdoptedProcess, FoundRank, Launcher, LaunchRequest, RankProcess
 from flexmig.act.records import AckPlacement, JobRecord, Slot
@@ -237,7 +237,7 @@ class Supervisor:
             await self._attach(h)
             self._watch(rec.name, h)
         self.events.emit(
-            Event(
+            ActEvent(
                 kind="job_started",
                 time_s=self.wall(),
                 job=rec.name,
@@ -286,7 +286,7 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 await self.offload(lambda: self.devices.detach(h.place.uuid, h.proc.pid))
         self.events.emit(
-            Event(
+            ActEvent(
                 kind="job_exited",
                 time_s=self.wall(),
                 job=job,

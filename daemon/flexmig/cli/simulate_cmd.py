@@ -2,7 +2,8 @@
 
 Prints the figures (or JSON with ``--json``), shows a progress bar on stderr, and with ``--plot`` draws
 utilization, queue length and fragmentation over time. The trace mapping, the load, the time compression and
-the policies are described in docs/replay.md.
+the policies are described in docs/replay.md. Moves are charged replay's own costs, those of large training jobs
+(``flexmig.replay.costs``), not flexmigd's ``[planner]`` defaults; ``--costs daemon`` starts from those instead.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from flexmig.errors import TraceError
 from flexmig.plan.types import PlannerSettings
+from flexmig.replay.costs import REPLAY_SETTINGS
 
 __all__ = ["register", "run"]
 
@@ -48,8 +51,8 @@ def _efficiency(text: str) -> float:
 
 def register(sub: Any) -> None:
     """Add the ``simulate`` subcommand."""
-    from flexmig.sim.replay.run import POLICIES  # noqa: PLC0415 - keep `flexmig --help` light
-    from flexmig.sim.replay.trace import ELASTIC_RULES  # noqa: PLC0415
+    from flexmig.replay.run import POLICIES  # noqa: PLC0415 - keep `flexmig --help` light
+    from flexmig.replay.trace import ELASTIC_RULES  # noqa: PLC0415
 
     p: argparse.ArgumentParser = sub.add_parser(
         "simulate", help="replay a GPU-cluster trace on a simulated MIG node", description=__doc__
@@ -70,14 +73,27 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-gap", type=_positive, default=1800.0, metavar="S", help="with --load: longest gap between arrivals"
     )
-    defaults = PlannerSettings()
-    p.add_argument("--checkpoint-s", type=_non_negative, default=defaults.checkpoint_s, help="checkpoint time")
-    p.add_argument("--restart-s", type=_non_negative, default=defaults.restart_s, help="restart time after a move")
+    replay_costs = REPLAY_SETTINGS
     p.add_argument(
-        "--reconfigure-s", type=_non_negative, default=defaults.reconfigure_s, help="one instance create/destroy"
+        "--costs",
+        choices=("replay", "daemon"),
+        default="replay",
+        help="action costs to start from: replay's, for large training jobs (default: checkpoint "
+        f"{replay_costs.checkpoint_s:g} s, restart {replay_costs.restart_s:g} s, create/destroy "
+        f"{replay_costs.reconfigure_s:g} s, settling {replay_costs.settling_s:g} s, gain margin "
+        f"{replay_costs.gain_margin:g}), or flexmigd's [planner] defaults, measured on small examples; the "
+        "options below override single costs",
     )
+    p.add_argument("--checkpoint-s", type=_non_negative, metavar="S", help="checkpoint time")
+    p.add_argument("--restart-s", type=_non_negative, metavar="S", help="restart time after a move")
+    p.add_argument("--reconfigure-s", type=_non_negative, metavar="S", help="one instance create/destroy")
+    p.add_argument("--settling-s", type=_non_negative, metavar="S", help="no job moves twice within this")
+    p.add_argument("--gain-margin", type=_non_negative, metavar="M", help="a move must gain (1 + M) times its cost")
     p.add_argument(
-        "--spread-efficiency", type=_efficiency, default=defaults.spread_efficiency, help="speed of a spread job"
+        "--spread-efficiency",
+        type=_efficiency,
+        metavar="E",
+        help=f"speed of a spread job (default {replay_costs.spread_efficiency:g})",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -85,13 +101,15 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Replay, then print (and plot)."""
-    from flexmig.sim.replay.run import ReplayConfig, prepare, run_policy, static_eligibility  # noqa: PLC0415
+    from flexmig.replay.run import ReplayConfig, prepare, run_policy, static_eligibility  # noqa: PLC0415
 
-    settings = PlannerSettings(
-        checkpoint_s=args.checkpoint_s,
-        restart_s=args.restart_s,
-        reconfigure_s=args.reconfigure_s,
-        spread_efficiency=args.spread_efficiency,
+    settings = replace(
+        REPLAY_SETTINGS if args.costs == "replay" else PlannerSettings(),
+        **{
+            name: value
+            for name in ("checkpoint_s", "restart_s", "reconfigure_s", "settling_s", "gain_margin", "spread_efficiency")
+            if (value := getattr(args, name)) is not None
+        },
         resplit=not args.no_resplit,
         migrate=not args.no_migrate,
     )
@@ -123,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         if not result.samples:
             raise TraceError(f"policy {args.policy} replays nothing, so there is nothing to plot")
-        from flexmig.sim.replay.plot import plot_timeline  # noqa: PLC0415
+        from flexmig.replay.plot import plot_timeline  # noqa: PLC0415
 
         plot_timeline(result.samples, prep.capacity, args.plot, title=f"{args.policy} on {prep.info['node']}")
         figures["plot"] = str(args.plot)

@@ -23,7 +23,7 @@ _SIZE = re.compile(r"^(?P<g>[1-7])g$")
 
 @dataclass(frozen=True, slots=True)
 class DemandMix:
-    """Shapes of requests and their relative weights (the FGD "target workload", academic.md §2.7)."""
+    """Shapes of requests and their relative weights (the "target workload" of FGD, Weng et al., ATC '23)."""
 
     weights: tuple[tuple[str, float], ...]
 

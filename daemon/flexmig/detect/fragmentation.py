@@ -1,6 +1,6 @@
 """External fragmentation of a GPU and a node: free capacity, stranded capacity, and a demand-weighted score.
 
-**External fragmentation score** (FGD, Weng et al., ATC '23, adapted to MIG as in academic.md §2.7). For a GPU
+**External fragmentation score** (FGD, Weng et al., ATC '23, adapted to MIG's placements). For a GPU
 ``g`` with ``free(g)`` free compute slices and a request shape ``m`` (a profile):
 
 * ``F_g(m) = free(g)`` when no instance of ``m`` can be created on ``g`` now, else ``0``: free capacity that a

@@ -21,7 +21,7 @@ DEFAULT_DEMAND: tuple[tuple[str, float], ...] = (
     ("7g", 0.10),
 )
 """The request mix assumed when no recent requests are known: skewed to small instances, because MIG is chosen
-for jobs smaller than a GPU (and FGD's Alibaba trace is dominated by fractional-GPU tasks, academic.md §2.7), with
+for jobs smaller than a GPU (and FGD's Alibaba trace is dominated by fractional-GPU tasks), with
 some weight on whole GPUs so that a node which can no longer host one shows as fragmented. Shapes name compute
 slices (``3g``: the plain 3-slice profile of the GPU's model) or an exact profile (``1g.35gb``)."""
 
@@ -114,7 +114,7 @@ def settings_from_thresholds(
     """Settings from the daemon's ``[detect]`` table (flat keys; ``demand`` maps compute slices to weights).
 
     The table's defaults equal :class:`DetectSettings`'s, so a daemon without a ``[detect]`` table detects exactly
-    what the README documents (a test keeps the two equal).
+    what docs/detection.md documents (a test keeps the two equal).
     """
     underuse = UnderuseSettings(
         activity_enter=activity,

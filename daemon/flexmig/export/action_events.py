@@ -1,4 +1,4 @@
-"""The actuator's events (``flexmig.act.events.Event``) as fleet events (``flexmig.export.events.Event``).
+"""The actuator's events (``flexmig.act.events.ActEvent``) as fleet events (``flexmig.export.events.Event``).
 
 The actuator reports what it does in its own terms: an action ID, the action's kind, the job, the steps' durations,
 a free-form ``detail``. The fleet gets versioned events on ``<prefix>/<node>/events/<kind>`` whose payloads
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flexmig.act.events import Event as ActEvent
+from flexmig.act.events import ActEvent
 from flexmig.export.events import Event, EventFactory, EventKind
 from flexmig.plan.types import CreateInstance, DestroyInstance, MigrateJob, Plan, ResplitJob, StartJob
 

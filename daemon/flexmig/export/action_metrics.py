@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from flexmig.act.events import Event as ActEvent
+from flexmig.act.events import ActEvent
 from flexmig.act.records import JOB_STATES
 from flexmig.telemetry.snapshot import Snapshot
 

@@ -28,27 +28,31 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 
 from flexmig.config import HostPort
 from flexmig.errors import ConfigError, OutboxError
-from flexmig.export.broker import BrokerConnection, check_tls_pair, client_arguments
+from flexmig.export.broker import (
+    ConnectionFailure,
+    ConnectionSettings,
+    check_node_topics,
+    client_arguments,
+    connection_fields,
+    reconnect_forever,
+    refused_login,
+)
 from flexmig.export.cancellation import honour_cancel
-from flexmig.export.events import NODE_NAME, Event
+from flexmig.export.events import Event
 from flexmig.export.outbox import Outbox
 
 if TYPE_CHECKING:
     from flexmig.config import MqttConfig
 
-__all__ = ["MqttPublisher", "PublisherSettings", "PublisherStats", "backoff_delay", "topic_for"]
+__all__ = ["MqttPublisher", "PublisherSettings", "PublisherStats", "topic_for"]
 
 log = logging.getLogger(__name__)
-
-_TOPIC_PREFIX_LEVEL = NODE_NAME  # same alphabet: no wildcards, no empty levels
-_AUTH_CODES = frozenset({4, 5, 134, 135})  # MQTT 3.1.1 bad user name or password / not authorised; MQTT 5 equivalents
 
 
 def topic_for(prefix: str, node: str, leaf: str) -> str:
@@ -56,41 +60,24 @@ def topic_for(prefix: str, node: str, leaf: str) -> str:
     return f"{prefix}/{node}/{leaf}"
 
 
-@dataclass(frozen=True, slots=True)
-class PublisherSettings:
-    """Where and how to publish. ``broker`` is ``host:port`` text, parsed when ``run`` starts so that a bad one
-    is logged and does not stop the daemon; :meth:`from_config` builds these from the daemon's ``[mqtt]`` table."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublisherSettings(ConnectionSettings):
+    """Where and how to publish (the login and retry fields are :class:`ConnectionSettings`'). ``broker`` is
+    ``host:port`` text, parsed when ``run`` starts so that a bad one is logged and does not stop the daemon;
+    :meth:`from_config` builds these from the daemon's ``[mqtt]`` table."""
 
     node: str
     broker: str = "127.0.0.1:1883"
     topic_prefix: str = "flexmig/v1"
     client_id: str = ""
     """Empty: ``flexmig-<node>``, stable across restarts so the broker sees one client per node."""
-    keepalive_s: int = 30
-    username: str | None = None
-    password_file: Path | None = None
-    """First line is the password; read (permissions checked) at every connection attempt, never logged."""
-    tls: bool = False
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    connect_timeout_s: float = 10.0
     publish_timeout_s: float = 10.0
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
     log_repeat_s: float = 900.0
     """A failure of the same kind is logged again at most this often (with the count of those not logged)."""
-    trusted_uids: frozenset[int] | None = None
-    """Owners a password file may have (None: root and the current user)."""
 
     def __post_init__(self) -> None:
-        if not NODE_NAME.fullmatch(self.node):
-            raise ConfigError(f"MQTT node name {self.node!r} is not one topic level ([A-Za-z0-9][A-Za-z0-9._-]*)")
-        if not all(_TOPIC_PREFIX_LEVEL.fullmatch(level) for level in self.topic_prefix.split("/")):
-            raise ConfigError(f"MQTT topic prefix {self.topic_prefix!r}: levels must be [A-Za-z0-9._-], no wildcards")
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            raise ConfigError("MQTT backoff: need 0 < backoff_initial_s <= backoff_max_s")
-        check_tls_pair(self)
+        check_node_topics(self.node, self.topic_prefix)
+        ConnectionSettings.__post_init__(self)
 
     @property
     def identifier(self) -> str:
@@ -100,13 +87,12 @@ class PublisherSettings:
     @classmethod
     def from_config(cls, cfg: MqttConfig, node: str, trusted_uids: Collection[int] | None = None) -> PublisherSettings:
         """Settings from the daemon's validated ``[mqtt]`` configuration."""
-        connection = BrokerConnection.from_config(cfg, trusted_uids)
         return cls(
             node=node,
-            broker=str(connection.broker),
+            broker=str(cfg.broker),
             topic_prefix=cfg.topic_prefix,
             client_id=cfg.client_id,
-            **connection.login_fields(),
+            **connection_fields(cfg, trusted_uids),
         )
 
 
@@ -122,13 +108,6 @@ class PublisherStats:
     dropped_total: int
     """Events the bounded outbox dropped (oldest first) because it was full."""
     last_error: str | None
-
-
-def backoff_delay(failures: int, initial: float, cap: float, rng: random.Random) -> float:
-    """Seconds to wait after ``failures`` consecutive failures: exponential from ``initial``, capped at ``cap``,
-    with "equal jitter" (half fixed, half random) so a fleet of nodes does not reconnect in lockstep."""
-    base = min(cap, initial * float(1 << min(max(0, failures - 1), 32)))
-    return base / 2 + rng.uniform(0, base / 2)
 
 
 class _FailureLog:
@@ -162,12 +141,6 @@ class _FailureLog:
         self._key, self._suppressed = None, 0
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 class MqttPublisher:
     """Publishes status, state and events for one node. Create it, start ``run()`` as a task, call ``emit`` and
     ``set_state`` from the same event loop; cancel the task to stop (it says ``offline`` first)."""
@@ -195,7 +168,6 @@ class MqttPublisher:
         self._state: str | None = None
         self._state_sent: str | None = None
         self._connected = False
-        self._session_up = False
         self._sent = 0
         self._connect_failures = 0
         self._last_error: str | None = off
@@ -265,23 +237,14 @@ class MqttPublisher:
         """Publish until cancelled. Never raises for broker, network, TLS or credential trouble. While publishing
         is off (a malformed broker address) it waits for :meth:`resume`; :meth:`emit` still stores every event."""
         address = await self._address()
-        s = self.settings
-        failures = 0
-        while True:
-            self._session_up = False
-            try:
-                await self._session(address)
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # whatever the network does, the daemon goes on
-                failures = 1 if self._session_up else failures + 1
-                self._connect_failures += 0 if self._session_up else 1
-                key, message = self._describe(_leaf(exc), address)
-                self._last_error = message
-                self._failures.failure(key, message)
-            honour_cancel()  # a cancellation swallowed by wait_for ends here, not in another round of backoff
-            await asyncio.sleep(backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s, self._rng))
+
+        def failed(failure: ConnectionFailure) -> None:
+            self._connect_failures += 0 if failure.was_up else 1
+            key, message = self._describe(failure.error, address, failure.was_up)
+            self._last_error = message
+            self._failures.failure(key, message)
+
+        await reconnect_forever(self.settings, lambda connected: self._session(address, connected), failed, self._rng)
 
     async def _address(self) -> HostPort:
         """The broker's address, once there is a usable one (a malformed one is logged once, then waited out)."""
@@ -302,15 +265,16 @@ class MqttPublisher:
             self._resumed.clear()
             await self._resumed.wait()
 
-    async def _session(self, address: HostPort) -> None:
+    async def _session(self, address: HostPort, connected: Callable[[], None]) -> None:
         s = self.settings
         client = aiomqtt.Client(
-            **client_arguments(s, address, s.identifier, s.connect_timeout_s),
+            **client_arguments(s, address, s.identifier),
             will=aiomqtt.Will(self.status_topic, "offline", qos=1, retain=True),
             clean_session=True,
         )
         async with client:
-            self._connected = self._session_up = True
+            self._connected = True
+            connected()
             self._state_sent = None  # the broker may have restarted without our retained state
             self._failures.reset()
             queued = len(self.outbox) + len(self._unsaved)
@@ -372,7 +336,7 @@ class MqttPublisher:
                 return
             self._unsaved.popleft()
 
-    def _describe(self, exc: BaseException, address: HostPort) -> tuple[str, str]:
+    def _describe(self, exc: BaseException, address: HostPort, was_up: bool) -> tuple[str, str]:
         """(kind of failure, one clear line naming the broker, the cause, and what happens next)."""
         s = self.settings
         queued = len(self.outbox) + len(self._unsaved)
@@ -381,7 +345,7 @@ class MqttPublisher:
             f"{queued} event(s) wait in {self.outbox.path}"
         )
         text = str(exc) or type(exc).__name__
-        if isinstance(exc, aiomqtt.MqttCodeError) and getattr(exc.rc, "value", exc.rc) in _AUTH_CODES:
+        if refused_login(exc):
             who = f"user {s.username!r}" if s.username else "an anonymous client"
             return "auth", (
                 f"MQTT broker {address} refused the login of {who} ({text}): check mqtt.username and "
@@ -392,7 +356,7 @@ class MqttPublisher:
         lowered = text.lower()
         if "ssl" in lowered or "certificate" in lowered or isinstance(exc, ssl.SSLError):
             return "tls", f"MQTT TLS handshake with {address} failed: {text}{tail}"
-        if self._session_up or "disconnect" in lowered or "closed" in lowered:
+        if was_up or "disconnect" in lowered or "closed" in lowered:
             return "lost", f"MQTT lost the connection to {address}: {text}{tail}"
         if "timed out" in lowered:
             return "timeout", f"MQTT broker {address} did not answer within {s.connect_timeout_s:g} s{tail}"

@@ -1,6 +1,6 @@
 """The Prometheus exporter: one custom collector over the latest immutable snapshot, and its HTTP server.
 
-Rules (DESIGN.md, Outputs):
+Rules:
 
 * a scrape never calls NVML: :meth:`SnapshotCollector.collect` only reads the snapshot the sampling loop last
   published (one reference read, so a scrape on the server's thread sees one whole sweep);

@@ -15,7 +15,7 @@ Standard library only, so any job can import it::
 
 Distributed jobs must agree on the step at which they stop (the signal reaches ranks at slightly different
 moments): :func:`flexmig.hook.torch.should_checkpoint` all-reduces the flag. The protocol itself is documented in
-the README ("Checkpoint hook protocol").
+docs/jobs.md ("Checkpoint hook protocol").
 """
 
 from __future__ import annotations

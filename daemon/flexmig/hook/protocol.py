@@ -1,8 +1,8 @@
 """The hook protocol's shared vocabulary: environment variable names, the acknowledgement, the signals.
 
 Both sides use this module: the training script (through :mod:`flexmig.hook`) and the daemon (``flexmig.act``).
-Standard library only. The names and the acknowledgement's JSON shape are a stable interface (README, "Checkpoint
-hook protocol"); change them only with a new protocol version.
+Standard library only. The names and the acknowledgement's JSON shape are a stable interface (docs/jobs.md,
+"Checkpoint hook protocol"); change them only with a new protocol version.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
 #: returning (a batch job that exits on its own completes, and a completed job can no longer be requeued).
 ENV_ACK_WAIT = "FLEXMIG_ACK_WAIT_S"
 #: The collective backend the launcher recommends: ranks on MIG instances have no CUDA P2P between them and
-#: NCCL's multi-rank-per-GPU mode is experimental (academic.md §1.3), so flexmig says ``gloo``.
+#: NCCL's multi-rank-per-GPU mode is experimental (NCCL_MULTI_RANK_GPU_ENABLE, NCCL 2.30), so flexmig says ``gloo``.
 ENV_DIST_BACKEND = "FLEXMIG_DIST_BACKEND"
 # Reserved for the daemon: how it recognises its ranks after a restart. Jobs must not rely on them.
 ENV_JOB_ID = "FLEXMIG_JOB_ID"

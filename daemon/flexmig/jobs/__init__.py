@@ -5,8 +5,8 @@ from flexmig.jobs.spec import (
     HookSettings,
     JobPolicy,
     JobSpec,
-    Launcher,
-    RankNeed,
+    LauncherKind,
+    NeedSpec,
     load_job_spec,
     parse_job_spec,
 )
@@ -16,8 +16,8 @@ __all__ = [
     "HookSettings",
     "JobPolicy",
     "JobSpec",
-    "Launcher",
-    "RankNeed",
+    "LauncherKind",
+    "NeedSpec",
     "load_job_spec",
     "parse_job_spec",
 ]

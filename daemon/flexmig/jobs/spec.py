@@ -14,30 +14,33 @@ import os
 import pwd
 import re
 import signal
-import stat
 import tomllib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flexmig.errors import ConfigError, JobSpecError
+from flexmig.config.keys import find_key_line, join_key
+from flexmig.config.problems import ConfigFileError, type_name
+from flexmig.config.trusted import read_trusted_text
+from flexmig.errors import JobSpecError
 from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
 from flexmig.mig.catalogue import MODELS, GpuModel, Profile
-from flexmig.security import check_file_permissions
+from flexmig.mig.need import fitting_profile, need_mib
 
 __all__ = [
     "RESERVED_ENV",
     "HookSettings",
     "JobPolicy",
     "JobSpec",
-    "Launcher",
-    "RankNeed",
+    "LauncherKind",
+    "NeedSpec",
     "load_job_spec",
     "parse_job_spec",
 ]
 
-Launcher = Literal["plain", "torchrun"]
+#: How a job's ranks are started: ``plain`` runs argv once per rank, ``torchrun`` through torch elastic.
+LauncherKind = Literal["plain", "torchrun"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
@@ -91,8 +94,12 @@ class JobPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class RankNeed:
-    """What one rank needs: a named MIG profile, or memory and compute to pick the smallest profile that fits."""
+class NeedSpec:
+    """A spec's ``[need]`` table: what one rank needs, a named MIG profile or memory (GiB) and compute slices.
+
+    :meth:`profile_on` picks the profile by the one rule of :func:`flexmig.mig.need.fitting_profile`, which the
+    planner follows too (through :func:`flexmig.act.planview.job_request`).
+    """
 
     profile: str | None = None
     memory_gib: float | None = None
@@ -108,12 +115,13 @@ class RankNeed:
         """The profile a rank gets on ``model``; ValueError when no profile of that model can satisfy the need."""
         if self.profile:
             return model.profile(self.profile)  # KeyError lists the model's profiles
-        mem_mib = (self.memory_gib or 0.0) * 1024
-        comp = self.compute_slices or 1
-        fits = [p for p in model.plain_profiles if p.memory_mib >= mem_mib and p.compute_slices >= comp]
-        if not fits:
+        try:
+            fit = fitting_profile(model, need_mib(self.memory_gib or 0.0), self.compute_slices or 1)
+        except ValueError:  # not a finite amount of memory
+            fit = None
+        if fit is None:
             raise ValueError(f"no MIG profile of {model.key} offers {self.describe()}")
-        return min(fits, key=lambda p: (p.compute_slices, p.memory_slices, p.memory_mib))
+        return fit
 
     def possible_anywhere(self) -> bool:
         """True when some supported GPU model has a profile that satisfies this need."""
@@ -148,8 +156,8 @@ class JobSpec:
     ranks_min: int
     ranks_max: int
     ranks_start: int
-    need: RankNeed
-    launcher: Launcher = "plain"
+    need: NeedSpec
+    launcher: LauncherKind = "plain"
     hook: HookSettings = HookSettings()
     env: tuple[tuple[str, str], ...] = ()
     source: Path | None = None
@@ -201,128 +209,33 @@ class _Ctx:
         self.source = source
         self.text = text
 
-    def fail(self, key: str, why: str) -> JobSpecError:
+    def fail(self, key: str, why: str, *, at: str | None = None) -> JobSpecError:
+        """The error for ``key``, with the line where ``at`` (default: ``key``; a dotted TOML key) is set."""
         where = str(self.source) if self.source else "<job spec>"
-        line = _line_of(self.text, key) if self.text else None
-        at = f":{line}" if line else ""
-        return JobSpecError(f"{where}{at}: {key}: {why}")
-
-
-def _line_of(text: str, dotted: str) -> int | None:
-    """The 1-based line where ``dotted`` (``hook.signal``, ``argv``) is assigned, if it can be found."""
-    parts = dotted.split(".")
-    table, key = (".".join(parts[:-1]), parts[-1]) if len(parts) > 1 else ("", parts[0])
-    current = ""
-    key_re = re.compile(rf"^\s*(?:\"{re.escape(key)}\"|{re.escape(key)})\s*=")
-    header = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\s*(#.*)?$")
-    dotted_re = re.compile(rf"^\s*{re.escape(dotted)}\s*=")
-    for n, line in enumerate(text.splitlines(), start=1):
-        m = header.match(line)
-        if m:
-            current = m.group(1).replace('"', "").replace(" ", "")
-            if not key and current == table:
-                return n
-            continue
-        if current == table and key_re.match(line):
-            return n
-        if current == "" and table and dotted_re.match(line):
-            return n
-        if current == "" and table == "" and key_re.match(line):
-            return n
-    if table:
-        for n, line in enumerate(text.splitlines(), start=1):
-            m = header.match(line)
-            if m and m.group(1).replace('"', "").replace(" ", "") == table:
-                return n
-    return None
+        line = find_key_line(self.text, at or key) if self.text else None
+        shown = f":{line}" if line else ""
+        return JobSpecError(f"{where}{shown}: {key}: {why}")
 
 
 def load_job_spec(path: Path, policy: JobPolicy) -> JobSpec:
     """Read, check and return the job spec at ``path``; JobSpecError names the file, key and line of any fault.
 
-    Permissions are checked before the file is parsed: a spec someone else could have written is refused unread.
-    So is anything but an ordinary file of at most 64 KiB (see :func:`_read_spec`). Blocks on the file system:
-    the daemon calls it off its event loop.
+    The file is read as the daemon's configuration is (:func:`~flexmig.config.trusted.read_trusted_text`): a spec
+    someone else could have written, anything but an ordinary file, and a file over 64 KiB are refused unread.
+    Blocks on the file system: the daemon calls it off its event loop.
     """
     path = Path(path).absolute()
-    if policy.check_permissions:
-        _check_permissions(path, policy.trusted_uids)
-    raw = _read_spec(path)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise JobSpecError(f"{path}: job spec is not UTF-8 text") from None
-    return parse_job_spec(text, policy, source=path)
-
-
-def _read_spec(path: Path) -> bytes:
-    """The bytes of the spec file at ``path``, read only once it is known to be safe to read.
-
-    Refused unread (JobSpecError naming the file): anything that is not a regular file (a FIFO would block the
-    reader forever, a device may act on being opened) and a file whose size is over the limit (``/proc/kcore``
-    claims terabytes). A file that holds other than its stated size (``/proc`` and ``/sys`` files say 0 bytes and
-    yield more; a file being written) is refused after at most its size plus one byte has been read.
-    """
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise JobSpecError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    _check_readable(path, st)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-            raise JobSpecError(f"{path}: refused: the file was replaced while it was being opened")
-        _check_readable(path, opened)
-        chunks: list[bytes] = []
-        left = opened.st_size + 1  # one byte more than stated tells a file that holds more than it says
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) != opened.st_size:
-        raise JobSpecError(
-            f"{path}: refused: holds other than the {opened.st_size} bytes its size says "
-            "(a /proc or /sys file, or one being written)"
+        text = read_trusted_text(
+            path,
+            what="job spec",
+            max_bytes=_MAX_SPEC_BYTES,
+            trusted_uids=policy.trusted_uids,
+            check_permissions=policy.check_permissions,
         )
-    return raw
-
-
-def _check_readable(path: Path, st: os.stat_result) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise JobSpecError(f"{path}: refused: not a regular file ({_file_kind(st.st_mode)})")
-    if st.st_size > _MAX_SPEC_BYTES:
-        raise JobSpecError(f"{path}: job spec larger than {_MAX_SPEC_BYTES} bytes ({st.st_size} bytes)")
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not an ordinary file")
-
-
-def _check_permissions(path: Path, trusted: Collection[int]) -> None:
-    try:
-        check_file_permissions(path, "config", trusted)
-    except ConfigError as exc:
+    except ConfigFileError as exc:
         raise JobSpecError(str(exc)) from None
+    return parse_job_spec(text, policy, source=path)
 
 
 def parse_job_spec(text: str, policy: JobPolicy, source: Path | None = None) -> JobSpec:
@@ -344,14 +257,15 @@ def _build(
     for key in data:
         if key not in _TOP_KEYS and key not in _TABLES:
             known = ", ".join(sorted(_TOP_KEYS | set(_TABLES)))
-            raise c.fail(key, f"unknown key (known keys: {known})")
+            raise c.fail(key, f"unknown key (known keys: {known})", at=join_key("", key))
     for table, keys in _TABLES.items():
         sub = data.get(table, {})
         if not isinstance(sub, dict):
-            raise c.fail(table, f"must be a table ([{table}]), not {_tname(sub)}")
+            raise c.fail(table, f"must be a table ([{table}]), not {type_name(sub)}")
         for key in sub:
             if key not in keys:
-                raise c.fail(f"{table}.{key}", f"unknown key (known keys in [{table}]: {', '.join(sorted(keys))})")
+                known = f"known keys in [{table}]: {', '.join(sorted(keys))}"
+                raise c.fail(f"{table}.{key}", f"unknown key ({known})", at=join_key(table, key))
 
     name = _str(c, data, "name", required=True)
     if not _NAME.match(name):
@@ -416,17 +330,6 @@ def _build(
     )
 
 
-def _tname(v: object) -> str:
-    return {
-        str: "a string",
-        int: "an integer",
-        float: "a number",
-        bool: "a boolean",
-        list: "an array",
-        dict: "a table",
-    }.get(type(v), type(v).__name__)
-
-
 def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> str:
     if key not in data:
         if required:
@@ -434,7 +337,7 @@ def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> 
         return ""
     v = data[key]
     if not isinstance(v, str):
-        raise c.fail(key, f"must be a string, not {_tname(v)}")
+        raise c.fail(key, f"must be a string, not {type_name(v)}")
     if "\x00" in v or "\n" in v:
         raise c.fail(key, "must not contain NUL or newline characters")
     return v
@@ -443,14 +346,14 @@ def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> 
 def _int(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: int) -> int:
     v = table.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise c.fail(dotted, f"must be an integer, not {_tname(v)}")
+        raise c.fail(dotted, f"must be an integer, not {type_name(v)}")
     return v
 
 
 def _num(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: float) -> float:
     v = table.get(key, default)
     if not isinstance(v, int | float) or isinstance(v, bool):
-        raise c.fail(dotted, f"must be a number, not {_tname(v)}")
+        raise c.fail(dotted, f"must be a number, not {type_name(v)}")
     return float(v)
 
 
@@ -461,12 +364,12 @@ def _argv(c: _Ctx, data: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(v, str):
         raise c.fail("argv", "must be a list of arguments, not a string: flexmig never runs a shell")
     if not isinstance(v, list) or not v:
-        raise c.fail("argv", f"must be a non-empty list of strings, not {_tname(v)}")
+        raise c.fail("argv", f"must be a non-empty list of strings, not {type_name(v)}")
     if len(v) > _MAX_ARGV:
         raise c.fail("argv", f"more than {_MAX_ARGV} arguments")
     for i, a in enumerate(v):
         if not isinstance(a, str):
-            raise c.fail("argv", f"argument {i} must be a string, not {_tname(a)}")
+            raise c.fail("argv", f"argument {i} must be a string, not {type_name(a)}")
         if "\x00" in a or len(a) > _MAX_ARG_LEN:
             raise c.fail("argv", f"argument {i} holds a NUL character or is longer than {_MAX_ARG_LEN}")
     prog = v[0]
@@ -509,7 +412,7 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
 def _env(c: _Ctx, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     v = data.get("env", {})
     if not isinstance(v, dict):
-        raise c.fail("env", f'must be a table of NAME = "value", not {_tname(v)}')
+        raise c.fail("env", f'must be a table of NAME = "value", not {type_name(v)}')
     out: list[tuple[str, str]] = []
     for k, val in v.items():
         if not _ENV_NAME.match(k):
@@ -517,14 +420,14 @@ def _env(c: _Ctx, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         if k in RESERVED_ENV or k.startswith(("FLEXMIG_", "TORCHELASTIC_")):
             raise c.fail("env", f"{k} is set by flexmig and may not be overridden")
         if not isinstance(val, str):
-            raise c.fail("env", f"{k} must be a string, not {_tname(val)}")
+            raise c.fail("env", f"{k} must be a string, not {type_name(val)}")
         if "\x00" in val:
             raise c.fail("env", f"{k} holds a NUL character")
         out.append((k, val))
     return tuple(sorted(out))
 
 
-def _need(c: _Ctx, need: Mapping[str, Any]) -> RankNeed:
+def _need(c: _Ctx, need: Mapping[str, Any]) -> NeedSpec:
     profile = _str(c, need, "profile") or None
     mem = need.get("memory_gib")
     comp = need.get("compute_slices")
@@ -540,7 +443,7 @@ def _need(c: _Ctx, need: Mapping[str, Any]) -> RankNeed:
         comp = _int(c, need, "need.compute_slices", "compute_slices", 1)
         if comp not in (1, 2, 3, 4, 7):
             raise c.fail("need.compute_slices", f"{comp} is not a MIG compute size (1, 2, 3, 4 or 7)")
-    rn = RankNeed(profile=profile, memory_gib=mem, compute_slices=comp)
+    rn = NeedSpec(profile=profile, memory_gib=mem, compute_slices=comp)
     if profile is not None:
         if any(ch in _SHELL_META for ch in profile):
             raise c.fail("need.profile", f"{profile!r} is not a MIG profile name")

@@ -14,6 +14,7 @@ from flexmig.mig.catalogue import (
 )
 from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout, PlacedInstance
+from flexmig.mig.need import fitting_profile, need_mib
 from flexmig.mig.nodespec import NodeSpec, parse_node_spec
 
 __all__ = [
@@ -28,8 +29,10 @@ __all__ = [
     "NodeSpec",
     "PlacedInstance",
     "Profile",
+    "fitting_profile",
     "maximal_layouts",
     "model_by_key",
     "model_by_name",
+    "need_mib",
     "parse_node_spec",
 ]

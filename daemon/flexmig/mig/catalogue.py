@@ -2,8 +2,7 @@
 
 Why a catalogue of our own: the simulator must answer NVML's profile queries exactly as a driver does, and the
 pure planner must reason about placements without a driver. Sources: NVIDIA MIG User Guide ("Supported MIG
-Profiles", ``nvidia-smi mig -lgip``/``-lgipp`` transcripts), summarised in shared/reference/academic.md §3 and
-apis.md §1.5.
+Profiles", ``nvidia-smi mig -lgip``/``-lgipp`` transcripts; the H200 figures from NVIDIA/mig-parted issue #120).
 
 Two traps this module keeps apart on purpose:
 
@@ -171,7 +170,13 @@ class GpuModel:
 
 
 def _profiles(
-    mem_gb: dict[str, str], mem_mib: dict[str, int], sms: dict[str, int], ce7: int, dec: dict[str, int]
+    mem_gb: dict[str, str],
+    mem_mib: dict[str, int],
+    sms: dict[str, int],
+    ce7: int,
+    dec: dict[str, int],
+    *,
+    jpeg: dict[str, int] | None = None,
 ) -> tuple[Profile, ...]:
     """Build the seven profiles shared by A100/H100/H200 geometry; only names, memory, SMs and engines differ."""
     rows = (
@@ -203,7 +208,7 @@ def _profiles(
                 copy_engines=ce7 if comp == 7 else comp,
                 decoders=dec[key],
                 encoders=0,
-                jpegs=1 if key in ("1g+me", "7g") else 0,
+                jpegs=jpeg[key] if jpeg is not None else (1 if key in ("1g+me", "7g") else 0),
                 ofas=1 if key in ("1g+me", "7g") else 0,
             )
         )
@@ -213,7 +218,10 @@ def _profiles(
 _A100_SM = {"1g": 14, "1g+me": 14, "1g2m": 14, "2g": 28, "3g": 42, "4g": 56, "7g": 98}
 _HOPPER_SM = {"1g": 16, "1g+me": 16, "1g2m": 26, "2g": 32, "3g": 60, "4g": 64, "7g": 132}
 _A100_DEC = {"1g": 0, "1g+me": 1, "1g2m": 1, "2g": 1, "3g": 2, "4g": 2, "7g": 5}
-_HOPPER_DEC = {"1g": 1, "1g+me": 1, "1g2m": 1, "2g": 1, "3g": 3, "4g": 4, "7g": 7}
+# Hopper engines as `nvidia-smi mig -lgip` prints them on H100/H200 (and the MIG User Guide's H200 table):
+# NVDEC 1/1/1/2/3/4/7 and JPEG 1/1/1/2/3/4/7 for 1g/1g+me/1g.2m/2g/3g/4g/7g; OFA only on 1g+me and 7g.
+_HOPPER_DEC = {"1g": 1, "1g+me": 1, "1g2m": 1, "2g": 2, "3g": 3, "4g": 4, "7g": 7}
+_HOPPER_JPEG = dict(_HOPPER_DEC)
 
 A100_40 = GpuModel(
     key="a100-40",
@@ -259,6 +267,7 @@ H100_80 = GpuModel(
         _HOPPER_SM,
         8,
         _HOPPER_DEC,
+        jpeg=_HOPPER_JPEG,
     ),
 )
 H200 = GpuModel(
@@ -275,6 +284,7 @@ H200 = GpuModel(
         _HOPPER_SM,
         8,
         _HOPPER_DEC,
+        jpeg=_HOPPER_JPEG,
     ),
 )
 

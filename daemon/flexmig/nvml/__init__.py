@@ -1,4 +1,5 @@
-"""flexmig's NVML layer, the only code that imports pynvml: inventory, sampling (with GPM), MIG create/destroy.
+"""flexmig's NVML layer, the only production code that imports pynvml: inventory, sampling (with GPM), MIG
+create/destroy, and the one worker thread every NVML call runs on.
 
 NVML errors never leave this package as pynvml exceptions: reads record them as :class:`NvmlIssue` and give None,
 actions raise :class:`~flexmig.errors.NvmlCallError` subclasses.
@@ -18,6 +19,7 @@ from flexmig.nvml.types import (
     NvmlIssue,
     ProcessInfo,
 )
+from flexmig.nvml.worker import NvmlWorker
 
 __all__ = [
     "ComputeInstanceInfo",
@@ -31,5 +33,6 @@ __all__ = [
     "MigDeviceSample",
     "Nvml",
     "NvmlIssue",
+    "NvmlWorker",
     "ProcessInfo",
 ]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
-from flexmig.nvml.calls import GPU_IS_LOST, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, GpuLost, Walk
+from flexmig.nvml.calls import GPU_IS_LOST, INVALID_ARGUMENT, NO_PERMISSION, NOT_FOUND, NOT_SUPPORTED, GpuLost, Walk
 
-__all__ = ["CiProfile", "GiProfile", "GpuCache", "MigHandle", "MigStatic"]
+__all__ = ["CiProfile", "GiProfile", "GpuCache", "MigHandle", "MigStatic", "memory_info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +94,7 @@ class GpuCache:
         if self.name is None:
             self.name = walk.get(self.target, N.nvmlDeviceGetName, h)
         if self.memory_total is None:
-            mem = walk.get(self.target, N.nvmlDeviceGetMemoryInfo, h)
+            mem = memory_info(walk, self.target, h)
             self.memory_total = int(mem.total) if mem is not None else None
 
     def gpm_supported(self, walk: Walk) -> bool:
@@ -207,6 +207,22 @@ class GpuCache:
         self.mig_static.clear()
 
 
+def memory_info(walk: Walk, target: str, handle: Any) -> Any:
+    """Framebuffer total and used (``nvidia-smi --query-gpu=memory.total,memory.used``), None if NVML cannot say.
+
+    The v2 struct, whose ``used`` is what is allocated: v1's ``used`` also counts the memory the driver reserves,
+    hundreds of MiB on a whole GPU. An idle MIG device still shows a few MiB used, so ``used == 0`` never means
+    idle; the process list does. A driver without v2 gets v1.
+    """
+    try:
+        return N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+    except N.NVMLError as exc:
+        if exc.value != N.NVML_ERROR_FUNCTION_NOT_FOUND:
+            walk.note(target, "nvmlDeviceGetMemoryInfo", exc)
+            return None
+    return walk.get(target, N.nvmlDeviceGetMemoryInfo, handle)
+
+
 def processes(walk: Walk, target: str, handle: Any) -> tuple[Any, ...] | None:
     """Compute processes on a device (``nvidia-smi --query-compute-apps=pid,used_memory``); None if unknown."""
     procs = walk.get(target, N.nvmlDeviceGetComputeRunningProcesses, handle)
@@ -215,8 +231,12 @@ def processes(walk: Walk, target: str, handle: Any) -> tuple[Any, ...] | None:
     return tuple(procs)
 
 
-def gpu_instances(walk: Walk, handle: Any, profile: GiProfile) -> list[Any]:
-    """Handles of the GPU instances of one profile (``nvmlDeviceGetGpuInstances``, caller-allocated array)."""
+def gpu_instances(walk: Walk, handle: Any, profile: GiProfile) -> list[Any] | None:
+    """Handles of the GPU instances of one profile (``nvmlDeviceGetGpuInstances``, caller-allocated array).
+
+    None when the caller may not list GPU instances at all (NO_PERMISSION: nvml.h says the call "Requires
+    privileged user"), so the walk asks no other profile; a failure for this one profile gives ``[]``.
+    """
     arr = (N.c_nvmlGpuInstance_t * max(1, profile.instance_count))()
     count = c_uint(0)
     try:
@@ -225,7 +245,7 @@ def gpu_instances(walk: Walk, handle: Any, profile: GiProfile) -> list[Any]:
         if exc.value == GPU_IS_LOST:
             raise GpuLost(str(profile.id)) from exc
         walk.note(f"profile {profile.name}", "nvmlDeviceGetGpuInstances", exc)
-        return []
+        return None if exc.value == NO_PERMISSION else []
     return [arr[i] for i in range(count.value)]
 
 

@@ -45,10 +45,11 @@ NOT_SUPPORTED = N.NVML_ERROR_NOT_SUPPORTED
 GPU_IS_LOST = N.NVML_ERROR_GPU_IS_LOST
 NOT_FOUND = N.NVML_ERROR_NOT_FOUND
 INVALID_ARGUMENT = N.NVML_ERROR_INVALID_ARGUMENT
+NO_PERMISSION = N.NVML_ERROR_NO_PERMISSION
 
 
 def error_name(code: int) -> str:
-    """``IN_USE`` for 19; log names and codes, never ``str(err)`` (apis.md §1.2)."""
+    """``IN_USE`` for 19; log names and codes, never ``str(err)`` (pynvml has no text for 19, 23 and others)."""
     return _NAMES.get(code, f"UNKNOWN_{code}")
 
 

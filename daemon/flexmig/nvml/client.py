@@ -24,8 +24,16 @@ from flexmig.errors import (
     NvmlNotFoundError,
     NvmlUnavailableError,
 )
-from flexmig.nvml.cache import GiProfile, GpuCache, MigHandle, compute_instances, gpu_instances, processes
-from flexmig.nvml.calls import GpuLost, Walk, call_error, error_name, nvml_call
+from flexmig.nvml.cache import (
+    GiProfile,
+    GpuCache,
+    MigHandle,
+    compute_instances,
+    gpu_instances,
+    memory_info,
+    processes,
+)
+from flexmig.nvml.calls import INVALID_ARGUMENT, GpuLost, Walk, call_error, error_name, nvml_call
 from flexmig.nvml.gpm import GpmWindows
 from flexmig.nvml.types import (
     ComputeInstanceInfo,
@@ -35,6 +43,7 @@ from flexmig.nvml.types import (
     Inventory,
     MigDeviceInfo,
     MigDeviceSample,
+    NvmlIssue,
     ProcessInfo,
 )
 
@@ -155,7 +164,10 @@ class Nvml:
         """``nvidia-smi mig -lgi`` and ``-lci``: every GI by profile, with its compute instances."""
         out: list[GpuInstanceInfo] = []
         for prof in g.profiles(walk).values():
-            for gi in gpu_instances(walk, g.handle, prof):
+            found = gpu_instances(walk, g.handle, prof)
+            if found is None:
+                break  # not privileged: MIG devices are still listed, from their own handles
+            for gi in found:
                 info = walk.get(g.target, N.nvmlGpuInstanceGetInfo, gi)
                 if info is None:
                     continue
@@ -186,7 +198,10 @@ class Nvml:
         return tuple(sorted(out, key=lambda i: i.id))
 
     def _mig_info(self, g: GpuCache, m: MigHandle, walk: Walk) -> MigDeviceInfo:
-        mem = walk.get(m.uuid, N.nvmlDeviceGetMemoryInfo, m.handle)
+        mem = memory_info(walk, m.uuid, m.handle)
+        procs = processes(walk, m.uuid, m.handle)
+        if not _still(walk, m):
+            mem = procs = None
         return MigDeviceInfo(
             index=m.index,
             uuid=m.uuid,
@@ -194,7 +209,7 @@ class Nvml:
             compute_instance_id=m.static.ci_id,
             memory_total_bytes=None if mem is None else int(mem.total),
             memory_used_bytes=None if mem is None else int(mem.used),
-            processes=_procs(processes(walk, m.uuid, m.handle)),
+            processes=_procs(procs),
         )
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -255,8 +270,10 @@ class Nvml:
                 gpm.keep(uuid)
 
     def _mig_sample(self, g: GpuCache, m: MigHandle, gpm: GpmWindows | None, walk: Walk) -> MigDeviceSample:
-        mem = walk.get(m.uuid, N.nvmlDeviceGetMemoryInfo, m.handle)
+        mem = memory_info(walk, m.uuid, m.handle)
         procs = _procs(processes(walk, m.uuid, m.handle))
+        if not _still(walk, m):
+            mem, procs = None, None
         activity = None if gpm is None else gpm.activity(walk, g.handle, m.static.gi_id, m.uuid)
         return MigDeviceSample(
             uuid=m.uuid,
@@ -393,6 +410,25 @@ class Nvml:
             nvml_call(target, N.nvmlGpuInstanceDestroy, gi)
         finally:
             g.forget_mig()
+
+
+def _still(walk: Walk, m: MigHandle) -> bool:
+    """Whether ``m``'s handle still names the MIG device it was enumerated as.
+
+    nvml.h: a destroyed instance's handle "would remain invalid [...] Handles may be reused and their properties
+    can change in the process". A repartition by anyone between the enumeration and the reads can hand the
+    handle to a new device, so the reads are kept only if the handle still answers with the same UUID; else
+    they are dropped and the issue recorded (the next sweep enumerates again).
+    """
+    try:
+        now = N.nvmlDeviceGetUUID(m.handle)
+    except N.NVMLError as exc:
+        walk.note(m.uuid, "nvmlDeviceGetUUID", exc)
+        return False
+    if now == m.uuid:
+        return True
+    walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", INVALID_ARGUMENT, "HANDLE_REUSED", m.uuid))
+    return False
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """GPM windows: per-MIG-device activity from pairs of GPM samples taken on successive sweeps.
 
-The rules (apis.md §1.8, after nvidia_gpu_exporter PR #466):
+The rules (after utkuozdemir/nvidia_gpu_exporter PR #466):
 
 * a metric needs two samples more than 100 ms apart: when sweeps come faster, the previous value is served again
   and no new sample is taken;

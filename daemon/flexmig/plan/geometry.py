@@ -88,7 +88,7 @@ class Geometry:
     def value(self, key: LayoutKey, weights: tuple[float, ...]) -> float:
         """Demand-weighted usable capacity, in compute slices: ``sum_m w_m * creatable_m * compute_m``.
 
-        This is FGD's fragmentation measure turned around (academic.md §2.7): FGD counts the free capacity a
+        This is FGD's fragmentation measure (Weng et al., ATC '23) turned around: FGD counts the free capacity a
         typical request cannot use; this counts what each request shape *can* use, weighted by how popular the
         shape is. A placement that lowers it least leaves the GPU most useful for the demand to come.
         """

@@ -4,10 +4,10 @@ Rules every move obeys:
 
 * only jobs marked movable, never a blocked instance, and never a job moved (or started) less than
   ``settling_s`` ago, nor one already moved in this plan;
-* a move happens only when its expected gain is at least ``gain_margin`` times its cost. The cost of moving a job
-  is its downtime (``move_cost``) plus, when it ends up slower (spread), the extra run time that costs it; the gain
-  of unblocking the head is the wait it is spared (until its reservation, or ``unknown_wait_s``), the gain of a
-  consolidation the run time the job saves at full speed;
+* a move happens only when its expected gain is at least ``gain_ratio`` (1 + ``gain_margin``) times its cost. The
+  cost of moving a job is its downtime (``move_cost``) plus, when it ends up slower (spread), the extra run time
+  that costs it; the gain of unblocking the head is the wait it is spared (until its reservation, or
+  ``unknown_wait_s``), the gain of a consolidation the run time the job saves at full speed;
 * at most ``max_moves`` moves per plan.
 
 Order inside a plan: the moved job's new instances are created first (its old ones are still held, so the two
@@ -128,7 +128,7 @@ class Mover:
             gain = reservation.start_s - self.now_s
         else:
             gain = self.settings.unknown_wait_s
-        need = self.settings.gain_margin
+        need = self.settings.gain_ratio
         for target in self._targets(nominal, gain)[:_MAX_TRIALS]:
             self.scratch.begin()
             cost = self._clear(target, nominal)
@@ -158,7 +158,7 @@ class Mover:
                 if not all(self.movable(n) for n in names):
                     continue
                 cost = sum(self.move_cost(self.running[n]) for n in names)
-                if gain < self.settings.gain_margin * cost:
+                if gain < self.settings.gain_ratio * cost:
                     continue
                 out.append(_Target(cost, tuple(names), g, s))
         out.sort(key=lambda t: (t.cost, len(t.owners), t.gpu, t.start))
@@ -202,7 +202,7 @@ class Mover:
                 continue
             gain = job.remaining_s * (1.0 - speed)
             cost = self.move_cost(job)
-            if gain < self.settings.gain_margin * cost:
+            if gain < self.settings.gain_ratio * cost:
                 continue
             tag = f"{name}\x00moving"
             got = self.scratch.place_shape(tag, nominal, self.weights, gpus, f"consolidate {name}")

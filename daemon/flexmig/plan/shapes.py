@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.need import fitting_profile
 from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
 
 __all__ = ["Shape", "covers", "nominal_shape", "profile_for_need", "shapes_for", "speed_of"]
@@ -34,23 +35,21 @@ class Shape:
 def profile_for_need(model: GpuModel, need: RankNeed) -> Profile:
     """The profile one rank of ``need`` gets on ``model``.
 
-    A named profile is taken as is. Otherwise the smallest plain profile (fewest compute slices, then fewest memory
-    slices) with at least ``compute_slices`` compute slices and ``memory_mib`` memory. PlanRejectedError when no
-    profile of the model is that large, or the name is unknown.
+    A named profile is taken as is. Otherwise the smallest plain profile with at least ``compute_slices`` compute
+    slices and ``memory_mib`` memory, by the one rule of :func:`flexmig.mig.need.fitting_profile`. PlanRejectedError
+    when no profile of the model is that large, or the name is unknown.
     """
     if need.profile is not None:
         try:
             return model.profile(need.profile)
         except KeyError as exc:
             raise PlanRejectedError(str(exc.args[0])) from None
-    fits = [
-        p for p in model.plain_profiles if p.compute_slices >= need.compute_slices and p.memory_mib >= need.memory_mib
-    ]
-    if not fits:
+    fit = fitting_profile(model, need.memory_mib, need.compute_slices)
+    if fit is None:
         raise PlanRejectedError(
             f"no {model.key} profile has {need.compute_slices} compute slice(s) and {need.memory_mib} MiB"
         )
-    return min(fits, key=lambda p: (p.compute_slices, p.memory_slices))
+    return fit
 
 
 def covers(big: Profile, small: Profile) -> bool:

@@ -1,7 +1,7 @@
 """The values the planner reads and writes: jobs, requests, node state, settings, actions and plans.
 
 These types are the contract between ``plan/`` (which builds plans), ``act/`` (which executes them) and
-``sim/replay/`` (which replays traces through the same planner). They are frozen values; nothing here does I/O
+``replay/`` (which replays traces through the same planner). They are frozen values; nothing here does I/O
 or reads a clock.
 
 Identity rules:
@@ -14,7 +14,8 @@ Semantics of a plan (checked by :func:`flexmig.plan.validate.validate_plan`): th
 time. ``CreateInstance``/``DestroyInstance`` change one GPU's layout; a destroyed instance must hold no job. A
 job starts, migrates or re-splits onto instances that exist at that point and that no job holds; the instances it
 leaves stay (free) until a later ``DestroyInstance`` removes them. So every intermediate layout is one the
-hardware accepts (reference/apis.md §1.5), and a job is never on two sets of instances at once.
+hardware accepts (each instance at one of its profile's allowed starts, none overlapping), and a job is never
+on two sets of instances at once.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ class RankNeed:
 
     With ``profile`` set, the rank gets exactly that profile. Otherwise the planner picks the smallest plain
     profile of the node's model with at least ``compute_slices`` compute slices and ``memory_mib`` memory
-    (:func:`flexmig.plan.shapes.profile_for_need`).
+    (:func:`flexmig.plan.shapes.profile_for_need`, by the rule of :func:`flexmig.mig.need.fitting_profile`). A job
+    spec's ``[need]`` (:class:`flexmig.jobs.spec.NeedSpec`, memory in GiB) becomes one of these in
+    :func:`flexmig.act.planview.job_request`.
     """
 
     profile: str | None = None
@@ -162,37 +165,48 @@ class NodeState:
 # --------------------------------------------------------------------------------------------- settings
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
-    """Action costs and planning rules. Costs are estimates in seconds; the actuator's measurements replace them.
+    """Action costs and planning rules: the one set of planner defaults, which ``flexmigd``'s ``[planner]`` table
+    and ``python -m flexmig.act`` start from. Costs are estimates in seconds.
 
     Defaults and why:
 
-    * ``checkpoint_s`` 20: a training step boundary plus writing a state dict of a few GB to local disk;
-    * ``restart_s`` 30: process launch, CUDA context on the new MIG device, loading the checkpoint;
-    * ``reconfigure_s`` 2: one GPU-instance create or destroy (reference/academic.md §3.4: "order of seconds",
-      not measured publicly);
+    * ``checkpoint_s`` 3: from the checkpoint request to the job's ranks having exited, as measured for the torch
+      DDP example (2 ranks, gloo): the acknowledgement comes in 40-90 ms, the ranks exit 2-3 s later;
+    * ``restart_s`` 6: from the relaunch to the job's first step after resuming, measured 4-6 s for the same
+      example (the daemon's own part of a move is about 0.06 s);
+    * ``reconfigure_s`` 5: one GPU-instance create or destroy on hardware ("order of seconds" in public sources;
+      the simulator cannot measure it);
     * ``spread_efficiency`` 0.9: a job spread over several instances (one rank per instance, collectives over
-      host shared memory, no P2P between MIG instances: academic.md §1.3) runs at 90% of the speed its compute
-      slices would give in one instance;
-    * ``settling_s`` 600: a job moved (started, migrated, re-split) is not moved again for ten minutes;
-    * ``gain_margin`` 2: a move happens only when its expected gain is at least twice its cost;
+      host shared memory, as MIG instances have no P2P or NVLink between them) runs at 90% of the speed its
+      compute slices would give in one instance;
+    * ``settling_s`` 300: a job moved (started, migrated, re-split) is not moved again for five minutes;
+    * ``gain_margin`` 0.1: a move happens only when its expected gain is at least (1 + ``gain_margin``) times its
+      cost (:attr:`gain_ratio`), here 1.1 times;
     * ``resplit``/``migrate``/``repartition_busy``: switch the three mechanisms off, e.g. for comparisons
       (``repartition_busy`` off: instances are created only on GPUs where no job runs);
     * ``max_moves`` 8: moves (migrations and re-splits) in one plan, to bound disruption;
     * ``unknown_wait_s`` 1800: how long a blocked job is assumed to wait when the running jobs' remaining times
       are unknown (the gain a move that unblocks it is weighed by).
+
+    Trace replay models larger jobs and uses its own costs (``flexmig.replay.costs.REPLAY_SETTINGS``).
     """
 
-    checkpoint_s: float = 20.0
-    restart_s: float = 30.0
-    reconfigure_s: float = 2.0
+    checkpoint_s: float = 3.0
+    restart_s: float = 6.0
+    reconfigure_s: float = 5.0
     spread_efficiency: float = 0.9
-    settling_s: float = 600.0
-    gain_margin: float = 2.0
+    settling_s: float = 300.0
+    gain_margin: float = 0.1
     resplit: bool = True
     migrate: bool = True
     repartition_busy: bool = True
     max_moves: int = 8
     unknown_wait_s: float = 1800.0
+
+    @property
+    def gain_ratio(self) -> float:
+        """How many times its cost a move must gain: ``1 + gain_margin`` (the one place the margin is converted)."""
+        return 1.0 + self.gain_margin
 
     def move_cost(self, override_s: float | None = None) -> float:
         """Downtime of moving one job: checkpoint plus restart, or the job's own figure."""

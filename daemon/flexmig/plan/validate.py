@@ -3,8 +3,8 @@
 :func:`validate_plan` is what the planner's tests, the replay engine and the actuator (before it touches a GPU)
 run. It checks, at every step:
 
-* each create is a placement the GPU accepts *now* (no overlap, allowed start, instance and compute limits:
-  reference/apis.md §1.5), each destroy names an instance that exists, with its profile, and that nobody holds;
+* each create is a placement the GPU accepts *now* (no overlap, allowed start, instance and compute limits, in
+  memory slices), each destroy names an instance that exists, with its profile, and that nobody holds;
 * a job starts once, from the queue, on instances that exist and are free, in a shape its request allows;
 * a migrated or re-split job is running, movable, not moved within the settling time, moved at most once, and
   lands on instances that exist and are free (or its own);

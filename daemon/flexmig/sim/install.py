@@ -1,6 +1,6 @@
 """Put a simulated node under pynvml for this process, and take it away again.
 
-``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (apis.md §1.9); assigning our
+``pynvml.nvmlLib`` is a plain module global that pynvml loads lazily (only while it is None); assigning our
 :class:`~flexmig.sim.library.SimLibrary` to it makes every pynvml wrapper, in any code in this process (our
 ``flexmig.nvml``, nvitop's API, a script), talk to the simulator through the real ctypes protocol. The installed
 library remembers what it replaced, so no state of our own lives at module level.
@@ -15,13 +15,16 @@ from pathlib import Path
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
+from flexmig.errors import SimError
 from flexmig.mig import NodeSpec, parse_node_spec
 from flexmig.sim.faults import FaultTable
 from flexmig.sim.library import SimLibrary
 from flexmig.sim.model import ci_index
 from flexmig.sim.node import SimNode
 from flexmig.sim.persist import load_state, save_state
-from flexmig.sim.state import NodeState
+from flexmig.sim.recorded import PREFIX as RECORDING
+from flexmig.sim.recorded import RecordedAnswers, load_recording, state_from_recording
+from flexmig.sim.state import SimNodeState
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -35,18 +38,29 @@ def install(
 ) -> SimNode:
     """Install a simulated node described by ``spec`` (``h200x2:3g.71gb@0+2g.35gb@4``) under pynvml.
 
+    ``recording:PATH`` builds the node from a ``flexmig nvml record`` document instead, answering as the
+    recorded driver did (:mod:`flexmig.sim.recorded`).
+
     With ``state_path``, every change is saved there, and an existing file is restored instead of building the
     node from the spec (its model and GPU count must match the spec). ``clock`` drives GPM counters; ``seed``
     fixes the UUIDs and the synthetic workload. A simulator already installed is replaced.
     Raises NodeSpecError for a bad spec and SimError for an unreadable or mismatched state file.
     """
-    node_spec = parse_node_spec(spec)
-    if state_path is not None and state_path.exists():
-        state = load_state(state_path, node_spec.model, node_spec.count, clock)
+    answers: RecordedAnswers | None = None
+    if spec.startswith(RECORDING):
+        if state_path is not None:
+            raise SimError("a node built from a recording keeps no state file: drop the state path")
+        path = Path(spec.removeprefix(RECORDING))
+        state, node_spec, answers = state_from_recording(load_recording(path), path, clock)
     else:
-        state = _build(spec, node_spec, clock, seed)
+        node_spec = parse_node_spec(spec)
+        if state_path is not None and state_path.exists():
+            state = load_state(state_path, node_spec.model, node_spec.count, clock)
+        else:
+            state = _build(spec, node_spec, clock, seed)
     faults = FaultTable()
     library = SimLibrary(state, faults)
+    library.answers = answers
     node = SimNode(node_spec, state, faults, library, state_path=state_path, seed=seed)
     if state_path is not None:
         save_state(state, state_path)
@@ -59,10 +73,10 @@ def install(
     return node
 
 
-def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int) -> NodeState:
+def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int) -> SimNodeState:
     """A fresh node from the spec: UUIDs derived from the spec and seed, the layout created on every GPU."""
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-sim/{spec.strip()}/{seed}")
-    state = NodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock)
+    state = SimNodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock)
     for gpu in state.gpus:
         if node_spec.layout is None:
             gpu.mig_current = gpu.mig_pending = False

@@ -4,7 +4,9 @@ pynvml looks every C symbol up with ``getattr(nvmlLib, name)`` and calls it with
 here is named after a C symbol and speaks the C protocol: it returns an ``nvmlReturn_t`` int, writes outputs
 through ``byref(...)`` arguments (``ref._obj``), fills caller-allocated arrays, and answers a NULL array with the
 count (the size-probe protocol). Handles are pointers to opaque structs that the library keeps alive for its
-whole life, so a stale handle (of a destroyed instance) is recognised and refused instead of being reused.
+whole life; a destroyed instance's handle is refused until a new instance takes its slot, as nvml.h allows
+(:mod:`flexmig.sim.handles`). Device-information families (PCI, BAR1, ECC, NVLink, ...) live in
+:mod:`flexmig.sim.devinfo`; :data:`flexmig.sim.entrypoints.ENTRY_POINTS` says how each call treats a MIG handle.
 
 Every call takes the node's lock: tests change the node from other threads while the daemon calls NVML.
 """
@@ -12,14 +14,23 @@ Every call takes the node's lock: tests change the node from other threads while
 from __future__ import annotations
 
 import ctypes
-import functools
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
+from flexmig.sim.boardcalls import BoardCalls
+from flexmig.sim.cabi import INVALID as _INVALID
+from flexmig.sim.cabi import SUCCESS as _SUCCESS
+from flexmig.sim.cabi import entry as _entry
+from flexmig.sim.cabi import int_arg as _int
+from flexmig.sim.cabi import out as _out
+from flexmig.sim.cabi import physical as _physical
+from flexmig.sim.cabi import write_str as _write_str
+from flexmig.sim.devinfo import DeviceInfoCalls
 from flexmig.sim.faults import FaultTable, error_name
 from flexmig.sim.gpm import METRIC_INFO, GpmSnapshot, metric_value
+from flexmig.sim.handles import HandleTable
+from flexmig.sim.memory import gi_reserved_bytes, gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
 from flexmig.sim.model import (
     CI_PROFILE_COUNT,
     CUDA_DRIVER_VERSION,
@@ -31,17 +42,9 @@ from flexmig.sim.model import (
     ci_starts,
     clock_table,
 )
-from flexmig.sim.state import NodeState, NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance
+from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
 
 __all__ = ["SimLibrary"]
-
-_SUCCESS: int = int(N.NVML_SUCCESS)
-_INVALID: int = int(N.NVML_ERROR_INVALID_ARGUMENT)
-_NO_INIT = frozenset({"nvmlInit_v2", "nvmlInitWithFlags", "nvmlInit"})
-_ULL_NA = 0xFFFFFFFFFFFFFFFF
-
-_Fn = Callable[..., int]
-
 
 class _MetricInfo(ctypes.Structure):
     _fields_: ClassVar[list[tuple[str, Any]]] = [
@@ -68,62 +71,17 @@ _INFO = {metric_id: _MetricInfo(*names) for metric_id, names in METRIC_INFO.item
 assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
 
 
-def _entry(fn: _Fn) -> _Fn:
-    """Wrap a C entry point: lock, init check, injected faults, and NvmlReturn -> return code."""
-    name = fn.__name__
+class SimLibrary(DeviceInfoCalls, BoardCalls):
+    """A Python object that implements libnvidia-ml's C functions over a :class:`SimNodeState`."""
 
-    @functools.wraps(fn)
-    def call(self: SimLibrary, *args: Any) -> int:
-        with self._lock:
-            if self._state.init_count <= 0 and name not in _NO_INIT:
-                return int(N.NVML_ERROR_UNINITIALIZED)
-            if self._faults:
-                code = self._faults.take(name, self._gpu_hint(args))
-                if code:
-                    return code
-            try:
-                return fn(self, *args)
-            except NvmlReturn as ret:
-                return ret.code
-
-    return call
-
-
-def _int(value: Any) -> int:
-    """A C integer argument as Python int: pynvml passes some as ints, some as ``c_uint``."""
-    v = getattr(value, "value", value)
-    if not isinstance(v, int):
-        raise NvmlReturn(_INVALID)
-    return v
-
-
-def _out(ref: Any) -> Any:
-    """The object an output pointer argument points at (``byref(x)`` or ``pointer(x)``); NULL is invalid."""
-    obj = getattr(ref, "_obj", None)
-    if obj is not None:
-        return obj
-    if isinstance(ref, ctypes._Pointer) and ref:
-        return ref.contents
-    raise NvmlReturn(_INVALID)
-
-
-def _write_str(buf: Any, size: Any, text: str) -> int:
-    data = text.encode()
-    if buf is None or len(data) + 1 > _int(size):
-        raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_SIZE)
-    buf.value = data
-    return _SUCCESS
-
-
-class SimLibrary:
-    """A Python object that implements libnvidia-ml's C functions over a :class:`NodeState`."""
-
-    def __init__(self, state: NodeState, faults: FaultTable) -> None:
+    def __init__(self, state: SimNodeState, faults: FaultTable) -> None:
         self._state = state
         self._lock = state.lock
         self._faults = faults
-        self._handles: dict[int, tuple[str, int]] = {}  # struct address -> (kind, key)
-        self._structs: dict[tuple[str, int], Any] = {}  # (kind, key) -> the struct, kept alive forever
+        self._table = HandleTable(self._alive, self._pool)
+        self._synced = -1  # state.serial when handles were last given to new instances
+        self._born = state.clock()  # when the "driver" was loaded: energy counters start here
+        self.answers: Any = None  # recorded answers (flexmig.sim.recorded.RecordedAnswers) that override the model
         self._samples: dict[int, tuple[Any, GpmSnapshot]] = {}  # GPM sample address -> (struct, snapshot)
         self.previous: Any = None  # what pynvml.nvmlLib held before install; uninstall puts it back
 
@@ -138,20 +96,40 @@ class SimLibrary:
         self.nvmlErrorString = nvml_error_string
 
     # ------------------------------------------------------------------------------------------- handles
-    _STRUCT: ClassVar[dict[str, Any]] = {
-        "gpu": N.struct_c_nvmlDevice_t,
-        "mig": N.struct_c_nvmlDevice_t,
-        "gi": N.struct_c_nvmlGpuInstance_t,
-        "ci": N.struct_c_nvmlComputeInstance_t,
-    }
+    def _alive(self, kind: str, key: int) -> bool:
+        if kind == "gi":
+            return key in self._state.gis_by_serial
+        return kind == "gpu" or key in self._state.cis_by_serial
+
+    def _pool(self, kind: str, key: int) -> int:
+        if kind == "gi":
+            return self._state.gis_by_serial[key].gpu.index
+        return self._state.cis_by_serial[key].gi.gpu.index
 
     def _struct(self, kind: str, key: int) -> Any:
-        s = self._structs.get((kind, key))
-        if s is None:
-            s = self._STRUCT[kind]()
-            self._structs[(kind, key)] = s
-            self._handles[ctypes.addressof(s)] = (kind, key)
-        return s
+        self._sync_handles()
+        return self._table.struct(kind, key)
+
+    def _sync_handles(self) -> None:
+        """Give every instance created since the last call its handles, in creation order (as a driver does at
+        creation), so a new instance takes over a destroyed one's handle before anyone asks for it."""
+        state = self._state
+        if state.serial == self._synced:
+            return
+        self._synced = state.serial
+        for serial in sorted(set(state.gis_by_serial) | set(state.cis_by_serial)):
+            if serial in state.gis_by_serial:
+                self._table.struct("gi", serial)
+            else:
+                self._table.struct("ci", serial)
+                self._table.struct("mig", serial)
+
+    def _intercept(self, name: str, args: tuple[Any, ...]) -> int | None:
+        """A recorded answer for this call, if the node was built from a recording and has one (else None)."""
+        if self.answers is None or not self.answers.covers(name):
+            return None
+        answered: int | None = self.answers.answer(self, name, args)
+        return answered
 
     def _fill_handles(self, arr: Any, count: Any, kind: str, keys: list[int]) -> int:
         """NVML's caller-allocates protocol: too small an array gets INSUFFICIENT_SIZE and the count needed."""
@@ -172,8 +150,9 @@ class SimLibrary:
             addr = ctypes.addressof(handle.contents)
         except (AttributeError, ValueError, TypeError):
             raise NvmlReturn(_INVALID) from None
-        found = self._handles.get(addr)
-        if found is None:
+        self._sync_handles()
+        found = self._table.lookup(addr)
+        if found is None or not self._alive(*found):
             raise NvmlReturn(_INVALID)
         return found
 
@@ -313,7 +292,10 @@ class SimLibrary:
 
     @_entry
     def nvmlDeviceGetIndex(self, handle: Any, ref: Any) -> int:
-        _out(ref).value = self._gpu(handle).index
+        gpu, ci = self._device(handle)
+        # nvml.h: with MIG device handles it "returns indices that can be passed to
+        # nvmlDeviceGetMigDeviceHandleByIndex to retrieve an identical handle".
+        _out(ref).value = gpu.index if ci is None else gpu.mig_order.index(ci)
         return _SUCCESS
 
     @_entry
@@ -331,7 +313,7 @@ class SimLibrary:
 
     @_entry
     def nvmlDeviceGetPersistenceMode(self, handle: Any, ref: Any) -> int:
-        self._gpu(handle)
+        self._device(handle)  # a MIG device reads its GPU's persistence mode
         _out(ref).value = N.NVML_FEATURE_ENABLED
         return _SUCCESS
 
@@ -343,7 +325,7 @@ class SimLibrary:
 
     @_entry
     def nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
-        self._gpu(handle)
+        _physical(self, handle)
         _out(ref).value = 0  # P0: datacenter GPUs with persistence mode stay in P0
         return _SUCCESS
 
@@ -352,19 +334,23 @@ class SimLibrary:
         self._device(handle)
         return int(N.NVML_ERROR_NOT_SUPPORTED)  # SXM modules have no fan of their own
 
-    def _memory(self, handle: Any) -> tuple[int, int]:
+    def _memory(self, handle: Any) -> tuple[int, int, int]:
+        """(total, reserved, allocated) bytes of a GPU or MIG device; allocated includes the idle overhead."""
         gpu, ci = self._device(handle)
         if ci is not None:
-            return ci.gi.memory_total_bytes, ci.gi.memory_used_bytes()
+            gi = ci.gi
+            return gi.memory_total_bytes, gi_reserved_bytes(gi), gi.memory_used_bytes() + idle_used_bytes(gi)
         if gpu.mig_current and not self._state.privileged:
             raise NvmlReturn(N.NVML_ERROR_NO_PERMISSION)  # aggregate MIG figures need privileges
-        return gpu.memory_total_bytes, gpu.memory_used_bytes()
+        overhead = sum(idle_used_bytes(gi) for gi in gpu.gis.values()) if gpu.mig_current else gpu_idle_used_bytes()
+        return gpu.memory_total_bytes, gpu_reserved_bytes(gpu.model), gpu.memory_used_bytes() + overhead
 
     @_entry
     def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> int:
-        total, used = self._memory(handle)
+        # v1 (nvml.h): "used" is the "Sum of Reserved and Allocated device memory"; total = free + used.
+        total, reserved, allocated = self._memory(handle)
         mem = _out(ref)
-        mem.total, mem.used, mem.free = total, used, total - used
+        mem.total, mem.used, mem.free = total, reserved + allocated, total - reserved - allocated
         return _SUCCESS
 
     @_entry
@@ -372,8 +358,8 @@ class SimLibrary:
         mem = _out(ref)
         if mem.version != N.nvmlMemory_v2:
             return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        total, used = self._memory(handle)
-        mem.total, mem.reserved, mem.used, mem.free = total, 0, used, total - used
+        total, reserved, allocated = self._memory(handle)
+        mem.total, mem.reserved, mem.used, mem.free = total, reserved, allocated, total - reserved - allocated
         return _SUCCESS
 
     @_entry
@@ -411,7 +397,7 @@ class SimLibrary:
 
     @_entry
     def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
+        gpu = _physical(self, handle)
         limit = gpu.model.power_limit_w
         idle = 0.12 * limit
         _out(ref).value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
@@ -419,16 +405,16 @@ class SimLibrary:
 
     @_entry
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any, ref: Any) -> int:
-        _out(ref).value = 1000 * self._gpu(handle).model.power_limit_w
+        _out(ref).value = 1000 * _physical(self, handle).model.power_limit_w
         return _SUCCESS
 
     @_entry
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, ref: Any) -> int:
-        _out(ref).value = 1000 * self._gpu(handle).model.power_limit_w
+        _out(ref).value = 1000 * _physical(self, handle).model.power_limit_w
         return _SUCCESS
 
     def _temperature(self, handle: Any, sensor: int) -> int:
-        gpu = self._gpu(handle)
+        gpu = _physical(self, handle)
         if sensor != N.NVML_TEMPERATURE_GPU:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
         return round(31 + 44 * self._state.gpu_load(gpu))
@@ -447,7 +433,7 @@ class SimLibrary:
         return _SUCCESS
 
     def _clock(self, handle: Any, kind: int, current: bool) -> int:
-        gpu = self._gpu(handle)
+        gpu = _physical(self, handle)
         table = clock_table(gpu.model)
         if kind == N.NVML_CLOCK_MEM:
             return table.mem
@@ -486,38 +472,22 @@ class SimLibrary:
     # ------------------------------------------------------------------------------------------ processes
     @_entry
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
-        gpu, ci = self._device(handle)
-        if ci is None and gpu.mig_current and not self._state.privileged:
-            return int(N.NVML_ERROR_NO_PERMISSION)
-        procs = self._state.live_processes(gpu, ci)
-        count = _out(count_ref)
-        if infos is None or count.value < len(procs):
-            count.value = len(procs)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE) if procs else _SUCCESS
-        for i, (p, gi_id, ci_id) in enumerate(procs):
-            infos[i].pid = p.pid
-            infos[i].usedGpuMemory = p.memory_bytes
-            infos[i].gpuInstanceId = gi_id
-            infos[i].computeInstanceId = ci_id
-        count.value = len(procs)
-        return _SUCCESS
-
-    def _no_processes(self, handle: Any, count_ref: Any) -> int:
-        self._device(handle)
-        _out(count_ref).value = 0
-        return _SUCCESS
+        return DeviceInfoCalls._compute_processes(self, handle, count_ref, infos, True)
 
     @_entry
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
-        return self._no_processes(handle, count_ref)  # compute-only datacenter node
+        return DeviceInfoCalls._none_running(self, handle, count_ref)  # compute-only datacenter node
 
     @_entry
     def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
-        return self._no_processes(handle, count_ref)  # no MPS daemon on the simulated node
+        return DeviceInfoCalls._none_running(self, handle, count_ref)  # no MPS daemon on the simulated node
 
     # --------------------------------------------------------------------------------------- MIG devices
     @_entry
     def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
+        _, ci = self._device(handle)
+        if ci is not None:
+            return int(N.NVML_ERROR_NOT_SUPPORTED)  # a MIG device cannot itself be partitioned ("doesn't support")
         gpu = self._gpu(handle)
         _out(current).value = int(gpu.mig_current)
         _out(pending).value = int(gpu.mig_pending)
@@ -574,6 +544,10 @@ class SimLibrary:
         return _SUCCESS
 
     # ------------------------------------------------------------------------------------- GPU instances
+    def _privileged(self) -> None:
+        if not self._state.privileged:
+            raise NvmlReturn(N.NVML_ERROR_NO_PERMISSION)
+
     def _profile_by_index(self, gpu: SimGpu, index: int) -> Any:
         self._state.require_mig(gpu)
         if not 0 <= index < GI_PROFILE_COUNT:
@@ -591,7 +565,7 @@ class SimLibrary:
 
     def _fill_gi_profile(self, gpu: SimGpu, info: Any, profile: Any) -> None:
         info.id = profile.profile_id
-        info.isP2pSupported = int(gpu.model.gpm)
+        info.isP2pSupported = 0  # `nvidia-smi mig -lgip` prints P2P "No" for every profile on A100, H100 and H200
         info.sliceCount = profile.compute_slices
         info.instanceCount = profile.max_instances
         info.multiprocessorCount = profile.sm_count
@@ -630,6 +604,7 @@ class SimLibrary:
     @_entry
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profile_id: Any, ref: Any) -> int:
         gpu = self._gpu(handle)
+        self._privileged()  # nvml.h: "Requires privileged user."
         self._state.require_mig(gpu)
         profile = self._profile_by_id(gpu, _int(profile_id))
         assert gpu.layout is not None
@@ -641,8 +616,7 @@ class SimLibrary:
         self, handle: Any, profile_id: Any, placements: Any, count_ref: Any
     ) -> int:
         gpu = self._gpu(handle)
-        if not self._state.privileged:
-            return int(N.NVML_ERROR_NO_PERMISSION)
+        self._privileged()  # nvml.h: "Requires privileged user."
         profile = self._profile_by_id(gpu, _int(profile_id))
         count = _out(count_ref)
         starts = profile.starts
@@ -671,7 +645,7 @@ class SimLibrary:
         gpu = self._gpu(handle)
         _out(ref)
         if isinstance(placement, ctypes.Structure):
-            return _INVALID  # passed by value: the C function takes a pointer (apis.md §1.3, pass byref)
+            return _INVALID  # passed by value: the C function takes a pointer (pynvml sets no argtypes: byref)
         place = _out(placement)
         self._state.require_mig(gpu)
         profile = self._profile_by_id(gpu, _int(profile_id))
@@ -687,6 +661,7 @@ class SimLibrary:
     def nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: Any, gis: Any, count_ref: Any) -> int:
         gpu = self._gpu(handle)
         count = _out(count_ref)
+        self._privileged()  # nvml.h: "Requires privileged user."
         self._state.require_mig(gpu)
         pid = _int(profile_id)
         self._profile_by_id(gpu, pid)
@@ -699,6 +674,7 @@ class SimLibrary:
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, ref: Any) -> int:
         gpu = self._gpu(handle)
         _out(ref)
+        self._privileged()  # nvml.h: "Requires privileged user."
         self._state.require_mig(gpu)
         gi = gpu.gis.get(_int(gi_id))
         if gi is None:

@@ -86,7 +86,7 @@ def ci_name(profile: Profile, slices: int) -> str:
 def gi_id_for(start: int, size: int) -> int:
     """The GPU-instance ID a driver gives a placement: buddy-tree numbering over the 8 memory slices.
 
-    Inferred from every observed ``nvidia-smi mig -lgi`` output (apis.md §1.5), never assumed above ``sim``.
+    Inferred from every observed ``nvidia-smi mig -lgi`` output (not documented), never assumed above ``sim``.
     """
     if size == 8:
         return 0

@@ -12,9 +12,10 @@ from pathlib import Path
 from flexmig.mig import NodeSpec
 from flexmig.sim.faults import Fault, FaultTable
 from flexmig.sim.library import SimLibrary
+from flexmig.sim.memory import idle_used_bytes
 from flexmig.sim.model import Activity
 from flexmig.sim.persist import save_state
-from flexmig.sim.state import NodeState, SimComputeInstance, SimGpu, SimProcess
+from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess
 from flexmig.sim.truth import ComputeInstanceTruth, GpuInstanceTruth, GpuTruth, ProcessTruth
 from flexmig.sim.workload import SyntheticWorkload
 
@@ -31,7 +32,7 @@ class SimNode:
     def __init__(
         self,
         spec: NodeSpec,
-        state: NodeState,
+        state: SimNodeState,
         faults: FaultTable,
         library: SimLibrary,
         *,
@@ -109,6 +110,7 @@ class SimNode:
                     )
                     for ci in sorted(gi.cis.values(), key=lambda c: c.id)
                 ),
+                idle_used_bytes=idle_used_bytes(gi),
             )
             for gi in sorted(gpu.gis.values(), key=lambda g: g.id)
         )

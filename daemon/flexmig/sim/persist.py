@@ -20,7 +20,7 @@ from typing import Any
 
 from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, model_by_key
-from flexmig.sim.state import NodeState, SimComputeInstance, SimGpu, SimProcess, pid_alive
+from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
 
 __all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_to_dict"]
 
@@ -31,7 +31,7 @@ def _proc(p: SimProcess) -> dict[str, Any]:
     return {"pid": p.pid, "memory_bytes": p.memory_bytes, "real": p.real, "workload": p.workload}
 
 
-def state_to_dict(state: NodeState) -> dict[str, Any]:
+def state_to_dict(state: SimNodeState) -> dict[str, Any]:
     """The JSON-able form of ``state``."""
     gpus = []
     for gpu in state.gpus:
@@ -73,7 +73,7 @@ def state_to_dict(state: NodeState) -> dict[str, Any]:
     }
 
 
-def save_state(state: NodeState, path: Path) -> None:
+def save_state(state: SimNodeState, path: Path) -> None:
     """Write ``state`` to ``path`` atomically (temporary file in the same directory, then ``os.replace``)."""
     data = json.dumps(state_to_dict(state), separators=(",", ":"))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -87,7 +87,7 @@ def load_state(
     count: int,
     clock: Callable[[], float],
     is_alive: Callable[[int], bool] = pid_alive,
-) -> NodeState:
+) -> SimNodeState:
     """Rebuild a node from the state file at ``path``; SimError names the file and what is wrong with it.
 
     ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node.
@@ -112,7 +112,7 @@ def _build(
     clock: Callable[[], float],
     is_alive: Callable[[int], bool],
     path: Path,
-) -> NodeState:
+) -> SimNodeState:
     if raw.get("schema") != SCHEMA_VERSION:
         raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
     file_model = model_by_key(str(raw["model"]))
@@ -121,7 +121,7 @@ def _build(
             f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
             "use the same spec or delete the file"
         )
-    state = NodeState(model, count, node_id=uuidlib.UUID(str(raw["node_id"])), clock=clock, is_alive=is_alive)
+    state = SimNodeState(model, count, node_id=uuidlib.UUID(str(raw["node_id"])), clock=clock, is_alive=is_alive)
     state.serial = int(raw["serial"])
     state.next_fake_pid = int(raw["next_fake_pid"])
     for g in raw["gpus"]:
@@ -161,7 +161,7 @@ def _build(
 
 
 def _restore_proc(
-    state: NodeState,
+    state: SimNodeState,
     procs: dict[int, SimProcess],
     raw: dict[str, Any],
     where: tuple[SimGpu, SimComputeInstance | None],

@@ -1,9 +1,9 @@
 """The simulated node's mutable state and the rules a driver enforces on it.
 
-One :class:`NodeState` holds every GPU, GPU instance (GI), compute instance (CI, = one MIG device) and process.
+One :class:`SimNodeState` holds every GPU, GPU instance (GI), compute instance (CI, = one MIG device) and process.
 Driver-side operations (the ones NVML calls reach) raise :class:`NvmlReturn` with the NVML code a real driver
 returns; test-side operations (start a process, set activity) raise :class:`~flexmig.errors.SimError`.
-Callers hold :attr:`NodeState.lock` around every operation: the library and the test handle share it.
+Callers hold :attr:`SimNodeState.lock` around every operation: the library and the test handle share it.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from flexmig.sim.model import (
 )
 
 __all__ = [
-    "NodeState",
     "NvmlReturn",
     "SimComputeInstance",
     "SimGpu",
     "SimGpuInstance",
+    "SimNodeState",
     "SimProcess",
     "pid_alive",
 ]
@@ -171,7 +171,7 @@ class SimGpu:
                 yield p, ci
 
 
-class NodeState:
+class SimNodeState:
     """All GPUs of one simulated node plus the bookkeeping a driver keeps (IDs, UUIDs, the process table)."""
 
     def __init__(
@@ -330,7 +330,9 @@ class NodeState:
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
             start = max(fits)
         else:
-            if size is not None and size != profile.memory_slices:
+            # nvml.h: INVALID_ARGUMENT "If [...] placement [is] invalid" (a start or size the profile never has);
+            # INSUFFICIENT_RESOURCES is for a valid placement that is taken.
+            if start not in profile.starts or (size is not None and size != profile.memory_slices):
                 raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
             if layout.why_not(profile, start):
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)

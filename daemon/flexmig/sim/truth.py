@@ -40,6 +40,7 @@ class GpuInstanceTruth:
     profile: Profile
     start: int
     compute_instances: tuple[ComputeInstanceTruth, ...]
+    idle_used_bytes: int = 0  # what its MIG devices show as used with no process (a few MiB, as on hardware)
 
     @property
     def size(self) -> int:

@@ -6,11 +6,13 @@ Modules, one idea each:
 * ``snapshot``: the immutable values every reader sees (Snapshot, GpuSnapshot,
   GpuInstanceSnapshot, InstanceSnapshot, ...);
 * ``store``: turns one sweep's readings into the next Snapshot, keeping per-instance history;
-* ``sampler``: the sampling loop (cadence, re-inventory, error counting) and the DCGM/workload loops;
-* ``worker``: the one thread every NVML call runs on;
+* ``sampler``: the sampling loop (cadence, re-inventory, error counting) and the DCGM/workload loops, on the one
+  NVML thread (:class:`flexmig.nvml.worker.NvmlWorker`);
 * ``dcgm``: dcgm-exporter scrape and parser (both naming eras); ``host``: psutil facts per GPU process;
 * ``publish``: the latest-snapshot hub with enricher and subscriber hooks;
-* ``backend``: opening NVML or the simulated node; ``settings``: the loops' settings.
+* ``reader``: the sampler's view of an NVML session; ``settings``: the loops' settings.
+
+Which node NVML reads (the driver, or a simulated one) is the wiring's choice (``flexmig.wiring.backend``).
 """
 
 from flexmig.telemetry.publish import Enricher, SnapshotHub, Subscriber

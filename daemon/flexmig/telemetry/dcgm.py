@@ -4,7 +4,7 @@ This is how Ampere GPUs (no GPM) get per-instance activity, and how a site that 
 the same figures in flexmig. dcgm-exporter labels a MIG instance's series with ``gpu`` (the NVML index) and
 ``GPU_I_ID`` (the GPU-instance ID); rows without ``GPU_I_ID`` describe a whole GPU and are ignored here.
 
-Two naming eras are accepted, row by row (reference/systems.md §4):
+Two naming eras are accepted, row by row (dcgm-exporter 4.9 renamed the fields DCGM 4.7 deprecated):
 
 * before 4.9 (DCGM 4.6 and older field names): ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ``..._SM_ACTIVE``,
   ``..._SM_OCCUPANCY``, ``..._PIPE_TENSOR_ACTIVE``, ``..._DRAM_ACTIVE`` (already ratios 0..1, as DCGM's profiling

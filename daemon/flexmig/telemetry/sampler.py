@@ -22,12 +22,12 @@ from typing import Protocol
 
 from flexmig.errors import FlexmigError
 from flexmig.nvml.types import GpuSample, Inventory
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import DcgmStatus, SamplingStats, Snapshot
 from flexmig.telemetry.store import TelemetryStore, pids_of
-from flexmig.telemetry.worker import NvmlWorker
 
 __all__ = ["NodeReader", "SamplingLoop", "dcgm_loop", "periodic_step"]
 

@@ -5,8 +5,8 @@ last dcgm-exporter scrape, and host facts per PID; time is passed in. The store 
 state: one ring buffer per instance and quantity, and when each instance was first seen and last busy.
 
 Identity: an instance is (GPU UUID, GI ID, CI ID, MIG UUID, profile, start). NVML reuses GI IDs after a destroy,
-so a recreated instance with the same numeric ID is a *new* instance with fresh history (the rule of
-reference/apis.md §1.8). History of an instance that left is kept for one window in case it was only missing
+so a recreated instance with the same numeric ID is a *new* instance with fresh history (and a reseeded GPM
+window). History of an instance that left is kept for one window in case it was only missing
 from one sweep (an NVML error on it), then dropped, so memory stays bounded while instances churn.
 """
 

@@ -3,6 +3,8 @@ actuator with the planner and the control socket, and the MQTT command listener 
 
 :func:`wire` registers them on a daemon through its extension points only (a snapshot enricher and subscriber, a
 metrics extension, loops, start/stop/reload hooks), so ``daemon.py`` keeps no knowledge of any of them.
+:func:`flexmig.wiring.backend.open_backend` opens the node: the real driver or the simulated one, with the process
+table and (simulated) the demo workload that go with it; nothing below the wiring knows which.
 """
 
 from __future__ import annotations

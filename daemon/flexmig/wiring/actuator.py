@@ -41,15 +41,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexmig.act.control import ControlServer, Handler, RequestError
-from flexmig.act.devices import DeviceProcessTable, DriverProcessTable, SimProcessTable
-from flexmig.act.events import Event as ActEvent
-from flexmig.act.executor import Mode
-from flexmig.act.journal import ActionRow
+from flexmig.act.encoding import CreateInstancePayload, DestroyInstancePayload, payload_of, reason_of, slots_named
+from flexmig.act.events import ActEvent
+from flexmig.act.journal import ActionRow, JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
-from flexmig.act.records import Slot
 from flexmig.act.service import Actuator
-from flexmig.config import Config, ControlConfig, StateConfig
+from flexmig.config import Config, ControlConfig, Mode, StateConfig
 from flexmig.errors import FlexmigError, PlanRejectedError
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.export.action_metrics import ActionMetrics
@@ -57,12 +55,12 @@ from flexmig.export.events import Event, EventFactory, EventKind
 from flexmig.export.findings_metrics import report_of
 from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.jobs.spec import JobPolicy
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
-from flexmig.telemetry.backend import Backend
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
+from flexmig.wiring.backend import Backend
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
@@ -200,17 +198,14 @@ class ActuatorComponent:
             raise FlexmigError("the actuator needs an open NVML session")
         cfg = self.config
         try:
-            self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.node is not None)
+            self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.simulated)
             if paths.private is not None:
                 log.info("simulated node: journal, rank logs and control socket under %s", paths.private)
-            devices: DeviceProcessTable = (
-                DriverProcessTable() if backend.node is None else SimProcessTable(backend.node)
-            )
             act = Actuator.build(
                 mode=self.mode,
                 nvml=backend.nvml,
                 offload=self.host.worker.call,
-                devices=devices,
+                devices=backend.devices,
                 journal_path=paths.journal,
                 logs_dir=paths.logs,
                 policy=self._policy(cfg),
@@ -487,8 +482,10 @@ class ActuatorComponent:
             found = self.act.journal.db.execute("SELECT origin FROM plans WHERE id=?", (row.plan_id,)).fetchone()
             origin = str(found[0]) if found else None
         target = None
-        if "slot" in row.payload:
-            target = Slot.from_json(row.payload["slot"]).spec()
+        with contextlib.suppress(JournalError):
+            p = payload_of(row)
+            if isinstance(p, CreateInstancePayload | DestroyInstancePayload):
+                target = p.slot.spec()
         downtime = self._downtime(action_id) if row.kind in ("migrate", "resplit") else None
         return ActionFacts(plan_id=row.plan_id, origin=origin, target=target, downtime_s=downtime)
 
@@ -572,16 +569,10 @@ def _nothing_reconciled(event: ActEvent) -> bool:
 
 
 def _slots_of(row: ActionRow) -> set[tuple[int, int]]:
-    out: set[tuple[int, int]] = set()
-    p = row.payload
-    for key in ("from", "to"):
-        for d in p.get(key, ()) or ():
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                out.add(Slot.from_json(d).key)
-    if "slot" in p:
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            out.add(Slot.from_json(p["slot"]).key)
-    return out
+    try:
+        return {s.key for s in slots_named(payload_of(row))}
+    except JournalError:
+        return set()
 
 
 def _action_json(row: ActionRow) -> dict[str, Any]:
@@ -594,7 +585,7 @@ def _action_json(row: ActionRow) -> dict[str, Any]:
         "error": row.error,
         "started_s": row.started_s,
         "finished_s": row.finished_s,
-        "reason": row.payload.get("reason"),
+        "reason": reason_of(row),
     }
 
 

@@ -20,13 +20,13 @@ from flexmig.act.placement import node_model
 from flexmig.config import Config
 from flexmig.detect import Report
 from flexmig.export.findings_metrics import report_of
+from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan.types import JobRequest
-from flexmig.telemetry.backend import Backend, open_backend
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.telemetry.worker import NvmlWorker
+from flexmig.wiring.backend import Backend, open_backend
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.planning import PlanningInput, parse_request, planning_state
 
@@ -52,9 +52,9 @@ async def _sweeps(spec: str, config: Config, hostname: str) -> tuple[Snapshot, R
     backend: Backend | None = None
     try:
         backend = await worker.call(open_backend, spec, True, time.monotonic)
-        node = backend.node
-        assert node is not None
-        await worker.call(node.step_workload, time.monotonic())
+        workload = backend.workload
+        assert workload is not None
+        await worker.call(workload, time.monotonic())
         detector = instant_detection(config)
         sampler = SamplingLoop(
             backend.reader,
@@ -66,7 +66,7 @@ async def _sweeps(spec: str, config: Config, hostname: str) -> tuple[Snapshot, R
         )
         snap = await sampler.start()
         await asyncio.sleep(_GPM_WINDOW_S)
-        await worker.call(node.step_workload, time.monotonic())
+        await worker.call(workload, time.monotonic())
         snap = await sampler.sweep() or snap
         return snap, report_of(snap)
     finally:
@@ -96,9 +96,9 @@ async def _plan_input(spec: str, requests: Sequence[str], now_s: float) -> Plann
     backend: Backend | None = None
     try:
         backend = await worker.call(open_backend, spec, False, time.monotonic)
-        node = backend.node
-        assert node is not None
-        await worker.call(node.step_workload, time.monotonic())
+        workload = backend.workload
+        assert workload is not None
+        await worker.call(workload, time.monotonic())
         inventory = await worker.call(backend.nvml.inventory)
     finally:
         if backend is not None:

@@ -44,18 +44,15 @@ _REQUEST = re.compile(r"(?:(?P<n>[1-9][0-9]?)x)?(?P<profile>[1-7]g\.[0-9]+gb(?:\
 
 
 def planner_settings(cfg: PlannerConfig) -> PlannerSettings:
-    """The ``[planner]`` table as planner settings.
-
-    ``gain_margin`` in the file is how much the gain must beat the cost (0.1: by 10 %); the planner's is the ratio
-    gain/cost it needs (1.1).
-    """
+    """The ``[planner]`` table as planner settings: the same names with the same meanings (the table's defaults are
+    :class:`PlannerSettings`'s), ``migrate_enabled``/``resplit_enabled`` as ``migrate``/``resplit``."""
     return PlannerSettings(
         checkpoint_s=cfg.checkpoint_s,
         restart_s=cfg.restart_s,
         reconfigure_s=cfg.reconfigure_s,
         spread_efficiency=cfg.spread_efficiency,
         settling_s=cfg.settling_s,
-        gain_margin=1.0 + cfg.gain_margin,
+        gain_margin=cfg.gain_margin,
         migrate=cfg.migrate_enabled,
         resplit=cfg.resplit_enabled,
     )

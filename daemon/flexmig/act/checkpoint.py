@@ -1,0 +1,153 @@
+"""Checkpointing a job before it is moved or stopped: request, wait for the acknowledgement, wait for the exit.
+
+The daemon asks every rank (the job's hook signal, repeated every ``resend_s``), the job saves at its next step
+boundary and acknowledges with the step number and the checkpoint's path; no acknowledgement within the job's
+``ack_timeout_s`` cancels the move and the job keeps running. A job whose ranks crash while checkpointing is
+marked failed. The acknowledged checkpoint must be a non-empty file inside the job's checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flexmig.act.events import ActEvent, EventSink
+from flexmig.act.records import JobRecord
+from flexmig.act.steps import ActionRun, StepFailed
+from flexmig.act.supervisor import Supervisor
+from flexmig.hook.protocol import Ack, AckError, read_ack
+
+__all__ = ["Checkpointer", "validate_ack"]
+
+
+class Checkpointer:
+    """Runs a job's checkpoint as journalled steps: ``clear_ack``, ``request``, ``await_ack``, ``await_exit``."""
+
+    def __init__(
+        self,
+        *,
+        supervisor: Supervisor,
+        events: EventSink,
+        wall: Callable[[], float],
+        poll_s: float,
+        resend_s: float,
+        term_grace_s: float,
+    ) -> None:
+        self.supervisor = supervisor
+        self.events = events
+        self.wall = wall
+        self.poll_s = poll_s
+        self.resend_s = resend_s
+        self.term_grace_s = term_grace_s
+
+    async def checkpoint(self, run: ActionRun, rec: JobRecord) -> Ack:
+        """Request a checkpoint, wait for the acknowledgement, then for every rank to exit."""
+        spec = rec.spec
+        name = rec.name
+        ack_path = self.supervisor.acks.path(rec)
+
+        async def clear_ack() -> dict[str, Any]:
+            with contextlib.suppress(FileNotFoundError):
+                ack_path.unlink()
+            return {}
+
+        async def request() -> dict[str, Any]:
+            return {"pids": self.supervisor.signal_workers(name, int(spec.hook.signal))}
+
+        async def await_ack() -> dict[str, Any]:
+            return {"ack": (await self._wait_ack(rec)).to_json()}
+
+        await run.step("clear_ack", {"path": str(ack_path)}, clear_ack)
+        await run.step("request", {"signal": spec.hook.signal.name}, request)
+        try:
+            res = await run.step(
+                "await_ack",
+                {"timeout_s": spec.hook.ack_timeout_s},
+                await_ack,
+                job_after=lambda r: run.job(name).with_(last_ack=Ack.from_json(r["ack"])),
+            )
+        except StepFailed as exc:
+            if exc.outcome == "failed":
+                await self.supervisor.terminate(name, self.term_grace_s)
+                run.journal.put_job(run.job(name).with_(state="failed", error=str(exc)))
+                self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=name, error=str(exc)))
+            raise
+        ack = Ack.from_json(res["ack"])
+
+        async def await_exit() -> dict[str, Any]:
+            forced = False
+            if not await self.supervisor.wait_exited(name, spec.hook.exit_timeout_s):
+                forced = True
+                await self.supervisor.terminate(name, self.term_grace_s)
+            codes = {str(h.slot): h.proc.returncode for h in self.supervisor.ranks(name)}
+            return {"exit_codes": codes, "forced": forced}
+
+        await run.step("await_exit", {"timeout_s": spec.hook.exit_timeout_s}, await_exit)
+        return ack
+
+    async def _wait_ack(self, rec: JobRecord) -> Ack:
+        """Poll for the acknowledgement; repeat the request meanwhile; fail if ranks die without one."""
+        spec = rec.spec
+        ack_path = self.supervisor.acks.path(rec)
+        deadline = time.monotonic() + spec.hook.ack_timeout_s
+        next_send = time.monotonic() + self.resend_s
+        while True:
+            try:
+                ack = read_ack(ack_path)
+            except AckError as exc:
+                raise StepFailed(f"job {rec.name}: {exc}", outcome="cancelled") from exc
+            if ack is not None:
+                return validate_ack(rec, ack)
+            ranks = self.supervisor.ranks(rec.name)
+            bad = [h for h in ranks if h.proc.finished() and h.proc.returncode not in (0, None)]
+            if bad or (ranks and all(h.proc.finished() for h in ranks)) or not ranks:
+                # One last look: the ack may have landed just before the last rank exited.
+                ack = read_ack(ack_path)
+                if ack is not None:
+                    return validate_ack(rec, ack)
+                what = ", ".join(f"rank {h.slot} exited with status {h.proc.returncode}" for h in bad) or (
+                    "every rank exited"
+                )
+                raise StepFailed(f"job {rec.name} crashed while checkpointing ({what}) before acknowledging")
+            now = time.monotonic()
+            if now >= deadline:
+                raise StepFailed(
+                    f"job {rec.name} did not acknowledge the checkpoint within {spec.hook.ack_timeout_s:g} s; "
+                    "move cancelled, the job keeps running",
+                    outcome="cancelled",
+                    code="ACK_TIMEOUT",
+                )
+            if now >= next_send:
+                self.supervisor.signal_workers(rec.name, int(spec.hook.signal))
+                next_send = now + self.resend_s
+            await asyncio.sleep(self.poll_s)
+
+
+def validate_ack(rec: JobRecord, ack: Ack) -> Ack:
+    """The acknowledged checkpoint, resolved; StepFailed (cancelled) unless it lies inside the job's checkpoint
+    directory and is a non-empty file.
+
+    A daemon without CAP_DAC_OVERRIDE (the shipped systemd unit) may not be allowed to look inside the job's
+    directory; then only the path is checked, and the job's word taken for the rest.
+    """
+    ckpt = Path(os.path.realpath(rec.spec.working_dir / ack.checkpoint))
+    root = rec.spec.checkpoint_dir
+    if ckpt != root and root not in ckpt.parents:
+        raise StepFailed(
+            f"job {rec.name} acknowledged a checkpoint outside {root}: {ack.checkpoint}", outcome="cancelled"
+        )
+    try:
+        st = ckpt.stat()
+    except PermissionError:
+        return Ack(step=ack.step, checkpoint=str(ckpt))
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {ckpt}", outcome="cancelled")
+    return Ack(step=ack.step, checkpoint=str(ckpt))

@@ -1,0 +1,259 @@
+"""Validation of parsed TOML against the schema: exact types, ranges, patterns, and the rules between keys.
+
+:class:`Checker` walks the parsed document along the dataclasses of :mod:`flexmig.config.schema`, so a key is
+known, typed and bounded exactly as its field says; it collects every problem instead of stopping at the first.
+:func:`cross_checks` holds the rules that span keys (a stall timeout against the sampling interval, a password
+against plaintext transport); they only run once every key's own value was valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import types
+import typing
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+from urllib.parse import urlsplit
+
+from flexmig.config.address import HostPort
+from flexmig.config.keys import join_key
+from flexmig.config.problems import show, type_name
+from flexmig.config.schema import Config, toml_name
+
+__all__ = ["Checker", "cross_checks"]
+
+_T = TypeVar("_T")
+
+
+class Checker:
+    """Walks the parsed TOML against the dataclass schema, collecting (key, message) problems in ``problems``."""
+
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+
+    def fail(self, key: str, message: str) -> None:
+        """Record a problem at the dotted ``key``."""
+        self.problems.append((key, message))
+
+    def section(self, cls: type[_T], data: object, prefix: str) -> _T:
+        """The table ``data`` as ``cls``: unknown keys are problems, invalid values keep their defaults."""
+        if not isinstance(data, dict):
+            self.fail(prefix, f"expected a table, got {type_name(data)}")
+            return cls()
+        hints = typing.get_type_hints(cls)
+        known = {toml_name(f): f for f in fields(cast(Any, cls))}
+        for name in data:
+            if name not in known:
+                self.fail(join_key(prefix, name), _unknown_message(name, list(known), isinstance(data[name], dict)))
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name not in data:
+                continue
+            key = join_key(prefix, name)
+            converted = self.value(hints[f.name], data[name], key, f.metadata)
+            if converted is not _INVALID:
+                values[f.name] = converted
+        return cls(**values)
+
+    def value(self, tp: Any, raw: object, key: str, meta: Any) -> Any:
+        """``raw`` converted to the field type ``tp`` under the field's rules, or the invalid marker."""
+        origin = typing.get_origin(tp)
+        if origin in (types.UnionType, typing.Union):
+            inner = [a for a in typing.get_args(tp) if a is not type(None)]
+            return self.value(inner[0], raw, key, meta)
+        if is_dataclass(tp) and isinstance(tp, type) and tp is not HostPort:
+            return self.section(tp, raw, key)
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            if not isinstance(raw, str) or raw not in choices:
+                self.fail(key, f"{show(raw)} is not one of {', '.join(choices)}")
+                return _INVALID
+            return raw
+        if origin is tuple:
+            (item_tp, _ellipsis) = typing.get_args(tp)
+            if not isinstance(raw, list):
+                self.fail(key, f"expected an array, got {type_name(raw)}")
+                return _INVALID
+            items = [self.value(item_tp, item, f"{key}[{i}]", meta) for i, item in enumerate(raw)]
+            return _INVALID if any(i is _INVALID for i in items) else tuple(items)
+        if tp is bool:
+            if not isinstance(raw, bool):
+                self.fail(key, f"expected true or false, got {type_name(raw)}")
+                return _INVALID
+            return raw
+        if tp is int:
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                self.fail(key, f"expected an integer, got {type_name(raw)}")
+                return _INVALID
+            return raw if self.in_range(raw, key, meta) else _INVALID
+        if tp is float:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                self.fail(key, f"expected a number, got {type_name(raw)}")
+                return _INVALID
+            if not math.isfinite(raw):
+                self.fail(key, f"expected a finite number, got {raw}")
+                return _INVALID
+            return float(raw) if self.in_range(raw, key, meta) else _INVALID
+        if not isinstance(raw, str):
+            self.fail(key, f"expected a string, got {type_name(raw)}")
+            return _INVALID
+        if "\x00" in raw:
+            self.fail(key, "contains a NUL character")
+            return _INVALID
+        if tp is str:
+            pattern = meta.get("pattern")
+            if pattern and not re.fullmatch(pattern, raw):
+                self.fail(key, f"{show(raw)} does not match {pattern}")
+                return _INVALID
+            return raw
+        if tp is Path:
+            if not raw.startswith("/"):
+                self.fail(key, f"{show(raw)} is not an absolute path")
+                return _INVALID
+            return Path(raw)
+        if tp is HostPort:
+            try:
+                return HostPort.parse(raw)
+            except ValueError as exc:
+                self.fail(key, str(exc))
+                return _INVALID
+        raise TypeError(f"config schema: no converter for {tp!r} at {key}")  # a bug in the schema, not in input
+
+    def in_range(self, value: float, key: str, meta: Any) -> bool:
+        """True when ``value`` lies within the field's bounds; records the problem otherwise."""
+        lo, hi, gt = meta.get("lo"), meta.get("hi"), meta.get("gt")
+        if (lo is not None and value < lo) or (hi is not None and value > hi) or (gt is not None and value <= gt):
+            low = f"> {gt:g}" if gt is not None else f">= {lo:g}" if lo is not None else ""
+            high = f"<= {hi:g}" if hi is not None else ""
+            shown = f"0o{int(value):o}" if meta.get("octal") else f"{value:g}"
+            self.fail(key, f"{shown} is out of range (must be {' and '.join(x for x in (low, high) if x)})")
+            return False
+        return True
+
+
+class _Invalid:
+    """Marker for a value that failed validation (its problem is already recorded)."""
+
+
+_INVALID: Any = _Invalid()
+
+_SECRET_HINTS = {"password", "passwd", "secret", "token"}
+
+
+def _unknown_message(name: str, known: list[str], is_table: bool) -> str:
+    if name.lower() in _SECRET_HINTS:
+        return "unknown key: secrets are never written in the configuration; put it in a file and set password_file"
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {'section' if is_table else 'key'}{hint}"
+
+
+def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Rules between keys; yields (keys, message): the problem is reported at the first of ``keys`` that the
+    file sets (the others may be defaults). Only runs when every key's own value was valid."""
+    s, d = cfg.sampling, cfg.detect
+    if s.stall_s < 2 * s.interval_s:
+        yield (
+            ("sampling.stall_s", "sampling.interval_s"),
+            f"sampling.stall_s ({s.stall_s:g}) must be at least twice sampling.interval_s ({s.interval_s:g})",
+        )
+    for window in ("underuse_window_s", "fragmentation_window_s"):
+        if s.retention_s < getattr(d, window):
+            yield (
+                ("sampling.retention_s", f"detect.{window}"),
+                f"sampling.retention_s ({s.retention_s:g}) is shorter than detect.{window} ({getattr(d, window):g})",
+            )
+    if s.retention_s < 2 * s.interval_s:
+        yield (
+            ("sampling.retention_s", "sampling.interval_s"),
+            f"sampling.retention_s ({s.retention_s:g}) must hold two sweeps of sampling.interval_s ({s.interval_s:g})",
+        )
+    for enter, leave in (("underuse_activity", "underuse_activity_exit"), ("underuse_memory", "underuse_memory_exit")):
+        if getattr(d, enter) > getattr(d, leave):
+            yield ((f"detect.{leave}", f"detect.{enter}"), f"detect.{leave} must be at least detect.{enter}")
+    if d.fragmentation_exit > d.fragmentation_threshold:
+        yield (
+            ("detect.fragmentation_exit", "detect.fragmentation_threshold"),
+            "detect.fragmentation_exit must be at most detect.fragmentation_threshold",
+        )
+    if sum(d.demand_mix.weights().values()) <= 0:
+        yield ("detect.demand_mix",), "at least one weight must be positive"
+    p = cfg.prometheus
+    if p.enabled and not p.allow_remote and not p.listen.is_loopback():
+        yield (
+            ("prometheus.listen", "prometheus.allow_remote", "prometheus.enabled"),
+            f"{p.listen} is not a loopback address; set prometheus.allow_remote = true to serve metrics to the network",
+        )
+    dc = cfg.dcgm
+    if dc.enabled and p.enabled:
+        target = urllib.parse.urlsplit(dc.url)
+        if target.hostname is not None and _same_endpoint(target.hostname, target.port or 80, p.listen):
+            yield (
+                ("dcgm.url", "dcgm.enabled", "prometheus.listen"),
+                f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); dcgm-exporter "
+                "also defaults to port 9400: move one of them",
+            )
+    m = cfg.mqtt
+    if (m.tls_cert is None) != (m.tls_key is None):
+        yield ("mqtt.tls_cert", "mqtt.tls_key"), "tls_cert and tls_key go together"
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(m, name) is not None and not m.tls:
+            yield (f"mqtt.{name}", "mqtt.tls"), "set mqtt.tls = true to use TLS files"
+    if m.password_file is not None and m.username is None:
+        yield ("mqtt.password_file",), "a password needs mqtt.username"
+    if m.password_file is not None and not m.tls and not m.broker.is_loopback() and not m.allow_plaintext_password:
+        yield (
+            ("mqtt.password_file", "mqtt.broker", "mqtt.tls", "mqtt.allow_plaintext_password"),
+            f"the password would cross the network in clear to {m.broker}; set mqtt.tls = true "
+            "(or mqtt.allow_plaintext_password = true)",
+        )
+    if m.commands_enabled and (m.username is None or m.password_file is None):
+        yield (
+            ("mqtt.commands_enabled",),
+            "commands need broker credentials: set mqtt.username and mqtt.password_file",
+        )
+    url_problem = _check_url(cfg.dcgm.url)
+    if url_problem:
+        yield ("dcgm.url",), url_problem
+    c = cfg.control
+    if c.socket_mode & 0o600 != 0o600 or c.socket_mode & 0o007 or c.socket_mode & ~0o777:
+        yield (
+            ("control.socket_mode",),
+            f"0o{c.socket_mode:o} must give the owner read/write (0o600) and others nothing (at most 0o770)",
+        )
+    if len(os.fsencode(str(c.socket))) > 107:
+        yield ("control.socket",), "longer than 107 bytes, the limit of a unix socket path"
+    for i, allowed in enumerate(cfg.jobs.allowed_dirs):
+        if allowed == Path("/"):
+            yield (f"jobs.allowed_dirs[{i}]",), "'/' would let a job write anywhere"
+
+
+def _check_url(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return f"{show(url)}: scheme must be http or https"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry credentials"
+    if not parts.hostname:
+        return f"{show(url)} has no host"
+    if port == 0:
+        return "port 0 is not a port"
+    return None
+
+
+def _same_endpoint(host: str, port: int, listen: HostPort) -> bool:
+    """True when ``host:port`` names the address flexmigd serves its metrics on (loopback names count as one)."""
+    if port != listen.port:
+        return False
+    loopback = {"localhost", "127.0.0.1", "::1"}
+    return host == listen.host or (host in loopback and listen.host in loopback)

@@ -1,0 +1,429 @@
+"""The configuration's schema: one frozen dataclass per TOML table, each field with its default and its rules.
+
+Every key has a default, so an empty file is a valid configuration (observe mode, metrics on loopback, MQTT
+and DCGM off). Each field's metadata (``_doc``) holds its documentation and its range; the same metadata
+drives validation (:mod:`flexmig.config.checks`) and the example file (:mod:`flexmig.config.render`), so the
+documented file cannot drift from what the loader accepts.
+"""
+
+# ruff: noqa: RUF009  (every field default goes through _doc(), which returns dataclasses.field() with metadata)
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from flexmig.config.address import HostPort
+from flexmig.config.keys import join_key
+from flexmig.detect.settings import DEFAULT_DEMAND, FragmentationSettings, UnderuseSettings
+from flexmig.plan.types import PlannerSettings
+from flexmig.security import Secret, read_secret_file
+
+__all__ = [
+    "Config",
+    "ControlConfig",
+    "DcgmConfig",
+    "DemandMixConfig",
+    "DetectConfig",
+    "JobsConfig",
+    "Mode",
+    "MqttConfig",
+    "PlannerConfig",
+    "PrometheusConfig",
+    "SamplingConfig",
+    "StateConfig",
+    "iter_keys",
+    "toml_name",
+]
+
+#: What the daemon may do. ``observe``: sample, detect, export, never change a GPU. ``advise``: also plan and
+#: publish plans. ``act``: execute plans (needs root with CAP_SYS_ADMIN).
+Mode = Literal["observe", "advise", "act"]
+
+_PLANNER = PlannerSettings()  # the planner's defaults are the [planner] table's
+_UNDERUSE = UnderuseSettings()  # detection's defaults are the [detect] table's
+_FRAGMENTATION = FragmentationSettings()
+_DEMAND = dict(DEFAULT_DEMAND)  # and its default mix the [detect.demand_mix] table's
+
+
+def _doc(
+    default: Any = MISSING,
+    doc: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    gt: float | None = None,
+    pattern: str | None = None,
+    example: str | None = None,
+    toml: str | None = None,
+    octal: bool = False,
+    restart: bool = False,
+) -> Any:
+    """A dataclass field with the schema metadata that validation and the example file use.
+
+    ``lo``/``hi`` are inclusive bounds, ``gt`` an exclusive lower bound, ``pattern`` a regex a string must match
+    in full, ``example`` the value shown (commented out) for optional keys, ``toml`` the key's name in the file
+    when it is not a Python identifier, ``octal`` prints the default as ``0o600``, and ``restart`` marks keys
+    that a reload cannot apply (the daemon must be restarted).
+    """
+    meta = {
+        "doc": doc,
+        "lo": lo,
+        "hi": hi,
+        "gt": gt,
+        "pattern": pattern,
+        "example": example,
+        "toml": toml,
+        "octal": octal,
+        "restart": restart,
+    }
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How often the node is sampled and how much history is kept in memory."""
+
+    interval_s: float = _doc(1.0, "Seconds between two sweeps over every GPU and MIG instance.", lo=0.05, hi=3600)
+    retention_s: float = _doc(
+        3600.0,
+        "Seconds of per-instance history kept in the in-memory ring buffers; at least the longest detection window.",
+        lo=1,
+        hi=7 * 86400,
+    )
+    stall_s: float = _doc(
+        30.0,
+        "A sweep older than this means the sampling loop is wedged (a hung NVML call): the systemd watchdog stops "
+        "being fed, so systemd restarts the daemon. At least twice interval_s.",
+        lo=1,
+        hi=3600,
+    )
+    gpm: bool = _doc(True, "Read SM/DRAM/tensor activity through GPM where the GPU has it (Hopper and newer).")
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    """The ``/metrics`` endpoint (names ``flexmig_*``, labels joinable with dcgm-exporter's)."""
+
+    enabled: bool = _doc(True, "Serve Prometheus metrics.", restart=True)
+    listen: HostPort = _doc(
+        HostPort("127.0.0.1", 9400),
+        "Address to listen on. Loopback only unless allow_remote = true. Note: dcgm-exporter also defaults to "
+        "port 9400; when both run on one node, move one of them.",
+        restart=True,
+    )
+    allow_remote: bool = _doc(
+        False, "Allow a listen address other than loopback (metrics then reach the network unauthenticated)."
+    )
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    """MQTT events and retained state under ``<topic_prefix>/<node>/`` (status, state, events/<kind>)."""
+
+    enabled: bool = _doc(False, "Publish to an MQTT broker.", restart=True)
+    broker: HostPort = _doc(HostPort("127.0.0.1", 1883), "Broker address host:port (8883 is the usual TLS port).")
+    client_id: str = _doc(
+        "",
+        "MQTT client identifier; empty means flexmig-<node name>.",
+        pattern=r"[A-Za-z0-9._-]{0,64}",
+    )
+    topic_prefix: str = _doc(
+        "flexmig/v1",
+        "Topic prefix; the node's topics are <topic_prefix>/<node>/... No wildcards, no empty levels.",
+        pattern=r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,7}",
+    )
+    keepalive_s: int = _doc(
+        30, "MQTT keepalive in seconds; the broker publishes our last will after 1.5x this.", lo=5, hi=3600
+    )
+    tls: bool = _doc(False, "Connect with TLS (server certificate verified against tls_ca or the system store).")
+    tls_ca: Path | None = _doc(
+        None, "CA bundle that signed the broker's certificate.", example="/etc/flexmig/mqtt-ca.pem"
+    )
+    tls_cert: Path | None = _doc(
+        None, "Client certificate for mutual TLS (needs tls_key).", example="/etc/flexmig/mqtt.crt"
+    )
+    tls_key: Path | None = _doc(
+        None,
+        "Client private key for mutual TLS; like password_file it must not be readable by others.",
+        example="/etc/flexmig/mqtt.key",
+    )
+    username: str | None = _doc(None, "Broker user name.", example="flexmig-node", pattern=r"[^\x00-\x1f]{1,256}")
+    password_file: Path | None = _doc(
+        None,
+        "File whose first line is the broker password (mode 0600 or 0640, owned by root). Passwords are never "
+        "written in this file.",
+        example="/etc/flexmig/mqtt.password",
+    )
+    allow_plaintext_password: bool = _doc(
+        False, "Allow sending the password without TLS to a broker that is not on loopback."
+    )
+    commands_enabled: bool = _doc(
+        False,
+        "Accept commands on <topic_prefix>/<node>/commands/<verb> (README: Security); needs username and "
+        "password_file.",
+    )
+    outbox: Path = _doc(
+        Path("/var/lib/flexmig/outbox.sqlite3"),
+        "Persistent outbox: events wait here while the broker is away.",
+        restart=True,
+    )
+
+    def password(self, trusted_uids: Collection[int] | None = None) -> Secret | None:
+        """The broker password read from ``password_file`` (permissions checked), or None when there is none."""
+        if self.password_file is None:
+            return None
+        return read_secret_file(self.password_file, trusted_uids)
+
+
+@dataclass(frozen=True)
+class DcgmConfig:
+    """An optional local dcgm-exporter scraped for DCGM_FI_PROF_* per-instance activity."""
+
+    enabled: bool = _doc(False, "Scrape dcgm-exporter.")
+    url: str = _doc("http://127.0.0.1:9400/metrics", "dcgm-exporter's metrics URL (http or https, no credentials).")
+    timeout_s: float = _doc(2.0, "Timeout of one scrape in seconds.", lo=0.1, hi=60)
+
+
+@dataclass(frozen=True)
+class DemandMixConfig:
+    """Relative demand for each instance size (by compute slices); weights the external fragmentation score.
+
+    The default leans to small instances, as MIG is chosen for jobs smaller than a GPU (detect.settings).
+    """
+
+    # The defaults are detection's own mix (flexmig.detect.DEFAULT_DEMAND), the one place they are set.
+    g1: float = _doc(_DEMAND["1g"], "Weight of 1-slice profiles (1g.*).", lo=0, hi=1e6, toml="1g")
+    g2: float = _doc(_DEMAND["2g"], "Weight of 2-slice profiles (2g.*).", lo=0, hi=1e6, toml="2g")
+    g3: float = _doc(_DEMAND["3g"], "Weight of 3-slice profiles (3g.*).", lo=0, hi=1e6, toml="3g")
+    g4: float = _doc(_DEMAND["4g"], "Weight of 4-slice profiles (4g.*).", lo=0, hi=1e6, toml="4g")
+    g7: float = _doc(_DEMAND["7g"], "Weight of the whole-GPU profile (7g.*).", lo=0, hi=1e6, toml="7g")
+
+    def weights(self) -> dict[int, float]:
+        """Compute-slice count -> weight, for the detection layer."""
+        return {1: self.g1, 2: self.g2, 3: self.g3, 4: self.g4, 7: self.g7}
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    """Thresholds of the underuse and fragmentation findings."""
+
+    # The defaults are detection's own (flexmig.detect.DetectSettings), the one place they are set.
+    underuse_activity: float = _doc(
+        _UNDERUSE.activity_enter,
+        "An instance whose SM activity (p95, else mean) stays at or below this ratio, and whose memory stays at "
+        "or below underuse_memory, for underuse_window_s is underused (idle when it runs no process).",
+        lo=0,
+        hi=1,
+    )
+    underuse_activity_exit: float = _doc(
+        _UNDERUSE.activity_exit,
+        "The finding ends once activity stays above this ratio for underuse_exit_window_s.",
+        lo=0,
+        hi=1,
+    )
+    underuse_memory: float = _doc(
+        _UNDERUSE.memory_enter, "Memory used, as a ratio of the instance's memory, that counts as low.", lo=0, hi=1
+    )
+    underuse_memory_exit: float = _doc(
+        _UNDERUSE.memory_exit, "... or once memory used stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
+    )
+    underuse_window_s: float = _doc(
+        _UNDERUSE.enter_after_s, "How long low use must hold before it is a finding, in seconds.", lo=1, hi=86400
+    )
+    underuse_exit_window_s: float = _doc(
+        _UNDERUSE.exit_after_s,
+        "How long high use must hold before an underuse finding ends, in seconds.",
+        lo=0,
+        hi=86400,
+    )
+    oversize_margin: float = _doc(
+        _UNDERUSE.oversize_margin,
+        "A job is oversized when a smaller profile holds its p95 SMs and memory with this headroom.",
+        lo=0,
+        hi=10,
+    )
+    oversize_window_s: float = _doc(
+        _UNDERUSE.oversize_after_s, "How long a job must fit a smaller profile to be oversized.", lo=1, hi=86400
+    )
+    fragmentation_threshold: float = _doc(
+        _FRAGMENTATION.enter,
+        "A GPU whose external fragmentation score (0-1) stays at or above this is fragmented.",
+        lo=0,
+        hi=1,
+    )
+    fragmentation_exit: float = _doc(
+        _FRAGMENTATION.exit, "The fragmentation finding ends once the score stays at or below this.", lo=0, hi=1
+    )
+    fragmentation_window_s: float = _doc(
+        _FRAGMENTATION.enter_after_s,
+        "How long fragmentation (or its end) must persist before it is reported, in seconds.",
+        lo=0,
+        hi=86400,
+    )
+    demand_mix: DemandMixConfig = _doc(factory=DemandMixConfig, doc=DemandMixConfig.__doc__ or "")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """The planner (modes advise and act): how often it runs and what actions cost."""
+
+    # Every key PlannerSettings also has takes its default from there (the one set of planner defaults), so a
+    # daemon without a [planner] table plans exactly as the planner documents; its docstring gives the figures.
+    interval_s: float = _doc(60.0, "Seconds between two planning rounds.", lo=1, hi=86400)
+    settling_s: float = _doc(
+        _PLANNER.settling_s,
+        "A job started, migrated or re-split is not moved again for this long, in seconds.",
+        lo=0,
+        hi=86400,
+    )
+    # Action costs: the measured figures of bench/migration.py and the torch DDP example (examples/train_ddp.py,
+    # 2 ranks, gloo, on the simulated node).
+    checkpoint_s: float = _doc(
+        _PLANNER.checkpoint_s,
+        "Expected time from the checkpoint request to the job's ranks having exited (measured: acknowledgement "
+        "40-90 ms, ranks exit 2-3 s; bench/migration.py). Raise it for jobs with large checkpoints.",
+        lo=0,
+        hi=3600,
+    )
+    reconfigure_s: float = _doc(
+        _PLANNER.reconfigure_s, "Expected time to destroy or create one MIG instance.", lo=0, hi=3600
+    )
+    restart_s: float = _doc(
+        _PLANNER.restart_s,
+        "Expected time from relaunch to the job's first step after resuming (measured: 4-6 s for the torch "
+        "example, of which the daemon's own part is ~0.06 s; bench/migration.py).",
+        lo=0,
+        hi=3600,
+    )
+    spread_efficiency: float = _doc(
+        _PLANNER.spread_efficiency,
+        "Speed of a job spread over several instances, as a fraction of the speed its compute slices would give "
+        "in one instance (one rank per instance, no P2P/NVLink between MIG instances).",
+        gt=0,
+        hi=1,
+    )
+    gain_margin: float = _doc(
+        _PLANNER.gain_margin,
+        "Move a job only when the expected gain (the wait it spares another job, the run time it saves) is at "
+        "least (1 + this) times its cost.",
+        lo=0,
+        hi=10,
+    )
+    migrate_enabled: bool = _doc(_PLANNER.migrate, "Plan migrations of jobs between instances.")
+    resplit_enabled: bool = _doc(
+        _PLANNER.resplit, "Plan re-splits of distributed jobs over another number of instances."
+    )
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """Job specs the daemon launches, and where jobs may keep their files."""
+
+    directory: Path = _doc(
+        Path("/etc/flexmig/jobs"), "Directory of job spec files (*.toml; same permission rules as this file)."
+    )
+    allowed_dirs: tuple[Path, ...] = _doc(
+        (Path("/var/lib/flexmig/jobs"),),
+        "Directories under which a job's working and checkpoint directories may lie ('/' is refused).",
+    )
+    ack_timeout_s: float = _doc(
+        300.0, "Default time a job has to acknowledge a checkpoint; on timeout the move is cancelled.", lo=1, hi=86400
+    )
+    ack_dir: Path | None = _doc(
+        None,
+        "Jobs acknowledge checkpoints here (created mode 1733) instead of in their checkpoint directories; needed "
+        "when the daemon cannot read job directories (the shipped systemd unit has no CAP_DAC_OVERRIDE).",
+        example="/run/flexmig/acks",
+        restart=True,
+    )
+    shutdown_grace_s: float = _doc(
+        60.0,
+        "On SIGTERM, how long the action in flight may take to finish; after that the daemon exits and the "
+        "journal has the next start finish or roll it back. Keep it below systemd's TimeoutStopSec (90 s).",
+        lo=0,
+        hi=3600,
+    )
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """The local control socket that ``flexmig status`` and ``flexmig plan`` talk to."""
+
+    enabled: bool = _doc(True, "Serve the control socket.", restart=True)
+    socket: Path = _doc(Path("/run/flexmig/control.sock"), "Unix socket path (at most 107 bytes).", restart=True)
+    socket_mode: int = _doc(
+        0o600, "Permissions of the socket: owner read/write required, nothing for others.", octal=True, restart=True
+    )
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Persistent state."""
+
+    directory: Path = _doc(Path("/var/lib/flexmig"), "State directory (systemd StateDirectory=flexmig).", restart=True)
+    journal: Path = _doc(Path("/var/lib/flexmig/journal.sqlite3"), "Action journal (SQLite, WAL mode).", restart=True)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; :meth:`default` is what an empty file gives."""
+
+    mode: Mode = _doc(
+        "observe",
+        "What the daemon may do: observe (never changes a GPU), advise (plans, publishes "
+        "them, changes nothing) or act (executes plans; needs root with CAP_SYS_ADMIN).",
+    )
+    node_name: str = _doc(
+        "",
+        "This node's name in MQTT topics and metrics; empty means the host name (first label).",
+        pattern=r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?",
+    )
+    sampling: SamplingConfig = _doc(factory=SamplingConfig, doc=SamplingConfig.__doc__ or "")
+    prometheus: PrometheusConfig = _doc(factory=PrometheusConfig, doc=PrometheusConfig.__doc__ or "")
+    mqtt: MqttConfig = _doc(factory=MqttConfig, doc=MqttConfig.__doc__ or "")
+    dcgm: DcgmConfig = _doc(factory=DcgmConfig, doc=DcgmConfig.__doc__ or "")
+    detect: DetectConfig = _doc(factory=DetectConfig, doc=DetectConfig.__doc__ or "")
+    planner: PlannerConfig = _doc(factory=PlannerConfig, doc=PlannerConfig.__doc__ or "")
+    jobs: JobsConfig = _doc(factory=JobsConfig, doc=JobsConfig.__doc__ or "")
+    control: ControlConfig = _doc(factory=ControlConfig, doc=ControlConfig.__doc__ or "")
+    state: StateConfig = _doc(factory=StateConfig, doc=StateConfig.__doc__ or "")
+
+    @classmethod
+    def default(cls) -> Config:
+        """The configuration an empty file gives."""
+        return cls()
+
+    def node(self, hostname: Callable[[], str] = socket.gethostname) -> str:
+        """The node name: ``node_name``, or the host name's first label made topic-safe."""
+        if self.node_name:
+            return self.node_name
+        label = re.sub(r"[^A-Za-z0-9._-]", "-", hostname().split(".", 1)[0])[:63].strip("-.")
+        return label or "node"
+
+    def mqtt_client_id(self, hostname: Callable[[], str] = socket.gethostname) -> str:
+        """``mqtt.client_id``, or ``flexmig-<node>``."""
+        return self.mqtt.client_id or f"flexmig-{self.node(hostname)}"
+
+
+def toml_name(f: Any) -> str:
+    """The key a dataclass field has in the file (``1g`` for ``g1``)."""
+    return cast(str, f.metadata.get("toml") or f.name)
+
+
+def iter_keys(cfg: object, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """Every leaf key of a configuration tree: (dotted key, value, field metadata), in schema order."""
+    for f in fields(cast(Any, cfg)):
+        key = join_key(prefix, toml_name(f))
+        value = getattr(cfg, f.name)
+        if is_dataclass(value) and not isinstance(value, (HostPort, type)):
+            yield from iter_keys(value, key)
+        else:
+            yield key, value, f.metadata

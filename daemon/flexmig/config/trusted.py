@@ -1,0 +1,107 @@
+"""Reading a file that steers the daemon (its configuration, a job spec) only once it is known to be safe to read.
+
+Both kinds of file may make a root daemon act, so both are read the same way: the file must be a regular file
+that only a trusted owner can change, no larger than a limit, and UTF-8 text. Refused unread: anything that is
+not a regular file (a FIFO would block the reader forever, a device may act on being opened), a file others can
+write, and a file whose size is over the limit (``/proc/kcore`` claims terabytes). A file that holds other than
+its stated size (``/proc`` and ``/sys`` files say 0 bytes and yield more; a file being written) is refused after
+at most its size plus one byte has been read, and a file swapped between the check and the open is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Collection
+from pathlib import Path
+
+from flexmig.config.problems import ConfigFileError, ConfigProblem
+from flexmig.errors import ConfigError
+from flexmig.security import check_stat_permissions
+
+__all__ = ["read_trusted_text"]
+
+
+def read_trusted_text(
+    path: Path,
+    *,
+    what: str,
+    max_bytes: int,
+    trusted_uids: Collection[int] | None = None,
+    check_permissions: bool = True,
+) -> str:
+    """The text of ``path`` after the checks above; ConfigFileError naming the file (and the line, for bad UTF-8).
+
+    ``what`` names the kind of file in messages (``job spec``); ``trusted_uids`` are the owners it may have (root
+    and the current user by default); ``check_permissions`` False skips the owner and mode rules (never the
+    others), for files the caller vouches for. Blocks on the file system.
+    """
+
+    def refuse(message: str, line: int | None = None) -> ConfigFileError:
+        return ConfigFileError([ConfigProblem(str(path), "", line, message)])
+
+    def check(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse(f"refused: not a regular file ({_kind(st.st_mode)})")
+        if check_permissions:
+            try:
+                check_stat_permissions(path, st, "config", trusted_uids)
+            except ConfigError as exc:
+                raise refuse(_without_path(str(exc), path)) from None
+        if st.st_size > max_bytes:
+            raise refuse(f"{what} larger than {max_bytes} bytes ({st.st_size} bytes)")
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise refuse("no such file") from None
+    except OSError as exc:
+        raise refuse(f"cannot read: {exc.strerror or exc}") from None
+    check(st)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise refuse(f"cannot read: {exc.strerror or exc}") from None
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+            raise refuse("refused: the file was replaced while it was being opened")
+        check(opened)
+        chunks: list[bytes] = []
+        left = opened.st_size + 1  # one byte more than stated tells a file that holds more than it says
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise refuse(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) != opened.st_size:
+        raise refuse(
+            f"refused: holds other than the {opened.st_size} bytes its size says "
+            "(a /proc or /sys file, or one being written)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse("not UTF-8 text", raw[: exc.start].count(b"\n") + 1) from None
+
+
+def _without_path(message: str, path: Path) -> str:
+    prefix = f"{path}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not an ordinary file")

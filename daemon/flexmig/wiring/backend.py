@@ -1,0 +1,90 @@
+"""Opening the node the daemon runs on: the real NVML, or a simulated node installed under pynvml first.
+
+This is the one place that chooses between the driver and the simulator. :func:`open_backend` returns what the
+layers below need of the node, so none of them knows which it has: the NVML session, the reader the sampler sweeps,
+the process table the actuator registers ranks in, and, on a simulated node only, the demo workload.
+
+Everything here runs on the NVML thread (the daemon calls :func:`open_backend` and :meth:`Backend.close` through
+its :class:`~flexmig.nvml.worker.NvmlWorker`), so the simulator's state and NVML's are only ever touched from
+that one thread by the daemon.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from flexmig import sim
+from flexmig.act.devices import DeviceProcessTable, DriverProcessTable
+from flexmig.nvml import GpmWindows, Nvml
+from flexmig.telemetry.reader import NvmlReader
+
+__all__ = ["Backend", "DemoWorkload", "open_backend"]
+
+
+class DemoWorkload(Protocol):
+    """The simulated node's synthetic workload (``SimNode.step_workload``): what ``flexmigd --sim`` shows."""
+
+    def __call__(self, now: float, *, exclude: Collection[tuple[int, int]] = ()) -> None:
+        """Advance the workload to ``now``, leaving alone the instances at ``exclude`` (GPU index, first slice)."""
+
+
+@dataclass(slots=True)
+class Backend:
+    """An open NVML session, with what the daemon's layers need of the node it runs on."""
+
+    nvml: Nvml
+    reader: NvmlReader
+    devices: DeviceProcessTable
+    """Where the actuator registers rank processes: the driver's own table, or the simulated node's."""
+    workload: DemoWorkload | None
+    """The demo workload to step on the NVML thread; None on real hardware, or when the caller asked for none."""
+    node: sim.SimNode | None
+    """The simulated node under pynvml, None on real hardware (tests reach into it)."""
+
+    @property
+    def simulated(self) -> bool:
+        """True when NVML reads a simulated node."""
+        return self.node is not None
+
+    def close(self) -> None:
+        """Free GPM samples, shut NVML down, and take the simulator away again."""
+        try:
+            if self.reader.gpm is not None:
+                self.reader.gpm.close()
+            self.nvml.close()
+        finally:
+            if self.node is not None:
+                sim.uninstall()
+
+
+def open_backend(
+    sim_spec: str | None,
+    gpm: bool,
+    clock: Callable[[], float] = time.monotonic,
+    sim_state: Path | None = None,
+    *,
+    sim_workload: bool = True,
+) -> Backend:
+    """Install the simulated node ``sim_spec`` (if given), open NVML and set up GPM windows (if ``gpm``).
+
+    ``sim_state``: the simulator's state file (restored if it exists, saved on every change), so a simulated
+    node keeps its instances across daemon restarts. ``sim_workload``: whether a simulated node comes with its demo
+    workload. Raises NodeSpecError for a bad spec, SimError for an unreadable state file, NvmlUnavailableError when
+    there is no driver and no simulator.
+    """
+    node = sim.install(sim_spec, clock=clock, state_path=sim_state) if sim_spec is not None else None
+    try:
+        nvml = Nvml.open()
+    except BaseException:
+        if node is not None:
+            sim.uninstall()
+        raise
+    windows = GpmWindows(clock=clock) if gpm else None
+    if node is None:
+        return Backend(nvml, NvmlReader(nvml, windows), DriverProcessTable(), None, None)
+    workload = node.step_workload if sim_workload else None
+    return Backend(nvml, NvmlReader(nvml, windows), sim.SimProcessTable(node), workload, node)

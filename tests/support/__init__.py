@@ -1,0 +1,17 @@
+"""What the tests share (not test modules): the rigs and harnesses that run real parts for them.
+
+Each module is named after what it runs or provides:
+
+- ``actuator``: a live actuator with its control server on a simulated node, in a background thread (``LiveNode``).
+- ``commands``: MQTT commands against a real mosquitto: passwords and ACL, an operator client, a running listener.
+- ``daemon``: an in-process flexmigd on a simulated node: start it, wait for sweeps, scrape its /metrics.
+- ``flexmigd``: flexmigd with its actuator as a subprocess (``ActNode``), and bounded waits on it.
+- ``dashboards``: the dashboard generator and catalogue, the committed JSON panel by panel, promtool's parse check.
+- ``jobs``: the ``flexmig`` CLI, the example jobs' specs, the torch example's training log, killing a job's ranks.
+- ``mosquitto``: a real mosquitto on a free loopback port, and the bounded waits the MQTT tests share.
+- ``prometheus``: flexmigd as a subprocess and a real Prometheus scraping it.
+- ``toml``: Python values rendered as TOML text, for the fuzzers that write hostile files.
+
+Tests import them as ``support.<module>``: pytest puts ``tests/`` on ``sys.path`` (rootdir conftest, no
+``tests/__init__.py``).
+"""

@@ -1,0 +1,322 @@
+"""flexmigd with its actuator as a subprocess on a simulated node, for integration tests (not a test module).
+
+:class:`ActNode` writes a configuration under the test's directory (mode, control socket, journal, job
+directories, optionally MQTT), starts ``flexmigd --sim SPEC --sim-state FILE`` on a free metrics port, and gives
+tests what they check against: the exposition (parsed), ``flexmig status`` and ``flexmig plan`` as JSON, the
+journal, and the simulator's ground truth read back from its state file. Every wait is bounded; ``stop`` sends
+SIGTERM and the context manager always stops the daemon and kills the jobs' ranks left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+from prometheus_client.parser import text_string_to_metric_families
+
+from flexmig import sim
+from flexmig.act.client import ControlClient
+from flexmig.act.journal import Journal
+from flexmig.errors import FlexmigError
+from flexmig.export.events import Event
+from flexmig.sim.truth import GpuTruth
+from support.jobs import counter_spec, kill_ranks, write_spec
+from support.prometheus import free_port, http_get
+
+WAIT_S = 60.0
+
+
+def wait_until(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S, every_s: float = 0.1) -> Any:
+    """``probe()`` until truthy (exceptions count as not yet); AssertionError naming ``what`` after the bound."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = probe()
+            if got:
+                return got
+        except (OSError, ValueError, KeyError, AssertionError) as exc:
+            last = exc
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s} s (last error: {last!r})")
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of sample ``name`` whose labels include ``labels`` in an exposition, None if absent."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+@dataclass
+class ActNode:
+    """One flexmigd with its actuator on a simulated node under ``base``."""
+
+    base: Path
+    spec: str
+    mode: str = "act"
+    node_name: str = "act-node"
+    broker: str | None = None
+    grace_s: float | None = None  # jobs.shutdown_grace_s (default 60)
+    mqtt_extra: str = ""  # more [mqtt] keys (credentials, commands_enabled), with ``broker``
+    control: bool = True  # [control] enabled: the socket is served
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def sock(self) -> Path:
+        return self.base / "control.sock"
+
+    @property
+    def journal(self) -> Path:
+        return self.base / "state" / "journal.sqlite3"
+
+    @property
+    def sim_state(self) -> Path:
+        return self.base / "sim.json"
+
+    @property
+    def config(self) -> Path:
+        return self.base / "flexmig.toml"
+
+    @property
+    def log(self) -> Path:
+        return self.base / f"flexmigd-{self.starts}.log"
+
+    def write_config(self, mode: str | None = None) -> None:
+        """The configuration file (rewritten for a SIGHUP with another mode)."""
+        self.mode = mode or self.mode
+        mqtt = ""
+        if self.broker:
+            mqtt = f'[mqtt]\nenabled = true\nbroker = "{self.broker}"\noutbox = "{self.base}/outbox.sqlite3"\n'
+            mqtt += self.mqtt_extra
+        text = (
+            f'mode = "{self.mode}"\nnode_name = "{self.node_name}"\n'
+            "[planner]\ninterval_s = 1\nsettling_s = 0\n"
+            f'[jobs]\nallowed_dirs = ["{self.base}"]\nack_timeout_s = 60\n'
+            + (f"shutdown_grace_s = {self.grace_s}\n" if self.grace_s is not None else "")
+            + f'[control]\nsocket = "{self.sock}"\n'
+            + ("" if self.control else "enabled = false\n")
+            + f'[state]\ndirectory = "{self.base}/state"\njournal = "{self.journal}"\n'
+            + mqtt
+        )
+        self.config.write_text(text)
+        self.config.chmod(0o600)
+
+    def start(self) -> ActNode:
+        """Start flexmigd and wait until it serves metrics and its control socket."""
+        self.write_config()
+        self.starts += 1
+        argv = [
+            sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(self.sim_state),
+            "--config", str(self.config), "--metrics-addr", f"127.0.0.1:{self.port}",
+        ]  # fmt: skip
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": ""}
+            )
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"flexmigd exited with {self.proc.returncode}: {self.log.read_text()}")
+            return (self.sock.exists() or not self.control) and b"flexmig_actions_total" in http_get(self.url)
+
+        try:
+            wait_until(f"flexmigd up (log {self.log})", up)
+        except RuntimeError as exc:
+            raise AssertionError(str(exc)) from None
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def stop(self, timeout_s: float = WAIT_S) -> int:
+        """SIGTERM; the exit status (SIGKILL after ``timeout_s``, and an AssertionError)."""
+        proc = self.proc
+        assert proc is not None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+                raise AssertionError(f"flexmigd did not stop within {timeout_s} s after SIGTERM") from None
+        return int(proc.returncode)
+
+    def hup(self, mode: str) -> None:
+        """Rewrite the configuration with ``mode``, send SIGHUP, and wait until the daemon switched."""
+        assert self.proc is not None
+        before = self.log.read_text().count(f" -> {mode}")
+        self.write_config(mode)
+        self.proc.send_signal(signal.SIGHUP)
+        wait_until(f"reload to mode {mode}", lambda: self.log.read_text().count(f" -> {mode}") > before)
+
+    # ------------------------------------------------------------------------------------------ reading
+    def metrics(self) -> str:
+        return http_get(self.url).decode()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return sample(self.metrics(), name, Hostname=self.node_name, **labels)
+
+    def cli(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``flexmig COMMAND --socket SOCK ARGS...``."""
+        return subprocess.run(
+            [sys.executable, "-m", "flexmig.cli.main", command, "--socket", str(self.sock), *args],
+            capture_output=True, text=True, timeout=WAIT_S, check=False,
+        )  # fmt: skip
+
+    def cli_json(self, command: str, *args: str) -> Any:
+        out = self.cli(command, "--json", *args)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        """Job summaries by name, from the journal (read-only, beside the daemon)."""
+        if not self.journal.exists():
+            return {}
+        j = Journal(self.journal)
+        try:
+            return {rec.name: rec.summary() for rec in j.jobs()}
+        finally:
+            j.close()
+
+    def unfinished_plans(self) -> list[int]:
+        j = Journal(self.journal)
+        try:
+            return j.unfinished_plans()
+        finally:
+            j.close()
+
+    def truth(self) -> tuple[GpuTruth, ...]:
+        """The simulated node as the daemon left it in its state file."""
+        copy = self.base / "truth.json"
+        shutil.copyfile(self.sim_state, copy)
+        node = sim.install(self.spec, state_path=copy)
+        try:
+            return node.gpus()
+        finally:
+            sim.uninstall()
+
+    def layout(self) -> dict[int, list[tuple[int, str]]]:
+        """GPU -> sorted (start, profile) of its instances, from the ground truth."""
+        return {g.index: sorted((gi.start, gi.profile.name) for gi in g.gpu_instances) for g in self.truth()}
+
+
+@contextlib.contextmanager
+def short_base(prefix: str = "fm-") -> Iterator[Path]:
+    """A short, world-traversable temporary directory (unix socket paths are limited to 107 bytes), removed after."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def act_node(base: Path, spec: str, **kw: Any) -> Iterator[ActNode]:
+    """A started :class:`ActNode`; on exit it is stopped, and every job's ranks (and anything else still running
+    under ``base``) are killed and waited for."""
+    node = ActNode(base, spec, **kw)
+    try:
+        yield node.start()
+    finally:
+        if node.proc is not None and node.proc.poll() is None:
+            with contextlib.suppress(AssertionError):
+                node.stop()
+        kill_ranks(node.journal, base=node.base)
+
+
+class JobCycler(threading.Thread):
+    """Keeps an :class:`ActNode` acting until :meth:`stop`: a stdlib job is submitted, migrated, re-split to 2
+    ranks and back, and stopped, over and over, so every kind of move shows in rates and histograms."""
+
+    def __init__(self, node: ActNode, name: str = "cycle", pause_s: float = 0.5) -> None:
+        super().__init__(name=f"cycler-{name}", daemon=True)
+        self.node = node
+        self.job = name
+        self.pause_s = pause_s
+        self.cycles = 0
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+        self.spec = write_spec(node.base / f"{name}.toml", counter_spec(node.base, name, max_ranks=2))
+
+    def run(self) -> None:
+        client = ControlClient(self.node.sock, timeout_s=WAIT_S)
+        steps: list[tuple[str, dict[str, Any]]] = [
+            ("jobs.submit", {"path": str(self.spec)}),
+            ("jobs.migrate", {"name": self.job}),
+            ("jobs.resplit", {"name": self.job, "ranks": 2}),
+            ("jobs.resplit", {"name": self.job, "ranks": 1}),
+            ("jobs.stop", {"name": self.job}),
+        ]
+        while not self._halt.is_set():
+            for op, args in steps:
+                try:
+                    client.call(op, **args)
+                except FlexmigError as exc:
+                    self.errors.append(f"{op}: {exc}")
+                if self._halt.wait(self.pause_s / len(steps)):
+                    return
+            self.cycles += 1
+
+    def stop(self) -> None:
+        """Finish the step in progress and end (bounded)."""
+        self._halt.set()
+        self.join(WAIT_S)
+
+
+# ---------------------------------------------------------------------------------------------------- MQTT
+
+
+def open_session(port: int, node: str, client_id: str = "act-watcher") -> None:
+    """Open a persistent QoS 1 session on ``node``'s events, so the broker queues them from now on."""
+
+    async def go() -> None:
+        async with aiomqtt.Client("127.0.0.1", port, identifier=client_id, clean_session=False) as c:
+            await c.subscribe(f"flexmig/v1/{node}/events/#", qos=1)
+
+    asyncio.run(go())
+
+
+def collect_events(
+    port: int, node: str, *, quiet_s: float = 1.5, limit_s: float = 20.0, client_id: str = "act-watcher"
+) -> list[Event]:
+    """Every event queued for the persistent session (until ``quiet_s`` without one, at most ``limit_s``)."""
+
+    async def go() -> list[Event]:
+        out: list[Event] = []
+        async with aiomqtt.Client("127.0.0.1", port, identifier=client_id, clean_session=False) as c:
+            await c.subscribe(f"flexmig/v1/{node}/events/#", qos=1)
+            deadline = time.monotonic() + limit_s
+            messages = c.messages
+            while time.monotonic() < deadline:
+                try:
+                    async with asyncio.timeout(quiet_s):
+                        message = await anext(messages)
+                except TimeoutError:
+                    break
+                out.append(Event.from_json(bytes(message.payload)))
+        return out
+
+    return asyncio.run(go())

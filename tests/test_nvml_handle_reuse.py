@@ -1,0 +1,65 @@
+"""flexmig.nvml never trusts a MIG handle across a change: NVML may hand a destroyed device's handle to a new one.
+
+nvml.h, ``nvmlDeviceGetMigDeviceHandleByIndex``: "Handles may be reused and their properties can change in the
+process." The simulator reuses them deterministically, so these tests make the reuse happen on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from ctypes import byref
+
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
+import pytest
+
+from flexmig.nvml import Nvml
+from flexmig.nvml.calls import Walk
+from flexmig.sim import SimNode, install, uninstall
+
+SPEC = "h200:3g.71gb@0+1g.18gb@6"
+
+
+@pytest.fixture
+def node() -> Iterator[SimNode]:
+    yield install(SPEC)
+    uninstall()
+
+
+def repartition_reusing_the_handle_of(node: SimNode, gi_id: int) -> str:
+    """Destroy GI ``gi_id`` behind flexmig's back and create a 2g whose MIG device takes its handle slot."""
+    N.nvmlInit()
+    try:
+        dev = N.nvmlDeviceGetHandleByIndex(0)
+        gi = N.nvmlDeviceGetGpuInstanceById(dev, gi_id)
+        N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+        N.nvmlGpuInstanceDestroy(gi)
+        placement = N.c_nvmlGpuInstancePlacement_t(0, 2)
+        new = N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, 14, byref(placement))
+        N.nvmlGpuInstanceCreateComputeInstance(new, N.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
+    finally:
+        N.nvmlShutdown()
+    return next(u for u in node.mig_uuids(0) if node.gpu(0).mig_device(u)[0].id == 3)
+
+
+def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_misattributed(node: SimNode) -> None:
+    with Nvml.open() as nvml:
+        nvml.inventory()
+        g = nvml._cache(0)
+        walk = Walk()
+        stale = g.mig_handles(walk)[0]  # the 3g at 0, enumerated before the change
+        new_uuid = repartition_reusing_the_handle_of(node, 1)
+        node.start_process(new_uuid, memory_bytes=5 << 30)
+        sample = nvml._mig_sample(g, stale, None, walk)
+        assert N.nvmlDeviceGetUUID(stale.handle) == new_uuid  # the handle really was reused
+        assert (sample.uuid, sample.memory_used_bytes, sample.processes) == (stale.uuid, None, None)
+        assert [(i.name, i.target) for i in walk.take()] == [("HANDLE_REUSED", stale.uuid)]
+
+
+def test_the_next_sweep_finds_the_new_device_under_its_own_uuid(node: SimNode) -> None:
+    with Nvml.open() as nvml:
+        before = [d.uuid for g in nvml.sample() for d in g.mig_devices]
+        new_uuid = repartition_reusing_the_handle_of(node, 1)
+        after = {d.uuid: d for g in nvml.sample() for d in g.mig_devices}
+        assert before[0] not in after
+        assert after[new_uuid].gpu_instance_id == 3
+        assert after[new_uuid].memory_total_bytes == 33024 << 20
