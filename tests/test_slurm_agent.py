@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from slurm_rig import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -20,10 +21,10 @@ def test_three_pending_1g_jobs_on_a_7g_node_run_each_on_its_own_mig_device() -> 
                 assert pending.reason in ("ReqNodeNotAvail", "Resources", "None", "Priority")
             rnd = await rig.agent.round("act")
             assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
-            assert rnd.result is not None and rnd.result.ok, rnd.result.to_json()
+            assert rnd.result is not None and rnd.result.ok, rnd
             for j in jobs:
                 await rig.wait_state(j, "RUNNING")
-            seen = [await until(f"job {j} wrote its devices", lambda j=j: _visible(rig, j)) for j in jobs]
+            seen = [await until(f"job {j} wrote its devices", _visible(rig, j)) for j in jobs]
             assert all(v.startswith("MIG-") and "," not in v for v in seen), seen
             assert len(set(seen)) == 3, seen
             read = await rig.agent.read()
@@ -33,8 +34,11 @@ def test_three_pending_1g_jobs_on_a_7g_node_run_each_on_its_own_mig_device() -> 
     asyncio.run(scenario())
 
 
-async def _visible(rig: SlurmRig, job: int) -> str:
-    return rig.visible(job)
+def _visible(rig: SlurmRig, job: int) -> Callable[[], Awaitable[str]]:
+    async def probe() -> str:
+        return rig.visible(job)
+
+    return probe
 
 
 def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_acknowledged_step() -> None:
@@ -48,7 +52,7 @@ def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_ack
                 await rig.wait_state(j, "PENDING")
             rnd = await rig.agent.round("act")
             assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
-            assert rnd.result is not None and rnd.result.ok, rnd.result.to_json()
+            assert rnd.result is not None and rnd.result.ok, rnd
             for j in small:
                 await rig.wait_state(j, "RUNNING")
             await rig.wait_state(hook, "RUNNING")
@@ -82,13 +86,13 @@ def test_a_job_without_the_hook_is_never_signalled_the_drain_waits_for_it() -> N
                 await rig.wait_state(j, "PENDING")
             rnd = await rig.agent.round("act")
             assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
-            assert rnd.result is not None and rnd.result.ok, rnd.result.to_json()
+            assert rnd.result is not None and rnd.result.ok, rnd
             done = await rig.job(plain)
             assert done is not None and done.state == "COMPLETED" and done.restart_count == 0, done
             assert not rig.signalled(plain)
             assert [k for k, d in rig.slurm_events if d.get("slurm_job") == plain] == []
             assert ("slurm_job_requeued", hook) in [(k, d.get("slurm_job")) for k, d in rig.slurm_events], (
-                rnd.result.to_json(),
+                rnd.result,
                 rig.hook_log(hook),
             )
             for j in small:

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from flexmig.act.journal import StepEvent
-from slurm_rig import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 

@@ -9,7 +9,7 @@ import pytest
 
 from flexmig.errors import SlurmError
 from flexmig.slurm.testbed import stop_pid
-from slurm_rig import SlurmRig, skip_reason
+from support.slurm import SlurmRig, skip_reason
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 

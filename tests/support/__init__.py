@@ -11,6 +11,8 @@ Each module is named after what it runs or provides:
 - ``mosquitto``: a real mosquitto on a free loopback port, and the bounded waits the MQTT tests share.
 - ``prometheus``: flexmigd as a subprocess and a real Prometheus scraping it.
 - ``toml``: Python values rendered as TOML text, for the fuzzers that write hostile files.
+- ``slurm``: a real single-node Slurm (munged, slurmctld, slurmd) around a simulated MIG node with the actuator and
+  flexmig's Slurm agent (``SlurmRig``), and why it cannot run on a machine (``skip_reason``).
 
 Tests import them as ``support.<module>``: pytest puts ``tests/`` on ``sys.path`` (rootdir conftest, no
 ``tests/__init__.py``).

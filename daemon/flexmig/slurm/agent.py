@@ -21,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexmig.act.executor import Executor, PlanResult
+from flexmig.act.executor import Executor
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.records import Slot
+from flexmig.act.results import PlanResult
 from flexmig.errors import FlexmigError, PlanRejectedError, SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from flexmig.act.executor import StepFailed
 from flexmig.act.records import Slot
+from flexmig.act.steps import StepFailed
 from flexmig.errors import SlurmError
 from flexmig.hook.protocol import Ack, AckError, read_ack
 from flexmig.nvml.types import Inventory

@@ -27,16 +27,15 @@ from typing import Any, TypeVar
 import psutil
 
 from flexmig import sim
-from flexmig.act.devices import SimProcessTable
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
-from flexmig.act.migops import ThreadOffload
 from flexmig.act.service import Actuator
 from flexmig.errors import SlurmError
 from flexmig.jobs import JobPolicy
 from flexmig.mig.nodespec import parse_node_spec
-from flexmig.nvml import Nvml
+from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import PlannerSettings
+from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.install import render_taskprolog
@@ -44,7 +43,7 @@ from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, missing_binaries
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
 WAIT_S = 60.0
 T = TypeVar("T")
@@ -117,6 +116,9 @@ class SlurmRig:
         self.register_at_start = register
         self.on_step = on_step
         self.node = self.testbed.node
+        self._act: Actuator | None = None
+        self._offload: NvmlWorker | None = None
+        self._nvml: Nvml | None = None
 
     def settings(self) -> SlurmSettings:
         """The agent's settings: everything under the testbed's directory."""
@@ -164,12 +166,12 @@ class SlurmRig:
         """Build the simulated node (from its state file if there is one), the actuator and the agent, and
         reconcile the journal (what a flexmigd start does); returns the reconciliation summary."""
         self.sim_node = sim.install(self.spec, state_path=self.base / "sim.json")
-        self.nvml = Nvml.open()
-        self.offload = ThreadOffload()
-        self.act = Actuator.build(
+        self._nvml = Nvml.open()
+        self._offload = NvmlWorker()
+        self._act = Actuator.build(
             mode="act",
-            nvml=self.nvml,
-            offload=self.offload,
+            nvml=self._nvml,
+            offload=self._offload.call,
             devices=SimProcessTable(self.sim_node),
             journal_path=self.paths.flexmig / "journal.sqlite3",
             logs_dir=self.paths.flexmig / "logs",
@@ -190,15 +192,30 @@ class SlurmRig:
 
     async def close_flexmig(self) -> None:
         """Close the actuator and take the simulated node away (a crash leaves the same: journal and state file)."""
-        for name in ("act", "offload", "nvml"):
-            obj = getattr(self, name, None)
-            if obj is not None:
-                with contextlib.suppress(Exception):
-                    res = obj.close()
-                    if asyncio.iscoroutine(res):
-                        await res
-                setattr(self, name, None)
+        if self._act is not None:
+            with contextlib.suppress(Exception):
+                await self._act.close()
+            self._act = None
+        if self._offload is not None:
+            self._offload.shutdown()
+            self._offload = None
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.close()
+            self._nvml = None
         sim.uninstall()
+
+    @property
+    def act(self) -> Actuator:
+        """The actuator (while flexmig is open)."""
+        assert self._act is not None, "flexmig is closed"
+        return self._act
+
+    @property
+    def nvml(self) -> Nvml:
+        """The NVML session (while flexmig is open)."""
+        assert self._nvml is not None, "flexmig is closed"
+        return self._nvml
 
     async def __aexit__(self, *exc: object) -> None:
         if self.ctld_alive():
