@@ -37,6 +37,7 @@ from flexmig.config.schema import (
     PlannerConfig,
     PrometheusConfig,
     SamplingConfig,
+    SlurmConfig,
     StateConfig,
     iter_keys,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "PrometheusConfig",
     "ReloadResult",
     "SamplingConfig",
+    "SlurmConfig",
     "StateConfig",
     "changed_keys",
     "find_key_line",

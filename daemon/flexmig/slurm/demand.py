@@ -25,9 +25,8 @@ from flexmig.plan.types import Instance, JobRequest, RankNeed
 from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.nodes import SlurmNode
 
-__all__ = ["DEFAULT_HOOK_TOKEN", "PENDING_REASONS", "SlurmDemand", "SlurmRunning", "read_demand", "request_name"]
+__all__ = ["PENDING_REASONS", "SlurmDemand", "SlurmRunning", "read_demand", "request_name"]
 
-DEFAULT_HOOK_TOKEN = "flexmig:hook"  # noqa: S105 - a word in a job comment, not a secret
 #: Pending reasons a repartition can answer.
 PENDING_REASONS = frozenset({"None", "Resources", "Priority", "ReqNodeNotAvail"})
 
@@ -157,7 +156,7 @@ def read_demand(
     index_map: Mapping[int, Instance],
     now_s: float,
     partitions: Sequence[str] = (),
-    hook_token: str = DEFAULT_HOOK_TOKEN,
+    hook_token: str,
     hook_settle_s: float = 0.0,
 ) -> SlurmDemand:
     """The node's demand from Slurm's ``jobs`` (``squeue``) and its ``node`` record (``sinfo``; None when it is not

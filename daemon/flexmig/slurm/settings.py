@@ -1,7 +1,6 @@
-"""The settings of flexmig's Slurm side, as one frozen value (built from the ``[slurm]`` table of the configuration).
-
-Defaults are those of a Debian node: Slurm's commands on ``PATH``, gres.conf in ``/etc/slurm``, slurmd's pid file
-where Debian's unit puts it, the driver's MIG minors in ``/proc``.
+"""The settings of flexmig's Slurm side, as one frozen value (built from the ``[slurm]`` table of the configuration,
+whose defaults are these: those of a Debian node, with Slurm's commands on ``PATH``, gres.conf in ``/etc/slurm``,
+slurmd's pid file where Debian's unit puts it, the driver's MIG minors in ``/proc``).
 """
 
 from __future__ import annotations
@@ -9,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexmig.slurm.demand import DEFAULT_HOOK_TOKEN
-from flexmig.slurm.taskprolog import DEFAULT_CHECKPOINT_DIR
+from flexmig.config import SlurmConfig
+
+_DEFAULT = SlurmConfig()  # one set of defaults: the [slurm] table's
 
 __all__ = ["SlurmSettings"]
 
@@ -39,23 +39,23 @@ class SlurmSettings:
 
     node: str = ""
     partitions: tuple[str, ...] = ()
-    interval_s: float = 10.0
+    interval_s: float = _DEFAULT.interval_s
     conf: Path | None = None
     bin_dir: Path | None = None
-    command_timeout_s: float = 30.0
-    gres_conf: Path = Path("/etc/slurm/gres.conf")
-    gres_map: Path = Path("/run/flexmig/slurm/gres-map.json")
-    dev_dir: Path = Path("/dev")
-    mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
-    slurmd_pid_file: Path = Path("/run/slurmd.pid")
+    command_timeout_s: float = _DEFAULT.command_timeout_s
+    gres_conf: Path = _DEFAULT.gres_conf
+    gres_map: Path = _DEFAULT.gres_map
+    dev_dir: Path = _DEFAULT.dev_dir
+    mig_minors: Path = _DEFAULT.mig_minors
+    slurmd_pid_file: Path = _DEFAULT.slurmd_pid_file
     slurmd_conf: tuple[str, ...] = ()
-    hook_token: str = DEFAULT_HOOK_TOKEN
-    hook_settle_s: float = 60.0
-    checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
-    checkpoint_signal: str = "USR1"
-    ack_wait_s: float = 600.0
-    ack_timeout_s: float = 120.0
-    drain_timeout_s: float = 7200.0
-    register_timeout_s: float = 60.0
-    reregister_s: float = 5.0
-    min_interval_s: float = 300.0
+    hook_token: str = _DEFAULT.hook_token
+    hook_settle_s: float = _DEFAULT.hook_settle_s
+    checkpoint_dir: str = _DEFAULT.checkpoint_dir
+    checkpoint_signal: str = _DEFAULT.checkpoint_signal
+    ack_wait_s: float = _DEFAULT.ack_wait_s
+    ack_timeout_s: float = _DEFAULT.ack_timeout_s
+    drain_timeout_s: float = _DEFAULT.drain_timeout_s
+    register_timeout_s: float = _DEFAULT.register_timeout_s
+    reregister_s: float = _DEFAULT.reregister_s
+    min_interval_s: float = _DEFAULT.min_interval_s
