@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +31,6 @@ from flexmig import sim
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
-from flexmig.errors import SlurmError
 from flexmig.jobs import JobPolicy
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.nvml import Nvml, NvmlWorker
@@ -41,27 +41,12 @@ from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.settings import SlurmSettings
-from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, missing_binaries
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
 WAIT_S = 60.0
 T = TypeVar("T")
-
-
-def kill_job_processes(slurm_conf: Path, timeout_s: float = 10.0) -> list[int]:
-    """Kill what a testbed's jobs left running (slurmstepd outlives slurmd): every process whose environment names
-    this testbed's ``SLURM_CONF``. Returns their pids."""
-    found = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if p.pid != os.getpid() and p.environ().get("SLURM_CONF") == str(slurm_conf):
-                found.append(p)
-    for p in found:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(found, timeout=timeout_s)
-    return [p.pid for p in found]
 
 
 def skip_reason() -> str | None:
@@ -218,24 +203,10 @@ class SlurmRig:
         return self._nvml
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.ctld_alive():
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.cancel_all)
-                await until("every job gone", self._no_active_job, 30.0)
-        with contextlib.suppress(Exception):
-            await self.agent.slurmd.stop()
-        await asyncio.to_thread(self.testbed.stop)
-        await asyncio.to_thread(kill_job_processes, self.paths.slurm_conf)
+        await asyncio.to_thread(self.testbed.stop)  # cancels the jobs, stops the daemons, kills what is left
         await self.close_flexmig()
         if not os.environ.get("FLEXMIG_KEEP_TESTBED"):
             shutil.rmtree(self.base, ignore_errors=True)
-
-    async def _no_active_job(self) -> bool:
-        client = SlurmClient(self.testbed.slurm_commands())
-        try:
-            return not any(j.active for j in await client.jobs())
-        except SlurmError:
-            return True  # Slurm cannot say; kill_job_processes takes care of what is left
 
     def ctld_alive(self) -> bool:
         """True while the testbed's slurmctld runs."""
@@ -253,12 +224,6 @@ class SlurmRig:
         )
         assert res.returncode == 0, f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}"
         return res.stdout
-
-    def cancel_all(self) -> None:
-        """Cancel every job (so slurmd stops quickly)."""
-        subprocess.run(
-            ["scancel", "--full", "--user=root"], env=self.testbed.env(), capture_output=True, timeout=30, check=False
-        )
 
     def sbatch(self, *args: str, script: str) -> int:
         """Submit a batch script; its job ID."""
@@ -321,3 +286,145 @@ class SlurmRig:
     def signalled(self, job_id: int) -> bool:
         """True if a sleeper job ever got USR1."""
         return (self.base / f"signalled-{job_id}").exists()
+
+
+class SlurmDaemon:
+    """``with SlurmDaemon("h200:7g.141gb@0") as d:`` the testbed's Slurm with flexmigd (mode act, ``[slurm]`` on)
+    as a subprocess on the simulated node, registered; ``mqtt_port`` adds MQTT events to that broker."""
+
+    def __init__(self, spec: str, *, mqtt_port: int | None = None, node: str = "fm-node") -> None:
+        node_spec = parse_node_spec(spec)
+        self.spec = spec
+        self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node=node)
+        self.paths = self.testbed.paths
+        self.node = node
+        self.mqtt_port = mqtt_port
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> SlurmDaemon:
+        try:
+            self.testbed.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
+            self.testbed.start()
+            self.start_flexmigd()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def start_flexmigd(self) -> None:
+        """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
+        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=1.0)
+        if self.mqtt_port is not None:
+            text += (
+                f'[mqtt]\nenabled = true\nbroker = "127.0.0.1:{self.mqtt_port}"\n'
+                f'outbox = "{self.paths.flexmig / "outbox.sqlite3"}"\n'
+            )
+        conf = self.paths.flexmig / "flexmigd.toml"
+        conf.write_text(text)
+        conf.chmod(0o600)
+        argv = [
+            sys.executable, "-m", "flexmig.daemon", "--sim", self.spec,
+            "--sim-state", str(self.paths.flexmig / "sim.json"), "--config", str(conf),
+        ]  # fmt: skip
+        with (self.paths.log / "flexmigd.log").open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env())
+        self.wait("the node registered", lambda: (n := self.slurm_node()) is not None and n.responding)
+
+    def stop_flexmigd(self) -> int | None:
+        """SIGTERM flexmigd and wait (bounded); its exit status."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        return proc.returncode
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_flexmigd()
+        self.testbed.stop()
+        if not os.environ.get("FLEXMIG_KEEP_TESTBED"):
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def wait(self, what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+        """``probe()`` until truthy; AssertionError with flexmigd's last log lines after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"flexmigd exited {self.proc.returncode} waiting for {what}: {self.log()[-3000:]}")
+            with contextlib.suppress(Exception):
+                got = probe()
+                if got:
+                    return got
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: not within {timeout_s:g} s; flexmigd's log ends: {self.log()[-3000:]}")
+
+    def submit_together(self, n: int, *args: str, script: str) -> list[int]:
+        """Submit ``n`` jobs held, then release them in one command: they pend together, as a burst of submissions
+        would (one round of flexmig sees them all)."""
+        jobs = [self.testbed.sbatch("--hold", *args, script=script) for _ in range(n)]
+        subprocess.run(
+            [self.testbed.commands.path("scontrol"), "release", ",".join(str(j) for j in jobs)],
+            env=self.testbed.env(), check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        return jobs
+
+    def client(self) -> SlurmClient:
+        """A Slurm client on this testbed."""
+        return SlurmClient(self.testbed.slurm_commands())
+
+    def slurm_node(self) -> Any:
+        """Slurm's record of the node (None when not registered)."""
+        return asyncio.run(self.client().node(self.node))
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        """Slurm's record of job ``job_id``."""
+        return next((j for j in asyncio.run(self.client().jobs()) if j.job_id == job_id), None)
+
+    def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
+        """Until job ``job_id`` is in ``state``."""
+        got: SlurmJob = self.wait(
+            f"Slurm job {job_id} {state}",
+            lambda: (j := self.job(job_id)) is not None and j.state == state and j,
+            timeout_s,
+        )
+        return got
+
+    def log(self) -> str:
+        """flexmigd's log so far."""
+        path = self.paths.log / "flexmigd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def metrics(self) -> str:
+        """flexmigd's exposition."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def output(self, job_id: int) -> str:
+        """A job's output file."""
+        path = self.paths.log / f"job-{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_ctld(self) -> None:
+        """Stop slurmctld (as a crash or an administrator would)."""
+        pid = int((self.paths.run / "slurmctld.pid").read_text())
+        stop_pid(pid)
+
+    def start_ctld(self) -> None:
+        """Start slurmctld again (it recovers its state) and wait until it answers."""
+        subprocess.run(
+            [self.testbed.commands.path("slurmctld"), "-i"],
+            env=self.testbed.env(),
+            check=True,
+            timeout=30,
+            capture_output=True,
+        )
+        self.testbed.wait_ctld()

@@ -17,7 +17,18 @@ from flexmig.errors import FlexmigError
 __all__ = ["build_parser", "main"]
 
 # Subcommand modules, in the order `flexmig --help` lists them.
-COMMANDS: tuple[str, ...] = ("inventory", "layouts", "config", "events", "jobs", "simulate", "status", "plan", "nvml")
+COMMANDS: tuple[str, ...] = (
+    "inventory",
+    "layouts",
+    "config",
+    "events",
+    "jobs",
+    "simulate",
+    "status",
+    "plan",
+    "nvml",
+    "slurm",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

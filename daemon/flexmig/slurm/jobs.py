@@ -7,7 +7,9 @@ Facts verified on 22.05.8 that shape this module:
 * a job's GPU request is in ``tres_per_node`` (``--gres=gpu:1g.18gb:2``, ``--gpus-per-node``), ``tres_per_job``
   (``--gpus``) or ``tres_per_task`` (``--gpus-per-task``), as ``gres:gpu:TYPE:COUNT`` items;
 * ``gres_detail`` of a running job lists, per node, what it holds with GRES indices: ``gpu:1g.18gb:1(IDX:2)``;
-* ``time_limit`` is in minutes, null when unlimited; times are epoch seconds, 0 when unset;
+* ``time_limit`` is in minutes: null for a pending job without one, 525600 (a year, Slurm's "infinite") once it
+  runs, both read as no limit; times are epoch seconds, 0 when unset (a pending job's ``start_time`` is the
+  scheduler's estimate);
 * a pending job array is one record whose ``array_task_string`` (``1-3``) names the tasks still pending.
 
 Anything of the wrong type is refused with a SlurmError naming the job and the key: a half-read queue must never
@@ -28,6 +30,7 @@ from flexmig.slurm.hostlist import expand_hostlist
 __all__ = ["SlurmJob", "parse_squeue"]
 
 COMMAND = "squeue --json"
+_INFINITE_MINUTES = 525600  # what 22.05 shows as the time limit of a running job that has none
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,8 @@ def _job(rec: dict[str, Any], i: int) -> SlurmJob:
     node_count = field(rec, "node_count", int, where, default=1)
     nodes = expand_hostlist(field(rec, "nodes", str, where, default=""))
     limit = field(rec, "time_limit", int, where, default=None)
+    if limit is not None and limit >= _INFINITE_MINUTES:
+        limit = None
     start = field(rec, "start_time", int, where, default=0)
     partition = field(rec, "partition", str, where, default="")
     return SlurmJob(

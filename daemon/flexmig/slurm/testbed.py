@@ -40,9 +40,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from flexmig.errors import SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
+from flexmig.slurm.jobs import parse_squeue
 from flexmig.slurm.minors import render_mig_minors
 
 __all__ = [
@@ -415,13 +418,108 @@ class Testbed:
         )
 
     def stop(self) -> None:
-        """Stop slurmd (flexmig's), slurmctld and munged, by their pid files; bounded. Safe to call twice."""
+        """Cancel the jobs, stop slurmd (flexmig's), slurmctld and munged by their pid files, then kill what the
+        jobs left running (slurmstepd outlives slurmd); bounded. Safe to call twice."""
         p = self.paths
+        self.cancel_jobs()
         for pid_file in (p.slurmd_pid(self.node), p.run / "slurmctld.pid", p.munge / "munged.pid"):
             pid = _pid_from(pid_file)
             if pid is not None and _alive(pid):
                 stop_pid(pid)
+        self.kill_jobs()
         self.started.clear()
+
+    def cancel_jobs(self, timeout_s: float = 10.0) -> None:
+        """``scancel`` every job slurmctld still runs, and wait (bounded) until none is active; nothing when
+        slurmctld is not running."""
+        pid = _pid_from(self.paths.run / "slurmctld.pid")
+        if pid is None or not _alive(pid):
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                res = subprocess.run(
+                    [self.commands.path("squeue"), "--json"],
+                    env=self.env(),
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+                active = [j.job_id for j in parse_squeue(res.stdout) if j.active or j.pending]
+            except (SlurmError, subprocess.TimeoutExpired):
+                return
+            if not active:
+                return
+            subprocess.run(
+                [self.commands.path("scancel"), "--full", *(str(j) for j in active)],
+                env=self.env(),
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+            time.sleep(0.3)
+
+    def kill_jobs(self, timeout_s: float = 10.0) -> list[int]:
+        """Kill what this testbed's jobs left: its ``slurmstepd`` processes (they clear their environment, but hold
+        the testbed's slurmd log open) and the processes of its jobs (``SLURM_JOB_ID`` set and this testbed's
+        ``SLURM_CONF``); never a shell that merely exported ``SLURM_CONF``. Returns their pids."""
+        root = str(self.root) + os.sep
+        found = []
+        for proc in psutil.process_iter(["name"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.pid == os.getpid():
+                    continue
+                if (proc.info["name"] or "").startswith("slurmstepd"):
+                    if any(f.path.startswith(root) for f in proc.open_files()):
+                        found.append(proc)
+                    continue
+                env = proc.environ()
+                if env.get("SLURM_CONF") == str(self.paths.slurm_conf) and "SLURM_JOB_ID" in env:
+                    found.append(proc)
+        for proc in found:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(found, timeout=timeout_s)
+        return [proc.pid for proc in found]
+
+    def flexmigd_config(self, *, metrics_port: int, interval_s: float = 2.0) -> str:
+        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory."""
+        p = self.paths
+        f = p.flexmig
+
+        def q(value: object) -> str:
+            return json.dumps(str(value))
+
+        return "\n".join(
+            [
+                "# flexmigd on the testbed's simulated node, written by `flexmig slurm testbed`",
+                'mode = "act"',
+                f"node_name = {q(self.node)}",
+                "[prometheus]",
+                f'listen = "127.0.0.1:{metrics_port}"',
+                "[control]",
+                f"socket = {q(f / 'control.sock')}",
+                "[state]",
+                f"directory = {q(f / 'state')}",
+                f"journal = {q(f / 'state' / 'journal.sqlite3')}",
+                "[slurm]",
+                "enabled = true",
+                f"node = {q(self.node)}",
+                f"interval_s = {interval_s:g}",
+                f"conf = {q(p.slurm_conf)}",
+                f"gres_conf = {q(p.gres_conf)}",
+                f"gres_map = {q(f / 'gres-map.json')}",
+                f"dev_dir = {q(p.dev)}",
+                f"mig_minors = {q(p.mig_minors)}",
+                f"slurmd_pid_file = {q(p.slurmd_pid(self.node))}",
+                f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"',
+                f"checkpoint_dir = {q(self.root / 'ckpt' / '{user}' / '{job_id}')}",
+                "hook_settle_s = 5",
+                "reregister_s = 2",
+                "min_interval_s = 10",
+                "",
+            ]
+        )
 
     def __enter__(self) -> Testbed:
         return self
