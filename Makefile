@@ -1,5 +1,6 @@
 # Entry points that work on a fresh Debian machine with Python 3.11 (root for the apt step):
-#   make demo   run the daemon on a simulated 2xH200 node with a synthetic workload
+#   make demo   flexmigd in mode act on a simulated H200 with a stream of demo jobs: fragmentation found, jobs migrated
+#               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
@@ -7,30 +8,38 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SPEC ?= h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6
+DEMO_VENV ?= .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
+DEMO_ARGS ?=
 
 .PHONY: demo test check lint venv debs
 
-$(BIN)/flexmig: pyproject.toml
+$(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,torch]'
+	$(BIN)/pip install -q -e ./hook -e '.[test,torch]'
 	touch $@
 
 venv: $(BIN)/flexmig
 
 debs:
-	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd >/dev/null; }
+	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
+	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
 	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    slurmctld slurmd slurm-client munge >/dev/null; }
 
-demo: venv
-	$(BIN)/flexmigd --sim $(SPEC)
+$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
+	$(PY) -m venv $(DEMO_VENV)
+	$(DEMO_BIN)/pip install -q -e ./hook -e .
+	touch $@
+
+demo: $(DEMO_BIN)/flexmig
+	$(DEMO_BIN)/flexmig demo $(DEMO_ARGS)
 
 lint: venv
-	$(BIN)/ruff check $(wildcard daemon tests bench examples dashboards)
+	$(BIN)/ruff check $(wildcard daemon hook tests bench examples dashboards setup.py)
 	$(BIN)/mypy
 
 test: venv debs lint

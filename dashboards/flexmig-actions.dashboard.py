@@ -2,8 +2,8 @@
 
 The ``flexmig_actions_*``/``flexmig_action_*``/``flexmig_job_downtime_*``/``flexmig_jobs`` panels read what
 flexmigd's actuator exports (``daemon/flexmig/export/action_metrics.py``; the histograms have a series per action
-once it ran). The layout-change and fragmentation panels show every MIG change (each makes flexmigd
-re-inventory), and fragmentation is what act mode acts on.
+once it ran). The layout-change panel shows every MIG change (flexmig's or anyone's), the recoverable-capacity
+panel what act mode acts on; actions and layout changes are also annotations on every graph.
 
 Generate with ``python dashboards/build.py``.
 """
@@ -147,12 +147,13 @@ g.row("What the actions change")
 g.add(
     timeseries(
         "MIG layout changes",
-        "Re-inventories per interval: flexmigd takes one whenever the set of MIG instances changes (flexmig's "
-        "own actions or anyone's), so every create, destroy, migration and re-split shows here.",
+        "MIG instances created and destroyed per interval, per GPU, whoever made the change (flexmig's own "
+        "actions, nvidia-smi, mig-parted), and the instances there are: every create, destroy, migration and "
+        "re-split shows here (and as an annotation on every graph).",
         [
             Q(
-                f"sum by (Hostname) (increase(flexmig_inventories_total{{{HOST}}}[{_RI}]))",
-                "{{Hostname}} inventories",
+                f"sum by (Hostname, gpu, change) (increase(flexmig_gpu_instance_changes_total{{{GPU}}}[{_RI}]))",
+                "{{Hostname}} gpu {{gpu}} {{change}}",
             ),
             Q(f"sum by (Hostname) (flexmig_gpu_mig_instances{{{GPU}}})", "{{Hostname}} instances"),
         ],
@@ -162,15 +163,15 @@ g.add(
 )
 g.add(
     timeseries(
-        "Fragmentation and stranded capacity",
-        "What act mode repairs: the node's external fragmentation and the compute slices repacking would free.",
+        "Recoverable capacity",
+        "What act mode repairs: per GPU, the compute slices that repacking the running instances would make "
+        "usable by a profile the demand mix asks for (a fragmentation finding starts at 2 of 7 by default), and "
+        "the node's sum.",
         [
-            Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}} external fragmentation"),
-            Q(f"flexmig_node_stranded_ratio{{{HOST}}}", "{{Hostname}} stranded share"),
+            Q(f"flexmig_gpu_recoverable_compute_slices{{{GPU}}}", "{{Hostname}} gpu {{gpu}}"),
+            Q(f"flexmig_node_recoverable_compute_slices{{{HOST}}}", "{{Hostname}} node"),
         ],
-        "percentunit",
         min_value=0,
-        max_value=1,
     ),
     w=8,
 )

@@ -80,7 +80,7 @@ g.add(
         "Wall and CPU time of the last sampling sweep (every NVML read of every GPU and MIG device).",
         [
             Q(f"flexmig_sweep_duration_seconds{{{HOST}}}", f"wall {_H}"),
-            Q(f"flexmig_sweep_cpu_seconds{{{HOST}}}", f"CPU {_H}"),
+            Q(f"flexmig_last_sweep_cpu_seconds{{{HOST}}}", f"CPU {_H}"),
         ],
         "s",
         min_value=0,

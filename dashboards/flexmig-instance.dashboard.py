@@ -14,6 +14,7 @@ from flexmig_dashboards.panels import (
     gpu_variable,
     host_variable,
     instance_variable,
+    mig_uuid_variable,
     state_timeline,
     table,
     timeseries,
@@ -280,5 +281,5 @@ dashboard = make_dashboard(
     "flexmig-instance",
     "Per MIG instance: activity, memory, processes, idle time and findings, with DCGM_FI_PROF_* overlays.",
     g,
-    [host_variable(), gpu_variable(), instance_variable()],
+    [host_variable(), gpu_variable(), instance_variable(), mig_uuid_variable()],
 )

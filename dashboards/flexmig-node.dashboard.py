@@ -66,10 +66,11 @@ g.add(
 )
 g.add(
     stat(
-        "Stranded compute slices",
-        "Compute slices that repacking the running instances would make usable, summed over the node's GPUs.",
-        [Q(f"flexmig_node_stranded_compute_slices{{{HOST}}}", "{{Hostname}}")],
-        thresholds=(("green", None), ("orange", 1), ("red", 3)),
+        "Recoverable compute slices",
+        "Compute slices that repacking the running instances would make usable by a profile the demand mix asks "
+        "for, summed over the node's GPUs (docs/detection.md); a GPU is fragmented from 2 (of 7) by default.",
+        [Q(f"flexmig_node_recoverable_compute_slices{{{HOST}}}", "{{Hostname}}")],
+        thresholds=(("green", None), ("orange", 2), ("red", 4)),
     ),
     w=4,
     h=4,
@@ -178,8 +179,9 @@ g.row("Fragmentation")
 g.add(
     timeseries(
         "External fragmentation per GPU",
-        "Demand-weighted external fragmentation score F/free per GPU (0 when nothing is free); the node figure "
-        "is the sum of F over the sum of free slices. A fragmentation finding starts at 0.5 held for the window.",
+        "Demand-weighted external fragmentation score F/free per GPU (0 when nothing is free): how much of the "
+        "free compute the demand mix cannot use now; the node figure is the sum of F over the sum of free slices. "
+        "Whether a repack would help is the recoverable figure beside it (what the finding and alert use).",
         [
             Q(f"flexmig_gpu_fragmentation_external_ratio{{{GPU}}}", _GPU_LEGEND),
             Q(f"flexmig_node_fragmentation_external_ratio{{{HOST}}}", "{{Hostname}} node"),
@@ -192,10 +194,13 @@ g.add(
 )
 g.add(
     timeseries(
-        "Stranded compute slices per GPU",
-        "Most compute slices that repacking the running instances would make usable by one profile.",
+        "Stranded and recoverable compute slices per GPU",
+        "Stranded: the most compute slices that repacking the running instances would make usable by one "
+        "profile. Recoverable: the same, for profiles the demand mix asks for (a fragmentation finding starts at "
+        "2 of 7 by default). F: free compute slices the demand mix cannot use now.",
         [
-            Q(f"flexmig_gpu_stranded_compute_slices{{{GPU}}}", _GPU_LEGEND),
+            Q(f"flexmig_gpu_recoverable_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} recoverable"),
+            Q(f"flexmig_gpu_stranded_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} stranded"),
             Q(f"flexmig_gpu_fragmentation_external_slices{{{GPU}}}", f"{_GPU_LEGEND} F (unusable free slices)"),
         ],
         min_value=0,
@@ -205,7 +210,8 @@ g.add(
 g.add(
     state_timeline(
         "Fragmentation findings",
-        "A GPU is 'fragmented' while its fragmentation finding is active (with hysteresis; see docs/detection.md).",
+        "A GPU is 'fragmented' while its fragmentation finding is active: a repack would make at least 2 of its 7 "
+        "compute slices usable by a profile of the demand mix (by default; with hysteresis, see docs/detection.md).",
         [Q(f'flexmig_gpu_finding{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
         [value_mapping((("0", "ok", "green"), ("1", "fragmented", "red")))],
     ),
@@ -225,23 +231,78 @@ g.add(
 )
 
 g.row("GPU health")
+# NVIDIA's DCGM dashboard (grafana.com 12239) colours temperature yellow from 83 C and red from 87 C, and total power
+# yellow from 1800 W and red from 2200 W of 2400 W; power here is taken against each GPU's enforced limit instead
+# (an H200 draws up to 700 W), with the same proportions: 75 % and 92 %.
+_TEMPERATURE = (("green", None), ("#EAB839", 83), ("red", 87))
+_POWER_SHARE = (("green", None), ("#EAB839", 0.75), ("red", 0.92))
+g.add(
+    stat(
+        "Hottest GPU",
+        "The highest core temperature among the selected GPUs: yellow from 83 C, red from 87 C (the thresholds of "
+        "NVIDIA's DCGM dashboard).",
+        [Q(f"max by (Hostname) (flexmig_gpu_temperature_celsius{{{GPU}}})", "{{Hostname}}")],
+        "celsius",
+        thresholds=_TEMPERATURE,
+    ),
+    w=4,
+)
+g.add(
+    stat(
+        "Power draw of the limit",
+        "Power drawn by the selected GPUs over their enforced power limits: yellow from 75 %, red from 92 % "
+        "(NVIDIA's DCGM dashboard: 1800 W and 2200 W of 2400 W).",
+        [
+            Q(
+                f"sum by (Hostname) (flexmig_gpu_power_watts{{{GPU}}}) "
+                f"/ sum by (Hostname) (flexmig_gpu_power_limit_watts{{{GPU}}})",
+                "{{Hostname}}",
+            )
+        ],
+        "percentunit",
+        thresholds=_POWER_SHARE,
+    ),
+    w=4,
+)
 g.add(
     timeseries(
-        "Power",
-        "Power draw per GPU.",
-        [Q(f"flexmig_gpu_power_watts{{{GPU}}}", _GPU_LEGEND)],
-        "watt",
+        "Temperature",
+        "GPU core temperature, against the thresholds of NVIDIA's DCGM dashboard (83 C, 87 C).",
+        [Q(f"flexmig_gpu_temperature_celsius{{{GPU}}}", _GPU_LEGEND)],
+        "celsius",
+        thresholds=_TEMPERATURE,
     ),
     w=8,
 )
 g.add(
     timeseries(
-        "Temperature",
-        "GPU core temperature.",
-        [Q(f"flexmig_gpu_temperature_celsius{{{GPU}}}", _GPU_LEGEND)],
-        "celsius",
+        "Power",
+        "Power draw per GPU and its enforced power limit (nvidia-smi -q -d POWER).",
+        [
+            Q(f"flexmig_gpu_power_watts{{{GPU}}}", _GPU_LEGEND),
+            Q(f"flexmig_gpu_power_limit_watts{{{GPU}}}", f"{_GPU_LEGEND} limit"),
+        ],
+        "watt",
+        min_value=0,
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": ".* limit$"},
+                "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
+            }
+        ],
     ),
     w=8,
+)
+g.add(
+    timeseries(
+        "Power draw, share of the limit",
+        "Power draw over the enforced power limit per GPU: yellow from 75 %, red from 92 %.",
+        [Q(f"flexmig_gpu_power_watts{{{GPU}}} / flexmig_gpu_power_limit_watts{{{GPU}}}", _GPU_LEGEND)],
+        "percentunit",
+        min_value=0,
+        thresholds=_POWER_SHARE,
+    ),
+    w=12,
 )
 g.add(
     timeseries(
@@ -253,7 +314,7 @@ g.add(
         ],
         "hertz",
     ),
-    w=8,
+    w=12,
 )
 
 dashboard = make_dashboard(

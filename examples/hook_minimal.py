@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from flexmig import hook
+import flexmig_hook as hook  # pip install flexmig-hook (or ./hook): no other dependency
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from flexmig import hook
-from flexmig.hook import torch as torch_hook
+import flexmig_hook as hook
+from flexmig_hook import torch as torch_hook
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from flexmig.cli.main import main as cli_main
 from flexmig.config import (
+    DEFAULT_CONFIG_PATH,
     Config,
     ConfigFileError,
     HostPort,
@@ -57,7 +58,7 @@ def test_an_empty_file_is_the_default_configuration() -> None:
 def test_the_default_observes_and_keeps_everything_on_loopback_or_off() -> None:
     cfg = Config.default()
     assert cfg.mode == "observe"
-    assert cfg.prometheus.listen == HostPort("127.0.0.1", 9400)
+    assert cfg.prometheus.listen == HostPort("127.0.0.1", 17400)
     assert cfg.prometheus.listen.is_loopback()
     assert not cfg.mqtt.enabled
     assert not cfg.mqtt.commands_enabled
@@ -171,6 +172,10 @@ def test_every_problem_is_reported_at_once_in_line_order() -> None:
     ]
 
 
+# What a topic prefix may be, as the error says it (no raw regular expression).
+TOPIC_PREFIX_RULE = "1 to 8 '/'-separated levels of letters, digits, '.', '_' or '-' (no wildcards, no empty level)"
+
+
 @pytest.mark.parametrize(
     ("text", "key", "message"),
     [
@@ -191,16 +196,21 @@ def test_every_problem_is_reported_at_once_in_line_order() -> None:
             "control.socket_mode",
             "0o1777 must give the owner read/write (0o600) and others nothing (at most 0o770)",
         ),
-        ('node_name = "a/b"', "node_name", "'a/b' does not match ([A-Za-z0-9][A-Za-z0-9._-]{0,62})?"),
+        (
+            'node_name = "a/b"',
+            "node_name",
+            "'a/b' is not allowed here: empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or "
+            "digit",
+        ),
         (
             '[mqtt]\ntopic_prefix = "flexmig/#"',
             "mqtt.topic_prefix",
-            "'flexmig/#' does not match [A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,7}",
+            "'flexmig/#' is not allowed here: " + TOPIC_PREFIX_RULE,
         ),
         (
             '[mqtt]\ntopic_prefix = "a//b"',
             "mqtt.topic_prefix",
-            "'a//b' does not match [A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,7}",
+            "'a//b' is not allowed here: " + TOPIC_PREFIX_RULE,
         ),
         ('[mqtt]\nclient_id = "a\\u0000b"', "mqtt.client_id", "contains a NUL character"),
     ],
@@ -580,7 +590,7 @@ def test_config_check_prints_one_ok_line(tmp_path: Path, capsys: pytest.CaptureF
     path = write(tmp_path / "flexmig.toml", 'mode = "advise"\n')
     assert cli_main(["config", "check", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out == f"{path}: OK (mode advise, metrics 127.0.0.1:9400, mqtt off)\n"
+    assert out == f"{path}: OK (mode advise, metrics 127.0.0.1:17400, mqtt off)\n"
 
 
 def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -590,8 +600,26 @@ def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path, capsys: p
     assert err == [
         f"{path}:1: mode: 'x' is not one of observe, advise, act",
         f"{path}:3: mqtt.brokr: unknown key (did you mean 'broker'?)",
-        f"flexmig: {path}: 2 problems; the daemon would refuse this file",
+        f"flexmig: {path}: 2 problems; flexmigd would refuse to start with this file, and a reload would keep the "
+        "running one",
     ]
+
+
+@pytest.mark.skipif(DEFAULT_CONFIG_PATH.exists(), reason=f"{DEFAULT_CONFIG_PATH} exists on this machine")
+def test_config_check_without_a_file_says_flexmigd_starts_on_its_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["config", "check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{DEFAULT_CONFIG_PATH}: no such file; flexmigd starts on its built-in defaults (mode ")
+
+
+def test_config_check_of_a_named_file_that_is_missing_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.toml"
+    assert cli_main(["config", "check", str(missing)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"{missing}: no such file"
+    assert err[-1].startswith(f"flexmig: {missing}: 1 problem; flexmigd would refuse to start")
 
 
 def test_config_check_says_a_bad_broker_alone_only_stops_mqtt(
@@ -613,9 +641,37 @@ def test_config_example_output_is_a_file_that_config_check_accepts(tmp_path: Pat
     assert cli_main(["config", "check", str(path)]) == 0
 
 
-def test_dcgm_enabled_on_flexmigds_own_metrics_address_is_refused() -> None:
-    ((key, line, message),) = problems_of("[dcgm]\nenabled = true\n")
-    assert (key, line) == ("dcgm.enabled", 2)
-    assert "flexmigd's own metrics address" in message and "9400" in message
-    cfg = parse_config('[dcgm]\nenabled = true\nurl = "http://127.0.0.1:9401/metrics"\n', SRC)
-    assert cfg.dcgm.enabled
+def test_dcgm_on_by_defaults_reads_dcgm_exporter_on_9400_beside_flexmigds_own_port() -> None:
+    cfg = parse_config("[dcgm]\nenabled = true\n", SRC)
+    assert cfg.dcgm.enabled and cfg.dcgm.url == "http://127.0.0.1:9400/metrics"
+    assert cfg.prometheus.listen.port not in (9100, 9400), "node_exporter's and dcgm-exporter's default ports"
+
+
+def test_dcgm_url_on_flexmigds_own_metrics_address_is_refused() -> None:
+    ((key, line, message),) = problems_of('[dcgm]\nenabled = true\nurl = "http://localhost:17400/metrics"\n')
+    assert (key, line) == ("dcgm.url", 3)
+    assert "flexmigd's own metrics address" in message and "dcgm-exporter (port 9400 by default)" in message
+
+
+# ------------------------------------------------------------------------------------ every problem in one round
+
+
+def test_per_key_problems_and_rules_between_keys_come_in_one_round() -> None:
+    text = 'mode = "acts"\n[sampling]\ninterval_s = 10\nstall_s = 15\n[mqtt]\nkeepalive_s = "30"\n'
+    assert [(k, line) for k, line, _ in problems_of(text)] == [
+        ("mode", 1),
+        ("sampling.stall_s", 4),  # a rule between two valid keys, reported beside the per-key problems
+        ("mqtt.keepalive_s", 6),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[sampling]\ninterval_s = "ten"\nstall_s = 1\n',  # interval_s is bad: no rule judges its default
+        "sampling = 3\n",  # the whole table is bad
+        '[sampling]\nintreval_s = 10\nstall_s = 15\n',  # misspelt: the file meant interval_s, not its default
+    ],
+)
+def test_a_rule_is_not_judged_on_a_default_that_stands_in_for_a_bad_or_misspelt_key(text: str) -> None:
+    assert [k for k, _, _ in problems_of(text)] in (["sampling.interval_s"], ["sampling"], ["sampling.intreval_s"])

@@ -42,8 +42,8 @@ EVENT_LINE = re.compile(r"flexmig\.wiring\.mqtt: event (\w+) ([0-9a-f-]{36}):")
 SPEC = "h200x2:3g.71gb@0"
 
 # The daemon, with the same signal handling as flexmigd, and a scheduler that creates and destroys a 1g.18gb on
-# GPU 1 every 0.3 s: instance_created/destroyed and fragmentation_above/below keep coming (3g@0 + 1g@4 scores 0.65,
-# 3g@0 alone 0.2, against a 0.3 threshold with no wait).
+# GPU 1 every 0.3 s: instance_created/destroyed and fragmentation_above/below keep coming (3g@0 alone: a repack
+# would make room for a 4g, recoverable 4/7 = 0.57; 3g@0 + 1g@4: a 2g, 2/7 = 0.29; against 0.5/0.3 with no wait).
 CHURNING_DAEMON = """
 import asyncio, logging, sys
 from pathlib import Path
@@ -73,7 +73,7 @@ def write_config(path: Path, broker: str, outbox: Path, extra: str = "") -> Path
         "[sampling]\ninterval_s = 0.1\n"
         "[prometheus]\nenabled = false\n"
         f'[mqtt]\nenabled = true\nbroker = "{broker}"\noutbox = "{outbox}"\n{extra}'
-        "[detect]\nunderuse_window_s = 1\nfragmentation_threshold = 0.3\nfragmentation_exit = 0.25\n"
+        "[detect]\nunderuse_window_s = 1\nfragmentation_threshold = 0.5\nfragmentation_exit = 0.3\n"
         "fragmentation_window_s = 0\n"
     )
     path.chmod(0o600)
@@ -195,7 +195,10 @@ def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_si
             )  # fmt: skip
         try:
             await until(lambda: set(churned) <= set(watcher.ids()), "the killed daemon's leftovers")
-            await until(lambda: len(emitted_ids(cli_log)) >= 1, "flexmigd's own event (the idle 3g on GPU 0)")
+            await until(
+                lambda: "underuse_started" in {m.group(1) for m in EVENT_LINE.finditer(cli_log.read_text())},
+                "flexmigd's own underuse event (the idle 3g on GPU 0; the fragmentation ones come first)",
+            )
             await until(lambda: set(emitted_ids(cli_log)) <= set(watcher.ids()), "flexmigd's events")
             state, state_retained = await retained(broker.port, "flexmig/v1/node-1/state")
         finally:
@@ -243,7 +246,9 @@ def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_si
     validator("state.v1.schema.json").validate(state)
     assert [(g["index"], g["layout"]) for g in state["gpus"]] == [(0, "3g.71gb@0"), (1, "3g.71gb@0")]
     assert state["fragmentation"]["external_score"] == pytest.approx(0.2)
-    assert {f["kind"] for f in state["findings"]} == {"idle"}
+    # both lone 3g.71gb@0 would leave room for a 4g if moved to slice 4: recoverable 4 of 7 slices, fragmented
+    assert state["fragmentation"]["recoverable_compute_slices"] == 8
+    assert {f["kind"] for f in state["findings"]} == {"idle", "fragmentation"}
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -10,15 +10,35 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.openmetrics import parser as om_parser
 
-from support.prometheus import PROMETHEUS, PROMTOOL, SPEC, flexmigd, free_port, ground_truth, http_get, query, wait_for
+from support.prometheus import (
+    PROMETHEUS,
+    PROMTOOL,
+    SPEC,
+    api,
+    flexmigd,
+    free_port,
+    ground_truth,
+    http_get,
+    query,
+    wait_for,
+)
 from support.prometheus import prometheus as run_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+# What Prometheus 2.42 sends when it scrapes: OpenMetrics first.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 @pytest.fixture
@@ -70,6 +90,22 @@ def test_prometheus_scrapes_a_series_per_mig_instance_matching_the_simulator(pro
     wait_for("a GPM activity series for every instance", all_active, 60)
     used = query(prometheus, "flexmig_mig_memory_used_bytes <= on(mig_uuid) flexmig_mig_memory_total_bytes")
     assert len(used) == len(truth)
+
+
+def test_prometheus_scrapes_flexmigd_without_error_in_the_openmetrics_it_asks_for_first(prometheus: int) -> None:
+    def scraped() -> list[dict[str, Any]]:
+        targets = api(prometheus, "targets", state="active")["activeTargets"]
+        return targets if targets and all(t["lastScrape"].startswith("2") for t in targets) else []
+
+    (target,) = wait_for("a scrape of flexmigd", scraped, 60)
+    assert (target["health"], target["lastError"]) == ("up", "")
+    # what Prometheus got is OpenMetrics (its Accept header asks for that first), and valid to prometheus_client too
+    request = urllib.request.Request(target["scrapeUrl"], headers={"Accept": PROMETHEUS_ACCEPT})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+        body = resp.read().decode()
+    families = list(om_parser.text_string_to_metric_families(body))  # type: ignore[no-untyped-call]
+    assert {"flexmig_last_sweep_cpu_seconds", "flexmig_sweep_cpu_seconds"} <= {f.name for f in families}
 
 
 def test_the_live_exposition_passes_promtool(daemon: tuple[subprocess.Popen[bytes], int]) -> None:

@@ -21,6 +21,7 @@ from support.dashboards import (
     STATIC_VALUES,
     alerts,
     all_panels,
+    annotation_queries,
     build,
     committed,
     metrics,
@@ -84,7 +85,7 @@ def test_build_check_fails_naming_a_stale_file_and_writes_nothing(tmp_path: Path
 @pytest.mark.integration
 @needs_promtool
 def test_every_panel_query_and_variable_selector_parses_with_promtool(tmp_path: Path) -> None:
-    exprs = {q.id: promql.substitute(q.expr, STATIC_VALUES) for q in panel_queries()}
+    exprs = {q.id: promql.substitute(q.expr, STATIC_VALUES) for q in [*panel_queries(), *annotation_queries()]}
     for board, var, selector, _ in variable_queries():
         exprs[f"{board}: variable {var}"] = promql.substitute(selector, STATIC_VALUES)
     assert len(exprs) > 100
@@ -100,7 +101,7 @@ def test_the_promtool_check_reports_a_broken_query_by_its_panel(tmp_path: Path) 
 
 def test_every_metric_a_query_reads_is_in_the_catalogue() -> None:
     known = metrics.by_sample_name()
-    used = {q.id: promql.metric_names(q.expr) for q in panel_queries()}
+    used = {q.id: promql.metric_names(q.expr) for q in [*panel_queries(), *annotation_queries()]}
     used |= {f"{b}: variable {v}": promql.metric_names(s) for b, v, s, _ in variable_queries()}
     used |= {f"rule {r.alert}": promql.metric_names(r.expr) for g in alerts.GROUPS for r in g.rules}
     unknown = {where: sorted(names - known.keys()) for where, names in used.items() if names - known.keys()}
@@ -124,11 +125,44 @@ def test_every_dashboard_filters_by_host_and_the_instance_dashboard_by_gpu_and_i
         names = [v["name"] for v in board["templating"]["list"]]
         assert names[:2] == ["datasource", "Hostname"], name
     instance = [v["name"] for v in boards["flexmig-instance.json"]["templating"]["list"]]
-    assert instance == ["datasource", "Hostname", "gpu", "GPU_I_ID"]
-    for q in panel_queries():
+    assert instance == ["datasource", "Hostname", "gpu", "GPU_I_ID", "mig_uuid"]
+    for q in [*panel_queries(), *annotation_queries()]:
         assert "$Hostname" in q.expr, q.id
-        if q.dashboard == "flexmig-instance.json":
-            assert '$gpu"' in q.expr and '$GPU_I_ID"' in q.expr, q.id
+        if q.dashboard == "flexmig-instance.json" and not q.panel.startswith("annotation "):
+            assert '$gpu"' in q.expr and '$GPU_I_ID"' in q.expr and '$mig_uuid"' in q.expr, q.id
+
+
+def test_the_mig_uuid_variable_lists_the_uuids_of_the_selected_gpu_instances() -> None:
+    board = committed()["flexmig-instance.json"]
+    (var,) = [v for v in board["templating"]["list"] if v["name"] == "mig_uuid"]
+    assert var["query"] == (
+        'label_values(flexmig_mig_memory_slices{Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID=~"$GPU_I_ID"}, mig_uuid)'
+    )
+
+
+def test_every_dashboard_marks_actions_and_layout_changes_from_flexmig_s_own_metrics() -> None:
+    ref = {"type": "prometheus", "uid": "${datasource}"}
+    for name, board in committed().items():
+        marks = {a["name"]: a for a in board["annotations"]["list"] if not a.get("builtIn")}
+        assert set(marks) == {"flexmig actions", "flexmig actions failed or cancelled", "MIG layout changes"}, name
+        assert all(a["datasource"] == ref and a["enable"] and a["titleFormat"] for a in marks.values()), name
+        assert "flexmig_actions_total" in promql.metric_names(marks["flexmig actions"]["expr"])
+        assert "flexmig_gpu_instance_changes_total" in promql.metric_names(marks["MIG layout changes"]["expr"])
+
+
+def test_temperature_and_power_panels_carry_the_thresholds_of_nvidia_s_dcgm_dashboard() -> None:
+    board = committed()["flexmig-node.json"]
+    panels = {p["title"]: p for p in all_panels(board)}
+
+    def steps(title: str) -> list[tuple[str, float | None]]:
+        return [(s["color"], s["value"]) for s in panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+
+    for title in ("Temperature", "Hottest GPU"):
+        assert steps(title) == [("green", None), ("#EAB839", 83), ("red", 87)], title
+    for title in ("Power draw, share of the limit", "Power draw of the limit"):
+        assert steps(title) == [("green", None), ("#EAB839", 0.75), ("red", 0.92)], title
+    for title in ("Temperature", "Power draw, share of the limit"):
+        assert panels[title]["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed+area"
 
 
 def test_the_variables_default_to_all_of_each_multi_value() -> None:
@@ -233,7 +267,7 @@ def test_the_catalogue_lists_each_metric_once_and_all_are_exported_now() -> None
 
 
 def test_every_metric_in_the_catalogue_is_read_by_a_dashboard_or_a_rule() -> None:
-    used = set().union(*(promql.metric_names(q.expr) for q in panel_queries()))
+    used = set().union(*(promql.metric_names(q.expr) for q in [*panel_queries(), *annotation_queries()]))
     used |= set().union(*(promql.metric_names(r.expr) for g in alerts.GROUPS for r in g.rules))
     unused = [m.family for m in metrics.METRICS if not set(m.names) & used]
     assert unused == []

@@ -1,13 +1,16 @@
-"""The dashboards and alert rules against a real Prometheus that scraped a simulated node with activity.
+"""The dashboards, alert rules and documented joins against a real Prometheus that scraped simulated nodes.
 
-One stack for the module: ``flexmigd --sim h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6`` (its demo workload keeps the
-figures moving) with MQTT on (a real mosquitto), detection windows short enough for findings to appear within
-seconds, and dcgm-exporter on: a stand-in serving dcgm-exporter's format (4.8.x: legacy field names, lowercase
-``hostname``) for the same simulated GPUs, computed from the same deterministic workload, since the real
-dcgm-exporter needs a GPU. Beside it a second flexmigd in mode act (``dash-node-act``, a simulated H200) keeps
+One stack for the module: ``flexmigd --sim h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6`` (``dash-node``, the demo layout;
+its demo workload keeps the figures moving) and a second node ``flexmigd --sim h200x2:2g.35gb@4+1g.18gb@2``
+(``dash-node-2``: a layout a repack would improve, and GPU instance 5 on GPU 0 and 1 like the first node's, so a
+join on ``gpu`` and ``GPU_I_ID`` alone finds duplicates), both with MQTT on (a real mosquitto), detection windows
+short enough for findings to appear within seconds, and dcgm-exporter on: one stand-in per node serving
+dcgm-exporter's format (4.8.x: legacy field names, lowercase ``hostname``, its ``UUID``, ``pci_bus_id`` and
+``device`` labels) for the same simulated GPUs, computed from the same deterministic workload, since the real
+dcgm-exporter needs a GPU. Beside them a third flexmigd in mode act (``dash-node-act``, a simulated H200) keeps
 submitting, migrating, re-splitting and stopping a job, so the actions dashboard has live actions to show; its
-panels are queried for that host. Prometheus (1 s scrapes) scrapes all three, as job ``flexmig`` and
-``dcgm-exporter``, and evaluates dashboards/rules/flexmig.rules.yml.
+panels are queried for that host. Prometheus (1 s scrapes, OpenMetrics negotiated) scrapes all five, as job
+``flexmig`` and ``dcgm-exporter``, and evaluates dashboards/rules/flexmig.rules.yml.
 
 Every panel query then runs through Prometheus's HTTP API with the dashboard variables set to the first host,
 GPU and MIG instance the variables' own queries return (the acting node's host for queries of the actuator's
@@ -21,21 +24,38 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import json
+import re
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.openmetrics import parser as om_parser
 
 from flexmig import sim
+from flexmig.nvml import Nvml
 from flexmig.sim.workload import SyntheticWorkload
-from support.dashboards import RULES, PanelQuery, metrics, panel_queries, promql, variable_queries
+from support.dashboards import (
+    DASHBOARDS,
+    RULES,
+    PanelQuery,
+    annotation_queries,
+    metrics,
+    panel_queries,
+    promql,
+    variable_queries,
+)
 from support.flexmigd import ActNode, JobCycler
 from support.jobs import kill_ranks
 from support.mosquitto import MOSQUITTO, Mosquitto
-from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, prometheus, query, wait_for
+from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, http_get, prometheus, query, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -45,10 +65,18 @@ pytestmark = [
 ]
 
 NODE = "dash-node"
-ACT_NODE = "dash-node-act"  # longer than NODE, so the $Hostname variable's first value stays NODE
+NODE_2 = "dash-node-2"  # longer than NODE, so the $Hostname variable's first value stays NODE
+SPEC_2 = "h200x2:2g.35gb@4+1g.18gb@2"  # a repack makes room for a 4g: recoverable 4 of 7 compute slices per GPU
+ACT_NODE = "dash-node-act"  # longer than NODE, too
+WHILE_FRAGMENTED = {"flexmig_gpu_finding_duration_seconds"}  # series only while a GPU is fragmented
 DATA_S = 45.0  # the bound on waiting for one query's data (rate windows need a few scrapes)
 WINDOWS = {"__rate_interval": "5s", "__interval": "1s", "__range": "1m"}
 MIB = 1024 * 1024
+# What Prometheus 2.42 sends when it scrapes: OpenMetrics first.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 # ------------------------------------------------------------------------------------- dcgm-exporter stand-in
@@ -65,14 +93,19 @@ class SimInstance:
     profile: str
     start: int
     memory_bytes: int
+    pci_bus_id: str
 
 
 def sim_instances(spec: str) -> list[SimInstance]:
     """The instances flexmigd will create for ``spec`` (the simulator is deterministic in spec and seed)."""
     node = sim.install(spec)
     try:
+        with Nvml.open() as nvml:  # the bus IDs as NVML reports them, which is where dcgm-exporter gets them
+            buses = {g.index: g.pci_bus_id or "" for g in nvml.inventory().gpus}
         return [
-            SimInstance(g.index, g.uuid, g.model.name, gi.id, gi.profile.name, gi.start, gi.memory_bytes)
+            SimInstance(
+                g.index, g.uuid, g.model.name, gi.id, gi.profile.name, gi.start, gi.memory_bytes, buses[g.index]
+            )
             for g in node.gpus()
             for gi in g.gpu_instances
         ]
@@ -82,7 +115,8 @@ def sim_instances(spec: str) -> list[SimInstance]:
 
 def dcgm_exposition(instances: list[SimInstance], hostname: str, now: float) -> str:
     """What dcgm-exporter 4.8.x prints for these instances at ``now``: the demo workload's figures (the same
-    pure functions of time flexmigd's simulator uses), legacy field names, ``hostname`` in lower case."""
+    pure functions of time flexmigd's simulator uses), legacy field names, its identity labels in its order
+    (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``GPU_I_PROFILE``, ``GPU_I_ID``, ``hostname``)."""
     workload = SyntheticWorkload(seed=0)
     rows: dict[str, list[str]] = {}
     for i in instances:
@@ -90,7 +124,8 @@ def dcgm_exposition(instances: list[SimInstance], hostname: str, now: float) -> 
         act = role.activity(now)
         used_mib = int(role.memory_fraction(now) * i.memory_bytes) // MIB
         labels = (
-            f'gpu="{i.gpu}",UUID="{i.gpu_uuid}",device="nvidia{i.gpu}",modelName="{i.model}",'
+            f'gpu="{i.gpu}",UUID="{i.gpu_uuid}",pci_bus_id="{i.pci_bus_id}",device="nvidia{i.gpu}",'
+            f'modelName="{i.model}",'
             f'GPU_I_PROFILE="{i.profile}",GPU_I_ID="{i.gi}",hostname="{hostname}",DCGM_FI_DRIVER_VERSION="570.124.06"'
         )
         for name, value in (
@@ -141,13 +176,15 @@ def serve_text(render: Callable[[], str]) -> Iterator[int]:
 
 @dataclass(frozen=True)
 class Stack:
-    """The running stack: Prometheus's port, flexmigd, and the metric families each exporter exposes."""
+    """The running stack: Prometheus's port, the flexmigds, and the metric families each exporter exposes."""
 
     prometheus: int
     daemon: Flexmigd
+    second: Flexmigd
     flexmigd_families: frozenset[str]
     dcgm_names: frozenset[str]
     act: ActNode
+    instances: int  # MIG instances of the two observed nodes (each has a dcgm-exporter stand-in)
 
 
 def families(exposition: str) -> frozenset[str]:
@@ -165,9 +202,9 @@ def families(exposition: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path) -> Path:
+def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path, node: str = NODE) -> Path:
     path.write_text(
-        f'node_name = "{NODE}"\n'
+        f'node_name = "{node}"\n'
         f'[mqtt]\nenabled = true\nbroker = "{broker}"\noutbox = "{outbox}"\n'
         f'[dcgm]\nenabled = true\nurl = "http://127.0.0.1:{dcgm_port}/metrics"\n'
         # findings within seconds: the idle instances, the oversized light job, the fragmented GPUs
@@ -181,34 +218,53 @@ def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path) -> Path:
 @pytest.fixture(scope="module")
 def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("dashboards")
-    instances = sim_instances(SPEC)
-    with serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port:
+    instances, instances_2 = sim_instances(SPEC), sim_instances(SPEC_2)
+    with (
+        serve_text(lambda: dcgm_exposition(instances, NODE, time.monotonic())) as dcgm_port,
+        serve_text(lambda: dcgm_exposition(instances_2, NODE_2, time.monotonic())) as dcgm_port_2,
+    ):
         config = write_config(work / "flexmig.toml", broker.address, dcgm_port, work / "outbox.sqlite3")
-        with flexmigd(work, SPEC, config) as daemon, acting_node(work / "act") as act:
-            dcgm_target = f"127.0.0.1:{dcgm_port}"
-            flexmig_targets = [f"127.0.0.1:{daemon.port}", f"127.0.0.1:{act.port}"]
-            jobs = {"flexmig": flexmig_targets, "dcgm-exporter": [dcgm_target]}
+        second = work / "second"
+        second.mkdir()
+        config_2 = write_config(second / "flexmig.toml", broker.address, dcgm_port_2, second / "outbox.sqlite3", NODE_2)
+        with (
+            flexmigd(work, SPEC, config) as daemon,
+            flexmigd(second, SPEC_2, config_2) as daemon_2,
+            acting_node(work / "act") as act,
+        ):
+            dcgm_targets = [f"127.0.0.1:{dcgm_port}", f"127.0.0.1:{dcgm_port_2}"]
+            flexmig_targets = [f"127.0.0.1:{d.port}" for d in (daemon, daemon_2)] + [f"127.0.0.1:{act.port}"]
+            jobs = {"flexmig": flexmig_targets, "dcgm-exporter": dcgm_targets}
             with prometheus(work, jobs, rule_files=[RULES]) as port:
                 wait_for(
-                    "all three targets up in Prometheus",
-                    lambda: len(query(port, "up == 1")) == 3,
+                    "all five targets up in Prometheus",
+                    lambda: len(query(port, "up == 1")) == 5,
                     60,
                 )
                 # the families flexmigd declares once detection, MQTT and DCGM have all reported
-                wait_for(
-                    "flexmigd's findings, MQTT and DCGM families",
-                    lambda: all(
-                        f in daemon.metrics()
-                        for f in (
-                            "flexmig_mig_finding{",
-                            f'flexmig_mqtt_connected{{Hostname="{NODE}"}} 1.0',
-                            "flexmig_dcgm_up{",
-                        )
-                    ),
-                    60,
-                )
+                for d, node in ((daemon, NODE), (daemon_2, NODE_2)):
+                    wait_for(
+                        f"{node}'s findings, MQTT and DCGM families",
+                        functools.partial(reported, d, node),
+                        60,
+                    )
                 dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
-                yield Stack(port, daemon, families(daemon.metrics()), families(dcgm_text), act)
+                yield Stack(
+                    port,
+                    daemon,
+                    daemon_2,
+                    families(daemon.metrics()),
+                    families(dcgm_text),
+                    act,
+                    len(instances) + len(instances_2),
+                )
+
+
+def reported(daemon: Flexmigd, node: str) -> bool:
+    """True once ``daemon`` exports detection's, the MQTT publisher's and the DCGM source's series."""
+    text = daemon.metrics()
+    wanted = ("flexmig_mig_finding{", f'flexmig_mqtt_connected{{Hostname="{node}"}} 1.0', "flexmig_dcgm_up{")
+    return all(f in text for f in wanted)
 
 
 @contextlib.contextmanager
@@ -234,7 +290,7 @@ def values(stack: Stack) -> dict[str, str]:
     """Each dashboard variable set to the first value its own query returns (hosts, then GPUs, then instances),
     plus Grafana's interval variables sized for 1 s scrapes."""
     chosen: dict[str, str] = dict(WINDOWS)
-    for name in ("Hostname", "gpu", "GPU_I_ID"):
+    for name in ("Hostname", "gpu", "GPU_I_ID", "mig_uuid"):
         (selector, label) = next((s, lab) for _, v, s, lab in variable_queries() if v == name)
         path, match = f"label/{label}/values", promql.substitute(selector, chosen)
         found = wait_for(
@@ -265,6 +321,9 @@ def test_the_variables_list_the_simulated_node_its_gpus_and_instances(stack: Sta
     gis = api(stack.prometheus, "label/GPU_I_ID/values", **{"match[]": match})
     assert sorted(gis, key=int) == ["1", "5", "13"]
     assert values["GPU_I_ID"] == "1"
+    match = f'flexmig_mig_memory_slices{{gpu="0", GPU_I_ID="1", Hostname="{NODE}"}}'
+    assert api(stack.prometheus, "label/mig_uuid/values", **{"match[]": match}) == [values["mig_uuid"]]
+    assert values["mig_uuid"].startswith("MIG-")
 
 
 @pytest.mark.parametrize("q", panel_queries(), ids=lambda q: q.id)
@@ -278,9 +337,18 @@ def test_every_panel_query_returns_data(stack: Stack, values: dict[str, str], q:
         pytest.skip(f"reads {', '.join(sorted(missing))}: not exported by flexmigd yet (the actuator's, planned)")
     if promql.metric_names(q.expr) & metrics.sample_names(source="actuator"):
         values = {**values, "Hostname": ACT_NODE}  # the node that acts
+    elif promql.metric_names(q.expr) & WHILE_FRAGMENTED:
+        values = {**values, "Hostname": NODE_2}  # the demo layout is no fragmentation finding; NODE_2's GPUs are
     promql_text = promql.substitute(q.expr, values)
-    result = wait_for(f"data for {q.id}: {promql_text}", lambda: query(stack.prometheus, promql_text), DATA_S)
-    assert all(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result), result
+
+    def finite() -> list[dict[str, Any]]:
+        # a rate of a histogram is NaN while no action fell in its window (a loaded machine slows the cycler):
+        # wait for a window with actions in it rather than taking the first answer
+        result = query(stack.prometheus, promql_text)
+        return result if all(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result) else []
+
+    result = wait_for(f"finite data for {q.id}: {promql_text}", finite, DATA_S)
+    assert result
 
 
 def test_the_alert_rules_evaluate_without_errors_on_the_live_node(stack: Stack) -> None:
@@ -294,18 +362,107 @@ def test_the_alert_rules_evaluate_without_errors_on_the_live_node(stack: Stack) 
     assert bad == {}
 
 
-def test_the_fragmentation_and_idle_alerts_go_pending_on_the_simulated_node(stack: Stack) -> None:
-    # both GPUs are 3g@0 + 2g@4 + 1g@6: one compute slice free that no profile can use (score 1); on GPU 0
+def test_the_fragmentation_alert_goes_pending_where_a_repack_pays_and_not_on_the_demo_layout(stack: Stack) -> None:
+    # dash-node-2's GPUs hold 2g@4 + 1g@2: a repack makes room for a 4g (4 recoverable compute slices); the demo
+    # layout of dash-node (3g@0 + 2g@4 + 1g@6) recovers a single slice, which is no finding; on dash-node's GPU 0
     # the 3g and the 1g run nothing (the demo workload's idle role)
-    def pending() -> set[tuple[str, str, str]]:
-        alerts = query(stack.prometheus, f'ALERTS{{alertstate="pending", Hostname="{NODE}"}}')
-        return {(a["metric"]["alertname"], a["metric"]["gpu"], a["metric"].get("GPU_I_ID", "")) for a in alerts}
+    def pending() -> set[tuple[str, str, str, str]]:
+        alerts = query(stack.prometheus, 'ALERTS{alertstate="pending"}')
+        return {
+            (a["metric"]["alertname"], a["metric"].get("Hostname", ""), a["metric"].get("gpu", ""),
+             a["metric"].get("GPU_I_ID", ""))
+            for a in alerts
+        }  # fmt: skip
 
     want = {
-        ("FlexmigGpuFragmented", "0", ""),
-        ("FlexmigGpuFragmented", "1", ""),
-        ("FlexmigMigInstanceIdle", "0", "1"),
-        ("FlexmigMigInstanceIdle", "0", "13"),
+        ("FlexmigGpuFragmented", NODE_2, "0", ""),
+        ("FlexmigGpuFragmented", NODE_2, "1", ""),
+        ("FlexmigMigInstanceIdle", NODE, "0", "1"),
+        ("FlexmigMigInstanceIdle", NODE, "0", "13"),
     }
     wait_for(f"pending alerts {sorted(want)}", lambda: want <= pending(), DATA_S)
+    recoverable = {
+        r["metric"]["Hostname"]: float(r["value"][1])
+        for r in query(
+            stack.prometheus,
+            f'max by (Hostname) (flexmig_gpu_recoverable_compute_slices{{Hostname=~"{NODE}|{NODE_2}"}})',
+        )
+    }
+    assert recoverable == {NODE: 1.0, NODE_2: 4.0}
+    fragmented = query(stack.prometheus, f'flexmig_gpu_finding{{Hostname="{NODE}", finding="fragmentation"}} == 1')
+    assert fragmented == []
+    assert not {a for a in pending() if a[0] == "FlexmigGpuFragmented" and a[1] == NODE}
     assert not {a for a in pending() if a[0] == "FlexmigDaemonDown"}
+
+
+def test_every_scrape_of_flexmigd_is_healthy_and_negotiates_openmetrics(stack: Stack) -> None:
+    def scraped_twice() -> list[dict[str, Any]]:
+        targets = api(stack.prometheus, "targets", state="active")["activeTargets"]
+        ours = [t for t in targets if t["labels"]["job"] == "flexmig"]
+        return ours if len(ours) == 3 and all(t["lastScrape"].startswith("2") for t in ours) else []
+
+    targets = wait_for("three scraped flexmigd targets", scraped_twice, DATA_S)
+    assert {(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets} == {
+        (t["scrapeUrl"], "up", "") for t in targets
+    }
+    # Prometheus asks for OpenMetrics first: what each daemon answers it is valid OpenMetrics
+    for t in targets:
+        body, content_type = scrape_as_prometheus(t["scrapeUrl"])
+        assert content_type.startswith("application/openmetrics-text"), content_type
+        assert body.endswith("# EOF\n")
+        list(om_parser.text_string_to_metric_families(body))  # type: ignore[no-untyped-call]
+
+
+def scrape_as_prometheus(url: str) -> tuple[str, str]:
+    """The body and content type of ``url`` fetched with the Accept header Prometheus 2.42 sends."""
+    request = urllib.request.Request(url, headers={"Accept": PROMETHEUS_ACCEPT})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return resp.read().decode(), str(resp.headers["Content-Type"])
+
+
+def documented_joins() -> list[str]:
+    """The PromQL blocks of docs/metrics.md's "Joining with dcgm-exporter" section."""
+    text = (DASHBOARDS.parent / "docs" / "metrics.md").read_text()
+    section = text.split("## Joining with dcgm-exporter", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```promql\n(.*?)```", section, flags=re.DOTALL)
+
+
+def test_the_documented_dcgm_joins_give_one_series_per_instance_of_both_nodes(stack: Stack) -> None:
+    joins = documented_joins()
+    assert len(joins) == 3
+
+    def joined(expr: str) -> list[dict[str, Any]]:
+        result = query(stack.prometheus, expr)
+        return result if len(result) == stack.instances else []
+
+    for expr in joins:
+        result = wait_for(f"{stack.instances} joined series for {expr}", functools.partial(joined, expr), DATA_S)
+        keys = {(r["metric"]["Hostname"], r["metric"]["gpu"], r["metric"]["GPU_I_ID"]) for r in result}
+        assert len(keys) == stack.instances, expr
+        assert {h for h, _, _ in keys} == {NODE, NODE_2}, expr
+
+
+def test_a_join_on_gpu_and_gpu_instance_alone_fails_on_two_nodes(stack: Stack) -> None:
+    naive = "flexmig_mig_sm_active_ratio - on(gpu, GPU_I_ID) group_left DCGM_FI_PROF_SM_ACTIVE"
+    url = f"http://127.0.0.1:{stack.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": naive})
+
+    def refused() -> str:
+        try:
+            http_get(url)
+        except urllib.error.HTTPError as exc:
+            return str(json.loads(exc.read())["error"])
+        return ""
+
+    error = wait_for("Prometheus refusing the naive join", refused, DATA_S)
+    assert "duplicate series" in error, error
+
+
+@pytest.mark.parametrize("q", annotation_queries(), ids=lambda q: q.id)
+def test_every_annotation_query_marks_what_happened_on_the_acting_node(
+    stack: Stack, values: dict[str, str], q: PanelQuery
+) -> None:
+    if "failed|cancelled" in q.expr:
+        pytest.skip("no action fails or is cancelled on the acting node; promtool parses this query")
+    promql_text = promql.substitute(q.expr, {**values, "Hostname": ACT_NODE})
+    result = wait_for(f"data for {q.id}: {promql_text}", lambda: query(stack.prometheus, promql_text), DATA_S)
+    assert all(float(r["value"][1]) > 0 for r in result), result

@@ -197,3 +197,50 @@ def test_node_score_lies_between_its_gpus_scores(gpu_layouts: list[Layout], mix:
     if with_free:
         assert min(with_free) - 1e-9 <= node.external_score <= max(with_free) + 1e-9
     assert node.free_compute_slices == sum(g.free_compute_slices for g in node.gpus)
+
+
+# ------------------------------------------------------------------------------------------------ recoverable
+@pytest.mark.parametrize(
+    ("items", "recoverable", "profile"),
+    [
+        ([("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)], 1, "1g.18gb"),  # the demo: one stranded slice
+        ([("3g.71gb", 0), ("1g.18gb", 4)], 2, "2g.35gb"),
+        ([("2g.35gb", 0), ("1g.18gb", 4)], 4, "4g.71gb"),
+        ([("2g.35gb", 4), ("1g.18gb", 6)], 0, None),  # packed
+    ],
+)
+def test_recoverable_compute_slices_are_what_a_repack_makes_usable_by_a_demanded_profile(
+    items: list[tuple[str, int]], recoverable: int, profile: str | None
+) -> None:
+    g = gpu_fragmentation(0, Layout.of(H200, items), MIX)
+    assert g.recoverable_compute_slices == recoverable
+    assert (g.recoverable.profile if g.recoverable else None) == profile
+    assert g.recoverable_score == pytest.approx(recoverable / 7)
+
+
+def test_the_demo_layout_scores_1_on_external_fragmentation_yet_is_no_finding_by_default() -> None:
+    g = gpu_fragmentation(0, Layout.of(H200, [("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)]), MIX)
+    assert g.external_score == 1.0
+    assert g.recoverable_score <= FragmentationSettings().exit
+
+
+def test_a_profile_the_demand_mix_does_not_ask_for_recovers_nothing() -> None:
+    layout = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
+    small = gpu_fragmentation(0, layout, DemandMix((("1g", 1.0),)))
+    assert small.stranded_compute_slices == 4  # a 4g would fit after a repack, but nobody asks for one
+    assert small.recoverable_compute_slices == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_recoverable_never_exceeds_stranded_or_the_free_compute(data: st.DataObject) -> None:
+    model = data.draw(st.sampled_from(MODELS))
+    layout = Layout.empty(model)
+    for _ in range(data.draw(st.integers(0, 5))):
+        profile = data.draw(st.sampled_from(model.profiles))
+        starts = layout.placements(profile)
+        if starts:
+            layout = layout.place(profile, data.draw(st.sampled_from(starts)))
+    g = gpu_fragmentation(0, layout, MIX)
+    assert 0 <= g.recoverable_compute_slices <= g.stranded_compute_slices
+    assert g.recoverable_compute_slices <= g.free_compute_slices

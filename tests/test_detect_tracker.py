@@ -17,8 +17,10 @@ from flexmig.detect import (
 )
 from flexmig.mig import H200, Layout
 
-FRAGMENTED = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])  # score 0.4 with the default mix
-PACKED = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 2)])  # 3g fits: only 4g and 7g unfit -> 0.2
+# A repack makes room for a 4g (4 of 7 compute slices): recoverable score 0.57 with the default mix.
+FRAGMENTED = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
+# The same instances packed at the top: a 3g and a 4g fit, no repack gains anything: recoverable 0.
+PACKED = Layout.of(H200, [("2g.35gb", 4), ("1g.18gb", 6)])
 FS = FragmentationSettings(enter=0.35, exit=0.25, enter_after_s=20, exit_after_s=20)
 S = DetectSettings(fragmentation=FS)
 
@@ -60,7 +62,7 @@ def test_fragmentation_starts_after_its_window_and_ends_after_repacking() -> Non
         assert all(isinstance(f, FragmentationFinding) for f in report.started)
         started += [(t, f.gpu, round(f.score, 2)) for f in report.started if isinstance(f, FragmentationFinding)]
         ended += [(t, e.finding.gpu) for e in report.ended]
-    assert started == [(20, 0, 0.4)]
+    assert started == [(20, 0, 0.57)]
     assert ended == [(50, 0)]
 
 

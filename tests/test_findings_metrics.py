@@ -93,7 +93,14 @@ def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_
     assert values(series, "flexmig_node_stranded_compute_slices") == [4.0]
     assert values(series, "flexmig_node_stranded_ratio") == [pytest.approx(4 / 14)]
 
-    # score 0.4 >= threshold 0.3 with no wait: GPU 0 is a fragmentation finding, GPU 1 is not
+    # a repack would make room for a 4g on GPU 0 (recoverable 4 of 7 slices), for nothing on the empty GPU 1; the
+    # node sums them
+    assert values(series, "flexmig_gpu_recoverable_compute_slices", **g0) == [4.0]
+    assert values(series, "flexmig_gpu_recoverable_ratio", **g0) == [pytest.approx(4 / 7)]
+    assert values(series, "flexmig_gpu_recoverable_compute_slices", **g1) == [0.0]
+    assert values(series, "flexmig_node_recoverable_compute_slices") == [4.0]
+
+    # recoverable 0.57 >= threshold 0.3 with no wait: GPU 0 is a fragmentation finding, GPU 1 is not
     assert values(series, "flexmig_gpu_finding", finding="fragmentation", **g0) == [1.0]
     assert values(series, "flexmig_gpu_finding", finding="fragmentation", **g1) == [0.0]
     assert len(values(series, "flexmig_gpu_finding_duration_seconds", **g0)) == 1

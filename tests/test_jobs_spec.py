@@ -282,3 +282,44 @@ def test_invalid_toml_names_the_file(tmp_path: Path, policy: JobPolicy) -> None:
 def test_parse_without_a_file_names_the_spec_generically(tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"<job spec>: name: is required"):
         parse_job_spec("argv = ['x']", JobPolicy((tmp_path,), check_permissions=False))
+
+
+# ------------------------------------------------------------------------------------------ every problem at once
+
+
+def test_every_problem_of_a_spec_is_named_at_once_in_file_order(tmp_path: Path, policy: JobPolicy) -> None:
+    text = (
+        GOOD.replace('name = "train-ddp"', 'name = "train ddp"')
+        .replace("argv =", "argvs =")
+        .replace('signal = "SIGUSR2"', 'signal = "SIGKILL"')
+        .replace("OMP_NUM_THREADS", "LD_PRELOAD")
+    )
+    path = write(tmp_path, text)
+    with pytest.raises(JobSpecError) as err:
+        load_job_spec(path, policy)
+    lines = str(err.value).splitlines()
+    assert [line.split(": ", 2)[1] for line in lines] == ["name", "argvs", "env", "hook.signal"], lines
+    assert all(line.startswith(f"{path}:") for line in lines)
+    assert "argvs: unknown key (did you mean 'argv'?)" in lines[1]
+    assert not any("argv: is required" in line for line in lines), "the misspelt key was told, not its absence"
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("usr", "user"), ("chekpoint_dir", "checkpoint_dir"), ("launchr", "launcher")],
+)
+def test_a_misspelt_key_says_which_key_it_probably_is(
+    tmp_path: Path, policy: JobPolicy, typo: str, meant: str
+) -> None:
+    text = GOOD.replace("[ranks]", f'{typo} = "x"\n\n[ranks]')
+    with pytest.raises(JobSpecError, match=rf"{typo}: unknown key \(did you mean '{meant}'\?\)"):
+        load_job_spec(write(tmp_path, text), policy)
+
+
+def test_a_misspelt_key_in_a_table_says_which_key_it_probably_is(tmp_path: Path, policy: JobPolicy) -> None:
+    text = GOOD.replace("[ranks]\nmin", "[ranks]\nmn")
+    with pytest.raises(JobSpecError, match=r"ranks.mn: unknown key \(did you mean 'min'\?\)"):
+        load_job_spec(write(tmp_path, text), policy)
+    far = GOOD.replace("[ranks]\nmin", "[ranks]\nzzz")
+    with pytest.raises(JobSpecError, match=r"ranks.zzz: unknown key \(known keys in \[ranks\]: max, min, start\)"):
+        load_job_spec(write(tmp_path, far), policy)

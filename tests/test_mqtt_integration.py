@@ -381,6 +381,28 @@ def test_flexmig_events_prints_each_event_once_as_json(tmp_path: Path, mosquitto
     assert [e.id for e in lines] == [e.id for e in events]
 
 
+def events_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flexmig.cli.main", "events", *args],
+        capture_output=True, text=True, timeout=WAIT + 30, check=False,
+    )  # fmt: skip
+
+
+def test_flexmig_events_exits_1_with_one_line_when_the_broker_was_never_reached() -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    out = events_cli("--broker", address, "--timeout", "2")
+    assert out.returncode == 1
+    assert out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"flexmig events: cannot reach the MQTT broker {address}: ") and "--timeout 2 s" in line
+
+
+def test_flexmig_events_exits_0_at_its_timeout_once_the_broker_was_reached(mosquitto: Brokers) -> None:
+    broker = mosquitto()
+    out = events_cli("--broker", broker.address, "--timeout", "2")
+    assert (out.returncode, out.stderr) == (0, "")
+
+
 # ---------------------------------------------------------------------------------------------- TLS
 def make_ca_and_server_cert(d: Path, name: str) -> tuple[Path, Path, Path]:
     """A throwaway CA and a server certificate for 127.0.0.1 signed by it (openssl, EC keys: fast)."""

@@ -12,6 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flexmig.detect import (
+    DEFAULT_DEMAND,
+    DemandMix,
+    DetectSettings,
+    DetectState,
+    Observation,
+    gpu_fragmentation,
+    observe,
+)
+from flexmig.mig import H200, Layout
 from support.dashboards import RULES, RULES_TEST, alerts, metrics, promql
 from support.prometheus import PROMTOOL
 
@@ -68,7 +78,7 @@ def test_the_rules_cover_underuse_fragmentation_daemon_down_failed_actions_and_s
     expected = {
         "FlexmigMigInstanceIdle": "flexmig_mig_finding",
         "FlexmigMigInstanceUnderused": "flexmig_mig_finding",
-        "FlexmigGpuFragmented": "flexmig_gpu_fragmentation_external_ratio",
+        "FlexmigGpuFragmented": "flexmig_gpu_recoverable_compute_slices",
         "FlexmigDaemonDown": "up",
         "FlexmigDaemonAbsent": "up",
         "FlexmigActionFailed": "flexmig_actions_total",
@@ -85,3 +95,27 @@ def test_no_rule_waits_for_a_metric_nobody_exports() -> None:
     planned = metrics.sample_names(exported=False)
     waiting = {r.alert for r in RULES_LIST if promql.metric_names(r.expr) & planned}
     assert waiting == set()  # the action rules read flexmigd's actuator metrics since it exports them
+
+
+def test_the_fragmentation_rule_tests_feed_the_figures_detection_computes_for_the_demo_and_a_real_case() -> None:
+    mix = DemandMix(DEFAULT_DEMAND)
+    demo = Layout.of(H200, [("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)])
+    real = Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)])
+    figures = {
+        name: (round(g.external_score, 2), g.recoverable_compute_slices)
+        for name, g in (("demo", gpu_fragmentation(0, demo, mix)), ("real", gpu_fragmentation(1, real, mix)))
+    }
+    assert figures == {"demo": (1.0, 1), "real": (0.4, 4)}
+    # under the default settings the demo layout never becomes a finding, the real case does after its window
+    state, found = DetectState(), set()
+    for now in (0.0, 30.0, 60.0, 90.0):
+        state, report = observe(state, Observation(now=now, layouts={0: demo, 1: real}), DetectSettings())
+        found |= {f.gpu for f in report.active}
+    assert found == {1}
+    text = RULES_TEST.read_text()
+    for gpu, ratio, recoverable, finding in (("0", "1", "1", "0"), ("1", "0.4", "4", "1")):
+        labels = f'{{Hostname="gpu-node-7", gpu="{gpu}"}}'
+        assert f'flexmig_gpu_fragmentation_external_ratio{labels}\'\n        values: "{ratio}x30"' in text
+        assert f'flexmig_gpu_recoverable_compute_slices{labels}\'\n        values: "{recoverable}x30"' in text
+        finding_labels = f'{{Hostname="gpu-node-7", gpu="{gpu}", finding="fragmentation"}}'
+        assert f'flexmig_gpu_finding{finding_labels}\'\n        values: "{finding}x30"' in text

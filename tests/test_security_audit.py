@@ -92,7 +92,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_the_defaults_expose_metrics_on_loopback_only_and_no_mqtt_nor_commands() -> None:
     cfg = Config.default()
     assert cfg.mode == "observe"
-    assert cfg.prometheus.enabled and cfg.prometheus.listen == HostPort("127.0.0.1", 9400)
+    assert cfg.prometheus.enabled and cfg.prometheus.listen == HostPort("127.0.0.1", 17400)
     assert cfg.prometheus.listen.is_loopback() and not cfg.prometheus.allow_remote
     assert not cfg.mqtt.enabled and not cfg.mqtt.commands_enabled
     assert not cfg.mqtt.allow_plaintext_password and cfg.mqtt.password_file is None

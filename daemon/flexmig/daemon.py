@@ -13,16 +13,25 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flexmig import __version__
-from flexmig.config import DEFAULT_CONFIG_PATH, Config, ConfigProblem, HostPort, load_config_deferring, reload_config
+from flexmig.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigProblem,
+    HostPort,
+    applies_at_next_start,
+    load_config_deferring,
+    reload_config,
+)
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.nvml.worker import NvmlWorker
@@ -37,7 +46,16 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring import wire
 from flexmig.wiring.backend import Backend, DemoWorkload, open_backend
 
-__all__ = ["Daemon", "build_parser", "config_secrets", "main", "serve", "setup_logging"]
+__all__ = [
+    "Daemon",
+    "JournalFormatter",
+    "build_parser",
+    "config_secrets",
+    "main",
+    "serve",
+    "setup_logging",
+    "writes_to_journal",
+]
 
 log = logging.getLogger("flexmig.daemon")
 
@@ -143,7 +161,7 @@ class Daemon:
                     log.exception("reload hook %r failed", hook)
             fixed = {p.key for p in self.deferred_problems}  # applied by their components' reload hooks
             self.deferred_problems = ()
-            later = [k for k in result.changed if k not in fixed and (k in result.needs_restart or _restart_only(k))]
+            later = [k for k in result.changed if k not in fixed and applies_at_next_start(k)]
             log.info(
                 "configuration reloaded: %s%s",
                 ", ".join(result.changed) or "nothing changed",
@@ -263,12 +281,6 @@ class Daemon:
         return snapshot
 
 
-def _restart_only(key: str) -> bool:
-    """Keys the running daemon does not pick up: telemetry's (the sweep interval it does) and MQTT's (the publisher
-    and its outbox are set up at start; ``[detect]`` thresholds, by contrast, apply at once)."""
-    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith(("dcgm.", "mqtt."))
-
-
 async def _watchdog_loop(dog: Watchdog) -> None:
     interval = dog.interval_s
     assert interval is not None
@@ -303,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --sim: restore the simulated node from FILE if it exists, and save every change there",
     )
     p.add_argument(
+        "--no-sim-workload",
+        action="store_true",
+        help="with --sim: no synthetic workload; the node runs only the jobs flexmigd launches (the demo)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE",
         type=Path,
@@ -311,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-addr",
         metavar="HOST:PORT",
-        help="serve Prometheus metrics here (default: prometheus.listen of the configuration, 127.0.0.1:9400)",
+        help="serve Prometheus metrics here (default: prometheus.listen of the configuration, 127.0.0.1:17400)",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
     return p
@@ -355,11 +372,52 @@ def config_secrets(config: Config) -> tuple[Secret, ...]:
     return () if password is None else (password,)
 
 
-def setup_logging(level: str) -> RedactingFilter:
+#: Syslog priorities of the logging levels, as journald reads them from a ``<N>`` prefix on a stream line.
+_SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class JournalFormatter(logging.Formatter):
+    """Log lines for journald: no timestamp (the journal stamps every line itself), and the record's priority as a
+    ``<N>`` prefix, which journald turns into the entry's priority (``SyslogLevelPrefix=``, on by default), so
+    ``journalctl -p warning`` shows the daemon's warnings."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as ``<N>LEVEL logger: message`` (each line of a multi-line message keeps the priority)."""
+        priority = _SYSLOG_PRIORITY.get(record.levelno, 6 if record.levelno < logging.WARNING else 3)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).split("\n"))
+
+
+def writes_to_journal(stream: Any, environ: Mapping[str, str]) -> bool:
+    """True when ``stream`` is the journal stream systemd connected (``$JOURNAL_STREAM`` holds its device and inode
+    as ``DEV:INODE``; systemd.exec(5) says to compare them with the stream's own, since the variable is inherited
+    by children whose stderr may go elsewhere)."""
+    value = environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+def setup_logging(level: str, environ: Mapping[str, str] | None = None) -> RedactingFilter:
     """The daemon's logging: one stderr handler (the journal under systemd) at ``level``, with a redacting filter on
     every root handler, so no record, a third-party library's included, shows a secret. Returns the filter, whose
-    secrets are set once the configuration is read (and again at each reload)."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    secrets are set once the configuration is read (and again at each reload).
+
+    Under journald the lines carry no timestamp of their own (:class:`JournalFormatter`); elsewhere each starts
+    with the local time."""
+    handler = logging.StreamHandler(sys.stderr)
+    if writes_to_journal(sys.stderr, os.environ if environ is None else environ):
+        handler.setFormatter(JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     return attach_redaction()
 
 
@@ -370,12 +428,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, path, addr, deferred = _load(args)
         redactor.update(config_secrets(config))
-        if args.sim_state is not None and args.sim is None:
-            raise ConfigError("--sim-state FILE needs --sim SPEC")
+        if args.sim is None and (args.sim_state is not None or args.no_sim_workload):
+            raise ConfigError(f"{'--sim-state FILE' if args.sim_state else '--no-sim-workload'} needs --sim SPEC")
         daemon = Daemon(
             config,
             sim_spec=args.sim,
             sim_state=args.sim_state,
+            sim_workload=not args.no_sim_workload,
             metrics_addr=addr,
             config_path=path,
             deferred_problems=deferred,

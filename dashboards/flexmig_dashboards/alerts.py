@@ -192,24 +192,26 @@ GROUPS: tuple[Group, ...] = (
             ),
             Rule(
                 "FlexmigGpuFragmented",
-                "flexmig_gpu_fragmentation_external_ratio "
+                "flexmig_gpu_recoverable_compute_slices "
                 'and on(Hostname, gpu) (flexmig_gpu_finding{finding="fragmentation"} == 1)',
                 "15m",
                 "warning",
                 "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is fragmented",
-                "External fragmentation {{ $value | humanizePercentage }}: free compute slices that most of the "
-                "demand mix cannot use. Repacking the running instances would help "
-                "(flexmig_gpu_stranded_instances per profile).",
+                "Repacking the running instances would make {{ $value }} compute slices usable by a profile the "
+                "demand mix asks for (flexmig_gpu_stranded_instances says which); the fragmentation finding has "
+                "held for its window plus 15 minutes. In act mode the planner migrates jobs to do so.",
                 _NODE_DASH,
             ),
             Rule(
                 "FlexmigNodeCapacityStranded",
-                "flexmig_node_stranded_compute_slices >= 3",
+                "sum by (Hostname) (flexmig_gpu_recoverable_compute_slices "
+                'and on(Hostname, gpu) (flexmig_gpu_finding{finding="fragmentation"} == 1)) >= 4',
                 "1h",
                 "info",
                 "{{ $value }} compute slices are stranded on {{ $labels.Hostname }}",
-                "Repacking the running instances would make {{ $value }} compute slices usable; in act mode the "
-                "planner migrates jobs to do so.",
+                "Repacking the running instances of the node's fragmented GPUs would make {{ $value }} compute "
+                "slices usable by profiles the demand mix asks for, for an hour now; in act mode the planner "
+                "migrates jobs to do so.",
                 _NODE_DASH,
             ),
         ),

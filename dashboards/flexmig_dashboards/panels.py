@@ -15,6 +15,7 @@ import attr
 from grafanalib.core import (
     SORT_ALPHA_ASC,
     SORT_NUMERIC_ASC,
+    Annotations,
     Dashboard,
     DashboardLink,
     GridPos,
@@ -29,18 +30,20 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from flexmig_dashboards.promql import GPU, HOST
+from flexmig_dashboards.promql import GI, GPU, HOST
 
 __all__ = [
     "DS",
     "SCHEMA_VERSION",
     "Grid",
     "Q",
+    "annotations",
     "dashboard",
     "datasource_variable",
     "gpu_variable",
     "host_variable",
     "instance_variable",
+    "mig_uuid_variable",
     "stat",
     "state_timeline",
     "table",
@@ -89,10 +92,85 @@ def gpu_variable() -> Template:
 
 
 def instance_variable() -> Template:
-    """``$GPU_I_ID``: GPU-instance IDs of the MIG instances on the selected GPUs (the legend adds the MIG UUID)."""
+    """``$GPU_I_ID``: GPU-instance IDs of the MIG instances on the selected GPUs (repeated on every GPU: the
+    ``$mig_uuid`` variable picks one instance)."""
     return _query_variable(
         "GPU_I_ID", "MIG instance (GI)", f"label_values(flexmig_mig_memory_slices{{{GPU}}}, GPU_I_ID)", SORT_NUMERIC_ASC
     )
+
+
+def mig_uuid_variable() -> Template:
+    """``$mig_uuid``: MIG device UUIDs of the selected instances; unlike the GPU instance ID, which repeats on every
+    GPU and node, one UUID names one instance (what ``CUDA_VISIBLE_DEVICES`` takes)."""
+    return _query_variable(
+        "mig_uuid", "MIG device (UUID)", f"label_values(flexmig_mig_memory_slices{{{GI}}}, mig_uuid)", SORT_ALPHA_ASC
+    )
+
+
+# ----------------------------------------------------------------------------------------------- annotations
+
+_GRAFANA_BUILTIN: dict[str, Any] = {
+    "builtIn": 1,
+    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+    "enable": True,
+    "hide": True,
+    "iconColor": "rgba(0, 211, 255, 1)",
+    "name": "Annotations & Alerts",
+    "type": "dashboard",
+}
+ANNOTATION_WINDOW = "2m"
+"""The window each annotation query looks back over: an event marks the graphs for this long (a region)."""
+
+
+def _annotation(name: str, expr: str, *, title: str, text: str, tags: str, colour: str) -> dict[str, Any]:
+    return {
+        "datasource": DS,
+        "enable": True,
+        "hide": False,
+        "iconColor": colour,
+        "name": name,
+        "expr": expr,
+        "step": "60s",
+        "titleFormat": title,
+        "textFormat": text,
+        "tagKeys": tags,
+        "useValueForTime": False,
+    }
+
+
+def annotations() -> list[dict[str, Any]]:
+    """Marks on every graph, from flexmig's own metrics: actions completed, actions that failed or were cancelled
+    (``flexmig_actions_total``), and MIG layout changes (``flexmig_gpu_instance_changes_total``: instances created
+    or destroyed, by flexmig or anyone else), on the selected hosts."""
+    w = ANNOTATION_WINDOW
+    return [
+        dict(_GRAFANA_BUILTIN),
+        _annotation(
+            "flexmig actions",
+            f'sum by (Hostname, action) (increase(flexmig_actions_total{{{HOST}, outcome="completed"}}[{w}])) > 0',
+            title="{{action}} completed",
+            text="flexmig on {{Hostname}} completed a {{action}} action",
+            tags="Hostname,action",
+            colour="blue",
+        ),
+        _annotation(
+            "flexmig actions failed or cancelled",
+            f"sum by (Hostname, action, outcome) "
+            f'(increase(flexmig_actions_total{{{HOST}, outcome=~"failed|cancelled"}}[{w}])) > 0',
+            title="{{action}} {{outcome}}",
+            text="a {{action}} action on {{Hostname}} ended {{outcome}} (see flexmig jobs list and the action events)",
+            tags="Hostname,action,outcome",
+            colour="red",
+        ),
+        _annotation(
+            "MIG layout changes",
+            f"sum by (Hostname, gpu, change) (increase(flexmig_gpu_instance_changes_total{{{HOST}}}[{w}])) > 0",
+            title="GPU {{gpu}}: MIG instance {{change}}",
+            text="the MIG layout of GPU {{gpu}} on {{Hostname}} changed (an instance was {{change}})",
+            tags="Hostname,gpu,change",
+            colour="purple",
+        ),
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- queries
@@ -134,9 +212,13 @@ def timeseries(
     stacked: bool = False,
     bars: bool = False,
     overrides: Sequence[dict[str, Any]] = (),
+    thresholds: Sequence[tuple[str, float | None]] = (),
 ) -> TimeSeries:
-    """A time series panel (legend as a table at the bottom, with last and max)."""
+    """A time series panel (legend as a table at the bottom, with last and max); ``thresholds`` ((colour, from
+    value) pairs) are drawn as dashed lines over shaded bands, as NVIDIA's DCGM dashboard colours its gauges."""
     return TimeSeries(
+        thresholds=[{"color": c, "value": v} for c, v in thresholds],
+        thresholdsStyleMode="dashed+area" if thresholds else "off",
         title=title,
         maxDataPoints=None,  # Grafana's default: one point per pixel, not grafanalib's 100
         description=description,
@@ -278,7 +360,8 @@ class Grid:
 
 
 def dashboard(title: str, uid: str, description: str, grid: Grid, variables: Sequence[Template]) -> Dashboard:
-    """A flexmig dashboard: tagged ``flexmig``, linked to the others, last hour, refreshed every 30 s."""
+    """A flexmig dashboard: tagged ``flexmig``, linked to the others, last hour, refreshed every 30 s, with the
+action and layout-change annotations."""
     return Dashboard(
         title=title,
         uid=uid,
@@ -300,5 +383,6 @@ def dashboard(title: str, uid: str, description: str, grid: Grid, variables: Seq
             )
         ],
         templating=Templating(list=[datasource_variable(), *variables]),
+        annotations=Annotations(list=annotations()),
         panels=grid.panels,
     ).auto_panel_ids()

@@ -1,6 +1,7 @@
 """PromQL building blocks shared by the dashboards and the rules, and the two tools tests need on expressions.
 
-Selectors use the dashboard variables ``$Hostname``, ``$gpu`` and ``$GPU_I_ID`` on flexmig's identity labels
+Selectors use the dashboard variables ``$Hostname``, ``$gpu``, ``$GPU_I_ID`` and ``$mig_uuid`` on flexmig's identity
+labels
 (the same names dcgm-exporter uses, see ``daemon/flexmig/export/prometheus.py``). DCGM overlays join
 dcgm-exporter's rows onto our instances on ``Hostname`` + ``gpu`` + ``GPU_I_ID``; dcgm-exporter 4.8.3 renamed
 its host label to ``hostname``, so the host label is copied over first and both spellings work.
@@ -16,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 __all__ = [
+    "GI",
     "GPU",
     "HOST",
     "INST",
@@ -31,8 +33,11 @@ HOST = 'Hostname=~"$Hostname"'
 """Matcher for the host variable."""
 GPU = f'{HOST}, gpu=~"$gpu"'
 """Matchers for host and GPU variables."""
-INST = f'{GPU}, GPU_I_ID=~"$GPU_I_ID"'
-"""Matchers for host, GPU and MIG instance (GPU instance ID) variables."""
+GI = f'{GPU}, GPU_I_ID=~"$GPU_I_ID"'
+"""Matchers for host, GPU and GPU instance ID variables."""
+INST = f'{GI}, mig_uuid=~"$mig_uuid"'
+"""Matchers for host, GPU, GPU instance ID and MIG device UUID variables: the UUID tells apart the instances whose
+GPU instance IDs repeat on every GPU and every node."""
 SLICES = 8
 """Memory slices of every MIG-capable GPU (A100, H100, H200): the columns of a slice map."""
 

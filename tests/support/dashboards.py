@@ -43,6 +43,7 @@ __all__ = [
     "PanelQuery",
     "alerts",
     "all_panels",
+    "annotation_queries",
     "build",
     "committed",
     "metrics",
@@ -56,6 +57,7 @@ STATIC_VALUES: dict[str, str] = {
     "Hostname": "gpu-node-7",
     "gpu": "0",
     "GPU_I_ID": "1",
+    "mig_uuid": "MIG-00000000-0000-0000-0000-000000000000",
     "datasource": "Prometheus",
     "__rate_interval": "1m",
     "__interval": "15s",
@@ -101,6 +103,16 @@ def panel_queries() -> list[PanelQuery]:
         for name, board in committed().items()
         for p in all_panels(board)
         for t in p.get("targets", [])
+    ]
+
+
+def annotation_queries() -> list[PanelQuery]:
+    """Every Prometheus annotation query of every committed dashboard (the built-in Grafana one has none)."""
+    return [
+        PanelQuery(name, f"annotation {a['name']}", "Anno", a["expr"], False)
+        for name, board in committed().items()
+        for a in board.get("annotations", {}).get("list", [])
+        if not a.get("builtIn")
     ]
 
 

@@ -76,6 +76,7 @@ class ActNode:
     grace_s: float | None = None  # jobs.shutdown_grace_s (default 60)
     mqtt_extra: str = ""  # more [mqtt] keys (credentials, commands_enabled), with ``broker``
     control: bool = True  # [control] enabled: the socket is served
+    extra: str = ""  # more tables for the configuration (e.g. [baseline]), appended as given
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -116,6 +117,7 @@ class ActNode:
             + ("" if self.control else "enabled = false\n")
             + f'[state]\ndirectory = "{self.base}/state"\njournal = "{self.journal}"\n'
             + mqtt
+            + self.extra
         )
         self.config.write_text(text)
         self.config.chmod(0o600)

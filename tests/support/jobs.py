@@ -77,12 +77,13 @@ def counter_spec(
     max_ranks: int | None = None,
     step_time: float = 0.01,
     ack_timeout_s: float = 30,
+    python: str = sys.executable,
 ) -> str:
     """The stdlib example (``examples/hook_minimal.py``) as a job spec, logging to base/NAME.log (``max_ranks``
-    above ``ranks``: it may be re-split up to that many)."""
+    above ``ranks``: it may be re-split up to that many), run by ``python`` (this interpreter by default)."""
     return f"""\
 name = "{name}"
-argv = ["{sys.executable}", "{ROOT}/examples/hook_minimal.py", "--step-time", "{step_time}",
+argv = ["{python}", "{ROOT}/examples/hook_minimal.py", "--step-time", "{step_time}",
         "--log", "{base}/{name}.log", "--log-every", "1"]
 user = "root"
 working_dir = "{base}"

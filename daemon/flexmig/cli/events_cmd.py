@@ -38,7 +38,12 @@ def register(sub: Any) -> None:
     p.add_argument("--tls-cert", type=Path, help="client certificate (mutual TLS)")
     p.add_argument("--tls-key", type=Path, help="client private key (mutual TLS)")
     p.add_argument("--count", type=int, metavar="N", help="exit after N events (status 1 if --timeout comes first)")
-    p.add_argument("--timeout", type=float, metavar="S", help="exit after S seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="exit after S seconds (status 1 if the broker was never reached)",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 async def _follow(settings: SubscriberSettings, args: argparse.Namespace) -> int:
     done = asyncio.Event()
     seen = 0
+    reached = False
+    failure: str | None = None
 
     def on_event(event: Event) -> None:
         nonlocal seen
@@ -93,9 +100,25 @@ async def _follow(settings: SubscriberSettings, args: argparse.Namespace) -> int
             print(f"# {node} is {status}", flush=True)
 
     def on_problem(text: str) -> None:
+        nonlocal failure
+        if not reached and text.startswith("MQTT broker "):
+            # Not reached yet: one line now, none again at the timeout (which then only sets the status).
+            if failure is None:
+                until = f" until --timeout {args.timeout:g} s" if args.timeout is not None else ""
+                error = text.split(": ", 1)[-1].removesuffix("; reconnecting")
+                line = f"cannot reach the MQTT broker {settings.broker}: {error}; retrying{until}"
+                print(f"flexmig events: {line}", file=sys.stderr, flush=True)
+            failure = text
+            return
         print(f"flexmig events: {text}", file=sys.stderr, flush=True)
 
-    task = asyncio.create_task(follow_events(settings, on_event, on_status=on_status, on_problem=on_problem))
+    def on_connected() -> None:
+        nonlocal reached
+        reached = True
+
+    task = asyncio.create_task(
+        follow_events(settings, on_event, on_status=on_status, on_problem=on_problem, on_connected=on_connected)
+    )
     waiter = asyncio.create_task(done.wait())
     try:
         await asyncio.wait({task, waiter}, timeout=args.timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -107,4 +130,11 @@ async def _follow(settings: SubscriberSettings, args: argparse.Namespace) -> int
                 await t
     if task.done() and not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
+    if not reached:
+        if failure is None:  # the timeout came before the first attempt had an answer
+            print(
+                f"flexmig events: the MQTT broker {settings.broker} did not answer within {args.timeout:g} s",
+                file=sys.stderr,
+            )
+        return 1
     return 1 if args.count is not None and seen < args.count else 0

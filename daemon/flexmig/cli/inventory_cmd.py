@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
+from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.errors import ConfigError, NvmlUnavailableError
 from flexmig.nvml import Inventory, Nvml
 from flexmig.sim import install, uninstall
 
-__all__ = ["register", "render_table", "run"]
+__all__ = ["register", "render_table", "render_text", "run"]
 
 EXAMPLE_SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 _GIB = 1 << 30
@@ -83,16 +84,24 @@ def _gib(n: int | None) -> str:
 
 
 def render_table(inventory: Inventory) -> None:
-    """Print the inventory as a table for people (``nvidia-smi``-like)."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    console.print(
+    """Print the inventory for people (``nvidia-smi``-like), fitted to the output's width."""
+    Console(highlight=False, soft_wrap=True).print(render_text(inventory, output_width()))
+
+
+def render_text(inventory: Inventory, width: int | None) -> Text:
+    """The inventory as text, every line at most ``width`` wide; each MIG device's UUID on a line of its own."""
+    out = Text()
+
+    def line(text: str, style: str = "") -> None:
+        for piece in wrap(text, width):
+            out.append(piece + "\n", style=style)
+
+    line(
         f"driver {inventory.driver_version or 'n/a'}, NVML {inventory.nvml_version or 'n/a'}, "
         f"{len(inventory.gpus)} GPU(s)"
     )
     for issue in inventory.errors:
-        console.print(f"[yellow]! {issue.call} on {issue.target}: {issue.name} ({issue.code})[/yellow]")
+        line(f"! {issue.call} on {issue.target}: {issue.name} ({issue.code})", "yellow")
     for gpu in inventory.gpus:
         if gpu.lost:
             mig = "GPU IS LOST"
@@ -102,15 +111,11 @@ def render_table(inventory: Inventory) -> None:
             mig = f"MIG {'on' if gpu.mig_current else 'off'}"
             if gpu.mig_pending is not None and gpu.mig_pending != gpu.mig_current:
                 mig += f" (pending {'on' if gpu.mig_pending else 'off'})"
-        table = Table(
-            title=f"GPU {gpu.index}: {gpu.name or 'n/a'}  {gpu.uuid or 'uuid n/a'}  "
-            f"{_gib(gpu.memory_total_bytes)} GiB  {mig}",
-            title_justify="left",
-        )
-        for col in ("MIG", "GI", "CI", "profile", "placement", "MIG device UUID", "memory GiB", "processes"):
-            table.add_column(col, no_wrap=True)
+        line(f"GPU {gpu.index}: {gpu.name or 'n/a'}  {_gib(gpu.memory_total_bytes)} GiB  {mig}", "bold")
+        line(f"  {gpu.uuid or 'uuid n/a'}")
         gis = {gi.id: gi for gi in gpu.gpu_instances}
         shown: set[int] = set()
+        rows = []
         for dev in gpu.mig_devices:
             gi = gis.get(dev.gpu_instance_id)
             shown.add(dev.gpu_instance_id)
@@ -119,19 +124,29 @@ def render_table(inventory: Inventory) -> None:
                 if dev.processes is None
                 else ", ".join(f"{p.pid} ({_gib(p.used_memory_bytes)} GiB)" for p in dev.processes) or "-"
             )
-            table.add_row(
-                str(dev.index),
-                str(dev.gpu_instance_id),
-                str(dev.compute_instance_id),
-                gi.profile_name or str(gi.profile_id) if gi else "?",
-                f"{gi.start}:{gi.size}" if gi else "?",
-                dev.uuid,
-                f"{_gib(dev.memory_used_bytes)} / {_gib(dev.memory_total_bytes)}",
-                procs,
+            rows.append(
+                Row(
+                    (
+                        str(dev.index),
+                        str(dev.gpu_instance_id),
+                        str(dev.compute_instance_id),
+                        gi.profile_name or str(gi.profile_id) if gi else "?",
+                        f"{gi.start}:{gi.size}" if gi else "?",
+                        f"{_gib(dev.memory_used_bytes)}/{_gib(dev.memory_total_bytes)}",
+                        procs,
+                    ),
+                    [dev.uuid],
+                )
             )
         for gi in gpu.gpu_instances:
             if gi.id not in shown:  # a GI without compute instances is no MIG device
-                table.add_row("-", str(gi.id), "-", gi.profile_name or str(gi.profile_id), f"{gi.start}:{gi.size}")
-        console.print(table)
+                name = gi.profile_name or str(gi.profile_id)
+                rows.append(Row(("-", str(gi.id), "-", name, f"{gi.start}:{gi.size}", "-", "-"), ["(no MIG device)"]))
+        if rows:
+            headers = ("MIG", "GI", "CI", "profile", "slices", "memory GiB", "processes")
+            for text in render_rows(headers, rows, width):
+                out.append(text + "\n")
         for issue in gpu.errors:
-            console.print(f"[yellow]! {issue.call} on {issue.target}: {issue.name} ({issue.code})[/yellow]")
+            line(f"  ! {issue.call} on {issue.target}: {issue.name} ({issue.code})", "yellow")
+    out.rstrip()
+    return out

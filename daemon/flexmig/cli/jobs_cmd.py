@@ -10,7 +10,7 @@ from typing import Any
 
 from flexmig.act.client import ControlClient
 
-__all__ = ["DEFAULT_SOCKET", "register"]
+__all__ = ["DEFAULT_SOCKET", "connection_options", "register"]
 
 DEFAULT_SOCKET = Path("/run/flexmig/control.sock")
 
@@ -20,38 +20,56 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "jobs", help="submit, list, migrate, re-split and stop jobs", description=__doc__
     )
-    p.add_argument(
-        "--socket",
-        type=Path,
-        default=Path(os.environ.get("FLEXMIG_CONTROL_SOCKET", str(DEFAULT_SOCKET))),
-        help=f"control socket (default $FLEXMIG_CONTROL_SOCKET or {DEFAULT_SOCKET})",
-    )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the daemon (default 900)")
+    connection_options(p)
     acts = p.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
 
     s = acts.add_parser("submit", help="register a job spec (TOML) and start it")
+    connection_options(s, after_verb=True)
     s.add_argument("file", type=Path, help="job spec file")
     s.set_defaults(func=_submit)
 
     s = acts.add_parser("list", help="list jobs")
+    connection_options(s, after_verb=True)
     s.add_argument("--json", action="store_true", help="print JSON for programs")
     s.set_defaults(func=_list)
 
     s = acts.add_parser("migrate", help="checkpoint a job and move it to other MIG instances")
+    connection_options(s, after_verb=True)
     s.add_argument("name")
     s.add_argument("--to", metavar="PROFILE", default=None, help="profile of the new instances (default: same)")
     s.set_defaults(func=_migrate)
 
     s = acts.add_parser("resplit", help="checkpoint a job and relaunch it with another number of ranks")
+    connection_options(s, after_verb=True)
     s.add_argument("name")
     s.add_argument("--ranks", type=int, required=True, help="new number of ranks (one MIG instance each)")
     s.add_argument("--profile", default=None, help="profile of the instances (default: same)")
     s.set_defaults(func=_resplit)
 
     s = acts.add_parser("stop", help="checkpoint and stop a job (--force: SIGTERM without a checkpoint)")
+    connection_options(s, after_verb=True)
     s.add_argument("name")
     s.add_argument("--force", action="store_true", help="terminate without waiting for a checkpoint")
     s.set_defaults(func=_stop)
+
+
+def connection_options(p: argparse.ArgumentParser, *, after_verb: bool = False) -> None:
+    """``--socket`` and ``--timeout``, before the action (``flexmig jobs --socket S list``) or, with
+    ``after_verb``, after it (``flexmig jobs list --socket S``): there they default to nothing, so that a value
+    given before the action stands unless one after it replaces it."""
+    socket_default = Path(os.environ.get("FLEXMIG_CONTROL_SOCKET", str(DEFAULT_SOCKET)))
+    p.add_argument(
+        "--socket",
+        type=Path,
+        default=argparse.SUPPRESS if after_verb else socket_default,
+        help=f"control socket (default $FLEXMIG_CONTROL_SOCKET or {DEFAULT_SOCKET})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS if after_verb else 900.0,
+        help="seconds to wait for the daemon (default 900)",
+    )
 
 
 def _client(args: argparse.Namespace) -> ControlClient:

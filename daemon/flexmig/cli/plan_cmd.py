@@ -13,17 +13,18 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rich.table import Table
+from rich.text import Text
 
 from flexmig.act.client import ControlClient
 from flexmig.cli.status_cmd import add_source_arguments, console
+from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.config import Config
 from flexmig.errors import ConfigError, PlanRejectedError
 from flexmig.plan import Plan, Planner, validate_plan
 from flexmig.wiring.oneshot import sim_plan_input
 from flexmig.wiring.planning import plan_document, planner_settings
 
-__all__ = ["register", "render", "run"]
+__all__ = ["register", "render", "render_text", "run"]
 
 
 def register(sub: Any) -> None:
@@ -75,8 +76,18 @@ def sim_plan(spec: str, requests: list[str]) -> dict[str, Any]:
 
 
 def render(doc: Mapping[str, Any]) -> None:
-    """Print a plan document for people."""
-    out = console()
+    """Print a plan document for people, fitted to the output's width."""
+    console().print(render_text(doc, output_width()))
+
+
+def render_text(doc: Mapping[str, Any], width: int | None) -> Text:
+    """A plan document as text, every line at most ``width`` wide (the reason column wraps)."""
+    out = Text()
+
+    def line(text: str, style: str = "") -> None:
+        for piece in wrap(text, width):
+            out.append(piece + "\n", style=style)
+
     if doc["source"] == "daemon":
         how = {
             "act": "mode act: the daemon executes plans like this one",
@@ -85,33 +96,32 @@ def render(doc: Mapping[str, Any]) -> None:
         }.get(doc["mode"], doc["mode"])
     else:
         how = f"simulated node {doc['source'].removeprefix('sim:')}"
-    out.print(f"[bold]plan[/bold] ({how}): {doc['summary']}")
+    line(f"plan ({how}): {doc['summary']}", "bold")
     if doc.get("error"):
-        out.print(f"[red]! the planner refused this node state: {doc['error']}[/red]")
+        line(f"! the planner refused this node state: {doc['error']}", "red")
     if doc["actions"]:
-        table = Table(title_justify="left")
-        for col in ("#", "action", "target", "from", "to", "cost s", "reason"):
-            table.add_column(col)
-        for n, a in enumerate(doc["actions"], 1):
-            table.add_row(
-                str(n),
-                a["action"],
-                a["target"],
-                ", ".join(a.get("from", ())) or "-",
-                ", ".join(a.get("to", ())) or "-",
-                f"{a['cost_s']:.1f}",
-                a["reason"],
+        rows = [
+            Row(
+                (str(n), a["action"], a["target"], f"{a['cost_s']:.1f}", a["reason"]),
+                [f"from {', '.join(a.get('from', ())) or '-'} to {', '.join(a.get('to', ())) or '-'}"]
+                if a.get("from") or a.get("to")
+                else [],
             )
-        out.print(table)
+            for n, a in enumerate(doc["actions"], 1)
+        ]
+        for text in render_rows(("#", "action", "target", "cost s", "reason"), rows, width):
+            out.append(text + "\n")
     for note in doc.get("notes", ()):
-        out.print(f"note: {note}")
+        line(f"note: {note}")
     for job in doc.get("running", ()):
-        out.print(f"running: {job['job']} on {', '.join(job['instances'])}")
+        line(f"running: {job['job']} on {', '.join(job['instances'])}")
     started = {a["job"] for a in doc["actions"] if a["action"] == "start"}
     for job in doc.get("pending", ()):
         fate = "started by this plan" if job["job"] in started else "waits"
-        out.print(f"queued: {job['job']} ({job['ranks']} x {job['need']}): {fate}")
+        line(f"queued: {job['job']} ({job['ranks']} x {job['need']}): {fate}")
     for where, why in doc.get("blocked", {}).items():
-        out.print(f"left alone: {where}: {why}")
+        line(f"left alone: {where}: {why}")
     for job, why in doc.get("left_out", {}).items():
-        out.print(f"not planned for: job {job}: {why}")
+        line(f"not planned for: job {job}: {why}")
+    out.rstrip()
+    return out

@@ -23,9 +23,10 @@ from flexmig.config.load import (
     parse_config,
 )
 from flexmig.config.problems import ConfigFileError, ConfigProblem
-from flexmig.config.reload import ReloadResult, changed_keys, reload_config
-from flexmig.config.render import render_toml
+from flexmig.config.reload import ReloadResult, applies_at_next_start, changed_keys, reload_config
+from flexmig.config.render import render_keys_markdown, render_toml
 from flexmig.config.schema import (
+    BaselineConfig,
     Config,
     ControlConfig,
     DcgmConfig,
@@ -45,6 +46,7 @@ from flexmig.config.schema import (
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DEFERRABLE_KEYS",
+    "BaselineConfig",
     "Config",
     "ConfigFileError",
     "ConfigProblem",
@@ -62,6 +64,7 @@ __all__ = [
     "SamplingConfig",
     "SlurmConfig",
     "StateConfig",
+    "applies_at_next_start",
     "changed_keys",
     "find_key_line",
     "iter_keys",
@@ -69,5 +72,6 @@ __all__ = [
     "load_config_deferring",
     "parse_config",
     "reload_config",
+    "render_keys_markdown",
     "render_toml",
 ]

@@ -3,7 +3,8 @@
 :class:`Checker` walks the parsed document along the dataclasses of :mod:`flexmig.config.schema`, so a key is
 known, typed and bounded exactly as its field says; it collects every problem instead of stopping at the first.
 :func:`cross_checks` holds the rules that span keys (a stall timeout against the sampling interval, a password
-against plaintext transport); they only run once every key's own value was valid.
+against plaintext transport); :func:`cross_check_problems` runs them beside the per-key problems, leaving out
+only the rules whose keys had problems of their own, so a file's problems all come in one round.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from flexmig.config.keys import join_key
 from flexmig.config.problems import show, type_name
 from flexmig.config.schema import Config, toml_name
 
-__all__ = ["Checker", "cross_checks"]
+__all__ = ["Checker", "cross_check_problems", "cross_checks"]
 
 _T = TypeVar("_T")
 
@@ -36,6 +37,8 @@ class Checker:
 
     def __init__(self) -> None:
         self.problems: list[tuple[str, str]] = []
+        self.meant: set[str] = set()
+        """Known keys an unknown key's "did you mean" names: the file probably meant to set them."""
 
     def fail(self, key: str, message: str) -> None:
         """Record a problem at the dotted ``key``."""
@@ -51,6 +54,9 @@ class Checker:
         for name in data:
             if name not in known:
                 self.fail(join_key(prefix, name), _unknown_message(name, list(known), isinstance(data[name], dict)))
+                close = _close_match(name, list(known))
+                if close is not None:
+                    self.meant.add(join_key(prefix, close))
         values: dict[str, Any] = {}
         for name, f in known.items():
             if name not in data:
@@ -109,7 +115,8 @@ class Checker:
         if tp is str:
             pattern = meta.get("pattern")
             if pattern and not re.fullmatch(pattern, raw):
-                self.fail(key, f"{show(raw)} does not match {pattern}")
+                rule = meta.get("allowed") or "see flexmig config example"
+                self.fail(key, f"{show(raw)} is not allowed here: {rule}")
                 return _INVALID
             return raw
         if tp is Path:
@@ -146,12 +153,38 @@ _INVALID: Any = _Invalid()
 _SECRET_HINTS = {"password", "passwd", "secret", "token"}
 
 
+def _close_match(name: str, known: list[str]) -> str | None:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _unknown_message(name: str, known: list[str], is_table: bool) -> str:
     if name.lower() in _SECRET_HINTS:
         return "unknown key: secrets are never written in the configuration; put it in a file and set password_file"
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = _close_match(name, known)
+    hint = f" (did you mean {close!r}?)" if close else ""
     return f"unknown {'section' if is_table else 'key'}{hint}"
+
+
+def cross_check_problems(cfg: Config, checker: Checker) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The rules between keys that still say something after the per-key checks of ``checker``: a rule is left
+    out when one of its keys (or a table around it, or a key inside it) had a problem of its own or was probably
+    misspelt, since the value it would judge is a default standing in for what the file meant. So one round
+    reports every problem: per-key and between keys together, and none that fixing the others would undo."""
+    doubtful = {_bare(k) for k, _ in checker.problems} | {_bare(k) for k in checker.meant}
+    for keys, message in cross_checks(cfg):
+        if not any(_related(_bare(k), d) for k in keys for d in doubtful):
+            yield keys, message
+
+
+def _bare(key: str) -> str:
+    """``jobs.allowed_dirs[0]`` -> ``jobs.allowed_dirs``."""
+    return re.sub(r"\[\d+\]", "", key)
+
+
+def _related(a: str, b: str) -> bool:
+    """True when one key is the other, or lies inside it (a table)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".") or not a or not b
 
 
 def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
@@ -196,8 +229,8 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         if target.hostname is not None and _same_endpoint(target.hostname, target.port or 80, p.listen):
             yield (
                 ("dcgm.url", "dcgm.enabled", "prometheus.listen"),
-                f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); dcgm-exporter "
-                "also defaults to port 9400: move one of them",
+                f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); flexmigd "
+                "would scrape itself: point dcgm.url at dcgm-exporter (port 9400 by default) or move prometheus.listen",
             )
     m = cfg.mqtt
     if (m.tls_cert is None) != (m.tls_key is None):
@@ -229,6 +262,12 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         )
     if len(os.fsencode(str(c.socket))) > 107:
         yield ("control.socket",), "longer than 107 bytes, the limit of a unix socket path"
+    b = cfg.baseline
+    if b.mig_parted_config and b.mig_parted_file is None:
+        yield (
+            ("baseline.mig_parted_config", "baseline.mig_parted_file"),
+            "names a configuration of no file: set mig_parted_file",
+        )
     for i, allowed in enumerate(cfg.jobs.allowed_dirs):
         if allowed == Path("/"):
             yield (f"jobs.allowed_dirs[{i}]",), "'/' would let a job write anywhere"

@@ -13,8 +13,9 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from flexmig.config.checks import Checker, cross_checks
+from flexmig.config.checks import Checker, cross_check_problems
 from flexmig.config.keys import find_key_line, no_index, split_dotted
+from flexmig.config.migparted import read_mig_parted
 from flexmig.config.problems import ConfigFileError, ConfigProblem, in_file_order
 from flexmig.config.schema import Config
 from flexmig.config.trusted import read_trusted_text
@@ -68,9 +69,8 @@ def _parse(text: str, source: str, without: Collection[str] = ()) -> Config:
         _drop_key(data, key)
     checker = Checker()
     cfg = checker.section(Config, data, "")
-    if not checker.problems:
-        for keys, msg in cross_checks(cfg):
-            checker.fail(next((k for k in keys if find_key_line(text, no_index(k), exact=True)), keys[0]), msg)
+    for keys, msg in list(cross_check_problems(cfg, checker)):
+        checker.fail(next((k for k in keys if find_key_line(text, no_index(k), exact=True)), keys[0]), msg)
     if checker.problems:
         problems = [
             ConfigProblem(source, key, find_key_line(text, no_index(key)), msg) for key, msg in checker.problems
@@ -95,7 +95,7 @@ def load_config(path: Path | str = DEFAULT_CONFIG_PATH, *, trusted_uids: Collect
     path = Path(path)
     text = _read_config_text(path, trusted_uids)
     cfg = parse_config(text, str(path))
-    problems = _credential_file_problems(path, text, cfg, trusted_uids)
+    problems = _file_problems(path, text, cfg, trusted_uids)
     if problems:
         raise ConfigFileError(problems)
     return cfg
@@ -129,9 +129,9 @@ def load_config_deferring(
         deferred = exc.problems
         try:
             cfg = _parse(text, str(path), without=keys)
-        except ConfigFileError as rest:  # problems the bad keys hid (cross-checks only run on valid values)
+        except ConfigFileError as rest:  # rules between keys that the bad keys' problems left out
             raise ConfigFileError(in_file_order([*deferred, *rest.problems])) from None
-    problems = _credential_file_problems(path, text, cfg, trusted_uids)
+    problems = _file_problems(path, text, cfg, trusted_uids)
     if problems:
         raise ConfigFileError(in_file_order([*deferred, *problems]))
     return cfg, deferred
@@ -161,3 +161,26 @@ def _credential_file_problems(
         except ConfigError as exc:
             problems.append(_file_problem(path, text, key, exc))
     return problems
+
+
+def _baseline_problems(path: Path, text: str, cfg: Config, trusted_uids: Collection[int] | None) -> list[ConfigProblem]:
+    """Problems with the mig-parted file ``[baseline]`` names: unreadable, untrusted, not mig-parted's format, or
+    without the configuration named."""
+    b = cfg.baseline
+    if b.mig_parted_file is None:
+        return []
+    try:
+        spec = read_mig_parted(b.mig_parted_file, trusted_uids=trusted_uids)
+    except ConfigError as exc:
+        return [_file_problem(path, text, "baseline.mig_parted_file", exc)]
+    try:
+        spec.select(b.mig_parted_config or None)
+    except ConfigError as exc:
+        key = "baseline.mig_parted_config" if b.mig_parted_config else "baseline.mig_parted_file"
+        return [_file_problem(path, text, key, exc)]
+    return []
+
+
+def _file_problems(path: Path, text: str, cfg: Config, trusted_uids: Collection[int] | None) -> list[ConfigProblem]:
+    """Problems with every file the configuration names."""
+    return _credential_file_problems(path, text, cfg, trusted_uids) + _baseline_problems(path, text, cfg, trusted_uids)

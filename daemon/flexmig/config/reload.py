@@ -14,7 +14,7 @@ from flexmig.config.load import DEFAULT_CONFIG_PATH, load_config
 from flexmig.config.schema import Config, iter_keys
 from flexmig.errors import ConfigError
 
-__all__ = ["ReloadResult", "changed_keys", "reload_config"]
+__all__ = ["ReloadResult", "applies_at_next_start", "changed_keys", "reload_config"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,13 @@ def changed_keys(old: Config, new: Config) -> tuple[str, ...]:
 
 def _needs_restart(key: str) -> bool:
     return any(k == key and meta.get("restart") for k, _, meta in iter_keys(Config.default()))
+
+
+def applies_at_next_start(key: str) -> bool:
+    """True for keys a running daemon does not pick up on a reload: those the schema marks ``restart`` (listen
+    addresses, socket and state paths), and the ones its components read only at start: telemetry's (but the
+    sweep interval), and MQTT's and DCGM's (the publisher, its outbox and the scraper are set up at start;
+    ``[detect]`` thresholds, by contrast, apply at once)."""
+    if _needs_restart(key):
+        return True
+    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith(("dcgm.", "mqtt."))

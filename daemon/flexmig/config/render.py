@@ -6,15 +6,17 @@ parses back to the configuration it was rendered from.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import fields, is_dataclass
 from typing import Any
 
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key, toml_string
-from flexmig.config.schema import Config, toml_name
+from flexmig.config.reload import applies_at_next_start
+from flexmig.config.schema import Config, iter_keys, toml_name
 
-__all__ = ["render_toml"]
+__all__ = ["render_keys_markdown", "render_toml"]
 
 
 def _toml_value(value: Any, meta: Any) -> str:
@@ -30,7 +32,7 @@ def _toml_value(value: Any, meta: Any) -> str:
 
 
 def _comment(text: str, indent: str = "") -> list[str]:
-    text = text.replace("``", "")
+    text = " ".join(text.replace("``", "").split())  # a docstring's line breaks and indents are not the text's
     return [f"{indent}# {line}" for line in textwrap.wrap(text, 100 - len(indent))] if text else []
 
 
@@ -74,3 +76,21 @@ def _render_table(obj: Any, prefix: str, out: list[str]) -> None:
         out.append(f"[{table}]")
         out.append("")
         _render_table(value, table, out)
+
+
+def render_keys_markdown(cfg: Config | None = None) -> str:
+    """The configuration reference as a Markdown table: every key, its default, whether a reload applies it at once
+    or only the next start, and its documentation (the same text :func:`render_toml` prints). docs/configuration.md
+    holds this table; a test keeps the two equal (``flexmig config keys --markdown`` prints it)."""
+    cfg = Config.default() if cfg is None else cfg
+    rows = ["| key | default | on reload | meaning |", "|---|---|---|---|"]
+    for key, value, meta in iter_keys(cfg):
+        if value is None:
+            default = f"unset (e.g. `{_toml_value(meta.get('example') or '', meta)}`)"
+        else:
+            default = f"`{_toml_value(value, meta)}`"
+        reload = "next start" if applies_at_next_start(key) else "at once"
+        doc = " ".join(str(meta.get("doc", "")).replace("``", "").split())
+        doc = re.sub(r"\bdocs/([a-z-]+)\.md\b", r"[\1](\1.md)", doc).replace("|", "\\|")
+        rows.append(f"| `{key}` | {default.replace('|', chr(92) + '|')} | {reload} | {doc} |")
+    return "\n".join(rows) + "\n"

@@ -24,6 +24,7 @@ from flexmig.plan.types import PlannerSettings
 from flexmig.security import Secret, read_secret_file
 
 __all__ = [
+    "BaselineConfig",
     "Config",
     "ControlConfig",
     "DcgmConfig",
@@ -40,6 +41,16 @@ __all__ = [
     "iter_keys",
     "toml_name",
 ]
+
+#: flexmigd's default ``/metrics`` port. The Prometheus project's list of default exporter ports has no free
+#: number left in 9100-9999 and goes on above 10000 (Kubernetes holds 10248-10259); 17400 lies outside both,
+#: below Linux's ephemeral range (32768-60999), and is the default of no exporter met on a GPU node:
+#: dcgm-exporter 9400, node_exporter 9100, nvidia_gpu_exporter 9835, nv-hostengine 5555, Slurm 6817-6819,
+#: torchrun's rendezvous 29400.
+DEFAULT_METRICS_PORT = 17400
+
+#: dcgm-exporter's default port (``--address :9400``), where ``[dcgm] url`` reads it by default.
+DCGM_EXPORTER_PORT = 9400
 
 #: What the daemon may do. ``observe``: sample, detect, export, never change a GPU. ``advise``: also plan and
 #: publish plans. ``act``: execute plans (needs root with CAP_SYS_ADMIN).
@@ -60,6 +71,7 @@ def _doc(
     hi: float | None = None,
     gt: float | None = None,
     pattern: str | None = None,
+    allowed: str | None = None,
     example: str | None = None,
     toml: str | None = None,
     octal: bool = False,
@@ -68,9 +80,10 @@ def _doc(
     """A dataclass field with the schema metadata that validation and the example file use.
 
     ``lo``/``hi`` are inclusive bounds, ``gt`` an exclusive lower bound, ``pattern`` a regex a string must match
-    in full, ``example`` the value shown (commented out) for optional keys, ``toml`` the key's name in the file
-    when it is not a Python identifier, ``octal`` prints the default as ``0o600``, and ``restart`` marks keys
-    that a reload cannot apply (the daemon must be restarted).
+    in full (``allowed`` says in words what it allows, for error messages), ``example`` the value shown
+    (commented out) for optional keys, ``toml`` the key's name in the file when it is not a Python identifier,
+    ``octal`` prints the default as ``0o600``, and ``restart`` marks keys that a reload cannot apply (the daemon
+    must be restarted).
     """
     meta = {
         "doc": doc,
@@ -78,6 +91,7 @@ def _doc(
         "hi": hi,
         "gt": gt,
         "pattern": pattern,
+        "allowed": allowed,
         "example": example,
         "toml": toml,
         "octal": octal,
@@ -115,9 +129,9 @@ class PrometheusConfig:
 
     enabled: bool = _doc(True, "Serve Prometheus metrics.", restart=True)
     listen: HostPort = _doc(
-        HostPort("127.0.0.1", 9400),
-        "Address to listen on. Loopback only unless allow_remote = true. Note: dcgm-exporter also defaults to "
-        "port 9400; when both run on one node, move one of them.",
+        HostPort("127.0.0.1", DEFAULT_METRICS_PORT),
+        "Address to listen on. Loopback only unless allow_remote = true. The default port, 17400, is taken by "
+        "no common exporter (dcgm-exporter listens on 9400, node_exporter on 9100).",
         restart=True,
     )
     allow_remote: bool = _doc(
@@ -135,11 +149,13 @@ class MqttConfig:
         "",
         "MQTT client identifier; empty means flexmig-<node name>.",
         pattern=r"[A-Za-z0-9._-]{0,64}",
+        allowed="at most 64 letters, digits, '.', '_' or '-'",
     )
     topic_prefix: str = _doc(
         "flexmig/v1",
         "Topic prefix; the node's topics are <topic_prefix>/<node>/... No wildcards, no empty levels.",
         pattern=r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,7}",
+        allowed="1 to 8 '/'-separated levels of letters, digits, '.', '_' or '-' (no wildcards, no empty level)",
     )
     keepalive_s: int = _doc(
         30, "MQTT keepalive in seconds; the broker publishes our last will after 1.5x this.", lo=5, hi=3600
@@ -156,7 +172,13 @@ class MqttConfig:
         "Client private key for mutual TLS; like password_file it must not be readable by others.",
         example="/etc/flexmig/mqtt.key",
     )
-    username: str | None = _doc(None, "Broker user name.", example="flexmig-node", pattern=r"[^\x00-\x1f]{1,256}")
+    username: str | None = _doc(
+        None,
+        "Broker user name.",
+        example="flexmig-node",
+        pattern=r"[^\x00-\x1f]{1,256}",
+        allowed="1 to 256 characters, no control characters",
+    )
     password_file: Path | None = _doc(
         None,
         "File whose first line is the broker password (mode 0600 or 0640, owned by root). Passwords are never "
@@ -168,8 +190,8 @@ class MqttConfig:
     )
     commands_enabled: bool = _doc(
         False,
-        "Accept commands on <topic_prefix>/<node>/commands/<verb> (README: Security); needs username and "
-        "password_file.",
+        "Accept commands on <topic_prefix>/<node>/commands/<verb> (docs/mqtt.md, MQTT commands); needs username "
+        "and password_file.",
     )
     outbox: Path = _doc(
         Path("/var/lib/flexmig/outbox.sqlite3"),
@@ -189,13 +211,16 @@ class DcgmConfig:
     """An optional local dcgm-exporter scraped for DCGM_FI_PROF_* per-instance activity."""
 
     enabled: bool = _doc(False, "Scrape dcgm-exporter.")
-    url: str = _doc("http://127.0.0.1:9400/metrics", "dcgm-exporter's metrics URL (http or https, no credentials).")
+    url: str = _doc(
+        f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics",
+        "dcgm-exporter's metrics URL (http or https, no credentials); 9400 is dcgm-exporter's default port.",
+    )
     timeout_s: float = _doc(2.0, "Timeout of one scrape in seconds.", lo=0.1, hi=60)
 
 
 @dataclass(frozen=True)
 class DemandMixConfig:
-    """Relative demand for each instance size (by compute slices); weights the external fragmentation score.
+    """Relative demand for each instance size (by compute slices); weights the fragmentation figures.
 
     The default leans to small instances, as MIG is chosen for jobs smaller than a GPU (detect.settings).
     """
@@ -256,12 +281,16 @@ class DetectConfig:
     )
     fragmentation_threshold: float = _doc(
         _FRAGMENTATION.enter,
-        "A GPU whose external fragmentation score (0-1) stays at or above this is fragmented.",
+        "A GPU is fragmented while the share of its compute slices that repacking would make usable by a "
+        "profile of the demand mix (its recoverable score, 0-1) stays at or above this (0.25: 2 of 7 slices).",
         lo=0,
         hi=1,
     )
     fragmentation_exit: float = _doc(
-        _FRAGMENTATION.exit, "The fragmentation finding ends once the score stays at or below this.", lo=0, hi=1
+        _FRAGMENTATION.exit,
+        "The fragmentation finding ends once the recoverable score stays at or below this (0.15: 1 of 7 slices).",
+        lo=0,
+        hi=1,
     )
     fragmentation_window_s: float = _doc(
         _FRAGMENTATION.enter_after_s,
@@ -341,7 +370,7 @@ class JobsConfig:
     ack_dir: Path | None = _doc(
         None,
         "Jobs acknowledge checkpoints here (created mode 1733) instead of in their checkpoint directories; needed "
-        "when the daemon cannot read job directories (the shipped systemd unit has no CAP_DAC_OVERRIDE).",
+        "when the daemon cannot read job directories (a unit without the act drop-in's CAP_DAC_READ_SEARCH).",
         example="/run/flexmig/acks",
         restart=True,
     )
@@ -505,6 +534,26 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class BaselineConfig:
+    """The node's baseline layout: what its GPUs hold when flexmig is not re-laying them (the static layout an
+    operator declares, e.g. with mig-parted), and what ``flexmig standdown`` restores."""
+
+    mig_parted_file: Path | None = _doc(
+        None,
+        "A mig-parted configuration file (version v1, mig-configs) whose configuration mig_parted_config is the "
+        "baseline; same permission rules as this file.",
+        example="/etc/nvidia-mig-manager/config.yaml",
+    )
+    mig_parted_config: str = _doc(
+        "",
+        "The configuration of mig_parted_file to use (mig-parted's -c, e.g. all-balanced); empty when the file "
+        "holds only one.",
+        pattern=r"[^\x00-\x1f]{0,128}",
+        allowed="at most 128 characters, no control characters",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; :meth:`default` is what an empty file gives."""
 
@@ -517,6 +566,7 @@ class Config:
         "",
         "This node's name in MQTT topics and metrics; empty means the host name (first label).",
         pattern=r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?",
+        allowed="empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or digit",
     )
     sampling: SamplingConfig = _doc(factory=SamplingConfig, doc=SamplingConfig.__doc__ or "")
     prometheus: PrometheusConfig = _doc(factory=PrometheusConfig, doc=PrometheusConfig.__doc__ or "")
@@ -527,6 +577,7 @@ class Config:
     jobs: JobsConfig = _doc(factory=JobsConfig, doc=JobsConfig.__doc__ or "")
     control: ControlConfig = _doc(factory=ControlConfig, doc=ControlConfig.__doc__ or "")
     state: StateConfig = _doc(factory=StateConfig, doc=StateConfig.__doc__ or "")
+    baseline: BaselineConfig = _doc(factory=BaselineConfig, doc=BaselineConfig.__doc__ or "")
     slurm: SlurmConfig = _doc(factory=SlurmConfig, doc=SlurmConfig.__doc__ or "")
 
     @classmethod

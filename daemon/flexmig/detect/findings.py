@@ -68,7 +68,12 @@ class OversizedFinding:
 
 @dataclass(frozen=True, slots=True)
 class FragmentationFinding:
-    """A GPU whose demand-weighted external fragmentation score stayed at or above the entry threshold."""
+    """A GPU on which repacking the running instances would make capacity usable that the demand mix asks for.
+
+    ``score`` is the recoverable score (recoverable compute slices over the GPU's compute slices) that stayed at
+    or above ``threshold``; ``recoverable_compute_slices`` and ``recoverable_profile`` say what a repack would
+    gain (that many compute slices, as instances of that profile).
+    """
 
     gpu: int
     model: str
@@ -80,6 +85,8 @@ class FragmentationFinding:
     stranded_compute_slices: int
     unfit: tuple[str, ...]
     reason: str
+    recoverable_compute_slices: int = 0
+    recoverable_profile: str | None = None
 
     @property
     def key(self) -> FindingKey:
@@ -106,9 +113,14 @@ class EndedFinding:
 
 @dataclass(frozen=True, slots=True)
 class InstanceChange:
-    """A GPU instance that appeared or disappeared between two observations of the layouts."""
+    """A GPU instance that appeared or disappeared between two observations of the layouts.
+
+    ``uuid`` is the instance's own MIG device UUID when the observation that saw it knew one: for a destroyed
+    instance the one it had, not that of an instance created at the same place since.
+    """
 
     gpu: int
     start: int
     profile: str
     at: float
+    uuid: str | None = None

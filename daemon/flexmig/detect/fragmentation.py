@@ -15,6 +15,14 @@ free compute slices; 1g and 2g fit, 3g, 4g and 7g do not: ``F = (0.20 + 0.10 + 0
 
 Free compute slices count compute no instance holds (7 minus those held); free memory slices count memory no
 instance holds. Stranded capacity is defined in ``detect.capacity``.
+
+**Recoverable capacity** (what the fragmentation finding and alert use): the GPU's *recoverable compute slices*
+``R_g = max_m stranded(m) * compute_slices(m)`` over the profiles ``m`` the demand mix asks for (weight > 0), the
+most compute slices that repacking the running instances would make usable by one profile there is demand for;
+its *recoverable score* is ``R_g / 7``. The external score alone says whether free capacity is unusable now, not
+whether anything can be done about it: the demo's ``3g.71gb@0 + 2g.35gb@4 + 1g.18gb@6`` scores 1.0 (its one free
+compute slice fits nothing) although a repack gains one 1g (``R = 1``, score 1/7), while ``2g.35gb@0 +
+1g.18gb@4`` scores only 0.4 although a repack makes room for a 4g (``R = 4``, score 4/7).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ class GpuFragmentation:
     """``F_g(M)``, in compute slices."""
     unfit: tuple[str, ...]
     """Profiles of the demand mix that cannot be created now (the ``m`` with ``F_g(m) > 0``)."""
+    demanded: tuple[str, ...] = ()
+    """Profiles of the demand mix with a positive weight on this model, in the mix's order."""
 
     @property
     def stranded_compute_slices(self) -> int:
@@ -56,6 +66,31 @@ class GpuFragmentation:
     def stranded_score(self) -> float:
         """Stranded compute slices over the GPU's compute slices, 0..1."""
         return self.stranded_compute_slices / self.compute_slices
+
+    @property
+    def recoverable(self) -> StrandedCapacity | None:
+        """The demanded profile whose stranded instances hold the most compute slices (None: repacking gains no
+        demanded profile anything); ties go to the larger profile, then the mix's order."""
+        wanted = set(self.demanded)
+        best: StrandedCapacity | None = None
+        for c in self.capacity:
+            if c.profile not in wanted or c.stranded <= 0:
+                continue
+            key = (c.stranded_compute_slices, c.compute_slices)
+            if best is None or key > (best.stranded_compute_slices, best.compute_slices):
+                best = c
+        return best
+
+    @property
+    def recoverable_compute_slices(self) -> int:
+        """``R_g``: the most compute slices repacking would make usable by one profile the demand mix asks for."""
+        best = self.recoverable
+        return 0 if best is None else best.stranded_compute_slices
+
+    @property
+    def recoverable_score(self) -> float:
+        """``R_g`` over the GPU's compute slices, 0..1 (what the fragmentation finding compares)."""
+        return self.recoverable_compute_slices / self.compute_slices
 
     @property
     def external_score(self) -> float:
@@ -92,7 +127,9 @@ def gpu_fragmentation(
     free = layout.free_compute_slices()
     fragment = 0.0
     unfit = []
+    demanded = []
     for profile, weight in demand.resolve(model):
+        demanded.append(profile.name)
         if now[profile.name] == 0:
             fragment += weight * free
             unfit.append(profile.name)
@@ -107,6 +144,7 @@ def gpu_fragmentation(
         capacity=capacity,
         external_fragment=fragment if free else 0.0,
         unfit=tuple(unfit) if free else (),
+        demanded=tuple(demanded),
     )
 
 
@@ -140,6 +178,11 @@ class NodeFragmentation:
     def stranded_score(self) -> float:
         """Stranded compute slices over all compute slices, 0..1."""
         return self.stranded_compute_slices / self.compute_slices if self.gpus else 0.0
+
+    @property
+    def recoverable_compute_slices(self) -> int:
+        """Sum of the GPUs' recoverable compute slices."""
+        return sum(g.recoverable_compute_slices for g in self.gpus)
 
     @property
     def external_fragment(self) -> float:

@@ -65,14 +65,17 @@ class UnderuseSettings:
 
 @dataclass(frozen=True, slots=True)
 class FragmentationSettings:
-    """When a GPU counts as fragmented, and which request mix the external score is weighted by.
+    """When a GPU counts as fragmented, and which request mix the figures are weighted by.
 
-    The external score (0..1, see ``detect.fragmentation``) must reach ``enter`` for ``enter_after_s`` to start a
-    finding and fall to ``exit`` for ``exit_after_s`` to end it.
+    The recoverable score (0..1, see ``detect.fragmentation``: the compute slices a repack would make usable by a
+    profile the demand mix asks for, over the GPU's seven) must reach ``enter`` for ``enter_after_s`` to start a
+    finding and fall to ``exit`` for ``exit_after_s`` to end it. The defaults start a finding at two recoverable
+    compute slices (2/7 >= 0.25) and end it at one or none (1/7 <= 0.15): a single stranded slice is not worth
+    moving jobs for, a recoverable 2g or more is.
     """
 
-    enter: float = 0.5
-    exit: float = 0.3
+    enter: float = 0.25
+    exit: float = 0.15
     enter_after_s: float = 60.0
     exit_after_s: float = 60.0
     demand: tuple[tuple[str, float], ...] = DEFAULT_DEMAND

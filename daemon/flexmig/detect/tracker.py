@@ -40,7 +40,9 @@ class Observation:
 
     ``layouts``: the layout of every GPU with MIG enabled, by GPU index; ``usage``: the latest telemetry window of
     each instance (any subset); ``lost_gpus``: GPUs NVML reports as lost; ``demand``: the request mix (None: the
-    configured one).
+    configured one); ``uuids``: the MIG device UUID of the instance at (GPU, start), where known. With UUIDs, an
+    instance destroyed and another created at the same place between two sweeps are told apart even when both
+    have the same profile.
     """
 
     now: float
@@ -48,6 +50,7 @@ class Observation:
     usage: tuple[InstanceUsage, ...] = ()
     lost_gpus: frozenset[int] = frozenset()
     demand: DemandMix | None = None
+    uuids: Mapping[tuple[int, int], str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,10 @@ class DetectState:
     active: Mapping[FindingKey, Finding] = field(default_factory=lambda: MappingProxyType({}))
     last_seen: Mapping[InstanceKey, float] = field(default_factory=lambda: MappingProxyType({}))
     memo: Mapping[RepackKey, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+    uuids: Mapping[tuple[int, int], str] = field(default_factory=lambda: MappingProxyType({}))
+    """The UUIDs of the instances of ``layouts``, so a destroyed instance is reported with its own."""
+    instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,9 @@ class Report:
     """GPUs newly reported lost."""
     ignored: tuple[str, ...]
     """Telemetry windows that matched no instance of the layouts, in words (stale or misattributed samples)."""
+    instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``): every
+    change of a layout counts, whoever made it."""
 
 
 def underuse_signal(usage: InstanceUsage, settings: UnderuseSettings) -> Signal:
@@ -129,23 +139,52 @@ def _oversized_finding(u: InstanceUsage, smaller: Profile, since: float, s: Unde
 
 
 def _fragmentation_finding(g: GpuFragmentation, since: float, s: FragmentationSettings) -> FragmentationFinding:
-    reason = f"{g.reason()} (external fragmentation {g.external_score:.2f} >= {s.enter:.2f})"
+    best = g.recoverable
+    gain = "" if best is None else f" by {best.stranded} more {best.profile}"
+    reason = (
+        f"{g.reason()}: {g.recoverable_compute_slices} of {g.compute_slices} compute slices usable{gain}, a profile "
+        f"the demand mix asks for (recoverable {g.recoverable_score:.2f} >= {s.enter:.2f})"
+    )
     return FragmentationFinding(
         g.gpu,
         g.model,
         g.layout,
         since,
-        g.external_score,
+        g.recoverable_score,
         s.enter,
         g.free_compute_slices,
         g.stranded_compute_slices,
         g.unfit,
         reason,
+        g.recoverable_compute_slices,
+        None if best is None else best.profile,
     )
 
 
-def _instances(layout: Layout | None) -> set[tuple[int, str]]:
-    return set() if layout is None else {(i.start, i.profile.name) for i in layout}
+def _instances(layout: Layout | None) -> dict[int, str]:
+    return {} if layout is None else {i.start: i.profile.name for i in layout}
+
+
+def _changes(
+    gpu: int,
+    before: Layout | None,
+    after: Layout | None,
+    old: Mapping[tuple[int, int], str],
+    new: Mapping[tuple[int, int], str],
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(destroyed, created) ``(start, profile)`` pairs of one GPU: an instance whose start or profile changed, or
+    whose UUID changed where both observations know it (destroyed and created again in between)."""
+    was, now = _instances(before), _instances(after)
+    destroyed, created = [], []
+    for start in sorted(set(was) | set(now)):
+        a, b = was.get(start), now.get(start)
+        ua, ub = old.get((gpu, start)), new.get((gpu, start))
+        same = a == b and (ua is None or ub is None or ua == ub)
+        if a is not None and not same:
+            destroyed.append((start, a))
+        if b is not None and not same:
+            created.append((start, b))
+    return destroyed, created
 
 
 def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> tuple[DetectState, Report]:
@@ -189,11 +228,11 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         for gpu in sorted(set(previous) | set(obs.layouts)):
             if gpu in obs.lost_gpus:
                 continue  # what a lost GPU holds is unknown; its last layout is kept until it comes back
-            before, after = _instances(previous.get(gpu)), _instances(obs.layouts.get(gpu))
-            for start, name in sorted(before - after):
-                destroyed.append(InstanceChange(gpu, start, name, now))
+            gone, new = _changes(gpu, previous.get(gpu), obs.layouts.get(gpu), state.uuids, obs.uuids)
+            for start, name in gone:
+                destroyed.append(InstanceChange(gpu, start, name, now, state.uuids.get((gpu, start))))
                 end_instance((gpu, start), f"instance {name} at GPU {gpu} slice {start} was destroyed")
-            created.extend(InstanceChange(gpu, start, name, now) for start, name in sorted(after - before))
+            created.extend(InstanceChange(gpu, start, name, now, obs.uuids.get((gpu, start))) for start, name in new)
 
     # 2. Telemetry windows: underuse, oversize, internal fragmentation.
     internal: list[InternalFragmentation] = []
@@ -266,7 +305,7 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         if g.gpu in obs.lost_gpus:
             continue
         key_f: FindingKey = ("fragmentation", g.gpu, -1)
-        score = g.external_score
+        score = g.recoverable_score
         signal = Signal.ON if score >= fs.enter else Signal.OFF if score <= fs.exit else Signal.HOLD
         # Layouts are read at instants: a condition has held since the first sweep that saw it.
         sw, flipped = step(
@@ -284,9 +323,21 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
             active[key_f] = finding_f
             started.append(finding_f)
         elif flipped:
-            end(key_f, f"GPU {g.gpu} external fragmentation fell to {score:.2f} <= {fs.exit:.2f}")
+            end(
+                key_f,
+                f"GPU {g.gpu}: repacking would make only {g.recoverable_compute_slices} compute slice(s) usable "
+                f"(recoverable {score:.2f} <= {fs.exit:.2f})",
+            )
 
+    changes = dict(state.instance_changes)
+    for kind, items in (("destroyed", destroyed), ("created", created)):
+        for c in items:
+            changes[(c.gpu, kind)] = changes.get((c.gpu, kind), 0) + 1
+    uuids = {k: u for k, u in state.uuids.items() if k[0] in obs.lost_gpus}  # a lost GPU's, as its layout
+    uuids.update({k: u for k, u in obs.uuids.items() if k[0] not in obs.lost_gpus})
     new_state = DetectState(
+        instance_changes=MappingProxyType(changes),
+        uuids=MappingProxyType(uuids),
         layouts=MappingProxyType(merged),
         lost=frozenset(obs.lost_gpus),
         switches=MappingProxyType(switches),
@@ -305,5 +356,6 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         destroyed=tuple(destroyed),
         lost=newly_lost,
         ignored=tuple(ignored),
+        instance_changes=new_state.instance_changes,
     )
     return new_state, report

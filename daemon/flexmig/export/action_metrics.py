@@ -1,6 +1,7 @@
 """Prometheus families for the actuator's actions, the jobs it runs, and the planner's rounds.
 
-Names are the ones the dashboards and alert rules read (``dashboards/flexmig_dashboards/metrics.py``):
+Names, types, labels and help texts come from :mod:`flexmig.export.catalogue` (the dashboards and alert rules read
+the same names):
 
 * ``flexmig_actions_total{Hostname, action, outcome}``: actions finished; every known action and outcome is
   present from the start at 0, so a panel or an ``increase()`` has a series before the first action;
@@ -25,10 +26,11 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from flexmig.act.events import ActEvent
 from flexmig.act.records import JOB_STATES
+from flexmig.export.catalogue import by_name
 from flexmig.telemetry.snapshot import Snapshot
 
 __all__ = [
@@ -166,60 +168,38 @@ class ActionMetrics:
             planned = dict(self._planned)
             cost = self._plan_cost_s
         host = snapshot.hostname
-        c = CounterMetricFamily(
-            "flexmig_actions",
-            "Actions the actuator finished, by kind and outcome (completed, failed, cancelled, skipped).",
-            labels=["Hostname", "action", "outcome"],
-        )
+        c = by_name("flexmig_actions").counter()
         kinds = (*ACTIONS, *sorted({a for a, _ in actions} - set(ACTIONS)))
         for action in kinds:
             for outcome in OUTCOMES:
                 c.add_metric([host, action, outcome], actions[(action, outcome)])
         yield c
-        h = HistogramMetricFamily(
-            "flexmig_action_duration_seconds",
-            "Wall time of an action, from its first journalled step to its last.",
-            labels=["Hostname", "action"],
-        )
+        h = by_name("flexmig_action_duration_seconds").histogram()
         for action, hist in durations.items():
             h.add_metric([host, action], hist.cumulative(), hist.total)
         yield h
-        d = HistogramMetricFamily(
-            "flexmig_job_downtime_seconds",
-            "Time a moved job had no rank running: its old ranks exited to its new ranks started.",
-            labels=["Hostname", "action"],
-        )
+        d = by_name("flexmig_job_downtime_seconds").histogram()
         for action, hist in downtimes.items():
             d.add_metric([host, action], hist.cumulative(), hist.total)
         yield d
-        g = GaugeMetricFamily(
-            "flexmig_actions_in_progress", "Actions executing now (they run one at a time).", labels=["Hostname"]
-        )
+        g = by_name("flexmig_actions_in_progress").gauge()
         g.add_metric([host], running)
         yield g
-        j = GaugeMetricFamily("flexmig_jobs", "Registered jobs by state.", labels=["Hostname", "state"])
+        j = by_name("flexmig_jobs").gauge()
         for state, n in jobs.items():
             j.add_metric([host, state], n)
         yield j
-        r = CounterMetricFamily("flexmig_planner_runs", "Planning rounds since start.", labels=["Hostname"])
+        r = by_name("flexmig_planner_runs").counter()
         r.add_metric([host], runs)
         yield r
-        f = CounterMetricFamily(
-            "flexmig_planner_failures", "Planning rounds that failed (logged) since start.", labels=["Hostname"]
-        )
+        f = by_name("flexmig_planner_failures").counter()
         f.add_metric([host], failures)
         yield f
-        p = GaugeMetricFamily(
-            "flexmig_planned_actions",
-            "Actions the last plan proposes, by kind (0 everywhere: nothing worth doing).",
-            labels=["Hostname", "action"],
-        )
+        p = by_name("flexmig_planned_actions").gauge()
         for action, n in planned.items():
             p.add_metric([host, action], n)
         yield p
         if cost is not None:
-            e = GaugeMetricFamily(
-                "flexmig_plan_cost_seconds", "Estimated cost of the last plan's actions.", labels=["Hostname"]
-            )
+            e = by_name("flexmig_plan_cost_seconds").gauge()
             e.add_metric([host], cost)
             yield e

@@ -178,11 +178,13 @@ class EventFactory:
 
 
 def _instance(change: InstanceChange, uuids: Mapping[tuple[int, int], str]) -> dict[str, Any]:
+    """The instance as the change saw it: its own UUID first, else the one ``uuids`` had at its place (for a
+    destroyed instance, the previous sweep's mapping: the current one names whatever replaced it)."""
     return {
         "gpu": change.gpu,
         "start": change.start,
         "profile": change.profile,
-        "uuid": uuids.get((change.gpu, change.start)),
+        "uuid": change.uuid or uuids.get((change.gpu, change.start)),
     }
 
 
@@ -226,6 +228,8 @@ def _fragmentation(f: FragmentationFinding) -> dict[str, Any]:
         "threshold": f.threshold,
         "free_compute_slices": f.free_compute_slices,
         "stranded_compute_slices": f.stranded_compute_slices,
+        "recoverable_compute_slices": f.recoverable_compute_slices,
+        "recoverable_profile": f.recoverable_profile,
         "unfit_profiles": list(f.unfit),
         "reason": f.reason,
     }
@@ -247,16 +251,21 @@ def events_from_report(
     *,
     instance_uuids: Mapping[tuple[int, int], str] | None = None,
     gpu_uuids: Mapping[int, str] | None = None,
+    previous_uuids: Mapping[tuple[int, int], str] | None = None,
 ) -> list[Event]:
     """The events of one detection sweep, stamped with the sweep's time: lost GPUs, destroyed then created
     instances, ended then started findings (so a consumer replaying them in order ends up in the right state).
 
-    ``instance_uuids`` maps (GPU, start) to MIG device UUIDs and ``gpu_uuids`` GPU index to UUID, when known.
+    Each instance event describes the instance as it was: the UUID detection saw it with, else (a report made
+    without UUIDs) ``previous_uuids`` (the previous sweep's (GPU, start) -> MIG device UUID) for a destroyed
+    instance and ``instance_uuids`` (this sweep's) for a created one and for findings; ``gpu_uuids`` maps GPU
+    index to UUID.
     """
     uuids = instance_uuids or {}
+    before = previous_uuids or {}
     at = report.now
     out = [factory.gpu_lost(g, (gpu_uuids or {}).get(g), at) for g in report.lost]
-    out += [factory.make(EventKind.INSTANCE_DESTROYED, _instance(c, uuids), at) for c in report.destroyed]
+    out += [factory.make(EventKind.INSTANCE_DESTROYED, _instance(c, before), at) for c in report.destroyed]
     out += [factory.make(EventKind.INSTANCE_CREATED, _instance(c, uuids), at) for c in report.created]
     for e in report.ended:
         kind, payload = _finding_ended(e, uuids)

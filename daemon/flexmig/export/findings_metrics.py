@@ -18,13 +18,14 @@ series at all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from flexmig.detect import FragmentationFinding, OversizedFinding, Report, UnderuseFinding
-from flexmig.export.prometheus import GPU_LABELS, INSTANCE_LABELS, gpu_labels, instance_labels
+from flexmig.export.catalogue import by_name
+from flexmig.export.prometheus import gpu_labels, instance_labels
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = [
@@ -48,10 +49,6 @@ def report_of(snapshot: Snapshot) -> Report | None:
         if isinstance(item, Report):
             return item
     return None
-
-
-def _gauge(name: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
 class FindingsMetrics:
@@ -81,80 +78,41 @@ class FindingsMetrics:
         last_s, failures = self._detect_stats()
         host = [snapshot.hostname]
         if last_s is not None:
-            g = _gauge("flexmig_detect_duration_seconds", "Wall time of the last detection step.", ["Hostname"])
+            g = by_name("flexmig_detect_duration_seconds").gauge()
             g.add_metric(host, last_s)
             yield g
-        c = CounterMetricFamily(
-            "flexmig_detect_failures", "Detection steps that failed (a bug; logged) since start.", labels=["Hostname"]
-        )
+        c = by_name("flexmig_detect_failures").counter()
         c.add_metric(host, failures)
         yield c
 
 
 def _node_families(snap: Snapshot, report: Report) -> Iterator[Metric]:
     frag = report.fragmentation
-    node, host = ["Hostname"], [snap.hostname]
-    for name, doc, value in (
-        (
-            "flexmig_node_fragmentation_external_ratio",
-            "Demand-weighted external fragmentation of the node's MIG GPUs, 0-1: sum of F_g(M) over sum of free "
-            "compute slices.",
-            frag.external_score,
-        ),
-        (
-            "flexmig_node_fragmentation_external_slices",
-            "Free compute slices the demand mix cannot use, summed over MIG GPUs (sum of F_g(M)).",
-            frag.external_fragment,
-        ),
-        (
-            "flexmig_node_stranded_compute_slices",
-            "Compute slices that repacking the running instances would make usable, summed over MIG GPUs.",
-            frag.stranded_compute_slices,
-        ),
-        (
-            "flexmig_node_stranded_ratio",
-            "Stranded compute slices over all compute slices of the node's MIG GPUs, 0-1.",
-            frag.stranded_score,
-        ),
+    host = [snap.hostname]
+    for name, value in (
+        ("flexmig_node_fragmentation_external_ratio", frag.external_score),
+        ("flexmig_node_fragmentation_external_slices", frag.external_fragment),
+        ("flexmig_node_stranded_compute_slices", frag.stranded_compute_slices),
+        ("flexmig_node_stranded_ratio", frag.stranded_score),
+        ("flexmig_node_recoverable_compute_slices", frag.recoverable_compute_slices),
     ):
-        g = _gauge(name, doc, node)
+        g = by_name(name).gauge()
         g.add_metric(host, value)
         yield g
 
 
 def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot]) -> Iterator[Metric]:
-    lab = GPU_LABELS
-    ext = _gauge(
-        "flexmig_gpu_fragmentation_external_ratio",
-        "Demand-weighted external fragmentation, 0-1: the chance a request from the demand mix finds no place "
-        "although compute slices are free (0 when none is free).",
-        lab,
-    )
-    ext_slices = _gauge(
-        "flexmig_gpu_fragmentation_external_slices",
-        "F_g(M): free compute slices weighted by the share of the demand mix that cannot use them.",
-        lab,
-    )
-    stranded = _gauge(
-        "flexmig_gpu_stranded_compute_slices",
-        "Most compute slices that repacking the running instances would make usable by one profile.",
-        lab,
-    )
-    stranded_ratio = _gauge("flexmig_gpu_stranded_ratio", "Stranded compute slices over the GPU's compute slices.", lab)
-    repacked = _gauge(
-        "flexmig_gpu_creatable_repacked_instances",
-        "How many instances of this profile alone could be created if the running instances were packed tightly.",
-        [*lab, "profile"],
-    )
-    stranded_p = _gauge(
-        "flexmig_gpu_stranded_instances",
-        "Instances of this profile that only the placement of the running instances prevents (repacked - now).",
-        [*lab, "profile"],
-    )
-    finding = _gauge("flexmig_gpu_finding", "1 while a GPU-wide finding is active, else 0.", [*lab, "finding"])
-    finding_s = _gauge(
-        "flexmig_gpu_finding_duration_seconds", "How long the active GPU-wide finding has lasted.", [*lab, "finding"]
-    )
+    ext = by_name("flexmig_gpu_fragmentation_external_ratio").gauge()
+    ext_slices = by_name("flexmig_gpu_fragmentation_external_slices").gauge()
+    stranded = by_name("flexmig_gpu_stranded_compute_slices").gauge()
+    stranded_ratio = by_name("flexmig_gpu_stranded_ratio").gauge()
+    recoverable = by_name("flexmig_gpu_recoverable_compute_slices").gauge()
+    recoverable_ratio = by_name("flexmig_gpu_recoverable_ratio").gauge()
+    changes = by_name("flexmig_gpu_instance_changes").counter()
+    repacked = by_name("flexmig_gpu_creatable_repacked_instances").gauge()
+    stranded_p = by_name("flexmig_gpu_stranded_instances").gauge()
+    finding = by_name("flexmig_gpu_finding").gauge()
+    finding_s = by_name("flexmig_gpu_finding_duration_seconds").gauge()
     active = {f.gpu: f for f in report.active if isinstance(f, FragmentationFinding)}
     for g in report.fragmentation.gpus:
         gpu = gpus.get(g.gpu)
@@ -165,6 +123,10 @@ def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot
         ext_slices.add_metric(labels, g.external_fragment)
         stranded.add_metric(labels, g.stranded_compute_slices)
         stranded_ratio.add_metric(labels, g.stranded_score)
+        recoverable.add_metric(labels, g.recoverable_compute_slices)
+        recoverable_ratio.add_metric(labels, g.recoverable_score)
+        for change in ("created", "destroyed"):
+            changes.add_metric([*labels, change], report.instance_changes.get((g.gpu, change), 0))
         for c in g.capacity:
             repacked.add_metric([*labels, c.profile], c.creatable_repacked)
             stranded_p.add_metric([*labels, c.profile], c.stranded)
@@ -172,34 +134,16 @@ def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot
         finding.add_metric([*labels, "fragmentation"], 1.0 if f is not None else 0.0)
         if f is not None:
             finding_s.add_metric([*labels, "fragmentation"], max(0.0, report.now - f.since))
-    yield from (ext, ext_slices, stranded, stranded_ratio, repacked, stranded_p, finding, finding_s)
+    yield from (ext, ext_slices, stranded, stranded_ratio, recoverable, recoverable_ratio)
+    yield from (changes, repacked, stranded_p, finding, finding_s)
 
 
 def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot]) -> Iterator[Metric]:
-    lab = INSTANCE_LABELS
-    idle_c = _gauge(
-        "flexmig_mig_internal_fragmentation_compute_slices",
-        "Compute slices the instance holds beyond what its job used over the window (p95 activity).",
-        lab,
-    )
-    idle_m = _gauge(
-        "flexmig_mig_internal_fragmentation_memory_slices",
-        "Memory slices the instance holds beyond what its job used over the window (peak memory).",
-        lab,
-    )
-    finding = _gauge(
-        "flexmig_mig_finding",
-        "1 while an underuse finding (idle, underused) or an oversized finding is active on the instance, else 0.",
-        [*lab, "finding"],
-    )
-    finding_s = _gauge(
-        "flexmig_mig_finding_duration_seconds", "How long the active finding has lasted.", [*lab, "finding"]
-    )
-    suggested = InfoMetricFamily(
-        "flexmig_mig_suggested_profile",
-        "The smaller profile an oversized instance's job would fit (only while the finding is active).",
-        labels=lab,
-    )
+    idle_c = by_name("flexmig_mig_internal_fragmentation_compute_slices").gauge()
+    idle_m = by_name("flexmig_mig_internal_fragmentation_memory_slices").gauge()
+    finding = by_name("flexmig_mig_finding").gauge()
+    finding_s = by_name("flexmig_mig_finding_duration_seconds").gauge()
+    suggested = by_name("flexmig_mig_suggested_profile").info()
     by_key: dict[tuple[int, int], list[InstanceSnapshot]] = {}
     for gpu in gpus.values():
         for inst in gpu.instances:
@@ -280,30 +224,23 @@ class PublisherMetrics:
     def collect(self, snapshot: Snapshot) -> Iterator[Metric]:
         """The publisher families (labelled with the node's ``Hostname`` only)."""
         s = self._stats()
-        node, host = ["Hostname"], [snapshot.hostname]
-        g = _gauge("flexmig_mqtt_connected", "1 while a session with the MQTT broker is up, else 0.", node)
+        host = [snapshot.hostname]
+        g = by_name("flexmig_mqtt_connected").gauge()
         g.add_metric(host, 1.0 if s.connected else 0.0)
         yield g
-        g = _gauge(
-            "flexmig_mqtt_outbox_events",
-            "Events waiting in the persistent outbox for the broker's acknowledgement.",
-            node,
-        )
+        g = by_name("flexmig_mqtt_outbox_events").gauge()
         g.add_metric(host, s.queued)
         yield g
-        for name, doc, value in (
-            ("flexmig_mqtt_events_sent", "Events the broker acknowledged (QoS 1 PUBACK).", s.sent_total),
-            ("flexmig_mqtt_events_dropped", "Events the full outbox dropped, oldest first.", s.dropped_total),
-            ("flexmig_mqtt_connect_failures", "Failed attempts to connect to the broker.", s.connect_failures_total),
+        for name, value in (
+            ("flexmig_mqtt_events_sent", s.sent_total),
+            ("flexmig_mqtt_events_dropped", s.dropped_total),
+            ("flexmig_mqtt_connect_failures", s.connect_failures_total),
         ):
-            c = CounterMetricFamily(name, doc, labels=node)
+            c = by_name(name).counter()
             c.add_metric(host, value)
             yield c
         if self._emitted is not None:
-            c = CounterMetricFamily(
-                "flexmig_mqtt_events_emitted", "Events handed to the publisher (stored in the outbox), by kind.",
-                labels=[*node, "kind"],
-            )  # fmt: skip
+            c = by_name("flexmig_mqtt_events_emitted").counter()
             for kind, n in sorted(self._emitted().items()):
                 c.add_metric([*host, kind], n)
             yield c

@@ -85,6 +85,7 @@ def state_document(
                 stranded=g.stranded(),
                 external_fragmentation=round(g.external_score, 6),
                 stranded_score=round(g.stranded_score, 6),
+                recoverable_compute_slices=g.recoverable_compute_slices,
             )
         gpus.append(entry)
     frag = report.fragmentation
@@ -101,6 +102,7 @@ def state_document(
             "external_score": round(frag.external_score, 6),
             "stranded_score": round(frag.stranded_score, 6),
             "stranded_compute_slices": frag.stranded_compute_slices,
+            "recoverable_compute_slices": frag.recoverable_compute_slices,
             "creatable": frag.creatable(),
             "internal_idle_compute_slices": sum(idle_compute) if idle_compute else None,
             "internal_idle_memory_slices": sum(idle_memory) if idle_memory else None,

@@ -71,11 +71,13 @@ async def follow_events(
     *,
     on_status: Callable[[str, str], None] | None = None,
     on_problem: Callable[[str], None] | None = None,
+    on_connected: Callable[[], None] | None = None,
     dedupe: Deduplicator | None = None,
     rng: random.Random | None = None,
 ) -> None:
     """Call ``on_event`` once per new event until cancelled; ``on_status(node, "online"|"offline")`` on status
-    messages; ``on_problem(text)`` for malformed messages and connection trouble (then it reconnects)."""
+    messages; ``on_problem(text)`` for malformed messages and connection trouble (then it reconnects);
+    ``on_connected()`` each time a session is up and subscribed."""
     address = settings.address()
     events_filter, status_filter = settings.topics()
     seen = dedupe or Deduplicator()
@@ -95,6 +97,8 @@ async def follow_events(
                 await client.subscribe(status_filter, qos=1)
                 honour_cancel()
             connected()
+            if on_connected is not None:
+                on_connected()
             async for message in client.messages:
                 topic = message.topic.value
                 payload = message.payload if isinstance(message.payload, bytes | str) else b""

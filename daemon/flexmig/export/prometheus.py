@@ -4,13 +4,12 @@ Rules:
 
 * a scrape never calls NVML: :meth:`SnapshotCollector.collect` only reads the snapshot the sampling loop last
   published (one reference read, so a scrape on the server's thread sees one whole sweep);
-* names carry the ``flexmig_`` prefix and base units (bytes, seconds, hertz, watts, ratios 0..1); counters end
-  in ``_total``;
-* identity labels follow dcgm-exporter (``gpu``, ``UUID``, ``GPU_I_ID``, ``GPU_I_PROFILE``, ``Hostname``) so
-  our series join DCGM_FI_PROF_* on one panel (``on(gpu, GPU_I_ID)``); we add ``GPU_CI_ID`` (the compute
-  instance, which dcgm-exporter lacks) and ``mig_uuid`` (what ``CUDA_VISIBLE_DEVICES`` takes). The model is
-  ``model_name``, not dcgm-exporter's ``modelName``: ``promtool check metrics`` rejects camelCase label names,
-  and the model is never a join key;
+* every family is declared once in :mod:`flexmig.export.catalogue` (name, type, labels, help), and built from
+  there; names carry the ``flexmig_`` prefix and base units (bytes, seconds, hertz, watts, ratios 0..1), counters
+  end in ``_total``, and no two families share a name, so the exposition is valid OpenMetrics (what Prometheus
+  asks for first) as well as the classic text format;
+* identity labels follow dcgm-exporter (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``GPU_I_ID``,
+  ``GPU_I_PROFILE``, ``Hostname``) so our series join dcgm-exporter's on one panel; see the catalogue;
 * a value that could not be read is an absent series, never 0; an instance destroyed since the last sweep is
   simply not in the snapshot, so its series vanish at the next scrape.
 
@@ -28,12 +27,13 @@ from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from flexmig import __version__
 from flexmig.errors import FlexmigError
+from flexmig.export.catalogue import GPU_LABELS, INSTANCE_LABELS, by_name
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = [
@@ -43,20 +43,25 @@ __all__ = [
     "SnapshotCollector",
     "SnapshotMetrics",
     "build_registry",
+    "device_name",
     "gpu_labels",
     "instance_labels",
 ]
 
 log = logging.getLogger(__name__)
 
-GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "model_name", "Hostname")
-INSTANCE_LABELS: tuple[str, ...] = (*GPU_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "GPU_CI_ID", "mig_uuid")
 _MHZ = 1_000_000.0
 
 
+def device_name(gpu_index: int) -> str:
+    """dcgm-exporter's ``device`` label for a GPU: ``nvidia`` and the GPU's index (``nvidia0``)."""
+    return f"nvidia{gpu_index}"
+
+
 def gpu_labels(snap: Snapshot, gpu: GpuSnapshot) -> list[str]:
-    """Values of :data:`GPU_LABELS` for one GPU, in order."""
-    return [str(gpu.index), gpu.uuid, gpu.model_name, snap.hostname]
+    """Values of :data:`GPU_LABELS` for one GPU, in order (an unknown PCI bus ID is empty, as dcgm-exporter has
+    it)."""
+    return [str(gpu.index), gpu.uuid, gpu.pci_bus_id or "", device_name(gpu.index), gpu.model_name, snap.hostname]
 
 
 def instance_labels(snap: Snapshot, inst: InstanceSnapshot) -> list[str]:
@@ -64,6 +69,8 @@ def instance_labels(snap: Snapshot, inst: InstanceSnapshot) -> list[str]:
     return [
         str(inst.gpu_index),
         inst.gpu_uuid,
+        inst.pci_bus_id or "",
+        device_name(inst.gpu_index),
         inst.model_name,
         snap.hostname,
         str(inst.gpu_instance_id),
@@ -121,96 +128,74 @@ def build_registry(collector: SnapshotCollector, *, process_metrics: bool = True
 # ---------------------------------------------------------------------------------------------------- families
 
 
-def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=list(labels))
-
-
 def _node_families(snap: Snapshot) -> Iterator[Metric]:
     stats = snap.stats
-    info = InfoMetricFamily(
-        "flexmig_node", "The node flexmig runs on: versions of flexmig, the driver and NVML.", labels=["Hostname"]
-    )
+    host = [snap.hostname]
+    info = by_name("flexmig_node").info()
     info.add_metric(
-        [snap.hostname],
+        host,
         {"version": __version__, "driver_version": snap.driver_version or "", "nvml_version": snap.nvml_version or ""},
     )
     yield info
-
-    node = ["Hostname"]
-    host = [snap.hostname]
-    sweeps = CounterMetricFamily("flexmig_sweeps", "Sampling sweeps completed since start.", labels=node)
-    sweeps.add_metric(host, stats.sweeps)
-    yield sweeps
-    g = _gauge("flexmig_sweep_duration_seconds", "Wall time of the last sampling sweep.", node)
-    g.add_metric(host, stats.last_sweep_s)
-    yield g
-    g = _gauge("flexmig_sweep_cpu_seconds", "CPU time of the last sampling sweep (NVML thread and loop).", node)
-    g.add_metric(host, stats.last_sweep_cpu_s)
-    yield g
-    c = CounterMetricFamily("flexmig_sweep_cpu_seconds", "CPU time spent in sampling sweeps since start.", labels=node)
-    c.add_metric(host, stats.sweep_cpu_s_total)
-    yield c
-    c = CounterMetricFamily(
-        "flexmig_inventories", "Full NVML inventories taken (start-up and re-inventories).", labels=node
-    )
-    c.add_metric(host, stats.inventories)
-    yield c
-    g = _gauge("flexmig_last_sweep_timestamp_seconds", "Unix time of the sweep these figures come from.", node)
-    g.add_metric(host, snap.taken_at)
-    yield g
-    g = _gauge("flexmig_window_seconds", "Length of the window the *_mean/_min/_max/_p95 series cover.", node)
-    g.add_metric(host, snap.window_s)
-    yield g
-    c = CounterMetricFamily(
-        "flexmig_nvml_errors", "NVML calls that failed, by call and NVML error name.", labels=[*node, "call", "error"]
-    )
+    for name, value in (
+        ("flexmig_sweeps", stats.sweeps),
+        ("flexmig_sweep_cpu_seconds", stats.sweep_cpu_s_total),
+        ("flexmig_inventories", stats.inventories),
+    ):
+        c = by_name(name).counter()
+        c.add_metric(host, value)
+        yield c
+    for name, value in (
+        ("flexmig_sweep_duration_seconds", stats.last_sweep_s),
+        ("flexmig_last_sweep_cpu_seconds", stats.last_sweep_cpu_s),
+        ("flexmig_last_sweep_timestamp_seconds", snap.taken_at),
+        ("flexmig_window_seconds", snap.window_s),
+    ):
+        g = by_name(name).gauge()
+        g.add_metric(host, value)
+        yield g
+    c = by_name("flexmig_nvml_errors").counter()
     for (call, error), count in sorted(stats.nvml_errors.items()):
         c.add_metric([*host, call, error], count)
     yield c
-    c = CounterMetricFamily(
-        "flexmig_source_errors",
-        "Failed reads of a telemetry source (nvml, dcgm, host, sweep).",
-        labels=[*node, "source"],
-    )
+    c = by_name("flexmig_source_errors").counter()
     for source, count in sorted(stats.source_errors.items()):
         c.add_metric([*host, source], count)
     yield c
     if snap.dcgm is not None:
         d = snap.dcgm
-        g = _gauge("flexmig_dcgm_up", "1 if the last dcgm-exporter scrape succeeded, else 0.", [*node, "url"])
+        g = by_name("flexmig_dcgm_up").gauge()
         g.add_metric([*host, d.url], 1.0 if d.up else 0.0)
         yield g
-        g = _gauge("flexmig_dcgm_instances", "MIG instances in the last good dcgm-exporter scrape.", [*node, "era"])
+        g = by_name("flexmig_dcgm_instances").gauge()
         g.add_metric([*host, d.era or ""], d.instances)
         yield g
         if d.age_s is not None:
-            g = _gauge("flexmig_dcgm_scrape_age_seconds", "Age of the last good dcgm-exporter scrape.", node)
+            g = by_name("flexmig_dcgm_scrape_age_seconds").gauge()
             g.add_metric(host, d.age_s)
             yield g
 
 
 def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
-    lab = GPU_LABELS
-    power = _gauge("flexmig_gpu_power_watts", "Power draw of the GPU (nvidia-smi -q -d POWER).", lab)
-    temp = _gauge("flexmig_gpu_temperature_celsius", "GPU core temperature.", lab)
-    sm_clock = _gauge("flexmig_gpu_sm_clock_hertz", "Current SM clock.", lab)
-    mem_clock = _gauge("flexmig_gpu_memory_clock_hertz", "Current memory clock.", lab)
-    mem_total = _gauge("flexmig_gpu_memory_total_bytes", "Total memory of the GPU.", lab)
-    mig = _gauge("flexmig_gpu_mig_mode", "1 if MIG mode is enabled on the GPU, 0 if disabled.", lab)
-    lost = _gauge("flexmig_gpu_lost", "1 if NVML reported the GPU lost (fell off the bus), else 0.", lab)
-    count = _gauge("flexmig_gpu_mig_instances", "MIG instances (GI/CI pairs) on the GPU.", lab)
-    free_c = _gauge("flexmig_gpu_free_compute_slices", "Compute slices (of 7) held by no instance.", lab)
-    free_m = _gauge("flexmig_gpu_free_memory_slices", "Memory slices (of 8) held by no instance.", lab)
-    creatable = _gauge(
-        "flexmig_gpu_creatable_instances",
-        "How many instances of this profile alone could still be created on the GPU now.",
-        [*lab, "profile"],
-    )
+    power = by_name("flexmig_gpu_power_watts").gauge()
+    limit = by_name("flexmig_gpu_power_limit_watts").gauge()
+    temp = by_name("flexmig_gpu_temperature_celsius").gauge()
+    sm_clock = by_name("flexmig_gpu_sm_clock_hertz").gauge()
+    mem_clock = by_name("flexmig_gpu_memory_clock_hertz").gauge()
+    mem_total = by_name("flexmig_gpu_memory_total_bytes").gauge()
+    mig = by_name("flexmig_gpu_mig_mode").gauge()
+    lost = by_name("flexmig_gpu_lost").gauge()
+    count = by_name("flexmig_gpu_mig_instances").gauge()
+    free_c = by_name("flexmig_gpu_free_compute_slices").gauge()
+    free_m = by_name("flexmig_gpu_free_memory_slices").gauge()
+    creatable = by_name("flexmig_gpu_creatable_instances").gauge()
     for gpu in snap.gpus:
         labels = gpu_labels(snap, gpu)
         lost.add_metric(labels, 1.0 if gpu.lost else 0.0)
         if gpu.power_w is not None:
             power.add_metric(labels, gpu.power_w)
+        if gpu.power_limit_w is not None:
+            limit.add_metric(labels, gpu.power_limit_w)
         if gpu.temperature_c is not None:
             temp.add_metric(labels, gpu.temperature_c)
         if gpu.sm_clock_mhz is not None:
@@ -229,38 +214,31 @@ def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
             free_m.add_metric(labels, gpu.free_memory_slices)
         for profile, n in gpu.creatable.items():
             creatable.add_metric([*labels, profile], n)
-    yield from (power, temp, sm_clock, mem_clock, mem_total, mig, lost, count, free_c, free_m, creatable)
+    yield from (power, limit, temp, sm_clock, mem_clock, mem_total, mig, lost, count, free_c, free_m, creatable)
 
 
 def _instance_families(snap: Snapshot) -> Iterator[Metric]:
-    lab = INSTANCE_LABELS
-    mem_total = _gauge("flexmig_mig_memory_total_bytes", "Memory of the MIG instance.", lab)
-    mem_used = _gauge("flexmig_mig_memory_used_bytes", "Memory used on the MIG instance.", lab)
-    mem_mean = _gauge("flexmig_mig_memory_used_mean_bytes", "Mean memory used over the window.", lab)
-    mem_max = _gauge("flexmig_mig_memory_used_max_bytes", "Most memory used over the window.", lab)
-    mem_p95 = _gauge("flexmig_mig_memory_used_p95_bytes", "95th percentile of memory used over the window.", lab)
-    sm = _gauge("flexmig_mig_sm_active_ratio", "Fraction of cycles an SM of the instance had a warp (GPM/DCGM).", lab)
-    sm_mean = _gauge("flexmig_mig_sm_active_mean_ratio", "Mean SM activity over the window.", lab)
-    sm_min = _gauge("flexmig_mig_sm_active_min_ratio", "Lowest SM activity over the window.", lab)
-    sm_p95 = _gauge("flexmig_mig_sm_active_p95_ratio", "95th percentile of SM activity over the window.", lab)
-    occ = _gauge("flexmig_mig_sm_occupancy_ratio", "Resident warps as a fraction of the maximum (GPM/DCGM).", lab)
-    dram = _gauge("flexmig_mig_dram_active_ratio", "Fraction of cycles the memory interface was busy.", lab)
-    tensor = _gauge("flexmig_mig_tensor_active_ratio", "Fraction of cycles a tensor pipe was busy.", lab)
-    gr = _gauge(
-        "flexmig_mig_gr_engine_active_ratio", "Fraction of time the graphics/compute engine was busy (DCGM).", lab
-    )
-    source = InfoMetricFamily("flexmig_mig_activity_source", "Where the activity figures come from.", labels=lab)
-    procs = _gauge("flexmig_mig_processes", "Compute processes running on the MIG instance.", lab)
-    cpu = _gauge(
-        "flexmig_mig_processes_cpu_ratio", "CPU use of the instance's processes, summed, in cores (1 = one core).", lab
-    )
-    rss = _gauge(
-        "flexmig_mig_processes_resident_memory_bytes", "Host resident memory of the instance's processes.", lab
-    )
-    idle = _gauge("flexmig_mig_idle_seconds", "Time since the instance last had a process or SM activity.", lab)
-    c_slices = _gauge("flexmig_mig_compute_slices", "Compute slices the instance's profile holds.", lab)
-    m_slices = _gauge("flexmig_mig_memory_slices", "Memory slices the instance's placement holds.", lab)
-    start = _gauge("flexmig_mig_placement_start", "First memory slice of the instance's placement (0-7).", lab)
+    mem_total = by_name("flexmig_mig_memory_total_bytes").gauge()
+    mem_used = by_name("flexmig_mig_memory_used_bytes").gauge()
+    mem_mean = by_name("flexmig_mig_memory_used_mean_bytes").gauge()
+    mem_max = by_name("flexmig_mig_memory_used_max_bytes").gauge()
+    mem_p95 = by_name("flexmig_mig_memory_used_p95_bytes").gauge()
+    sm = by_name("flexmig_mig_sm_active_ratio").gauge()
+    sm_mean = by_name("flexmig_mig_sm_active_mean_ratio").gauge()
+    sm_min = by_name("flexmig_mig_sm_active_min_ratio").gauge()
+    sm_p95 = by_name("flexmig_mig_sm_active_p95_ratio").gauge()
+    occ = by_name("flexmig_mig_sm_occupancy_ratio").gauge()
+    dram = by_name("flexmig_mig_dram_active_ratio").gauge()
+    tensor = by_name("flexmig_mig_tensor_active_ratio").gauge()
+    gr = by_name("flexmig_mig_gr_engine_active_ratio").gauge()
+    source = by_name("flexmig_mig_activity_source").info()
+    procs = by_name("flexmig_mig_processes").gauge()
+    cpu = by_name("flexmig_mig_processes_cpu_ratio").gauge()
+    rss = by_name("flexmig_mig_processes_resident_memory_bytes").gauge()
+    idle = by_name("flexmig_mig_idle_seconds").gauge()
+    c_slices = by_name("flexmig_mig_compute_slices").gauge()
+    m_slices = by_name("flexmig_mig_memory_slices").gauge()
+    start = by_name("flexmig_mig_placement_start").gauge()
 
     for gpu in snap.gpus:
         for inst in gpu.instances:

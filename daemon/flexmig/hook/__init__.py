@@ -1,44 +1,23 @@
-"""``flexmig.hook``: the few lines a training script needs to be moved between MIG instances.
+"""``flexmig.hook``: the checkpoint hook, as the daemon's package names it.
 
-Standard library only, so any job can import it::
-
-    from flexmig import hook
-
-    h = hook.install()                    # reads FLEXMIG_* and installs the checkpoint-signal handler
-    start = load(h.resume) + 1 if h.resume else 0
-    for step in range(start, steps):
-        train_one_step()
-        if h.should_checkpoint():         # a flag the signal handler set; checked at a step boundary
-            path = save_atomically(h.checkpoint_dir / f"step-{step}.ckpt")
-            h.acknowledge(step, path)     # rank 0 writes {"step": N, "checkpoint": path} atomically
-            sys.exit(0)                   # every rank exits 0; the daemon relaunches it elsewhere
-
-Distributed jobs must agree on the step at which they stop (the signal reaches ranks at slightly different
-moments): :func:`flexmig.hook.torch.should_checkpoint` all-reduces the flag. The protocol itself is documented in
-docs/jobs.md ("Checkpoint hook protocol").
+The hook is its own distribution, ``flexmig-hook`` (module :mod:`flexmig_hook`, standard library only), so that a
+training environment can install it without the daemon's dependencies. This module re-exports it unchanged (the
+very same objects), so jobs and daemon code that ``from flexmig import hook`` keep working where flexmig is
+installed; new jobs write ``import flexmig_hook as hook``, which works with either install.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType
-
-from flexmig.hook.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, fsync_dir
-from flexmig.hook.protocol import (
-    ENV_ACK_PATH,
-    ENV_ACK_WAIT,
-    ENV_CHECKPOINT_DIR,
-    ENV_CHECKPOINT_SIGNAL,
-    ENV_JOB,
-    ENV_RESUME,
-    ENV_RESUME_STEP,
+from flexmig_hook import (
     Ack,
     AckError,
+    Hook,
+    HookEnv,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_writer,
+    fsync_dir,
+    install,
     parse_signal,
     read_ack,
 )
@@ -56,141 +35,3 @@ __all__ = [
     "parse_signal",
     "read_ack",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class HookEnv:
-    """What the daemon told this rank through its environment.
-
-    ``job`` is None when the script runs outside flexmig (by hand); the hook then still honours the signal but
-    writes no acknowledgement.
-    """
-
-    job: str | None
-    checkpoint_dir: Path
-    ack_path: Path | None
-    resume: Path | None
-    resume_step: int | None
-    signal: signal.Signals
-    rank: int
-    world_size: int
-    ack_wait_s: float | None = None
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookEnv:
-        """Read the hook variables (``os.environ`` by default); ValueError names a malformed variable."""
-        env = os.environ if environ is None else environ
-        sig_text = env.get(ENV_CHECKPOINT_SIGNAL, "SIGUSR1")
-        try:
-            sig = parse_signal(sig_text)
-        except ValueError as exc:
-            raise ValueError(f"{ENV_CHECKPOINT_SIGNAL}: {exc}") from None
-        resume = env.get(ENV_RESUME) or None
-        step_text = env.get(ENV_RESUME_STEP) or None
-        return cls(
-            job=env.get(ENV_JOB) or None,
-            checkpoint_dir=Path(env.get(ENV_CHECKPOINT_DIR) or "checkpoints"),
-            ack_path=Path(env[ENV_ACK_PATH]) if env.get(ENV_ACK_PATH) else None,
-            resume=Path(resume) if resume else None,
-            resume_step=_int(ENV_RESUME_STEP, step_text) if step_text else None,
-            signal=sig,
-            rank=_int("RANK", env.get("RANK", "0")),
-            world_size=_int("WORLD_SIZE", env.get("WORLD_SIZE", "1")),
-            ack_wait_s=_seconds(ENV_ACK_WAIT, env.get(ENV_ACK_WAIT) or None),
-        )
-
-
-def _seconds(name: str, text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name}: expected a number of seconds, got {text!r}") from None
-    if not 0 <= value <= 86400:
-        raise ValueError(f"{name}: {text!r} is not between 0 and 86400 seconds")
-    return value
-
-
-def _int(name: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name}: expected an integer, got {text!r}") from None
-
-
-class Hook:
-    """One rank's side of the checkpoint protocol: a request flag, the resume point, the acknowledgement.
-
-    The signal handler only sets a flag (nothing else is safe inside a handler), so a request is seen at the next
-    step boundary through :meth:`should_checkpoint`. Build it with :func:`install`.
-    """
-
-    def __init__(self, env: HookEnv) -> None:
-        self.env = env
-        self._requested = threading.Event()
-
-    # ---------------------------------------------------------------------------------------------- reading
-    @property
-    def job(self) -> str | None:
-        """The job's name, None outside flexmig."""
-        return self.env.job
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        """Where checkpoints go (``FLEXMIG_CHECKPOINT_DIR``; ``./checkpoints`` outside flexmig)."""
-        return self.env.checkpoint_dir
-
-    @property
-    def resume(self) -> Path | None:
-        """The checkpoint to resume from (``FLEXMIG_RESUME``), None on a first start."""
-        return self.env.resume
-
-    @property
-    def rank(self) -> int:
-        """This process's rank (``RANK``, 0 when unset)."""
-        return self.env.rank
-
-    # ------------------------------------------------------------------------------------------- signalling
-    def install_handler(self) -> None:
-        """Install the handler for the checkpoint signal; must run in the main thread."""
-        signal.signal(self.env.signal, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._requested.set()
-
-    def request(self) -> None:
-        """Raise the checkpoint flag by hand (what the signal handler does); useful for tests and drills."""
-        self._requested.set()
-
-    def should_checkpoint(self) -> bool:
-        """True once a checkpoint was requested; call it at step boundaries. It stays true until :meth:`clear`."""
-        return self._requested.is_set()
-
-    def clear(self) -> None:
-        """Forget a request (for jobs that checkpoint and carry on instead of exiting)."""
-        self._requested.clear()
-
-    # ---------------------------------------------------------------------------------------- acknowledging
-    def acknowledge(self, step: int, checkpoint: str | os.PathLike[str]) -> None:
-        """Tell the daemon the checkpoint of ``step`` is safely on disk. Only rank 0 writes; others return.
-
-        Call it after the checkpoint file is complete (written atomically), then exit 0. Outside flexmig
-        (no ``FLEXMIG_ACK_PATH``) it does nothing. Under Slurm (``FLEXMIG_ACK_WAIT_S`` set by flexmig's TaskProlog)
-        it then waits up to that long for flexmig to requeue the job, which ends this process; it returns only if
-        that does not happen in time.
-        """
-        if self.env.rank != 0 or self.env.ack_path is None:
-            return
-        ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()))
-        atomic_write_json(self.env.ack_path, ack.to_json(), mode=0o644)
-        if self.env.ack_wait_s:
-            threading.Event().wait(self.env.ack_wait_s)
-
-
-def install(environ: Mapping[str, str] | None = None, *, handler: bool = True) -> Hook:
-    """Read the hook environment and (by default) install the checkpoint-signal handler; returns the Hook."""
-    h = Hook(HookEnv.from_environ(environ))
-    if handler:
-        h.install_handler()
-    return h

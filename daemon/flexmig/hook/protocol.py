@@ -1,19 +1,27 @@
-"""The hook protocol's shared vocabulary: environment variable names, the acknowledgement, the signals.
-
-Both sides use this module: the training script (through :mod:`flexmig.hook`) and the daemon (``flexmig.act``).
-Standard library only. The names and the acknowledgement's JSON shape are a stable interface (docs/jobs.md,
-"Checkpoint hook protocol"); change them only with a new protocol version.
-"""
+"""``flexmig.hook.protocol``: :mod:`flexmig_hook.protocol` (the protocol's names and acknowledgement) under the
+daemon package's name."""
 
 from __future__ import annotations
 
-import errno
-import json
-import os
-import signal
-import stat
-from dataclasses import dataclass
-from pathlib import Path
+from flexmig_hook.protocol import (
+    ACK_MAX_BYTES,
+    ALLOWED_SIGNALS,
+    ENV_ACK_PATH,
+    ENV_ACK_WAIT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_SIGNAL,
+    ENV_DIST_BACKEND,
+    ENV_GENERATION,
+    ENV_JOB,
+    ENV_JOB_ID,
+    ENV_RESUME,
+    ENV_RESUME_STEP,
+    ENV_SLOT,
+    Ack,
+    AckError,
+    parse_signal,
+    read_ack,
+)
 
 __all__ = [
     "ACK_MAX_BYTES",
@@ -34,104 +42,3 @@ __all__ = [
     "parse_signal",
     "read_ack",
 ]
-
-ENV_JOB = "FLEXMIG_JOB"
-ENV_CHECKPOINT_DIR = "FLEXMIG_CHECKPOINT_DIR"
-ENV_ACK_PATH = "FLEXMIG_ACK_PATH"
-ENV_RESUME = "FLEXMIG_RESUME"
-ENV_RESUME_STEP = "FLEXMIG_RESUME_STEP"
-ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
-#: Set by flexmig's Slurm TaskProlog: after acknowledging, wait this many seconds to be requeued instead of
-#: returning (a batch job that exits on its own completes, and a completed job can no longer be requeued).
-ENV_ACK_WAIT = "FLEXMIG_ACK_WAIT_S"
-#: The collective backend the launcher recommends: ranks on MIG instances have no CUDA P2P between them and
-#: NCCL's multi-rank-per-GPU mode is experimental (NCCL_MULTI_RANK_GPU_ENABLE, NCCL 2.30), so flexmig says ``gloo``.
-ENV_DIST_BACKEND = "FLEXMIG_DIST_BACKEND"
-# Reserved for the daemon: how it recognises its ranks after a restart. Jobs must not rely on them.
-ENV_JOB_ID = "FLEXMIG_JOB_ID"
-ENV_GENERATION = "FLEXMIG_GENERATION"
-ENV_SLOT = "FLEXMIG_SLOT"
-
-#: Signals a job may choose for checkpoint requests. SIGTERM and SIGKILL stay the daemon's for stopping.
-ALLOWED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT)
-
-#: An acknowledgement is one short JSON object; anything longer is refused unread.
-ACK_MAX_BYTES = 64 * 1024
-
-
-class AckError(ValueError):
-    """An acknowledgement file exists but is not a valid acknowledgement; the message says what is wrong."""
-
-
-def parse_signal(text: str) -> signal.Signals:
-    """``"SIGUSR1"``, ``"USR1"`` or ``"10"`` -> the signal, if it is one a job may use for checkpoints."""
-    name = text.strip().upper()
-    sig: signal.Signals | None = None
-    if name.isdigit():
-        try:
-            sig = signal.Signals(int(name))
-        except ValueError:
-            sig = None
-    else:
-        full = name if name.startswith("SIG") else f"SIG{name}"
-        sig = getattr(signal.Signals, full, None)
-    if sig is None or sig not in ALLOWED_SIGNALS:
-        allowed = ", ".join(s.name for s in ALLOWED_SIGNALS)
-        raise ValueError(f"checkpoint signal {text!r} is not one of {allowed}")
-    return sig
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """What rank 0 writes to ``FLEXMIG_ACK_PATH``: the last step the checkpoint holds, and where it is."""
-
-    step: int
-    checkpoint: str
-
-    def to_json(self) -> dict[str, object]:
-        """The acknowledgement as written on disk."""
-        return {"step": self.step, "checkpoint": self.checkpoint}
-
-    @classmethod
-    def from_json(cls, data: object) -> Ack:
-        """Validate a decoded acknowledgement; AckError names the bad field."""
-        if not isinstance(data, dict):
-            raise AckError("acknowledgement is not a JSON object")
-        step = data.get("step")
-        ckpt = data.get("checkpoint")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise AckError(f"acknowledgement 'step' must be a non-negative integer, not {step!r}")
-        if not isinstance(ckpt, str) or not ckpt or "\x00" in ckpt:
-            raise AckError(f"acknowledgement 'checkpoint' must be a non-empty path, not {ckpt!r}")
-        return cls(step=step, checkpoint=ckpt)
-
-
-def read_ack(path: Path) -> Ack | None:
-    """The acknowledgement at ``path``, or None when there is none yet.
-
-    The daemon may run as root while the job's user owns the directory, so the file is opened without following
-    a symlink, must be a regular file and at most ``ACK_MAX_BYTES``; anything else raises AckError.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise AckError(f"{path}: acknowledgement is a symbolic link; refused") from None
-        raise AckError(f"{path}: cannot open acknowledgement: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise AckError(f"{path}: acknowledgement is not a regular file")
-        if st.st_size > ACK_MAX_BYTES:
-            raise AckError(f"{path}: acknowledgement larger than {ACK_MAX_BYTES} bytes")
-        data = os.read(fd, ACK_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        decoded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AckError(f"{path}: acknowledgement is not JSON: {exc}") from None
-    return Ack.from_json(decoded)

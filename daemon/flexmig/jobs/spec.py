@@ -3,22 +3,24 @@
 A spec file steers a daemon that may run as root, so it is treated like configuration: the file must be owned by
 root or the daemon's user and writable by nobody else, every key is known and typed, the command is an argv list
 (never a shell string, never a shell), names hold no shell metacharacters, and every directory lies inside the
-directories the operator allowed. Any breach raises :class:`~flexmig.errors.JobSpecError` naming the file, the key
-and, where it can be found, the line. The keys are documented in the README ("Job specs").
+directories the operator allowed. A spec with faults raises one :class:`~flexmig.errors.JobSpecError` that names
+every one of them, a line each: the file, the key and, where it can be found, the line (a misspelt key with the
+key it was probably meant to be). The keys are documented in docs/jobs.md ("Job specs").
 """
 
 from __future__ import annotations
 
+import difflib
 import grp
 import os
 import pwd
 import re
 import signal
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from flexmig.config.keys import find_key_line, join_key
 from flexmig.config.problems import ConfigFileError, type_name
@@ -38,6 +40,8 @@ __all__ = [
     "load_job_spec",
     "parse_job_spec",
 ]
+
+_T = TypeVar("_T")
 
 #: How a job's ranks are started: ``plain`` runs argv once per rank, ``torchrun`` through torch elastic.
 LauncherKind = Literal["plain", "torchrun"]
@@ -203,18 +207,65 @@ class JobSpec:
 
 
 class _Ctx:
-    """Where we are while validating: the file (for messages) and its text (to find lines)."""
+    """Where we are while validating: the file (for messages), its text (to find lines), and the problems found so
+    far: checking goes on after a problem, so one round names every problem of the spec."""
 
     def __init__(self, source: Path | None, text: str | None) -> None:
         self.source = source
         self.text = text
+        self.problems: list[tuple[int | None, str]] = []
+        self.meant: set[str] = set()
+        """Keys that misspelt keys were probably meant to be: their absence is not reported again."""
 
     def fail(self, key: str, why: str, *, at: str | None = None) -> JobSpecError:
         """The error for ``key``, with the line where ``at`` (default: ``key``; a dotted TOML key) is set."""
         where = str(self.source) if self.source else "<job spec>"
         line = find_key_line(self.text, at or key) if self.text else None
         shown = f":{line}" if line else ""
-        return JobSpecError(f"{where}{shown}: {key}: {why}")
+        return _Problem(f"{where}{shown}: {key}: {why}", line)
+
+    def note(self, error: JobSpecError) -> None:
+        """Record a problem and go on."""
+        if not isinstance(error, _Told):
+            self.problems.append((error.line if isinstance(error, _Problem) else None, str(error)))
+
+    def attempt(self, check: Callable[[], _T], default: _T) -> _T:
+        """``check()``, or ``default`` when it found a problem (recorded); the checks that build on a value that
+        failed are skipped by their callers, so a fault is reported once, not again as the faults it causes."""
+        try:
+            return check()
+        except JobSpecError as exc:
+            self.note(exc)
+            return default
+
+    def raise_problems(self) -> None:
+        """One JobSpecError listing every problem recorded, one line each, in the order of the file."""
+        if self.problems:
+            ordered = sorted(self.problems, key=lambda p: (p[0] is None, p[0] or 0))
+            raise JobSpecError("\n".join(text for _, text in ordered))
+
+
+class _Problem(JobSpecError):
+    """One problem of a spec, with the line it is on (None where the key cannot be found)."""
+
+    def __init__(self, message: str, line: int | None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+class _Told(JobSpecError):
+    """A problem already reported in other words (a required key that a misspelt key stood for)."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+
+
+def _unknown(known: Collection[str], name: str, where: str) -> str:
+    """``unknown key (did you mean 'argv'?)``, or the known keys when nothing is close."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"unknown key (did you mean {close[0]!r}?)"
+    return f"unknown key ({where}: {', '.join(sorted(known))})"
 
 
 def load_job_spec(path: Path, policy: JobPolicy) -> JobSpec:
@@ -256,62 +307,49 @@ def _build(
     c = ctx or _Ctx(source, None)
     for key in data:
         if key not in _TOP_KEYS and key not in _TABLES:
-            known = ", ".join(sorted(_TOP_KEYS | set(_TABLES)))
-            raise c.fail(key, f"unknown key (known keys: {known})", at=join_key("", key))
+            c.note(c.fail(key, _unknown(_TOP_KEYS | set(_TABLES), key, "known keys"), at=join_key("", key)))
+            c.meant.update(difflib.get_close_matches(key, sorted(_TOP_KEYS | set(_TABLES)), n=1, cutoff=0.6))
+    tables: dict[str, Mapping[str, Any]] = {}
     for table, keys in _TABLES.items():
         sub = data.get(table, {})
         if not isinstance(sub, dict):
-            raise c.fail(table, f"must be a table ([{table}]), not {type_name(sub)}")
+            c.note(c.fail(table, f"must be a table ([{table}]), not {type_name(sub)}"))
+            sub = {}
+        tables[table] = sub
         for key in sub:
             if key not in keys:
-                known = f"known keys in [{table}]: {', '.join(sorted(keys))}"
-                raise c.fail(f"{table}.{key}", f"unknown key ({known})", at=join_key(table, key))
+                why = _unknown(keys, key, f"known keys in [{table}]")
+                c.note(c.fail(f"{table}.{key}", why, at=join_key(table, key)))
+                c.meant.update(f"{table}.{k}" for k in difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6))
 
-    name = _str(c, data, "name", required=True)
-    if not _NAME.match(name):
-        raise c.fail("name", f"{name!r} must be 1-64 letters, digits, '_', '.', '-', starting with a letter or digit")
-
-    argv = _argv(c, data)
-    user = _str(c, data, "user", required=True)
-    if not _USER.match(user):
-        raise c.fail("user", f"{user!r} is not a valid user name")
-    group = _str(c, data, "group") or None
-    if group is not None and not _USER.match(group):
-        raise c.fail("group", f"{group!r} is not a valid group name")
-
-    working_dir = _dir(c, data, "working_dir", base, required=True)
-    checkpoint_dir = _dir(c, data, "checkpoint_dir", working_dir, required=True)
-    launcher = _str(c, data, "launcher") or "plain"
-    if launcher not in ("plain", "torchrun"):
-        raise c.fail("launcher", f"{launcher!r} is not 'plain' or 'torchrun'")
-    if launcher == "torchrun" and len(argv) < 2:
-        raise c.fail("argv", "with launcher 'torchrun', argv is [PYTHON, SCRIPT, ARGS...]")
-    argv = _resolve_program(c, argv, working_dir)
+    name = c.attempt(lambda: _name(c, data), None)
+    argv = c.attempt(lambda: _argv(c, data), None)
+    user = c.attempt(lambda: _user(c, data, "user", required=True), None)
+    group = c.attempt(lambda: _user(c, data, "group") or None, None)
+    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True), None)
+    checkpoint_dir = c.attempt(lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True), None)
+    launcher = c.attempt(lambda: _launcher(c, data), "plain")
+    if launcher == "torchrun" and argv is not None and len(argv) < 2:
+        c.note(c.fail("argv", "with launcher 'torchrun', argv is [PYTHON, SCRIPT, ARGS...]"))
+    elif argv is not None and working_dir is not None:
+        given, cwd = argv, working_dir
+        argv = c.attempt(lambda: _resolve_program(c, given, cwd), None)
     env = _env(c, data)
-
-    ranks = data.get("ranks", {})
-    rmin = _int(c, ranks, "ranks.min", "min", default=1)
-    rmax = _int(c, ranks, "ranks.max", "max", default=rmin)
-    rstart = _int(c, ranks, "ranks.start", "start", default=rmin)
-    if rmin < 1:
-        raise c.fail("ranks.min", f"must be at least 1, not {rmin}")
-    if rmax < rmin:
-        raise c.fail("ranks.max", f"{rmax} is less than ranks.min {rmin}")
-    if rmax > 64:
-        raise c.fail("ranks.max", f"{rmax} ranks is more than a node of 8 GPUs x 7 instances can hold")
-    if not rmin <= rstart <= rmax:
-        raise c.fail("ranks.start", f"{rstart} is outside ranks.min..ranks.max ({rmin}..{rmax})")
-
-    need = _need(c, data.get("need", {}))
-    hook = _hook(c, data.get("hook", {}), policy.default_ack_timeout_s if policy else 300.0)
+    ranks = _ranks(c, tables["ranks"])
+    need = c.attempt(lambda: _need(c, tables["need"]), None)
+    hook = c.attempt(lambda: _hook(c, tables["hook"], policy.default_ack_timeout_s if policy else 300.0), None)
 
     if policy is not None:
         for key, d in (("working_dir", working_dir), ("checkpoint_dir", checkpoint_dir)):
-            if not _inside(d, policy.allowed_dirs):
+            if d is not None and not _inside(d, policy.allowed_dirs):
                 allowed = ", ".join(str(p) for p in policy.allowed_dirs) or "(none configured)"
-                raise c.fail(key, f"{d} is outside the allowed directories: {allowed}")
-        _check_user(c, user, group)
+                c.note(c.fail(key, f"{d} is outside the allowed directories: {allowed}"))
+        if user is not None:
+            c.attempt(lambda: _check_user(c, user, group), None)
 
+    c.raise_problems()
+    assert name is not None and argv is not None and user is not None and ranks is not None
+    assert working_dir is not None and checkpoint_dir is not None and need is not None and hook is not None
     return JobSpec(
         name=name,
         argv=argv,
@@ -319,9 +357,9 @@ def _build(
         group=group,
         working_dir=working_dir,
         checkpoint_dir=checkpoint_dir,
-        ranks_min=rmin,
-        ranks_max=rmax,
-        ranks_start=rstart,
+        ranks_min=ranks[0],
+        ranks_max=ranks[1],
+        ranks_start=ranks[2],
         need=need,
         launcher="torchrun" if launcher == "torchrun" else "plain",
         hook=hook,
@@ -330,10 +368,51 @@ def _build(
     )
 
 
+def _name(c: _Ctx, data: Mapping[str, Any]) -> str:
+    name = _str(c, data, "name", required=True)
+    if not _NAME.match(name):
+        raise c.fail("name", f"{name!r} must be 1-64 letters, digits, '_', '.', '-', starting with a letter or digit")
+    return name
+
+
+def _user(c: _Ctx, data: Mapping[str, Any], key: str, *, required: bool = False) -> str:
+    """``user`` or ``group``: a name as useradd allows it (empty when absent and not required)."""
+    text = _str(c, data, key, required=required)
+    if text and not _USER.match(text):
+        raise c.fail(key, f"{text!r} is not a valid {key} name")
+    return text
+
+
+def _launcher(c: _Ctx, data: Mapping[str, Any]) -> str:
+    launcher = _str(c, data, "launcher") or "plain"
+    if launcher not in ("plain", "torchrun"):
+        raise c.fail("launcher", f"{launcher!r} is not 'plain' or 'torchrun'")
+    return launcher
+
+
+def _ranks(c: _Ctx, ranks: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(min, max, start), each checked; their rules between them only once all three are integers."""
+    rmin = c.attempt(lambda: _int(c, ranks, "ranks.min", "min", default=1), None)
+    rmax = c.attempt(lambda: _int(c, ranks, "ranks.max", "max", default=rmin or 1), None)
+    rstart = c.attempt(lambda: _int(c, ranks, "ranks.start", "start", default=rmin or 1), None)
+    if rmin is None or rmax is None or rstart is None:
+        return None
+    before = len(c.problems)
+    if rmin < 1:
+        c.note(c.fail("ranks.min", f"must be at least 1, not {rmin}"))
+    elif rmax < rmin:
+        c.note(c.fail("ranks.max", f"{rmax} is less than ranks.min {rmin}"))
+    if rmax > 64:
+        c.note(c.fail("ranks.max", f"{rmax} ranks is more than a node of 8 GPUs x 7 instances can hold"))
+    if rmin >= 1 and rmin <= rmax and not rmin <= rstart <= rmax:
+        c.note(c.fail("ranks.start", f"{rstart} is outside ranks.min..ranks.max ({rmin}..{rmax})"))
+    return (rmin, rmax, rstart) if len(c.problems) == before else None
+
+
 def _str(c: _Ctx, data: Mapping[str, Any], key: str, required: bool = False) -> str:
     if key not in data:
         if required:
-            raise c.fail(key, "is required")
+            raise (_Told if key in c.meant else c.fail)(key, "is required")
         return ""
     v = data[key]
     if not isinstance(v, str):
@@ -359,7 +438,7 @@ def _num(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: floa
 
 def _argv(c: _Ctx, data: Mapping[str, Any]) -> tuple[str, ...]:
     if "argv" not in data:
-        raise c.fail("argv", "is required")
+        raise (_Told if "argv" in c.meant else c.fail)("argv", "is required")
     v = data["argv"]
     if isinstance(v, str):
         raise c.fail("argv", "must be a list of arguments, not a string: flexmig never runs a shell")
@@ -410,20 +489,23 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
 
 
 def _env(c: _Ctx, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The ``env`` table; every variable with a problem is named (and left out)."""
     v = data.get("env", {})
     if not isinstance(v, dict):
-        raise c.fail("env", f'must be a table of NAME = "value", not {type_name(v)}')
+        c.note(c.fail("env", f'must be a table of NAME = "value", not {type_name(v)}'))
+        return ()
     out: list[tuple[str, str]] = []
     for k, val in v.items():
         if not _ENV_NAME.match(k):
-            raise c.fail("env", f"variable name {k!r} is not a valid environment variable name")
-        if k in RESERVED_ENV or k.startswith(("FLEXMIG_", "TORCHELASTIC_")):
-            raise c.fail("env", f"{k} is set by flexmig and may not be overridden")
-        if not isinstance(val, str):
-            raise c.fail("env", f"{k} must be a string, not {type_name(val)}")
-        if "\x00" in val:
-            raise c.fail("env", f"{k} holds a NUL character")
-        out.append((k, val))
+            c.note(c.fail("env", f"variable name {k!r} is not a valid environment variable name"))
+        elif k in RESERVED_ENV or k.startswith(("FLEXMIG_", "TORCHELASTIC_")):
+            c.note(c.fail("env", f"{k} is set by flexmig and may not be overridden"))
+        elif not isinstance(val, str):
+            c.note(c.fail("env", f"{k} must be a string, not {type_name(val)}"))
+        elif "\x00" in val:
+            c.note(c.fail("env", f"{k} holds a NUL character"))
+        else:
+            out.append((k, val))
     return tuple(sorted(out))
 
 
@@ -432,6 +514,8 @@ def _need(c: _Ctx, need: Mapping[str, Any]) -> NeedSpec:
     mem = need.get("memory_gib")
     comp = need.get("compute_slices")
     if profile is None and mem is None and comp is None:
+        if any(k.startswith("need.") for k in c.meant):
+            raise _Told("need", "misspelt")
         raise c.fail("need", "give [need] profile, or memory_gib and/or compute_slices")
     if profile is not None and (mem is not None or comp is not None):
         raise c.fail("need.profile", "give either a profile or memory_gib/compute_slices, not both")

@@ -69,6 +69,7 @@ class GpuCache:
     uuid: str | None = None
     name: str | None = None
     memory_total: int | None = None
+    pci_bus_id: str | None = None
     gpm: bool | None = None
     gi_profiles: dict[str, GiProfile] | None = None
     ci_profiles: dict[int, tuple[CiProfile, ...]] = field(default_factory=dict)
@@ -87,7 +88,8 @@ class GpuCache:
         return self.handle
 
     def identity(self, walk: Walk) -> None:
-        """Fill UUID, name and total memory once (``nvidia-smi --query-gpu=uuid,name,memory.total``)."""
+        """Fill UUID, name, total memory and PCI bus ID once (``nvidia-smi --query-gpu=uuid,name,memory.total,
+        pci.bus_id``)."""
         h = self.handle
         if self.uuid is None:
             self.uuid = walk.get(self.target, N.nvmlDeviceGetUUID, h)
@@ -96,6 +98,9 @@ class GpuCache:
         if self.memory_total is None:
             mem = memory_info(walk, self.target, h)
             self.memory_total = int(mem.total) if mem is not None else None
+        if self.pci_bus_id is None:
+            pci = walk.get(self.target, N.nvmlDeviceGetPciInfo, h)
+            self.pci_bus_id = _bus_id(pci.busId) if pci is not None else None
 
     def gpm_supported(self, walk: Walk) -> bool:
         """Whether the GPU has GPM (Hopper and newer), asked once (``nvmlGpmQueryDeviceSupport``)."""
@@ -259,3 +264,9 @@ def compute_instances(walk: Walk, gi: Any, profile: CiProfile, target: str) -> l
         walk.note(target, "nvmlGpuInstanceGetComputeInstances", exc)
         return []
     return [arr[i] for i in range(count.value)]
+
+
+def _bus_id(raw: object) -> str | None:
+    """NVML's ``busId`` field (``00000000:18:00.0``; pynvml gives str, a bare ctypes struct bytes); None if empty."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return text.strip("\x00 ") or None

@@ -121,8 +121,9 @@ class Nvml:
     def inventory(self) -> Inventory:
         """The whole node now: ``nvidia-smi -q`` plus ``nvidia-smi mig -lgi`` / ``-lci`` and ``nvidia-smi -L``.
 
-        Driver version, each GPU (index, UUID, name, memory, MIG mode current/pending), its GPU instances with
-        their compute instances, and its MIG devices with memory and processes. Works read-only without MIG.
+        Driver version, each GPU (index, UUID, PCI bus ID, name, memory, enforced power limit, MIG mode
+        current/pending), its GPU instances with their compute instances, and its MIG devices with memory and
+        processes. Works read-only without MIG.
         """
         walk = Walk()
         if self._driver is None:
@@ -135,19 +136,40 @@ class Nvml:
 
     def _gpu_info(self, g: GpuCache, walk: Walk) -> GpuInfo:
         mig: list[int] | None = None
+        limit: int | None = None
         gis: tuple[GpuInstanceInfo, ...] = ()
         devices: tuple[MigDeviceInfo, ...] = ()
         try:
             if g.get_handle(walk) is None:
-                return GpuInfo(g.index, g.uuid or "", g.name, g.memory_total, None, None, errors=walk.take())
+                return GpuInfo(
+                    g.index,
+                    g.uuid or "",
+                    g.name,
+                    g.memory_total,
+                    None,
+                    None,
+                    errors=walk.take(),
+                    pci_bus_id=g.pci_bus_id,
+                )
             g.identity(walk)
+            limit = walk.get(g.target, N.nvmlDeviceGetEnforcedPowerLimit, g.handle)
             mig = walk.get(g.target, N.nvmlDeviceGetMigMode, g.handle)
             if mig is not None and mig[0] == N.NVML_DEVICE_MIG_ENABLE:
                 gis = self._gpu_instances(g, walk)
                 devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk))
         except GpuLost:
             g.handle = None
-            return GpuInfo(g.index, g.uuid or "", g.name, g.memory_total, None, None, lost=True, errors=walk.take())
+            return GpuInfo(
+                g.index,
+                g.uuid or "",
+                g.name,
+                g.memory_total,
+                None,
+                None,
+                lost=True,
+                errors=walk.take(),
+                pci_bus_id=g.pci_bus_id,
+            )
         return GpuInfo(
             index=g.index,
             uuid=g.uuid or "",
@@ -158,6 +180,8 @@ class Nvml:
             gpu_instances=gis,
             mig_devices=devices,
             errors=walk.take(),
+            pci_bus_id=g.pci_bus_id,
+            power_limit_w=None if limit is None else limit / 1000.0,
         )
 
     def _gpu_instances(self, g: GpuCache, walk: Walk) -> tuple[GpuInstanceInfo, ...]:

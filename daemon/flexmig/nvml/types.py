@@ -93,6 +93,8 @@ class GpuInfo:
     mig_devices: tuple[MigDeviceInfo, ...] = ()
     lost: bool = False  # GPU_IS_LOST seen: nothing else about it can be trusted
     errors: tuple[NvmlIssue, ...] = ()
+    pci_bus_id: str | None = None  # "00000000:18:00.0" (nvidia-smi --query-gpu=pci.bus_id); None if NVML would not say
+    power_limit_w: float | None = None  # the enforced power limit (nvidia-smi --query-gpu=enforced.power.limit)
 
 
 @dataclass(frozen=True, slots=True)

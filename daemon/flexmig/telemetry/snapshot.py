@@ -104,6 +104,7 @@ class InstanceSnapshot:
     memory_used_window: WindowStats | None
     idle_seconds: float | None  # time since the instance last ran a process or showed activity
     first_seen: float  # monotonic time this instance (this GI/CI pair with this UUID) first appeared
+    pci_bus_id: str | None = None  # the parent GPU's (GpuSnapshot.pci_bus_id), for dcgm-exporter's join labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,8 @@ class GpuSnapshot:
     # Every GPU instance of the last inventory, those without a MIG device included (empty when lost); the
     # placements layouts are built from. Defaults to none for snapshots made by hand.
     gpu_instances: tuple[GpuInstanceSnapshot, ...] = ()
+    pci_bus_id: str | None = None  # "00000000:18:00.0" as NVML and dcgm-exporter write it; None if NVML would not say
+    power_limit_w: float | None = None  # the enforced power limit, from the last inventory
 
 
 @dataclass(frozen=True, slots=True)

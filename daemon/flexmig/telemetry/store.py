@@ -167,6 +167,8 @@ class TelemetryStore:
                     creatable={} if lost else static.creatable,
                     instances=tuple(instances),
                     gpu_instances=() if lost else static.gpu_instances,
+                    pci_bus_id=info.pci_bus_id,
+                    power_limit_w=info.power_limit_w,
                 )
             )
         keep_after = now - settings.window_s
@@ -259,6 +261,7 @@ class TelemetryStore:
             memory_used_window=hist.memory_used.window(now, settings.window_s),
             idle_seconds=idle,
             first_seen=hist.first_seen,
+            pci_bus_id=info.pci_bus_id,
         )
 
 

@@ -48,7 +48,8 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.service import Actuator
 from flexmig.config import Config, ControlConfig, Mode, StateConfig
-from flexmig.errors import FlexmigError, PlanRejectedError
+from flexmig.config.migparted import load_baseline
+from flexmig.errors import ConfigError, FlexmigError, PlanRejectedError
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.export.action_metrics import ActionMetrics
 from flexmig.export.events import Event, EventFactory, EventKind
@@ -63,7 +64,9 @@ from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.backend import Backend
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
+from flexmig.wiring.privileges import act_privilege_warning
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
+from flexmig.wiring.standdown import StandDown, plan_standdown, standdown_document
 from flexmig.wiring.status import status_document
 
 __all__ = ["ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
@@ -179,6 +182,7 @@ class ActuatorComponent:
         self._touched: set[tuple[int, int]] = set()
         self._busy = asyncio.Lock()
         self._stopping = False
+        self._simulated = True  # until start() knows the backend
         self._wake = asyncio.Event()
         self._last_signature: tuple[str, ...] | None = None
         self._last_round: PlanRound | None = None
@@ -198,6 +202,8 @@ class ActuatorComponent:
         if backend is None:
             raise FlexmigError("the actuator needs an open NVML session")
         cfg = self.config
+        self._simulated = backend.simulated
+        self._check_privileges()
         try:
             self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.simulated)
             if paths.private is not None:
@@ -234,6 +240,7 @@ class ActuatorComponent:
                 control.add(op, self._serialized(op, control.handlers[op]))
             control.add("status", self._status)
             control.add("plan", self._plan_request)
+            control.add("standdown", self._standdown)
             self.dispatcher = control
             if cfg.control.enabled:
                 await control.start()
@@ -465,6 +472,76 @@ class ActuatorComponent:
         result = await self.plan_now(source="daemon", requests=tuple(requests))
         return result.document
 
+    async def _standdown(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``standdown`` request: restore the baseline layout, then mode observe (rules:
+        :mod:`flexmig.wiring.standdown`); ``dry_run`` only says what it would do, in any mode."""
+        extra = set(args) - {"stop_jobs", "dry_run"}
+        if extra:
+            raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
+        flags = {k: args.get(k, False) for k in ("stop_jobs", "dry_run")}
+        if not all(isinstance(v, bool) for v in flags.values()):
+            raise RequestError("'stop_jobs' and 'dry_run' must be true or false")
+        stop_jobs, dry_run = flags["stop_jobs"], flags["dry_run"]
+        try:
+            baseline = await asyncio.to_thread(load_baseline, self.config.baseline)
+        except ConfigError as exc:
+            raise PlanRejectedError(f"the baseline cannot be read: {exc}") from None
+        if baseline is None:
+            raise PlanRejectedError(
+                "no baseline layout is configured: set [baseline] mig_parted_file (and mig_parted_config)"
+            )
+        act = self.act
+        if act is None:
+            raise PlanRejectedError(self.unavailable or "the actuator is not running")
+        if not dry_run and self.mode != "act":
+            raise PlanRejectedError(
+                f"mode is {self.mode!r}: flexmig changes nothing outside mode 'act' (--dry-run shows what a "
+                "stand-down would do)"
+            )
+        async with self._busy:
+            if self._stopping:
+                raise PlanRejectedError("the daemon is stopping; try again after it restarts")
+
+            async def work_out() -> StandDown:
+                inventory = await act.executor.mig.inventory()
+                jobs = act.journal.jobs()
+                return plan_standdown(
+                    NodeView.of(inventory),
+                    {g.index: g.mig_current for g in inventory.gpus},
+                    baseline.entries,
+                    jobs,
+                    {rec.name: act.supervisor.pids(rec.name) for rec in jobs},
+                    stop_jobs=stop_jobs,
+                    reconfigure_s=self.config.planner.reconfigure_s,
+                )
+
+            with contextlib.suppress(Exception):
+                await act.executor.offload(act.executor.devices.prune)
+            before = await work_out()
+            result = None
+            if not dry_run:
+                if before.actions:
+                    result = await act.executor.execute_encoded(list(before.actions), "standdown")
+                self.set_mode("observe", f"stood down to {baseline.describe()}")
+                after = await work_out()
+            else:
+                after = before
+        self._refresh()
+        return standdown_document(baseline.describe(), before, after, result, dry_run=dry_run, mode=self.mode)
+
+    def set_mode(self, mode: Mode, why: str) -> None:
+        """Switch the running daemon to ``mode`` (a stand-down does: no more planning); the file's mode returns at
+        the next reload or restart."""
+        old = self.mode
+        self.mode = mode
+        if self.act is not None:
+            self.act.set_mode(mode)
+        if self.mqtt is not None:
+            self.mqtt.findings.mode = mode
+        if old != mode:
+            log.info("mode %s -> %s (%s)", old, mode, why)
+            self._last_signature = None
+
     # ------------------------------------------------------------------------------------------ events
     def emit(self, event: ActEvent) -> None:
         """The actuator's event sink: metrics, the demo workload's exclusions, a log line, the fleet event."""
@@ -553,7 +630,16 @@ class ActuatorComponent:
         if old != config.mode:
             log.info("mode %s -> %s", old, config.mode)
             self._last_signature = None
+            self._check_privileges()
             self.wake()
+
+    def _check_privileges(self) -> None:
+        """In mode act on a real node, warn once per start or switch when act's capabilities are missing."""
+        if self.mode != "act" or self._simulated:
+            return
+        warning = act_privilege_warning()
+        if warning is not None:
+            log.warning("%s", warning)
 
     async def drain(self) -> None:
         """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""

@@ -147,9 +147,10 @@ def observation_of(snapshot: Snapshot, now: float, cache: LayoutCache | None = N
                 continue  # a GI with several compute instances: judged once, by its first
             uuids[key] = inst.mig_uuid
             usage.append(usage_of(inst, now))
-    obs = Observation(now=now, layouts=layouts, usage=tuple(usage), lost_gpus=frozenset(lost))
+    instance_uuids = MappingProxyType(uuids)
+    obs = Observation(now=now, layouts=layouts, usage=tuple(usage), lost_gpus=frozenset(lost), uuids=instance_uuids)
     gpu_uuids = {g.index: g.uuid for g in snapshot.gpus}
-    return NodeObservation(obs, MappingProxyType(uuids), MappingProxyType(gpu_uuids))
+    return NodeObservation(obs, instance_uuids, MappingProxyType(gpu_uuids))
 
 
 class Detector:

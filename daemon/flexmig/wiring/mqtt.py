@@ -82,9 +82,15 @@ class FindingsPublisher:
         node = self.detector.last
         if report is None or node is None or node.observation.now != report.now:
             return
-        # A destroyed instance is no longer in this sweep: its UUID comes from the previous one.
-        uuids = {**self._uuids, **node.instance_uuids}
-        for event in events_from_report(report, self._factory, instance_uuids=uuids, gpu_uuids=node.gpu_uuids):
+        # A destroyed instance is no longer in this sweep: its UUID comes from the previous one (never from
+        # this one, where another instance may sit at its place by now).
+        for event in events_from_report(
+            report,
+            self._factory,
+            instance_uuids=node.instance_uuids,
+            gpu_uuids=node.gpu_uuids,
+            previous_uuids=self._uuids,
+        ):
             self.publisher.emit(event)
             self._emitted[event.kind.value] += 1
             log.info("event %s %s: %s", event.kind.value, event.id, describe(event))
