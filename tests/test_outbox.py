@@ -61,11 +61,38 @@ def test_the_outbox_uses_write_ahead_logging(tmp_path: Path) -> None:
 
 
 def test_a_full_outbox_drops_the_oldest_and_counts_them(tmp_path: Path, fac: EventFactory) -> None:
-    box = Outbox(tmp_path / "o.sqlite", max_events=3)
+    size = len(fac.make(EventKind.GPU_LOST, {"gpu": 0}).to_json().encode())  # every event here has this size
+    box = Outbox(tmp_path / "o.sqlite", max_bytes=3 * size)
     for _ in range(5):
         box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
-    assert box.ids() == ["e0002", "e0003", "e0004"]
-    assert box.dropped == 2 and len(box) == 3
+    assert box.ids() == ["e0003", "e0004", "e0005"]
+    assert box.dropped == 2 and len(box) == 3 and box.size_bytes == 3 * size
+
+
+def test_the_outbox_bound_counts_bytes_of_events(tmp_path: Path, fac: EventFactory) -> None:
+    box = Outbox(tmp_path / "o.sqlite", max_bytes=4000)
+    for n in range(20):
+        box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0, "pad": "x" * (50 * n)}))
+    assert 0 < box.size_bytes <= 4000 and box.dropped > 0
+    kept = box.peek(limit=-1)
+    assert sum(len(s.body.encode()) for s in kept) == box.size_bytes
+    assert [s.id for s in kept][-1] == "e0019"  # the newest stays, the oldest went
+    box.close()
+    again = Outbox(tmp_path / "o.sqlite", max_bytes=4000)
+    assert again.size_bytes == box.size_bytes and len(again) == len(kept)
+
+
+def test_drops_of_a_full_outbox_are_logged_at_most_once_a_minute(
+    tmp_path: Path, fac: EventFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    size = len(fac.make(EventKind.GPU_LOST, {"gpu": 0}).to_json().encode())
+    box = Outbox(tmp_path / "o.sqlite", max_bytes=2 * size)
+    with caplog.at_level("WARNING"):
+        for _ in range(50):
+            box.put(fac.make(EventKind.GPU_LOST, {"gpu": 0}))
+    lines = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert box.dropped == 48
+    assert len(lines) == 1 and "mqtt.outbox_max_bytes" in lines[0] and str(tmp_path / "o.sqlite") in lines[0]
 
 
 def test_an_outbox_that_cannot_be_opened_names_its_file(tmp_path: Path) -> None:

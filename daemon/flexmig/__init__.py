@@ -17,6 +17,7 @@ its own, never from a sibling on its line or from a line above::
     detect
     sim
     mig
+    storage
     hook security sdnotify
     errors
 

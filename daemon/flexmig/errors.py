@@ -25,6 +25,8 @@ __all__ = [
     "PlanRejectedError",
     "SimError",
     "SlurmError",
+    "StateInUseError",
+    "StorageError",
     "TraceError",
 ]
 
@@ -89,7 +91,16 @@ class SimError(FlexmigError, ValueError):
     """A request to the simulated node cannot be met (unknown UUID, pid in use, memory too large, bad state file)."""
 
 
-class OutboxError(FlexmigError):
+class StorageError(FlexmigError):
+    """A file or directory of the daemon's own state (state directory, journal, outbox, lock) is unsafe, broken or
+    unusable: not ours, writable by others, a symlink, empty, corrupt. The message names the path and the fix."""
+
+
+class StateInUseError(StorageError):
+    """Another process holds the lock on a state directory or a node: two daemons must never share one."""
+
+
+class OutboxError(StorageError):
     """The persistent event outbox (SQLite) cannot be opened, read or written; the message names the file."""
 
 

@@ -5,6 +5,14 @@ create and destroy GPU instances, and a password file that anyone can read leaks
 refused before a byte of them is used. Secrets read from files are wrapped in :class:`Secret`, whose ``repr``
 and ``str`` never show the value, and :class:`RedactingFilter` scrubs known secret values from log records in
 case one slips into a message anyway.
+
+A file is only as safe as the directories above it: whoever can write a directory on the way can rename the
+file away and put another in its place. :func:`resolve_trusted` walks the path one component at a time, as the
+kernel does (symlinks followed, at most 40), and refuses it when a directory on the way is owned by someone
+other than root or the daemon's user, or is writable by its group or by others: OpenSSH's ``StrictModes`` rule
+for ``authorized_keys``. One exception, where sshd is stricter: a directory with the sticky bit that root owns
+(``/tmp``) is accepted, because the kernel lets nobody but an entry's owner (and root) rename or remove an entry
+in it, so the directories and files below it that root or the daemon's user owns cannot be replaced by others.
 """
 
 from __future__ import annotations
@@ -13,22 +21,27 @@ import logging
 import os
 import stat
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from flexmig.errors import ConfigError
+from flexmig.errors import ConfigError, FlexmigError
 
 __all__ = [
     "REDACTED",
     "FileKind",
     "RedactingFilter",
     "Secret",
+    "TrustedPath",
+    "UnsafePathError",
     "attach_redaction",
     "check_file_permissions",
     "check_stat_permissions",
     "default_trusted_uids",
     "read_secret_file",
     "redact",
+    "resolve_trusted",
+    "trusted_dir_problem",
 ]
 
 REDACTED = "***"
@@ -38,6 +51,7 @@ REDACTED = "***"
 FileKind = Literal["config", "secret"]
 
 _MAX_SECRET_BYTES = 4096
+_MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
 
 
 def default_trusted_uids() -> frozenset[int]:
@@ -45,22 +59,122 @@ def default_trusted_uids() -> frozenset[int]:
     return frozenset({0, os.geteuid()})
 
 
+class UnsafePathError(FlexmigError):
+    """A directory on the way to a file can be changed by someone the daemon does not trust (or a symlink loops).
+
+    ``path`` is the path as given, ``directory`` the culprit; the message names both and the fix."""
+
+    def __init__(self, path: Path, directory: Path, why: str) -> None:
+        super().__init__(f"{path}: refused: {why}")
+        self.path = path
+        self.directory = directory
+        self.why = why
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedPath:
+    """Where a path leads once its symlinks are followed, and the symlinks it went through (none: ``links``
+    empty), for messages that name both the link the operator wrote and the file it reaches."""
+
+    given: Path
+    target: Path
+    links: tuple[Path, ...] = ()
+
+    def describe(self) -> str:
+        """``/srv/x.toml (the target of symlink /etc/flexmig/x.toml)``, or the path alone."""
+        if not self.links:
+            return str(self.target)
+        return f"{self.target} (the target of symlink {self.links[0]})"
+
+
+def trusted_dir_problem(path: Path, st: os.stat_result, trusted_uids: Collection[int] | None = None) -> str | None:
+    """Why the directory ``path`` (its ``lstat``) lets an untrusted user replace what lies in it, or None.
+
+    Owned by root or a trusted user, and writable by nobody else, or a root-owned directory with the sticky bit
+    (see the module docstring)."""
+    uids = default_trusted_uids() if trusted_uids is None else frozenset(trusted_uids) | {0}
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in uids:
+        owners = " or ".join(str(u) for u in sorted(uids))
+        return f"directory {path} is owned by uid {st.st_uid}, not uid {owners} (chown root {path})"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (mode & stat.S_ISVTX and st.st_uid == 0):
+        return (
+            f"directory {path} has mode {mode:04o}: its group or others can write it, so they could put another "
+            f"file in place of this one (chmod go-w {path})"
+        )
+    return None
+
+
+def resolve_trusted(path: Path, trusted_uids: Collection[int] | None = None) -> TrustedPath:
+    """Follow ``path`` to what it names, checking every directory on the way (the module docstring's rule).
+
+    The last component is not judged (the caller checks the file or directory it is). Relative paths start at
+    the working directory. Raises :class:`UnsafePathError` for a directory others could change or a symlink loop,
+    FileNotFoundError / NotADirectoryError (OSError) when a component is missing or not a directory.
+    """
+    given = Path(path)
+    start = given if given.is_absolute() else Path.cwd() / given
+    todo = list(reversed(start.parts[1:]))
+    current = Path("/")
+    links: list[Path] = []
+    problem = trusted_dir_problem(current, os.lstat(current), trusted_uids)
+    if problem:
+        raise UnsafePathError(given, current, problem)
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent  # a directory we came through, so already checked
+            continue
+        step = current / name
+        st = os.lstat(step)
+        if stat.S_ISLNK(st.st_mode):
+            links.append(step)
+            if len(links) > _MAX_SYMLINKS:
+                raise UnsafePathError(given, step, f"more than {_MAX_SYMLINKS} symlinks on the way (a loop?)")
+            target = step.readlink()
+            if target.is_absolute():
+                current = Path("/")
+                todo.extend(reversed(target.parts[1:]))
+            else:
+                todo.extend(reversed(target.parts))
+            continue
+        if any(part not in ("", ".") for part in todo):  # a directory we go through
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(20, "Not a directory", str(step))
+            problem = trusted_dir_problem(step, st, trusted_uids)
+            if problem:
+                raise UnsafePathError(given, step, problem)
+        current = step
+    return TrustedPath(given, current, tuple(links))
+
+
 def check_file_permissions(path: Path, kind: FileKind, trusted_uids: Collection[int] | None = None) -> None:
     """Refuse ``path`` unless it is a regular file that only a trusted owner can change.
 
-    Rules (all kinds): the file exists and is a regular file (after symlinks), its owner is in ``trusted_uids``
-    (root or the current user by default) and it is neither group- nor world-writable. ``secret`` files must
-    also not be readable, writable or executable by others (group read is allowed, so a ``flexmig`` group can
-    share them). Raises :class:`ConfigError` naming the file and the rule it breaks, with the ``chmod``/``chown``
-    that fixes it.
+    Rules (all kinds): every directory on the way passes :func:`resolve_trusted`; the file exists and is a
+    regular file (after symlinks), its owner is in ``trusted_uids`` (root or the current user by default) and it
+    is neither group- nor world-writable. ``secret`` files must also not be readable, writable or executable by
+    others (group read is allowed, so a ``flexmig`` group can share them). Raises :class:`ConfigError` naming the
+    file (and, for a symlink, its target) and the rule it breaks, with the ``chmod``/``chown`` that fixes it.
     """
     try:
-        st = path.stat()
+        where = resolve_trusted(path, trusted_uids)
+        st = where.target.stat()
+    except UnsafePathError as exc:
+        raise ConfigError(str(exc)) from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    check_stat_permissions(path, st, kind, trusted_uids)
+    if not where.links:
+        check_stat_permissions(path, st, kind, trusted_uids)
+        return
+    try:
+        check_stat_permissions(where.target, st, kind, trusted_uids)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: symlink to {exc}") from None
 
 
 def check_stat_permissions(

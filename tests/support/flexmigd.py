@@ -77,6 +77,7 @@ class ActNode:
     mqtt_extra: str = ""  # more [mqtt] keys (credentials, commands_enabled), with ``broker``
     control: bool = True  # [control] enabled: the socket is served
     extra: str = ""  # more tables for the configuration (e.g. [baseline]), appended as given
+    allowed: Path | None = None  # jobs.allowed_dirs (default: base)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -111,7 +112,7 @@ class ActNode:
         text = (
             f'mode = "{self.mode}"\nnode_name = "{self.node_name}"\n'
             "[planner]\ninterval_s = 1\nsettling_s = 0\n"
-            f'[jobs]\nallowed_dirs = ["{self.base}"]\nack_timeout_s = 60\n'
+            f'[jobs]\nallowed_dirs = ["{self.allowed or self.base}"]\nack_timeout_s = 60\n'
             + (f"shutdown_grace_s = {self.grace_s}\n" if self.grace_s is not None else "")
             + f'[control]\nsocket = "{self.sock}"\n'
             + ("" if self.control else "enabled = false\n")

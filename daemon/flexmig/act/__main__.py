@@ -25,6 +25,7 @@ from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError
 from flexmig.jobs.spec import JobPolicy
 from flexmig.nvml import NvmlWorker
+from flexmig.storage.lock import LOCK_NAME, DirectoryLock
 from flexmig.wiring.backend import open_backend
 
 __all__ = ["main", "parse_args", "run"]
@@ -52,9 +53,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace, on_step: Callable[[StepEvent], None] | None = None) -> int:
     """Run until SIGTERM/SIGINT."""
+    state: Path = args.state_dir
+    lock = DirectoryLock.acquire(state / LOCK_NAME, f"state directory {state}")  # one actuator per state
+    try:
+        return await _run_locked(args, state, on_step)
+    finally:
+        lock.release()
+
+
+async def _run_locked(args: argparse.Namespace, state: Path, on_step: Callable[[StepEvent], None] | None) -> int:
     backend = open_backend(args.sim or None, False, sim_state=args.sim_state, sim_workload=False)
     worker = NvmlWorker()
-    state: Path = args.state_dir
     act = Actuator.build(
         mode=args.mode,
         nvml=backend.nvml,

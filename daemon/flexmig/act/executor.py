@@ -57,7 +57,7 @@ from flexmig.act.encoding import (
     reason_of,
 )
 from flexmig.act.events import ActEvent, EventSink
-from flexmig.act.journal import ActionRow, Journal
+from flexmig.act.journal import ActionRow, Journal, JournalError
 from flexmig.act.migops import MigOps, Offload
 from flexmig.act.nodeview import NodeView
 from flexmig.act.preconditions import (
@@ -73,10 +73,11 @@ from flexmig.act.records import JobRecord, Slot
 from flexmig.act.results import ActionResult, PlanResult, action_result
 from flexmig.act.settling import Settler
 from flexmig.act.steps import ActionRun, Refused, StepFailed
-from flexmig.act.supervisor import Supervisor, free_port
+from flexmig.act.supervisor import Supervisor, free_port, mig_visible
 from flexmig.config import Mode
-from flexmig.errors import LayoutError, NvmlCallError, PlanRejectedError
+from flexmig.errors import JobSpecError, LayoutError, NvmlCallError, PlanRejectedError
 from flexmig.hook.protocol import Ack
+from flexmig.jobs.spec import JobPolicy, recheck_spec
 from flexmig.plan.types import Plan
 
 __all__ = ["Executor", "new_job_uid"]
@@ -113,6 +114,12 @@ class Executor:
         self.offload = offload
         self.wall = wall
         self.term_grace_s = term_grace_s
+        self.device_uuids_unique = True
+        """MIG device UUIDs name this node's instances alone (real hardware). A simulated node's derive from its
+        seed and repeat across simulated daemons, so there only NVML's process lists tie a process to the node."""
+        self.policy: JobPolicy | None = None
+        """What job specs may do now (``[jobs]``); every job is checked against it again before each launch, since
+        its spec comes back from the journal, not from a file just checked (None: no check, for tests of steps)."""
         self._lock = asyncio.Lock()
         self._busy: set[str] = set()
         self.checkpointer = Checkpointer(
@@ -249,6 +256,9 @@ class Executor:
         except StepFailed as exc:
             state = "cancelled" if exc.outcome == "cancelled" else "failed"
             error = str(exc)
+        except JournalError as exc:  # a row that does not decode: one line, no traceback
+            log.error("action %d (%s): %s", row.id, row.kind, exc)
+            state, error = "failed", str(exc)
         except Exception as exc:  # a bug must not leave the action 'running' forever
             log.exception("action %d (%s) crashed", row.id, row.kind)
             state, error = "failed", f"internal error: {exc!r}"
@@ -287,6 +297,27 @@ class Executor:
                 for s in rec.slots:
                     out[s.key] = rec.name
         return out
+
+    def policy_problem(self, rec: JobRecord) -> str | None:
+        """Why the current policy would refuse ``rec``'s spec were it submitted now (one line naming the journal
+        row and the field), or None."""
+        if self.policy is None:
+            return None
+        try:
+            recheck_spec(rec.spec, self.policy, f"{self.journal.path}: jobs row {rec.name!r}: spec")
+        except JobSpecError as exc:
+            return str(exc)
+        return None
+
+    def _refuse_launch(self, rec: JobRecord) -> None:
+        """Mark ``rec`` failed and raise StepFailed when the current policy refuses its spec."""
+        problem = self.policy_problem(rec)
+        if problem is None:
+            return
+        why = f"not launched: {problem}"
+        self.journal.put_job((self.journal.get_job(rec.name) or rec).with_(state="failed", error=why))
+        self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=rec.name, error=why))
+        raise StepFailed(why)
 
     async def _destroy_idle(self, slot: Slot) -> dict[str, Any]:
         """Destroy the instance at ``slot`` if it exists, has the expected profile and runs no process."""
@@ -389,6 +420,9 @@ class Executor:
         rec = run.job(run.row.job)
         src, dst = p.sources, p.to
         if not run.resumed:
+            problem = self.policy_problem(rec)
+            if problem is not None:  # it would be relaunched from the journal's spec: leave it where it runs
+                raise Refused(f"not moved: {problem}")
             check_movable(rec, src, dst, alive=len(self.supervisor.alive(rec.name)))
             view = await self.view()
             check_move_targets(rec, src, dst, view, self.held(exclude=rec.name), mine=self.supervisor.pids(rec.name))
@@ -449,6 +483,7 @@ class Executor:
         self, run: ActionRun, name: str, rec: JobRecord, slots: Sequence[Slot], resume: Ack | None
     ) -> None:
         """Launch generation N+1 of ``rec`` on ``slots``; after a crash, adopt what already started."""
+        self._refuse_launch(rec)  # a resumed launch too: the journal, not a checked file, says what to run
         prior = run.args_of(name)
         if prior is not None:
             gen, port = int(prior["generation"]), int(prior["port"])
@@ -535,6 +570,8 @@ class Executor:
         Outside mode ``act`` only the adoption happens; unfinished actions wait for a start in ``act``.
         """
         summary: dict[str, Any] = {"adopted": {}, "killed_stale": {}, "plans": [], "settled": []}
+        if self.mode == "act":
+            self.check_unfinished()
         async with self._lock:
             with contextlib.suppress(Exception):
                 summary["pruned"] = await self.offload(self.devices.prune)
@@ -552,6 +589,27 @@ class Executor:
                     summary["killed_stale"][rec.name] = [f.pid for f in stale]
                 adopted = await self.supervisor.adopt(rec, found)
                 summary["adopted"][rec.name] = [h.proc.pid for h in adopted]
+            try:
+                summary["unknown_ranks"] = unknown = await self.unknown_ranks()
+            except Exception as exc:  # a report: an NVML hiccup here must not stop the start
+                log.warning("could not look for ranks of no journalled job: %s", exc)
+                unknown = []
+            for job, ranks in _by_job(unknown).items():
+                log.warning(
+                    "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but no job in the journal %s knows them "
+                    "(pids %s): left running, and their instances are left alone; stop them by hand, or "
+                    "restore the journal they belong to",
+                    len(ranks),
+                    ranks[0]["job"] or "?",
+                    job,
+                    ", ".join(r["target"] for r in ranks),
+                    self.journal.path,
+                    ", ".join(str(r["pid"]) for r in ranks),
+                )
+            for rec in self.journal.jobs():
+                problem = self.policy_problem(rec) if rec.state in ("running", "pending") else None
+                if problem is not None:
+                    log.warning("%s; the current [jobs] policy refuses it, so it will not be launched again", problem)
             if self.mode == "act":
                 for plan_id in self.journal.unfinished_plans():
                     res = await self._run_plan(plan_id)
@@ -563,9 +621,60 @@ class Executor:
         self.events.emit(ActEvent(kind="reconciled", time_s=self.wall(), detail=summary))
         return summary
 
+    async def unknown_ranks(self, view: NodeView | None = None) -> list[dict[str, Any]]:
+        """Processes with flexmig's job markers on this node's MIG instances (their ``CUDA_VISIBLE_DEVICES``, or
+        NVML's process lists) whose job ID no job in the journal has: ranks a lost, emptied or replaced journal
+        forgot. Reported, never touched (their instances run processes of no registered job, so the actuator
+        leaves those instances alone)."""
+        view = view or await self.view()
+        devices = {mig_visible(i.uuid): i for i in view.instances if i.uuid} if self.device_uuids_unique else {}
+        on_gpu = {pid: i for i in view.instances for pid in (i.pids or ())}
+        known = {rec.uid for rec in self.journal.jobs()}
+        out = []
+        for r in await asyncio.to_thread(self.scanner.find_marked):
+            inst = devices.get(r.device) or on_gpu.get(r.pid)
+            if r.job_id in known or inst is None:
+                continue
+            out.append(
+                {
+                    "pid": r.pid,
+                    "job": r.job,
+                    "job_id": r.job_id,
+                    "generation": r.generation,
+                    "slot": r.slot,
+                    "user": r.user,
+                    "instance": r.device or f"gpu{inst.gpu}:{inst.profile}@{inst.start}",
+                    "target": inst.spec(),
+                }
+            )
+        return out
+
+    def check_unfinished(self) -> None:
+        """JournalError, one line per problem naming the journal and the action row, when an action of an
+        unfinished plan has a payload that does not decode (the journal's own check covers the rest of each row):
+        in mode ``act`` the start stops rather than run half a plan."""
+        problems = []
+        for plan_id in self.journal.unfinished_plans():
+            for row in self.journal.actions(plan_id):
+                if row.state in ("done", "failed", "cancelled", "skipped") or row.kind not in ACTION_KINDS:
+                    continue
+                try:
+                    payload_of(row)
+                except JournalError as exc:
+                    problems.append(f"{self.journal.path}: actions row {row.id}: payload: {exc}")
+        if problems:
+            raise JournalError("\n".join(problems))
+
     async def close(self) -> None:
         """Cancel pending settle tasks."""
         await self.settler.close()
+
+
+def _by_job(ranks: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in ranks:
+        out.setdefault(str(r["job_id"]), []).append(r)
+    return out
 
 
 def new_job_uid() -> str:

@@ -12,18 +12,20 @@ fsync per step costs a millisecond or two on an SSD (``bench/migration.py`` meas
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from flexmig.act.records import JOB_STATES, JobRecord, JobState, Slot
-from flexmig.errors import FlexmigError
+from flexmig.act.records import JOB_STATES, JobRecord, Slot
+from flexmig.errors import JobSpecError, StorageError
 from flexmig.hook.protocol import Ack
 from flexmig.jobs.spec import JobSpec
+from flexmig.storage import check_database_file, create_database, is_corruption, prepare_dir, quick_check
 
 __all__ = ["ActionRow", "Journal", "JournalError", "StepEvent", "StepRow"]
 
@@ -52,8 +54,9 @@ ActionState = Literal["pending", "running", "done", "failed", "cancelled", "skip
 StepState = Literal["intent", "done", "failed"]
 
 
-class JournalError(FlexmigError):
-    """The journal database cannot be opened or is from an incompatible version."""
+class JournalError(StorageError):
+    """The journal cannot be opened, read or written, or holds what no flexmig wrote; one line per problem, naming
+    the journal (and the row and field)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,13 @@ class Journal:
         on_step: Callable[[StepEvent], None] | None = None,
         synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
     ) -> None:
-        """Open (or create) the journal at ``path``. ``synchronous`` below FULL is for benchmarks only."""
+        """Open (or create) the journal at ``path``. ``synchronous`` below FULL is for benchmarks only.
+
+        Refused with a JournalError, every problem one line naming the journal (and the row and field): a state
+        directory or journal file that fails :mod:`flexmig.storage`'s checks (not ours, writable by others, a
+        symlink, empty, not SQLite), a file without the journal's tables or of another schema version, a file
+        whose structure SQLite's ``quick_check`` finds damaged, and a row that does not decode.
+        """
         if synchronous not in ("FULL", "NORMAL", "OFF"):
             raise JournalError(f"synchronous must be FULL, NORMAL or OFF, not {synchronous!r}")
         self.path = path
@@ -119,20 +128,97 @@ class Journal:
         self.on_step = on_step
         self._count = 0
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_dir(path.parent, "state directory")
+            if not check_database_file(path, "journal").exists:
+                create_database(path, "journal", _create_schema)
+        except StorageError as exc:
+            raise JournalError(str(exc)) from None
+        try:
             self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise JournalError(f"{path}: cannot open the journal: {exc}") from exc
+        try:
+            self._check_file(synchronous)
+            problems = self.check_rows()
+        except BaseException:
+            self.db.close()
+            raise
+        if problems:
+            self.db.close()
+            raise JournalError("\n".join(problems))
+
+    def _check_file(self, synchronous: str) -> None:
+        """Integrity, then our tables and schema version, then the settings; JournalError for what is wrong."""
+        path = self.path
+        try:
+            damage = quick_check(self.db)
+            if damage:
+                raise JournalError(
+                    f"{path}: the journal is corrupt (SQLite quick_check: {'; '.join(damage[:3])}); nothing was "
+                    "changed: keep the file for inspection and restore it from a backup, or move it away to start "
+                    "with an empty journal (the jobs it records will then be unknown)"
+                )
+            tables = {str(r[0]) for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            missing = sorted(_TABLES - tables)
+            if "meta" in missing:
+                raise JournalError(
+                    f"{path}: refused: the file holds no flexmig journal (no 'meta' table"
+                    f"{': it has ' + ', '.join(sorted(tables)) if tables else ''}); it is left as it is"
+                )
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                raise JournalError(f"{path}: refused: meta row 'schema': missing (no flexmig journal writes that)")
+            if str(row[0]) != str(SCHEMA_VERSION):
+                raise JournalError(
+                    f"{path}: meta row 'schema': journal schema {str(row[0])[:40]}, this flexmig reads {SCHEMA_VERSION}"
+                )
+            if missing:
+                raise JournalError(f"{path}: refused: the journal lacks its table(s) {', '.join(missing)}")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={synchronous}")
             self.db.execute("PRAGMA foreign_keys=ON")
-            self.db.executescript(_SCHEMA)
-            row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                self.db.execute("INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise JournalError(f"{path}: journal schema {row[0]}, this flexmig reads {SCHEMA_VERSION}")
+            self.db.executescript(_SCHEMA)  # indexes a journal of an earlier release may lack
         except sqlite3.Error as exc:
             raise JournalError(f"{path}: cannot open the journal: {exc}") from exc
-        path.chmod(0o600)
+
+    def check_rows(self) -> list[str]:
+        """Decode every job record, and every action and step of the unfinished plans (the rows a start acts
+        on); one line per problem, naming the journal, the row and the field. Empty when all decode."""
+        problems: list[str] = []
+        try:
+            for r in self.db.execute(_JOB_SELECT + " ORDER BY name").fetchall():
+                try:
+                    self._job(r)
+                except JournalError as exc:
+                    problems.append(str(exc))
+            plans = self.db.execute("SELECT id FROM plans WHERE state='running' ORDER BY id").fetchall()
+            for (plan_id,) in plans:
+                for r in self.db.execute(_ACTION_SELECT + " WHERE plan_id=? ORDER BY seq", (plan_id,)).fetchall():
+                    try:
+                        action = self._action(r)
+                    except JournalError as exc:
+                        problems.append(str(exc))
+                        continue
+                    for sr in self.db.execute(_STEP_SELECT + " WHERE action_id=? ORDER BY id", (action.id,)):
+                        try:
+                            self._step(sr)
+                        except JournalError as exc:
+                            problems.append(str(exc))
+        except sqlite3.Error as exc:
+            problems.append(self._read_failed(exc))
+        return problems
+
+    def _read_failed(self, exc: sqlite3.Error) -> str:
+        if is_corruption(exc):
+            return f"{self.path}: the journal is corrupt ({exc}); restore it from a backup or move it away"
+        return f"{self.path}: cannot read the journal: {exc}"
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        """Rows of a query; JournalError (one line naming the journal) for a damaged or unreadable file."""
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise JournalError(self._read_failed(exc)) from exc
 
     def close(self) -> None:
         """Close the database."""
@@ -193,51 +279,40 @@ class Journal:
 
     def unfinished_plans(self) -> list[int]:
         """IDs of plans not finished, oldest first."""
-        rows = self.db.execute("SELECT id FROM plans WHERE state='running' ORDER BY id").fetchall()
+        rows = self._read("SELECT id FROM plans WHERE state='running' ORDER BY id")
         return [int(r[0]) for r in rows]
 
     # ------------------------------------------------------------------------------------------- actions
     def actions(self, plan_id: int) -> list[ActionRow]:
         """A plan's actions in order."""
-        rows = self.db.execute(
-            "SELECT id, plan_id, seq, kind, job, payload, state, error, started_s, finished_s FROM actions "
-            "WHERE plan_id=? ORDER BY seq",
-            (plan_id,),
-        ).fetchall()
+        rows = self._read(_ACTION_SELECT + " WHERE plan_id=? ORDER BY seq", (plan_id,))
         return [self._action(r) for r in rows]
 
     def action(self, action_id: int) -> ActionRow:
         """One action."""
-        r = self.db.execute(
-            "SELECT id, plan_id, seq, kind, job, payload, state, error, started_s, finished_s FROM actions WHERE id=?",
-            (action_id,),
-        ).fetchone()
-        if r is None:
+        rows = self._read(_ACTION_SELECT + " WHERE id=?", (action_id,))
+        if not rows:
             raise JournalError(f"no action {action_id} in {self.path}")
-        return self._action(r)
+        return self._action(rows[0])
 
     def recent_actions(self, limit: int = 50) -> list[ActionRow]:
         """The newest actions, newest first."""
-        rows = self.db.execute(
-            "SELECT id, plan_id, seq, kind, job, payload, state, error, started_s, finished_s FROM actions "
-            "ORDER BY id DESC LIMIT ?",
-            (limit,),
-        ).fetchall()
+        rows = self._read(_ACTION_SELECT + " ORDER BY id DESC LIMIT ?", (limit,))
         return [self._action(r) for r in rows]
 
-    @staticmethod
-    def _action(r: Sequence[Any]) -> ActionRow:
+    def _action(self, r: Sequence[Any]) -> ActionRow:
+        f = _Fields(self.path, "actions", r[0])
         return ActionRow(
-            id=int(r[0]),
-            plan_id=int(r[1]),
-            seq=int(r[2]),
-            kind=str(r[3]),
-            job=r[4],
-            payload=json.loads(r[5]),
-            state=r[6],
-            error=r[7],
-            started_s=r[8],
-            finished_s=r[9],
+            id=f.integer("id", r[0]),
+            plan_id=f.integer("plan_id", r[1]),
+            seq=f.integer("seq", r[2]),
+            kind=f.text("kind", r[3]),
+            job=f.text("job", r[4], optional=True),
+            payload=f.json_object("payload", r[5]),
+            state=f.choice("state", r[6], ACTION_STATES),  # type: ignore[arg-type]
+            error=f.text("error", r[7], optional=True),
+            started_s=f.number("started_s", r[8], optional=True),
+            finished_s=f.number("finished_s", r[9], optional=True),
         )
 
     def start_action(self, action_id: int) -> None:
@@ -258,12 +333,8 @@ class Journal:
     # --------------------------------------------------------------------------------------------- steps
     def steps(self, action_id: int) -> list[StepRow]:
         """An action's steps in the order they were written."""
-        rows = self.db.execute(
-            "SELECT id, action_id, name, args, state, result, started_s, finished_s FROM steps WHERE action_id=? "
-            "ORDER BY id",
-            (action_id,),
-        ).fetchall()
-        return [_step(r) for r in rows]
+        rows = self._read(_STEP_SELECT + " WHERE action_id=? ORDER BY id", (action_id,))
+        return [self._step(r) for r in rows]
 
     def step_intent(
         self, action_id: int, kind: str, name: str, args: dict[str, Any], job: JobRecord | None = None
@@ -317,12 +388,23 @@ class Journal:
 
     def step_row(self, step_id: int) -> StepRow:
         """One step."""
-        r = self.db.execute(
-            "SELECT id, action_id, name, args, state, result, started_s, finished_s FROM steps WHERE id=?", (step_id,)
-        ).fetchone()
-        if r is None:
+        rows = self._read(_STEP_SELECT + " WHERE id=?", (step_id,))
+        if not rows:
             raise JournalError(f"no step {step_id} in {self.path}")
-        return _step(r)
+        return self._step(rows[0])
+
+    def _step(self, r: Sequence[Any]) -> StepRow:
+        f = _Fields(self.path, "steps", r[0])
+        return StepRow(
+            id=f.integer("id", r[0]),
+            action_id=f.integer("action_id", r[1]),
+            name=f.text("name", r[2]),
+            args=f.json_object("args", r[3]),
+            state=f.choice("state", r[4], STEP_STATES),  # type: ignore[arg-type]
+            result=f.json_object("result", r[5], optional=True),
+            started_s=f.number("started_s", r[6]),
+            finished_s=f.number("finished_s", r[7], optional=True),
+        )
 
     def _notify(self, phase: StepState, action_id: int, kind: str, name: str) -> None:
         self._count += 1
@@ -358,12 +440,45 @@ class Journal:
 
     def get_job(self, name: str) -> JobRecord | None:
         """The record of job ``name``, if registered."""
-        r = self.db.execute(_JOB_SELECT + " WHERE name=?", (name,)).fetchone()
-        return _job(r) if r else None
+        rows = self._read(_JOB_SELECT + " WHERE name=?", (name,))
+        return self._job(rows[0]) if rows else None
 
     def jobs(self) -> list[JobRecord]:
         """Every registered job, by name."""
-        return [_job(r) for r in self.db.execute(_JOB_SELECT + " ORDER BY name").fetchall()]
+        return [self._job(r) for r in self._read(_JOB_SELECT + " ORDER BY name")]
+
+    def _job(self, r: Sequence[Any]) -> JobRecord:
+        """A job row decoded, its spec checked again as a spec file's structure is (JobSpec.from_dict); one
+        JournalError line naming the row and field otherwise (never the spec file it once came from)."""
+        name = r[0]
+        f = _Fields(self.path, "jobs", name)
+        name = f.text("name", name)
+        source = f.text("source", r[3], optional=True)
+        data = f.json_object("spec", r[2])
+        try:
+            spec = JobSpec.from_dict(data, None)
+        except JobSpecError as exc:
+            raise f.bad("spec", str(exc).removeprefix("<job spec>: ")) from None
+        except (RecursionError, TypeError, ValueError) as exc:
+            raise f.bad("spec", f"does not decode: {exc}") from None
+        if spec.name != name:
+            raise f.bad("spec", f"names job {spec.name!r}, not the row's {name!r}")
+        if source:
+            spec = replace(spec, source=Path(source))
+        return JobRecord(
+            name=name,
+            uid=f.text("uid", r[1]),
+            spec=spec,
+            state=f.choice("state", r[4], JOB_STATES),  # type: ignore[arg-type]
+            generation=f.integer("generation", r[5], lo=0),
+            slots=f.decode("slots", r[6], _slots),
+            resume=f.decode("resume", r[7], _ack, optional=True),
+            last_ack=f.decode("last_ack", r[8], _ack, optional=True),
+            master_port=f.integer("master_port", r[9], lo=0, hi=65535),
+            error=f.text("error", r[10], optional=True),
+            submitted_s=f.number("submitted_s", r[11]),
+            updated_s=f.number("updated_s", r[12]),
+        )
 
     def delete_job(self, name: str) -> None:
         """Forget a job (only finished ones are forgotten, by the caller's choice)."""
@@ -377,35 +492,109 @@ _JOB_SELECT = (
 )
 
 
-def _step(r: Sequence[Any]) -> StepRow:
-    return StepRow(
-        id=int(r[0]),
-        action_id=int(r[1]),
-        name=str(r[2]),
-        args=json.loads(r[3]),
-        state=r[4],
-        result=json.loads(r[5]) if r[5] is not None else None,
-        started_s=float(r[6]),
-        finished_s=r[7],
-    )
+_ACTION_SELECT = "SELECT id, plan_id, seq, kind, job, payload, state, error, started_s, finished_s FROM actions"
+_STEP_SELECT = "SELECT id, action_id, name, args, state, result, started_s, finished_s FROM steps"
+_TABLES = frozenset({"meta", "plans", "actions", "steps", "jobs"})
+ACTION_STATES: tuple[str, ...] = ("pending", "running", "done", "failed", "cancelled", "skipped")
+STEP_STATES: tuple[str, ...] = ("intent", "done", "failed")
 
 
-def _job(r: Sequence[Any]) -> JobRecord:
-    state = str(r[4])
-    if state not in JOB_STATES:
-        raise JournalError(f"job {r[0]!r} has unknown state {state!r} in the journal")
-    st: JobState = state  # type: ignore[assignment]
-    return JobRecord(
-        name=str(r[0]),
-        uid=str(r[1]),
-        spec=JobSpec.from_dict(json.loads(r[2]), Path(r[3]) if r[3] else None),
-        state=st,
-        generation=int(r[5]),
-        slots=tuple(Slot.from_json(s) for s in json.loads(r[6])),
-        resume=Ack.from_json(json.loads(r[7])) if r[7] else None,
-        last_ack=Ack.from_json(json.loads(r[8])) if r[8] else None,
-        master_port=int(r[9]),
-        error=r[10],
-        submitted_s=float(r[11]),
-        updated_s=float(r[12]),
-    )
+def _create_schema(db: sqlite3.Connection) -> None:
+    """A new journal's tables and schema version, in WAL mode (run on the file before it takes its name)."""
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript("BEGIN;" + _SCHEMA + "COMMIT;")
+    db.execute("INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+
+
+def _slots(value: Any) -> tuple[Slot, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of instances, not {type(value).__name__}")
+    out = []
+    for i, s in enumerate(value):
+        if not isinstance(s, dict):
+            raise ValueError(f"item {i} must be an object, not {type(s).__name__}")
+        try:
+            out.append(Slot.from_json(s))
+        except KeyError as exc:
+            raise ValueError(f"item {i} lacks {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"item {i}: {exc}") from None
+    return tuple(out)
+
+
+def _ack(value: Any) -> Ack:
+    if not isinstance(value, dict):
+        raise ValueError(f"must be an object, not {type(value).__name__}")
+    try:
+        return Ack.from_json(value)
+    except KeyError as exc:
+        raise ValueError(f"lacks {exc.args[0]!r}") from None
+
+
+class _Fields:
+    """Decodes the columns of one journal row; each failure is one JournalError line naming journal, row, field."""
+
+    def __init__(self, path: Path, table: str, key: object) -> None:
+        self.path = path
+        self.row = f"{table} row {str(key)[:80]!r}" if isinstance(key, str) else f"{table} row {key}"
+
+    def bad(self, field: str, why: str) -> JournalError:
+        return JournalError(f"{self.path}: {self.row}: {field}: {why}")
+
+    def text(self, field: str, value: Any, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise self.bad(field, f"must be text, not {_shown(value)}")
+        return value
+
+    def integer(self, field: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.bad(field, f"must be an integer, not {_shown(value)}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise self.bad(field, f"{value} is out of range")
+        return value
+
+    def number(self, field: str, value: Any, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+            raise self.bad(field, f"must be a number, not {_shown(value)}")
+        return float(value)
+
+    def choice(self, field: str, value: Any, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            raise self.bad(field, f"unknown state {_shown(value)} (known: {', '.join(allowed)})")
+        return str(value)
+
+    def json_value(self, field: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise self.bad(field, f"must be JSON text, not {_shown(value)}")
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise self.bad(field, f"not valid JSON ({exc})") from None
+        except RecursionError:
+            raise self.bad(field, "JSON nested too deeply") from None
+
+    def json_object(self, field: str, value: Any, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        data = self.json_value(field, value)
+        if not isinstance(data, dict):
+            raise self.bad(field, f"must be a JSON object, not {type(data).__name__}")
+        return data
+
+    def decode(self, field: str, value: Any, how: Callable[[Any], Any], *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        data = self.json_value(field, value)
+        try:
+            return how(data)
+        except (TypeError, ValueError) as exc:
+            raise self.bad(field, str(exc)) from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import psutil
 
-from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB_ID, ENV_SLOT
+from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
 
 __all__ = [
     "AdoptedProcess",
@@ -31,6 +31,7 @@ __all__ = [
     "LaunchRequest",
     "LaunchedProcess",
     "Launcher",
+    "MarkedRank",
     "ProcessScanner",
     "PsutilScanner",
     "RankProcess",
@@ -248,11 +249,28 @@ class FoundRank:
     slot: int
 
 
+@dataclass(frozen=True, slots=True)
+class MarkedRank:
+    """A top-level process carrying flexmig's job markers, whatever job: what the scan for unknown ranks sees."""
+
+    pid: int
+    job_id: str
+    job: str
+    generation: int
+    slot: int
+    device: str
+    """Its ``CUDA_VISIBLE_DEVICES`` (``MIG-<uuid>`` for a rank the daemon launched)."""
+    user: str
+
+
 class ProcessScanner(Protocol):
     """Finds the top-level rank processes of a job by the ID in their environment."""
 
     def find(self, job_uid: str) -> list[FoundRank]:
         """Every live rank process (not its children) whose environment carries ``FLEXMIG_JOB_ID=job_uid``."""
+
+    def find_marked(self) -> list[MarkedRank]:
+        """Every live top-level process whose environment carries a ``FLEXMIG_JOB_ID`` at all."""
 
 
 class PsutilScanner:
@@ -281,6 +299,34 @@ class PsutilScanner:
         return sorted(
             (f for pid, f in matches.items() if parents[pid] not in matches), key=lambda f: (f.generation, f.slot)
         )
+
+    def find_marked(self) -> list[MarkedRank]:
+        """See :class:`ProcessScanner`."""
+        found: dict[int, MarkedRank] = {}
+        parents: dict[int, int] = {}
+        for p in psutil.process_iter(["pid", "ppid", "status", "username"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                env = p.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+            job_id = env.get(ENV_JOB_ID)
+            if not job_id:
+                continue
+            gen, slot = env.get(ENV_GENERATION, "-1"), env.get(ENV_SLOT, "-1")
+            found[p.info["pid"]] = MarkedRank(
+                pid=int(p.info["pid"]),
+                job_id=job_id[:64],
+                job=env.get(ENV_JOB, "")[:64],
+                generation=int(gen) if gen.lstrip("-").isdigit() else -1,
+                slot=int(slot) if slot.lstrip("-").isdigit() else -1,
+                device=env.get("CUDA_VISIBLE_DEVICES", "")[:128],
+                user=str(p.info.get("username") or ""),
+            )
+            parents[p.info["pid"]] = int(p.info["ppid"])
+        # A job's own children (torchrun's workers) inherit its markers: only the top of each tree is a rank.
+        return sorted((r for pid, r in found.items() if parents[pid] not in found), key=lambda r: r.pid)
 
 
 def signal_all(procs: Sequence[RankProcess], sig: int) -> None:

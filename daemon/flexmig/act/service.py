@@ -104,6 +104,7 @@ class Actuator:
             resend_s=resend_s,
             term_grace_s=term_grace_s,
         )
+        executor.policy = policy
         return cls(journal, supervisor, executor, JobsApi(executor, policy, settings, wall))
 
     async def start(self) -> dict[str, Any]:
@@ -118,6 +119,12 @@ class Actuator:
     def set_mode(self, mode: Mode) -> None:
         """Change the mode (configuration reload); takes effect for the next action."""
         self.executor.mode = mode
+
+    def set_policy(self, policy: JobPolicy) -> None:
+        """Change what job specs may do (configuration reload): for submissions, and for every later launch of a
+        job already in the journal."""
+        self.jobs.policy = policy
+        self.executor.policy = policy
 
     def control_server(self, path: Path, mode: int = 0o600) -> ControlServer:
         """A control server with the ``jobs.*`` operations; add the daemon's own with ``add()``."""

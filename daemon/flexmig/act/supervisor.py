@@ -48,7 +48,7 @@ from flexmig.hook.protocol import (
     Ack,
 )
 
-__all__ = ["RankHandle", "Supervisor", "free_port", "rank_requests"]
+__all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 
 log = logging.getLogger(__name__)
 

@@ -195,7 +195,18 @@ class MqttConfig:
     )
     outbox: Path = _doc(
         Path("/var/lib/flexmig/outbox.sqlite3"),
-        "Persistent outbox: events wait here while the broker is away.",
+        "Persistent outbox: events wait here while the broker is away (SQLite, mode 0600, in a directory only the "
+        "daemon's user may write; a corrupt file is moved aside as outbox.sqlite3.corrupt-TIME and a fresh one "
+        "holds the events that could be read).",
+        restart=True,
+    )
+    outbox_max_bytes: int = _doc(
+        256 * 1024 * 1024,
+        "Most bytes of event JSON the outbox holds; past it the oldest events are dropped, counted "
+        '(flexmig_events_dropped_total{reason="outbox_full"}) and logged at most once a minute. The file takes '
+        "up to about twice this (SQLite pages, the index on event IDs).",
+        lo=1024 * 1024,
+        hi=1 << 40,
         restart=True,
     )
 

@@ -1,11 +1,14 @@
 """Reading a file that steers the daemon (its configuration, a job spec) only once it is known to be safe to read.
 
 Both kinds of file may make a root daemon act, so both are read the same way: the file must be a regular file
-that only a trusted owner can change, no larger than a limit, and UTF-8 text. Refused unread: anything that is
-not a regular file (a FIFO would block the reader forever, a device may act on being opened), a file others can
-write, and a file whose size is over the limit (``/proc/kcore`` claims terabytes). A file that holds other than
-its stated size (``/proc`` and ``/sys`` files say 0 bytes and yield more; a file being written) is refused after
-at most its size plus one byte has been read, and a file swapped between the check and the open is refused.
+that only a trusted owner can change, in directories that only trusted owners can change
+(:func:`flexmig.security.resolve_trusted`: sshd's ``StrictModes`` rule), no larger than a limit, and UTF-8 text.
+Refused unread: anything that is not a regular file (a FIFO would block the reader forever, a device may act on
+being opened), a file others can write or that lies in a directory others can write, and a file whose size is over
+the limit (``/proc/kcore`` claims terabytes). A file that holds other than its stated size (``/proc`` and ``/sys``
+files say 0 bytes and yield more; a file being written) is refused after at most its size plus one byte has been
+read, and a file swapped between the check and the open is refused. A symlink is judged by its target, and a
+refusal names both (``/etc/flexmig/flexmig.toml: symlink to /srv/flexmig.toml: refused: ...``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from flexmig.config.problems import ConfigFileError, ConfigProblem
 from flexmig.errors import ConfigError
-from flexmig.security import check_stat_permissions
+from flexmig.security import UnsafePathError, check_stat_permissions, resolve_trusted
 
 __all__ = ["read_trusted_text"]
 
@@ -37,29 +40,43 @@ def read_trusted_text(
     others), for files the caller vouches for. Blocks on the file system.
     """
 
+    via = ""  # "symlink to TARGET: " once the path turns out to be a symlink
+
     def refuse(message: str, line: int | None = None) -> ConfigFileError:
-        return ConfigFileError([ConfigProblem(str(path), "", line, message)])
+        return ConfigFileError([ConfigProblem(str(path), "", line, via + message)])
+
+    try:
+        if check_permissions:
+            where = resolve_trusted(path, trusted_uids)
+            target, linked = where.target, bool(where.links)
+        else:
+            target = Path(os.path.realpath(path))
+            linked = target != Path(os.path.normpath(Path(path).absolute()))
+        if linked:
+            via = f"symlink to {target}: "
+        st = target.stat()
+    except UnsafePathError as exc:
+        raise refuse(f"refused: {exc.why}") from None
+    except FileNotFoundError:
+        raise refuse("no such file") from None
+    except OSError as exc:
+        raise refuse(f"cannot read: {exc.strerror or exc}") from None
 
     def check(st: os.stat_result) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise refuse(f"refused: not a regular file ({_kind(st.st_mode)})")
         if check_permissions:
             try:
-                check_stat_permissions(path, st, "config", trusted_uids)
+                check_stat_permissions(target, st, "config", trusted_uids)
             except ConfigError as exc:
-                raise refuse(_without_path(str(exc), path)) from None
+                raise refuse(_without_path(str(exc), target)) from None
         if st.st_size > max_bytes:
             raise refuse(f"{what} larger than {max_bytes} bytes ({st.st_size} bytes)")
 
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise refuse("no such file") from None
-    except OSError as exc:
-        raise refuse(f"cannot read: {exc.strerror or exc}") from None
     check(st)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        # O_NOFOLLOW: the target was resolved above; a symlink put in its place since is refused, not followed.
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise refuse(f"cannot read: {exc.strerror or exc}") from None
     try:

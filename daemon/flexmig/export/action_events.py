@@ -160,11 +160,14 @@ def _reconciled(detail: Mapping[str, Any], mode: str) -> dict[str, Any]:
     plans = detail.get("plans") if isinstance(detail.get("plans"), list) else []
     settled = [str(s) for s in detail.get("settled", ()) if isinstance(s, str)]
     ranks = sum(len(v) for v in adopted.values())
+    unknown = _unknown_ranks(detail.get("unknown_ranks"))
     reason = (
         f"journal reconciled in mode {mode}: {ranks} running rank(s) of {len(adopted)} job(s) adopted, "
         f"{len(plans or [])} unfinished plan(s) run to their end, {len(settled)} job(s) settled"
     )
-    return {
+    if unknown:
+        reason += f"; {len(unknown)} rank(s) of no journalled job run on this node's instances (left alone)"
+    out: dict[str, Any] = {
         "adopted": adopted,
         "killed_stale": _pid_lists(detail.get("killed_stale")),
         "resumed_plans": len(plans or []),
@@ -172,6 +175,28 @@ def _reconciled(detail: Mapping[str, Any], mode: str) -> dict[str, Any]:
         "mode": mode,
         "reason": reason,
     }
+    if unknown:
+        out["unknown_ranks"] = unknown
+    return out
+
+
+def _unknown_ranks(value: Any) -> list[dict[str, Any]]:
+    """The reconciliation's ranks of no journalled job, as the event schema has them."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for r in value:
+        if isinstance(r, Mapping) and isinstance(r.get("pid"), int):
+            out.append(
+                {
+                    "pid": int(r["pid"]),
+                    "job": str(r.get("job") or ""),
+                    "job_id": str(r.get("job_id") or ""),
+                    "instance": str(r.get("instance") or ""),
+                    "user": str(r.get("user") or ""),
+                }
+            )
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- plans

@@ -47,6 +47,7 @@ from flexmig.export.broker import (
 )
 from flexmig.export.cancellation import honour_cancel
 from flexmig.export.command_schema import Command, CommandRefusedError, parse_command, printable, result_document
+from flexmig.export.droplog import DropLog
 from flexmig.export.events import Deduplicator
 from flexmig.export.mqtt import topic_for
 
@@ -83,7 +84,8 @@ class CommandSettings(ConnectionSettings):
     max_pending: int = 16
     """Commands accepted but not yet run; more are refused as Busy (commands run one at a time)."""
     max_unsent_results: int = 1000
-    """Results kept while the broker is away (oldest dropped first)."""
+    """Results waiting for the broker (while it is away, or slower than the commands come); past this many the
+    oldest are dropped, counted (``CommandStats.results_dropped``) and logged at most once a minute."""
     refusal_log_limit: int = 100
     """At most this many refusal lines per ``refusal_log_window_s``; the rest are counted in the next line."""
     refusal_log_window_s: float = 60.0
@@ -146,6 +148,8 @@ class CommandStats:
     failed: int
     """Forwarded and answered with an error (the daemon refused it: mode, job state, arguments)."""
     pending: int
+    results_dropped: int = 0
+    """Results dropped unsent, oldest first, because ``max_unsent_results`` were already waiting."""
 
 
 @dataclass
@@ -196,7 +200,9 @@ class CommandListener:
         self._log = logger or log
         self._refusals = _RefusalLog(self._log, settings.refusal_log_limit, settings.refusal_log_window_s, clock)
         self._queue: asyncio.Queue[tuple[str, Command]] = asyncio.Queue(settings.max_pending)
-        self._results: deque[bytes] = deque(maxlen=settings.max_unsent_results)
+        self._results: deque[bytes] = deque()
+        self._results_dropped = 0
+        self._drops = DropLog(self._log)
         self._results_ready = asyncio.Event()
         self._seen = Deduplicator(10_000)
         self._connected = False
@@ -208,7 +214,13 @@ class CommandListener:
     def stats(self) -> CommandStats:
         """Counters as of now."""
         return CommandStats(
-            self._connected, self._received, self._refused, self._completed, self._failed, self._queue.qsize()
+            self._connected,
+            self._received,
+            self._refused,
+            self._completed,
+            self._failed,
+            self._queue.qsize(),
+            self._results_dropped,
         )
 
     # ------------------------------------------------------------------------------------------ the loops
@@ -264,8 +276,14 @@ class CommandListener:
         while True:
             self._results_ready.clear()
             while self._results:
-                await client.publish(self.result_topic, self._results[0], qos=1, timeout=timeout)
-                self._results.popleft()  # only now: the broker has it
+                # Taken off before it is sent, so that a drop of the oldest while this one is in flight never takes
+                # another; put back first unless the broker has acknowledged it.
+                result = self._results.popleft()
+                try:
+                    await client.publish(self.result_topic, result, qos=1, timeout=timeout)
+                except BaseException:
+                    self._results.appendleft(result)
+                    raise
                 honour_cancel()
             await self._results_ready.wait()
 
@@ -344,6 +362,17 @@ class CommandListener:
     def _post(self, command_id: str | None, verb: str | None, answer: Mapping[str, Any]) -> None:
         doc = result_document(self.settings.node, command_id, verb, answer, self._wall())
         self._results.append(json.dumps(doc, separators=(",", ":"), default=str).encode())
+        excess = len(self._results) - self.settings.max_unsent_results
+        if excess > 0:
+            for _ in range(excess):
+                self._results.popleft()
+            self._results_dropped += excess
+            self._drops.dropped(
+                "results",
+                excess,
+                f"MQTT command results not sent on {self.result_topic} (more than "
+                f"{self.settings.max_unsent_results} waiting for the broker): oldest dropped",
+            )
         self._results_ready.set()
 
     # ------------------------------------------------------------------------------------------ helpers

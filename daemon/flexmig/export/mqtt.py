@@ -44,6 +44,7 @@ from flexmig.export.broker import (
     refused_login,
 )
 from flexmig.export.cancellation import honour_cancel
+from flexmig.export.droplog import DropLog
 from flexmig.export.events import Event
 from flexmig.export.outbox import Outbox
 
@@ -108,6 +109,12 @@ class PublisherStats:
     dropped_total: int
     """Events the bounded outbox dropped (oldest first) because it was full."""
     last_error: str | None
+    unsaved_dropped_total: int = 0
+    """Events dropped from memory: the disk refused them and the in-memory buffer (``max_unsaved``) was full."""
+    outbox_corruptions_total: int = 0
+    """Times the outbox file was found corrupt, moved aside and replaced (:mod:`flexmig.export.outbox`)."""
+    outbox_lost_total: int = 0
+    """Events lost with the unreadable pages of corrupt outbox files."""
 
 
 class _FailureLog:
@@ -164,7 +171,10 @@ class MqttPublisher:
         self._log = logger or log
         self._failures = _FailureLog(self._log, settings.log_repeat_s, clock)
         self._wake = asyncio.Event()
-        self._unsaved: deque[Event] = deque(maxlen=max_unsaved)
+        self._unsaved: deque[Event] = deque()
+        self._max_unsaved = max_unsaved
+        self._unsaved_dropped = 0
+        self._drops = DropLog(self._log)
         self._state: str | None = None
         self._state_sent: str | None = None
         self._connected = False
@@ -174,14 +184,28 @@ class MqttPublisher:
         self._off = off
         self._off_reported = off is not None
         self._resumed = asyncio.Event()
+        self.outbox_retry_s = 1.0
+        """How long the publisher waits before reading an outbox again that failed (a full or failing disk)."""
         self.status_topic = topic_for(settings.topic_prefix, settings.node, "status")
         self.state_topic = topic_for(settings.topic_prefix, settings.node, "state")
 
     # ------------------------------------------------------------------------------------------ caller API
     def emit(self, event: Event) -> None:
-        """Queue ``event``: stored in the outbox before this returns (kept in memory if the disk refuses)."""
+        """Queue ``event``: stored in the outbox before this returns (kept in memory if the disk refuses; past
+        ``max_unsaved`` such events the oldest of them is dropped, counted and logged)."""
         self._unsaved.append(event)
         self._save_unsaved()
+        excess = len(self._unsaved) - self._max_unsaved
+        if excess > 0:
+            for _ in range(excess):
+                self._unsaved.popleft()
+            self._unsaved_dropped += excess
+            self._drops.dropped(
+                "unsaved",
+                excess,
+                f"MQTT events the outbox {self.outbox.path} could not store and memory could not keep either "
+                f"(more than {self._max_unsaved} waiting)",
+            )
         self._wake.set()
 
     def set_state(self, document: Mapping[str, Any]) -> None:
@@ -226,6 +250,9 @@ class MqttPublisher:
             connect_failures_total=self._connect_failures,
             dropped_total=self.outbox.dropped,
             last_error=self._last_error,
+            unsaved_dropped_total=self._unsaved_dropped,
+            outbox_corruptions_total=self.outbox.corruptions,
+            outbox_lost_total=self.outbox.lost,
         )
 
     def event_topic(self, kind: str) -> str:
@@ -315,12 +342,18 @@ class MqttPublisher:
                 self._state_sent = state
                 busy = True
                 honour_cancel()
-            batch = self.outbox.peek(100)
-            for item in batch:
-                await client.publish(self.event_topic(item.kind), item.body, qos=1, timeout=timeout)
-                self.outbox.delete(item.id)  # only now: the broker has acknowledged it
-                self._sent += 1
-                honour_cancel()  # after the delete: an acknowledged event is never sent again
+            try:
+                batch = self.outbox.peek(100)
+                for item in batch:
+                    await client.publish(self.event_topic(item.kind), item.body, qos=1, timeout=timeout)
+                    self.outbox.delete(item.id)  # only now: the broker has acknowledged it
+                    self._sent += 1
+                    honour_cancel()  # after the delete: an acknowledged event is never sent again
+            except OutboxError as exc:
+                # The disk's trouble, not the broker's: the session stays up, and the outbox is tried again.
+                self._failures.failure("outbox", f"{exc}; MQTT itself is fine; retrying in {self.outbox_retry_s:g} s")
+                await asyncio.sleep(self.outbox_retry_s)
+                continue
             if not busy and not batch:
                 await self._wake.wait()
 
@@ -345,6 +378,8 @@ class MqttPublisher:
             f"{queued} event(s) wait in {self.outbox.path}"
         )
         text = str(exc) or type(exc).__name__
+        if isinstance(exc, OutboxError):
+            return "outbox", f"MQTT publishing paused by the outbox, not the broker: {text}"
         if refused_login(exc):
             who = f"user {s.username!r}" if s.username else "an anonymous client"
             return "auth", (

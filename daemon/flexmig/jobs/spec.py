@@ -18,7 +18,7 @@ import re
 import signal
 import tomllib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -39,6 +39,7 @@ __all__ = [
     "NeedSpec",
     "load_job_spec",
     "parse_job_spec",
+    "recheck_spec",
 ]
 
 _T = TypeVar("_T")
@@ -210,16 +211,17 @@ class _Ctx:
     """Where we are while validating: the file (for messages), its text (to find lines), and the problems found so
     far: checking goes on after a problem, so one round names every problem of the spec."""
 
-    def __init__(self, source: Path | None, text: str | None) -> None:
+    def __init__(self, source: Path | None, text: str | None, label: str | None = None) -> None:
         self.source = source
         self.text = text
         self.problems: list[tuple[int | None, str]] = []
         self.meant: set[str] = set()
         """Keys that misspelt keys were probably meant to be: their absence is not reported again."""
+        self.label = label
 
     def fail(self, key: str, why: str, *, at: str | None = None) -> JobSpecError:
         """The error for ``key``, with the line where ``at`` (default: ``key``; a dotted TOML key) is set."""
-        where = str(self.source) if self.source else "<job spec>"
+        where = self.label or (str(self.source) if self.source else "<job spec>")
         line = find_key_line(self.text, at or key) if self.text else None
         shown = f":{line}" if line else ""
         return _Problem(f"{where}{shown}: {key}: {why}", line)
@@ -299,6 +301,15 @@ def parse_job_spec(text: str, policy: JobPolicy, source: Path | None = None) -> 
         raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
     base = source.parent if source else Path.cwd()
     return _build(data, source, base, ctx, policy)
+
+
+def recheck_spec(spec: JobSpec, policy: JobPolicy, where: str) -> JobSpec:
+    """``spec`` as read back from the daemon's journal, checked again exactly as a submitted spec file is, against
+    ``policy`` as it is now: argv (never a shell), names, the user and group on this node, directories inside
+    ``allowed_dirs``. JobSpecError ``<where>: <key>: <why>`` otherwise; the checked spec (same source) if it passes.
+    """
+    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy)
+    return replace(checked, source=spec.source)
 
 
 def _build(

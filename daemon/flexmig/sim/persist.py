@@ -96,9 +96,14 @@ def load_state(
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SimError(f"cannot read simulator state file {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise SimError(
+            f"simulator state file {path} must hold a JSON object (the simulated node), not {type(raw).__name__}; "
+            "delete it to start from the spec"
+        )
     try:
         return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path)
-    except (KeyError, TypeError, ValueError, LayoutError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
         if isinstance(exc, SimError):
             raise
         raise SimError(f"simulator state file {path} is malformed: {exc!r}") from exc

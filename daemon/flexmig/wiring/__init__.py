@@ -19,7 +19,9 @@ from flexmig.config import Config, ConfigProblem
 from flexmig.errors import ConfigError
 from flexmig.export.commands import CommandListener, Dispatch, command_listener
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
+from flexmig.export.loss_metrics import LossMetrics
 from flexmig.export.prometheus import SnapshotMetrics
+from flexmig.storage import LockSet
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.wiring.actuator import ActuatorComponent, ActuatorHost
 from flexmig.wiring.detection import Detector, detect_settings
@@ -87,7 +89,8 @@ def wire(daemon: WiredDaemon) -> Components:
     """Register detection (enricher, metrics, reload of ``[detect]``), if enabled MQTT (loop ``mqtt``,
     subscriber, publisher metrics), the actuator (start, loop ``actuator``, stop, reload, action metrics), and if
     enabled the MQTT command listener (loop ``mqtt-commands``, forwarding to :meth:`ActuatorComponent.dispatch`).
-    Raises ConfigError or OutboxError when MQTT cannot be set up."""
+    Raises ConfigError or OutboxError when MQTT cannot be set up, StateInUseError when another daemon holds the
+    outbox's directory."""
     config = daemon.config
     detector = Detector(detect_settings(config.detect))
     daemon.hub.add_enricher(detector.enrich)
@@ -96,16 +99,17 @@ def wire(daemon: WiredDaemon) -> Components:
     hostname = daemon.hostname
     node = config.node(lambda: hostname)
     broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
+    locks = LockSet()  # the state directories this daemon holds (journal's, outbox's), shared by its components
     mqtt: MqttComponent | None = None
     if config.mqtt.enabled:
-        mqtt = MqttComponent(config.mqtt, node, detector, mode=config.mode, broker_problem=broker_problem)
+        mqtt = MqttComponent(config.mqtt, node, detector, mode=config.mode, broker_problem=broker_problem, locks=locks)
         daemon.hub.subscribe(mqtt.findings)
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
         daemon.add_loop("mqtt", mqtt.run)
         daemon.on_reload(mqtt.reload)
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
-    actuator = ActuatorComponent(daemon, mqtt=mqtt)
+    actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks)
     slurm: SlurmComponent | None = None
     if config.slurm.enabled:
         if daemon.sim_spec is not None and daemon.sim_workload:
@@ -117,11 +121,20 @@ def wire(daemon: WiredDaemon) -> Components:
 
         slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated)
     listener = command_listener(config, node, actuator.dispatch)
+    serving = listener
     if listener is not None:
         if mqtt is not None and mqtt.publisher.off is not None:
             daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch))
+            serving = None  # another listener is made once the broker address is fixed
         else:
             daemon.add_loop("mqtt-commands", listener.run)
+    daemon.add_metrics(
+        LossMetrics(
+            publisher=mqtt.publisher.stats if mqtt is not None else None,
+            commands=serving.stats if serving is not None else None,
+            unknown_ranks=actuator.unknown_rank_count,
+        )
+    )
     return Components(detector, mqtt, actuator, listener, slurm)
 
 

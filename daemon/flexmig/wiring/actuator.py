@@ -32,11 +32,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +50,7 @@ from flexmig.act.placement import node_model
 from flexmig.act.service import Actuator
 from flexmig.config import Config, ControlConfig, Mode, StateConfig
 from flexmig.config.migparted import load_baseline
-from flexmig.errors import ConfigError, FlexmigError, PlanRejectedError
+from flexmig.errors import ConfigError, FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.export.action_metrics import ActionMetrics
 from flexmig.export.events import Event, EventFactory, EventKind
@@ -59,6 +60,7 @@ from flexmig.jobs.spec import JobPolicy
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
+from flexmig.storage import LockSet, prepare_dir
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.backend import Backend
@@ -69,7 +71,10 @@ from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
 from flexmig.wiring.standdown import StandDown, plan_standdown, standdown_document
 from flexmig.wiring.status import status_document
 
-__all__ = ["ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
+__all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
+
+NODE_LOCK_DIR = Path("/run/flexmig")
+"""Where a real node's GPU locks live (the systemd unit's RuntimeDirectory)."""
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +168,14 @@ class ActuatorComponent:
         *,
         mqtt: MqttComponent | None = None,
         wall: Callable[[], float] = time.time,
+        locks: LockSet | None = None,
+        node_lock_dir: Path = NODE_LOCK_DIR,
     ) -> None:
         self.host = host
+        self.locks = locks or LockSet()
+        self.node_lock_dir = node_lock_dir
+        self._state_locks: list[Path] = []
+        self._node_locks: list[Path] = []
         self.config = host.config
         self.mode: Mode = host.config.mode
         self.mqtt = mqtt
@@ -177,9 +188,12 @@ class ActuatorComponent:
         self.dispatcher: ControlServer | None = None
         """Runs control requests (the socket's, and MQTT commands') while the actuator runs, bound or not."""
         self.unavailable: str | None = None  # why the actuator could not start (observe/advise only)
+        self.unknown_ranks: list[dict[str, Any]] | None = None
+        """Ranks with flexmig's markers on this node that no journalled job knows (None until the actuator ran)."""
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
         self._touched: set[tuple[int, int]] = set()
+        self._run_started = False
         self._busy = asyncio.Lock()
         self._stopping = False
         self._simulated = True  # until start() knows the backend
@@ -208,6 +222,9 @@ class ActuatorComponent:
             self.paths = paths = ActuatorPaths.of(cfg, simulated=backend.simulated)
             if paths.private is not None:
                 log.info("simulated node: journal, rank logs and control socket under %s", paths.private)
+            self._lock_state(paths)
+            if self.mode == "act":
+                self._lock_node()
             act = Actuator.build(
                 mode=self.mode,
                 nvml=backend.nvml,
@@ -220,10 +237,15 @@ class ActuatorComponent:
                 settings=planner_settings(cfg.planner),
                 ack_dir=cfg.jobs.ack_dir,
             )
+        except StateInUseError:
+            self._unlock()
+            raise  # in every mode: a second daemon on the same state or node must not run at all
         except (FlexmigError, OSError) as exc:
+            self._unlock()
             self._give_up(f"cannot open the actuator's state: {exc}")
             return
         act.jobs.queue_when_full = True
+        act.executor.device_uuids_unique = not backend.simulated
         self.act = act
         try:
             for hook in self._built:  # before reconciling: a hook may add the runner of actions in the journal
@@ -233,6 +255,7 @@ class ActuatorComponent:
                     self._touched.update(s.key for s in rec.slots)
             self._refresh()
             summary = await act.start()
+            self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
             # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
             control = act.control_server(paths.socket, cfg.control.socket_mode)
@@ -278,6 +301,37 @@ class ActuatorComponent:
             return {"ok": False, "error": f"the actuator is not running: {why}", "type": "PlanRejectedError"}
         return await dispatcher.dispatch(line)
 
+    def _lock_state(self, paths: ActuatorPaths) -> None:
+        """Hold the journal's directory and the state directory (made first if missing, and checked) for as long as
+        the actuator runs: a second daemon on them is refused, naming this one's pid."""
+        dirs = [paths.journal.parent] if paths.private is not None else [paths.journal.parent, paths.logs.parent]
+        for d in dict.fromkeys(Path(os.path.normpath(x.absolute())) for x in dirs):
+            try:
+                prepare_dir(d, "state directory")
+            except StorageError as exc:
+                raise JournalError(str(exc)) from None
+            self._state_locks.append(self.locks.take_dir(d, "state directory"))
+
+    def _lock_node(self) -> None:
+        """Mode ``act``: hold every GPU of a real node (``gpu-<UUID>.lock`` in the node lock directory), so two
+        daemons never reconfigure one GPU. A simulated node is held through its state file instead
+        (:func:`flexmig.wiring.backend.open_backend`); one without a state file is this process's alone."""
+        backend = self.host.backend
+        snap = self.host.latest()
+        if backend is None or backend.simulated or snap is None or self._node_locks:
+            return
+        prepare_dir(self.node_lock_dir, "lock directory", mode=0o755)
+        for gpu in snap.gpus:
+            self._node_locks.append(self.locks.take(self.node_lock_dir / f"gpu-{gpu.uuid}.lock", f"GPU {gpu.uuid}"))
+
+    def _unlock(self, *, node_only: bool = False) -> None:
+        held = self._node_locks if node_only else [*self._node_locks, *self._state_locks]
+        for key in held:
+            self.locks.drop(key)
+        self._node_locks = []
+        if not node_only:
+            self._state_locks = []
+
     def _give_up(self, why: str) -> None:
         if self.mode == "act":
             raise FlexmigError(why)
@@ -291,6 +345,7 @@ class ActuatorComponent:
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
         """The planning loop (modes advise and act) until cancelled; then the socket and journal are closed."""
+        self._run_started = True
         try:
             if self.act is None:
                 await asyncio.Event().wait()
@@ -315,10 +370,18 @@ class ActuatorComponent:
             last = loop.time()
             if self._stopping:  # wait for the daemon to cancel us: closing now would cut the action in flight
                 await asyncio.Event().wait()
+            if self.unknown_ranks and self.act is not None:  # look again until they are gone
+                try:
+                    self.unknown_ranks = await self.act.executor.unknown_ranks()
+                except Exception as exc:  # a report only
+                    log.warning("could not look for ranks of no journalled job again: %s", exc)
             if self.mode == "observe":
                 continue
             try:
                 await self.round()
+            except StorageError as exc:  # the journal's trouble (a bad row, a failing disk): one line, no traceback
+                self.metrics.record_plan_failure()
+                log.error("planning round failed: %s", exc)
             except Exception:  # a planner bug must not end the daemon; counted and logged
                 self.metrics.record_plan_failure()
                 log.exception("planning round failed")
@@ -457,7 +520,13 @@ class ActuatorComponent:
         )
         if self.unavailable:
             doc["actuator_unavailable"] = self.unavailable
+        if self.unknown_ranks is not None:
+            doc["unknown_ranks"] = self.unknown_ranks
         return doc
+
+    def unknown_rank_count(self) -> int | None:
+        """How many ranks of no journalled job run on this node (None while the actuator has not looked)."""
+        return None if self.unknown_ranks is None else len(self.unknown_ranks)
 
     async def _plan_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """The ``plan`` request: what the planner would do now, with ``requests`` (``[Nx]PROFILE``) queued too."""
@@ -619,11 +688,17 @@ class ActuatorComponent:
     def reload(self, config: Config) -> None:
         """Apply a reloaded configuration: mode, planner settings, job policy (socket and state paths: at restart)."""
         old = self.mode
+        if config.mode == "act" and old != "act" and self.act is not None:
+            try:
+                self._lock_node()
+            except FlexmigError as exc:
+                log.error("configuration reload: mode stays %s, not act: %s", old, exc)
+                config = replace(config, mode=old)
         self.config = config
         self.mode = config.mode
         if self.act is not None:
             self.act.set_mode(config.mode)
-            self.act.jobs.policy = self._policy(config)
+            self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
         if self.mqtt is not None:
             self.mqtt.findings.mode = config.mode
@@ -657,6 +732,10 @@ class ActuatorComponent:
                 "roll it back (jobs keep running)",
                 grace,
             )
+        if not self._run_started:
+            # A stop asked during start-up cancels the loop before it ever runs, and with it its clean-up: close the
+            # socket and the journal, let the locks go and remove a simulated node's directory here instead.
+            await self._close()
 
     async def _close(self) -> None:
         self.dispatcher = None
@@ -670,6 +749,7 @@ class ActuatorComponent:
             paths = self.paths
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
+        self._unlock()
 
 
 def _nothing_reconciled(event: ActEvent) -> bool:
@@ -677,7 +757,7 @@ def _nothing_reconciled(event: ActEvent) -> bool:
     if event.kind != "reconciled":
         return False
     d = event.detail
-    return not any(d.get(k) for k in ("adopted", "killed_stale", "plans", "settled"))
+    return not any(d.get(k) for k in ("adopted", "killed_stale", "plans", "settled", "unknown_ranks"))
 
 
 def _slots_of(row: ActionRow) -> set[tuple[int, int]]:

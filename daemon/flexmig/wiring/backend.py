@@ -20,6 +20,7 @@ from typing import Protocol
 from flexmig import sim
 from flexmig.act.devices import DeviceProcessTable, DriverProcessTable
 from flexmig.nvml import GpmWindows, Nvml
+from flexmig.storage import DirectoryLock
 from flexmig.telemetry.reader import NvmlReader
 
 __all__ = ["Backend", "DemoWorkload", "open_backend"]
@@ -44,6 +45,8 @@ class Backend:
     """The demo workload to step on the NVML thread; None on real hardware, or when the caller asked for none."""
     node: sim.SimNode | None
     """The simulated node under pynvml, None on real hardware (tests reach into it)."""
+    lock: DirectoryLock | None = None
+    """Held while a simulated node keeps its state in a file: a second daemon on that file is refused."""
 
     @property
     def simulated(self) -> bool:
@@ -59,6 +62,8 @@ class Backend:
         finally:
             if self.node is not None:
                 sim.uninstall()
+            if self.lock is not None:
+                self.lock.release()
 
 
 def open_backend(
@@ -74,17 +79,28 @@ def open_backend(
     ``sim_state``: the simulator's state file (restored if it exists, saved on every change), so a simulated
     node keeps its instances across daemon restarts. ``sim_workload``: whether a simulated node comes with its demo
     workload. Raises NodeSpecError for a bad spec, SimError for an unreadable state file, NvmlUnavailableError when
-    there is no driver and no simulator.
+    there is no driver and no simulator, StateInUseError when another daemon runs on the same state file (its lock,
+    ``FILE.lock``, is taken before the file is read: two daemons on one simulated node would each rewrite it).
     """
-    node = sim.install(sim_spec, clock=clock, state_path=sim_state) if sim_spec is not None else None
+    lock = None
+    if sim_spec is not None and sim_state is not None:
+        lock = DirectoryLock.acquire(Path(f"{sim_state}.lock"), f"simulated node {sim_state}")
+    try:
+        node = sim.install(sim_spec, clock=clock, state_path=sim_state) if sim_spec is not None else None
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     try:
         nvml = Nvml.open()
     except BaseException:
         if node is not None:
             sim.uninstall()
+        if lock is not None:
+            lock.release()
         raise
     windows = GpmWindows(clock=clock) if gpm else None
     if node is None:
         return Backend(nvml, NvmlReader(nvml, windows), DriverProcessTable(), None, None)
     workload = node.step_workload if sim_workload else None
-    return Backend(nvml, NvmlReader(nvml, windows), sim.SimProcessTable(node), workload, node)
+    return Backend(nvml, NvmlReader(nvml, windows), sim.SimProcessTable(node), workload, node, lock)

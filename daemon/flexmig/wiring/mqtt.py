@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flexmig.config import Config, MqttConfig
@@ -24,6 +25,7 @@ from flexmig.export.findings_metrics import report_of
 from flexmig.export.mqtt import MqttPublisher, PublisherSettings
 from flexmig.export.mqtt_state import state_document
 from flexmig.export.outbox import Outbox
+from flexmig.storage import LockSet
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.detection import Detector
 
@@ -135,10 +137,20 @@ class MqttComponent:
         *,
         mode: str | None = None,
         broker_problem: str | None = None,
+        locks: LockSet | None = None,
     ) -> None:
         settings = PublisherSettings.from_config(cfg, node)
         self.node = node
-        self.outbox = Outbox(cfg.outbox)
+        self.locks = locks or LockSet()
+        self._lock: Path | None = None
+        if cfg.outbox.parent.is_dir():  # a missing directory: the outbox says so, naming itself
+            # Before the outbox is opened: another daemon's outbox is neither read nor, if corrupt, moved aside.
+            self._lock = self.locks.take_dir(cfg.outbox.parent, "state directory")
+        try:
+            self.outbox = Outbox(cfg.outbox, max_bytes=cfg.outbox_max_bytes)
+        except BaseException:
+            self._release()
+            raise
         self.publisher = MqttPublisher(settings, self.outbox, off=broker_problem)
         self.findings = FindingsPublisher(self.publisher, detector, node, mode=mode)
         if broker_problem is not None:
@@ -164,3 +176,9 @@ class MqttComponent:
             await self.publisher.run()
         finally:
             self.outbox.close()
+            self._release()
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            self.locks.drop(lock)
