@@ -14,7 +14,8 @@ what was done to Slurm jobs.
 * ``flexmig_slurm_drain_seconds{Hostname}`` (histogram): how long re-registrations waited for the node to empty.
 
 Re-registrations themselves are actions: ``flexmig_actions_total{action="slurm_reregister"}`` and
-``flexmig_action_duration_seconds`` count and time them. Fed on the event loop, read by the scrape thread.
+``flexmig_action_duration_seconds`` count and time them. Names, kinds, labels and help texts are the catalogue's
+(:mod:`flexmig.export.catalogue`). Fed on the event loop, read by the scrape thread.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from flexmig.export.action_metrics import DURATION_BUCKETS_S, Histogram
+from flexmig.export.catalogue import by_name
 from flexmig.telemetry.snapshot import Snapshot
 
 __all__ = ["JOB_ACTIONS", "SlurmMetrics"]
@@ -91,56 +93,34 @@ class SlurmMetrics:
             )
         host = snapshot.hostname
         if up is not None:
-            yield _gauge("flexmig_slurm_up", "1 when the last read of Slurm succeeded, 0 when it failed.", host, up)
-        e = CounterMetricFamily("flexmig_slurm_read_errors", "Reads of Slurm that failed.", labels=["Hostname"])
+            yield _gauge("flexmig_slurm_up", host, up)
+        e = by_name("flexmig_slurm_read_errors").counter()
         e.add_metric([host], errors)
         yield e
         for name, value in counts.items():
-            yield _gauge(f"flexmig_slurm_{name}_jobs", f"Slurm jobs {name} that count for this node.", host, value)
+            yield _gauge(f"flexmig_slurm_{name}_jobs", host, value)
         if in_sync is not None:
-            yield _gauge(
-                "flexmig_slurm_in_sync", "1 when Slurm lists the node with exactly NVML's instances.", host, in_sync
-            )
-            r = GaugeMetricFamily(
-                "flexmig_slurm_registered_gpus",
-                "GPU GRES Slurm lists for the node, by type.",
-                labels=["Hostname", "profile"],
-            )
+            yield _gauge("flexmig_slurm_in_sync", host, in_sync)
+            r = by_name("flexmig_slurm_registered_gpus").gauge()
             for profile, n in sorted(registered.items()):
                 r.add_metric([host, profile], n)
             yield r
         if decision is not None:
             drain_s, gain, cost, go = decision
-            yield _gauge("flexmig_slurm_drain_estimate_seconds", "Estimated drain of the last decision.", host, drain_s)
-            yield _gauge(
-                "flexmig_slurm_reregistration_gain_slice_seconds",
-                "Compute slice-seconds of waiting the last decision's change would spare.",
-                host,
-                gain,
-            )
-            yield _gauge(
-                "flexmig_slurm_reregistration_cost_slice_seconds",
-                "Compute slice-seconds the last decision's drain would waste.",
-                host,
-                cost,
-            )
-            yield _gauge("flexmig_slurm_reregistration_wanted", "1 when the last decision said go.", host, go)
-        j = CounterMetricFamily(
-            "flexmig_slurm_job_actions", "Slurm jobs signalled, requeued and released.", labels=["Hostname", "action"]
-        )
+            yield _gauge("flexmig_slurm_drain_estimate_seconds", host, drain_s)
+            yield _gauge("flexmig_slurm_reregistration_gain_slice_seconds", host, gain)
+            yield _gauge("flexmig_slurm_reregistration_cost_slice_seconds", host, cost)
+            yield _gauge("flexmig_slurm_reregistration_wanted", host, go)
+        j = by_name("flexmig_slurm_job_actions").counter()
         for action in JOB_ACTIONS:
             j.add_metric([host, action], jobs[action])
         yield j
-        h = HistogramMetricFamily(
-            "flexmig_slurm_drain_seconds",
-            "How long re-registrations waited for the node to empty.",
-            labels=["Hostname"],
-        )
+        h = by_name("flexmig_slurm_drain_seconds").histogram()
         h.add_metric([host], drain.cumulative(), drain.total)
         yield h
 
 
-def _gauge(name: str, doc: str, host: str, value: float) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=["Hostname"])
+def _gauge(name: str, host: str, value: float) -> GaugeMetricFamily:
+    g = by_name(name).gauge()
     g.add_metric([host], value)
     return g
