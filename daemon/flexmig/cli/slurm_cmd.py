@@ -124,11 +124,11 @@ def run_testbed(args: argparse.Namespace) -> int:
         daemon = _start_flexmigd(tb, args)
         _wait_registered(tb, daemon, stop)
         print(f"export SLURM_CONF={tb.paths.slurm_conf}", flush=True)
-        _say(
-            f"ready: node {tb.node} registered. In another shell: export SLURM_CONF=...; "
-            "sbatch --gres=gpu:1g.18gb:1 --wrap 'echo $CUDA_VISIBLE_DEVICES'; squeue; sinfo -N -o '%N %T %G'. "
-            f"Logs in {tb.paths.log} (flexmigd.log). Ctrl-C stops everything."
-        )
+        _say(f"ready: node {tb.node} registered. In another shell:")
+        _say(f"  export SLURM_CONF={tb.paths.slurm_conf}")
+        _say("  sbatch --gres=gpu:1g.18gb:1 --wrap 'echo $CUDA_VISIBLE_DEVICES; sleep 60'; squeue")
+        _say(f"  flexmig inventory --sim {args.sim} --sim-state {tb.paths.flexmig / 'sim.json'}")
+        _say(f"logs in {tb.paths.log} (flexmigd.log, slurmctld.log, slurmd-{tb.node}.log); Ctrl-C stops everything")
         while not stop.wait(0.5):
             if daemon.poll() is not None:
                 raise SlurmError(
