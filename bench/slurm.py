@@ -240,7 +240,11 @@ def pending_demand(spec: str) -> dict[str, Any]:
         n.wait_running(jobs)
         waits = [n.starts(j)[0] - t0 for j in jobs]
         acts = n.actions()
-        return {"waits": waits, "action": acts[0] if acts else None}
+        out: dict[str, Any] = {"waits": waits, "action": acts[0] if acts else None}
+        if acts:  # where the time went: flexmig noticing the demand, its change, Slurm starting the jobs
+            out["notice"] = acts[0].started - t0
+            out["schedule"] = [n.starts(j)[0] - acts[0].finished for j in jobs]
+        return out
 
 
 def drain(hook: bool, plain_s: float) -> dict[str, Any]:
@@ -375,11 +379,15 @@ def main() -> int:
     flex: list[float] = []
     rival: list[float] = []
     pend_acts: list[Action] = []
+    notice: list[float] = []
+    schedule: list[float] = []
     for _ in range(args.runs):
         got = pending_demand("h200:7g.141gb@0")
         flex += got["waits"]
         if got["action"] is not None:
             pend_acts.append(got["action"])
+            notice.append(got["notice"])
+            schedule += got["schedule"]
         rival += pending_demand("h200:1g.18gb@4+1g.18gb@5+1g.18gb@6")["waits"]
     static = [static_node() for _ in range(args.runs)]
     hooked = [drain(True, args.plain_s) for _ in range(args.runs)]
@@ -388,7 +396,12 @@ def main() -> int:
     print("\n1. pending demand: three gpu:1g.18gb jobs released together, seconds from release to running")
     print(f"  node laid out as one idle 7g.141gb, flexmig repartitions: {spread(flex)}")
     print(f"  rival: node already laid out as 3x1g.18gb (Slurm alone): {spread(rival)}")
-    print(f"  ratio of medians: {med(flex) / med(rival):.2f}x (flexmig reads Slurm every {INTERVAL_S:g} s)")
+    print(f"  ratio of medians: {med(flex) / med(rival):.2f}x; flexmig's part, one after the other:")
+    print(
+        f"    release to flexmig's re-registration starting (it reads Slurm every {INTERVAL_S:g} s): {spread(notice)}"
+    )
+    print(f"    the re-registration (destroy, create, gres.conf, slurmd -Z): {spread([a.total for a in pend_acts])}")
+    print(f"    its end to the job running (Slurm's scheduler, sched_interval=1): {spread(schedule)}")
 
     print("\n2. drain of a node that runs a job on its 3g.71gb, four gpu:1g.18gb jobs pending")
     h_acts = [h["action"] for h in hooked]
