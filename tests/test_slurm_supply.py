@@ -17,6 +17,7 @@ from flexmig.slurm.gresconf import block_markers, gres_map, gres_records, gres_s
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.slurmd import check_node_conf, dynamic_conf
+from flexmig.slurm.supply import Supply
 
 MINORS = parse_mig_minors(render_mig_minors(2))
 _PROFILE_IDS = {"7g.141gb": 0, "4g.71gb": 5, "3g.71gb": 9, "2g.35gb": 14, "1g.18gb": 19}
@@ -186,3 +187,29 @@ def test_the_taskprologs_default_checkpoint_directory_is_the_configurations() ->
     from flexmig.config import SlurmConfig  # noqa: PLC0415
 
     assert SlurmConfig().checkpoint_dir == taskprolog.DEFAULT_CHECKPOINT_DIR
+
+
+# ------------------------------------------------------------------------------------------------ writing
+def _supply(tmp: Path) -> Supply:
+    minors = tmp / "mig-minors"
+    minors.write_text(render_mig_minors(2))
+    return Supply("n1", tmp / "gres.conf", tmp / "map.json", Path("/dev"), minors)
+
+
+def test_the_block_and_the_map_are_written_beside_the_sites_lines(tmp_path: Path) -> None:
+    supply = _supply(tmp_path)
+    (tmp_path / "gres.conf").write_text("Name=mps Count=100\n")
+    records = supply.write(INV)
+    text = (tmp_path / "gres.conf").read_text()
+    assert text.startswith("Name=mps Count=100\n") and text.count("NodeName=n1 Name=gpu") == len(records) == 5
+    assert supply.index_map()[0] == (0, 0, "3g.71gb")
+
+
+def test_a_gres_conf_others_can_write_is_refused_naming_it_and_left_as_it_is(tmp_path: Path) -> None:
+    supply = _supply(tmp_path)
+    conf = tmp_path / "gres.conf"
+    conf.write_text("Name=mps Count=100\n")
+    conf.chmod(0o666)
+    with pytest.raises(SlurmError, match=str(conf)):
+        supply.write(INV)
+    assert conf.read_text() == "Name=mps Count=100\n"

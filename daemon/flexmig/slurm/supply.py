@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flexmig.errors import SlurmError
+from flexmig.config.trusted import read_trusted_text
+from flexmig.errors import ConfigError, SlurmError
 from flexmig.mig.catalogue import model_by_name
 from flexmig.nvml.types import Inventory
 from flexmig.plan.types import Instance
@@ -43,6 +44,21 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
         raise
     tmp.chmod(mode)
     tmp.replace(path)
+
+
+def _read_trusted(path: Path, what: str) -> str:
+    """The text of a file flexmig rewrites (gres.conf, its GRES map), empty when it does not exist yet; only if root
+    (or this user) owns it and nobody else can change it or its directories, as for flexmig's own configuration."""
+    try:
+        path.lstat()
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise SlurmError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        return read_trusted_text(path, what=what, max_bytes=_MAX_FILE)
+    except ConfigError as exc:
+        raise SlurmError(str(exc)) from None
 
 
 def _read_small(path: Path, what: str) -> str:
@@ -94,7 +110,7 @@ class Supply:
         records = self.records(inv)
         if self.simulated:
             self._stand_ins(records)
-        existing = _read_small(self.gres_conf, "gres.conf")
+        existing = _read_trusted(self.gres_conf, "gres.conf")
         text = merge_block(existing, self.node, records, str(self.gres_conf))
         if text != existing:
             self.gres_conf.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +122,7 @@ class Supply:
 
     def index_map(self) -> dict[int, tuple[int, int, str]]:
         """GRES index -> (GPU, start, profile) as last written (empty before the first write)."""
-        text = _read_small(self.map_path, "the GRES map")
+        text = _read_trusted(self.map_path, "the GRES map")
         if not text:
             return {}
         doc = parse_gres_map(text, str(self.map_path))
