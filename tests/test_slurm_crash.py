@@ -13,6 +13,7 @@ import asyncio
 import pytest
 
 from flexmig.act.journal import StepEvent
+from flexmig.slurm.jobs import SlurmJob
 from support.slurm import SlurmRig, skip_reason, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -82,3 +83,37 @@ async def _steps(rig: SlurmRig, job: int) -> bool:
 
 async def _started_twice(rig: SlurmRig, job: int) -> bool:
     return sum(1 for e in rig.hook_log(job) if e["event"] == "start") >= 2
+
+
+def test_a_gres_conf_flexmig_may_not_write_fails_the_change_naming_it_and_holds_no_job() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            hook = rig.hook_job("--gres=gpu:3g.71gb:1")
+            await rig.wait_state(hook, "RUNNING")
+            await until("the hook job steps", lambda: _steps(rig, hook))
+            small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
+            for j in small:
+                await rig.wait_state(j, "PENDING")
+            rig.paths.gres_conf.chmod(0o666)  # someone made it writable by everyone
+            rnd = await rig.agent.round("act")
+            assert rnd.result is not None and not rnd.result.ok
+            (failed,) = rnd.result.results
+            assert failed.error is not None and str(rig.paths.gres_conf) in failed.error, failed
+            assert "jobs held for the change are released" in failed.error
+            job = await until("the hook job released", lambda: _not_held(rig, hook))
+            assert job.restart_count == 1, job
+            rig.paths.gres_conf.chmod(0o644)
+            again = await rig.agent.round("act")
+            assert again.result is not None and again.result.ok, again
+            assert (await rig.agent.read()).in_sync
+            await rig.wait_state(hook, "RUNNING")
+            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            for j in small:
+                await rig.wait_state(j, "RUNNING")
+
+    asyncio.run(scenario())
+
+
+async def _not_held(rig: SlurmRig, job: int) -> SlurmJob | None:
+    j = await rig.job(job)
+    return j if j is not None and not j.reason.startswith("JobHeld") and j.restart_count >= 1 else None

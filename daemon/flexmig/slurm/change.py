@@ -16,9 +16,10 @@ Safety rules kept here:
   cancels the whole change: the jobs already held are released, the drain is undone, nothing else happened;
 * a drain that does not empty the node within ``drain_timeout_s`` is undone the same way;
 * once slurmd is stopped the node is always registered again, with whatever instances NVML shows, even when an
-  instance change failed half-way; jobs held for the change are always released. So a crash at any step, once
-  the journal finishes the action at the next start, leaves the node neither drained nor unregistered, and no
-  instance unknown to Slurm.
+  instance change failed half-way; jobs held for the change are always released, even when the node cannot be
+  registered (a gres.conf flexmig may not write: the action fails naming it, and the next round tries again). So
+  a crash at any step, once the journal finishes the action at the next start, leaves the node neither drained
+  nor unregistered, and no instance unknown to Slurm.
 
 An acknowledgement is trusted only if the file belongs to the job's user, lies in the job's checkpoint directory
 (computed as the TaskProlog does), is newer than the one before the request, and names a non-empty regular file
@@ -177,8 +178,12 @@ class SlurmChange:
             except StepFailed as exc:
                 failure = exc
                 break
-        await run.step("gres", {}, self._gres)
-        await run.step("register", {"timeout_s": self.settings.register_timeout_s}, lambda: self._register(node))
+        unregistered: StepFailed | None = None
+        try:
+            await run.step("gres", {}, self._gres)
+            await run.step("register", {"timeout_s": self.settings.register_timeout_s}, lambda: self._register(node))
+        except StepFailed as exc:  # the held jobs are released all the same: they pend, or run elsewhere
+            unregistered = exc
         if held:
             since = float(idle.get("at", 0.0))
             await run.step("credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(since))
@@ -186,6 +191,12 @@ class SlurmChange:
             job_id = int(job["job_id"])
             await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
         await run.step("resume", {"node": node}, lambda: self._resume(node))
+        if unregistered is not None:
+            raise StepFailed(
+                f"{unregistered}; node {node} is not registered (the next round tries again), the jobs held for the "
+                "change are released",
+                code=unregistered.code,
+            )
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
 
