@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import shutil
 import sqlite3
 import statistics
@@ -58,6 +59,7 @@ WAIT_S = 120.0
 INTERVAL_S = 2.0  # flexmigd's [slurm] interval_s on the testbed (the default is 10 s)
 JOB_WAITS = ("await_ack", "await_idle")  # the jobs' time inside a re-registration, not flexmig's
 GAP = "credential_gap"
+PHASE = random.Random(13)  # when, within flexmigd's read interval, a burst is released
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S, poll_s: float = 0.1) -> Any:
@@ -183,6 +185,9 @@ class Node:
     def burst(self, n: int, *args: str) -> tuple[list[int], float]:
         """``n`` sleepers submitted held, then released in one command; their IDs and the release time."""
         jobs = [self.sleeper("--hold", *args) for _ in range(n)]
+        # flexmigd reads Slurm every INTERVAL_S: a release right after its start would always land at the same
+        # point of that cycle, so it comes at a random point instead (the wait to be noticed then averages half of it)
+        time.sleep(PHASE.uniform(0.0, INTERVAL_S))
         t0 = time.time()
         self.cmd("scontrol", "release", ",".join(map(str, jobs)))
         return jobs, t0
