@@ -124,3 +124,23 @@ async def _steps(rig: SlurmRig, job: int, n: int) -> bool:
 
 async def _starts(rig: SlurmRig, job: int, n: int) -> bool:
     return sum(1 for e in rig.hook_log(job) if e["event"] == "start") >= n
+
+
+def test_observe_reads_slurm_only_and_advise_plans_without_changing_anything() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0") as rig:
+            jobs = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
+            for j in jobs:
+                await rig.wait_state(j, "PENDING")
+            seen = await rig.agent.round("observe")
+            assert seen.read is not None and len(seen.read.demand.pending) == 2
+            assert seen.verdict is None and seen.result is None
+            advised = await rig.agent.round("advise")
+            assert advised.verdict is not None and advised.verdict.go and advised.result is None
+            read = await rig.agent.read()
+            assert read.registered_as == {"7g.141gb": 1} and read.node is not None and not read.node.drained
+            for x in jobs:
+                job = await rig.job(x)
+                assert job is not None and job.pending, job
+
+    asyncio.run(scenario())

@@ -419,7 +419,7 @@ _SLURM_NAME = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,62})?"
 @dataclass(frozen=True)
 class SlurmConfig:
     """Slurm: the node's MIG layout follows the pending jobs of its partitions, and Slurm is told what the node then
-    hosts (gres.conf lines, a dynamic-node re-registration). See docs/slurm.md."""
+    hosts (gres.conf lines, a dynamic-node re-registration). See docs/slurm-node.md."""
 
     enabled: bool = _doc(
         False,

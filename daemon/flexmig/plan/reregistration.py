@@ -45,8 +45,9 @@ class DrainHolder:
 class RegistrationCost:
     """What one re-registration costs beyond the drain, and how often one may happen.
 
-    ``fixed_s``: stopping slurmd, deleting and re-registering the node, waiting for slurmctld (about a second on an
-    idle single-node Slurm, measured by ``bench/slurm.py``; 5 s by default for a loaded controller);
+    ``fixed_s``: stopping slurmd, deleting and re-registering the node, waiting for slurmctld (0.3 s on an idle
+    single-node Slurm with the simulated driver, 1.7 s with a requeued job, measured by ``bench/slurm.py``; 5 s by
+    default for a loaded controller and a real driver's instance changes);
     ``min_interval_s``: the shortest time between two re-registrations of one node.
     """
 

@@ -6,9 +6,9 @@ One :meth:`SlurmAgent.round`:
    a SlurmError: the caller logs it and nothing changes;
 2. make sure the node is registered with exactly the instances NVML shows (after a crash, a manual restart, or the
    first start): if not, a re-registration without instance changes (mode ``act``);
-3. plan the layout for the node *once drained* (Slurm cannot change a node's GPUs while a job runs on it): the
-   current instances, none held, the pending jobs of the node's partitions plus the hook jobs that would be
-   requeued; instances running processes of no Slurm job stay blocked;
+3. in modes advise and act, plan the layout for the node *once drained* (Slurm cannot change a node's GPUs while a
+   job runs on it): the current instances, none held, the pending jobs of the node's partitions plus the hook jobs
+   that would be requeued; instances running processes of no Slurm job stay blocked;
 4. weigh the plan's whole-node drain (:func:`flexmig.plan.reregistration.verdict`) and, in mode ``act``, run one
    journalled ``slurm_reregister`` action carrying all its instance changes (:mod:`flexmig.slurm.change`).
 """
@@ -258,6 +258,8 @@ class SlurmAgent:
                 return SlurmRound(read, note=f"{why}; mode {mode} changes nothing")
             res = await self.register(why)
             return SlurmRound(read, result=res, note=why)
+        if mode == "observe":  # observe reads and exports; planning is advise's and act's, as for flexmig's own queue
+            return SlurmRound(read)
         try:
             plan, v = self.plan(read)
         except (PlanRejectedError, FlexmigError) as exc:
