@@ -51,6 +51,16 @@ def test_pending_slurm_jobs_get_their_instances_with_events_and_metrics(broker: 
         assert all(s.startswith("MIG-") for s in seen) and len(set(seen)) == 3, seen
         node = d.slurm_node()
         assert node.gpu_counts() == {"1g.18gb": 3}, node
+        inv = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "flexmig.cli.main", "inventory", "--json", "--sim", d.spec,
+                 "--sim-state", str(d.paths.flexmig / "sim.json")],
+                capture_output=True, text=True, timeout=60, check=True,
+            ).stdout
+        )  # fmt: skip
+        (gpu,) = inv["gpus"]
+        assert sorted(g["profile_name"] for g in gpu["gpu_instances"]) == ["1g.18gb"] * 3  # Slurm's view is NVML's
+        assert set(seen) == {m["uuid"] for m in gpu["mig_devices"]}  # each job on one of them, all of them used
         d.wait(
             "the metrics show Slurm's new view",
             lambda: sample(d.metrics(), "flexmig_slurm_registered_gpus", profile="1g.18gb") == 3.0,
