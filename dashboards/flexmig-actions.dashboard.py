@@ -17,6 +17,23 @@ from flexmig_dashboards.promql import GPU, HOST
 _RI = "$__rate_interval"
 _MOVES = 'action=~"migrate|resplit"'
 
+def _ran(histogram: str) -> str:
+    """Per (Hostname, action), 1 where ``histogram`` had observations in the rate window: quantiles and means are
+    only drawn there, as a gap elsewhere, never as the NaN of 0/0 (an action that did not run in the window)."""
+    return f"(sum by (Hostname, action) (rate({histogram}_count{{{HOST}}}[{_RI}])) > 0)"
+
+
+def _quantile(q: float, histogram: str) -> str:
+    return (
+        f"histogram_quantile({q:g}, sum by (Hostname, action, le) (rate({histogram}_bucket{{{HOST}}}[{_RI}]))) "
+        f"and on(Hostname, action) {_ran(histogram)}"
+    )
+
+
+def _mean(histogram: str) -> str:
+    return f"sum by (Hostname, action) (rate({histogram}_sum{{{HOST}}}[{_RI}])) / {_ran(histogram)}"
+
+
 g = Grid()
 
 g.row("Outcomes")
@@ -90,16 +107,8 @@ g.add(
         "Job downtime per move (p50, p95)",
         "Time a job had no rank running during a migrate or resplit: old ranks stopped to new ranks started.",
         [
-            Q(
-                "histogram_quantile(0.5, sum by (Hostname, action, le) "
-                f"(rate(flexmig_job_downtime_seconds_bucket{{{HOST}}}[{_RI}])))",
-                "p50 {{Hostname}} {{action}}",
-            ),
-            Q(
-                "histogram_quantile(0.95, sum by (Hostname, action, le) "
-                f"(rate(flexmig_job_downtime_seconds_bucket{{{HOST}}}[{_RI}])))",
-                "p95 {{Hostname}} {{action}}",
-            ),
+            Q(_quantile(0.5, "flexmig_job_downtime_seconds"), "p50 {{Hostname}} {{action}}"),
+            Q(_quantile(0.95, "flexmig_job_downtime_seconds"), "p95 {{Hostname}} {{action}}"),
         ],
         "s",
         min_value=0,
@@ -112,21 +121,9 @@ g.add(
         "Wall time of each kind of action (first journalled step to last), p95 and mean, and the mean job "
         "downtime per move.",
         [
-            Q(
-                "histogram_quantile(0.95, sum by (Hostname, action, le) "
-                f"(rate(flexmig_action_duration_seconds_bucket{{{HOST}}}[{_RI}])))",
-                "p95 duration {{Hostname}} {{action}}",
-            ),
-            Q(
-                f"sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_sum{{{HOST}}}[{_RI}])) "
-                f"/ sum by (Hostname, action) (rate(flexmig_job_downtime_seconds_count{{{HOST}}}[{_RI}]))",
-                "mean downtime {{Hostname}} {{action}}",
-            ),
-            Q(
-                f"sum by (Hostname, action) (rate(flexmig_action_duration_seconds_sum{{{HOST}}}[{_RI}])) "
-                f"/ sum by (Hostname, action) (rate(flexmig_action_duration_seconds_count{{{HOST}}}[{_RI}]))",
-                "mean duration {{Hostname}} {{action}}",
-            ),
+            Q(_quantile(0.95, "flexmig_action_duration_seconds"), "p95 duration {{Hostname}} {{action}}"),
+            Q(_mean("flexmig_job_downtime_seconds"), "mean downtime {{Hostname}} {{action}}"),
+            Q(_mean("flexmig_action_duration_seconds"), "mean duration {{Hostname}} {{action}}"),
         ],
         "s",
         min_value=0,

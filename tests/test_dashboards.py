@@ -331,3 +331,38 @@ def test_the_dashboards_are_valid_json_for_the_grafana_import_dialog() -> None:
     for name in DASHBOARD_FILES:
         board = json.loads((DASHBOARDS / name).read_text())
         assert board["id"] is None and board["title"].startswith("flexmig: "), name
+
+
+@pytest.mark.integration
+@needs_promtool
+def test_duration_and_downtime_panels_draw_a_gap_not_nan_for_an_action_that_did_not_run(tmp_path: Path) -> None:
+    # every histogram query of the actions dashboard, over a node where each action ran once long ago: nothing in
+    # the window, so promtool must see an empty result (a NaN sample would fail the expectation)
+    queries = [
+        q
+        for q in panel_queries()
+        if {n for n in promql.metric_names(q.expr) if n.endswith(("_bucket", "_sum", "_count"))}
+    ]
+    assert len(queries) >= 5
+    series = []
+    for family in ("flexmig_action_duration_seconds", "flexmig_job_downtime_seconds"):
+        labels = 'Hostname="gpu-node-7", action="migrate"'
+        series += [{"series": f'{family}_bucket{{{labels}, le="{le}"}}', "values": "1x30"} for le in ("0.5", "+Inf")]
+        series += [{"series": f"{family}_sum{{{labels}}}", "values": "0.3x30"}]
+        series += [{"series": f"{family}_count{{{labels}}}", "values": "1x30"}]
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {"expr": promql.substitute(q.expr, STATIC_VALUES), "eval_time": "20m", "exp_samples": []}
+                for q in queries
+            ],
+        }
+    ]
+    path = tmp_path / "nan.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": tests}))
+    done = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -112,7 +112,7 @@ def test_status_for_people_shows_each_gpu_its_instances_and_findings() -> None:
         assert uuid in out.stdout
     assert "GPU 0: NVIDIA H200" in out.stdout and "[3333221.]" in out.stdout
     assert "external fragmentation 1.00" in out.stdout and "finding: fragmentation" not in out.stdout
-    assert "  idle          GPU 0 3g.71gb@0: no process ran" in out.stdout
+    assert "  idle GPU 0 3g.71gb@0: no process ran" in out.stdout
 
 
 @pytest.mark.integration

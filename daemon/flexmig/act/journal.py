@@ -458,9 +458,8 @@ class Journal:
         try:
             spec = JobSpec.from_dict(data, None)
         except JobSpecError as exc:
-            # a spec's problems come one a line (all at once): the journal's error stays one line
             problems = (line.removeprefix("<job spec>: ") for line in str(exc).splitlines())
-            raise f.bad("spec", "; ".join(problems)) from None
+            raise f.bad("spec", "; ".join(problems)) from None  # every problem of the spec, on the row's one line
         except (RecursionError, TypeError, ValueError) as exc:
             raise f.bad("spec", f"does not decode: {exc}") from None
         if spec.name != name:
