@@ -29,6 +29,9 @@ debs:
 	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
 	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    slurmctld slurmd slurm-client munge >/dev/null; }
 
 $(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(DEMO_VENV)

@@ -38,6 +38,7 @@ from flexmig.export.loss_metrics import LossMetrics
 from flexmig.export.metrics_http import ServerStats
 from flexmig.export.prometheus import SnapshotCollector, SnapshotMetrics, build_registry
 from flexmig.export.runtime_metrics import JournalWriteMetrics, ServerMetrics, TaskMetrics
+from flexmig.export.slurm_metrics import SlurmMetrics
 from flexmig.nvml import GpmWindows, Nvml
 from flexmig.sim import install, uninstall
 from flexmig.telemetry.settings import TelemetrySettings
@@ -126,6 +127,17 @@ def actions(mode: str) -> ActionMetrics:
     return m
 
 
+def slurm() -> SlurmMetrics:
+    """The Slurm agent's families as an acting Slurm node has them: a read, a decision, a hook job moved."""
+    m = SlurmMetrics()
+    m.read_ok(pending=3, running=1, movable=1, in_sync=True, registered={"1g.18gb": 3, "4g.71gb": 1})
+    m.decided(drain_s=4.0, gain=5394.0, cost=12.0, go=True)
+    for action in ("signalled", "requeued", "released"):
+        m.job_action(action)
+    m.drained(2.5)
+    return m
+
+
 @pytest.fixture(scope="module")
 def snapshot() -> Snapshot:
     return sampled_node()
@@ -141,6 +153,8 @@ def registry(snap: Snapshot, mode: str) -> CollectorRegistry:
         ServerMetrics(lambda: ServerStats(limit=64, open=1, accepted=3, served=2)),
         JournalWriteMetrics(lambda: Durable("/var/lib/flexmig/journal.sqlite3") if mode == "act" else None),
     ]
+    if mode == "act":  # a Slurm node ([slurm] enabled) acts
+        extensions.append(slurm())
     return build_registry(SnapshotCollector(lambda: snap, extensions))
 
 

@@ -8,6 +8,7 @@ its own, never from a sibling on its line or from a line above::
     cli daemon __main__
     wiring
     export
+    slurm
     act
     jobs replay
     telemetry

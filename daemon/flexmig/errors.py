@@ -25,6 +25,7 @@ __all__ = [
     "OutboxError",
     "PlanRejectedError",
     "SimError",
+    "SlurmError",
     "StateInUseError",
     "StorageError",
     "TraceError",
@@ -119,3 +120,10 @@ class PlanRejectedError(FlexmigError):
 
 class HookTimeoutError(FlexmigError):
     """A job did not acknowledge a checkpoint request in time; the move is cancelled."""
+
+
+class SlurmError(FlexmigError):
+    """Slurm could not be asked or told something (a command failed, timed out, or answered garbage).
+
+    The message names the command and what it said, so one log line is enough to act on.
+    """

@@ -34,7 +34,7 @@ import pwd
 import signal
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -143,6 +143,15 @@ class Executor:
             durable=self.durable,
         )
         supervisor.on_exit = self.settler.on_exit
+        self.handlers: dict[str, Callable[[ActionRun], Awaitable[None]]] = {}
+        """Runners of action kinds that live outside ``act/`` (``slurm_reregister``): see :meth:`add_handler`."""
+
+    def add_handler(self, kind: str, handler: Callable[[ActionRun], Awaitable[None]]) -> None:
+        """Run journalled actions of ``kind`` with ``handler`` (given the action's step runner, whose ``row``
+        holds the payload), also when :meth:`reconcile` finishes them after a crash; add it before that."""
+        if kind in ACTION_KINDS:
+            raise ValueError(f"action kind {kind!r} is the executor's own")
+        self.handlers[kind] = handler
 
     # ------------------------------------------------------------------------------------------ entry
     def require_act(self) -> None:
@@ -255,9 +264,13 @@ class Executor:
         state: Literal["done", "failed", "cancelled"] = "done"
         error: str | None = None
         try:
-            if row.kind not in ACTION_KINDS:
+            extra = self.handlers.get(row.kind)
+            if extra is not None:
+                await extra(run)
+            elif row.kind not in ACTION_KINDS:
                 raise Refused(f"unknown action kind {row.kind!r}")
-            await self._dispatch(run, payload_of(row))
+            else:
+                await self._dispatch(run, payload_of(row))
         except Refused as exc:
             state, error = "failed", f"refused: {exc}"
         except StepFailed as exc:

@@ -51,6 +51,8 @@ _MQTT = "with `[mqtt] enabled = true`"
 _DCGM = "with `[dcgm] enabled = true`"
 _DETECT = "once detection has judged the node (from the first sweep on)"
 _HOST = "for processes the host can see (psutil)"
+_SLURM = "with `[slurm] enabled = true`"
+_SLURM_READ = "with `[slurm] enabled = true`, once Slurm was read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +392,8 @@ FAMILIES: tuple[Family, ...] = (
         "flexmig_actions",
         (*_N, "action", "outcome"),
         "Actions the actuator finished, by kind (migrate, resplit, start, stop, create_instance, destroy_instance, "
-        "restart) and outcome (completed, failed, cancelled, skipped); every pair is present from the start at 0.",
+        "restart) and outcome (completed, failed, cancelled, skipped); every pair is present from the start at 0 "
+        "(slurm_reregister, with [slurm], once one ran).",
     ),
     Family(
         "flexmig_action_duration_seconds",
@@ -446,6 +449,56 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _c("flexmig_journal_write_retries", _N, "Journal writes tried again because the storage could not take them."),
     _c("flexmig_journal_write_stalls", _N, "Times an action had to wait for the journal's storage."),
+    # ------------------------------------------------------------------ the Slurm agent
+    _g("flexmig_slurm_up", _N, "1 when the last read of Slurm succeeded, 0 when it failed.", _SLURM_READ),
+    _c("flexmig_slurm_read_errors", _N, "Reads of Slurm that failed.", _SLURM),
+    _g("flexmig_slurm_pending_jobs", _N, "Slurm jobs pending that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_running_jobs", _N, "Slurm jobs running that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_movable_jobs", _N, "Slurm jobs movable that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_in_sync", _N, "1 when Slurm lists the node with exactly NVML's instances.", _SLURM_READ),
+    _g(
+        "flexmig_slurm_registered_gpus",
+        (*_N, "profile"),
+        "GPU GRES Slurm lists for the node, by type.",
+        _SLURM_READ,
+    ),
+    _g(
+        "flexmig_slurm_drain_estimate_seconds",
+        _N,
+        "Estimated drain of the last decision.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_gain_slice_seconds",
+        _N,
+        "Compute slice-seconds of waiting the last decision's change would spare.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_cost_slice_seconds",
+        _N,
+        "Compute slice-seconds the last decision's drain would waste.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_wanted",
+        _N,
+        "1 when the last decision said go.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _c(
+        "flexmig_slurm_job_actions",
+        (*_N, "action"),
+        "Slurm jobs signalled, requeued and released.",
+        _SLURM,
+    ),
+    Family(
+        "flexmig_slurm_drain_seconds",
+        "histogram",
+        _N,
+        "How long re-registrations waited for the node to empty.",
+        _SLURM,
+    ),
     # ------------------------------------------------------------------ the daemon's process (prometheus_client)
     Family("process_cpu_seconds", "counter", (), "Total user and system CPU time spent in seconds.", extern=True),
     Family("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes.", extern=True),

@@ -26,6 +26,7 @@ from flexmig.telemetry.publish import SnapshotHub
 from flexmig.wiring.actuator import ActuatorComponent, ActuatorHost
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
+from flexmig.wiring.slurm import SlurmComponent
 
 __all__ = [
     "ActuatorComponent",
@@ -34,6 +35,7 @@ __all__ = [
     "Detector",
     "FindingsPublisher",
     "MqttComponent",
+    "SlurmComponent",
     "WiredDaemon",
     "detect_settings",
     "wire",
@@ -76,6 +78,8 @@ class Components:
     actuator: ActuatorComponent
     commands: CommandListener | None = None
     """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
+    slurm: SlurmComponent | None = None
+    """The Slurm agent (``[slurm] enabled``): demand from Slurm, re-registrations in mode act."""
 
 
 class WiredDaemon(ActuatorHost, Protocol):
@@ -83,6 +87,7 @@ class WiredDaemon(ActuatorHost, Protocol):
     configuration problems it started with (:func:`flexmig.config.load_config_deferring`)."""
 
     deferred_problems: tuple[ConfigProblem, ...]
+    sim_workload: bool
 
 
 def wire(daemon: WiredDaemon) -> Components:
@@ -111,6 +116,16 @@ def wire(daemon: WiredDaemon) -> Components:
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
     actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks)
+    slurm: SlurmComponent | None = None
+    if config.slurm.enabled:
+        if daemon.sim_spec is not None and daemon.sim_workload:
+            log.info("simulated node with [slurm] enabled: no demo workload, the node runs Slurm's jobs")
+            daemon.sim_workload = False
+
+        def simulated() -> bool:  # asked when the actuator is built, once the backend is open
+            return daemon.backend is not None and daemon.backend.simulated
+
+        slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated)
     listener = command_listener(config, node, actuator.dispatch)
     serving = listener
     if listener is not None:
@@ -126,7 +141,7 @@ def wire(daemon: WiredDaemon) -> Components:
             unknown_ranks=actuator.unknown_rank_count,
         )
     )
-    return Components(detector, mqtt, actuator, listener)
+    return Components(detector, mqtt, actuator, listener, slurm)
 
 
 def _commands_once_on(

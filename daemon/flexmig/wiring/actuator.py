@@ -205,6 +205,7 @@ class ActuatorComponent:
         self._last_signature: tuple[str, ...] | None = None
         self._last_round: PlanRound | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
+        self._built: list[Callable[[Actuator], None]] = []
         host.add_metrics(self.metrics)
         host.add_metrics(JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None))
         host.hub.subscribe(lambda _snapshot: self._refresh())
@@ -253,6 +254,8 @@ class ActuatorComponent:
         act.executor.device_uuids_unique = not backend.simulated
         self.act = act
         try:
+            for hook in self._built:  # before reconciling: a hook may add the runner of actions in the journal
+                hook(act)
             for rec in act.journal.jobs():
                 if rec.state == "running":
                     self._touched.update(s.key for s in rec.slots)
@@ -275,6 +278,22 @@ class ActuatorComponent:
         except (FlexmigError, OSError) as exc:
             await self._close()
             self._give_up(f"actuator start-up failed: {exc}")
+
+    def on_built(self, hook: Callable[[Actuator], None]) -> None:
+        """Call ``hook`` with the actuator once it is built, before the journal is reconciled (to add action
+        handlers, :meth:`flexmig.act.executor.Executor.add_handler`)."""
+        self._built.append(hook)
+
+    @property
+    def action_lock(self) -> asyncio.Lock:
+        """Held while a plan or a mutating request runs; whoever else changes the node takes it too, so that a stop
+        (:meth:`drain`) waits for them the same way."""
+        return self._busy
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked: start nothing new."""
+        return self._stopping
 
     async def dispatch(self, line: bytes) -> dict[str, Any]:
         """Run one control request line (an MQTT command's) as the control socket would; never raises.
@@ -461,6 +480,11 @@ class ActuatorComponent:
         """``handler`` run under the action lock (no plan runs meanwhile), refused while stopping."""
 
         async def run(args: Mapping[str, Any]) -> Any:
+            if op == "jobs.submit" and self.config.slurm.enabled:
+                raise PlanRejectedError(
+                    "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not "
+                    "flexmig jobs submit"
+                )
             async with self._busy:
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
@@ -635,6 +659,8 @@ class ActuatorComponent:
             p = payload_of(row)
             if isinstance(p, CreateInstancePayload | DestroyInstancePayload):
                 target = p.slot.spec()
+        if row.kind == "slurm_reregister" and isinstance(row.payload.get("node"), str):
+            target = f"slurm node {row.payload['node']}"
         downtime = self._downtime(action_id) if row.kind in ("migrate", "resplit") else None
         return ActionFacts(plan_id=row.plan_id, origin=origin, target=target, downtime_s=downtime)
 
