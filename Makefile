@@ -5,6 +5,9 @@
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
 #               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
+#   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
+#               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
+#               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,7 +15,7 @@ DEMO_VENV ?= .venv-demo
 DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo test check lint venv debs
+.PHONY: demo test check fault lint venv debs
 
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +29,9 @@ debs:
 	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
 	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    slurmctld slurmd slurm-client munge >/dev/null; }
 
 $(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(DEMO_VENV)
@@ -44,3 +50,6 @@ test: venv debs lint
 
 check: venv
 	$(BIN)/pytest -q -m "not integration"
+
+fault: venv debs
+	$(BIN)/pytest -q -m fault

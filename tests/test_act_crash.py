@@ -60,8 +60,8 @@ class Node:
         self.proc: subprocess.Popen[bytes] | None = None
         (base / "harness.py").write_text(HARNESS)
 
-    def start(self, kill_at: str = "") -> None:
-        env = {**os.environ, "TEST_KILL_AT": kill_at}
+    def start(self, kill_at: str = "", extra_env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "TEST_KILL_AT": kill_at, **(extra_env or {})}
         argv = [
             sys.executable, str(self.base / "harness.py"), "--mode", "act", "--sim", self.spec,
             "--sim-state", str(self.base / "sim.json"), "--state-dir", str(self.base),

@@ -480,6 +480,25 @@ while True:
             sys.exit(3)   # rank 1 dies while saving; rank 0 waits for it forever, as in a collective
 """
 
+LATE_RANK = """\
+import os, sys, time
+from pathlib import Path
+from flexmig import hook
+h = hook.install(handler=False)
+if h.rank == 1:   # still starting up (importing torch, say) when the request comes: the signal is ignored meanwhile
+    while not (h.checkpoint_dir / "release").exists():
+        time.sleep(0.01)
+h.install_handler()
+(h.checkpoint_dir / f"ready-{h.rank}").touch()
+while True:
+    time.sleep(0.01)
+    if h.should_checkpoint():
+        p = h.checkpoint_dir / f"rank{h.rank}-gen{os.environ['FLEXMIG_GENERATION']}.json"
+        hook.atomic_write_json(p, {"step": 0})
+        h.acknowledge(0, p)
+        sys.exit(0)
+"""
+
 SLOW_ACK = """\
 import json, sys, time
 from flexmig import hook
@@ -519,6 +538,29 @@ def test_a_job_that_never_acknowledges_keeps_running_and_the_move_is_cancelled(b
             assert rig.layout() == "1g.18gb@0+1g.18gb@1", "targets created for the move were removed"
             assert rig.record().state == "running"
             assert "action_cancelled" in rig.kinds()
+
+    run(scenario())
+
+
+def test_a_rank_that_was_not_listening_when_asked_is_asked_again_until_it_exits(base: Path) -> None:
+    """Rank 0 acknowledges at once; rank 1 installs its hook only afterwards. The daemon keeps asking the ranks still
+    running, so rank 1 checkpoints and exits by itself instead of being killed at the exit timeout."""
+
+    async def scenario() -> None:
+        async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
+            await rig.call("jobs.submit", path=str(rig.job(script=_script(base, "late.py", LATE_RANK))))
+            ckpt = base / "counter.ckpt"
+            await rig.until((ckpt / "ready-0").exists)
+            moving = asyncio.create_task(rig.call("jobs.migrate", name="counter"))
+            await rig.until((ckpt / "rank0-gen1.json").exists)  # rank 0 acknowledged and exits
+            assert not (ckpt / "ready-1").exists(), "rank 1 was not listening when the request came"
+            (ckpt / "release").touch()
+            res = await moving
+            assert res["ok"], res
+            assert (ckpt / "rank1-gen1.json").exists(), "rank 1 was asked again and checkpointed"
+            (await_exit,) = rig.act.journal.db.execute("SELECT result FROM steps WHERE name = 'await_exit'").fetchall()
+            result = json.loads(await_exit[0])
+            assert result["forced"] is False and set(result["exit_codes"].values()) == {0}, result
 
     run(scenario())
 

@@ -17,7 +17,7 @@ import pytest
 
 from flexmig import sim
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
-from flexmig.act.control import ControlServer
+from flexmig.act.control import MAX_JSON_DEPTH, ControlServer
 from flexmig.act.events import MemorySink
 from flexmig.act.service import Actuator
 from flexmig.errors import ConfigError, PlanRejectedError
@@ -117,6 +117,60 @@ def test_malformed_requests_get_an_error_answer_and_the_server_keeps_serving(
     bad, good = serve(tmp_path / "c.sock", scenario)
     assert bad["ok"] is False and why in bad["error"] and bad["type"] == "RequestError"
     assert good["ok"] is True
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 30_000])
+def test_deeply_nested_json_gets_a_clear_error_answer_and_no_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, depth: int
+) -> None:
+    nested = b"[" * depth + b"]" * depth  # 30 000 levels: under the size limit, far past Python's recursion limit
+
+    async def scenario(server: ControlServer) -> list[dict[str, Any]]:
+        return await talk(server.path, b'{"op": "echo", "args": {"x": ' + nested + b"}}\n", b'{"op": "echo"}\n')
+
+    with caplog.at_level("DEBUG"):
+        bad, good = serve(tmp_path / "c.sock", scenario)
+    assert bad == {
+        "ok": False,
+        "error": f"request nests deeper than {MAX_JSON_DEPTH} levels",
+        "type": "RequestError",
+    }
+    assert good["ok"] is True, "the server keeps serving"
+    assert not [r for r in caplog.records if r.exc_info], "no traceback in the log"
+
+
+def test_nesting_up_to_the_limit_is_accepted(tmp_path: Path) -> None:
+    depth = MAX_JSON_DEPTH - 2  # the request object and its args are two levels
+    nested = b"[" * depth + b"]" * depth
+
+    async def scenario(server: ControlServer) -> list[dict[str, Any]]:
+        return await talk(server.path, b'{"op": "echo", "args": {"x": ' + nested + b"}}\n")
+
+    (answer,) = serve(tmp_path / "c.sock", scenario)
+    assert answer["ok"] is True
+
+
+def test_connections_beyond_the_cap_are_answered_and_closed_and_the_held_ones_keep_working(tmp_path: Path) -> None:
+    async def scenario(server: ControlServer) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+        held = [await asyncio.open_unix_connection(str(server.path)) for _ in range(4)]
+        while len(server._conns) < 4:  # noqa: ASYNC110 - polling the server's state is the point
+            await asyncio.sleep(0.01)
+        refused = await talk(server.path, b'{"op": "echo"}\n')
+        reader, writer = held[0]
+        writer.write(b'{"op": "echo"}\n')
+        answers = [json.loads(await asyncio.wait_for(reader.readline(), 10))]
+        for _, w in held:
+            w.close()
+        while server._conns:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        again = await talk(server.path, b'{"op": "echo"}\n')
+        return refused, answers, again
+
+    refused, answers, again = serve(tmp_path / "c.sock", scenario, max_connections=4)
+    assert refused == [
+        {"ok": False, "error": "too many connections to the control socket (4); try again", "type": "BusyError"}
+    ]
+    assert answers[0]["ok"] is True and again[0]["ok"] is True
 
 
 def test_a_handler_bug_is_an_internal_error_answer_not_a_dead_socket(tmp_path: Path) -> None:

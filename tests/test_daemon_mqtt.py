@@ -372,6 +372,8 @@ def test_a_malformed_broker_address_at_start_keeps_sampling_and_every_event_unti
             )  # fmt: skip
         try:
             await until(lambda: len(emitted_ids(log)) >= 1, "an event while publishing is off")
+            # The first sweep's events may come before the metrics server is up: wait for the daemon to say so.
+            await until(lambda: " up: " in log.read_text(), "flexmigd up, its metrics served")
             sweeps_before = sweeps_total(port)
             await until(lambda: sweeps_total(port) >= sweeps_before + 5, "sampling to go on")
             stored = Outbox(outbox).ids()

@@ -13,6 +13,7 @@ from flexmig.export.events import Deduplicator, Event, EventFactory, EventKind, 
 from flexmig.export.mqtt_state import state_document
 from flexmig.mig import H200, Layout
 from test_action_events import actuator_events
+from test_slurm_events import slurm_events
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "event.v1.schema.json").read_text())
@@ -72,6 +73,7 @@ def scenario() -> tuple[list[Event], list[dict[str, Any]]]:
         fac.action_failed("a2", "resplit", "job train-2", 3.0, "checkpoint not acknowledged within 30 s"),
     ]
     events += actuator_events(fac)  # the other kinds, as the daemon makes them (tests/test_action_events.py)
+    events += slurm_events(fac)  # and the Slurm side's (tests/test_slurm_events.py)
     return events, docs
 
 

@@ -28,12 +28,17 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
 
+from flexmig.act.durable import Durable
 from flexmig.config.schema import DCGM_EXPORTER_PORT
 from flexmig.detect import DetectSettings
 from flexmig.export import catalogue
 from flexmig.export.action_metrics import ActionMetrics
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
+from flexmig.export.loss_metrics import LossMetrics
+from flexmig.export.metrics_http import ServerStats
 from flexmig.export.prometheus import SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.export.runtime_metrics import JournalWriteMetrics, ServerMetrics, TaskMetrics
+from flexmig.export.slurm_metrics import SlurmMetrics
 from flexmig.nvml import GpmWindows, Nvml
 from flexmig.sim import install, uninstall
 from flexmig.telemetry.settings import TelemetrySettings
@@ -68,6 +73,14 @@ class Stats:
     sent_total: int = 40
     connect_failures_total: int = 1
     dropped_total: int = 0
+    unsaved_dropped_total: int = 0
+    outbox_corruptions_total: int = 0
+    outbox_lost_total: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandStats:
+    results_dropped: int = 0
 
 
 def sampled_node() -> Snapshot:
@@ -114,6 +127,17 @@ def actions(mode: str) -> ActionMetrics:
     return m
 
 
+def slurm() -> SlurmMetrics:
+    """The Slurm agent's families as an acting Slurm node has them: a read, a decision, a hook job moved."""
+    m = SlurmMetrics()
+    m.read_ok(pending=3, running=1, movable=1, in_sync=True, registered={"1g.18gb": 3, "4g.71gb": 1})
+    m.decided(drain_s=4.0, gain=5394.0, cost=12.0, go=True)
+    for action in ("signalled", "requeued", "released"):
+        m.job_action(action)
+    m.drained(2.5)
+    return m
+
+
 @pytest.fixture(scope="module")
 def snapshot() -> Snapshot:
     return sampled_node()
@@ -124,7 +148,13 @@ def registry(snap: Snapshot, mode: str) -> CollectorRegistry:
         FindingsMetrics(lambda: (0.002, 0)),
         PublisherMetrics(Stats, lambda: {"instance_created": 3}),
         actions(mode),
+        LossMetrics(Stats, CommandStats, lambda: 0),
+        TaskMetrics({"mqtt": 1} if mode == "act" else {}),
+        ServerMetrics(lambda: ServerStats(limit=64, open=1, accepted=3, served=2)),
+        JournalWriteMetrics(lambda: Durable("/var/lib/flexmig/journal.sqlite3") if mode == "act" else None),
     ]
+    if mode == "act":  # a Slurm node ([slurm] enabled) acts
+        extensions.append(slurm())
     return build_registry(SnapshotCollector(lambda: snap, extensions))
 
 

@@ -100,7 +100,7 @@ print(json.dumps(nvidia_smi.getInstance().DeviceQuery(fields), default=str))
 
 
 def test_nvidia_smi_device_query_lists_both_gpus_with_pci_bus_ids_and_no_missing_function(
-    pynvml_utils_dir: Path
+    pynvml_utils_dir: Path,
 ) -> None:
     proc = run_client(SMI, args=[str(pynvml_utils_dir)])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -120,7 +120,7 @@ def test_nvidia_smi_device_query_lists_both_gpus_with_pci_bus_ids_and_no_missing
 
 
 def test_nvidia_smi_full_query_trips_on_the_brand_an_h200_reports_as_it_does_on_real_gpus(
-    pynvml_utils_dir: Path
+    pynvml_utils_dir: Path,
 ) -> None:
     # `nvidia-smi -q` on A100-SXM4-80GB and H100 says "Product Brand : NVIDIA" (NVML_BRAND_NVIDIA = 14), a key the
     # client's brand table lacks: a client bug the simulator reproduces instead of hiding.

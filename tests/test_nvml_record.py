@@ -77,8 +77,21 @@ def test_the_recorder_calls_no_entry_point_that_changes_anything(sim: Sim) -> No
     seen = symbols_looked_up_by_a_recording()
     changing = {name for name in seen if name.startswith(MUTATING_PREFIXES)}
     assert changing == set()
-    assert all(name.startswith(("nvmlSystemGet", "nvmlDevice", "nvmlGpuInstanceGet", "nvmlComputeInstanceGet",
-                                "nvmlGpmQuery", "nvmlInit", "nvmlShutdown", "nvmlErrorString")) for name in seen)
+    assert all(
+        name.startswith(
+            (
+                "nvmlSystemGet",
+                "nvmlDevice",
+                "nvmlGpuInstanceGet",
+                "nvmlComputeInstanceGet",
+                "nvmlGpmQuery",
+                "nvmlInit",
+                "nvmlShutdown",
+                "nvmlErrorString",
+            )
+        )
+        for name in seen
+    )
 
 
 def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim: Sim) -> None:
@@ -159,9 +172,10 @@ def test_a_node_built_from_a_recording_answers_what_was_recorded_not_what_the_mo
             N.nvmlDeviceGetTemperatureThreshold(dev, 0)
         handle = N.nvmlDeviceGetHandleByUUID(mig["uuid"])
         assert N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2).used == 15 << 20
-        assert N.nvmlDeviceGetSerial(N.nvmlDeviceGetHandleByIndex(1)) == doc["gpus"][1]["calls"][
-            "nvmlDeviceGetSerial"
-        ]["value"]
+        assert (
+            N.nvmlDeviceGetSerial(N.nvmlDeviceGetHandleByIndex(1))
+            == doc["gpus"][1]["calls"]["nvmlDeviceGetSerial"]["value"]
+        )
     finally:
         N.nvmlShutdown()
 

@@ -77,8 +77,12 @@ def test_accounting_is_disabled_on_a_mig_gpu_and_not_asked_of_a_mig_device(node:
 def test_memory_error_counters_follow_the_headers_mig_rule(node: SimNode) -> None:
     # nvml.h: per instance only "non-DRAM uncorrectable volatile errors"; volatile errors "using device handles
     # is currently not supported" on MIG-enabled GPUs.
-    unc, corr, vol, agg = (N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, N.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                           N.NVML_VOLATILE_ECC, N.NVML_AGGREGATE_ECC)
+    unc, corr, vol, agg = (
+        N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        N.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        N.NVML_VOLATILE_ECC,
+        N.NVML_AGGREGATE_ECC,
+    )
     l2, dram = N.NVML_MEMORY_LOCATION_L2_CACHE, N.NVML_MEMORY_LOCATION_DRAM
     assert N.nvmlDeviceGetMemoryErrorCounter(mig(node), unc, vol, l2) == 0
     for args in ((unc, vol, dram), (corr, vol, l2), (unc, agg, l2)):

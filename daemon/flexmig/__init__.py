@@ -4,9 +4,11 @@ The layers, top to bottom (a subpackage or top-level module of ``flexmig`` each;
 ``python -m`` entry point, such as ``flexmig.act``). A module imports from its own layer and from the lines below
 its own, never from a sibling on its line or from a line above::
 
+    flexmigd
     cli daemon __main__
     wiring
     export
+    slurm
     act
     jobs replay
     telemetry
@@ -17,7 +19,7 @@ its own, never from a sibling on its line or from a line above::
     sim
     mig
     storage
-    hook security sdnotify
+    hook security sdnotify signals tasks
     errors
 
 Three rules more:

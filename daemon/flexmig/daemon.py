@@ -4,7 +4,8 @@ Start-up: read the configuration, open NVML (or install the simulated node) on t
 inventory and sweep, start the metrics server, tell systemd READY; then run every loop under one TaskGroup until
 SIGTERM or SIGINT. Components are added as named loops (:meth:`Daemon.add_loop`), snapshot enrichers and
 subscribers (``daemon.hub``) and extra metric families (:meth:`Daemon.add_metrics`), so the MQTT publisher, the
-planner, the actuator and the control socket plug in without touching the sampling code.
+planner, the actuator and the control socket plug in without touching the sampling code. What a component holds is
+let go of in its close hook (:meth:`Daemon.on_close`), which runs however the loops ended, or if they never began.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flexmig import __version__
+from flexmig import __version__, signals
 from flexmig.config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -32,11 +34,14 @@ from flexmig.config import (
     load_config_deferring,
     reload_config,
 )
-from flexmig.errors import ConfigError, FlexmigError
-from flexmig.export.prometheus import MetricsServer, SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
+from flexmig.export.metrics_http import MetricsServer, ServerStats
+from flexmig.export.prometheus import SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.export.runtime_metrics import ServerMetrics, TaskMetrics
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction
+from flexmig.tasks import FATAL_TASK, describe
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.publish import SnapshotHub
@@ -105,19 +110,48 @@ class Daemon:
         self.backend: Backend | None = None
         self.sampler: SamplingLoop | None = None
         self.metrics_port: int | None = None
-        self._loops: list[tuple[str, LoopFactory]] = []
+        self._loops: list[tuple[str, LoopFactory, bool]] = []
+        self.restart_backoff_s: tuple[float, float] = (1.0, 60.0)
+        """First and longest wait before a restartable loop runs again (doubling in between)."""
+        self.restarts = Counter[str]()
+        """Restarts of each restartable loop since start (``flexmig_task_restarts_total``)."""
+        self._stop: asyncio.Event | None = None
+        self._fatal: BackgroundTaskError | None = None
         self._reload_hooks: list[Callable[[Config], None]] = []
         self._start_hooks: list[Callable[[], Awaitable[None]]] = []
         self._stop_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._close_hooks: list[Callable[[], Awaitable[None]]] = []
         self._notifier: Notifier | None = None
         self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
+        self.metrics_stats = ServerStats()
+        """What the metrics server did (its connections at the cap, time-outs), exported with the metrics."""
+        self.add_metrics(TaskMetrics(self.restarts))
+        self.add_metrics(ServerMetrics(lambda: self.metrics_stats))
         self.components = wire(self)  # detection, MQTT (if enabled), the actuator and planner, through the hooks below
 
     # ------------------------------------------------------------------------------------------ extension
-    def add_loop(self, name: str, factory: LoopFactory) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup once start-up is done; it should loop until cancelled."""
-        self._loops.append((name, factory))
+    def add_loop(self, name: str, factory: LoopFactory, *, restart: bool = False) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup once start-up is done; it should loop until cancelled.
+
+        If it raises, the daemon stops with a line naming it (:meth:`fail`), unless ``restart``: then it runs
+        again after a pause (1 s doubling to 60 s), each restart logged and counted, and the daemon stops only
+        when it failed more than :data:`MAX_RESTARTS` times in :data:`RESTART_WINDOW_S`. Only loops that hold no
+        state worth losing may restart (a broker connection, a scrape); the rest are fatal: a restart of the
+        whole daemon, which reconciles its journal, is the safe way back for them.
+        """
+        self._loops.append((name, factory, restart))
+
+    def fail(self, task: str, exc: BaseException, *, note: str = "") -> None:
+        """A background task died: say so in one line and stop the daemon (``run`` then raises
+        :class:`~flexmig.errors.BackgroundTaskError`, exit status 1). The first death is the one reported."""
+        line = f"background task {task!r} died: {describe(exc)}{note}"
+        bug = not isinstance(exc, OSError | FlexmigError)  # environmental errors are one line; bugs get a traceback
+        log.error("%s", line, exc_info=exc if bug else None)
+        if self._fatal is None:
+            self._fatal = BackgroundTaskError(line)
+        if self._stop is not None:
+            self._stop.set()
 
     def add_metrics(self, extension: SnapshotMetrics) -> None:
         """Export more metric families from each snapshot (call before :meth:`run`)."""
@@ -134,6 +168,14 @@ class Daemon:
     def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Await ``hook`` when a stop is asked, before the loops are cancelled (to let an action finish)."""
         self._stop_hooks.append(hook)
+
+    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` once the daemon's loops have ended, before NVML is closed, newest hook first: what a
+        component holds (sockets, journal, outbox, locks, a simulated node's directory) is let go of here, not in a
+        loop's ``finally``, so it is let go of whether the loop ran, restarted, died or never began (a start-up that
+        failed or a stop asked during it). Runs on every way out of :meth:`run`; a hook that raises is logged and the
+        next one still runs."""
+        self._close_hooks.append(hook)
 
     def reload(self) -> bool:
         """Read the configuration file again (SIGHUP). A bad file is logged and the old configuration kept.
@@ -184,6 +226,10 @@ class Daemon:
         """Start, run every loop until ``stop`` is set (or a loop fails), then shut down in reverse order."""
         notifier = self._notifier = Notifier.from_env()
         server: MetricsServer | None = None
+        self._stop, self._fatal = stop, None
+        loop = asyncio.get_running_loop()
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self._loop_exception)
         try:
             self.backend = await self.worker.call(
                 open_backend,
@@ -216,6 +262,7 @@ class Daemon:
             if self.metrics_addr is not None:
                 registry = build_registry(SnapshotCollector(self.hub.latest, self._metrics_ext))
                 server = MetricsServer(registry, self.metrics_addr.host, self.metrics_addr.port)
+                self.metrics_stats = server.stats
                 _, self.metrics_port = server.start()
                 log.info("metrics on http://%s:%d/metrics", _bracket(self.metrics_addr.host), self.metrics_port)
             log.info(
@@ -229,23 +276,36 @@ class Daemon:
                 await start_hook()
             notifier.ready(f"sampling {len(first.gpus)} GPU(s), {len(first.instances())} MIG instance(s)")
             self._started.set()
+            sampler, opened = self.sampler, self.backend
+            loops: list[tuple[str, LoopFactory, bool]] = [("sampling", sampler.run, False)]
+            if dcgm is not None:
+                loops.append(("dcgm", lambda: dcgm_loop(dcgm, self.settings.dcgm_interval_s), True))
+            if opened.workload is not None:
+                step = self._workload_step(opened.workload)
+                loops.append(
+                    ("workload", lambda: periodic_step(self.worker, step, self.settings.interval_s, self.clock), True)
+                )
+            timeout = watchdog_timeout_s()
+            if timeout is not None:
+                dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
+                loops.append(("watchdog", lambda: _watchdog_loop(dog), False))
+            everything = (*loops, *self._loops)
+            waiting = [len(everything)]  # loops that have not begun (names may repeat: a count, not a set)
+            all_begun = asyncio.Event()
+
+            def began() -> None:
+                waiting[0] -= 1
+                if waiting[0] <= 0:
+                    all_begun.set()
+
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self.sampler.run(), name="sampling")]
-                if dcgm is not None:
-                    tasks.append(tg.create_task(dcgm_loop(dcgm, self.settings.dcgm_interval_s), name="dcgm"))
-                if self.backend.workload is not None:
-                    step = self._workload_step(self.backend.workload)
-                    tasks.append(
-                        tg.create_task(
-                            periodic_step(self.worker, step, self.settings.interval_s, self.clock), name="workload"
-                        )
-                    )
-                timeout = watchdog_timeout_s()
-                if timeout is not None:
-                    dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
-                    tasks.append(tg.create_task(_watchdog_loop(dog), name="watchdog"))
-                for name, factory in self._loops:
-                    tasks.append(tg.create_task(factory(), name=name))
+                tasks = [
+                    tg.create_task(self._supervised(name, factory, restart, began), name=name)
+                    for name, factory, restart in everything
+                ]
+                # A task cancelled before its first step never runs a line of its coroutine (not even a finally):
+                # no loop is cancelled before it began, so a stop asked during start-up reaches it inside its try.
+                await all_begun.wait()
                 await stop.wait()
                 log.info("stopping")
                 notifier.stopping()
@@ -257,6 +317,11 @@ class Daemon:
                 for task in tasks:
                     task.cancel()
         finally:
+            for close_hook in reversed(self._close_hooks):
+                try:
+                    await close_hook()
+                except Exception:
+                    log.exception("close hook %r failed", close_hook)
             if server is not None:
                 server.stop()
             backend, self.backend = self.backend, None
@@ -265,6 +330,56 @@ class Daemon:
                     await self.worker.call(backend.close)
             self.worker.shutdown()
             notifier.close()
+            loop.set_exception_handler(previous_handler)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _supervised(self, name: str, factory: LoopFactory, restart: bool, began: Callable[[], None]) -> None:
+        """Run one loop under the daemon's policy (see :meth:`add_loop`); never raises but CancelledError.
+        ``began()`` says it runs (and, once this step is over, its loop waits in its first await)."""
+        failures: deque[float] = deque()
+        first = True
+        pause, longest = self.restart_backoff_s
+        while True:
+            try:
+                if first:  # run() goes on only after this step, which takes the loop to its first await
+                    first = False
+                    began()
+                await factory()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                failures.append(now)
+                while failures and failures[0] < now - RESTART_WINDOW_S:
+                    failures.popleft()
+                if not restart or len(failures) > MAX_RESTARTS:
+                    note = f" (after {MAX_RESTARTS} restarts in {RESTART_WINDOW_S / 60:.0f} min)" if restart else ""
+                    self.fail(name, exc, note=note)
+                    return
+                self.restarts[name] += 1
+                log.warning(
+                    "background task %r failed (%s); restart %d in %.1f s", name, describe(exc), self.restarts[name],
+                    pause,
+                )  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(longest, pause * 2)
+                continue
+            if self._stop is None or not self._stop.is_set():
+                log.warning("background task %r ended by itself", name)
+            return
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The event loop's exception handler: a spawned task's death is fatal (:mod:`flexmig.tasks`); anything
+        else asyncio reports (a library's own task or callback) is one line at ERROR, its traceback at DEBUG."""
+        exc = context.get("exception")
+        task = context.get(FATAL_TASK)
+        if task is not None and isinstance(exc, BaseException):
+            self.fail(str(task), exc)
+            return
+        what = str(context.get("message") or "unhandled error in the event loop")
+        detail = f": {describe(exc)}" if isinstance(exc, BaseException) else ""
+        log.error("asyncio: %s%s", what, detail, exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
 
     def _workload_step(self, workload: DemoWorkload) -> Callable[[float], None]:
         """The demo workload's step, leaving alone the instances the actuator uses (read on the NVML thread)."""
@@ -279,6 +394,11 @@ class Daemon:
         snapshot = self.hub.publish(snapshot)
         self.heartbeat.beat(snapshot.monotonic)
         return snapshot
+
+
+#: A restartable loop that fails more often than this within :data:`RESTART_WINDOW_S` stops the daemon.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
 
 
 async def _watchdog_loop(dog: Watchdog) -> None:
@@ -352,14 +472,20 @@ async def serve(daemon: Daemon) -> None:
     """Run ``daemon`` until SIGTERM or SIGINT, with SIGHUP reloading its configuration: what ``flexmigd`` runs."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, daemon.reload)
+    if signals.take_pending(signal.SIGHUP):  # asked for while flexmigd loaded or read its configuration
+        log.info("SIGHUP during start-up: reloading the configuration")
+        loop.call_soon(daemon.reload)
     try:
         await daemon.run(stop)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig, previous in before.items():
             loop.remove_signal_handler(sig)
+            if previous is not None:  # a signal flexmigd held before the loop (flexmig.signals) stays held
+                signal.signal(sig, previous)
 
 
 def config_secrets(config: Config) -> tuple[Secret, ...]:
@@ -422,7 +548,9 @@ def setup_logging(level: str, environ: Mapping[str, str] | None = None) -> Redac
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``flexmigd`` console script; returns the exit status (2: bad input, 1: cannot run)."""
+    """The daemon's command (``flexmigd``, through :mod:`flexmig.flexmigd`); returns the exit status (2: bad input,
+    1: cannot run)."""
+    signals.hold()  # done already by flexmig.flexmigd; here for python -m flexmig.daemon and direct callers
     args = build_parser().parse_args(argv)
     redactor = setup_logging(args.log_level)
     try:

@@ -8,6 +8,7 @@ layer that meets it, with ``raise ... from``, so callers only ever catch these. 
 from __future__ import annotations
 
 __all__ = [
+    "BackgroundTaskError",
     "ConfigError",
     "FlexmigError",
     "HookTimeoutError",
@@ -24,6 +25,7 @@ __all__ = [
     "OutboxError",
     "PlanRejectedError",
     "SimError",
+    "SlurmError",
     "StateInUseError",
     "StorageError",
     "TraceError",
@@ -32,6 +34,11 @@ __all__ = [
 
 class FlexmigError(Exception):
     """Root of every error flexmig raises on purpose."""
+
+
+class BackgroundTaskError(FlexmigError):
+    """A background task of the daemon died (or kept failing past its restarts): the daemon stops, exit status 1,
+    with this one line naming the task and its error."""
 
 
 class NodeSpecError(FlexmigError, ValueError):
@@ -113,3 +120,10 @@ class PlanRejectedError(FlexmigError):
 
 class HookTimeoutError(FlexmigError):
     """A job did not acknowledge a checkpoint request in time; the move is cancelled."""
+
+
+class SlurmError(FlexmigError):
+    """Slurm could not be asked or told something (a command failed, timed out, or answered garbage).
+
+    The message names the command and what it said, so one log line is enough to act on.
+    """

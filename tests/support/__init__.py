@@ -11,6 +11,8 @@ Each module is named after what it runs or provides:
 - ``mosquitto``: a real mosquitto on a free loopback port, and the bounded waits the MQTT tests share.
 - ``prometheus``: flexmigd as a subprocess and a real Prometheus scraping it.
 - ``toml``: Python values rendered as TOML text, for the fuzzers that write hostile files.
+- ``slurm``: a real single-node Slurm (munged, slurmctld, slurmd) around a simulated MIG node with the actuator and
+  flexmig's Slurm agent (``SlurmRig``), and why it cannot run on a machine (``skip_reason``).
 - ``systemd``: ``systemd-analyze verify``/``security`` of a unit, and ``support.*`` modules run under ``setpriv`` or
   ``unshare`` (``act_privileges``: act's process operations; ``beside_dcgm``: flexmigd beside dcgm-exporter).
 - ``wheels``: the wheels built from a copy of the checkout, and fresh virtual environments to install them in.

@@ -79,6 +79,9 @@ class ActNode:
     extra: str = ""  # more tables for the configuration (e.g. [baseline]), appended as given
     allowed: Path | None = None  # jobs.allowed_dirs (default: base)
     port: int = field(default_factory=free_port)
+    nofile: int | None = None  # RLIMIT_NOFILE (soft and hard) of the daemon, as LimitNOFILE= would set it
+    entry: tuple[str, ...] = ("-m", "flexmig.daemon")  # what the interpreter runs: a test's harness around main()
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the daemon
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -128,12 +131,17 @@ class ActNode:
         self.write_config()
         self.starts += 1
         argv = [
-            sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(self.sim_state),
+            sys.executable, *self.entry, "--sim", self.spec, "--sim-state", str(self.sim_state),
             "--config", str(self.config), "--metrics-addr", f"127.0.0.1:{self.port}",
         ]  # fmt: skip
+        if self.nofile is not None:  # prlimit sets the limit, then execs flexmigd (same pid)
+            argv = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *argv]
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": ""}
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "NOTIFY_SOCKET": "", **self.env},
             )
 
         def up() -> bool:

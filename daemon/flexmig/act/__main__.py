@@ -18,14 +18,16 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from flexmig.act.events import LoggingSink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
-from flexmig.errors import FlexmigError
+from flexmig.errors import BackgroundTaskError, FlexmigError
 from flexmig.jobs.spec import JobPolicy
 from flexmig.nvml import NvmlWorker
 from flexmig.storage.lock import LOCK_NAME, DirectoryLock
+from flexmig.tasks import FATAL_TASK, describe
 from flexmig.wiring.backend import open_backend
 
 __all__ = ["main", "parse_args", "run"]
@@ -76,11 +78,24 @@ async def _run_locked(args: argparse.Namespace, state: Path, on_step: Callable[[
         on_step=on_step,
         ack_dir=args.ack_dir,
     )
+    stop = asyncio.Event()
+    died: list[str] = []
+
+    def on_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """A spawned task's death stops the service, as it stops flexmigd (:mod:`flexmig.tasks`)."""
+        task, exc = context.get(FATAL_TASK), context.get("exception")
+        if task is None or not isinstance(exc, BaseException):
+            loop.default_exception_handler(context)
+            return
+        died.append(f"background task {task!r} died: {describe(exc)}")
+        log.error("%s", died[-1], exc_info=exc)
+        stop.set()
+
+    asyncio.get_running_loop().set_exception_handler(on_exception)
     try:
         summary = await act.start()
         log.info("reconciled: %s", summary)
         control = act.control_server(args.socket or state / "control.sock", args.socket_mode)
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -93,6 +108,8 @@ async def _run_locked(args: argparse.Namespace, state: Path, on_step: Callable[[
         worker.shutdown()
         with contextlib.suppress(Exception):
             backend.close()
+    if died:
+        raise BackgroundTaskError(died[0])
     return 0
 
 
@@ -103,6 +120,9 @@ def main(argv: Sequence[str] | None = None, on_step: Callable[[StepEvent], None]
     args.state_dir.mkdir(parents=True, exist_ok=True)
     try:
         return asyncio.run(run(args, on_step))
+    except BackgroundTaskError as exc:
+        print(f"flexmig.act: error: {exc}", file=sys.stderr)
+        return 1
     except FlexmigError as exc:
         print(f"flexmig.act: error: {exc}", file=sys.stderr)
         return 2

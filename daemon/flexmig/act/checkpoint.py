@@ -1,8 +1,9 @@
 """Checkpointing a job before it is moved or stopped: request, wait for the acknowledgement, wait for the exit.
 
-The daemon asks every rank (the job's hook signal, repeated every ``resend_s``), the job saves at its next step
-boundary and acknowledges with the step number and the checkpoint's path; no acknowledgement within the job's
-``ack_timeout_s`` cancels the move and the job keeps running. A job whose ranks crash while checkpointing is
+The daemon asks every rank (the job's hook signal, repeated every ``resend_s`` until rank 0 acknowledges, and to
+the ranks still running until they exit), the job saves at its next step boundary and acknowledges with the step
+number and the checkpoint's path; no acknowledgement within the job's ``ack_timeout_s`` cancels the move and the
+job keeps running. A job whose ranks crash while checkpointing is
 marked failed. The acknowledged checkpoint must be a non-empty file inside the job's checkpoint directory.
 """
 
@@ -75,14 +76,15 @@ class Checkpointer:
         except StepFailed as exc:
             if exc.outcome == "failed":
                 await self.supervisor.terminate(name, self.term_grace_s)
-                run.journal.put_job(run.job(name).with_(state="failed", error=str(exc)))
+                failed = run.job(name).with_(state="failed", error=str(exc))
+                await run.write("failure of the checkpoint", lambda: run.journal.put_job(failed))
                 self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=name, error=str(exc)))
             raise
         ack = Ack.from_json(res["ack"])
 
         async def await_exit() -> dict[str, Any]:
             forced = False
-            if not await self.supervisor.wait_exited(name, spec.hook.exit_timeout_s):
+            if not await self._wait_exited(rec):
                 forced = True
                 await self.supervisor.terminate(name, self.term_grace_s)
             codes = {str(h.slot): h.proc.returncode for h in self.supervisor.ranks(name)}
@@ -127,6 +129,22 @@ class Checkpointer:
                 self.supervisor.signal_workers(rec.name, int(spec.hook.signal))
                 next_send = now + self.resend_s
             await asyncio.sleep(self.poll_s)
+
+
+    async def _wait_exited(self, rec: JobRecord) -> bool:
+        """Wait up to the job's ``exit_timeout_s`` for every rank to exit, asking those still running again every
+        ``resend_s``: only rank 0 acknowledges, so a rank that was not listening yet when the request came (its
+        signal starts ignored until its hook is installed; a move right after a launch) has to be asked again, or
+        it would run on until the timeout and be killed. False on timeout."""
+        spec = rec.spec
+        deadline = time.monotonic() + spec.hook.exit_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if await self.supervisor.wait_exited(rec.name, min(self.resend_s, left)):
+                return True
+            self.supervisor.signal_workers(rec.name, int(spec.hook.signal))
 
 
 def validate_ack(rec: JobRecord, ack: Ack) -> Ack:

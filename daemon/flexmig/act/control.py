@@ -30,11 +30,17 @@ from typing import Any
 
 from flexmig.errors import ConfigError, FlexmigError
 
-__all__ = ["MAX_REQUEST_BYTES", "ControlServer", "Handler", "RequestError"]
+__all__ = ["MAX_CONNECTIONS", "MAX_JSON_DEPTH", "MAX_REQUEST_BYTES", "ControlServer", "Handler", "RequestError"]
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_CONNECTIONS = 32
+"""Control connections served at once; one more gets a ``BusyError`` answer and is closed (each idles at most
+``idle_timeout_s``, 300 s)."""
+MAX_JSON_DEPTH = 32
+"""Objects and arrays nest at most this deep in a request (the request object itself is level 1): no operation
+needs more, and a deeper one would only cost recursion in every layer that walks it."""
 Handler = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 
@@ -54,12 +60,14 @@ class ControlServer:
         max_request_bytes: int = MAX_REQUEST_BYTES,
         idle_timeout_s: float = 300.0,
         allowed_uids: frozenset[int] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.path = path
         self.handlers = dict(handlers)
         self.mode = mode
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({0, os.geteuid()})
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -143,9 +151,14 @@ class ControlServer:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        if task is not None:
+        busy = len(self._conns) >= self.max_connections
+        if task is not None and not busy:
             self._conns.add(task)
         try:
+            if busy:  # the descriptors are the daemon's: the journal, NVML and the jobs need them more
+                error = f"too many connections to the control socket ({self.max_connections}); try again"
+                await self._send(writer, {"ok": False, "error": error, "type": "BusyError"})
+                return
             if not self._peer_ok(writer):
                 await self._send(writer, {"ok": False, "error": "permission denied", "type": "PermissionError"})
                 return
@@ -202,10 +215,15 @@ class ControlServer:
     def _parse(self, line: bytes) -> tuple[str, Mapping[str, Any]]:
         if len(line) > self.max_request_bytes:
             raise RequestError(f"request longer than {self.max_request_bytes} bytes")
+        too_deep = RequestError(f"request nests deeper than {MAX_JSON_DEPTH} levels")
         try:
             req = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise RequestError(f"request is not JSON: {exc}") from None
+        except RecursionError:  # deeper than the interpreter's recursion limit: far past ours
+            raise too_deep from None
+        if _depth(req) > MAX_JSON_DEPTH:
+            raise too_deep
         if not isinstance(req, dict):
             raise RequestError("request must be a JSON object")
         unknown = set(req) - {"op", "args"}
@@ -218,3 +236,20 @@ class ControlServer:
         if not isinstance(args, dict):
             raise RequestError("'args' must be a JSON object")
         return op, args
+
+
+def _depth(doc: Any) -> int:
+    """How deep objects and arrays nest in ``doc`` (a scalar is 0); iterative, so any depth is safe to measure."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest

@@ -219,10 +219,14 @@ def payload_of(row: ActionRow) -> Payload:
 
 
 def reason_of(row: ActionRow) -> str:
-    """Why the action was planned, for events and listings (empty, never an error, when the payload is broken)."""
+    """Why the action was planned, for events and listings (empty, never an error, when the payload is broken).
+
+    An action of a kind run by an added handler (``Executor.add_handler``) gives its payload's ``reason`` string.
+    """
     with contextlib.suppress(JournalError):
         return payload_of(row).reason
-    return ""
+    reason = row.payload.get("reason") if row.kind not in ACTION_KINDS else None
+    return reason if isinstance(reason, str) else ""
 
 
 def is_undo(row: ActionRow) -> bool:

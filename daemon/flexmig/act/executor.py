@@ -34,11 +34,13 @@ import pwd
 import signal
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 from flexmig.act.checkpoint import Checkpointer
 from flexmig.act.devices import DeviceProcessTable
+from flexmig.act.durable import Durable
 from flexmig.act.encoding import (
     ACTION_KINDS,
     CreateInstancePayload,
@@ -122,6 +124,10 @@ class Executor:
         its spec comes back from the journal, not from a file just checked (None: no check, for tests of steps)."""
         self._lock = asyncio.Lock()
         self._busy: set[str] = set()
+        self.durable = Durable(journal.path, wall=wall)
+        """Journal writes of actions in flight wait out a full disk (:mod:`flexmig.act.durable`)."""
+        self.running: ActionRun | None = None
+        """The action running now, for the control API's view of its job."""
         self.checkpointer = Checkpointer(
             supervisor=supervisor, events=events, wall=wall, poll_s=poll_s, resend_s=resend_s, term_grace_s=term_grace_s
         )
@@ -134,8 +140,18 @@ class Executor:
             restart=self._restart_in_place,
             wall=wall,
             term_grace_s=term_grace_s,
+            durable=self.durable,
         )
         supervisor.on_exit = self.settler.on_exit
+        self.handlers: dict[str, Callable[[ActionRun], Awaitable[None]]] = {}
+        """Runners of action kinds that live outside ``act/`` (``slurm_reregister``): see :meth:`add_handler`."""
+
+    def add_handler(self, kind: str, handler: Callable[[ActionRun], Awaitable[None]]) -> None:
+        """Run journalled actions of ``kind`` with ``handler`` (given the action's step runner, whose ``row``
+        holds the payload), also when :meth:`reconcile` finishes them after a crash; add it before that."""
+        if kind in ACTION_KINDS:
+            raise ValueError(f"action kind {kind!r} is the executor's own")
+        self.handlers[kind] = handler
 
     # ------------------------------------------------------------------------------------------ entry
     def require_act(self) -> None:
@@ -172,7 +188,8 @@ class Executor:
                     undo_added = True
                     undo = self._undo_actions(self.journal.actions(plan_id))
                     if undo:
-                        self.journal.append_actions(plan_id, undo)
+                        write = partial(self.journal.append_actions, plan_id, undo)
+                        await self.durable.write(f"undo actions of plan {plan_id}", write)
                         rows = self.journal.actions(plan_id)
                         continue
                 break
@@ -184,7 +201,10 @@ class Executor:
                 stop = stop or (row.state != "done" and not undoing)
                 continue
             if stop and not undoing:
-                self.journal.finish_action(row.id, "skipped", "an earlier action of the plan did not complete")
+                why = "an earlier action of the plan did not complete"
+                await self.durable.write(
+                    f"end of action {row.id}", partial(self.journal.finish_action, row.id, "skipped", why)
+                )
                 res = self._result(self.journal.action(row.id))
                 self._emit("action_skipped", row, res)
                 results.append(res)
@@ -193,7 +213,8 @@ class Executor:
             results.append(res)
             if not undoing:
                 stop = stop or res.outcome != "completed"
-        self.journal.finish_plan(plan_id, "failed" if stop else "done")
+        end = "failed" if stop else "done"
+        await self.durable.write(f"end of plan {plan_id}", lambda: self.journal.finish_plan(plan_id, end))
         return PlanResult(plan_id, tuple(results))
 
     def _undo_actions(self, rows: Sequence[ActionRow]) -> list[EncodedAction]:
@@ -229,15 +250,27 @@ class Executor:
         )
 
     async def _run_action(self, row: ActionRow) -> ActionResult:
-        run = ActionRun(self.journal, row)
-        self.journal.start_action(row.id)
+        run = ActionRun(self.journal, row, self.durable)
+        self.running = run
+        try:
+            return await self._run_action_as(run)
+        finally:
+            self.running = None
+
+    async def _run_action_as(self, run: ActionRun) -> ActionResult:
+        row = run.row
+        await run.write("start", lambda: self.journal.start_action(row.id))
         self._emit("action_started", row, resumed=run.resumed)
         state: Literal["done", "failed", "cancelled"] = "done"
         error: str | None = None
         try:
-            if row.kind not in ACTION_KINDS:
+            extra = self.handlers.get(row.kind)
+            if extra is not None:
+                await extra(run)
+            elif row.kind not in ACTION_KINDS:
                 raise Refused(f"unknown action kind {row.kind!r}")
-            await self._dispatch(run, payload_of(row))
+            else:
+                await self._dispatch(run, payload_of(row))
         except Refused as exc:
             state, error = "failed", f"refused: {exc}"
         except StepFailed as exc:
@@ -249,7 +282,7 @@ class Executor:
         except Exception as exc:  # a bug must not leave the action 'running' forever
             log.exception("action %d (%s) crashed", row.id, row.kind)
             state, error = "failed", f"internal error: {exc!r}"
-        self.journal.finish_action(row.id, state, error)
+        await run.write("end", lambda: self.journal.finish_action(row.id, state, error))
         res = self._result(self.journal.action(row.id))
         kind = {"done": "action_completed", "failed": "action_failed", "cancelled": "action_cancelled"}[state]
         self._emit(kind, row, res)
@@ -398,8 +431,11 @@ class Executor:
     async def _restart_in_place(self, job: str) -> None:
         """The settler found a checkpoint acknowledged after its move was cancelled: in mode ``act``, run a
         ``restart`` action for ``job`` (the caller holds the lock)."""
-        if self.mode == "act":
-            plan_id, _ = self.journal.begin_plan("restart", [encode(RestartPayload("late acknowledgement"), job)])
+        if self.mode == "act":  # the job's ranks have exited: this plan must be recorded, however long it takes
+            plan_id, _ = await self.durable.write(
+                f"restart plan of job {job}",
+                lambda: self.journal.begin_plan("restart", [encode(RestartPayload("late acknowledgement"), job)]),
+            )
             await self._run_plan(plan_id)
 
     async def _move(self, run: ActionRun, p: MigratePayload | ResplitPayload) -> None:
@@ -545,7 +581,8 @@ class Executor:
             await self._launch(run, "relaunch", run.job(rec.name), placed, ack)
         except StepFailed as exc:
             msg = f"{cause}; roll-back failed too: {exc}; job stopped with checkpoint step {ack.step} kept"
-            self.journal.put_job(run.job(rec.name).with_(state="failed", error=msg, last_ack=ack))
+            failed = run.job(rec.name).with_(state="failed", error=msg, last_ack=ack)
+            await run.write("failure of the roll-back", lambda: self.journal.put_job(failed))
             self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=rec.name, error=msg))
             raise StepFailed(msg, code=cause.code) from exc
         raise StepFailed(f"{cause}; rolled back: job relaunched on its instances from step {ack.step}", code=cause.code)

@@ -26,6 +26,13 @@ from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSet
 __all__ = ["JobsApi", "describe_plan"]
 
 _MAX_STR = 4096
+_ACTING = {
+    "start": "starting",
+    "migrate": "migrating",
+    "resplit": "resplitting",
+    "stop": "stopping",
+    "restart": "restarting",
+}
 
 
 def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
@@ -160,12 +167,29 @@ class JobsApi:
 
     async def _list(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         _only(args)
-        out = []
-        for rec in self.ex.journal.jobs():
-            s = rec.summary()
-            s["pids"] = [h.proc.pid for h in self.ex.supervisor.alive(rec.name)]
-            out.append(s)
-        return out
+        return [self.summary(rec) for rec in self.ex.journal.jobs()]
+
+    def summary(self, rec: JobRecord) -> dict[str, Any]:
+        """What ``jobs list`` and ``status`` show of ``rec``: its record, with what is true now laid over it.
+
+        The journal says ``running`` from a job's launch to its end, also while a move has stopped its ranks (and
+        longer, if the disk filled meanwhile). A job is shown ``running`` only while its ranks are: during an
+        action on it the state is what the action does (``migrating``, ``resplitting``, ``starting``, ``stopping``,
+        ``restarting``) with the action and its step, and ``waiting`` when the journal cannot be written; with
+        ranks missing outside any action, ``settling`` (the daemon is deciding what their exit means).
+        """
+        s = rec.summary()
+        s["pids"] = [h.proc.pid for h in self.ex.supervisor.alive(rec.name)]
+        run = self.ex.running
+        if run is not None and run.row.job == rec.name:
+            s["state"] = _ACTING.get(run.row.kind, run.row.kind)
+            s["action"] = {"id": run.row.id, "kind": run.row.kind, "step": run.current}
+            stall = self.ex.durable.stalled
+            if stall is not None:
+                s["waiting"] = stall.describe(self.wall())
+        elif rec.state == "running" and len(s["pids"]) < len(rec.slots):
+            s["state"] = "settling"
+        return s
 
     def _running(self, name: str) -> JobRecord:
         rec = self.ex.journal.get_job(name)

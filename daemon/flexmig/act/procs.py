@@ -24,6 +24,7 @@ from typing import Protocol
 import psutil
 
 from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
+from flexmig.jobs.programs import runnable_program
 
 __all__ = [
     "AdoptedProcess",
@@ -211,7 +212,13 @@ class SubprocessLauncher:
     """The real launcher: ``asyncio.create_subprocess_exec`` in a new session, output to a log file."""
 
     async def launch(self, req: LaunchRequest) -> RankProcess:
-        """Start the rank; its stdout and stderr go to ``req.log_path`` (appended)."""
+        """Start the rank; its stdout and stderr go to ``req.log_path`` (appended).
+
+        The program is judged again by what it resolves to now (:func:`~flexmig.jobs.programs.shell_reason`:
+        a link may have been changed since the spec was read), and that resolved file is what is executed, with
+        the spec's ``argv[0]`` kept as the process's name. OSError when it is a shell.
+        """
+        program = runnable_program(req.argv[0])
         req.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_fd = os.open(req.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         sig = req.ignore_signal
@@ -223,6 +230,7 @@ class SubprocessLauncher:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *req.argv,
+                executable=program,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,

@@ -13,11 +13,14 @@ import contextlib
 from collections.abc import Awaitable, Callable, Collection
 
 from flexmig.act.checkpoint import validate_ack
+from flexmig.act.durable import Durable
 from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.journal import Journal
+from flexmig.act.records import JobRecord
 from flexmig.act.steps import StepFailed
 from flexmig.act.supervisor import Supervisor
 from flexmig.hook.protocol import AckError, read_ack
+from flexmig.tasks import spawn
 
 __all__ = ["Settler"]
 
@@ -40,6 +43,7 @@ class Settler:
         restart: Callable[[str], Awaitable[None]],
         wall: Callable[[], float],
         term_grace_s: float,
+        durable: Durable | None = None,
     ) -> None:
         self.journal = journal
         self.supervisor = supervisor
@@ -49,6 +53,7 @@ class Settler:
         self.restart = restart
         self.wall = wall
         self.term_grace_s = term_grace_s
+        self.durable = durable or Durable(journal.path)
         self._settling: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -57,7 +62,7 @@ class Settler:
         if job in self.busy or job in self._settling:
             return
         self._settling.add(job)
-        task = asyncio.get_running_loop().create_task(self._settle(job), name=f"settle-{job}")
+        task = spawn(self._settle(job), name=f"settle-{job}")  # its death stops the daemon
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -83,7 +88,7 @@ class Settler:
         if bad:
             await self.supervisor.terminate(job, self.term_grace_s)
             msg = ", ".join(f"rank {h.slot} exited with status {h.proc.returncode}" for h in bad)
-            self.journal.put_job(rec.with_(state="failed", error=msg))
+            await self._put(rec.with_(state="failed", error=msg))
             self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=job, error=msg))
             return
         if not await self.supervisor.wait_exited(job, rec.spec.hook.exit_timeout_s):
@@ -101,17 +106,21 @@ class Settler:
             ack = None
         if ack is not None:
             # A checkpoint request was acknowledged after its move was cancelled: resume in place.
-            self.journal.put_job(rec.with_(last_ack=ack))
+            await self._put(rec.with_(last_ack=ack))
             await self.restart(job)
             return
         unknown = [h for h in ranks if h.proc.returncode is None]
         if unknown or not ranks:
             msg = "ranks exited while the daemon was away; exit status unknown"
-            self.journal.put_job(rec.with_(state="failed", error=msg))
+            await self._put(rec.with_(state="failed", error=msg))
             self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=job, error=msg))
             return
-        self.journal.put_job(rec.with_(state="done", error=None))
+        await self._put(rec.with_(state="done", error=None))
         self.events.emit(ActEvent(kind="job_exited", time_s=self.wall(), job=job, detail={"state": "done"}))
+
+    async def _put(self, rec: JobRecord) -> None:
+        """Record the job's fate; its ranks are gone, so this waits out a full disk rather than forget it."""
+        await self.durable.write(f"{rec.state} record of job {rec.name}", lambda: self.journal.put_job(rec))
 
     async def close(self) -> None:
         """Cancel pending settle tasks."""

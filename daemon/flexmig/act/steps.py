@@ -8,14 +8,17 @@ crash continues it where it stopped. Steps are idempotent given what NVML and th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+from flexmig.act.durable import Durable
 from flexmig.act.journal import ActionRow, Journal, StepRow
 from flexmig.act.records import JobRecord
 from flexmig.act.results import Outcome
 from flexmig.errors import FlexmigError
 
 __all__ = ["ActionRun", "Refused", "StepFailed"]
+
+T = TypeVar("T")
 
 
 class StepFailed(FlexmigError):
@@ -32,14 +35,25 @@ class Refused(FlexmigError):
 
 
 class ActionRun:
-    """One execution (or recovery) of one action: runs steps, skipping those the journal says are done."""
+    """One execution (or recovery) of one action: runs steps, skipping those the journal says are done.
 
-    def __init__(self, journal: Journal, row: ActionRow) -> None:
+    Its journal writes go through ``durable`` (:class:`~flexmig.act.durable.Durable`): when the storage cannot take
+    one, the action waits at that write and carries on once it goes through, instead of failing half-way.
+    """
+
+    def __init__(self, journal: Journal, row: ActionRow, durable: Durable | None = None) -> None:
         self.journal = journal
         self.row = row
+        self.durable = durable or Durable(journal.path)
         prior = journal.steps(row.id)
         self.prior: dict[str, StepRow] = {s.name: s for s in prior}
         self.resumed = bool(prior)
+        self.current: str | None = None
+        """The step running now (or waiting to be journalled), for the control API."""
+
+    async def write(self, what: str, fn: Callable[[], T]) -> T:
+        """A journal write of this action, waiting out a full disk (``what`` names it in the log)."""
+        return await self.durable.write(f"{what} of action {self.row.id} ({self.row.kind})", fn)
 
     def args_of(self, name: str) -> dict[str, Any] | None:
         """The arguments a previous run wrote for step ``name`` (None if it never started)."""
@@ -71,15 +85,23 @@ class ActionRun:
             res = prior.result or {}
             outcome = res.get("outcome", "failed")
             raise StepFailed(str(res.get("error", "failed")), outcome=outcome, code=res.get("code"))
-        j = self.journal
-        step_id = j.step_intent(self.row.id, self.row.kind, name, args, job=job_before)
+        j, kind = self.journal, self.row.kind
+        self.current = name
+        step_id = await self.write(
+            f"intent of step {name}", lambda: j.step_intent(self.row.id, kind, name, args, job=job_before)
+        )
         try:
             result = await fn()
         except StepFailed as exc:
-            j.step_failed_with(step_id, self.row.kind, str(exc), outcome=exc.outcome, code=exc.code, job=job_failed)
+            error, outcome, code = str(exc), exc.outcome, exc.code
+            await self.write(
+                f"failure of step {name}",
+                lambda: j.step_failed_with(step_id, kind, error, outcome=outcome, code=code, job=job_failed),
+            )
             self.prior[name] = j.step_row(step_id)
             raise
-        j.step_done(step_id, self.row.kind, result, job=job_after(result) if job_after else None)
+        after = job_after(result) if job_after else None
+        await self.write(f"end of step {name}", lambda: j.step_done(step_id, kind, result, job=after))
         self.prior[name] = j.step_row(step_id)
         return result
 

@@ -47,6 +47,7 @@ from flexmig.hook.protocol import (
     ENV_SLOT,
     Ack,
 )
+from flexmig.tasks import spawn
 
 __all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 
@@ -276,7 +277,7 @@ class Supervisor:
             log.warning("could not register pid %d on %s: %s", h.proc.pid, h.place.uuid, exc)
 
     def _watch(self, job: str, h: RankHandle) -> None:
-        task = asyncio.get_running_loop().create_task(self._wait_rank(job, h), name=f"rank-{job}-{h.slot}")
+        task = spawn(self._wait_rank(job, h), name=f"rank-{job}-{h.slot}")  # its death stops the daemon
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -32,6 +32,7 @@ COMMANDS: tuple[str, ...] = (
     "standdown",
     "nvml",
     "install",
+    "slurm",
 )
 
 

@@ -38,6 +38,7 @@ from flexmig.config.schema import (
     PlannerConfig,
     PrometheusConfig,
     SamplingConfig,
+    SlurmConfig,
     StateConfig,
     iter_keys,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "PrometheusConfig",
     "ReloadResult",
     "SamplingConfig",
+    "SlurmConfig",
     "StateConfig",
     "applies_at_next_start",
     "changed_keys",

@@ -271,6 +271,30 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     for i, allowed in enumerate(cfg.jobs.allowed_dirs):
         if allowed == Path("/"):
             yield (f"jobs.allowed_dirs[{i}]",), "'/' would let a job write anywhere"
+    yield from _slurm_checks(cfg)
+
+
+_CHECKPOINT_FIELDS = {"job_id", "user", "uid"}
+
+
+def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The ``[slurm]`` table's rules between and inside keys."""
+    sl = cfg.slurm
+    names = re.findall(r"\{([^{}]*)\}", sl.checkpoint_dir)
+    stray = re.sub(r"\{[^{}]*\}", "", sl.checkpoint_dir)
+    unknown = sorted(set(names) - _CHECKPOINT_FIELDS)
+    if unknown or "{" in stray or "}" in stray:
+        what = f"unknown field {{{unknown[0]}}}" if unknown else "a stray brace"
+        yield ("slurm.checkpoint_dir",), f"{what}: only {{job_id}}, {{user}} and {{uid}} are filled in"
+    elif "job_id" not in names:
+        yield ("slurm.checkpoint_dir",), "must contain {job_id}: each job needs its own checkpoint directory"
+    if ".." in Path(sl.checkpoint_dir).parts:
+        yield ("slurm.checkpoint_dir",), "must not contain '..'"
+    words = sl.slurmd_conf.split()
+    if any(w.split("=", 1)[0].lower() == "gres" for w in words):
+        yield ("slurm.slurmd_conf",), "leave Gres= out: flexmig sets it from the node's MIG instances"
+    if sl.enabled and sl.gres_map.parent == Path("/"):
+        yield ("slurm.gres_map",), "put the map in a directory of its own, not in /"
 
 
 def _check_url(url: str) -> str | None:

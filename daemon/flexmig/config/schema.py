@@ -36,6 +36,7 @@ __all__ = [
     "PlannerConfig",
     "PrometheusConfig",
     "SamplingConfig",
+    "SlurmConfig",
     "StateConfig",
     "iter_keys",
     "toml_name",
@@ -417,6 +418,137 @@ class StateConfig:
     journal: Path = _doc(Path("/var/lib/flexmig/journal.sqlite3"), "Action journal (SQLite, WAL mode).", restart=True)
 
 
+_SLURM_NAME = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,62})?"
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Slurm: the node's MIG layout follows the pending jobs of its partitions, and Slurm is told what the node then
+    hosts (gres.conf lines, a dynamic-node re-registration). See docs/slurm-node.md."""
+
+    enabled: bool = _doc(
+        False,
+        "Read this node's demand from Slurm (squeue, sinfo) instead of flexmig's own queue (flexmig jobs submit is "
+        "then refused). In mode act flexmig also re-registers the node with Slurm after changing its instances.",
+        restart=True,
+    )
+    node: str = _doc(
+        "", "This node's Slurm node name; empty: node_name, else the host name.", pattern=_SLURM_NAME, restart=True
+    )
+    partitions: tuple[str, ...] = _doc(
+        (), "Only pending jobs of these partitions count; empty: the partitions the node is in.", restart=True
+    )
+    interval_s: float = _doc(10.0, "Seconds between two reads of Slurm's queue.", lo=1, hi=3600)
+    conf: Path | None = _doc(
+        None,
+        "The slurm.conf Slurm's commands read (SLURM_CONF); unset: Slurm's default.",
+        example="/etc/slurm/slurm.conf",
+        restart=True,
+    )
+    bin_dir: Path | None = _doc(
+        None,
+        "Directory of squeue, sinfo, scontrol, scancel and slurmd; unset: found on PATH and in the sbin directories.",
+        example="/usr/bin",
+        restart=True,
+    )
+    command_timeout_s: float = _doc(
+        30.0,
+        "Longest time one Slurm command may take (with slurmctld down each needs about 9 s to say so).",
+        lo=1,
+        hi=600,
+        restart=True,
+    )
+    gres_conf: Path = _doc(
+        Path("/etc/slurm/gres.conf"),
+        "The gres.conf slurmd reads (next to slurm.conf). flexmig rewrites only its own marked block for this node.",
+        restart=True,
+    )
+    gres_map: Path = _doc(
+        Path("/run/flexmig/slurm/gres-map.json"),
+        "Where flexmig writes each GRES index's MIG UUID for its TaskProlog (flexmig slurm taskprolog --map).",
+        restart=True,
+    )
+    dev_dir: Path = _doc(
+        Path("/dev"), "Where the GPU and capability device files are (a simulated node: its stand-ins).", restart=True
+    )
+    mig_minors: Path = _doc(
+        Path("/proc/driver/nvidia-caps/mig-minors"), "The driver's MIG capability minors table.", restart=True
+    )
+    slurmd_pid_file: Path = _doc(
+        Path("/run/slurmd.pid"), "slurmd's pid file (SlurmdPidFile of slurm.conf), to stop it.", restart=True
+    )
+    slurmd_conf: str = _doc(
+        "",
+        "The dynamic node's other parameters for slurmd -Z --conf, as KEY=VALUE words (not Gres=, flexmig sets it).",
+        pattern=r"\s*([A-Za-z]+=[A-Za-z0-9_.,:@/+-]+\s*)*",
+        example="CPUs=64 RealMemory=500000 Feature=mig",
+        restart=True,
+    )
+    hook_token: str = _doc(
+        "flexmig:hook",
+        "A job opts into checkpoint-and-requeue by carrying this word in its comment (sbatch --comment) and "
+        "being submitted with --requeue. Jobs without it are never signalled.",
+        pattern=r"[A-Za-z0-9:_.+-]{1,64}",
+        restart=True,
+    )
+    hook_settle_s: float = _doc(
+        60.0,
+        "A hook job is signalled only after running this long (before, its handler may not be installed).",
+        lo=0,
+        hi=86400,
+        restart=True,
+    )
+    checkpoint_dir: str = _doc(
+        "/var/tmp/flexmig-slurm/{user}/{job_id}",  # noqa: S108 - the TaskProlog refuses a directory not the user's
+        "Each Slurm job's checkpoint directory, made by the TaskProlog as the job's user ({job_id}, {user}, {uid} "
+        "are filled in). Put it on a shared file system if a requeued job may resume on another node.",
+        pattern=r"/[^\n]*",
+        restart=True,
+    )
+    checkpoint_signal: str = _doc(
+        "USR1",
+        "The signal asking a hook job to checkpoint (scancel --signal ... --batch).",
+        pattern=r"USR1|USR2|HUP|INT",
+        restart=True,
+    )
+    ack_wait_s: float = _doc(
+        600.0,
+        "How long a hook job waits, after acknowledging, to be requeued (FLEXMIG_ACK_WAIT_S).",
+        lo=1,
+        hi=86400,
+        restart=True,
+    )
+    ack_timeout_s: float = _doc(
+        120.0,
+        "Time a signalled job has to acknowledge; on timeout the whole change is cancelled.",
+        lo=1,
+        hi=86400,
+        restart=True,
+    )
+    drain_timeout_s: float = _doc(
+        7200.0,
+        "Longest wait for the node to empty once drained; then the change is cancelled and the node resumed.",
+        lo=1,
+        hi=7 * 86400,
+        restart=True,
+    )
+    register_timeout_s: float = _doc(
+        60.0, "Longest wait for slurmctld to list the re-registered node.", lo=1, hi=3600, restart=True
+    )
+    reregister_s: float = _doc(
+        5.0,
+        "The planner's estimate of one re-registration beyond the drain (slurmd restart, registration).",
+        lo=0,
+        hi=3600,
+    )
+    min_interval_s: float = _doc(
+        300.0,
+        "Shortest time between two re-registrations of the node (changes are batched meanwhile).",
+        lo=0,
+        hi=86400,
+    )
+
+
 @dataclass(frozen=True)
 class BaselineConfig:
     """The node's baseline layout: what its GPUs hold when flexmig is not re-laying them (the static layout an
@@ -462,6 +594,7 @@ class Config:
     control: ControlConfig = _doc(factory=ControlConfig, doc=ControlConfig.__doc__ or "")
     state: StateConfig = _doc(factory=StateConfig, doc=StateConfig.__doc__ or "")
     baseline: BaselineConfig = _doc(factory=BaselineConfig, doc=BaselineConfig.__doc__ or "")
+    slurm: SlurmConfig = _doc(factory=SlurmConfig, doc=SlurmConfig.__doc__ or "")
 
     @classmethod
     def default(cls) -> Config:

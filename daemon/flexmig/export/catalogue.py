@@ -51,6 +51,8 @@ _MQTT = "with `[mqtt] enabled = true`"
 _DCGM = "with `[dcgm] enabled = true`"
 _DETECT = "once detection has judged the node (from the first sweep on)"
 _HOST = "for processes the host can see (psutil)"
+_SLURM = "with `[slurm] enabled = true`"
+_SLURM_READ = "with `[slurm] enabled = true`, once Slurm was read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,12 +369,31 @@ FAMILIES: tuple[Family, ...] = (
         "Events handed to the publisher (stored in the outbox), by kind.",
         _MQTT,
     ),
+    _c(
+        "flexmig_events_dropped",
+        (*_N, "reason"),
+        "Events that will never reach the broker, by reason (outbox_full, outbox_unwritable, outbox_corrupt).",
+        _MQTT,
+    ),
+    _c(
+        "flexmig_outbox_corruptions",
+        _N,
+        "Outbox files found corrupt, moved aside (NAME.corrupt-TIME) and replaced by a fresh one.",
+        _MQTT,
+    ),
+    _c(
+        "flexmig_mqtt_command_results_dropped",
+        _N,
+        "MQTT command results dropped unsent because too many were waiting for the broker.",
+        "with MQTT commands enabled",
+    ),
     # ------------------------------------------------------------------ the actuator and the planner (every mode)
     _c(
         "flexmig_actions",
         (*_N, "action", "outcome"),
         "Actions the actuator finished, by kind (migrate, resplit, start, stop, create_instance, destroy_instance, "
-        "restart) and outcome (completed, failed, cancelled, skipped); every pair is present from the start at 0.",
+        "restart) and outcome (completed, failed, cancelled, skipped); every pair is present from the start at 0 "
+        "(slurm_reregister, with [slurm], once one ran).",
     ),
     Family(
         "flexmig_action_duration_seconds",
@@ -398,6 +419,86 @@ FAMILIES: tuple[Family, ...] = (
         "Actions the last plan proposes, by kind (0 everywhere: nothing worth doing).",
     ),
     _g("flexmig_plan_cost_seconds", _N, "Estimated cost of the last plan's actions.", "from the first plan on"),
+    _g(
+        "flexmig_unknown_ranks",
+        _N,
+        "Processes with flexmig's job markers on this node's MIG instances that no journalled job knows.",
+        "once the actuator has looked at the node's processes",
+    ),
+    # ------------------------------------------------------------------ the daemon's own health
+    _c(
+        "flexmig_task_restarts",
+        (*_N, "task"),
+        "Restarts of a background task of the daemon after it failed (mqtt, mqtt-commands, dcgm, workload); past 5 "
+        "in 10 minutes the daemon stops instead.",
+        "once a restartable task failed and was restarted",
+    ),
+    _g("flexmig_metrics_connections", _N, "Open connections to the metrics server."),
+    _g("flexmig_metrics_connection_limit", _N, "Connections the metrics server holds at most."),
+    _c(
+        "flexmig_metrics_connections_evicted",
+        _N,
+        "Connections still sending their request head, closed at the cap to make room for a new one.",
+    ),
+    _c("flexmig_metrics_connections_refused", _N, "Connections closed unanswered at the cap."),
+    _c("flexmig_metrics_connections_timed_out", _N, "Connections cut: request head or answer too slow."),
+    _g(
+        "flexmig_journal_write_waiting",
+        _N,
+        "1 while an action waits for the journal's storage to take a write (a full disk), else 0.",
+    ),
+    _c("flexmig_journal_write_retries", _N, "Journal writes tried again because the storage could not take them."),
+    _c("flexmig_journal_write_stalls", _N, "Times an action had to wait for the journal's storage."),
+    # ------------------------------------------------------------------ the Slurm agent
+    _g("flexmig_slurm_up", _N, "1 when the last read of Slurm succeeded, 0 when it failed.", _SLURM_READ),
+    _c("flexmig_slurm_read_errors", _N, "Reads of Slurm that failed.", _SLURM),
+    _g("flexmig_slurm_pending_jobs", _N, "Slurm jobs pending that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_running_jobs", _N, "Slurm jobs running that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_movable_jobs", _N, "Slurm jobs movable that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_in_sync", _N, "1 when Slurm lists the node with exactly NVML's instances.", _SLURM_READ),
+    _g(
+        "flexmig_slurm_registered_gpus",
+        (*_N, "profile"),
+        "GPU GRES Slurm lists for the node, by type.",
+        _SLURM_READ,
+    ),
+    _g(
+        "flexmig_slurm_drain_estimate_seconds",
+        _N,
+        "Estimated drain of the last decision.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_gain_slice_seconds",
+        _N,
+        "Compute slice-seconds of waiting the last decision's change would spare.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_cost_slice_seconds",
+        _N,
+        "Compute slice-seconds the last decision's drain would waste.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_wanted",
+        _N,
+        "1 when the last decision said go.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _c(
+        "flexmig_slurm_job_actions",
+        (*_N, "action"),
+        "Slurm jobs signalled, requeued and released.",
+        _SLURM,
+    ),
+    Family(
+        "flexmig_slurm_drain_seconds",
+        "histogram",
+        _N,
+        "How long re-registrations waited for the node to empty.",
+        _SLURM,
+    ),
     # ------------------------------------------------------------------ the daemon's process (prometheus_client)
     Family("process_cpu_seconds", "counter", (), "Total user and system CPU time spent in seconds.", extern=True),
     Family("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes.", extern=True),

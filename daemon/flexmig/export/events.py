@@ -65,6 +65,12 @@ class EventKind(enum.StrEnum):
     JOB_FAILED = "job_failed"
     RECONCILED = "reconciled"
     PLAN_PROPOSED = "plan_proposed"
+    SLURM_UNREACHABLE = "slurm_unreachable"
+    SLURM_REACHABLE = "slurm_reachable"
+    SLURM_PLAN = "slurm_plan"
+    SLURM_JOB_SIGNALLED = "slurm_job_signalled"
+    SLURM_JOB_REQUEUED = "slurm_job_requeued"
+    SLURM_JOB_RELEASED = "slurm_job_released"
 
 
 def format_time(at: float) -> str:

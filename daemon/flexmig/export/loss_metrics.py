@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from flexmig.export.catalogue import by_name
 from flexmig.telemetry.snapshot import Snapshot
 
 __all__ = ["DROP_REASONS", "LossMetrics"]
@@ -80,38 +81,22 @@ class LossMetrics:
         host = [snapshot.hostname]
         if self._publisher is not None:
             s = self._publisher()
-            c = CounterMetricFamily(
-                "flexmig_events_dropped",
-                "Events that will never reach the broker, by reason (outbox_full, outbox_unwritable, outbox_corrupt).",
-                labels=["Hostname", "reason"],
-            )
+            c = by_name("flexmig_events_dropped").counter()
             for reason, value in zip(
                 DROP_REASONS, (s.dropped_total, s.unsaved_dropped_total, s.outbox_lost_total), strict=True
             ):
                 c.add_metric([*host, reason], value)
             yield c
-            c = CounterMetricFamily(
-                "flexmig_outbox_corruptions",
-                "Outbox files found corrupt, moved aside (NAME.corrupt-TIME) and replaced by a fresh one.",
-                labels=["Hostname"],
-            )
+            c = by_name("flexmig_outbox_corruptions").counter()
             c.add_metric(host, s.outbox_corruptions_total)
             yield c
         if self._commands is not None:
-            c = CounterMetricFamily(
-                "flexmig_mqtt_command_results_dropped",
-                "MQTT command results dropped unsent because too many were waiting for the broker.",
-                labels=["Hostname"],
-            )
+            c = by_name("flexmig_mqtt_command_results_dropped").counter()
             c.add_metric(host, self._commands().results_dropped)
             yield c
         if self._unknown is not None:
             n = self._unknown()
             if n is not None:
-                g = GaugeMetricFamily(
-                    "flexmig_unknown_ranks",
-                    "Processes with flexmig's job markers on this node's MIG instances that no journalled job knows.",
-                    labels=["Hostname"],
-                )
+                g = by_name("flexmig_unknown_ranks").gauge()
                 g.add_metric(host, n)
                 yield g

@@ -19,21 +19,17 @@ one) and reuse :func:`gpu_labels`/:func:`instance_labels` so every flexmig serie
 
 from __future__ import annotations
 
-import errno
 import logging
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import start_http_server
 from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from flexmig import __version__
-from flexmig.errors import FlexmigError
 from flexmig.export.catalogue import GPU_LABELS, INSTANCE_LABELS, by_name
+from flexmig.export.metrics_http import MetricsServer  # the HTTP server has a module of its own
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = [
@@ -284,53 +280,3 @@ def _instance_families(snap: Snapshot) -> Iterator[Metric]:
     yield from (mem_total, mem_used, mem_mean, mem_max, mem_p95, sm, sm_mean, sm_min, sm_p95, occ, dram, tensor, gr)
     yield from (source, procs, cpu, rss, idle, c_slices, m_slices, start)
 
-
-# ------------------------------------------------------------------------------------------------------ server
-
-
-class MetricsServer:
-    """prometheus_client's HTTP server on its own thread, with a stop that really stops it.
-
-    Scrapes run on the server's threads; they only read the published snapshot, so the event loop never waits
-    for a scrape and a slow scraper never delays a sweep.
-    """
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self._registry = registry
-        self._host = host
-        self._port = port
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> tuple[str, int]:
-        """Bind and serve; returns the bound (host, port), which tells a caller that asked for port 0."""
-        try:
-            server, thread = start_http_server(self._port, addr=self._host, registry=self._registry)
-        except OSError as exc:
-            hint = ""
-            if exc.errno == errno.EADDRINUSE:
-                # dcgm-exporter's default port is 9400 too, so on a GPU node this is the usual collision.
-                hint = (
-                    " (another program listens there; dcgm-exporter also defaults to port 9400): "
-                    "choose another address with --metrics-addr HOST:PORT or [prometheus] listen"
-                )
-            raise FlexmigError(
-                f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror or exc}{hint}"
-            ) from exc
-        self._server, self._thread = server, thread
-        return self._host, int(server.server_port)
-
-    @property
-    def port(self) -> int | None:
-        """The bound port, once started."""
-        return None if self._server is None else int(self._server.server_port)
-
-    def stop(self) -> None:
-        """Stop serving and close the socket; safe to call twice."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)

@@ -27,6 +27,7 @@ from flexmig.config.problems import ConfigFileError, type_name
 from flexmig.config.trusted import read_trusted_text
 from flexmig.errors import JobSpecError
 from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
+from flexmig.jobs.programs import shell_reason
 from flexmig.mig.catalogue import MODELS, GpuModel, Profile
 from flexmig.mig.need import fitting_profile, need_mib
 
@@ -357,6 +358,10 @@ def _build(
                 c.note(c.fail(key, f"{d} is outside the allowed directories: {allowed}"))
         if user is not None:
             c.attempt(lambda: _check_user(c, user, group), None)
+        if argv is not None:
+            shell = shell_reason(argv[0])  # by what the program resolves to; the launcher checks again
+            if shell is not None:
+                c.note(c.fail("argv", shell))
 
     c.raise_problems()
     assert name is not None and argv is not None and user is not None and ranks is not None

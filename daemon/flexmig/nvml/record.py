@@ -189,23 +189,37 @@ DEVICE_PROBES: tuple[Probe, ...] = (
     Probe("nvmlDeviceIsMigDeviceHandle", "u"),
     Probe("nvmlDeviceGetGpuInstanceId", "u"),
     Probe("nvmlDeviceGetComputeInstanceId", "u"),
-    Probe("nvmlDeviceGetGpuInstanceProfileInfo", "S", _each(range(N.NVML_GPU_INSTANCE_PROFILE_COUNT)),
-          struct=N.c_nvmlGpuInstanceProfileInfo_t),
-    Probe("nvmlDeviceGetGpuInstanceProfileInfoV", "S", _each(range(N.NVML_GPU_INSTANCE_PROFILE_COUNT)),
-          struct=N.c_nvmlGpuInstanceProfileInfo_v2_t, version=N.nvmlGpuInstanceProfileInfo_v2),
+    Probe(
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "S",
+        _each(range(N.NVML_GPU_INSTANCE_PROFILE_COUNT)),
+        struct=N.c_nvmlGpuInstanceProfileInfo_t,
+    ),
+    Probe(
+        "nvmlDeviceGetGpuInstanceProfileInfoV",
+        "S",
+        _each(range(N.NVML_GPU_INSTANCE_PROFILE_COUNT)),
+        struct=N.c_nvmlGpuInstanceProfileInfo_v2_t,
+        version=N.nvmlGpuInstanceProfileInfo_v2,
+    ),
     # GPM
     Probe("nvmlGpmQueryDeviceSupport", "S", struct=N.c_nvmlGpmSupport_t, version=N.NVML_GPM_SUPPORT_VERSION),
 )
 
 # Calls whose inputs come from what the GPU answered before (its profile IDs, its memory clocks, its peers).
 BY_PROFILE_ID: tuple[Probe, ...] = (
-    Probe("nvmlDeviceGetGpuInstanceProfileInfoByIdV", "S", struct=N.c_nvmlGpuInstanceProfileInfo_v2_t,
-          version=N.nvmlGpuInstanceProfileInfo_v2),
+    Probe(
+        "nvmlDeviceGetGpuInstanceProfileInfoByIdV",
+        "S",
+        struct=N.c_nvmlGpuInstanceProfileInfo_v2_t,
+        version=N.nvmlGpuInstanceProfileInfo_v2,
+    ),
     Probe("nvmlDeviceGetGpuInstanceRemainingCapacity", "u"),
     Probe("nvmlDeviceGetGpuInstancePossiblePlacements_v2", "PS", struct=N.c_nvmlGpuInstancePlacement_t),
 )
 BY_MEMORY_CLOCK = Probe("nvmlDeviceGetSupportedGraphicsClocks", "Lu")
 P2P = Probe("nvmlDeviceGetP2PStatus", "u")
+
 
 def _jsonable(value: Any) -> Any:
     """A ctypes output as JSON: numbers, strings, structs as objects (pointers left out), arrays as lists."""

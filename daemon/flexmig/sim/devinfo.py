@@ -562,4 +562,3 @@ class DeviceInfoCalls:
     @entry
     def nvmlDeviceGetMemoryAffinity(self: LibraryCore, handle: Any, size: Any, ref: Any, scope: Any) -> int:
         return DeviceInfoCalls._affinity(self, handle, size, ref, 0)
-

@@ -63,15 +63,19 @@ HEADER_SAYS: dict[str, str] = {
 
 # Entry points ``flexmig nvml record`` never calls, and why (every other one it calls on every device).
 NOT_RECORDED: dict[str, str] = {
-    "nvmlInitWithFlags": "session", "nvmlInit_v2": "session", "nvmlShutdown": "session",
+    "nvmlInitWithFlags": "session",
+    "nvmlInit_v2": "session",
+    "nvmlShutdown": "session",
     "nvmlDeviceGetHandleByIndex_v2": "gives a handle (the layout records what it leads to)",
     "nvmlDeviceGetHandleByUUID": "gives a handle",
-    "nvmlDeviceGetHandleBySerial": "gives a handle", "nvmlDeviceGetHandleByPciBusId_v2": "gives a handle",
+    "nvmlDeviceGetHandleBySerial": "gives a handle",
+    "nvmlDeviceGetHandleByPciBusId_v2": "gives a handle",
     "nvmlDeviceGetMigDeviceHandleByIndex": "gives a handle",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": "gives a handle",
     "nvmlDeviceGetGpuInstances": "gives handles (recorded as the layout)",
     "nvmlDeviceGetGpuInstanceById": "gives a handle (recorded as the layout)",
-    "nvmlGpuInstanceGetInfo": "recorded as the layout", "nvmlComputeInstanceGetInfo": "recorded as the layout",
+    "nvmlGpuInstanceGetInfo": "recorded as the layout",
+    "nvmlComputeInstanceGetInfo": "recorded as the layout",
     "nvmlComputeInstanceGetInfo_v2": "recorded as the layout",
     "nvmlGpuInstanceGetComputeInstances": "recorded as the layout",
     "nvmlGpuInstanceGetComputeInstanceById": "gives a handle",
@@ -79,15 +83,26 @@ NOT_RECORDED: dict[str, str] = {
     "nvmlGpuInstanceGetComputeInstanceProfileInfoV": "per GPU instance: answered by the model",
     "nvmlGpuInstanceGetComputeInstanceRemainingCapacity": "per GPU instance: answered by the model",
     "nvmlGpuInstanceGetComputeInstancePossiblePlacements": "per GPU instance: answered by the model",
-    "nvmlDeviceGetFieldValues": "takes a list of field IDs", "nvmlDeviceGetTemperatureV": "input inside a struct",
+    "nvmlDeviceGetFieldValues": "takes a list of field IDs",
+    "nvmlDeviceGetTemperatureV": "input inside a struct",
     "nvmlDeviceGetProcessUtilization": "samples since a timestamp",
     "nvmlSystemGetProcessName": "takes a pid of this machine",
-    "nvmlGpmSampleAlloc": "allocates a sample buffer", "nvmlGpmSampleFree": "frees a sample buffer",
-    "nvmlGpmSampleGet": "fills a sample buffer", "nvmlGpmMigSampleGet": "fills a sample buffer",
+    "nvmlGpmSampleAlloc": "allocates a sample buffer",
+    "nvmlGpmSampleFree": "frees a sample buffer",
+    "nvmlGpmSampleGet": "fills a sample buffer",
+    "nvmlGpmMigSampleGet": "fills a sample buffer",
     "nvmlGpmMetricsGet": "needs two samples taken over time",
 }
-MUTATING_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceCreate", "nvmlGpuInstanceCreate", "nvmlGpuInstanceDestroy",
-                     "nvmlComputeInstanceDestroy", "nvmlDeviceReset", "nvmlDeviceClear", "nvmlGpmSetStreaming")
+MUTATING_PREFIXES = (
+    "nvmlDeviceSet",
+    "nvmlDeviceCreate",
+    "nvmlGpuInstanceCreate",
+    "nvmlGpuInstanceDestroy",
+    "nvmlComputeInstanceDestroy",
+    "nvmlDeviceReset",
+    "nvmlDeviceClear",
+    "nvmlGpmSetStreaming",
+)
 
 
 def entry_points() -> dict[str, str]:

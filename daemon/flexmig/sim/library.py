@@ -46,6 +46,7 @@ from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInst
 
 __all__ = ["SimLibrary"]
 
+
 class _MetricInfo(ctypes.Structure):
     _fields_: ClassVar[list[tuple[str, Any]]] = [
         ("shortName", ctypes.c_char_p),

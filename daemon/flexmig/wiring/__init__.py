@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from flexmig.telemetry.publish import SnapshotHub
 from flexmig.wiring.actuator import ActuatorComponent, ActuatorHost
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
+from flexmig.wiring.slurm import SlurmComponent
 
 __all__ = [
     "ActuatorComponent",
@@ -34,6 +35,7 @@ __all__ = [
     "Detector",
     "FindingsPublisher",
     "MqttComponent",
+    "SlurmComponent",
     "WiredDaemon",
     "detect_settings",
     "wire",
@@ -49,8 +51,9 @@ class DaemonHooks(Protocol):
     hostname: str
     hub: SnapshotHub
 
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup."""
+    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup; ``restart``: run it again if it fails (counted, logged)
+        instead of stopping the daemon."""
         ...
 
     def add_metrics(self, extension: SnapshotMetrics) -> None:
@@ -59,6 +62,10 @@ class DaemonHooks(Protocol):
 
     def on_reload(self, hook: Callable[[Config], None]) -> None:
         """Call ``hook`` after each accepted configuration reload."""
+        ...
+
+    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` once the loops have ended (what a component holds is let go of there)."""
         ...
 
 
@@ -71,6 +78,8 @@ class Components:
     actuator: ActuatorComponent
     commands: CommandListener | None = None
     """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
+    slurm: SlurmComponent | None = None
+    """The Slurm agent (``[slurm] enabled``): demand from Slurm, re-registrations in mode act."""
 
 
 class WiredDaemon(ActuatorHost, Protocol):
@@ -78,6 +87,7 @@ class WiredDaemon(ActuatorHost, Protocol):
     configuration problems it started with (:func:`flexmig.config.load_config_deferring`)."""
 
     deferred_problems: tuple[ConfigProblem, ...]
+    sim_workload: bool
 
 
 def wire(daemon: WiredDaemon) -> Components:
@@ -100,19 +110,30 @@ def wire(daemon: WiredDaemon) -> Components:
         mqtt = MqttComponent(config.mqtt, node, detector, mode=config.mode, broker_problem=broker_problem, locks=locks)
         daemon.hub.subscribe(mqtt.findings)
         daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
-        daemon.add_loop("mqtt", mqtt.run)
+        daemon.add_loop("mqtt", mqtt.run, restart=True)  # its state is in the outbox, on disk
+        daemon.on_close(mqtt.close)
         daemon.on_reload(mqtt.reload)
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
     actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks)
+    slurm: SlurmComponent | None = None
+    if config.slurm.enabled:
+        if daemon.sim_spec is not None and daemon.sim_workload:
+            log.info("simulated node with [slurm] enabled: no demo workload, the node runs Slurm's jobs")
+            daemon.sim_workload = False
+
+        def simulated() -> bool:  # asked when the actuator is built, once the backend is open
+            return daemon.backend is not None and daemon.backend.simulated
+
+        slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated)
     listener = command_listener(config, node, actuator.dispatch)
     serving = listener
     if listener is not None:
         if mqtt is not None and mqtt.publisher.off is not None:
-            daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch))
+            daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch), restart=True)
             serving = None  # another listener is made once the broker address is fixed
         else:
-            daemon.add_loop("mqtt-commands", listener.run)
+            daemon.add_loop("mqtt-commands", listener.run, restart=True)
     daemon.add_metrics(
         LossMetrics(
             publisher=mqtt.publisher.stats if mqtt is not None else None,
@@ -120,7 +141,7 @@ def wire(daemon: WiredDaemon) -> Components:
             unknown_ranks=actuator.unknown_rank_count,
         )
     )
-    return Components(detector, mqtt, actuator, listener)
+    return Components(detector, mqtt, actuator, listener, slurm)
 
 
 def _commands_once_on(

@@ -56,6 +56,7 @@ from flexmig.export.action_metrics import ActionMetrics
 from flexmig.export.events import Event, EventFactory, EventKind
 from flexmig.export.findings_metrics import report_of
 from flexmig.export.prometheus import SnapshotMetrics
+from flexmig.export.runtime_metrics import JournalWriteMetrics
 from flexmig.jobs.spec import JobPolicy
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
@@ -93,8 +94,8 @@ class ActuatorHost(Protocol):
     backend: Backend | None
     sim_spec: str | None
 
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup."""
+    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
+        """Run ``factory()`` under the daemon's TaskGroup (``restart``: again if it fails, instead of stopping)."""
         ...
 
     def add_metrics(self, extension: SnapshotMetrics) -> None:
@@ -111,6 +112,10 @@ class ActuatorHost(Protocol):
 
     def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Await ``hook`` on SIGTERM, before the loops are cancelled."""
+        ...
+
+    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` after the loops have ended, however they ended (or if they never began)."""
         ...
 
     def latest(self) -> Snapshot | None:
@@ -193,7 +198,6 @@ class ActuatorComponent:
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
         self._touched: set[tuple[int, int]] = set()
-        self._run_started = False
         self._busy = asyncio.Lock()
         self._stopping = False
         self._simulated = True  # until start() knows the backend
@@ -201,10 +205,13 @@ class ActuatorComponent:
         self._last_signature: tuple[str, ...] | None = None
         self._last_round: PlanRound | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
+        self._built: list[Callable[[Actuator], None]] = []
         host.add_metrics(self.metrics)
+        host.add_metrics(JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None))
         host.hub.subscribe(lambda _snapshot: self._refresh())
         host.on_start(self.start)
         host.on_stop(self.drain)
+        host.on_close(self._close)
         host.on_reload(self.reload)
         host.add_loop("actuator", self.run)
 
@@ -247,6 +254,8 @@ class ActuatorComponent:
         act.executor.device_uuids_unique = not backend.simulated
         self.act = act
         try:
+            for hook in self._built:  # before reconciling: a hook may add the runner of actions in the journal
+                hook(act)
             for rec in act.journal.jobs():
                 if rec.state == "running":
                     self._touched.update(s.key for s in rec.slots)
@@ -269,6 +278,22 @@ class ActuatorComponent:
         except (FlexmigError, OSError) as exc:
             await self._close()
             self._give_up(f"actuator start-up failed: {exc}")
+
+    def on_built(self, hook: Callable[[Actuator], None]) -> None:
+        """Call ``hook`` with the actuator once it is built, before the journal is reconciled (to add action
+        handlers, :meth:`flexmig.act.executor.Executor.add_handler`)."""
+        self._built.append(hook)
+
+    @property
+    def action_lock(self) -> asyncio.Lock:
+        """Held while a plan or a mutating request runs; whoever else changes the node takes it too, so that a stop
+        (:meth:`drain`) waits for them the same way."""
+        return self._busy
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked: start nothing new."""
+        return self._stopping
 
     async def dispatch(self, line: bytes) -> dict[str, Any]:
         """Run one control request line (an MQTT command's) as the control socket would; never raises.
@@ -325,14 +350,11 @@ class ActuatorComponent:
 
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
-        """The planning loop (modes advise and act) until cancelled; then the socket and journal are closed."""
-        self._run_started = True
-        try:
-            if self.act is None:
-                await asyncio.Event().wait()
-            await self._plan_loop()
-        finally:
-            await self._close()
+        """The planning loop (modes advise and act) until cancelled. The socket and journal are closed by the daemon's
+        close hook (:meth:`_close`) once every loop has ended: whether this one ran at all does not matter."""
+        if self.act is None:
+            await asyncio.Event().wait()
+        await self._plan_loop()
 
     async def _plan_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -458,6 +480,11 @@ class ActuatorComponent:
         """``handler`` run under the action lock (no plan runs meanwhile), refused while stopping."""
 
         async def run(args: Mapping[str, Any]) -> Any:
+            if op == "jobs.submit" and self.config.slurm.enabled:
+                raise PlanRejectedError(
+                    "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not "
+                    "flexmig jobs submit"
+                )
             async with self._busy:
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
@@ -483,7 +510,7 @@ class ActuatorComponent:
         jobs: list[dict[str, Any]] = []
         recent: list[dict[str, Any]] = []
         if self.act is not None:
-            jobs = [rec.summary() for rec in self.act.journal.jobs()]
+            jobs = [self.act.jobs.summary(rec) for rec in self.act.journal.jobs()]
             recent = [_action_json(r) for r in self.act.journal.recent_actions(10)]
         doc = status_document(
             snap,
@@ -632,6 +659,8 @@ class ActuatorComponent:
             p = payload_of(row)
             if isinstance(p, CreateInstancePayload | DestroyInstancePayload):
                 target = p.slot.spec()
+        if row.kind == "slurm_reregister" and isinstance(row.payload.get("node"), str):
+            target = f"slurm node {row.payload['node']}"
         downtime = self._downtime(action_id) if row.kind in ("migrate", "resplit") else None
         return ActionFacts(plan_id=row.plan_id, origin=origin, target=target, downtime_s=downtime)
 
@@ -706,10 +735,6 @@ class ActuatorComponent:
                 "roll it back (jobs keep running)",
                 grace,
             )
-        if not self._run_started:
-            # A stop asked during start-up cancels the loop before it ever runs, and with it its clean-up: close the
-            # socket and the journal, let the locks go and remove a simulated node's directory here instead.
-            await self._close()
 
     async def _close(self) -> None:
         self.dispatcher = None

@@ -171,12 +171,14 @@ class MqttComponent:
             )
 
     async def run(self) -> None:
-        """The publisher loop until cancelled (it says ``offline`` first); then the outbox is closed."""
-        try:
-            await self.publisher.run()
-        finally:
-            self.outbox.close()
-            self._release()
+        """The publisher loop until cancelled (it says ``offline`` first). It may run again after a failure (the
+        daemon restarts it): the outbox stays open until :meth:`close`."""
+        await self.publisher.run()
+
+    async def close(self) -> None:
+        """Close the outbox and let its directory go (the daemon's close hook, after the loops have ended)."""
+        self.outbox.close()
+        self._release()
 
     def _release(self) -> None:
         lock, self._lock = self._lock, None

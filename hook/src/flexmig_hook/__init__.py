@@ -34,6 +34,7 @@ from types import FrameType
 from flexmig_hook.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, fsync_dir
 from flexmig_hook.protocol import (
     ENV_ACK_PATH,
+    ENV_ACK_WAIT,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_SIGNAL,
     ENV_JOB,
@@ -76,6 +77,7 @@ class HookEnv:
     signal: signal.Signals
     rank: int
     world_size: int
+    ack_wait_s: float | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookEnv:
@@ -97,7 +99,20 @@ class HookEnv:
             signal=sig,
             rank=_int("RANK", env.get("RANK", "0")),
             world_size=_int("WORLD_SIZE", env.get("WORLD_SIZE", "1")),
+            ack_wait_s=_seconds(ENV_ACK_WAIT, env.get(ENV_ACK_WAIT) or None),
         )
+
+
+def _seconds(name: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 86400:
+        raise ValueError(f"{name}: {text!r} is not between 0 and 86400 seconds")
+    return value
 
 
 def _int(name: str, text: str) -> int:
@@ -164,12 +179,16 @@ class Hook:
         """Tell the daemon the checkpoint of ``step`` is safely on disk. Only rank 0 writes; others return.
 
         Call it after the checkpoint file is complete (written atomically), then exit 0. Outside flexmig
-        (no ``FLEXMIG_ACK_PATH``) it does nothing.
+        (no ``FLEXMIG_ACK_PATH``) it does nothing. Under Slurm (``FLEXMIG_ACK_WAIT_S`` set by flexmig's TaskProlog)
+        it then waits up to that long for flexmig to requeue the job, which ends this process; it returns only if
+        that does not happen in time.
         """
         if self.env.rank != 0 or self.env.ack_path is None:
             return
         ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()))
         atomic_write_json(self.env.ack_path, ack.to_json(), mode=0o644)
+        if self.env.ack_wait_s:
+            threading.Event().wait(self.env.ack_wait_s)
 
 
 def install(environ: Mapping[str, str] | None = None, *, handler: bool = True) -> Hook:

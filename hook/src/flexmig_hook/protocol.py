@@ -19,6 +19,7 @@ __all__ = [
     "ACK_MAX_BYTES",
     "ALLOWED_SIGNALS",
     "ENV_ACK_PATH",
+    "ENV_ACK_WAIT",
     "ENV_CHECKPOINT_DIR",
     "ENV_CHECKPOINT_SIGNAL",
     "ENV_DIST_BACKEND",
@@ -40,6 +41,9 @@ ENV_ACK_PATH = "FLEXMIG_ACK_PATH"
 ENV_RESUME = "FLEXMIG_RESUME"
 ENV_RESUME_STEP = "FLEXMIG_RESUME_STEP"
 ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
+#: Set by flexmig's Slurm TaskProlog: after acknowledging, wait this many seconds to be requeued instead of
+#: returning (a batch job that exits on its own completes, and a completed job can no longer be requeued).
+ENV_ACK_WAIT = "FLEXMIG_ACK_WAIT_S"
 #: The collective backend the launcher recommends: ranks on MIG instances have no CUDA P2P between them and
 #: NCCL's multi-rank-per-GPU mode is experimental (NCCL_MULTI_RANK_GPU_ENABLE, NCCL 2.30), so flexmig says ``gloo``.
 ENV_DIST_BACKEND = "FLEXMIG_DIST_BACKEND"

@@ -1,0 +1,188 @@
+"""``flexmig slurm``: try flexmig with a real Slurm on one machine, and the files a Slurm site needs.
+
+* ``flexmig slurm testbed --sim SPEC DIR``: a private single-node Slurm (munged, slurmctld, and slurmd as flexmig
+  registers it) on loopback under DIR, with flexmigd in mode act on the simulated node SPEC. It prints the
+  ``export SLURM_CONF=...`` line for ``sbatch``/``squeue``/``sinfo`` and runs until SIGINT or SIGTERM, then stops
+  everything it started. Needs root and Debian's ``slurmctld slurmd slurm-client munge``.
+* ``flexmig slurm taskprolog [--output FILE] [--map PATH]``: the TaskProlog to name in slurm.conf.
+* ``flexmig slurm conf --model MODEL --gpus N``: the slurm.conf lines a site adds for a flexmig node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flexmig.errors import FlexmigError, SlurmError
+from flexmig.mig.catalogue import model_by_key
+from flexmig.mig.nodespec import parse_node_spec
+from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.install import render_taskprolog, write_taskprolog
+from flexmig.slurm.testbed import Testbed, free_port, future_gres, python
+
+__all__ = ["register"]
+
+_REGISTER_WAIT_S = 60.0
+
+
+def register(sub: Any) -> None:
+    """Add the ``slurm`` subcommand and its actions."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "slurm", help="Slurm: a private testbed, the TaskProlog, slurm.conf lines", description=__doc__
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    tb = actions.add_parser(
+        "testbed",
+        help="run a private single-node Slurm wired to flexmigd (mode act) on a simulated node",
+        description="Starts munged, slurmctld and flexmigd (which registers the node, starting slurmd) under DIR, "
+        "prints the export line to use with sbatch, and stops everything on SIGINT or SIGTERM. Needs root.",
+    )
+    tb.add_argument("--sim", metavar="SPEC", required=True, help="the simulated node, e.g. h200:7g.141gb@0")
+    tb.add_argument("dir", metavar="DIR", type=Path, help="directory for everything (created; keep it short)")
+    tb.add_argument("--node", default="flexmig-sim", help="the Slurm node name (default flexmig-sim)")
+    tb.add_argument("--cpus", type=int, default=16, help="CPUs the node advertises (default 16)")
+    tb.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    tb.set_defaults(func=run_testbed)
+    tp = actions.add_parser(
+        "taskprolog",
+        help="print (or write) flexmig's TaskProlog for slurm.conf",
+        description="The TaskProlog maps a job's GRES indices to MIG UUIDs and sets the checkpoint hook's "
+        "variables. Name it in slurm.conf: TaskProlog=FILE.",
+    )
+    tp.add_argument("--output", type=Path, help="write it here (mode 0755) instead of printing it")
+    tp.add_argument("--map", type=Path, default=Path("/run/flexmig/slurm/gres-map.json"), help="[slurm] gres_map")
+    tp.add_argument("--python", default="/usr/bin/python3", help="interpreter of its first line")
+    tp.set_defaults(func=run_taskprolog)
+    cf = actions.add_parser(
+        "conf",
+        help="print the slurm.conf lines a flexmig node needs (FUTURE placeholder, MaxNodeCount, TaskProlog)",
+        description="Demand for MIG profiles no node has yet is refused at submission unless a FUTURE node "
+        "advertises them; this prints one for the model and GPU count.",
+    )
+    cf.add_argument("--model", default="h200", help="GPU model: a100-40, a100-80, h100-80, h200 (default h200)")
+    cf.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    cf.add_argument("--cpus", type=int, default=64, help="CPUs of the node (default 64)")
+    cf.add_argument("--name", default="flexmig-future", help="the placeholder's node name")
+    cf.add_argument("--taskprolog", default="/usr/lib/flexmig/slurm-taskprolog", help="the TaskProlog's path")
+    cf.set_defaults(func=run_conf)
+
+
+# ------------------------------------------------------------------------------------------------- conf
+def run_conf(args: argparse.Namespace) -> int:
+    """Print the slurm.conf lines for a flexmig node."""
+    try:
+        model = model_by_key(args.model)
+    except KeyError as exc:
+        raise SlurmError(str(exc.args[0])) from None
+    if not 1 <= args.gpus <= 64:
+        raise SlurmError(f"--gpus {args.gpus}: must be 1-64")
+    print("# flexmig: nodes re-registered as dynamic nodes (slurmd -Z) need room in the node table")
+    print("MaxNodeCount=<your static nodes + flexmig nodes>")
+    print(f"TaskProlog={args.taskprolog}")
+    print("# Jobs for MIG profiles no node has yet pend against this placeholder instead of being refused")
+    print(f"NodeName={args.name} State=FUTURE CPUs={args.cpus} Gres={future_gres(model, args.gpus)}")
+    print(f"# and add {args.name} to the partitions of the flexmig nodes (or use Nodes=ALL)")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- taskprolog
+def run_taskprolog(args: argparse.Namespace) -> int:
+    """Print or write the TaskProlog."""
+    try:
+        if args.output is None:
+            sys.stdout.write(render_taskprolog(args.map, args.python))
+        else:
+            write_taskprolog(args.output, args.map, args.python)
+            print(f"wrote {args.output}; in slurm.conf: TaskProlog={args.output}")
+    except (ValueError, OSError) as exc:
+        raise SlurmError(f"taskprolog: {exc}") from None
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- testbed
+def run_testbed(args: argparse.Namespace) -> int:
+    """Run the testbed until SIGINT or SIGTERM (see the module docstring)."""
+    spec = parse_node_spec(args.sim)
+    root: Path = args.dir.absolute()
+    tb = Testbed(root, spec.model, spec.count, node=args.node, cpus=args.cpus)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    daemon: subprocess.Popen[bytes] | None = None
+    try:
+        _say(f"preparing {root} (munge key, slurm.conf, stand-in devices of {args.sim})")
+        tb.prepare(render_taskprolog(tb.paths.flexmig / "gres-map.json", python()))
+        tb.start()
+        _say(f"slurmctld up on 127.0.0.1:{tb.ctld_port}; starting flexmigd (mode act) on {args.sim}")
+        daemon = _start_flexmigd(tb, args)
+        _wait_registered(tb, daemon, stop)
+        print(f"export SLURM_CONF={tb.paths.slurm_conf}", flush=True)
+        _say(f"ready: node {tb.node} registered. In another shell:")
+        _say(f"  export SLURM_CONF={tb.paths.slurm_conf}")
+        _say("  sbatch --gres=gpu:1g.18gb:1 --wrap 'echo $CUDA_VISIBLE_DEVICES; sleep 60'; squeue")
+        _say(f"  flexmig inventory --sim {args.sim} --sim-state {tb.paths.flexmig / 'sim.json'}")
+        _say(f"logs in {tb.paths.log} (flexmigd.log, slurmctld.log, slurmd-{tb.node}.log); Ctrl-C stops everything")
+        while not stop.wait(0.5):
+            if daemon.poll() is not None:
+                raise SlurmError(
+                    f"flexmigd exited with status {daemon.returncode}; see {tb.paths.log / 'flexmigd.log'}"
+                )
+    finally:
+        _say("stopping flexmigd, slurmd, slurmctld, munged")
+        if daemon is not None and daemon.poll() is None:
+            daemon.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daemon.wait(60)
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait(10)
+        tb.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _say("stopped")
+    return 0
+
+
+def _say(text: str) -> None:
+    print(f"flexmig slurm testbed: {text}", file=sys.stderr, flush=True)
+
+
+def _start_flexmigd(tb: Testbed, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    f = tb.paths.flexmig
+    conf = f / "flexmigd.toml"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(tb.flexmigd_config(metrics_port=free_port()))
+    argv = [
+        sys.executable, "-m", "flexmig.daemon", "--sim", args.sim, "--sim-state", str(f / "sim.json"),
+        "--config", str(conf), "--log-level", args.log_level,
+    ]  # fmt: skip
+    log = (tb.paths.log / "flexmigd.log").open("ab")
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=tb.env())
+    finally:
+        log.close()
+
+
+def _wait_registered(tb: Testbed, daemon: subprocess.Popen[bytes], stop: threading.Event) -> None:
+    import asyncio  # noqa: PLC0415 - only this path runs an event loop
+
+    client = SlurmClient(tb.slurm_commands())
+    deadline = time.monotonic() + _REGISTER_WAIT_S
+    while time.monotonic() < deadline and not stop.is_set():
+        if daemon.poll() is not None:
+            raise SlurmError(f"flexmigd exited with status {daemon.returncode}; see {tb.paths.log / 'flexmigd.log'}")
+        with contextlib.suppress(FlexmigError):
+            node = asyncio.run(client.node(tb.node))
+            if node is not None and node.responding:
+                return
+        time.sleep(0.3)
+    if not stop.is_set():
+        raise SlurmError(f"node {tb.node} did not register within {_REGISTER_WAIT_S:g} s; see {tb.paths.log}")

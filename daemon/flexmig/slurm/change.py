@@ -1,0 +1,444 @@
+"""One Slurm re-registration as a journalled action (``slurm_reregister``): drain, checkpoint and requeue the hook
+jobs, wait until the node is empty, take it out of Slurm, change its MIG instances, register it again, release.
+
+The steps, each written to the journal before it runs and each safe to run again after a crash:
+
+``drain`` → for each hook job J: ``baseline:J`` (its last acknowledgement, if any) → ``signal:J``
+(``scancel --signal=USR1 --batch``) → ``await_ack:J`` → ``hold:J`` (``scontrol requeuehold``) → ``await_idle``
+→ ``stop_slurmd`` → ``delete`` (``scontrol delete nodename``) → ``destroy:G@S``/``create:G@S`` (the plan's
+instance changes, through the actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a
+fresh inventory) → ``register`` (``slurmd -Z --conf "Gres=..."``, until slurmctld lists the node with those GRES)
+→ ``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume``.
+
+Safety rules kept here:
+
+* only jobs that opted into the hook are ever signalled; a job that does not acknowledge within the timeout
+  cancels the whole change: the jobs already held are released, the drain is undone, nothing else happened;
+* a drain that does not empty the node within ``drain_timeout_s`` is undone the same way;
+* once slurmd is stopped the node is always registered again, with whatever instances NVML shows, even when an
+  instance change failed half-way; jobs held for the change are always released, even when the node cannot be
+  registered (a gres.conf flexmig may not write: the action fails naming it, and the next round tries again). So
+  a crash at any step, once the journal finishes the action at the next start, leaves the node neither drained
+  nor unregistered, and no instance unknown to Slurm.
+
+An acknowledgement is trusted only if the file belongs to the job's user, lies in the job's checkpoint directory
+(computed as the TaskProlog does), is newer than the one before the request, and names a non-empty regular file
+inside that directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from flexmig.act.records import Slot
+from flexmig.act.steps import StepFailed
+from flexmig.errors import SlurmError
+from flexmig.hook.protocol import Ack, AckError, read_ack
+from flexmig.nvml.types import Inventory
+from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
+from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.demand import SlurmRunning
+from flexmig.slurm.gresconf import gres_string
+from flexmig.slurm.slurmd import SlurmdControl
+from flexmig.slurm.supply import Supply
+from flexmig.slurm.taskprolog import ACK_NAME, checkpoint_dir
+
+__all__ = ["KIND", "ChangeSettings", "MigSteps", "SlurmChange", "StepRunner", "encode_change"]
+
+log = logging.getLogger(__name__)
+
+KIND = "slurm_reregister"
+"""The journal's action kind of a re-registration."""
+
+REQUEUE_GAP_S = 1.5
+"""How long after a requeued job left the node it may start there again. slurmd revokes the credential of a job it
+killed, by the second: a job requeued and restarted on the node within the same second is refused ("Killing
+non-startable batch JobId=N: Job credential revoked", verified on 22.05.8) and ends FAILED."""
+
+
+class StepRunner(Protocol):
+    """The executor's journalled step runner for one action (``flexmig.act``)."""
+
+    resumed: bool
+
+    async def step(
+        self, name: str, args: dict[str, Any], fn: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Run ``fn`` as step ``name`` unless the journal says it is done; raise StepFailed if it failed before."""
+        ...
+
+
+class MigSteps(Protocol):
+    """The actuator's idempotent instance changes (they check the node before acting)."""
+
+    async def destroy(self, slot: Slot) -> dict[str, Any]:
+        """Destroy the idle instance at ``slot`` if it is there."""
+        ...
+
+    async def create(self, slot: Slot) -> dict[str, Any]:
+        """Create ``slot``'s instance unless an identical one is there."""
+        ...
+
+    async def inventory(self) -> Inventory:
+        """A fresh NVML inventory."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSettings:
+    """Timeouts and the hook's conventions of one node's re-registrations."""
+
+    node: str
+    checkpoint_dir: str
+    ack_timeout_s: float = 120.0
+    drain_timeout_s: float = 7200.0
+    register_timeout_s: float = 60.0
+    poll_s: float = 0.25
+    signal: str = "USR1"
+
+
+def encode_change(
+    node: str, plan: Plan, movable: Sequence[SlurmRunning], reason: str, drain_s: float
+) -> tuple[str, str | None, dict[str, Any]]:
+    """The journal's form of a re-registration carrying ``plan``'s instance changes (in plan order)."""
+    changes: list[dict[str, Any]] = []
+    for a in plan.actions:
+        if isinstance(a, CreateInstance | DestroyInstance):
+            op = "create" if isinstance(a, CreateInstance) else "destroy"
+            changes.append({"op": op, "slot": Slot(a.gpu, a.start, a.profile.name).to_json()})
+    jobs = [{"job_id": r.job.job_id, "user": r.job.user, "user_id": r.job.user_id} for r in movable]
+    return KIND, None, {"node": node, "changes": changes, "checkpoint": jobs, "reason": reason, "drain_s": drain_s}
+
+
+def _ack_stamp(path: Path) -> dict[str, Any] | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "ino": st.st_ino}
+
+
+class SlurmChange:
+    """Runs ``slurm_reregister`` actions for one node."""
+
+    def __init__(
+        self,
+        client: SlurmClient,
+        slurmd: SlurmdControl,
+        supply: Supply,
+        mig: MigSteps,
+        settings: ChangeSettings,
+        *,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.slurmd = slurmd
+        self.supply = supply
+        self.mig = mig
+        self.settings = settings
+        self.on_event = on_event or (lambda kind, detail: None)
+        self.clock = clock
+
+    # ------------------------------------------------------------------------------------------- entry
+    async def run(self, run: StepRunner, payload: dict[str, Any]) -> None:
+        """Carry out one re-registration (or finish it after a crash)."""
+        node = str(payload["node"])
+        jobs = [dict(j) for j in payload.get("checkpoint", [])]
+        changes = [(str(c["op"]), Slot.from_json(c["slot"])) for c in payload.get("changes", [])]
+        reason = str(payload.get("reason", ""))
+        held: list[int] = []
+        try:
+            await run.step("drain", {"node": node}, lambda: self._drain(node, reason))
+            for job in jobs:
+                if await self._checkpoint(run, job):
+                    held.append(int(job["job_id"]))
+            idle = await run.step(
+                "await_idle", {"timeout_s": self.settings.drain_timeout_s}, lambda: self._await_idle(node)
+            )
+        except StepFailed as exc:
+            await self._undo(run, node, jobs, bool(held))
+            raise StepFailed(f"{exc}; the change is cancelled, the node resumed", outcome="cancelled") from exc
+        await run.step("stop_slurmd", {}, self._stop_slurmd)
+        await run.step("delete", {"node": node}, lambda: self._delete(node))
+        failure: StepFailed | None = None
+        for op, slot in changes:
+            name = f"{op}:{slot.gpu}@{slot.start}"
+            fn = (lambda s=slot: self.mig.create(s)) if op == "create" else (lambda s=slot: self.mig.destroy(s))
+            try:
+                await run.step(name, slot.to_json(), fn)
+            except StepFailed as exc:
+                failure = exc
+                break
+        unregistered: StepFailed | None = None
+        try:
+            await run.step("gres", {}, self._gres)
+            await run.step("register", {"timeout_s": self.settings.register_timeout_s}, lambda: self._register(node))
+        except StepFailed as exc:  # the held jobs are released all the same: they pend, or run elsewhere
+            unregistered = exc
+        if held:
+            since = float(idle.get("at", 0.0))
+            await run.step("credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(since))
+        for job in jobs:
+            job_id = int(job["job_id"])
+            await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
+        await run.step("resume", {"node": node}, lambda: self._resume(node))
+        if unregistered is not None:
+            raise StepFailed(
+                f"{unregistered}; node {node} is not registered (the next round tries again), the jobs held for the "
+                "change are released",
+                code=unregistered.code,
+            )
+        if failure is not None:
+            raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
+
+    # ------------------------------------------------------------------------------------------- phases
+    async def _drain(self, node: str, reason: str) -> dict[str, Any]:
+        try:
+            found = await self.client.node(node)
+            if found is None:
+                return {"absent": True}
+            text = f"flexmig: {reason}"[:200].replace("\n", " ")
+            await self.client.drain(node, text)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURM") from exc
+        return {"state": found.state}
+
+    async def _checkpoint(self, run: StepRunner, job: dict[str, Any]) -> bool:
+        """Signal job ``job``, wait for its acknowledgement, requeue it held. False if it ended by itself."""
+        job_id = int(job["job_id"])
+        ack_path = self._ack_path(job)
+        base = await run.step(f"baseline:{job_id}", {"ack": str(ack_path)}, lambda: self._baseline(ack_path))
+        sent = await run.step(f"signal:{job_id}", {"signal": self.settings.signal}, lambda: self._signal(job_id))
+        if sent.get("ended"):
+            return False
+        got = await run.step(
+            f"await_ack:{job_id}",
+            {"timeout_s": self.settings.ack_timeout_s},
+            lambda: self._await_ack(job, ack_path, base.get("stamp")),
+        )
+        if got.get("ended"):
+            return False
+        await run.step(f"hold:{job_id}", {"job_id": job_id}, lambda: self._hold(job_id))
+        self.on_event("slurm_job_requeued", {"slurm_job": job_id, "step": got.get("ack", {}).get("step")})
+        return True
+
+    def _ack_path(self, job: dict[str, Any]) -> Path:
+        try:
+            d = checkpoint_dir(self.settings.checkpoint_dir, job["job_id"], job.get("user", ""), job.get("user_id", ""))
+        except (ValueError, KeyError) as exc:
+            raise StepFailed(
+                f"Slurm job {job.get('job_id')}: no checkpoint directory: {exc}", outcome="cancelled"
+            ) from exc
+        return d / ACK_NAME
+
+    async def _baseline(self, ack_path: Path) -> dict[str, Any]:
+        return {"stamp": _ack_stamp(ack_path)}
+
+    async def _job_state(self, job_id: int) -> str | None:
+        try:
+            jobs = await self.client.jobs()
+        except SlurmError as exc:
+            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
+        found = next((j for j in jobs if j.job_id == job_id), None)
+        return found.state if found is not None else None
+
+    async def _signal(self, job_id: int) -> dict[str, Any]:
+        state = await self._job_state(job_id)
+        if state != "RUNNING":
+            return {"ended": True, "state": state}
+        try:
+            await self.client.signal_batch(job_id, self.settings.signal)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
+        self.on_event("slurm_job_signalled", {"slurm_job": job_id, "signal": self.settings.signal})
+        return {"signalled": True}
+
+    async def _await_ack(self, job: dict[str, Any], ack_path: Path, before: dict[str, Any] | None) -> dict[str, Any]:
+        job_id = int(job["job_id"])
+        deadline = self.clock() + self.settings.ack_timeout_s
+        next_state = self.clock()
+        while True:
+            stamp = _ack_stamp(ack_path)
+            if stamp is not None and stamp != before:
+                ack = self._validate(job, ack_path)
+                if ack is not None:
+                    return {"ack": ack.to_json()}
+            if self.clock() >= next_state:
+                state = await self._job_state(job_id)
+                if state not in ("RUNNING", "COMPLETING"):
+                    return {"ended": True, "state": state}
+                next_state = self.clock() + 2.0
+            if self.clock() >= deadline:
+                raise StepFailed(
+                    f"Slurm job {job_id} did not acknowledge the checkpoint within {self.settings.ack_timeout_s:g} s",
+                    outcome="cancelled",
+                    code="ACK_TIMEOUT",
+                )
+            await asyncio.sleep(self.settings.poll_s)
+
+    def _validate(self, job: dict[str, Any], ack_path: Path) -> Ack | None:
+        """The acknowledgement if it is the job's own and names a checkpoint in its directory; None if not yet."""
+        job_id = int(job["job_id"])
+        try:
+            st = ack_path.lstat()
+            ack = read_ack(ack_path)
+        except (OSError, AckError) as exc:
+            log.warning("Slurm job %d: ignoring acknowledgement %s: %s", job_id, ack_path, exc)
+            return None
+        if ack is None:
+            return None
+        uid = job.get("user_id")
+        if isinstance(uid, int) and st.st_uid != uid:
+            log.warning(
+                "Slurm job %d: %s belongs to uid %d, not the job's %d; ignored", job_id, ack_path, st.st_uid, uid
+            )
+            return None
+        root = Path(os.path.realpath(ack_path.parent))
+        ckpt = Path(os.path.realpath(root / ack.checkpoint))
+        if root not in ckpt.parents:
+            log.warning("Slurm job %d: checkpoint %s is outside %s; ignored", job_id, ack.checkpoint, root)
+            return None
+        try:
+            cst = ckpt.stat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(cst.st_mode) or cst.st_size == 0:
+            return None
+        return Ack(ack.step, str(ckpt))
+
+    async def _hold(self, job_id: int) -> dict[str, Any]:
+        try:
+            jobs = await self.client.jobs()
+            found = next((j for j in jobs if j.job_id == job_id), None)
+            if found is not None and found.pending:
+                return {"already": found.reason}
+            if found is None or not found.active:
+                return {"ended": True}
+            await self.client.requeue_hold(job_id)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURM") from exc
+        return {"held": True}
+
+    async def _await_idle(self, node: str) -> dict[str, Any]:
+        start = self.clock()
+        deadline = start + self.settings.drain_timeout_s
+        while True:
+            try:
+                found = await self.client.node(node)
+                jobs = await self.client.jobs()
+            except SlurmError as exc:
+                log.warning("waiting for node %s to drain: %s", node, exc)
+                found, jobs = None, None
+            if jobs is not None:
+                busy = [j.job_id for j in jobs if j.active and node in j.nodes]
+                if not busy and (found is None or found.idle):
+                    return {"waited_s": round(self.clock() - start, 3), "at": time.time()}
+            if self.clock() >= deadline:
+                raise StepFailed(
+                    f"node {node} still runs jobs after {self.settings.drain_timeout_s:g} s of draining",
+                    outcome="cancelled",
+                    code="DRAIN_TIMEOUT",
+                )
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _stop_slurmd(self) -> dict[str, Any]:
+        was = await self.slurmd.running()
+        await self.slurmd.stop()
+        return {"was_running": was}
+
+    async def _delete(self, node: str) -> dict[str, Any]:
+        try:
+            return {"deleted": await self.client.delete_node(node)}
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURM") from exc
+
+    async def _gres(self) -> dict[str, Any]:
+        inv = await self.mig.inventory()
+        try:
+            records = self.supply.write(inv)
+        except (SlurmError, OSError) as exc:
+            raise StepFailed(f"cannot write the node's GRES: {exc}", code="GRES") from exc
+        return {"gres": gres_string(records), "records": len(records)}
+
+    async def _register(self, node: str) -> dict[str, Any]:
+        inv = await self.mig.inventory()
+        records = self.supply.records(inv)
+        gres = gres_string(records)
+        want = {r.type: 0 for r in records}
+        for r in records:
+            want[r.type] += 1
+        try:
+            if await self.slurmd.running():
+                found = await self.client.node(node)
+                got = {k: v for k, v in found.gpu_counts().items() if v} if found is not None else None
+                if got != want:  # a slurmd started before a crash, or by someone else, with other GRES
+                    await self.slurmd.stop()
+                    await self.client.delete_node(node)
+            if not await self.slurmd.running():
+                await self.slurmd.start(gres)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURMD") from exc
+        start = self.clock()
+        while True:
+            try:
+                found = await self.client.node(node)
+            except SlurmError as exc:
+                log.warning("waiting for node %s to register: %s", node, exc)
+                found = None
+            if found is not None and found.responding:
+                got = {k: v for k, v in found.gpu_counts().items() if v}
+                if got == want:
+                    return {"gres": gres, "waited_s": round(self.clock() - start, 3)}
+                raise StepFailed(f"node {node} registered with gpu {got}, expected {want}", code="GRES_MISMATCH")
+            if self.clock() - start >= self.settings.register_timeout_s:
+                raise StepFailed(
+                    f"node {node} did not register within {self.settings.register_timeout_s:g} s", code="REGISTER"
+                )
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _credential_gap(self, since: float) -> dict[str, Any]:
+        """Wait until ``REQUEUE_GAP_S`` have passed since ``since`` (wall time the requeued jobs were gone)."""
+        wait = min(REQUEUE_GAP_S, max(0.0, since + REQUEUE_GAP_S - time.time()))
+        await asyncio.sleep(wait)
+        return {"waited_s": round(wait, 3)}
+
+    async def _release(self, job_id: int) -> dict[str, Any]:
+        try:
+            jobs = await self.client.jobs()
+            found = next((j for j in jobs if j.job_id == job_id), None)
+            if found is None or not found.pending or not found.reason.startswith("JobHeld"):
+                return {"not_held": found.state if found else None}
+            await self.client.release(job_id)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURM") from exc
+        self.on_event("slurm_job_released", {"slurm_job": job_id})
+        return {"released": True}
+
+    async def _resume(self, node: str) -> dict[str, Any]:
+        try:
+            found = await self.client.node(node)
+            if found is None or not found.drained or not found.reason.startswith("flexmig"):
+                return {"drained": bool(found and found.drained)}
+            await self.client.resume(node)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURM") from exc
+        return {"resumed": True}
+
+    async def _undo(self, run: StepRunner, node: str, jobs: list[dict[str, Any]], held: bool) -> None:
+        """Release what this change held and resume the node (journalled, so a crash here is finished too)."""
+        if held:
+            now = time.time()
+            await run.step("undo_credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(now))
+        for job in jobs:
+            job_id = int(job["job_id"])
+            await run.step(f"undo_hold:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
+        await run.step("undo_drain", {"node": node}, lambda: self._resume(node))

@@ -1,0 +1,171 @@
+"""Asking and telling Slurm through its own commands (``squeue``, ``sinfo``, ``scontrol``, ``scancel``), off the
+event loop, each bounded in time.
+
+pyslurm has no release for Slurm 22.05, and slurmrestd is one more daemon to secure, so flexmig uses the CLI, with
+``--json`` where Slurm has it. Every command is an argv list (never a shell), run with the configured
+``SLURM_CONF``; a non-zero exit, a timeout or an unreadable answer is a SlurmError naming the command and the
+first line Slurm printed.
+
+Behaviour verified on Slurm 22.05.8 that this module relies on:
+
+* with slurmctld down every command needs about 9 s to give up (``squeue --json`` then exits 0 with an error in
+  its JSON; :mod:`flexmig.slurm.envelope` turns that into a SlurmError);
+* ``scontrol delete nodename=N`` refuses while a job runs on N ("Requested nodes are busy");
+* ``scontrol requeuehold J`` on a running job puts it back to PENDING (reason JobHeldUser when root asked) within
+  a fraction of a second, ``restart_cnt`` counting up; ``scontrol release J`` then
+  ``scontrol update jobid=J StartTime=now`` makes it start at the next scheduling pass instead of after the
+  requeue delay (about 120 s);
+* ``scancel --signal=USR1 --batch J`` signals only the batch script's process, not the steps it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flexmig.errors import SlurmError
+from flexmig.slurm.jobs import SlurmJob, parse_squeue
+from flexmig.slurm.nodes import SlurmNode, parse_sinfo
+
+__all__ = ["SlurmClient", "SlurmCommands"]
+
+_MAX_OUTPUT = 64 * 1024 * 1024
+_SEARCH = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/bin", "/sbin")
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmCommands:
+    """Where Slurm's commands are and which configuration they read.
+
+    ``bin_dir`` None: found on ``PATH`` (and the usual sbin directories, where Debian puts ``slurmd``).
+    ``conf`` None: Slurm's own default (``SLURM_CONF`` of the environment, else ``/etc/slurm/slurm.conf``).
+    """
+
+    bin_dir: Path | None = None
+    conf: Path | None = None
+    timeout_s: float = 30.0
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def path(self, name: str) -> str:
+        """The absolute path of command ``name``; SlurmError when it is not installed."""
+        if self.bin_dir is not None:
+            candidate = self.bin_dir / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+            raise SlurmError(f"{candidate} does not exist or is not executable ([slurm] bin_dir)")
+        found = shutil.which(name) or shutil.which(name, path=os.pathsep.join(_SEARCH))
+        if found is None:
+            raise SlurmError(f"{name} is not installed (Debian: apt-get install slurm-client slurmd)")
+        return found
+
+    def env(self) -> dict[str, str]:
+        """The environment the commands run with."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_"))}
+        env.update(self.extra_env)
+        if self.conf is not None:
+            env["SLURM_CONF"] = str(self.conf)
+        elif "SLURM_CONF" in os.environ:
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        env["LC_ALL"] = "C"
+        return env
+
+
+class SlurmClient:
+    """The Slurm commands flexmig runs, as coroutines."""
+
+    def __init__(self, commands: SlurmCommands | None = None) -> None:
+        self.commands = commands or SlurmCommands()
+
+    async def run(self, name: str, args: Sequence[str], *, timeout_s: float | None = None) -> bytes:
+        """Run Slurm command ``name`` with ``args``; its standard output. SlurmError on failure or timeout."""
+        argv = [self.commands.path(name), *args]
+        shown = " ".join([name, *args])
+        limit = self.commands.timeout_s if timeout_s is None else timeout_s
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.commands.env(),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SlurmError(f"{shown}: cannot run {argv[0]}: {exc.strerror}") from None
+        try:
+            async with asyncio.timeout(limit):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise SlurmError(f"{shown}: no answer within {limit:g} s (is slurmctld up?)") from None
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(proc.wait())
+            raise
+        if len(out) > _MAX_OUTPUT:
+            raise SlurmError(f"{shown}: answer larger than {_MAX_OUTPUT // (1024 * 1024)} MiB; refused")
+        if proc.returncode != 0:
+            raise SlurmError(f"{shown}: exit status {proc.returncode}: {_first_line(err) or _first_line(out)}")
+        return out
+
+    # -------------------------------------------------------------------------------------------- reading
+    async def jobs(self) -> tuple[SlurmJob, ...]:
+        """Every job slurmctld knows (``squeue --json``: it ignores filters, so none are passed)."""
+        return parse_squeue(await self.run("squeue", ["--json"]))
+
+    async def nodes(self) -> tuple[SlurmNode, ...]:
+        """Every node (``sinfo --json``)."""
+        return parse_sinfo(await self.run("sinfo", ["--json"]))
+
+    async def node(self, name: str) -> SlurmNode | None:
+        """Node ``name``, None when slurmctld does not know it (a dynamic node that is not registered)."""
+        return next((n for n in await self.nodes() if n.name == name), None)
+
+    # -------------------------------------------------------------------------------------------- telling
+    async def drain(self, node: str, reason: str) -> None:
+        """``scontrol update nodename=N state=drain reason=...``: no new job starts on N."""
+        await self.run("scontrol", ["update", f"nodename={node}", "state=drain", f"reason={reason}"])
+
+    async def resume(self, node: str) -> None:
+        """``scontrol update nodename=N state=resume``: undo a drain."""
+        await self.run("scontrol", ["update", f"nodename={node}", "state=resume"])
+
+    async def delete_node(self, node: str) -> bool:
+        """``scontrol delete nodename=N`` (dynamic nodes); False when N was not registered anyway.
+
+        22.05.8 says only "failed to delete nodes N" for a node it does not know, so absence is checked first.
+        """
+        if await self.node(node) is None:
+            return False
+        await self.run("scontrol", ["delete", f"nodename={node}"])
+        return True
+
+    async def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
+        """``scancel --signal=SIG --batch J``: signal the job's batch script only."""
+        await self.run("scancel", [f"--signal={sig}", "--batch", str(job_id)])
+
+    async def requeue_hold(self, job_id: int) -> None:
+        """``scontrol requeuehold J``: stop the job and put it back in the queue, held."""
+        await self.run("scontrol", ["requeuehold", str(job_id)])
+
+    async def release(self, job_id: int) -> None:
+        """``scontrol release J`` then ``StartTime=now``, so the requeue delay does not apply."""
+        await self.run("scontrol", ["release", str(job_id)])
+        await self.run("scontrol", ["update", f"jobid={job_id}", "StartTime=now"])
+
+
+def _first_line(data: bytes) -> str:
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""

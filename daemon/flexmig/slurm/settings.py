@@ -1,0 +1,61 @@
+"""The settings of flexmig's Slurm side, as one frozen value (built from the ``[slurm]`` table of the configuration,
+whose defaults are these: those of a Debian node, with Slurm's commands on ``PATH``, gres.conf in ``/etc/slurm``,
+slurmd's pid file where Debian's unit puts it, the driver's MIG minors in ``/proc``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexmig.config import SlurmConfig
+
+_DEFAULT = SlurmConfig()  # one set of defaults: the [slurm] table's
+
+__all__ = ["SlurmSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    """Everything the Slurm component needs to read demand and re-register the node.
+
+    * ``node``: the Slurm node name (empty: the daemon's node name);
+    * ``partitions``: only demand of these partitions counts (empty: the node's own partitions);
+    * ``interval_s``: how often Slurm's queue is read;
+    * ``conf``, ``bin_dir``, ``command_timeout_s``: where Slurm's configuration and commands are, and how long one
+      command may take (slurmctld down: each command needs about 9 s to say so);
+    * ``gres_conf``, ``gres_map``: flexmig's block in gres.conf, and the map the TaskProlog reads;
+    * ``dev_dir``, ``mig_minors``: device files and the driver's capability table (a simulated node: stand-ins);
+    * ``slurmd_pid_file``, ``slurmd_conf``: slurmd's pid file and the dynamic node's other parameters
+      (``CPUs=64 RealMemory=500000 Feature=mig``);
+    * ``hook_token``: a job opts into checkpoint-and-requeue with this word in its comment (``--comment``);
+      ``hook_settle_s``: it is signalled only once it has run that long (a signal that comes before its handler is
+      installed ends it);
+    * ``checkpoint_dir``: each job's checkpoint directory (``{job_id}``, ``{user}``, ``{uid}`` filled in);
+    * ``ack_timeout_s``, ``drain_timeout_s``, ``register_timeout_s``: bounds of the change's waits;
+    * ``reregister_s``, ``min_interval_s``: the planner's fixed cost of one re-registration, and the shortest time
+      between two.
+    """
+
+    node: str = ""
+    partitions: tuple[str, ...] = ()
+    interval_s: float = _DEFAULT.interval_s
+    conf: Path | None = None
+    bin_dir: Path | None = None
+    command_timeout_s: float = _DEFAULT.command_timeout_s
+    gres_conf: Path = _DEFAULT.gres_conf
+    gres_map: Path = _DEFAULT.gres_map
+    dev_dir: Path = _DEFAULT.dev_dir
+    mig_minors: Path = _DEFAULT.mig_minors
+    slurmd_pid_file: Path = _DEFAULT.slurmd_pid_file
+    slurmd_conf: tuple[str, ...] = ()
+    hook_token: str = _DEFAULT.hook_token
+    hook_settle_s: float = _DEFAULT.hook_settle_s
+    checkpoint_dir: str = _DEFAULT.checkpoint_dir
+    checkpoint_signal: str = _DEFAULT.checkpoint_signal
+    ack_wait_s: float = _DEFAULT.ack_wait_s
+    ack_timeout_s: float = _DEFAULT.ack_timeout_s
+    drain_timeout_s: float = _DEFAULT.drain_timeout_s
+    register_timeout_s: float = _DEFAULT.register_timeout_s
+    reregister_s: float = _DEFAULT.reregister_s
+    min_interval_s: float = _DEFAULT.min_interval_s

@@ -1,0 +1,565 @@
+"""A private single-node Slurm on loopback: munged, slurmctld (and, through flexmigd, slurmd) under one directory.
+
+It backs ``flexmig slurm testbed`` and the integration tests. Everything lives under the directory it is given:
+the munge key and socket, slurm.conf and gres.conf, slurmctld's state, the spool, pid files and logs, the
+simulated node's stand-in device files and MIG minors table, and flexmigd's own configuration and journal.
+Nothing outside it is touched, and two testbeds on one machine use different ports.
+
+What a real Slurm 22.05.8 needs here (verified on Debian 12, no GPU):
+
+* munged runs as user ``munge`` with its own key; it refuses a socket directory that is not mode 0755, and the
+  whole path to it must be reachable by that user (so not under a mode-0700 directory);
+* slurmctld and slurmd run as root on 127.0.0.1 with their own ports, ``SelectType=select/cons_tres``,
+  ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``, ``GresTypes=gpu`` and no accounting; slurmctld
+  answers within about a second of its start;
+* gres ``MultipleFiles`` must name character devices (plain files are refused): the stand-ins have the major and
+  minor of /dev/null;
+* the node is dynamic (``slurmd -Z``, which needs ``MaxNodeCount``) so that flexmig can re-register it with
+  another ``Gres=`` without restarting slurmctld;
+* a job asking for a GRES type no node has is refused at submission ("Requested node configuration is not
+  available"): a ``State=FUTURE`` placeholder node advertising every profile makes it pend (reason
+  ReqNodeNotAvail) instead, which is the demand flexmig reads;
+* ``JobRequeue=0``, so that only jobs submitted with ``--requeue`` may be requeued (with the default of 1 every
+  batch job says ``requeue: true``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from flexmig.errors import SlurmError
+from flexmig.mig.catalogue import GpuModel
+from flexmig.slurm.client import SlurmCommands
+from flexmig.slurm.jobs import parse_squeue
+from flexmig.slurm.minors import render_mig_minors
+
+__all__ = [
+    "DEBIAN_PACKAGES",
+    "Testbed",
+    "TestbedPaths",
+    "future_gres",
+    "missing_binaries",
+    "render_slurm_conf",
+]
+
+DEBIAN_PACKAGES = "slurmctld slurmd slurm-client munge"
+_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "squeue", "sinfo", "sbatch", "scancel")
+_SOCKET_MAX = 107
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 15.0
+
+
+def missing_binaries(commands: SlurmCommands | None = None) -> list[str]:
+    """The daemons and commands a testbed needs that are not installed."""
+    cmds = commands or SlurmCommands()
+    out = []
+    for name in _BINARIES:
+        try:
+            cmds.path(name)
+        except SlurmError:
+            out.append(name)
+    return out
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class TestbedPaths:
+    """Where everything of a testbed rooted at ``root`` lives."""
+
+    root: Path
+
+    @property
+    def munge(self) -> Path:
+        """munged's directory (key, pid, log, seed), owned by user munge."""
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        """munged's socket (its directory must be mode 0755)."""
+        return self.root / "munge" / "sock" / "munge.socket"
+
+    @property
+    def etc(self) -> Path:
+        """slurm.conf, gres.conf, the TaskProlog."""
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        """The testbed's slurm.conf (``export SLURM_CONF=...``)."""
+        return self.etc / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        """gres.conf, next to slurm.conf as slurmd expects."""
+        return self.etc / "gres.conf"
+
+    @property
+    def taskprolog(self) -> Path:
+        """The TaskProlog slurm.conf names."""
+        return self.etc / "taskprolog"
+
+    @property
+    def log(self) -> Path:
+        """Daemon logs and job output."""
+        return self.root / "log"
+
+    @property
+    def run(self) -> Path:
+        """Pid files."""
+        return self.root / "run"
+
+    @property
+    def dev(self) -> Path:
+        """Stand-in device files of the simulated GPUs."""
+        return self.root / "dev"
+
+    @property
+    def mig_minors(self) -> Path:
+        """The simulated driver's MIG minors table."""
+        return self.root / "proc" / "mig-minors"
+
+    @property
+    def flexmig(self) -> Path:
+        """flexmigd's configuration, journal, simulated node state and control socket."""
+        return self.root / "flexmig"
+
+    def slurmd_pid(self, node: str) -> Path:
+        """slurmd's pid file for ``node`` (``SlurmdPidFile`` uses ``%n``)."""
+        return self.run / f"slurmd-{node}.pid"
+
+
+def future_gres(model: GpuModel, gpus: int) -> str:
+    """The ``Gres=`` of the FUTURE placeholder: as many of every plain profile as the node could ever hold."""
+    return ",".join(f"gpu:{p.name}:{p.max_instances * gpus}" for p in model.plain_profiles)
+
+
+def render_slurm_conf(
+    paths: TestbedPaths,
+    *,
+    ctld_port: int,
+    slurmd_port: int,
+    future_node: str,
+    future_gres: str,
+    cpus: int,
+    partition: str = "mig",
+) -> str:
+    """The testbed's slurm.conf."""
+    p = paths
+    return "\n".join(
+        [
+            "# A private single-node Slurm written by `flexmig slurm testbed`; everything lives under this directory.",
+            "ClusterName=flexmig",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={p.munge_socket}",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            f"StateSaveLocation={p.root / 'ctld'}",
+            f"SlurmdSpoolDir={p.root / 'spool'}/%n",
+            f"SlurmctldPidFile={p.run / 'slurmctld.pid'}",
+            f"SlurmdPidFile={p.run}/slurmd-%n.pid",
+            f"SlurmctldLogFile={p.log / 'slurmctld.log'}",
+            f"SlurmdLogFile={p.log}/slurmd-%n.log",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "GresTypes=gpu",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "ReturnToService=2",
+            "MaxNodeCount=8",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=1,bf_interval=1",
+            "JobRequeue=0",
+            "KillWait=5",
+            "MinJobAge=600",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            f"TaskProlog={p.taskprolog}",
+            "# Demand for MIG profiles the node does not have yet pends against this placeholder instead of being",
+            "# refused at submission; it never registers.",
+            f"NodeName={future_node} State=FUTURE CPUs={cpus} Gres={future_gres}",
+            f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
+
+
+def _check_reachable(path: Path, user: str) -> None:
+    """Every directory above ``path`` must let ``user`` (munge) through."""
+    for parent in [path, *path.parents]:
+        st = parent.stat()
+        if not st.st_mode & stat.S_IXOTH:
+            raise SlurmError(
+                f"{parent} (mode {stat.S_IMODE(st.st_mode):o}) is not searchable by others: munged runs as "
+                f"user {user} and must reach {path}; use a directory under /tmp or /var/tmp"
+            )
+
+
+def _pid_from(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - a zombie still has a pid: read its state
+            state = f.read().rsplit(b")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
+def stop_pid(pid: int, timeout_s: float = _STOP_TIMEOUT_S) -> None:
+    """SIGTERM ``pid``, SIGKILL after ``timeout_s``; wait until it is gone (reaping it if it is our child)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        while _alive(pid) and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@dataclass
+class Testbed:
+    """munged and slurmctld of one private Slurm; slurmd is flexmig's to start (it registers the node).
+
+    ``node`` is the dynamic node's name; ``future_node`` the placeholder's. Use as a context manager, or call
+    :meth:`start` and :meth:`stop`.
+    """
+
+    root: Path
+    model: GpuModel
+    gpus: int
+    node: str = "flexmig-sim"
+    cpus: int = 16
+    partition: str = "mig"
+    commands: SlurmCommands = field(default_factory=SlurmCommands)
+    ctld_port: int = 0
+    slurmd_port: int = 0
+    started: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = self.root.absolute()
+        self.paths = TestbedPaths(self.root)
+
+    @property
+    def future_node(self) -> str:
+        """The FUTURE placeholder's name."""
+        return f"{self.node}-future"
+
+    def slurm_commands(self) -> SlurmCommands:
+        """Commands that talk to this testbed."""
+        return SlurmCommands(self.commands.bin_dir, self.paths.slurm_conf, self.commands.timeout_s)
+
+    def env(self) -> dict[str, str]:
+        """An environment whose Slurm commands talk to this testbed."""
+        return {**os.environ, "SLURM_CONF": str(self.paths.slurm_conf)}
+
+    # ------------------------------------------------------------------------------------------ prepare
+    def prepare(self, taskprolog: str) -> None:
+        """Write the directory tree, munge key, slurm.conf, an empty gres.conf, the TaskProlog and the simulated
+        node's MIG minors table. Refuses a non-root caller, missing binaries and unusable paths."""
+        if os.geteuid() != 0:
+            raise SlurmError("the Slurm testbed runs munged, slurmctld and slurmd as root: run it as root")
+        missing = missing_binaries(self.commands)
+        if missing:
+            raise SlurmError(
+                f"not installed: {', '.join(missing)} (Debian: apt-get install -y --no-install-recommends "
+                f"{DEBIAN_PACKAGES})"
+            )
+        p = self.paths
+        if len(str(p.munge_socket)) > _SOCKET_MAX:
+            raise SlurmError(
+                f"{p.munge_socket}: longer than {_SOCKET_MAX} bytes, too long for a socket; use a shorter DIR"
+            )
+        try:
+            munge_user = pwd.getpwnam("munge")
+        except KeyError:
+            raise SlurmError("there is no user 'munge' (the munge package creates it)") from None
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        _check_reachable(self.root, "munge")
+        for d in (
+            p.etc,
+            p.log,
+            p.run,
+            p.dev,
+            p.dev / "nvidia-caps",
+            p.mig_minors.parent,
+            p.flexmig,
+            p.root / "ctld",
+            p.root / "spool",
+            p.root / "spool" / self.node,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        p.flexmig.chmod(0o700)
+        sock_dir = p.munge_socket.parent
+        sock_dir.mkdir(parents=True, exist_ok=True)
+        key = p.munge / "munge.key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(1024))
+        for path in (p.munge, sock_dir, key):
+            os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
+        p.munge.chmod(0o755)
+        sock_dir.chmod(0o755)
+        if not self.ctld_port:
+            self.ctld_port = free_port()
+        if not self.slurmd_port:
+            self.slurmd_port = free_port()
+        conf = render_slurm_conf(
+            p,
+            ctld_port=self.ctld_port,
+            slurmd_port=self.slurmd_port,
+            future_node=self.future_node,
+            future_gres=future_gres(self.model, self.gpus),
+            cpus=self.cpus,
+            partition=self.partition,
+        )
+        p.slurm_conf.write_text(conf)
+        if not p.gres_conf.exists():
+            p.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this node's block\n")
+        p.taskprolog.write_text(taskprolog)
+        p.taskprolog.chmod(0o755)
+        p.mig_minors.write_text(render_mig_minors(self.gpus))
+
+    # ------------------------------------------------------------------------------------------ daemons
+    def start(self) -> None:
+        """Start munged and slurmctld and wait until slurmctld answers (bounded)."""
+        p = self.paths
+        munged = self.commands.path("munged")
+        subprocess.run(
+            [
+                munged,
+                f"--key-file={p.munge / 'munge.key'}",
+                f"--socket={p.munge_socket}",
+                f"--pid-file={p.munge / 'munged.pid'}",
+                f"--log-file={p.munge / 'munged.log'}",
+                f"--seed-file={p.munge / 'munged.seed'}",
+            ],
+            user="munge",
+            group="munge",
+            check=True,
+            timeout=_START_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
+        self.started.append("munged")
+        env = self.env()
+        # -i: ignore state left by an earlier run of this directory's slurmctld only if it cannot be read
+        subprocess.run(
+            [self.commands.path("slurmctld"), "-i"],
+            env=env,
+            check=True,
+            timeout=_START_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
+        self.started.append("slurmctld")
+        self.wait_ctld()
+
+    def wait_ctld(self, timeout_s: float = _START_TIMEOUT_S) -> None:
+        """Until ``scontrol ping`` says slurmctld is up; SlurmError (with its log's last line) after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        scontrol = self.commands.path("scontrol")
+        last = ""
+        while time.monotonic() < deadline:
+            res = subprocess.run(
+                [scontrol, "ping"], env=self.env(), capture_output=True, text=True, timeout=15, check=False
+            )
+            last = (res.stdout + res.stderr).strip()
+            if "is UP" in last:
+                return
+            time.sleep(0.2)
+        raise SlurmError(
+            f"slurmctld did not answer within {timeout_s:g} s: {last}; see {self.paths.log / 'slurmctld.log'}"
+        )
+
+    def stop(self) -> None:
+        """Cancel the jobs, stop slurmd (flexmig's), slurmctld and munged by their pid files, then kill what the
+        jobs left running (slurmstepd outlives slurmd); bounded. Safe to call twice."""
+        p = self.paths
+        self.cancel_jobs()
+        for pid_file in (p.slurmd_pid(self.node), p.run / "slurmctld.pid", p.munge / "munged.pid"):
+            pid = _pid_from(pid_file)
+            if pid is not None and _alive(pid):
+                stop_pid(pid)
+        self.kill_jobs()
+        self.started.clear()
+
+    def cancel_jobs(self, timeout_s: float = 10.0) -> None:
+        """``scancel`` every job slurmctld still runs, and wait (bounded) until none is active; nothing when
+        slurmctld is not running."""
+        pid = _pid_from(self.paths.run / "slurmctld.pid")
+        if pid is None or not _alive(pid):
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                res = subprocess.run(
+                    [self.commands.path("squeue"), "--json"],
+                    env=self.env(),
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+                active = [j.job_id for j in parse_squeue(res.stdout) if j.active or j.pending]
+            except (SlurmError, subprocess.TimeoutExpired):
+                return
+            if not active:
+                return
+            subprocess.run(
+                [self.commands.path("scancel"), "--full", *(str(j) for j in active)],
+                env=self.env(),
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+            time.sleep(0.3)
+
+    def kill_jobs(self, timeout_s: float = 10.0) -> list[int]:
+        """Kill what this testbed's jobs left: its ``slurmstepd`` processes (they clear their environment, but hold
+        the testbed's slurmd log open) and the processes of its jobs (``SLURM_JOB_ID`` set and this testbed's
+        ``SLURM_CONF``); never a shell that merely exported ``SLURM_CONF``. Returns their pids."""
+        root = str(self.root) + os.sep
+        found = []
+        for proc in psutil.process_iter(["name"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.pid == os.getpid():
+                    continue
+                if (proc.info["name"] or "").startswith("slurmstepd"):
+                    if any(f.path.startswith(root) for f in proc.open_files()):
+                        found.append(proc)
+                    continue
+                env = proc.environ()
+                if env.get("SLURM_CONF") == str(self.paths.slurm_conf) and "SLURM_JOB_ID" in env:
+                    found.append(proc)
+        for proc in found:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(found, timeout=timeout_s)
+        return [proc.pid for proc in found]
+
+    def flexmigd_config(self, *, metrics_port: int, interval_s: float = 2.0) -> str:
+        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory."""
+        p = self.paths
+        f = p.flexmig
+
+        def q(value: object) -> str:
+            return json.dumps(str(value))
+
+        return "\n".join(
+            [
+                "# flexmigd on the testbed's simulated node, written by `flexmig slurm testbed`",
+                'mode = "act"',
+                f"node_name = {q(self.node)}",
+                "[prometheus]",
+                f'listen = "127.0.0.1:{metrics_port}"',
+                "[control]",
+                f"socket = {q(f / 'control.sock')}",
+                "[state]",
+                f"directory = {q(f / 'state')}",
+                f"journal = {q(f / 'state' / 'journal.sqlite3')}",
+                "[slurm]",
+                "enabled = true",
+                f"node = {q(self.node)}",
+                f"interval_s = {interval_s:g}",
+                f"conf = {q(p.slurm_conf)}",
+                f"gres_conf = {q(p.gres_conf)}",
+                f"gres_map = {q(f / 'gres-map.json')}",
+                f"dev_dir = {q(p.dev)}",
+                f"mig_minors = {q(p.mig_minors)}",
+                f"slurmd_pid_file = {q(p.slurmd_pid(self.node))}",
+                f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"',
+                f"checkpoint_dir = {q(self.root / 'ckpt' / '{user}' / '{job_id}')}",
+                "hook_settle_s = 5",
+                "reregister_s = 2",
+                "min_interval_s = 10",
+                "",
+            ]
+        )
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def sbatch(self, *args: str, script: str) -> int:
+        """Submit ``script`` (its text) with ``args``; the job ID."""
+        path = self.paths.flexmig / f"job-{time.monotonic_ns()}.sh"
+        path.write_text(script)
+        path.chmod(0o755)
+        res = subprocess.run(
+            [self.commands.path("sbatch"), "--parsable", f"--output={self.paths.log}/job-%j.out", *args, str(path)],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if res.returncode != 0:
+            raise SlurmError(f"sbatch {' '.join(args)}: {res.stderr.strip() or res.stdout.strip()}")
+        return int(res.stdout.strip().split(";")[0])
+
+    def logs(self) -> Iterator[tuple[str, str]]:
+        """(name, last lines) of each daemon log, for a failing test's message."""
+        for path in sorted(self.paths.log.glob("*.log")):
+            with contextlib.suppress(OSError):
+                yield path.name, "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+
+
+def write_json(path: Path, doc: object) -> None:
+    """Write ``doc`` as JSON atomically (mode 0644)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
+def python() -> str:
+    """The interpreter the testbed's TaskProlog runs with (this one)."""
+    return sys.executable or shutil.which("python3") or "/usr/bin/python3"

@@ -1,0 +1,430 @@
+"""A real single-node Slurm (munged, slurmctld, slurmd from the Debian packages) around a simulated MIG node, with
+the real actuator and flexmig's Slurm agent on it, for integration tests (not a test module).
+
+:class:`SlurmRig` starts the private testbed (:class:`flexmig.slurm.testbed.Testbed`) under a fresh
+world-traversable directory in /tmp (munged runs as user munge and must reach its socket), installs the simulated
+node, builds the actuator in mode ``act`` and a :class:`~flexmig.slurm.agent.SlurmAgent`, and registers the node.
+Every wait is bounded; leaving the context stops slurmd, slurmctld and munged by their pid files and removes the
+directory. :func:`skip_reason` says why these tests cannot run here (no Slurm packages, not root), so that they
+skip with that reason; CI installs the packages and runs as root, so there they always run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from flexmig import sim
+from flexmig.act.events import MemorySink
+from flexmig.act.journal import StepEvent
+from flexmig.act.service import Actuator
+from flexmig.jobs import JobPolicy
+from flexmig.mig.nodespec import parse_node_spec
+from flexmig.nvml import Nvml, NvmlWorker
+from flexmig.plan.types import PlannerSettings
+from flexmig.sim import SimProcessTable
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.install import render_taskprolog
+from flexmig.slurm.jobs import SlurmJob
+from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
+WAIT_S = 60.0
+T = TypeVar("T")
+
+
+def skip_reason() -> str | None:
+    """Why real-Slurm tests cannot run on this machine, or None."""
+    missing = missing_binaries()
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing; apt-get install {DEBIAN_PACKAGES})"
+    if os.geteuid() != 0:
+        return "the Slurm testbed runs slurmctld and slurmd as root"
+    return None
+
+
+async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float = WAIT_S) -> T:
+    """Await ``probe()`` until it gives something truthy; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            got = await probe()
+        except Exception as exc:  # not yet
+            last = exc
+        else:
+            if got:
+                return got
+            last = got
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
+
+
+class SlurmRig:
+    """``async with SlurmRig("h200:7g.141gb@0") as rig:`` a registered Slurm node on a simulated MIG node."""
+
+    def __init__(
+        self,
+        spec: str = "h200:7g.141gb@0",
+        *,
+        settings: dict[str, Any] | None = None,
+        planner: PlannerSettings | None = None,
+        register: bool = True,
+        on_step: Callable[[StepEvent], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        node_spec = parse_node_spec(spec)
+        self.base = Path(tempfile.mkdtemp(prefix="fm-slurm-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node="fm-node")
+        self.paths = self.testbed.paths
+        self.events = MemorySink()
+        self.slurm_events: list[tuple[str, dict[str, Any]]] = []
+        self.overrides = settings or {}
+        self.planner = planner or PlannerSettings(checkpoint_s=5.0, restart_s=5.0)
+        self.register_at_start = register
+        self.on_step = on_step
+        self.node = self.testbed.node
+        self._act: Actuator | None = None
+        self._offload: NvmlWorker | None = None
+        self._nvml: Nvml | None = None
+
+    def settings(self) -> SlurmSettings:
+        """The agent's settings: everything under the testbed's directory."""
+        p = self.paths
+        values: dict[str, Any] = {
+            "node": self.node,
+            "interval_s": 1.0,
+            "conf": p.slurm_conf,
+            "command_timeout_s": 20.0,
+            "gres_conf": p.gres_conf,
+            "gres_map": p.flexmig / "gres-map.json",
+            "dev_dir": p.dev,
+            "mig_minors": p.mig_minors,
+            "slurmd_pid_file": p.slurmd_pid(self.node),
+            "slurmd_conf": ("NodeAddr=127.0.0.1", f"CPUs={self.testbed.cpus}"),
+            "checkpoint_dir": str(self.base / "ckpt" / "{user}" / "{job_id}"),
+            "ack_timeout_s": 30.0,
+            "drain_timeout_s": 60.0,
+            "register_timeout_s": 30.0,
+            "reregister_s": 2.0,
+            "min_interval_s": 0.0,
+            "hook_settle_s": 0.0,
+        }
+        values.update(self.overrides)
+        return SlurmSettings(**values)
+
+    async def __aenter__(self) -> SlurmRig:
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        tb = self.testbed
+        tb.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
+        await asyncio.to_thread(tb.start)
+        await self.open_flexmig()
+        if self.register_at_start:
+            res = await self.agent.register("first registration")
+            assert res.ok, res.to_json()
+
+    async def open_flexmig(self) -> dict[str, Any]:
+        """Build the simulated node (from its state file if there is one), the actuator and the agent, and
+        reconcile the journal (what a flexmigd start does); returns the reconciliation summary."""
+        self.sim_node = sim.install(self.spec, state_path=self.base / "sim.json")
+        self._nvml = Nvml.open()
+        self._offload = NvmlWorker()
+        self._act = Actuator.build(
+            mode="act",
+            nvml=self._nvml,
+            offload=self._offload.call,
+            devices=SimProcessTable(self.sim_node),
+            journal_path=self.paths.flexmig / "journal.sqlite3",
+            logs_dir=self.paths.flexmig / "logs",
+            policy=JobPolicy((self.base,)),
+            events=self.events,
+            poll_s=0.01,
+            on_step=self.on_step,
+        )
+        self.agent = SlurmAgent(
+            self.settings(),
+            self.node,
+            executor=self.act.executor,
+            planner=self.planner,
+            simulated=True,
+            on_event=lambda kind, detail: self.slurm_events.append((kind, detail)),
+        )
+        return await self.act.start()
+
+    async def close_flexmig(self) -> None:
+        """Close the actuator and take the simulated node away (a crash leaves the same: journal and state file)."""
+        if self._act is not None:
+            with contextlib.suppress(Exception):
+                await self._act.close()
+            self._act = None
+        if self._offload is not None:
+            self._offload.shutdown()
+            self._offload = None
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.close()
+            self._nvml = None
+        sim.uninstall()
+
+    @property
+    def act(self) -> Actuator:
+        """The actuator (while flexmig is open)."""
+        assert self._act is not None, "flexmig is closed"
+        return self._act
+
+    @property
+    def nvml(self) -> Nvml:
+        """The NVML session (while flexmig is open)."""
+        assert self._nvml is not None, "flexmig is closed"
+        return self._nvml
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.testbed.stop)  # cancels the jobs, stops the daemons, kills what is left
+        await self.close_flexmig()
+        if not os.environ.get("FLEXMIG_KEEP_TESTBED"):
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def ctld_alive(self) -> bool:
+        """True while the testbed's slurmctld runs."""
+        try:
+            pid = int((self.paths.run / "slurmctld.pid").read_text())
+        except (OSError, ValueError):
+            return False
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def run(self, *argv: str) -> str:
+        """A Slurm command against the testbed; its output (AssertionError with its error on failure)."""
+        res = subprocess.run(
+            list(argv), env=self.testbed.env(), capture_output=True, text=True, timeout=30, check=False
+        )
+        assert res.returncode == 0, f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}"
+        return res.stdout
+
+    def sbatch(self, *args: str, script: str) -> int:
+        """Submit a batch script; its job ID."""
+        return self.testbed.sbatch(*args, script=script)
+
+    def sleeper(self, *args: str, seconds: float = 600, trap: bool = True) -> int:
+        """A job that sleeps (in slices, so a signal is seen) and notes any USR1 it gets in ``signalled-J``."""
+        trap_line = f"trap 'echo USR1 >> {self.base}/signalled-$SLURM_JOB_ID' USR1\n" if trap else ""
+        script = (
+            "#!/bin/sh\n"
+            f"{trap_line}"
+            f'echo "$CUDA_VISIBLE_DEVICES" > {self.base}/visible-$SLURM_JOB_ID\n'
+            f"end=$(( $(date +%s) + {int(seconds)} ))\n"
+            'while [ "$(date +%s)" -lt "$end" ]; do sleep 0.2; done\n'
+        )
+        return self.sbatch(*args, script=script)
+
+    def hook_job(self, *args: str, steps: int = 1_000_000, step_time: float = 0.02) -> int:
+        """``examples/hook_minimal.py`` as a Slurm hook job (``--requeue``, comment ``flexmig:hook``)."""
+        log = self.base / "hooklog-$SLURM_JOB_ID.jsonl"
+        script = (
+            "#!/bin/sh\n"
+            f'exec {sys.executable} {HOOK_JOB} --steps {steps} --step-time {step_time} --log-every 1 --log "{log}"\n'
+        )
+        return self.sbatch("--requeue", "--comment=flexmig:hook", *args, script=script)
+
+    def hook_log(self, job: int) -> list[dict[str, Any]]:
+        """The JSON lines ``hook_minimal.py`` wrote for Slurm job ``job``."""
+        path = self.base / f"hooklog-{job}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    async def job(self, job_id: int) -> SlurmJob | None:
+        """Slurm's record of job ``job_id``."""
+        return next((j for j in await self.agent.client.jobs() if j.job_id == job_id), None)
+
+    async def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
+        """Until job ``job_id`` is in ``state``."""
+
+        seen: list[str] = []
+
+        async def probe() -> SlurmJob | None:
+            j = await self.job(job_id)
+            seen[:] = [f"{j.state} ({j.reason}, restarts {j.restart_count})" if j else "unknown"]
+            return j if j is not None and j.state == state else None
+
+        try:
+            return await until(f"Slurm job {job_id} {state}", probe, timeout_s)
+        except AssertionError as exc:
+            out = self.paths.log / f"job-{job_id}.out"
+            tail = out.read_text(errors="replace")[-2000:] if out.exists() else "(no output)"
+            raise AssertionError(f"{exc}; it is {seen[0] if seen else '?'}; its output: {tail}") from None
+
+    def visible(self, job_id: int) -> str:
+        """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""
+        path = self.base / f"visible-{job_id}"
+        return path.read_text().strip() if path.exists() else ""
+
+    def signalled(self, job_id: int) -> bool:
+        """True if a sleeper job ever got USR1."""
+        return (self.base / f"signalled-{job_id}").exists()
+
+
+class SlurmDaemon:
+    """``with SlurmDaemon("h200:7g.141gb@0") as d:`` the testbed's Slurm with flexmigd (mode act, ``[slurm]`` on)
+    as a subprocess on the simulated node, registered; ``mqtt_port`` adds MQTT events to that broker."""
+
+    def __init__(self, spec: str, *, mqtt_port: int | None = None, node: str = "fm-node") -> None:
+        node_spec = parse_node_spec(spec)
+        self.spec = spec
+        self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node=node)
+        self.paths = self.testbed.paths
+        self.node = node
+        self.mqtt_port = mqtt_port
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> SlurmDaemon:
+        try:
+            self.testbed.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
+            self.testbed.start()
+            self.start_flexmigd()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def start_flexmigd(self) -> None:
+        """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
+        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=1.0)
+        if self.mqtt_port is not None:
+            text += (
+                f'[mqtt]\nenabled = true\nbroker = "127.0.0.1:{self.mqtt_port}"\n'
+                f'outbox = "{self.paths.flexmig / "outbox.sqlite3"}"\n'
+            )
+        conf = self.paths.flexmig / "flexmigd.toml"
+        conf.write_text(text)
+        conf.chmod(0o600)
+        argv = [
+            sys.executable, "-m", "flexmig.daemon", "--sim", self.spec,
+            "--sim-state", str(self.paths.flexmig / "sim.json"), "--config", str(conf),
+        ]  # fmt: skip
+        with (self.paths.log / "flexmigd.log").open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env())
+        self.wait("the node registered", lambda: (n := self.slurm_node()) is not None and n.responding)
+
+    def stop_flexmigd(self) -> int | None:
+        """SIGTERM flexmigd and wait (bounded); its exit status."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        return proc.returncode
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_flexmigd()
+        self.testbed.stop()
+        if not os.environ.get("FLEXMIG_KEEP_TESTBED"):
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def wait(self, what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+        """``probe()`` until truthy; AssertionError with flexmigd's last log lines after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"flexmigd exited {self.proc.returncode} waiting for {what}: {self.log()[-3000:]}")
+            with contextlib.suppress(Exception):
+                got = probe()
+                if got:
+                    return got
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: not within {timeout_s:g} s; flexmigd's log ends: {self.log()[-3000:]}")
+
+    def submit_together(self, n: int, *args: str, script: str) -> list[int]:
+        """Submit ``n`` jobs held, then release them in one command: they pend together, as a burst of submissions
+        would (one round of flexmig sees them all)."""
+        jobs = [self.testbed.sbatch("--hold", *args, script=script) for _ in range(n)]
+        subprocess.run(
+            [self.testbed.commands.path("scontrol"), "release", ",".join(str(j) for j in jobs)],
+            env=self.testbed.env(), check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        return jobs
+
+    def client(self) -> SlurmClient:
+        """A Slurm client on this testbed."""
+        return SlurmClient(self.testbed.slurm_commands())
+
+    def slurm_node(self) -> Any:
+        """Slurm's record of the node (None when not registered)."""
+        return asyncio.run(self.client().node(self.node))
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        """Slurm's record of job ``job_id``."""
+        return next((j for j in asyncio.run(self.client().jobs()) if j.job_id == job_id), None)
+
+    def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
+        """Until job ``job_id`` is in ``state``."""
+        got: SlurmJob = self.wait(
+            f"Slurm job {job_id} {state}",
+            lambda: (j := self.job(job_id)) is not None and j.state == state and j,
+            timeout_s,
+        )
+        return got
+
+    def log(self) -> str:
+        """flexmigd's log so far."""
+        path = self.paths.log / "flexmigd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def metrics(self) -> str:
+        """flexmigd's exposition."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def output(self, job_id: int) -> str:
+        """A job's output file."""
+        path = self.paths.log / f"job-{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_ctld(self) -> None:
+        """Stop slurmctld (as a crash or an administrator would)."""
+        pid = int((self.paths.run / "slurmctld.pid").read_text())
+        stop_pid(pid)
+
+    def start_ctld(self) -> None:
+        """Start slurmctld again (it recovers its state) and wait until it answers."""
+        subprocess.run(
+            [self.testbed.commands.path("slurmctld"), "-i"],
+            env=self.testbed.env(),
+            check=True,
+            timeout=30,
+            capture_output=True,
+        )
+        self.testbed.wait_ctld()

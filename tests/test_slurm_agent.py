@@ -1,0 +1,146 @@
+"""flexmig as Slurm's node agent, against a real Slurm 22.05 (munged, slurmctld, slurmd) on a simulated MIG node."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from support.slurm import SlurmRig, skip_reason, until
+
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+
+def test_three_pending_1g_jobs_on_a_7g_node_run_each_on_its_own_mig_device() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0") as rig:
+            jobs = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(3)]
+            for j in jobs:
+                pending = await rig.wait_state(j, "PENDING")
+                assert pending.reason in ("ReqNodeNotAvail", "Resources", "None", "Priority")
+            rnd = await rig.agent.round("act")
+            assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
+            assert rnd.result is not None and rnd.result.ok, rnd
+            for j in jobs:
+                await rig.wait_state(j, "RUNNING")
+            seen = [await until(f"job {j} wrote its devices", _visible(rig, j)) for j in jobs]
+            assert all(v.startswith("MIG-") and "," not in v for v in seen), seen
+            assert len(set(seen)) == 3, seen
+            read = await rig.agent.read()
+            assert read.in_sync, (read.registered_as, read.expected)
+            assert read.registered_as.get("1g.18gb", 0) >= 3
+
+    asyncio.run(scenario())
+
+
+def _visible(rig: SlurmRig, job: int) -> Callable[[], Awaitable[str]]:
+    async def probe() -> str:
+        return rig.visible(job)
+
+    return probe
+
+
+def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_acknowledged_step() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            hook = rig.hook_job("--gres=gpu:3g.71gb:1")
+            await rig.wait_state(hook, "RUNNING")
+            await until("the hook job steps", lambda: _steps(rig, hook, 5))
+            small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
+            for j in small:
+                await rig.wait_state(j, "PENDING")
+            rnd = await rig.agent.round("act")
+            assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
+            assert rnd.result is not None and rnd.result.ok, rnd
+            for j in small:
+                await rig.wait_state(j, "RUNNING")
+            await rig.wait_state(hook, "RUNNING")
+            await until("the hook job resumed", lambda: _starts(rig, hook, 2))
+            log = rig.hook_log(hook)
+            starts = [e for e in log if e["event"] == "start"]
+            ckpts = [e for e in log if e["event"] == "checkpoint"]
+            assert len(starts) == 2 and len(ckpts) == 1, log
+            assert starts[0]["resume"] is None
+            assert starts[1]["step"] == ckpts[0]["step"] + 1  # resumes right after the acknowledged step
+            assert starts[1]["visible"].startswith("MIG-")
+            job = await rig.job(hook)
+            assert job is not None and job.restart_count == 1
+            kinds = [k for k, d in rig.slurm_events if d.get("slurm_job") == hook]
+            assert kinds == ["slurm_job_signalled", "slurm_job_requeued", "slurm_job_released"]
+            assert (await rig.agent.read()).in_sync
+
+    asyncio.run(scenario())
+
+
+def test_a_job_without_the_hook_is_never_signalled_the_drain_waits_for_it() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            plain = rig.sleeper("--gres=gpu:3g.71gb:1", "--time=1", "--requeue", seconds=6)
+            hook = rig.hook_job("--gres=gpu:4g.71gb:1")
+            await rig.wait_state(plain, "RUNNING")
+            await rig.wait_state(hook, "RUNNING")
+            await until("the hook job steps", lambda: _steps(rig, hook, 3))
+            small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
+            for j in small:
+                await rig.wait_state(j, "PENDING")
+            rnd = await rig.agent.round("act")
+            assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
+            assert rnd.result is not None and rnd.result.ok, rnd
+            done = await rig.job(plain)
+            assert done is not None and done.state == "COMPLETED" and done.restart_count == 0, done
+            assert not rig.signalled(plain)
+            assert [k for k, d in rig.slurm_events if d.get("slurm_job") == plain] == []
+            assert ("slurm_job_requeued", hook) in [(k, d.get("slurm_job")) for k, d in rig.slurm_events], (
+                rnd.result,
+                rig.hook_log(hook),
+            )
+            for j in small:
+                await rig.wait_state(j, "RUNNING")
+
+    asyncio.run(scenario())
+
+
+def test_no_drain_for_jobs_that_never_end_by_themselves() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            plain = rig.sleeper("--gres=gpu:3g.71gb:1")
+            await rig.wait_state(plain, "RUNNING")
+            small = rig.sleeper("--gres=gpu:1g.18gb:1")
+            await rig.wait_state(small, "PENDING")
+            rnd = await rig.agent.round("act")
+            assert rnd.verdict is not None and not rnd.verdict.go, rnd.verdict
+            assert "not worth" in rnd.verdict.reason
+            assert rnd.result is None
+            node = (await rig.agent.read()).node
+            assert node is not None and not node.drained
+
+    asyncio.run(scenario())
+
+
+async def _steps(rig: SlurmRig, job: int, n: int) -> bool:
+    return sum(1 for e in rig.hook_log(job) if e["event"] == "step") >= n
+
+
+async def _starts(rig: SlurmRig, job: int, n: int) -> bool:
+    return sum(1 for e in rig.hook_log(job) if e["event"] == "start") >= n
+
+
+def test_observe_reads_slurm_only_and_advise_plans_without_changing_anything() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0") as rig:
+            jobs = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
+            for j in jobs:
+                await rig.wait_state(j, "PENDING")
+            seen = await rig.agent.round("observe")
+            assert seen.read is not None and len(seen.read.demand.pending) == 2
+            assert seen.verdict is None and seen.result is None
+            advised = await rig.agent.round("advise")
+            assert advised.verdict is not None and advised.verdict.go and advised.result is None
+            read = await rig.agent.read()
+            assert read.registered_as == {"7g.141gb": 1} and read.node is not None and not read.node.drained
+            for x in jobs:
+                job = await rig.job(x)
+                assert job is not None and job.pending, job
+
+    asyncio.run(scenario())
