@@ -70,7 +70,7 @@ def node(*gpus: list[tuple[Profile, int]]) -> tuple[Layout, ...]:
 def running(
     name: str,
     *instances: tuple[int, int, Profile],
-    remaining: float = 10_000.0,
+    remaining: float | None = 10_000.0,
     last_moved: float | None = -10_000.0,
     movable: bool = True,
     nominal: JobRequest | None = None,
