@@ -67,12 +67,7 @@ def scenario() -> tuple[list[Event], list[dict[str, Any]]]:
         state, report = observe(state, Observation(now=now, layouts=layouts, usage=usage, lost_gpus=lost), settings)
         events += events_from_report(report, fac, instance_uuids={(0, 0): "MIG-aaaa"}, gpu_uuids={1: "GPU-1"})
         docs.append(state_document("node-1", report, layouts, gpu_uuids={0: "GPU-0"}, lost=lost, mode="observe"))
-    events += [
-        fac.action_started("a1", "migrate", "job train-1", "GPU 0 is fragmented"),
-        fac.action_completed("a1", "migrate", "job train-1", 12.5),
-        fac.action_failed("a2", "resplit", "job train-2", 3.0, "checkpoint not acknowledged within 30 s"),
-    ]
-    events += actuator_events(fac)  # the other kinds, as the daemon makes them (tests/test_action_events.py)
+    events += actuator_events(fac)  # the actuator's kinds, as the daemon makes them (tests/test_action_events.py)
     events += slurm_events(fac)  # and the Slurm side's (tests/test_slurm_events.py)
     return events, docs
 

@@ -11,7 +11,6 @@ __all__ = [
     "BackgroundTaskError",
     "ConfigError",
     "FlexmigError",
-    "HookTimeoutError",
     "JobSpecError",
     "LayoutError",
     "NodeSpecError",
@@ -116,10 +115,6 @@ class TraceError(FlexmigError, ValueError):
 
 class PlanRejectedError(FlexmigError):
     """A plan was refused: it would break a safety rule or the current mode forbids acting."""
-
-
-class HookTimeoutError(FlexmigError):
-    """A job did not acknowledge a checkpoint request in time; the move is cancelled."""
 
 
 class SlurmError(FlexmigError):

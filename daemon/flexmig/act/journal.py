@@ -481,11 +481,6 @@ class Journal:
             updated_s=f.number("updated_s", r[12]),
         )
 
-    def delete_job(self, name: str) -> None:
-        """Forget a job (only finished ones are forgotten, by the caller's choice)."""
-        with self._tx() as db:
-            db.execute("DELETE FROM jobs WHERE name=?", (name,))
-
 
 _JOB_SELECT = (
     "SELECT name, uid, spec, source, state, generation, slots, resume, last_ack, master_port, error, "

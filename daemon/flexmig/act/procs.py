@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -335,9 +335,3 @@ class PsutilScanner:
             parents[p.info["pid"]] = int(p.info["ppid"])
         # A job's own children (torchrun's workers) inherit its markers: only the top of each tree is a rank.
         return sorted((r for pid, r in found.items() if parents[pid] not in found), key=lambda r: r.pid)
-
-
-def signal_all(procs: Sequence[RankProcess], sig: int) -> None:
-    """Send ``sig`` to each process still running."""
-    for p in procs:
-        p.send_signal(sig)

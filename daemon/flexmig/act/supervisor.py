@@ -315,13 +315,6 @@ class Supervisor:
                 out.update(c.pid for c in psutil.Process(h.proc.pid).children(recursive=True))
         return out
 
-    def all_pids(self) -> set[int]:
-        """Pids of every job's ranks and descendants."""
-        out: set[int] = set()
-        for job in list(self._ranks):
-            out |= self.pids(job)
-        return out
-
     # ------------------------------------------------------------------------------------------- control
     def signal_workers(self, job: str, sig: int) -> list[int]:
         """Send ``sig`` to the processes running the job's code (torchrun: its workers); returns their pids."""

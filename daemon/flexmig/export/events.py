@@ -154,23 +154,6 @@ class EventFactory:
         """An event of ``kind`` now (or at ``at``)."""
         return Event(self._new_id(), self._clock() if at is None else at, self.node, kind, dict(payload))
 
-    # -------------------------------------------------------------------------------------------- actions
-    def action_started(self, action_id: str, action: str, target: str, reason: str) -> Event:
-        """The actuator began ``action`` (``migrate``, ``resplit``, ``create``, ``destroy``...) on ``target``."""
-        return self.make(
-            EventKind.ACTION_STARTED, {"action_id": action_id, "action": action, "target": target, "reason": reason}
-        )
-
-    def action_completed(self, action_id: str, action: str, target: str, duration_s: float) -> Event:
-        """``action`` finished successfully after ``duration_s``."""
-        payload = {"action_id": action_id, "action": action, "target": target, "duration_s": duration_s}
-        return self.make(EventKind.ACTION_COMPLETED, payload)
-
-    def action_failed(self, action_id: str, action: str, target: str, duration_s: float, error: str) -> Event:
-        """``action`` failed with ``error`` (words) after ``duration_s``; what was rolled back is in ``error``."""
-        payload = {"action_id": action_id, "action": action, "target": target, "duration_s": duration_s}
-        return self.make(EventKind.ACTION_FAILED, {**payload, "error": error})
-
     def gpu_lost(self, gpu: int, uuid_: str | None, at: float | None = None) -> Event:
         """NVML reported the GPU as lost (``GPU_IS_LOST``); nothing on it can be trusted until it is back."""
         reason = f"NVML reports GPU {gpu} as lost (GPU_IS_LOST); its instances and jobs are in an unknown state"

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flexmig.config import Config, ConfigProblem
+from flexmig.config import ConfigProblem
 from flexmig.errors import ConfigError
 from flexmig.export.commands import CommandListener, Dispatch, command_listener
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
 from flexmig.export.loss_metrics import LossMetrics
-from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.storage import LockSet
-from flexmig.telemetry.publish import SnapshotHub
 from flexmig.wiring.actuator import ActuatorComponent, ActuatorHost
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
@@ -31,7 +29,6 @@ from flexmig.wiring.slurm import SlurmComponent
 __all__ = [
     "ActuatorComponent",
     "Components",
-    "DaemonHooks",
     "Detector",
     "FindingsPublisher",
     "MqttComponent",
@@ -42,31 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class DaemonHooks(Protocol):
-    """What :func:`wire` needs of a daemon (``flexmig.daemon.Daemon`` has it)."""
-
-    config: Config
-    hostname: str
-    hub: SnapshotHub
-
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup; ``restart``: run it again if it fails (counted, logged)
-        instead of stopping the daemon."""
-        ...
-
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
-        """Export more families from each snapshot."""
-        ...
-
-    def on_reload(self, hook: Callable[[Config], None]) -> None:
-        """Call ``hook`` after each accepted configuration reload."""
-        ...
-
-    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` once the loops have ended (what a component holds is let go of there)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
