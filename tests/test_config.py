@@ -29,6 +29,7 @@ from flexmig.config import (
     render_toml,
 )
 from flexmig.errors import ConfigError
+from flexmig.export.mqtt import PublisherSettings
 from flexmig.security import Secret
 
 SRC = "/etc/flexmig/flexmig.toml"
@@ -133,7 +134,8 @@ def test_node_name_defaults_to_the_first_label_of_the_host_name() -> None:
     assert cfg.node(lambda: "gpu-node-3.cluster.example") == "gpu-node-3"
     assert cfg.node(lambda: "weird+name#1") == "weird-name-1"
     assert replace(cfg, node_name="n1").node(lambda: "ignored") == "n1"
-    assert cfg.mqtt_client_id(lambda: "h") == "flexmig-h"
+    # the MQTT client ID is made from the node name (the publisher's, flexmig.export.mqtt)
+    assert PublisherSettings.from_config(cfg.mqtt, cfg.node(lambda: "h")).identifier == "flexmig-h"
 
 
 # ---------------------------------------------------------------------------------------------------- errors

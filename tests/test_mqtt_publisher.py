@@ -84,11 +84,12 @@ def test_a_repeated_failure_is_logged_once_then_counted(caplog: LogCaptureFixtur
     assert caplog.records[-1].getMessage() == "broker is unreachable (49 more since 600 s ago)"
 
 
-def test_a_different_failure_or_a_recovery_is_logged_at_once(caplog: LogCaptureFixture) -> None:
+def test_a_different_failure_or_one_after_a_success_is_logged_at_once(caplog: LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="t")
     flog = _FailureLog(logging.getLogger("t"), repeat_s=600, clock=Clock())
     flog.failure("unreachable", "down")
     flog.failure("auth", "refused")
-    flog.recovered("connected")
-    flog.recovered("connected again")  # nothing had failed since: not logged
-    assert [r.getMessage() for r in caplog.records] == ["down", "refused", "connected"]
+    flog.failure("auth", "refused again")  # the same kind within repeat_s: counted, not logged
+    flog.reset()  # a success came between (the publisher connected)
+    flog.failure("auth", "refused after a success")
+    assert [r.getMessage() for r in caplog.records] == ["down", "refused", "refused after a success"]

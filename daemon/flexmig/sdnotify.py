@@ -155,12 +155,10 @@ class Heartbeat:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.last: float | None = None
-        self.beats = 0
 
     def beat(self, now: float | None = None) -> None:
         """Record a completed sweep (``now`` defaults to the clock)."""
         self.last = self._clock() if now is None else now
-        self.beats += 1
 
     def __call__(self) -> float | None:
         return self.last

@@ -15,27 +15,14 @@ from typing import Any, Protocol
 
 __all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink", "MultiSink"]
 
-#: Event kinds (the last segment of the MQTT topic).
-KINDS = frozenset(
-    {
-        "action_started",
-        "action_completed",
-        "action_failed",
-        "action_cancelled",
-        "action_skipped",
-        "job_started",
-        "job_exited",
-        "job_failed",
-        "reconciled",
-    }
-)
-
 
 @dataclass(frozen=True, slots=True)
 class ActEvent:
     """One thing the actuator did or saw (the fleet's versioned form is ``flexmig.export.events.Event``).
 
-    ``kind`` is one of ``KINDS``; ``action`` names the action (``migrate``, ``resplit``, ``start``, ``stop``,
+    ``kind`` (the last segment of the MQTT topic) is one of ``action_started``, ``action_completed``,
+    ``action_failed``, ``action_cancelled``, ``action_skipped``, ``job_started``, ``job_exited``, ``job_failed``,
+    ``reconciled``; ``action`` names the action (``migrate``, ``resplit``, ``start``, ``stop``,
     ``create_instance``, ``destroy_instance``, ``restart``); ``time_s`` is wall-clock time (epoch seconds);
     ``duration_s`` is set on completion/failure; ``steps`` gives each journalled step's duration in seconds.
     """
@@ -95,10 +82,6 @@ class MemorySink:
     def emit(self, event: ActEvent) -> None:
         """Append the event."""
         self.events.append(event)
-
-    def of_kind(self, kind: str) -> list[ActEvent]:
-        """The events of one kind, oldest first."""
-        return [e for e in self.events if e.kind == kind]
 
 
 class MultiSink:

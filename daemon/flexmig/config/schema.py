@@ -608,10 +608,6 @@ class Config:
         label = re.sub(r"[^A-Za-z0-9._-]", "-", hostname().split(".", 1)[0])[:63].strip("-.")
         return label or "node"
 
-    def mqtt_client_id(self, hostname: Callable[[], str] = socket.gethostname) -> str:
-        """``mqtt.client_id``, or ``flexmig-<node>``."""
-        return self.mqtt.client_id or f"flexmig-{self.node(hostname)}"
-
 
 def toml_name(f: Any) -> str:
     """The key a dataclass field has in the file (``1g`` for ``g1``)."""

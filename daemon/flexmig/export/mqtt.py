@@ -142,11 +142,6 @@ class _FailureLog:
         """Forget the last failure (a success came between): the next failure is logged at once."""
         self._key, self._suppressed = None, 0
 
-    def recovered(self, message: str) -> None:
-        if self._key is not None:
-            self._log.info("%s", message)
-        self._key, self._suppressed = None, 0
-
 
 class MqttPublisher:
     """Publishes status, state and events for one node. Create it, start ``run()`` as a task, call ``emit`` and

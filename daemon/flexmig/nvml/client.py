@@ -346,12 +346,6 @@ class Nvml:
         nvml_call(g.target, N.nvmlDeviceGetGpuInstancePossiblePlacements, g.handle, prof.id, arr, byref(count))
         return tuple((int(arr[i].start), int(arr[i].size)) for i in range(count.value))
 
-    def remaining_capacity(self, gpu_index: int, profile_name: str) -> int:
-        """How many more instances of the profile this GPU could take now (``nvidia-smi mig -lgip``, Free/Total)."""
-        g = self._ready(gpu_index)
-        prof = self._profile(g, profile_name)
-        return int(nvml_call(g.target, N.nvmlDeviceGetGpuInstanceRemainingCapacity, g.handle, prof.id))
-
     def set_mig_mode(self, gpu_index: int, enabled: bool) -> bool:
         """``nvidia-smi -i N -mig 1|0``. True if it took effect now; False if it is pending (GPU busy or a reset is
         needed: NVML's activation status)."""

@@ -26,7 +26,6 @@ class NvmlWorker:
 
     def __init__(self, name: str = "flexmig-nvml") -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.cpu_s_total = 0.0  # CPU time the worker thread spent in calls made through :meth:`call_timed`
 
     async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run ``fn(*args, **kwargs)`` on the NVML thread and return its result (or raise its exception)."""
@@ -38,10 +37,7 @@ class NvmlWorker:
 
         def timed() -> tuple[_T, float]:
             start = time.thread_time()
-            try:
-                return fn(*args, **kwargs), time.thread_time() - start
-            finally:
-                self.cpu_s_total += time.thread_time() - start
+            return fn(*args, **kwargs), time.thread_time() - start
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, timed)

@@ -40,11 +40,6 @@ class Geometry:
         self._shapes: dict[tuple[object, ...], tuple[Shape, ...]] = {}
         self._maximal: tuple[Layout, ...] | None = None
 
-    @staticmethod
-    def key_of(layout: Layout) -> LayoutKey:
-        """The key of ``layout``'s instances."""
-        return tuple((i.start, i.profile.profile_id) for i in layout.instances)
-
     def add(self, key: LayoutKey, profile: Profile, start: int) -> LayoutKey:
         """The key with ``profile`` at ``start`` added (the caller has checked it fits)."""
         k = (key, profile.profile_id, start)

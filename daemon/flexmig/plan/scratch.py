@@ -96,10 +96,6 @@ class Scratch:
         own = self.owner[gpu]
         return tuple((i.start, i.profile.profile_id) for i in self.layouts[gpu].instances if i.start in own)
 
-    def held_key(self, gpu: int) -> LayoutKey:
-        """Key of the instances held (by jobs or blocked) on ``gpu``."""
-        return self.keys[gpu]
-
     def free_instances(self, gpu: int) -> list[PlacedInstance]:
         """Instances of ``gpu`` that exist and nobody holds."""
         got = self._free[gpu]

@@ -93,10 +93,6 @@ class Manager(Protocol):
         """``job`` ended: free what it holds."""
         ...
 
-    def held_slices(self) -> int:
-        """Compute slices jobs hold now."""
-        ...
-
     def fragmentation(self, weights: Mapping[str, float]) -> float:
         """External fragmentation now (FGD score over the demand mix ``weights``, by profile name)."""
         ...
@@ -151,10 +147,6 @@ class LayoutManager:
     def holds(self) -> Mapping[str, tuple[Instance, ...]]:
         """Instances each running job holds."""
         return self._holds
-
-    def held_slices(self) -> int:
-        """Compute slices held by jobs."""
-        return sum(i.profile.compute_slices for insts in self._holds.values() for i in insts)
 
     def release(self, job: str) -> None:
         """Free ``job``'s instances (they stay, free)."""
@@ -326,10 +318,6 @@ class FluidManager:
     def placeable(self, job: JobRequest) -> bool:
         """Fits in the pool at all."""
         return self._need(job) <= self.capacity
-
-    def held_slices(self) -> int:
-        """Slices held."""
-        return self._used
 
     def release(self, job: str) -> None:
         """Return ``job``'s slices to the pool."""

@@ -107,7 +107,6 @@ class RepackManager:
         self.packer = Packer(model, gpus)
         self.discipline: Discipline = discipline
         self._held: dict[str, Counts] = {}
-        self._slices: dict[str, int] = {}
         self._used: Counts = (0,) * len(self.packer.profiles)
 
     def layouts(self) -> tuple[Layout, ...]:
@@ -122,16 +121,11 @@ class RepackManager:
         """Its instances pack onto the empty node."""
         return self.packer.fits(self._need(job))
 
-    def held_slices(self) -> int:
-        """Compute slices held."""
-        return sum(self._slices.values())
-
     def release(self, job: str) -> None:
         """``job`` ended."""
         got = self._held.pop(job, None)
         if got is not None:
             self._used = _sub(self._used, got)
-        self._slices.pop(job, None)
 
     def fragmentation(self, weights: Mapping[str, float]) -> float:
         """Free re-packing leaves no placement it could not fix: 0."""
@@ -162,9 +156,7 @@ class RepackManager:
                     at_t[0] = _add(at_t[0], need)
                 mgr._held[job.name] = need
                 mgr._used = _add(mgr._used, need)
-                slices = nominal_shape(mgr.model, job).compute_slices
-                mgr._slices[job.name] = slices
-                grants.append(Grant(job.name, "start", 1.0, 0.0, slices))
+                grants.append(Grant(job.name, "start", 1.0, 0.0, nominal_shape(mgr.model, job).compute_slices))
                 if runs is not None:
                     bisect.insort(ends, (now_s + runs, job.name))
                 return True

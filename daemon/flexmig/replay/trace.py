@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -208,8 +208,3 @@ def map_trace(rows: Iterable[TraceRow], model: GpuModel, *, elastic: ElasticRule
         )
     jobs.sort(key=lambda j: (j.arrival_s, j.name))
     return MappedTrace(tuple(jobs), dict(sorted(skipped.items())))
-
-
-def total_work(jobs: Sequence[TraceJob]) -> float:
-    """Slice-seconds of all ``jobs``."""
-    return sum(j.work for j in jobs)

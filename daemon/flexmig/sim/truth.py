@@ -73,11 +73,6 @@ class GpuTruth:
         """GPU-instance IDs, ascending."""
         return tuple(gi.id for gi in self.gpu_instances)
 
-    @property
-    def ci_ids(self) -> dict[int, tuple[int, ...]]:
-        """Compute-instance IDs per GPU-instance ID."""
-        return {gi.id: tuple(ci.id for ci in gi.compute_instances) for gi in self.gpu_instances}
-
     def mig_device(self, uuid: str) -> tuple[GpuInstanceTruth, ComputeInstanceTruth]:
         """The GI and CI behind MIG device ``uuid``; KeyError if it is not on this GPU."""
         for gi in self.gpu_instances:

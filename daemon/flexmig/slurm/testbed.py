@@ -552,14 +552,6 @@ class Testbed:
                 yield path.name, "\n".join(path.read_text(errors="replace").splitlines()[-15:])
 
 
-def write_json(path: Path, doc: object) -> None:
-    """Write ``doc`` as JSON atomically (mode 0644)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    tmp.chmod(0o644)
-    tmp.replace(path)
-
-
 def python() -> str:
     """The interpreter the testbed's TaskProlog runs with (this one)."""
     return sys.executable or shutil.which("python3") or "/usr/bin/python3"

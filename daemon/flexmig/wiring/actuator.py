@@ -203,7 +203,6 @@ class ActuatorComponent:
         self._simulated = True  # until start() knows the backend
         self._wake = asyncio.Event()
         self._last_signature: tuple[str, ...] | None = None
-        self._last_round: PlanRound | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
         self._built: list[Callable[[Actuator], None]] = []
         host.add_metrics(self.metrics)
@@ -406,7 +405,6 @@ class ActuatorComponent:
                 return result
             plan = result.plan
             self.metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
-            self._last_round = result
             if not plan:
                 self._last_signature = None
                 return result
