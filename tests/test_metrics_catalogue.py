@@ -150,7 +150,7 @@ def registry(snap: Snapshot, mode: str) -> CollectorRegistry:
         actions(mode),
         LossMetrics(Stats, CommandStats, lambda: 0),
         TaskMetrics({"mqtt": 1} if mode == "act" else {}),
-        ServerMetrics(lambda: ServerStats(limit=64, open=1, accepted=3, served=2)),
+        ServerMetrics(lambda: ServerStats(limit=64, open=1, served=2)),
         JournalWriteMetrics(lambda: Durable("/var/lib/flexmig/journal.sqlite3") if mode == "act" else None),
     ]
     if mode == "act":  # a Slurm node ([slurm] enabled) acts

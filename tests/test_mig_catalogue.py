@@ -63,7 +63,7 @@ def test_3g_at_0_blocks_4g() -> None:
 
 
 def test_4g_and_3g_fit_together() -> None:
-    assert Layout.of(A100_40, [("4g.20gb", 0), ("3g.20gb", 4)]).is_valid()
+    assert not Layout.of(A100_40, [("4g.20gb", 0), ("3g.20gb", 4)]).violations()
 
 
 def test_four_double_memory_1g_use_all_memory_but_four_compute_slices() -> None:
@@ -106,4 +106,5 @@ def test_nvidia_diagram_has_19_combinations_of_1g_2g_3g_4g_7g() -> None:
 
 def test_every_enumerated_layout_is_valid_and_maximal() -> None:
     for lay in maximal_layouts(H200):
-        assert lay.is_valid() and lay.is_maximal()
+        assert not lay.violations()
+        assert not any(lay.placements(p) for p in H200.plain_profiles), f"{lay.spec()}: another instance fits"

@@ -4,6 +4,7 @@ real 22.05.8), and refusing anything malformed with one message naming the culpr
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexmig.errors import SlurmError
-from flexmig.slurm.gres import GresCount, format_gres, parse_gres, parse_index_list
+from flexmig.slurm.gres import GresCount, parse_gres, parse_index_list
 from flexmig.slurm.hostlist import expand_hostlist
 from flexmig.slurm.jobs import parse_squeue
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
@@ -48,6 +49,11 @@ def test_untyped_count_only_and_socket_bound_gres() -> None:
 def test_malformed_gres_is_refused_naming_where(bad: str) -> None:
     with pytest.raises(SlurmError, match="job 7 tres_per_node"):
         parse_gres(bad, where="job 7 tres_per_node")
+
+
+def format_gres(items: Iterable[GresCount]) -> str:
+    """``gpu:3g.71gb:1,gpu:1g.18gb:2``: GRES counts as Slurm writes them (no indices)."""
+    return ",".join(i.spec() for i in items)
 
 
 @given(st.lists(st.tuples(st.sampled_from(["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]), st.integers(0, 64))))

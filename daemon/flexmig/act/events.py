@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink", "MultiSink"]
+__all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ class LoggingSink:
 
 
 class MemorySink:
-    """Keeps events in a list (tests, the control API's recent-events view)."""
+    """Keeps events in a list (tests and the migration benchmark read them back)."""
 
     def __init__(self) -> None:
         self.events: list[ActEvent] = []
@@ -82,18 +82,3 @@ class MemorySink:
     def emit(self, event: ActEvent) -> None:
         """Append the event."""
         self.events.append(event)
-
-
-class MultiSink:
-    """Fans each event out to several sinks; one sink's failure does not stop the others."""
-
-    def __init__(self, sinks: Iterable[EventSink]) -> None:
-        self.sinks = tuple(sinks)
-
-    def emit(self, event: ActEvent) -> None:
-        """Emit to every sink."""
-        for sink in self.sinks:
-            try:
-                sink.emit(event)
-            except Exception:  # a broken sink must not break an action half-way
-                logging.getLogger("flexmig.act.events").exception("event sink %r failed", sink)

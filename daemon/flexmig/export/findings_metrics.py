@@ -29,7 +29,6 @@ from flexmig.export.prometheus import gpu_labels, instance_labels
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = [
-    "GPU_FINDINGS",
     "INSTANCE_FINDINGS",
     "FindingsMetrics",
     "PublisherMetrics",
@@ -39,8 +38,6 @@ __all__ = [
 
 INSTANCE_FINDINGS: tuple[str, ...] = ("idle", "underused", "oversized")
 """Values of the ``finding`` label on ``flexmig_mig_finding``."""
-GPU_FINDINGS: tuple[str, ...] = ("fragmentation",)
-"""Values of the ``finding`` label on ``flexmig_gpu_finding``."""
 
 
 def report_of(snapshot: Snapshot) -> Report | None:

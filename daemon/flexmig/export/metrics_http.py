@@ -81,7 +81,6 @@ class ServerStats:
 
     limit: int = 0
     open: int = 0
-    accepted: int = 0
     served: int = 0
     evicted: int = 0
     """Connections closed unanswered to make room: they were still sending their request head at the cap."""
@@ -89,7 +88,6 @@ class ServerStats:
     """Connections closed unanswered at the cap because every open one was past its head."""
     timed_out: int = 0
     """Connections cut because their head or the reading of the answer took too long."""
-    bad_requests: int = 0
     accept_errors: int = 0
     """accept() failures (no descriptor or memory left), each followed by a pause of accepting."""
 
@@ -135,7 +133,6 @@ class _Connection(asyncio.Protocol):
         try:
             environ = _environ(head)
         except ValueError as exc:
-            self.server.stats.bad_requests += 1
             self.answer("400 Bad Request", [], f"bad request: {exc}\n".encode())
             return
         status: list[str] = []
@@ -283,7 +280,6 @@ class _Serving:
 
     def admit(self, conn: _Connection) -> bool:
         """Take ``conn`` in, evicting the oldest connection still in its head at the cap; False: refuse it."""
-        self.stats.accepted += 1
         if self.stopping:
             return False
         if len(self.open) >= self.limit:

@@ -103,19 +103,6 @@ class Profile:
         """Compute-instance profiles that fit in this GPU instance, smallest first."""
         return tuple(_ci(s) for s in (1, 2, 3, 4, 7) if s <= self.compute_slices)
 
-    @property
-    def full_compute_profile(self) -> ComputeProfile:
-        """The compute-instance profile that spans the whole GPU instance."""
-        return _ci(self.compute_slices)
-
-    def compute_span(self, start: int) -> tuple[int, ...]:
-        """Compute-slice positions (0..6) an instance placed at ``start`` holds.
-
-        Memory slice ``k`` < 7 carries compute slice ``k``; the eighth memory slice has none. A 1g instance with two
-        memory slices holds only the compute slice at its start, which is why it strands one compute slice.
-        """
-        return tuple(range(start, start + self.compute_slices))
-
 
 @dataclass(frozen=True, slots=True)
 class GpuModel:

@@ -158,11 +158,6 @@ class Layout:
         """For every profile of the model, how many could still be created now."""
         return {p.name: self.creatable(p) for p in self.model.profiles}
 
-    def is_maximal(self, profiles: Iterable[Profile] | None = None) -> bool:
-        """True when no instance of any of ``profiles`` (default: all plain profiles) fits any more."""
-        ps = self.model.plain_profiles if profiles is None else tuple(profiles)
-        return not any(self.placements(p) for p in ps)
-
     def violations(self) -> list[str]:
         """Every placement rule this layout breaks (empty for a layout the hardware accepts)."""
         out: list[str] = []
@@ -174,10 +169,6 @@ class Layout:
             else:
                 rebuilt = rebuilt.place(inst.profile, inst.start)
         return out
-
-    def is_valid(self) -> bool:
-        """True when the hardware would accept this layout."""
-        return not self.violations()
 
     def spec(self) -> str:
         """``3g.71gb@0+2g.35gb@4+1g.18gb@6``: the node-spec notation (empty for no instances)."""

@@ -45,10 +45,9 @@ from flexmig.plan.types import (
 from flexmig.plan.validate import validate_plan
 from flexmig.replay.baselines import DrainFirstFitPlacer, DrainPlacer, StaticPlacer
 
-__all__ = ["MIG_POLICIES", "FluidManager", "Grant", "LayoutManager", "Manager", "MigPolicy", "RunView"]
+__all__ = ["FluidManager", "Grant", "LayoutManager", "Manager", "MigPolicy", "RunView"]
 
 MigPolicy = Literal["static", "drain", "drain-first-fit", "flex"]
-MIG_POLICIES: tuple[MigPolicy, ...] = ("static", "drain", "drain-first-fit", "flex")
 _PLACERS: dict[str, type[BasePlacer]] = {
     "static": StaticPlacer,
     "drain": DrainPlacer,

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from flexmig.errors import TraceError
 from flexmig.mig.nodespec import NodeSpec, parse_node_spec
@@ -30,7 +30,6 @@ from flexmig.replay.trace import ElasticRule, TraceJob, map_trace, read_trace
 __all__ = [
     "MALLEABLE_POLICIES",
     "POLICIES",
-    "Policy",
     "Prepared",
     "ReplayConfig",
     "SimResult",
@@ -40,7 +39,6 @@ __all__ = [
     "static_eligibility",
 ]
 
-Policy = Literal["static", "drain", "drain-first-fit", "flex", "fluid", "repack", "bound"]
 POLICIES: tuple[str, ...] = ("static", "drain", "drain-first-fit", "flex", "fluid", "repack", "bound")
 MALLEABLE_POLICIES: tuple[str, ...] = ("static", "drain", "drain-first-fit", "flex")
 """The policies that run malleable jobs narrow; fluid, repack and bound are references without it."""

@@ -16,12 +16,11 @@ count-only GRES); otherwise the count is 1. Pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flexmig.errors import SlurmError
 
-__all__ = ["GresCount", "format_gres", "parse_gres", "parse_index_list", "split_top_level"]
+__all__ = ["GresCount", "parse_gres", "parse_index_list", "split_top_level"]
 
 _COUNT = re.compile(r"^(\d+)([KMGTP]?)$")
 _SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
@@ -122,8 +121,3 @@ def parse_gres(text: str | None, *, where: str = "GRES") -> tuple[GresCount, ...
     if text in _EMPTY:
         return ()
     return tuple(_item(raw, where) for raw in split_top_level(text))
-
-
-def format_gres(items: Iterable[GresCount]) -> str:
-    """``gpu:3g.71gb:1,gpu:1g.18gb:2``: what ``slurmd --conf "Gres=..."`` takes (no indices)."""
-    return ",".join(i.spec() for i in items)
