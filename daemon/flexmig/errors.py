@@ -2,16 +2,38 @@
 
 Every foreign error (pynvml, sqlite, aiomqtt, OSError from a config file) is converted at the border of the
 layer that meets it, with ``raise ... from``, so callers only ever catch these. Each message names the culprit
-(file, key, line, topic, GPU) because operators read them in a journal, far from the code.
+(file, key, line, topic, GPU) because operators read them in a journal, far from the code. The modules that raise
+one re-export it (``flexmig.act.journal.JournalError`` is this module's), so either import works.
+
+Defined elsewhere, each for a reason of its layer:
+
+- ``flexmig.config.ConfigFileError``, a :class:`ConfigError`: it carries the configuration package's
+  ``ConfigProblem`` records, which this module, below every layer, cannot import.
+- ``flexmig_hook.AckError``, a ``ValueError``: the hook is a distribution of its own that job scripts use without
+  flexmig; the actuator catches it where it reads an acknowledgement.
+- ``flexmig.act.steps.StepFailed`` and ``Refused``: the step runner's control flow within one action (the Slurm
+  re-registration's steps raise them too); the executor records them as the action's outcome, so they never reach
+  a caller outside the action.
+- Signals that never leave their module: ``flexmig.nvml.calls.GpuLost`` (abandon one GPU, keep walking the
+  others), ``flexmig.sim.state.NvmlReturn`` (an NVML return code on its way to the simulated C functions, which
+  return it as an int), ``flexmig.cli.shipped_files.ShippedFilesMissing`` (``flexmig install-files`` turns it into
+  its message), and the private ones whose names start with ``_``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 __all__ = [
     "BackgroundTaskError",
+    "CommandRefusedError",
     "ConfigError",
+    "ControlError",
+    "ControlRequestError",
+    "DcgmError",
     "FlexmigError",
     "JobSpecError",
+    "JournalError",
     "LayoutError",
     "NodeSpecError",
     "NvmlCallError",
@@ -23,11 +45,13 @@ __all__ = [
     "NvmlUnavailableError",
     "OutboxError",
     "PlanRejectedError",
+    "RequestError",
     "SimError",
     "SlurmError",
     "StateInUseError",
     "StorageError",
     "TraceError",
+    "UnsafePathError",
 ]
 
 
@@ -109,6 +133,23 @@ class OutboxError(StorageError):
     """The persistent event outbox (SQLite) cannot be opened, read or written; the message names the file."""
 
 
+class JournalError(StorageError):
+    """The journal cannot be opened, read or written, or holds what no flexmig wrote; one line per problem, naming
+    the journal (and the row and field)."""
+
+
+class UnsafePathError(FlexmigError):
+    """A directory on the way to a file can be changed by someone the daemon does not trust (or a symlink loops).
+
+    ``path`` is the path as given, ``directory`` the culprit; the message names both and the fix."""
+
+    def __init__(self, path: Path, directory: Path, why: str) -> None:
+        super().__init__(f"{path}: refused: {why}")
+        self.path = path
+        self.directory = directory
+        self.why = why
+
+
 class TraceError(FlexmigError, ValueError):
     """A trace file for replay is unreadable or malformed; the message names the file, the line and the column."""
 
@@ -122,3 +163,27 @@ class SlurmError(FlexmigError):
 
     The message names the command and what it said, so one log line is enough to act on.
     """
+
+
+class DcgmError(FlexmigError):
+    """A dcgm-exporter scrape failed (connection, HTTP status, size, time or parse); the message says which."""
+
+
+class RequestError(FlexmigError, ValueError):
+    """A control request is malformed (not JSON, unknown operation, bad argument)."""
+
+
+class ControlError(FlexmigError):
+    """The daemon refused or failed a request; the message is the daemon's."""
+
+
+class ControlRequestError(ControlError, ValueError):
+    """The daemon found the request itself bad (a job spec, an argument)."""
+
+
+class CommandRefusedError(FlexmigError, ValueError):
+    """A command payload or topic was refused before anything ran; the message says which field and why."""
+
+    def __init__(self, why: str, command_id: str | None = None) -> None:
+        super().__init__(why)
+        self.command_id = command_id

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from flexmig.errors import ConfigError, FlexmigError
+from flexmig.errors import ConfigError, UnsafePathError
 
 __all__ = [
     "REDACTED",
@@ -57,18 +57,6 @@ _MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
 def default_trusted_uids() -> frozenset[int]:
     """The owners a file may have: root, and the user the daemon runs as."""
     return frozenset({0, os.geteuid()})
-
-
-class UnsafePathError(FlexmigError):
-    """A directory on the way to a file can be changed by someone the daemon does not trust (or a symlink loops).
-
-    ``path`` is the path as given, ``directory`` the culprit; the message names both and the fix."""
-
-    def __init__(self, path: Path, directory: Path, why: str) -> None:
-        super().__init__(f"{path}: refused: {why}")
-        self.path = path
-        self.directory = directory
-        self.why = why
 
 
 @dataclass(frozen=True, slots=True)

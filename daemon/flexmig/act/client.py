@@ -7,20 +7,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from flexmig.errors import FlexmigError
+from flexmig.errors import ControlError, ControlRequestError
 
 __all__ = ["ControlClient", "ControlError", "ControlRequestError"]
 
 _MAX_ANSWER_BYTES = 16 * 1024 * 1024
 _BAD_INPUT = frozenset({"JobSpecError", "RequestError", "ConfigError", "ValueError"})
-
-
-class ControlError(FlexmigError):
-    """The daemon refused or failed a request; the message is the daemon's."""
-
-
-class ControlRequestError(ControlError, ValueError):
-    """The daemon found the request itself bad (a job spec, an argument)."""
 
 
 class ControlClient:

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flexmig.errors import ConfigError, FlexmigError
+from flexmig.errors import ConfigError, FlexmigError, RequestError
 
 __all__ = ["MAX_CONNECTIONS", "MAX_JSON_DEPTH", "MAX_REQUEST_BYTES", "ControlServer", "Handler", "RequestError"]
 
@@ -42,10 +42,6 @@ MAX_JSON_DEPTH = 32
 """Objects and arrays nest at most this deep in a request (the request object itself is level 1): no operation
 needs more, and a deeper one would only cost recursion in every layer that walks it."""
 Handler = Callable[[Mapping[str, Any]], Awaitable[Any]]
-
-
-class RequestError(FlexmigError, ValueError):
-    """A control request is malformed (not JSON, unknown operation, bad argument)."""
 
 
 class ControlServer:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.act.records import JOB_STATES, JobRecord, Slot
-from flexmig.errors import JobSpecError, StorageError
+from flexmig.errors import JobSpecError, JournalError, StorageError
 from flexmig.hook.protocol import Ack
 from flexmig.jobs.spec import JobSpec
 from flexmig.storage import check_database_file, create_database, is_corruption, prepare_dir, quick_check
@@ -52,11 +52,6 @@ CREATE INDEX IF NOT EXISTS steps_by_action ON steps(action_id);
 
 ActionState = Literal["pending", "running", "done", "failed", "cancelled", "skipped"]
 StepState = Literal["intent", "done", "failed"]
-
-
-class JournalError(StorageError):
-    """The journal cannot be opened, read or written, or holds what no flexmig wrote; one line per problem, naming
-    the journal (and the row and field)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from flexmig.errors import FlexmigError
+from flexmig.errors import CommandRefusedError
 from flexmig.export.events import NODE_NAME, format_time
 from flexmig.mig.catalogue import MODELS
 
@@ -228,14 +228,6 @@ def schema_documents() -> dict[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------------- parsing
-class CommandRefusedError(FlexmigError, ValueError):
-    """A command payload or topic was refused before anything ran; the message says which field and why."""
-
-    def __init__(self, why: str, command_id: str | None = None) -> None:
-        super().__init__(why)
-        self.command_id = command_id
-
-
 @dataclass(frozen=True, slots=True)
 class Command:
     """A validated command: its sender-chosen ``id``, the verb, and arguments that passed :data:`VERBS`."""

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from flexmig.errors import ConfigError, FlexmigError
+from flexmig.errors import ConfigError, DcgmError
 
 __all__ = [
     "DCGM_FIELDS",
@@ -85,10 +85,6 @@ DCGM_FIELDS: Mapping[str, DcgmField] = {
 }
 
 _RATIOS: frozenset[str] = frozenset({"gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active"})
-
-
-class DcgmError(FlexmigError):
-    """A dcgm-exporter scrape failed (connection, HTTP status, size, time or parse); the message says which."""
 
 
 @dataclass(frozen=True, slots=True)
