@@ -8,11 +8,12 @@ from typing import Any, Literal
 
 from flexmig.act.journal import ActionRow, StepRow
 
-__all__ = ["ActionResult", "Outcome", "PlanResult", "action_result"]
+__all__ = ["ActionOutcome", "ActionResult", "PlanResult", "action_result"]
 
-Outcome = Literal["completed", "failed", "cancelled", "skipped"]
+ActionOutcome = Literal["completed", "failed", "cancelled", "skipped"]
+"""How an action ended, in the words of the control API's answers and the action events."""
 
-_OUTCOMES: Mapping[str, Outcome] = {"done": "completed", "failed": "failed", "cancelled": "cancelled"}
+_OUTCOMES: Mapping[str, ActionOutcome] = {"done": "completed", "failed": "failed", "cancelled": "cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,7 @@ class ActionResult:
     action_id: int
     kind: str
     job: str | None
-    outcome: Outcome
+    outcome: ActionOutcome
     error: str | None
     duration_s: float
     steps: tuple[tuple[str, float], ...]

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from flexmig.act.durable import Durable
 from flexmig.act.journal import ActionRow, Journal, StepRow
 from flexmig.act.records import JobRecord
-from flexmig.act.results import Outcome
+from flexmig.act.results import ActionOutcome
 from flexmig.errors import FlexmigError
 
 __all__ = ["ActionRun", "Refused", "StepFailed"]
@@ -24,7 +24,7 @@ T = TypeVar("T")
 class StepFailed(FlexmigError):
     """A step could not be carried out; ``outcome`` says whether the action failed or was cancelled."""
 
-    def __init__(self, message: str, *, outcome: Outcome = "failed", code: str | None = None) -> None:
+    def __init__(self, message: str, *, outcome: ActionOutcome = "failed", code: str | None = None) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.code = code

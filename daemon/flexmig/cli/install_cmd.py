@@ -45,7 +45,7 @@ _GRAFANA_PATH = "      path: /var/lib/grafana/dashboards/flexmig\n"
 _RULES_PATH = "  - /etc/prometheus/flexmig.rules.yml\n"
 _EXEC_START = "ExecStart=@FLEXMIGD@ --config @CONFIG@"
 
-Kind = Literal["unit", "config", "file"]
+ItemKind = Literal["unit", "config", "file"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Item:
 
     dest: Path
     content: bytes
-    kind: Kind
+    kind: ItemKind
     note: str = ""
 
     @property

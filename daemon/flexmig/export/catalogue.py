@@ -35,13 +35,13 @@ __all__ = [
     "INSTANCE_LABELS",
     "NODE_LABELS",
     "Family",
-    "Kind",
+    "FamilyKind",
     "by_name",
     "markdown_table",
     "sample_names",
 ]
 
-Kind = Literal["gauge", "counter", "info", "histogram"]
+FamilyKind = Literal["gauge", "counter", "info", "histogram"]
 
 NODE_LABELS: tuple[str, ...] = ("Hostname",)
 GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "model_name", "Hostname")
@@ -66,7 +66,7 @@ class Family:
     """
 
     name: str
-    kind: Kind
+    kind: FamilyKind
     labels: tuple[str, ...]
     help: str
     when: str = ""
@@ -84,7 +84,7 @@ class Family:
             return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
         return (self.name,)
 
-    def _check(self, kind: Kind) -> None:
+    def _check(self, kind: FamilyKind) -> None:
         if self.kind != kind:
             raise TypeError(f"{self.name} is a {self.kind}, not a {kind}")
 

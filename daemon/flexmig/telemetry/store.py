@@ -33,9 +33,11 @@ from flexmig.telemetry.snapshot import (
     Snapshot,
 )
 
-__all__ = ["InstanceKey", "TelemetryStore", "pids_of"]
+__all__ = ["HistoryKey", "TelemetryStore", "pids_of"]
 
-InstanceKey = tuple[str, int, int, str, int, int]  # GPU UUID, GI ID, CI ID, MIG UUID, profile ID, start
+HistoryKey = tuple[str, int, int, str, int, int]
+"""What keys one instance's history: GPU UUID, GI ID, CI ID, MIG UUID, profile ID, start (a change in any of them
+starts a new history; detection's ``flexmig.detect.InstanceKey`` is the GPU index and start alone)."""
 
 
 @dataclass(slots=True)
@@ -81,7 +83,7 @@ class TelemetryStore:
         self._settings = settings
         self._hostname = hostname
         self._capacity = capacity_for(settings.history_s, settings.interval_s)
-        self._history: dict[InstanceKey, _History] = {}
+        self._history: dict[HistoryKey, _History] = {}
         self._view: _InventoryView | None = None
 
     # ------------------------------------------------------------------------------------------ inventory
@@ -139,7 +141,7 @@ class TelemetryStore:
         settings = self._settings
         by_uuid = {g.uuid: g for g in samples}
         gpus: list[GpuSnapshot] = []
-        live: set[InstanceKey] = set()
+        live: set[HistoryKey] = set()
         for info in view.inventory.gpus:
             static = view.gpus[info.uuid]
             sample = by_uuid.get(info.uuid)
@@ -195,13 +197,13 @@ class TelemetryStore:
         now: float,
         dcgm: DcgmScrape | None,
         host: Mapping[int, HostProcess] | None,
-        live: set[InstanceKey],
+        live: set[HistoryKey],
     ) -> InstanceSnapshot | None:
         gi = static.instances.get(dev.gpu_instance_id)
         known = static.devices.get(dev.uuid)
         if gi is None or known is None:
             return None  # created after the inventory; the loop re-inventories and it shows next sweep
-        key: InstanceKey = (info.uuid, dev.gpu_instance_id, dev.compute_instance_id, dev.uuid, gi.profile_id, gi.start)
+        key: HistoryKey = (info.uuid, dev.gpu_instance_id, dev.compute_instance_id, dev.uuid, gi.profile_id, gi.start)
         hist = self._history.get(key)
         if hist is None:
             hist = _History(now, None, now, RingBuffer(self._capacity), RingBuffer(self._capacity))
