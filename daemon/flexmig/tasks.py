@@ -14,10 +14,11 @@ what is restarted and how often is the owner's policy, counted and logged there.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextlib
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["FATAL_TASK", "describe", "spawn"]
+__all__ = ["FATAL_TASK", "cancel_and_wait", "describe", "spawn"]
 
 #: Key of an exception-handler context that reports the death of a task started with :func:`spawn`.
 FATAL_TASK = "flexmig_fatal_task"
@@ -41,6 +42,17 @@ def _report(task: asyncio.Task[Any]) -> None:
     task.get_loop().call_exception_handler(
         {"message": f"background task {name!r} died", "exception": exc, "task": task, FATAL_TASK: name}
     )
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every task of ``tasks`` (taken once, as they are now), then wait until each has ended; a task's
+    cancellation is not an error, any other exception it ended with is raised."""
+    pending = list(tasks)
+    for t in pending:
+        t.cancel()
+    for t in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
 
 
 def describe(exc: BaseException) -> str:

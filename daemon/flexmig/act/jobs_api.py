@@ -137,22 +137,14 @@ class JobsApi:
         plan = start_plan(view, spec.name, targets, self.settings, reason=f"submitted from {path}")
         if self.ex.mode != "act":
             return await self._run(plan)
-        rec = JobRecord(
-            name=spec.name,
-            uid=new_job_uid(),
-            spec=spec,
-            state="pending",
-            generation=old.generation if old else 0,
-            last_ack=resume,
-            submitted_s=self.wall(),
-        )
-        self.ex.journal.put_job(rec)
+        self._put_pending(spec, old, resume)
         out = await self._run(plan)
         job = self.ex.journal.get_job(spec.name)
         return {**out, "job": job.summary() if job else None}
 
-    def _queue(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None, why: str) -> dict[str, Any]:
-        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it)."""
+    def _put_pending(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None) -> JobRecord:
+        """Journal ``spec`` as a pending job with a fresh UID, keeping the generation of the job it replaces and the
+        checkpoint it resumes from."""
         rec = JobRecord(
             name=spec.name,
             uid=new_job_uid(),
@@ -163,6 +155,11 @@ class JobsApi:
             submitted_s=self.wall(),
         )
         self.ex.journal.put_job(rec)
+        return rec
+
+    def _queue(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None, why: str) -> dict[str, Any]:
+        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it)."""
+        rec = self._put_pending(spec, old, resume)
         return {"plan_id": None, "ok": True, "actions": [], "queued": f"no room now ({why})", "job": rec.summary()}
 
     async def _list(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -62,10 +62,7 @@ class NodeView:
             for gi in g.gpu_instances:
                 name = gi.profile_name
                 if name is None and model is not None:
-                    try:
-                        name = model.profile_by_id(gi.profile_id).name
-                    except KeyError:
-                        name = None
+                    name = model.profile_name(gi.profile_id)
                 dev = next((d for d in g.mig_devices if d.gpu_instance_id == gi.id), None)
                 pids = None
                 if dev is not None and dev.processes is not None:

@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import psutil
 
@@ -39,6 +39,8 @@ __all__ = [
     "SubprocessLauncher",
     "process_alive",
 ]
+
+_R = TypeVar("_R")
 
 
 def process_alive(pid: int, create_time: float | None = None) -> bool:
@@ -288,13 +290,7 @@ class PsutilScanner:
         """See :class:`ProcessScanner`."""
         matches: dict[int, FoundRank] = {}
         parents: dict[int, int] = {}
-        for p in psutil.process_iter(["pid", "ppid", "create_time", "status"]):
-            try:
-                if p.info["status"] == psutil.STATUS_ZOMBIE:
-                    continue
-                env = p.environ()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                continue
+        for p, env in _readable_environments("create_time"):
             if env.get(ENV_JOB_ID) != job_uid:
                 continue
             try:
@@ -304,21 +300,13 @@ class PsutilScanner:
                 continue
             matches[p.info["pid"]] = FoundRank(p.info["pid"], float(p.info["create_time"]), gen, slot)
             parents[p.info["pid"]] = int(p.info["ppid"])
-        return sorted(
-            (f for pid, f in matches.items() if parents[pid] not in matches), key=lambda f: (f.generation, f.slot)
-        )
+        return sorted(_tops(matches, parents), key=lambda f: (f.generation, f.slot))
 
     def find_marked(self) -> list[MarkedRank]:
         """See :class:`ProcessScanner`."""
         found: dict[int, MarkedRank] = {}
         parents: dict[int, int] = {}
-        for p in psutil.process_iter(["pid", "ppid", "status", "username"]):
-            try:
-                if p.info["status"] == psutil.STATUS_ZOMBIE:
-                    continue
-                env = p.environ()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                continue
+        for p, env in _readable_environments("username"):
             job_id = env.get(ENV_JOB_ID)
             if not job_id:
                 continue
@@ -333,5 +321,23 @@ class PsutilScanner:
                 user=str(p.info.get("username") or ""),
             )
             parents[p.info["pid"]] = int(p.info["ppid"])
-        # A job's own children (torchrun's workers) inherit its markers: only the top of each tree is a rank.
-        return sorted((r for pid, r in found.items() if parents[pid] not in found), key=lambda r: r.pid)
+        return sorted(_tops(found, parents), key=lambda r: r.pid)
+
+
+def _readable_environments(*attrs: str) -> Iterator[tuple[psutil.Process, dict[str, str]]]:
+    """Every live process (no zombie) whose environment this process may read, with that environment; ``pid``,
+    ``ppid``, ``status`` and ``attrs`` are in its ``info``."""
+    for p in psutil.process_iter(["pid", "ppid", "status", *attrs]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+        yield p, env
+
+
+def _tops(found: Mapping[int, _R], parents: Mapping[int, int]) -> list[_R]:
+    """The processes of ``found`` (by pid) whose parent is not among them. A job's own children (torchrun's workers)
+    inherit its markers: only the top of each tree is a rank."""
+    return [r for pid, r in found.items() if parents[pid] not in found]

@@ -9,7 +9,6 @@ after its move was cancelled is relaunched in place from it; exits the daemon di
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Collection
 
 from flexmig.act.checkpoint import validate_ack
@@ -20,7 +19,7 @@ from flexmig.act.records import JobRecord
 from flexmig.act.steps import StepFailed
 from flexmig.act.supervisor import Supervisor
 from flexmig.hook.protocol import AckError, read_ack
-from flexmig.tasks import spawn
+from flexmig.tasks import cancel_and_wait, spawn
 
 __all__ = ["Settler"]
 
@@ -124,8 +123,4 @@ class Settler:
 
     async def close(self) -> None:
         """Cancel pending settle tasks."""
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)

@@ -47,7 +47,7 @@ from flexmig.hook.protocol import (
     ENV_SLOT,
     Ack,
 )
-from flexmig.tasks import spawn
+from flexmig.tasks import cancel_and_wait, spawn
 
 __all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 
@@ -354,11 +354,7 @@ class Supervisor:
 
     async def close(self) -> None:
         """Stop watching (ranks keep running: jobs outlive the daemon)."""
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
 
 
 def _kill_group(proc: RankProcess, sig: int) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from flexmig.export.events import Event, format_time
 from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
+from flexmig.tasks import cancel_and_wait
 
 __all__ = ["register", "summary"]
 
@@ -123,11 +123,7 @@ async def _follow(settings: SubscriberSettings, args: argparse.Namespace) -> int
     try:
         await asyncio.wait({task, waiter}, timeout=args.timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (task, waiter):
-            t.cancel()
-        for t in (task, waiter):
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait((task, waiter))
     if task.done() and not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
     if not reached:

@@ -136,6 +136,11 @@ class GpuModel:
                 return p
         raise KeyError(f"{self.key} has no MIG profile with ID {profile_id}")
 
+    def profile_name(self, profile_id: int) -> str | None:
+        """The name of the profile with published ID ``profile_id``; None when this model has none (what a GPU
+        instance is called when NVML gives no name for its profile)."""
+        return next((p.name for p in self.profiles if p.profile_id == profile_id), None)
+
     def profile_by_index(self, index: int) -> Profile:
         """The profile at NVML profile index ``index``."""
         for p in self.profiles:

@@ -141,16 +141,7 @@ class Nvml:
         devices: tuple[MigDeviceInfo, ...] = ()
         try:
             if g.get_handle(walk) is None:
-                return GpuInfo(
-                    g.index,
-                    g.uuid or "",
-                    g.name,
-                    g.memory_total,
-                    None,
-                    None,
-                    errors=walk.take(),
-                    pci_bus_id=g.pci_bus_id,
-                )
+                return _without_handle(g, walk)
             g.identity(walk)
             limit = walk.get(g.target, N.nvmlDeviceGetEnforcedPowerLimit, g.handle)
             mig = walk.get(g.target, N.nvmlDeviceGetMigMode, g.handle)
@@ -159,17 +150,7 @@ class Nvml:
                 devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk))
         except GpuLost:
             g.handle = None
-            return GpuInfo(
-                g.index,
-                g.uuid or "",
-                g.name,
-                g.memory_total,
-                None,
-                None,
-                lost=True,
-                errors=walk.take(),
-                pci_bus_id=g.pci_bus_id,
-            )
+            return _without_handle(g, walk, lost=True)
         return GpuInfo(
             index=g.index,
             uuid=g.uuid or "",
@@ -464,3 +445,18 @@ class _Code:
 
     def __init__(self, value: int) -> None:
         self.value = value
+
+
+def _without_handle(g: GpuCache, walk: Walk, *, lost: bool = False) -> GpuInfo:
+    """A GPU that gives no handle (or was lost during the walk): what the cache knows of it, nothing of MIG."""
+    return GpuInfo(
+        g.index,
+        g.uuid or "",
+        g.name,
+        g.memory_total,
+        None,
+        None,
+        lost=lost,
+        errors=walk.take(),
+        pci_bus_id=g.pci_bus_id,
+    )

@@ -62,6 +62,16 @@ def _covering(scratch: Scratch, profile: Profile) -> list[Profile]:
     )
 
 
+def _on_covering(scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int]) -> tuple[Instance, ...] | None:
+    """``shape.ranks`` free instances for ``owner`` of the smallest profile covering ``shape.profile`` that has room
+    for them all; None and no change when none has."""
+    for p in _covering(scratch, shape.profile):
+        got = _ranks_on(scratch, owner, p, shape.ranks, gpus)
+        if got is not None:
+            return got
+    return None
+
+
 def _ranks_on(
     scratch: Scratch,
     owner: str,
@@ -127,12 +137,7 @@ class StaticPlacer(BasePlacer):
         self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
         """``shape.ranks`` free instances of the smallest profile covering ``shape.profile`` that has room for all."""
-        profile, count = shape.profile, shape.ranks
-        for p in _covering(scratch, profile):
-            got = _ranks_on(scratch, owner, p, count, gpus)
-            if got is not None:
-                return got
-        return None
+        return _on_covering(scratch, owner, shape, gpus)
 
 
 class DrainPlacer(BasePlacer):
@@ -291,9 +296,7 @@ class DrainFirstFitPlacer(BasePlacer):
         self, scratch: Scratch, owner: str, shape: Shape, gpus: Sequence[int], reason: str
     ) -> tuple[Instance, ...] | None:
         """Free covering instances anywhere (smallest first); else ``shape.profile`` on re-laid-out idle GPUs."""
-        profile, count = shape.profile, shape.ranks
-        for p in _covering(scratch, profile):
-            got = _ranks_on(scratch, owner, p, count, gpus)
-            if got is not None:
-                return got
-        return _ranks_on(scratch, owner, profile, count, gpus, fallback=self._relayout)
+        got = _on_covering(scratch, owner, shape, gpus)
+        if got is not None:
+            return got
+        return _ranks_on(scratch, owner, shape.profile, shape.ranks, gpus, fallback=self._relayout)

@@ -84,10 +84,7 @@ def gres_records(inv: Inventory, minors: MigMinors, dev_dir: str = "/dev") -> tu
                 continue
             name = gi.profile_name
             if name is None and model is not None:
-                try:
-                    name = model.profile_by_id(gi.profile_id).name
-                except KeyError:
-                    name = None
+                name = model.profile_name(gi.profile_id)
             if name is None:
                 raise SlurmError(f"GPU {g.index} GPU instance {gi.id}: NVML gives no profile name to register")
             gi_minor, ci_minor = minors.of(g.index, gi.id, mig.compute_instance_id)

@@ -10,10 +10,11 @@ simulated node seen from outside the daemon has none; the demo workload's proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
@@ -26,7 +27,7 @@ from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.wiring.backend import Backend, open_backend
+from flexmig.wiring.backend import Backend, DemoWorkload, open_backend
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.planning import PlanningInput, parse_request, planning_state
 
@@ -47,14 +48,26 @@ def instant_detection(config: Config) -> Detector:
     return Detector(detect_settings(cfg))
 
 
-async def _sweeps(spec: str, config: Config, hostname: str) -> tuple[Snapshot, Report | None]:
+@contextlib.asynccontextmanager
+async def _simulated_node(spec: str, *, gpm: bool) -> AsyncIterator[tuple[NvmlWorker, Backend, DemoWorkload]]:
+    """The simulated node ``spec`` opened on an NVML thread of its own, its demo workload stepped once; closed, and
+    the thread stopped, on leaving."""
     worker = NvmlWorker("flexmig-oneshot")
     backend: Backend | None = None
     try:
-        backend = await worker.call(open_backend, spec, True, time.monotonic)
+        backend = await worker.call(open_backend, spec, gpm, time.monotonic)
         workload = backend.workload
         assert workload is not None
         await worker.call(workload, time.monotonic())
+        yield worker, backend, workload
+    finally:
+        if backend is not None:
+            await worker.call(backend.close)
+        worker.shutdown()
+
+
+async def _sweeps(spec: str, config: Config, hostname: str) -> tuple[Snapshot, Report | None]:
+    async with _simulated_node(spec, gpm=True) as (worker, backend, workload):
         detector = instant_detection(config)
         sampler = SamplingLoop(
             backend.reader,
@@ -69,10 +82,6 @@ async def _sweeps(spec: str, config: Config, hostname: str) -> tuple[Snapshot, R
         await worker.call(workload, time.monotonic())
         snap = await sampler.sweep() or snap
         return snap, report_of(snap)
-    finally:
-        if backend is not None:
-            await worker.call(backend.close)
-        worker.shutdown()
 
 
 def sim_snapshot(
@@ -92,18 +101,8 @@ def sim_plan_input(spec: str, requests: Sequence[str], now_s: float) -> Planning
 
 
 async def _plan_input(spec: str, requests: Sequence[str], now_s: float) -> PlanningInput:
-    worker = NvmlWorker("flexmig-oneshot")
-    backend: Backend | None = None
-    try:
-        backend = await worker.call(open_backend, spec, False, time.monotonic)
-        workload = backend.workload
-        assert workload is not None
-        await worker.call(workload, time.monotonic())
+    async with _simulated_node(spec, gpm=False) as (worker, backend, _):
         inventory = await worker.call(backend.nvml.inventory)
-    finally:
-        if backend is not None:
-            await worker.call(backend.close)
-        worker.shutdown()
     view = NodeView.of(inventory)
     model = node_model(view)
     extra: list[JobRequest] = [parse_request(r, i + 1, model, now_s) for i, r in enumerate(requests)]
