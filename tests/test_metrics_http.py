@@ -131,6 +131,26 @@ def test_at_the_cap_the_oldest_half_open_connection_makes_room_for_a_scraper(reg
             s.close()
 
 
+def test_at_the_cap_a_slow_head_is_evicted_before_a_connection_that_has_not_sent_yet(
+    registry: CollectorRegistry,
+) -> None:
+    # A client whose connection was just accepted has not had its turn to send; under a flood of reconnecting slow
+    # clients it must not be the one pushed out (the slowloris test once lost a probe that way).
+    with serving(registry, max_connections=4) as server:
+        silent = socket.create_connection(("127.0.0.1", server.port or 0), timeout=5)
+        until("the silent one held", lambda: server.stats.open == 1)
+        slow = [half_open(server), half_open(server)]
+        assert get(server)[0] == 200  # read after both slow heads: the server has seen their first bytes
+        slow.append(half_open(server))
+        until("four held", lambda: server.stats.open == 4)
+        assert get(server)[0] == 200  # the fifth, at the cap of four
+        assert closed_by_server(slow[0]), "the oldest slow head was evicted"
+        assert not closed_by_server(silent, 0.2), "the older connection that sent nothing yet is held"
+        assert server.stats.evicted == 1
+        for s in (silent, *slow):
+            s.close()
+
+
 def test_the_cap_leaves_a_reserve_of_descriptors_under_a_low_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     open_now = sum(1 for _ in Path("/proc/self/fd").iterdir())

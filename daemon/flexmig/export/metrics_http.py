@@ -7,9 +7,11 @@ connection) and holds these limits:
 
 * **connections**: at most ``max_connections`` open at once (64, and never more than the descriptors left after
   a reserve of 256 for the journal, the outbox, the control socket, NVML and the jobs' launches, counted from
-  ``RLIMIT_NOFILE`` at start). A connection beyond the cap evicts the oldest one still sending its request head
-  (that is what a slowloris holds; a scraper sends its head at once); when every open connection is past its head,
-  the new one is closed unanswered. Both are counted (:class:`ServerStats`);
+  ``RLIMIT_NOFILE`` at start). A connection beyond the cap evicts the oldest one that has sent part of a request
+  head and is still sending it (that is what a slowloris holds; a scraper sends its head at once), or, when there
+  is none, the oldest one that has sent nothing yet. A connection just accepted, whose client has not had its
+  turn to send, is thus not pushed out by a flood of reconnecting slow clients. When every open connection is past
+  its head, the new one is closed unanswered. Both are counted (:class:`ServerStats`);
 * **time**: the request head must be complete within ``header_timeout_s`` (10 s) of the connection, however
   slowly it trickles in; the answer must be taken within ``write_timeout_s`` (30 s); then the connection is cut;
 * **size**: a request head over 8 KiB gets ``431``, a malformed one ``400``; one request per connection
@@ -120,6 +122,7 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         end = self.buffer.find(b"\r\n\r\n")
         if end < 0:
+            self.server.partial_head(self)
             if len(self.buffer) > MAX_HEAD_BYTES:
                 self.answer("431 Request Header Fields Too Large", [], b"request head too large\n")
             return
@@ -246,6 +249,7 @@ class _Serving:
         self.starting: set[asyncio.Task[Any]] = set()
         self.open: dict[_Connection, None] = {}  # oldest first
         self.in_head: dict[_Connection, None] = {}  # the open ones still sending their head, oldest first
+        self.partial: dict[_Connection, None] = {}  # those of them that have sent part of it, oldest first
 
     def on_readable(self, listener: socket.socket) -> None:
         """Accept what the kernel queued, a few at a time: each one is admitted (or closed) before the next is
@@ -283,7 +287,7 @@ class _Serving:
         if self.stopping:
             return False
         if len(self.open) >= self.limit:
-            victim = next(iter(self.in_head), None)
+            victim = next(iter(self.partial), None) or next(iter(self.in_head), None)
             if victim is None:
                 self.stats.refused += 1
                 return False
@@ -295,13 +299,20 @@ class _Serving:
         self.stats.open = len(self.open)
         return True
 
+    def partial_head(self, conn: _Connection) -> None:
+        """``conn`` has sent part of its head and not the end of it: it is evicted before silent ones."""
+        if conn in self.in_head and conn not in self.partial:
+            self.partial[conn] = None
+
     def past_head(self, conn: _Connection) -> None:
         self.in_head.pop(conn, None)
+        self.partial.pop(conn, None)
 
     def forget(self, conn: _Connection) -> None:
         """``conn`` is closed (or about to be): it no longer counts."""
         self.open.pop(conn, None)
         self.in_head.pop(conn, None)
+        self.partial.pop(conn, None)
         self.stats.open = len(self.open)
 
     def close_all(self) -> None:
