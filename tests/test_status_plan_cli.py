@@ -23,7 +23,7 @@ from flexmig.jobs.spec import JobPolicy, load_job_spec
 from flexmig.mig import A100_40, H200, GpuModel
 from flexmig.plan import Planner, PlannerSettings, validate_plan
 from flexmig.sim.workload import SyntheticWorkload
-from flexmig.wiring.actuator import ActuatorPaths
+from flexmig.wiring.actuator_host import ActuatorPaths
 from flexmig.wiring.planning import parse_request, planner_settings, planning_state
 from support.jobs import counter_spec, write_spec
 

@@ -21,7 +21,8 @@ from flexmig.export.commands import CommandListener, Dispatch, command_listener
 from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
 from flexmig.export.loss_metrics import LossMetrics
 from flexmig.storage import LockSet
-from flexmig.wiring.actuator import ActuatorComponent, ActuatorHost
+from flexmig.wiring.actuator import ActuatorComponent
+from flexmig.wiring.actuator_host import ActuatorHost
 from flexmig.wiring.detection import Detector, detect_settings
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
 from flexmig.wiring.slurm import SlurmComponent

@@ -36,43 +36,46 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flexmig.act.control import ControlServer, Handler, RequestError
-from flexmig.act.encoding import CreateInstancePayload, DestroyInstancePayload, payload_of, reason_of, slots_named
 from flexmig.act.events import ActEvent
-from flexmig.act.journal import ActionRow, JournalError
+from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.service import Actuator
-from flexmig.config import Config, ControlConfig, Mode, StateConfig
-from flexmig.config.migparted import load_baseline
-from flexmig.errors import ConfigError, FlexmigError, PlanRejectedError, StateInUseError, StorageError
+from flexmig.config import Config, Mode
+from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.export.action_metrics import ActionMetrics
-from flexmig.export.events import Event, EventFactory, EventKind
+from flexmig.export.events import EventFactory
 from flexmig.export.findings_metrics import report_of
-from flexmig.export.prometheus import SnapshotMetrics
 from flexmig.export.runtime_metrics import JournalWriteMetrics
 from flexmig.jobs.spec import JobPolicy
-from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
 from flexmig.storage import LockSet, prepare_dir
-from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.wiring.backend import Backend
+from flexmig.wiring.action_record import (
+    action_facts,
+    action_json,
+    action_row,
+    log_event,
+    move_downtime,
+    reconciled_nothing,
+    slots_of,
+)
+from flexmig.wiring.actuator_host import ActuatorHost, ActuatorPaths
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.privileges import act_privilege_warning
-from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
-from flexmig.wiring.standdown import StandDown, plan_standdown, standdown_document
+from flexmig.wiring.standdown_request import standdown_request
 from flexmig.wiring.status import status_document
 
-__all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "ActuatorHost", "ActuatorPaths", "PlanRound"]
+__all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "PlanRound"]
 
 NODE_LOCK_DIR = Path("/run/flexmig")
 """Where a real node's GPU locks live (the systemd unit's RuntimeDirectory)."""
@@ -82,77 +85,6 @@ log = logging.getLogger(__name__)
 _MUTATING = ("jobs.submit", "jobs.migrate", "jobs.resplit", "jobs.stop")
 _MIN_ROUND_GAP_S = 1.0  # planning rounds woken by events never come closer than this
 _MAX_REQUESTS = 16
-
-
-class ActuatorHost(Protocol):
-    """What the component needs of the daemon (``flexmig.daemon.Daemon`` has it)."""
-
-    config: Config
-    hostname: str
-    hub: SnapshotHub
-    worker: NvmlWorker
-    backend: Backend | None
-    sim_spec: str | None
-
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup (``restart``: again if it fails, instead of stopping)."""
-        ...
-
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
-        """Export more families from each snapshot."""
-        ...
-
-    def on_reload(self, hook: Callable[[Config], None]) -> None:
-        """Call ``hook`` after each accepted configuration reload."""
-        ...
-
-    def on_start(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` after the first sweep, before READY (an exception stops the start)."""
-        ...
-
-    def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` on SIGTERM, before the loops are cancelled."""
-        ...
-
-    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` after the loops have ended, however they ended (or if they never began)."""
-        ...
-
-    def latest(self) -> Snapshot | None:
-        """The last published snapshot."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class ActuatorPaths:
-    """Where the actuator keeps its journal, the ranks' logs and its control socket.
-
-    ``private`` is a directory the daemon made for a simulated node that was not given its own ``[state]`` and
-    ``[control]`` paths: a simulated node's jobs must never mix with the real node's journal in
-    ``/var/lib/flexmig``, and two simulated daemons must not fight over ``/run/flexmig/control.sock``.
-    """
-
-    journal: Path
-    logs: Path
-    socket: Path
-    private: Path | None = None
-
-    @classmethod
-    def of(cls, config: Config, *, simulated: bool, tmp: Path | None = None) -> ActuatorPaths:
-        """The paths of ``config``; for a simulated node, defaults replaced by a fresh private directory under
-        ``tmp`` (the temporary directory by default), after removing those of simulated daemons that are gone
-        (:mod:`flexmig.wiring.simdirs`: a SIGKILL leaves them behind)."""
-        state, control = config.state, config.control
-        default_state = state == StateConfig()
-        default_socket = control.socket == ControlConfig().socket
-        private = None
-        if simulated and (default_state or default_socket):
-            remove_stale_private_dirs(tmp)
-            private = make_private_dir(tmp)
-        journal = state.journal if not (simulated and default_state) or private is None else private / "journal.sqlite3"
-        logs = (state.directory if not (simulated and default_state) or private is None else private) / "logs"
-        socket = control.socket if not (simulated and default_socket) or private is None else private / "control.sock"
-        return cls(journal, logs, socket, private)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +139,7 @@ class ActuatorComponent:
         self._built: list[Callable[[Actuator], None]] = []
         host.add_metrics(self.metrics)
         host.add_metrics(JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None))
-        host.hub.subscribe(lambda _snapshot: self._refresh())
+        host.hub.subscribe(lambda _snapshot: self.refresh())
         host.on_start(self.start)
         host.on_stop(self.drain)
         host.on_close(self._close)
@@ -258,7 +190,7 @@ class ActuatorComponent:
             for rec in act.journal.jobs():
                 if rec.state == "running":
                     self._touched.update(s.key for s in rec.slots)
-            self._refresh()
+            self.refresh()
             summary = await act.start()
             self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
@@ -487,7 +419,7 @@ class ActuatorComponent:
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
                 result = await handler(args)
-            self._refresh()
+            self.refresh()
             if op == "jobs.submit" and isinstance(result, dict) and result.get("queued"):
                 self.wake()
             return result
@@ -509,7 +441,7 @@ class ActuatorComponent:
         recent: list[dict[str, Any]] = []
         if self.act is not None:
             jobs = [self.act.jobs.summary(rec) for rec in self.act.journal.jobs()]
-            recent = [_action_json(r) for r in self.act.journal.recent_actions(10)]
+            recent = [action_json(r) for r in self.act.journal.recent_actions(10)]
         doc = status_document(
             snap,
             report_of(snap),
@@ -543,61 +475,8 @@ class ActuatorComponent:
         return result.document
 
     async def _standdown(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``standdown`` request: restore the baseline layout, then mode observe (rules:
-        :mod:`flexmig.wiring.standdown`); ``dry_run`` only says what it would do, in any mode."""
-        extra = set(args) - {"stop_jobs", "dry_run"}
-        if extra:
-            raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
-        flags = {k: args.get(k, False) for k in ("stop_jobs", "dry_run")}
-        if not all(isinstance(v, bool) for v in flags.values()):
-            raise RequestError("'stop_jobs' and 'dry_run' must be true or false")
-        stop_jobs, dry_run = flags["stop_jobs"], flags["dry_run"]
-        try:
-            baseline = await asyncio.to_thread(load_baseline, self.config.baseline)
-        except ConfigError as exc:
-            raise PlanRejectedError(f"the baseline cannot be read: {exc}") from None
-        if baseline is None:
-            raise PlanRejectedError(
-                "no baseline layout is configured: set [baseline] mig_parted_file (and mig_parted_config)"
-            )
-        act = self.act
-        if act is None:
-            raise PlanRejectedError(self.unavailable or "the actuator is not running")
-        if not dry_run and self.mode != "act":
-            raise PlanRejectedError(
-                f"mode is {self.mode!r}: flexmig changes nothing outside mode 'act' (--dry-run shows what a "
-                "stand-down would do)"
-            )
-        async with self._busy:
-            if self._stopping:
-                raise PlanRejectedError("the daemon is stopping; try again after it restarts")
-
-            async def work_out() -> StandDown:
-                inventory = await act.executor.mig.inventory()
-                jobs = act.journal.jobs()
-                return plan_standdown(
-                    NodeView.of(inventory),
-                    {g.index: g.mig_current for g in inventory.gpus},
-                    baseline.entries,
-                    jobs,
-                    {rec.name: act.supervisor.pids(rec.name) for rec in jobs},
-                    stop_jobs=stop_jobs,
-                    reconfigure_s=self.config.planner.reconfigure_s,
-                )
-
-            with contextlib.suppress(Exception):
-                await act.executor.offload(act.executor.devices.prune)
-            before = await work_out()
-            result = None
-            if not dry_run:
-                if before.actions:
-                    result = await act.executor.execute_encoded(list(before.actions), "standdown")
-                self.set_mode("observe", f"stood down to {baseline.describe()}")
-                after = await work_out()
-            else:
-                after = before
-        self._refresh()
-        return standdown_document(baseline.describe(), before, after, result, dry_run=dry_run, mode=self.mode)
+        """The ``standdown`` request (:mod:`flexmig.wiring.standdown_request`)."""
+        return await standdown_request(self, args)
 
     def set_mode(self, mode: Mode, why: str) -> None:
         """Switch the running daemon to ``mode`` (a stand-down does: no more planning); the file's mode returns at
@@ -616,67 +495,31 @@ class ActuatorComponent:
     def emit(self, event: ActEvent) -> None:
         """The actuator's event sink: metrics, the demo workload's exclusions, a log line, the fleet event."""
         act = self.act
-        row = self._row(event.action_id)
+        row = None if self.act is None else action_row(self.act.journal, event.action_id)
         if event.kind == "action_started" and row is not None:
-            self._touched.update(_slots_of(row))
+            self._touched.update(slots_of(row))
         downtime = None
         moved = event.kind in ("action_completed", "action_failed") and row is not None
         if moved and row is not None and row.kind in ("migrate", "resplit"):
-            downtime = self._downtime(event.action_id)
+            downtime = None if self.act is None else move_downtime(self.act.journal, event.action_id)
         self.metrics.record(event, downtime)
         if act is not None:
-            self._refresh()
+            self.refresh()
         fleet = self._translate(event, mode=self.mode)
         if fleet is not None:
-            _log_event(fleet)
-            if self.mqtt is not None and not _nothing_reconciled(event):
+            log_event(fleet)
+            if self.mqtt is not None and not reconciled_nothing(event):
                 self.mqtt.findings.emit(fleet)
         if event.kind in ("job_failed",) or (event.kind == "job_exited" and event.detail.get("state") == "done"):
             self.wake()
         if event.kind == "action_completed" and event.action == "stop":
             self.wake()
 
-    def _row(self, action_id: int | None) -> ActionRow | None:
-        if action_id is None or self.act is None:
-            return None
-        try:
-            return self.act.journal.action(action_id)
-        except FlexmigError:
-            return None
-
     def _facts(self, action_id: int) -> ActionFacts:
-        row = self._row(action_id)
-        if row is None or self.act is None:
-            return ActionFacts()
-        origin = None
-        with contextlib.suppress(Exception):
-            found = self.act.journal.db.execute("SELECT origin FROM plans WHERE id=?", (row.plan_id,)).fetchone()
-            origin = str(found[0]) if found else None
-        target = None
-        with contextlib.suppress(JournalError):
-            p = payload_of(row)
-            if isinstance(p, CreateInstancePayload | DestroyInstancePayload):
-                target = p.slot.spec()
-        if row.kind == "slurm_reregister" and isinstance(row.payload.get("node"), str):
-            target = f"slurm node {row.payload['node']}"
-        downtime = self._downtime(action_id) if row.kind in ("migrate", "resplit") else None
-        return ActionFacts(plan_id=row.plan_id, origin=origin, target=target, downtime_s=downtime)
+        """What the fleet event of ``action_id`` says beyond the actuator's event (plan, origin, target, downtime)."""
+        return ActionFacts() if self.act is None else action_facts(self.act.journal, action_id)
 
-    def _downtime(self, action_id: int | None) -> float | None:
-        """A move's downtime: its old ranks had exited (``await_exit`` done) to its new ranks started."""
-        if action_id is None or self.act is None:
-            return None
-        steps = {s.name: s for s in self.act.journal.steps(action_id)}
-        stopped = steps.get("await_exit")
-        launch = steps.get("launch")
-        started = launch if launch is not None and launch.state == "done" else steps.get("relaunch")
-        if stopped is None or started is None or stopped.finished_s is None or started.finished_s is None:
-            return None
-        if started.state != "done":
-            return None
-        return max(0.0, started.finished_s - stopped.finished_s)
-
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """Job counts for the metrics, and the instances the demo workload must leave alone."""
         if self.act is None:
             return
@@ -747,50 +590,3 @@ class ActuatorComponent:
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
         self._unlock()
-
-
-def _nothing_reconciled(event: ActEvent) -> bool:
-    """A start-up reconciliation that found no job, rank or action to take care of: not news for the fleet."""
-    if event.kind != "reconciled":
-        return False
-    d = event.detail
-    return not any(d.get(k) for k in ("adopted", "killed_stale", "plans", "settled", "unknown_ranks"))
-
-
-def _slots_of(row: ActionRow) -> set[tuple[int, int]]:
-    try:
-        return {s.key for s in slots_named(payload_of(row))}
-    except JournalError:
-        return set()
-
-
-def _action_json(row: ActionRow) -> dict[str, Any]:
-    return {
-        "action_id": row.id,
-        "plan_id": row.plan_id,
-        "action": row.kind,
-        "job": row.job,
-        "state": row.state,
-        "error": row.error,
-        "started_s": row.started_s,
-        "finished_s": row.finished_s,
-        "reason": reason_of(row),
-    }
-
-
-def _log_event(event: Event) -> None:
-    """One journal line per actuator event: kind, action ID, target, and the reason or error with timings."""
-    p = event.payload
-    level = logging.WARNING if event.kind in (EventKind.ACTION_FAILED, EventKind.JOB_FAILED) else logging.INFO
-    head = event.kind.value
-    if "action_id" in p:
-        head += f" #{p['action_id']} {p.get('action')} {p.get('target')}"
-    elif "job" in p:
-        head += f" job {p['job']}"
-    timing = ""
-    if "duration_s" in p:
-        timing = f" in {p['duration_s']:.2f} s"
-        if "downtime_s" in p:
-            timing += f" (downtime {p['downtime_s']:.2f} s)"
-    why = p.get("error") or p.get("reason") or ""
-    log.log(level, "%s%s%s", head, timing, f": {why}" if why else "")
