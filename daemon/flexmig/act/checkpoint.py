@@ -130,7 +130,6 @@ class Checkpointer:
                 next_send = now + self.resend_s
             await asyncio.sleep(self.poll_s)
 
-
     async def _wait_exited(self, rec: JobRecord) -> bool:
         """Wait up to the job's ``exit_timeout_s`` for every rank to exit, asking those still running again every
         ``resend_s``: only rank 0 acknowledges, so a rank that was not listening yet when the request came (its

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
+from flexmig.act import recovery
 from flexmig.act.checkpoint import Checkpointer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.durable import Durable
@@ -75,7 +76,7 @@ from flexmig.act.records import JobRecord, Slot
 from flexmig.act.results import ActionResult, PlanResult, action_result
 from flexmig.act.settling import Settler
 from flexmig.act.steps import ActionRun, Refused, StepFailed
-from flexmig.act.supervisor import Supervisor, free_port, mig_visible
+from flexmig.act.supervisor import Supervisor, free_port
 from flexmig.config import Mode
 from flexmig.errors import JobSpecError, LayoutError, NvmlCallError, PlanRejectedError
 from flexmig.hook.protocol import Ack
@@ -589,116 +590,30 @@ class Executor:
 
     # --------------------------------------------------------------------------------------- recovery
     async def reconcile(self) -> dict[str, Any]:
-        """At start-up: adopt running ranks, finish or roll back unfinished actions, settle dead jobs.
-
-        Outside mode ``act`` only the adoption happens; unfinished actions wait for a start in ``act``.
-        """
-        summary: dict[str, Any] = {"adopted": {}, "killed_stale": {}, "plans": [], "settled": []}
-        if self.mode == "act":
-            self.check_unfinished()
-        async with self._lock:
-            with contextlib.suppress(Exception):
-                summary["pruned"] = await self.offload(self.devices.prune)
-            for rec in self.journal.jobs():
-                if rec.state != "running":
-                    continue
-                found = await asyncio.to_thread(self.scanner.find, rec.uid)
-                actions = [a for p in self.journal.unfinished_plans() for a in self.journal.actions(p)]
-                moving = any(a.job == rec.name and a.state == "running" for a in actions)
-                stale = [f for f in found if f.generation != rec.generation and not moving]
-                for f in stale:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(f.pid, signal.SIGKILL)
-                if stale:
-                    summary["killed_stale"][rec.name] = [f.pid for f in stale]
-                adopted = await self.supervisor.adopt(rec, found)
-                summary["adopted"][rec.name] = [h.proc.pid for h in adopted]
-            try:
-                summary["unknown_ranks"] = unknown = await self.unknown_ranks()
-            except Exception as exc:  # a report: an NVML hiccup here must not stop the start
-                log.warning("could not look for ranks of no journalled job: %s", exc)
-                unknown = []
-            for job, ranks in _by_job(unknown).items():
-                log.warning(
-                    "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but no job in the journal %s knows them "
-                    "(pids %s): left running, and their instances are left alone; stop them by hand, or "
-                    "restore the journal they belong to",
-                    len(ranks),
-                    ranks[0]["job"] or "?",
-                    job,
-                    ", ".join(r["target"] for r in ranks),
-                    self.journal.path,
-                    ", ".join(str(r["pid"]) for r in ranks),
-                )
-            for rec in self.journal.jobs():
-                problem = self.policy_problem(rec) if rec.state in ("running", "pending") else None
-                if problem is not None:
-                    log.warning("%s; the current [jobs] policy refuses it, so it will not be launched again", problem)
-            if self.mode == "act":
-                for plan_id in self.journal.unfinished_plans():
-                    res = await self._run_plan(plan_id)
-                    summary["plans"].append(res.to_json())
-                for rec in self.journal.jobs():
-                    if rec.state == "running" and len(self.supervisor.alive(rec.name)) < len(rec.slots):
-                        await self.settler.settle_locked(rec.name)
-                        summary["settled"].append(rec.name)
-        self.events.emit(ActEvent(kind="reconciled", time_s=self.wall(), detail=summary))
-        return summary
+        """At start-up: adopt running ranks, finish or roll back unfinished actions, settle dead jobs
+        (:func:`flexmig.act.recovery.reconcile`)."""
+        return await recovery.reconcile(self)
 
     async def unknown_ranks(self, view: NodeView | None = None) -> list[dict[str, Any]]:
-        """Processes with flexmig's job markers on this node's MIG instances (their ``CUDA_VISIBLE_DEVICES``, or
-        NVML's process lists) whose job ID no job in the journal has: ranks a lost, emptied or replaced journal
-        forgot. Reported, never touched (their instances run processes of no registered job, so the actuator
-        leaves those instances alone)."""
-        view = view or await self.view()
-        devices = {mig_visible(i.uuid): i for i in view.instances if i.uuid} if self.device_uuids_unique else {}
-        on_gpu = {pid: i for i in view.instances for pid in (i.pids or ())}
-        known = {rec.uid for rec in self.journal.jobs()}
-        out = []
-        for r in await asyncio.to_thread(self.scanner.find_marked):
-            inst = devices.get(r.device) or on_gpu.get(r.pid)
-            if r.job_id in known or inst is None:
-                continue
-            out.append(
-                {
-                    "pid": r.pid,
-                    "job": r.job,
-                    "job_id": r.job_id,
-                    "generation": r.generation,
-                    "slot": r.slot,
-                    "user": r.user,
-                    "instance": r.device or f"gpu{inst.gpu}:{inst.profile}@{inst.start}",
-                    "target": inst.spec(),
-                }
-            )
-        return out
+        """Ranks with flexmig's markers that no journalled job knows (:func:`flexmig.act.recovery.unknown_ranks`)."""
+        return await recovery.unknown_ranks(self, view)
 
     def check_unfinished(self) -> None:
-        """JournalError, one line per problem naming the journal and the action row, when an action of an
-        unfinished plan has a payload that does not decode (the journal's own check covers the rest of each row):
-        in mode ``act`` the start stops rather than run half a plan."""
-        problems = []
-        for plan_id in self.journal.unfinished_plans():
-            for row in self.journal.actions(plan_id):
-                if row.state in ("done", "failed", "cancelled", "skipped") or row.kind not in ACTION_KINDS:
-                    continue
-                try:
-                    payload_of(row)
-                except JournalError as exc:
-                    problems.append(f"{self.journal.path}: actions row {row.id}: payload: {exc}")
-        if problems:
-            raise JournalError("\n".join(problems))
+        """Refuse undecodable unfinished actions (:func:`flexmig.act.recovery.check_unfinished`)."""
+        recovery.check_unfinished(self)
+
+    async def run_unfinished_plan(self, plan_id: int) -> PlanResult:
+        """Finish (or roll back) one plan the journal holds unfinished; the caller holds the action lock."""
+        return await self._run_plan(plan_id)
+
+    @property
+    def action_lock(self) -> asyncio.Lock:
+        """Held while a plan runs or the journal is reconciled."""
+        return self._lock
 
     async def close(self) -> None:
         """Cancel pending settle tasks."""
         await self.settler.close()
-
-
-def _by_job(ranks: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for r in ranks:
-        out.setdefault(str(r["job_id"]), []).append(r)
-    return out
 
 
 def new_job_uid() -> str:
