@@ -25,6 +25,8 @@ REFERENCE_SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 _FAMILY = {
     "flexmig.sim.library": "core",
+    "flexmig.sim.instancecalls": "core",
+    "flexmig.sim.gpmcalls": "core",
     "flexmig.sim.devinfo": "device info",
     "flexmig.sim.boardcalls": "clocks, platform",
 }

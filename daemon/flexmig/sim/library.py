@@ -5,7 +5,9 @@ here is named after a C symbol and speaks the C protocol: it returns an ``nvmlRe
 through ``byref(...)`` arguments (``ref._obj``), fills caller-allocated arrays, and answers a NULL array with the
 count (the size-probe protocol). Handles are pointers to opaque structs that the library keeps alive for its
 whole life; a destroyed instance's handle is refused until a new instance takes its slot, as nvml.h allows
-(:mod:`flexmig.sim.handles`). Device-information families (PCI, BAR1, ECC, NVLink, ...) live in
+(:mod:`flexmig.sim.handles`). GPU- and compute-instance management lives in :mod:`flexmig.sim.instancecalls`, GPM in
+:mod:`flexmig.sim.gpmcalls`;
+device-information families (PCI, BAR1, ECC, NVLink, ...) live in
 :mod:`flexmig.sim.devinfo`; :data:`flexmig.sim.entrypoints.ENTRY_POINTS` says how each call treats a MIG handle.
 
 Every call takes the node's lock: tests change the node from other threads while the daemon calls NVML.
@@ -14,7 +16,7 @@ Every call takes the node's lock: tests change the node from other threads while
 from __future__ import annotations
 
 import ctypes
-from typing import Any, ClassVar
+from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
@@ -28,18 +30,17 @@ from flexmig.sim.cabi import physical as _physical
 from flexmig.sim.cabi import write_str as _write_str
 from flexmig.sim.devinfo import DeviceInfoCalls
 from flexmig.sim.faults import FaultTable, error_name
-from flexmig.sim.gpm import METRIC_INFO, GpmSnapshot, metric_value
+from flexmig.sim.gpm import GpmSnapshot
+from flexmig.sim.gpmcalls import GpmCalls
 from flexmig.sim.handles import HandleTable
+from flexmig.sim.instancecalls import InstanceCalls
 from flexmig.sim.memory import gi_reserved_bytes, gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
 from flexmig.sim.model import (
-    CI_PROFILE_COUNT,
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
-    GI_PROFILE_COUNT,
     MAX_MIG_DEVICES,
     NVML_VERSION,
     ci_name,
-    ci_starts,
     clock_table,
 )
 from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
@@ -47,32 +48,7 @@ from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInst
 __all__ = ["SimLibrary"]
 
 
-class _MetricInfo(ctypes.Structure):
-    _fields_: ClassVar[list[tuple[str, Any]]] = [
-        ("shortName", ctypes.c_char_p),
-        ("longName", ctypes.c_char_p),
-        ("unit", ctypes.c_char_p),
-    ]
-
-
-class _Metric(ctypes.Structure):
-    """``c_nvmlGpmMetric_t`` as a plain ctypes struct: the library reads the caller's memory as C would."""
-
-    _fields_: ClassVar[list[tuple[str, Any]]] = [
-        ("metricId", ctypes.c_uint),
-        ("nvmlReturn", ctypes.c_uint),
-        ("value", ctypes.c_double),
-        ("metricInfo", _MetricInfo),
-    ]
-
-
-_METRICS_OFFSET: int = N.c_nvmlGpmMetricsGet_t.metrics.offset
-# Names a driver writes into each result; the bytes stay alive with these constant structs.
-_INFO = {metric_id: _MetricInfo(*names) for metric_id, names in METRIC_INFO.items()}
-assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
-
-
-class SimLibrary(DeviceInfoCalls, BoardCalls):
+class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
     """A Python object that implements libnvidia-ml's C functions over a :class:`SimNodeState`."""
 
     def __init__(self, state: SimNodeState, faults: FaultTable) -> None:
@@ -542,382 +518,4 @@ class SimLibrary(DeviceInfoCalls, BoardCalls):
         if ci is None:
             return _INVALID
         _out(ref).value = ci.id
-        return _SUCCESS
-
-    # ------------------------------------------------------------------------------------- GPU instances
-    def _privileged(self) -> None:
-        if not self._state.privileged:
-            raise NvmlReturn(N.NVML_ERROR_NO_PERMISSION)
-
-    def _profile_by_index(self, gpu: SimGpu, index: int) -> Any:
-        self._state.require_mig(gpu)
-        if not 0 <= index < GI_PROFILE_COUNT:
-            raise NvmlReturn(_INVALID)
-        try:
-            return gpu.model.profile_by_index(index)
-        except KeyError:
-            raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED) from None
-
-    def _profile_by_id(self, gpu: SimGpu, profile_id: int) -> Any:
-        try:
-            return gpu.model.profile_by_id(profile_id)
-        except KeyError:
-            raise NvmlReturn(_INVALID) from None
-
-    def _fill_gi_profile(self, gpu: SimGpu, info: Any, profile: Any) -> None:
-        info.id = profile.profile_id
-        info.isP2pSupported = 0  # `nvidia-smi mig -lgip` prints P2P "No" for every profile on A100, H100 and H200
-        info.sliceCount = profile.compute_slices
-        info.instanceCount = profile.max_instances
-        info.multiprocessorCount = profile.sm_count
-        info.copyEngineCount = profile.copy_engines
-        info.decoderCount = profile.decoders
-        info.encoderCount = profile.encoders
-        info.jpegCount = profile.jpegs
-        info.ofaCount = profile.ofas
-        info.memorySizeMB = profile.memory_mib
-
-    @_entry
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, index: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        self._fill_gi_profile(gpu, _out(ref), self._profile_by_index(gpu, _int(index)))
-        return _SUCCESS
-
-    def _fill_gi_profile_v2(self, gpu: SimGpu, ref: Any, profile: Any) -> int:
-        info = _out(ref)
-        if info.version != N.nvmlGpuInstanceProfileInfo_v2:
-            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        self._fill_gi_profile(gpu, info, profile)
-        info.name = profile.nvml_name
-        return _SUCCESS
-
-    @_entry
-    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, index: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        return self._fill_gi_profile_v2(gpu, ref, self._profile_by_index(gpu, _int(index)))
-
-    @_entry
-    def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle: Any, profile_id: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        self._state.require_mig(gpu)
-        return self._fill_gi_profile_v2(gpu, ref, self._profile_by_id(gpu, _int(profile_id)))
-
-    @_entry
-    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profile_id: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        self._privileged()  # nvml.h: "Requires privileged user."
-        self._state.require_mig(gpu)
-        profile = self._profile_by_id(gpu, _int(profile_id))
-        assert gpu.layout is not None
-        _out(ref).value = gpu.layout.creatable(profile)
-        return _SUCCESS
-
-    @_entry
-    def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
-        self, handle: Any, profile_id: Any, placements: Any, count_ref: Any
-    ) -> int:
-        gpu = self._gpu(handle)
-        self._privileged()  # nvml.h: "Requires privileged user."
-        profile = self._profile_by_id(gpu, _int(profile_id))
-        count = _out(count_ref)
-        starts = profile.starts
-        if placements is None:
-            count.value = len(starts)
-            return _SUCCESS
-        if count.value < len(starts):
-            count.value = len(starts)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, s in enumerate(starts):
-            placements[i].start = s
-            placements[i].size = profile.memory_slices
-        count.value = len(starts)
-        return _SUCCESS
-
-    @_entry
-    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        _out(ref)
-        self._state.require_mig(gpu)
-        gi = self._state.create_gi(gpu, self._profile_by_id(gpu, _int(profile_id)), None)
-        return self._give(ref, "gi", gi.serial)
-
-    @_entry
-    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: Any, placement: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        _out(ref)
-        if isinstance(placement, ctypes.Structure):
-            return _INVALID  # passed by value: the C function takes a pointer (pynvml sets no argtypes: byref)
-        place = _out(placement)
-        self._state.require_mig(gpu)
-        profile = self._profile_by_id(gpu, _int(profile_id))
-        gi = self._state.create_gi(gpu, profile, int(place.start), int(place.size))
-        return self._give(ref, "gi", gi.serial)
-
-    @_entry
-    def nvmlGpuInstanceDestroy(self, handle: Any) -> int:
-        self._state.destroy_gi(self._gi(handle))
-        return _SUCCESS
-
-    @_entry
-    def nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: Any, gis: Any, count_ref: Any) -> int:
-        gpu = self._gpu(handle)
-        count = _out(count_ref)
-        self._privileged()  # nvml.h: "Requires privileged user."
-        self._state.require_mig(gpu)
-        pid = _int(profile_id)
-        self._profile_by_id(gpu, pid)
-        if gis is None:
-            return _INVALID
-        found = sorted((g for g in gpu.gis.values() if g.profile.profile_id == pid), key=lambda g: g.id)
-        return self._fill_handles(gis, count, "gi", [g.serial for g in found])
-
-    @_entry
-    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, ref: Any) -> int:
-        gpu = self._gpu(handle)
-        _out(ref)
-        self._privileged()  # nvml.h: "Requires privileged user."
-        self._state.require_mig(gpu)
-        gi = gpu.gis.get(_int(gi_id))
-        if gi is None:
-            return int(N.NVML_ERROR_NOT_FOUND)
-        return self._give(ref, "gi", gi.serial)
-
-    @_entry
-    def nvmlGpuInstanceGetInfo(self, handle: Any, ref: Any) -> int:
-        gi = self._gi(handle)
-        info = _out(ref)
-        info.device = N.c_nvmlDevice_t(self._struct("gpu", gi.gpu.index))
-        info.id = gi.id
-        info.profileId = gi.profile.profile_id
-        info.placement.start = gi.start
-        info.placement.size = gi.profile.memory_slices
-        return _SUCCESS
-
-    # --------------------------------------------------------------------------------- compute instances
-    def _fill_ci_profile(self, gi: SimGpuInstance, index: Any, eng: Any, ref: Any) -> tuple[Any, int]:
-        e = _int(eng)
-        if e != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
-            raise NvmlReturn(
-                _INVALID if e >= N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT else N.NVML_ERROR_NOT_SUPPORTED
-            )
-        i = _int(index)
-        if not 0 <= i < CI_PROFILE_COUNT:
-            raise NvmlReturn(_INVALID)
-        slices = self._state.ci_slices(gi, i)
-        info = _out(ref)
-        p = gi.profile
-        info.id = i
-        info.sliceCount = slices
-        info.instanceCount = len(ci_starts(p.compute_slices, slices))
-        info.multiprocessorCount = p.sm_count * slices // p.compute_slices
-        info.sharedCopyEngineCount = p.copy_engines
-        info.sharedDecoderCount = p.decoders
-        info.sharedEncoderCount = p.encoders
-        info.sharedJpegCount = p.jpegs
-        info.sharedOfaCount = p.ofas
-        return info, slices
-
-    @_entry
-    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, handle: Any, index: Any, eng: Any, ref: Any) -> int:
-        self._fill_ci_profile(self._gi(handle), index, eng, ref)
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(self, handle: Any, index: Any, eng: Any, ref: Any) -> int:
-        gi = self._gi(handle)
-        if _out(ref).version != N.nvmlComputeInstanceProfileInfo_v2:
-            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        info, slices = self._fill_ci_profile(gi, index, eng, ref)
-        info.name = ci_name(gi.profile, slices)
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, handle: Any, profile_id: Any, ref: Any) -> int:
-        gi = self._gi(handle)
-        slices = self._state.ci_slices(gi, _int(profile_id))
-        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.slices)}
-        n = 0
-        for start in self._state.ci_free_starts(gi, slices):
-            span = set(range(start, start + slices))
-            if not span & used:
-                used |= span
-                n += 1
-        same = sum(1 for ci in gi.cis.values() if ci.slices == slices)
-        n = min(n, len(ci_starts(gi.profile.compute_slices, slices)) - same)
-        _out(ref).value = max(0, n)
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(
-        self, handle: Any, profile_id: Any, placements: Any, count_ref: Any
-    ) -> int:
-        gi = self._gi(handle)
-        slices = self._state.ci_slices(gi, _int(profile_id))
-        starts = ci_starts(gi.profile.compute_slices, slices)
-        count = _out(count_ref)
-        if placements is None:
-            count.value = len(starts)
-            return _SUCCESS
-        if count.value < len(starts):
-            count.value = len(starts)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, s in enumerate(starts):
-            placements[i].start = s
-            placements[i].size = slices
-        count.value = len(starts)
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpuInstanceCreateComputeInstance(self, handle: Any, profile_id: Any, ref: Any) -> int:
-        gi = self._gi(handle)
-        _out(ref)
-        ci = self._state.create_ci(gi, _int(profile_id), None)
-        return self._give(ref, "ci", ci.serial)
-
-    @_entry
-    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(
-        self, handle: Any, profile_id: Any, placement: Any, ref: Any
-    ) -> int:
-        gi = self._gi(handle)
-        _out(ref)
-        if isinstance(placement, ctypes.Structure):
-            return _INVALID
-        place = _out(placement)
-        slices = self._state.ci_slices(gi, _int(profile_id))
-        if int(place.size) != slices:
-            return _INVALID
-        ci = self._state.create_ci(gi, _int(profile_id), int(place.start))
-        return self._give(ref, "ci", ci.serial)
-
-    @_entry
-    def nvmlComputeInstanceDestroy(self, handle: Any) -> int:
-        self._state.destroy_ci(self._ci(handle))
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpuInstanceGetComputeInstances(self, handle: Any, profile_id: Any, cis: Any, count_ref: Any) -> int:
-        gi = self._gi(handle)
-        count = _out(count_ref)
-        pid = _int(profile_id)
-        self._state.ci_slices(gi, pid)
-        if cis is None:
-            return _INVALID
-        found = sorted((c for c in gi.cis.values() if c.profile_id == pid), key=lambda c: c.id)
-        return self._fill_handles(cis, count, "ci", [c.serial for c in found])
-
-    @_entry
-    def nvmlGpuInstanceGetComputeInstanceById(self, handle: Any, ci_id: Any, ref: Any) -> int:
-        gi = self._gi(handle)
-        _out(ref)
-        ci = gi.cis.get(_int(ci_id))
-        if ci is None:
-            return int(N.NVML_ERROR_NOT_FOUND)
-        return self._give(ref, "ci", ci.serial)
-
-    def _ci_info(self, handle: Any, ref: Any) -> int:
-        ci = self._ci(handle)
-        info = _out(ref)
-        info.device = N.c_nvmlDevice_t(self._struct("gpu", ci.gi.gpu.index))
-        info.gpuInstance = N.c_nvmlGpuInstance_t(self._struct("gi", ci.gi.serial))
-        info.id = ci.id
-        info.profileId = ci.profile_id
-        info.placement.start = ci.start
-        info.placement.size = ci.slices
-        return _SUCCESS
-
-    @_entry
-    def nvmlComputeInstanceGetInfo_v2(self, handle: Any, ref: Any) -> int:
-        return self._ci_info(handle, ref)
-
-    @_entry
-    def nvmlComputeInstanceGetInfo(self, handle: Any, ref: Any) -> int:
-        return self._ci_info(handle, ref)
-
-    # ----------------------------------------------------------------------------------------------- GPM
-    @_entry
-    def nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> int:
-        gpu, _ = self._device(handle)
-        support = _out(ref)
-        if support.version != N.NVML_GPM_SUPPORT_VERSION:
-            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        support.isSupportedDevice = int(gpu.model.gpm)
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
-        target = _out(ref)
-        struct = N.struct_c_nvmlGpmSample_t()
-        self._samples[ctypes.addressof(struct)] = (struct, GpmSnapshot())
-        target.contents = struct
-        return _SUCCESS
-
-    def gpm_sample_count(self) -> int:
-        """GPM samples allocated and not freed."""
-        return len(self._samples)
-
-    def _sample(self, sample: Any) -> GpmSnapshot:
-        try:
-            addr = ctypes.addressof(sample.contents)
-        except (AttributeError, ValueError, TypeError):
-            raise NvmlReturn(_INVALID) from None
-        found = self._samples.get(addr)
-        if found is None:
-            raise NvmlReturn(_INVALID)
-        return found[1]
-
-    @_entry
-    def nvmlGpmSampleFree(self, sample: Any) -> int:
-        self._sample(sample)
-        del self._samples[ctypes.addressof(sample.contents)]
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
-        gpu, ci = self._device(handle)
-        snap = self._sample(sample)
-        if not gpu.model.gpm:
-            return int(N.NVML_ERROR_NOT_SUPPORTED)
-        now = self._state.clock()
-        if ci is None:
-            snap.owner = (gpu.index, None, -1)
-            snap.t, snap.totals = gpu.counters.snapshot(now)
-        else:
-            snap.owner = (gpu.index, ci.gi.id, ci.gi.serial)
-            snap.t, snap.totals = ci.gi.counters.snapshot(now)
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpmMigSampleGet(self, handle: Any, gi_id: Any, sample: Any) -> int:
-        gpu = self._gpu(handle)
-        snap = self._sample(sample)
-        if not gpu.model.gpm:
-            return int(N.NVML_ERROR_NOT_SUPPORTED)
-        self._state.require_mig(gpu)
-        gi = gpu.gis.get(_int(gi_id))
-        if gi is None:
-            return int(N.NVML_ERROR_NOT_FOUND)
-        snap.owner = (gpu.index, gi.id, gi.serial)
-        snap.t, snap.totals = gi.counters.snapshot(self._state.clock())
-        return _SUCCESS
-
-    @_entry
-    def nvmlGpmMetricsGet(self, ref: Any) -> int:
-        mg = _out(ref)
-        if mg.version != N.NVML_GPM_METRICS_GET_VERSION:
-            return int(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        n = int(mg.numMetrics)
-        if n > N.NVML_GPM_METRIC_MAX:
-            return _INVALID
-        first, second = self._sample(mg.sample1), self._sample(mg.sample2)
-        if first.owner is None or first.owner != second.owner:
-            return _INVALID  # never filled, or two different instances (or lifetimes of one GI id)
-        view = (_Metric * n).from_address(ctypes.addressof(mg) + _METRICS_OFFSET)
-        for metric in view:
-            value = metric_value(first, second, metric.metricId)
-            if value is None:
-                metric.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
-                continue
-            metric.value = value
-            metric.nvmlReturn = _SUCCESS
-            metric.metricInfo = _INFO[metric.metricId]
         return _SUCCESS
