@@ -11,7 +11,7 @@ __all__ = ["machine"]
 
 
 def machine() -> str:
-    """CPU model, cores, Python version and OS, e.g. ``AMD EPYC 7B13, 2 cores, Python 3.11.7, Linux``."""
+    """CPU model, cores, Python version, OS and kernel, e.g. ``AMD EPYC 7B13, 2 cores, Python 3.11.7, Linux 6.18.0``."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -20,4 +20,6 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+    return (
+        f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    )

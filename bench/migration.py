@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -42,6 +41,7 @@ from flexmig.jobs import JobPolicy
 from flexmig.mig import H200
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import Instance, MigrateJob, Plan
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("detect", "layout", "destroy", "create", "launch", "journal+other", "daemon", "job_exit", "window")
@@ -144,10 +144,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10, help="moves per scenario and journal mode (default 10)")
     args = ap.parse_args()
     print("flexmig migration benchmark")
-    print(
-        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"SQLite {sqlite3.sqlite_version}, state dir on {tempfile.gettempdir()}"
-    )
+    print(f"machine: {machine()}, SQLite {sqlite3.sqlite_version}, state dir on {tempfile.gettempdir()}")
     print("daemon = (new ranks started - ack written) - (ranks exiting after the ack: the job's own time)")
     medians: dict[tuple[str, str], dict[str, float]] = {}
     for kind in ("to free instances", "in place"):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -43,24 +42,11 @@ from flexmig.nvml import GpmWindows, Nvml
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import SamplingStats
 from flexmig.telemetry.store import TelemetryStore
+from machine import machine
 
 BIG = "h200x8:" + "+".join(f"1g.18gb@{i}" for i in range(7))
 DEMO = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 _STATS = SamplingStats(0, 0.0, 0.0, 0.0, 1, {}, {})
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{model}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} {platform.release()}"
-    )
 
 
 class FakeClock:

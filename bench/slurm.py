@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import shutil
 import sqlite3
@@ -52,6 +51,7 @@ from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.jobs import SlurmJob, parse_squeue
 from flexmig.slurm.nodes import parse_sinfo
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python, stop_pid
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
@@ -377,8 +377,7 @@ def main() -> int:
     ).stdout.strip()
     print("flexmig Slurm benchmark")
     print(
-        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {version}, "
-        f"flexmigd [slurm] interval_s = {INTERVAL_S:g}, {args.runs} runs per scenario"
+        f"machine: {machine()}, {version}, flexmigd [slurm] interval_s = {INTERVAL_S:g}, {args.runs} runs per scenario"
     )
     t_all = time.monotonic()
     flex: list[float] = []
