@@ -20,7 +20,7 @@ import pytest
 
 from flexmig.export.events import EventKind
 from support.flexmigd import act_node, collect_events, open_session, short_base, wait_until
-from support.jobs import ROOT, Training, flexmig, write_spec
+from support.jobs import ROOT, Training, ddp_spec, flexmig, write_spec
 from support.mosquitto import MOSQUITTO, Mosquitto
 
 pytestmark = [
@@ -38,28 +38,6 @@ EVENTS = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.Forma
 def base() -> Iterator[Path]:
     with short_base() as d:
         yield d
-
-
-def malleable_ddp(base: Path) -> str:
-    """The torch DDP example on 4 x 1g.35gb, allowed down to 2 ranks."""
-    return f"""\
-name = "ddp"
-argv = ["{sys.executable}", "{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.03",
-        "--lr", "0.005", "--log", "{base}/train.log"]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt"
-env = {{ OMP_NUM_THREADS = "1" }}
-[ranks]
-min = 2
-max = 4
-start = 4
-[need]
-profile = "1g.35gb"
-[hook]
-ack_timeout_s = 120
-exit_timeout_s = 60
-"""
 
 
 def short_job(base: Path) -> str:
@@ -84,7 +62,11 @@ def test_flexmigd_shrinks_a_malleable_ddp_job_for_a_queued_one_and_grows_it_back
     torch = pytest.importorskip("torch")
     open_session(broker.port, "mall-node", "mall-watcher")
     with act_node(base, "h200", node_name="mall-node", broker=broker.address) as node:
-        out = flexmig(node.sock, "submit", str(write_spec(base / "ddp.toml", malleable_ddp(base))))
+        out = flexmig(
+            node.sock,
+            "submit",
+            str(write_spec(base / "ddp.toml", ddp_spec(base, ranks=4, min_ranks=2, profile="1g.35gb"))),
+        )
         assert "job ddp: running on" in out and out.count("1g.35gb") == 4
         t = Training(base)
         assert t.wait_for(1, 10)["world"] == 4

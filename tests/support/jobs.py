@@ -45,8 +45,18 @@ def write_spec(path: Path, text: str) -> Path:
     return path
 
 
-def ddp_spec(base: Path, name: str = "ddp", *, ranks: int = 2, max_ranks: int = 4, launcher: str = "plain") -> str:
-    """The torch DDP example (``examples/train_ddp.py``) as a job spec: 1g.18gb ranks, logging to base/train.log."""
+def ddp_spec(
+    base: Path,
+    name: str = "ddp",
+    *,
+    ranks: int = 2,
+    min_ranks: int = 1,
+    max_ranks: int = 4,
+    launcher: str = "plain",
+    profile: str = "1g.18gb",
+) -> str:
+    """The torch DDP example (``examples/train_ddp.py``) as a job spec, logging to base/train.log (1g.18gb ranks
+    unless ``profile`` says otherwise); ``min_ranks`` below ``ranks`` makes it malleable."""
     return f"""\
 name = "{name}"
 argv = ["{sys.executable}", "{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.03",
@@ -57,11 +67,11 @@ checkpoint_dir = "{base}/ckpt"
 launcher = "{launcher}"
 env = {{ OMP_NUM_THREADS = "1" }}
 [ranks]
-min = 1
+min = {min_ranks}
 max = {max_ranks}
 start = {ranks}
 [need]
-profile = "1g.18gb"
+profile = "{profile}"
 [hook]
 ack_timeout_s = 120
 exit_timeout_s = 60
