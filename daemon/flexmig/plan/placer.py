@@ -18,7 +18,7 @@ the one that keeps the most demand-weighted capacity wins.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from flexmig.mig.catalogue import GpuModel
@@ -179,19 +179,13 @@ class BasePlacer:
         drain; when it starts it takes whatever narrow shape fits then.
         """
         twin = self.scratch.fork()
-        order = sorted(((t, name) for name, t in self.ends.items() if name in twin.jobs and t < _INF))
         shapes = self.shapes(job)
         nominal = shapes[0]
         full = [s for s in shapes if s.compute_slices >= nominal.compute_slices]
         narrow = [s for s in shapes if s.compute_slices < nominal.compute_slices]
         gpus = twin.usable_gpus()
         first_narrow: tuple[float, Shape, tuple[Instance, ...]] | None = None
-        i = 0
-        while i < len(order):
-            t = order[i][0]
-            while i < len(order) and order[i][0] == t:
-                twin.release(order[i][1])
-                i += 1
+        for t in self._releasing(twin):
             if narrow and first_narrow is None:
                 for shape in reversed(narrow):  # the least the head needs to start
                     if not self.may_fit(twin, (shape,), gpus):
@@ -220,6 +214,18 @@ class BasePlacer:
         if first_narrow is not None:
             return self._narrow_reservation(job, *first_narrow)
         return None
+
+    def _releasing(self, twin: Scratch) -> Iterator[float]:
+        """Release the running jobs on ``twin`` (a copy) in the order they are expected to end, every job ending at
+        one time together, yielding each such time once its jobs are gone."""
+        order = sorted((t, name) for name, t in self.ends.items() if name in twin.jobs and t < _INF)
+        i = 0
+        while i < len(order):
+            t = order[i][0]
+            while i < len(order) and order[i][0] == t:
+                twin.release(order[i][1])
+                i += 1
+            yield t
 
     @staticmethod
     def _narrow_reservation(job: JobRequest, at: float, shape: Shape, where: tuple[Instance, ...]) -> Reservation:
@@ -302,13 +308,7 @@ class BasePlacer:
         gpus = twin.usable_gpus()
         n = shape.ranks
         probe = JobRequest("\x00probe", RankNeed(profile=shape.profile.name), ranks=n, min_ranks=n, max_ranks=n)
-        order = sorted((t, name) for name, t in self.ends.items() if name in twin.jobs and t < _INF)
-        i = 0
-        while i < len(order):
-            t = order[i][0]
-            while i < len(order) and order[i][0] == t:
-                twin.release(order[i][1])
-                i += 1
+        for t in self._releasing(twin):
             if not self.may_fit(twin, (shape,), gpus):
                 continue
             twin.begin()
