@@ -37,7 +37,7 @@ from flexmig import sim
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
-from flexmig.jobs import JobPolicy
+from flexmig.jobspec import JobPolicy
 from flexmig.mig import H200
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import Instance, MigrateJob, Plan

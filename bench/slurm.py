@@ -48,8 +48,8 @@ from typing import Any
 
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.slurm.install import render_taskprolog
-from flexmig.slurm.jobs import SlurmJob, parse_squeue
 from flexmig.slurm.nodes import parse_sinfo
+from flexmig.slurm.squeue import SlurmJob, parse_squeue
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python, stop_pid
 from machine import machine
 

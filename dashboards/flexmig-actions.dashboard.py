@@ -1,7 +1,7 @@
 """flexmig: actions. Migrations, re-splits and other actions, their outcomes, durations and the downtime jobs saw.
 
 The ``flexmig_actions_*``/``flexmig_action_*``/``flexmig_job_downtime_*``/``flexmig_jobs`` panels read what
-flexmigd's actuator exports (``daemon/flexmig/export/action_metrics.py``; the histograms have a series per action
+flexmigd's actuator exports (``daemon/flexmig/metrics/actions.py``; the histograms have a series per action
 once it ran). The layout-change panel shows every MIG change (flexmig's or anyone's), the recoverable-capacity
 panel what act mode acts on; actions and layout changes are also annotations on every graph.
 

@@ -1,8 +1,8 @@
-"""Names vulture cannot see used, one group per reason; tests/test_dead_code.py passes this file to vulture.
+"""Names vulture cannot see used, one group per reason; tests/repo/test_dead_code.py passes this file to vulture.
 
 vulture marks a definition used when its name is read anywhere, so naming ``_.name`` here keeps every definition
 called ``name`` alive: add a name only with the reason its group gives, and never to keep code that nothing calls
-(delete that). tests/test_dead_code.py also fails on an entry whose name the package no longer defines.
+(delete that). tests/repo/test_dead_code.py also fails on an entry whose name the package no longer defines.
 
 The simulated library's ``nvml*`` entry points are not listed: the test takes them from
 :func:`flexmig.sim.entrypoints.entry_points` (pynvml looks each one up by name on the library object).
@@ -110,7 +110,7 @@ _.receive
 _.sbatch
 
 # --- Public names in a module's ``__all__`` that only tests, benchmarks, docs or job scripts use (vulture counts
-# ``__all__`` as a use; tests/test_dead_code.py does not, so that an export nothing needs shows up).
+# ``__all__`` as a use; tests/repo/test_dead_code.py does not, so that an export nothing needs shows up).
 _.demand_from_requests  # flexmig.detect: the demand mix learnt from requests (docs/detection.md)
 _.installed  # flexmig.sim: is the simulator under pynvml (docs/simulator.md)
 _.simulate  # flexmig.replay.run: one replay (bench/, docs/replay.md)
@@ -118,8 +118,8 @@ _.MemorySink  # flexmig.act.events: an event sink that keeps them (bench/migrati
 _.StepBatchSampler  # flexmig.hook.torch: the hook's torch helpers for job scripts (docs/jobs.md, examples/)
 _.load_checkpoint
 _.save_checkpoint
-_.schema_documents  # flexmig.export.command_schema: generates schemas/command*.json (a test keeps them equal)
-_.sample_names  # flexmig.export.catalogue: the PromQL names of the catalogue (tests check dashboards and rules)
+_.schema_documents  # flexmig.mqtt.command_schema: generates schemas/command*.json (a test keeps them equal)
+_.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (tests check dashboards and rules)
 _.MUTATING_PREFIXES  # flexmig.sim.entrypoints: the entry points that change the node (`flexmig nvml record` tests)
 
 # --- Not wired in, kept for a decision: flexmig.slurm.slurmd.check_node_conf refuses a [slurm] slurmd_conf word that

@@ -1,16 +1,16 @@
 """flexmig: a node daemon for NVIDIA Multi-Instance GPU machines.
 
-The layers, top to bottom (a subpackage or top-level module of ``flexmig`` each; ``__main__`` stands for every
-``python -m`` entry point, such as ``flexmig.act``). A module imports from its own layer and from the lines below
-its own, never from a sibling on its line or from a line above::
+The layers, top to bottom (a subpackage or top-level module of ``flexmig`` each). A module imports from its own
+layer and from the lines below its own, never from a sibling on its line or from a line above::
 
     flexmigd
-    cli daemon __main__
+    cli daemon actuatord
     wiring
-    export
+    status
+    metrics mqtt
     slurm
     act
-    jobs replay
+    jobspec replay
     telemetry
     config
     nvml
@@ -24,13 +24,13 @@ its own, never from a sibling on its line or from a line above::
 
 Three rules more:
 
-* only ``wiring`` and the faces (``cli``, ``daemon``, ``__main__``) import ``sim``: the simulated libnvidia-ml sits
+* only ``wiring`` and the faces (``cli``, ``daemon``, ``actuatord``) import ``sim``: the simulated libnvidia-ml sits
   below pynvml, and the wiring alone chooses the real node or the simulated one, so no other layer knows which;
 * only ``nvml`` and ``sim`` import ``pynvml``;
 * ``mig``, ``detect`` and ``plan`` are pure (no I/O, time passed in): of flexmig they import only each other, down
   the order, and ``errors``; of the rest, only standard-library modules without I/O or a clock.
 
-``tests/test_layers.py`` reads this table and holds every module to it, function-local imports included.
+``tests/repo/test_layers.py`` reads this table and holds every module to it, function-local imports included.
 """
 
 __version__ = "0.1.0"

@@ -35,9 +35,9 @@ from flexmig.config import (
     reload_config,
 )
 from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
-from flexmig.export.metrics_http import MetricsServer, ServerStats
-from flexmig.export.prometheus import SnapshotCollector, SnapshotMetrics, build_registry
-from flexmig.export.runtime_metrics import ServerMetrics, TaskMetrics
+from flexmig.metrics.collector import SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.metrics.runtime import ServerMetrics, TaskMetrics
+from flexmig.metrics.server import MetricsServer, ServerStats
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.security import RedactingFilter, Secret, attach_redaction

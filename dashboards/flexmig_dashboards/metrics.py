@@ -2,7 +2,7 @@
 
 The dashboards and rules never spell a metric name that is not listed here (a test parses every expression and
 checks). flexmigd's own entries take their kind, labels and meaning from the daemon's metric catalogue
-(``flexmig.export.catalogue``, the one place its families are declared), so a dashboard cannot read a name the
+(``flexmig.metrics.families``, the one place its families are declared), so a dashboard cannot read a name the
 daemon does not have; this list only says which of them the dashboards read and, in ``condition``, when the series
 carry samples at all (a family can be exported and still have no series: host CPU exists only for processes the
 host can see). ``exported`` says whether its source exports it today: a metric marked ``exported=False`` would be
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from flexmig.export import catalogue
+from flexmig.metrics import families as catalogue
 
 __all__ = ["METRICS", "Kind", "MetricDef", "Source", "by_sample_name", "planned", "sample_names"]
 

@@ -2,7 +2,7 @@
 
 Selectors use the dashboard variables ``$Hostname``, ``$gpu``, ``$GPU_I_ID`` and ``$mig_uuid`` on flexmig's identity
 labels
-(the same names dcgm-exporter uses, see ``daemon/flexmig/export/prometheus.py``). DCGM overlays join
+(the same names dcgm-exporter uses, see ``daemon/flexmig/metrics/collector.py``). DCGM overlays join
 dcgm-exporter's rows onto our instances on ``Hostname`` + ``gpu`` + ``GPU_I_ID``; dcgm-exporter 4.8.3 renamed
 its host label to ``hostname``, so the host label is copied over first and both spellings work.
 

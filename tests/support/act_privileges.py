@@ -3,7 +3,7 @@
 Run as ``python -m support.act_privileges WORKDIR`` as root with the capabilities of a unit: it launches a rank as
 the user ``nobody`` through the daemon's own launcher (CAP_SETUID, CAP_SETGID), finds it again by the job ID in its
 environment as a restarted daemon does (reading another user's ``/proc/PID/environ``), and signals it (CAP_KILL).
-It prints one JSON object with what worked and each error; tests/test_systemd_unit.py reads it.
+It prints one JSON object with what worked and each error; tests/systemd/test_systemd_unit.py reads it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from flexmig import sim
 from flexmig.act.control import ControlServer
 from flexmig.act.events import MemorySink
 from flexmig.act.service import Actuator
-from flexmig.jobs import JobPolicy
+from flexmig.jobspec import JobPolicy
 from flexmig.nvml import Nvml, NvmlWorker
 from support.jobs import kill_ranks
 

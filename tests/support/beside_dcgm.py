@@ -5,7 +5,7 @@ that ports 9400 and 17400 are this node's alone whatever else runs on the machin
 loopback up, serves a dcgm-exporter stand-in on 127.0.0.1:9400, starts ``flexmigd --sim`` twice (on an empty
 configuration, then with ``[dcgm] enabled = true`` and nothing else), and prints one JSON object: for each run
 whether flexmigd served its metrics, on which address, its ``flexmig_dcgm_up`` samples, how many scrapes the stand-in
-saw, and the exit status after SIGTERM. The test reads that object (tests/test_default_ports.py).
+saw, and the exit status after SIGTERM. The test reads that object (tests/config/test_default_ports.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from flexmig.config import HostPort
-from flexmig.export.commands import CommandListener, CommandSettings, Dispatch
+from flexmig.mqtt.commands import CommandListener, CommandSettings, Dispatch
 from support.actuator import LiveNode
 from support.mosquitto import PASSWORDS, WAIT, Mosquitto
 

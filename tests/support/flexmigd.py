@@ -32,7 +32,7 @@ from flexmig import sim
 from flexmig.act.client import ControlClient
 from flexmig.act.journal import Journal
 from flexmig.errors import FlexmigError
-from flexmig.export.events import Event
+from flexmig.mqtt.events import Event
 from flexmig.sim.truth import GpuTruth
 from support.jobs import counter_spec, kill_ranks, write_spec
 from support.prometheus import free_port, http_get

@@ -1,6 +1,6 @@
 """flexmig's side of the reference check: the replay's baselines on the jobs the reference simulator also gets.
 
-Shared by tests/test_replay_reference.py and bench/reference.py, so the test and the benchmark compare the same
+Shared by tests/replay/test_replay_reference.py and bench/reference.py, so the test and the benchmark compare the same
 thing. ``support.refsim`` (the reference) shares no code with ``flexmig``; this module is the bridge.
 """
 

@@ -4,7 +4,7 @@ It shares no code with ``flexmig.replay`` or ``flexmig.plan``: its own H200 plac
 its own queue disciplines and its own placement of every policy, written from the rules as the replay's
 documentation states them (docs/replay.md), in the simplest way that is still fast enough. Only the job list
 (trace rows mapped to jobs) is taken as input. If both implementations read the rules the same way they agree job
-for job; the check in ``tests/test_replay_reference.py`` and ``bench/reference.py`` is that they agree within 5%
+for job; the check in ``tests/replay/test_replay_reference.py`` and ``bench/reference.py`` is that they agree within 5%
 in mean completion time.
 
 The rules implemented:

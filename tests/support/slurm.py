@@ -31,7 +31,7 @@ from flexmig import sim
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
-from flexmig.jobs import JobPolicy
+from flexmig.jobspec import JobPolicy
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import PlannerSettings
@@ -39,8 +39,8 @@ from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.install import render_taskprolog
-from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.records import JobRecord
 from flexmig.act.steps import ActionRun, StepFailed
 from flexmig.act.supervisor import Supervisor
-from flexmig.hook.protocol import Ack, AckError, read_ack
+from flexmig_hook.protocol import Ack, AckError, read_ack
 
 __all__ = ["Checkpointer", "validate_ack"]
 

@@ -5,7 +5,7 @@ One request per line, one answer per line::
     -> {"op": "jobs.migrate", "args": {"name": "train", "to": "2g.35gb"}}
     <- {"ok": true, "result": {...}}          or   {"ok": false, "error": "...", "type": "PlanRejectedError"}
 
-Operations are registered by name (``jobs.*`` by :mod:`flexmig.act.jobs_api`; the daemon may add its own), so
+Operations are registered by name (``jobs.*`` by :mod:`flexmig.act.operations`; the daemon may add its own), so
 one socket serves every local client. Requests are size-limited and validated; a malformed one gets an error
 answer and changes nothing. The socket file is created with its final permissions before anyone can connect
 (bound under a temporary name, chmod-ed, then renamed into place), and each peer's uid is checked with

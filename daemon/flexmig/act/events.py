@@ -1,6 +1,6 @@
 """Events the actuator emits: each action started, completed, failed or cancelled, with timings; job exits.
 
-The actuator only knows the :class:`EventSink` Protocol. The MQTT publisher (``flexmig.export``) implements it
+The actuator only knows the :class:`EventSink` Protocol. The MQTT publisher (``flexmig.mqtt``) implements it
 and sends each event to ``flexmig/v1/<node>/events/<kind>``; :class:`LoggingSink` and :class:`MemorySink` serve
 the standalone service and tests. ``emit`` must not block: the MQTT sink queues into its persistent outbox.
 """
@@ -18,7 +18,7 @@ __all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink"]
 
 @dataclass(frozen=True, slots=True)
 class ActEvent:
-    """One thing the actuator did or saw (the fleet's versioned form is ``flexmig.export.events.Event``).
+    """One thing the actuator did or saw (the fleet's versioned form is ``flexmig.mqtt.events.Event``).
 
     ``kind`` (the last segment of the MQTT topic) is one of ``action_started``, ``action_completed``,
     ``action_failed``, ``action_cancelled``, ``action_skipped``, ``job_started``, ``job_exited``, ``job_failed``,

@@ -38,7 +38,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
-from flexmig.act import recovery
 from flexmig.act.checkpoint import Checkpointer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.durable import Durable
@@ -79,9 +78,9 @@ from flexmig.act.steps import ActionRun, Refused, StepFailed
 from flexmig.act.supervisor import Supervisor, free_port
 from flexmig.config import Mode
 from flexmig.errors import JobSpecError, LayoutError, NvmlCallError, PlanRejectedError
-from flexmig.hook.protocol import Ack
-from flexmig.jobs.spec import JobPolicy, recheck_spec
+from flexmig.jobspec.spec import JobPolicy, recheck_spec
 from flexmig.plan.types import Plan
+from flexmig_hook.protocol import Ack
 
 __all__ = ["Executor", "new_job_uid"]
 
@@ -589,19 +588,6 @@ class Executor:
         raise StepFailed(f"{cause}; rolled back: job relaunched on its instances from step {ack.step}", code=cause.code)
 
     # --------------------------------------------------------------------------------------- recovery
-    async def reconcile(self) -> dict[str, Any]:
-        """At start-up: adopt running ranks, finish or roll back unfinished actions, settle dead jobs
-        (:func:`flexmig.act.recovery.reconcile`)."""
-        return await recovery.reconcile(self)
-
-    async def unknown_ranks(self, view: NodeView | None = None) -> list[dict[str, Any]]:
-        """Ranks with flexmig's markers that no journalled job knows (:func:`flexmig.act.recovery.unknown_ranks`)."""
-        return await recovery.unknown_ranks(self, view)
-
-    def check_unfinished(self) -> None:
-        """Refuse undecodable unfinished actions (:func:`flexmig.act.recovery.check_unfinished`)."""
-        recovery.check_unfinished(self)
-
     async def run_unfinished_plan(self, plan_id: int) -> PlanResult:
         """Finish (or roll back) one plan the journal holds unfinished; the caller holds the action lock."""
         return await self._run_plan(plan_id)

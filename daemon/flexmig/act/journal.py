@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from flexmig.act.records import JOB_STATES, JobRecord, Slot
 from flexmig.errors import JobSpecError, JournalError, StorageError
-from flexmig.hook.protocol import Ack
-from flexmig.jobs.spec import JobSpec
+from flexmig.jobspec.spec import JobSpec
 from flexmig.storage import check_database_file, create_database, is_corruption, prepare_dir, quick_check
+from flexmig_hook.protocol import Ack
 
 __all__ = ["ActionRow", "Journal", "JournalError", "StepEvent", "StepRow"]
 

@@ -6,7 +6,7 @@ environment; it is not our child, so its exit status is unknown and reported as 
 
 The checkpoint signal starts *ignored* in every rank (set between fork and exec): a request that arrives while a
 job is still importing torch is lost instead of killing it, and the daemon repeats its request until the job has
-installed its handler (``flexmig.hook.install``) and acknowledges. A job without the hook simply never
+installed its handler (``flexmig_hook.install``) and acknowledges. A job without the hook simply never
 acknowledges and keeps running.
 """
 
@@ -23,8 +23,8 @@ from typing import Protocol, TypeVar
 
 import psutil
 
-from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
-from flexmig.jobs.programs import runnable_program
+from flexmig.jobspec.programs import runnable_program
+from flexmig_hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
 
 __all__ = [
     "AdoptedProcess",
@@ -216,7 +216,7 @@ class SubprocessLauncher:
     async def launch(self, req: LaunchRequest) -> RankProcess:
         """Start the rank; its stdout and stderr go to ``req.log_path`` (appended).
 
-        The program is judged again by what it resolves to now (:func:`~flexmig.jobs.programs.shell_reason`:
+        The program is judged again by what it resolves to now (:func:`~flexmig.jobspec.programs.shell_reason`:
         a link may have been changed since the spec was read), and that resolved file is what is executed, with
         the spec's ``argv[0]`` kept as the process's name. OSError when it is a shell.
         """

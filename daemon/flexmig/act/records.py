@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from flexmig.hook.protocol import Ack
-from flexmig.jobs.spec import JobSpec
+from flexmig.jobspec.spec import JobSpec
+from flexmig_hook.protocol import Ack
 
 __all__ = ["AckPlacement", "JobRecord", "JobState", "Slot"]
 

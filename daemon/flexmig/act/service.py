@@ -13,7 +13,7 @@ The daemon builds one :class:`Actuator` in its TaskGroup::
     await act.execute(plan)                             # planner plans, in mode act
     await act.close()                                   # on shutdown (jobs keep running)
 
-``python -m flexmig.act`` runs the same thing standalone (see :mod:`flexmig.act.__main__`).
+``python -m flexmig.actuatord`` runs the same thing standalone (see :mod:`flexmig.actuatord`).
 """
 
 from __future__ import annotations
@@ -24,19 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from flexmig.act import recovery
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import EventSink
 from flexmig.act.executor import Executor
-from flexmig.act.jobs_api import JobsApi
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
+from flexmig.act.operations import JobsApi
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
 from flexmig.act.records import AckPlacement
 from flexmig.act.results import PlanResult
 from flexmig.act.supervisor import Supervisor
 from flexmig.config import Mode
-from flexmig.jobs.spec import JobPolicy
+from flexmig.jobspec.spec import JobPolicy
 from flexmig.plan.types import Plan, PlannerSettings
 
 __all__ = ["Actuator"]
@@ -110,7 +111,7 @@ class Actuator:
     async def start(self) -> dict[str, Any]:
         """Reconcile the journal with NVML and the process table (adopt ranks, finish or roll back actions)."""
         self.supervisor.acks.prepare()
-        return await self.executor.reconcile()
+        return await recovery.reconcile(self.executor)
 
     async def execute(self, plan: Plan, origin: str = "planner") -> PlanResult:
         """Run a plan (PlanRejectedError outside mode ``act``)."""

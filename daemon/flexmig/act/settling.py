@@ -18,8 +18,8 @@ from flexmig.act.journal import Journal
 from flexmig.act.records import JobRecord
 from flexmig.act.steps import StepFailed
 from flexmig.act.supervisor import Supervisor
-from flexmig.hook.protocol import AckError, read_ack
 from flexmig.tasks import cancel_and_wait, spawn
+from flexmig_hook.protocol import AckError, read_ack
 
 __all__ = ["Settler"]
 

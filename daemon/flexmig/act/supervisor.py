@@ -34,7 +34,8 @@ from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.migops import Offload
 from flexmig.act.procs import AdoptedProcess, FoundRank, Launcher, LaunchRequest, RankProcess
 from flexmig.act.records import AckPlacement, JobRecord, Slot
-from flexmig.hook.protocol import (
+from flexmig.tasks import cancel_and_wait, spawn
+from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_SIGNAL,
@@ -47,7 +48,6 @@ from flexmig.hook.protocol import (
     ENV_SLOT,
     Ack,
 )
-from flexmig.tasks import cancel_and_wait, spawn
 
 __all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 

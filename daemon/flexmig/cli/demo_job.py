@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from flexmig import hook
+import flexmig_hook as hook
 
 __all__ = ["main", "shard"]
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flexmig.export.events import Event, format_time
-from flexmig.export.mqtt_subscriber import SubscriberSettings, follow_events
+from flexmig.mqtt.events import Event, format_time
+from flexmig.mqtt.subscriber import SubscriberSettings, follow_events
 from flexmig.tasks import cancel_and_wait
 
 __all__ = ["register", "summary"]

@@ -25,8 +25,8 @@ from flexmig.act.client import ControlClient
 from flexmig.cli.jobs_cmd import DEFAULT_SOCKET
 from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.errors import ConfigError, FlexmigError
+from flexmig.status import status_document
 from flexmig.wiring.oneshot import sim_snapshot
-from flexmig.wiring.status import status_document
 
 __all__ = ["add_source_arguments", "console", "fetch", "register", "render", "render_text", "run", "watch"]
 

@@ -75,7 +75,7 @@ class RankNeed:
     With ``profile`` set, the rank gets exactly that profile. Otherwise the planner picks the smallest plain
     profile of the node's model with at least ``compute_slices`` compute slices and ``memory_mib`` memory
     (:func:`flexmig.plan.shapes.profile_for_need`, by the rule of :func:`flexmig.mig.need.fitting_profile`). A job
-    spec's ``[need]`` (:class:`flexmig.jobs.spec.NeedSpec`, memory in GiB) becomes one of these in
+    spec's ``[need]`` (:class:`flexmig.jobspec.spec.NeedSpec`, memory in GiB) becomes one of these in
     :func:`flexmig.act.planview.job_request`.
     """
 
@@ -180,7 +180,7 @@ DISCIPLINES: tuple[Discipline, ...] = ("easy", "greedy")
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
     """Action costs and planning rules: the one set of planner defaults, which ``flexmigd``'s ``[planner]`` table
-    and ``python -m flexmig.act`` start from. Costs are estimates in seconds.
+    and ``python -m flexmig.actuatord`` start from. Costs are estimates in seconds.
 
     Defaults and why:
 

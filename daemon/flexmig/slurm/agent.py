@@ -37,10 +37,10 @@ from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, encode_chang
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string
-from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.slurmd import ProcessSlurmd, SlurmdControl
+from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.supply import Supply
 
 __all__ = ["ExecutorMig", "SlurmAgent", "SlurmRead", "SlurmRound"]

@@ -41,7 +41,6 @@ from typing import Any, Protocol
 from flexmig.act.records import Slot
 from flexmig.act.steps import StepFailed
 from flexmig.errors import SlurmError
-from flexmig.hook.protocol import Ack, AckError, read_ack
 from flexmig.nvml.types import Inventory
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.client import SlurmClient
@@ -50,6 +49,7 @@ from flexmig.slurm.gresconf import gres_string
 from flexmig.slurm.slurmd import SlurmdControl
 from flexmig.slurm.supply import Supply
 from flexmig.slurm.taskprolog import ACK_NAME, checkpoint_dir
+from flexmig_hook.protocol import Ack, AckError, read_ack
 
 __all__ = ["KIND", "ChangeSettings", "MigSteps", "SlurmChange", "StepRunner", "encode_change"]
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flexmig.errors import SlurmError
-from flexmig.slurm.jobs import SlurmJob, parse_squeue
 from flexmig.slurm.nodes import SlurmNode, parse_sinfo
+from flexmig.slurm.squeue import SlurmJob, parse_squeue
 
 __all__ = ["SlurmClient", "SlurmCommands"]
 

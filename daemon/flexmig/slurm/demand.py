@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.types import Instance, JobRequest, RankNeed
-from flexmig.slurm.jobs import SlurmJob
 from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.squeue import SlurmJob
 
 __all__ = ["PENDING_REASONS", "SlurmDemand", "SlurmRunning", "read_demand", "request_name"]
 

@@ -45,8 +45,8 @@ import psutil
 from flexmig.errors import SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
-from flexmig.slurm.jobs import parse_squeue
 from flexmig.slurm.minors import render_mig_minors
+from flexmig.slurm.squeue import parse_squeue
 
 __all__ = [
     "DEBIAN_PACKAGES",

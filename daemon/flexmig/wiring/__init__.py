@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from flexmig.config import ConfigProblem
 from flexmig.errors import ConfigError
-from flexmig.export.commands import CommandListener, Dispatch, command_listener
-from flexmig.export.findings_metrics import FindingsMetrics, PublisherMetrics
-from flexmig.export.loss_metrics import LossMetrics
+from flexmig.metrics.findings import FindingsMetrics, PublisherMetrics
+from flexmig.metrics.losses import LossMetrics
+from flexmig.mqtt.commands import CommandListener, Dispatch, command_listener
 from flexmig.storage import LockSet
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.actuator_host import ActuatorHost

@@ -14,8 +14,8 @@ from flexmig.act.encoding import CreateInstancePayload, DestroyInstancePayload, 
 from flexmig.act.events import ActEvent
 from flexmig.act.journal import ActionRow, Journal
 from flexmig.errors import FlexmigError, JournalError
-from flexmig.export.action_events import ActionFacts
-from flexmig.export.events import Event, EventKind
+from flexmig.mqtt.action_events import ActionFacts
+from flexmig.mqtt.events import Event, EventKind
 
 __all__ = [
     "action_facts",

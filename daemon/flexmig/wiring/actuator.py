@@ -17,8 +17,8 @@
   ``jobs.shutdown_grace_s``; past that the journal has the next start finish it;
 * **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once.
 
-Actions and plans reach the fleet as events (:mod:`flexmig.export.action_events`, through the MQTT publisher
-when ``[mqtt]`` is on) and Prometheus as :mod:`flexmig.export.action_metrics`. Every action is also one log line.
+Actions and plans reach the fleet as events (:mod:`flexmig.mqtt.action_events`, through the MQTT publisher
+when ``[mqtt]`` is on) and Prometheus as :mod:`flexmig.metrics.actions`. Every action is also one log line.
 
 The simulated node's demo workload (``flexmigd --sim``) never runs on an instance that a job holds or that an
 action has touched since start (see :attr:`ActuatorComponent.workload_exclude`): its synthetic processes belong
@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from flexmig.act import recovery
 from flexmig.act.control import ControlServer, Handler, RequestError
 from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
@@ -49,14 +50,15 @@ from flexmig.act.placement import node_model
 from flexmig.act.service import Actuator
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
-from flexmig.export.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
-from flexmig.export.action_metrics import ActionMetrics
-from flexmig.export.events import EventFactory
-from flexmig.export.findings_metrics import report_of
-from flexmig.export.runtime_metrics import JournalWriteMetrics
-from flexmig.jobs.spec import JobPolicy
+from flexmig.jobspec.spec import JobPolicy
+from flexmig.metrics.actions import ActionMetrics
+from flexmig.metrics.findings import report_of
+from flexmig.metrics.runtime import JournalWriteMetrics
+from flexmig.mqtt.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
+from flexmig.mqtt.events import EventFactory
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
+from flexmig.status import status_document
 from flexmig.storage import LockSet, prepare_dir
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.action_record import (
@@ -73,7 +75,6 @@ from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.privileges import act_privilege_warning
 from flexmig.wiring.standdown_request import standdown_request
-from flexmig.wiring.status import status_document
 
 __all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "PlanRound"]
 
@@ -306,7 +307,7 @@ class ActuatorComponent:
                 await asyncio.Event().wait()
             if self.unknown_ranks and self.act is not None:  # look again until they are gone
                 try:
-                    self.unknown_ranks = await self.act.executor.unknown_ranks()
+                    self.unknown_ranks = await recovery.unknown_ranks(self.act.executor)
                 except Exception as exc:  # a report only
                     log.warning("could not look for ranks of no journalled job again: %s", exc)
             if self.mode == "observe":

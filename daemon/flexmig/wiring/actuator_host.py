@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexmig.config import Config, ControlConfig, StateConfig
-from flexmig.export.prometheus import SnapshotMetrics
+from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot

@@ -1,8 +1,8 @@
 """Detection -> MQTT in the running daemon: events on every transition, the retained state, the publisher loop.
 
 :class:`FindingsPublisher` subscribes to the snapshot hub. For each snapshot that carries a detection Report it
-hands the sweep's events (``export.events.events_from_report``: GPUs lost, instances destroyed and created,
-findings ended and started) to the :class:`~flexmig.export.mqtt.MqttPublisher`, which stores each in the
+hands the sweep's events (``mqtt.events.events_from_report``: GPUs lost, instances destroyed and created,
+findings ended and started) to the :class:`~flexmig.mqtt.publisher.MqttPublisher`, which stores each in the
 persistent outbox before anything else, and replaces the retained ``state`` document when its content changed
 (or every ``state_refresh_s``, so the retained time stays recent). Each event is also logged, one line with its
 ID, so the journal is the record of what the daemon emitted.
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.config import Config, MqttConfig
-from flexmig.export.events import Event, EventFactory, EventKind, events_from_report
-from flexmig.export.findings_metrics import report_of
-from flexmig.export.mqtt import MqttPublisher, PublisherSettings
-from flexmig.export.mqtt_state import state_document
-from flexmig.export.outbox import Outbox
+from flexmig.metrics.findings import report_of
+from flexmig.mqtt.events import Event, EventFactory, EventKind, events_from_report
+from flexmig.mqtt.outbox import Outbox
+from flexmig.mqtt.publisher import MqttPublisher, PublisherSettings
+from flexmig.mqtt.state import state_document
 from flexmig.storage import LockSet
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.detection import Detector

@@ -20,7 +20,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.config import Config
 from flexmig.detect import Report
-from flexmig.export.findings_metrics import report_of
+from flexmig.metrics.findings import report_of
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan.types import JobRequest
 from flexmig.telemetry.host import HostSource

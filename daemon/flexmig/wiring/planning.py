@@ -27,9 +27,9 @@ from flexmig.act.placement import node_model
 from flexmig.act.planview import pending_requests, running_jobs
 from flexmig.act.records import JobRecord
 from flexmig.config import PlannerConfig
-from flexmig.export.action_events import plan_actions, plan_summary
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
+from flexmig.mqtt.action_events import plan_actions, plan_summary
 from flexmig.plan.types import JobRequest, NodeState, Plan, PlannerSettings, RankNeed
 
 __all__ = [

@@ -11,7 +11,7 @@
   finishes it). A Slurm that cannot be read is one WARNING line when it starts failing (and when the error
   changes), one INFO line when it answers again, and an event each time; sampling and detection go on, and nothing
   is changed meanwhile;
-* **metrics**: :class:`~flexmig.export.slurm_metrics.SlurmMetrics`; **events**: ``slurm_unreachable``,
+* **metrics**: :class:`~flexmig.metrics.slurm.SlurmMetrics`; **events**: ``slurm_unreachable``,
   ``slurm_reachable``, ``slurm_plan`` (each new decision), ``slurm_job_signalled``/``requeued``/``released``; the
   re-registrations themselves are actions, with the actuator's action events and metrics.
 
@@ -32,10 +32,10 @@ from typing import Any, Protocol
 from flexmig.act.service import Actuator
 from flexmig.config import Config, SlurmConfig
 from flexmig.errors import FlexmigError, SlurmError
-from flexmig.export.events import Event, EventFactory
-from flexmig.export.prometheus import SnapshotMetrics
-from flexmig.export.slurm_events import job_event, plan_changes, plan_event, reachable_event, unreachable_event
-from flexmig.export.slurm_metrics import SlurmMetrics
+from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.slurm import SlurmMetrics
+from flexmig.mqtt.events import Event, EventFactory
+from flexmig.mqtt.slurm_events import job_event, plan_changes, plan_event, reachable_event, unreachable_event
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.wiring.actuator import ActuatorComponent

@@ -1,6 +1,6 @@
 """The ``standdown`` control request in the running daemon: restore the baseline layout, then mode observe.
 
-The rules (which GPU is re-laid, to what, and what may be stopped) are :mod:`flexmig.wiring.standdown`'s; this
+The rules (which GPU is re-laid, to what, and what may be stopped) are :mod:`flexmig.act.standdown`'s; this
 module reads the baseline, works the stand-down out on a fresh inventory, runs it as one journalled plan in mode
 ``act`` and reports before and after. ``dry_run`` only says what it would do, in any mode.
 """
@@ -15,10 +15,10 @@ from typing import Any, Protocol
 from flexmig.act.control import RequestError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.service import Actuator
+from flexmig.act.standdown import StandDown, plan_standdown, standdown_document
 from flexmig.config import Config, Mode
 from flexmig.config.migparted import load_baseline
 from flexmig.errors import ConfigError, PlanRejectedError
-from flexmig.wiring.standdown import StandDown, plan_standdown, standdown_document
 
 __all__ = ["StandDownHost", "standdown_request"]
 

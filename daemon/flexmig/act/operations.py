@@ -1,0 +1,242 @@
+"""The ``jobs.*`` operations of the control API: submit, list, migrate, resplit, stop.
+
+Each validates its arguments, turns the request into a Plan (:mod:`flexmig.act.placement`) and hands it to the
+executor, which refuses outside mode ``act``. In mode ``advise`` the answer is the plan that would have run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flexmig.act.control import Handler, RequestError
+from flexmig.act.encoding import StopPayload, encode
+from flexmig.act.executor import Executor, new_job_uid
+from flexmig.act.placement import choose_targets, move_plan, node_model, start_plan
+from flexmig.act.records import JobRecord
+from flexmig.act.results import PlanResult
+from flexmig.errors import JobSpecError, PlanRejectedError
+from flexmig.jobspec.spec import JobPolicy, JobSpec, load_job_spec
+from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
+from flexmig_hook.protocol import Ack
+
+__all__ = ["JobsApi", "describe_plan"]
+
+_MAX_STR = 4096
+_ACTING = {
+    "start": "starting",
+    "migrate": "migrating",
+    "resplit": "resplitting",
+    "stop": "stopping",
+    "restart": "restarting",
+}
+
+
+def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    if key not in args:
+        if required:
+            raise RequestError(f"argument {key!r} is required")
+        return None
+    v = args[key]  # an explicit null is a bad value, not an absent argument: it must not pick the default
+    if not isinstance(v, str) or not v or len(v) > _MAX_STR or "\x00" in v:
+        raise RequestError(f"argument {key!r} must be a non-empty string")
+    return v
+
+
+def _int(args: Mapping[str, Any], key: str) -> int:
+    v = args.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RequestError(f"argument {key!r} must be an integer")
+    return v
+
+
+def _only(args: Mapping[str, Any], *keys: str) -> None:
+    extra = set(args) - set(keys)
+    if extra:
+        raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    """One line per action, for people (advise-mode answers, CLI output)."""
+    out = []
+    for a in plan.actions:
+        kind = type(a).__name__
+        if isinstance(a, CreateInstance | DestroyInstance):
+            out.append(f"{kind} gpu{a.gpu}:{a.profile.name}@{a.start}: {a.reason}")
+        else:
+            to = a.instances if isinstance(a, StartJob) else a.to_instances
+            out.append(f"{kind} {a.job} -> {', '.join(i.spec() for i in to)}: {a.reason}")
+    return out
+
+
+class JobsApi:
+    """Job operations over an :class:`Executor`; ``handlers()`` plugs them into a ControlServer."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        policy: JobPolicy,
+        settings: PlannerSettings | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.ex = executor
+        self.policy = policy
+        self.settings = settings or PlannerSettings()
+        self.wall = wall
+        self.queue_when_full = False
+        """In mode act, a submitted job that finds no room now is registered ``pending`` (the daemon's planner
+        starts it later) instead of refused."""
+
+    def handlers(self) -> dict[str, Handler]:
+        """``{"jobs.submit": ..., "jobs.list": ..., ...}``."""
+        return {
+            "jobs.submit": self._submit,
+            "jobs.list": self._list,
+            "jobs.migrate": self._migrate,
+            "jobs.resplit": self._resplit,
+            "jobs.stop": self._stop,
+        }
+
+    async def _run(self, plan: Plan) -> dict[str, Any]:
+        if self.ex.mode == "advise":
+            lines = "; ".join(describe_plan(plan))
+            raise PlanRejectedError(f"mode is 'advise': plan not executed: {lines}")
+        self.ex.require_act()
+        res: PlanResult = await self.ex.execute(plan, origin="control")
+        return {**res.to_json(), "plan": describe_plan(plan)}
+
+    # ---------------------------------------------------------------------------------------- handlers
+    async def _submit(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "path")
+        path = Path(_str(args, "path") or "")
+        if not path.is_absolute():
+            raise RequestError(f"job spec path must be absolute, not {path}")
+        if self.ex.mode == "observe":
+            self.ex.require_act()
+        spec = await asyncio.to_thread(load_job_spec, path, self.policy)  # file system I/O: off the loop
+        view = await self.ex.view()
+        model = node_model(view)
+        try:
+            profile = spec.need.profile_on(model)
+        except (KeyError, ValueError) as exc:
+            raise JobSpecError(f"{path}: need: {exc.args[0]} (this node has {model.name})") from None
+        old = self.ex.journal.get_job(spec.name)
+        if old is not None and old.state == "running":
+            raise PlanRejectedError(f"job {spec.name} is already running")
+        resume = old.last_ack if old is not None and old.state in ("stopped", "failed") else None
+        held = self.ex.held()
+        try:
+            targets = choose_targets(view, profile.name, spec.ranks_start, held=held)
+        except PlanRejectedError as exc:
+            if not (self.queue_when_full and self.ex.mode == "act"):
+                raise
+            return self._queue(spec, old, resume, str(exc))
+        plan = start_plan(view, spec.name, targets, self.settings, reason=f"submitted from {path}")
+        if self.ex.mode != "act":
+            return await self._run(plan)
+        self._put_pending(spec, old, resume)
+        out = await self._run(plan)
+        job = self.ex.journal.get_job(spec.name)
+        return {**out, "job": job.summary() if job else None}
+
+    def _put_pending(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None) -> JobRecord:
+        """Journal ``spec`` as a pending job with a fresh UID, keeping the generation of the job it replaces and the
+        checkpoint it resumes from."""
+        rec = JobRecord(
+            name=spec.name,
+            uid=new_job_uid(),
+            spec=spec,
+            state="pending",
+            generation=old.generation if old else 0,
+            last_ack=resume,
+            submitted_s=self.wall(),
+        )
+        self.ex.journal.put_job(rec)
+        return rec
+
+    def _queue(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None, why: str) -> dict[str, Any]:
+        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it)."""
+        rec = self._put_pending(spec, old, resume)
+        return {"plan_id": None, "ok": True, "actions": [], "queued": f"no room now ({why})", "job": rec.summary()}
+
+    async def _list(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        _only(args)
+        return [self.summary(rec) for rec in self.ex.journal.jobs()]
+
+    def summary(self, rec: JobRecord) -> dict[str, Any]:
+        """What ``jobs list`` and ``status`` show of ``rec``: its record, with what is true now laid over it.
+
+        The journal says ``running`` from a job's launch to its end, also while a move has stopped its ranks (and
+        longer, if the disk filled meanwhile). A job is shown ``running`` only while its ranks are: during an
+        action on it the state is what the action does (``migrating``, ``resplitting``, ``starting``, ``stopping``,
+        ``restarting``) with the action and its step, and ``waiting`` when the journal cannot be written; with
+        ranks missing outside any action, ``settling`` (the daemon is deciding what their exit means).
+        """
+        s = rec.summary()
+        s["pids"] = [h.proc.pid for h in self.ex.supervisor.alive(rec.name)]
+        run = self.ex.running
+        if run is not None and run.row.job == rec.name:
+            s["state"] = _ACTING.get(run.row.kind, run.row.kind)
+            s["action"] = {"id": run.row.id, "kind": run.row.kind, "step": run.current}
+            stall = self.ex.durable.stalled
+            if stall is not None:
+                s["waiting"] = stall.describe(self.wall())
+        elif rec.state == "running" and len(s["pids"]) < len(rec.slots):
+            s["state"] = "settling"
+        return s
+
+    def _running(self, name: str) -> JobRecord:
+        rec = self.ex.journal.get_job(name)
+        if rec is None:
+            raise RequestError(f"no job named {name!r}")
+        if rec.state != "running":
+            raise PlanRejectedError(f"job {name} is {rec.state}, not running")
+        return rec
+
+    async def _migrate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "name", "to")
+        rec = self._running(_str(args, "name") or "")
+        view = await self.ex.view()
+        model = node_model(view)
+        profile = _str(args, "to", required=False) or rec.slots[0].profile
+        try:
+            model.profile(profile)
+        except KeyError as exc:
+            raise RequestError(str(exc.args[0])) from None
+        targets = choose_targets(view, profile, len(rec.slots), held=self.ex.held(exclude=rec.name), own=rec.slots)
+        plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=False, reason="operator request")
+        return await self._run(plan)
+
+    async def _resplit(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "name", "ranks", "profile")
+        rec = self._running(_str(args, "name") or "")
+        ranks = _int(args, "ranks")
+        if not rec.spec.ranks_min <= ranks <= rec.spec.ranks_max:
+            raise RequestError(f"job {rec.name} may run {rec.spec.ranks_min}..{rec.spec.ranks_max} ranks, not {ranks}")
+        view = await self.ex.view()
+        model = node_model(view)
+        profile = _str(args, "profile", required=False) or rec.slots[0].profile
+        try:
+            model.profile(profile)
+        except KeyError as exc:
+            raise RequestError(str(exc.args[0])) from None
+        targets = choose_targets(
+            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=True
+        )
+        plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request")
+        return await self._run(plan)
+
+    async def _stop(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        _only(args, "name", "force")
+        name = _str(args, "name") or ""
+        force = args.get("force", False)
+        if not isinstance(force, bool):
+            raise RequestError("argument 'force' must be true or false")
+        self._running(name)
+        if self.ex.mode == "advise":
+            raise PlanRejectedError(f"mode is 'advise': would stop job {name}; nothing done")
+        res = await self.ex.execute_encoded([encode(StopPayload(force, "operator request"), name)], "control")
+        return res.to_json()

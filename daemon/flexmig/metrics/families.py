@@ -1,0 +1,573 @@
+"""Every metric family flexmigd exports, declared once: name, type, labels, help text and when it has series.
+
+The collectors (``metrics.collector``, ``metrics.findings``, ``metrics.actions``) build each family
+from its entry here, the metric reference of docs/metrics.md is generated from these entries
+(``python -m flexmig.metrics.families --markdown``), and tests hold the live exposition of every mode to them in
+both directions, so code, exposition and documentation cannot drift apart.
+
+Identity labels follow dcgm-exporter, so our series join its ``DCGM_FI_*`` series: per GPU ``gpu`` (NVML index),
+``UUID`` (the GPU's), ``pci_bus_id`` (``00000000:18:00.0``), ``device`` (``nvidia0``), ``model_name`` and
+``Hostname``; per MIG instance also ``GPU_I_ID``, ``GPU_I_PROFILE``, ``GPU_CI_ID`` (the compute instance, which
+dcgm-exporter lacks) and ``mig_uuid`` (what ``CUDA_VISIBLE_DEVICES`` takes). The model is ``model_name``, not
+dcgm-exporter's ``modelName``: ``promtool check metrics`` rejects camelCase label names, and the model is never a
+join key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
+
+__all__ = [
+    "FAMILIES",
+    "GPU_LABELS",
+    "INSTANCE_LABELS",
+    "NODE_LABELS",
+    "Family",
+    "FamilyKind",
+    "by_name",
+    "markdown_table",
+    "sample_names",
+]
+
+FamilyKind = Literal["gauge", "counter", "info", "histogram"]
+
+NODE_LABELS: tuple[str, ...] = ("Hostname",)
+GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "model_name", "Hostname")
+INSTANCE_LABELS: tuple[str, ...] = (*GPU_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "GPU_CI_ID", "mig_uuid")
+
+_MQTT = "with `[mqtt] enabled = true`"
+_DCGM = "with `[dcgm] enabled = true`"
+_DETECT = "once detection has judged the node (from the first sweep on)"
+_HOST = "for processes the host can see (psutil)"
+_SLURM = "with `[slurm] enabled = true`"
+_SLURM_READ = "with `[slurm] enabled = true`, once Slurm was read"
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family: its name as ``# TYPE`` writes it, its kind, labels in order, and what it means.
+
+    ``help`` is the exposition's ``# HELP`` text and the meaning column of the reference; ``when`` says when the
+    family has series at all (empty: always, on every node with a sweep); ``info_labels`` are the labels an info
+    family's value carries (beside ``labels``); ``extern`` marks families another library exports for us
+    (prometheus_client's ``process_*``).
+    """
+
+    name: str
+    kind: FamilyKind
+    labels: tuple[str, ...]
+    help: str
+    when: str = ""
+    info_labels: tuple[str, ...] = ()
+    extern: bool = False
+
+    @property
+    def samples(self) -> tuple[str, ...]:
+        """The sample names PromQL uses for this family (``_total`` for counters, ``_info``, histogram parts)."""
+        if self.kind == "counter":
+            return (f"{self.name}_total",)
+        if self.kind == "info":
+            return (f"{self.name}_info",)
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+    def _check(self, kind: FamilyKind) -> None:
+        if self.kind != kind:
+            raise TypeError(f"{self.name} is a {self.kind}, not a {kind}")
+
+    def gauge(self) -> GaugeMetricFamily:
+        """An empty gauge family with this entry's name, help and labels."""
+        self._check("gauge")
+        return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
+
+    def counter(self) -> CounterMetricFamily:
+        """An empty counter family (samples ``<name>_total``)."""
+        self._check("counter")
+        return CounterMetricFamily(self.name, self.help, labels=list(self.labels))
+
+    def info(self) -> InfoMetricFamily:
+        """An empty info family (samples ``<name>_info``, value 1, the information in labels)."""
+        self._check("info")
+        return InfoMetricFamily(self.name, self.help, labels=list(self.labels))
+
+    def histogram(self) -> HistogramMetricFamily:
+        """An empty histogram family (``_bucket``, ``_sum``, ``_count``)."""
+        self._check("histogram")
+        return HistogramMetricFamily(self.name, self.help, labels=list(self.labels))
+
+
+def _g(name: str, labels: tuple[str, ...], doc: str, when: str = "") -> Family:
+    return Family(name, "gauge", labels, doc, when)
+
+
+def _c(name: str, labels: tuple[str, ...], doc: str, when: str = "") -> Family:
+    return Family(name, "counter", labels, doc, when)
+
+
+_N, _G, _I = NODE_LABELS, GPU_LABELS, INSTANCE_LABELS
+
+FAMILIES: tuple[Family, ...] = (
+    # ------------------------------------------------------------------ the node and the daemon's own sampling
+    Family(
+        "flexmig_node",
+        "info",
+        _N,
+        "The node flexmig runs on: versions of flexmig, the driver and NVML.",
+        info_labels=("version", "driver_version", "nvml_version"),
+    ),
+    _c("flexmig_sweeps", _N, "Sampling sweeps completed since start."),
+    _g("flexmig_sweep_duration_seconds", _N, "Wall time of the last sampling sweep."),
+    _g("flexmig_last_sweep_cpu_seconds", _N, "CPU time of the last sampling sweep (NVML thread and loop)."),
+    _c("flexmig_sweep_cpu_seconds", _N, "CPU time spent in sampling sweeps since start."),
+    _c("flexmig_inventories", _N, "Full NVML inventories taken (start-up and after every MIG change)."),
+    _g("flexmig_last_sweep_timestamp_seconds", _N, "Unix time of the sweep these figures come from."),
+    _g("flexmig_window_seconds", _N, "Length of the window the *_mean/_min/_max/_p95 series cover."),
+    _c(
+        "flexmig_nvml_errors",
+        (*_N, "call", "error"),
+        "NVML calls that failed, by call and NVML error name (nvmlDeviceGetPowerUsage, NOT_SUPPORTED).",
+        "once an NVML call failed",
+    ),
+    _c(
+        "flexmig_source_errors",
+        (*_N, "source"),
+        "Failed reads of a telemetry source: nvml (a whole sweep), dcgm, host, sweep (a bug, logged).",
+        "once a read failed",
+    ),
+    _g("flexmig_dcgm_up", (*_N, "url"), "1 if the last dcgm-exporter scrape succeeded, else 0.", _DCGM),
+    _g(
+        "flexmig_dcgm_instances",
+        (*_N, "era"),
+        "MIG instances in the last good dcgm-exporter scrape; era is legacy or 4.9 (its field names).",
+        _DCGM,
+    ),
+    _g("flexmig_dcgm_scrape_age_seconds", _N, "Age of the last good dcgm-exporter scrape.", _DCGM),
+    # ------------------------------------------------------------------ GPUs
+    _g("flexmig_gpu_power_watts", _G, "Power draw of the GPU (nvidia-smi -q -d POWER)."),
+    _g(
+        "flexmig_gpu_power_limit_watts",
+        _G,
+        "Enforced power limit of the GPU (nvidia-smi --query-gpu=enforced.power.limit), read at each inventory.",
+    ),
+    _g("flexmig_gpu_temperature_celsius", _G, "GPU core temperature."),
+    _g("flexmig_gpu_sm_clock_hertz", _G, "Current SM clock."),
+    _g("flexmig_gpu_memory_clock_hertz", _G, "Current memory clock."),
+    _g("flexmig_gpu_memory_total_bytes", _G, "Total memory of the GPU."),
+    _g("flexmig_gpu_mig_mode", _G, "1 if MIG mode is enabled on the GPU, 0 if disabled.", "on GPUs with MIG"),
+    _g("flexmig_gpu_lost", _G, "1 if NVML reported the GPU lost (fell off the bus), else 0."),
+    _g("flexmig_gpu_mig_instances", _G, "MIG instances (GI/CI pairs) on the GPU."),
+    _g("flexmig_gpu_free_compute_slices", _G, "Compute slices (of 7) held by no instance.", "on MIG GPUs"),
+    _g("flexmig_gpu_free_memory_slices", _G, "Memory slices (of 8) held by no instance.", "on MIG GPUs"),
+    _g(
+        "flexmig_gpu_creatable_instances",
+        (*_G, "profile"),
+        "How many instances of this profile alone could still be created on the GPU now.",
+        "on MIG GPUs",
+    ),
+    # ------------------------------------------------------------------ MIG instances
+    _g("flexmig_mig_memory_total_bytes", _I, "Memory of the MIG instance."),
+    _g(
+        "flexmig_mig_memory_used_bytes",
+        _I,
+        "Memory used on the MIG instance (NVML, or DCGM's framebuffer when NVML will not say).",
+    ),
+    _g("flexmig_mig_memory_used_mean_bytes", _I, "Mean memory used over the window."),
+    _g("flexmig_mig_memory_used_max_bytes", _I, "Most memory used over the window."),
+    _g("flexmig_mig_memory_used_p95_bytes", _I, "95th percentile of memory used over the window."),
+    _g("flexmig_mig_sm_active_ratio", _I, "Fraction of cycles an SM of the instance had a warp (GPM/DCGM)."),
+    _g("flexmig_mig_sm_active_mean_ratio", _I, "Mean SM activity over the window."),
+    _g("flexmig_mig_sm_active_min_ratio", _I, "Lowest SM activity over the window."),
+    _g("flexmig_mig_sm_active_p95_ratio", _I, "95th percentile of SM activity over the window."),
+    _g("flexmig_mig_sm_occupancy_ratio", _I, "Resident warps as a fraction of the maximum (GPM/DCGM)."),
+    _g("flexmig_mig_dram_active_ratio", _I, "Fraction of cycles the memory interface was busy."),
+    _g("flexmig_mig_tensor_active_ratio", _I, "Fraction of cycles a tensor pipe was busy."),
+    _g(
+        "flexmig_mig_gr_engine_active_ratio",
+        _I,
+        "Fraction of time the graphics/compute engine was busy (DCGM).",
+        _DCGM,
+    ),
+    Family(
+        "flexmig_mig_activity_source",
+        "info",
+        _I,
+        "Where the activity figures come from: gpm or dcgm.",
+        "once an activity source reported",
+        info_labels=("source",),
+    ),
+    _g("flexmig_mig_processes", _I, "Compute processes running on the MIG instance."),
+    _g(
+        "flexmig_mig_processes_cpu_ratio",
+        _I,
+        "CPU use of the instance's processes, summed, in cores (1 = one core).",
+        _HOST,
+    ),
+    _g("flexmig_mig_processes_resident_memory_bytes", _I, "Host resident memory of the instance's processes.", _HOST),
+    _g("flexmig_mig_idle_seconds", _I, "Time since the instance last had a process or SM activity above 1%."),
+    _g("flexmig_mig_compute_slices", _I, "Compute slices the instance's profile holds."),
+    _g("flexmig_mig_memory_slices", _I, "Memory slices the instance's placement holds."),
+    _g("flexmig_mig_placement_start", _I, "First memory slice of the instance's placement (0-7)."),
+    # ------------------------------------------------------------------ detection: fragmentation and findings
+    _g("flexmig_detect_duration_seconds", _N, "Wall time of the last detection step.", _DETECT),
+    _c("flexmig_detect_failures", _N, "Detection steps that failed (a bug; logged) since start."),
+    _g(
+        "flexmig_node_fragmentation_external_ratio",
+        _N,
+        "Demand-weighted external fragmentation of the node's MIG GPUs, 0-1: sum of F_g(M) over sum of free "
+        "compute slices.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_fragmentation_external_slices",
+        _N,
+        "Free compute slices the demand mix cannot use, summed over MIG GPUs (sum of F_g(M)).",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_stranded_compute_slices",
+        _N,
+        "Compute slices that repacking the running instances would make usable, summed over MIG GPUs.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_stranded_ratio",
+        _N,
+        "Stranded compute slices over all compute slices of the node's MIG GPUs, 0-1.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_recoverable_compute_slices",
+        _N,
+        "Recoverable compute slices summed over MIG GPUs: what repacking each GPU would make usable by a profile "
+        "the demand mix asks for.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_fragmentation_external_ratio",
+        _G,
+        "Demand-weighted external fragmentation, 0-1: the chance a request from the demand mix finds no place "
+        "although compute slices are free (0 when none is free).",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_fragmentation_external_slices",
+        _G,
+        "F_g(M): free compute slices weighted by the share of the demand mix that cannot use them.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_stranded_compute_slices",
+        _G,
+        "Most compute slices that repacking the running instances would make usable by one profile.",
+        _DETECT,
+    ),
+    _g("flexmig_gpu_stranded_ratio", _G, "Stranded compute slices over the GPU's compute slices.", _DETECT),
+    _g(
+        "flexmig_gpu_recoverable_compute_slices",
+        _G,
+        "Most compute slices that repacking the running instances would make usable by one profile the demand "
+        "mix asks for (the figure the fragmentation finding and alert use).",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_recoverable_ratio",
+        _G,
+        "Recoverable compute slices over the GPU's compute slices, 0-1 (what [detect] fragmentation_threshold "
+        "compares).",
+        _DETECT,
+    ),
+    _c(
+        "flexmig_gpu_instance_changes",
+        (*_G, "change"),
+        "MIG instances created and destroyed on the GPU since start, by change (created, destroyed), whoever made "
+        "them (flexmig, nvidia-smi, mig-parted): a layout change counts here.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_creatable_repacked_instances",
+        (*_G, "profile"),
+        "How many instances of this profile alone could be created if the running instances were packed tightly.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_stranded_instances",
+        (*_G, "profile"),
+        "Instances of this profile that only the placement of the running instances prevents (repacked - now).",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_finding",
+        (*_G, "finding"),
+        "1 while a GPU-wide finding (fragmentation) is active, else 0.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_gpu_finding_duration_seconds",
+        (*_G, "finding"),
+        "How long the active GPU-wide finding has lasted.",
+        "while a GPU finding is active",
+    ),
+    _g(
+        "flexmig_mig_internal_fragmentation_compute_slices",
+        _I,
+        "Compute slices the instance holds beyond what its job used over the window (p95 activity).",
+        "once detection judged the instance and its activity is known",
+    ),
+    _g(
+        "flexmig_mig_internal_fragmentation_memory_slices",
+        _I,
+        "Memory slices the instance holds beyond what its job used over the window (peak memory).",
+        "once detection judged the instance",
+    ),
+    _g(
+        "flexmig_mig_finding",
+        (*_I, "finding"),
+        "1 while an underuse finding (idle, underused) or an oversized finding is active on the instance, else 0.",
+        "once detection judged the instance (no series before its first window)",
+    ),
+    _g(
+        "flexmig_mig_finding_duration_seconds",
+        (*_I, "finding"),
+        "How long the active finding has lasted.",
+        "while an instance finding is active",
+    ),
+    Family(
+        "flexmig_mig_suggested_profile",
+        "info",
+        _I,
+        "The smaller profile an oversized instance's job would fit (only while the finding is active).",
+        "while an oversized finding is active",
+        info_labels=("suggested_profile",),
+    ),
+    # ------------------------------------------------------------------ the MQTT publisher
+    _g("flexmig_mqtt_connected", _N, "1 while a session with the MQTT broker is up, else 0.", _MQTT),
+    _g(
+        "flexmig_mqtt_outbox_events",
+        _N,
+        "Events waiting in the persistent outbox for the broker's acknowledgement.",
+        _MQTT,
+    ),
+    _c("flexmig_mqtt_events_sent", _N, "Events the broker acknowledged (QoS 1 PUBACK).", _MQTT),
+    _c("flexmig_mqtt_events_dropped", _N, "Events the full outbox dropped, oldest first.", _MQTT),
+    _c("flexmig_mqtt_connect_failures", _N, "Failed attempts to connect to the broker.", _MQTT),
+    _c(
+        "flexmig_mqtt_events_emitted",
+        (*_N, "kind"),
+        "Events handed to the publisher (stored in the outbox), by kind.",
+        _MQTT,
+    ),
+    _c(
+        "flexmig_events_dropped",
+        (*_N, "reason"),
+        "Events that will never reach the broker, by reason (outbox_full, outbox_unwritable, outbox_corrupt).",
+        _MQTT,
+    ),
+    _c(
+        "flexmig_outbox_corruptions",
+        _N,
+        "Outbox files found corrupt, moved aside (NAME.corrupt-TIME) and replaced by a fresh one.",
+        _MQTT,
+    ),
+    _c(
+        "flexmig_mqtt_command_results_dropped",
+        _N,
+        "MQTT command results dropped unsent because too many were waiting for the broker.",
+        "with MQTT commands enabled",
+    ),
+    # ------------------------------------------------------------------ the actuator and the planner (every mode)
+    _c(
+        "flexmig_actions",
+        (*_N, "action", "outcome"),
+        "Actions the actuator finished, by kind (migrate, resplit, start, stop, create_instance, destroy_instance, "
+        "restart) and outcome (completed, failed, cancelled, skipped); every pair is present from the start at 0 "
+        "(slurm_reregister, with [slurm], once one ran).",
+    ),
+    Family(
+        "flexmig_action_duration_seconds",
+        "histogram",
+        (*_N, "action"),
+        "Wall time of an action, from its first journalled step to its last.",
+        "per action, once it ran",
+    ),
+    Family(
+        "flexmig_job_downtime_seconds",
+        "histogram",
+        (*_N, "action"),
+        "Time a moved job had no rank running: its old ranks exited to its new ranks started.",
+        "per action (migrate, resplit), once it ran",
+    ),
+    _g("flexmig_actions_in_progress", _N, "Actions executing now (they run one at a time)."),
+    _g("flexmig_jobs", (*_N, "state"), "Registered jobs by state (pending, running, stopped, failed, done)."),
+    _c("flexmig_planner_runs", _N, "Planning rounds since start (modes advise and act)."),
+    _c("flexmig_planner_failures", _N, "Planning rounds that failed (logged) since start."),
+    _g(
+        "flexmig_planned_actions",
+        (*_N, "action"),
+        "Actions the last plan proposes, by kind (0 everywhere: nothing worth doing).",
+    ),
+    _g("flexmig_plan_cost_seconds", _N, "Estimated cost of the last plan's actions.", "from the first plan on"),
+    _g(
+        "flexmig_unknown_ranks",
+        _N,
+        "Processes with flexmig's job markers on this node's MIG instances that no journalled job knows.",
+        "once the actuator has looked at the node's processes",
+    ),
+    # ------------------------------------------------------------------ the daemon's own health
+    _c(
+        "flexmig_task_restarts",
+        (*_N, "task"),
+        "Restarts of a background task of the daemon after it failed (mqtt, mqtt-commands, dcgm, workload); past 5 "
+        "in 10 minutes the daemon stops instead.",
+        "once a restartable task failed and was restarted",
+    ),
+    _g("flexmig_metrics_connections", _N, "Open connections to the metrics server."),
+    _g("flexmig_metrics_connection_limit", _N, "Connections the metrics server holds at most."),
+    _c(
+        "flexmig_metrics_connections_evicted",
+        _N,
+        "Connections still sending their request head, closed at the cap to make room for a new one.",
+    ),
+    _c("flexmig_metrics_connections_refused", _N, "Connections closed unanswered at the cap."),
+    _c("flexmig_metrics_connections_timed_out", _N, "Connections cut: request head or answer too slow."),
+    _g(
+        "flexmig_journal_write_waiting",
+        _N,
+        "1 while an action waits for the journal's storage to take a write (a full disk), else 0.",
+    ),
+    _c("flexmig_journal_write_retries", _N, "Journal writes tried again because the storage could not take them."),
+    _c("flexmig_journal_write_stalls", _N, "Times an action had to wait for the journal's storage."),
+    # ------------------------------------------------------------------ the Slurm agent
+    _g("flexmig_slurm_up", _N, "1 when the last read of Slurm succeeded, 0 when it failed.", _SLURM_READ),
+    _c("flexmig_slurm_read_errors", _N, "Reads of Slurm that failed.", _SLURM),
+    _g("flexmig_slurm_pending_jobs", _N, "Slurm jobs pending that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_running_jobs", _N, "Slurm jobs running that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_movable_jobs", _N, "Slurm jobs movable that count for this node.", _SLURM_READ),
+    _g("flexmig_slurm_in_sync", _N, "1 when Slurm lists the node with exactly NVML's instances.", _SLURM_READ),
+    _g(
+        "flexmig_slurm_registered_gpus",
+        (*_N, "profile"),
+        "GPU GRES Slurm lists for the node, by type.",
+        _SLURM_READ,
+    ),
+    _g(
+        "flexmig_slurm_drain_estimate_seconds",
+        _N,
+        "Estimated drain of the last decision.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_gain_slice_seconds",
+        _N,
+        "Compute slice-seconds of waiting the last decision's change would spare.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_cost_slice_seconds",
+        _N,
+        "Compute slice-seconds the last decision's drain would waste.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _g(
+        "flexmig_slurm_reregistration_wanted",
+        _N,
+        "1 when the last decision said go.",
+        "with `[slurm] enabled = true`, from the first decision on",
+    ),
+    _c(
+        "flexmig_slurm_job_actions",
+        (*_N, "action"),
+        "Slurm jobs signalled, requeued and released.",
+        _SLURM,
+    ),
+    Family(
+        "flexmig_slurm_drain_seconds",
+        "histogram",
+        _N,
+        "How long re-registrations waited for the node to empty.",
+        _SLURM,
+    ),
+    # ------------------------------------------------------------------ the daemon's process (prometheus_client)
+    Family("process_cpu_seconds", "counter", (), "Total user and system CPU time spent in seconds.", extern=True),
+    Family("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes.", extern=True),
+    Family("process_virtual_memory_bytes", "gauge", (), "Virtual memory size in bytes.", extern=True),
+    Family("process_open_fds", "gauge", (), "Number of open file descriptors.", extern=True),
+    Family("process_max_fds", "gauge", (), "Maximum number of open file descriptors.", extern=True),
+    Family(
+        "process_start_time_seconds", "gauge", (), "Start time of the process since unix epoch in seconds.", extern=True
+    ),
+)
+
+_BY_NAME: Mapping[str, Family] = MappingProxyType({f.name: f for f in FAMILIES})
+assert len(_BY_NAME) == len(FAMILIES), "two catalogue entries share a family name (OpenMetrics forbids it)"
+
+
+def by_name(name: str) -> Family:
+    """The entry of family ``name``; KeyError names the culprit."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric family {name!r} is not in flexmig.metrics.families") from None
+
+
+def sample_names(families: Iterable[Family] = FAMILIES) -> frozenset[str]:
+    """Every sample name of ``families``."""
+    return frozenset(n for f in families for n in f.samples)
+
+
+# ------------------------------------------------------------------------------------------------ the reference
+
+
+def _labels_cell(f: Family) -> str:
+    labels, head = list(f.labels), ""
+    for prefix, word in ((INSTANCE_LABELS, "instance"), (GPU_LABELS, "GPU")):
+        if tuple(labels[: len(prefix)]) == prefix:
+            head, labels = word, labels[len(prefix) :]
+            break
+    parts = ([head] if head else []) + [f"`{x}`" for x in (*labels, *f.info_labels)]
+    return ", ".join(parts) if parts else "(target labels only)"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table() -> str:
+    """The metric reference table of docs/metrics.md (between its generated-table markers), one row per family."""
+    lines = ["| metric | type | labels | meaning | series |", "|---|---|---|---|---|"]
+    for f in FAMILIES:
+        names = " ".join(f"`{n}`" for n in f.samples)
+        kind = "gauge (info)" if f.kind == "info" else f.kind
+        lines.append(f"| {names} | {kind} | {_labels_cell(f)} | {_cell(f.help)} | {_cell(f.when) or 'always'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flexmig.metrics.families --markdown``: print the reference table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m flexmig.metrics.families", description="flexmigd's metric families."
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the reference table of docs/metrics.md")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+    else:
+        for f in FAMILIES:
+            print(f"{f.name} {f.kind} {','.join(f.labels)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

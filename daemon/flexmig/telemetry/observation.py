@@ -1,0 +1,121 @@
+"""What detection sees of a snapshot: a ``Layout`` per MIG GPU our catalogue models, one usage window per GPU
+instance, the lost GPUs, and the identities events need. Pure (no I/O, no clock): the daemon's detection step
+(:class:`flexmig.wiring.detection.Detector`) and the status document (:mod:`flexmig.status`) both read a
+snapshot through :func:`observation_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from flexmig.detect import InstanceUsage, Observation
+from flexmig.errors import LayoutError
+from flexmig.mig import GpuModel, Layout, model_by_name
+from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
+
+__all__ = ["LayoutCache", "NodeObservation", "observation_of", "usage_of"]
+
+_MIN_WINDOW_S = 1e-3  # InstanceUsage needs a positive window; one reading covers "an instant"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeObservation:
+    """A snapshot as detection sees it, plus the identities events need (MIG and GPU UUIDs by position)."""
+
+    observation: Observation
+    instance_uuids: Mapping[tuple[int, int], str]
+    gpu_uuids: Mapping[int, str]
+
+
+LayoutCache = dict[tuple[str, tuple[tuple[int, int], ...]], Layout | None]
+
+
+def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
+    """The GPU's layout from its GPU instances (profile and start), those without a MIG device included (they hold
+    their slices all the same); None when our catalogue cannot model it."""
+    model = model_by_name(gpu.model_name)
+    if model is None:
+        return None
+    placed = {(i.start, i.profile_id) for i in gpu.instances} | {(g.start, g.profile_id) for g in gpu.gpu_instances}
+    items = tuple(sorted(placed))
+    key = (model.key, items)
+    if key in cache:
+        return cache[key]
+    layout = _build_layout(model, items)
+    if len(cache) > 256:  # layouts change rarely; a node that churns forever must not grow this
+        cache.clear()
+    cache[key] = layout
+    return layout
+
+
+def _build_layout(model: GpuModel, items: tuple[tuple[int, int], ...]) -> Layout | None:
+    try:
+        return Layout.of(model, [(model.profile_by_id(pid), start) for start, pid in items])
+    except (KeyError, LayoutError):
+        return None  # a profile we have no table for, or a layout our catalogue thinks impossible: claim nothing
+
+
+def usage_of(inst: InstanceSnapshot, at: float) -> InstanceUsage:
+    """The telemetry window of one instance at detection time ``at``.
+
+    Activity comes from the SM-activity window (mean and p95), memory from the memory window's peak (a job must
+    fit its peak, not its mean), processes from this sweep. The window is what the readings really cover
+    (``span_s``), and for an instance without processes no more than how long it has been idle, so a job that
+    just exited is not called idle for the whole window.
+    """
+    sm, mem = inst.sm_active_window, inst.memory_used_window
+    spans = [w.span_s for w in (sm, mem) if w is not None]
+    window = max(spans, default=0.0)
+    processes = None if inst.processes is None else len(inst.processes)
+    if processes == 0 and inst.idle_seconds is not None:
+        window = min(window, inst.idle_seconds)
+    memory_used = mem.max if mem is not None else inst.memory_used_bytes
+    return InstanceUsage(
+        gpu=inst.gpu_index,
+        start=inst.start,
+        profile=inst.profile_name,
+        at=at,
+        window_s=max(window, _MIN_WINDOW_S),
+        activity_mean=None if sm is None else _ratio(sm.mean),
+        activity_p95=None if sm is None else _ratio(sm.p95),
+        memory_used_bytes=None if memory_used is None else int(memory_used),
+        memory_total_bytes=inst.memory_total_bytes,
+        processes=processes,
+        uuid=inst.mig_uuid,
+    )
+
+
+def _ratio(x: float) -> float:
+    return min(max(x, 0.0), 1.5)  # InstanceUsage refuses values beyond what any source can legitimately report
+
+
+def observation_of(snapshot: Snapshot, now: float, cache: LayoutCache | None = None) -> NodeObservation:
+    """Detection's inputs from one snapshot: layouts of MIG GPUs our catalogue models, one usage window per GI
+    (its first compute instance), lost GPUs; ``now`` is the detection time of the sweep."""
+    cache = {} if cache is None else cache
+    layouts: dict[int, Layout] = {}
+    usage: list[InstanceUsage] = []
+    uuids: dict[tuple[int, int], str] = {}
+    lost: set[int] = set()
+    for gpu in snapshot.gpus:
+        if gpu.lost:
+            lost.add(gpu.index)
+            continue
+        if not gpu.mig_current:
+            continue
+        layout = _layout_of(gpu, cache)
+        if layout is None:
+            continue
+        layouts[gpu.index] = layout
+        for inst in gpu.instances:
+            key = (inst.gpu_index, inst.start)
+            if key in uuids:
+                continue  # a GI with several compute instances: judged once, by its first
+            uuids[key] = inst.mig_uuid
+            usage.append(usage_of(inst, now))
+    instance_uuids = MappingProxyType(uuids)
+    obs = Observation(now=now, layouts=layouts, usage=tuple(usage), lost_gpus=frozenset(lost), uuids=instance_uuids)
+    gpu_uuids = {g.index: g.uuid for g in snapshot.gpus}
+    return NodeObservation(obs, instance_uuids, MappingProxyType(gpu_uuids))

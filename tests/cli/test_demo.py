@@ -1,0 +1,160 @@
+"""The README's first command, ``make demo``: flexmigd in mode act on a simulated node, fed demo jobs.
+
+* the Makefile's demo target, run for real (with this test's venv as the demo's, so nothing is installed), finds
+  fragmentation, makes a plan and completes a migration; the metrics URL and the status line it prints work while
+  it runs, exactly as printed;
+* the venv the target builds on a fresh checkout holds the package without extras (no torch, mypy, hypothesis);
+* Ctrl-C stops it cleanly: the jobs and the daemon are gone, and so is its private directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from support.prometheus import free_port, http_get
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(sys.prefix)
+
+
+class Lines(threading.Thread):
+    """Collects a process's stdout lines as they come."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        super().__init__(daemon=True)
+        self.proc = proc
+        self.lines: list[str] = []
+
+    def run(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout_s: float = 90.0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if m := re.search(pattern, line):
+                    return m
+            if self.proc.poll() is not None and not self.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout_s} s:\n" + "\n".join(self.lines))
+
+
+def started(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
+    """``argv`` run from the repository's root, its output (stderr too) collected line by line."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    lines.start()
+    return proc, lines
+
+
+def demo_dir(lines: Lines) -> Path:
+    return Path(lines.wait_for(r"state, logs, socket\s+(\S+)").group(1))
+
+
+def left_in(base: Path) -> list[int]:
+    """Processes still working in ``base``."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and (p.cwd() + os.sep).startswith(str(base) + os.sep):
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_readme_starts_with_make_demo() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first_block = readme.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert first_block.splitlines()[0].startswith("make demo ")
+
+
+def test_make_demo_finds_fragmentation_migrates_a_job_and_prints_working_metrics_and_status_lines() -> None:
+    port = free_port()
+    args = f"--until-move --timeout 150 --metrics-addr 127.0.0.1:{port}"
+    proc, lines = started(
+        ["make", "--no-print-directory", "-o", f"{VENV}/bin/flexmig", "demo", f"DEMO_VENV={VENV}", f"DEMO_ARGS={args}"]
+    )
+    try:
+        base = demo_dir(lines)
+        url = lines.wait_for(r"metrics\s+(http://\S+)").group(1)
+        assert url == f"http://127.0.0.1:{port}/metrics"
+        assert b"flexmig_actions_total" in http_get(url)
+        # the status line, run exactly as printed (environment assignment, then the command), from where make ran
+        printed = lines.wait_for(r"^\s+(FLEXMIG_CONTROL_SOCKET=\S+ \S+ status --watch)$").group(1)
+        assignment, *command = shlex.split(printed)
+        name, _, sock = assignment.partition("=")
+        assert name == "FLEXMIG_CONTROL_SOCKET" and sock == str(base / "control.sock")
+        assert (ROOT / command[0]).exists() or Path(command[0]).is_absolute()
+        env = {**os.environ, name: sock}
+        once = subprocess.run(command[:-1], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert once.returncode == 0, once.stderr
+        assert "GPU 0: NVIDIA H200" in once.stdout and "mode act" in once.stdout
+        assert proc.wait(200) == 0, "\n".join(lines.lines)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+    lines.join(10)
+    out = "\n".join(lines.lines)
+    assert re.search(r"finding: fragmentation on GPU 0", out), out
+    assert re.search(r"flexmigd: planner executing: .*migrate", out), out
+    assert re.search(r"action #\d+ migrate train-\w done in [0-9.]+ s \(the job was down [0-9.]+ s\)", out), out
+    assert re.search(r"job wide-e: running on gpu0:3g\.71gb@4", out), out
+    assert re.search(r"first move completed [0-9.]+ s after the demo started", out), out
+    assert not base.exists(), "the demo removes its directory"
+    assert left_in(base) == []
+
+
+def test_the_demo_venv_holds_the_package_without_extras(tmp_path: Path) -> None:
+    venv = tmp_path / "v"
+    dry = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", "demo", f"DEMO_VENV={venv}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    installs = [line for line in dry if "pip install" in line]
+    assert installs == [f"{venv}/bin/pip install -q -e ./hook -e ."], dry  # the hook's distribution, then flexmig
+    assert dry[-1] == f"{venv}/bin/flexmig demo "
+
+
+def test_ctrl_c_stops_the_jobs_and_the_daemon_and_removes_the_demo_directory() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    proc, lines = started([sys.executable, "-m", "flexmig.cli.main", "demo", "--metrics-addr", address])
+    try:
+        base = demo_dir(lines)
+        lines.wait_for(r"job train-d: running on")
+        daemon = [p for p in psutil.Process(proc.pid).children() if "flexmig.daemon" in " ".join(p.cmdline())]
+        assert len(daemon) == 1
+        assert left_in(base), "the jobs run in the demo's directory"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(90) == 0, "\n".join(lines.lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    lines.join(10)
+    out = "\n".join(lines.lines)
+    assert "stopping: the jobs, then flexmigd" in out and "flexmigd stopped (status 0)" in out
+    assert not daemon[0].is_running() or daemon[0].status() == psutil.STATUS_ZOMBIE
+    assert not base.exists()
+    assert left_in(base) == []
