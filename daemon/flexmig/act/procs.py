@@ -23,6 +23,8 @@ from typing import Protocol, TypeVar
 
 import psutil
 
+from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, start_pump
+from flexmig.errors import FlexmigError
 from flexmig.jobspec.programs import runnable_program
 from flexmig_hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
 
@@ -88,6 +90,8 @@ class LaunchedProcess:
     def __init__(self, proc: asyncio.subprocess.Process, launcher_kind: str) -> None:
         self._proc = proc
         self._kind = launcher_kind
+        self.log_writer: int | None = None
+        """The pid of the process that writes this rank's log (:mod:`flexmig.act.logpump`)."""
         try:
             self._ctime = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -189,7 +193,8 @@ class LaunchRequest:
     """Everything needed to start one rank: argv (a list, run without a shell), environment, directory, identity.
 
     ``uid``/``gid``/``groups`` are applied in the child before exec (only when the daemon is root and they
-    differ from its own). ``ignore_signal`` starts the rank with that signal ignored (see module doc).
+    differ from its own). ``ignore_signal`` starts the rank with that signal ignored (see module doc). ``log_limits``
+    bounds what is kept of the rank's output (:mod:`flexmig.act.ranklogs`).
     """
 
     argv: tuple[str, ...]
@@ -201,6 +206,7 @@ class LaunchRequest:
     groups: tuple[int, ...] | None = None
     ignore_signal: int | None = None
     launcher_kind: str = "plain"
+    log_limits: RankLogs = DEFAULT_RANK_LOGS
 
 
 class Launcher(Protocol):
@@ -211,18 +217,22 @@ class Launcher(Protocol):
 
 
 class SubprocessLauncher:
-    """The real launcher: ``asyncio.create_subprocess_exec`` in a new session, output to a log file."""
+    """The real launcher: ``asyncio.create_subprocess_exec`` in a new session, output to a capped log."""
 
     async def launch(self, req: LaunchRequest) -> RankProcess:
-        """Start the rank; its stdout and stderr go to ``req.log_path`` (appended).
+        """Start the rank; its stdout and stderr go through a pipe to its log writer (:mod:`flexmig.act.logpump`),
+        which appends them to ``req.log_path`` and rotates it at ``req.log_limits``.
 
         The program is judged again by what it resolves to now (:func:`~flexmig.jobspec.programs.shell_reason`:
         a link may have been changed since the spec was read), and that resolved file is what is executed, with
         the spec's ``argv[0]`` kept as the process's name. OSError when it is a shell.
         """
         program = runnable_program(req.argv[0])
-        req.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_fd = os.open(req.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        owner = (req.uid, req.gid if req.gid is not None else -1) if req.uid is not None else None
+        try:
+            log_fd, pump = await start_pump(req.log_path, req.log_limits, owner)
+        except FlexmigError as exc:  # the log directory is not what it must be
+            raise OSError(f"rank log {req.log_path}: {exc}") from exc
         sig = req.ignore_signal
 
         def _child_setup() -> None:  # runs in the child between fork and exec: one syscall, no locks
@@ -244,9 +254,13 @@ class SubprocessLauncher:
                 extra_groups=list(req.groups) if req.groups is not None else None,
                 preexec_fn=_child_setup if sig is not None else None,
             )
-        finally:
-            os.close(log_fd)
-        return LaunchedProcess(proc, req.launcher_kind)
+        except BaseException:
+            os.close(log_fd)  # the writer sees the end of its pipe and ends
+            raise
+        os.close(log_fd)
+        launched = LaunchedProcess(proc, req.launcher_kind)
+        launched.log_writer = pump.pid
+        return launched
 
 
 @dataclass(frozen=True, slots=True)

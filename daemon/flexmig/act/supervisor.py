@@ -33,6 +33,7 @@ from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.migops import Offload
 from flexmig.act.procs import AdoptedProcess, FoundRank, Launcher, LaunchRequest, RankProcess
+from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, prune_generations
 from flexmig.act.records import AckPlacement, JobRecord, Slot
 from flexmig.tasks import cancel_and_wait, spawn
 from flexmig_hook.protocol import (
@@ -102,6 +103,7 @@ def rank_requests(
     resume: Ack | None,
     host: str = LOOPBACK,
     acks: AckPlacement | None = None,
+    log_limits: RankLogs = DEFAULT_RANK_LOGS,
 ) -> list[LaunchRequest]:
     """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order."""
     spec = rec.spec
@@ -175,6 +177,7 @@ def rank_requests(
                 groups=groups,
                 ignore_signal=int(spec.hook.signal),
                 launcher_kind=spec.launcher,
+                log_limits=log_limits,
             )
         )
     return out
@@ -197,8 +200,11 @@ class Supervisor:
         wall: Callable[[], float] = time.time,
         host: str = LOOPBACK,
         acks: AckPlacement | None = None,
+        rank_logs: RankLogs | None = None,
     ) -> None:
         self.acks = acks or AckPlacement()
+        self.rank_logs = rank_logs or DEFAULT_RANK_LOGS
+        """What is kept of each rank's output (``[jobs]`` ``rank_log_*``; a reload changes it for later launches)."""
         self.launcher = launcher
         self.devices = devices
         self.offload = offload
@@ -218,7 +224,11 @@ class Supervisor:
 
         On a failure the ranks already started by this call are killed again, so a launch is all or nothing.
         """
-        reqs = rank_requests(rec, self.logs_dir, port=port, resume=resume, host=self.host, acks=self.acks)
+        limits = self.rank_logs
+        reqs = rank_requests(
+            rec, self.logs_dir, port=port, resume=resume, host=self.host, acks=self.acks, log_limits=limits
+        )
+        await asyncio.to_thread(prune_generations, self.logs_dir / rec.spec.name, rec.generation, limits.keep)
         wanted = set(range(len(reqs))) if only is None else set(only)
         started: list[RankHandle] = []
         try:

@@ -47,6 +47,7 @@ from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
+from flexmig.act.ranklogs import RankLogs
 from flexmig.act.service import Actuator
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
@@ -86,6 +87,10 @@ log = logging.getLogger(__name__)
 _MUTATING = ("jobs.submit", "jobs.migrate", "jobs.resplit", "jobs.stop")
 _MIN_ROUND_GAP_S = 1.0  # planning rounds woken by events never come closer than this
 _MAX_REQUESTS = 16
+
+
+def _rank_logs(cfg: Config) -> RankLogs:
+    return RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,7 @@ class ActuatorComponent:
                 events=self,
                 settings=planner_settings(cfg.planner),
                 ack_dir=cfg.jobs.ack_dir,
+                rank_logs=_rank_logs(cfg),
             )
         except StateInUseError:
             self._unlock()
@@ -346,7 +352,15 @@ class ActuatorComponent:
                 self._last_signature = signature
                 self._publish_plan(plan, mode)
             if mode == "act" and self.act is not None:
-                res = await self.act.execute(plan, origin="planner")
+                if self._stopping:  # SIGTERM came while this plan was being made: start nothing new
+                    log.info("planner: plan not executed: the daemon is stopping")
+                    return PlanRound(plan, result.document, "stopping")
+                try:
+                    res = await self.act.execute(plan, origin="planner")
+                except PlanRejectedError as exc:  # the journal cannot be written now, or the daemon stops
+                    self.metrics.record_plan_failure()
+                    log.warning("planning round: %s", exc)
+                    return PlanRound(plan, result.document, str(exc))
                 log.info("plan %d %s", res.plan_id, "completed" if res.ok else "did not complete")
             return result
 
@@ -416,7 +430,12 @@ class ActuatorComponent:
                     "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not "
                     "flexmig jobs submit"
                 )
-            async with self._busy:
+            act = self.act
+            if act is None:
+                raise PlanRejectedError(self.unavailable or "the actuator is not running")
+            # A journal write that waits for space (an action in flight, a job's exit record) refuses this at once
+            # instead of letting it hang behind the write.
+            async with act.executor.durable.hold(self._busy, op):
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
                 result = await handler(args)
@@ -545,6 +564,7 @@ class ActuatorComponent:
             self.act.set_mode(config.mode)
             self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
+            self.act.supervisor.rank_logs = _rank_logs(config)
         if self.mqtt is not None:
             self.mqtt.findings.mode = config.mode
         if old != config.mode:
@@ -564,6 +584,8 @@ class ActuatorComponent:
     async def drain(self) -> None:
         """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
         self._stopping = True
+        if self.act is not None:  # a plan already running starts none of its actions not yet begun
+            self.act.executor.stopping = True
         self._wake.set()
         grace = self.config.jobs.shutdown_grace_s
         if self._busy.locked():
