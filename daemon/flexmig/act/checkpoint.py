@@ -103,7 +103,8 @@ class Checkpointer:
                 forced = True
                 await self.supervisor.terminate(name, self.term_grace_s)
             codes = {str(h.slot): h.proc.returncode for h in self.supervisor.ranks(name)}
-            return {"exit_codes": codes, "forced": forced}
+            strays = await self.supervisor.end_strays(name, self.term_grace_s)
+            return {"exit_codes": codes, "forced": forced, **({"strays": strays} if strays else {})}
 
         await run.step("await_exit", {"timeout_s": spec.hook.exit_timeout_s}, await_exit)
         return ack

@@ -296,6 +296,10 @@ class ProcessScanner(Protocol):
     def find_marked(self) -> list[MarkedRank]:
         """Every live top-level process whose environment carries a ``FLEXMIG_JOB_ID`` at all."""
 
+    def find_all(self, job_uid: str) -> list[FoundRank]:
+        """Every live process whose environment carries ``FLEXMIG_JOB_ID=job_uid``: the ranks, their children,
+        and whatever left a rank's process group (``setsid``, a double fork) but kept the environment."""
+
 
 class PsutilScanner:
     """Scans ``/proc`` through psutil. Reading another user's environment needs root, as the daemon is in act mode."""
@@ -307,14 +311,20 @@ class PsutilScanner:
         for p, env in _readable_environments("create_time"):
             if env.get(ENV_JOB_ID) != job_uid:
                 continue
-            try:
-                gen = int(env.get(ENV_GENERATION, "-1"))
-                slot = int(env.get(ENV_SLOT, "-1"))
-            except ValueError:
-                continue
+            gen, slot = _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT)
             matches[p.info["pid"]] = FoundRank(p.info["pid"], float(p.info["create_time"]), gen, slot)
             parents[p.info["pid"]] = int(p.info["ppid"])
         return sorted(_tops(matches, parents), key=lambda f: (f.generation, f.slot))
+
+    def find_all(self, job_uid: str) -> list[FoundRank]:
+        """See :class:`ProcessScanner`."""
+        out = []
+        for p, env in _readable_environments("create_time"):
+            if env.get(ENV_JOB_ID) != job_uid:
+                continue
+            pid, started = int(p.info["pid"]), float(p.info["create_time"])
+            out.append(FoundRank(pid, started, _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT)))
+        return sorted(out, key=lambda f: f.pid)
 
     def find_marked(self) -> list[MarkedRank]:
         """See :class:`ProcessScanner`."""
@@ -324,18 +334,24 @@ class PsutilScanner:
             job_id = env.get(ENV_JOB_ID)
             if not job_id:
                 continue
-            gen, slot = env.get(ENV_GENERATION, "-1"), env.get(ENV_SLOT, "-1")
             found[p.info["pid"]] = MarkedRank(
                 pid=int(p.info["pid"]),
                 job_id=job_id[:64],
                 job=env.get(ENV_JOB, "")[:64],
-                generation=int(gen) if gen.lstrip("-").isdigit() else -1,
-                slot=int(slot) if slot.lstrip("-").isdigit() else -1,
+                generation=_marker(env, ENV_GENERATION),
+                slot=_marker(env, ENV_SLOT),
                 device=env.get("CUDA_VISIBLE_DEVICES", "")[:128],
                 user=str(p.info.get("username") or ""),
             )
             parents[p.info["pid"]] = int(p.info["ppid"])
         return sorted(_tops(found, parents), key=lambda r: r.pid)
+
+
+def _marker(env: Mapping[str, str], name: str) -> int:
+    """A number marker of a process's environment (generation, slot), -1 unless it is 1-9 ASCII digits: anyone may
+    start a process with any environment, and ``int()`` of 5,000 digits (or of ``"²"``) raises."""
+    text = env.get(name, "")
+    return int(text) if 0 < len(text) <= 9 and text.isascii() and text.isdigit() else -1
 
 
 def _readable_environments(*attrs: str) -> Iterator[tuple[psutil.Process, dict[str, str]]]:

@@ -84,6 +84,7 @@ class Actuator:
         pass a directory the daemon owns that job users can reach, e.g. ``/run/flexmig/acks``.
         """
         journal = Journal(journal_path, wall=wall, on_step=on_step, synchronous=journal_synchronous)
+        scanner = scanner or PsutilScanner()
         supervisor = Supervisor(
             launcher=launcher or SubprocessLauncher(),
             devices=devices,
@@ -93,6 +94,7 @@ class Actuator:
             wall=wall,
             acks=AckPlacement(ack_dir),
             rank_logs=rank_logs,
+            scanner=scanner,
         )
         executor = Executor(
             mode=mode,
@@ -100,7 +102,7 @@ class Actuator:
             supervisor=supervisor,
             journal=journal,
             events=events,
-            scanner=scanner or PsutilScanner(),
+            scanner=scanner,
             devices=devices,
             offload=offload,
             wall=wall,

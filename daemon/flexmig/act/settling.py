@@ -113,6 +113,7 @@ class Settler:
             return
         if not await self.supervisor.wait_exited(job, rec.spec.hook.exit_timeout_s):
             return  # others still run; their exits call us again
+        await self.supervisor.end_strays(job, self.term_grace_s)  # what left the ranks' process groups goes too
         try:
             ack = read_ack_in(self.supervisor.acks.path(rec))
         except AckError as exc:  # whatever the job left there, its ranks have exited: settle them without it
