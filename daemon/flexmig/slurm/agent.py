@@ -26,6 +26,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.records import Slot
 from flexmig.act.results import PlanResult
+from flexmig.clocks import Ages
 from flexmig.errors import FlexmigError, PlanRejectedError, SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
@@ -109,6 +110,7 @@ class SlurmAgent:
         planner: PlannerSettings,
         simulated: bool,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         slurmd: SlurmdControl | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
@@ -117,6 +119,8 @@ class SlurmAgent:
         self.executor = executor
         self.planner_settings = planner
         self.wall = wall
+        self.ages = Ages(wall, clock)
+        """How long ago the last re-registration was, on the monotonic clock (the journal's stamps are wall time)."""
         commands = SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s)
         self.client = SlurmClient(commands)
         self.slurmd = slurmd or ProcessSlurmd(node, settings.slurmd_pid_file, commands, settings.slurmd_conf)
@@ -207,10 +211,12 @@ class SlurmAgent:
         return state, requeued
 
     def last_change_s(self) -> float | None:
-        """When the last re-registration of this node finished (wall time, from the journal)."""
+        """When the last re-registration of this node finished, from the journal, in wall time now less how long
+        ago it was on the monotonic clock (:class:`~flexmig.clocks.Ages`: a wall clock set back never makes the
+        batching interval wait longer)."""
         for row in self.executor.journal.recent_actions(200):
             if row.kind == KIND and row.state == "done" and row.finished_s and row.payload.get("changes"):
-                return row.finished_s
+                return self.wall() - self.ages.ago(KIND, row.finished_s)
         return None
 
     def plan(self, read: SlurmRead) -> tuple[Plan, Verdict]:

@@ -61,6 +61,8 @@ class WiredDaemon(ActuatorHost, Protocol):
 
     deferred_problems: tuple[ConfigProblem, ...]
     sim_workload: bool
+    wall: Callable[[], float]
+    clock: Callable[[], float]
 
 
 def wire(daemon: WiredDaemon) -> Components:
@@ -88,7 +90,7 @@ def wire(daemon: WiredDaemon) -> Components:
         daemon.on_reload(mqtt.reload)
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
-    actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks)
+    actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks, wall=daemon.wall, clock=daemon.clock)
     slurm: SlurmComponent | None = None
     if config.slurm.enabled:
         if daemon.sim_spec is not None and daemon.sim_workload:
@@ -98,7 +100,7 @@ def wire(daemon: WiredDaemon) -> Components:
         def simulated() -> bool:  # asked when the actuator is built, once the backend is open
             return daemon.backend is not None and daemon.backend.simulated
 
-        slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated)
+        slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock)
     listener = command_listener(config, node, actuator.dispatch)
     serving = listener
     if listener is not None:

@@ -49,6 +49,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.ranklogs import RankLogs
 from flexmig.act.service import Actuator
+from flexmig.clocks import Ages
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.jobspec.spec import JobPolicy
@@ -111,6 +112,7 @@ class ActuatorComponent:
         *,
         mqtt: MqttComponent | None = None,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         locks: LockSet | None = None,
         node_lock_dir: Path = NODE_LOCK_DIR,
     ) -> None:
@@ -123,6 +125,8 @@ class ActuatorComponent:
         self.mode: Mode = host.config.mode
         self.mqtt = mqtt
         self.wall = wall
+        self.ages = Ages(wall, clock)
+        """How long ago each job last moved, on the monotonic clock (the journal's stamps are wall time)."""
         self.metrics = ActionMetrics()
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
@@ -384,6 +388,7 @@ class ActuatorComponent:
             await ex.offload(ex.devices.prune)
         inventory = await ex.mig.inventory()
         view = NodeView.of(inventory)
+        self.ages.check()  # one line when the wall clock was set: durations go on, measured on the monotonic clock
         now = self.wall()
         jobs = act.journal.jobs()
         alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs}
@@ -396,7 +401,7 @@ class ActuatorComponent:
                 alive_pids=alive,
                 now_s=now,
                 mig_enabled={g.index: g.mig_current for g in inventory.gpus},
-                last_moved_s=self._last_moved(),
+                last_moved_s=self._last_moved(now),
                 extra=extra,
             )
         except ValueError as exc:
@@ -411,14 +416,17 @@ class ActuatorComponent:
             return PlanRound(empty, doc, str(exc))
         return PlanRound(plan, plan_document(plan, given, mode=self.mode, source=source))
 
-    def _last_moved(self) -> dict[str, float]:
-        """When each job last started or moved (wall time), from the journal."""
+    def _last_moved(self, now: float) -> dict[str, float]:
+        """When each job last started or moved, from the journal, in the planner's time ``now``: ``now`` less how
+        long ago it was, measured on the monotonic clock (:class:`~flexmig.clocks.Ages`). The settling time then
+        lasts what it says even when the wall clock is set back an hour."""
         assert self.act is not None
         out: dict[str, float] = {}
         for row in self.act.journal.recent_actions(1000):
             if row.job and row.state == "done" and row.finished_s and row.kind in ("start", "migrate", "resplit"):
                 out[row.job] = max(out.get(row.job, 0.0), row.finished_s)
-        return out
+        self.ages.forget(set(out))
+        return {job: now - self.ages.ago(job, stamp) for job, stamp in out.items()}
 
     # ------------------------------------------------------------------------------------------ control ops
     def _serialized(self, op: str, handler: Handler) -> Handler:
