@@ -89,7 +89,7 @@ def loads(
     except JsonBoundsError:
         raise
     except json.JSONDecodeError as exc:
-        raise JsonBoundsError(f"not JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
+        raise JsonBoundsError(f"not JSON: {exc}") from None
     except RecursionError:  # deeper than the interpreter's own limit: far past any bound given here
         raise JsonBoundsError(f"nests deeper than {max_depth} levels") from None
     except (ValueError, OverflowError) as exc:  # the decoder's own limits, whatever they are in this Python

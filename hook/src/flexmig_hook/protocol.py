@@ -108,7 +108,8 @@ class Ack:
         step = data.get("step")
         ckpt = data.get("checkpoint")
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= ACK_MAX_STEP:
-            raise AckError(f"acknowledgement 'step' must be an integer from 0 to {ACK_MAX_STEP}, not {_short(step)}")
+            bound = f"a non-negative integer up to {ACK_MAX_STEP}"
+            raise AckError(f"acknowledgement 'step' must be {bound}, not {_short(step)}")
         if not isinstance(ckpt, str) or not ckpt or "\x00" in ckpt or len(ckpt) > ACK_MAX_PATH:
             raise AckError(
                 f"acknowledgement 'checkpoint' must be a non-empty path of at most {ACK_MAX_PATH} characters, "
