@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import grp
+import math
 import os
 import pwd
 import re
@@ -300,6 +301,12 @@ def parse_job_spec(text: str, policy: JobPolicy, source: Path | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         where = str(source) if source else "<job spec>"
         raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        where = str(source) if source else "<job spec>"
+        raise JobSpecError(f"{where}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # tomllib's int() of more than 4,300 digits raises a plain ValueError
+        where = str(source) if source else "<job spec>"
+        raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
     base = source.parent if source else Path.cwd()
     return _build(data, source, base, ctx, policy)
 
@@ -449,7 +456,13 @@ def _num(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: floa
     v = table.get(key, default)
     if not isinstance(v, int | float) or isinstance(v, bool):
         raise c.fail(dotted, f"must be a number, not {type_name(v)}")
-    return float(v)
+    try:
+        out = float(v)
+    except OverflowError:  # an integer past the largest float: TOML allows it, no setting needs it
+        raise c.fail(dotted, "is out of range") from None
+    if not math.isfinite(out):
+        raise c.fail(dotted, f"must be a finite number, not {out}")
+    return out
 
 
 def _argv(c: _Ctx, data: Mapping[str, Any]) -> tuple[str, ...]:
