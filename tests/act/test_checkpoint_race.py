@@ -1,0 +1,125 @@
+"""A job's user races the daemon for its checkpoint directory, and never makes root change another file.
+
+The attack of issue #19: the job acknowledges its checkpoint, removes its checkpoint directory and exits, so that the
+daemon makes the directory again for the next generation; meanwhile a racer of the same user swaps a symlink to a
+root-owned file in and out of that name with ``renameat2(RENAME_EXCHANGE)`` in a tight loop. The daemon used to
+``mkdir`` and then ``chown`` by name, and the ``chown`` followed the symlink: the user won root's file almost every
+time. Here the real actuator runs real migrations of a real job of a user made for the test, with the racer (a small
+Python program of that user's, through libc) running during each one, and the file must stay root's every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import signal
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.hostile import SYSTEM_PYTHON, Rig, base_dir, scratch_user
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.fault,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the attack is on root's files, by a user it makes"),
+]
+
+ROUNDS = 6
+
+RACER = r"""
+import ctypes, os, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+stop = False
+def done(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, done)
+print("ready", flush=True)
+while not stop and os.path.lexists("ckpt"):  # the job removes its directory once the daemon has read its ack
+    pass
+swaps = 0
+deadline = time.monotonic() + 60
+while not stop and time.monotonic() < deadline:
+    if libc.renameat2(AT_FDCWD, b"ckpt", AT_FDCWD, b"swap", RENAME_EXCHANGE) == 0:
+        swaps += 1
+print(swaps, flush=True)
+"""
+
+
+@pytest.fixture
+def user() -> Iterator[pwd.struct_passwd]:
+    with scratch_user("fmr") as u:
+        yield u
+
+
+def owner(path: Path) -> int:
+    return os.lstat(path).st_uid
+
+
+def reset(work: Path, victim: Path) -> None:
+    """The battlefield for one round: no checkpoint directory yet, the racer's symlink to root's file beside it."""
+    for name in ("ckpt", "swap"):
+        p = work / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            for q in p.iterdir():
+                q.unlink()
+            p.rmdir()
+    (work / "swap").symlink_to(victim)
+
+
+def test_a_symlink_racer_never_makes_root_hand_over_another_file_during_real_migrations(
+    user: pwd.struct_passwd,
+) -> None:
+    with base_dir("fm-race-") as base:
+        victim = base / "victim"
+        victim.write_text("root's own file\n")
+        victim.chmod(0o600)
+        work = base / "work"
+        work.mkdir()
+        os.chown(work, user.pw_uid, user.pw_gid)
+        (base / "racer.py").write_text(RACER)
+        (base / "racer.py").chmod(0o644)
+        results = asyncio.run(_rounds(base, work, victim, user))
+    wins = [r for r in results if r[0] != 0]
+    swaps = sum(r[1] for r in results)
+    assert swaps > 0, f"the racer never swapped: the race did not take place ({results})"
+    assert not wins, f"the racer made root hand over its file in {len(wins)} of {ROUNDS} migrations: {results}"
+
+
+async def _rounds(base: Path, work: Path, victim: Path, user: pwd.struct_passwd) -> list[tuple[int, int]]:
+    results: list[tuple[int, int]] = []
+    async with Rig(base) as rig:
+        for _ in range(ROUNDS):
+            reset(work, victim)
+            spec = rig.hostile("ack-and-rmdir", user=user.pw_name, work=work, checkpoint_dir=work / "ckpt")
+            answer = await rig.call("jobs.submit", path=str(spec))
+            assert answer["ok"], answer
+            await rig.until("the job runs", lambda: len(rig.alive()) == 1)
+            racer = subprocess.Popen(
+                [SYSTEM_PYTHON, str(base / "racer.py")],
+                cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                assert racer.stdout is not None and racer.stdout.readline().strip() == "ready"
+                await rig.call("jobs.migrate", name="evil")  # moved, rolled back or failed: the file is what counts
+            finally:
+                racer.send_signal(signal.SIGTERM)
+                out, _ = await asyncio.to_thread(racer.communicate, timeout=30)
+            results.append((owner(victim), int(out.split()[-1]) if out.split() else 0))
+            if owner(victim) != 0:  # the attack won: give the file back to root for the next round
+                os.chown(victim, 0, 0)
+            assert stat.S_IMODE(victim.lstat().st_mode) == 0o600
+            rec = rig.record()
+            if rec is not None and rec.state == "running":
+                await rig.call("jobs.stop", name="evil", force=True)
+    return results
