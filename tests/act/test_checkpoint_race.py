@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the attack is on root's files, by a user it makes"),
 ]
 
-ROUNDS = 6
+ROUNDS = 10
 
 RACER = r"""
 import ctypes, os, signal, sys, time
