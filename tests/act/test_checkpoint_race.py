@@ -15,7 +15,6 @@ import os
 import pwd
 import signal
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,21 +103,21 @@ async def _rounds(base: Path, work: Path, victim: Path, user: pwd.struct_passwd)
             answer = await rig.call("jobs.submit", path=str(spec))
             assert answer["ok"], answer
             await rig.until("the job runs", lambda: len(rig.alive()) == 1)
-            racer = subprocess.Popen(
-                [SYSTEM_PYTHON, str(base / "racer.py")],
-                cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
-                stdout=subprocess.PIPE, text=True,
+            racer = await asyncio.create_subprocess_exec(
+                SYSTEM_PYTHON, str(base / "racer.py"),
+                cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[], stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
+            assert racer.stdout is not None
             try:
-                assert racer.stdout is not None and racer.stdout.readline().strip() == "ready"
+                assert (await asyncio.wait_for(racer.stdout.readline(), 30)).strip() == b"ready"
                 await rig.call("jobs.migrate", name="evil")  # moved, rolled back or failed: the file is what counts
             finally:
                 racer.send_signal(signal.SIGTERM)
-                out, _ = await asyncio.to_thread(racer.communicate, timeout=30)
+                out = (await asyncio.wait_for(racer.communicate(), 30))[0].decode()
             results.append((owner(victim), int(out.split()[-1]) if out.split() else 0))
             if owner(victim) != 0:  # the attack won: give the file back to root for the next round
                 os.chown(victim, 0, 0)
-            assert stat.S_IMODE(victim.lstat().st_mode) == 0o600
+            assert stat.S_IMODE(os.lstat(victim).st_mode) == 0o600
             rec = rig.record()
             if rec is not None and rec.state == "running":
                 await rig.call("jobs.stop", name="evil", force=True)

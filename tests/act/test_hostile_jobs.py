@@ -17,10 +17,12 @@ import pwd
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from flexmig.act.events import ActEvent, MemorySink
 from flexmig.hook.protocol import ENV_RESUME
 from support.hostile import Rig, base_dir, scratch_user
 from support.jobs import ROOT
@@ -206,3 +208,32 @@ def test_a_rank_that_writes_without_end_never_takes_more_than_its_log_cap_and_ow
 
     with scratch_user() as user:
         run(scenario(user))
+
+
+# ------------------------------------------------------------------------------------------- stopping
+class StopAtFirstAction(MemorySink):
+    """Events, and SIGTERM's effect on the executor (``stopping``) as soon as the first action of a plan begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.executor: Any = None
+
+    def emit(self, event: ActEvent) -> None:
+        super().emit(event)
+        if event.kind == "action_started" and self.executor is not None:
+            self.executor.stopping = True
+
+
+def test_a_plan_begun_before_the_daemon_was_told_to_stop_starts_no_job_after_it(base: Path) -> None:
+    async def scenario() -> None:
+        events = StopAtFirstAction()
+        async with Rig(base, events=events) as rig:
+            events.executor = rig.act.executor
+            res = await rig.call("jobs.submit", path=str(rig.hostile("finish")))
+            kinds = {a["kind"]: a for a in res["actions"]}
+            assert kinds["create_instance"]["outcome"] == "completed", res
+            assert kinds["start"]["outcome"] == "skipped" and "the daemon is stopping" in kinds["start"]["error"]
+            assert rig.alive() == [] and rig.record().state == "pending", "no job started after the stop"
+            assert not rig.node.gpu(0).gpu_instances, "the instance the plan made for it was removed again"
+
+    run(scenario())

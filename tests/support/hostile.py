@@ -63,11 +63,13 @@ def base_dir(prefix: str = "fm-hostile-") -> Iterator[Path]:
 class Rig:
     """``async with Rig(base) as rig:`` the actuator (mode act) on a simulated H200 under ``base``."""
 
-    def __init__(self, base: Path, spec: str = "h200", *, rank_logs: Any = None) -> None:
+    def __init__(
+        self, base: Path, spec: str = "h200", *, rank_logs: Any = None, events: MemorySink | None = None
+    ) -> None:
         self.base = base
         self.spec = spec
         self.rank_logs = rank_logs
-        self.events = MemorySink()
+        self.events = events or MemorySink()
         self.deaths: list[str] = []
 
     async def __aenter__(self) -> Rig:
