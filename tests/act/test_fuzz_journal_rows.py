@@ -72,7 +72,7 @@ def test_no_row_makes_opening_the_journal_raise_anything_but_journal_error(
     path.write_bytes(pristine)
     db = sqlite3.connect(path, isolation_level=None)
     try:
-        db.execute(f"UPDATE jobs SET {field}=?, generation=?", (value, generation))  # noqa: S608 - a fixed name
+        db.execute(f"UPDATE jobs SET {field}=?, generation=?", (value, generation))
     except OverflowError:  # Python ints past SQLite's 64 bits cannot be stored at all: nothing to read back
         return
     finally:
