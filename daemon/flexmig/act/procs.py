@@ -90,8 +90,7 @@ class LaunchedProcess:
     def __init__(self, proc: asyncio.subprocess.Process, launcher_kind: str) -> None:
         self._proc = proc
         self._kind = launcher_kind
-        self.log_writer: int | None = None
-        """The pid of the process that writes this rank's log (:mod:`flexmig.act.logpump`)."""
+
         try:
             self._ctime = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -230,7 +229,7 @@ class SubprocessLauncher:
         program = runnable_program(req.argv[0])
         owner = (req.uid, req.gid if req.gid is not None else -1) if req.uid is not None else None
         try:
-            log_fd, pump = await start_pump(req.log_path, req.log_limits, owner)
+            log_fd, _writer = await start_pump(req.log_path, req.log_limits, owner)  # reaped by start_pump's watch
         except FlexmigError as exc:  # the log directory is not what it must be
             raise OSError(f"rank log {req.log_path}: {exc}") from exc
         sig = req.ignore_signal
@@ -258,9 +257,7 @@ class SubprocessLauncher:
             os.close(log_fd)  # the writer sees the end of its pipe and ends
             raise
         os.close(log_fd)
-        launched = LaunchedProcess(proc, req.launcher_kind)
-        launched.log_writer = pump.pid
-        return launched
+        return LaunchedProcess(proc, req.launcher_kind)
 
 
 @dataclass(frozen=True, slots=True)

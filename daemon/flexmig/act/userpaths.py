@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flexmig.errors import FlexmigError
+from flexmig.errors import UserPathError
 from flexmig_hook.protocol import Ack, AckError, read_ack
 
 __all__ = [
@@ -53,11 +53,6 @@ _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 _AT_FDCWD = -100
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-class UserPathError(FlexmigError):
-    """A path a job's user can change is not what it must be (a symlink, not a directory, outside its root); the
-    message names the path and why, and nothing was changed."""
 
 
 class _OpenHow(ctypes.Structure):
