@@ -109,6 +109,13 @@ _.ticks  # Watchdog: ticks run
 _.receive
 _.sbatch
 
+# --- Control operation handlers: a row of flexmig.act.operation_table.OPERATIONS names each, and bind() looks it up
+# by that name (tests/act/test_operation_table.py checks that every row's handler exists).
+_.submit
+_.list_jobs
+_.status_request
+_.plan_request
+
 # --- Public names in a module's ``__all__`` that only tests, benchmarks, docs or job scripts use (vulture counts
 # ``__all__`` as a use; tests/repo/test_dead_code.py does not, so that an export nothing needs shows up).
 _.demand_from_requests  # flexmig.detect: the demand mix learnt from requests (docs/detection.md)
