@@ -11,6 +11,7 @@ from __future__ import annotations
 from flexmig_hook import (
     Ack,
     AckError,
+    HandoverError,
     Hook,
     HookEnv,
     atomic_write_bytes,
@@ -25,6 +26,7 @@ from flexmig_hook import (
 __all__ = [
     "Ack",
     "AckError",
+    "HandoverError",
     "Hook",
     "HookEnv",
     "atomic_write_bytes",
