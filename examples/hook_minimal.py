@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-time", type=float, default=0.01)
     p.add_argument("--log", type=Path, default=None)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--teardown", action="store_true", help="exit through the interpreter's teardown (for comparison)")
     args = p.parse_args(argv)
 
     t_imported = time.time()
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             hook.atomic_write_json(path, {"step": step, "total": total})
             log(event="checkpoint", step=step, total=total, path=str(path), t=time.time())
             h.acknowledge(step, path)
+            if args.teardown:
+                return 0
             h.exit(0)  # checkpoint written and acknowledged: end without the interpreter's teardown
         step += 1
         time.sleep(args.step_time)

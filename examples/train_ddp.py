@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step (stands in for work)")
     p.add_argument("--log", type=Path, default=None, help="JSON-lines log written by rank 0")
+    p.add_argument(
+        "--teardown",
+        action="store_true",
+        help="after acknowledging, leave the process group and exit through the interpreter's teardown, as ranks "
+        "did before Hook.exit (bench/migration.py's rival)",
+    )
     return p.parse_args(argv)
 
 
@@ -150,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             path = torch_hook.save_checkpoint(h, step, model, opt)
             log.write(event="checkpoint", step=step, path=str(path), params=params_of(net), t=time.time())
             h.acknowledge(step, path)
+            if args.teardown:
+                if distributed:
+                    dist.destroy_process_group()
+                return 0
             h.exit(0)  # the checkpoint is on disk and acknowledged: skip the interpreter's teardown
     log.write(event="done", step=step, t=time.time())
     if distributed:

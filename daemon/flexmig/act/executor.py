@@ -112,7 +112,7 @@ class Executor:
         devices: DeviceProcessTable,
         offload: Offload,
         wall: Callable[[], float] = time.time,
-        poll_s: float = 0.02,
+        poll_s: float = 0.005,
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
     ) -> None:
@@ -395,7 +395,10 @@ class Executor:
         return {"uuid": dev.uuid, "gi_id": dev.gpu_instance_id}
 
     async def _with_uuids(self, slots: Sequence[Slot]) -> list[Slot]:
-        view = await self.view()
+        return self._uuids_in(await self.view(), slots)
+
+    @staticmethod
+    def _uuids_in(view: NodeView, slots: Sequence[Slot]) -> list[Slot]:
         out = []
         for s in slots:
             inst = view.instance(s.gpu, s.start)
@@ -588,11 +591,16 @@ class Executor:
     async def _reconfigure(self, run: ActionRun, src: Sequence[Slot], dst: Sequence[Slot]) -> list[Slot]:
         """Destroy the job's sources that overlap missing targets, create the missing targets; returns targets."""
 
+        seen: list[NodeView] = []
+
         async def decide() -> dict[str, Any]:
-            destroy, create = layout_changes(await self.view(), src, dst)
+            seen.append(await self.view())
+            destroy, create = layout_changes(seen[0], src, dst)
             return {"destroy": [s.to_json() for s in destroy], "create": [d.to_json() for d in create]}
 
         res = await run.step("layout", {}, decide)
+        if seen and not res["destroy"] and not res["create"]:
+            return self._uuids_in(seen[0], dst)  # nothing changed since that view: one NVML inventory, not two
         for s in (Slot.from_json(d) for d in res["destroy"]):
             await run.step(f"destroy:{s.gpu}@{s.start}", s.to_json(), lambda s=s: self._destroy_idle(s))  # type: ignore[misc]
         for d in (Slot.from_json(x) for x in res["create"]):

@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from flexmig_hook.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, fsync_dir
+from flexmig_hook.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, fsync_dir, fsync_tree
 from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_ACK_WAIT,
@@ -70,6 +70,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_writer",
     "fsync_dir",
+    "fsync_tree",
     "install",
     "parse_signal",
     "read_ack",
