@@ -126,10 +126,10 @@ def test_a_framework_job_migrates_and_resplits_resuming_after_the_acknowledged_s
         assert Path(job["resume"]["checkpoint"]).parent == base / "ckpt"
 
         assert "stop fw: completed" in flexmig(sock, "stop", "fw")
-    except AssertionError:
+    except AssertionError as exc:
         logs = sorted((base / "logs" / "fw").glob("*.log")) if (base / "logs").exists() else []
         tails = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs)
-        raise AssertionError(f"{(base / 'service.log').read_text()[-2000:]}\n{tails}") from None
+        raise AssertionError(f"{exc}\n{(base / 'service.log').read_text()[-2000:]}\n{tails}") from None
     finally:
         service.send_signal(signal.SIGTERM)
         try:
