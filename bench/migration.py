@@ -21,8 +21,8 @@ Phases (they add up to the pause; wall-clock times from the journal and the job'
 * ``step under way``: the step the ranks were in when the request came (at most one step);
 * ``request -> ack``: the ranks agree on a step, save and acknowledge (the ack file's time);
 * ``old ranks exit``: from the daemon seeing the ack to the last old rank gone;
-* ``flexmig``: the daemon's own work from the ack to the new ranks running or handed over (noticing the ack,
-  journal commits with their fsyncs, NVML, launching or handing over), old ranks' exit excluded;
+* ``flexmig``: the daemon's own work from the ack to the new ranks started, or to standby ranks resuming (noticing
+  the ack, journal commits with their fsyncs, NVML, launching or handing over), old ranks' exit excluded;
 * ``start + imports``: new ranks' process start and imports, on the critical path (0 for standby ranks: done
   before the request);
 * ``model, optimizer``: building them (0 for standby ranks);
@@ -141,25 +141,26 @@ def phases(events: list[dict[str, Any]], steps: dict[str, Any], ack_t: float, st
     t_imported = start["t_imported"]
     t_built = start.get("t_built", t_imported)
     t_world, t_ready = start["t_world"], start["t"]
+    handed = min(launched, t_world)  # a standby rank resumes before the launch step's last journal commit
     old_exit = gone - seen
     launch = steps["launch"]
     layout = steps["layout"]
     detail = {
         "notice ack": seen - ack_t,
         "layout (NVML)": (layout.finished_s or 0) - layout.started_s,
-        "launch or handover": (launch.finished_s or 0) - launch.started_s,
+        "launch or handover": min(launch.finished_s or 0, handed) - launch.started_s,
     }
-    detail["journal, rest"] = launched - ack_t - old_exit - sum(detail.values())
+    detail["journal, rest"] = handed - ack_t - old_exit - sum(detail.values())
     return {
         **detail,
         "pause": first - last,
         "step under way": t_req - last,
         "request -> ack": ack_t - t_req,
         "old ranks exit": old_exit,
-        "flexmig": launched - ack_t - old_exit,
-        "start + imports": max(0.0, t_imported - launched),
-        "model, optimizer": max(0.0, t_built - max(t_imported, launched)),
-        "until world": t_world - max(t_built, launched),
+        "flexmig": handed - ack_t - old_exit,
+        "start + imports": max(0.0, t_imported - handed),
+        "model, optimizer": max(0.0, t_built - max(t_imported, handed)),
+        "until world": t_world - max(t_built, handed),
         "group, load": t_ready - t_world,
         "first step": first - t_ready,
         "handed over": float(bool(start.get("standby"))),
