@@ -311,9 +311,7 @@ def test_every_problem_of_a_spec_is_named_at_once_in_file_order(tmp_path: Path, 
     ("typo", "meant"),
     [("usr", "user"), ("chekpoint_dir", "checkpoint_dir"), ("launchr", "launcher")],
 )
-def test_a_misspelt_key_says_which_key_it_probably_is(
-    tmp_path: Path, policy: JobPolicy, typo: str, meant: str
-) -> None:
+def test_a_misspelt_key_says_which_key_it_probably_is(tmp_path: Path, policy: JobPolicy, typo: str, meant: str) -> None:
     text = GOOD.replace("[ranks]", f'{typo} = "x"\n\n[ranks]')
     with pytest.raises(JobSpecError, match=rf"{typo}: unknown key \(did you mean '{meant}'\?\)"):
         load_job_spec(write(tmp_path, text), policy)
@@ -331,6 +329,7 @@ def test_a_misspelt_key_in_a_table_says_which_key_it_probably_is(tmp_path: Path,
 def test_standby_ranks_are_opt_in_and_kept_across_the_journal(tmp_path: Path, policy: JobPolicy) -> None:
     plain = GOOD.replace('launcher = "torchrun"', 'launcher = "plain"')
     assert load_job_spec(write(tmp_path, plain), policy).hook.standby is False
-    spec = load_job_spec(write(tmp_path, plain.replace("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby = true")), policy)
+    opted = plain.replace("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby = true")
+    spec = load_job_spec(write(tmp_path, opted), policy)
     assert spec.hook.standby is True and spec.hook.standby_timeout_s == 120.0
     assert JobSpec.from_dict(spec.to_dict()).hook == spec.hook
