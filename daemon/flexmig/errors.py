@@ -9,8 +9,9 @@ Defined elsewhere, each for a reason of its layer:
 
 - ``flexmig.config.ConfigFileError``, a :class:`ConfigError`: it carries the configuration package's
   ``ConfigProblem`` records, which this module, below every layer, cannot import.
-- ``flexmig_hook.AckError``, a ``ValueError``: the hook is a distribution of its own that job scripts use without
-  flexmig; the actuator catches it where it reads an acknowledgement.
+- ``flexmig_hook.AckError`` and ``flexmig_hook.HandoverError``, ``ValueError``s: the hook is a distribution of its
+  own that job scripts use without flexmig; the actuator catches the first where it reads an acknowledgement, the
+  second only guards what it writes to a standby rank.
 - ``flexmig_hook.boundedjson.JsonBoundsError``, a ``ValueError``, for the same reason: the bounded JSON reader lives
   in the hook so that acknowledgements are read with it on both sides; each reader converts it at its border.
 - ``flexmig.act.steps.StepFailed`` and ``Refused``: the step runner's control flow within one action (the Slurm

@@ -5,7 +5,8 @@ the ranks still running until they exit), the job saves at its next step boundar
 number and the checkpoint's path; no acknowledgement within the job's ``ack_timeout_s`` cancels the move and the
 job keeps running. A job whose ranks crash while checkpointing is marked failed; one whose every rank exits 0
 without acknowledging finished its work before it could checkpoint, and is done (the move is cancelled). The
-acknowledged checkpoint must be a non-empty file inside the job's checkpoint directory.
+acknowledged checkpoint must be a non-empty file, or a directory with something in it (a framework's checkpoint:
+Hugging Face's ``checkpoint-N/``, torch.distributed.checkpoint's), inside the job's checkpoint directory.
 
 The acknowledgement and the checkpoint lie in directories the job's user owns: they are read, resolved and removed
 through :mod:`flexmig.act.userpaths` (no symlink followed on the way, nothing done by name), and whatever is wrong
@@ -26,7 +27,7 @@ from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.records import JobRecord
 from flexmig.act.steps import ActionRun, StepFailed
 from flexmig.act.supervisor import Supervisor
-from flexmig.act.userpaths import UserPathError, clear_ack, read_ack_in, resolve_beneath
+from flexmig.act.userpaths import UserPathError, clear_ack, has_entries, read_ack_in, resolve_beneath
 from flexmig_hook.protocol import Ack, AckError
 
 __all__ = ["Checkpointer", "validate_ack"]
@@ -176,7 +177,7 @@ class Checkpointer:
 
 def validate_ack(rec: JobRecord, ack: Ack) -> Ack:
     """The acknowledged checkpoint, resolved; StepFailed (cancelled) unless it lies inside the job's checkpoint
-    directory and is a non-empty file.
+    directory and is a non-empty file or a directory with at least one entry.
 
     The path is taken as the job wrote it (relative to its working directory), must lie inside the checkpoint
     directory as written, and is resolved inside that directory alone (:func:`~flexmig.act.userpaths.resolve_beneath`:
@@ -195,12 +196,19 @@ def validate_ack(rec: JobRecord, ack: Ack) -> Ack:
     except UserPathError as exc:
         raise StepFailed(f"job {rec.name} acknowledged {ack.checkpoint}: {exc}", outcome="cancelled") from exc
     except OSError:
-        found = None
-        missing = True
-    else:
-        missing = False
-    if found is None and not missing:
+        why = f"job {rec.name} acknowledged a missing or empty checkpoint {named}"
+        raise StepFailed(why, outcome="cancelled") from None
+    if found is None:  # the daemon may not look inside: the job's word for it
         return Ack(step=ack.step, checkpoint=str(named))
-    if found is None or not stat.S_ISREG(found[1].st_mode) or found[1].st_size == 0:
-        raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {named}", outcome="cancelled")
-    return Ack(step=ack.step, checkpoint=str(found[0]))
+    real, st = found
+    if stat.S_ISDIR(st.st_mode) and real != root:
+        try:
+            if has_entries(root, real):
+                return Ack(step=ack.step, checkpoint=str(real))
+        except PermissionError:
+            return Ack(step=ack.step, checkpoint=str(real))
+        except (OSError, UserPathError):
+            pass
+    elif stat.S_ISREG(st.st_mode) and st.st_size > 0:
+        return Ack(step=ack.step, checkpoint=str(real))
+    raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {named}", outcome="cancelled")

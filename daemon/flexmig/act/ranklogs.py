@@ -52,28 +52,29 @@ async def start_pump(
 
     The writer is this process's child until it ends: it is reaped as soon as it does, through a pidfd on the
     event loop (a thread where the kernel has no pidfd), so it never lingers as a zombie."""
+    proc, write_end = await asyncio.to_thread(_spawn, log_path, limits, owner)
+    _reap_when_done(proc)
+    return write_end, proc
+
+
+def _spawn(log_path: Path, limits: RankLogs, owner: tuple[int, int] | None) -> tuple[subprocess.Popen[bytes], int]:
+    """In a worker thread (fork and exec cost milliseconds): the directory, the pipe, the writer."""
     directory = log_path.parent
-    await asyncio.to_thread(ensure_dir, directory, None, None, 0o700)
+    ensure_dir(directory, None, None, 0o700)
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         with opened_dir(directory) as dir_fd:
             argv = [sys.executable, "-I", "-S", str(LOGPUMP), str(dir_fd), log_path.name]
             argv += [str(limits.max_bytes), str(limits.keep), *(str(x) for x in owner or ())]
-            proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec returns at once; asyncio's transport would kill it on close
-                argv,
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                pass_fds=(dir_fd,),
-                start_new_session=True,
-                close_fds=True,
+            proc = subprocess.Popen(
+                argv, stdin=read_end, stdout=subprocess.DEVNULL, pass_fds=(dir_fd,), start_new_session=True
             )
     except BaseException:
         os.close(write_end)
         raise
     finally:
         os.close(read_end)
-    _reap_when_done(proc)
-    return write_end, proc
+    return proc, write_end
 
 
 def _reap_when_done(proc: subprocess.Popen[bytes]) -> None:

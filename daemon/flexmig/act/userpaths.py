@@ -40,6 +40,7 @@ __all__ = [
     "UserPathError",
     "clear_ack",
     "ensure_dir",
+    "has_entries",
     "open_dir",
     "opened_dir",
     "read_ack_in",
@@ -276,49 +277,74 @@ def resolve_beneath(root: Path, target: Path) -> tuple[Path, os.stat_result] | N
     it, none is), one that leads out of it is refused. None when the daemon may not look inside ``root`` (a unit
     without CAP_DAC_READ_SEARCH). FileNotFoundError when missing; UserPathError when it leads out of ``root``."""
     try:
+        with _beneath(root, target, os.O_PATH) as fd:
+            if fd is None:
+                return None
+            return Path(f"/proc/self/fd/{fd}").readlink(), os.fstat(fd)
+    except PermissionError:
+        return None
+
+
+def has_entries(root: Path, target: Path) -> bool:
+    """True when the directory ``target``, opened inside ``root`` as :func:`resolve_beneath` resolves it, holds at
+    least one entry (a framework's checkpoint directory that was written). PermissionError when the daemon may not
+    look; FileNotFoundError, UserPathError as there."""
+    with _beneath(root, target, os.O_RDONLY | os.O_DIRECTORY) as fd:
+        if fd is None:
+            raise PermissionError(errno.EACCES, "cannot look inside", str(root))
+        with os.scandir(fd) as entries:
+            return next(entries, None) is not None
+
+
+@contextlib.contextmanager
+def _beneath(root: Path, target: Path, flags: int) -> Iterator[int | None]:
+    """A descriptor of ``target`` opened with ``flags`` inside ``root`` alone (None: the daemon may not open
+    ``root``), closed on leaving."""
+    try:
         rel = target.relative_to(root)
     except ValueError:
         raise UserPathError(f"{target} is outside {root}") from None
     try:
         root_fd = open_dir(root)
     except PermissionError:
-        return None
+        yield None
+        return
     try:
         if not rel.parts:
-            return root, os.fstat(root_fd)
+            fd = os.dup(root_fd)
+        else:
+            try:
+                got = _openat2(root_fd, str(rel), flags | os.O_CLOEXEC, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+            except PermissionError:
+                raise
+            except OSError as exc:
+                if exc.errno == errno.EXDEV:
+                    raise UserPathError(f"{target} leads out of {root} (a symlink); refused") from None
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    raise FileNotFoundError(errno.ENOENT, "no such file", str(target)) from None
+                raise UserPathError(f"{target}: cannot open it: {exc.strerror}") from None
+            fd = got if got is not None else _walk_nofollow(root_fd, rel, target, flags)
         try:
-            fd = _openat2(root_fd, str(rel), os.O_PATH | os.O_CLOEXEC, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
-        except PermissionError:
-            return None
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                raise UserPathError(f"{target} leads out of {root} (a symlink); refused") from None
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                raise FileNotFoundError(errno.ENOENT, "no such file", str(target)) from None
-            raise UserPathError(f"{target}: cannot open it: {exc.strerror}") from None
-        if fd is None:
-            fd = _walk_nofollow(root_fd, rel, target)
-        try:
-            real = Path(f"/proc/self/fd/{fd}").readlink()
-            return real, os.fstat(fd)
+            yield fd
         finally:
             os.close(fd)
     finally:
         os.close(root_fd)
 
 
-def _walk_nofollow(root_fd: int, rel: Path, shown: Path) -> int:
-    """``rel`` below ``root_fd`` one component at a time, no symlink followed (openat2's fallback)."""
+def _walk_nofollow(root_fd: int, rel: Path, shown: Path, flags: int) -> int:
+    """``rel`` below ``root_fd`` one component at a time, no symlink followed (openat2's fallback); the last
+    component is opened with ``flags``."""
     fd = os.dup(root_fd)
     try:
         for i, part in enumerate(rel.parts):
             if part in ("..", "."):
                 raise UserPathError(f"{shown}: '{part}' in a checkpoint path; refused")
             last = i == len(rel.parts) - 1
-            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
+            mode = (flags if last else os.O_PATH | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
-                nfd = os.open(part, flags, dir_fd=fd)
-            except FileNotFoundError:
+                nfd = os.open(part, mode, dir_fd=fd)
+            except (FileNotFoundError, PermissionError):
                 raise
             except OSError as exc:
                 raise UserPathError(f"{shown}: cannot open it without following a link: {exc.strerror}") from None
