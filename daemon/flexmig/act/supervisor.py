@@ -255,7 +255,9 @@ class Supervisor:
         self.launcher = launcher
         self.devices = devices
         self.offload = offload
-        self.logs_dir = logs_dir
+        # Resolved once (the operator's state directory may lie below a symlink such as /var/lib -> /data): the
+        # rank logs are then made and opened with no symlink followed (flexmig.act.userpaths).
+        self.logs_dir = Path(os.path.realpath(logs_dir))
         self.events = events
         self.wall = wall
         self.host = host

@@ -29,6 +29,7 @@ inside that directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import stat
@@ -239,6 +240,13 @@ class SlurmChange:
             raise StepFailed(
                 f"Slurm job {job.get('job_id')}: no checkpoint directory: {exc}", outcome="cancelled"
             ) from exc
+        # The template's fixed part is the operator's (it may lie below a symlink such as /var/tmp -> /tmp): resolved
+        # here; the part a job's user owns is then walked with no symlink followed (flexmig.act.userpaths).
+        template = self.settings.checkpoint_dir
+        if "{" in template:
+            fixed = Path(template.split("{", 1)[0]).parent
+            with contextlib.suppress(ValueError):
+                d = Path(os.path.realpath(fixed)) / d.relative_to(fixed)
         return d / ACK_NAME
 
     async def _baseline(self, ack_path: Path) -> dict[str, Any]:
