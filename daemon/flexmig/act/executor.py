@@ -96,6 +96,10 @@ from flexmig_hook.protocol import Ack
 
 __all__ = ["Executor", "new_job_uid"]
 
+_NOT_AFTER_STOP = frozenset({"start", "migrate", "resplit", "create_instance"})
+"""Actions a plan does not begin once the daemon is stopping: they would start ranks (or make room for some) after
+it said it stops. The rest (destroying what a finished move left, a stop, a restart in place) still run."""
+
 log = logging.getLogger(__name__)
 
 
@@ -142,7 +146,8 @@ class Executor:
         """The action running now, for the control API's view of its job."""
         self.stopping = False
         """The daemon is stopping (SIGTERM): the action in flight finishes (or rolls back), but no action of a plan
-        that has not begun yet is begun; they are skipped, saying so, and the next start plans afresh."""
+        that would start ranks (:data:`_NOT_AFTER_STOP`) is begun; it and the rest of its plan are skipped, saying
+        so (instances the plan made are destroyed again), and the next start plans afresh."""
         self.checkpointer = Checkpointer(
             supervisor=supervisor, events=events, wall=wall, poll_s=poll_s, resend_s=resend_s, term_grace_s=term_grace_s
         )
@@ -215,10 +220,9 @@ class Executor:
                 results.append(self._result(row))
                 stop = stop or (row.state != "done" and not undoing)
                 continue
-            if (stop or self.stopping) and not undoing:
-                why = "an earlier action of the plan did not complete"
-                if self.stopping and not stop:
-                    why = "the daemon is stopping"
+            held_back = self.stopping and row.kind in _NOT_AFTER_STOP and row.state == "pending"
+            if (stop or held_back) and not undoing:
+                why = "the daemon is stopping" if held_back else "an earlier action of the plan did not complete"
                 stop = True
                 await self.durable.write(
                     f"end of action {row.id}", partial(self.journal.finish_action, row.id, "skipped", why)

@@ -265,22 +265,22 @@ class SubprocessLauncher:
         the spec's ``argv[0]`` kept as the process's name. OSError when it is a shell.
         """
         loop = asyncio.get_running_loop()
+        program = await asyncio.to_thread(runnable_program, req.argv[0])  # judged before anything is started
         owner = (req.uid, req.gid if req.gid is not None else -1) if req.uid is not None else None
         try:
             log_fd, _writer = await start_pump(req.log_path, req.log_limits, owner)  # reaped by start_pump's watch
         except FlexmigError as exc:  # the log directory is not what it must be
             raise OSError(f"rank log {req.log_path}: {exc}") from exc
         try:
-            proc = await asyncio.to_thread(_start, req, log_fd)
+            proc = await asyncio.to_thread(_start, req, log_fd, program)
         finally:
             os.close(log_fd)  # the rank holds it now (or, if it did not start, the writer sees its pipe end)
         return LaunchedProcess(proc, req.launcher_kind, loop)
 
 
-def _start(req: LaunchRequest, log_fd: int) -> subprocess.Popen[bytes]:
-    """Start one rank (in a worker thread): resolve and judge the program, fork and exec with its output on
-    ``log_fd`` (the write end of its log writer's pipe)."""
-    program = runnable_program(req.argv[0])
+def _start(req: LaunchRequest, log_fd: int, program: str) -> subprocess.Popen[bytes]:
+    """Start one rank (in a worker thread): fork and exec ``program`` (``argv[0]`` as judged and resolved) with its
+    output on ``log_fd`` (the write end of its log writer's pipe)."""
     sig = req.ignore_signal
 
     def _child_setup() -> None:  # runs in the child between fork and exec: one syscall, no locks
