@@ -11,7 +11,10 @@ steps a counter and answers the checkpoint signal (``FLEXMIG_CHECKPOINT_SIGNAL``
 * ``stray``: first start a child that leaves the process group (``setsid``) and sleeps, writing its pid to
   ``$FLEXMIG_CHECKPOINT_DIR/../stray.pid``; then checkpoint and acknowledge properly when asked, and exit 0;
 * ``ack-and-rmdir``: checkpoint and acknowledge; when asked again (the acknowledgement has been read), remove its
-  checkpoint directory and exit 0, so that the daemon makes it again for the next generation (the race test's job).
+  checkpoint directory and exit 0, so that the daemon makes it again for the next generation (the race test's job);
+* ``ack-and-swap-parent TARGET``: the same, and then it also puts a symlink to TARGET in place of the checkpoint
+  directory's parent (its own directory), so that a daemon that follows links makes the next checkpoint directory
+  inside TARGET, and hands it over.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def main() -> int:
             ack.rename(ack.with_name("moved-away.json"))
             ack.mkdir()
             return 0
-        elif mode == "ack-and-rmdir":
+        elif mode in ("ack-and-rmdir", "ack-and-swap-parent"):
             if answered == 1:
                 checkpoint(step)
                 continue
@@ -82,6 +85,9 @@ def main() -> int:
             for p in ckpt.iterdir():
                 p.unlink()
             ckpt.rmdir()
+            if mode == "ack-and-swap-parent":
+                ckpt.parent.rename(ckpt.parent.with_name(ckpt.parent.name + ".old"))
+                ckpt.parent.symlink_to(sys.argv[2])
             return 0
         elif mode == "stray":
             checkpoint(step)

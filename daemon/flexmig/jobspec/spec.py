@@ -212,8 +212,13 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: Path | None = None) -> JobSpec:
-        """Rebuild a spec from :meth:`to_dict` output, checking structure and names again (not file permissions)."""
-        return _build(dict(data), source, source.parent if source else Path("/"), None, None)
+        """Rebuild a spec from :meth:`to_dict` output, checking structure and names again (not file permissions).
+
+        Its directories are taken as stored, never resolved again: they were resolved when the spec was submitted,
+        and resolving them now would follow a symlink the job's user has put there since (the checkpoint
+        directory's parent swapped for a link to a root-owned directory: root would make the next checkpoint
+        directory there, and hand it to the user)."""
+        return _build(dict(data), source, source.parent if source else Path("/"), None, None, resolve=False)
 
 
 class _Ctx:
@@ -323,12 +328,18 @@ def recheck_spec(spec: JobSpec, policy: JobPolicy, where: str) -> JobSpec:
     ``policy`` as it is now: argv (never a shell), names, the user and group on this node, directories inside
     ``allowed_dirs``. JobSpecError ``<where>: <key>: <why>`` otherwise; the checked spec (same source) if it passes.
     """
-    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy)
+    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy, resolve=False)
     return replace(checked, source=spec.source)
 
 
 def _build(
-    data: dict[str, Any], source: Path | None, base: Path, ctx: _Ctx | None, policy: JobPolicy | None
+    data: dict[str, Any],
+    source: Path | None,
+    base: Path,
+    ctx: _Ctx | None,
+    policy: JobPolicy | None,
+    *,
+    resolve: bool = True,
 ) -> JobSpec:
     c = ctx or _Ctx(source, None)
     for key in data:
@@ -352,8 +363,10 @@ def _build(
     argv = c.attempt(lambda: _argv(c, data), None)
     user = c.attempt(lambda: _user(c, data, "user", required=True), None)
     group = c.attempt(lambda: _user(c, data, "group") or None, None)
-    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True), None)
-    checkpoint_dir = c.attempt(lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True), None)
+    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True, resolve=resolve), None)
+    checkpoint_dir = c.attempt(
+        lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True, resolve=resolve), None
+    )
     launcher = c.attempt(lambda: _launcher(c, data), "plain")
     if launcher == "torchrun" and argv is not None and len(argv) < 2:
         c.note(c.fail("argv", "with launcher 'torchrun', argv is [PYTHON, SCRIPT, ARGS...]"))
@@ -516,12 +529,16 @@ def _resolve_program(c: _Ctx, argv: tuple[str, ...], working_dir: Path) -> tuple
     raise c.fail("argv", f"program {prog!r} not found in /usr/local/bin, /usr/bin or /bin; give its path")
 
 
-def _dir(c: _Ctx, data: Mapping[str, Any], key: str, base: Path, required: bool = False) -> Path:
+def _dir(
+    c: _Ctx, data: Mapping[str, Any], key: str, base: Path, required: bool = False, *, resolve: bool = True
+) -> Path:
+    """A directory of the spec, absolute: resolved (``realpath``) when a spec is submitted, normalised only when it
+    comes back from the journal (resolved then already; see :meth:`JobSpec.from_dict`)."""
     text = _str(c, data, key, required=required)
     p = Path(text)
     if not p.is_absolute():
         p = base / p
-    return Path(os.path.realpath(p))
+    return Path(os.path.realpath(p) if resolve else os.path.normpath(p))
 
 
 def _inside(path: Path, roots: Sequence[Path]) -> bool:
