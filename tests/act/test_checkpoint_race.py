@@ -95,6 +95,14 @@ def test_a_symlink_racer_never_makes_root_hand_over_another_file_during_real_mig
     assert not wins, f"the racer made root hand over its file in {len(wins)} of {ROUNDS} migrations: {results}"
 
 
+async def _racer(base: Path, work: Path, user: pwd.struct_passwd) -> asyncio.subprocess.Process:
+    """One racer, as the job's user, in the job's directory."""
+    return await asyncio.create_subprocess_exec(
+        SYSTEM_PYTHON, str(base / "racer.py"),
+        cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[], stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
 async def _rounds(base: Path, work: Path, victim: Path, user: pwd.struct_passwd) -> list[tuple[int, int]]:
     results: list[tuple[int, int]] = []
     async with Rig(base) as rig:
@@ -104,13 +112,7 @@ async def _rounds(base: Path, work: Path, victim: Path, user: pwd.struct_passwd)
             answer = await rig.call("jobs.submit", path=str(spec))
             assert answer["ok"], answer
             await rig.until("the job runs", lambda: len(rig.alive()) == 1)
-            racers = [
-                await asyncio.create_subprocess_exec(
-                    SYSTEM_PYTHON, str(base / "racer.py"),
-                    cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[], stdout=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                for _ in range(RACERS)
-            ]
+            racers = [await _racer(base, work, user) for _ in range(RACERS)]
             out = ""
             try:
                 for racer in racers:
@@ -149,7 +151,9 @@ def test_a_symlink_put_above_the_checkpoint_directory_never_makes_root_make_one_
         async def scenario() -> dict[str, object]:
             async with Rig(base) as rig:
                 ckpt = work / "a" / "ckpt"
-                spec = rig.hostile("ack-and-swap-parent", str(guarded), user=user.pw_name, work=work, checkpoint_dir=ckpt)
+                spec = rig.hostile(
+                    "ack-and-swap-parent", str(guarded), user=user.pw_name, work=work, checkpoint_dir=ckpt
+                )
                 assert (await rig.call("jobs.submit", path=str(spec)))["ok"]
                 answer: dict[str, object] = await rig.call("jobs.migrate", name="evil")
                 return answer
