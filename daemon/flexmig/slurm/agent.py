@@ -251,8 +251,12 @@ class SlurmAgent:
         conf = self.settings.conf or Path("/etc/slurm/slurm.conf")
         why = configless_problem(conf.is_file(), str(conf), cfg.get("SlurmctldParameters", ""))
         if why is None:
-            text = _read_text(self.settings.gres_conf)
-            why = gres_conf_problem(text, self.node, str(self.settings.gres_conf))
+            try:
+                text = self.supply.gres_conf_text()
+            except SlurmError as exc:
+                why = f"{exc} (flexmig rewrites its block of gres.conf at every change)"
+            else:
+                why = gres_conf_problem(text, self.node, str(self.settings.gres_conf))
         if why is None:
             why = shared_fs_problem(PurePosixPath(self.settings.gres_conf.absolute()), _read_text(self.mountinfo))
         if why is None:
