@@ -301,6 +301,16 @@ class SlurmRig:
         path = self.base / f"visible-{job_id}"
         return path.read_text().strip() if path.exists() else ""
 
+    @property
+    def node_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """The agent's ``slurm_node`` events so far, as ``(what, detail)``."""
+        return [(k.split(":", 1)[1], d) for k, d in self.slurm_events if k.startswith("slurm_node:")]
+
+    def signals(self, job_id: int) -> int:
+        """How many USR1 a sleeper job got."""
+        path = self.base / f"signalled-{job_id}"
+        return len(path.read_text().split()) if path.exists() else 0
+
     def signalled(self, job_id: int) -> bool:
         """True if a sleeper job ever got USR1."""
         return (self.base / f"signalled-{job_id}").exists()

@@ -198,6 +198,7 @@ class SlurmAgent:
         self.change = SlurmChange(
             self.client, self.slurmd, self.supply, ExecutorMig(executor), change, on_event=on_event
         )
+        self.on_event = on_event or (lambda kind, detail: None)
         self.cost = self.registration_cost(settings)
         self.last_closed_s: float | None = None
         """When a reservation of flexmig's last ended without its change (the node never emptied in time)."""
@@ -364,7 +365,14 @@ class SlurmAgent:
         return await self.executor.execute_encoded([action], "slurm", (reason,))
 
     async def round(self, mode: str) -> SlurmRound:
-        """One round (see the module docstring). SlurmError when Slurm cannot be read; nothing changed then."""
+        """One round (see the module docstring). SlurmError when Slurm cannot be read; nothing changed then. Its
+        node events also go to ``on_event`` as ``slurm_node:WHAT``."""
+        rnd = await self._round(mode)
+        for what, detail in rnd.events:
+            self.on_event(f"slurm_node:{what}", detail)
+        return rnd
+
+    async def _round(self, mode: str) -> SlurmRound:
         read = await self.read()
         if self._waiting and read.mine is None:  # flexmig's reservation ended without its change
             self.last_closed_s = read.now_s

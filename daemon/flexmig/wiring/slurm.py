@@ -286,8 +286,7 @@ class SlurmComponent:
         if rnd.note and rnd.note != self._last_note:
             log.info("Slurm: %s", rnd.note)
         self._last_note = rnd.note
-        for what, detail in rnd.events:
-            self._node_event(what, detail)
+
         if rnd.result is not None:
             for a in rnd.result.results:
                 waited = dict(a.steps).get("await_idle")
@@ -316,7 +315,10 @@ class SlurmComponent:
         self._publish(plan_event(self.factory, self.node, mode, v, rnd.plan, checkpoint=movable))
 
     def _job_event(self, kind: str, detail: dict[str, Any]) -> None:
-        """From a re-registration in progress: a Slurm job signalled, requeued or released."""
+        """From the agent: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node event."""
+        if kind.startswith("slurm_node:"):
+            self._node_event(kind.split(":", 1)[1], detail)
+            return
         action = kind.removeprefix("slurm_job_")
         self.metrics.job_action(action)
         step = detail.get("step")
