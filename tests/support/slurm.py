@@ -320,7 +320,15 @@ class SlurmDaemon:
     """``with SlurmDaemon("h200:7g.141gb@0") as d:`` the testbed's Slurm with flexmigd (mode act, ``[slurm]`` on)
     as a subprocess on the simulated node, registered; ``mqtt_port`` adds MQTT events to that broker."""
 
-    def __init__(self, spec: str, *, mqtt_port: int | None = None, node: str = "fm-node") -> None:
+    def __init__(
+        self,
+        spec: str,
+        *,
+        mqtt_port: int | None = None,
+        node: str = "fm-node",
+        interval_s: float | None = 1.0,
+        slurm_keys: str = "",
+    ) -> None:
         node_spec = parse_node_spec(spec)
         self.spec = spec
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
@@ -329,6 +337,8 @@ class SlurmDaemon:
         self.paths = self.testbed.paths
         self.node = node
         self.mqtt_port = mqtt_port
+        self.interval_s = interval_s
+        self.slurm_keys = slurm_keys
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -344,7 +354,8 @@ class SlurmDaemon:
 
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
-        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=1.0)
+        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=self.interval_s)
+        text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (
                 f'[mqtt]\nenabled = true\nbroker = "127.0.0.1:{self.mqtt_port}"\n'

@@ -487,8 +487,9 @@ class Testbed:
         """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
         return [python(), "-m", "flexmig.slurm.standin", "--pid-file", str(self.paths.slurmd_pid(self.node))]
 
-    def flexmigd_config(self, *, metrics_port: int, interval_s: float = 2.0) -> str:
-        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory."""
+    def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0) -> str:
+        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
+        (``interval_s`` None: the production default)."""
         p = self.paths
         f = p.flexmig
 
@@ -510,7 +511,7 @@ class Testbed:
                 "[slurm]",
                 "enabled = true",
                 f"node = {q(self.node)}",
-                f"interval_s = {interval_s:g}",
+                *([f"interval_s = {interval_s:g}"] if interval_s is not None else []),
                 f"conf = {q(p.slurm_conf)}",
                 f"gres_conf = {q(p.gres_conf)}",
                 f"gres_map = {q(f / 'gres-map.json')}",
