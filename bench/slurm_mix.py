@@ -15,7 +15,7 @@ Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one aft
 * ``before``: flexmigd of ``--before`` (a git revision, default the commit before the reservation approach), with
   that revision's testbed settings (its own slurmd, drain at once);
 * ``now``: flexmigd of this tree, with the testbed's settings (Slurm read every 2 s, probed every 1 s) and the
-  production defaults for everything else (``min_interval_s`` 300, ``max_wait_s`` 1800, ``drain_timeout_s`` 900).
+  production defaults for everything else (``min_interval_s`` 60, ``max_wait_s`` 1800, ``drain_timeout_s`` 900).
 
 Figures, from the jobs' own start and end stamps and a monitor that reads the node's state every 0.5 s:
 

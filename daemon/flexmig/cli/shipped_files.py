@@ -1,7 +1,7 @@
 """The operator's files that ship with flexmig, and where this installation keeps them.
 
 A wheel carries them under ``flexmig/share/`` (the build copies them there, see setup.py), laid out as in the
-repository: ``systemd/`` (the unit, its act drop-in, the example configuration), ``dashboards/`` (the Grafana JSON,
+repository: ``systemd/`` (the unit, its act drop-in, the example configuration, the drop-in for slurmd's unit), ``dashboards/`` (the Grafana JSON,
 ``provisioning/``, ``rules/``), ``schemas/`` and ``LICENSE``. An editable install from a checkout has no
 ``share/``; the checkout itself holds the same paths. ``flexmig install-files`` reads them from here.
 
@@ -20,6 +20,7 @@ SHIPPED: tuple[str, ...] = (
     "systemd/flexmigd.service",
     "systemd/flexmigd.service.d/act.conf",
     "systemd/flexmig.toml",
+    "systemd/slurmd.service.d/flexmig.conf",
     "dashboards/*.json",
     "dashboards/provisioning/*/*.yaml",
     "dashboards/provisioning/*/*.yml",

@@ -570,7 +570,7 @@ class SlurmConfig:
         hi=3600,
     )
     min_interval_s: float = _doc(
-        300.0,
+        60.0,
         "Shortest time between two changes that close a busy node (they are batched meanwhile); an idle node is "
         "changed at once.",
         lo=0,

@@ -65,7 +65,7 @@ class RegistrationCost:
     """
 
     fixed_s: float = 5.0
-    min_interval_s: float = 300.0
+    min_interval_s: float = 60.0
     max_wait_s: float = 1800.0
     total_slices: int = 7
 
