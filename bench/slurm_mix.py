@@ -363,6 +363,8 @@ def main() -> int:
     ap.add_argument("--before", default=BEFORE, help=f"git revision of 'before' (default {BEFORE})")
     ap.add_argument("--rivals", default="static,before,now", help="which rivals to run (comma-separated)")
     ap.add_argument("--parallel", action="store_true", help="run the rivals side by side (shares the CPUs)")
+    ap.add_argument("--save", type=Path, help="write the raw runs (stamps, samples) to this JSON file")
+    ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
     args = ap.parse_args()
     scale = 0.25 if args.quick else args.scale
     missing = missing_binaries()
@@ -377,11 +379,19 @@ def main() -> int:
     print(f"mix: {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), scale {scale:g}, "
           f"arrivals over {jobs[-1].arrival_s:.0f} s, packing bound {bound(jobs):.0f} s; rivals: {', '.join(rivals)}"
           f"{' (side by side)' if args.parallel else ''}")  # fmt: skip
-    before = extract(args.before) if "before" in rivals else None
+    before = extract(args.before) if "before" in rivals and args.load is None else None
     budget = 3600 * max(scale, 0.25) + 600
     results: dict[str, Run] = {}
+    if args.load is not None:
+        raw = json.loads(args.load.read_text())
+        for n, r in raw.items():
+            results[n] = Run(n, {int(k): v for k, v in r["jobs"].items()}, [tuple(x) for x in r["samples"]],
+                             r["t0"], r["reregistrations"], r["error"])  # fmt: skip
+        rivals = [n for n in rivals if n in results]
     try:
-        if args.parallel:
+        if args.load is not None:
+            pass
+        elif args.parallel:
             threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget)))
                        for n in rivals]  # fmt: skip
             for t in threads:
@@ -394,6 +404,8 @@ def main() -> int:
     finally:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
+    if args.save is not None and args.load is None:
+        args.save.write_text(json.dumps({n: r.__dict__ for n, r in results.items()}))
     b = bound(jobs)
     print(f"\n{'':34}" + "".join(f"{n:>16}" for n in rivals))
     figs = {n: figures(results[n], jobs) for n in rivals}
