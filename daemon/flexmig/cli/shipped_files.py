@@ -1,9 +1,10 @@
 """The operator's files that ship with flexmig, and where this installation keeps them.
 
 A wheel carries them under ``flexmig/share/`` (the build copies them there, see setup.py), laid out as in the
-repository: ``systemd/`` (the unit, its act drop-in, the example configuration, the drop-in for slurmd's unit), ``dashboards/`` (the Grafana JSON,
-``provisioning/``, ``rules/``), ``schemas/`` and ``LICENSE``. An editable install from a checkout has no
-``share/``; the checkout itself holds the same paths. ``flexmig install-files`` reads them from here.
+repository: ``systemd/`` (the unit, its act drop-in, the example configuration, slurmd's drop-in),
+``dashboards/`` (the Grafana JSON, ``provisioning/``, ``rules/``), ``schemas/`` and ``LICENSE``. An editable
+install from a checkout has no ``share/``; the checkout itself holds the same paths. ``flexmig install-files``
+reads them from here.
 
 Standard library only, and no flexmig import: setup.py loads this file by its path at build time.
 """
