@@ -135,7 +135,7 @@ def test_a_waiting_change_lets_fitting_jobs_run_at_once_and_is_abandoned_when_it
             rnd = await rig.agent.round("act")
             assert "change committed" in rnd.note, rnd.note
             mine = next(r for r in await rig.agent.client.reservations() if r.name == flexmig_name(rig.node))
-            assert rnd.read is not None and mine.start_s - rnd.read.now_s > 200  # when the 3g job's limit ends
+            assert rnd.read is not None and mine.start_s - rnd.read.now_s > 100  # halfway to the 3g job's limit
             fits = rig.sleeper("--gres=gpu:4g.71gb:1", "--time=1", seconds=30)  # a free instance, ends before it
             await rig.wait_state(fits, "RUNNING", timeout_s=10)
             rig.run("scancel", str(big))

@@ -12,8 +12,8 @@ One :meth:`SlurmAgent.round`:
 6. in modes advise and act, plan the layout for the node *once empty* (Slurm cannot change a node's GPUs while a
    job runs on it) and weigh it (:func:`flexmig.plan.reregistration.verdict`). In mode ``act``: an idle node is
    changed at once; on a busy node the change is committed as flexmig's reservation ``flexmig-<node>``, starting
-   when the running jobs' limits say the node will be empty (Slurm's backfill keeps starting the jobs that end
-   before it), bounded by ``[slurm] drain_timeout_s``, abandoned when its demand is gone, moved earlier when jobs
+   when the running jobs are expected to have ended, by their limits (Slurm's backfill keeps starting the jobs that
+   end before it), bounded by ``[slurm] drain_timeout_s``, abandoned when its demand is gone, moved earlier when jobs
    end early, and carried out (one journalled ``slurm_reregister``, :mod:`flexmig.slurm.change`) as soon as only
    hook jobs, or none, run. A site-wide limit (``[slurm] max_closed_nodes``) bounds how many nodes flexmig closes
    at once.
@@ -489,8 +489,8 @@ class SlurmAgent:
             return await self._change(read, plan, v)
         if mine.active(read.now_s) and read.now_s >= mine.end_s - 1:
             return SlurmRound(read, plan, v, note="flexmig's reservation is ending")
-        close_by = _close_by(read)
-        if close_by is not None and not mine.active(read.now_s) and read.now_s + close_by < mine.start_s - 2:
+        close_by = _close_at(read, self.cost.fixed_s)
+        if not mine.active(read.now_s) and read.now_s + close_by < mine.start_s - 2:
             await self.client.move_reservation(mine.name, close_by, self.settings.drain_timeout_s)
             earlier = mine.start_s - read.now_s - close_by
             return SlurmRound(
@@ -502,7 +502,7 @@ class SlurmAgent:
     async def _commit(self, read: SlurmRead, plan: Plan, v: Verdict) -> SlurmRound:
         """Commit a change on a busy node: flexmig's reservation from when the node will be empty by its jobs'
         limits (now, when a job without a limit runs), unless the site-wide limit is reached."""
-        start_in = v.close_by_s if v.close_by_s is not None else 0.0
+        start_in = _close_at(read, self.cost.fixed_s)
         duration = self.settings.drain_timeout_s
         limit = self.settings.max_closed_nodes
         if limit > 0:
@@ -521,7 +521,7 @@ class SlurmAgent:
             return SlurmRound(
                 read, plan, v, note=f"site limit: another node took the last slot (max_closed_nodes = {limit})"
             )
-        when = "now" if start_in <= 0 else f"in {start_in:.0f} s, when its jobs' limits end"
+        when = "now" if start_in <= 0 else f"in {start_in:.0f} s, when its jobs are expected to have ended"
         return SlurmRound(
             read, plan, v,
             note=f"change committed: reservation {name} closes the node {when} (at most {duration:g} s)",
@@ -567,11 +567,26 @@ class SlurmAgent:
 
 
 def _close_by(read: SlurmRead) -> float | None:
-    """Seconds until the node is empty by its immovable jobs' limits (None: one has no limit)."""
+    """Seconds until the node is surely empty by its immovable jobs' limits (None: one has no limit)."""
     lefts = [r.remaining_s for r in read.demand.running if not r.movable]
     if any(x is None for x in lefts):
         return None
     return max([0.0, *(x for x in lefts if x is not None)])
+
+
+def _close_at(read: SlurmRead, floor_s: float) -> float:
+    """Seconds until the node is expected to be empty (:meth:`DrainHolder.expected_left_s` of its immovable jobs:
+    halfway to a limit, or as long again as a job without one has run), never later than the limits say: where
+    flexmig's reservation starts. Jobs that end before it still start; the few that run past it close the node
+    for the rest of their run."""
+    lefts = [
+        DrainHolder("", r.compute_slices, r.remaining_s, False, r.elapsed_s).expected_left_s(floor_s)
+        for r in read.demand.running
+        if not r.movable
+    ]
+    expected = max([0.0, *lefts])
+    sure = _close_by(read)
+    return expected if sure is None else min(expected, sure)
 
 
 def _read_text(path: Path) -> str:
