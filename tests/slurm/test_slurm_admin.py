@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from flexmig.slurm.reservations import flexmig_name
+from flexmig.slurm.reservations import PREFIX, flexmig_name
 from support.slurm import SlurmRig, skip_reason, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -174,5 +174,27 @@ def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> 
             for j in later[committed[0] :]:  # submitted once the node was closed for the 7g job
                 x = await rig.job(j)
                 assert x is not None and (x.start_s is None or x.start_s >= big_job.start_s), (j, x)
+
+    asyncio.run(scenario())
+
+
+def test_the_site_wide_limit_keeps_a_node_open_while_another_is_closed_for_flexmig() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4", settings={"max_closed_nodes": 1, "max_wait_s": 0.0}) as rig:
+            other = f"{PREFIX}elsewhere"  # another node's change, as every node sees it in Slurm
+            rig.run(
+                "scontrol", "create", "reservation", f"reservationname={other}", f"nodes={rig.testbed.future_node}",
+                "starttime=now", "duration=30", "users=root", "flags=ignore_jobs",
+            )  # fmt: skip
+            long = rig.sleeper("--gres=gpu:3g.71gb:1", "--time=5")
+            await rig.wait_state(long, "RUNNING")
+            big = rig.sleeper("--gres=gpu:7g.141gb:1", "--time=5")
+            await rig.wait_state(big, "PENDING")
+            rnd = await rig.agent.round("act")
+            assert "site limit" in rnd.note, rnd.note
+            assert [r.name for r in await rig.agent.client.reservations()] == [other]
+            rig.run("scontrol", "delete", f"reservation={other}")
+            again = await rig.agent.round("act")
+            assert "change committed" in again.note, again.note
 
     asyncio.run(scenario())
