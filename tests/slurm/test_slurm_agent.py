@@ -149,8 +149,8 @@ def test_observe_reads_slurm_only_and_advise_plans_without_changing_anything() -
 
 def test_a_hook_job_whose_acknowledgement_has_a_5000_digit_step_cancels_the_move_and_leaves_the_node_usable() -> None:
     """A Slurm job's user writes an acknowledgement no decoder should take: the move is cancelled with one line, the
-    agent carries on, the job runs on and is not requeued, and the node is not left drained (``_validate`` used to
-    raise ValueError out of the agent's round: the node stayed drained for good)."""
+    agent carries on, the job runs on and is not requeued, and the node is not left drained (``_validate`` raised
+    ValueError: "internal error", and in the issue's report the node stayed drained for good)."""
 
     async def scenario() -> None:
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
@@ -163,7 +163,7 @@ def test_a_hook_job_whose_acknowledgement_has_a_5000_digit_step_cancels_the_move
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
-            rnd = await rig.agent.round("act")
+            rnd = await rig.change()
             assert rnd.result is not None and not rnd.result.ok, rnd
             errors = " ".join(a.error or "" for a in rnd.result.results)
             assert "more than 20 digits" in errors and "move cancelled" in errors, errors
