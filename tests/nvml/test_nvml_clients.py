@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,20 +67,23 @@ def pynvml_utils_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_nvitop_one_shot_cli_shows_every_mig_device_and_no_error() -> None:
     done = run_client(
         """
-        import sys
+        import json, sys
         node.start_process(node.mig_uuids(0)[0], memory_bytes=4 << 30)
+        truth = [(g.index, i, g.mig_device(u)[0].profile.name, g.mig_device(u)[0].id)
+                 for g in node.gpus() for i, u in enumerate(g.mig_uuids)]
+        print("TRUTH " + json.dumps(truth), flush=True)
         from nvitop.cli import main
         sys.argv = ["nvitop", "-1"]
         sys.exit(main())
         """
     )
-    screen = done.stdout
+    first, _, screen = done.stdout.partition("\n")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ERROR" not in done.stderr + screen and "Traceback" not in done.stderr, done.stderr[-3000:]
-    for gpu in (0, 1):
-        assert f"{gpu}:0      3g.71gb @ GI/CI: 1/0" in screen
-        assert f"{gpu}:1      2g.35gb @ GI/CI: 5/0" in screen
-        assert f"{gpu}:2      1g.18gb @ GI/CI:13/0" in screen
+    truth = json.loads(first.removeprefix("TRUTH "))
+    assert sorted(name for _, _, name, _ in truth) == sorted(["3g.71gb", "2g.35gb", "1g.18gb"] * 2)
+    for gpu, index, name, gi_id in truth:  # MIG index, profile and the GI ID the driver chose, as nvitop shows
+        assert re.search(rf"{gpu}:{index}\s+{re.escape(name)} @ GI/CI:\s*{gi_id}/0", screen), (gpu, index, name, gi_id)
     assert "00000000:18:00.0" in screen and "00000000:2A:00.0" in screen  # the PCI bus IDs
     assert "BAR1:" in screen  # the column the missing nvmlDeviceGetBAR1MemoryInfo used to crash
     assert "4096MiB" in screen  # the process started on MIG device 0:0

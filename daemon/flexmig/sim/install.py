@@ -18,6 +18,7 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig.errors import SimError
 from flexmig.mig import NodeSpec, parse_node_spec
 from flexmig.sim.faults import FaultTable
+from flexmig.sim.gi_ids import GiIdPolicy, policy_from
 from flexmig.sim.library import SimLibrary
 from flexmig.sim.model import ci_index
 from flexmig.sim.node import SimNode
@@ -35,6 +36,7 @@ def install(
     state_path: Path | None = None,
     clock: Callable[[], float] = time.monotonic,
     seed: int = 0,
+    ids: str | None = None,
 ) -> SimNode:
     """Install a simulated node described by ``spec`` (``h200x2:3g.71gb@0+2g.35gb@4``) under pynvml.
 
@@ -43,21 +45,24 @@ def install(
 
     With ``state_path``, every change is saved there, and an existing file is restored instead of building the
     node from the spec (its model and GPU count must match the spec). ``clock`` drives GPM counters; ``seed``
-    fixes the UUIDs and the synthetic workload. A simulator already installed is replaced.
+    fixes the UUIDs and the synthetic workload. ``ids`` says how GPU-instance IDs are handed out (``driver``, as
+    real drivers do, or ``adversarial[:SEED]``; None: the ``FLEXMIG_SIM_IDS`` environment variable, see
+    :mod:`flexmig.sim.gi_ids`). A simulator already installed is replaced.
     Raises NodeSpecError for a bad spec and SimError for an unreadable or mismatched state file.
     """
+    policy = policy_from(ids)
     answers: RecordedAnswers | None = None
     if spec.startswith(RECORDING):
         if state_path is not None:
             raise SimError("a node built from a recording keeps no state file: drop the state path")
         path = Path(spec.removeprefix(RECORDING))
-        state, node_spec, answers = state_from_recording(load_recording(path), path, clock)
+        state, node_spec, answers = state_from_recording(load_recording(path), path, clock, ids=policy)
     else:
         node_spec = parse_node_spec(spec)
         if state_path is not None and state_path.exists():
-            state = load_state(state_path, node_spec.model, node_spec.count, clock)
+            state = load_state(state_path, node_spec.model, node_spec.count, clock, ids=policy)
         else:
-            state = _build(spec, node_spec, clock, seed)
+            state = _build(spec, node_spec, clock, seed, policy)
     faults = FaultTable()
     library = SimLibrary(state, faults)
     library.answers = answers
@@ -73,10 +78,10 @@ def install(
     return node
 
 
-def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int) -> SimNodeState:
+def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int, ids: GiIdPolicy) -> SimNodeState:
     """A fresh node from the spec: UUIDs derived from the spec and seed, the layout created on every GPU."""
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-sim/{spec.strip()}/{seed}")
-    state = SimNodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock)
+    state = SimNodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock, ids=ids)
     for gpu in state.gpus:
         if node_spec.layout is None:
             gpu.mig_current = gpu.mig_pending = False

@@ -1,7 +1,8 @@
 """Static facts the simulated driver answers with: compute-instance profiles, GI-ID numbering, clocks, versions.
 
 These are the parts of a real driver's behaviour that are not in the pure MIG catalogue (``flexmig.mig``) because
-nothing above the driver may rely on them: GPU-instance IDs, compute-instance placements, clock tables.
+nothing above the driver may rely on them: compute-instance placements, clock tables (GPU-instance IDs are in
+:mod:`flexmig.sim.gi_ids`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ __all__ = [
     "ci_slices_for_index",
     "ci_starts",
     "clock_table",
-    "gi_id_for",
 ]
 
 MIB = 1 << 20
@@ -81,20 +81,6 @@ def ci_name(profile: Profile, slices: int) -> str:
     if slices == profile.compute_slices:
         return profile.nvml_name
     return f"MIG {slices}c.{profile.name}"
-
-
-def gi_id_for(start: int, size: int) -> int:
-    """The GPU-instance ID a driver gives a placement: buddy-tree numbering over the 8 memory slices.
-
-    Inferred from every observed ``nvidia-smi mig -lgi`` output (not documented), never assumed above ``sim``.
-    """
-    if size == 8:
-        return 0
-    if size == 4:
-        return 1 + start // 4
-    if size == 2:
-        return 3 + start // 2
-    return 7 + start
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, model_by_key
+from flexmig.sim.gi_ids import GiIdPolicy
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
 
 __all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_to_dict"]
@@ -87,10 +88,13 @@ def load_state(
     count: int,
     clock: Callable[[], float],
     is_alive: Callable[[int], bool] = pid_alive,
+    *,
+    ids: GiIdPolicy | None = None,
 ) -> SimNodeState:
     """Rebuild a node from the state file at ``path``; SimError names the file and what is wrong with it.
 
-    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node.
+    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node; ``ids`` hands
+    out the IDs of GPU instances created from now on (those in the file keep theirs).
     """
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -102,7 +106,7 @@ def load_state(
             "delete it to start from the spec"
         )
     try:
-        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path)
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path, ids=ids)
     except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
         if isinstance(exc, SimError):
             raise
@@ -117,6 +121,7 @@ def _build(
     clock: Callable[[], float],
     is_alive: Callable[[int], bool],
     path: Path,
+    ids: GiIdPolicy | None,
 ) -> SimNodeState:
     if raw.get("schema") != SCHEMA_VERSION:
         raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
@@ -126,7 +131,8 @@ def _build(
             f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
             "use the same spec or delete the file"
         )
-    state = SimNodeState(model, count, node_id=uuidlib.UUID(str(raw["node_id"])), clock=clock, is_alive=is_alive)
+    node_id = uuidlib.UUID(str(raw["node_id"]))
+    state = SimNodeState(model, count, node_id=node_id, clock=clock, is_alive=is_alive, ids=ids)
     state.serial = int(raw["serial"])
     state.next_fake_pid = int(raw["next_fake_pid"])
     for g in raw["gpus"]:

@@ -27,6 +27,7 @@ from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, NodeSpec, model_by_name
 from flexmig.sim.cabi import SUCCESS, int_arg
 from flexmig.sim.faults import error_code
+from flexmig.sim.gi_ids import GiIdPolicy, infer_fused_slot
 from flexmig.sim.model import ci_slices_for_index
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState
 
@@ -68,13 +69,17 @@ def _model(doc: dict[str, Any], path: Path) -> GpuModel:
 
 
 def state_from_recording(
-    doc: dict[str, Any], path: Path, clock: Callable[[], float]
+    doc: dict[str, Any], path: Path, clock: Callable[[], float], *, ids: GiIdPolicy | None = None
 ) -> tuple[SimNodeState, NodeSpec, RecordedAnswers]:
-    """The node state a recording describes, its node spec (model and count) and its recorded answers."""
+    """The node state a recording describes, its node spec (model and count) and its recorded answers.
+
+    Each GPU's fused-off compute slot is the one that explains its recorded GPU-instance IDs
+    (:func:`flexmig.sim.gi_ids.infer_fused_slot`), so instances created later get the IDs that GPU would give.
+    """
     model = _model(doc, path)
     gpus = doc["gpus"]
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-recording/{gpus[0].get('uuid')}")
-    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock)
+    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock, ids=ids)
     try:
         for raw in gpus:
             _restore_gpu(state, raw)
@@ -110,6 +115,7 @@ def _restore_gpu(state: SimNodeState, raw: dict[str, Any]) -> None:
             ci_uuid = uuids.get((gi.id, int(ci_raw["id"])), f"MIG-{uuidlib.uuid5(state.node_id, f'mig/{serial}')}")
             start = int(ci_raw["start"])
             state.restore_ci(gi, int(ci_raw["id"]), slices=slices, start=start, uuid=ci_uuid, serial=serial)
+    gpu.fused = infer_fused_slot(((gi.start, gi.size, gi.id) for gi in gpu.gis.values()), gpu.fused)
 
 
 def _signature(gpu: SimGpu) -> tuple[Any, ...]:

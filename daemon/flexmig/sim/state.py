@@ -8,6 +8,7 @@ Callers hold :attr:`SimNodeState.lock` around every operation: the library and t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import uuid as uuidlib
@@ -19,6 +20,7 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 
 from flexmig.errors import SimError
 from flexmig.mig import GpuModel, Layout, Profile
+from flexmig.sim.gi_ids import DriverIds, GiIdPolicy, default_fused_slot
 from flexmig.sim.gpm import Counters
 from flexmig.sim.model import (
     CI_PROFILE_COUNT,
@@ -29,7 +31,6 @@ from flexmig.sim.model import (
     ci_sizes,
     ci_slices_for_index,
     ci_starts,
-    gi_id_for,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "SimGpuInstance",
     "SimNodeState",
     "SimProcess",
+    "gpu_uuid",
     "pid_alive",
 ]
 
@@ -84,6 +86,17 @@ def _proc_state(proc: Path, pid: int) -> str | None:
     return fields[0].decode("ascii", "replace")
 
 
+def gpu_uuid(node_id: uuidlib.UUID, index: int) -> str:
+    """A GPU UUID as drivers print them: 32 hex digits in the 8-4-4-4-12 form, but no RFC 4122 version or
+    variant (real ones are not name- or random-based UUIDs: ``GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16``), fixed
+    by the node and the index. MIG UUIDs, unlike these, are version 5 on real drivers too."""
+    raw = bytearray(hashlib.sha256(f"{node_id}/gpu/{index}".encode()).digest()[:16])
+    if raw[6] >> 4 == 5 and raw[8] >> 6 == 2:
+        raw[6] ^= 0x70  # would read as an RFC 4122 version-5 UUID: not what a GPU shows
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 @dataclass(slots=True)
 class SimProcess:
     """A compute process holding GPU memory. ``real`` processes are dropped once their pid is gone."""
@@ -126,6 +139,11 @@ class SimGpuInstance:
     cis: dict[int, SimComputeInstance] = field(default_factory=dict)
 
     @property
+    def size(self) -> int:
+        """Placement size in memory slices."""
+        return self.profile.memory_slices
+
+    @property
     def memory_total_bytes(self) -> int:
         """The instance's memory, as MIG device memory info reports it."""
         return self.profile.memory_mib * MIB
@@ -143,6 +161,7 @@ class SimGpu:
     uuid: str
     model: GpuModel
     counters: Counters
+    fused: int = 7  # the compute slot fused off on this chip, shown as virtual memory slice 7 (flexmig.sim.gi_ids)
     mig_current: bool = True
     mig_pending: bool = True
     lost: bool = False
@@ -182,8 +201,10 @@ class SimNodeState:
         node_id: uuidlib.UUID,
         clock: Callable[[], float],
         is_alive: Callable[[int], bool] = pid_alive,
+        ids: GiIdPolicy | None = None,
     ) -> None:
         self.lock = threading.RLock()
+        self.ids: GiIdPolicy = DriverIds() if ids is None else ids
         self.model = model
         self.node_id = node_id
         self.clock = clock
@@ -200,7 +221,13 @@ class SimNodeState:
         now = clock()
         self.gpus: list[SimGpu] = []
         for i in range(count):
-            gpu = SimGpu(index=i, uuid=f"GPU-{uuidlib.uuid5(node_id, f'gpu/{i}')}", model=model, counters=Counters(now))
+            gpu = SimGpu(
+                index=i,
+                uuid=gpu_uuid(node_id, i),
+                model=model,
+                counters=Counters(now),
+                fused=default_fused_slot(str(node_id), i),
+            )
             gpu.layout = Layout.empty(model)
             self.gpus.append(gpu)
             self.by_uuid[gpu.uuid] = gpu
@@ -315,10 +342,9 @@ class SimNodeState:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
 
     def create_gi(self, gpu: SimGpu, profile: Profile, start: int | None, size: int | None = None) -> SimGpuInstance:
-        """Create a GPU instance, at ``start`` or where the driver chooses (the highest start that fits).
+        """Create a GPU instance, at ``start`` or where the driver chooses; its ID is the driver's choice too.
 
-        The highest start first is what drivers are seen doing (``nvidia-smi mig -cgi 9,9`` makes GI 2 at
-        slice 4, then GI 1 at slice 0).
+        Both choices are the ID policy's (:mod:`flexmig.sim.gi_ids`): what drivers do, or an adversary.
         """
         self._require_privilege()
         self.require_mig(gpu)
@@ -328,7 +354,7 @@ class SimNodeState:
             fits = [s for s in profile.starts if layout.can_place(profile, s)]
             if not fits:
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
-            start = max(fits)
+            start = self.ids.choose_start(gpu.index, gpu.fused, profile.memory_slices, fits, list(gpu.gis.values()))
         else:
             # nvml.h: INVALID_ARGUMENT "If [...] placement [is] invalid" (a start or size the profile never has);
             # INSUFFICIENT_RESOURCES is for a valid placement that is taken.
@@ -336,16 +362,17 @@ class SimNodeState:
                 raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
             if layout.why_not(profile, start):
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi_id = self.ids.assign(gpu.index, gpu.fused, profile.memory_slices, start, list(gpu.gis.values()))
         gpu.layout = layout.place(profile, start)
         gi = SimGpuInstance(
             serial=self.next_serial(),
-            id=gi_id_for(start, profile.memory_slices),
+            id=gi_id,
             profile=profile,
             start=start,
             gpu=gpu,
             counters=Counters(self.clock()),
         )
-        assert gi.id not in gpu.gis, "buddy numbering gave a duplicate GI id"
+        assert gi.id not in gpu.gis, "the ID policy gave a duplicate GI id"
         gpu.gis[gi.id] = gi
         self.gis_by_serial[gi.serial] = gi
         self.changed()
@@ -357,6 +384,7 @@ class SimNodeState:
         del self.gis_by_serial[gi.serial]
         assert gpu.layout is not None
         gpu.layout = gpu.layout.remove(gi.start)
+        self.ids.released(gpu.index, gi.id)
 
     def destroy_gi(self, gi: SimGpuInstance) -> None:
         """nvmlGpuInstanceDestroy: IN_USE while the GI still has compute instances (and so processes)."""
