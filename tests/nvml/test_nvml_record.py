@@ -137,13 +137,16 @@ def test_the_document_holds_values_structs_lists_and_error_names(sim: Sim) -> No
     assert calls["nvmlDeviceGetClockInfo(2)"] == {"value": 3201}
     assert calls["nvmlDeviceGetUtilizationRates"] == {"error": "NOT_SUPPORTED"}
     assert calls["nvmlDeviceGetEccMode"] == {"value": [1, 1]}
+    assert calls["nvmlDeviceGetMemoryInfo_v2"]["value"]["reserved"] == 700 << 20  # a figure, not padding
     mig = gpu["mig_devices"][0]
-    assert (mig["uuid"], mig["gpu_instance_id"]) == (node.mig_uuids(0)[0], 1)
+    gi, _ = node.gpu(0).mig_device(mig["uuid"])
+    assert (mig["uuid"], mig["gpu_instance_id"]) == (node.mig_uuids(0)[0], gi.id)
     procs = mig["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"]["value"]
-    assert [(p["pid"], p["usedGpuMemory"], p["gpuInstanceId"]) for p in procs] == [(pid, 2 << 30, 1)]
-    assert mig["calls"]["nvmlDeviceGetAttributes_v2"]["value"]["gpuInstanceSliceCount"] == 3
-    assert gpu["layout"]["gpu_instances"][0] == {
-        "id": 1,
+    assert [(p["pid"], p["usedGpuMemory"], p["gpuInstanceId"]) for p in procs] == [(pid, 2 << 30, gi.id)]
+    assert mig["calls"]["nvmlDeviceGetAttributes_v2"]["value"]["gpuInstanceSliceCount"] == gi.profile.compute_slices
+    three_g = node.gpu(0).gi_at(0)
+    assert next(g for g in gpu["layout"]["gpu_instances"] if g["start"] == 0) == {
+        "id": three_g.id,
         "profile_id": 9,
         "profile_name": "3g.71gb",
         "start": 0,

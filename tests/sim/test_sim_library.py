@@ -412,18 +412,32 @@ def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim: Sim) -> N
     assert mem.total == mem.reserved + mem.used + mem.free
 
 
-def test_an_idle_mig_device_shows_a_few_mib_used_and_reserved_memory_is_not_zero(sim: Sim) -> None:
-    # Hardware: an idle 1g.10gb on an H100 shows 12 MiB used; nvml.h: v1 "used" is the "Sum of Reserved and
-    # Allocated device memory", v2 "accounts separately for reserved memory".
-    node = sim()
-    handle = N.nvmlDeviceGetHandleByUUID(node.gpu(0).mig_uuid_at(6))  # the idle 1g.18gb at 6
+@pytest.mark.parametrize(
+    ("spec", "mib"),
+    [("a100-40:1g.5gb@6", 3), ("a100-80:2g.20gb@4", 13), ("a100-40:3g.20gb@4", 11), ("h100-80:1g.10gb@6", 12)],
+)
+def test_an_idle_mig_device_shows_the_few_mib_a_real_driver_does_through_either_struct(
+    sim: Sim, spec: str, mib: int
+) -> None:
+    # `nvidia-smi`'s MIG devices table on idle instances: 1g.5gb 3 MiB, 3g.20gb 11 MiB (NVIDIA MIG User Guide),
+    # 2g.20gb 13 MiB (nvitop pull request #8), H100 1g.10gb 12 MiB. The v1 struct says the same as v2: a MIG device
+    # has no reserve of its own to add to "used".
+    node = sim(spec)
+    handle = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
     v2 = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
-    assert 3 << 20 <= v2.used <= 32 << 20
-    assert v2.reserved > 0
-    assert v2.total == v2.reserved + v2.used + v2.free
     v1 = N.nvmlDeviceGetMemoryInfo(handle)
+    assert (v1.used, v2.used, v2.reserved) == (mib << 20, mib << 20, 0)
+    assert v1.total == v2.total == v1.used + v1.free == v2.reserved + v2.used + v2.free
+    assert node.gpu(0).gpu_instances[0].idle_used_bytes == v1.used
+
+
+def test_a_whole_gpu_counts_its_reserve_as_used_in_v1_and_apart_in_v2(sim: Sim) -> None:
+    # nvml.h: v1 "used" is the "Sum of Reserved and Allocated device memory"; v2 accounts reserved separately.
+    sim("h200:-")
+    v2 = N.nvmlDeviceGetMemoryInfo(gpu(), version=N.nvmlMemory_v2)
+    v1 = N.nvmlDeviceGetMemoryInfo(gpu())
+    assert (v2.reserved, v2.used) == (700 << 20, 1 << 20)
     assert (v1.total, v1.used, v1.free) == (v2.total, v2.reserved + v2.used, v2.free)
-    assert node.gpu(0).gi_at(6).idle_used_bytes == v2.used
 
 
 # ------------------------------------------------------------------------------------------- processes

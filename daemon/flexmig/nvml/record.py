@@ -222,15 +222,16 @@ P2P = Probe("nvmlDeviceGetP2PStatus", "u")
 
 
 def _jsonable(value: Any) -> Any:
-    """A ctypes output as JSON: numbers, strings, structs as objects (pointers left out), arrays as lists."""
+    """A ctypes output as JSON: numbers, strings, structs as objects (pointers and padding left out), arrays as
+    lists."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, ctypes.Structure):
         out: dict[str, Any] = {}
         for field in value._fields_:
             name, kind = field[0], field[1]
-            if issubclass(kind, ctypes._Pointer) or name.startswith("reserved"):
-                continue
+            if issubclass(kind, ctypes._Pointer) or (name.startswith("reserved") and issubclass(kind, ctypes.Array)):
+                continue  # handles, and padding arrays; nvmlMemory_v2_t's ``reserved`` is a figure and stays
             out[name] = _jsonable(getattr(value, name))
         return out
     if isinstance(value, ctypes.Array):

@@ -34,7 +34,7 @@ from flexmig.sim.gpm import GpmSnapshot
 from flexmig.sim.gpmcalls import GpmCalls
 from flexmig.sim.handles import HandleTable
 from flexmig.sim.instancecalls import InstanceCalls
-from flexmig.sim.memory import gi_reserved_bytes, gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
+from flexmig.sim.memory import gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
 from flexmig.sim.model import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
@@ -312,11 +312,15 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
         return int(N.NVML_ERROR_NOT_SUPPORTED)  # SXM modules have no fan of their own
 
     def _memory(self, handle: Any) -> tuple[int, int, int]:
-        """(total, reserved, allocated) bytes of a GPU or MIG device; allocated includes the idle overhead."""
+        """(total, reserved, allocated) bytes of a GPU or MIG device; allocated includes the idle overhead.
+
+        A MIG device reserves nothing of its own (:mod:`flexmig.sim.memory`), so both struct versions show it the
+        same few MiB used when idle, as ``nvidia-smi`` does.
+        """
         gpu, ci = self._device(handle)
         if ci is not None:
             gi = ci.gi
-            return gi.memory_total_bytes, gi_reserved_bytes(gi), gi.memory_used_bytes() + idle_used_bytes(gi)
+            return gi.memory_total_bytes, 0, gi.memory_used_bytes() + idle_used_bytes(gi)
         if gpu.mig_current and not self._state.privileged:
             raise NvmlReturn(N.NVML_ERROR_NO_PERMISSION)  # aggregate MIG figures need privileges
         overhead = sum(idle_used_bytes(gi) for gi in gpu.gis.values()) if gpu.mig_current else gpu_idle_used_bytes()
