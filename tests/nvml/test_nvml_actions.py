@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.errors import (
@@ -130,3 +131,22 @@ def test_set_mig_mode_reports_pending_while_processes_run(node: SimNode, nvml: N
     inv = nvml.inventory()
     assert (inv.gpus[0].mig_current, inv.gpus[0].mig_pending) == (True, False)
     assert (inv.gpus[1].mig_current, inv.gpus[1].gpu_instances) == (False, ())
+
+
+def test_a_hopper_1g_with_two_memory_slices_gets_the_compute_profile_with_all_26_sms() -> None:
+    # Its GPU instance offers 1_SLICE (16 SMs) and 1_SLICE_REV1 (26 SMs), both one slice: take the one that uses
+    # the whole instance, as go-nvlib #85 made mig-parted do.
+    node = install("h100-80")
+    try:
+        with Nvml.open() as nvml:
+            dev = nvml.create_instance(0, "1g.20gb", 0)
+        _, ci = node.gpu(0).mig_device(dev.uuid)
+        assert ci.profile_id == 7
+        N.nvmlInit()
+        try:
+            handle = N.nvmlDeviceGetHandleByUUID(dev.uuid)
+            assert N.nvmlDeviceGetAttributes(handle).multiprocessorCount == 26
+        finally:
+            N.nvmlShutdown()
+    finally:
+        uninstall()

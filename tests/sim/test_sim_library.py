@@ -343,6 +343,36 @@ def test_smaller_compute_instances_fill_a_gpu_instance(sim: Sim) -> None:
     assert len(mig_handles(gpu())) == 3  # every compute instance is a MIG device
 
 
+def test_a_hopper_2g_offers_a_second_one_slice_compute_profile_id_7_with_26_sms(sim: Sim) -> None:
+    # 1c.2g.20gb REV1 on an H100 2g: NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1, ID 7, 26 SMs against 16 for the
+    # plain 1c; it takes the instance's SMs, so nothing else fits beside it.
+    sim("h100-80")
+    gi = create_gi(gpu(), 14, 0, 2)
+    rev1 = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1, 0)
+    plain = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
+    assert (rev1.id, rev1.sliceCount, rev1.multiprocessorCount, rev1.instanceCount) == (7, 1, 26, 1)
+    assert (plain.id, plain.multiprocessorCount, plain.instanceCount) == (0, 16, 2)
+    assert rev1.name == plain.name == "MIG 1c.2g.20gb"
+    ci = N.nvmlGpuInstanceCreateComputeInstance(gi, rev1.id)
+    assert N.nvmlComputeInstanceGetInfo(ci).profileId == 7
+    assert N.nvmlDeviceGetAttributes(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)).multiprocessorCount == 26
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        N.nvmlGpuInstanceCreateComputeInstance(gi, plain.id)
+
+
+def test_the_one_slice_rev1_profile_is_hoppers_and_needs_two_memory_slices(sim: Sim) -> None:
+    # go-nvlib #85: a 1_SLICE_REV2 GPU instance takes 1_SLICE and 1_SLICE_REV1, a 1_SLICE one only 1_SLICE.
+    sim("h200")
+    wide = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(create_gi(gpu(), 15, 0, 2), 7, 0)
+    assert (wide.multiprocessorCount, wide.sliceCount) == (26, 1)
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlGpuInstanceGetComputeInstanceProfileInfo(create_gi(gpu(), 19, 2, 1), 7, 0)
+    uninstall()
+    sim("a100-80")
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlGpuInstanceGetComputeInstanceProfileInfo(create_gi(gpu(), 14, 0, 2), 7, 0)
+
+
 def test_a_compute_profile_the_gpu_instance_lacks_is_not_supported(sim: Sim) -> None:
     sim("h200")
     gi = create_gi(gpu(), 9, 0, 4)

@@ -359,7 +359,12 @@ class Nvml:
         try:
             walk = Walk()
             with _lost_raises(target):
-                full = [c for c in g.compute_profiles(walk, gi, prof.id) if c.slices == prof.compute_slices]
+                # Every SM of the GPU instance: of the profiles that span it, the one with the most SMs (Hopper's
+                # 1g with two memory slices offers 1_SLICE with 16 SMs and 1_SLICE_REV1 with 26; go-nvlib #85).
+                full = sorted(
+                    (c for c in g.compute_profiles(walk, gi, prof.id) if c.slices == prof.compute_slices),
+                    key=lambda c: -c.sm_count,
+                )
             if not full and walk.issues:
                 raise call_error(walk.issues[0].call, _Code(walk.issues[0].code), target)
             if not full:

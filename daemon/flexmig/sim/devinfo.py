@@ -208,7 +208,7 @@ class DeviceInfoCalls:
             raise NvmlReturn(NOT_SUPPORTED)  # nvml.h: "This API currently only supports MIG device handles."
         p = ci.gi.profile
         attrs = out(ref)
-        attrs.multiprocessorCount = p.sm_count * ci.slices // p.compute_slices
+        attrs.multiprocessorCount = ci.shape.sm_count
         attrs.sharedCopyEngineCount = p.copy_engines
         attrs.sharedDecoderCount = p.decoders
         attrs.sharedEncoderCount = p.encoders

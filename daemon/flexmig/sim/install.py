@@ -17,10 +17,10 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 
 from flexmig.errors import SimError
 from flexmig.mig import NodeSpec, parse_node_spec
+from flexmig.sim.ciprofiles import ci_shape_for_slices
 from flexmig.sim.faults import FaultTable
 from flexmig.sim.gi_ids import GiIdPolicy, policy_from
 from flexmig.sim.library import SimLibrary
-from flexmig.sim.model import ci_index
 from flexmig.sim.node import SimNode
 from flexmig.sim.persist import load_state, save_state
 from flexmig.sim.recorded import PREFIX as RECORDING
@@ -89,7 +89,7 @@ def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int
             continue
         for inst in node_spec.layout:
             gi = state.create_gi(gpu, inst.profile, inst.start, inst.profile.memory_slices)
-            state.create_ci(gi, ci_index(inst.profile.compute_slices), None)
+            state.create_ci(gi, ci_shape_for_slices(gpu.model, inst.profile, inst.profile.compute_slices).index, None)
     return state
 
 

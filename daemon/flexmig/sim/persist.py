@@ -43,6 +43,7 @@ def state_to_dict(state: SimNodeState) -> dict[str, Any]:
                     "id": ci.id,
                     "serial": ci.serial,
                     "slices": ci.slices,
+                    "profile_id": ci.profile_id,
                     "start": ci.start,
                     "uuid": ci.uuid,
                     "processes": [_proc(p) for p in ci.processes.values()],
@@ -160,7 +161,7 @@ def _build(
                 ci = state.restore_ci(
                     gi,
                     int(c["id"]),
-                    slices=int(c["slices"]),
+                    profile_id=_ci_profile(c),
                     start=int(c["start"]),
                     uuid=str(c["uuid"]),
                     serial=int(c["serial"]),
@@ -169,6 +170,13 @@ def _build(
                     _restore_proc(state, ci.processes, p, (gpu, ci), is_alive)
         state.refresh_rates(gpu)
     return state
+
+
+def _ci_profile(raw: dict[str, Any]) -> int:
+    """A saved compute instance's profile ID (files written before it was saved hold only its plain size)."""
+    if "profile_id" in raw:
+        return int(raw["profile_id"])
+    return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[int(raw["slices"])]
 
 
 def _restore_proc(

@@ -28,7 +28,6 @@ from flexmig.mig import GpuModel, Layout, NodeSpec, model_by_name
 from flexmig.sim.cabi import SUCCESS, int_arg
 from flexmig.sim.faults import error_code
 from flexmig.sim.gi_ids import GiIdPolicy, infer_fused_slot
-from flexmig.sim.model import ci_slices_for_index
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState
 
 __all__ = ["PREFIX", "RecordedAnswers", "load_recording", "state_from_recording"]
@@ -108,13 +107,11 @@ def _restore_gpu(state: SimNodeState, raw: dict[str, Any]) -> None:
         profile = gpu.model.profile_by_id(int(gi_raw["profile_id"]))
         gi = state.restore_gi(gpu, profile, int(gi_raw["start"]), int(gi_raw["id"]), state.next_serial())
         for ci_raw in gi_raw["compute_instances"]:
-            slices = ci_slices_for_index(int(ci_raw["profile_id"]))
-            if slices is None:
-                raise SimError(f"GPU {gpu.index} GI {gi.id}: compute profile {ci_raw['profile_id']} is not modelled")
             serial = state.next_serial()
             ci_uuid = uuids.get((gi.id, int(ci_raw["id"])), f"MIG-{uuidlib.uuid5(state.node_id, f'mig/{serial}')}")
             start = int(ci_raw["start"])
-            state.restore_ci(gi, int(ci_raw["id"]), slices=slices, start=start, uuid=ci_uuid, serial=serial)
+            profile_id = int(ci_raw["profile_id"])
+            state.restore_ci(gi, int(ci_raw["id"]), profile_id=profile_id, start=start, uuid=ci_uuid, serial=serial)
     gpu.fused = infer_fused_slot(((gi.start, gi.size, gi.id) for gi in gpu.gis.values()), gpu.fused)
 
 

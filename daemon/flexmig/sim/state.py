@@ -20,18 +20,10 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 
 from flexmig.errors import SimError
 from flexmig.mig import GpuModel, Layout, Profile
+from flexmig.sim.ciprofiles import CiShape, ci_shape
 from flexmig.sim.gi_ids import DriverIds, GiIdPolicy, default_fused_slot
 from flexmig.sim.gpm import Counters
-from flexmig.sim.model import (
-    CI_PROFILE_COUNT,
-    FAKE_PID_BASE,
-    MIB,
-    Activity,
-    ci_index,
-    ci_sizes,
-    ci_slices_for_index,
-    ci_starts,
-)
+from flexmig.sim.model import CI_PROFILE_COUNT, FAKE_PID_BASE, MIB, Activity
 
 __all__ = [
     "NvmlReturn",
@@ -113,7 +105,7 @@ class SimComputeInstance:
 
     serial: int  # unique over the node's lifetime: identifies handles, never reused
     id: int
-    slices: int
+    shape: CiShape  # its compute-instance profile (flexmig.sim.ciprofiles)
     start: int
     uuid: str
     gi: SimGpuInstance
@@ -123,7 +115,17 @@ class SimComputeInstance:
     @property
     def profile_id(self) -> int:
         """NVML compute-instance profile ID (equal to its index)."""
-        return ci_index(self.slices)
+        return self.shape.index
+
+    @property
+    def slices(self) -> int:
+        """Compute slices, as its profile's name says (``1c``)."""
+        return self.shape.slices
+
+    @property
+    def span(self) -> int:
+        """Compute slots it takes inside its GPU instance."""
+        return self.shape.span
 
 
 @dataclass(slots=True, eq=False)
@@ -205,6 +207,7 @@ class SimNodeState:
     ) -> None:
         self.lock = threading.RLock()
         self.ids: GiIdPolicy = DriverIds() if ids is None else ids
+        self.ci_rev1 = True  # the driver offers Hopper's 1_SLICE_REV1 compute-instance profile (branch 525 and on)
         self.model = model
         self.node_id = node_id
         self.clock = clock
@@ -260,7 +263,7 @@ class SimNodeState:
             rates = [0.0, 0.0, 0.0, 0.0]
             for ci in gi.cis.values():
                 for k, v in enumerate(ci.activity.as_tuple()):
-                    rates[k] += v * ci.slices / g
+                    rates[k] += v * ci.span / g
             gi.counters.set_rates(now, (rates[0], rates[1], rates[2], rates[3]))
             for k in range(4):
                 total[k] += rates[k] * g / gpu.model.compute_slices
@@ -395,31 +398,27 @@ class SimNodeState:
         self.refresh_rates(gi.gpu)
         self.changed()
 
-    def ci_free_starts(self, gi: SimGpuInstance, slices: int) -> list[int]:
-        """Starts inside ``gi`` where a ``slices`` compute instance could be created now."""
-        g = gi.profile.compute_slices
-        if slices not in ci_sizes(g):
+    def ci_free_starts(self, gi: SimGpuInstance, shape: CiShape) -> list[int]:
+        """Starts inside ``gi`` where a compute instance of ``shape`` could be created now."""
+        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.span)}
+        if sum(1 for ci in gi.cis.values() if ci.profile_id == shape.index) >= shape.instance_count:
             return []
-        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.slices)}
-        starts = ci_starts(g, slices)
-        if sum(1 for ci in gi.cis.values() if ci.slices == slices) >= len(starts):
-            return []
-        return [s for s in starts if not any(x in used for x in range(s, s + slices))]
+        return [s for s in shape.starts if not any(x in used for x in range(s, s + shape.span))]
 
-    def ci_slices(self, gi: SimGpuInstance, profile_id: int) -> int:
-        """Compute slices of CI profile ``profile_id`` in ``gi``; INVALID_ARGUMENT/NOT_SUPPORTED like a driver."""
+    def ci_shape(self, gi: SimGpuInstance, profile_id: int) -> CiShape:
+        """CI profile ``profile_id`` of ``gi``; INVALID_ARGUMENT past the index range, NOT_SUPPORTED if not offered."""
         if not 0 <= profile_id < CI_PROFILE_COUNT:
             raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
-        slices = ci_slices_for_index(profile_id)
-        if slices is None or slices not in ci_sizes(gi.profile.compute_slices):
+        shape = ci_shape(gi.gpu.model, gi.profile, profile_id, rev1=self.ci_rev1)
+        if shape is None:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
-        return slices
+        return shape
 
     def create_ci(self, gi: SimGpuInstance, profile_id: int, start: int | None) -> SimComputeInstance:
         """Create a compute instance in ``gi`` (lowest free start when ``start`` is None)."""
         self._require_privilege()
-        slices = self.ci_slices(gi, profile_id)
-        free = self.ci_free_starts(gi, slices)
+        shape = self.ci_shape(gi, profile_id)
+        free = self.ci_free_starts(gi, shape)
         if start is None:
             if not free:
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
@@ -431,7 +430,7 @@ class SimNodeState:
         ci = SimComputeInstance(
             serial=serial,
             id=ci_id,
-            slices=slices,
+            shape=shape,
             start=start,
             uuid=f"MIG-{uuidlib.uuid5(self.node_id, f'mig/{serial}')}",
             gi=gi,
@@ -583,13 +582,14 @@ class SimNodeState:
         return gi
 
     def restore_ci(
-        self, gi: SimGpuInstance, ci_id: int, *, slices: int, start: int, uuid: str, serial: int
+        self, gi: SimGpuInstance, ci_id: int, *, profile_id: int, start: int, uuid: str, serial: int
     ) -> SimComputeInstance:
-        """Recreate a CI read back from a state file."""
-        if slices not in ci_sizes(gi.profile.compute_slices) or start not in self.ci_free_starts(gi, slices):
-            raise SimError(f"GPU {gi.gpu.index} GI {gi.id}: CI {ci_id} of {slices} slices at {start} does not fit")
+        """Recreate a CI read back from a state file or a recording."""
+        shape = ci_shape(gi.gpu.model, gi.profile, profile_id, rev1=True)
+        if shape is None or start not in self.ci_free_starts(gi, shape):
+            raise SimError(f"GPU {gi.gpu.index} GI {gi.id}: CI {ci_id} of profile {profile_id} at {start} does not fit")
         if ci_id in gi.cis or uuid in self.by_uuid:
             raise SimError(f"GPU {gi.gpu.index} GI {gi.id}: CI {ci_id} / {uuid} appears twice")
-        ci = SimComputeInstance(serial=serial, id=ci_id, slices=slices, start=start, uuid=uuid, gi=gi)
+        ci = SimComputeInstance(serial=serial, id=ci_id, shape=shape, start=start, uuid=uuid, gi=gi)
         self._add_ci(ci)
         return ci
