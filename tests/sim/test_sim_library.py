@@ -107,7 +107,7 @@ def test_node_reports_driver_versions_gpu_names_and_memory(sim: Sim) -> None:
 
 # ------------------------------------------------------------------------------------------ profiles
 def test_profile_index_and_profile_id_are_different_numbers(sim: Sim) -> None:
-    sim("h200")
+    sim("h200@580")  # nvmlDeviceGetGpuInstanceProfileInfoByIdV: CUDA 13.0's header, driver branch 580
     info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
     assert (info.id, info.name, info.sliceCount, info.memorySizeMB) == (9, "MIG 3g.71gb", 3, 71168)
     assert N.nvmlDeviceGetGpuInstanceProfileInfoById(gpu(), 9).name == "MIG 3g.71gb"

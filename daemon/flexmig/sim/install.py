@@ -18,9 +18,10 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig.errors import SimError
 from flexmig.mig import NodeSpec, parse_node_spec
 from flexmig.sim.ciprofiles import ci_shape_for_slices
+from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.faults import FaultTable
 from flexmig.sim.gi_ids import GiIdPolicy, policy_from
-from flexmig.sim.library import SimLibrary
+from flexmig.sim.library import SimLibrary, library_for
 from flexmig.sim.node import SimNode
 from flexmig.sim.persist import load_state, save_state
 from flexmig.sim.recorded import PREFIX as RECORDING
@@ -52,19 +53,23 @@ def install(
     """
     policy = policy_from(ids)
     answers: RecordedAnswers | None = None
+    release: DriverRelease
     if spec.startswith(RECORDING):
         if state_path is not None:
             raise SimError("a node built from a recording keeps no state file: drop the state path")
         path = Path(spec.removeprefix(RECORDING))
         state, node_spec, answers = state_from_recording(load_recording(path), path, clock, ids=policy)
+        release = state.driver
     else:
         node_spec = parse_node_spec(spec)
+        release = driver_release(node_spec.driver)
+        release.check(node_spec.model)
         if state_path is not None and state_path.exists():
-            state = load_state(state_path, node_spec.model, node_spec.count, clock, ids=policy)
+            state = load_state(state_path, node_spec.model, node_spec.count, clock, ids=policy, driver=release)
         else:
-            state = _build(spec, node_spec, clock, seed, policy)
+            state = _build(spec, node_spec, clock, seed, ids=policy, release=release)
     faults = FaultTable()
-    library = SimLibrary(state, faults)
+    library = library_for(release)(state, faults)
     library.answers = answers
     node = SimNode(node_spec, state, faults, library, state_path=state_path, seed=seed)
     if state_path is not None:
@@ -78,10 +83,15 @@ def install(
     return node
 
 
-def _build(spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int, ids: GiIdPolicy) -> SimNodeState:
+def _build(
+    spec: str, node_spec: NodeSpec, clock: Callable[[], float], seed: int, *, ids: GiIdPolicy, release: DriverRelease
+) -> SimNodeState:
     """A fresh node from the spec: UUIDs derived from the spec and seed, the layout created on every GPU."""
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-sim/{spec.strip()}/{seed}")
-    state = SimNodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock, ids=ids)
+    state = SimNodeState(node_spec.model, node_spec.count, node_id=node_id, clock=clock, ids=ids, driver=release)
+    for inst in node_spec.layout or ():
+        if not release.offers(node_spec.model, inst.profile):
+            raise SimError(f"node spec {spec.strip()!r}: driver {release.version} offers no {inst.profile.name}")
     for gpu in state.gpus:
         if node_spec.layout is None:
             gpu.mig_current = gpu.mig_pending = False

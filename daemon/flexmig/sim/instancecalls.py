@@ -65,15 +65,21 @@ class InstanceCalls(_Base):
         if not 0 <= index < GI_PROFILE_COUNT:
             raise NvmlReturn(_INVALID)
         try:
-            return gpu.model.profile_by_index(index)
+            profile = gpu.model.profile_by_index(index)
         except KeyError:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED) from None
+        if not self._state.driver.offers(gpu.model, profile):
+            raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)  # this driver release has no such profile yet
+        return profile
 
     def _profile_by_id(self, gpu: SimGpu, profile_id: int) -> Any:
         try:
-            return gpu.model.profile_by_id(profile_id)
+            profile = gpu.model.profile_by_id(profile_id)
         except KeyError:
             raise NvmlReturn(_INVALID) from None
+        if not self._state.driver.offers(gpu.model, profile):
+            raise NvmlReturn(_INVALID)  # an ID this driver release does not know
+        return profile
 
     def _fill_gi_profile(self, gpu: SimGpu, info: Any, profile: Any) -> None:
         info.id = profile.profile_id

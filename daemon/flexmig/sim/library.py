@@ -29,23 +29,17 @@ from flexmig.sim.cabi import out as _out
 from flexmig.sim.cabi import physical as _physical
 from flexmig.sim.cabi import write_str as _write_str
 from flexmig.sim.devinfo import DeviceInfoCalls
+from flexmig.sim.drivers import DriverRelease
 from flexmig.sim.faults import FaultTable, error_name
 from flexmig.sim.gpm import GpmSnapshot
 from flexmig.sim.gpmcalls import GpmCalls
 from flexmig.sim.handles import HandleTable
 from flexmig.sim.instancecalls import InstanceCalls
 from flexmig.sim.memory import gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
-from flexmig.sim.model import (
-    CUDA_DRIVER_VERSION,
-    DRIVER_VERSION,
-    MAX_MIG_DEVICES,
-    NVML_VERSION,
-    ci_name,
-    clock_table,
-)
+from flexmig.sim.model import MAX_MIG_DEVICES, ci_name, clock_table
 from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
 
-__all__ = ["SimLibrary"]
+__all__ = ["SimLibrary", "library_for"]
 
 
 class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
@@ -213,20 +207,20 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
-        return _write_str(buf, size, DRIVER_VERSION)
+        return _write_str(buf, size, self._state.driver.version)
 
     @_entry
     def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:
-        return _write_str(buf, size, NVML_VERSION)
+        return _write_str(buf, size, self._state.driver.nvml_version)
 
     @_entry
     def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
-        _out(ref).value = CUDA_DRIVER_VERSION
+        _out(ref).value = self._state.driver.cuda_version
         return _SUCCESS
 
     @_entry
     def nvmlSystemGetCudaDriverVersion_v2(self, ref: Any) -> int:
-        _out(ref).value = CUDA_DRIVER_VERSION
+        _out(ref).value = self._state.driver.cuda_version
         return _SUCCESS
 
     # ------------------------------------------------------------------------------------------- devices
@@ -523,3 +517,24 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
             return _INVALID
         _out(ref).value = ci.id
         return _SUCCESS
+
+
+class _Absent:
+    """Stands for an entry point a driver release lacks: looking it up raises AttributeError, which pynvml's
+    ``_nvmlGetFunctionPointer`` turns into ``NVMLError_FunctionNotFound``, as a missing symbol of the real library."""
+
+    def __init__(self, name: str, branch: int) -> None:
+        self._name = name
+        self._branch = branch
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        raise AttributeError(f"{self._name}: not in the libnvidia-ml of driver branch {self._branch}")
+
+
+def library_for(release: DriverRelease) -> type[SimLibrary]:
+    """The library class of a driver release: :class:`SimLibrary` without the entry points that release lacks."""
+    missing = release.missing(name for name in dir(SimLibrary) if name.startswith("nvml"))
+    if not missing:
+        return SimLibrary
+    absent = {name: _Absent(name, release.branch) for name in sorted(missing)}
+    return type(f"SimLibrary{release.branch}", (SimLibrary,), {"__doc__": SimLibrary.__doc__, **absent})

@@ -1,8 +1,9 @@
-"""Static facts the simulated driver answers with: profile counts, compute-instance names, clocks, versions.
+"""Static facts the simulated driver answers with: profile counts, compute-instance names, clocks.
 
 These are the parts of a real driver's behaviour that are not in the pure MIG catalogue (``flexmig.mig``) because
-nothing above the driver may rely on them: profile counts, clock tables, versions (GPU-instance IDs are in
-:mod:`flexmig.sim.gi_ids`, compute-instance profiles in :mod:`flexmig.sim.ciprofiles`).
+nothing above the driver may rely on them: profile counts, clock tables (GPU-instance IDs are in
+:mod:`flexmig.sim.gi_ids`, compute-instance profiles in :mod:`flexmig.sim.ciprofiles`, what each driver release
+offers in :mod:`flexmig.sim.drivers`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,10 @@ from flexmig.mig import GpuModel, Profile
 
 __all__ = [
     "CI_PROFILE_COUNT",
-    "CUDA_DRIVER_VERSION",
-    "DRIVER_VERSION",
     "FAKE_PID_BASE",
     "GI_PROFILE_COUNT",
     "MAX_MIG_DEVICES",
     "MIB",
-    "NVML_VERSION",
     "Activity",
     "ClockTable",
     "ci_name",
@@ -27,9 +25,6 @@ __all__ = [
 ]
 
 MIB = 1 << 20
-DRIVER_VERSION = "570.124.06"
-NVML_VERSION = "12.570.124.06"
-CUDA_DRIVER_VERSION = 12080
 GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT
 CI_PROFILE_COUNT = 0x9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
 MAX_MIG_DEVICES = 7

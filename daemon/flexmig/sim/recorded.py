@@ -26,6 +26,7 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, NodeSpec, model_by_name
 from flexmig.sim.cabi import SUCCESS, int_arg
+from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.faults import error_code
 from flexmig.sim.gi_ids import GiIdPolicy, infer_fused_slot
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState
@@ -78,7 +79,8 @@ def state_from_recording(
     model = _model(doc, path)
     gpus = doc["gpus"]
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-recording/{gpus[0].get('uuid')}")
-    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock, ids=ids)
+    release = _driver(doc, path)
+    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock, ids=ids, driver=release)
     try:
         for raw in gpus:
             _restore_gpu(state, raw)
@@ -88,8 +90,21 @@ def state_from_recording(
         raise SimError(f"recording {path} is malformed: {exc!r}") from exc
     for gpu in state.gpus:
         state.refresh_rates(gpu)
-    spec = NodeSpec(model=model, count=len(gpus), layout=Layout.empty(model))
+    spec = NodeSpec(model=model, count=len(gpus), layout=Layout.empty(model), driver=release.version)
     return state, spec, RecordedAnswers(doc, state)
+
+
+def _driver(doc: dict[str, Any], path: Path) -> DriverRelease:
+    """The driver release the recording was taken on (its ``nvmlSystemGetDriverVersion``): the model answers as
+    that release for whatever the recording lacks, entry points it does not have included."""
+    answer = (doc.get("system") or {}).get("nvmlSystemGetDriverVersion") or {}
+    version = answer.get("value") if isinstance(answer, dict) else None
+    if not isinstance(version, str):
+        return driver_release(None)
+    try:
+        return driver_release(version)
+    except SimError as exc:
+        raise SimError(f"recording {path}: {exc}") from exc
 
 
 def _restore_gpu(state: SimNodeState, raw: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig.errors import SimError
 from flexmig.mig import GpuModel, Layout, Profile
 from flexmig.sim.ciprofiles import CiShape, ci_shape
+from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.gi_ids import DriverIds, GiIdPolicy, default_fused_slot
 from flexmig.sim.gpm import Counters
 from flexmig.sim.model import CI_PROFILE_COUNT, FAKE_PID_BASE, MIB, Activity
@@ -164,6 +165,7 @@ class SimGpu:
     model: GpuModel
     counters: Counters
     fused: int = 7  # the compute slot fused off on this chip, shown as virtual memory slice 7 (flexmig.sim.gi_ids)
+    memory_mib: int = 0  # the whole GPU's memory as its driver reports it (0: the catalogue's)
     mig_current: bool = True
     mig_pending: bool = True
     lost: bool = False
@@ -175,8 +177,8 @@ class SimGpu:
 
     @property
     def memory_total_bytes(self) -> int:
-        """The whole GPU's memory."""
-        return self.model.memory_mib * MIB
+        """The whole GPU's memory, as its driver reports it."""
+        return (self.memory_mib or self.model.memory_mib) * MIB
 
     def memory_used_bytes(self) -> int:
         """Memory held by all processes on the GPU (MIG instances included)."""
@@ -204,10 +206,12 @@ class SimNodeState:
         clock: Callable[[], float],
         is_alive: Callable[[int], bool] = pid_alive,
         ids: GiIdPolicy | None = None,
+        driver: DriverRelease | None = None,
     ) -> None:
         self.lock = threading.RLock()
         self.ids: GiIdPolicy = DriverIds() if ids is None else ids
-        self.ci_rev1 = True  # the driver offers Hopper's 1_SLICE_REV1 compute-instance profile (branch 525 and on)
+        self.driver = driver_release(None) if driver is None else driver
+        self.ci_rev1 = self.driver.ci_rev1  # Hopper's 1_SLICE_REV1 compute-instance profile (branch 525 and on)
         self.model = model
         self.node_id = node_id
         self.clock = clock
@@ -230,6 +234,7 @@ class SimNodeState:
                 model=model,
                 counters=Counters(now),
                 fused=default_fused_slot(str(node_id), i),
+                memory_mib=self.driver.memory_total_mib(model),
             )
             gpu.layout = Layout.empty(model)
             self.gpus.append(gpu)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flexmig.errors import LayoutError
-from flexmig.mig import GpuModel, Layout, model_by_name
+from flexmig.mig import GpuModel, Layout, model_for
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, GpuSample, Inventory, MigDeviceInfo, MigDeviceSample
 from flexmig.telemetry.dcgm import DcgmInstance, DcgmScrape
 from flexmig.telemetry.ring import RingBuffer, capacity_for
@@ -171,6 +171,7 @@ class TelemetryStore:
                     gpu_instances=() if lost else static.gpu_instances,
                     pci_bus_id=info.pci_bus_id,
                     power_limit_w=info.power_limit_w,
+                    offers=info.offers,
                 )
             )
         keep_after = now - settings.window_s
@@ -322,7 +323,7 @@ def _first(a: float | None, b: float | None) -> float | None:
 
 
 def _static_of(gpu: GpuInfo) -> _GpuStatic:
-    model = model_by_name(gpu.name) if gpu.name else None
+    model = model_for(gpu.name, gpu.offers)  # as its driver offers it: only its profiles count as creatable
     model_name = gpu.name or "unknown"
     names: dict[int, str] = {}
     slices: dict[int, int | None] = {}
