@@ -14,7 +14,7 @@ import pytest
 from flexmig.cli.main import main
 from flexmig.errors import SimError
 from flexmig.nvml import Nvml
-from flexmig.nvml.record import BY_MEMORY_CLOCK, BY_PROFILE_ID, DEVICE_PROBES, P2P, SYSTEM_PROBES, record
+from flexmig.nvml.record import BY_MEMORY_CLOCK, BY_PROFILE_ID, DEVICE_PROBES, P2P, SYSTEM_PROBES, TOPOLOGY, record
 from flexmig.sim import SimNode, install, uninstall
 from flexmig.sim.entrypoints import MUTATING_PREFIXES, NOT_RECORDED, REFERENCE_SPEC, entry_points, render
 
@@ -99,7 +99,7 @@ def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim:
     seen = symbols_looked_up_by_a_recording()
     queries = {n for n in entry_points() if not n.startswith(MUTATING_PREFIXES) and n not in NOT_RECORDED}
     assert queries - seen == set()
-    probed = {p.name for p in (*DEVICE_PROBES, *SYSTEM_PROBES, *BY_PROFILE_ID, BY_MEMORY_CLOCK, P2P)}
+    probed = {p.name for p in (*DEVICE_PROBES, *SYSTEM_PROBES, *BY_PROFILE_ID, BY_MEMORY_CLOCK, P2P, TOPOLOGY)}
     assert probed - set(entry_points()) == set(), "a probe for an entry point the simulator does not have"
     assert set(NOT_RECORDED) <= set(entry_points()), "NOT_RECORDED names an entry point that does not exist"
 

@@ -94,24 +94,6 @@ def test_memory_error_counters_follow_the_headers_mig_rule(node: SimNode) -> Non
     assert N.nvmlDeviceGetEccMode(gpu()) == [1, 1]
 
 
-def test_p2p_is_not_supported_between_gpus_in_mig_mode_and_ok_without_it() -> None:
-    install("h100-80x2:-")
-    N.nvmlInit()
-    try:
-        a, b = gpu(0), gpu(1)
-        assert N.nvmlDeviceGetP2PStatus(a, b, N.NVML_P2P_CAPS_INDEX_NVLINK) == N.NVML_P2P_STATUS_OK
-    finally:
-        N.nvmlShutdown()
-        uninstall()
-    install(SPEC)
-    N.nvmlInit()
-    try:
-        assert N.nvmlDeviceGetP2PStatus(gpu(0), gpu(1), N.NVML_P2P_CAPS_INDEX_NVLINK) == N.NVML_P2P_STATUS_NOT_SUPPORTED
-    finally:
-        N.nvmlShutdown()
-        uninstall()
-
-
 def test_nvlink_state_exists_for_the_models_links_only(node: SimNode) -> None:
     assert all(N.nvmlDeviceGetNvLinkState(gpu(), link) == 1 for link in range(18))
     with pytest.raises(N.NVMLError_InvalidArgument):

@@ -6,9 +6,10 @@ through ``byref(...)`` arguments (``ref._obj``), fills caller-allocated arrays, 
 count (the size-probe protocol). Handles are pointers to opaque structs that the library keeps alive for its
 whole life; a destroyed instance's handle is refused until a new instance takes its slot, as nvml.h allows
 (:mod:`flexmig.sim.handles`). GPU- and compute-instance management lives in :mod:`flexmig.sim.instancecalls`, GPM in
-:mod:`flexmig.sim.gpmcalls`;
-device-information families (PCI, BAR1, ECC, NVLink, ...) live in
-:mod:`flexmig.sim.devinfo`; :data:`flexmig.sim.entrypoints.ENTRY_POINTS` says how each call treats a MIG handle.
+:mod:`flexmig.sim.gpmcalls`; device-information families (PCI, BAR1, ECC, NVLink, ...) live in
+:mod:`flexmig.sim.devinfo`, topology, C2C and field values in :mod:`flexmig.sim.topocalls`;
+:data:`flexmig.sim.entrypoints.ENTRY_POINTS` says how each call treats a MIG handle. A driver release lacks some
+of these entry points (:func:`library_for`, :mod:`flexmig.sim.drivers`).
 
 Every call takes the node's lock: tests change the node from other threads while the daemon calls NVML.
 """
@@ -38,11 +39,21 @@ from flexmig.sim.instancecalls import InstanceCalls
 from flexmig.sim.memory import gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
 from flexmig.sim.model import MAX_MIG_DEVICES, ci_name, clock_table
 from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
+from flexmig.sim.topocalls import TopologyCalls
 
 __all__ = ["SimLibrary", "library_for"]
 
+# nvmlErrorString of the codes pynvml has no text of its own for (it asks the library), as real drivers word them
+# in published transcripts: `nvidia-smi mig -dgi` on a GPU instance with a compute instance ("Unable to destroy GPU
+# instance ID 3 from GPU 0: In use by another client") and the MIG User Guide's `nvidia-smi mig -cgi 19,19,14,9`
+# ("Unable to create a GPU instance on GPU 0 using profile 9: Insufficient Resources"). Other codes: their names.
+_ERROR_TEXT = {
+    int(N.NVML_ERROR_IN_USE): "In use by another client",
+    int(N.NVML_ERROR_INSUFFICIENT_RESOURCES): "Insufficient Resources",
+}
 
-class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
+
+class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls, TopologyCalls):
     """A Python object that implements libnvidia-ml's C functions over a :class:`SimNodeState`."""
 
     def __init__(self, state: SimNodeState, faults: FaultTable) -> None:
@@ -59,7 +70,7 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
         def nvml_error_string(result: Any) -> bytes:
             # A plain function, not a method: pynvml assigns ``fn.restype`` on it, which a bound method refuses.
             code = _int(result)
-            text = N.NVMLError._errcode_to_string.get(code)
+            text = _ERROR_TEXT.get(code) or N.NVMLError._errcode_to_string.get(code)
             if text is None:
                 text = error_name(code).replace("_", " ").title()
             return str(text).encode()
@@ -425,23 +436,6 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
     @_entry
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, kind: Any, ref: Any) -> int:
         _out(ref).value = self._clock(handle, _int(kind), current=False)
-        return _SUCCESS
-
-    @_entry
-    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values_ref: Any) -> int:
-        gpu, _ = self._device(handle)
-        values = _out(values_ref)
-        stamp = int(self._state.clock() * 1e6)
-        for i in range(_int(count)):
-            v = values[i]
-            v.timestamp = stamp
-            v.latencyUsec = 0
-            if v.fieldId == N.NVML_FI_DEV_IS_RESETLESS_MIG_SUPPORTED:
-                v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
-                v.value.uiVal = 1 if gpu.model.gpm else 0
-                v.nvmlReturn = _SUCCESS
-            else:
-                v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return _SUCCESS
 
     # ------------------------------------------------------------------------------------------ processes
