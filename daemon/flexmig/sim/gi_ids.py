@@ -80,13 +80,6 @@ def default_fused_slot(node_key: str, index: int) -> int:
     return (zlib.crc32(node_key.encode()) + 5 * index) % _SLOTS
 
 
-def _size_of(gi_id: int) -> int:
-    for size in (8, 4, 2, 1):
-        if gi_id in class_ids(size):
-            return size
-    raise ValueError(f"{gi_id} is no GPU-instance ID (0-14)")
-
-
 def infer_fused_slot(instances: Iterable[tuple[int, int, int]], fallback: int) -> int:
     """The fused-off slot that explains recorded ``(start, size, id)`` triples, ``fallback`` when it explains them
     (or nothing does: IDs another rule handed out)."""
@@ -215,7 +208,3 @@ def policy_from(text: str | None) -> GiIdPolicy:
     where = IDS_ENV if text is None else "the GPU-instance ID mode"
     raise SimError(f"{where}={raw!r}: expected 'driver', 'adversarial' or 'adversarial:SEED' (SEED a number)")
 
-
-def size_of(gi_id: int) -> int:
-    """The size class (memory slices) of a GPU-instance ID."""
-    return _size_of(gi_id)

@@ -4,8 +4,10 @@ remaining capacity, creation and destruction, lookup and information, as the C e
 The driver's rules, as nvml.h states them and drivers behave: MIG changes need a privileged caller
 (``NO_PERMISSION`` otherwise) and MIG mode on; a placement must be one the profile allows (``INVALID_ARGUMENT``)
 and free (``INSUFFICIENT_RESOURCES``); a GPU instance with compute instances, or a compute instance with
-processes, is ``IN_USE`` for destruction; GPU-instance IDs follow the driver's buddy numbering over the memory
-slices. Mixed into :class:`~flexmig.sim.library.SimLibrary`; every ``nvml*`` method is one C entry point.
+processes, is ``IN_USE`` for destruction; GPU-instance IDs and placements chosen without a request are the ID
+policy's (:mod:`flexmig.sim.gi_ids`: as real drivers hand them out, or adversarially), and the profiles offered are
+the driver release's (:mod:`flexmig.sim.drivers`). Mixed into :class:`~flexmig.sim.library.SimLibrary`; every
+``nvml*`` method is one C entry point.
 """
 
 from __future__ import annotations

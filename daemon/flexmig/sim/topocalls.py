@@ -28,11 +28,10 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig.sim.cabi import INVALID, NOT_SUPPORTED, SUCCESS, LibraryCore, entry, int_arg, out, physical
 from flexmig.sim.state import NvmlReturn, SimGpu
 
-__all__ = ["TopologyCalls", "link_count", "link_speed_mbps", "nvlink_version"]
+__all__ = ["TopologyCalls", "link_count", "link_speed_mbps"]
 
 _LINKS = {"Hopper": 18, "Ampere": 12}
 _SPEED_MBPS = {"Hopper": 26562, "Ampere": 25000}
-_VERSION = {"Hopper": N.NVML_NVLINK_VERSION_4_0, "Ampere": N.NVML_NVLINK_VERSION_3_0}
 _SWITCH_BUSES = (0x05, 0x06, 0x07, 0x08)  # the baseboard's four NVSwitches, as their PCI buses (synthesized)
 _CPUS_PER_SOCKET = 64  # as devinfo's affinity: two sockets of 64 logical CPUs
 
@@ -45,11 +44,6 @@ def link_count(gpu: SimGpu) -> int:
 def link_speed_mbps(gpu: SimGpu) -> int:
     """Speed of one link in MB/s (``nvidia-smi nvlink -s``: 26.562 GB/s on H100, 25 GB/s on A100)."""
     return _SPEED_MBPS.get(gpu.model.architecture, 25000)
-
-
-def nvlink_version(gpu: SimGpu) -> int:
-    """The ``nvmlNvlinkVersion_t`` of its links."""
-    return int(_VERSION.get(gpu.model.architecture, N.NVML_NVLINK_VERSION_3_0))
 
 
 def _socket(gpu: SimGpu, count: int) -> int:
