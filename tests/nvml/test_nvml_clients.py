@@ -163,7 +163,7 @@ def test_dask_nvml_diagnostics_pinned_to_a_mig_uuid_find_it_and_its_cuda_context
     done = run_client(
         """
         import json, os
-        uuid = node.mig_uuids(1)[1]
+        uuid = node.gpu(1).mig_uuid_at(4)  # the 2g.35gb
         os.environ["CUDA_VISIBLE_DEVICES"] = uuid
         node.start_process(uuid, pid=os.getpid(), memory_bytes=1 << 30)  # this process "has a CUDA context" there
         from distributed.diagnostics import nvml
@@ -171,6 +171,7 @@ def test_dask_nvml_diagnostics_pinned_to_a_mig_uuid_find_it_and_its_cuda_context
         info = nvml.get_device_index_and_uuid(uuid)
         print(json.dumps({
             "uuid": uuid,
+            "mig_index": list(node.mig_uuids(1)).index(uuid),
             "context": [ctx.has_context, ctx.device_info.uuid, ctx.device_info.device_index,
                         ctx.device_info.mig_index],
             "index_and_uuid": [info.device_index, info.uuid],
@@ -182,12 +183,12 @@ def test_dask_nvml_diagnostics_pinned_to_a_mig_uuid_find_it_and_its_cuda_context
     )
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout)
-    assert r["context"] == [True, r["uuid"], 1, 1]  # GPU 1, MIG index 1
-    assert r["index_and_uuid"] == [1, r["uuid"]]  # nvmlDeviceGetIndex of a MIG handle: its MIG index (nvml.h)
+    assert r["context"] == [True, r["uuid"], 1, r["mig_index"]]  # GPU 1, the 2g's MIG index (by GI ID)
+    assert r["index_and_uuid"] == [r["mig_index"], r["uuid"]]  # nvmlDeviceGetIndex of a MIG handle: its MIG index
     assert r["mig_mode"] == [0, 0]  # a MIG device "doesn't support MIG mode": NOT_SUPPORTED, which dask maps so
     assert r["one_time"] == {"memory-total": 33024 << 20, "name": "NVIDIA H200 MIG 2g.35gb"}
     assert r["real_time"]["utilization"] is None
-    assert r["real_time"]["memory-used"] > 1 << 30  # the process, plus the reserved and idle memory v1 counts
+    assert r["real_time"]["memory-used"] > 1 << 30  # the process, plus the few MiB of an idle MIG device
 
 
 # ---------------------------------------------------------------- an NVML test suite written by others

@@ -60,10 +60,11 @@ def test_attributes_only_support_mig_device_handles(node: SimNode) -> None:
 
 def test_process_lists_in_every_struct_version_agree(node: SimNode) -> None:
     uuid = node.mig_uuids(0)[0]
+    gi_id = node.gpu(0).mig_device(uuid)[0].id
     pid = node.start_process(uuid, memory_bytes=1 << 30)
     h = N.nvmlDeviceGetHandleByUUID(uuid)
     for fn in (N.nvmlDeviceGetComputeRunningProcesses_v2, N.nvmlDeviceGetComputeRunningProcesses_v3):
-        assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId) for p in fn(h)] == [(pid, 1 << 30, 1)]
+        assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId) for p in fn(h)] == [(pid, 1 << 30, gi_id)]
     assert N.nvmlDeviceGetGraphicsRunningProcesses(h) == []
 
 
