@@ -26,6 +26,7 @@ from pathlib import Path
 
 __all__ = [
     "BackgroundTaskError",
+    "BrokerAclError",
     "CommandRefusedError",
     "ConfigError",
     "ControlError",
@@ -179,6 +180,11 @@ class ControlError(FlexmigError):
 
 class ControlRequestError(ControlError, ValueError):
     """The daemon found the request itself bad (a job spec, an argument)."""
+
+
+class BrokerAclError(ConfigError):
+    """The MQTT broker lets someone other than an operator publish commands to this node (an anonymous client, or
+    the node's own account where no ACL applies): commands stay off; the message says who could publish where."""
 
 
 class CommandRefusedError(FlexmigError, ValueError):
