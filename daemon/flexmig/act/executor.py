@@ -312,8 +312,8 @@ class Executor:
     def held(self, exclude: str | None = None) -> dict[tuple[int, int], str]:
         """Instances held by running jobs: ``(gpu, start) -> job``."""
         out: dict[tuple[int, int], str] = {}
-        for rec in self.journal.jobs():
-            if rec.state == "running" and rec.name != exclude:
+        for rec in self.journal.jobs_in("running"):
+            if rec.name != exclude:
                 for s in rec.slots:
                     out[s.key] = rec.name
         return out

@@ -89,6 +89,8 @@ class JobsApi:
         self.queue_when_full = False
         """In mode act, a submitted job that finds no room now is registered ``pending`` (the daemon's planner
         starts it later) instead of refused."""
+        self.max_pending = 1000
+        """Most jobs ``pending`` at once (``jobs.max_pending``): a submission that would queue one more is refused."""
 
     def handlers(self) -> dict[str, Handler]:
         """``{"jobs.submit": ..., "jobs.list": ..., ...}``."""
@@ -154,11 +156,19 @@ class JobsApi:
             last_ack=resume,
             submitted_s=self.wall(),
         )
-        self.ex.journal.put_job(rec)
+        self.ex.journal.queue_job(rec)
         return rec
 
     def _queue(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None, why: str) -> dict[str, Any]:
-        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it)."""
+        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it). Refused
+        (PlanRejectedError, nothing written) when ``max_pending`` jobs already wait and this is not one of them."""
+        waiting = self.ex.journal.job_counts().get("pending", 0)
+        if waiting >= self.max_pending and not (old is not None and old.state == "pending"):
+            raise PlanRejectedError(
+                f"job {spec.name} not queued: {waiting} jobs are already pending, the most jobs.max_pending allows "
+                f"({self.max_pending}); nothing was changed: submit it again once some have started, or raise "
+                "jobs.max_pending"
+            )
         rec = self._put_pending(spec, old, resume)
         return {"plan_id": None, "ok": True, "actions": [], "queued": f"no room now ({why})", "job": rec.summary()}
 

@@ -390,6 +390,13 @@ class JobsConfig:
         example="/run/flexmig/acks",
         restart=True,
     )
+    max_pending: int = _doc(
+        1000,
+        "Most jobs waiting for room (pending); a submission past it is refused, naming this key, and changes nothing. "
+        "Each waiting job costs every planning round some work, so keep it to what the node can work through.",
+        lo=1,
+        hi=1_000_000,
+    )
     shutdown_grace_s: float = _doc(
         60.0,
         "On SIGTERM, how long the action in flight may take to finish; after that the daemon exits and the "
