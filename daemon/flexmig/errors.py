@@ -47,6 +47,7 @@ __all__ = [
     "OutboxError",
     "PlanRejectedError",
     "RequestError",
+    "RequestExpiredError",
     "SimError",
     "SlurmError",
     "StateInUseError",
@@ -172,6 +173,10 @@ class DcgmError(FlexmigError):
 
 class RequestError(FlexmigError, ValueError):
     """A control request is malformed (not JSON, unknown operation, bad argument)."""
+
+
+class RequestExpiredError(FlexmigError):
+    """A control request could not begin within its client's deadline; it was dropped and nothing was done."""
 
 
 class ControlError(FlexmigError):

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
+from flexmig.act import deadline
 from flexmig.act.checkpoint import Checkpointer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.durable import Durable
@@ -171,6 +172,7 @@ class Executor:
         """Like :meth:`execute` for already encoded actions (the control API's ``stop`` is not a plan action)."""
         self.require_act()
         async with self._lock:
+            deadline.begin()  # a control request that waited here past its client's deadline is dropped now
             plan_id, _ = self.journal.begin_plan(origin, actions, notes)
             return await self._run_plan(plan_id)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flexmig.act import deadline
 from flexmig.act.control import Handler, RequestError
 from flexmig.act.encoding import StopPayload, encode
 from flexmig.act.executor import Executor, new_job_uid
@@ -157,6 +158,7 @@ class JobsApi:
             last_ack=resume,
             submitted_s=self.wall(),
         )
+        deadline.begin()
         self.ex.journal.queue_job(rec)
         return rec
 

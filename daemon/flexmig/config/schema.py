@@ -415,6 +415,14 @@ class ControlConfig:
     socket_mode: int = _doc(
         0o600, "Permissions of the socket: owner read/write required, nothing for others.", octal=True, restart=True
     )
+    max_wait_s: float = _doc(
+        900.0,
+        "Longest a control request (socket or MQTT command) may wait to begin, behind the action in flight; past "
+        "it the request is dropped, nothing done, and the log says so. A client's own deadline (flexmig --timeout) "
+        "is capped at this; a request that states none gets it.",
+        lo=1,
+        hi=86400,
+    )
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ class ActuatorComponent:
             self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
             # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
-            control = act.control_server(paths.socket, cfg.control.socket_mode)
+            control = act.control_server(paths.socket, cfg.control.socket_mode, max_wait_s=cfg.control.max_wait_s)
             for op in _MUTATING:
                 control.add(op, self._serialized(op, control.handlers[op]))
             control.add("status", self._status)
@@ -571,6 +571,8 @@ class ActuatorComponent:
             self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
             self.act.jobs.max_pending = config.jobs.max_pending
+        if self.dispatcher is not None:
+            self.dispatcher.max_wait_s = config.control.max_wait_s
         if self.mqtt is not None:
             self.mqtt.findings.mode = config.mode
         if old != config.mode:
