@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from flexmig.act.control import MAX_DEADLINE_S
 from flexmig.config import HostPort
 from flexmig.errors import BrokerAclError, ConfigError
 from flexmig.mqtt.broker import (
@@ -87,6 +88,10 @@ class CommandSettings(ConnectionSettings):
     publish_timeout_s: float = 10.0
     max_pending: int = 16
     """Commands accepted but not yet run; more are refused as Busy (commands run one at a time)."""
+    max_wait_s: float = 900.0
+    """Longest a command may wait to begin, counted from its arrival (``control.max_wait_s``): it waits here behind
+    the commands before it, then in the daemon behind the action in flight; past it, it is dropped unrun
+    (:mod:`flexmig.act.deadline`) and its result says so."""
     max_unsent_results: int = 1000
     """Results waiting for the broker (while it is away, or slower than the commands come); past this many the
     oldest are dropped, counted (``CommandStats.results_dropped``) and logged at most once a minute."""
@@ -111,6 +116,8 @@ class CommandSettings(ConnectionSettings):
         ConnectionSettings.__post_init__(self)  # the TLS pair, the backoff
         if self.max_pending < 1 or self.max_unsent_results < 1 or self.refusal_log_limit < 1:
             raise ConfigError("MQTT commands: max_pending, max_unsent_results and refusal_log_limit must be >= 1")
+        if not 0 < self.max_wait_s <= MAX_DEADLINE_S:
+            raise ConfigError(f"MQTT commands: max_wait_s must be above 0 and at most {MAX_DEADLINE_S:g}")
 
     @property
     def identifier(self) -> str:
@@ -134,6 +141,7 @@ class CommandSettings(ConnectionSettings):
             topic_prefix=m.topic_prefix,
             client_id=f"{m.client_id}-commands" if m.client_id else "",
             allow_plaintext_password=m.allow_plaintext_password,
+            max_wait_s=config.control.max_wait_s,
             **connection_fields(m, trusted_uids),
             **limits,
         )
@@ -205,7 +213,8 @@ class CommandListener:
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self._log = logger or log
         self._refusals = _RefusalLog(self._log, settings.refusal_log_limit, settings.refusal_log_window_s, clock)
-        self._queue: asyncio.Queue[tuple[str, Command]] = asyncio.Queue(settings.max_pending)
+        self._clock = clock
+        self._queue: asyncio.Queue[tuple[str, Command, float]] = asyncio.Queue(settings.max_pending)
         self._results: deque[bytes] = deque()
         self._results_dropped = 0
         self._drops = DropLog(self._log)
@@ -321,13 +330,16 @@ class CommandListener:
         """Run accepted commands one at a time, outside the connection: a broker that goes away does not cancel
         a migration halfway; its result is published once the broker is back."""
         while True:
-            topic, command = await self._queue.get()
+            topic, command, arrived = await self._queue.get()
             answer: Mapping[str, Any]
+            left = self.settings.max_wait_s - (self._clock() - arrived)
             try:
                 if self.off is not None:
                     answer = {"ok": False, "error": self.off, "type": "CommandRefused"}
+                elif left <= 0:  # the daemon would drop it at once: so say so here, and run nothing
+                    answer = {"ok": False, "error": self._expired(command), "type": "RequestExpiredError"}
                 else:
-                    answer = await self._dispatch(command.control_line())
+                    answer = await self._dispatch(command.control_line(left))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # dispatch never raises by contract; a bug must still not end the listener
@@ -393,7 +405,7 @@ class CommandListener:
             )
             return
         try:
-            self._queue.put_nowait((shown, command))
+            self._queue.put_nowait((shown, command, self._clock()))
         except asyncio.QueueFull:
             self._refuse(
                 shown, command.id, verb, f"{self.settings.max_pending} commands are already waiting; try later", "Busy"
@@ -424,6 +436,12 @@ class CommandListener:
         self._results_ready.set()
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _expired(self, command: Command) -> str:
+        return (
+            f"{command.op} dropped: it could not begin within {self.settings.max_wait_s:g} s of its arrival "
+            "(control.max_wait_s; it waited behind the commands before it); nothing was done"
+        )
+
     def _describe(self, exc: BaseException) -> str:
         s = self.settings
         text = str(exc) or type(exc).__name__
