@@ -29,6 +29,12 @@ _.exc_type
 _.addresses  # nvmlDeviceGetRetiredPages(device, cause, count, addresses)
 _.scope  # nvmlDeviceGetCpuAffinityWithinScope / nvmlDeviceGetMemoryAffinity(device, size, set, scope)
 
+# --- Set on a paho client for paho to call or read (flexmig.mqtt.command_guard's probe client).
+_.connect_timeout
+_.on_connect
+_.on_publish
+_.on_disconnect
+
 # --- The simulated libnvidia-ml, read by pynvml and its callers (nvitop, gpustat, DCGM-style tools), not by flexmig:
 # fields of pynvml's ctypes structures the simulator fills (nvml.h names them), the error-string entry point (set on
 # the instance, so entry_points() does not list it) and pynvml's module global that install/uninstall reset.

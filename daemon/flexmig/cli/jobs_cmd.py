@@ -68,7 +68,8 @@ def connection_options(p: argparse.ArgumentParser, *, after_verb: bool = False) 
         "--timeout",
         type=float,
         default=argparse.SUPPRESS if after_verb else 900.0,
-        help="seconds to wait for the daemon (default 900)",
+        help="seconds the request may wait to begin, behind the action in flight (default 900): past them the "
+        "daemon drops it and does nothing; once it has begun, the command waits for its end",
     )
 
 
