@@ -2,6 +2,7 @@
 #   make demo   flexmigd in mode act on a simulated H200 with a stream of demo jobs: fragmentation found, jobs migrated
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
+#               (every suite runs in a fresh, empty home directory made for the run: .ci/fresh-home)
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
 #               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
@@ -14,6 +15,7 @@ BIN := $(VENV)/bin
 DEMO_VENV ?= .venv-demo
 DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
+FRESH_HOME := .ci/fresh-home
 
 .PHONY: demo test check fault lint venv debs
 
@@ -46,10 +48,10 @@ lint: venv
 	$(BIN)/mypy
 
 test: venv debs lint
-	$(BIN)/pytest -q
+	$(FRESH_HOME) $(BIN)/pytest -q
 
 check: venv
-	$(BIN)/pytest -q -m "not integration"
+	$(FRESH_HOME) $(BIN)/pytest -q -m "not integration"
 
 fault: venv debs
-	$(BIN)/pytest -q -m fault
+	$(FRESH_HOME) $(BIN)/pytest -q -m fault
