@@ -4,7 +4,8 @@
   fragmentation, makes a plan and completes a migration; the metrics URL and the status line it prints work while
   it runs, exactly as printed;
 * the venv the target builds on a fresh checkout holds the package without extras (no torch, mypy, hypothesis);
-* Ctrl-C stops it cleanly: the jobs and the daemon are gone, and so is its private directory.
+* Ctrl-C stops it cleanly: the jobs and the daemon are gone, and so is its private directory;
+* with ``--broker`` it publishes its events to a real mosquitto, where the ``flexmig events`` line it prints sees them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from support.mosquitto import Mosquitto, needs_mosquitto
 from support.prometheus import free_port, http_get
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -158,3 +160,25 @@ def test_ctrl_c_stops_the_jobs_and_the_daemon_and_removes_the_demo_directory() -
     assert not daemon[0].is_running() or daemon[0].status() == psutil.STATUS_ZOMBIE
     assert not base.exists()
     assert left_in(base) == []
+
+
+@needs_mosquitto
+def test_the_demo_publishes_its_events_to_a_broker_and_the_events_line_it_prints_shows_them(
+    broker: Mosquitto,
+) -> None:
+    argv = [sys.executable, "-m", "flexmig.cli.main", "demo", "--broker", broker.address]
+    proc, lines = started([*argv, "--metrics-addr", f"127.0.0.1:{free_port()}", "--until-move", "--timeout", "150"])
+    events: subprocess.Popen[str] | None = None
+    try:
+        printed = lines.wait_for(r"^\s+MQTT events\s+(.+ events --broker \S+ --node demo)$").group(1)
+        events, seen = started(shlex.split(printed))
+        seen.wait_for(r"^# demo is online$")  # the node's retained status
+        seen.wait_for(r"\bdemo\s+action_completed\s+migrate ", timeout_s=150)
+        assert proc.wait(200) == 0, "\n".join(lines.lines)
+    finally:
+        for p in (proc, events):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.wait(60)
+    out = "\n".join(lines.lines)
+    assert "cannot open" not in out and re.search(r"first move completed", out), out

@@ -245,6 +245,9 @@ class _Demo:
         path.write_text(text)
         path.chmod(0o600)
         (b / "jobs").mkdir(mode=0o755)
+        # The journal would make it, but the outbox (--broker) is opened first and, by design, only in a directory
+        # that exists: flexmigd never creates the directory a configured outbox names.
+        (b / "state").mkdir(mode=0o700)
         return path
 
     def write_spec(self, job: DemoJob) -> Path:
