@@ -19,7 +19,7 @@ FRESH_HOME := .ci/fresh-home
 
 .PHONY: demo test check fault lint venv debs
 
-$(BIN)/flexmig: pyproject.toml hook/pyproject.toml
+$(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ./hook -e '.[test,torch]'
@@ -35,7 +35,7 @@ debs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    slurmctld slurmd slurm-client munge >/dev/null; }
 
-$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
+$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/pip install -q -e ./hook -e .
 	touch $@

@@ -9,8 +9,10 @@ the daemon (``flexmigd``, exactly as an operator runs it, with a configuration w
 control socket and the jobs' directories live in a private temporary directory, removed when the demo ends
 (Ctrl-C: the jobs are stopped, then the daemon, then the directory goes).
 
-It prints the metrics URL and the line that points ``flexmig status`` at the daemon's control socket, and tells
-what happens: findings, submissions, the plans the daemon executes (from its log) and every action's outcome.
+It prints the metrics URL, the line that points ``flexmig status`` at the daemon's control socket and the one that
+lets nvitop, gpustat or nvidia-smi in another terminal watch the simulated node (``flexmig sim exec``, on the node's
+state file), and tells what happens: findings, submissions, the plans the daemon executes (from its log) and every
+action's outcome.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from flexmig.act.client import ControlClient
 from flexmig.config import parse_config
 from flexmig.config.keys import toml_string
 from flexmig.errors import FlexmigError
+from flexmig.simenv import ENV
 
 __all__ = ["DEMO_SPEC", "DemoJob", "register", "run"]
 
@@ -205,6 +208,7 @@ class _Demo:
         self.args = args
         self.sock = base / "control.sock"
         self.log_path = base / "flexmigd.log"
+        self.sim_state = base / "sim-state.json"
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str] = queue.Queue()
         self.metrics_url: str | None = None
@@ -275,10 +279,11 @@ class _Demo:
         """Start flexmigd (its own session, so Ctrl-C reaches only the demo, which stops it in order)."""
         config = self.write_config()
         argv = [sys.executable, "-m", "flexmig.daemon", "--sim", DEMO_SPEC, "--no-sim-workload"]
-        argv += ["--config", str(config)]
+        argv += ["--sim-state", str(self.sim_state), "--config", str(config)]
         if self.args.metrics_addr:
             argv += ["--metrics-addr", self.args.metrics_addr]
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM")}
+        hidden = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM", ENV)  # the daemon's node is its own
+        env = {k: v for k, v in os.environ.items() if k not in hidden}
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -322,6 +327,8 @@ class _Demo:
         p(f"  metrics              {self.metrics_url}")
         p("  status, live (another terminal):")
         p(f"    FLEXMIG_CONTROL_SOCKET={self.sock} {flexmig} status --watch")
+        p("  nvitop, gpustat, nvidia-smi on this node (another terminal; pip install nvitop first):")
+        p(f"    {flexmig} sim --state {self.sim_state} exec -- nvitop")
         if self.args.broker:
             p(f"  MQTT events          {flexmig} events --broker {self.args.broker} --node demo")
         else:
