@@ -42,6 +42,7 @@ import psutil
 from flexmig.act.client import ControlClient
 from flexmig.config import parse_config
 from flexmig.config.keys import toml_string
+from flexmig.detect.findings import finding_docs
 from flexmig.errors import FlexmigError
 from flexmig.simenv import ENV
 
@@ -432,7 +433,7 @@ class _Demo:
         for key, f in findings.items():
             if key not in self._seen_findings:
                 where = f"GPU {f['gpu']}" + (f" {f['profile']}@{f['start']}" if f.get("start") is not None else "")
-                self.say(f"finding: {f['kind']} on {where}: {f['reason']}")
+                self.say(f"finding: {f['kind']} on {where}: {f['reason']} (explained: {finding_docs(f['kind'])})")
         for key in self._seen_findings - set(findings):
             kind, gpu, start = key
             self.say(f"finding over: {kind} on GPU {gpu}" + (f" slice {start}" if start is not None else ""))
