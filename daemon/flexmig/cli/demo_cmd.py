@@ -18,6 +18,7 @@ action's outcome.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import pwd
@@ -51,6 +52,11 @@ __all__ = ["DEMO_SPEC", "DemoJob", "register", "run"]
 #: The demo's node: one H200 with four idle 1g.18gb instances at slices 0, 2, 4 and 6 (fragmented on purpose).
 DEMO_SPEC = "h200:1g.18gb@0+1g.18gb@2+1g.18gb@4+1g.18gb@6"
 
+#: The planner's costs for the demo's jobs on a simulated node, not the daemon's defaults for training jobs on hardware
+#: (3 s checkpoint, 6 s restart, 5 s per instance change): a demo job acknowledges at its next 0.1 s step and exits,
+#: restarts in a Python start and a JSON load, and the simulated driver changes an instance in milliseconds. The
+#: demo prints what each action and plan took beside these estimates.
+_PLANNER_COSTS = "checkpoint_s = 0.3\nrestart_s = 0.5\nreconfigure_s = 0.05\n"
 _POLL_S = 0.5
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 40.0
@@ -58,6 +64,8 @@ _MAX_ACTIVE = 6  # jobs running or queued at once in the stream after the first 
 _LOG_LINE = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
 _METRICS_LINE = re.compile(r"metrics on (http://\S+/metrics)")
 _DOWNTIME = re.compile(r"^action_completed #(\d+) .*\(downtime ([0-9.]+) s\)")
+_ESTIMATE = re.compile(r"\(~([0-9.]+) s\)$")
+_PLAN_DONE = re.compile(r"^plan \d+ (completed|did not complete) in ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +230,8 @@ class _Demo:
         self._actions: dict[int, str] = {}
         self._downtime: dict[int, str] = {}
         self._in_plan = False
+        self._plan_estimates: collections.deque[list[float]] = collections.deque()  # per plan logged, in order
+        self._estimate_of: dict[int, list[float]] = {}  # plan ID -> its actions' estimates, in action order
         self.first_move_s: float | None = None
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -238,7 +248,7 @@ class _Demo:
             "# flexmig demo: mode act on a simulated node, short windows so that things happen within a minute.\n"
             'mode = "act"\nnode_name = "demo"\n'
             "[detect]\nfragmentation_window_s = 3.0\n"
-            "[planner]\ninterval_s = 2.0\nsettling_s = 8.0\n"
+            "[planner]\ninterval_s = 2.0\nsettling_s = 8.0\n" + _PLANNER_COSTS +
             f"[jobs]\ndirectory = {toml_string(str(b / 'jobs'))}\nallowed_dirs = [{toml_string(str(b))}]\n"
             "ack_timeout_s = 30.0\nshutdown_grace_s = 20.0\n"
             f"[control]\nsocket = {toml_string(str(self.sock))}\n"
@@ -267,6 +277,7 @@ class _Demo:
             f"user = {toml_string(self.user)}\n"
             f"working_dir = {toml_string(str(work))}\n"
             f"checkpoint_dir = {toml_string(str(work / 'ckpt'))}\n"
+            f"runtime_s = {job.steps * job.step_time_s:.1f}\n"  # the planner weighs moves by the time jobs have left
             f"[ranks]\nmin = 1\nmax = {job.max_ranks}\nstart = {job.ranks}\n"
             f"[need]\nprofile = {toml_string(job.profile)}\n"
             "[hook]\nack_timeout_s = 30\nexit_timeout_s = 20\n"
@@ -418,13 +429,18 @@ class _Demo:
                 self._downtime[int(d.group(1))] = d.group(2)
             if message.startswith("planner executing"):
                 self._in_plan = True
+                self._plan_estimates.append([])
                 self.say(f"flexmigd: {message}")
             elif self._in_plan and message.startswith("  "):
                 if not message.startswith("  note: "):  # the start action's reason says the same
+                    if e := _ESTIMATE.search(message):
+                        self._plan_estimates[-1].append(float(e.group(1)))
                     self.say(f"flexmigd:   {message.strip()}")
             else:
                 self._in_plan = False
-                if level in ("WARNING", "ERROR", "CRITICAL"):
+                if _PLAN_DONE.match(message):
+                    self.say(f"flexmigd: {message}")  # what the plan took, beside its estimate
+                elif level in ("WARNING", "ERROR", "CRITICAL"):
                     self.say(f"flexmigd: {level.lower()}: {message}")
 
     def _watch(self, doc: Mapping[str, Any]) -> None:
@@ -458,15 +474,33 @@ class _Demo:
             took = ""
             if a.get("started_s") and a.get("finished_s"):
                 took = f" in {a['finished_s'] - a['started_s']:.1f} s"
+            reason = a.get("reason") or ""
+            estimate = None if reason.startswith("submitted from ") else self._estimate(a, doc)
+            if estimate is not None:
+                took += f" (estimated {estimate:.1f} s)"
             if aid in self._downtime:
                 took += f" (the job was down {self._downtime[aid]} s)"
-            reason = a.get("reason") or ""
             if reason.startswith("submitted from "):
                 reason = ""  # the submission was just told
             why = f" ({a['error']})" if a.get("error") else f": {reason}" if reason else ""
             self.say(f"action #{aid} {a['action']}{who} {a['state']}{took}{why}")
             if a["action"] in ("migrate", "resplit") and a["state"] == "done" and self.first_move_s is None:
                 self.first_move_s = self.narrator.elapsed()
+
+    def _estimate(self, action: Mapping[str, Any], doc: Mapping[str, Any]) -> float | None:
+        """The planner's estimate for ``action`` of a plan it logged: the plans' action lines come in the order the
+        journal numbers their actions."""
+        plan = action.get("plan_id")
+        if plan is None:
+            return None
+        if plan not in self._estimate_of:
+            if not self._plan_estimates:
+                return None
+            self._estimate_of[plan] = self._plan_estimates.popleft()
+        ids = sorted(int(a["action_id"]) for a in doc.get("recent_actions", ()) if a.get("plan_id") == plan)
+        index = ids.index(int(action["action_id"]))
+        costs = self._estimate_of[plan]
+        return costs[index] if index < len(costs) else None
 
     # ------------------------------------------------------------------------------------------ clean-up
     def close(self) -> None:

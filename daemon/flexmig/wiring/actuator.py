@@ -36,7 +36,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
+from flexmig.act.records import JobRecord
 from flexmig.act.service import Actuator
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
@@ -346,8 +347,15 @@ class ActuatorComponent:
                 self._last_signature = signature
                 self._publish_plan(plan, mode)
             if mode == "act" and self.act is not None:
+                began = time.monotonic()
                 res = await self.act.execute(plan, origin="planner")
-                log.info("plan %d %s", res.plan_id, "completed" if res.ok else "did not complete")
+                log.info(
+                    "plan %d %s in %.1f s (estimated %.1f s)",
+                    res.plan_id,
+                    "completed" if res.ok else "did not complete",
+                    time.monotonic() - began,
+                    plan.cost_s,
+                )
             return result
 
     def _publish_plan(self, plan: Plan, mode: str) -> None:
@@ -384,6 +392,7 @@ class ActuatorComponent:
                 mig_enabled={g.index: g.mig_current for g in inventory.gpus},
                 last_moved_s=self._last_moved(),
                 extra=extra,
+                started_s=self._first_started(jobs),
             )
         except ValueError as exc:
             raise RequestError(str(exc)) from None
@@ -396,6 +405,20 @@ class ActuatorComponent:
             doc = plan_document(empty, given, mode=self.mode, source=source, error=str(exc))
             return PlanRound(empty, doc, str(exc))
         return PlanRound(plan, plan_document(plan, given, mode=self.mode, source=source))
+
+    def _first_started(self, jobs: Sequence[JobRecord]) -> dict[str, float]:
+        """When each job first started since it was submitted (wall time), from the journal's recent actions (a
+        name submitted again starts afresh)."""
+        assert self.act is not None
+        submitted = {rec.name: rec.submitted_s for rec in jobs}
+        out: dict[str, float] = {}
+        for row in self.act.journal.recent_actions(1000):
+            at = row.finished_s
+            if row.state != "done" or row.kind != "start" or not at or row.job not in submitted:
+                continue
+            if at >= submitted[row.job]:
+                out[row.job] = min(out.get(row.job, at), at)
+        return out
 
     def _last_moved(self) -> dict[str, float]:
         """When each job last started or moved (wall time), from the journal."""
