@@ -22,7 +22,7 @@ FRESH_HOME := .ci/fresh-home
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ./hook -e '.[test,torch]'
+	$(BIN)/pip install -q -e './hook[transformers,lightning,fsdp]' -e '.[test,torch]'
 	touch $@
 
 venv: $(BIN)/flexmig

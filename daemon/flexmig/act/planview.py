@@ -38,6 +38,7 @@ def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
         expected_runtime_s=rec.spec.runtime_s,
         movable=True,
         malleable=rec.spec.ranks_min < rec.spec.ranks_start,
+        standby=rec.spec.hook.standby,
     )
 
 

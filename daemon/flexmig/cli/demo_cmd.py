@@ -53,7 +53,7 @@ __all__ = ["DEMO_SPEC", "DemoJob", "register", "run"]
 DEMO_SPEC = "h200:1g.18gb@0+1g.18gb@2+1g.18gb@4+1g.18gb@6"
 
 #: The planner's costs for the demo's jobs on a simulated node, not the daemon's defaults for training jobs on hardware
-#: (3 s checkpoint, 6 s restart, 5 s per instance change): a demo job acknowledges at its next 0.1 s step and exits,
+#: (1 s checkpoint, 5 s restart, 5 s per instance change): a demo job acknowledges at its next 0.1 s step and exits,
 #: restarts in a Python start and a JSON load, and the simulated driver changes an instance in milliseconds. The
 #: demo prints what each action and plan took beside these estimates.
 _PLANNER_COSTS = "checkpoint_s = 0.3\nrestart_s = 0.5\nreconfigure_s = 0.05\n"
