@@ -74,7 +74,9 @@ class JobLoad:
                     usage = self._usage.setdefault(p.pid, JobUsage(node.seed, p.pid))
                     want = int(usage.memory_fraction(now) * share) // _MEMORY_STEP * _MEMORY_STEP
                     if want != p.memory_bytes:
-                        with contextlib.suppress(SimError):  # gone meanwhile, or no room beside another's
+                        # Gone meanwhile, no room beside another's, or a state file it cannot write now: a footprint
+                        # is a measurement, tried again at the next step, never a reason for the daemon to fail.
+                        with contextlib.suppress(SimError, OSError):
                             node.set_process_memory(p.pid, want)
                             changed = True
                 for ci in gi.compute_instances:
@@ -87,4 +89,5 @@ class JobLoad:
         for pid in set(self._usage) - seen:
             del self._usage[pid]
         if changed:
-            node.save()
+            with contextlib.suppress(OSError):  # a full disk under the state file: the next step saves again
+                node.save()
