@@ -65,6 +65,8 @@ _.sharedJpegCount
 _.sharedOfaCount
 _.temperature
 _.uiVal
+_.ullVal
+_.isC2cEnabled
 _.valueType
 _.nvmlErrorString
 _._nvmlLib_refcount
@@ -79,6 +81,9 @@ _.gpm_samples_allocated
 _.mig_uuids
 _.gi_ids
 _.mig_device
+_.gi_id_at
+_.mig_uuid_at
+_.fused_slot
 
 # --- Fields of records that describe outside data or a result (a journal row, a parsed trace, Slurm or DCGM row, a
 # hook's environment, a reload's outcome, a catalogue entry): kept whole, like the source they mirror, even where no

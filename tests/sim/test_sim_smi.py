@@ -2,7 +2,7 @@
 
 The expected lines are published outputs of the real ``nvidia-smi``, on nodes laid out the same way:
 
-* ``mig -lgi``: H100 80GB, GPU 0 of NVIDIA/DCGM issue #138 (https://github.com/NVIDIA/DCGM/issues/138);
+* ``mig -lgi``: GPU 0 of NVIDIA/DCGM issue #138 (https://github.com/NVIDIA/DCGM/issues/138, A100-80GB);
 * ``mig -lgip``: GH200 144GB in NVIDIA/mig-parted pull request #139 (H200 has the same profile IDs, SMs and engines;
   its memory sizes differ, and are substituted);
 * ``mig -lci``: the header and row layout that public transcripts of drivers 525-570 share (A100, H100, RTX PRO 6000);
@@ -34,25 +34,43 @@ def smi(*argv: str) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
-def test_mig_lgi_prints_the_published_lines_of_the_same_layout() -> None:
-    install("h100-80:1g.10gb@2+1g.10gb@3+2g.20gb@0+3g.40gb@4")
+def same_layout(ours: str, published: str) -> bool:
+    """True when ``ours`` lays its fields out as ``published`` does: the same number of fields, each ending (numbers,
+    right-aligned) or starting (names, left-aligned) in the same column, the frame in the same place."""
+    mine = [(m.start(), m.end()) for m in re.finditer(r"\S+", ours)]
+    theirs = [(m.start(), m.end()) for m in re.finditer(r"\S+", published)]
+    return len(ours) == len(published) and len(mine) == len(theirs) and all(
+        a[1] == b[1] or a[0] == b[0] for a, b in zip(mine, theirs, strict=True)
+    )
+
+
+def test_mig_lgi_prints_the_published_layout_with_the_drivers_ids_and_placements() -> None:
+    node = install("a100-80x2:1g.10gb@2+1g.10gb@3+2g.20gb@0+3g.40gb@4")  # the layout of the published output
     status, out, _ = smi("mig", "-lgi")
     assert status == 0
-    assert out.splitlines() == [
+    lines = out.splitlines()
+    assert lines[:5] == [
         "+-------------------------------------------------------+",
         "| GPU instances:                                        |",
         "| GPU   Name             Profile  Instance   Placement  |",
         "|                          ID       ID       Start:Size |",
         "|=======================================================|",
-        "|   0  MIG 1g.10gb         19        9          2:1     |",
-        "+-------------------------------------------------------+",
-        "|   0  MIG 1g.10gb         19       10          3:1     |",
-        "+-------------------------------------------------------+",
-        "|   0  MIG 2g.20gb         14        3          0:2     |",
-        "+-------------------------------------------------------+",
-        "|   0  MIG 3g.40gb          9        2          4:4     |",
-        "+-------------------------------------------------------+",
     ]
+    published = [  # its GPU 0, in its order: by profile as -lgip lists them, then by GPU-instance ID
+        "|   0  MIG 1g.10gb         19        9          2:1     |",
+        "|   0  MIG 1g.10gb         19       10          3:1     |",
+        "|   0  MIG 2g.20gb         14        3          0:2     |",
+        "|   0  MIG 3g.40gb          9        2          4:4     |",
+    ]
+    rows = lines[5::2]
+    assert all(rule == lines[0] for rule in lines[6::2])
+    for gpu in (0, 1):
+        mine = [r for r in rows if r.startswith(f"|   {gpu}  ")]
+        assert all(same_layout(r, p) for r, p in zip(mine, published, strict=True)), mine
+        truth = node.gpu(gpu).gpu_instances
+        shown = [(int(r.split()[5]), r.split()[6]) for r in mine]
+        assert sorted(shown) == sorted((gi.id, f"{gi.start}:{gi.profile.memory_slices}") for gi in truth)
+        assert [r.split()[4] for r in mine] == ["19", "19", "14", "9"]
 
 
 def test_mig_lgip_prints_the_published_lines_with_this_models_memory() -> None:
@@ -85,7 +103,7 @@ def test_mig_lgip_prints_the_published_lines_with_this_models_memory() -> None:
 
 
 def test_mig_lci_lists_each_compute_instance_in_the_published_layout() -> None:
-    install("h100-80:1g.10gb@2+2g.20gb@0")
+    node = install("h100-80:1g.10gb@2+2g.20gb@0")
     status, out, _ = smi("mig", "-lci")
     assert status == 0
     lines = out.splitlines()
@@ -97,8 +115,11 @@ def test_mig_lci_lists_each_compute_instance_in_the_published_layout() -> None:
         "|         ID                                                         |",
         "|====================================================================|",
     ]
-    assert lines[6] == "|   0      9       MIG 1g.10gb          0         0          0:1     |"
-    assert re.fullmatch(r"\|   0      3       MIG 2g\.20gb          1         0          0:\d     \|", lines[8])
+    published = "|   0      9       MIG 1g.10gb          0         0          0:1     |"
+    one, two = lines[6], lines[8]
+    assert same_layout(one, published) and same_layout(two, published.replace("1g.10gb", "2g.20gb"))
+    ids = {gi.profile.name: gi.id for gi in node.gpu(0).gpu_instances}
+    assert one.split()[2:4] == [str(ids["1g.10gb"]), "MIG"] and two.split()[2] == str(ids["2g.20gb"])
 
 
 def test_list_gpus_names_each_gpu_and_mig_device_with_its_uuid_as_published() -> None:
@@ -141,10 +162,12 @@ def test_the_summary_table_keeps_the_real_tools_columns_and_says_it_is_the_simul
     gpu_row = next(line for line in lines if line.startswith("|   0  NVIDIA A100-SXM4-40GB"))
     bus = gpu_row[44:60]
     assert gpu_row == f"|   0  NVIDIA A100-SXM4-40GB          On  | {bus} Off |                   On |"
-    mig_row = next(line for line in lines if line.startswith("|  0    1   0   0  |"))
-    assert re.fullmatch(r"\|  0    1   0   0  \| +\d+MiB / 19968MiB  \| 42      0 \|  3   0    2    0    0 \|", mig_row)
+    gi = node.gpu(0).gpu_instances[0].id
+    mig_row = next(line for line in lines if line.startswith(f"|  0 {gi:>4}   0   0  |"))
+    published = "|  0    2   0   0  |              37MiB / 19968MiB  | 42      0 |  3   0    2    0    0 |"
+    assert same_layout(mig_row, published) and mig_row.endswith("| 42      0 |  3   0    2    0    0 |")
     proc_row = next(line for line in lines if f" {pid} " in line)
-    assert proc_row[:37] == f"|    0     1    0{pid:>10}      C   " and proc_row.endswith("1024MiB |")
+    assert proc_row[:37] == f"|    0{gi:>6}    0{pid:>10}      C   " and proc_row.endswith("1024MiB |")
 
 
 def test_a_command_line_it_does_not_answer_is_refused_with_status_2_and_the_usage() -> None:

@@ -23,6 +23,8 @@ from typing import Any
 
 from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, model_by_key
+from flexmig.sim.drivers import DriverRelease, driver_release
+from flexmig.sim.gi_ids import GiIdPolicy
 from flexmig.sim.model import Activity
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
 
@@ -46,6 +48,7 @@ def state_to_dict(state: SimNodeState) -> dict[str, Any]:
                     "id": ci.id,
                     "serial": ci.serial,
                     "slices": ci.slices,
+                    "profile_id": ci.profile_id,
                     "start": ci.start,
                     "uuid": ci.uuid,
                     "processes": [_proc(p) for p in ci.processes.values()],
@@ -72,6 +75,7 @@ def state_to_dict(state: SimNodeState) -> dict[str, Any]:
         "model": state.model.key,
         "count": len(state.gpus),
         "node_id": str(state.node_id),
+        "driver": state.driver.version,
         "serial": state.serial,
         "next_fake_pid": state.next_fake_pid,
         "gpus": gpus,
@@ -92,10 +96,15 @@ def load_state(
     count: int,
     clock: Callable[[], float],
     is_alive: Callable[[int], bool] = pid_alive,
+    *,
+    ids: GiIdPolicy | None = None,
+    driver: DriverRelease | None = None,
 ) -> SimNodeState:
     """Rebuild a node from the state file at ``path``; SimError names the file and what is wrong with it.
 
-    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node.
+    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node; ``ids`` hands
+    out the IDs of GPU instances created from now on (those in the file keep theirs); ``driver`` is the release
+    the spec names, which must be the one the file was written with.
     """
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -107,7 +116,7 @@ def load_state(
             "delete it to start from the spec"
         )
     try:
-        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path)
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path, ids=ids, driver=driver)
     except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
         if isinstance(exc, SimError):
             raise
@@ -126,7 +135,8 @@ def state_from_dict(
         count = int(raw["count"])
         if not 1 <= count <= 64:
             raise SimError(f"simulator state file {path} holds {count} GPUs (1-64)")
-        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path)
+        release = driver_release(str(raw["driver"]) if "driver" in raw else None)  # the file's own driver
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path, ids=None, driver=release)
     except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
         if isinstance(exc, SimError):
             raise
@@ -141,6 +151,8 @@ def _build(
     clock: Callable[[], float],
     is_alive: Callable[[int], bool],
     path: Path,
+    ids: GiIdPolicy | None,
+    driver: DriverRelease | None,
 ) -> SimNodeState:
     if raw.get("schema") != SCHEMA_VERSION:
         raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
@@ -150,7 +162,15 @@ def _build(
             f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
             "use the same spec or delete the file"
         )
-    state = SimNodeState(model, count, node_id=uuidlib.UUID(str(raw["node_id"])), clock=clock, is_alive=is_alive)
+    release = driver_release(None) if driver is None else driver
+    saved = str(raw.get("driver", release.version))
+    if saved != release.version:
+        raise SimError(
+            f"simulator state file {path} holds a node on driver {saved}, not {release.version}; "
+            "use the same spec or delete the file"
+        )
+    node_id = uuidlib.UUID(str(raw["node_id"]))
+    state = SimNodeState(model, count, node_id=node_id, clock=clock, is_alive=is_alive, ids=ids, driver=release)
     state.serial = int(raw["serial"])
     state.next_fake_pid = int(raw["next_fake_pid"])
     for g in raw["gpus"]:
@@ -178,7 +198,7 @@ def _build(
                 ci = state.restore_ci(
                     gi,
                     int(c["id"]),
-                    slices=int(c["slices"]),
+                    profile_id=_ci_profile(c),
                     start=int(c["start"]),
                     uuid=str(c["uuid"]),
                     serial=int(c["serial"]),
@@ -189,6 +209,13 @@ def _build(
                     ci.activity = _activity(c["activity"], path)
         state.refresh_rates(gpu)
     return state
+
+
+def _ci_profile(raw: dict[str, Any]) -> int:
+    """A saved compute instance's profile ID (files written before it was saved hold only its plain size)."""
+    if "profile_id" in raw:
+        return int(raw["profile_id"])
+    return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[int(raw["slices"])]
 
 
 def _restore_proc(

@@ -13,7 +13,7 @@ nvitop, gpustat) see. It runs only over a simulated library (:func:`main` refuse
 
 The layouts are the real tool's, copied from published outputs of it (every line position checked in
 tests/sim/test_sim_smi.py): ``mig -lgip`` from NVIDIA/mig-parted pull request #139 (GH200) and NVIDIA/gpu-operator
-pull request #900 (H100 NVL); ``mig -lgi`` from NVIDIA/DCGM issue #138 (H100 80GB); ``mig -lci`` from the
+pull request #900 (H100 NVL); ``mig -lgi`` from NVIDIA/DCGM issue #138 (A100-SXM4-80GB); ``mig -lci`` from the
 nvidia-smi transcripts in the MIG user guide's examples as reproduced in public issues (A100, H100); ``-L`` and the
 summary table from DataDog/datadog-agent pull request #33120 (A100-SXM4-80GB, driver 535).
 """

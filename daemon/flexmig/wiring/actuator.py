@@ -201,17 +201,20 @@ class ActuatorComponent:
                 if rec.state == "running":
                     self._touched.update(s.key for s in rec.slots)
             self.refresh()
-            summary = await act.start()
-            self.unknown_ranks = list(summary.get("unknown_ranks", []))
-            log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
-            # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
+            # The dispatcher exists whether or not the socket is served: MQTT commands go through it too. It answers
+            # while the journal is reconciled (finishing a Slurm re-registration can take a while); requests that
+            # change anything wait for the reconciliation (it holds the action lock).
             act.jobs.refuse_submit = _submit_refusal(cfg)
             control = ControlServer(paths.socket, self._handlers(act), mode=cfg.control.socket_mode)
-            self.dispatcher = control
-            if cfg.control.enabled:
-                await control.start()
-                self.control = control
-                log.info("control socket at %s (mode %o)", paths.socket, cfg.control.socket_mode)
+            async with self._busy:
+                self.dispatcher = control
+                if cfg.control.enabled:
+                    await control.start()
+                    self.control = control
+                    log.info("control socket at %s (mode %o)", paths.socket, cfg.control.socket_mode)
+                summary = await act.start()
+            self.unknown_ranks = list(summary.get("unknown_ranks", []))
+            log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
         except (FlexmigError, OSError) as exc:
             await self._close()
             self._give_up(f"actuator start-up failed: {exc}")
