@@ -140,7 +140,8 @@ _.load_checkpoint
 _.save_checkpoint
 _.schema_documents  # flexmig.mqtt.command_schema: generates schemas/command*.json (a test keeps them equal)
 _.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (tests check dashboards and rules)
-_.MUTATING_PREFIXES  # flexmig.sim.entrypoints: the entry points that change the node (`flexmig nvml record` tests)
+_.PTH_LINE  # flexmig.simenv: the line of flexmig-sim.pth, which setup.py writes (it loads simenv by its path)
+_.arm  # flexmig.simenv: what flexmig-sim.pth and flexmig sim exec's sitecustomize call at interpreter start
 
 # --- Not wired in, kept for a decision: flexmig.slurm.slurmd.check_node_conf refuses a [slurm] slurmd_conf word that
 # is not KEY=VALUE, but the configuration's checks apply only its Gres= rule; wiring it in would refuse files that

@@ -201,3 +201,22 @@ def test_job_records_become_the_planners_running_jobs_and_queue(tmp_path: Path) 
     queue = pending_requests([run, late, early], H200)
     assert [q.name for q in queue] == ["c", "b"]
     assert (queue[1].need.memory_mib, queue[0].need.compute_slices) == (20480, 2)
+
+
+def test_a_job_that_states_its_run_time_tells_the_planner_how_long_it_has_left(tmp_path: Path) -> None:
+    def spec(name: str, runtime: str) -> JobSpec:
+        text = f'name = "{name}"\nargv = ["/bin/true"]\nuser = "root"\nworking_dir = "{tmp_path}"\n'
+        text += f'checkpoint_dir = "c"\n{runtime}[need]\nprofile = "1g.18gb"\n'
+        return parse_job_spec(text, JobPolicy((tmp_path,), check_permissions=False))
+
+    timed = JobRecord("timed", "u1", spec("timed", "runtime_s = 80\n"), "running", 1, (Slot(0, 0, "1g.18gb"),))
+    vague = JobRecord("vague", "u2", spec("vague", ""), "running", 1, (Slot(0, 1, "1g.18gb"),))
+    waiting = JobRecord("next", "u3", spec("next", "runtime_s = 50\n"), "pending", submitted_s=1.0)
+    started = {"timed": 1000.0, "vague": 1000.0}
+    a, b = running_jobs([timed, vague, waiting], H200, started_s=started, now_s=1030.0)
+    assert (a.remaining_s, a.nominal.expected_runtime_s) == (50.0, 80.0)
+    assert (b.remaining_s, b.nominal.expected_runtime_s) == (None, None)  # unknown: the planner assumes a long wait
+    (late,) = running_jobs([timed], H200, started_s=started, now_s=1100.0)
+    assert late.remaining_s == 0.0  # overdue: it could end any moment
+    (queued,) = pending_requests([timed, vague, waiting], H200)
+    assert queued.expected_runtime_s == 50.0

@@ -5,8 +5,11 @@ and processes are still there when the daemon starts again. With a state path, t
 JSON after every mutation (write a temporary file, then ``os.replace``, so a reader never sees half a file), and
 ``install`` restores it instead of building the node from the spec.
 
-Activity and GPM counters are not kept: they are measurements, not configuration. Real processes (a pid given by
-the caller) whose pid no longer exists are dropped at load, as they are whenever processes are listed.
+Each MIG device's activity is kept too (``activity``: SM, occupancy, DRAM, tensor fractions), so that processes
+following the node through the file (:mod:`flexmig.sim.follow`) measure what the daemon's node shows; GPM counters
+are not kept: they are measurements, not configuration, and a reader integrates the activity over its own clock.
+Real processes (a pid given by the caller) whose pid no longer exists are dropped at load, as they are whenever
+processes are listed.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, model_by_key
 from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.gi_ids import GiIdPolicy
+from flexmig.sim.model import Activity
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
 
-__all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_to_dict"]
+__all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_from_dict", "state_to_dict"]
 
 SCHEMA_VERSION = 1
 
@@ -48,6 +52,7 @@ def state_to_dict(state: SimNodeState) -> dict[str, Any]:
                     "start": ci.start,
                     "uuid": ci.uuid,
                     "processes": [_proc(p) for p in ci.processes.values()],
+                    "activity": list(ci.activity.as_tuple()),
                 }
                 for ci in sorted(gi.cis.values(), key=lambda c: c.id)
             ]
@@ -118,6 +123,26 @@ def load_state(
         raise SimError(f"simulator state file {path} is malformed: {exc!r}") from exc
 
 
+def state_from_dict(
+    raw: object, path: Path, clock: Callable[[], float], is_alive: Callable[[int], bool] = pid_alive
+) -> SimNodeState:
+    """A node from the parsed state file ``raw`` (read from ``path``, named in errors), whatever model and GPU count
+    it holds; SimError says what is wrong with it."""
+    if not isinstance(raw, dict):
+        raise SimError(f"simulator state file {path} must hold a JSON object (the simulated node)")
+    try:
+        model = model_by_key(str(raw["model"]))
+        count = int(raw["count"])
+        if not 1 <= count <= 64:
+            raise SimError(f"simulator state file {path} holds {count} GPUs (1-64)")
+        release = driver_release(str(raw["driver"]) if "driver" in raw else None)  # the file's own driver
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path, ids=None, driver=release)
+    except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
+        if isinstance(exc, SimError):
+            raise
+        raise SimError(f"simulator state file {path} is malformed: {exc!r}") from exc
+
+
 def _build(
     raw: dict[str, Any],
     model: GpuModel,
@@ -180,6 +205,8 @@ def _build(
                 )
                 for p in c["processes"]:
                     _restore_proc(state, ci.processes, p, (gpu, ci), is_alive)
+                if c.get("activity") is not None and ci.processes:  # files written before it was kept have none
+                    ci.activity = _activity(c["activity"], path)
         state.refresh_rates(gpu)
     return state
 
@@ -210,3 +237,12 @@ def _restore_proc(
         raise SimError(f"pid {proc.pid} appears twice in the simulator state file")
     procs[proc.pid] = proc
     state.pids[proc.pid] = where
+
+
+def _activity(raw: object, path: Path) -> Activity:
+    if not isinstance(raw, list) or len(raw) != 4:
+        raise SimError(f"simulator state file {path}: an activity is four fractions, not {raw!r}")
+    values = [float(v) for v in raw]
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise SimError(f"simulator state file {path}: activity fractions must be within 0..1, not {raw!r}")
+    return Activity(*values)

@@ -37,7 +37,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import node_model
+from flexmig.act.records import JobRecord
 from flexmig.act.service import Actuator
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
@@ -377,8 +378,15 @@ class ActuatorComponent:
                 self._last_signature = signature
                 self._publish_plan(plan, mode)
             if mode == "act" and self.act is not None:
+                began = time.monotonic()
                 res = await self.act.execute(plan, origin="planner")
-                log.info("plan %d %s", res.plan_id, "completed" if res.ok else "did not complete")
+                log.info(
+                    "plan %d %s in %.1f s (estimated %.1f s)",
+                    res.plan_id,
+                    "completed" if res.ok else "did not complete",
+                    time.monotonic() - began,
+                    plan.cost_s,
+                )
             return result
 
     def _publish_plan(self, plan: Plan, mode: str) -> None:
@@ -410,6 +418,7 @@ class ActuatorComponent:
         alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs if rec.state == "running"}
         mig_enabled = {g.index: g.mig_current for g in inventory.gpus}
         last_moved = self._last_moved()
+        started = self._first_started(jobs)
         settings = planner_settings(self.config.planner)
         mode = self.mode
 
@@ -425,6 +434,7 @@ class ActuatorComponent:
                     mig_enabled=mig_enabled,
                     last_moved_s=last_moved,
                     extra=extra,
+                    started_s=started,
                 )
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
@@ -438,6 +448,20 @@ class ActuatorComponent:
             return PlanRound(plan, plan_document(plan, given, mode=mode, source=source))
 
         return await asyncio.to_thread(work_out)
+
+    def _first_started(self, jobs: Sequence[JobRecord]) -> dict[str, float]:
+        """When each job first started since it was submitted (wall time), from the journal's recent actions (a
+        name submitted again starts afresh)."""
+        assert self.act is not None
+        submitted = {rec.name: rec.submitted_s for rec in jobs}
+        out: dict[str, float] = {}
+        for row in self.act.journal.recent_actions(1000):
+            at = row.finished_s
+            if row.state != "done" or row.kind != "start" or not at or row.job not in submitted:
+                continue
+            if at >= submitted[row.job]:
+                out[row.job] = min(out.get(row.job, at), at)
+        return out
 
     def _last_moved(self) -> dict[str, float]:
         """When each job last started or moved (wall time), from the journal."""
