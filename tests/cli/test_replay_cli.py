@@ -228,5 +228,5 @@ def test_replay_charges_its_own_large_model_costs_unless_told_otherwise(
     status, out, _ = simulate(capsys, *base, "--costs", "daemon", "--checkpoint-s", "7", "--gain-margin", "0.5")
     assert status == 0
     got = json.loads(out)["planner_settings"]
-    assert (got["checkpoint_s"], got["restart_s"], got["reconfigure_s"]) == (7.0, 6.0, 5.0)
+    assert (got["checkpoint_s"], got["restart_s"], got["reconfigure_s"]) == (7.0, 5.0, 5.0)
     assert (got["settling_s"], got["gain_margin"]) == (300.0, 0.5)
