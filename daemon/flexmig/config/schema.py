@@ -413,6 +413,13 @@ class JobsConfig:
         lo=0,
         hi=100,
     )
+    max_pending: int = _doc(
+        1000,
+        "Most jobs waiting for room (pending); a submission past it is refused, naming this key, and changes nothing. "
+        "Each waiting job costs every planning round some work, so keep it to what the node can work through.",
+        lo=1,
+        hi=1_000_000,
+    )
     shutdown_grace_s: float = _doc(
         60.0,
         "On SIGTERM, how long the action in flight may take to finish; after that the daemon exits and the "
@@ -430,6 +437,14 @@ class ControlConfig:
     socket: Path = _doc(Path("/run/flexmig/control.sock"), "Unix socket path (at most 107 bytes).", restart=True)
     socket_mode: int = _doc(
         0o600, "Permissions of the socket: owner read/write required, nothing for others.", octal=True, restart=True
+    )
+    max_wait_s: float = _doc(
+        900.0,
+        "Longest a control request (socket or MQTT command) may wait to begin, behind the action in flight; past "
+        "it the request is dropped, nothing done, and the log says so. A client's own deadline (flexmig --timeout) "
+        "is capped at this; a request that states none gets it.",
+        lo=1,
+        hi=86400,
     )
 
 

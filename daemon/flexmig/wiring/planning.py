@@ -109,12 +109,14 @@ def planning_state(
     mig_enabled: Mapping[int, bool | None],
     last_moved_s: Mapping[str, float] | None = None,
     extra: Sequence[JobRequest] = (),
+    started_s: Mapping[str, float] | None = None,
 ) -> PlanningInput:
     """The planner's view of the node; PlanRejectedError when no GPU of a known model can be planned for
     (from :func:`~flexmig.act.placement.node_model`).
 
     ``alive_pids``: each job's running rank pids (processes of these are accounted for); ``mig_enabled``: GPU
-    index -> MIG mode now (None: no MIG); ``extra``: hypothetical requests queued after the real ones.
+    index -> MIG mode now (None: no MIG); ``extra``: hypothetical requests queued after the real ones; ``started_s``:
+    when each job first started, for the time left of jobs that state their run time.
     """
     model = node_model(view)
     ours = _held_pids(alive_pids)
@@ -180,7 +182,7 @@ def planning_state(
                     why[s.spec()] = f"recorded for job {rec.name}, which is not planned for"
             continue
         usable.append(rec)
-    running = running_jobs(usable, model, last_moved_s)
+    running = running_jobs(usable, model, last_moved_s, started_s, now_s)
     held = {i.key for r in running for i in r.instances}
     blocked -= held  # a job's own ranks on its instances are accounted for
     pending = (*pending_requests(jobs, model), *extra)
