@@ -44,9 +44,9 @@ class Ages:
             self._seen[key] = seen
         return max(0.0, now - seen[1])
 
-    def forget(self, keep: set[Hashable]) -> None:
-        """Drop what is known of every key not in ``keep`` (jobs that are gone)."""
-        for key in [k for k in self._seen if k not in keep]:
+    def forget(self, keep: set[Hashable], *, kind: Hashable) -> None:
+        """Drop what is known of the events ``(kind, name)`` whose name is not in ``keep`` (jobs that are gone)."""
+        for key in [k for k in self._seen if isinstance(k, tuple) and k[0] == kind and k[1] not in keep]:
             del self._seen[key]
 
     def check(self) -> float:

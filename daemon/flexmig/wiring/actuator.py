@@ -134,9 +134,8 @@ class ActuatorComponent:
         self.mqtt = mqtt
         self.wall = wall
         self.ages = Ages(wall, clock)
-        """How long ago each job last moved, on the monotonic clock (the journal's stamps are wall time)."""
-        self.run_ages = Ages(wall, clock)
-        """How long ago each job first started (how long it has run), the same way."""
+        """How long ago each job last moved and first started, on the monotonic clock (the journal's stamps are wall
+        time)."""
         self.metrics = ActionMetrics()
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
@@ -482,8 +481,8 @@ class ActuatorComponent:
                 continue
             if at >= submitted[row.job]:
                 out[row.job] = min(out.get(row.job, at), at)
-        self.run_ages.forget(set(out))
-        return {job: now - self.run_ages.ago(job, stamp) for job, stamp in out.items()}
+        self.ages.forget(set(out), kind="started")
+        return {job: now - self.ages.ago(("started", job), stamp) for job, stamp in out.items()}
 
     def _last_moved(self, now: float) -> dict[str, float]:
         """When each job last started or moved, from the journal, in the planner's time ``now``: ``now`` less how
@@ -494,8 +493,8 @@ class ActuatorComponent:
         for row in self.act.journal.recent_actions(1000):
             if row.job and row.state == "done" and row.finished_s and row.kind in ("start", "migrate", "resplit"):
                 out[row.job] = max(out.get(row.job, 0.0), row.finished_s)
-        self.ages.forget(set(out))
-        return {job: now - self.ages.ago(job, stamp) for job, stamp in out.items()}
+        self.ages.forget(set(out), kind="moved")
+        return {job: now - self.ages.ago(("moved", job), stamp) for job, stamp in out.items()}
 
     # ------------------------------------------------------------------------------------------ control ops
     def _handlers(self, act: Actuator) -> dict[str, Handler]:
