@@ -13,7 +13,7 @@ moment root looks at such a path and the moment it acts on it, the user can put 
   names is resolved with ``openat2(RESOLVE_BENEATH)``, so symlinks inside the checkpoint directory work but never
   lead out of it;
 * a missing directory is made with ``mkdirat`` relative to its parent's descriptor, opened again with
-  ``O_DIRECTORY|O_NOFOLLOW``, checked (a directory, ours, empty) and only then handed to the job's user with
+  ``O_DIRECTORY|O_NOFOLLOW``, checked (a directory, ours) and only then handed to the job's user with
   ``fchown``/``fchmod`` on that descriptor: the kernel changes exactly the directory that was checked.
 
 This is what systemd's ``chase()`` and OpenSSH's ``safe_path()`` do for the same reason. Used by the checkpoint
@@ -182,7 +182,7 @@ def ensure_dir(path: Path, uid: int | None, gid: int | None, mode: int = 0o700) 
     ``mode`` (None: the daemon's own). A directory that exists is left as it is.
 
     Each missing component is made with ``mkdirat`` in its parent's descriptor, opened again without following a
-    link, checked (a directory the daemon owns, empty) and handed over with ``fchown``/``fchmod`` on that
+    link, checked (a directory the daemon owns) and handed over with ``fchown``/``fchmod`` on that
     descriptor, so what changes owner is exactly what was made. UserPathError names the component that is a symlink
     or not a directory, or why it cannot be made or handed over (under a unit without CAP_CHOWN: make it
     beforehand, owned by the job's user)."""
@@ -215,8 +215,10 @@ def ensure_dir(path: Path, uid: int | None, gid: int | None, mode: int = 0o700) 
 
 def _hand_over(fd: int, path: Path, at: str, me: int, *, uid: int | None, gid: int | None, mode: int) -> None:
     st = os.fstat(fd)
-    if st.st_uid != me or any(True for _ in os.scandir(fd)):
-        # Not the directory just made (someone renamed another one into its place): leave it exactly as it is.
+    if st.st_uid != me:
+        # Not the directory just made (someone renamed one of theirs into its place): leave it exactly as it is.
+        # (Entries in it are no sign of that: the daemon's own threads, launching ranks side by side, may already
+        # have made the next component; only the daemon can, in a directory it owns with mode 0700.)
         raise UserPathError(f"{path}: {at} was replaced while it was being created; refused")
     try:
         if uid is not None and (uid, gid) != (st.st_uid, st.st_gid):
