@@ -45,16 +45,30 @@ class RotatingLog:
         self.why = ""
 
     def _open(self, truncate: bool = False) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
-        fd = os.open(self.name, flags, 0o640, dir_fd=self.dir_fd)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+        try:
+            fd = os.open(self.name, flags, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            fd = self._create()
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise OSError(errno.EINVAL, "the log is not a regular file")
-        if self.owner is not None and (st.st_uid, st.st_gid) != self.owner:
+        self.fd, self.size = fd, st.st_size
+        return fd
+
+    def _create(self) -> int:
+        """A new, empty log, already its owner's when it appears under its name (made under a dot name, handed
+        over with ``fchown``, then renamed into place)."""
+        tmp = f".{self.name}.new"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=self.dir_fd)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o640, dir_fd=self.dir_fd)
+        if self.owner is not None:
             with contextlib.suppress(OSError):  # a daemon without CAP_CHOWN keeps its own files
                 os.fchown(fd, *self.owner)
-        self.fd, self.size = fd, st.st_size
+        os.rename(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         return fd
 
     def rotate(self) -> None:
