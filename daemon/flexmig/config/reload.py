@@ -1,7 +1,7 @@
 """Reloading the configuration (SIGHUP, ``systemctl reload``): the new file or the old one, and what changed.
 
 A reload never leaves the daemon without a configuration: a file with errors keeps the old settings and says
-why, and keys that only a restart can apply (listen addresses, socket and state paths) are named.
+why, and keys that only a restart can apply (the schema marks them ``restart``) are named.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class ReloadResult:
     """What a reload gave: the configuration to use from now on, and what changed.
 
     On error, ``config`` is the old configuration unchanged and ``error`` says why. ``needs_restart`` lists
-    changed keys that only take effect after a restart (listen addresses, socket and state paths).
+    changed keys that only take effect after a restart (those the schema marks ``restart``).
     """
 
     config: Config
@@ -45,7 +45,7 @@ def reload_config(
     except ConfigError as exc:
         return ReloadResult(current, exc)
     changed = changed_keys(current, new)
-    restart = tuple(k for k in changed if _needs_restart(k))
+    restart = tuple(k for k in changed if applies_at_next_start(k))
     return ReloadResult(new, None, changed, restart)
 
 
@@ -54,15 +54,7 @@ def changed_keys(old: Config, new: Config) -> tuple[str, ...]:
     return tuple(k for (k, a, _), (_, b, _) in zip(iter_keys(old), iter_keys(new), strict=True) if a != b)
 
 
-def _needs_restart(key: str) -> bool:
-    return any(k == key and meta.get("restart") for k, _, meta in iter_keys(Config.default()))
-
-
 def applies_at_next_start(key: str) -> bool:
-    """True for keys a running daemon does not pick up on a reload: those the schema marks ``restart`` (listen
-    addresses, socket and state paths), and the ones its components read only at start: telemetry's (but the
-    sweep interval), and MQTT's and DCGM's (the publisher, its outbox and the scraper are set up at start;
-    ``[detect]`` thresholds, by contrast, apply at once)."""
-    if _needs_restart(key):
-        return True
-    return key in ("sampling.retention_s", "sampling.gpm", "sampling.stall_s") or key.startswith(("dcgm.", "mqtt."))
+    """True for keys a running daemon does not pick up on a reload: those the schema marks ``restart`` (the only
+    rule; a table marked so marks all its keys)."""
+    return any(k == key and meta.get("restart") for k, _, meta in iter_keys(Config.default()))
