@@ -49,6 +49,7 @@ import asyncio, logging, sys
 from pathlib import Path
 from flexmig.config import load_config
 from flexmig.daemon import Daemon, serve
+from flexmig.wiring.component import Loop
 
 path = Path(sys.argv[1])
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -62,7 +63,7 @@ async def churn():
         await daemon.worker.call(nvml.destroy_instance, 1, device.gpu_instance_id)
         await asyncio.sleep(0.3)
 
-daemon.add_loop("churn", churn)
+daemon.add(Loop("churn", churn))
 asyncio.run(serve(daemon))
 """
 

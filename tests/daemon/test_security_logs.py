@@ -26,6 +26,7 @@ LEAKY_DAEMON = """
 import asyncio, logging, sys
 from pathlib import Path
 from flexmig import daemon as flexmigd
+from flexmig.wiring.component import Loop
 
 secret = Path(sys.argv[1]).read_text().strip()
 original = flexmigd.Daemon.__init__
@@ -43,7 +44,7 @@ def init(self, *args, **kwargs):
         logging.getLogger("careless").warning("done leaking")
         await asyncio.Event().wait()
 
-    self.add_loop("careless", careless_library)
+    self.add(Loop("careless", careless_library))
 
 flexmigd.Daemon.__init__ = init
 sys.exit(flexmigd.main(sys.argv[2:]))
