@@ -4,7 +4,9 @@
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
-#               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
+#               tests/conftest.py fails a test that does and is not marked), the layer table among them
+#               (tests/repo/test_layers.py), and ruff's function-size rules (pyproject.toml); no other lint, no Debian
+#               packages
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
@@ -49,6 +51,7 @@ test: venv debs lint
 	$(BIN)/pytest -q
 
 check: venv
+	$(BIN)/ruff check --select C901,PLR0912,PLR0915 daemon hook
 	$(BIN)/pytest -q -m "not integration"
 
 fault: venv debs
