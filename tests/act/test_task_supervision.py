@@ -26,7 +26,7 @@ from flexmig.mqtt.events import EventFactory, EventKind
 from flexmig.tasks import spawn
 from flexmig.wiring.component import Loop, idle
 from support.daemon import LOOPBACK_ANY, scrape, values
-from support.mosquitto import free_port
+from support.wait import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -16,13 +16,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from support.prometheus import free_port, http_get
+from support.prometheus import http_get
+from support.wait import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -44,15 +44,22 @@ class Lines(threading.Thread):
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, pattern: str, timeout_s: float = 90.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if m := re.search(pattern, line):
-                    return m
-            if self.proc.poll() is not None and not self.is_alive():
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no line matching {pattern!r} within {timeout_s} s:\n" + "\n".join(self.lines))
+        """The first line matching ``pattern`` (AssertionError with every line so far, after the bound or once the
+        process ended without one)."""
+
+        def found() -> re.Match[str] | None:
+            m = next((m for line in list(self.lines) if (m := re.search(pattern, line))), None)
+            if m is None and self.proc.poll() is not None and not self.is_alive():
+                raise RuntimeError("the process ended")
+            return m
+
+        try:
+            match: re.Match[str] = wait_until(found, timeout_s, f"a line matching {pattern!r}", every_s=0.1)
+            return match
+        except (AssertionError, RuntimeError):
+            raise AssertionError(
+                f"no line matching {pattern!r} within {timeout_s} s:\n" + "\n".join(self.lines)
+            ) from None
 
 
 def started(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from support.flexmigd import wait_until
-from support.mosquitto import free_port
+from support.wait import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -72,7 +71,7 @@ def test_a_third_party_line_with_the_mqtt_password_is_redacted_in_flexmigds_log(
             env={**os.environ, "NOTIFY_SOCKET": ""},
         )
     try:
-        wait_until("the careless library's lines", lambda: "done leaking" in log.read_text())
+        wait_until(lambda: "done leaking" in log.read_text(), what="the careless library's lines")
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)

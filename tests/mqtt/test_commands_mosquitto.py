@@ -16,8 +16,8 @@ import pytest
 
 from support.actuator import LiveNode
 from support.commands import Operator, RunningListener, password_file
-from support.flexmigd import wait_until
 from support.mosquitto import ACL, PASSWORDS, WAIT, Mosquitto, needs_mosquitto
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -230,9 +230,9 @@ def test_wrong_credentials_give_one_clear_line_without_the_password_and_the_list
     refused_before = refused_logins(secured_broker)
     bad = RunningListener(node, secured_broker, wrong, client_id="wrong")
     try:
-        wait_until("the listener's line", lambda: any("refused the login" in line for line in bad.log.lines), WAIT)
+        wait_until(lambda: any("refused the login" in line for line in bad.log.lines), WAIT, "the listener's line")
         # It keeps trying (by the broker's own account), and its log still holds that one line.
-        wait_until("3 refused logins", lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT)
+        wait_until(lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT, "3 refused logins")
         assert bad.alive()
         (line,) = bad.log.lines
         assert line.startswith(

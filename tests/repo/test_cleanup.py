@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from support.jobs import kill_ranks
+from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -25,10 +25,7 @@ time.sleep(600)
 
 
 def _children_of(pid: int, timeout_s: float = 30) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout_s
-    while not (kids := psutil.Process(pid).children()):
-        assert time.monotonic() < deadline, "the rank started no worker"
-        time.sleep(0.02)
+    kids: list[psutil.Process] = wait_until(lambda: psutil.Process(pid).children(), timeout_s, "the rank's worker")
     return kids
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from flexmig.act.journal import StepEvent
 from flexmig.slurm.squeue import SlurmJob
-from support.slurm import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -49,7 +50,7 @@ def test_a_crash_mid_reregistration_is_finished_at_the_next_start(at: str) -> No
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4", on_step=on_step) as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook))
+            await until(lambda: _steps(rig, hook), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -67,7 +68,7 @@ def test_a_crash_mid_reregistration_is_finished_at_the_next_start(at: str) -> No
                 await rig.wait_state(j, "RUNNING")
             job = await rig.wait_state(hook, "RUNNING")
             assert job.restart_count == 1
-            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            await until(lambda: _started_twice(rig, hook), what="the hook job resumed", not_yet=(Exception,))
             log = rig.hook_log(hook)
             starts = [e for e in log if e["event"] == "start"]
             ckpts = [e for e in log if e["event"] == "checkpoint"]
@@ -90,7 +91,7 @@ def test_a_gres_conf_flexmig_may_not_write_fails_the_change_naming_it_and_holds_
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook))
+            await until(lambda: _steps(rig, hook), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -100,14 +101,14 @@ def test_a_gres_conf_flexmig_may_not_write_fails_the_change_naming_it_and_holds_
             (failed,) = rnd.result.results
             assert failed.error is not None and str(rig.paths.gres_conf) in failed.error, failed
             assert "jobs held for the change are released" in failed.error
-            job = await until("the hook job released", lambda: _not_held(rig, hook))
+            job = await until(lambda: _not_held(rig, hook), what="the hook job released", not_yet=(Exception,))
             assert job.restart_count == 1, job
             rig.paths.gres_conf.chmod(0o644)
             again = await rig.agent.round("act")
             assert again.result is not None and again.result.ok, again
             assert (await rig.agent.read()).in_sync
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            await until(lambda: _started_twice(rig, hook), what="the hook job resumed", not_yet=(Exception,))
             for j in small:
                 await rig.wait_state(j, "RUNNING")
 
