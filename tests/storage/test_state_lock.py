@@ -8,14 +8,12 @@ its journal and its ranks untouched. The lock goes with its holder, however it e
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,19 +29,6 @@ SIM = "h200x1:1g.18gb@0+1g.18gb@1"
 def base() -> Iterator[Path]:
     with short_base("fm-lock-") as d:
         yield d
-
-
-def node_state(path: Path) -> Any:
-    """The simulated node's state file without the demo workload's memory figures, which the first daemon's workload
-    rewrites at every step (a second daemon writing the file would change instances, IDs or processes)."""
-    doc = json.loads(path.read_text())
-    for gpu in doc.get("gpus", []):
-        for gi in gpu.get("gpu_instances", []):
-            for ci in gi.get("cis", []):
-                for proc in ci.get("processes", []):
-                    if proc.get("workload"):
-                        proc.pop("memory_bytes", None)
-    return doc
 
 
 def second_daemon(
@@ -81,11 +66,18 @@ def test_a_second_daemon_on_the_same_simulated_node_is_refused_even_with_its_own
         other = ActNode(base / "two", SIM)
         other.base.mkdir()
         other.write_config()
-        truth = node_state(first.sim_state)
-        out = second_daemon(other.config, first.sim_state)
+        # The first daemon saves its node after every change of its own: stopped while the second one runs, any
+        # change to the file can only be the second's. A stopped process keeps its locks.
+        os.kill(first.proc.pid, signal.SIGSTOP)
+        try:
+            truth = first.sim_state.read_bytes()
+            out = second_daemon(other.config, first.sim_state)
+            after = first.sim_state.read_bytes()
+        finally:
+            os.kill(first.proc.pid, signal.SIGCONT)
         assert out.returncode != 0
         assert f"simulated node {first.sim_state} is in use by another flexmigd (pid {first.proc.pid}" in out.stderr
-        assert node_state(first.sim_state) == truth, "the second daemon wrote nothing into the node's state"
+        assert after == truth, "the second daemon wrote nothing into the node's state"
         assert not other.journal.exists()
         assert first.proc.poll() is None
 

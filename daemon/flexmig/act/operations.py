@@ -203,8 +203,11 @@ class JobsApi:
             model.profile(profile)
         except KeyError as exc:
             raise RequestError(str(exc.args[0])) from None
+        # A re-split keeps the job's own instances, unless the job has standby ranks: those start only on instances
+        # the job does not hold yet, so it goes where there is room and keeps its own only when nothing else fits.
+        keep = not rec.spec.hook.standby
         targets = choose_targets(
-            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=True
+            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=keep
         )
         plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request")
         return await self._run(plan)

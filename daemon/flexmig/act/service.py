@@ -69,7 +69,7 @@ class Actuator:
         scanner: ProcessScanner | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         wall: Callable[[], float] = time.time,
-        poll_s: float = 0.02,
+        poll_s: float = 0.005,
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
         journal_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",

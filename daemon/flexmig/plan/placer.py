@@ -346,7 +346,7 @@ class BasePlacer:
         if done >= runtime:
             narrow_end = start + runtime / speed
         else:
-            narrow_end = grow_at + self.settings.move_cost(job.move_cost_s) + runtime - done
+            narrow_end = grow_at + self.settings.move_cost(job.move_cost_s, standby=job.standby) + runtime - done
         return narrow_end < t_n + runtime
 
 
