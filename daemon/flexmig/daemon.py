@@ -30,6 +30,7 @@ from flexmig.config import (
     Config,
     ConfigProblem,
     HostPort,
+    as_applied,
     load_config_deferring,
     reload_config,
 )
@@ -83,6 +84,9 @@ class Daemon:
         (:func:`~flexmig.config.load_config_deferring`: a malformed ``mqtt.broker`` keeps MQTT off until a reload
         fixes it); ``redactor`` is the log filter that learns each reloaded configuration's secrets."""
         self.config = config
+        """The configuration file as last read (a reload compares the file with it)."""
+        self.applied = config
+        """What the components run with: :attr:`config` with its restart keys at their values of the start."""
         self.deferred_problems = tuple(deferred_problems)
         self.config_path = config_path
         self.sim_spec = sim_spec
@@ -152,8 +156,9 @@ class Daemon:
     def reload(self) -> bool:
         """Read the configuration file again (SIGHUP). A bad file is logged and the old configuration kept.
 
-        Each component applies what it can, in order (:meth:`~flexmig.wiring.component.Component.reload`); the
-        keys the schema marks ``restart`` take effect at the next start, and the log line names those that changed.
+        Each component gets the new configuration in order (:meth:`~flexmig.wiring.component.Component.reload`),
+        with the keys the schema marks ``restart`` still at their values of the start (:func:`~flexmig.config.
+        as_applied`): those take effect at the next start, and the log line names those that changed.
         """
         if self.config_path is None:
             log.warning("reload asked, but the daemon runs on built-in defaults (no configuration file)")
@@ -163,16 +168,17 @@ class Daemon:
         if result.error is not None:
             log.error("configuration reload refused, keeping the current one: %s", result.error)
         else:
+            fixed = {p.key for p in self.deferred_problems}  # unusable at start: the reload's value applies
+            self.deferred_problems = ()
             self.config = result.config
+            self.applied = as_applied(self.applied, result.config, fixed=fixed)
             for component in self._order:
                 try:
-                    component.reload(result.config)
+                    component.reload(self.applied)
                 except Exception:
                     log.exception("reload of component %r failed", component.name)
             if self.redactor is not None:  # secrets once known stay redacted: a line about the old one may come
                 self.redactor.update((*self.redactor.secrets, *config_secrets(result.config)))
-            fixed = {p.key for p in self.deferred_problems}  # applied by their components' reloads
-            self.deferred_problems = ()
             later = [k for k in result.needs_restart if k not in fixed]
             log.info(
                 "configuration reloaded: %s%s",
