@@ -261,8 +261,8 @@ def test_the_actuator_stopped_right_after_start_up_closes_its_journal_and_remove
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where a simulated daemon makes its private directory
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     daemon = Daemon(
-        Config(sampling=SamplingConfig(interval_s=0.05)), sim_spec="h200", sim_workload=False, metrics_addr=None
-    )
+        Config(sampling=SamplingConfig(interval_s=0.05)), sim_spec="h200", sim_workload=False, metrics_addr=LOOPBACK_ANY
+    )  # a free port: the default one may be another test's or another daemon's on this machine
     stop = asyncio.Event()
 
     async def stop_at_once() -> None:
