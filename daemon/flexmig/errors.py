@@ -27,6 +27,7 @@ from pathlib import Path
 
 __all__ = [
     "BackgroundTaskError",
+    "BrokerAclError",
     "CommandRefusedError",
     "ConfigError",
     "ControlError",
@@ -47,6 +48,7 @@ __all__ = [
     "OutboxError",
     "PlanRejectedError",
     "RequestError",
+    "RequestExpiredError",
     "SimError",
     "SlurmError",
     "StateInUseError",
@@ -174,12 +176,21 @@ class RequestError(FlexmigError, ValueError):
     """A control request is malformed (not JSON, unknown operation, bad argument)."""
 
 
+class RequestExpiredError(FlexmigError):
+    """A control request could not begin within its client's deadline; it was dropped and nothing was done."""
+
+
 class ControlError(FlexmigError):
     """The daemon refused or failed a request; the message is the daemon's."""
 
 
 class ControlRequestError(ControlError, ValueError):
     """The daemon found the request itself bad (a job spec, an argument)."""
+
+
+class BrokerAclError(ConfigError):
+    """The MQTT broker lets someone other than an operator publish commands to this node (an anonymous client, or
+    the node's own account where no ACL applies): commands stay off; the message says who could publish where."""
 
 
 class CommandRefusedError(FlexmigError, ValueError):

@@ -375,7 +375,7 @@ def test_observe_and_advise_never_act(base: Path, mode: str) -> None:
 def test_an_instance_running_a_process_of_no_registered_job_is_never_destroyed(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
-            foreign = rig.node.start_process(rig.node.mig_uuids(0)[1])
+            foreign = rig.node.start_process(rig.node.gpu(0).mig_uuid_at(1))
             res = await rig.act.execute(Plan((DestroyInstance(0, 1, P1G, "defragment", 1.0),)))
             assert not res.ok and "no registered job" in (res.results[0].error or "")
             assert rig.layout() == "1g.18gb@0+1g.18gb@1"

@@ -300,8 +300,8 @@ def test_sigterm_during_a_migration_lets_it_finish_before_the_daemon_exits(base:
         (new,) = [(i["start"], i["profile"]) for i in job["instances"]]
         assert node.layout() == {0: [new]}, "the move's old instance was destroyed before the daemon exited"
 
-        node.start()  # the next start adopts the running rank
-        assert "adopted" in node.log.read_text()
+        node.start()  # the next start adopts the running rank (the control socket answers from before that)
+        wait_until(lambda: "adopted" in node.log.read_text(), what="the running rank adopted")
         status = node.cli_json("status")
         assert [(s, j) for s, _, _, j in instances_of(status, 0)] == [(new[0], "slow")]
         flexmig(node.sock, "stop", "slow")

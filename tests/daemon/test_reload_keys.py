@@ -33,7 +33,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 MIG_PARTED = Path(__file__).resolve().parents[1] / "data" / "mig-parted" / "config-default.yaml"
 
 #: Keys that cannot change alone (TLS off leaves no place for TLS files): what changes with them.
-COMPANIONS: dict[str, dict[str, Any]] = {"mqtt.tls": {"mqtt.tls_ca": None, "mqtt.tls_cert": None, "mqtt.tls_key": None}}
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "mqtt.tls": {"mqtt.tls_ca": None, "mqtt.tls_cert": None, "mqtt.tls_key": None},
+    "slurm.slurmd_control": {"slurm.slurmd_hook": ("/bin/true",)},
+}
+#: Keys whose other values the generic candidates cannot guess.
+OTHER_VALUES: dict[str, list[Any]] = {
+    "baseline.mig_parted_config": ["all-enabled"],
+    "slurm.slurmd_control": ["hook"],
+}
 
 #: Keys no component reads today: neither "at once" nor "at next restart" is true of them (left for a decision).
 READ_BY_NOTHING = {"jobs.directory"}
@@ -79,6 +87,11 @@ PROBES: dict[str, Probe] = {
         d.components.actuator.config.jobs.shutdown_grace_s,
         c.jobs.shutdown_grace_s,
     ),
+    "jobs.max_pending": lambda d, c: (_actuator(d).jobs.max_pending, c.jobs.max_pending),
+    "control.max_wait_s": lambda d, c: (
+        d.components.actuator.dispatcher.max_wait_s if d.components.actuator.dispatcher else None,
+        c.control.max_wait_s,
+    ),
     "baseline.": lambda d, c: (d.components.actuator.config.baseline, c.baseline),
     "slurm.": _slurm,
 }
@@ -109,8 +122,8 @@ def candidates(key: str, value: Any, meta: Any, tmp: Path) -> list[Any]:
         return [not value]
     if meta.get("octal"):
         return [0o660, 0o640]
-    if key == "baseline.mig_parted_config":
-        return ["all-enabled"]
+    if key in OTHER_VALUES:
+        return OTHER_VALUES[key]
     if isinstance(value, int | float):
         lo, hi = meta.get("lo"), meta.get("hi")
         numbers = [value * 2, value / 2, value + 1, value - 1, lo, hi]

@@ -320,9 +320,10 @@ def test_the_variables_list_the_simulated_node_its_gpus_and_instances(stack: Sta
     assert values["gpu"] == "0"
     match = f'flexmig_mig_memory_slices{{gpu="0", Hostname="{NODE}"}}'
     gis = api(stack.prometheus, "label/GPU_I_ID/values", **{"match[]": match})
-    assert sorted(gis, key=int) == ["1", "5", "13"]
-    assert values["GPU_I_ID"] == "1"
-    match = f'flexmig_mig_memory_slices{{gpu="0", GPU_I_ID="1", Hostname="{NODE}"}}'
+    ids = sorted((str(i.gi) for i in sim_instances(SPEC) if i.gpu == 0), key=int)  # the driver's choice
+    assert sorted(gis, key=int) == ids
+    assert values["GPU_I_ID"] == ids[0]
+    match = f'flexmig_mig_memory_slices{{gpu="0", GPU_I_ID="{ids[0]}", Hostname="{NODE}"}}'
     assert api(stack.prometheus, "label/mig_uuid/values", **{"match[]": match}) == [values["mig_uuid"]]
     assert values["mig_uuid"].startswith("MIG-")
 
@@ -371,11 +372,12 @@ def test_the_fragmentation_alert_goes_pending_where_a_repack_pays_and_not_on_the
             for a in alerts
         }  # fmt: skip
 
+    idle_ids = {i.start: str(i.gi) for i in sim_instances(SPEC) if i.gpu == 0}  # the driver's IDs, by start
     want = {
         ("FlexmigGpuFragmented", NODE_2, "0", ""),
         ("FlexmigGpuFragmented", NODE_2, "1", ""),
-        ("FlexmigMigInstanceIdle", NODE, "0", "1"),
-        ("FlexmigMigInstanceIdle", NODE, "0", "13"),
+        ("FlexmigMigInstanceIdle", NODE, "0", idle_ids[0]),
+        ("FlexmigMigInstanceIdle", NODE, "0", idle_ids[6]),
     }
     wait_until(lambda: want <= pending(), DATA_S, f"pending alerts {sorted(want)}", every_s=0.2)
     recoverable = {

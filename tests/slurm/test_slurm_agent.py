@@ -53,7 +53,7 @@ def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_ack
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
-            rnd = await rig.agent.round("act")
+            rnd = await rig.change()
             assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
             assert rnd.result is not None and rnd.result.ok, rnd
             for j in small:
@@ -87,8 +87,7 @@ def test_a_job_without_the_hook_is_never_signalled_the_drain_waits_for_it() -> N
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
-            rnd = await rig.agent.round("act")
-            assert rnd.verdict is not None and rnd.verdict.go, rnd.verdict
+            rnd = await rig.change()  # committed while the plain job ran, carried out once it ended
             assert rnd.result is not None and rnd.result.ok, rnd
             done = await rig.job(plain)
             assert done is not None and done.state == "COMPLETED" and done.restart_count == 0, done
@@ -114,6 +113,7 @@ def test_no_drain_for_jobs_that_never_end_by_themselves() -> None:
             rnd = await rig.agent.round("act")
             assert rnd.verdict is not None and not rnd.verdict.go, rnd.verdict
             assert "not worth" in rnd.verdict.reason
+            assert not any(r.name.startswith("flexmig-") for r in await rig.agent.client.reservations())
             assert rnd.result is None
             node = (await rig.agent.read()).node
             assert node is not None and not node.drained

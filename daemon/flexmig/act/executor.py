@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
+from flexmig.act import deadline
 from flexmig.act.checkpoint import Checkpointer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.durable import Durable
@@ -181,6 +182,7 @@ class Executor:
         """Like :meth:`execute` for already encoded actions (the control API's ``stop`` is not a plan action)."""
         self.require_act()
         async with self._lock:
+            deadline.begin()  # a control request that waited here past its client's deadline is dropped now
             plan_id, _ = self.journal.begin_plan(origin, actions, notes)
             return await self._run_plan(plan_id)
 
@@ -322,8 +324,8 @@ class Executor:
     def held(self, exclude: str | None = None) -> dict[tuple[int, int], str]:
         """Instances held by running jobs: ``(gpu, start) -> job``."""
         out: dict[tuple[int, int], str] = {}
-        for rec in self.journal.jobs():
-            if rec.state == "running" and rec.name != exclude:
+        for rec in self.journal.jobs_in("running"):
+            if rec.name != exclude:
                 for s in rec.slots:
                     out[s.key] = rec.name
         return out

@@ -79,12 +79,14 @@ class JobRecord:
         return replace(self, **changes)
 
     def summary(self) -> dict[str, Any]:
-        """What ``flexmig jobs list --json`` shows for this job."""
+        """What ``flexmig jobs list --json`` shows for this job. Only a running job holds instances: a job that ended
+        (stopped, failed, done) lists none, since the instances it ran on may belong to another job by now."""
+        held = self.slots if self.state == "running" else ()
         return {
             "name": self.name,
             "state": self.state,
-            "ranks": len(self.slots),
-            "instances": [s.to_json() for s in self.slots],
+            "ranks": len(held),
+            "instances": [s.to_json() for s in held],
             "generation": self.generation,
             "resume": self.resume.to_json() if self.resume else None,
             "last_ack": self.last_ack.to_json() if self.last_ack else None,

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from flexmig.act import recovery
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
-from flexmig.act.events import EventSink
+from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.executor import Executor
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
@@ -127,10 +127,16 @@ class Actuator:
         self.jobs.policy = policy
         self.executor.policy = policy
 
-    def control_server(self, path: Path, mode: int = 0o600) -> ControlServer:
+    def control_server(self, path: Path, mode: int = 0o600, *, max_wait_s: float = 900.0) -> ControlServer:
         """A control server with the ``jobs.*`` operations (the operation table's rows this actuator serves); the
-        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`)."""
-        return ControlServer(path, self.jobs.handlers(), mode=mode)
+        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`). A request dropped at
+        its deadline (:mod:`flexmig.act.deadline`) becomes a ``request_dropped`` event."""
+        ex = self.executor
+
+        def dropped(op: str, why: str) -> None:
+            ex.events.emit(ActEvent(kind="request_dropped", time_s=ex.wall(), reason=why, detail={"op": op}))
+
+        return ControlServer(path, self.jobs.handlers(), mode=mode, max_wait_s=max_wait_s, on_dropped=dropped)
 
     async def close(self) -> None:
         """Stop watching ranks (they keep running) and close the journal."""

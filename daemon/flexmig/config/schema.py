@@ -407,6 +407,13 @@ class JobsConfig:
         example="/run/flexmig/acks",
         restart=True,
     )
+    max_pending: int = _doc(
+        1000,
+        "Most jobs waiting for room (pending); a submission past it is refused, naming this key, and changes nothing. "
+        "Each waiting job costs every planning round some work, so keep it to what the node can work through.",
+        lo=1,
+        hi=1_000_000,
+    )
     shutdown_grace_s: float = _doc(
         60.0,
         "On SIGTERM, how long the action in flight may take to finish; after that the daemon exits and the "
@@ -424,6 +431,14 @@ class ControlConfig:
     socket: Path = _doc(Path("/run/flexmig/control.sock"), "Unix socket path (at most 107 bytes).", restart=True)
     socket_mode: int = _doc(
         0o600, "Permissions of the socket: owner read/write required, nothing for others.", octal=True, restart=True
+    )
+    max_wait_s: float = _doc(
+        900.0,
+        "Longest a control request (socket or MQTT command) may wait to begin, behind the action in flight; past "
+        "it the request is dropped, nothing done, and the log says so. A client's own deadline (flexmig --timeout) "
+        "is capped at this; a request that states none gets it.",
+        lo=1,
+        hi=86400,
     )
 
 
@@ -492,7 +507,34 @@ class SlurmConfig:
         Path("/proc/driver/nvidia-caps/mig-minors"), "The driver's MIG capability minors table.", restart=True
     )
     slurmd_pid_file: Path = _doc(
-        Path("/run/slurmd.pid"), "slurmd's pid file (SlurmdPidFile of slurm.conf), to stop it.", restart=True
+        Path("/run/slurmd.pid"),
+        "slurmd's pid file (SlurmdPidFile of slurm.conf): whether slurmd runs, stopped cleanly or crashed.",
+        restart=True,
+    )
+    slurmd_control: str = _doc(
+        "systemd",
+        "How flexmig restarts slurmd to register the node: systemd (systemctl restart slurmd_unit, with flexmig's "
+        "drop-in reading slurmd_env) or hook (the slurmd_hook command, called with start, stop or restart).",
+        pattern=r"systemd|hook",
+        allowed="systemd or hook",
+        restart=True,
+    )
+    slurmd_unit: str = _doc(
+        "slurmd.service", "slurmd's systemd unit (slurmd_control = systemd).", pattern=r"[A-Za-z0-9@_.:-]{1,128}",
+        restart=True,
+    )  # fmt: skip
+    slurmd_hook: tuple[str, ...] = _doc(
+        (),
+        "The command (argv, no shell) that starts, stops or restarts slurmd (slurmd_control = hook); it gets the "
+        "verb as its last argument and FLEXMIG_SLURMD_ENV, FLEXMIG_SLURMD_NODE, FLEXMIG_SLURMD_CONF.",
+        example='["/usr/local/sbin/slurmd-ctl"]',
+        restart=True,
+    )
+    slurmd_env: Path = _doc(
+        Path("/run/flexmig/slurm/slurmd.env"),
+        "The environment file flexmig writes for slurmd's unit: FLEXMIG_SLURMD_NODE and FLEXMIG_SLURMD_CONF (the "
+        "slurmd -Z --conf value with Gres=).",
+        restart=True,
     )
     slurmd_conf: str = _doc(
         "",
@@ -543,9 +585,10 @@ class SlurmConfig:
         restart=True,
     )
     drain_timeout_s: float = _doc(
-        7200.0,
-        "Longest wait for the node to empty once drained; then the change is cancelled and the node resumed.",
-        lo=1,
+        900.0,
+        "Longest time the node stays closed for a change (flexmig's reservation's duration): if its jobs have not "
+        "ended by then, the reservation ends, the node reopens and the change is abandoned.",
+        lo=60,
         hi=7 * 86400,
         restart=True,
     )
@@ -559,10 +602,32 @@ class SlurmConfig:
         hi=3600,
     )
     min_interval_s: float = _doc(
-        300.0,
-        "Shortest time between two re-registrations of the node (changes are batched meanwhile).",
+        60.0,
+        "Shortest time between two changes that close a busy node (they are batched meanwhile); an idle node is "
+        "changed at once.",
         lo=0,
         hi=86400,
+    )
+    max_wait_s: float = _doc(
+        1800.0,
+        "A job waiting for a layout the node does not have commits a change once it has waited this long, whatever "
+        "the change costs (nothing starves).",
+        lo=0,
+        hi=7 * 86400,
+    )
+    probe_s: float = _doc(
+        1.0,
+        "Seconds between two cheap looks (sdiag's job counters, slurmd's pid file) between reads of the queue: a "
+        "new job or a crashed slurmd is seen within this.",
+        lo=0.2,
+        hi=3600,
+    )
+    max_closed_nodes: int = _doc(
+        0,
+        "Site-wide: at most this many nodes closed for flexmig's changes at once (flexmig's reservations whose "
+        "windows overlap, counted in Slurm); 0: no limit. Give every node the same value.",
+        lo=0,
+        hi=100000,
     )
 
 

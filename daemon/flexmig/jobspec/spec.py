@@ -74,7 +74,10 @@ _MAX_ARGV = 256
 _MAX_ARG_LEN = 4096
 _MAX_SPEC_BYTES = 64 * 1024
 
-_TOP_KEYS = frozenset({"name", "argv", "user", "group", "working_dir", "checkpoint_dir", "launcher", "env"})
+_TOP_KEYS = frozenset(
+    {"name", "argv", "user", "group", "working_dir", "checkpoint_dir", "launcher", "env", "runtime_s"}
+)
+_MAX_RUNTIME_S = 366 * 86400.0
 _TABLES = {
     "ranks": frozenset({"min", "max", "start"}),
     "need": frozenset({"profile", "memory_gib", "compute_slices"}),
@@ -172,6 +175,10 @@ class JobSpec:
     hook: HookSettings = HookSettings()
     env: tuple[tuple[str, str], ...] = ()
     source: Path | None = None
+    runtime_s: float | None = None
+    """How long the job is expected to run at its start shape, if its owner says (``runtime_s``): the planner weighs
+    a move by the wait it spares and the time the running jobs have left, and without it assumes
+    ``unknown_wait_s``."""
 
     @property
     def ack_path(self) -> Path:
@@ -207,6 +214,8 @@ class JobSpec:
         }
         if self.group:
             out["group"] = self.group
+        if self.runtime_s is not None:
+            out["runtime_s"] = self.runtime_s
         return out
 
     @classmethod
@@ -363,6 +372,7 @@ def _build(
     ranks = _ranks(c, tables["ranks"])
     need = c.attempt(lambda: _need(c, tables["need"]), None)
     hook = c.attempt(lambda: _hook(c, tables["hook"], policy.default_ack_timeout_s if policy else 300.0), None)
+    runtime_s = c.attempt(lambda: _runtime(c, data), None)
     if hook is not None and hook.standby and launcher == "torchrun":
         c.note(
             c.fail(
@@ -402,7 +412,17 @@ def _build(
         hook=hook,
         env=env,
         source=source,
+        runtime_s=runtime_s,
     )
+
+
+def _runtime(c: _Ctx, data: Mapping[str, Any]) -> float | None:
+    if "runtime_s" not in data:
+        return None
+    v = _num(c, data, "runtime_s", "runtime_s", 0.0)
+    if not 0 < v <= _MAX_RUNTIME_S:
+        raise c.fail("runtime_s", f"must be in (0, {_MAX_RUNTIME_S:.0f}] seconds, not {v:g}")
+    return v
 
 
 def _name(c: _Ctx, data: Mapping[str, Any]) -> str:

@@ -71,6 +71,7 @@ class EventKind(enum.StrEnum):
     SLURM_JOB_SIGNALLED = "slurm_job_signalled"
     SLURM_JOB_REQUEUED = "slurm_job_requeued"
     SLURM_JOB_RELEASED = "slurm_job_released"
+    SLURM_NODE = "slurm_node"
 
 
 def format_time(at: float) -> str:

@@ -24,10 +24,12 @@ from flexmig.errors import (
     NvmlNotFoundError,
     NvmlUnavailableError,
 )
+from flexmig.mig import Offer
 from flexmig.nvml.cache import (
     GiProfile,
     GpuCache,
     MigHandle,
+    Missing,
     compute_instances,
     gpu_instances,
     memory_info,
@@ -68,7 +70,8 @@ class Nvml:
 
     def __init__(self, gpu_count: int) -> None:
         """Use :meth:`open`; this only sets up the caches for ``gpu_count`` GPUs."""
-        self._gpus = [GpuCache(i) for i in range(gpu_count)]
+        self._missing = Missing()  # versioned entry points this driver lacks (one driver for every GPU)
+        self._gpus = [GpuCache(i, self._missing) for i in range(gpu_count)]
         self._driver: str | None = None
         self._nvml_version: str | None = None
         self._open = True
@@ -139,6 +142,7 @@ class Nvml:
         limit: int | None = None
         gis: tuple[GpuInstanceInfo, ...] = ()
         devices: tuple[MigDeviceInfo, ...] = ()
+        offers: tuple[Offer, ...] | None = None
         try:
             if g.get_handle(walk) is None:
                 return _without_handle(g, walk)
@@ -146,6 +150,9 @@ class Nvml:
             limit = walk.get(g.target, N.nvmlDeviceGetEnforcedPowerLimit, g.handle)
             mig = walk.get(g.target, N.nvmlDeviceGetMigMode, g.handle)
             if mig is not None and mig[0] == N.NVML_DEVICE_MIG_ENABLE:
+                offered = g.profiles(walk)
+                if offered:
+                    offers = tuple(Offer(p.id, p.memory_mib, p.instance_count) for p in offered.values())
                 gis = self._gpu_instances(g, walk)
                 devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk))
         except GpuLost:
@@ -163,6 +170,7 @@ class Nvml:
             errors=walk.take(),
             pci_bus_id=g.pci_bus_id,
             power_limit_w=None if limit is None else limit / 1000.0,
+            offers=offers,
         )
 
     def _gpu_instances(self, g: GpuCache, walk: Walk) -> tuple[GpuInstanceInfo, ...]:
@@ -203,8 +211,8 @@ class Nvml:
         return tuple(sorted(out, key=lambda i: i.id))
 
     def _mig_info(self, g: GpuCache, m: MigHandle, walk: Walk) -> MigDeviceInfo:
-        mem = memory_info(walk, m.uuid, m.handle)
-        procs = processes(walk, m.uuid, m.handle)
+        mem = memory_info(walk, m.uuid, m.handle, self._missing)
+        procs = processes(walk, m.uuid, m.handle, self._missing)
         if not _still(walk, m):
             mem = procs = None
         return MigDeviceInfo(
@@ -275,8 +283,8 @@ class Nvml:
                 gpm.keep(uuid)
 
     def _mig_sample(self, g: GpuCache, m: MigHandle, gpm: GpmWindows | None, walk: Walk) -> MigDeviceSample:
-        mem = memory_info(walk, m.uuid, m.handle)
-        procs = _procs(processes(walk, m.uuid, m.handle))
+        mem = memory_info(walk, m.uuid, m.handle, self._missing)
+        procs = _procs(processes(walk, m.uuid, m.handle, self._missing))
         if not _still(walk, m):
             mem, procs = None, None
         activity = None if gpm is None else gpm.activity(walk, g.handle, m.static.gi_id, m.uuid)
@@ -359,7 +367,12 @@ class Nvml:
         try:
             walk = Walk()
             with _lost_raises(target):
-                full = [c for c in g.compute_profiles(walk, gi, prof.id) if c.slices == prof.compute_slices]
+                # Every SM of the GPU instance: of the profiles that span it, the one with the most SMs (Hopper's
+                # 1g with two memory slices offers 1_SLICE with 16 SMs and 1_SLICE_REV1 with 26; go-nvlib #85).
+                full = sorted(
+                    (c for c in g.compute_profiles(walk, gi, prof.id) if c.slices == prof.compute_slices),
+                    key=lambda c: -c.sm_count,
+                )
             if not full and walk.issues:
                 raise call_error(walk.issues[0].call, _Code(walk.issues[0].code), target)
             if not full:

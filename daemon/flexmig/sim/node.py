@@ -125,6 +125,7 @@ class SimNode:
             gpu_instances=gis,
             mig_uuids=tuple(ci.uuid for ci in gpu.mig_order),
             processes=procs,
+            fused_slot=gpu.fused,
         )
 
     # --------------------------------------------------------------------------------------- workload

@@ -12,7 +12,7 @@ The order (:class:`Components`, ``docs/architecture.md`` lists it), each a :clas
 ``actuator``       the journal, the control socket and the planner
 ``slurm``          the Slurm agent, on the actuator (``[slurm] enabled``)
 ``mqtt-commands``  the MQTT command listener, forwarding to the actuator (``commands_enabled``)
-``workload``       a simulated node's demo workload (``--sim`` without ``--no-sim-workload``, Slurm off)
+``workload``       a simulated node's load: the demo's (not with ``--no-sim-workload`` or Slurm), the jobs' own
 ``watchdog``       systemd's watchdog, fed while sampling is healthy
 =================  =========================================================================================
 
@@ -169,7 +169,7 @@ def wire(daemon: WiredDaemon) -> Components:
         endpoint = MetricsEndpoint(daemon.metrics_addr, daemon.hub.latest, lambda: _families(daemon, order))
         order.append(endpoint)
     order += [actuator, *_some(slurm), *_some(commands)]
-    if daemon.sim_spec is not None and sim_workload:
+    if daemon.sim_spec is not None:  # the demo's synthetic load (unless turned off) and the jobs' own footprint
         exclude = lambda: actuator.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
         order.append(
             Loop(

@@ -39,7 +39,6 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +51,7 @@ from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import node_model
+from flexmig.act.records import JobRecord
 from flexmig.act.service import Actuator
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
@@ -194,6 +194,7 @@ class ActuatorComponent:
             self._give_up(f"cannot open the actuator's state: {exc}")
             return
         act.jobs.queue_when_full = True
+        act.jobs.max_pending = cfg.jobs.max_pending
         act.executor.device_uuids_unique = not backend.simulated
         self.act = act
         try:
@@ -203,20 +204,33 @@ class ActuatorComponent:
                 if rec.state == "running":
                     self._touched.update(s.key for s in rec.slots)
             self.refresh()
-            summary = await act.start()
+            # The dispatcher exists whether or not the socket is served: MQTT commands go through it too. It answers
+            # while the journal is reconciled (finishing a Slurm re-registration can take a while); requests that
+            # change anything wait for the reconciliation (it holds the action lock).
+            act.jobs.refuse_submit = _submit_refusal(cfg)
+            control = ControlServer(
+                paths.socket,
+                self._handlers(act),
+                mode=cfg.control.socket_mode,
+                max_wait_s=cfg.control.max_wait_s,
+                on_dropped=self._dropped,
+            )
+            async with self._busy:
+                self.dispatcher = control
+                if cfg.control.enabled:
+                    await control.start()
+                    self.control = control
+                    log.info("control socket at %s (mode %o)", paths.socket, cfg.control.socket_mode)
+                summary = await act.start()
             self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
-            # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
-            act.jobs.refuse_submit = _submit_refusal(cfg)
-            control = ControlServer(paths.socket, self._handlers(act), mode=cfg.control.socket_mode)
-            self.dispatcher = control
-            if cfg.control.enabled:
-                await control.start()
-                self.control = control
-                log.info("control socket at %s (mode %o)", paths.socket, cfg.control.socket_mode)
         except (FlexmigError, OSError) as exc:
             await self.close()
             self._give_up(f"actuator start-up failed: {exc}")
+
+    def _dropped(self, op: str, why: str) -> None:
+        """A control request dropped at its deadline (:mod:`flexmig.act.deadline`): the ``request_dropped`` event."""
+        self.emit(ActEvent(kind="request_dropped", time_s=self.wall(), reason=why, detail={"op": op}))
 
     def on_built(self, hook: Callable[[Actuator], None]) -> None:
         """Call ``hook`` with the actuator once it is built, before the journal is reconciled (to add action
@@ -333,17 +347,31 @@ class ActuatorComponent:
         self._wake.set()
 
     async def round(self) -> PlanRound:
-        """One planning round in the current mode: plan; publish a new plan; in mode ``act`` execute it."""
+        """One planning round in the current mode: plan; publish a new plan; in mode ``act`` execute it.
+
+        The plan is worked out off the event loop and outside the action lock (:meth:`plan_now`), so a long queue
+        keeps no control request waiting; the lock is taken to execute only. A plan worked out while something else
+        changed the journal (a move, a start, a job's exit: anything but a newly queued job) is not executed: the
+        round wakes the loop to plan again from what is true now.
+        """
+        if self._stopping:
+            return PlanRound(Plan(), {}, "stopping")
+        act = self.act
+        revision = act.journal.revision if act is not None else None
+        result = await self.plan_now(source="daemon")
+        if result.error is not None:
+            self.action_metrics.record_plan_failure()
+            log.warning("planning round: %s", result.error)
+            return result
+        plan = result.plan
         async with self._busy:
+            mode = self.mode
             if self._stopping:
                 return PlanRound(Plan(), {}, "stopping")
-            mode = self.mode
-            result = await self.plan_now(source="daemon")
-            if result.error is not None:
-                self.action_metrics.record_plan_failure()
-                log.warning("planning round: %s", result.error)
-                return result
-            plan = result.plan
+            if plan and mode == "act" and (self.act is None or self.act.journal.revision != revision):
+                log.debug("planning round: the journal changed while the plan was worked out; planning again")
+                self.wake()
+                return PlanRound(Plan(), result.document, "stale")
             self.action_metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
             if not plan:
                 self._last_signature = None
@@ -353,8 +381,15 @@ class ActuatorComponent:
                 self._last_signature = signature
                 self._publish_plan(plan, mode)
             if mode == "act" and self.act is not None:
+                began = time.monotonic()
                 res = await self.act.execute(plan, origin="planner")
-                log.info("plan %d %s", res.plan_id, "completed" if res.ok else "did not complete")
+                log.info(
+                    "plan %d %s in %.1f s (estimated %.1f s)",
+                    res.plan_id,
+                    "completed" if res.ok else "did not complete",
+                    time.monotonic() - began,
+                    plan.cost_s,
+                )
             return result
 
     def _publish_plan(self, plan: Plan, mode: str) -> None:
@@ -368,7 +403,11 @@ class ActuatorComponent:
             self.mqtt.findings.emit(plan_event(self._translate.factory, plan, mode, self.wall()))
 
     async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
-        """What the planner would do now (a fresh inventory through the NVML worker); changes nothing."""
+        """What the planner would do now (a fresh inventory through the NVML worker); changes nothing.
+
+        The inputs are read on the event loop; the planner (pure, and the longer the queue the longer it takes) runs
+        on a worker thread, so the loop serves the control socket, the sampling and the jobs meanwhile.
+        """
         act = self.act
         if act is None:
             raise PlanRejectedError(self.unavailable or "the actuator is not running")
@@ -379,30 +418,53 @@ class ActuatorComponent:
         view = NodeView.of(inventory)
         now = self.wall()
         jobs = act.journal.jobs()
-        alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs}
-        try:
-            model = node_model(view)
-            extra = tuple(parse_request(r, i + 1, model, now) for i, r in enumerate(requests))
-            given = planning_state(
-                view,
-                jobs,
-                alive_pids=alive,
-                now_s=now,
-                mig_enabled={g.index: g.mig_current for g in inventory.gpus},
-                last_moved_s=self._last_moved(),
-                extra=extra,
-            )
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs if rec.state == "running"}
+        mig_enabled = {g.index: g.mig_current for g in inventory.gpus}
+        last_moved = self._last_moved()
+        started = self._first_started(jobs)
         settings = planner_settings(self.config.planner)
-        try:
-            plan = Planner(given.state.model, settings).plan(given.state)
-            validate_plan(given.state, plan, settings)
-        except PlanRejectedError as exc:
-            empty = Plan(now_s=now)
-            doc = plan_document(empty, given, mode=self.mode, source=source, error=str(exc))
-            return PlanRound(empty, doc, str(exc))
-        return PlanRound(plan, plan_document(plan, given, mode=self.mode, source=source))
+        mode = self.mode
+
+        def work_out() -> PlanRound:
+            try:
+                model = node_model(view)
+                extra = tuple(parse_request(r, i + 1, model, now) for i, r in enumerate(requests))
+                given = planning_state(
+                    view,
+                    jobs,
+                    alive_pids=alive,
+                    now_s=now,
+                    mig_enabled=mig_enabled,
+                    last_moved_s=last_moved,
+                    extra=extra,
+                    started_s=started,
+                )
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
+            try:
+                plan = Planner(given.state.model, settings).plan(given.state)
+                validate_plan(given.state, plan, settings)
+            except PlanRejectedError as exc:
+                empty = Plan(now_s=now)
+                doc = plan_document(empty, given, mode=mode, source=source, error=str(exc))
+                return PlanRound(empty, doc, str(exc))
+            return PlanRound(plan, plan_document(plan, given, mode=mode, source=source))
+
+        return await asyncio.to_thread(work_out)
+
+    def _first_started(self, jobs: Sequence[JobRecord]) -> dict[str, float]:
+        """When each job first started since it was submitted (wall time), from the journal's recent actions (a
+        name submitted again starts afresh)."""
+        assert self.act is not None
+        submitted = {rec.name: rec.submitted_s for rec in jobs}
+        out: dict[str, float] = {}
+        for row in self.act.journal.recent_actions(1000):
+            at = row.finished_s
+            if row.state != "done" or row.kind != "start" or not at or row.job not in submitted:
+                continue
+            if at >= submitted[row.job]:
+                out[row.job] = min(out.get(row.job, at), at)
+        return out
 
     def _last_moved(self) -> dict[str, float]:
         """When each job last started or moved (wall time), from the journal."""
@@ -525,9 +587,9 @@ class ActuatorComponent:
         """Job counts for the metrics, and the instances the demo workload must leave alone."""
         if self.act is None:
             return
-        jobs = self.act.journal.jobs()
-        self.action_metrics.set_jobs(Counter(rec.state for rec in jobs))
-        held = {s.key for rec in jobs if rec.state == "running" for s in rec.slots}
+        journal = self.act.journal  # runs at every sweep: counts and running jobs only, never the whole queue
+        self.action_metrics.set_jobs(journal.job_counts())
+        held = {s.key for rec in journal.jobs_in("running") for s in rec.slots}
         self.workload_exclude = frozenset(self._touched | held)
 
     # ------------------------------------------------------------------------------------------ reload, stop
@@ -546,6 +608,9 @@ class ActuatorComponent:
             self.act.set_mode(config.mode)
             self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
+            self.act.jobs.max_pending = config.jobs.max_pending
+        if self.dispatcher is not None:
+            self.dispatcher.max_wait_s = config.control.max_wait_s
         if self.mqtt is not None:
             self.mqtt.findings.mode = config.mode
         if old != config.mode:

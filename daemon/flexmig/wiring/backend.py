@@ -47,7 +47,9 @@ class Backend:
     devices: DeviceProcessTable
     """Where the actuator registers rank processes: the driver's own table, or the simulated node's."""
     workload: DemoWorkload | None
-    """The demo workload to step on the NVML thread; None on real hardware, or when the caller asked for none."""
+    """What to step on the NVML thread of a simulated node: the jobs' footprint on their instances
+    (:class:`~flexmig.sim.JobLoad`), after the demo workload unless the caller asked for none; None on real
+    hardware."""
     node: sim.SimNode | None
     """The simulated node under pynvml, None on real hardware (tests reach into it)."""
     lock: DirectoryLock | None = None
@@ -83,9 +85,10 @@ def open_backend(
 
     ``sim_state``: the simulator's state file (restored if it exists, saved on every change), so a simulated
     node keeps its instances across daemon restarts. ``sim_workload``: whether a simulated node comes with its demo
-    workload. Raises NodeSpecError for a bad spec, SimError for an unreadable state file, NvmlUnavailableError when
-    there is no driver and no simulator, StateInUseError when another daemon runs on the same state file (its lock,
-    ``FILE.lock``, is taken before the file is read: two daemons on one simulated node would each rewrite it).
+    workload (the jobs' footprint on their instances is stepped either way). Raises NodeSpecError for a bad spec,
+    SimError for an unreadable state file, NvmlUnavailableError when there is no driver and no simulator,
+    StateInUseError when another daemon runs on the same state file (its lock, ``FILE.lock``, is taken before the
+    file is read: two daemons on one simulated node would each rewrite it).
     """
     lock = None
     if sim_spec is not None and sim_state is not None:
@@ -107,8 +110,20 @@ def open_backend(
     windows = GpmWindows(clock=clock) if gpm else None
     if node is None:
         return Backend(nvml, NvmlReader(nvml, windows), DriverProcessTable(), None, None)
-    workload = node.step_workload if sim_workload else None
+    jobs = sim.JobLoad(node)
+    workload: DemoWorkload = _Both(node.step_workload, jobs) if sim_workload else jobs
     return Backend(nvml, NvmlReader(nvml, windows), sim.SimProcessTable(node), workload, node, lock)
+
+
+class _Both:
+    """The synthetic workload, then the jobs' own footprint, in one step."""
+
+    def __init__(self, first: DemoWorkload, second: DemoWorkload) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, now: float, *, exclude: Collection[tuple[int, int]] = ()) -> None:
+        self.first(now, exclude=exclude)
+        self.second(now, exclude=exclude)
 
 
 class NodeComponent:

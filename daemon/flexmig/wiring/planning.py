@@ -109,19 +109,21 @@ def planning_state(
     mig_enabled: Mapping[int, bool | None],
     last_moved_s: Mapping[str, float] | None = None,
     extra: Sequence[JobRequest] = (),
+    started_s: Mapping[str, float] | None = None,
 ) -> PlanningInput:
     """The planner's view of the node; PlanRejectedError when no GPU of a known model can be planned for
     (from :func:`~flexmig.act.placement.node_model`).
 
     ``alive_pids``: each job's running rank pids (processes of these are accounted for); ``mig_enabled``: GPU
-    index -> MIG mode now (None: no MIG); ``extra``: hypothetical requests queued after the real ones.
+    index -> MIG mode now (None: no MIG); ``extra``: hypothetical requests queued after the real ones; ``started_s``:
+    when each job first started, for the time left of jobs that state their run time.
     """
     model = node_model(view)
     why: dict[str, str] = {}
     layouts, blocked_gpus = _gpu_layouts(view, model, mig_enabled, why)
     blocked = _foreign_instances(view, blocked_gpus, _held_pids(alive_pids), why)
     usable, left_out = _plannable_jobs(jobs, layouts, blocked_gpus, blocked, why)
-    running = running_jobs(usable, model, last_moved_s)
+    running = running_jobs(usable, model, last_moved_s, started_s, now_s)
     held = {i.key for r in running for i in r.instances}
     blocked -= held  # a job's own ranks on its instances are accounted for
     pending = (*pending_requests(jobs, model), *extra)

@@ -117,8 +117,9 @@ async def demo_workload_loop(
     interval_s: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Step the simulated node's demo workload every ``interval_s`` on the NVML thread, leaving alone the instances
-    ``exclude()`` names (those the actuator uses); waits to be cancelled when the node has no demo workload."""
+    """Step the simulated node's workload (the demo's synthetic load and the jobs' own footprint) every ``interval_s``
+    on the NVML thread, leaving the demo's load off the instances ``exclude()`` names (those the actuator uses); waits
+    to be cancelled when the node has none (real hardware)."""
     backend = node.backend
     workload = None if backend is None else backend.workload
     if workload is None:
