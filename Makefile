@@ -5,7 +5,9 @@
 #               (every suite runs in a fresh, empty home directory made for the run: .ci/fresh-home)
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
-#               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
+#               tests/conftest.py fails a test that does and is not marked), the layer table among them
+#               (tests/repo/test_layers.py), and ruff's function-size rules (pyproject.toml); no other lint, no Debian
+#               packages
 #   make ids    the suite once more with GPU-instance IDs handed out adversarially (FLEXMIG_SIM_IDS, see
 #               docs/simulator.md): every test not marked integration, and all of the NVML, simulator, telemetry and
 #               daemon rooms; make test runs it too. The seed is printed; make ids SIM_IDS=adversarial:N replays a run
@@ -64,6 +66,7 @@ ids: venv
 	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider -m "integration and not fault" $(IDS_ROOMS)
 
 check: venv
+	$(BIN)/ruff check --select C901,PLR0912,PLR0915 daemon hook
 	$(FRESH_HOME) $(BIN)/pytest -q -m "not integration"
 
 fault: venv debs

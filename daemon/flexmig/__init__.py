@@ -33,6 +33,8 @@ Three rules more:
   the order, and ``errors``; of the rest, only standard-library modules without I/O or a clock.
 
 ``tests/repo/test_layers.py`` reads this table and holds every module to it, function-local imports included.
+``docs/architecture.md`` shows it with what each layer holds, the daemon's components in the order they start, and
+where a control operation is declared.
 """
 
 __version__ = "0.1.0"

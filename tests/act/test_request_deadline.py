@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from flexmig.act.client import ControlClient
 from support.actuator import LiveNode
 from support.jobs import ROOT
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -51,14 +51,7 @@ def submit_stubborn(node: LiveNode) -> None:
     path.chmod(0o644)
     answer = node.call(node.control.dispatch(json.dumps({"op": "jobs.submit", "args": {"path": str(path)}}).encode()))
     assert answer["ok"], answer
-    until("stubborn runs", lambda: len(node.act.supervisor.alive("stubborn")) == 1)
-
-
-def until(what: str, predicate: Any) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    wait_until(lambda: len(node.act.supervisor.alive("stubborn")) == 1, what="stubborn runs")
 
 
 def idle(node: LiveNode) -> bool:
@@ -76,7 +69,7 @@ class InFlight:
         self.answer: Any = None
         self.thread = threading.Thread(target=self._run, args=(node,), daemon=True)
         self.thread.start()
-        until("the stubborn move to be in flight", lambda: node.act.executor.running is not None)
+        wait_until(lambda: node.act.executor.running is not None, what="the stubborn move to be in flight")
 
     def _run(self, node: LiveNode) -> None:
         try:
@@ -90,7 +83,7 @@ class InFlight:
 
 
 def test_a_request_whose_client_gave_up_is_dropped_before_it_acts_and_the_client_hears_why(node: LiveNode) -> None:
-    until("the node to be idle", lambda: idle(node))
+    wait_until(lambda: idle(node), what="the node to be idle")
     before = node.truth()["jobs"]["counter"]
     moves = counter_moves(node)
     dropped_before = [e for e in node.events.events if e.kind == "request_dropped"]
@@ -101,7 +94,7 @@ def test_a_request_whose_client_gave_up_is_dropped_before_it_acts_and_the_client
         capture_output=True, text=True, timeout=WAIT, check=False,
     )  # fmt: skip
     flight.join()
-    until("the node to be idle again", lambda: idle(node))
+    wait_until(lambda: idle(node), what="the node to be idle again")
     assert cli.returncode == 1, cli.stdout + cli.stderr
     assert "jobs.migrate dropped: it could not begin within 1.5 s, its client's deadline" in cli.stderr, cli.stderr
     assert "nothing was done" in cli.stderr
@@ -114,7 +107,7 @@ def test_a_request_whose_client_gave_up_is_dropped_before_it_acts_and_the_client
 
 
 def test_a_request_that_begins_in_time_says_so_and_runs_to_its_end(node: LiveNode) -> None:
-    until("the node to be idle", lambda: idle(node))
+    wait_until(lambda: idle(node), what="the node to be idle")
     generation = node.truth()["jobs"]["counter"][1]
     request = {"op": "jobs.migrate", "args": {"name": "counter"}, "deadline_s": 30}
     lines = node.call(exchange(node.socket, request))
@@ -124,7 +117,7 @@ def test_a_request_that_begins_in_time_says_so_and_runs_to_its_end(node: LiveNod
 
 
 def test_a_request_without_a_deadline_gets_the_daemons_and_no_begun_line(node: LiveNode) -> None:
-    until("the node to be idle", lambda: idle(node))
+    wait_until(lambda: idle(node), what="the node to be idle")
     before = node.truth()["jobs"]["counter"]
 
     async def limit(seconds: float) -> None:
@@ -137,7 +130,7 @@ def test_a_request_without_a_deadline_gets_the_daemons_and_no_begun_line(node: L
         flight.join()
     finally:
         node.call(limit(900.0))
-    until("the node to be idle again", lambda: idle(node))
+    wait_until(lambda: idle(node), what="the node to be idle again")
     assert len(lines) == 1 and lines[0]["type"] == "RequestExpiredError", lines
     assert lines[0]["error"].startswith("jobs.migrate dropped: it could not begin within 1 s")
     assert node.truth()["jobs"]["counter"] == before

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from support.flexmigd import ActNode, act_node, short_base, wait_until
+from support.flexmigd import ActNode, act_node, short_base
 from support.jobs import counter_spec, flexmig, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -69,7 +70,7 @@ def test_status_fits_80_columns_with_jobs_of_long_names_and_every_instance() -> 
     with short_base() as base, act_node(base, "h200") as node:
         for name in ("short", long_name):
             flexmig(node.sock, "submit", str(write_spec(base / f"{name}.toml", counter_spec(base, name))))
-        wait_until("both jobs in a sweep", lambda: _jobs_sampled(node) == 2)
+        wait_until(lambda: _jobs_sampled(node) == 2, what="both jobs in a sweep")
         text = cli("status", "--socket", str(node.sock))
         doc = json.loads(cli("status", "--socket", str(node.sock), "--json"))
         for name in ("short", long_name):

@@ -20,14 +20,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from support.mosquitto import Mosquitto, needs_mosquitto
-from support.prometheus import free_port, http_get
+from support.prometheus import http_get
+from support.wait import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -49,15 +50,22 @@ class Lines(threading.Thread):
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, pattern: str, timeout_s: float = 90.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if m := re.search(pattern, line):
-                    return m
-            if self.proc.poll() is not None and not self.is_alive():
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no line matching {pattern!r} within {timeout_s} s:\n" + "\n".join(self.lines))
+        """The first line matching ``pattern`` (AssertionError with every line so far, after the bound or once the
+        process ended without one)."""
+
+        def found() -> re.Match[str] | None:
+            m = next((m for line in list(self.lines) if (m := re.search(pattern, line))), None)
+            if m is None and self.proc.poll() is not None and not self.is_alive():
+                raise RuntimeError("the process ended")
+            return m
+
+        try:
+            match: re.Match[str] = wait_until(found, timeout_s, f"a line matching {pattern!r}", every_s=0.1)
+            return match
+        except (AssertionError, RuntimeError):
+            raise AssertionError(
+                f"no line matching {pattern!r} within {timeout_s} s:\n" + "\n".join(self.lines)
+            ) from None
 
 
 def started(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
@@ -215,15 +223,17 @@ def test_nvitop_gpustat_and_the_nvidia_smi_look_alike_in_another_shell_show_the_
         sock = lines.wait_for(r"FLEXMIG_CONTROL_SOCKET=(\S+) ").group(1)
         lines.wait_for(r"job wide-e: running on gpu0:3g\.71gb@4", timeout_s=150)
         flexmig = str(VENV / "bin" / "flexmig")
-        deadline = time.monotonic() + 60
-        while True:  # the job's footprint shows in status once a sweep has measured it (GPM: two samples)
+
+        def busy() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]] | None:
             doc = json.loads(run([flexmig, "status", "--json", "--socket", sock]))
             instances = [i for g in doc["gpus"] for i in g["instances"]]
             wide = next(i for i in instances if i.get("job") == "wide-e")
             if (wide.get("sm_active") or 0) >= 0.5 and (wide.get("memory_used_bytes") or 0) >= 10 << 30:
-                break
-            assert time.monotonic() < deadline, f"wide-e's instance still shows as idle: {wide}"
-            time.sleep(0.5)
+                return doc, instances, wide
+            return None
+
+        # The job's footprint shows in status once a sweep has measured it (GPM: two samples).
+        doc, instances, wide = wait_until(busy, 60, "wide-e's instance busy in status", every_s=0.5)
         (wide_pid,) = [p["pid"] for p in wide["processes"]]
 
         listed = run([*on_node, "nvidia-smi", "-L"])

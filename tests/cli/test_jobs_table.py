@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from support.flexmigd import act_node, short_base, wait_until
+from support.flexmigd import act_node, short_base
 from support.jobs import counter_spec, flexmig, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -28,9 +29,9 @@ def test_a_stopped_job_claims_no_instance_and_jobs_list_prints_status_job_table(
     with short_base() as base, act_node(base, "h200:1g.18gb@0") as node:
         flexmig(node.sock, "submit", str(write_spec(base / "first.toml", counter_spec(base, "first"))))
         flexmig(node.sock, "stop", "first", "--force")
-        wait_until("first stopped", lambda: node.jobs()["first"]["state"] == "stopped")
+        wait_until(lambda: node.jobs()["first"]["state"] == "stopped", what="first stopped")
         flexmig(node.sock, "submit", str(write_spec(base / "second.toml", counter_spec(base, "second"))))
-        wait_until("second running", lambda: node.jobs()["second"]["state"] == "running")
+        wait_until(lambda: node.jobs()["second"]["state"] == "running", what="second running")
         listed = cli("jobs", "list", "--socket", str(node.sock)).splitlines()
         status = cli("status", "--socket", str(node.sock)).splitlines()
         flexmig(node.sock, "stop", "second", "--force")

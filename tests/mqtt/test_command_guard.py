@@ -13,8 +13,8 @@ import pytest
 
 from support.actuator import LiveNode
 from support.commands import NODE, Operator, RunningListener, anonymous_publish, password_file
-from support.flexmigd import wait_until
 from support.mosquitto import WAIT, Brokers, needs_mosquitto, secured_config
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -29,7 +29,7 @@ def node() -> Iterator[LiveNode]:
 
 def refusal(listener: RunningListener) -> str:
     """The listener's refusal line, once it is logged (bounded wait)."""
-    wait_until("the refusal line", lambda: listener.listener.stats().off is not None, WAIT, 0.02)
+    wait_until(lambda: listener.listener.stats().off is not None, WAIT, "the refusal line")
     lines = [line for line in listener.log.lines if "refused" in line]
     assert len(lines) == 1, listener.log.lines
     return lines[0]

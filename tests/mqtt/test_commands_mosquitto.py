@@ -17,8 +17,8 @@ import pytest
 
 from support.actuator import LiveNode
 from support.commands import Operator, RunningListener, password_file
-from support.flexmigd import wait_until
 from support.mosquitto import ACL, PASSWORDS, WAIT, Mosquitto, needs_mosquitto
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -243,11 +243,11 @@ def test_a_command_that_waited_past_control_max_wait_s_is_dropped_unrun(
     try:
         slow.wait_connected()
         operator.send("plan-now", {"id": "first"})
-        wait_until("the first command dispatched", lambda: len(lines) == 1, WAIT)
+        wait_until(lambda: len(lines) == 1, WAIT, "the first command dispatched")
         assert 0 < lines[0]["deadline_s"] <= 1.0 and lines[0]["op"] == "plan"
         operator.send("plan-now", {"id": "second"})  # waits behind the first, past its deadline
         sent = time.monotonic()
-        wait_until("its deadline to pass", lambda: time.monotonic() > sent + 1.0, WAIT)
+        wait_until(lambda: time.monotonic() > sent + 1.0, WAIT, "its deadline to pass")
 
         async def go() -> None:
             release.set()
@@ -271,9 +271,9 @@ def test_wrong_credentials_give_one_clear_line_without_the_password_and_the_list
     refused_before = refused_logins(secured_broker)
     bad = RunningListener(node, secured_broker, wrong, client_id="wrong")
     try:
-        wait_until("the listener's line", lambda: any("refused the login" in line for line in bad.log.lines), WAIT)
+        wait_until(lambda: any("refused the login" in line for line in bad.log.lines), WAIT, "the listener's line")
         # It keeps trying (by the broker's own account), and its log still holds that one line.
-        wait_until("3 refused logins", lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT)
+        wait_until(lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT, "3 refused logins")
         assert bad.alive()
         (line,) = bad.log.lines
         assert line.startswith(

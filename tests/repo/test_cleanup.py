@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -15,6 +14,7 @@ import pytest
 
 from support.jobs import kill_ranks
 from support.reaper import reap_adopted_orphans
+from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -28,10 +28,7 @@ time.sleep(600)
 
 
 def _children_of(pid: int, timeout_s: float = 30) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout_s
-    while not (kids := psutil.Process(pid).children()):
-        assert time.monotonic() < deadline, "the rank started no worker"
-        time.sleep(0.02)
+    kids: list[psutil.Process] = wait_until(lambda: psutil.Process(pid).children(), timeout_s, "the rank's worker")
     return kids
 
 
@@ -54,10 +51,7 @@ def test_a_rank_left_running_is_killed_with_its_workers_and_a_bystander_is_not(t
 
 
 def _zombie(pid: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, f"pid {pid} did not exit"
-        time.sleep(0.02)
+    wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, timeout_s, f"pid {pid} to exit")
 
 
 # A parent that starts a child and exits at once, as a daemon that double-forks or an actuator killed mid-move.

@@ -12,7 +12,8 @@ import signal
 import pytest
 
 from flexmig.slurm.reservations import PREFIX, flexmig_name
-from support.slurm import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -34,7 +35,7 @@ def test_slurmd_killed_with_two_jobs_running_comes_back_at_once_no_drain_no_job_
                 states.append(f"{node.state}{'+DRAIN' if node.drained else ''}")
                 return rnd.read is not None and await rig.agent.slurmd.running()
 
-            await until("slurmd running again", back, timeout_s=20)
+            await until(back, 20, "slurmd running again", not_yet=(Exception,))
             assert int(rig.paths.slurmd_pid(rig.node).read_text()) != pid
             assert ("slurmd_restarted", "slurmd crashed") in [(k, d.get("reason")) for k, d in rig.node_events]
             for j in jobs:
@@ -167,7 +168,7 @@ def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> 
                 j = await rig.job(big)
                 return j is not None and j.state in ("RUNNING", "COMPLETED")
 
-            await until("the 7g job started", started, timeout_s=90)
+            await until(started, 90, "the 7g job started", not_yet=(Exception,))
             assert committed, "the change was never committed"
             big_job = await rig.job(big)
             assert big_job is not None and big_job.start_s is not None

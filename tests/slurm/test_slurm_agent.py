@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from support.hostile import HOSTILE, SYSTEM_PYTHON
-from support.slurm import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -25,7 +26,9 @@ def test_three_pending_1g_jobs_on_a_7g_node_run_each_on_its_own_mig_device() -> 
             assert rnd.result is not None and rnd.result.ok, rnd
             for j in jobs:
                 await rig.wait_state(j, "RUNNING")
-            seen = [await until(f"job {j} wrote its devices", _visible(rig, j)) for j in jobs]
+            seen = [
+                await until(_visible(rig, j), what=f"job {j} wrote its devices", not_yet=(Exception,)) for j in jobs
+            ]
             assert all(v.startswith("MIG-") and "," not in v for v in seen), seen
             assert len(set(seen)) == 3, seen
             read = await rig.agent.read()
@@ -47,7 +50,7 @@ def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_ack
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook, 5))
+            await until(lambda: _steps(rig, hook, 5), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -57,7 +60,7 @@ def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_ack
             for j in small:
                 await rig.wait_state(j, "RUNNING")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job resumed", lambda: _starts(rig, hook, 2))
+            await until(lambda: _starts(rig, hook, 2), what="the hook job resumed", not_yet=(Exception,))
             log = rig.hook_log(hook)
             starts = [e for e in log if e["event"] == "start"]
             ckpts = [e for e in log if e["event"] == "checkpoint"]
@@ -81,7 +84,7 @@ def test_a_job_without_the_hook_is_never_signalled_the_drain_waits_for_it() -> N
             hook = rig.hook_job("--gres=gpu:4g.71gb:1")
             await rig.wait_state(plain, "RUNNING")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook, 3))
+            await until(lambda: _steps(rig, hook, 3), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")

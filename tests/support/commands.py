@@ -24,6 +24,7 @@ from flexmig.config import HostPort
 from flexmig.mqtt.commands import CommandListener, CommandSettings, Dispatch
 from support.actuator import LiveNode
 from support.mosquitto import PASSWORDS, WAIT, Mosquitto
+from support.wait import until
 
 NODE = "node-1"
 
@@ -129,12 +130,7 @@ class RunningListener:
         self.task = node.call(start())
 
     def wait_connected(self) -> None:
-        async def connected() -> None:
-            async with asyncio.timeout(WAIT):
-                while not self.listener.stats().connected:  # noqa: ASYNC110 (a counter, not an event)
-                    await asyncio.sleep(0.01)
-
-        self.node.call(connected())
+        self.node.call(until(lambda: self.listener.stats().connected, WAIT, "the command listener connected"))
 
     def alive(self) -> bool:
         return not self.task.done()

@@ -341,16 +341,9 @@ def recheck_spec(spec: JobSpec, policy: JobPolicy, where: str) -> JobSpec:
     return replace(checked, source=spec.source)
 
 
-def _build(
-    data: dict[str, Any],
-    source: Path | None,
-    base: Path,
-    ctx: _Ctx | None,
-    policy: JobPolicy | None,
-    *,
-    resolve: bool = True,
-) -> JobSpec:
-    c = ctx or _Ctx(source, None)
+def _tables(c: _Ctx, data: dict[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The spec's tables (an empty one for each absent or malformed one), noting every unknown key and what it may
+    have meant."""
     for key in data:
         if key not in _TOP_KEYS and key not in _TABLES:
             c.note(c.fail(key, _unknown(_TOP_KEYS | set(_TABLES), key, "known keys"), at=join_key("", key)))
@@ -367,7 +360,20 @@ def _build(
                 why = _unknown(keys, key, f"known keys in [{table}]")
                 c.note(c.fail(f"{table}.{key}", why, at=join_key(table, key)))
                 c.meant.update(f"{table}.{k}" for k in difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6))
+    return tables
 
+
+def _build(
+    data: dict[str, Any],
+    source: Path | None,
+    base: Path,
+    ctx: _Ctx | None,
+    policy: JobPolicy | None,
+    *,
+    resolve: bool = True,
+) -> JobSpec:
+    c = ctx or _Ctx(source, None)
+    tables = _tables(c, data)
     name = c.attempt(lambda: _name(c, data), None)
     argv = c.attempt(lambda: _argv(c, data), None)
     user = c.attempt(lambda: _user(c, data, "user", required=True), None)

@@ -70,12 +70,18 @@ class CommandGuard:
     _passed: bool = False
 
     # ------------------------------------------------------------------------------------------ the listener
-    def seen(self, topic: str, payload: bytes) -> None:
-        """A message starting with :data:`PROBE_MARK` arrived on ``topic``: one of ours got through."""
+    def seen(self, topic: str, payload: bytes) -> bool:
+        """A message arrived on ``topic``: True when it is one of this guard's probes (it got through, and the
+        listening ends), False for anything else, a stranger's imitation of a probe included (the listener treats
+        that as the command it claims to be, and refuses it like any other)."""
+        if not payload.startswith(PROBE_MARK):
+            return False
         who, _, token = payload[len(PROBE_MARK) :].decode("ascii", "replace").partition(" ")
-        if token == self._token and who in ("anonymous", "account"):
-            self._open.append((who, topic))
-            self._arrived.set()
+        if token != self._token or who not in ("anonymous", "account"):
+            return False
+        self._open.append((who, topic))
+        self._arrived.set()
+        return True
 
     @property
     def passed(self) -> bool:

@@ -50,7 +50,7 @@ from flexmig.mqtt.broker import (
     refused_login,
 )
 from flexmig.mqtt.cancellation import honour_cancel
-from flexmig.mqtt.command_guard import PROBE_MARK, CommandGuard, command_topics
+from flexmig.mqtt.command_guard import CommandGuard, command_topics
 from flexmig.mqtt.command_schema import VERBS, Command, CommandRefusedError, parse_command, printable, result_document
 from flexmig.mqtt.droplog import DropLog
 from flexmig.mqtt.events import Deduplicator
@@ -362,10 +362,8 @@ class CommandListener:
         topic = message.topic.value
         raw = message.payload
         payload = bytes(raw) if isinstance(raw, bytes | bytearray) else str(raw or "").encode()
-        if payload.startswith(PROBE_MARK):  # the guard's probes and fence (or a stranger's imitation of them)
-            if self._guard is not None:
-                self._guard.seen(topic, payload)
-            return
+        if self._guard is not None and self._guard.seen(topic, payload):
+            return  # one of the guard's own probes got through: the guard ends the listening
         if topic == self.result_topic:
             return  # our own results come back on the filter: not commands
         self._received += 1

@@ -1,13 +1,13 @@
 """The actuator and the planner in the running daemon: journal, control socket, planning rounds, action metrics.
 
-:class:`ActuatorComponent` plugs into ``flexmigd`` through its extension points only:
+:class:`ActuatorComponent` is the daemon's ``actuator`` component (:mod:`flexmig.wiring.component`):
 
-* **start** (``on_start``, before READY): build the :class:`~flexmig.act.service.Actuator` on the daemon's NVML
-  worker thread (every NVML call of the actuator goes through ``worker.call``), reconcile the journal with NVML and
-  the process table (in every mode: ranks still running are adopted; unfinished actions are finished or rolled
-  back only in mode ``act``, the executor refuses otherwise), and bind the control socket (``[control]``). In
-  mode ``act`` a state directory or socket that cannot be used stops the start; in ``observe`` and ``advise`` it
-  is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
+* **start** (before READY, after the first sweep): build the :class:`~flexmig.act.service.Actuator` on the
+  daemon's NVML worker thread (every NVML call of the actuator goes through ``worker.call``), reconcile the journal
+  with NVML and the process table (in every mode: ranks still running are adopted; unfinished actions are finished
+  or rolled back only in mode ``act``, the executor refuses otherwise), and bind the control socket
+  (``[control]``). In mode ``act`` a state directory or socket that cannot be used stops the start; in ``observe``
+  and ``advise`` it is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
 * **dispatch**: :meth:`ActuatorComponent.dispatch` runs one control request line for the MQTT command listener,
   through the same operations and checks as the socket, whether or not ``[control]`` binds the socket;
 * **loop** ``actuator``: serve the control socket (every row of :data:`flexmig.act.operation_table.OPERATIONS`:
@@ -15,9 +15,11 @@
   the action lock, refused while stopping) and plan every ``planner.interval_s``: ``observe`` never plans;
   ``advise`` plans and publishes each new plan (``plan_proposed`` event, ``flexmig_planned_actions``), changing
   nothing; ``act`` also executes it;
-* **stop** (``on_stop``, SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
+* **drain** (SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
   ``jobs.shutdown_grace_s``; past that the journal has the next start finish it;
-* **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once.
+* **close**: the control socket, the journal, the locks (and a simulated node's private directory);
+* **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once;
+* **metrics**: actions and plans (:mod:`flexmig.metrics.actions`), the journal's writes, ranks of no job.
 
 Actions and plans reach the fleet as events (:mod:`flexmig.mqtt.action_events`, through the MQTT publisher
 when ``[mqtt]`` is on) and Prometheus as :mod:`flexmig.metrics.actions`. Every action is also one log line.
@@ -57,7 +59,9 @@ from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.jobspec.spec import JobPolicy
 from flexmig.metrics.actions import ActionMetrics
+from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.findings import report_of
+from flexmig.metrics.losses import LossMetrics
 from flexmig.metrics.runtime import JournalWriteMetrics
 from flexmig.mqtt.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.mqtt.events import EventFactory
@@ -76,6 +80,7 @@ from flexmig.wiring.action_record import (
     slots_of,
 )
 from flexmig.wiring.actuator_host import ActuatorHost, ActuatorPaths
+from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.privileges import act_privilege_warning
@@ -114,9 +119,13 @@ class PlanRound:
 class ActuatorComponent:
     """The actuator, control socket and planner of one daemon. Also the actuator's event sink."""
 
+    name = "actuator"
+    restart = False  # its journal and the jobs it watches: a restart of the whole daemon reconciles them
+
     def __init__(
         self,
         host: ActuatorHost,
+        node: NodeComponent,
         *,
         mqtt: MqttComponent | None = None,
         wall: Callable[[], float] = time.time,
@@ -125,6 +134,7 @@ class ActuatorComponent:
         node_lock_dir: Path = NODE_LOCK_DIR,
     ) -> None:
         self.host = host
+        self.node = node
         self.locks = locks or LockSet()
         self.node_lock_dir = node_lock_dir
         self._state_locks: list[Path] = []
@@ -136,7 +146,7 @@ class ActuatorComponent:
         self.ages = Ages(wall, clock)
         """How long ago each job last moved and first started, on the monotonic clock (the journal's stamps are wall
         time)."""
-        self.metrics = ActionMetrics()
+        self.action_metrics = ActionMetrics()
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
         self.control: ControlServer | None = None
@@ -156,19 +166,12 @@ class ActuatorComponent:
         self._last_signature: tuple[str, ...] | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
         self._built: list[Callable[[Actuator], None]] = []
-        host.add_metrics(self.metrics)
-        host.add_metrics(JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None))
-        host.hub.subscribe(lambda _snapshot: self.refresh())
-        host.on_start(self.start)
-        host.on_stop(self.drain)
-        host.on_close(self._close)
-        host.on_reload(self.reload)
-        host.add_loop("actuator", self.run)
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
         """Build the actuator, reconcile the journal, bind the control socket (see the module docstring)."""
-        backend = self.host.backend
+        self.host.hub.subscribe(lambda _snapshot: self.refresh())
+        backend = self.node.backend
         if backend is None:
             raise FlexmigError("the actuator needs an open NVML session")
         cfg = self.config
@@ -233,7 +236,7 @@ class ActuatorComponent:
             self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
         except (FlexmigError, OSError) as exc:
-            await self._close()
+            await self.close()
             self._give_up(f"actuator start-up failed: {exc}")
 
     def _dropped(self, op: str, why: str) -> None:
@@ -283,7 +286,7 @@ class ActuatorComponent:
         """Mode ``act``: hold every GPU of a real node (``gpu-<UUID>.lock`` in the node lock directory), so two
         daemons never reconfigure one GPU. A simulated node is held through its state file instead
         (:func:`flexmig.wiring.backend.open_backend`); one without a state file is this process's alone."""
-        backend = self.host.backend
+        backend = self.node.backend
         snap = self.host.latest()
         if backend is None or backend.simulated or snap is None or self._node_locks:
             return
@@ -311,8 +314,8 @@ class ActuatorComponent:
 
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
-        """The planning loop (modes advise and act) until cancelled. The socket and journal are closed by the daemon's
-        close hook (:meth:`_close`) once every loop has ended: whether this one ran at all does not matter."""
+        """The planning loop (modes advise and act) until cancelled. The socket and journal are closed by :meth:`close`
+        once every loop has ended: whether this one ran at all does not matter."""
         if self.act is None:
             await asyncio.Event().wait()
         await self._plan_loop()
@@ -344,10 +347,10 @@ class ActuatorComponent:
             try:
                 await self.round()
             except StorageError as exc:  # the journal's trouble (a bad row, a failing disk): one line, no traceback
-                self.metrics.record_plan_failure()
+                self.action_metrics.record_plan_failure()
                 log.error("planning round failed: %s", exc)
             except Exception:  # a planner bug must not end the daemon; counted and logged
-                self.metrics.record_plan_failure()
+                self.action_metrics.record_plan_failure()
                 log.exception("planning round failed")
 
     def wake(self) -> None:
@@ -368,7 +371,7 @@ class ActuatorComponent:
         revision = act.journal.revision if act is not None else None
         result = await self.plan_now(source="daemon")
         if result.error is not None:
-            self.metrics.record_plan_failure()
+            self.action_metrics.record_plan_failure()
             log.warning("planning round: %s", result.error)
             return result
         plan = result.plan
@@ -380,7 +383,7 @@ class ActuatorComponent:
                 log.debug("planning round: the journal changed while the plan was worked out; planning again")
                 self.wake()
                 return PlanRound(Plan(), result.document, "stale")
-            self.metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
+            self.action_metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
             if not plan:
                 self._last_signature = None
                 return result
@@ -396,7 +399,7 @@ class ActuatorComponent:
                 try:
                     res = await self.act.execute(plan, origin="planner")
                 except PlanRejectedError as exc:  # the journal cannot be written now, or the daemon stops
-                    self.metrics.record_plan_failure()
+                    self.action_metrics.record_plan_failure()
                     log.warning("planning round: %s", exc)
                     return PlanRound(plan, result.document, str(exc))
                 log.info(
@@ -546,7 +549,7 @@ class ActuatorComponent:
             source="daemon",
             mode=self.mode,
             jobs=jobs,
-            actions_in_progress=self.metrics.in_progress(),
+            actions_in_progress=self.action_metrics.in_progress(),
             recent_actions=recent,
         )
         if self.unavailable:
@@ -592,7 +595,7 @@ class ActuatorComponent:
         moved = event.kind in ("action_completed", "action_failed") and row is not None
         if moved and row is not None and row.kind in ("migrate", "resplit"):
             downtime = None if self.act is None else move_downtime(self.act.journal, event.action_id)
-        self.metrics.record(event, downtime)
+        self.action_metrics.record(event, downtime)
         if act is not None:
             self.refresh()
         fleet = self._translate(event, mode=self.mode)
@@ -614,7 +617,7 @@ class ActuatorComponent:
         if self.act is None:
             return
         journal = self.act.journal  # runs at every sweep: counts and running jobs only, never the whole queue
-        self.metrics.set_jobs(journal.job_counts())
+        self.action_metrics.set_jobs(journal.job_counts())
         held = {s.key for rec in journal.jobs_in("running") for s in rec.slots}
         self.workload_exclude = frozenset(self._touched | held)
 
@@ -673,7 +676,9 @@ class ActuatorComponent:
                 grace,
             )
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
+        """Close the control socket and the journal (ranks keep running), let go of the locks, and remove a simulated
+        node's private directory when no job is left in it."""
         self.dispatcher = None
         control, self.control = self.control, None
         if control is not None:
@@ -686,3 +691,11 @@ class ActuatorComponent:
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
         self._unlock()
+
+    def metrics(self) -> Sequence[SnapshotMetrics]:
+        """Actions, plans and jobs; the journal's writes; ranks of no journalled job."""
+        return (
+            self.action_metrics,
+            JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None),
+            LossMetrics(unknown_ranks=self.unknown_rank_count),
+        )

@@ -46,45 +46,14 @@ def loads(
     """Decode ``data`` (UTF-8 bytes or text) if it is at most ``max_bytes`` long, nests objects and arrays at most
     ``max_depth`` deep, and holds no integer of more than ``max_int_digits`` digits, no float that is not finite,
     and (with ``no_duplicates``) no object with a key twice. Anything else raises :class:`JsonBoundsError`."""
-    if len(data) > max_bytes:
-        raise JsonBoundsError(f"longer than {max_bytes} bytes")
-    if isinstance(data, bytes):
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise JsonBoundsError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    else:
-        text = data
-
-    def parse_int(digits: str) -> int:
-        if len(digits.lstrip("-")) > max_int_digits:
-            raise JsonBoundsError(f"an integer has more than {max_int_digits} digits")
-        return int(digits)
-
-    def parse_float(literal: str) -> float:
-        value = float(literal)
-        if not math.isfinite(value):
-            raise JsonBoundsError(f"number {literal[:32]!r} is out of range")
-        return value
-
-    hook: Callable[[list[tuple[str, Any]]], dict[str, Any]] | None = None
-    if no_duplicates:
-
-        def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            for key, value in pairs:
-                if key in out:
-                    raise JsonBoundsError(f"key {key[:64]!r} appears twice in one object")
-                out[key] = value
-            return out
-
+    text = _text(data, max_bytes)
     try:
         doc = json.loads(
             text,
-            parse_int=parse_int,
-            parse_float=parse_float,
+            parse_int=_int_parser(max_int_digits),
+            parse_float=_finite,
             parse_constant=_reject_constant,
-            object_pairs_hook=hook,
+            object_pairs_hook=_unique if no_duplicates else None,
         )
     except JsonBoundsError:
         raise
@@ -97,6 +66,42 @@ def loads(
     if depth(doc) > max_depth:
         raise JsonBoundsError(f"nests deeper than {max_depth} levels")
     return doc
+
+
+def _text(data: bytes | str, max_bytes: int) -> str:
+    if len(data) > max_bytes:
+        raise JsonBoundsError(f"longer than {max_bytes} bytes")
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JsonBoundsError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _int_parser(max_digits: int) -> Callable[[str], int]:
+    def parse_int(digits: str) -> int:
+        if len(digits.lstrip("-")) > max_digits:
+            raise JsonBoundsError(f"an integer has more than {max_digits} digits")
+        return int(digits)
+
+    return parse_int
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise JsonBoundsError(f"number {literal[:32]!r} is out of range")
+    return value
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JsonBoundsError(f"key {key[:64]!r} appears twice in one object")
+        out[key] = value
+    return out
 
 
 def depth(doc: Any) -> int:
