@@ -16,7 +16,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from flexmig.jobspec import JobPolicy
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.tasks import FATAL_TASK
 from support.jobs import kill_ranks
+from support.wait import until
 
 HOSTILE = Path(__file__).resolve().with_name("hostile_job.py")
 SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may lie where an unprivileged user cannot read
@@ -160,13 +160,8 @@ class Rig:
         return await self.act.jobs.handlers()[op](args)
 
     async def until(self, what: str, pred: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = pred()
-            if got:
-                return got
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"{what}: not within {timeout_s} s")
+        """``pred()`` until truthy (:func:`support.wait.until`), naming ``what`` when it is not within the bound."""
+        return await until(pred, timeout_s, what)
 
     def record(self, name: str = "evil") -> Any:
         return self.act.journal.get_job(name)
