@@ -81,6 +81,7 @@ _._nvmlLib_refcount
 # with it and check what the daemon did against it; the daemon never calls it.
 _.inject_error
 _.clear_errors
+_.alias_uuid
 _.lose_gpu
 _.set_privileged
 _.gpm_samples_allocated

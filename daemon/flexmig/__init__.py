@@ -20,7 +20,7 @@ layer and from the lines below its own, never from a sibling on its line or from
     sim
     mig
     storage
-    hook security sdnotify signals tasks
+    clocks hook security sdnotify signals tasks
     errors
 
 Three rules more:

@@ -75,6 +75,7 @@ class Daemon:
         hostname: str | None = None,
         telemetry: TelemetrySettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         deferred_problems: Sequence[ConfigProblem] = (),
         redactor: RedactingFilter | None = None,
     ) -> None:
@@ -102,6 +103,9 @@ class Daemon:
         self.metrics_addr = listen if config.prometheus.enabled or metrics_addr is not None else None
         self.hostname = hostname or config.node_name or socket.gethostname()  # the Hostname label
         self.clock = clock
+        """Measures every duration (monotonic)."""
+        self.wall = wall
+        """Stamps what is recorded and shown (wall time); never used for a duration."""
         self.hub = SnapshotHub()
         self.heartbeat = Heartbeat(clock)
         self.worker = NvmlWorker()

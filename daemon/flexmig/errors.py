@@ -12,6 +12,8 @@ Defined elsewhere, each for a reason of its layer:
 - ``flexmig_hook.AckError`` and ``flexmig_hook.HandoverError``, ``ValueError``s: the hook is a distribution of its
   own that job scripts use without flexmig; the actuator catches the first where it reads an acknowledgement, the
   second only guards what it writes to a standby rank.
+- ``flexmig_hook.boundedjson.JsonBoundsError``, a ``ValueError``, for the same reason: the bounded JSON reader lives
+  in the hook so that acknowledgements are read with it on both sides; each reader converts it at its border.
 - ``flexmig.act.steps.StepFailed`` and ``Refused``: the step runner's control flow within one action (the Slurm
   re-registration's steps raise them too); the executor records them as the action's outcome, so they never reach
   a caller outside the action.
@@ -55,6 +57,7 @@ __all__ = [
     "StorageError",
     "TraceError",
     "UnsafePathError",
+    "UserPathError",
 ]
 
 
@@ -139,6 +142,11 @@ class OutboxError(StorageError):
 class JournalError(StorageError):
     """The journal cannot be opened, read or written, or holds what no flexmig wrote; one line per problem, naming
     the journal (and the row and field)."""
+
+
+class UserPathError(FlexmigError):
+    """A path a job's user can change is not what it must be (a symlink on the way, not a directory, outside its
+    root): raised by :mod:`flexmig.act.userpaths`; the message names the path and why, and nothing was changed."""
 
 
 class UnsafePathError(FlexmigError):

@@ -234,6 +234,37 @@ def test_a_full_disk_when_a_move_is_asked_refuses_it_at_once_and_changes_nothing
     asyncio.run(scenario())
 
 
+def test_a_job_exit_that_waits_for_space_never_makes_a_request_hang_behind_it() -> None:
+    """A rank dies while the disk is full: its job's record waits for space, outside the action lock, and a stop
+    asked meanwhile is refused at once, naming the journal, instead of hanging until space comes back (it hung 60 s:
+    the record waited while holding the lock)."""
+
+    async def scenario() -> None:
+        async with node_with_job() as node:
+            spec = counter_spec(node.base, "quitter", ranks=1)
+            spec = spec.replace('user = "root"', f'user = "{pwd.getpwuid(os.geteuid()).pw_name}"')
+            answer = await node.dispatch("jobs.submit", path=str(write_spec(node.base / "quitter.toml", spec)))
+            assert answer["ok"], answer
+            await until(lambda: len(node.act.supervisor.alive("quitter")) == 1, what="the quitter's rank")
+            (rank,) = node.act.supervisor.alive("quitter")
+            node.fs.fill()
+            os.kill(rank.proc.pid, 9)
+            await until(lambda: node.act.executor.durable.stalled is not None, what="its record waiting for space")
+            try:
+                answer = await asyncio.wait_for(node.dispatch("jobs.stop", name="train"), 10)
+            except TimeoutError:
+                raise AssertionError("jobs.stop hung behind a journal write waiting for space") from None
+            assert answer["ok"] is False and "cannot be written now" in answer["error"], answer
+            assert str(node.base / "state" / "journal.sqlite3") in answer["error"]
+            assert len(node.act.supervisor.alive("train")) == 1, "the other job runs on, untouched"
+            node.fs.free()
+            recorded = lambda: getattr(node.act.journal.get_job("quitter"), "state", None) == "failed"  # noqa: E731
+            await until(recorded, what="the quitter's fate recorded")
+            assert (await node.dispatch("jobs.stop", name="train"))["result"]["ok"], "and stops once space is back"
+
+    asyncio.run(scenario())
+
+
 # ------------------------------------------------------------------------------------------ the daemon, whole
 
 

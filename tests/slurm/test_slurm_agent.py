@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from support.hostile import HOSTILE, SYSTEM_PYTHON
 from support.slurm import SlurmRig, skip_reason
 from support.wait import until
 
@@ -145,5 +146,33 @@ def test_observe_reads_slurm_only_and_advise_plans_without_changing_anything() -
             for x in jobs:
                 job = await rig.job(x)
                 assert job is not None and job.pending, job
+
+    asyncio.run(scenario())
+
+
+def test_a_hook_job_whose_acknowledgement_has_a_5000_digit_step_cancels_the_move_and_leaves_the_node_usable() -> None:
+    """A Slurm job's user writes an acknowledgement no decoder should take: the move is cancelled with one line, the
+    agent carries on, the job runs on and is not requeued, and the node is not left drained (``_validate`` raised
+    ValueError: "internal error", and in the issue's report the node stayed drained for good)."""
+
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            payload = rig.base / "payload.json"
+            payload.write_bytes(b'{"step": ' + b"9" * 5000 + b', "checkpoint": "x"}')
+            payload.chmod(0o644)
+            script = f"#!/bin/sh\nexec {SYSTEM_PYTHON} {HOSTILE} ack-bytes {payload}\n"
+            hook = rig.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=script)
+            await rig.wait_state(hook, "RUNNING")
+            small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
+            for j in small:
+                await rig.wait_state(j, "PENDING")
+            rnd = await rig.change()
+            assert rnd.result is not None and not rnd.result.ok, rnd
+            errors = " ".join(a.error or "" for a in rnd.result.results)
+            assert "more than 20 digits" in errors and "move cancelled" in errors, errors
+            job = await rig.job(hook)
+            assert job is not None and job.state == "RUNNING" and job.restart_count == 0, job
+            node = (await rig.agent.read()).node
+            assert node is not None and not node.drained, node
 
     asyncio.run(scenario())

@@ -40,6 +40,8 @@ from typing import Any
 
 from flexmig.act.deadline import Deadline, within
 from flexmig.errors import ConfigError, FlexmigError, RequestError, RequestExpiredError
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -271,15 +273,13 @@ class ControlServer:
     def _parse(self, line: bytes) -> tuple[str, Mapping[str, Any], float | None]:
         if len(line) > self.max_request_bytes:
             raise RequestError(f"request longer than {self.max_request_bytes} bytes")
-        too_deep = RequestError(f"request nests deeper than {MAX_JSON_DEPTH} levels")
-        try:
-            req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RequestError(f"request is not JSON: {exc}") from None
-        except RecursionError:  # deeper than the interpreter's recursion limit: far past ours
-            raise too_deep from None
-        if _depth(req) > MAX_JSON_DEPTH:
-            raise too_deep
+        try:  # bounded: a 5,000-digit number or 100,000 brackets are an error answer, never a traceback
+            req = bounded_loads(line, max_bytes=self.max_request_bytes, max_depth=MAX_JSON_DEPTH)
+        except JsonBoundsError as exc:
+            what = str(exc)
+            if what.startswith("nests deeper"):
+                raise RequestError(f"request {what}") from None
+            raise RequestError(f"request is not JSON: {what}") from None
         if not isinstance(req, dict):
             raise RequestError("request must be a JSON object")
         unknown = set(req) - {"op", "args", "deadline_s"}
@@ -299,20 +299,3 @@ class ControlServer:
         if not isinstance(args, dict):
             raise RequestError("'args' must be a JSON object")
         return op, args, None if deadline_s is None else float(deadline_s)
-
-
-def _depth(doc: Any) -> int:
-    """How deep objects and arrays nest in ``doc`` (a scalar is 0); iterative, so any depth is safe to measure."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in children)
-    return deepest

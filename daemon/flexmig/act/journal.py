@@ -25,7 +25,12 @@ from flexmig.act.records import JOB_STATES, JobRecord, Slot
 from flexmig.errors import JobSpecError, JournalError, StorageError
 from flexmig.jobspec.spec import JobSpec
 from flexmig.storage import check_database_file, create_database, is_corruption, prepare_dir, quick_check
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
 from flexmig_hook.protocol import Ack
+
+_MAX_ROW_JSON = 4 * 1024 * 1024  # a spec's argv alone may hold 256 arguments of 4,096 characters
+_MAX_ROW_DEPTH = 32
 
 __all__ = ["ActionRow", "Journal", "JournalError", "StepEvent", "StepRow"]
 
@@ -646,12 +651,12 @@ class _Fields:
     def json_value(self, field: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise self.bad(field, f"must be JSON text, not {_shown(value)}")
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise self.bad(field, f"not valid JSON ({exc})") from None
-        except RecursionError:
-            raise self.bad(field, "JSON nested too deeply") from None
+        try:  # bounded: a corrupt or planted row is one line naming it, never a ValueError out of a start
+            return bounded_loads(value, max_bytes=_MAX_ROW_JSON, max_depth=_MAX_ROW_DEPTH)
+        except JsonBoundsError as exc:
+            if str(exc).startswith("nests deeper"):
+                raise self.bad(field, "JSON nested too deeply") from None
+            raise self.bad(field, f"not valid JSON ({str(exc).removeprefix('not JSON: ')})") from None
 
     def json_object(self, field: str, value: Any, *, optional: bool = False) -> Any:
         if value is None and optional:

@@ -21,14 +21,14 @@ from flexmig.act.executor import Executor, new_job_uid
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import choose_targets, make_room, move_plan, node_model, start_plan
-from flexmig.act.records import JobRecord, Slot
+from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import PlanResult
 from flexmig.errors import JobSpecError, PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, JobSpec, load_job_spec
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
 from flexmig_hook.protocol import Ack
 
-__all__ = ["JobsApi", "describe_plan"]
+__all__ = ["JobsApi", "describe_plan", "own_checkpoint"]
 
 _ACTING = {
     "start": "starting",
@@ -50,6 +50,18 @@ def describe_plan(plan: Plan) -> list[str]:
             to = a.instances if isinstance(a, StartJob) else a.to_instances
             out.append(f"{kind} {a.job} -> {', '.join(i.spec() for i in to)}: {a.reason}")
     return out
+
+
+def own_checkpoint(old: JobRecord | None, spec: JobSpec) -> Ack | None:
+    """The checkpoint a resubmitted ``spec`` resumes from: the last one acknowledged by the stopped (or failed) job
+    of that name, if it ran as the same user and the checkpoint lies in the new spec's checkpoint directory. A
+    same-name spec of another user, or one that moved its checkpoint directory, starts afresh: resuming would hand
+    it a file it has no business reading (``FLEXMIG_RESUME`` outside its own directory)."""
+    if old is None or old.state not in ("stopped", "failed") or old.last_ack is None:
+        return None
+    if old.spec.user != spec.user or not inside(Path(old.last_ack.checkpoint), spec.checkpoint_dir):
+        return None
+    return old.last_ack
 
 
 class JobsApi:
@@ -110,7 +122,7 @@ class JobsApi:
         old = self.ex.journal.get_job(spec.name)
         if old is not None and old.state == "running":
             raise PlanRejectedError(f"job {spec.name} is already running")
-        resume = old.last_ack if old is not None and old.state in ("stopped", "failed") else None
+        resume = own_checkpoint(old, spec)
         held = self.ex.held()
         try:
             targets, clear = self._place(view, profile.name, spec.ranks_start, held=held)

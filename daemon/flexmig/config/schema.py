@@ -407,6 +407,20 @@ class JobsConfig:
         example="/run/flexmig/acks",
         restart=True,
     )
+    rank_log_max_bytes: int = _doc(
+        16 * 1024 * 1024,
+        "Size at which a rank's log (STATE_DIR/logs/NAME/gGEN-rSLOT.log) is rotated; a rank's output never takes "
+        "more than (rank_log_keep + 1) times this. Applies to ranks launched after a reload.",
+        lo=64 * 1024,
+        hi=1024**4,
+    )
+    rank_log_keep: int = _doc(
+        2,
+        "Rotated files kept per rank log (.1 newest); older ones, and the logs of all but this many earlier "
+        "generations of a job, are removed. 0: a full log is emptied and begun again.",
+        lo=0,
+        hi=100,
+    )
     max_pending: int = _doc(
         1000,
         "Most jobs waiting for room (pending); a submission past it is refused, naming this key, and changes nothing. "

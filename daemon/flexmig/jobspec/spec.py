@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import grp
+import math
 import os
 import pwd
 import re
@@ -220,8 +221,13 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: Path | None = None) -> JobSpec:
-        """Rebuild a spec from :meth:`to_dict` output, checking structure and names again (not file permissions)."""
-        return _build(dict(data), source, source.parent if source else Path("/"), None, None)
+        """Rebuild a spec from :meth:`to_dict` output, checking structure and names again (not file permissions).
+
+        Its directories are taken as stored, never resolved again: they were resolved when the spec was submitted,
+        and resolving them now would follow a symlink the job's user has put there since (the checkpoint
+        directory's parent swapped for a link to a root-owned directory: root would make the next checkpoint
+        directory there, and hand it to the user)."""
+        return _build(dict(data), source, source.parent if source else Path("/"), None, None, resolve=False)
 
 
 class _Ctx:
@@ -316,6 +322,12 @@ def parse_job_spec(text: str, policy: JobPolicy, source: Path | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         where = str(source) if source else "<job spec>"
         raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        where = str(source) if source else "<job spec>"
+        raise JobSpecError(f"{where}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # tomllib's int() of more than 4,300 digits raises a plain ValueError
+        where = str(source) if source else "<job spec>"
+        raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
     base = source.parent if source else Path.cwd()
     return _build(data, source, base, ctx, policy)
 
@@ -325,7 +337,7 @@ def recheck_spec(spec: JobSpec, policy: JobPolicy, where: str) -> JobSpec:
     ``policy`` as it is now: argv (never a shell), names, the user and group on this node, directories inside
     ``allowed_dirs``. JobSpecError ``<where>: <key>: <why>`` otherwise; the checked spec (same source) if it passes.
     """
-    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy)
+    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy, resolve=False)
     return replace(checked, source=spec.source)
 
 
@@ -352,7 +364,13 @@ def _tables(c: _Ctx, data: dict[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def _build(
-    data: dict[str, Any], source: Path | None, base: Path, ctx: _Ctx | None, policy: JobPolicy | None
+    data: dict[str, Any],
+    source: Path | None,
+    base: Path,
+    ctx: _Ctx | None,
+    policy: JobPolicy | None,
+    *,
+    resolve: bool = True,
 ) -> JobSpec:
     c = ctx or _Ctx(source, None)
     tables = _tables(c, data)
@@ -360,8 +378,10 @@ def _build(
     argv = c.attempt(lambda: _argv(c, data), None)
     user = c.attempt(lambda: _user(c, data, "user", required=True), None)
     group = c.attempt(lambda: _user(c, data, "group") or None, None)
-    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True), None)
-    checkpoint_dir = c.attempt(lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True), None)
+    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True, resolve=resolve), None)
+    checkpoint_dir = c.attempt(
+        lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True, resolve=resolve), None
+    )
     launcher = c.attempt(lambda: _launcher(c, data), "plain")
     if launcher == "torchrun" and argv is not None and len(argv) < 2:
         c.note(c.fail("argv", "with launcher 'torchrun', argv is [PYTHON, SCRIPT, ARGS...]"))
@@ -490,7 +510,13 @@ def _num(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: floa
     v = table.get(key, default)
     if not isinstance(v, int | float) or isinstance(v, bool):
         raise c.fail(dotted, f"must be a number, not {type_name(v)}")
-    return float(v)
+    try:
+        out = float(v)
+    except OverflowError:  # an integer past the largest float: TOML allows it, no setting needs it
+        raise c.fail(dotted, "is out of range") from None
+    if not math.isfinite(out):
+        raise c.fail(dotted, f"must be a finite number, not {out}")
+    return out
 
 
 def _argv(c: _Ctx, data: Mapping[str, Any]) -> tuple[str, ...]:
@@ -529,12 +555,16 @@ def _resolve_program(c: _Ctx, argv: tuple[str, ...], working_dir: Path) -> tuple
     raise c.fail("argv", f"program {prog!r} not found in /usr/local/bin, /usr/bin or /bin; give its path")
 
 
-def _dir(c: _Ctx, data: Mapping[str, Any], key: str, base: Path, required: bool = False) -> Path:
+def _dir(
+    c: _Ctx, data: Mapping[str, Any], key: str, base: Path, required: bool = False, *, resolve: bool = True
+) -> Path:
+    """A directory of the spec, absolute: resolved (``realpath``) when a spec is submitted, normalised only when it
+    comes back from the journal (resolved then already; see :meth:`JobSpec.from_dict`)."""
     text = _str(c, data, key, required=required)
     p = Path(text)
     if not p.is_absolute():
         p = base / p
-    return Path(os.path.realpath(p))
+    return Path(os.path.realpath(p) if resolve else os.path.normpath(p))
 
 
 def _inside(path: Path, roots: Sequence[Path]) -> bool:

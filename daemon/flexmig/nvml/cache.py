@@ -21,7 +21,17 @@ from typing import Any
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.mig import model_by_name
-from flexmig.nvml.calls import GPU_IS_LOST, INVALID_ARGUMENT, NO_PERMISSION, NOT_FOUND, NOT_SUPPORTED, GpuLost, Walk
+from flexmig.nvml.calls import (
+    GPU_IS_LOST,
+    INVALID_ARGUMENT,
+    NO_PERMISSION,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    OUT_OF_RANGE,
+    GpuLost,
+    Walk,
+)
+from flexmig.nvml.types import NvmlIssue
 
 __all__ = ["CiProfile", "GiProfile", "GpuCache", "MigHandle", "MigStatic", "Missing", "memory_info", "processes"]
 
@@ -221,10 +231,15 @@ class GpuCache:
         self.ci_profiles[gi_profile_id] = result
         return result
 
-    def mig_handles(self, walk: Walk) -> list[MigHandle]:
+    def mig_handles(self, walk: Walk, taken: set[str] | None = None) -> list[MigHandle]:
         """This GPU's MIG devices now (``nvidia-smi -L``), by MIG index, skipping gaps instead of stopping.
 
         Costs two calls per device (handle by index, UUID); GI and CI IDs come from the UUID-keyed cache.
+
+        A UUID is one device's name everywhere downstream (series labels, GPM windows, ``CUDA_VISIBLE_DEVICES``):
+        a device that reports a UUID already seen in this sweep (on this GPU, or in ``taken``, the UUIDs of the GPUs
+        read before it; filled in here) is left out, recorded as a ``DUPLICATE_UUID`` issue, rather than merged
+        with the first one into a series that mixes two instances.
         """
         out: list[MigHandle] = []
         h = self.handle
@@ -245,7 +260,13 @@ class GpuCache:
             uuid = walk.get(f"{target} MIG {idx}", N.nvmlDeviceGetUUID, mh)  # fails if destroyed meanwhile
             if uuid is None:
                 continue
+            if uuid in seen or (taken is not None and uuid in taken):
+                where = f"{target} MIG {idx}"
+                walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", OUT_OF_RANGE, "DUPLICATE_UUID", where))
+                continue
             seen.add(uuid)
+            if taken is not None:
+                taken.add(uuid)
             static = self.mig_static.get(uuid)
             if static is None:
                 gi_id = walk.get(uuid, N.nvmlDeviceGetGpuInstanceId, mh)

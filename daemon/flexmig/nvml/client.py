@@ -51,6 +51,18 @@ from flexmig.nvml.types import (
 
 __all__ = ["Nvml"]
 
+# Bounds no real reading passes: beyond them NVML answered a sentinel (0xFFFFFFFF and the like), not a value.
+_MAX_POWER_MW = 10_000_000  # 10 kW: five times the largest board's limit
+_TEMP_C = (-40, 200)  # a GPU below -40 °C or above 200 °C is a broken sensor (they shut down near 90-110 °C)
+_MAX_MHZ = 20_000
+
+
+def _reading(walk: Walk, target: str, fn: Any, args: tuple[Any, ...], *bounds: float) -> Any:
+    """``fn(*args)`` through ``walk``, None when NVML cannot say or answers out of ``[lo, hi]`` (recorded as an
+    ``OUT_OF_RANGE`` issue of that call: counted, and logged once while it persists)."""
+    lo, hi = bounds
+    return walk.bounded(target, fn.__name__, walk.get(target, fn, *args), lo, hi)
+
 _UNAVAILABLE = {
     N.NVML_ERROR_LIBRARY_NOT_FOUND: "no NVIDIA driver found: libnvidia-ml.so.1 could not be loaded",
     N.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
@@ -134,10 +146,11 @@ class Nvml:
         if self._nvml_version is None:
             self._nvml_version = walk.get("node", N.nvmlSystemGetNVMLVersion)
         node_issues = walk.take()
-        gpus = tuple(self._gpu_info(g, walk) for g in self._gpus)
+        taken: set[str] = set()
+        gpus = tuple(self._gpu_info(g, walk, taken) for g in self._gpus)
         return Inventory(self._driver, self._nvml_version, gpus, node_issues)
 
-    def _gpu_info(self, g: GpuCache, walk: Walk) -> GpuInfo:
+    def _gpu_info(self, g: GpuCache, walk: Walk, taken: set[str]) -> GpuInfo:
         mig: list[int] | None = None
         limit: int | None = None
         gis: tuple[GpuInstanceInfo, ...] = ()
@@ -154,7 +167,7 @@ class Nvml:
                 if offered:
                     offers = tuple(Offer(p.id, p.memory_mib, p.instance_count) for p in offered.values())
                 gis = self._gpu_instances(g, walk)
-                devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk))
+                devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk, taken))
         except GpuLost:
             g.handle = None
             return _without_handle(g, walk, lost=True)
@@ -235,12 +248,13 @@ class Nvml:
         """
         if gpm is not None:
             gpm.begin_sweep()
-        out = tuple(self._gpu_sample(g, gpm) for g in self._gpus)
+        taken: set[str] = set()
+        out = tuple(self._gpu_sample(g, gpm, taken) for g in self._gpus)
         if gpm is not None:
             gpm.end_sweep()
         return out
 
-    def _gpu_sample(self, g: GpuCache, gpm: GpmWindows | None) -> GpuSample:
+    def _gpu_sample(self, g: GpuCache, gpm: GpmWindows | None, taken: set[str]) -> GpuSample:
         walk = Walk()
         target = g.target
         try:
@@ -250,16 +264,18 @@ class Nvml:
                 return GpuSample(g.index, g.uuid or "", None, None, None, None, None, errors=walk.take())
             if g.uuid is None:
                 g.identity(walk)
-            power = walk.get(target, N.nvmlDeviceGetPowerUsage, h)
-            temp = walk.get(target, N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
-            sm = walk.get(target, N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM)
-            memclk = walk.get(target, N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM)
+            # Readings out of any physical range are driver sentinels (0xFFFFFFFF), not values: unavailable.
+            power = _reading(walk, target, N.nvmlDeviceGetPowerUsage, (h,), 0, _MAX_POWER_MW)
+            temp = _reading(walk, target, N.nvmlDeviceGetTemperature, (h, N.NVML_TEMPERATURE_GPU), *_TEMP_C)
+            sm = _reading(walk, target, N.nvmlDeviceGetClockInfo, (h, N.NVML_CLOCK_SM), 0, _MAX_MHZ)
+            memclk = _reading(walk, target, N.nvmlDeviceGetClockInfo, (h, N.NVML_CLOCK_MEM), 0, _MAX_MHZ)
             mig = walk.get(target, N.nvmlDeviceGetMigMode, h)
             mig_on = mig is not None and mig[0] == N.NVML_DEVICE_MIG_ENABLE
             devices: tuple[MigDeviceSample, ...] = ()
             if mig_on:
                 use_gpm = gpm is not None and g.gpm_supported(walk)
-                devices = tuple(self._mig_sample(g, m, gpm if use_gpm else None, walk) for m in g.mig_handles(walk))
+                handles = g.mig_handles(walk, taken)
+                devices = tuple(self._mig_sample(g, m, gpm if use_gpm else None, walk) for m in handles)
         except GpuLost:
             g.handle = None
             self._keep_windows(g, gpm)

@@ -264,7 +264,7 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls, TopologyC
     @_entry
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
         gpu, ci = self._device(handle)
-        return _write_str(buf, size, ci.uuid if ci else gpu.uuid)
+        return _write_str(buf, size, self._faults.uuid(ci.uuid if ci else gpu.uuid))
 
     @_entry
     def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
@@ -386,7 +386,8 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls, TopologyC
         gpu = _physical(self, handle)
         limit = gpu.model.power_limit_w
         idle = 0.12 * limit
-        _out(ref).value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
+        value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
+        _out(ref).value = self._faults.reading("nvmlDeviceGetPowerUsage", gpu.index, value)
         return _SUCCESS
 
     @_entry
@@ -403,7 +404,7 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls, TopologyC
         gpu = _physical(self, handle)
         if sensor != N.NVML_TEMPERATURE_GPU:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
-        return round(31 + 44 * self._state.gpu_load(gpu))
+        return self._faults.reading("nvmlDeviceGetTemperature", gpu.index, round(31 + 44 * self._state.gpu_load(gpu)))
 
     @_entry
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, ref: Any) -> int:
@@ -430,7 +431,8 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls, TopologyC
 
     @_entry
     def nvmlDeviceGetClockInfo(self, handle: Any, kind: Any, ref: Any) -> int:
-        _out(ref).value = self._clock(handle, _int(kind), current=True)
+        value = self._clock(handle, _int(kind), current=True)
+        _out(ref).value = self._faults.reading("nvmlDeviceGetClockInfo", _physical(self, handle).index, value)
         return _SUCCESS
 
     @_entry

@@ -27,8 +27,13 @@ from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.gi_ids import GiIdPolicy
 from flexmig.sim.model import Activity
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
 
 __all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_from_dict", "state_to_dict"]
+
+_MAX_STATE_BYTES = 256 * 1024 * 1024  # eight GPUs with thousands of processes take a few MiB
+_MAX_STATE_DEPTH = 16
 
 SCHEMA_VERSION = 1
 
@@ -107,8 +112,8 @@ def load_state(
     the spec names, which must be the one the file was written with.
     """
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = bounded_loads(path.read_bytes(), max_bytes=_MAX_STATE_BYTES, max_depth=_MAX_STATE_DEPTH)
+    except (OSError, JsonBoundsError) as exc:
         raise SimError(f"cannot read simulator state file {path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise SimError(

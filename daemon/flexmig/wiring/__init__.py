@@ -107,6 +107,7 @@ class WiredDaemon(ActuatorHost, Protocol):
     notifier: Notifier
     restarts: Counter[str]
     clock: Callable[[], float]
+    wall: Callable[[], float]
     metrics_addr: HostPort | None
     sim_spec: str | None
     sim_state: Path | None
@@ -153,11 +154,13 @@ def wire(daemon: WiredDaemon) -> Components:
     sampler = SamplerComponent(
         node, daemon.worker, settings, daemon.hub, daemon.heartbeat, hostname=hostname, dcgm=dcgm, clock=daemon.clock
     )
-    actuator = ActuatorComponent(daemon, node, mqtt=mqtt, locks=locks)
+    actuator = ActuatorComponent(daemon, node, mqtt=mqtt, locks=locks, wall=daemon.wall, clock=daemon.clock)
     slurm = None
     if config.slurm.enabled:
         simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
-        slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated)
+        slurm = SlurmComponent(
+            daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock
+        )
         actuator.on_built(slurm.attach)
     listener = command_listener(config, node_name, actuator.dispatch)
     commands = None if listener is None else CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)

@@ -51,8 +51,10 @@ from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import node_model
+from flexmig.act.ranklogs import RankLogs
 from flexmig.act.records import JobRecord
 from flexmig.act.service import Actuator
+from flexmig.clocks import Ages
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.jobspec.spec import JobPolicy
@@ -101,6 +103,10 @@ def _submit_refusal(config: Config) -> str | None:
     return "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not flexmig jobs submit"
 
 
+def _rank_logs(cfg: Config) -> RankLogs:
+    return RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep)
+
+
 @dataclass(frozen=True, slots=True)
 class PlanRound:
     """One planning round: the plan, the document ``flexmig plan`` shows, and why it could not plan (if so)."""
@@ -123,6 +129,7 @@ class ActuatorComponent:
         *,
         mqtt: MqttComponent | None = None,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         locks: LockSet | None = None,
         node_lock_dir: Path = NODE_LOCK_DIR,
     ) -> None:
@@ -136,6 +143,9 @@ class ActuatorComponent:
         self.mode: Mode = host.config.mode
         self.mqtt = mqtt
         self.wall = wall
+        self.ages = Ages(wall, clock)
+        """How long ago each job last moved and first started, on the monotonic clock (the journal's stamps are wall
+        time)."""
         self.action_metrics = ActionMetrics()
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
@@ -185,6 +195,7 @@ class ActuatorComponent:
                 events=self,
                 settings=planner_settings(cfg.planner),
                 ack_dir=cfg.jobs.ack_dir,
+                rank_logs=_rank_logs(cfg),
             )
         except StateInUseError:
             self._unlock()
@@ -381,8 +392,16 @@ class ActuatorComponent:
                 self._last_signature = signature
                 self._publish_plan(plan, mode)
             if mode == "act" and self.act is not None:
+                if self._stopping:  # SIGTERM came while this plan was being made: start nothing new
+                    log.info("planner: plan not executed: the daemon is stopping")
+                    return PlanRound(plan, result.document, "stopping")
                 began = time.monotonic()
-                res = await self.act.execute(plan, origin="planner")
+                try:
+                    res = await self.act.execute(plan, origin="planner")
+                except PlanRejectedError as exc:  # the journal cannot be written now, or the daemon stops
+                    self.action_metrics.record_plan_failure()
+                    log.warning("planning round: %s", exc)
+                    return PlanRound(plan, result.document, str(exc))
                 log.info(
                     "plan %d %s in %.1f s (estimated %.1f s)",
                     res.plan_id,
@@ -416,12 +435,13 @@ class ActuatorComponent:
             await ex.offload(ex.devices.prune)
         inventory = await ex.mig.inventory()
         view = NodeView.of(inventory)
+        self.ages.check()  # one line when the wall clock was set: durations go on, measured on the monotonic clock
         now = self.wall()
         jobs = act.journal.jobs()
         alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs if rec.state == "running"}
         mig_enabled = {g.index: g.mig_current for g in inventory.gpus}
-        last_moved = self._last_moved()
-        started = self._first_started(jobs)
+        last_moved = self._last_moved(now)
+        started = self._first_started(jobs, now)
         settings = planner_settings(self.config.planner)
         mode = self.mode
 
@@ -452,9 +472,9 @@ class ActuatorComponent:
 
         return await asyncio.to_thread(work_out)
 
-    def _first_started(self, jobs: Sequence[JobRecord]) -> dict[str, float]:
-        """When each job first started since it was submitted (wall time), from the journal's recent actions (a
-        name submitted again starts afresh)."""
+    def _first_started(self, jobs: Sequence[JobRecord], now: float) -> dict[str, float]:
+        """When each job first started since it was submitted, from the journal's recent actions (a name submitted
+        again starts afresh), in the planner's time ``now``: ``now`` less how long ago, on the monotonic clock."""
         assert self.act is not None
         submitted = {rec.name: rec.submitted_s for rec in jobs}
         out: dict[str, float] = {}
@@ -464,16 +484,20 @@ class ActuatorComponent:
                 continue
             if at >= submitted[row.job]:
                 out[row.job] = min(out.get(row.job, at), at)
-        return out
+        self.ages.forget(set(out), kind="started")
+        return {job: now - self.ages.ago(("started", job), stamp) for job, stamp in out.items()}
 
-    def _last_moved(self) -> dict[str, float]:
-        """When each job last started or moved (wall time), from the journal."""
+    def _last_moved(self, now: float) -> dict[str, float]:
+        """When each job last started or moved, from the journal, in the planner's time ``now``: ``now`` less how
+        long ago it was, measured on the monotonic clock (:class:`~flexmig.clocks.Ages`). The settling time then
+        lasts what it says even when the wall clock is set back an hour."""
         assert self.act is not None
         out: dict[str, float] = {}
         for row in self.act.journal.recent_actions(1000):
             if row.job and row.state == "done" and row.finished_s and row.kind in ("start", "migrate", "resplit"):
                 out[row.job] = max(out.get(row.job, 0.0), row.finished_s)
-        return out
+        self.ages.forget(set(out), kind="moved")
+        return {job: now - self.ages.ago(("moved", job), stamp) for job, stamp in out.items()}
 
     # ------------------------------------------------------------------------------------------ control ops
     def _handlers(self, act: Actuator) -> dict[str, Handler]:
@@ -489,7 +513,12 @@ class ActuatorComponent:
         stopping; the planner is woken for a job it queued."""
 
         async def run(args: Mapping[str, Any]) -> Any:
-            async with self._busy:
+            act = self.act
+            if act is None:
+                raise PlanRejectedError(self.unavailable or "the actuator is not running")
+            # A journal write that waits for space (an action in flight, a job's exit record) refuses this at once
+            # instead of letting it hang behind the write.
+            async with act.executor.durable.hold(self._busy, "the request"):
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
                 result = await handler(args)
@@ -608,6 +637,7 @@ class ActuatorComponent:
             self.act.set_mode(config.mode)
             self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
+            self.act.supervisor.rank_logs = _rank_logs(config)
             self.act.jobs.max_pending = config.jobs.max_pending
         if self.dispatcher is not None:
             self.dispatcher.max_wait_s = config.control.max_wait_s
@@ -630,6 +660,8 @@ class ActuatorComponent:
     async def drain(self) -> None:
         """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
         self._stopping = True
+        if self.act is not None:  # a plan already running starts none of its actions not yet begun
+            self.act.executor.stopping = True
         self._wake.set()
         grace = self.config.jobs.shutdown_grace_s
         if self._busy.locked():

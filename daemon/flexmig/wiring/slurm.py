@@ -112,6 +112,7 @@ class SlurmComponent:
         mqtt: MqttComponent | None = None,
         simulated: Callable[[], bool] = lambda: False,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.config = host.config
@@ -119,6 +120,7 @@ class SlurmComponent:
         self.mqtt = mqtt
         self.simulated = simulated
         self.wall = wall
+        self.clock = clock
         self.slurm_metrics = SlurmMetrics()
         self.node = host.config.slurm.node or host.config.node(lambda: host.hostname)
         self.factory = EventFactory(host.config.node(lambda: host.hostname))
@@ -143,6 +145,7 @@ class SlurmComponent:
             planner=planner_settings(cfg.planner),
             simulated=self.simulated(),
             wall=self.wall,
+            clock=self.clock,
             on_event=self._job_event,
         )
         log.info(
@@ -260,7 +263,7 @@ class SlurmComponent:
         text = str(exc)
         if self._failing != text:
             if self._failing is None:
-                self._failing_since = self.wall()
+                self._failing_since = self.clock()
             self._failing = text
             log.warning("%s", describe_error(exc))
             self._publish(unreachable_event(self.factory, self.node, text))
@@ -268,7 +271,7 @@ class SlurmComponent:
     def _reachable(self) -> None:
         if self._failing is None:
             return
-        down = max(0.0, self.wall() - self._failing_since)
+        down = max(0.0, self.clock() - self._failing_since)
         self._failing = None
         log.info("Slurm answers again (after %.0f s)", down)
         self._publish(reachable_event(self.factory, self.node, down))
