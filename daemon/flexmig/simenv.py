@@ -37,7 +37,8 @@ REAL_DRIVER = Path("/proc/driver/nvidia/version")
 #: The line of ``flexmig-sim.pth`` (setup.py writes it into the wheel and the editable install).
 PTH_LINE = f'import os; os.environ.get("{ENV}") and __import__("flexmig.simenv").simenv.arm()\n'
 #: The ``sitecustomize`` that ``flexmig sim exec`` puts first on PYTHONPATH, for interpreters without the .pth file.
-#: ``{root}`` is the directory that holds the ``flexmig`` package; the module then runs the sitecustomize it hides.
+#: ``{roots}`` are the directories that hold the ``flexmig`` and ``flexmig_hook`` packages (two in an editable install);
+#: the module then runs the sitecustomize it hides.
 SHIM = '''\
 """flexmig sim exec: this interpreter sees the simulated node of FLEXMIG_SIM_STATE (then the hidden sitecustomize)."""
 import importlib.machinery as _m, os as _os, sys as _s
@@ -45,7 +46,7 @@ _here = _os.path.dirname(_os.path.abspath(__file__))
 try:
     import flexmig.simenv as _f
 except ImportError:
-    _s.path.append({root!r})
+    _s.path.extend(r for r in {roots!r} if r not in _s.path)
     try:
         import flexmig.simenv as _f
     except ImportError as _e:

@@ -143,7 +143,11 @@ def test_a_bad_deadline_is_refused_naming_the_field(node: LiveNode, bad: object)
     if bad is None:  # null: no deadline stated
         assert answer["ok"] is True
         return
-    assert answer["type"] == "RequestError" and "'deadline_s' must be a number of seconds" in answer["error"]
+    assert answer["type"] == "RequestError"
+    if bad != bad:  # NaN is not JSON: the request's parser refuses it before the field is looked at
+        assert answer["error"] == "request is not JSON: NaN is not a number JSON allows"
+    else:
+        assert "'deadline_s' must be a number of seconds" in answer["error"]
 
 
 async def exchange(path: Path, request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -88,6 +88,11 @@ PROBES: dict[str, Probe] = {
         c.jobs.shutdown_grace_s,
     ),
     "jobs.max_pending": lambda d, c: (_actuator(d).jobs.max_pending, c.jobs.max_pending),
+    "jobs.rank_log_max_bytes": lambda d, c: (
+        _actuator(d).supervisor.rank_logs.max_bytes,
+        c.jobs.rank_log_max_bytes,
+    ),
+    "jobs.rank_log_keep": lambda d, c: (_actuator(d).supervisor.rank_logs.keep, c.jobs.rank_log_keep),
     "control.max_wait_s": lambda d, c: (
         d.components.actuator.dispatcher.max_wait_s if d.components.actuator.dispatcher else None,
         c.control.max_wait_s,

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import flexmig
+import flexmig_hook
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.sim import follow as following
 from flexmig.sim import smi
@@ -92,8 +93,8 @@ def sim_environment(state: Path) -> Iterator[dict[str, str]]:
             f'exec {shlex.quote(sys.executable)} -m flexmig.cli.sim_cmd nvidia-smi "$@"\n'
         )
         smi_path.chmod(0o755)
-        root = Path(flexmig.__file__).resolve().parents[1]
-        (py_dir / "sitecustomize.py").write_text(SHIM.format(root=str(root)))
+        roots = list(dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (flexmig, flexmig_hook)))
+        (py_dir / "sitecustomize.py").write_text(SHIM.format(roots=roots))
         env = dict(os.environ)
         env[ENV] = str(state)
         env["PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("PATH", "")) if p)
