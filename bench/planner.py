@@ -84,13 +84,8 @@ def time_plans(make: Callable[[], Callable[[NodeState], object]], state: NodeSta
 
 
 def drain_planner(state: NodeState) -> Callable[[NodeState], object]:
-    """The strong drain baseline's planning step over the same state (via the replay's manager)."""
-    manager = LayoutManager("drain", H200, state.layouts, REPLAY_SETTINGS)
-
-    def plan(s: NodeState) -> object:
-        return manager._baseline_plan(s)
-
-    return plan
+    """The strong drain baseline's planning step over the same state (the replay's manager's planner)."""
+    return LayoutManager("drain", H200, state.layouts, REPLAY_SETTINGS).planner.plan
 
 
 def quantiles(xs: list[float]) -> str:

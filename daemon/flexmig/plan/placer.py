@@ -51,7 +51,8 @@ class BasePlacer:
 
     Subclasses say where a job fits at its nominal shape or a spread (:meth:`fit_nominal`) and how ranks of one
     profile are placed (:meth:`place_exact`). ``ends`` gives the expected end time of each running job (for the
-    head's reservation); jobs without one are assumed to run forever.
+    head's reservation); jobs without one are assumed to run forever. ``queue`` is the pass's queue in order, for
+    placers that lay GPUs out for the jobs still waiting (the strong drain).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class BasePlacer:
         weights: tuple[float, ...],
         now_s: float,
         ends: Mapping[str, float],
+        queue: Sequence[JobRequest] = (),
         on_start: Callable[[JobRequest, Shape, tuple[Instance, ...]], None] | None = None,
     ) -> None:
         self.scratch = scratch
@@ -71,6 +73,7 @@ class BasePlacer:
         self.weights = weights
         self.now_s = now_s
         self.ends = dict(ends)
+        self.queue = tuple(queue)
         self.on_start = on_start
         self._nominal_start: dict[tuple[int, int], float] = {}
 

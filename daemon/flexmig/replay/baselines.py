@@ -154,8 +154,7 @@ class DrainPlacer(BasePlacer):
         ends: Mapping[str, float],
         queue: Sequence[JobRequest] = (),
     ) -> None:
-        super().__init__(scratch, model, settings, weights=weights, now_s=now_s, ends=ends)
-        self.queue = tuple(queue)
+        super().__init__(scratch, model, settings, weights=weights, now_s=now_s, ends=ends, queue=queue)
         self._started_names: set[str] = set()
         self._targets: dict[tuple[object, ...], Layout] = {}
 
