@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.queue import Reservation
-from flexmig.plan.scratch import Scratch
+from flexmig.plan.scratch import GpuTally, Scratch
 from flexmig.plan.shapes import Shape, speed_of
 from flexmig.plan.types import Instance, JobRequest, PlannerSettings, RankNeed, StartJob
 
@@ -76,6 +76,7 @@ class BasePlacer:
         self.queue = tuple(queue)
         self.on_start = on_start
         self._nominal_start: dict[tuple[int, int], float] = {}
+        self._open: GpuTally | None = None
 
     # ------------------------------------------------------------------------------------------- shapes
     def shapes(self, job: JobRequest) -> tuple[Shape, ...]:
@@ -293,8 +294,15 @@ class BasePlacer:
         raise NotImplementedError
 
     def exhausted(self) -> bool:
-        """No free instance on any usable GPU, and (subclasses) no other way to make one."""
-        return not any(self.scratch.free_instances(g) for g in self.scratch.usable_gpus())
+        """No usable GPU could take a rank of any job now (:meth:`gpu_open`); answered from a :class:`GpuTally`, so
+        asking after every job of a long queue costs what changed since, not every GPU again."""
+        if self._open is None:
+            self._open = GpuTally(self.scratch, lambda g: int(self.gpu_open(g)))
+        return self._open.total() == 0
+
+    def gpu_open(self, gpu: int) -> bool:
+        """Could ``gpu`` take a rank of some job now? Here: it has a free instance (subclasses add other ways)."""
+        return bool(self.scratch.free_instances(gpu))
 
     # -------------------------------------------------------------------------------------- narrow starts
     def nominal_start(self, nominal: Shape) -> float:
@@ -356,12 +364,12 @@ class BasePlacer:
 class FlexPlacer(BasePlacer):
     """The flex rules: nominal anywhere (creating around held instances), else the best spread, else narrow."""
 
-    def exhausted(self) -> bool:
-        """Not even the smallest instance could be created or reused anywhere."""
-        if not super().exhausted():
-            return False
+    def gpu_open(self, gpu: int) -> bool:
+        """A free instance, or room to create the smallest instance around the held ones."""
+        if super().gpu_open(gpu):
+            return True
         smallest = min(self.model.plain_profiles, key=lambda p: (p.compute_slices, p.memory_slices))
-        return self.scratch.room(smallest, self.scratch.usable_gpus()) == 0
+        return self.scratch.room(smallest, (gpu,)) > 0
 
     def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place ``job`` on ``scratch`` (nominal first, then the best spread); None and no change if it cannot."""
