@@ -35,8 +35,9 @@ from flexmig.config import (
     reload_config,
 )
 from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
-from flexmig.metrics.collector import SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.metrics.collector import Extension
 from flexmig.metrics.runtime import ServerMetrics, TaskMetrics
+from flexmig.metrics.scrape import Exposition
 from flexmig.metrics.server import MetricsServer, ServerStats
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
@@ -122,7 +123,7 @@ class Daemon:
         self._stop_hooks: list[Callable[[], Awaitable[None]]] = []
         self._close_hooks: list[Callable[[], Awaitable[None]]] = []
         self._notifier: Notifier | None = None
-        self._metrics_ext: list[SnapshotMetrics] = []
+        self._metrics_ext: list[Extension] = []
         self._started = asyncio.Event()
         self.metrics_stats = ServerStats()
         """What the metrics server did (its connections at the cap, time-outs), exported with the metrics."""
@@ -153,7 +154,7 @@ class Daemon:
         if self._stop is not None:
             self._stop.set()
 
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
+    def add_metrics(self, extension: Extension) -> None:
         """Export more metric families from each snapshot (call before :meth:`run`)."""
         self._metrics_ext.append(extension)
 
@@ -260,8 +261,8 @@ class Daemon:
             )
             first = await self.sampler.start()
             if self.metrics_addr is not None:
-                registry = build_registry(SnapshotCollector(self.hub.latest, self._metrics_ext))
-                server = MetricsServer(registry, self.metrics_addr.host, self.metrics_addr.port)
+                exposition = Exposition(self.hub.latest, self._metrics_ext, detail=self.config.prometheus.detail)
+                server = MetricsServer(exposition, self.metrics_addr.host, self.metrics_addr.port)
                 self.metrics_stats = server.stats
                 _, self.metrics_port = server.start()
                 log.info("metrics on http://%s:%d/metrics", _bracket(self.metrics_addr.host), self.metrics_port)

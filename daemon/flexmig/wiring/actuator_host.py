@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexmig.config import Config, ControlConfig, StateConfig
-from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.collector import Extension
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
@@ -36,7 +36,7 @@ class ActuatorHost(Protocol):
         """Run ``factory()`` under the daemon's TaskGroup (``restart``: again if it fails, instead of stopping)."""
         ...
 
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
+    def add_metrics(self, extension: Extension) -> None:
         """Export more families from each snapshot."""
         ...
 

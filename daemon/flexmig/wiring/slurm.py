@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from flexmig.act.service import Actuator
 from flexmig.config import Config, SlurmConfig
 from flexmig.errors import FlexmigError, SlurmError
-from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.collector import Extension
 from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.mqtt.slurm_events import job_event, plan_changes, plan_event, reachable_event, unreachable_event
@@ -57,7 +57,7 @@ class SlurmHost(Protocol):
         """Run ``factory()`` under the daemon's TaskGroup."""
         ...
 
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
+    def add_metrics(self, extension: Extension) -> None:
         """Export more families from each snapshot."""
         ...
 
