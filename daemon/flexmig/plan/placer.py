@@ -4,7 +4,7 @@ A placer answers the discipline's questions (:class:`flexmig.plan.queue.Placer`)
 
 * whether a job starts now, and where: its nominal shape first; an elastic job that does not fit nominally may be
   *spread* (flex only); a malleable job that still does not fit may start *narrow*, below its nominal compute,
-  when that ends it sooner than waiting for its nominal shape (:meth:`BasePlacer.narrow_pays`);
+  when the wait it is spared outweighs what it pays, even if it never grows back (:mod:`flexmig.plan.narrow`);
 * the head's reservation: the earliest time it could start as running jobs end (all jobs ending at one time
   together), and whether it still could then with a backfilled job running (:meth:`BasePlacer.keeps_head`).
 
@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from flexmig.mig.catalogue import GpuModel
+from flexmig.plan.narrow import NarrowCase, narrow_case
 from flexmig.plan.queue import Reservation
 from flexmig.plan.scratch import GpuTally, Scratch
 from flexmig.plan.shapes import Shape, speed_of
@@ -154,6 +155,7 @@ class BasePlacer:
             how = f"fits spread over {shape.ranks} instances at {speed:.0%} speed"
         else:
             wait = self._nominal_start.get((nominal.profile.profile_id, nominal.ranks))
+            case = None if wait is None else self.narrow_case(job, nominal, speed, nominal_s=wait)
             waited = (
                 ""
                 if wait is None
@@ -161,9 +163,15 @@ class BasePlacer:
                 + ("never frees up as running jobs end" if wait == _INF else f"frees up in ~{wait - self.now_s:.0f}s")
                 + ")"
             )
+            weighed = (
+                ""
+                if case is None or wait == _INF
+                else f": spares ~{case.wait_s:.0f}s of waiting for ~{case.expected_cost_s:.0f}s of slowdown and growing"
+                f" back, ~{case.worst_cost_s:.0f}s if it never grows"
+            )
             how = (
                 f"starts narrow as {shape.ranks}x{shape.profile.name} at {speed:.0%} speed rather than wait"
-                f"{waited}; it is grown when room frees"
+                f"{waited}{weighed}; it is grown when room frees"
             )
         self.scratch.emit(StartJob(job.name, instances, f"{job.name} {how}", 0.0))
         self.ends[job.name] = self._end_of(job, shape)
@@ -177,8 +185,8 @@ class BasePlacer:
         A rigid job is reserved at its nominal shape or a spread, and held to what it was reserved as: reserved
         nominal, a backfill must leave it its nominal shape at its start (:meth:`keeps_head`), not just a spread.
         A malleable one may instead be reserved *narrow*:
-        at the first time its smallest narrow shape fits, holding just that, when starting narrow then ends it sooner
-        than waiting for its nominal shape (:meth:`narrow_pays`, at the smallest shape's speed). This is how
+        at the first time its smallest narrow shape fits, holding just that, when starting narrow then pays
+        (:meth:`narrow_pays`, judged at the smallest shape's speed, from that time). This is how
         shrinking a waiting head beats reserving the node for it: the head needs only what frees first, not a
         drain; when it starts it takes whatever narrow shape fits then.
         """
@@ -338,27 +346,30 @@ class BasePlacer:
         start_s: float | None = None,
         nominal_s: float | None = None,
     ) -> bool:
-        """Does starting ``job`` narrow at ``start_s`` (now), at ``speed``, end it sooner than waiting for its
-        nominal shape until ``nominal_s``?
+        """Should ``job`` start narrow at ``start_s`` (now), at ``speed``, rather than wait for its nominal shape
+        until ``nominal_s`` (by default when the running jobs ending first leave room for it, ignoring the queue)?
+        The rule and the model are :mod:`flexmig.plan.narrow`'s."""
+        case = self.narrow_case(job, nominal, speed, start_s=start_s, nominal_s=nominal_s)
+        return case is None or case.pays(self.settings.gain_ratio)
 
-        Waiting, it ends at ``t_n + R`` (``t_n``: by default when the running jobs ending first leave room for the
-        nominal shape, ignoring the queue, so the wait is if anything underestimated). Narrow, it runs at ``speed``
-        until it can grow, no earlier than ``t_n`` and no earlier than the settling time after its start, pays one
-        re-split then, and runs the rest at full speed; if it would finish before growing, it ends at
-        ``start + R / speed``. Unknown run time or a nominal shape that never frees up: start narrow.
-        """
-        runtime = job.expected_runtime_s
-        t_n = self.nominal_start(nominal) if nominal_s is None else nominal_s
-        if runtime is None or t_n == _INF:
-            return True
-        start = self.now_s if start_s is None else start_s
-        grow_at = max(t_n, start + self.settings.settling_s)
-        done = speed * (grow_at - start)
-        if done >= runtime:
-            narrow_end = start + runtime / speed
-        else:
-            narrow_end = grow_at + self.settings.move_cost(job.move_cost_s) + runtime - done
-        return narrow_end < t_n + runtime
+    def narrow_case(
+        self,
+        job: JobRequest,
+        nominal: Shape,
+        speed: float,
+        *,
+        start_s: float | None = None,
+        nominal_s: float | None = None,
+    ) -> NarrowCase | None:
+        """The model's figures for starting ``job`` narrow (None: its run time is unknown)."""
+        return narrow_case(
+            job.expected_runtime_s,
+            speed,
+            start_s=self.now_s if start_s is None else start_s,
+            nominal_s=self.nominal_start(nominal) if nominal_s is None else nominal_s,
+            settling_s=self.settings.settling_s,
+            move_cost_s=self.settings.move_cost(job.move_cost_s),
+        )
 
 
 class FlexPlacer(BasePlacer):
