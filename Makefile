@@ -23,7 +23,7 @@ DEMO_ARGS ?=
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ./hook -e '.[test,torch]'
+	$(BIN)/pip install -q -e './hook[transformers,lightning,fsdp]' -e '.[test,torch]'
 	touch $@
 
 venv: $(BIN)/flexmig

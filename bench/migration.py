@@ -1,37 +1,52 @@
-"""Migration cost: the time flexmig itself adds to moving a job between MIG instances.
+"""Migration cost as the job sees it: from its last step before the checkpoint request to its first step after the
+move, read from the job's own log, with where that time goes.
 
-Window: from the moment the job's acknowledgement lands on disk (its mtime) to the moment every new rank has
-been started (the ``launch`` step's end). The job's own part inside that window -- its ranks exiting after the
-acknowledgement -- is measured separately (``await_exit``) and subtracted, as is everything before the ack (the
-job's checkpoint save) and after the launch (its load). What is left is flexmig's: noticing the ack (polling),
-journal commits (one fsync each), reading NVML, destroying and creating instances, registering and launching.
+The real actuator runs in this process on a simulated H200 (``1g.18gb`` at 0, 1, 2 and 3); the job is one of the
+repository's examples with 2 ranks, real processes, moved back and forth between the two pairs of instances
+(``jobs migrate`` to free instances, as the planner does after creating its targets):
 
-Two kinds of move, on the simulated node with the real actuator in this process and real rank processes
-(``examples/hook_minimal.py``, which exits within milliseconds of acknowledging):
+* ``torch DDP``: ``examples/train_ddp.py`` (gloo, 2 ranks, ``OMP_NUM_THREADS=1``);
+* ``stdlib``: ``examples/hook_minimal.py`` (no torch).
 
-* ``to free instances``: 2 ranks moved between two pairs of existing 1g.18gb instances (no reconfiguration
-  inside the window: a planner creates targets before and destroys sources after);
-* ``in place``: 1 rank moved 1g.18gb@0 -> 2g.35gb@0 and back (destroy and create inside the window).
+Three ways for each, in the same run:
 
-Rival, same process, same moves: the journal with ``synchronous=OFF`` (no fsync per step), to show what crash
-safety costs. NVML create/destroy on hardware take far longer than in the simulator (published work suggests "order
-of seconds"; NVIDIA publishes no timings); the ``destroy``/``create`` columns here are the daemon's side only.
+* ``as before``: no standby, and ranks that acknowledged leave through the interpreter's teardown (``--teardown``:
+  what every job did before ``Hook.exit``), the rival every ratio is taken against;
+* ``cold``: no standby; ranks end with ``Hook.exit`` right after acknowledging, the new generation starts cold;
+* ``standby``: ``[hook] standby = true``: the new generation starts on the targets and does its start-up before the
+  request, and is handed the checkpoint and the world at launch.
 
-Run: ``.venv/bin/python bench/migration.py [--runs N]``.
+Phases (they add up to the pause; wall-clock times from the journal and the job's log):
+
+* ``step under way``: the step the ranks were in when the request came (at most one step);
+* ``request -> ack``: the ranks agree on a step, save and acknowledge (the ack file's time);
+* ``old ranks exit``: from the daemon seeing the ack to the last old rank gone;
+* ``flexmig``: the daemon's own work from the ack to the new ranks started, or to standby ranks resuming (noticing
+  the ack, journal commits with their fsyncs, NVML, launching or handing over), old ranks' exit excluded;
+* ``start + imports``: new ranks' process start and imports, on the critical path (0 for standby ranks: done
+  before the request);
+* ``model, optimizer``: building them (0 for standby ranks);
+* ``until world``: until ``hook.install()`` returns with the world (a standby rank: the handover's delivery);
+* ``group, load``: ``init_process_group``, DDP, loading the checkpoint;
+* ``first step``: the first step after the move.
+
+Run: ``.venv/bin/python bench/migration.py [--runs N] [--examples torch,stdlib]``. Figures from a loaded machine
+are provisional: the load average is printed beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from flexmig import sim
 from flexmig.act.events import MemorySink
@@ -44,81 +59,152 @@ from flexmig.plan.types import Instance, MigrateJob, Plan
 from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ("detect", "layout", "destroy", "create", "launch", "journal+other", "daemon", "job_exit", "window")
+PHASES = (
+    "step under way",
+    "request -> ack",
+    "old ranks exit",
+    "flexmig",
+    "start + imports",
+    "model, optimizer",
+    "until world",
+    "group, load",
+    "first step",
+)
+VARIANTS = ("as before", "cold", "standby")
+DETAIL = ("notice ack", "layout (NVML)", "launch or handover", "journal, rest")
+GOALS = {("torch DDP", "standby"): 0.5, ("torch DDP", "cold"): 2.0, ("stdlib", "standby"): 0.1}
 
 
-def spec_text(base: Path, ranks: int) -> str:
+def spec_text(base: Path, example: str, variant: str) -> str:
+    user = "root" if os.geteuid() == 0 else os.environ.get("USER", "root")
+    teardown = ', "--teardown"' if variant == "as before" else ""
+    if example == "torch DDP":
+        args = f'"{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.02", "--log", "{base}/job.log"'
+    else:
+        args = (
+            f'"{ROOT}/examples/hook_minimal.py", "--step-time", "0.005", "--log-every", "1", "--log", "{base}/job.log"'
+        )
     return f"""\
 name = "bench"
-argv = ["{sys.executable}", "{ROOT}/examples/hook_minimal.py", "--step-time", "0.005"]
-user = "{os.environ.get("USER", "root") if os.geteuid() != 0 else "root"}"
+argv = ["{sys.executable}", {args}{teardown}]
+user = "{user}"
 working_dir = "{base}"
 checkpoint_dir = "{base}/ckpt"
+env = {{ OMP_NUM_THREADS = "1" }}
 [ranks]
-min = 1
+min = 2
 max = 2
-start = {ranks}
+start = 2
 [need]
 profile = "1g.18gb"
 [hook]
-ack_timeout_s = 30
+ack_timeout_s = 60
+exit_timeout_s = 30
+standby = {"true" if variant == "standby" else "false"}
 """
 
 
-async def scenario(kind: str, runs: int, sync: str) -> list[dict[str, float]]:
+def read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    return out
+
+
+async def wait_steps(log: Path, starts: int, steps: int, timeout_s: float = 180) -> list[dict[str, Any]]:
+    """Wait for the ``starts``-th start event and ``steps`` steps after it; returns the log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = read_log(log)
+        idx = [i for i, e in enumerate(events) if e["event"] == "start"]
+        if len(idx) >= starts and sum(1 for e in events[idx[starts - 1] :] if e["event"] == "step") >= steps:
+            return events
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"no start {starts} with {steps} steps in {log}: {read_log(log)[-3:]}")
+
+
+def phases(events: list[dict[str, Any]], steps: dict[str, Any], ack_t: float, start_no: int) -> dict[str, float]:
+    """The pause of one move and its phases, from the job's log and the move's journal steps."""
+    t_req = steps["request"].started_s
+    before = [e for e in events if e["event"] == "step" and e["t"] < t_req]
+    start = [e for e in events if e["event"] == "start"][start_no - 1]
+    after = [e for e in events[events.index(start) :] if e["event"] == "step"]
+    last, first = before[-1]["t"], after[0]["t"]
+    seen = steps["await_ack"].finished_s
+    gone = steps["await_exit"].finished_s
+    launched = steps["launch"].finished_s
+    t_imported = start["t_imported"]
+    t_built = start.get("t_built", t_imported)
+    t_world, t_ready = start["t_world"], start["t"]
+    handed = min(launched, t_world)  # a standby rank resumes before the launch step's last journal commit
+    old_exit = gone - seen
+    launch = steps["launch"]
+    layout = steps["layout"]
+    detail = {
+        "notice ack": seen - ack_t,
+        "layout (NVML)": (layout.finished_s or 0) - layout.started_s,
+        "launch or handover": min(launch.finished_s or 0, handed) - launch.started_s,
+    }
+    detail["journal, rest"] = handed - ack_t - old_exit - sum(detail.values())
+    return {
+        **detail,
+        "pause": first - last,
+        "step under way": t_req - last,
+        "request -> ack": ack_t - t_req,
+        "old ranks exit": old_exit,
+        "flexmig": handed - ack_t - old_exit,
+        "start + imports": max(0.0, t_imported - handed),
+        "model, optimizer": max(0.0, t_built - max(t_imported, handed)),
+        "until world": t_world - max(t_built, handed),
+        "group, load": t_ready - t_world,
+        "first step": first - t_ready,
+        "handed over": float(bool(start.get("standby"))),
+    }
+
+
+async def scenario(example: str, variant: str, runs: int) -> list[dict[str, float]]:
     base = Path(tempfile.mkdtemp(prefix="flexmig-bench-"))
-    node_spec = "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3" if kind == "to free instances" else "h200:1g.18gb@0"
-    node = sim.install(node_spec)
+    os.chmod(base, 0o755)  # noqa: PTH101 - once, before anything runs
+    node = sim.install("h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3")
     nvml = Nvml.open()
     off = NvmlWorker()
-    ack_mtimes: list[float] = []
+    ack_times: list[float] = []
 
     def on_step(ev: StepEvent) -> None:
         if ev.step == "await_ack" and ev.phase == "done":
-            ack_mtimes.append((base / "ckpt" / "flexmig-ack.json").stat().st_mtime)
+            ack_times.append((base / "ckpt" / "flexmig-ack.json").stat().st_mtime)
 
     act = Actuator.build(
         mode="act", nvml=nvml, offload=off.call, devices=sim.SimProcessTable(node), journal_path=base / "j.sqlite3",
         logs_dir=base / "logs", policy=JobPolicy((base,)), events=MemorySink(), on_step=on_step,
-        poll_s=0.005, journal_synchronous=sync,  # type: ignore[arg-type]
     )  # fmt: skip
     out: list[dict[str, float]] = []
+    log = base / "job.log"
     try:
         await act.start()
         spec = base / "bench.toml"
-        spec.write_text(spec_text(base, 2 if kind == "to free instances" else 1))
+        spec.write_text(spec_text(base, example, variant))
         spec.chmod(0o644)
         res = await act.jobs.handlers()["jobs.submit"]({"path": str(spec)})
         assert res["ok"], res
-        p1, p2 = H200.profile("1g.18gb"), H200.profile("2g.35gb")
+        p1 = H200.profile("1g.18gb")
         for i in range(runs):
-            await asyncio.sleep(0.2)  # let the ranks install their hook handler
+            await wait_steps(log, i + 1, 5)
             rec = act.journal.get_job("bench")
-            src = tuple(Instance(s.gpu, s.start, H200.profile(s.profile)) for s in rec.slots)
-            if kind == "to free instances":
-                starts = (2, 3) if i % 2 == 0 else (0, 1)
-                dst = tuple(Instance(0, s, p1) for s in starts)
-            else:
-                dst = (Instance(0, 0, p2 if i % 2 == 0 else p1),)
+            assert rec is not None
+            src = tuple(Instance(s.gpu, s.start, p1) for s in rec.slots)
+            dst = tuple(Instance(0, s, p1) for s in ((2, 3) if i % 2 == 0 else (0, 1)))
             result = await act.execute(Plan((MigrateJob("bench", src, dst, "bench", 1.0),)))
             assert result.ok, result
             (r,) = result.results
             steps = {s.name: s for s in act.journal.steps(r.action_id)}
-            dur = {n: (s.finished_s or s.started_s) - s.started_s for n, s in steps.items()}
-            window = steps["launch"].finished_s - ack_mtimes[-1]
-            job_exit = dur["await_exit"]
-            detect = steps["await_ack"].finished_s - ack_mtimes[-1]
-            destroy = sum(d for n, d in dur.items() if n.startswith("destroy:"))
-            create = sum(d for n, d in dur.items() if n.startswith("create:"))
-            daemon = window - job_exit
-            named = detect + dur["layout"] + destroy + create + dur["launch"]
-            out.append(
-                {
-                    "detect": detect, "layout": dur["layout"], "destroy": destroy, "create": create,
-                    "launch": dur["launch"], "journal+other": daemon - named, "daemon": daemon,
-                    "job_exit": job_exit, "window": window,
-                }
-            )  # fmt: skip
+            events = await wait_steps(log, i + 2, 1)
+            out.append(phases(events, steps, ack_times[-1], i + 2))
     finally:
         for rec in act.journal.jobs():
             await act.supervisor.terminate(rec.name, 3.0)
@@ -130,44 +216,68 @@ async def scenario(kind: str, runs: int, sync: str) -> list[dict[str, float]]:
     return out
 
 
-def table(title: str, rows: list[dict[str, float]]) -> dict[str, float]:
-    med = {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
-    p90 = {c: sorted(r[c] for r in rows)[max(0, int(len(rows) * 0.9) - 1)] for c in COLUMNS}
-    print(f"\n{title}  ({len(rows)} moves; milliseconds, median / p90)")
-    print("  " + "  ".join(f"{c:>13}" for c in COLUMNS))
-    print("  " + "  ".join(f"{med[c] * 1000:6.1f}/{p90[c] * 1000:6.1f}" for c in COLUMNS))
-    return med
+def ms(x: float) -> str:
+    return f"{x * 1000:,.0f}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10, help="moves per scenario and journal mode (default 10)")
+    ap.add_argument("--runs", type=int, default=6, help="moves per example and variant (default 6)")
+    ap.add_argument("--examples", default="torch,stdlib", help="torch, stdlib or both (default)")
     args = ap.parse_args()
-    print("flexmig migration benchmark")
-    print(f"machine: {machine()}, SQLite {sqlite3.sqlite_version}, state dir on {tempfile.gettempdir()}")
-    print("daemon = (new ranks started - ack written) - (ranks exiting after the ack: the job's own time)")
+    examples = [{"torch": "torch DDP", "stdlib": "stdlib"}[e.strip()] for e in args.examples.split(",")]
+    print("flexmig migration benchmark: what a move costs the job, end to end")
+    print(f"machine: {machine()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start")
     medians: dict[tuple[str, str], dict[str, float]] = {}
-    for kind in ("to free instances", "in place"):
-        for sync in ("FULL", "OFF"):
+    worst: dict[tuple[str, str], float] = {}
+    handed: dict[tuple[str, str], int] = {}
+    for example in examples:
+        for variant in VARIANTS:
             t0 = time.perf_counter()
-            rows = asyncio.run(scenario(kind, args.runs, sync))
-            label = "flexmig (journal fsync)" if sync == "FULL" else "rival: journal without fsync"
-            medians[(kind, sync)] = table(f"{kind}: {label} [{time.perf_counter() - t0:.1f} s]", rows)
-    print("\nsummary (median daemon-added time per move)")
-    ok = True
-    for kind in ("to free instances", "in place"):
-        full, off = medians[(kind, "FULL")]["daemon"], medians[(kind, "OFF")]["daemon"]
-        ok &= full <= 0.5
-        print(
-            f"  {kind:18} {full * 1000:7.1f} ms   (without fsync {off * 1000:6.1f} ms, ratio {full / off:4.2f}x)   "
-            f"job's own exit {medians[(kind, 'FULL')]['job_exit'] * 1000:6.1f} ms"
-        )
-    print(f"goal: median daemon-added time <= 500 ms: {'met' if ok else 'NOT met'}")
+            rows = asyncio.run(scenario(example, variant, args.runs))
+            medians[(example, variant)] = {
+                k: statistics.median(r[k] for r in rows) for k in ("pause", *PHASES, *DETAIL)
+            }
+            worst[(example, variant)] = max(r["pause"] for r in rows)
+            handed[(example, variant)] = int(sum(r["handed over"] for r in rows))
+            print(
+                f"  {example}, {variant}: {args.runs} moves in {time.perf_counter() - t0:.0f} s, pauses (ms) "
+                + ", ".join(ms(r["pause"]) for r in rows)
+            )
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end")
+    cols = [(e, v) for e in examples for v in VARIANTS]
+    print(f"\nmedians of {args.runs} moves, 2 ranks each, milliseconds (from the job's log and the journal)\n")
+    print("| phase of a move | " + " | ".join(f"{e}, {v}" for e, v in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for ph in PHASES:
+        print(f"| {ph} | " + " | ".join(ms(medians[c][ph]) for c in cols) + " |")
     print(
-        "planner defaults (plan/types.py PlannerSettings, the [planner] table's): daemon overhead per move is "
-        f"{max(m['daemon'] for m in medians.values()):.3f} s here; reconfigure_s covers the driver's create/destroy "
-        "time, which the simulator cannot measure"
+        "| **last step -> first step after the move** | "
+        + " | ".join(f"**{ms(medians[c]['pause'])}**" for c in cols)
+        + " |"
     )
+    print("| worst pause | " + " | ".join(ms(worst[c]) for c in cols) + " |")
+    print("| moves resumed by standby ranks | " + " | ".join(f"{handed[c]}/{args.runs}" for c in cols) + " |")
+    print("\nratios (median pause)")
+    for e in examples:
+        before = medians[(e, "as before")]["pause"]
+        for v in ("cold", "standby"):
+            got = medians[(e, v)]["pause"]
+            print(f"  {e}: {v} / as before = {got / before:.3f} ({ms(got)} ms vs {ms(before)} ms)")
+    print("\ngoals (median pause; flexmig's own share < 60 ms)")
+    ok = True
+    for (e, v), goal in GOALS.items():
+        if (e, v) in medians:
+            got = medians[(e, v)]["pause"]
+            ok &= got <= goal
+            print(f"  {e}, {v}: {ms(got)} ms <= {ms(goal)} ms: {'met' if got <= goal else 'NOT met'}")
+    print(
+        "\nflexmig's share, medians (ms): "
+        + "; ".join(f"{e}, {v}: " + ", ".join(f"{k} {ms(medians[(e, v)][k])}" for k in DETAIL) for e, v in cols)
+    )
+    share = max(m["flexmig"] for m in medians.values())
+    ok &= share < 0.06
+    print(f"  flexmig's share, worst median: {ms(share)} ms < 60 ms: {'met' if share < 0.06 else 'NOT met'}")
     return 0 if ok else 1
 
 

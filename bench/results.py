@@ -75,7 +75,14 @@ SECTIONS: tuple[Section, ...] = (
     Section("replay", "Replay", "replay.py"),
     Section("malleable", "Malleable jobs on traces they were not tuned on", "malleable.py"),
     Section("reference", "The baselines against an independent implementation", "reference.py", markdown=False),
-    Section("migration", "Migration cost", "migration.py", ("--runs", "20"), ("--runs", "3"), markdown=False),
+    Section(
+        "migration",
+        "Migration cost",
+        "migration.py",
+        ("--runs", "5"),
+        ("--runs", "1", "--examples", "stdlib"),
+        markdown=False,
+    ),
     Section(
         "slurm",
         "Slurm",

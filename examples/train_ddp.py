@@ -9,8 +9,16 @@ optimizer, step and RNG atomically, acknowledges, and all ranks exit 0. On a res
 loads that checkpoint and continues at the next step, under any world size: the data stream is defined per global
 step (``StepBatchSampler``), so the job trains on the same samples whatever the number of ranks.
 
+It is written for fast moves: the expensive start-up (importing torch, building the model and the optimizer,
+making the data) comes before ``hook.install()``, so with ``standby = true`` in its spec flexmig starts the next
+generation while this one still trains, and ``install()`` returns only when flexmig hands it the checkpoint and the
+new world; only then does it join the process group. After acknowledging, ``h.exit()`` ends the rank without the
+interpreter's teardown.
+
 Rank 0 appends one JSON object per line to ``--log`` (``start``, ``step`` with the loss on a fixed evaluation set,
-``checkpoint``, ``done``), with the exact parameter values at start and at checkpoint so a test can compare them.
+``checkpoint``, ``done``), with the exact parameter values at start and at checkpoint so a test can compare them,
+and wall-clock times (``t``; in ``start`` also when the imports were done, the model built, the world known and
+the checkpoint loaded) so a benchmark can tell what a move cost the job.
 
 Run it by hand (one process): ``python examples/train_ddp.py --steps 50 --log /tmp/train.log``.
 Under flexmig: see ``examples/train_ddp.toml``.
@@ -45,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step (stands in for work)")
     p.add_argument("--log", type=Path, default=None, help="JSON-lines log written by rank 0")
+    p.add_argument(
+        "--teardown",
+        action="store_true",
+        help="after acknowledging, leave the process group and exit through the interpreter's teardown, as ranks "
+        "did before Hook.exit (bench/migration.py's rival)",
+    )
     return p.parse_args(argv)
 
 
@@ -77,21 +91,25 @@ class Log:
 
 
 def main(argv: list[str] | None = None) -> int:
+    t_imported = time.time()
     args = parse_args(argv)
-    h = hook.install()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Start-up that needs no world and no device: a standby rank does it before the move.
+    torch.manual_seed(args.seed)
+    x, y, x_eval, y_eval = make_data(args.samples, args.features, args.seed)
+    net = nn.Linear(args.features, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    t_built = time.time()
+
+    h = hook.install()  # a standby rank waits here until flexmig hands over the checkpoint and the world
+    t_world = time.time()
+    world = h.env.world_size
     distributed = world > 1
     if distributed:
         # flexmig recommends the backend (gloo: no P2P between MIG instances); by hand, gloo too.
         dist.init_process_group(os.environ.get("FLEXMIG_DIST_BACKEND", "gloo"), timeout=timedelta(seconds=60))
     rank = dist.get_rank() if distributed else 0
     log = Log(args.log, rank)
-
-    torch.manual_seed(args.seed)
-    x, y, x_eval, y_eval = make_data(args.samples, args.features, args.seed)
-    net = nn.Linear(args.features, 1)
     model: nn.Module = nn.parallel.DistributedDataParallel(net) if distributed else net
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     start = 0
     if h.resume is not None:
@@ -104,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         resume=str(h.resume) if h.resume else None,
         params=params_of(net),
         pid=os.getpid(),
+        standby=h.from_standby,
+        t_imported=t_imported,
+        t_built=t_built,
+        t_world=t_world,
+        t=time.time(),
     )
 
     sampler = torch_hook.StepBatchSampler(
@@ -126,17 +149,19 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         with torch.no_grad():
             eval_loss = float(((net(x_eval) - y_eval) ** 2).mean())
-        log.write(event="step", step=step, loss=eval_loss, world=world)
+        log.write(event="step", step=step, loss=eval_loss, world=world, t=time.time())
         if args.step_time > 0:
             time.sleep(args.step_time)
         if torch_hook.should_checkpoint(h):
             path = torch_hook.save_checkpoint(h, step, model, opt)
-            log.write(event="checkpoint", step=step, path=str(path), params=params_of(net))
+            log.write(event="checkpoint", step=step, path=str(path), params=params_of(net), t=time.time())
             h.acknowledge(step, path)
-            if distributed:
-                dist.destroy_process_group()
-            return 0
-    log.write(event="done", step=step)
+            if args.teardown:
+                if distributed:
+                    dist.destroy_process_group()
+                return 0
+            h.exit(0)  # the checkpoint is on disk and acknowledged: skip the interpreter's teardown
+    log.write(event="done", step=step, t=time.time())
     if distributed:
         dist.destroy_process_group()
     return 0

@@ -109,6 +109,13 @@ _.ticks  # Watchdog: ticks run
 _.receive
 _.sbatch
 
+# --- Control operation handlers: a row of flexmig.act.operation_table.OPERATIONS names each, and bind() looks it up
+# by that name (tests/act/test_operation_table.py checks that every row's handler exists).
+_.submit
+_.list_jobs
+_.status_request
+_.plan_request
+
 # --- Public names in a module's ``__all__`` that only tests, benchmarks, docs or job scripts use (vulture counts
 # ``__all__`` as a use; tests/repo/test_dead_code.py does not, so that an export nothing needs shows up).
 _.demand_from_requests  # flexmig.detect: the demand mix learnt from requests (docs/detection.md)
@@ -126,3 +133,21 @@ _.MUTATING_PREFIXES  # flexmig.sim.entrypoints: the entry points that change the
 # is not KEY=VALUE, but the configuration's checks apply only its Gres= rule; wiring it in would refuse files that
 # load today (a behaviour change this clean-up does not make).
 _.check_node_conf
+
+# --- The hook's framework integrations: methods the frameworks call by name (a Hugging Face TrainerCallback's
+# ``on_*``, a Lightning Callback's hooks) with the arguments their signatures fix, the ``control`` flag the Trainer
+# reads, and what job scripts (examples/, not scanned) read from the callbacks and the hook.
+_.on_train_begin
+_.on_step_end
+_.on_save
+_.should_save
+_.on_train_batch_end
+_.pl_module
+_.batch_idx
+_.resume_from_checkpoint
+_.ckpt_path
+_.trainer_settings
+_.from_standby
+_.FlexmigCallback  # flexmig_hook.transformers, flexmig_hook.lightning: one line in a job's callbacks=[...]
+_.load_model  # flexmig_hook.dcp: a sharded job's checkpoints (examples/train_fsdp.py, docs/jobs.md)
+_.save_model

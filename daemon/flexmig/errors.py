@@ -9,8 +9,9 @@ Defined elsewhere, each for a reason of its layer:
 
 - ``flexmig.config.ConfigFileError``, a :class:`ConfigError`: it carries the configuration package's
   ``ConfigProblem`` records, which this module, below every layer, cannot import.
-- ``flexmig_hook.AckError``, a ``ValueError``: the hook is a distribution of its own that job scripts use without
-  flexmig; the actuator catches it where it reads an acknowledgement.
+- ``flexmig_hook.AckError`` and ``flexmig_hook.HandoverError``, ``ValueError``s: the hook is a distribution of its
+  own that job scripts use without flexmig; the actuator catches the first where it reads an acknowledgement, the
+  second only guards what it writes to a standby rank.
 - ``flexmig.act.steps.StepFailed`` and ``Refused``: the step runner's control flow within one action (the Slurm
   re-registration's steps raise them too); the executor records them as the action's outcome, so they never reach
   a caller outside the action.

@@ -1,6 +1,6 @@
 """Crash safety: the actuator is killed with SIGKILL at each journalled step of a migration (and of an in-place
-re-split); after a restart the job runs exactly once, from an intact checkpoint, and no MIG instance is leaked or
-missing.
+re-split), for a job without and with standby ranks; after a restart the job runs exactly once, from an intact
+checkpoint, no standby rank is left over, and no MIG instance is leaked or missing.
 
 The actuator runs as ``python -m flexmig.actuatord`` in a child process on a simulated node whose state file survives
 the kill, as a driver's state would. A harness wraps its ``main`` with a journal callback that SIGKILLs the
@@ -140,7 +140,7 @@ class Node:
         kill_ranks(self.base / "journal.sqlite3", base=self.base)
 
 
-def job_spec(base: Path, ranks: int) -> Path:
+def job_spec(base: Path, ranks: int, *, standby: bool = False) -> Path:
     text = textwrap.dedent(
         f"""\
         name = "counter"
@@ -158,6 +158,7 @@ def job_spec(base: Path, ranks: int) -> Path:
         [hook]
         ack_timeout_s = 20
         exit_timeout_s = 10
+        standby = {"true" if standby else "false"}
         """
     )
     p = base / "counter.toml"
@@ -193,7 +194,7 @@ def check_runs_exactly_once_from_its_checkpoint(node: Node, expect_slots: list[t
     start = node.wait_steps()
     live = PsutilScanner().find(rec.uid)
     assert sorted((f.generation, f.slot) for f in live) == [(rec.generation, i) for i in range(len(expect_slots))], (
-        "exactly one process per rank, all of the current generation"
+        "exactly one process per rank, all of the current generation, and no standby rank left over"
     )
     assert start["resume"] == rec.resume.checkpoint and start["step"] == rec.resume.step + 1
     assert start["total"] == sum(range(start["step"])), "the checkpoint it resumed from was intact"
@@ -217,14 +218,19 @@ MIGRATE_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("kill_at", MIGRATE_POINTS)
+# A job with standby ranks has one step more, before the checkpoint request.
+STANDBY_POINTS = ["migrate:standby:intent", "migrate:standby:done"]
+MIGRATIONS = [(p, False) for p in MIGRATE_POINTS] + [(p, True) for p in STANDBY_POINTS + MIGRATE_POINTS]
+
+
+@pytest.mark.parametrize(("kill_at", "standby"), MIGRATIONS)
 def test_a_migration_killed_at_any_step_finishes_after_restart_with_the_job_running_once(
-    base: Path, kill_at: str
+    base: Path, kill_at: str, standby: bool
 ) -> None:
     node = Node(base, "h200")
     try:
         node.start(kill_at)
-        assert node.call("jobs.submit", path=str(job_spec(base, ranks=2)))["ok"]
+        assert node.call("jobs.submit", path=str(job_spec(base, ranks=2, standby=standby)))["ok"]
         node.wait_steps()
         request_in_background(node, "jobs.migrate", name="counter")
         node.wait_killed()
@@ -244,13 +250,17 @@ RESPLIT_IN_PLACE_POINTS = [
 ]
 
 
+@pytest.mark.parametrize("standby", [False, True])
 @pytest.mark.parametrize("kill_at", RESPLIT_IN_PLACE_POINTS)
-def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_instances(base: Path, kill_at: str) -> None:
-    # 1g@2, 1g@3 and 3g@4 leave no room elsewhere, so 2g.35gb@0 must replace the job's own 1g@0 and 1g@1.
+def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_instances(
+    base: Path, kill_at: str, standby: bool
+) -> None:
+    # 1g@2, 1g@3 and 3g@4 leave no room elsewhere, so 2g.35gb@0 must replace the job's own 1g@0 and 1g@1 (with
+    # standby too: no rank can start there before the job stops).
     node = Node(base, "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+3g.71gb@4")
     try:
         node.start(kill_at)
-        assert node.call("jobs.submit", path=str(job_spec(base, ranks=2)))["ok"]
+        assert node.call("jobs.submit", path=str(job_spec(base, ranks=2, standby=standby)))["ok"]
         node.wait_steps()
         request_in_background(node, "jobs.resplit", name="counter", ranks=1, profile="2g.35gb")
         node.wait_killed()

@@ -7,7 +7,8 @@ The points are drawn from a seed, printed at the start (``FLEXMIG_FAULT_SEED=N``
 flexmig.actuatord`` on a simulated node whose state file survives the kill (the rig of ``test_act_crash``); a harness
 SIGKILLs it right after its k-th journalled step event once the test has armed it (just before the move is asked), so
 the first run dies in the move and the second in the reconciliation that finishes it, when it has that many steps
-left.
+left. Each kind of move is drawn for a job without and with standby ranks (``[hook] standby = true``: the next
+generation starts on the targets before the checkpoint request, and is handed over at the launch).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ HARNESS = textwrap.dedent(
     sys.exit(main(sys.argv[1:], on_step=on_step))
     """
 )
-# (name, node spec, request, ranks at submit, the job's instances after the move, the layout after it)
-MOVES: list[tuple[str, str, dict[str, Any], int, list[tuple[int, int]], str]] = [
-    ("migrate", "h200", {"op": "jobs.migrate"}, 2, [(0, 2), (0, 3)], "1g.18gb@2+1g.18gb@3"),
+# (name, node spec, request, ranks at submit, the job's instances after the move, the layout after it, standby)
+MOVES: list[tuple[str, str, dict[str, Any], int, list[tuple[int, int]], str, bool]] = [
+    ("migrate", "h200", {"op": "jobs.migrate"}, 2, [(0, 2), (0, 3)], "1g.18gb@2+1g.18gb@3", False),
     (
         "resplit",
         "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+3g.71gb@4",
@@ -55,11 +56,24 @@ MOVES: list[tuple[str, str, dict[str, Any], int, list[tuple[int, int]], str]] = 
         2,
         [(0, 0)],
         "2g.35gb@0+1g.18gb@2+1g.18gb@3+3g.71gb@4",
+        False,
+    ),
+    ("migrate-standby", "h200", {"op": "jobs.migrate"}, 2, [(0, 2), (0, 3)], "1g.18gb@2+1g.18gb@3", True),
+    # 2g.35gb@2 is free room: created up front, so its rank starts as a standby before the request.
+    (
+        "resplit-standby",
+        "h200",
+        {"op": "jobs.resplit", "ranks": 1, "profile": "2g.35gb"},
+        2,
+        [(0, 2)],
+        "2g.35gb@2",
+        True,
     ),
 ]
 # Step events (intent and done) of each move: the migration's 2 creates, 6 move steps and 2 destroys; the in-place
-# re-split's 9 steps (checkpoint 4, layout, 2 destroys, 1 create, launch).
-STEPS = {"migrate": 20, "resplit": 18}
+# re-split's 9 steps (checkpoint 4, layout, 2 destroys, 1 create, launch); with standby one step more (``standby``);
+# the re-split with standby: 1 create, 7 move steps, 2 destroys.
+STEPS = {"migrate": 20, "resplit": 18, "migrate-standby": 22, "resplit-standby": 20}
 
 
 class KillNode(Node):
@@ -120,7 +134,7 @@ def test_sigkill_at_random_points_of_moves_and_of_their_recovery(seed: int, tmp_
     draws = kills(seed)
     outcomes: list[tuple[bool, bool]] = []
     for i, move, in_move, in_recovery in draws:
-        name, spec, request, ranks, slots, layout = next(m for m in MOVES if m[0] == move)
+        name, spec, request, ranks, slots, layout, standby = next(m for m in MOVES if m[0] == move)
         base = tmp_path / f"{i}-{name}"
         base.mkdir()
         base.chmod(0o755)
@@ -128,7 +142,7 @@ def test_sigkill_at_random_points_of_moves_and_of_their_recovery(seed: int, tmp_
         where = f"seed {seed}, draw {i}: {name} killed after step {in_move}, recovery after step {in_recovery}"
         try:
             assert node.start_killing(in_move), where
-            assert node.call("jobs.submit", path=str(job_spec(base, ranks=ranks)))["ok"], where
+            assert node.call("jobs.submit", path=str(job_spec(base, ranks=ranks, standby=standby)))["ok"], where
             node.wait_steps()
             node.arm.touch()
             args = {k: v for k, v in request.items() if k != "op"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,14 @@ from pytest import MonkeyPatch
 
 from flexmig import hook
 from flexmig.hook import Ack, AckError, HookEnv, atomic_write_json, atomic_writer, parse_signal, read_ack
-from flexmig.hook.protocol import ACK_MAX_BYTES
+from flexmig.hook.protocol import (
+    ACK_MAX_BYTES,
+    HANDOVER_MAX_BYTES,
+    READY_LINE,
+    HandoverError,
+    decode_handover,
+    encode_handover,
+)
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -179,3 +187,93 @@ def test_the_hook_module_needs_nothing_beyond_the_standard_library(tmp_path: Pat
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok False"
+
+
+# ------------------------------------------------------------------------------------------------- standby ranks
+STANDBY_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    import flexmig_hook as hook
+    h = hook.install()
+    print(json.dumps({"rank": h.rank, "world": h.env.world_size, "resume": str(h.resume), "step": h.env.resume_step,
+                      "master": os.environ.get("MASTER_PORT"), "standby": h.from_standby,
+                      "fd_left": "FLEXMIG_STANDBY_FD" in os.environ}))
+    """
+)
+
+
+def _standby_child(tmp_path: Path) -> tuple[subprocess.Popen[str], socket.socket]:
+    ours, theirs = socket.socketpair()
+    env = {**os.environ, **env_for(tmp_path), "FLEXMIG_STANDBY_FD": str(theirs.fileno())}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STANDBY_CHILD], env=env, pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    theirs.close()
+    ours.settimeout(60)
+    return proc, ours
+
+
+@pytest.mark.integration
+def test_a_standby_rank_says_ready_and_install_returns_with_the_world_it_is_handed(tmp_path: Path) -> None:
+    proc, chan = _standby_child(tmp_path)
+    try:
+        assert chan.recv(64) == READY_LINE, "the rank says it is ready once it reaches install()"
+        world = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_PORT": "29512", "FLEXMIG_RESUME": "/c/step-7.pt",
+                 "FLEXMIG_RESUME_STEP": "7"}  # fmt: skip
+        chan.sendall(encode_handover(world))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        chan.close()
+        proc.kill()
+    assert proc.returncode == 0, err
+    got = json.loads(out)
+    assert got == {"rank": 1, "world": 3, "resume": "/c/step-7.pt", "step": 7, "master": "29512", "standby": True,
+                   "fd_left": False}  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_standby_rank_whose_channel_closes_ends_without_running_the_job(tmp_path: Path) -> None:
+    proc, chan = _standby_child(tmp_path)
+    assert chan.recv(64) == READY_LINE
+    chan.close()  # the move was cancelled, or the daemon died
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == ""
+    assert "closed the channel before a handover" in err
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b'{"env": {"LD_PRELOAD": "/tmp/x.so"}}', "LD_PRELOAD"),
+        (b'{"env": {"RANK": 1}}', "string"),
+        (b'{"env": []}', "'env' object"),
+        (b"rank=1", "not JSON"),
+        (b'{"env": {"RANK": "' + b"1" * HANDOVER_MAX_BYTES + b'"}}', "larger than"),
+    ],
+)
+def test_a_handover_sets_only_the_world_and_the_checkpoint(data: bytes, why: str) -> None:
+    with pytest.raises(HandoverError, match=why):
+        decode_handover(data)
+
+
+def test_the_daemon_never_encodes_a_handover_a_rank_would_refuse() -> None:
+    with pytest.raises(HandoverError, match="PATH"):
+        encode_handover({"PATH": "/tmp"})
+    assert decode_handover(encode_handover({"RANK": "0"}).rstrip(b"\n")) == {"RANK": "0"}
+
+
+@pytest.mark.integration
+def test_exit_flushes_what_was_printed_and_skips_the_interpreters_teardown(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import atexit, sys
+        import flexmig_hook as hook
+        atexit.register(lambda: print("teardown ran"))
+        h = hook.install({})
+        sys.stdout.write("saved and acknowledged")
+        h.exit(0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and out.stdout == "saved and acknowledged"

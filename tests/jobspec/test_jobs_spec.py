@@ -178,6 +178,9 @@ def test_a_key_in_an_inline_table_is_refused_with_its_line(tmp_path: Path, polic
         (("start = 2", "start = 9"), "ranks.start", "outside ranks.min..ranks.max"),
         (('launcher = "torchrun"', 'launcher = "mpirun"'), "launcher", "is not 'plain' or 'torchrun'"),
         (("[ranks]\nmin = 1\nmax = 4\nstart = 2\n", "ranks = 3\n"), "ranks", "must be a table"),
+        (("exit_timeout_s = 5", 'exit_timeout_s = 5\nstandby = "yes"'), "hook.standby", "must be true or false"),
+        (("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby_timeout_s = 0"), "hook.standby_timeout_s", "must be in"),
+        (("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby = true"), "hook.standby", "needs launcher 'plain'"),
     ],
 )
 def test_wrong_types_and_values_are_refused_naming_the_key(
@@ -308,9 +311,7 @@ def test_every_problem_of_a_spec_is_named_at_once_in_file_order(tmp_path: Path, 
     ("typo", "meant"),
     [("usr", "user"), ("chekpoint_dir", "checkpoint_dir"), ("launchr", "launcher")],
 )
-def test_a_misspelt_key_says_which_key_it_probably_is(
-    tmp_path: Path, policy: JobPolicy, typo: str, meant: str
-) -> None:
+def test_a_misspelt_key_says_which_key_it_probably_is(tmp_path: Path, policy: JobPolicy, typo: str, meant: str) -> None:
     text = GOOD.replace("[ranks]", f'{typo} = "x"\n\n[ranks]')
     with pytest.raises(JobSpecError, match=rf"{typo}: unknown key \(did you mean '{meant}'\?\)"):
         load_job_spec(write(tmp_path, text), policy)
@@ -323,3 +324,12 @@ def test_a_misspelt_key_in_a_table_says_which_key_it_probably_is(tmp_path: Path,
     far = GOOD.replace("[ranks]\nmin", "[ranks]\nzzz")
     with pytest.raises(JobSpecError, match=r"ranks.zzz: unknown key \(known keys in \[ranks\]: max, min, start\)"):
         load_job_spec(write(tmp_path, far), policy)
+
+
+def test_standby_ranks_are_opt_in_and_kept_across_the_journal(tmp_path: Path, policy: JobPolicy) -> None:
+    plain = GOOD.replace('launcher = "torchrun"', 'launcher = "plain"')
+    assert load_job_spec(write(tmp_path, plain), policy).hook.standby is False
+    opted = plain.replace("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby = true")
+    spec = load_job_spec(write(tmp_path, opted), policy)
+    assert spec.hook.standby is True and spec.hook.standby_timeout_s == 120.0
+    assert JobSpec.from_dict(spec.to_dict()).hook == spec.hook

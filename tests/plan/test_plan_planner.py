@@ -477,3 +477,10 @@ def test_a_spread_job_regrown_onto_a_larger_free_instance_names_that_instance_s_
         assert {i.profile for i in action.to_instances} == {action.profile}
         assert len(action.to_instances) == action.ranks
     assert out.holds["r0"] == state.running[0].instances
+
+
+def test_a_job_with_standby_ranks_costs_a_standby_restart_to_move() -> None:
+    s = PlannerSettings()
+    assert s.move_cost() == s.checkpoint_s + s.restart_s
+    assert s.move_cost(standby=True) == s.checkpoint_s + s.standby_restart_s < s.move_cost()
+    assert s.move_cost(7.0, standby=True) == 7.0, "a job's own figure wins"

@@ -66,11 +66,18 @@ def test_a_second_daemon_on_the_same_simulated_node_is_refused_even_with_its_own
         other = ActNode(base / "two", SIM)
         other.base.mkdir()
         other.write_config()
-        truth = first.sim_state.read_bytes()
-        out = second_daemon(other.config, first.sim_state)
+        # The first daemon saves its node after every change of its own: stopped while the second one runs, any
+        # change to the file can only be the second's. A stopped process keeps its locks.
+        os.kill(first.proc.pid, signal.SIGSTOP)
+        try:
+            truth = first.sim_state.read_bytes()
+            out = second_daemon(other.config, first.sim_state)
+            after = first.sim_state.read_bytes()
+        finally:
+            os.kill(first.proc.pid, signal.SIGCONT)
         assert out.returncode != 0
         assert f"simulated node {first.sim_state} is in use by another flexmigd (pid {first.proc.pid}" in out.stderr
-        assert first.sim_state.read_bytes() == truth, "the second daemon wrote nothing into the node's state"
+        assert after == truth, "the second daemon wrote nothing into the node's state"
         assert not other.journal.exists()
         assert first.proc.poll() is None
 

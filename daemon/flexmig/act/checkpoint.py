@@ -4,7 +4,9 @@ The daemon asks every rank (the job's hook signal, repeated every ``resend_s`` u
 the ranks still running until they exit), the job saves at its next step boundary and acknowledges with the step
 number and the checkpoint's path; no acknowledgement within the job's ``ack_timeout_s`` cancels the move and the
 job keeps running. A job whose ranks crash while checkpointing is
-marked failed. The acknowledged checkpoint must be a non-empty file inside the job's checkpoint directory.
+marked failed. The acknowledged checkpoint must be a non-empty file, or a directory with something in it (a
+framework's checkpoint: Hugging Face's ``checkpoint-N/``, torch.distributed.checkpoint's), inside the job's
+checkpoint directory.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ class Checkpointer:
 
 def validate_ack(rec: JobRecord, ack: Ack) -> Ack:
     """The acknowledged checkpoint, resolved; StepFailed (cancelled) unless it lies inside the job's checkpoint
-    directory and is a non-empty file.
+    directory and is a non-empty file or a directory with at least one entry.
 
     A daemon without CAP_DAC_OVERRIDE (the shipped systemd unit) may not be allowed to look inside the job's
     directory; then only the path is checked, and the job's word taken for the rest.
@@ -165,6 +167,15 @@ def validate_ack(rec: JobRecord, ack: Ack) -> Ack:
         return Ack(step=ack.step, checkpoint=str(ckpt))
     except OSError:
         st = None
-    if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-        raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {ckpt}", outcome="cancelled")
-    return Ack(step=ack.step, checkpoint=str(ckpt))
+    if st is not None and stat.S_ISDIR(st.st_mode) and ckpt != root:
+        try:
+            with os.scandir(ckpt) as entries:
+                if next(entries, None) is not None:
+                    return Ack(step=ack.step, checkpoint=str(ckpt))
+        except PermissionError:
+            return Ack(step=ack.step, checkpoint=str(ckpt))
+        except OSError:
+            pass
+    elif st is not None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
+        return Ack(step=ack.step, checkpoint=str(ckpt))
+    raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {ckpt}", outcome="cancelled")

@@ -5,8 +5,10 @@ One request per line, one answer per line::
     -> {"op": "jobs.migrate", "args": {"name": "train", "to": "2g.35gb"}}
     <- {"ok": true, "result": {...}}          or   {"ok": false, "error": "...", "type": "PlanRejectedError"}
 
-Operations are registered by name (``jobs.*`` by :mod:`flexmig.act.operations`; the daemon may add its own), so
-one socket serves every local client. Requests are size-limited and validated; a malformed one gets an error
+The server runs the handlers it is given, by operation name; what the operations are (their names, arguments,
+callers and handlers) is declared once, in :data:`flexmig.act.operation_table.OPERATIONS`, whose ``bind`` gives
+the handlers (``jobs.*`` from :mod:`flexmig.act.operations`, the daemon's own from its actuator component), so one
+socket serves every local client. Requests are size-limited and validated; a malformed one gets an error
 answer and changes nothing. The socket file is created with its final permissions before anyone can connect
 (bound under a temporary name, chmod-ed, then renamed into place), and each peer's uid is checked with
 SO_PEERCRED as well.
@@ -69,7 +71,7 @@ class ControlServer:
         self._conns: set[asyncio.Task[None]] = set()
 
     def add(self, op: str, handler: Handler) -> None:
-        """Register one more operation (the daemon's ``status``, for instance)."""
+        """Register one more operation (tests stand in for the daemon's own with it)."""
         self.handlers[op] = handler
 
     # ------------------------------------------------------------------------------------------ lifecycle

@@ -3,9 +3,19 @@
 A migration (and a re-split, which is a migration to another number of instances) runs these steps, each written
 to the journal before it runs (:mod:`flexmig.act.steps`):
 
-``clear_ack`` → ``request`` (checkpoint signal) → ``await_ack`` → ``await_exit`` (:mod:`flexmig.act.checkpoint`)
-→ ``layout`` (which instances to destroy and create, decided once) → ``destroy:G@S``… → ``create:G@S``… →
-``launch`` (new generation, with ``FLEXMIG_RESUME``).
+[``standby``] → ``clear_ack`` → ``request`` (checkpoint signal) → ``await_ack`` → ``await_exit``
+(:mod:`flexmig.act.checkpoint`) → ``layout`` (which instances to destroy and create, decided once) →
+``destroy:G@S``… → ``create:G@S``… → ``launch`` (new generation, with ``FLEXMIG_RESUME``).
+
+``standby`` runs for jobs with ``[hook] standby = true`` whose move has targets that exist before it (not the
+job's own instances): the next generation's ranks start there and do the job's start-up while the current one
+still trains; the step ends when they say they are ready (or after ``standby_timeout_s``). ``launch`` then hands
+them the acknowledged checkpoint and the world over their channel instead of starting them, and starts the rest
+(targets the move created in place of the job's own) as usual. A standby rank that exits before it is ready
+cancels the move (the job's next start-up fails: the running generation is not stopped for it); a move cancelled
+or failed later drops its standby ranks. After a crash no channel survives: standby ranks of a previous daemon
+end on their own and are killed if found, and a ``launch`` that may have handed some over is run again as a
+fresh generation started cold, so no generation runs twice.
 
 Safety rules enforced here and in :mod:`flexmig.act.preconditions`, not by callers:
 
@@ -70,7 +80,7 @@ from flexmig.act.preconditions import (
     check_startable,
     layout_changes,
 )
-from flexmig.act.procs import ProcessScanner
+from flexmig.act.procs import FoundRank, ProcessScanner, process_alive
 from flexmig.act.records import JobRecord, Slot
 from flexmig.act.results import ActionResult, PlanResult, action_result
 from flexmig.act.settling import Settler
@@ -102,7 +112,7 @@ class Executor:
         devices: DeviceProcessTable,
         offload: Offload,
         wall: Callable[[], float] = time.time,
-        poll_s: float = 0.02,
+        poll_s: float = 0.005,
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
     ) -> None:
@@ -385,7 +395,10 @@ class Executor:
         return {"uuid": dev.uuid, "gi_id": dev.gpu_instance_id}
 
     async def _with_uuids(self, slots: Sequence[Slot]) -> list[Slot]:
-        view = await self.view()
+        return self._uuids_in(await self.view(), slots)
+
+    @staticmethod
+    def _uuids_in(view: NodeView, slots: Sequence[Slot]) -> list[Slot]:
         out = []
         for s in slots:
             inst = view.instance(s.gpu, s.start)
@@ -451,16 +464,103 @@ class Executor:
             check_move_targets(rec, src, dst, view, self.held(exclude=rec.name), mine=self.supervisor.pids(rec.name))
         self._busy.add(rec.name)
         try:
-            ack = await self.checkpointer.checkpoint(run, rec)
+            if rec.spec.hook.standby:
+                await self._start_standby(run, rec, src, dst)
+            try:
+                ack = await self.checkpointer.checkpoint(run, rec)
+            except StepFailed:
+                await self._drop_standby(run, rec)
+                raise
             rec = run.job(rec.name)
             try:
                 placed = await self._reconfigure(run, src, dst)
                 await self._launch(run, "launch", rec, placed, ack)
             except StepFailed as exc:
+                await self.supervisor.drop_standby(rec.name, self.term_grace_s)
                 await self._roll_back(run, rec, src, ack, exc)
                 raise
         finally:
+            await self.supervisor.drop_standby(rec.name, self.term_grace_s)  # none left after a handover
             self._busy.discard(rec.name)
+
+    async def _start_standby(self, run: ActionRun, rec: JobRecord, src: Sequence[Slot], dst: Sequence[Slot]) -> None:
+        """The ``standby`` step: start the next generation on the targets that exist now and are not the job's
+        own, and wait until those ranks are ready (at most ``standby_timeout_s``). Targets the move must create
+        in place of the job's own instances cannot host a rank yet (a rank's device is fixed when it starts):
+        their ranks start cold at ``launch``. A standby rank that exits before it is ready cancels the move."""
+        own = {s.key for s in src}
+        view = await self.view()
+        slots: list[Slot] = []
+        early: list[int] = []
+        for i, d in enumerate(dst):
+            inst = view.instance(d.gpu, d.start)
+            uuid = inst.uuid if inst is not None and inst.profile == d.profile and d.key not in own else None
+            slots.append(Slot(d.gpu, d.start, d.profile, uuid or ""))
+            if uuid:
+                early.append(i)
+        if not early:
+            return
+        gen = rec.generation + 1
+        nxt = rec.with_(generation=gen, slots=tuple(slots))
+        timeout_s = rec.spec.hook.standby_timeout_s
+
+        async def start() -> dict[str, Any]:
+            await self._prepare_dirs(nxt)
+            if run.resumed:  # standby ranks a previous daemon started here have no channel any more
+                await self._kill_found(rec.uid, lambda f: f.generation > rec.generation)
+            try:
+                started = await self.supervisor.launch_standby(nxt, early)
+            except OSError as exc:
+                raise StepFailed(f"cannot start standby ranks of job {rec.name}: {exc}", outcome="cancelled") from exc
+            t0 = time.monotonic()
+            dead = await self.supervisor.wait_standby_ready(rec.name, timeout_s)
+            if dead:
+                await self.supervisor.drop_standby(rec.name, self.term_grace_s)
+                what = ", ".join(
+                    f"rank {h.slot} exited with status {h.proc.returncode} "
+                    f"(its log: {self.supervisor.logs_dir / rec.name / f'g{gen:04d}-r{h.slot}.log'})"
+                    for h in dead
+                )
+                raise StepFailed(
+                    f"standby of job {rec.name} failed before it was ready: {what}; move cancelled, the job keeps "
+                    "running",
+                    outcome="cancelled",
+                    code="STANDBY_FAILED",
+                )
+            ready = [h.slot for h in self.supervisor.standby(rec.name) if h.ready is not None and h.ready.is_set()]
+            if len(ready) < len(started):
+                log.warning(
+                    "job %s: standby ranks %s not ready after %g s; checkpointing anyway",
+                    rec.name,
+                    sorted(set(early) - set(ready)),
+                    timeout_s,
+                )
+            return {
+                "pids": {str(h.slot): h.proc.pid for h in started},
+                "ready": ready,
+                "ready_s": round(time.monotonic() - t0, 3),
+            }
+
+        args = {"generation": gen, "slots": [s.to_json() for s in slots], "early": early}
+        await run.step("standby", args, start)
+
+    async def _drop_standby(self, run: ActionRun, rec: JobRecord) -> None:
+        """A move that will not launch: end its standby ranks, and those a previous daemon started for it."""
+        await self.supervisor.drop_standby(rec.name, self.term_grace_s)
+        if run.resumed and rec.spec.hook.standby:
+            await self._kill_found(rec.uid, lambda f: f.generation > rec.generation)
+
+    async def _kill_found(self, uid: str, which: Callable[[FoundRank], bool]) -> list[FoundRank]:
+        """SIGKILL the process groups of job ``uid``'s rank processes that ``which`` selects, and wait (at most a
+        few seconds) until they are gone; returns them."""
+        found = [f for f in await asyncio.to_thread(self.scanner.find, uid) if which(f)]
+        for f in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(f.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while any(process_alive(f.pid, f.create_time) for f in found) and time.monotonic() < deadline:  # noqa: ASYNC110 - not our children: no exit event to wait on
+            await asyncio.sleep(0.02)
+        return found
 
     async def _stop(self, run: ActionRun, p: StopPayload) -> None:
         """Stop a job: after an acknowledged checkpoint, or (``force``) by SIGTERM/SIGKILL."""
@@ -491,11 +591,16 @@ class Executor:
     async def _reconfigure(self, run: ActionRun, src: Sequence[Slot], dst: Sequence[Slot]) -> list[Slot]:
         """Destroy the job's sources that overlap missing targets, create the missing targets; returns targets."""
 
+        seen: list[NodeView] = []
+
         async def decide() -> dict[str, Any]:
-            destroy, create = layout_changes(await self.view(), src, dst)
+            seen.append(await self.view())
+            destroy, create = layout_changes(seen[0], src, dst)
             return {"destroy": [s.to_json() for s in destroy], "create": [d.to_json() for d in create]}
 
         res = await run.step("layout", {}, decide)
+        if seen and not res["destroy"] and not res["create"]:
+            return self._uuids_in(seen[0], dst)  # nothing changed since that view: one NVML inventory, not two
         for s in (Slot.from_json(d) for d in res["destroy"]):
             await run.step(f"destroy:{s.gpu}@{s.start}", s.to_json(), lambda s=s: self._destroy_idle(s))  # type: ignore[misc]
         for d in (Slot.from_json(x) for x in res["create"]):
@@ -505,15 +610,25 @@ class Executor:
     async def _launch(
         self, run: ActionRun, name: str, rec: JobRecord, slots: Sequence[Slot], resume: Ack | None
     ) -> None:
-        """Launch generation N+1 of ``rec`` on ``slots``; after a crash, adopt what already started."""
+        """Launch generation N+1 of ``rec`` on ``slots``: hand over to its standby ranks where it has some, start
+        the others; after a crash, adopt what already started."""
         self._refuse_launch(rec)  # a resumed launch too: the journal, not a checked file, says what to run
         prior = run.args_of(name)
+        handover: list[int] = []
         if prior is not None:
             gen, port = int(prior["generation"]), int(prior["port"])
             slots = [Slot.from_json(s) for s in prior["slots"]]
             resume = Ack.from_json(prior["resume"]) if prior.get("resume") else None
+            if prior.get("handover"):
+                # The previous daemon may have handed some standby ranks over before it died, and their
+                # channels died with it: start every rank afresh, as a generation of its own.
+                gen, port = gen + 1, free_port()
         else:
             gen, port = rec.generation + 1, free_port()
+            if name == "launch":
+                live = self.supervisor.standby(rec.name)
+                handover = sorted(h.slot for h in live if h.generation == gen and not h.proc.finished())
+        scan = prior is not None or (run.resumed and rec.spec.hook.standby)
         new = run.job(rec.name).with_(
             state="running", generation=gen, slots=tuple(slots), resume=resume, master_port=port, error=None
         )
@@ -521,31 +636,33 @@ class Executor:
         async def launch() -> dict[str, Any]:
             await self._prepare_dirs(new)
             # Only a re-run after a crash can find ranks of this generation already started (or an older one
-            # still running); a first run skips the process-table scan, which costs tens of milliseconds.
-            found = await asyncio.to_thread(self.scanner.find, new.uid) if prior is not None else []
-            for f in found:
-                if f.generation != gen:  # an older generation still running would make the job run twice
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(f.pid, signal.SIGKILL)
-            mine = [f for f in found if f.generation == gen]
+            # still running, or standby ranks of a previous daemon); a first run skips the process-table scan,
+            # which costs tens of milliseconds.
+            found: list[FoundRank] = []
+            if scan:  # an older generation still running would make the job run twice
+                found = await self._kill_found(new.uid, lambda f: f.generation != gen or f.standby)
+                found = [f for f in await asyncio.to_thread(self.scanner.find, new.uid) if f.generation == gen]
+            mine = [f for f in found if not f.standby]
             if not mine:
                 with contextlib.suppress(FileNotFoundError):
                     self.supervisor.acks.path(new).unlink()
             self.supervisor.forget(new.name)
             await self.supervisor.adopt(new, mine)
+            handed = await self.supervisor.handover(new, port=port, resume=resume) if handover else []
             have = {h.slot for h in self.supervisor.alive(new.name)}
             todo = [i for i in range(len(slots)) if i not in have]
             try:
                 await self.supervisor.launch(new, port=port, resume=resume, only=todo)
             except OSError as exc:
                 raise StepFailed(f"cannot launch job {new.name}: {exc}") from exc
-            return {"pids": {str(h.slot): h.proc.pid for h in self.supervisor.alive(new.name)}}
+            return {"pids": {str(h.slot): h.proc.pid for h in self.supervisor.alive(new.name)}, "handed_over": handed}
 
         args = {
             "generation": gen,
             "port": port,
             "slots": [s.to_json() for s in slots],
             "resume": resume.to_json() if resume else None,
+            "handover": handover,
         }
         await run.step(name, args, launch, job_before=new, job_failed=new.with_(state="failed"))
 

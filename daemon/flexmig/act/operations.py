@@ -1,7 +1,9 @@
 """The ``jobs.*`` operations of the control API: submit, list, migrate, resplit, stop.
 
-Each validates its arguments, turns the request into a Plan (:mod:`flexmig.act.placement`) and hands it to the
-executor, which refuses outside mode ``act``. In mode ``advise`` the answer is the plan that would have run.
+Their names, arguments and callers are rows of :data:`flexmig.act.operation_table.OPERATIONS`, whose checks run
+before a handler here sees the arguments. Each turns the request into a Plan (:mod:`flexmig.act.placement`) and
+hands it to the executor, which refuses outside mode ``act``. In mode ``advise`` the answer is the plan that would
+have run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from flexmig.act.control import Handler, RequestError
 from flexmig.act.encoding import StopPayload, encode
 from flexmig.act.executor import Executor, new_job_uid
+from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import choose_targets, move_plan, node_model, start_plan
 from flexmig.act.records import JobRecord
 from flexmig.act.results import PlanResult
@@ -25,7 +28,6 @@ from flexmig_hook.protocol import Ack
 
 __all__ = ["JobsApi", "describe_plan"]
 
-_MAX_STR = 4096
 _ACTING = {
     "start": "starting",
     "migrate": "migrating",
@@ -33,30 +35,6 @@ _ACTING = {
     "stop": "stopping",
     "restart": "restarting",
 }
-
-
-def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
-    if key not in args:
-        if required:
-            raise RequestError(f"argument {key!r} is required")
-        return None
-    v = args[key]  # an explicit null is a bad value, not an absent argument: it must not pick the default
-    if not isinstance(v, str) or not v or len(v) > _MAX_STR or "\x00" in v:
-        raise RequestError(f"argument {key!r} must be a non-empty string")
-    return v
-
-
-def _int(args: Mapping[str, Any], key: str) -> int:
-    v = args.get(key)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise RequestError(f"argument {key!r} must be an integer")
-    return v
-
-
-def _only(args: Mapping[str, Any], *keys: str) -> None:
-    extra = set(args) - set(keys)
-    if extra:
-        raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -73,7 +51,10 @@ def describe_plan(plan: Plan) -> list[str]:
 
 
 class JobsApi:
-    """Job operations over an :class:`Executor`; ``handlers()`` plugs them into a ControlServer."""
+    """Job operations over an :class:`Executor`; ``handlers()`` plugs them into a ControlServer.
+
+    Each public ``async`` method taking ``args`` is the handler a row of the operation table names; ``args`` have
+    passed that row's checks (and carry its defaults)."""
 
     def __init__(
         self,
@@ -89,16 +70,13 @@ class JobsApi:
         self.queue_when_full = False
         """In mode act, a submitted job that finds no room now is registered ``pending`` (the daemon's planner
         starts it later) instead of refused."""
+        self.refuse_submit: str | None = None
+        """Why ``jobs.submit`` is refused on this node, if it is (its jobs come from Slurm)."""
 
-    def handlers(self) -> dict[str, Handler]:
-        """``{"jobs.submit": ..., "jobs.list": ..., ...}``."""
-        return {
-            "jobs.submit": self._submit,
-            "jobs.list": self._list,
-            "jobs.migrate": self._migrate,
-            "jobs.resplit": self._resplit,
-            "jobs.stop": self._stop,
-        }
+    def handlers(self, wrap: Callable[[Operation, Handler], Handler] | None = None) -> dict[str, Handler]:
+        """``{"jobs.submit": ..., "jobs.list": ..., ...}``, each behind its row's argument checks (``wrap``: see
+        :func:`flexmig.act.operation_table.bind`)."""
+        return bind(self, "actuator", wrap)
 
     async def _run(self, plan: Plan) -> dict[str, Any]:
         if self.ex.mode == "advise":
@@ -109,9 +87,11 @@ class JobsApi:
         return {**res.to_json(), "plan": describe_plan(plan)}
 
     # ---------------------------------------------------------------------------------------- handlers
-    async def _submit(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        _only(args, "path")
-        path = Path(_str(args, "path") or "")
+    async def submit(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``jobs.submit``: register the spec at ``path`` and start it (in mode act, queue it when it does not fit)."""
+        if self.refuse_submit is not None:
+            raise PlanRejectedError(self.refuse_submit)
+        path = Path(args["path"])
         if not path.is_absolute():
             raise RequestError(f"job spec path must be absolute, not {path}")
         if self.ex.mode == "observe":
@@ -162,8 +142,8 @@ class JobsApi:
         rec = self._put_pending(spec, old, resume)
         return {"plan_id": None, "ok": True, "actions": [], "queued": f"no room now ({why})", "job": rec.summary()}
 
-    async def _list(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
-        _only(args)
+    async def list_jobs(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """``jobs.list``: every journalled job (:meth:`summary`)."""
         return [self.summary(rec) for rec in self.ex.journal.jobs()]
 
     def summary(self, rec: JobRecord) -> dict[str, Any]:
@@ -196,12 +176,12 @@ class JobsApi:
             raise PlanRejectedError(f"job {name} is {rec.state}, not running")
         return rec
 
-    async def _migrate(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        _only(args, "name", "to")
-        rec = self._running(_str(args, "name") or "")
+    async def migrate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``jobs.migrate``: move a running job to instances of profile ``to`` (default: its own)."""
+        rec = self._running(args["name"])
         view = await self.ex.view()
         model = node_model(view)
-        profile = _str(args, "to", required=False) or rec.slots[0].profile
+        profile = args["to"] or rec.slots[0].profile
         try:
             model.profile(profile)
         except KeyError as exc:
@@ -210,31 +190,32 @@ class JobsApi:
         plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=False, reason="operator request")
         return await self._run(plan)
 
-    async def _resplit(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        _only(args, "name", "ranks", "profile")
-        rec = self._running(_str(args, "name") or "")
-        ranks = _int(args, "ranks")
+    async def resplit(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``jobs.resplit``: relaunch a running job over ``ranks`` instances of ``profile`` (default: its own)."""
+        rec = self._running(args["name"])
+        ranks: int = args["ranks"]
         if not rec.spec.ranks_min <= ranks <= rec.spec.ranks_max:
             raise RequestError(f"job {rec.name} may run {rec.spec.ranks_min}..{rec.spec.ranks_max} ranks, not {ranks}")
         view = await self.ex.view()
         model = node_model(view)
-        profile = _str(args, "profile", required=False) or rec.slots[0].profile
+        profile = args["profile"] or rec.slots[0].profile
         try:
             model.profile(profile)
         except KeyError as exc:
             raise RequestError(str(exc.args[0])) from None
+        # A re-split keeps the job's own instances, unless the job has standby ranks: those start only on instances
+        # the job does not hold yet, so it goes where there is room and keeps its own only when nothing else fits.
+        keep = not rec.spec.hook.standby
         targets = choose_targets(
-            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=True
+            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=keep
         )
         plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request")
         return await self._run(plan)
 
-    async def _stop(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        _only(args, "name", "force")
-        name = _str(args, "name") or ""
-        force = args.get("force", False)
-        if not isinstance(force, bool):
-            raise RequestError("argument 'force' must be true or false")
+    async def stop(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``jobs.stop``: checkpoint and stop a running job (``force``: without waiting for the checkpoint)."""
+        name: str = args["name"]
+        force: bool = args["force"]
         self._running(name)
         if self.ex.mode == "advise":
             raise PlanRejectedError(f"mode is 'advise': would stop job {name}; nothing done")

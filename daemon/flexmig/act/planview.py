@@ -37,6 +37,7 @@ def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
         submitted_s=rec.submitted_s,
         movable=True,
         malleable=rec.spec.ranks_min < rec.spec.ranks_start,
+        standby=rec.spec.hook.standby,
     )
 
 

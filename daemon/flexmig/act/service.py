@@ -8,7 +8,7 @@ The daemon builds one :class:`Actuator` in its TaskGroup::
                          events=mqtt_sink)
     await act.start()                                   # reconcile journal vs NVML vs process table
     control = act.control_server(cfg.control.socket, cfg.control.socket_mode)
-    tg.create_task(control.serve())                     # plus the daemon's own operations via control.add()
+    tg.create_task(control.serve())                     # the jobs.* rows of flexmig.act.operation_table
     ...
     await act.execute(plan)                             # planner plans, in mode act
     await act.close()                                   # on shutdown (jobs keep running)
@@ -69,7 +69,7 @@ class Actuator:
         scanner: ProcessScanner | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         wall: Callable[[], float] = time.time,
-        poll_s: float = 0.02,
+        poll_s: float = 0.005,
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
         journal_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
@@ -128,7 +128,8 @@ class Actuator:
         self.executor.policy = policy
 
     def control_server(self, path: Path, mode: int = 0o600) -> ControlServer:
-        """A control server with the ``jobs.*`` operations; add the daemon's own with ``add()``."""
+        """A control server with the ``jobs.*`` operations (the operation table's rows this actuator serves); the
+        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`)."""
         return ControlServer(path, self.jobs.handlers(), mode=mode)
 
     async def close(self) -> None:

@@ -8,6 +8,14 @@ variables (``FLEXMIG_JOB``, ``FLEXMIG_CHECKPOINT_DIR``, ``FLEXMIG_ACK_PATH``, ``
 ``MASTER_PORT``. With ``torchrun``, each instance runs one torch elastic agent (``--nproc-per-node 1``) and the
 agents meet in a c10d rendezvous on loopback, which sets those variables for the workers.
 
+A **standby** rank (a job with ``[hook] standby = true``, during a move) is started before the current generation
+checkpoints, on a target instance, without the world (no ``RANK``, ``WORLD_SIZE``, ``MASTER_*``, ``FLEXMIG_RESUME``)
+and with ``FLEXMIG_STANDBY_FD``: one end of a Unix socket pair whose other end the supervisor keeps. The rank writes
+"ready" on it once its start-up is done; the supervisor hands it the world and the checkpoint over it
+(:meth:`Supervisor.handover`), and only then does it count as a rank of its job (signalled, stopped, registered on
+its device, its exit reported). Standby ranks are kept apart until then: a cancelled move drops them
+(:meth:`Supervisor.drop_standby`) without touching the running generation.
+
 The supervisor decides nothing: it launches, signals, waits and reports exits to its ``on_exit`` callback; the
 executor owns every decision.
 """
@@ -23,7 +31,7 @@ import pwd
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +54,10 @@ from flexmig_hook.protocol import (
     ENV_RESUME,
     ENV_RESUME_STEP,
     ENV_SLOT,
+    ENV_STANDBY_FD,
+    READY_LINE,
     Ack,
+    encode_handover,
 )
 
 __all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
@@ -66,12 +77,19 @@ def free_port(host: str = LOOPBACK) -> int:
 
 @dataclass(slots=True)
 class RankHandle:
-    """A rank of a running job: its slot number (the rank, for ``plain``), its instance, its process."""
+    """A rank of a running job: its slot number (the rank, for ``plain``), its instance, its process.
+
+    A standby rank (``standby`` True) also holds the daemon's end of its channel and whether it said it is
+    ready; it becomes an ordinary rank at its handover.
+    """
 
     slot: int
     place: Slot
     proc: RankProcess
     generation: int
+    standby: bool = False
+    channel: socket.socket | None = None
+    ready: asyncio.Event | None = None
 
 
 def _identity(user: str, group: str | None) -> tuple[int | None, int | None, tuple[int, ...] | None, str]:
@@ -94,6 +112,26 @@ def mig_visible(uuid: str) -> str:
     return uuid if uuid.startswith("MIG-") else f"MIG-{uuid}"
 
 
+def rank_world(rec: JobRecord, slot: int, *, port: int, resume: Ack | None, host: str = LOOPBACK) -> dict[str, str]:
+    """The variables that place slot ``slot`` of ``rec`` in its world: the checkpoint to resume from and, with the
+    ``plain`` launcher, torch.distributed's ``RANK``, ``WORLD_SIZE``, ``LOCAL_*``, ``MASTER_*`` (torchrun sets
+    those itself). In a rank's environment from the start, or handed to a standby rank when its move comes."""
+    env: dict[str, str] = {}
+    if resume is not None:
+        env[ENV_RESUME] = resume.checkpoint
+        env[ENV_RESUME_STEP] = str(resume.step)
+    if rec.spec.launcher == "plain":
+        env.update(
+            RANK=str(slot),
+            WORLD_SIZE=str(len(rec.slots)),
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR=host,
+            MASTER_PORT=str(port),
+        )
+    return env
+
+
 def rank_requests(
     rec: JobRecord,
     logs_dir: Path,
@@ -102,8 +140,13 @@ def rank_requests(
     resume: Ack | None,
     host: str = LOOPBACK,
     acks: AckPlacement | None = None,
+    standby: Mapping[int, int] | None = None,
 ) -> list[LaunchRequest]:
-    """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order."""
+    """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order.
+
+    ``standby`` maps slots to start as standby ranks to the descriptor of their channel: those get
+    ``FLEXMIG_STANDBY_FD`` and inherit it, and get their world only at the handover (:func:`rank_world`).
+    """
     spec = rec.spec
     uid, gid, groups, home = _identity(spec.user, spec.group)
     n = len(rec.slots)
@@ -122,23 +165,17 @@ def rank_requests(
         ENV_JOB_ID: rec.uid,
         ENV_GENERATION: str(rec.generation),
     }
-    if resume is not None:
-        base[ENV_RESUME] = resume.checkpoint
-        base[ENV_RESUME_STEP] = str(resume.step)
     out = []
     for slot, place in enumerate(rec.slots):
         env = dict(base)
         env["CUDA_VISIBLE_DEVICES"] = mig_visible(place.uuid)
         env[ENV_SLOT] = str(slot)
+        fd = (standby or {}).get(slot)
+        if fd is not None:
+            env[ENV_STANDBY_FD] = str(fd)
+        else:
+            env.update(rank_world(rec, slot, port=port, resume=resume, host=host))
         if spec.launcher == "plain":
-            env.update(
-                RANK=str(slot),
-                WORLD_SIZE=str(n),
-                LOCAL_RANK="0",
-                LOCAL_WORLD_SIZE="1",
-                MASTER_ADDR=host,
-                MASTER_PORT=str(port),
-            )
             argv = spec.argv
         else:
             argv = (
@@ -175,6 +212,7 @@ def rank_requests(
                 groups=groups,
                 ignore_signal=int(spec.hook.signal),
                 launcher_kind=spec.launcher,
+                pass_fds=(fd,) if fd is not None else (),
             )
         )
     return out
@@ -208,35 +246,46 @@ class Supervisor:
         self.host = host
         self.on_exit: ExitCallback | None = None
         self._ranks: dict[str, dict[int, RankHandle]] = {}
+        self._standby: dict[str, dict[int, RankHandle]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------------------------------- launching
     async def launch(
         self, rec: JobRecord, *, port: int, resume: Ack | None, only: Iterable[int] | None = None
     ) -> list[RankHandle]:
-        """Start the ranks of ``rec`` (all, or the slots in ``only``); raises OSError if one cannot start.
+        """Start the ranks of ``rec`` (all, or the slots in ``only``) side by side; raises OSError if one cannot
+        start.
 
         On a failure the ranks already started by this call are killed again, so a launch is all or nothing.
         """
         reqs = rank_requests(rec, self.logs_dir, port=port, resume=resume, host=self.host, acks=self.acks)
-        wanted = set(range(len(reqs))) if only is None else set(only)
-        started: list[RankHandle] = []
-        try:
-            for slot, req in enumerate(reqs):
-                if slot not in wanted:
-                    continue
-                proc = await self.launcher.launch(req)
-                handle = RankHandle(slot, rec.slots[slot], proc, rec.generation)
-                started.append(handle)
-                self._ranks.setdefault(rec.name, {})[slot] = handle
-        except OSError:
+        wanted = sorted(set(range(len(reqs))) if only is None else set(only))
+        started = await self._start_all(rec, {s: reqs[s] for s in wanted})
+        ranks = self._ranks.setdefault(rec.name, {})
+        for h in started:
+            ranks[h.slot] = h
+        await asyncio.gather(*(self._attach(h) for h in started))
+        for h in started:
+            self._watch(rec.name, h)
+        self._emit_started(rec, started, resume)
+        return started
+
+    async def _start_all(self, rec: JobRecord, reqs: Mapping[int, LaunchRequest]) -> list[RankHandle]:
+        """Start every request at once; if one fails, kill the others and raise its error."""
+        results = await asyncio.gather(*(self.launcher.launch(r) for r in reqs.values()), return_exceptions=True)
+        started = [
+            RankHandle(slot, rec.slots[slot], res, rec.generation)
+            for slot, res in zip(reqs, results, strict=True)
+            if not isinstance(res, BaseException)
+        ]
+        errors = [res for res in results if isinstance(res, BaseException)]
+        if errors:
             for h in started:
                 _kill_group(h.proc, signal.SIGKILL)
-                self._ranks.get(rec.name, {}).pop(h.slot, None)
-            raise
-        for h in started:
-            await self._attach(h)
-            self._watch(rec.name, h)
+            raise errors[0]
+        return started
+
+    def _emit_started(self, rec: JobRecord, started: Iterable[RankHandle], resume: Ack | None, **extra: object) -> None:
         self.events.emit(
             ActEvent(
                 kind="job_started",
@@ -247,10 +296,147 @@ class Supervisor:
                     "pids": {str(h.slot): h.proc.pid for h in started},
                     "instances": [s.spec() for s in rec.slots],
                     "resume_step": resume.step if resume else None,
+                    **extra,
                 },
             )
         )
+
+    # ---------------------------------------------------------------------------------------------- standby
+    async def launch_standby(self, rec: JobRecord, slots: Iterable[int]) -> list[RankHandle]:
+        """Start standby ranks of ``rec`` (the *next* generation's record) on ``slots``, whose instances exist.
+
+        They run the job's start-up, say "ready" on their channel and wait for :meth:`handover`; until then they
+        are no ranks of the job: not signalled, not registered on their device, their exit reported to nobody
+        but :meth:`standby`'s readers. OSError (and nothing left running) if one cannot start.
+        """
+        wanted = sorted(set(slots))
+        pairs = {s: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for s in wanted}
+        try:
+            fds = {s: child.fileno() for s, (_, child) in pairs.items()}
+            reqs = rank_requests(rec, self.logs_dir, port=0, resume=None, host=self.host, acks=self.acks, standby=fds)
+            started = await self._start_all(rec, {s: reqs[s] for s in wanted})
+        except BaseException:
+            for ours, child in pairs.values():
+                ours.close()
+                child.close()
+            raise
+        for _, child in pairs.values():
+            child.close()  # the rank holds its end; ours alone stays here
+        standby = self._standby.setdefault(rec.name, {})
+        for h in started:
+            ours = pairs[h.slot][0]
+            ours.setblocking(False)
+            h.standby, h.channel, h.ready = True, ours, asyncio.Event()
+            standby[h.slot] = h
+            self._watch(rec.name, h)
+            task = spawn(self._await_ready(h), name=f"standby-{rec.name}-{h.slot}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._emit_started(rec, started, None, standby=True)
         return started
+
+    async def _await_ready(self, h: RankHandle) -> None:
+        """Read the standby rank's "ready" line (at most its length; anything else is not readiness)."""
+        assert h.channel is not None and h.ready is not None
+        loop = asyncio.get_running_loop()
+        got = b""
+        try:
+            while len(got) < len(READY_LINE):
+                chunk = await loop.sock_recv(h.channel, len(READY_LINE) - len(got))
+                if not chunk:
+                    return
+                got += chunk
+        except OSError:
+            return
+        if got == READY_LINE:
+            h.ready.set()
+        else:
+            log.warning("standby rank %d of generation %d wrote %r instead of ready", h.slot, h.generation, got)
+
+    def standby(self, job: str) -> list[RankHandle]:
+        """The standby ranks of ``job`` this supervisor started and has not handed over or dropped (running or
+        not), in slot order."""
+        return [h for _, h in sorted(self._standby.get(job, {}).items())]
+
+    async def wait_standby_ready(self, job: str, timeout_s: float) -> list[RankHandle]:
+        """Wait until every standby rank of ``job`` is ready or has exited, at most ``timeout_s``; returns those
+        that exited (before saying ready)."""
+
+        async def one(h: RankHandle) -> None:
+            assert h.ready is not None
+            ready = asyncio.ensure_future(h.ready.wait())
+            ended = asyncio.ensure_future(h.proc.wait())
+            try:
+                await asyncio.wait({ready, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+                ended.cancel()
+
+        hs = self.standby(job)
+        if hs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(one(h) for h in hs)), timeout_s)
+        return [h for h in hs if h.proc.finished() and not (h.ready and h.ready.is_set())]
+
+    async def handover(self, rec: JobRecord, *, port: int, resume: Ack | None) -> list[int]:
+        """Hand each live standby rank of ``rec``'s generation its world and checkpoint; they become its ranks.
+
+        Returns the slots handed over. A standby rank that has exited, or whose channel is gone, is dropped, and
+        its slot left for the caller to launch afresh.
+        """
+        loop = asyncio.get_running_loop()
+        handed: list[RankHandle] = []
+        mine = self._standby.pop(rec.name, {})
+        for slot, h in sorted(mine.items()):
+            if h.generation != rec.generation or not 0 <= slot < len(rec.slots) or h.proc.finished():
+                self._close_channel(h)
+                _kill_group(h.proc, signal.SIGKILL)
+                continue
+            msg = encode_handover(rank_world(rec, slot, port=port, resume=resume, host=self.host))
+            try:
+                assert h.channel is not None
+                await asyncio.wait_for(loop.sock_sendall(h.channel, msg), 5.0)
+            except (OSError, TimeoutError) as exc:
+                log.warning("standby rank %d of job %s not handed over (%s); started afresh", slot, rec.name, exc)
+                self._close_channel(h)
+                _kill_group(h.proc, signal.SIGKILL)
+                continue
+            self._close_channel(h)
+            h.standby = False
+            h.place = rec.slots[slot]
+            handed.append(h)
+        ranks = self._ranks.setdefault(rec.name, {})
+        for h in handed:
+            ranks[h.slot] = h
+        await asyncio.gather(*(self._attach(h) for h in handed))
+        if handed:
+            self._emit_started(rec, handed, resume, handed_over=True)
+        return [h.slot for h in handed]
+
+    async def drop_standby(self, job: str, grace_s: float = 10.0) -> None:
+        """End ``job``'s standby ranks (a cancelled or failed move): close their channels (a standby rank that
+        reads the end exits by itself), then SIGTERM their process groups and SIGKILL what is left after
+        ``grace_s``."""
+        hs = list(self._standby.pop(job, {}).values())
+        for h in hs:
+            self._close_channel(h)
+            _kill_group(h.proc, signal.SIGTERM)
+        alive = [h for h in hs if not h.proc.finished()]
+        if not alive:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*(h.proc.wait() for h in alive)), grace_s)
+        except TimeoutError:
+            for h in alive:
+                _kill_group(h.proc, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(h.proc.wait() for h in alive)), 5.0)
+
+    @staticmethod
+    def _close_channel(h: RankHandle) -> None:
+        if h.channel is not None:
+            h.channel.close()
+            h.channel = None
 
     async def adopt(self, rec: JobRecord, found: Iterable[FoundRank]) -> list[RankHandle]:
         """Take over ranks of generation ``rec.generation`` that a previous daemon launched."""
@@ -283,6 +469,23 @@ class Supervisor:
 
     async def _wait_rank(self, job: str, h: RankHandle) -> None:
         code = await h.proc.wait()
+        if h.standby:  # never handed over: no rank of the job yet, not on its device; the move decides
+            self._close_channel(h)
+            self.events.emit(
+                ActEvent(
+                    kind="job_exited",
+                    time_s=self.wall(),
+                    job=job,
+                    detail={
+                        "slot": h.slot,
+                        "pid": h.proc.pid,
+                        "generation": h.generation,
+                        "exit_code": code,
+                        "standby": True,
+                    },
+                )
+            )
+            return
         if h.place.uuid:
             with contextlib.suppress(Exception):
                 await self.offload(lambda: self.devices.detach(h.place.uuid, h.proc.pid))
@@ -353,7 +556,11 @@ class Supervisor:
             del ranks[slot]
 
     async def close(self) -> None:
-        """Stop watching (ranks keep running: jobs outlive the daemon)."""
+        """Stop watching (ranks keep running: jobs outlive the daemon). Standby ranks lose their channel and end:
+        no daemon is left to hand them over."""
+        for hs in self._standby.values():
+            for h in hs.values():
+                self._close_channel(h)
         await cancel_and_wait(self._tasks)
 
 

@@ -339,8 +339,9 @@ class PlannerConfig:
     # 2 ranks, gloo, on the simulated node).
     checkpoint_s: float = _doc(
         _PLANNER.checkpoint_s,
-        "Expected time from the checkpoint request to the job's ranks having exited (measured: acknowledgement "
-        "40-90 ms, ranks exit 2-3 s; bench/migration.py). Raise it for jobs with large checkpoints.",
+        "Expected time from the checkpoint request to the job's ranks having exited (measured for the torch DDP "
+        "example: acknowledgement 40-70 ms, ranks gone 0.1 s later with Hook.exit, 1.1 s later through the "
+        "interpreter's teardown; bench/migration.py). Raise it for jobs with large checkpoints.",
         lo=0,
         hi=3600,
     )
@@ -349,8 +350,16 @@ class PlannerConfig:
     )
     restart_s: float = _doc(
         _PLANNER.restart_s,
-        "Expected time from relaunch to the job's first step after resuming (measured: 4-6 s for the torch "
-        "example, of which the daemon's own part is ~0.06 s; bench/migration.py).",
+        "Expected time from the acknowledgement to the job's first step after resuming when its new ranks start "
+        "cold (measured: 4.9 s for the torch DDP example, 10 s under heavy load; flexmig's own part 0.05-0.15 s; "
+        "bench/migration.py).",
+        lo=0,
+        hi=3600,
+    )
+    standby_restart_s: float = _doc(
+        _PLANNER.standby_restart_s,
+        "The same for a job with standby ranks ([hook] standby), whose next generation did its start-up before the "
+        "request (measured: 0.3-0.55 s for the torch DDP example; bench/migration.py).",
         lo=0,
         hi=3600,
     )

@@ -7,6 +7,7 @@ from flexmig_hook.atomic import (
     atomic_write_json,
     atomic_writer,
     fsync_dir,
+    fsync_tree,
 )
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "atomic_write_json",
     "atomic_writer",
     "fsync_dir",
+    "fsync_tree",
 ]

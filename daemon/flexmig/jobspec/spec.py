@@ -78,7 +78,7 @@ _TOP_KEYS = frozenset({"name", "argv", "user", "group", "working_dir", "checkpoi
 _TABLES = {
     "ranks": frozenset({"min", "max", "start"}),
     "need": frozenset({"profile", "memory_gib", "compute_slices"}),
-    "hook": frozenset({"signal", "ack_timeout_s", "exit_timeout_s"}),
+    "hook": frozenset({"signal", "ack_timeout_s", "exit_timeout_s", "standby", "standby_timeout_s"}),
 }
 
 
@@ -147,6 +147,11 @@ class HookSettings:
     signal: signal.Signals = signal.SIGUSR1
     ack_timeout_s: float = 300.0  # no acknowledgement within this: the move is cancelled, the job keeps running
     exit_timeout_s: float = 30.0  # after the acknowledgement, how long ranks get to exit 0
+    standby: bool = False
+    """Start the next generation's ranks on a move's targets before the current one checkpoints (the job's script
+    calls ``flexmig_hook.install()`` after its start-up; docs/jobs.md, "Standby ranks")."""
+    standby_timeout_s: float = 120.0
+    """How long a move waits for its standby ranks to be ready before it asks for the checkpoint anyway."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,8 @@ class JobSpec:
                 "signal": self.hook.signal.name,
                 "ack_timeout_s": self.hook.ack_timeout_s,
                 "exit_timeout_s": self.hook.exit_timeout_s,
+                "standby": self.hook.standby,
+                "standby_timeout_s": self.hook.standby_timeout_s,
             },
         }
         if self.group:
@@ -350,6 +357,14 @@ def _build(
     ranks = _ranks(c, tables["ranks"])
     need = c.attempt(lambda: _need(c, tables["need"]), None)
     hook = c.attempt(lambda: _hook(c, tables["hook"], policy.default_ack_timeout_s if policy else 300.0), None)
+    if hook is not None and hook.standby and launcher == "torchrun":
+        c.note(
+            c.fail(
+                "hook.standby",
+                "needs launcher 'plain': torchrun starts the script only after its own rendezvous, so its "
+                "ranks cannot do their start-up before the move",
+            )
+        )
 
     if policy is not None:
         for key, d in (("working_dir", working_dir), ("checkpoint_dir", checkpoint_dir)):
@@ -570,7 +585,13 @@ def _hook(c: _Ctx, hook: Mapping[str, Any], default_ack_s: float) -> HookSetting
         raise c.fail("hook.ack_timeout_s", f"must be in (0, 86400] seconds, not {ack:g}")
     if not 0 < ext <= 3600:
         raise c.fail("hook.exit_timeout_s", f"must be in (0, 3600] seconds, not {ext:g}")
-    return HookSettings(signal=sig, ack_timeout_s=ack, exit_timeout_s=ext)
+    standby = hook.get("standby", False)
+    if not isinstance(standby, bool):
+        raise c.fail("hook.standby", f"must be true or false, not {type_name(standby)}")
+    ready = _num(c, hook, "hook.standby_timeout_s", "standby_timeout_s", 120.0)
+    if not 0 < ready <= 86400:
+        raise c.fail("hook.standby_timeout_s", f"must be in (0, 86400] seconds, not {ready:g}")
+    return HookSettings(signal=sig, ack_timeout_s=ack, exit_timeout_s=ext, standby=standby, standby_timeout_s=ready)
 
 
 def _check_user(c: _Ctx, user: str, group: str | None) -> None:

@@ -1,13 +1,14 @@
 """MQTT command payloads: the verbs, their arguments, the published JSON Schemas, and the checks (pure, no I/O).
 
 A command is one JSON object, ``{"id": "...", "args": {...}}``, published on ``<prefix>/<node>/commands/<verb>``;
-the verb is the topic's last level (``migrate``, ``resplit``, ``stop``, ``plan-now``). Every payload is checked
-against a strict schema before anything else sees it (``schemas/command.v1.schema.json`` is generated from
-:data:`VERBS`, see :func:`schema_documents`): at most :data:`MAX_COMMAND_BYTES`, UTF-8 JSON without duplicate keys
-or NaN, known fields only, job names and profile names from fixed alphabets; there is no free-form text, no argv
-and no path in any command. A valid :class:`Command` becomes a control request line (:meth:`Command.control_line`);
-:func:`result_document` is the envelope of every answer. The listener that receives them is
-:mod:`flexmig.mqtt.commands`.
+the verb is the topic's last level (``migrate``, ``resplit``, ``stop``, ``plan-now``). The verbs are the rows of
+:data:`flexmig.act.operation_table.OPERATIONS` that name one, with the arguments those rows offer to MQTT and their
+stricter checks (:data:`VERBS`). Every payload is checked against a strict schema before anything else sees it
+(``schemas/command.v1.schema.json`` is generated from :data:`VERBS`, see :func:`schema_documents`): at most
+:data:`MAX_COMMAND_BYTES`, UTF-8 JSON without duplicate keys or NaN, known fields only, job names and profile names
+from fixed alphabets; there is no free-form text, no argv and no path in any command. A valid :class:`Command`
+becomes a control request line (:meth:`Command.control_line`); :func:`result_document` is the envelope of every
+answer. The listener that receives them is :mod:`flexmig.mqtt.commands`.
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
+from flexmig.act.operation_table import ID_PATTERN, OPERATIONS, Arg
 from flexmig.errors import CommandRefusedError
-from flexmig.mig.catalogue import MODELS
 from flexmig.mqtt.events import NODE_NAME, format_time
 
 __all__ = [
     "COMMAND_SCHEMA_VERSION",
     "MAX_COMMAND_BYTES",
     "VERBS",
-    "ArgSpec",
     "Command",
     "CommandRefusedError",
     "VerbSpec",
@@ -41,50 +41,17 @@ COMMAND_SCHEMA_VERSION = 1
 MAX_COMMAND_BYTES = 4096
 """The largest payload accepted; a command needs a few hundred bytes at most."""
 
-# Patterns are anchored at both ends; ``(?!\n)`` keeps ``$`` from matching before a trailing newline (which Python
-# and PCRE allow), so every JSON Schema implementation and this module agree on every string.
-_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$(?!\n)"
-_JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$(?!\n)"  # job names, as flexmig.jobspec.spec accepts them
-_PROFILES = tuple(sorted({p.name for m in MODELS for p in m.profiles}))
-
 
 # ------------------------------------------------------------------------------------------------- the schema
 @dataclass(frozen=True, slots=True)
-class ArgSpec:
-    """One argument of a verb: its JSON type and constraints (the schema and the checks both come from here)."""
-
-    kind: Literal["string", "integer", "boolean"]
-    doc: str
-    required: bool = False
-    pattern: str | None = None
-    choices: tuple[str, ...] | None = None
-    minimum: int | None = None
-    maximum: int | None = None
-
-    def schema(self) -> dict[str, Any]:
-        """This argument as JSON Schema."""
-        out: dict[str, Any] = {"description": self.doc}
-        if self.choices is not None:
-            out["enum"] = list(self.choices)
-            return out
-        out["type"] = self.kind
-        if self.pattern is not None:
-            out["pattern"] = self.pattern
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        if self.maximum is not None:
-            out["maximum"] = self.maximum
-        return out
-
-
-@dataclass(frozen=True, slots=True)
 class VerbSpec:
-    """A command verb: the control operation it is forwarded to, and its arguments."""
+    """A command verb: the control operation it is forwarded to, and its arguments (a row of the operation table,
+    as MQTT sees it)."""
 
     name: str
     op: str
     doc: str
-    args: Mapping[str, ArgSpec]
+    args: Mapping[str, Arg]
     example: Mapping[str, Any]
 
     def schema(self) -> dict[str, Any]:
@@ -107,44 +74,11 @@ class VerbSpec:
         }
 
 
-_JOB = ArgSpec("string", "the job's name (as in its spec)", required=True, pattern=_JOB_PATTERN)
-
 VERBS: Mapping[str, VerbSpec] = MappingProxyType(
     {
-        "migrate": VerbSpec(
-            "migrate",
-            "jobs.migrate",
-            "Checkpoint a running job, move its ranks to other instances (of profile 'to', default: the same) and "
-            "resume it there.",
-            {"name": _JOB, "to": ArgSpec("string", "MIG profile of the new instances", choices=_PROFILES)},
-            {"id": "op-42", "args": {"name": "train", "to": "2g.35gb"}},
-        ),
-        "resplit": VerbSpec(
-            "resplit",
-            "jobs.resplit",
-            "Checkpoint a running job and restart it over another number of instances (a new world size), within "
-            "its spec's ranks.min..ranks.max.",
-            {
-                "name": _JOB,
-                "ranks": ArgSpec("integer", "the new number of ranks", required=True, minimum=1, maximum=64),
-                "profile": ArgSpec("string", "MIG profile of each rank's instance", choices=_PROFILES),
-            },
-            {"id": "op-43", "args": {"name": "train", "ranks": 4}},
-        ),
-        "stop": VerbSpec(
-            "stop",
-            "jobs.stop",
-            "Stop a running job (it is asked to checkpoint first unless force is true).",
-            {"name": _JOB, "force": ArgSpec("boolean", "stop without waiting for a checkpoint")},
-            {"id": "op-44", "args": {"name": "train"}},
-        ),
-        "plan-now": VerbSpec(
-            "plan-now",
-            "plan",
-            "What the planner would do now, with its reasons (the daemon's plan operation); changes nothing.",
-            {},
-            {"id": "op-45"},
-        ),
+        op.verb: VerbSpec(op.verb, op.name, op.doc, op.mqtt_args(), op.example)
+        for op in OPERATIONS.values()
+        if op.verb is not None
     }
 )
 """The command verbs: the topic level, the control operation, the arguments. Nothing else is accepted."""
@@ -177,7 +111,7 @@ def schema_documents() -> dict[str, dict[str, Any]]:
             "id": {
                 "description": "chosen by the sender, unique per command; echoed in the result",
                 "type": "string",
-                "pattern": _ID_PATTERN,
+                "pattern": ID_PATTERN,
             },
             **{name: verb.schema() for name, verb in VERBS.items()},
         },
@@ -196,7 +130,7 @@ def schema_documents() -> dict[str, dict[str, Any]]:
             "schema_version": {"const": COMMAND_SCHEMA_VERSION},
             "id": {
                 "description": "the command's id; null when the payload had no valid id",
-                "anyOf": [{"type": "string", "pattern": _ID_PATTERN}, {"type": "null"}],
+                "anyOf": [{"type": "string", "pattern": ID_PATTERN}, {"type": "null"}],
             },
             "node": {"type": "string", "pattern": f"^{NODE_NAME.pattern}$"},
             "verb": {
@@ -292,12 +226,12 @@ def _id_of(doc: object) -> str | None:
     """The payload's ``id`` when it is a valid one (so even a refusal can name its command)."""
     if isinstance(doc, dict):
         value = doc.get("id")
-        if isinstance(value, str) and re.search(_ID_PATTERN, value):
+        if isinstance(value, str) and re.search(ID_PATTERN, value):
             return value
     return None
 
 
-def _check_arg(key: str, spec: ArgSpec, value: Any) -> Any:
+def _check_arg(key: str, spec: Arg, value: Any) -> Any:
     where = f"args.{key}"
     if spec.choices is not None:
         if not isinstance(value, str) or value not in spec.choices:
@@ -342,7 +276,7 @@ def parse_command(verb: str, payload: bytes) -> Command:
     if "id" not in doc:
         raise CommandRefusedError("id is required")
     if command_id is None:
-        raise CommandRefusedError(f"id: {printable(doc['id'])} does not match {_ID_PATTERN}")
+        raise CommandRefusedError(f"id: {printable(doc['id'])} does not match {ID_PATTERN}")
     raw_args = doc.get("args", None)
     required = [k for k, a in spec.args.items() if a.required]
     if raw_args is None and "args" not in doc:

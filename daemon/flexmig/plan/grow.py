@@ -50,7 +50,7 @@ class MoveBook:
     def move_cost(self, job: RunningJob) -> float:
         """Downtime of moving ``job``."""
         own = job.move_cost_s if job.move_cost_s is not None else job.nominal.move_cost_s
-        return self.settings.move_cost(own)
+        return self.settings.move_cost(own, standby=job.nominal.standby)
 
 
 class Grower:

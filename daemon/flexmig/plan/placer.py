@@ -368,7 +368,7 @@ class BasePlacer:
             start_s=self.now_s if start_s is None else start_s,
             nominal_s=self.nominal_start(nominal) if nominal_s is None else nominal_s,
             settling_s=self.settings.settling_s,
-            move_cost_s=self.settings.move_cost(job.move_cost_s),
+            move_cost_s=self.settings.move_cost(job.move_cost_s, standby=job.standby),
         )
 
 

@@ -115,6 +115,9 @@ class JobRequest:
     movable: bool = True
     move_cost_s: float | None = None
     malleable: bool = False
+    standby: bool = False
+    """Its moves start the next generation before the checkpoint (``[hook] standby``): they cost
+    ``PlannerSettings.standby_restart_s`` to restart, not ``restart_s``."""
 
     @property
     def elastic(self) -> bool:
@@ -184,10 +187,14 @@ class PlannerSettings:
 
     Defaults and why:
 
-    * ``checkpoint_s`` 3: from the checkpoint request to the job's ranks having exited, as measured for the torch
-      DDP example (2 ranks, gloo): the acknowledgement comes in 40-90 ms, the ranks exit 2-3 s later;
-    * ``restart_s`` 6: from the relaunch to the job's first step after resuming, measured 4-6 s for the same
-      example (the daemon's own part of a move is about 0.06 s);
+    * ``checkpoint_s`` 1: from the checkpoint request to the job's ranks having exited, as ``bench/migration.py``
+      measures it for the torch DDP example (2 ranks, gloo): the acknowledgement comes in 40-70 ms; ranks that end
+      with ``Hook.exit`` are gone 0.1 s later, ranks that leave through the interpreter's teardown 1.1 s later;
+    * ``restart_s`` 5: from the acknowledgement to the job's first step after resuming when the new ranks start
+      cold (process start, ``import torch``, model, optimizer, process group): 4.9 s for the same example on a
+      lightly loaded 2-core machine, 10 s under heavy load (the daemon's own part is 0.05-0.15 s);
+    * ``standby_restart_s`` 0.5: the same for a job with standby ranks (``[hook] standby``), whose next generation
+      did its start-up before the request: 0.3-0.55 s for the same example, under heavy load;
     * ``reconfigure_s`` 5: one GPU-instance create or destroy on hardware ("order of seconds" in public sources;
       the simulator cannot measure it);
     * ``spread_efficiency`` 0.9: a job spread over several instances (one rank per instance, collectives over
@@ -210,8 +217,9 @@ class PlannerSettings:
     Trace replay models larger jobs and uses its own costs (``flexmig.replay.costs.REPLAY_SETTINGS``).
     """
 
-    checkpoint_s: float = 3.0
-    restart_s: float = 6.0
+    checkpoint_s: float = 1.0
+    restart_s: float = 5.0
+    standby_restart_s: float = 0.5
     reconfigure_s: float = 5.0
     spread_efficiency: float = 0.9
     settling_s: float = 300.0
@@ -229,9 +237,12 @@ class PlannerSettings:
         """How many times its cost a move must gain: ``1 + gain_margin`` (the one place the margin is converted)."""
         return 1.0 + self.gain_margin
 
-    def move_cost(self, override_s: float | None = None) -> float:
-        """Downtime of moving one job: checkpoint plus restart, or the job's own figure."""
-        return self.checkpoint_s + self.restart_s if override_s is None else override_s
+    def move_cost(self, override_s: float | None = None, *, standby: bool = False) -> float:
+        """Downtime of moving one job: checkpoint plus restart (a standby restart for a job with standby ranks),
+        or the job's own figure."""
+        if override_s is not None:
+            return override_s
+        return self.checkpoint_s + (self.standby_restart_s if standby else self.restart_s)
 
 
 # ---------------------------------------------------------------------------------------------- actions

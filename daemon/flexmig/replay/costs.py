@@ -25,6 +25,7 @@ __all__ = ["REPLAY_SETTINGS"]
 REPLAY_SETTINGS = PlannerSettings(
     checkpoint_s=20.0,
     restart_s=30.0,
+    standby_restart_s=30.0,  # the traces' jobs have no standby ranks: every move restarts cold
     reconfigure_s=2.0,
     settling_s=600.0,
     gain_margin=1.0,

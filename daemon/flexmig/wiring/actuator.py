@@ -10,9 +10,11 @@
   is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
 * **dispatch**: :meth:`ActuatorComponent.dispatch` runs one control request line for the MQTT command listener,
   through the same operations and checks as the socket, whether or not ``[control]`` binds the socket;
-* **loop** ``actuator``: serve the control socket (``jobs.*`` from the actuator, plus ``status`` and ``plan``)
-  and plan every ``planner.interval_s``: ``observe`` never plans; ``advise`` plans and publishes each new plan
-  (``plan_proposed`` event, ``flexmig_planned_actions``), changing nothing; ``act`` also executes it;
+* **loop** ``actuator``: serve the control socket (every row of :data:`flexmig.act.operation_table.OPERATIONS`:
+  ``jobs.*`` from the actuator, ``status``, ``plan`` and ``standdown`` from here; the acting ones one at a time under
+  the action lock, refused while stopping) and plan every ``planner.interval_s``: ``observe`` never plans;
+  ``advise`` plans and publishes each new plan (``plan_proposed`` event, ``flexmig_planned_actions``), changing
+  nothing; ``act`` also executes it;
 * **stop** (``on_stop``, SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
   ``jobs.shutdown_grace_s``; past that the journal has the next start finish it;
 * **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once.
@@ -46,6 +48,7 @@ from flexmig.act.control import ControlServer, Handler, RequestError
 from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
+from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import node_model
 from flexmig.act.service import Actuator
 from flexmig.config import Config, Mode
@@ -83,9 +86,14 @@ NODE_LOCK_DIR = Path("/run/flexmig")
 
 log = logging.getLogger(__name__)
 
-_MUTATING = ("jobs.submit", "jobs.migrate", "jobs.resplit", "jobs.stop")
 _MIN_ROUND_GAP_S = 1.0  # planning rounds woken by events never come closer than this
-_MAX_REQUESTS = 16
+
+
+def _submit_refusal(config: Config) -> str | None:
+    """Why ``jobs.submit`` is refused under ``config``: a node whose jobs come from Slurm takes none of its own."""
+    if not config.slurm.enabled:
+        return None
+    return "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not flexmig jobs submit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +204,8 @@ class ActuatorComponent:
             self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
             # The dispatcher exists whether or not the socket is served: MQTT commands go through it too.
-            control = act.control_server(paths.socket, cfg.control.socket_mode)
-            for op in _MUTATING:
-                control.add(op, self._serialized(op, control.handlers[op]))
-            control.add("status", self._status)
-            control.add("plan", self._plan_request)
-            control.add("standdown", self._standdown)
+            act.jobs.refuse_submit = _submit_refusal(cfg)
+            control = ControlServer(paths.socket, self._handlers(act), mode=cfg.control.socket_mode)
             self.dispatcher = control
             if cfg.control.enabled:
                 await control.start()
@@ -407,30 +411,32 @@ class ActuatorComponent:
         return out
 
     # ------------------------------------------------------------------------------------------ control ops
-    def _serialized(self, op: str, handler: Handler) -> Handler:
-        """``handler`` run under the action lock (no plan runs meanwhile), refused while stopping."""
+    def _handlers(self, act: Actuator) -> dict[str, Handler]:
+        """Every operation of the table: the jobs API's and this component's, the acting ones serialized."""
+
+        def serialize(op: Operation, handler: Handler) -> Handler:
+            return self._serialized(handler) if op.acting else handler
+
+        return {**act.jobs.handlers(serialize), **bind(self, "daemon", serialize)}
+
+    def _serialized(self, handler: Handler) -> Handler:
+        """``handler`` (an acting operation's) run under the action lock (no plan runs meanwhile), refused while
+        stopping; the planner is woken for a job it queued."""
 
         async def run(args: Mapping[str, Any]) -> Any:
-            if op == "jobs.submit" and self.config.slurm.enabled:
-                raise PlanRejectedError(
-                    "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not "
-                    "flexmig jobs submit"
-                )
             async with self._busy:
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
                 result = await handler(args)
             self.refresh()
-            if op == "jobs.submit" and isinstance(result, dict) and result.get("queued"):
+            if isinstance(result, dict) and result.get("queued"):
                 self.wake()
             return result
 
         return run
 
-    async def _status(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``status`` request: served from the latest snapshot and the journal (no NVML call)."""
-        if args:
-            raise RequestError(f"status takes no arguments, got {', '.join(sorted(args))}")
+    async def status_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``status`` operation: served from the latest snapshot and the journal (no NVML call)."""
         snap = self.host.latest()
         if snap is None:
             raise PlanRejectedError("no sweep published yet")
@@ -462,21 +468,13 @@ class ActuatorComponent:
         """How many ranks of no journalled job run on this node (None while the actuator has not looked)."""
         return None if self.unknown_ranks is None else len(self.unknown_ranks)
 
-    async def _plan_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``plan`` request: what the planner would do now, with ``requests`` (``[Nx]PROFILE``) queued too."""
-        extra = set(args) - {"requests"}
-        if extra:
-            raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
-        requests = args.get("requests", [])
-        if not isinstance(requests, list) or len(requests) > _MAX_REQUESTS:
-            raise RequestError(f"'requests' must be a list of at most {_MAX_REQUESTS} strings")
-        if not all(isinstance(r, str) and 0 < len(r) <= 64 for r in requests):
-            raise RequestError("each request must be a string like 3g.71gb or 2x1g.18gb")
-        result = await self.plan_now(source="daemon", requests=tuple(requests))
+    async def plan_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``plan`` operation: what the planner would do now, with ``requests`` (``[Nx]PROFILE``) queued too."""
+        result = await self.plan_now(source="daemon", requests=tuple(args["requests"]))
         return result.document
 
-    async def _standdown(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``standdown`` request (:mod:`flexmig.wiring.standdown_request`)."""
+    async def standdown_request(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``standdown`` operation (:mod:`flexmig.wiring.standdown_request`), under the action lock."""
         return await standdown_request(self, args)
 
     def set_mode(self, mode: Mode, why: str) -> None:

@@ -50,6 +50,7 @@ def planner_settings(cfg: PlannerConfig) -> PlannerSettings:
     return PlannerSettings(
         checkpoint_s=cfg.checkpoint_s,
         restart_s=cfg.restart_s,
+        standby_restart_s=cfg.standby_restart_s,
         reconfigure_s=cfg.reconfigure_s,
         spread_efficiency=cfg.spread_efficiency,
         settling_s=cfg.settling_s,

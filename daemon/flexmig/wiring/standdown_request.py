@@ -2,7 +2,9 @@
 
 The rules (which GPU is re-laid, to what, and what may be stopped) are :mod:`flexmig.act.standdown`'s; this
 module reads the baseline, works the stand-down out on a fresh inventory, runs it as one journalled plan in mode
-``act`` and reports before and after. ``dry_run`` only says what it would do, in any mode.
+``act`` and reports before and after. ``dry_run`` only says what it would do, in any mode. Its arguments are
+checked by its row of :data:`flexmig.act.operation_table.OPERATIONS`, and the daemon runs it under its action lock,
+as every acting operation (:meth:`flexmig.wiring.actuator.ActuatorComponent.standdown_request`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from flexmig.act.control import RequestError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.service import Actuator
 from flexmig.act.standdown import StandDown, plan_standdown, standdown_document
@@ -31,34 +32,16 @@ class StandDownHost(Protocol):
     act: Actuator | None
     unavailable: str | None
 
-    @property
-    def action_lock(self) -> asyncio.Lock:
-        """Held while anything changes the node."""
-        ...
-
-    @property
-    def stopping(self) -> bool:
-        """True once a stop was asked."""
-        ...
-
     def set_mode(self, mode: Mode, why: str) -> None:
         """Switch the running daemon's mode."""
         ...
 
-    def refresh(self) -> None:
-        """Recount the jobs after the node changed."""
-        ...
-
 
 async def standdown_request(host: StandDownHost, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Answer one ``standdown`` request (arguments ``stop_jobs`` and ``dry_run``, both booleans)."""
-    extra = set(args) - {"stop_jobs", "dry_run"}
-    if extra:
-        raise RequestError(f"unknown arguments: {', '.join(sorted(extra))}")
-    flags = {k: args.get(k, False) for k in ("stop_jobs", "dry_run")}
-    if not all(isinstance(v, bool) for v in flags.values()):
-        raise RequestError("'stop_jobs' and 'dry_run' must be true or false")
-    stop_jobs, dry_run = flags["stop_jobs"], flags["dry_run"]
+    """Answer one ``standdown`` request (checked arguments ``stop_jobs`` and ``dry_run``, both booleans), with the
+    action lock held."""
+    stop_jobs: bool = args["stop_jobs"]
+    dry_run: bool = args["dry_run"]
     try:
         baseline = await asyncio.to_thread(load_baseline, host.config.baseline)
     except ConfigError as exc:
@@ -75,33 +58,29 @@ async def standdown_request(host: StandDownHost, args: Mapping[str, Any]) -> dic
             f"mode is {host.mode!r}: flexmig changes nothing outside mode 'act' (--dry-run shows what a "
             "stand-down would do)"
         )
-    async with host.action_lock:
-        if host.stopping:
-            raise PlanRejectedError("the daemon is stopping; try again after it restarts")
 
-        async def work_out() -> StandDown:
-            inventory = await act.executor.mig.inventory()
-            jobs = act.journal.jobs()
-            return plan_standdown(
-                NodeView.of(inventory),
-                {g.index: g.mig_current for g in inventory.gpus},
-                baseline.entries,
-                jobs,
-                {rec.name: act.supervisor.pids(rec.name) for rec in jobs},
-                stop_jobs=stop_jobs,
-                reconfigure_s=host.config.planner.reconfigure_s,
-            )
+    async def work_out() -> StandDown:
+        inventory = await act.executor.mig.inventory()
+        jobs = act.journal.jobs()
+        return plan_standdown(
+            NodeView.of(inventory),
+            {g.index: g.mig_current for g in inventory.gpus},
+            baseline.entries,
+            jobs,
+            {rec.name: act.supervisor.pids(rec.name) for rec in jobs},
+            stop_jobs=stop_jobs,
+            reconfigure_s=host.config.planner.reconfigure_s,
+        )
 
-        with contextlib.suppress(Exception):
-            await act.executor.offload(act.executor.devices.prune)
-        before = await work_out()
-        result = None
-        if not dry_run:
-            if before.actions:
-                result = await act.executor.execute_encoded(list(before.actions), "standdown")
-            host.set_mode("observe", f"stood down to {baseline.describe()}")
-            after = await work_out()
-        else:
-            after = before
-    host.refresh()
+    with contextlib.suppress(Exception):
+        await act.executor.offload(act.executor.devices.prune)
+    before = await work_out()
+    result = None
+    if not dry_run:
+        if before.actions:
+            result = await act.executor.execute_encoded(list(before.actions), "standdown")
+        host.set_mode("observe", f"stood down to {baseline.describe()}")
+        after = await work_out()
+    else:
+        after = before
     return standdown_document(baseline.describe(), before, after, result, dry_run=dry_run, mode=host.mode)

@@ -19,19 +19,31 @@ installed. Standard library only::
 Distributed jobs must agree on the step at which they stop (the signal reaches ranks at slightly different
 moments): :func:`flexmig_hook.torch.should_checkpoint` all-reduces the flag. The protocol itself is documented in
 docs/jobs.md ("Checkpoint hook protocol").
+
+Fast moves: ``h.exit()`` instead of ``sys.exit(0)`` ends a rank that has acknowledged without the interpreter's
+teardown (a second or more with torch loaded). With ``standby = true`` in the job's spec, the next generation is
+started before the current one checkpoints; call :func:`install` *after* the expensive start-up (imports, building
+the model and the optimizer on the CPU, opening data) and before anything that needs the world (the process
+group, moving the model to the device): in a standby rank it returns only once flexmig hands over the
+acknowledged checkpoint and the new rank, world size and rendezvous (:mod:`flexmig_hook.standby`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
-from flexmig_hook.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, fsync_dir
+from flexmig_hook.atomic import atomic_write_bytes, atomic_write_json, atomic_writer, fsync_dir, fsync_tree
 from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_ACK_WAIT,
@@ -40,8 +52,10 @@ from flexmig_hook.protocol import (
     ENV_JOB,
     ENV_RESUME,
     ENV_RESUME_STEP,
+    ENV_STANDBY_FD,
     Ack,
     AckError,
+    HandoverError,
     parse_signal,
     read_ack,
 )
@@ -49,12 +63,14 @@ from flexmig_hook.protocol import (
 __all__ = [
     "Ack",
     "AckError",
+    "HandoverError",
     "Hook",
     "HookEnv",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_writer",
     "fsync_dir",
+    "fsync_tree",
     "install",
     "parse_signal",
     "read_ack",
@@ -78,6 +94,8 @@ class HookEnv:
     rank: int
     world_size: int
     ack_wait_s: float | None = None
+    standby_wait_s: float | None = None
+    """How long this rank waited as a standby for its handover (None: it was not started as a standby)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookEnv:
@@ -175,6 +193,26 @@ class Hook:
         self._requested.clear()
 
     # ---------------------------------------------------------------------------------------- acknowledging
+    @property
+    def from_standby(self) -> bool:
+        """True when this rank was started as a standby and handed the world by flexmig."""
+        return self.env.standby_wait_s is not None
+
+    def exit(self, status: int = 0) -> NoReturn:
+        """End this rank now, without the interpreter's teardown (a second or more once torch is loaded).
+
+        Call it after the checkpoint is complete (written atomically, so fsynced) and acknowledged: it flushes
+        ``sys.stdout``, ``sys.stderr`` and the ``logging`` handlers, then calls ``os._exit``. ``atexit``
+        functions and finalizers do not run, so flush or close anything else of the job's own first (a metrics
+        writer, a log file opened without line buffering); the checkpoint itself is safe by then.
+        """
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+        os._exit(status)
+
     def acknowledge(self, step: int, checkpoint: str | os.PathLike[str]) -> None:
         """Tell the daemon the checkpoint of ``step`` is safely on disk. Only rank 0 writes; others return.
 
@@ -192,8 +230,34 @@ class Hook:
 
 
 def install(environ: Mapping[str, str] | None = None, *, handler: bool = True) -> Hook:
-    """Read the hook environment and (by default) install the checkpoint-signal handler; returns the Hook."""
-    h = Hook(HookEnv.from_environ(environ))
+    """Read the hook environment and (by default) install the checkpoint-signal handler; returns the Hook.
+
+    In a standby rank (``FLEXMIG_STANDBY_FD`` set) it first tells flexmig the rank is ready and blocks until
+    flexmig hands over the new world and the checkpoint to resume from; those land in ``os.environ`` (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``FLEXMIG_RESUME``...), so ``init_process_group`` and the
+    rest of the script read them as in any other rank. If the move is cancelled instead, the rank ends here.
+    So call it after the job's expensive start-up and before anything that needs the world.
+    """
+    env = dict(os.environ if environ is None else environ)
+    waited: float | None = None
+    fd_text = env.pop(ENV_STANDBY_FD, None)
+    if fd_text:
+        from flexmig_hook.standby import abandon, wait_for_handover  # noqa: PLC0415 - standby ranks only
+
+        t0 = time.monotonic()
+        world = wait_for_handover(_int(ENV_STANDBY_FD, fd_text))
+        if world is None:
+            abandon()
+        waited = time.monotonic() - t0
+        env.update(world or {})
+        if environ is None:
+            os.environ.pop(ENV_STANDBY_FD, None)
+            os.environ.update(world or {})
+    h = Hook(_with_wait(HookEnv.from_environ(env), waited))
     if handler:
         h.install_handler()
     return h
+
+
+def _with_wait(env: HookEnv, waited: float | None) -> HookEnv:
+    return env if waited is None else replace(env, standby_wait_s=waited)

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +30,15 @@ __all__ = [
     "ENV_RESUME",
     "ENV_RESUME_STEP",
     "ENV_SLOT",
+    "ENV_STANDBY_FD",
+    "HANDOVER_KEYS",
+    "HANDOVER_MAX_BYTES",
+    "READY_LINE",
     "Ack",
     "AckError",
+    "HandoverError",
+    "decode_handover",
+    "encode_handover",
     "parse_signal",
     "read_ack",
 ]
@@ -47,6 +55,11 @@ ENV_ACK_WAIT = "FLEXMIG_ACK_WAIT_S"
 #: The collective backend the launcher recommends: ranks on MIG instances have no CUDA P2P between them and
 #: NCCL's multi-rank-per-GPU mode is experimental (NCCL_MULTI_RANK_GPU_ENABLE, NCCL 2.30), so flexmig says ``gloo``.
 ENV_DIST_BACKEND = "FLEXMIG_DIST_BACKEND"
+#: Set only in a standby rank (a rank of the next generation started before the current one checkpoints): the file
+#: descriptor of its channel to the daemon, a Unix stream socket. :func:`flexmig_hook.install` writes
+#: :data:`READY_LINE` on it once the job's start-up is done, then blocks until the daemon writes the handover (one
+#: JSON line, :func:`decode_handover`) or closes the channel (the move was cancelled, or the daemon went away).
+ENV_STANDBY_FD = "FLEXMIG_STANDBY_FD"
 # Reserved for the daemon: how it recognises its ranks after a restart. Jobs must not rely on them.
 ENV_JOB_ID = "FLEXMIG_JOB_ID"
 ENV_GENERATION = "FLEXMIG_GENERATION"
@@ -58,9 +71,60 @@ ALLOWED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, s
 #: An acknowledgement is one short JSON object; anything longer is refused unread.
 ACK_MAX_BYTES = 64 * 1024
 
+#: What a standby rank writes on its channel when it is ready to be handed the new world.
+READY_LINE = b"ready\n"
+#: A handover is one short JSON line; anything longer is refused.
+HANDOVER_MAX_BYTES = 64 * 1024
+#: The variables a handover may set: the new world and the checkpoint to resume from. Nothing else (no
+#: ``LD_PRELOAD``, no ``PATH``) can reach a job this way.
+HANDOVER_KEYS = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        ENV_RESUME,
+        ENV_RESUME_STEP,
+    }
+)
+
 
 class AckError(ValueError):
     """An acknowledgement file exists but is not a valid acknowledgement; the message says what is wrong."""
+
+
+class HandoverError(ValueError):
+    """A handover line is not a valid handover; the message says what is wrong."""
+
+
+def encode_handover(env: Mapping[str, str]) -> bytes:
+    """The handover the daemon writes to a standby rank: ``{"env": {...}}`` and a newline."""
+    data = json.dumps({"env": dict(env)}, sort_keys=True).encode() + b"\n"
+    decode_handover(data)  # the daemon never writes what a job would refuse
+    return data
+
+
+def decode_handover(data: bytes) -> dict[str, str]:
+    """The variables of a handover line; HandoverError names what is wrong (size, JSON, key, value)."""
+    if len(data) > HANDOVER_MAX_BYTES:
+        raise HandoverError(f"handover larger than {HANDOVER_MAX_BYTES} bytes")
+    try:
+        decoded = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise HandoverError(f"handover is not JSON: {exc}") from None
+    env = decoded.get("env") if isinstance(decoded, dict) else None
+    if not isinstance(env, dict):
+        raise HandoverError("handover is not a JSON object with an 'env' object")
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if key not in HANDOVER_KEYS:
+            raise HandoverError(f"handover sets {str(key)[:64]!r}, which it may not")
+        if not isinstance(value, str) or "\x00" in value or len(value) > 4096:
+            raise HandoverError(f"handover value of {key} must be a string of at most 4096 characters")
+        out[key] = value
+    return out
 
 
 def parse_signal(text: str) -> signal.Signals:

@@ -1,0 +1,341 @@
+"""The control operations, declared once: name, arguments, who may call them, read-only or acting, and the handler.
+
+Every control request, whoever sends it, names one operation of :data:`OPERATIONS`:
+
+* the **control socket** (:mod:`flexmig.act.control`) serves every operation; its handlers are bound here
+  (:func:`bind`), each behind the argument checks of its row, so a handler only ever sees arguments that passed them;
+* the **CLI** calls them through the socket (``cli``: the ``flexmig`` command that does);
+* **MQTT** offers the rows with a ``verb`` (``commands/<verb>``): :mod:`flexmig.mqtt.command_schema` derives its
+  verbs, their stricter checks (fixed alphabets, ranges) and the published ``schemas/command.v1.schema.json`` from
+  this table, and forwards a valid command to the same dispatcher as the socket.
+
+An **acting** operation changes the node: the daemon runs it under its action lock (no planning round meanwhile) and
+refuses it while stopping. ``served_by`` says whose method ``handler`` names: ``actuator`` for
+:class:`flexmig.act.operations.JobsApi` (what ``python -m flexmig.actuatord`` serves too), ``daemon`` for
+:class:`flexmig.wiring.actuator.ActuatorComponent` (operations that need the running daemon: its snapshot, its
+planner, its mode).
+
+``python -m flexmig.act.operation_table --markdown`` prints the table for ``docs/architecture.md`` (a test keeps
+them equal).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from flexmig.act.control import Handler
+from flexmig.errors import RequestError
+from flexmig.mig.catalogue import MODELS
+
+__all__ = [
+    "ID_PATTERN",
+    "JOB_PATTERN",
+    "OPERATIONS",
+    "Arg",
+    "ArgKind",
+    "Operation",
+    "ServedBy",
+    "bind",
+    "markdown",
+]
+
+ArgKind = Literal["string", "integer", "boolean", "strings"]
+"""An argument's JSON type: a string, an integer, true/false, or a list of strings."""
+ServedBy = Literal["actuator", "daemon"]
+"""Whose method runs an operation: the actuator's jobs API, or the daemon's actuator component."""
+
+# Patterns are anchored at both ends; ``(?!\n)`` keeps ``$`` from matching before a trailing newline (which Python
+# and PCRE allow), so every JSON Schema implementation and the checks agree on every string.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$(?!\n)"
+"""An MQTT command's ``id``."""
+JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$(?!\n)"
+"""Job names, as :mod:`flexmig.jobspec.spec` accepts them."""
+_PROFILES = tuple(sorted({p.name for m in MODELS for p in m.profiles}))
+_MAX_STR = 4096
+_MAX_REQUESTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """One argument of an operation.
+
+    Every caller's value is checked for its ``kind`` (strings: non-empty, at most ``max_len`` characters, no NUL;
+    ``strings``: a list of at most ``max_items`` such strings). ``pattern``, ``choices``, ``minimum`` and
+    ``maximum`` are the network's stricter checks: MQTT commands (and the published schema) must meet them too;
+    the local socket, whose callers are the daemon's owner and root, gets the operation's own, clearer refusals
+    instead (an unknown profile is named against this node's GPU model). ``mqtt=False`` keeps the argument off
+    MQTT altogether. ``invalid`` (and ``invalid_item``) replace the default message for a bad value.
+    """
+
+    kind: ArgKind
+    doc: str
+    required: bool = False
+    default: Any = None
+    pattern: str | None = None
+    choices: tuple[str, ...] | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+    mqtt: bool = True
+    max_len: int = _MAX_STR
+    max_items: int | None = None
+    invalid: str | None = None
+    invalid_item: str | None = None
+
+    def schema(self) -> dict[str, Any]:
+        """This argument as JSON Schema (what an MQTT command must meet)."""
+        out: dict[str, Any] = {"description": self.doc}
+        if self.choices is not None:
+            out["enum"] = list(self.choices)
+            return out
+        out["type"] = self.kind
+        if self.pattern is not None:
+            out["pattern"] = self.pattern
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        return out
+
+    def check(self, key: str, value: Any) -> Any:
+        """``value`` if it is a valid ``key``, else RequestError with the message the control socket has always
+        given for it."""
+        if self.kind == "integer":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise RequestError(self.invalid or f"argument {key!r} must be an integer")
+        elif self.kind == "boolean":
+            if not isinstance(value, bool):
+                raise RequestError(self.invalid or f"argument {key!r} must be true or false")
+        elif self.kind == "strings":
+            if not isinstance(value, list) or (self.max_items is not None and len(value) > self.max_items):
+                raise RequestError(self.invalid or f"argument {key!r} must be a list of strings")
+            if not all(self._string(item) for item in value):
+                raise RequestError(self.invalid_item or f"each of {key!r} must be a non-empty string")
+        elif not self._string(value):
+            raise RequestError(self.invalid or f"argument {key!r} must be a non-empty string")
+        return value
+
+    def _string(self, value: Any) -> bool:
+        return isinstance(value, str) and 0 < len(value) <= self.max_len and "\x00" not in value
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One control operation: one row of :data:`OPERATIONS` (see the module docstring for each column)."""
+
+    name: str
+    doc: str
+    args: Mapping[str, Arg]
+    acting: bool
+    served_by: ServedBy
+    handler: str
+    """The method of the ``served_by`` object that runs it (given the checked arguments)."""
+    cli: str | None = None
+    """The ``flexmig`` command that calls it (None: no command does)."""
+    verb: str | None = None
+    """The MQTT command verb (``<prefix>/<node>/commands/<verb>``); None: not callable from the network."""
+    example: Mapping[str, Any] = field(default_factory=dict)
+    """An MQTT command payload for the verb (the published schema's example)."""
+    unknown: str = "unknown arguments: {names}"
+    """The refusal of arguments it does not take (``{names}``: theirs, sorted)."""
+
+    @property
+    def callers(self) -> tuple[str, ...]:
+        """Who may call it: ``socket`` always, ``cli`` and ``mqtt`` when a command or a verb says so."""
+        return ("socket", *(("cli",) if self.cli else ()), *(("mqtt",) if self.verb else ()))
+
+    def mqtt_args(self) -> Mapping[str, Arg]:
+        """The arguments an MQTT command may carry."""
+        return MappingProxyType({k: a for k, a in self.args.items() if a.mqtt})
+
+    def check(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments with defaults filled in, or RequestError naming the first one that is wrong."""
+        extra = set(args) - set(self.args)
+        if extra:
+            raise RequestError(self.unknown.format(names=", ".join(sorted(extra))))
+        out: dict[str, Any] = {}
+        for key, arg in self.args.items():
+            if key in args:  # an explicit null is a bad value, not an absent argument: it must not pick the default
+                out[key] = arg.check(key, args[key])
+            elif arg.required:
+                raise RequestError(f"argument {key!r} is required")
+            else:
+                out[key] = arg.default
+        return out
+
+
+def _table(*rows: Operation) -> Mapping[str, Operation]:
+    return MappingProxyType({op.name: op for op in rows})
+
+
+_FLAGS = "'stop_jobs' and 'dry_run' must be true or false"
+_JOB = Arg("string", "the job's name (as in its spec)", required=True, pattern=JOB_PATTERN)
+
+OPERATIONS: Mapping[str, Operation] = _table(
+    Operation(
+        "jobs.submit",
+        "Register a job spec (the absolute path of a TOML file the daemon reads) and start it, or queue it until it "
+        "fits.",
+        {"path": Arg("string", "absolute path of the job spec", required=True, mqtt=False)},
+        acting=True,
+        served_by="actuator",
+        handler="submit",
+        cli="flexmig jobs submit",
+    ),
+    Operation(
+        "jobs.list",
+        "The journalled jobs, with what is true now laid over each (state, ranks, instances, last checkpoint).",
+        {},
+        acting=False,
+        served_by="actuator",
+        handler="list_jobs",
+        cli="flexmig jobs list",
+    ),
+    Operation(
+        "jobs.migrate",
+        "Checkpoint a running job, move its ranks to other instances (of profile 'to', default: the same) and "
+        "resume it there.",
+        {"name": _JOB, "to": Arg("string", "MIG profile of the new instances", choices=_PROFILES)},
+        acting=True,
+        served_by="actuator",
+        handler="migrate",
+        cli="flexmig jobs migrate",
+        verb="migrate",
+        example={"id": "op-42", "args": {"name": "train", "to": "2g.35gb"}},
+    ),
+    Operation(
+        "jobs.resplit",
+        "Checkpoint a running job and restart it over another number of instances (a new world size), within "
+        "its spec's ranks.min..ranks.max.",
+        {
+            "name": _JOB,
+            "ranks": Arg("integer", "the new number of ranks", required=True, minimum=1, maximum=64),
+            "profile": Arg("string", "MIG profile of each rank's instance", choices=_PROFILES),
+        },
+        acting=True,
+        served_by="actuator",
+        handler="resplit",
+        cli="flexmig jobs resplit",
+        verb="resplit",
+        example={"id": "op-43", "args": {"name": "train", "ranks": 4}},
+    ),
+    Operation(
+        "jobs.stop",
+        "Stop a running job (it is asked to checkpoint first unless force is true).",
+        {"name": _JOB, "force": Arg("boolean", "stop without waiting for a checkpoint", default=False)},
+        acting=True,
+        served_by="actuator",
+        handler="stop",
+        cli="flexmig jobs stop",
+        verb="stop",
+        example={"id": "op-44", "args": {"name": "train"}},
+    ),
+    Operation(
+        "status",
+        "The status document: GPUs, instances, activity, jobs, fragmentation and findings, from the latest sweep "
+        "and the journal (no NVML call).",
+        {},
+        acting=False,
+        served_by="daemon",
+        handler="status_request",
+        cli="flexmig status",
+        unknown="status takes no arguments, got {names}",
+    ),
+    Operation(
+        "plan",
+        "What the planner would do now, with its reasons (the daemon's plan operation); changes nothing.",
+        {
+            "requests": Arg(
+                "strings",
+                "extra demand to plan for, each [Nx]PROFILE",
+                default=(),
+                mqtt=False,
+                max_len=64,
+                max_items=_MAX_REQUESTS,
+                invalid=f"'requests' must be a list of at most {_MAX_REQUESTS} strings",
+                invalid_item="each request must be a string like 3g.71gb or 2x1g.18gb",
+            )
+        },
+        acting=False,
+        served_by="daemon",
+        handler="plan_request",
+        cli="flexmig plan",
+        verb="plan-now",
+        example={"id": "op-45"},
+    ),
+    Operation(
+        "standdown",
+        "Give every GPU back its baseline layout (a mig-parted configuration), then switch to mode observe; "
+        "dry_run only says what it would do.",
+        {
+            "stop_jobs": Arg("boolean", "stop the jobs in the way", default=False, mqtt=False, invalid=_FLAGS),
+            "dry_run": Arg(
+                "boolean", "change nothing, say what would be done", default=False, mqtt=False, invalid=_FLAGS
+            ),
+        },
+        acting=True,
+        served_by="daemon",
+        handler="standdown_request",
+        cli="flexmig standdown",
+    ),
+)
+"""Every control operation, in the order ``docs/architecture.md`` lists them."""
+
+
+def bind(
+    target: object,
+    served_by: ServedBy,
+    wrap: Callable[[Operation, Handler], Handler] | None = None,
+) -> dict[str, Handler]:
+    """The handlers of the operations ``served_by`` runs: ``target``'s method named by each row (``wrap(op,
+    method)`` in its place when given: the daemon serializes the acting ones), behind the row's argument checks.
+
+    AttributeError if ``target`` lacks one: a row without its handler is a bug found at start, not a refusal at the
+    first request."""
+    out: dict[str, Handler] = {}
+    for op in OPERATIONS.values():
+        if op.served_by == served_by:
+            method: Handler = getattr(target, op.handler)
+            out[op.name] = _checked(op, method if wrap is None else wrap(op, method))
+    return out
+
+
+def _checked(op: Operation, handler: Handler) -> Handler:
+    async def run(args: Mapping[str, Any]) -> Any:
+        return await handler(op.check(args))
+
+    return run
+
+
+def markdown() -> str:
+    """The operations as a Markdown table (for ``docs/architecture.md``)."""
+    lines = [
+        "| operation | arguments | callers | acts | handler |",
+        "|---|---|---|---|---|",
+    ]
+    owner = {"actuator": "JobsApi", "daemon": "ActuatorComponent"}
+    for op in OPERATIONS.values():
+        args = ", ".join(f"`{k}`" if a.required else f"`{k}`?" for k, a in op.args.items()) or "none"
+        who = [f"`{op.cli}`" if c == "cli" else f"MQTT `{op.verb}`" if c == "mqtt" else c for c in op.callers]
+        lines.append(
+            f"| `{op.name}` | {args} | {', '.join(who)} | {'yes' if op.acting else 'no'} "
+            f"| `{owner[op.served_by]}.{op.handler}` |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m flexmig.act.operation_table --markdown``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["--markdown"]:
+        print("usage: python -m flexmig.act.operation_table --markdown", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
