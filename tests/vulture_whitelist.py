@@ -103,6 +103,7 @@ _.size_bytes  # Outbox: bytes of event JSON stored (max_bytes bounds it)
 _.tracked  # TelemetryStore: instances with history (bounded)
 _.pings  # Watchdog: pings sent
 _.ticks  # Watchdog: ticks run
+_.renders  # metrics.scrape.Exposition: snapshot parts rendered (the tests and bench/scrape.py count one per snapshot)
 
 # --- Public ends used by tests, the benchmarks and other tools: NotifyReceiver.receive (the service manager's side
 # of sd_notify, public in flexmig.sdnotify) and Testbed.sbatch (the Slurm testbed's way to submit a job).
@@ -128,6 +129,12 @@ _.save_checkpoint
 _.schema_documents  # flexmig.mqtt.command_schema: generates schemas/command*.json (a test keeps them equal)
 _.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (tests check dashboards and rules)
 _.MUTATING_PREFIXES  # flexmig.sim.entrypoints: the entry points that change the node (`flexmig nvml record` tests)
+_.SnapshotCollector  # flexmig.metrics.collector: the served families as prometheus_client's (tests, bench/scrape.py)
+_.build_registry
+_.load_pools  # flexmig.replay.synth: synthetic traces (bench/malleable.py, docs/replay.md)
+_.scenario
+_.synthesize
+_.write_pod_list
 
 # --- Not wired in, kept for a decision: flexmig.slurm.slurmd.check_node_conf refuses a [slurm] slurmd_conf word that
 # is not KEY=VALUE, but the configuration's checks apply only its Gres= rule; wiring it in would refuse files that

@@ -35,7 +35,7 @@ from flexmig import __version__
 from flexmig.metrics.exposition import LabelSet, Writer, label_set
 from flexmig.metrics.families import GPU_LABELS, INSTANCE_LABELS, NODE_LABELS, Level
 from flexmig.metrics.server import MetricsServer  # the HTTP server has a module of its own
-from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
+from flexmig.telemetry.snapshot import GpuSnapshot, HostProcess, InstanceSnapshot, Snapshot
 
 __all__ = [
     "GPU_LABELS",
@@ -284,8 +284,8 @@ _INSTANCE_VALUES: tuple[tuple[str, Callable[[InstanceSnapshot], float | None]], 
     ("flexmig_mig_tensor_active_ratio", lambda i: None if i.activity is None else i.activity.tensor_active),
     ("flexmig_mig_gr_engine_active_ratio", lambda i: None if i.activity is None else i.activity.gr_engine_active),
     ("flexmig_mig_processes", lambda i: None if i.processes is None else len(i.processes)),
-    ("flexmig_mig_processes_cpu_ratio", lambda i: _host_sum(i, "cpu_ratio")),
-    ("flexmig_mig_processes_resident_memory_bytes", lambda i: _host_sum(i, "rss_bytes")),
+    ("flexmig_mig_processes_cpu_ratio", lambda i: _host_sum(i, lambda h: h.cpu_ratio)),
+    ("flexmig_mig_processes_resident_memory_bytes", lambda i: _host_sum(i, lambda h: h.rss_bytes)),
     ("flexmig_mig_idle_seconds", lambda i: i.idle_seconds),
     ("flexmig_mig_compute_slices", lambda i: i.compute_slices),
     ("flexmig_mig_memory_slices", lambda i: i.memory_slices),
@@ -299,12 +299,11 @@ def _window(stats: object, attr: str) -> float | None:
     return None if stats is None else float(getattr(stats, attr))
 
 
-def _host_sum(inst: InstanceSnapshot, attr: str) -> float | None:
+def _host_sum(inst: InstanceSnapshot, read: Callable[[HostProcess], float | None]) -> float | None:
     """The sum of a host figure over the instance's processes the host can see (None when it sees none)."""
     if inst.processes is None:
         return None
-    values = [getattr(p.host, attr) for p in inst.processes if p.host is not None]
-    known = [v for v in values if v is not None]
+    known = [v for p in inst.processes if p.host is not None and (v := read(p.host)) is not None]
     return sum(known) if known else None
 
 
