@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.markdown:
         args.markdown.write_text(
-            markdown(results, traces, loads, seeds, todo, goals, started=started, quick=args.quick)
+            markdown(results, traces, loads, seeds, todo, goals, started=started, command=command(args))
         )
     return 0
 
@@ -205,6 +205,20 @@ def from_json(path: Path, markdown_to: Path | None) -> int:
     if markdown_to:
         markdown_to.write_text(markdown(results, traces, loads, seeds, todo, goals, started=datetime.now(UTC)))
     return 0
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that chose what was replayed (traces, loads, seeds, --quick), for the results section."""
+    out = ["bench/replay.py"]
+    if args.quick:
+        out.append("--quick")
+    for t in args.trace or ():
+        out += ["--trace", str(t)]
+    if args.loads:
+        out += ["--loads", args.loads]
+    if args.seeds:
+        out += ["--seeds", args.seeds]
+    return " ".join(out)
 
 
 def load_average() -> str:
@@ -373,7 +387,7 @@ def markdown(
     goals: list[dict[str, Any]],
     *,
     started: datetime,
-    quick: bool = False,
+    command: str = "bench/replay.py",
 ) -> str:
     """The "Replay" section of docs/results.md: mean JCT (h) and worst waits per variant and cell, and the goals."""
     cells = [(t, r) for t in traces for r in loads]
@@ -383,7 +397,7 @@ def markdown(
     lines = [
         "## Replay",
         "",
-        f"`.venv/bin/python bench/replay.py{' --quick' if quick else ''}` ({started:%Y-%m-%d %H:%M} UTC; {machine()}; "
+        f"`.venv/bin/python {command}` ({started:%Y-%m-%d %H:%M} UTC; {machine()}; "
         f"load average {load_average()} at the end) replays, per trace, load and seed, the same thinned job set "
         "under every policy and both queue disciplines, with and without malleable jobs (`+m`), on h200x8: traces "
         f"{names} (Alibaba `cluster-trace-gpu-v2023`, vendored under `bench/traces/`, CC BY 4.0); RHO "

@@ -15,7 +15,8 @@ and the body per MIG instance, plain and gzipped. Goals (issue 23): at most 0.05
 scrape, and at most 4 KB of body per MIG instance at the default detail (standard).
 
 Part 2: ``flexmigd --sim`` (8 H200s x 7 x 1g.18gb, 56 MIG devices, the demo workload, the default detail) as a
-process; its CPU is read from /proc with no scraper for ``--seconds``, then with 1, 4 and 16 concurrent scrapers
+process; its CPU (every thread's, from /proc/PID/task/*/schedstat, in nanoseconds) is read with no scraper for
+``--seconds``, then with 1, 4 and 16 concurrent scrapers
 each scraping once per sweep (1 s) as Prometheus does (OpenMetrics, gzip); the CPU a scrape adds is the difference
 over the scrapes made.
 
@@ -129,8 +130,15 @@ def _free_port() -> int:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of every thread of ``pid`` so far, to the nanosecond (the scheduler's own count per thread in
+    /proc/PID/task/*/schedstat; /proc/PID/stat counts in clock ticks of 10 ms, coarser than a scrape)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def daemon(seconds: float) -> tuple[int, list[tuple[int, int, float, int]]]:
