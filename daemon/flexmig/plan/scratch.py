@@ -17,7 +17,7 @@ Placement rules used here (the flex rules):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flexmig.mig.catalogue import Profile
@@ -85,6 +85,7 @@ class Scratch:
                 self.owner[inst.gpu][inst.start] = name
         self.keys: list[LayoutKey] = [self._key(g) for g in range(len(self.layouts))]
         self._free: list[list[PlacedInstance] | None] = [None] * len(self.layouts)
+        self._states: list[Hashable | None] = [None] * len(self.layouts)
         self._usable = tuple(g for g in range(len(self.layouts)) if g not in self.blocked_gpus)
         self._rooms: dict[int, GpuTally] = {}
         self.changes: list[int] = []
@@ -100,6 +101,15 @@ class Scratch:
     def _key(self, gpu: int) -> LayoutKey:
         own = self.owner[gpu]
         return tuple((i.start, i.profile.profile_id) for i in self.layouts[gpu].instances if i.start in own)
+
+    def state_of(self, gpu: int) -> Hashable:
+        """What :meth:`candidates` depends on for ``gpu``: its held instances, its free ones and whether it is idle
+        (two GPUs of one state offer the same candidates)."""
+        got = self._states[gpu]
+        if got is None:
+            free = tuple((i.start, i.profile.profile_id) for i in self.free_instances(gpu))
+            got = self._states[gpu] = (self.keys[gpu], free, not self.owner[gpu])
+        return got
 
     def free_instances(self, gpu: int) -> list[PlacedInstance]:
         """Instances of ``gpu`` that exist and nobody holds."""
@@ -179,6 +189,7 @@ class Scratch:
     # ------------------------------------------------------------------------------------------ mutations
     def _touch(self, gpu: int) -> None:
         self._free[gpu] = None
+        self._states[gpu] = None
         self.changes.append(gpu)
         if self._frames:
             frame = self._frames[-1]
@@ -283,10 +294,19 @@ class Scratch:
         placed: list[Instance] = []
         total = 0.0
         want = shape.profile
+        order = sorted(gpus)
         for _ in range(shape.ranks):
             best: Candidate | None = None
-            for g in gpus:
+            # GPUs in the same state offer the same candidates, and of equal candidates the lowest GPU wins: only the
+            # lowest GPU of each state is looked at, so a node of many alike GPUs costs its distinct states, not its
+            # size (the choice is the same as looking at every GPU).
+            seen: set[Hashable] = set()
+            for g in order:
                 block = forbid.get(g) if forbid else None
+                state = (self.state_of(g), block)
+                if state in seen:
+                    continue
+                seen.add(state)
                 for cand in self.candidates(g, want, weights, create=create, forbid=block, exact=exact):
                     if best is None or cand.rank() < best.rank():
                         best = cand
@@ -312,6 +332,7 @@ class Scratch:
             self.owner[gpu] = owner
             self.keys[gpu] = key
             self._free[gpu] = None
+            self._states[gpu] = None
             self.changes.append(gpu)
         for name, held in frame.jobs.items():
             if held is None:
@@ -343,6 +364,7 @@ class Scratch:
         twin._frames = []
         twin.keys = list(self.keys)
         twin._free = list(self._free)
+        twin._states = list(self._states)
         twin._usable = self._usable
         twin._rooms = {}
         twin.changes = []
