@@ -94,8 +94,10 @@ class Action:
 
     @property
     def drain(self) -> float:
-        """From the drain command to the node empty (``drain`` start to ``await_idle`` end)."""
-        return self.steps["await_idle"][1] - self.steps["drain"][0]
+        """From closing the node to the node empty (``close`` start to ``await_idle`` end; ``drain`` in revisions
+        before flexmig's reservation)."""
+        first = "close" if "close" in self.steps else "drain"
+        return self.steps["await_idle"][1] - self.steps[first][0]
 
     @property
     def added(self) -> float:

@@ -13,8 +13,8 @@ import asyncio
 import pytest
 
 from flexmig.act.journal import StepEvent
-from flexmig.slurm.squeue import SlurmJob
-from support.slurm import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -26,10 +26,12 @@ class Crash(BaseException):
 @pytest.mark.parametrize(
     "at",
     [
-        "drain:intent",
+        "close:intent",
         "hold:done",
         "await_idle:done",
+        "drain:done",
         "stop_slurmd:done",
+        "unreserve:done",
         "destroy:intent",
         "create:done",
         "register:intent",
@@ -49,13 +51,13 @@ def test_a_crash_mid_reregistration_is_finished_at_the_next_start(at: str) -> No
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4", on_step=on_step) as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook))
+            await until(lambda: _steps(rig, hook), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
             armed["on"] = True
             with pytest.raises(Crash):
-                await rig.agent.round("act")
+                await rig.change()
             await rig.close_flexmig()
             summary = await rig.open_flexmig()
             assert summary["plans"], summary
@@ -63,11 +65,12 @@ def test_a_crash_mid_reregistration_is_finished_at_the_next_start(at: str) -> No
             read = await rig.agent.read()
             assert read.in_sync, (read.registered_as, read.expected)
             assert read.node is not None and not read.node.drained, read.node
+            assert read.mine is None  # flexmig's reservation is gone: the node is open
             for j in small:
                 await rig.wait_state(j, "RUNNING")
             job = await rig.wait_state(hook, "RUNNING")
             assert job.restart_count == 1
-            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            await until(lambda: _started_twice(rig, hook), what="the hook job resumed", not_yet=(Exception,))
             log = rig.hook_log(hook)
             starts = [e for e in log if e["event"] == "start"]
             ckpts = [e for e in log if e["event"] == "checkpoint"]
@@ -85,35 +88,41 @@ async def _started_twice(rig: SlurmRig, job: int) -> bool:
     return sum(1 for e in rig.hook_log(job) if e["event"] == "start") >= 2
 
 
-def test_a_gres_conf_flexmig_may_not_write_fails_the_change_naming_it_and_holds_no_job() -> None:
+@pytest.mark.parametrize("problem", ["writable by all", "AutoDetect=nvml"])
+def test_a_gres_conf_flexmig_cannot_use_is_refused_before_anything_is_stopped(problem: str) -> None:
     async def scenario() -> None:
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook))
+            await until(lambda: _steps(rig, hook), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
-            rig.paths.gres_conf.chmod(0o666)  # someone made it writable by everyone
-            rnd = await rig.agent.round("act")
-            assert rnd.result is not None and not rnd.result.ok
-            (failed,) = rnd.result.results
-            assert failed.error is not None and str(rig.paths.gres_conf) in failed.error, failed
-            assert "jobs held for the change are released" in failed.error
-            job = await until("the hook job released", lambda: _not_held(rig, hook))
-            assert job.restart_count == 1, job
-            rig.paths.gres_conf.chmod(0o644)
-            again = await rig.agent.round("act")
+            conf = rig.paths.gres_conf
+            before = conf.read_text()
+            if problem == "AutoDetect=nvml":
+                conf.write_text(before + "AutoDetect=nvml\n")  # a stray line, as a site's template might leave
+            else:
+                conf.chmod(0o666)  # someone made it writable by everyone
+            pid = (rig.paths.slurmd_pid(rig.node)).read_text()
+            actions = len(rig.act.journal.recent_actions())
+            for _ in range(3):
+                rnd = await rig.agent.round("act")
+                assert rnd.result is None and rnd.note.startswith("refused: ") and str(conf) in rnd.note, rnd.note
+                assert ("AutoDetect" in rnd.note) == (problem == "AutoDetect=nvml"), rnd.note
+            assert len(rig.act.journal.recent_actions()) == actions  # no failed action each round
+            assert (
+                rig.paths.slurmd_pid(rig.node)
+            ).read_text() == pid and await rig.agent.slurmd.running()  # never stopped
+            job = await rig.job(hook)
+            assert job is not None and job.state == "RUNNING" and job.restart_count == 0  # nobody was asked
+            conf.write_text(before)
+            conf.chmod(0o644)
+            again = await rig.change()
             assert again.result is not None and again.result.ok, again
             assert (await rig.agent.read()).in_sync
-            await rig.wait_state(hook, "RUNNING")
-            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            await until(lambda: _started_twice(rig, hook), what="the hook job resumed", not_yet=(Exception,))
             for j in small:
                 await rig.wait_state(j, "RUNNING")
 
     asyncio.run(scenario())
-
-
-async def _not_held(rig: SlurmRig, job: int) -> SlurmJob | None:
-    j = await rig.job(job)
-    return j if j is not None and not j.reason.startswith("JobHeld") and j.restart_count >= 1 else None

@@ -96,7 +96,9 @@ def test_a_hook_job_is_moved_by_checkpoint_with_job_events(broker: Mosquitto) ->
         script = f'#!/bin/sh\nexec {sys.executable} {hook_job} --step-time 0.02 --log-every 50 --log "{log}"\n'
         hook = d.testbed.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=script)
         d.wait_state(hook, "RUNNING")
-        time.sleep(6)  # the testbed's hook_settle_s is 5 s
+        d.wait(  # the testbed's hook_settle_s is 5 s: flexmig counts the job as movable from then on
+            "the hook job movable", lambda: sample(d.metrics(), "flexmig_slurm_movable_jobs") == 1.0, timeout_s=30
+        )
         small = d.submit_together(4, "--gres=gpu:1g.18gb:1", script=SLEEP)
         for j in small:
             d.wait_state(j, "RUNNING", timeout_s=90)
@@ -122,7 +124,9 @@ def test_flexmigd_samples_on_with_one_line_while_slurmctld_is_down(broker: Mosqu
         before = sample(d.metrics(), "flexmig_sweeps_total") or 0
         d.stop_ctld()
         d.wait("flexmig noticed", lambda: sample(d.metrics(), "flexmig_slurm_up") == 0.0, timeout_s=90)
-        time.sleep(25)  # several more rounds fail the same way
+        d.wait(  # several more rounds fail the same way
+            "more failed reads", lambda: (sample(d.metrics(), "flexmig_slurm_read_errors_total") or 0) >= 3, 120
+        )
         log = d.log()
         assert log.count("Slurm cannot be read") == 1, log[-3000:]
         assert (sample(d.metrics(), "flexmig_sweeps_total") or 0) > before  # sampling goes on
@@ -167,3 +171,42 @@ def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigt
             proc.kill()
             proc.wait(30)
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_an_idle_node_needing_a_new_layout_runs_its_job_at_once_with_the_production_defaults() -> None:
+    with SlurmDaemon("h200:7g.141gb@0", interval_s=None) as d:  # interval_s 10, min_interval_s 60, probe_s 1
+        first = d.submit_together(1, "--gres=gpu:1g.18gb:1", script="#!/bin/sh\nsleep 2\n")
+        d.wait_state(first[0], "COMPLETED", timeout_s=60)  # a change, then the node is idle again
+        submitted = time.monotonic()
+        (big,) = d.submit_together(1, "--gres=gpu:7g.141gb:1", script=SLEEP)
+        d.wait_state(big, "RUNNING", timeout_s=60)
+        took = time.monotonic() - submitted
+        assert took < 30, took  # not held by the batching gate (60 s); bench/slurm_mix.py and bench/slurm.py time it
+        assert d.slurm_node().gpu_counts() == {"7g.141gb": 1}
+
+
+def test_the_control_socket_answers_while_the_journal_finishes_a_change_at_start_up() -> None:
+    deaf = '#!/bin/sh\ntrap "echo USR1" USR1\nwhile true; do sleep 0.2; done\n'  # a hook job that never acknowledges
+    with SlurmDaemon("h200:4g.71gb@0+3g.71gb@4", slurm_keys="ack_timeout_s = 30\n") as d:
+        job = d.testbed.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=deaf)
+        d.wait_state(job, "RUNNING")
+        d.submit_together(2, "--gres=gpu:1g.18gb:1", script=SLEEP)
+        d.wait("the change waits for the acknowledgement", lambda: f"Slurm job {job} signalled" in d.log(), 120)
+        assert d.proc is not None
+        d.proc.kill()  # flexmigd dies in the middle of the change
+        d.proc.wait(30)
+        d.proc = None
+        mark = len(d.log())
+        d.start_flexmigd()
+        sock = str(d.paths.flexmig / "control.sock")
+        res = d.wait(
+            "flexmig status answers",
+            lambda: (r := subprocess.run(
+                [sys.executable, "-m", "flexmig.cli.main", "status", "--socket", sock, "--json"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )).returncode == 0 and r,
+            timeout_s=60,
+        )  # fmt: skip
+        assert json.loads(res.stdout)["mode"] == "act"
+        assert "journal reconciled" not in d.log()[mark:]  # answered while the change was being finished
+        d.wait("the change finished", lambda: "journal reconciled" in d.log()[mark:], timeout_s=90)

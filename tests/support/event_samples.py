@@ -7,7 +7,7 @@ from flexmig.act.events import ActEvent
 from flexmig.mig import H200
 from flexmig.mqtt.action_events import ActionEventTranslator, ActionFacts, plan_event
 from flexmig.mqtt.events import Event, EventFactory
-from flexmig.mqtt.slurm_events import job_event, reachable_event, unreachable_event
+from flexmig.mqtt.slurm_events import job_event, node_event, reachable_event, unreachable_event
 from flexmig.mqtt.slurm_events import plan_event as slurm_plan_event
 from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, DestroyInstance, Instance, MigrateJob, Plan, StartJob
@@ -116,7 +116,7 @@ def slurm_events(fac: EventFactory) -> list[Event]:
             CreateInstance(0, 0, H200.profile("1g.18gb"), "start slurm-7", 3.0),
         )
     )
-    verdict = Verdict(True, 7.0, 3582.0, 70.0, "serves 1 waiting job(s): drain ~7 s", ("slurm-7",))
+    verdict = Verdict(True, 7.0, 3582.0, 70.0, "serves 1 waiting job(s): empty in ~7 s", ("slurm-7",))
     return [
         unreachable_event(fac, "n1", "squeue --json: no answer within 30 s (is slurmctld up?)"),
         reachable_event(fac, "n1", 42.0),
@@ -124,4 +124,7 @@ def slurm_events(fac: EventFactory) -> list[Event]:
         job_event(fac, "n1", "slurm_job_signalled", {"slurm_job": 5, "signal": "USR1"}),
         job_event(fac, "n1", "slurm_job_requeued", {"slurm_job": 5, "step": 120}),
         job_event(fac, "n1", "slurm_job_released", {"slurm_job": 5}),
+        node_event(fac, "n1", "slurmd_restarted", {"reason": "slurmd crashed", "gres": "gpu:3g.71gb:2"}),
+        node_event(fac, "n1", "change_waiting", {"reason": "serves 1 waiting job(s)", "start_in_s": 42.0}),
+        node_event(fac, "n1", "ack_missed", {"slurm_job": 5, "reason": "not asked again while it runs"}),
     ]

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,12 +36,13 @@ from flexmig.mig.nodespec import parse_node_spec
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import PlannerSettings
 from flexmig.sim import SimProcessTable
-from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent import SlurmAgent, SlurmRound
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
+from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
@@ -57,23 +58,6 @@ def skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm testbed runs slurmctld and slurmd as root"
     return None
-
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float = WAIT_S) -> T:
-    """Await ``probe()`` until it gives something truthy; AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            got = await probe()
-        except Exception as exc:  # not yet
-            last = exc
-        else:
-            if got:
-                return got
-            last = got
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
 
 
 class SlurmRig:
@@ -97,7 +81,7 @@ class SlurmRig:
         self.events = MemorySink()
         self.slurm_events: list[tuple[str, dict[str, Any]]] = []
         self.overrides = settings or {}
-        self.planner = planner or PlannerSettings(checkpoint_s=5.0, restart_s=5.0)
+        self.planner = planner or PlannerSettings(checkpoint_s=1.0, restart_s=1.0)
         self.register_at_start = register
         self.on_step = on_step
         self.node = self.testbed.node
@@ -119,9 +103,12 @@ class SlurmRig:
             "mig_minors": p.mig_minors,
             "slurmd_pid_file": p.slurmd_pid(self.node),
             "slurmd_conf": ("NodeAddr=127.0.0.1", f"CPUs={self.testbed.cpus}"),
+            "slurmd_control": "hook",
+            "slurmd_hook": tuple(self.testbed.slurmd_hook()),
+            "slurmd_env": p.flexmig / "slurmd.env",
             "checkpoint_dir": str(self.base / "ckpt" / "{user}" / "{job_id}"),
             "ack_timeout_s": 30.0,
-            "drain_timeout_s": 60.0,
+            "drain_timeout_s": 120.0,
             "register_timeout_s": 30.0,
             "reregister_s": 2.0,
             "min_interval_s": 0.0,
@@ -272,16 +259,43 @@ class SlurmRig:
             return j if j is not None and j.state == state else None
 
         try:
-            return await until(f"Slurm job {job_id} {state}", probe, timeout_s)
+            job: SlurmJob = await until(probe, timeout_s, f"Slurm job {job_id} {state}", not_yet=(Exception,))
+            return job
         except AssertionError as exc:
             out = self.paths.log / f"job-{job_id}.out"
             tail = out.read_text(errors="replace")[-2000:] if out.exists() else "(no output)"
             raise AssertionError(f"{exc}; it is {seen[0] if seen else '?'}; its output: {tail}") from None
 
+    async def change(self, timeout_s: float = WAIT_S) -> SlurmRound:
+        """Rounds in mode act (every 0.3 s) until one carried out a re-registration; that round. A busy node's
+        change waits until the waiting demand has paid for closing it (rent or buy), so this may take rounds."""
+        seen: list[str] = []
+
+        async def probe() -> SlurmRound | None:
+            rnd = await self.agent.round("act")
+            seen[:] = [rnd.note or (rnd.verdict.reason if rnd.verdict else "")]
+            return rnd if rnd.result is not None else None
+
+        try:
+            rnd: SlurmRound = await until(probe, timeout_s, "a re-registration", not_yet=(Exception,))
+            return rnd
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last round: {seen[0] if seen else '?'}") from None
+
     def visible(self, job_id: int) -> str:
         """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""
         path = self.base / f"visible-{job_id}"
         return path.read_text().strip() if path.exists() else ""
+
+    @property
+    def node_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """The agent's ``slurm_node`` events so far, as ``(what, detail)``."""
+        return [(k.split(":", 1)[1], d) for k, d in self.slurm_events if k.startswith("slurm_node:")]
+
+    def signals(self, job_id: int) -> int:
+        """How many USR1 a sleeper job got."""
+        path = self.base / f"signalled-{job_id}"
+        return len(path.read_text().split()) if path.exists() else 0
 
     def signalled(self, job_id: int) -> bool:
         """True if a sleeper job ever got USR1."""
@@ -292,7 +306,15 @@ class SlurmDaemon:
     """``with SlurmDaemon("h200:7g.141gb@0") as d:`` the testbed's Slurm with flexmigd (mode act, ``[slurm]`` on)
     as a subprocess on the simulated node, registered; ``mqtt_port`` adds MQTT events to that broker."""
 
-    def __init__(self, spec: str, *, mqtt_port: int | None = None, node: str = "fm-node") -> None:
+    def __init__(
+        self,
+        spec: str,
+        *,
+        mqtt_port: int | None = None,
+        node: str = "fm-node",
+        interval_s: float | None = 1.0,
+        slurm_keys: str = "",
+    ) -> None:
         node_spec = parse_node_spec(spec)
         self.spec = spec
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
@@ -301,6 +323,8 @@ class SlurmDaemon:
         self.paths = self.testbed.paths
         self.node = node
         self.mqtt_port = mqtt_port
+        self.interval_s = interval_s
+        self.slurm_keys = slurm_keys
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -316,7 +340,8 @@ class SlurmDaemon:
 
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
-        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=1.0)
+        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=self.interval_s)
+        text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (
                 f'[mqtt]\nenabled = true\nbroker = "127.0.0.1:{self.mqtt_port}"\n'

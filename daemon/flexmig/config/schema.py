@@ -86,7 +86,9 @@ def _doc(
     in full (``allowed`` says in words what it allows, for error messages), ``example`` the value shown
     (commented out) for optional keys, ``toml`` the key's name in the file when it is not a Python identifier,
     ``octal`` prints the default as ``0o600``, and ``restart`` marks keys that a reload cannot apply (the daemon
-    must be restarted).
+    must be restarted; on a table's field of :class:`Config`, every key of that table). The flag is the only rule
+    for what a reload changes: each component applies the other keys at once, and a reload names the restart keys
+    that changed (``tests/daemon/test_reload_keys.py`` holds every key to its flag).
     """
     meta = {
         "doc": doc,
@@ -115,6 +117,7 @@ class SamplingConfig:
         "Seconds of per-instance history kept in the in-memory ring buffers; at least the longest detection window.",
         lo=1,
         hi=7 * 86400,
+        restart=True,
     )
     stall_s: float = _doc(
         30.0,
@@ -122,8 +125,11 @@ class SamplingConfig:
         "being fed, so systemd restarts the daemon. At least twice interval_s.",
         lo=1,
         hi=3600,
+        restart=True,
     )
-    gpm: bool = _doc(True, "Read SM/DRAM/tensor activity through GPM where the GPU has it (Hopper and newer).")
+    gpm: bool = _doc(
+        True, "Read SM/DRAM/tensor activity through GPM where the GPU has it (Hopper and newer).", restart=True
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,9 @@ class PrometheusConfig:
         restart=True,
     )
     allow_remote: bool = _doc(
-        False, "Allow a listen address other than loopback (metrics then reach the network unauthenticated)."
+        False,
+        "Allow a listen address other than loopback (metrics then reach the network unauthenticated).",
+        restart=True,
     )
     detail: MetricsDetail = _doc(
         "standard",
@@ -409,6 +417,27 @@ class JobsConfig:
         example="/run/flexmig/acks",
         restart=True,
     )
+    rank_log_max_bytes: int = _doc(
+        16 * 1024 * 1024,
+        "Size at which a rank's log (STATE_DIR/logs/NAME/gGEN-rSLOT.log) is rotated; a rank's output never takes "
+        "more than (rank_log_keep + 1) times this. Applies to ranks launched after a reload.",
+        lo=64 * 1024,
+        hi=1024**4,
+    )
+    rank_log_keep: int = _doc(
+        2,
+        "Rotated files kept per rank log (.1 newest); older ones, and the logs of all but this many earlier "
+        "generations of a job, are removed. 0: a full log is emptied and begun again.",
+        lo=0,
+        hi=100,
+    )
+    max_pending: int = _doc(
+        1000,
+        "Most jobs waiting for room (pending); a submission past it is refused, naming this key, and changes nothing. "
+        "Each waiting job costs every planning round some work, so keep it to what the node can work through.",
+        lo=1,
+        hi=1_000_000,
+    )
     shutdown_grace_s: float = _doc(
         60.0,
         "On SIGTERM, how long the action in flight may take to finish; after that the daemon exits and the "
@@ -426,6 +455,14 @@ class ControlConfig:
     socket: Path = _doc(Path("/run/flexmig/control.sock"), "Unix socket path (at most 107 bytes).", restart=True)
     socket_mode: int = _doc(
         0o600, "Permissions of the socket: owner read/write required, nothing for others.", octal=True, restart=True
+    )
+    max_wait_s: float = _doc(
+        900.0,
+        "Longest a control request (socket or MQTT command) may wait to begin, behind the action in flight; past "
+        "it the request is dropped, nothing done, and the log says so. A client's own deadline (flexmig --timeout) "
+        "is capped at this; a request that states none gets it.",
+        lo=1,
+        hi=86400,
     )
 
 
@@ -494,7 +531,34 @@ class SlurmConfig:
         Path("/proc/driver/nvidia-caps/mig-minors"), "The driver's MIG capability minors table.", restart=True
     )
     slurmd_pid_file: Path = _doc(
-        Path("/run/slurmd.pid"), "slurmd's pid file (SlurmdPidFile of slurm.conf), to stop it.", restart=True
+        Path("/run/slurmd.pid"),
+        "slurmd's pid file (SlurmdPidFile of slurm.conf): whether slurmd runs, stopped cleanly or crashed.",
+        restart=True,
+    )
+    slurmd_control: str = _doc(
+        "systemd",
+        "How flexmig restarts slurmd to register the node: systemd (systemctl restart slurmd_unit, with flexmig's "
+        "drop-in reading slurmd_env) or hook (the slurmd_hook command, called with start, stop or restart).",
+        pattern=r"systemd|hook",
+        allowed="systemd or hook",
+        restart=True,
+    )
+    slurmd_unit: str = _doc(
+        "slurmd.service", "slurmd's systemd unit (slurmd_control = systemd).", pattern=r"[A-Za-z0-9@_.:-]{1,128}",
+        restart=True,
+    )  # fmt: skip
+    slurmd_hook: tuple[str, ...] = _doc(
+        (),
+        "The command (argv, no shell) that starts, stops or restarts slurmd (slurmd_control = hook); it gets the "
+        "verb as its last argument and FLEXMIG_SLURMD_ENV, FLEXMIG_SLURMD_NODE, FLEXMIG_SLURMD_CONF.",
+        example='["/usr/local/sbin/slurmd-ctl"]',
+        restart=True,
+    )
+    slurmd_env: Path = _doc(
+        Path("/run/flexmig/slurm/slurmd.env"),
+        "The environment file flexmig writes for slurmd's unit: FLEXMIG_SLURMD_NODE and FLEXMIG_SLURMD_CONF (the "
+        "slurmd -Z --conf value with Gres=).",
+        restart=True,
     )
     slurmd_conf: str = _doc(
         "",
@@ -545,9 +609,10 @@ class SlurmConfig:
         restart=True,
     )
     drain_timeout_s: float = _doc(
-        7200.0,
-        "Longest wait for the node to empty once drained; then the change is cancelled and the node resumed.",
-        lo=1,
+        900.0,
+        "Longest time the node stays closed for a change (flexmig's reservation's duration): if its jobs have not "
+        "ended by then, the reservation ends, the node reopens and the change is abandoned.",
+        lo=60,
         hi=7 * 86400,
         restart=True,
     )
@@ -561,10 +626,32 @@ class SlurmConfig:
         hi=3600,
     )
     min_interval_s: float = _doc(
-        300.0,
-        "Shortest time between two re-registrations of the node (changes are batched meanwhile).",
+        60.0,
+        "Shortest time between two changes that close a busy node (they are batched meanwhile); an idle node is "
+        "changed at once.",
         lo=0,
         hi=86400,
+    )
+    max_wait_s: float = _doc(
+        1800.0,
+        "A job waiting for a layout the node does not have commits a change once it has waited this long, whatever "
+        "the change costs (nothing starves).",
+        lo=0,
+        hi=7 * 86400,
+    )
+    probe_s: float = _doc(
+        1.0,
+        "Seconds between two cheap looks (sdiag's job counters, slurmd's pid file) between reads of the queue: a "
+        "new job or a crashed slurmd is seen within this.",
+        lo=0.2,
+        hi=3600,
+    )
+    max_closed_nodes: int = _doc(
+        0,
+        "Site-wide: at most this many nodes closed for flexmig's changes at once (flexmig's reservations whose "
+        "windows overlap, counted in Slurm); 0: no limit. Give every node the same value.",
+        lo=0,
+        hi=100000,
     )
 
 
@@ -602,11 +689,13 @@ class Config:
         "This node's name in MQTT topics and metrics; empty means the host name (first label).",
         pattern=r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?",
         allowed="empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or digit",
+        restart=True,
     )
     sampling: SamplingConfig = _doc(factory=SamplingConfig, doc=SamplingConfig.__doc__ or "")
     prometheus: PrometheusConfig = _doc(factory=PrometheusConfig, doc=PrometheusConfig.__doc__ or "")
-    mqtt: MqttConfig = _doc(factory=MqttConfig, doc=MqttConfig.__doc__ or "")
-    dcgm: DcgmConfig = _doc(factory=DcgmConfig, doc=DcgmConfig.__doc__ or "")
+    # The publisher, its outbox, the command listener and the scraper are set up at start, from the whole table.
+    mqtt: MqttConfig = _doc(factory=MqttConfig, doc=MqttConfig.__doc__ or "", restart=True)
+    dcgm: DcgmConfig = _doc(factory=DcgmConfig, doc=DcgmConfig.__doc__ or "", restart=True)
     detect: DetectConfig = _doc(factory=DetectConfig, doc=DetectConfig.__doc__ or "")
     planner: PlannerConfig = _doc(factory=PlannerConfig, doc=PlannerConfig.__doc__ or "")
     jobs: JobsConfig = _doc(factory=JobsConfig, doc=JobsConfig.__doc__ or "")
@@ -634,11 +723,16 @@ def toml_name(f: Any) -> str:
 
 
 def iter_keys(cfg: object, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
-    """Every leaf key of a configuration tree: (dotted key, value, field metadata), in schema order."""
+    """Every leaf key of a configuration tree: (dotted key, value, field metadata), in schema order. A table marked
+    ``restart`` marks each of its keys so."""
+    yield from _iter_keys(cfg, prefix, restart=False)
+
+
+def _iter_keys(cfg: object, prefix: str, *, restart: bool) -> Iterator[tuple[str, Any, Any]]:
     for f in fields(cast(Any, cfg)):
         key = join_key(prefix, toml_name(f))
         value = getattr(cfg, f.name)
         if is_dataclass(value) and not isinstance(value, (HostPort, type)):
-            yield from iter_keys(value, key)
+            yield from _iter_keys(value, key, restart=restart or bool(f.metadata.get("restart")))
         else:
-            yield key, value, f.metadata
+            yield key, value, {**f.metadata, "restart": True} if restart else f.metadata

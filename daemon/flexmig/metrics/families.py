@@ -512,6 +512,13 @@ FAMILIES: tuple[Family, ...] = (
         "How long re-registrations waited for the node to empty.",
         _SLURM,
     ),
+    Family(
+        "flexmig_slurm_slurmd_restarts",
+        "counter",
+        _N,
+        "Crashed slurmds flexmig started again with the GRES they had (their jobs run on).",
+        _SLURM,
+    ),
     # ------------------------------------------------------------------ the daemon's process (prometheus_client)
     Family("process_cpu_seconds", "counter", (), "Total user and system CPU time spent in seconds.", extern=True),
     Family("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes.", extern=True),

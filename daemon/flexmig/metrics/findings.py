@@ -29,7 +29,7 @@ from prometheus_client.core import Metric
 
 from flexmig.detect import FragmentationFinding, OversizedFinding, Report, UnderuseFinding
 from flexmig.metrics.collector import gpu_label_set, instance_label_set, node_label_set
-from flexmig.metrics.exposition import Writer
+from flexmig.metrics.exposition import FamilyWriter, LabelSet, Writer
 from flexmig.metrics.families import by_name
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
@@ -173,19 +173,33 @@ def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSna
                 idle_c.add(labels, internal.compute_idle)
             if internal.memory_idle is not None and idle_m is not None:
                 idle_m.add(labels, internal.memory_idle)
-            for kind in INSTANCE_FINDINGS:
-                hit = found.get(kind)
-                if hit is None and not out.zeros:
-                    continue
-                which = labels.extend(("finding",), (kind,))
-                if finding is not None:
-                    finding.add(which, 1.0 if hit is not None else 0.0)
-                if hit is None:
-                    continue
-                if finding_s is not None:
-                    finding_s.add(which, max(0.0, report.now - hit.since))
-                if isinstance(hit, OversizedFinding) and suggested is not None:
-                    suggested.info(labels, (hit.suggested,))
+            _instance_findings(labels, found, report.now, out, finding=finding, age=finding_s, suggested=suggested)
+
+
+def _instance_findings(
+    labels: LabelSet,
+    found: Mapping[str, UnderuseFinding | OversizedFinding],
+    now: float,
+    out: Writer,
+    *,
+    finding: FamilyWriter | None,
+    age: FamilyWriter | None,
+    suggested: FamilyWriter | None,
+) -> None:
+    """One instance's findings: each kind active (1 and its age), or judged absent (0, at full detail only)."""
+    for kind in INSTANCE_FINDINGS:
+        hit = found.get(kind)
+        if hit is None and not out.zeros:
+            continue
+        which = labels.extend(("finding",), (kind,))
+        if finding is not None:
+            finding.add(which, 1.0 if hit is not None else 0.0)
+        if hit is None:
+            continue
+        if age is not None:
+            age.add(which, max(0.0, now - hit.since))
+        if isinstance(hit, OversizedFinding) and suggested is not None:
+            suggested.info(labels, (hit.suggested,))
 
 
 # ---------------------------------------------------------------------------------------------------- MQTT

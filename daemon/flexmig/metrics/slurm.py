@@ -11,7 +11,8 @@ what was done to Slurm jobs.
   ``..._cost_slice_seconds``: the last decision's figures; ``flexmig_slurm_reregistration_wanted{Hostname}`` 1 when
   it said go;
 * ``flexmig_slurm_job_actions_total{Hostname, action}``: Slurm jobs signalled, requeued and released;
-* ``flexmig_slurm_drain_seconds{Hostname}`` (histogram): how long re-registrations waited for the node to empty.
+* ``flexmig_slurm_drain_seconds{Hostname}`` (histogram): how long re-registrations waited for the node to empty;
+* ``flexmig_slurm_slurmd_restarts_total{Hostname}``: crashed slurmds flexmig started again.
 
 Re-registrations themselves are actions: ``flexmig_actions_total{action="slurm_reregister"}`` and
 ``flexmig_action_duration_seconds`` count and time them. Names, kinds, labels and help texts are the catalogue's
@@ -49,6 +50,7 @@ class SlurmMetrics:
         self._decision: tuple[float, float, float, int] | None = None
         self._jobs: Counter[str] = Counter(dict.fromkeys(JOB_ACTIONS, 0))
         self._drain = Histogram(DURATION_BUCKETS_S)
+        self._slurmd_restarts = 0
 
     def read_ok(
         self, *, pending: int, running: int, movable: int, in_sync: bool, registered: Mapping[str, int]
@@ -76,6 +78,11 @@ class SlurmMetrics:
         with self._lock:
             self._jobs[action] += 1
 
+    def slurmd_restarted(self) -> None:
+        """flexmig started a crashed slurmd again."""
+        with self._lock:
+            self._slurmd_restarts += 1
+
     def drained(self, seconds: float) -> None:
         """A re-registration waited ``seconds`` for the node to empty."""
         with self._lock:
@@ -91,7 +98,11 @@ class SlurmMetrics:
                 Counter(self._jobs),
                 self._drain.copy(),
             )
+            restarts = self._slurmd_restarts
         host = snapshot.hostname
+        r0 = by_name("flexmig_slurm_slurmd_restarts").counter()
+        r0.add_metric([host], restarts)
+        yield r0
         if up is not None:
             yield _gauge("flexmig_slurm_up", host, up)
         e = by_name("flexmig_slurm_read_errors").counter()

@@ -3,7 +3,10 @@
 * ``slurm_unreachable`` (Slurm started failing, or fails differently) and ``slurm_reachable`` (it answers again,
   after ``down_s``);
 * ``slurm_plan``: a new re-registration decision, go or not, with its figures and the instance changes;
-* ``slurm_job_signalled`` / ``slurm_job_requeued`` / ``slurm_job_released``: a hook job's checkpoint-and-requeue.
+* ``slurm_job_signalled`` / ``slurm_job_requeued`` / ``slurm_job_released``: a hook job's checkpoint-and-requeue;
+* ``slurm_node``: what flexmig did about the node itself (``what``: slurmd restarted, a change waiting in flexmig's
+  reservation or abandoned, a hook job that missed its acknowledgement), or why it left it alone (an administrator's
+  drain, down or reservation; an unsupported setup).
 
 The re-registration itself is an action: ``action_started``/``action_completed``/... with
 ``action = slurm_reregister``. Pure: the factory brings the clock.
@@ -18,7 +21,20 @@ from flexmig.mqtt.events import Event, EventFactory, EventKind
 from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 
-__all__ = ["job_event", "plan_changes", "plan_event", "reachable_event", "unreachable_event"]
+__all__ = [
+    "NODE_WHATS",
+    "job_event",
+    "node_event",
+    "plan_changes",
+    "plan_event",
+    "reachable_event",
+    "unreachable_event",
+]
+
+NODE_WHATS = frozenset(
+    {"slurmd_restarted", "left_alone", "change_waiting", "change_abandoned", "ack_missed", "refused"}
+)
+"""The ``what`` of a ``slurm_node`` event."""
 
 _JOB_KINDS = {
     "slurm_job_signalled": EventKind.SLURM_JOB_SIGNALLED,
@@ -75,3 +91,15 @@ def job_event(factory: EventFactory, node: str, kind: str, detail: dict[str, Any
         step = detail.get("step")
         payload["step"] = step if isinstance(step, int) else None
     return factory.make(_JOB_KINDS[kind], payload)
+
+
+def node_event(factory: EventFactory, node: str, what: str, detail: dict[str, Any]) -> Event:
+    """A ``slurm_node`` event: ``what`` (one of :data:`NODE_WHATS`) happened to node ``node``, with ``detail``'s
+    ``reason`` and, where they apply, ``slurm_job``, ``start_in_s`` and ``gres``."""
+    if what not in NODE_WHATS:
+        raise ValueError(f"unknown slurm_node event {what!r}")
+    payload: dict[str, Any] = {"node": node, "what": what, "reason": str(detail.get("reason", ""))[:500]}
+    for key, kind in (("slurm_job", int), ("start_in_s", float), ("gres", str)):
+        if key in detail and detail[key] is not None:
+            payload[key] = kind(detail[key])
+    return factory.make(EventKind.SLURM_NODE, payload)

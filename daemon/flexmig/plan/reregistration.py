@@ -1,23 +1,27 @@
-"""What changing a node's MIG instances costs when a cluster scheduler must re-register the node, and whether a
-plan is worth it.
+"""Whether to change a Slurm node's MIG layout now, given that Slurm cannot change a node's GPU GRES while any job
+runs on it (the node must empty: every job ends, or is checkpointed and requeued, then the node is re-registered).
 
-Slurm cannot change a node's GPU GRES while a job runs on it: the node is drained, every job on it must end (or be
-checkpointed and requeued), and only then is it re-registered with its new instances. So any plan that creates or
-destroys an instance costs a *whole-node drain*, however small the change. This module charges it, in compute
-slice-seconds (capacity times time), so that a big job counts more than a small one:
+A change waits for the node to empty; meanwhile the node stays open to jobs that end in time (the caller closes it
+with a reservation that starts when the running jobs' limits say the node will be empty). This module decides
+*whether* to commit to a change, in compute slice-seconds (capacity times time), so a big job counts more than a
+small one:
 
-* **drain time** ``D``: until the last job is off the node, plus the re-registration itself (``fixed_s``): an
-  immovable job leaves when it ends (its time limit; unknown: ``settings.unknown_wait_s``), a movable one after its
-  checkpoint (``settings.checkpoint_s``);
-* **cost**: the capacity the drain wastes: each immovable job's slices stand idle from its end until ``D``; each
-  movable job loses its checkpoint and restart (``settings.move_cost``); each pending job that could have started
-  on today's free instances waits ``D`` longer;
-* **gain**: each pending job the plan starts that today's instances cannot host would otherwise wait for an
-  assumed ``settings.unknown_wait_s``; it now waits ``D``.
+* **an idle node** is changed at once for any waiting job the new layout starts (the re-registration itself costs
+  seconds and nothing runs), with no batching gate;
+* **a busy node**: the change is a rent-or-buy choice. Waiting jobs the new layout would serve (and today's
+  instances cannot) *pay rent*: each slice they need times how long they have waited (``gain``, the aging of the
+  demand). Closing the node *buys*: the capacity lost while it empties (``cost``): each immovable job's slices
+  idle between its expected end and the node's, the free slices closed meanwhile, and each movable job's
+  checkpoint and restart. The change is committed once the rent reaches the price times
+  ``settings.gain_ratio`` (the classic rent-or-buy rule, never worse than twice the best choice made in
+  hindsight), or when a served job has waited ``cost.max_wait_s`` (nothing starves), and no sooner than
+  ``cost.min_interval_s`` after the last change that closed the node (changes that close the node are batched);
+* **expected remaining times** come from what Slurm knows: a job with a time limit is expected to end halfway
+  between now and its limit (and surely by it); one without a limit is expected to run as long again as it has
+  run (``elapsed``), at least ``cost.fixed_s``. ``close_by_s`` is the latest the node can be empty by the limits
+  (None when a job without a limit and without the hook runs): where the caller starts its reservation.
 
-The plan goes ahead when the gain beats the cost by ``settings.gain_margin`` and the last re-registration is at
-least ``min_interval_s`` old. This batches changes: one small job does not drain a busy node, but demand that
-accumulates, or a node that is idle anyway (``D`` is then just ``fixed_s``), does. Pure: time is passed in.
+Pure: time is passed in.
 """
 
 from __future__ import annotations
@@ -33,31 +37,47 @@ __all__ = ["DrainHolder", "RegistrationCost", "Verdict", "changes_instances", "s
 
 @dataclass(frozen=True, slots=True)
 class DrainHolder:
-    """A job on the node when it must drain: its compute slices, the time it has left, whether it can checkpoint."""
+    """A job on the node: its compute slices, the time to its limit (None: no limit), whether it can checkpoint,
+    and how long it has run."""
 
     name: str
     compute_slices: int
     remaining_s: float | None
     movable: bool
+    elapsed_s: float = 0.0
+
+    def expected_left_s(self, floor_s: float) -> float:
+        """Expected time until it ends by itself: half of what its limit leaves, or (no limit) its age."""
+        if self.remaining_s is not None:
+            return max(0.0, self.remaining_s) / 2.0
+        return max(self.elapsed_s, floor_s)
 
 
 @dataclass(frozen=True, slots=True)
 class RegistrationCost:
-    """What one re-registration costs beyond the drain, and how often one may happen.
+    """What one re-registration costs beyond the jobs' own ends, and the rules that batch and bound changes.
 
-    ``fixed_s``: stopping slurmd, deleting and re-registering the node, waiting for slurmctld (0.3 s on an idle
-    single-node Slurm with the simulated driver, 1.7 s with a requeued job, measured by ``bench/slurm.py``; 5 s by
-    default for a loaded controller and a real driver's instance changes);
-    ``min_interval_s``: the shortest time between two re-registrations of one node.
+    ``fixed_s``: closing, stopping slurmd, deleting and registering the node again (0.3 s on an idle single-node
+    Slurm with the simulated driver, 1.7 s with a requeued job, measured by ``bench/slurm.py``; 5 s by default for a
+    loaded controller and a real driver's instance changes); ``min_interval_s``: the shortest time between two
+    changes that close a busy node; ``max_wait_s``: a waiting job the change serves never waits longer than this
+    for the change to be committed; ``total_slices``: the node's compute slices (free ones are closed too).
     """
 
     fixed_s: float = 5.0
-    min_interval_s: float = 300.0
+    min_interval_s: float = 60.0
+    max_wait_s: float = 1800.0
+    total_slices: int = 7
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Whether to re-register for a plan, with the figures behind it (slice-seconds and seconds) and why."""
+    """Whether to commit to a change for a plan, with the figures behind it (slice-seconds and seconds) and why.
+
+    ``drain_s``: expected seconds until the node is empty and re-registered; ``close_by_s``: the latest the node is
+    empty by its jobs' limits (seconds from now; None: a job without a limit runs); ``forced``: committed because a
+    served job waited ``max_wait_s``, whatever the figures.
+    """
 
     go: bool
     drain_s: float
@@ -65,6 +85,8 @@ class Verdict:
     cost: float
     reason: str
     newly_served: tuple[str, ...] = ()
+    close_by_s: float | None = 0.0
+    forced: bool = False
 
 
 def changes_instances(plan: Plan) -> bool:
@@ -111,54 +133,72 @@ def verdict(
     last_change_s: float | None = None,
     requeued: frozenset[str] = frozenset(),
 ) -> Verdict:
-    """Should ``plan`` (planned for the node once drained) be carried out?
+    """Should the caller commit to ``plan`` (planned for the node once empty)?
 
-    ``pending`` is the drained node's queue: the ``requeued`` requests (the movable holders, back in the queue) and
-    the jobs waiting now. ``holders`` are the jobs on the node now, ``free`` today's instances no job holds.
+    ``pending`` is the emptied node's queue: the ``requeued`` requests (the movable holders, back in the queue) and
+    the jobs waiting now (their ``submitted_s`` ages them). ``holders`` are the jobs on the node now, ``free``
+    today's instances no job holds. ``last_change_s``: when the last change that closed a busy node ended.
     """
     if not changes_instances(plan):
         return Verdict(False, 0.0, 0.0, 0.0, "the plan changes no instance: Slurm places the jobs itself")
-    ends = [0.0]
-    for h in holders:
-        if h.movable:
-            ends.append(settings.checkpoint_s)
-        else:
-            ends.append(settings.unknown_wait_s if h.remaining_s is None else h.remaining_s)
-    drain = max(ends) + cost.fixed_s
+    floor = cost.fixed_s
+    immovable = [h for h in holders if not h.movable]
+    movable = [h for h in holders if h.movable]
+    lefts = [h.expected_left_s(floor) for h in immovable]
+    expected = max([*lefts, *(settings.checkpoint_s for _ in movable), 0.0])
+    drain = expected + cost.fixed_s
+    close_by: float | None = 0.0
+    if any(h.remaining_s is None for h in immovable):
+        close_by = None
+    elif immovable:
+        close_by = max(max(0.0, h.remaining_s or 0.0) for h in immovable)
     started = {a.job: a.instances for a in plan.actions if isinstance(a, StartJob)}
     ready = servable_now([r for r in pending if r.name not in requeued], free)
     gain = 0.0
-    waste = 0.0
+    oldest = 0.0
     served: list[str] = []
-    wait = settings.unknown_wait_s
     for req in pending:
-        if req.name in requeued:
+        if req.name in requeued or req.name in ready or req.name not in started:
             continue
-        if req.name in ready:
-            waste += _slices(req, started) * drain  # it could have started now; the drain holds it back
-        elif req.name in started:
-            gain += _slices(req, started) * max(0.0, wait - drain)
-            served.append(req.name)
-    for h in holders:
-        if h.movable:
-            waste += h.compute_slices * settings.move_cost()
-        else:
-            left = settings.unknown_wait_s if h.remaining_s is None else h.remaining_s
-            waste += h.compute_slices * max(0.0, drain - cost.fixed_s - left)
-    figures = f"drain ~{drain:.0f} s, gain {gain:.0f} vs cost {waste:.0f} slice-seconds"
+        waited = max(0.0, now_s - req.submitted_s)
+        gain += _slices(req, started) * waited
+        oldest = max(oldest, waited)
+        served.append(req.name)
+    held = sum(h.compute_slices for h in holders)
+    waste = sum(h.compute_slices * (expected - left) for h, left in zip(immovable, lefts, strict=True))
+    waste += sum(h.compute_slices * settings.move_cost() for h in movable)
+    waste += max(0, cost.total_slices - held) * expected  # free slices, closed while the node empties
+    figures = f"empty in ~{drain:.0f} s, waited {gain:.0f} vs cost {waste:.0f} slice-seconds"
     if not served:
-        return Verdict(False, drain, gain, waste, f"no waiting job needs the change ({figures})")
-    if last_change_s is not None and now_s - last_change_s < cost.min_interval_s:
+        return Verdict(False, drain, gain, waste, f"no waiting job needs the change ({figures})", close_by_s=close_by)
+    verdict_of = _Verdict(drain, gain, waste, tuple(served), close_by)
+    if not holders:
+        return verdict_of.say(True, f"serves {len(served)} waiting job(s) on an idle node: {figures}")
+    forced = oldest >= cost.max_wait_s
+    if last_change_s is not None and now_s - last_change_s < cost.min_interval_s and not forced:
         left_s = cost.min_interval_s - (now_s - last_change_s)
-        return Verdict(
+        return verdict_of.say(
             False,
-            drain,
-            gain,
-            waste,
-            f"batching: the last re-registration was {now_s - last_change_s:.0f} s "
-            f"ago, next one in {left_s:.0f} s ({figures})",
-            tuple(served),
+            f"batching: the last change that closed the node was {now_s - last_change_s:.0f} s ago, next one in "
+            f"{left_s:.0f} s ({figures})",
         )
-    if gain <= 0 or gain < settings.gain_margin * waste:
-        return Verdict(False, drain, gain, waste, f"not worth a whole-node drain ({figures})", tuple(served))
-    return Verdict(True, drain, gain, waste, f"serves {len(served)} waiting job(s): {figures}", tuple(served))
+    if forced:
+        return verdict_of.say(
+            True, f"serves {len(served)} waiting job(s), one waited {oldest:.0f} s (bound {cost.max_wait_s:g} s): "
+            f"{figures}", forced=True
+        )  # fmt: skip
+    if gain <= 0 or gain < settings.gain_ratio * waste:
+        return verdict_of.say(False, f"not worth closing the node yet ({figures})")
+    return verdict_of.say(True, f"serves {len(served)} waiting job(s): {figures}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    drain: float
+    gain: float
+    waste: float
+    served: tuple[str, ...]
+    close_by: float | None
+
+    def say(self, go: bool, reason: str, *, forced: bool = False) -> Verdict:
+        return Verdict(go, self.drain, self.gain, self.waste, reason, self.served, self.close_by, forced)

@@ -1,16 +1,22 @@
-"""flexmig as Slurm's node agent: read the node's demand, plan its layout, re-register it when that pays.
+"""flexmig as Slurm's node agent: read the node's demand, plan its layout, and change it when that pays, keeping
+the node productive until the change can happen, and never fighting the administrator.
 
 One :meth:`SlurmAgent.round`:
 
-1. read Slurm (``squeue --json``, ``sinfo --json``) and NVML; a Slurm that does not answer, or answers garbage, is
-   a SlurmError: the caller logs it and nothing changes;
-2. make sure the node is registered with exactly the instances NVML shows (after a crash, a manual restart, or the
-   first start): if not, a re-registration without instance changes (mode ``act``);
-3. in modes advise and act, plan the layout for the node *once drained* (Slurm cannot change a node's GPUs while a
-   job runs on it): the current instances, none held, the pending jobs of the node's partitions plus the hook jobs
-   that would be requeued; instances running processes of no Slurm job stay blocked;
-4. weigh the plan's whole-node drain (:func:`flexmig.plan.reregistration.verdict`) and, in mode ``act``, run one
-   journalled ``slurm_reregister`` action carrying all its instance changes (:mod:`flexmig.slurm.change`).
+1. read Slurm (``squeue --json``, ``sinfo --json``, reservations) and NVML; a Slurm that does not answer, or answers
+   garbage, is a SlurmError: the caller logs it and nothing changes;
+2. refuse an unsupported setup with one line (:mod:`flexmig.slurm.sitecheck`), before anything is stopped;
+3. a crashed slurmd is started again at once with the GRES it had (its jobs run on; no drain, no delete);
+4. a node an administrator drained, downed or reserved is left as it is (a change waiting for it is abandoned);
+5. make sure the node is registered with exactly the instances NVML shows;
+6. in modes advise and act, plan the layout for the node *once empty* (Slurm cannot change a node's GPUs while a
+   job runs on it) and weigh it (:func:`flexmig.plan.reregistration.verdict`). In mode ``act``: an idle node is
+   changed at once; on a busy node the change is committed as flexmig's reservation ``flexmig-<node>``, starting
+   when the running jobs are expected to have ended, by their limits (Slurm's backfill keeps starting the jobs that
+   end before it), bounded by ``[slurm] drain_timeout_s``, abandoned when its demand is gone, moved earlier when jobs
+   end early, and carried out (one journalled ``slurm_reregister``, :mod:`flexmig.slurm.change`) as soon as only
+   hook jobs, or none, run. A site-wide limit (``[slurm] max_closed_nodes``) bounds how many nodes flexmig closes
+   at once.
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from flexmig.act.executor import Executor
+from flexmig.act.journal import ActionRow
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.records import Slot
 from flexmig.act.results import PlanResult
+from flexmig.clocks import Ages
 from flexmig.errors import FlexmigError, PlanRejectedError, SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
@@ -33,19 +42,32 @@ from flexmig.nvml.types import Inventory
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.reregistration import DrainHolder, RegistrationCost, Verdict, changes_instances, verdict
 from flexmig.plan.types import Instance, JobRequest, NodeState, Plan, PlannerSettings
-from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, encode_change
+from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_hold, encode_change
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string
 from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.reservations import SlurmReservation, flexmig_name
 from flexmig.slurm.settings import SlurmSettings
-from flexmig.slurm.slurmd import ProcessSlurmd, SlurmdControl
+from flexmig.slurm.sitecheck import (
+    cgroup_problem,
+    configless_problem,
+    gres_conf_problem,
+    parse_cgroup_conf,
+    shared_fs_problem,
+    tres_problem,
+)
+from flexmig.slurm.slurmd import HookSlurmd, SlurmdControl, SlurmdState, SystemdSlurmd
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.supply import Supply
 
-__all__ = ["ExecutorMig", "SlurmAgent", "SlurmRead", "SlurmRound"]
+__all__ = ["ExecutorMig", "SlurmAgent", "SlurmRead", "SlurmRound", "make_slurmd"]
 
 log = logging.getLogger(__name__)
+
+_CONFIG_TTL_S = 300.0
+_NOT_RESPONDING_GRACE_S = 30.0  # slurmd runs but slurmctld does not hear it: wait this long, then restart it
+_MAX_FILE = 4 * 1024 * 1024
 
 
 class ExecutorMig:
@@ -67,9 +89,23 @@ class ExecutorMig:
         return await self.executor.mig.inventory()
 
 
+def make_slurmd(settings: SlurmSettings, node: str, commands: SlurmCommands) -> SlurmdControl:
+    """The node's slurmd as ``[slurm] slurmd_control`` says: its systemd unit, or the site's hook command."""
+    common: dict[str, Any] = {
+        "node": node,
+        "env_file": settings.slurmd_env,
+        "pid_file": settings.slurmd_pid_file,
+        "commands": commands,
+        "extra": settings.slurmd_conf,
+    }
+    if settings.slurmd_control == "hook":
+        return HookSlurmd(**common, hook=settings.slurmd_hook)
+    return SystemdSlurmd(**common, unit=settings.slurmd_unit)
+
+
 @dataclass(frozen=True, slots=True)
 class SlurmRead:
-    """One look at Slurm and NVML."""
+    """One look at Slurm and NVML (and the node's slurmd)."""
 
     jobs: tuple[SlurmJob, ...]
     node: SlurmNode | None
@@ -79,22 +115,37 @@ class SlurmRead:
     model: GpuModel
     registered_as: dict[str, int]
     expected: dict[str, int]
+    reservations: tuple[SlurmReservation, ...] = ()
+    slurmd: SlurmdState = "running"
+    now_s: float = 0.0
 
     @property
     def in_sync(self) -> bool:
         """Slurm lists the node, responding, with exactly the instances NVML shows."""
         return self.node is not None and self.node.responding and self.registered_as == self.expected
 
+    @property
+    def mine(self) -> SlurmReservation | None:
+        """flexmig's reservation on this node (a change is committed), if any."""
+        name = flexmig_name(self.demand.node)
+        return next((r for r in self.reservations if r.name == name), None)
+
+    @property
+    def busy(self) -> bool:
+        """Jobs that are no hook jobs run on the node (a change must wait for them to end)."""
+        return any(not r.movable for r in self.demand.running)
+
 
 @dataclass(frozen=True, slots=True)
 class SlurmRound:
-    """What one round saw, planned and did."""
+    """What one round saw, planned and did; ``events`` are ``(kind, detail)`` for the fleet."""
 
     read: SlurmRead | None
     plan: Plan = field(default_factory=Plan)
     verdict: Verdict | None = None
     result: PlanResult | None = None
     note: str = ""
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 class SlurmAgent:
@@ -109,17 +160,24 @@ class SlurmAgent:
         planner: PlannerSettings,
         simulated: bool,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         slurmd: SlurmdControl | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        mountinfo: Path = Path("/proc/self/mountinfo"),
     ) -> None:
         self.settings = settings
         self.node = check_node_name(node)
         self.executor = executor
         self.planner_settings = planner
+        self.simulated = simulated
         self.wall = wall
+        self.clock = clock
+        self.ages = Ages(wall, clock)
+        """How long ago the last re-registration was, on the monotonic clock (the journal's stamps are wall time)."""
+        self.mountinfo = mountinfo
         commands = SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s)
         self.client = SlurmClient(commands)
-        self.slurmd = slurmd or ProcessSlurmd(node, settings.slurmd_pid_file, commands, settings.slurmd_conf)
+        self.slurmd = slurmd or make_slurmd(settings, node, commands)
         hook = {
             "checkpoint_dir": settings.checkpoint_dir,
             "signal": f"SIG{settings.checkpoint_signal}",
@@ -138,21 +196,35 @@ class SlurmAgent:
             node,
             settings.checkpoint_dir,
             ack_timeout_s=settings.ack_timeout_s,
-            drain_timeout_s=settings.drain_timeout_s,
+            close_s=settings.drain_timeout_s,
             register_timeout_s=settings.register_timeout_s,
             signal=settings.checkpoint_signal,
         )
         self.change = SlurmChange(
             self.client, self.slurmd, self.supply, ExecutorMig(executor), change, on_event=on_event
         )
-        self.cost = RegistrationCost(settings.reregister_s, settings.min_interval_s)
+        self.on_event = on_event or (lambda kind, detail: None)
+        self.cost = self.registration_cost(settings)
+        self._closed_at: float | None = None
+        """When (monotonic) a reservation of flexmig's last ended without its change (the node never emptied)."""
+        self._config: dict[str, str] = {}
+        self._config_at = -_CONFIG_TTL_S
+        self._not_responding_since: float | None = None
+        self._waiting = False
         executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
+
+    @staticmethod
+    def registration_cost(settings: SlurmSettings, slices: int = 7) -> RegistrationCost:
+        """The verdict's fixed figures from the settings (and the node's compute slices)."""
+        return RegistrationCost(settings.reregister_s, settings.min_interval_s, settings.max_wait_s, slices)
 
     # -------------------------------------------------------------------------------------------- reading
     async def read(self) -> SlurmRead:
-        """Slurm's jobs and node record, and NVML's inventory; SlurmError when Slurm cannot be read."""
+        """Slurm's jobs, node record and reservations, NVML's inventory, slurmd's state; SlurmError when Slurm
+        cannot be read."""
         jobs = await self.client.jobs()
         nodes = await self.client.nodes()
+        reservations = await self.client.reservations()
         node = next((n for n in nodes if n.name == self.node), None)
         inventory = await self.executor.mig.inventory()
         view = NodeView.of(inventory)
@@ -161,22 +233,48 @@ class SlurmAgent:
         for r in self.supply.records(inventory):
             expected[r.type] = expected.get(r.type, 0) + 1
         registered = {k: v for k, v in node.gpu_counts().items() if v} if node is not None else {}
+        now = self.wall()
         demand = read_demand(
             jobs,
             node,
             self.node,
             model,
             index_map=self.supply.instances(inventory),
-            now_s=self.wall(),
+            now_s=now,
             partitions=self.settings.partitions,
             hook_token=self.settings.hook_token,
             hook_settle_s=self.settings.hook_settle_s,
         )
-        return SlurmRead(jobs, node, inventory, view, demand, model, registered, expected)
+        state = await self.slurmd.state()
+        return SlurmRead(jobs, node, inventory, view, demand, model, registered, expected, reservations, state, now)
+
+    async def setup_problem(self, read: SlurmRead) -> str | None:
+        """One line when this node's Slurm setup is one flexmig refuses (:mod:`flexmig.slurm.sitecheck`)."""
+        if self.clock() - self._config_at >= _CONFIG_TTL_S:
+            self._config = await self.client.config()
+            self._config_at = self.clock()
+        cfg = self._config
+        conf = self.settings.conf or Path("/etc/slurm/slurm.conf")
+        why = configless_problem(conf.is_file(), str(conf), cfg.get("SlurmctldParameters", ""))
+        if why is None:
+            try:
+                text = self.supply.gres_conf_text()
+            except SlurmError as exc:
+                why = f"{exc} (flexmig rewrites its block of gres.conf at every change)"
+            else:
+                why = gres_conf_problem(text, self.node, str(self.settings.gres_conf))
+        if why is None:
+            why = shared_fs_problem(PurePosixPath(self.settings.gres_conf.absolute()), _read_text(self.mountinfo))
+        if why is None:
+            cgroup = parse_cgroup_conf(_read_text(conf.parent / "cgroup.conf"))
+            why = cgroup_problem(cfg.get("TaskPlugin", ""), cgroup, simulated=self.simulated)
+        if why is None:
+            why = tres_problem(cfg.get("AccountingStorageTRES", ""), (p.name for p in read.model.plain_profiles))
+        return why
 
     # -------------------------------------------------------------------------------------------- planning
     def drained_state(self, read: SlurmRead) -> tuple[NodeState, tuple[JobRequest, ...]]:
-        """The node as it will be once drained, with its queue (requeued hook jobs first), and the requeued."""
+        """The node as it will be once empty, with its queue (requeued hook jobs first), and the requeued."""
         view, model = read.view, read.model
         slurm_held = {i.key for r in read.demand.running for i in r.instances}
         layouts: list[Layout] = []
@@ -200,21 +298,46 @@ class SlurmAgent:
             model=model,
             layouts=tuple(layouts),
             pending=(*requeued, *read.demand.pending),
-            now_s=self.wall(),
+            now_s=read.now_s or self.wall(),
             blocked=frozenset(blocked),
             blocked_gpus=frozenset(blocked_gpus),
         )
         return state, requeued
 
+    def _recent(self) -> list[ActionRow]:
+        return [row for row in self.executor.journal.recent_actions(200) if row.kind == KIND]
+
     def last_change_s(self) -> float | None:
-        """When the last re-registration of this node finished (wall time, from the journal)."""
-        for row in self.executor.journal.recent_actions(200):
-            if row.kind == KIND and row.state == "done" and row.finished_s and row.payload.get("changes"):
-                return row.finished_s
-        return None
+        """When the last change that had to wait for jobs (a busy node) ended, from the journal (or when
+        flexmig's last reservation ended without its change): in wall time now less how long ago it was on the
+        monotonic clock (:class:`~flexmig.clocks.Ages`: a wall clock set back never makes the batching interval
+        wait longer)."""
+        for row in self._recent():
+            if row.state == "done" and row.finished_s and row.payload.get("changes") and row.payload.get("busy"):
+                return self.wall() - self.ages.ago(KIND, row.finished_s)
+        if self._closed_at is None:
+            return None
+        return self.wall() - (self.clock() - self._closed_at)
+
+    def missed_acks(self) -> set[tuple[int, int]]:
+        """(Slurm job, restart count) of the hook jobs that missed an acknowledgement (from the journal): they
+        are not asked again while they run, and count as jobs that end by themselves."""
+        out: set[tuple[int, int]] = set()
+        for row in self._recent():
+            if row.state != "cancelled" or not row.error or "did not acknowledge" not in row.error:
+                continue
+            for step in self.executor.journal.steps(row.id):
+                if step.name.startswith("await_ack:") and step.state == "failed":
+                    job_id = int(step.name.split(":", 1)[1])
+                    restarts = next(
+                        (int(j.get("restarts", 0)) for j in row.payload.get("checkpoint", []) if j["job_id"] == job_id),
+                        0,
+                    )
+                    out.add((job_id, restarts))
+        return out
 
     def plan(self, read: SlurmRead) -> tuple[Plan, Verdict]:
-        """The layout plan for ``read`` and whether its drain pays; PlanRejectedError if the planner refuses."""
+        """The layout plan for ``read`` and whether to commit to it; PlanRejectedError if the planner refuses."""
         state, requeued = self.drained_state(read)
         plan = Planner(state.model, self.planner_settings).plan(state)
         validate_plan(state, plan, self.planner_settings)
@@ -227,16 +350,18 @@ class SlurmAgent:
             if (g, inst.start) not in held and (g, inst.start) not in state.blocked
         ]
         holders = [
-            DrainHolder(request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable)
+            DrainHolder(request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable, r.elapsed_s)
             for r in read.demand.running
         ]
+        slices = sum(state.model.compute_slices for g in range(len(state.layouts)) if g not in state.blocked_gpus)
+        cost = RegistrationCost(self.cost.fixed_s, self.cost.min_interval_s, self.cost.max_wait_s, max(1, slices))
         v = verdict(
             plan,
             state.pending,
             holders,
             free=free,
             settings=self.planner_settings,
-            cost=self.cost,
+            cost=cost,
             now_s=state.now_s,
             last_change_s=self.last_change_s(),
             requeued=frozenset(r.name for r in requeued),
@@ -250,25 +375,196 @@ class SlurmAgent:
         return await self.executor.execute_encoded([action], "slurm", (reason,))
 
     async def round(self, mode: str) -> SlurmRound:
-        """One round (see the module docstring). SlurmError when Slurm cannot be read; nothing changed then."""
+        """One round (see the module docstring). SlurmError when Slurm cannot be read; nothing changed then. Its
+        node events also go to ``on_event`` as ``slurm_node:WHAT``."""
+        rnd = await self._round(mode)
+        for what, detail in rnd.events:
+            self.on_event(f"slurm_node:{what}", detail)
+        return rnd
+
+    async def _round(self, mode: str) -> SlurmRound:
         read = await self.read()
+        if self._waiting and read.mine is None:  # flexmig's reservation ended without its change
+            self._closed_at = self.clock()
+        self._waiting = read.mine is not None
+        read = self._without_missed(read)
+        problem = await self.setup_problem(read)
+        if problem is not None:
+            return SlurmRound(read, note=f"refused: {problem}", events=(("refused", {"reason": problem}),))
+        if read.slurmd == "crashed":
+            return await self._restart_slurmd(read, mode, "slurmd crashed")
+        hold = admin_hold(read.node, read.reservations, self.node)
+        if hold is not None:
+            return await self._leave_alone(read, mode, hold)
         if not read.in_sync:
-            why = self._out_of_sync(read)
-            if mode != "act":
-                return SlurmRound(read, note=f"{why}; mode {mode} changes nothing")
-            res = await self.register(why)
-            return SlurmRound(read, result=res, note=why)
-        if mode == "observe":  # observe reads and exports; planning is advise's and act's, as for flexmig's own queue
+            return await self._resync(read, mode)
+        self._not_responding_since = None
+        if mode == "observe":  # observe reads and exports; planning is advise's and act's
             return SlurmRound(read)
         try:
             plan, v = self.plan(read)
         except (PlanRejectedError, FlexmigError) as exc:
             return SlurmRound(read, note=f"cannot plan: {exc}")
+        mine = read.mine
+        if mine is not None:
+            return await self._committed(read, mode, plan, v, mine)
         if not changes_instances(plan) or not v.go or mode != "act":
             return SlurmRound(read, plan, v)
-        action = encode_change(self.node, plan, read.demand.movable, v.reason, v.drain_s)
+        if not read.busy:
+            return await self._change(read, plan, v)
+        return await self._commit(read, plan, v)
+
+    def _without_missed(self, read: SlurmRead) -> SlurmRead:
+        """The read with hook jobs that missed an acknowledgement counted as immovable."""
+        missed = self.missed_acks()
+        if not missed or not any((r.job.job_id, r.job.restart_count) in missed for r in read.demand.movable):
+            return read
+        running = tuple(
+            type(r)(r.job, r.instances, False, r.remaining_s, r.unknown_indices, r.elapsed_s)
+            if (r.job.job_id, r.job.restart_count) in missed
+            else r
+            for r in read.demand.running
+        )
+        d = read.demand
+        demand = SlurmDemand(d.node, d.pending, d.pending_jobs, running, d.ignored)
+        return SlurmRead(
+            read.jobs, read.node, read.inventory, read.view, demand, read.model, read.registered_as, read.expected,
+            read.reservations, read.slurmd, read.now_s,
+        )  # fmt: skip
+
+    async def _restart_slurmd(self, read: SlurmRead, mode: str, why: str) -> SlurmRound:
+        """Start slurmd again with the GRES it registered (or NVML's when it never did): its jobs run on."""
+        want = gres_string(self.supply.records(read.inventory))
+        registered = self.slurmd.registered_conf()
+        gres = want
+        if registered is not None and "Gres=" in registered:
+            gres = registered.rsplit("Gres=", 1)[1].split()[0]
+        note = f"{why}; starting it again with Gres={gres} (its jobs run on)"
+        if mode != "act":
+            return SlurmRound(read, note=f"{note}: mode {mode} changes nothing")
+        await self.slurmd.start(gres)
+        self._not_responding_since = None
+        return SlurmRound(read, note=note, events=(("slurmd_restarted", {"reason": why, "gres": gres}),))
+
+    async def _leave_alone(self, read: SlurmRead, mode: str, why: str) -> SlurmRound:
+        """An administrator holds the node: abandon flexmig's own waiting change, change nothing else."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        if read.mine is not None and mode == "act":
+            await self.client.delete_reservation(flexmig_name(self.node))
+            self._waiting = False
+            events.append(("change_abandoned", {"reason": why}))
+        return SlurmRound(read, note=why, events=(*events, ("left_alone", {"reason": why})))
+
+    async def _resync(self, read: SlurmRead, mode: str) -> SlurmRound:
+        """Slurm's view of the node differs from NVML's: register it again, without fighting anyone."""
+        node = read.node
+        now = self.clock()  # a duration (not responding for how long): monotonic
+        if node is not None and read.slurmd == "running" and not node.responding:
+            since = self._not_responding_since = self._not_responding_since or now
+            if now - since < _NOT_RESPONDING_GRACE_S:
+                return SlurmRound(read, note=f"node {self.node} is {node.state}, not responding; slurmd runs: waiting")
+            return await self._restart_slurmd(read, mode, f"slurmctld has not heard slurmd for {now - since:.0f} s")
+        if node is not None and read.slurmd == "stopped" and self.slurmd.registered_conf() is not None:
+            return SlurmRound(
+                read,
+                note=f"slurmd of node {self.node} was stopped (not by flexmig); flexmig leaves it stopped",
+                events=(("left_alone", {"reason": "slurmd was stopped"}),),
+            )
+        why = self._out_of_sync(read)
+        if mode != "act":
+            return SlurmRound(read, note=f"{why}; mode {mode} changes nothing")
+        if node is not None and read.demand.running:
+            # Registered with other GRES while jobs run: wait for them like any change.
+            v = Verdict(True, 0.0, 0.0, 0.0, why, (), _close_by(read), forced=True)
+            if read.mine is None:
+                return await self._commit(read, Plan(), v)
+            return SlurmRound(read, note=f"{why}; waiting for its jobs to end")
+        res = await self.register(why)
+        return SlurmRound(read, result=res, note=why)
+
+    async def _committed(
+        self, read: SlurmRead, mode: str, plan: Plan, v: Verdict, mine: SlurmReservation
+    ) -> SlurmRound:
+        """A change waits (flexmig's reservation exists): abandon it, move it earlier, or carry it out."""
+        if mode != "act":
+            return SlurmRound(read, plan, v, note=f"a change waits in reservation {mine.name}; mode {mode} leaves it")
+        if not changes_instances(plan) or not v.newly_served:
+            await self.client.delete_reservation(mine.name)
+            self._waiting = False
+            why = "its demand is gone (the jobs it served ended, were cancelled or run now)"
+            return SlurmRound(
+                read, plan, v, note=f"change abandoned: {why}", events=(("change_abandoned", {"reason": why}),)
+            )
+        if not read.busy:
+            return await self._change(read, plan, v)
+        if mine.active(read.now_s) and read.now_s >= mine.end_s - 1:
+            return SlurmRound(read, plan, v, note="flexmig's reservation is ending")
+        close_by = _close_at(read, self.cost.fixed_s)
+        if not mine.active(read.now_s) and read.now_s + close_by < mine.start_s - 2:
+            await self.client.move_reservation(mine.name, close_by, self.settings.drain_timeout_s)
+            earlier = mine.start_s - read.now_s - close_by
+            return SlurmRound(
+                read, plan, v, note=f"jobs ended early: the change moves {earlier:.0f} s earlier",
+                events=(("change_waiting", {"reason": v.reason, "start_in_s": round(close_by, 1)}),),
+            )  # fmt: skip
+        return SlurmRound(read, plan, v, note=f"a change waits for the node's jobs (reservation {mine.name})")
+
+    async def _commit(self, read: SlurmRead, plan: Plan, v: Verdict) -> SlurmRound:
+        """Commit a change on a busy node: flexmig's reservation from when the node will be empty by its jobs'
+        limits (now, when a job without a limit runs), unless the site-wide limit is reached."""
+        start_in = _close_at(read, self.cost.fixed_s)
+        duration = self.settings.drain_timeout_s
+        limit = self.settings.max_closed_nodes
+        if limit > 0:
+            start, end = read.now_s + start_in, read.now_s + start_in + duration
+            others = [r for r in read.reservations if r.flexmig and r.overlaps(start, end)]
+            if len(others) >= limit:
+                return SlurmRound(
+                    read, plan, v,
+                    note=f"site limit: {len(others)} node(s) closed for flexmig then (max_closed_nodes = {limit})",
+                )  # fmt: skip
+        name = flexmig_name(self.node)
+        await self.client.create_reservation(name, self.node, start_in, duration)
+        self._waiting = True
+        if limit > 0 and await self._over_limit(name, limit):
+            await self.client.delete_reservation(name)
+            return SlurmRound(
+                read, plan, v, note=f"site limit: another node took the last slot (max_closed_nodes = {limit})"
+            )
+        when = "now" if start_in <= 0 else f"in {start_in:.0f} s, when its jobs are expected to have ended"
+        return SlurmRound(
+            read, plan, v,
+            note=f"change committed: reservation {name} closes the node {when} (at most {duration:g} s)",
+            events=(("change_waiting", {"reason": v.reason, "start_in_s": round(start_in, 1)}),),
+        )  # fmt: skip
+
+    async def _over_limit(self, name: str, limit: int) -> bool:
+        """After making ``name``: whether it is beyond the site limit among overlapping flexmig reservations (the
+        earliest, then by name, keep their slots: every node decides the same)."""
+        res = [r for r in await self.client.reservations() if r.flexmig]
+        mine = next((r for r in res if r.name == name), None)
+        if mine is None:
+            return False
+        peers = sorted((r for r in res if r.overlaps(mine.start_s, mine.end_s)), key=lambda r: (r.start_s, r.name))
+        return [r.name for r in peers].index(name) >= limit
+
+    async def _change(self, read: SlurmRead, plan: Plan, v: Verdict) -> SlurmRound:
+        """Carry out a change now (only hook jobs, or none, run)."""
+        busy = bool(read.demand.running) or read.mine is not None
+        action = encode_change(self.node, plan, read.demand.movable, v.reason, v.drain_s, busy=busy)
         res = await self.executor.execute_encoded([action], "slurm", (*plan.notes, v.reason))
-        return SlurmRound(read, plan, v, res)
+        self._waiting = False
+        events: list[tuple[str, dict[str, Any]]] = []
+        for a in res.results:
+            if a.outcome == "cancelled" and a.error and "did not acknowledge" in a.error:
+                for job in read.demand.movable:
+                    if f"Slurm job {job.job.job_id} did not acknowledge" in a.error:
+                        events.append(("ack_missed", {
+                            "slurm_job": job.job.job_id,
+                            "reason": "missed its checkpoint acknowledgement: not asked again while it runs; the "
+                                      "change waits for its end",
+                        }))  # fmt: skip
+        return SlurmRound(read, plan, v, res, events=tuple(events))
 
     def _out_of_sync(self, read: SlurmRead) -> str:
         node = read.node
@@ -278,6 +574,38 @@ class SlurmAgent:
         if not node.responding:
             return f"node {self.node} is {node.state} and not responding; registering it again with {want}"
         return f"Slurm lists node {self.node} with GPUs {read.registered_as or 'none'}, NVML shows {read.expected}"
+
+
+def _close_by(read: SlurmRead) -> float | None:
+    """Seconds until the node is surely empty by its immovable jobs' limits (None: one has no limit)."""
+    lefts = [r.remaining_s for r in read.demand.running if not r.movable]
+    if any(x is None for x in lefts):
+        return None
+    return max([0.0, *(x for x in lefts if x is not None)])
+
+
+def _close_at(read: SlurmRead, floor_s: float) -> float:
+    """Seconds until the node is expected to be empty (:meth:`DrainHolder.expected_left_s` of its immovable jobs:
+    halfway to a limit, or as long again as a job without one has run), never later than the limits say: where
+    flexmig's reservation starts. Jobs that end before it still start; the few that run past it close the node
+    for the rest of their run."""
+    lefts = [
+        DrainHolder("", r.compute_slices, r.remaining_s, False, r.elapsed_s).expected_left_s(floor_s)
+        for r in read.demand.running
+        if not r.movable
+    ]
+    expected = max([0.0, *lefts])
+    sure = _close_by(read)
+    return expected if sure is None else min(expected, sure)
+
+
+def _read_text(path: Path) -> str:
+    """A small local file's text ('' when it is missing or unreadable)."""
+    try:
+        with open(path, "rb") as f:  # noqa: PTH123 - bounded read
+            return f.read(_MAX_FILE).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def describe_error(exc: SlurmError) -> str:

@@ -1,24 +1,32 @@
-"""One Slurm re-registration as a journalled action (``slurm_reregister``): drain, checkpoint and requeue the hook
-jobs, wait until the node is empty, take it out of Slurm, change its MIG instances, register it again, release.
+"""One Slurm re-registration as a journalled action (``slurm_reregister``): close the node, checkpoint and requeue
+the hook jobs, take the empty node out of Slurm, change its MIG instances, register it again, release, reopen.
 
-The steps, each written to the journal before it runs and each safe to run again after a crash:
+The action starts only when the node is (about to be) empty: the waiting for running jobs to end happens before,
+outside the journal, while flexmig's reservation keeps the node open to jobs that end in time
+(:mod:`flexmig.slurm.agent`). So no step waits long, and a restart of flexmigd finishes the action in seconds. The
+steps, each written to the journal before it runs and each safe to run again after a crash:
 
-``drain`` → for each hook job J: ``baseline:J`` (its last acknowledgement, if any) → ``signal:J``
-(``scancel --signal=USR1 --batch``) → ``await_ack:J`` → ``hold:J`` (``scontrol requeuehold``) → ``await_idle``
-→ ``stop_slurmd`` → ``delete`` (``scontrol delete nodename``) → ``destroy:G@S``/``create:G@S`` (the plan's
-instance changes, through the actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a
-fresh inventory) → ``register`` (``slurmd -Z --conf "Gres=..."``, until slurmctld lists the node with those GRES)
-→ ``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume``.
+``close`` (flexmig's reservation ``flexmig-<node>`` starts now: no new job starts) → for each hook job J:
+``baseline:J`` → ``signal:J`` (``scancel --signal=USR1 --batch``) → ``await_ack:J`` → ``hold:J`` (``scontrol
+requeuehold``) → ``await_idle`` (bounded: jobs completing) → ``check`` (nobody else drained, downed or reserved the
+node meanwhile) → ``drain`` (flexmig's own, on the empty node, so that nothing starts once its reservation is gone:
+slurmctld refuses to delete a node in an active reservation) → ``stop_slurmd`` → ``unreserve`` → ``delete``
+(``scontrol delete nodename``) → ``destroy:G@S``/``create:G@S`` (the plan's instance changes, through the
+actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a fresh inventory) → ``register``
+(slurmd restarted with the new ``Gres=``, until slurmctld lists the node with those GRES) → ``credential_gap`` →
+``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen``.
 
 Safety rules kept here:
 
-* only jobs that opted into the hook are ever signalled; a job that does not acknowledge within the timeout
-  cancels the whole change: the jobs already held are released, the drain is undone, nothing else happened;
-* a drain that does not empty the node within ``drain_timeout_s`` is undone the same way;
+* only jobs that opted in are ever signalled; a job that does not acknowledge within the timeout cancels the
+  change (code ``ACK_TIMEOUT``): the jobs already held are released and the node reopens; the agent never asks that
+  job again while it runs;
+* an administrator's state wins: a node drained, downed or reserved by anyone else (checked again right before the
+  node is taken out of Slurm) cancels the change untouched;
 * once slurmd is stopped the node is always registered again, with whatever instances NVML shows, even when an
   instance change failed half-way; jobs held for the change are always released, even when the node cannot be
   registered (a gres.conf flexmig may not write: the action fails naming it, and the next round tries again). So
-  a crash at any step, once the journal finishes the action at the next start, leaves the node neither drained
+  a crash at any step, once the journal finishes the action at the next start, leaves the node neither closed
   nor unregistered, and no instance unknown to Slurm.
 
 An acknowledgement is trusted only if the file belongs to the job's user, lies in the job's checkpoint directory
@@ -29,6 +37,7 @@ inside that directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import stat
@@ -40,12 +49,15 @@ from typing import Any, Protocol
 
 from flexmig.act.records import Slot
 from flexmig.act.steps import StepFailed
+from flexmig.act.userpaths import UserPathError, open_dir, resolve_beneath
 from flexmig.errors import SlurmError
 from flexmig.nvml.types import Inventory
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.gresconf import gres_string
+from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.reservations import SlurmReservation, flexmig_name
 from flexmig.slurm.slurmd import SlurmdControl
 from flexmig.slurm.supply import Supply
 from flexmig.slurm.taskprolog import ACK_NAME, checkpoint_dir
@@ -99,23 +111,50 @@ class ChangeSettings:
     node: str
     checkpoint_dir: str
     ack_timeout_s: float = 120.0
-    drain_timeout_s: float = 7200.0
+    close_s: float = 900.0
+    idle_timeout_s: float = 60.0
     register_timeout_s: float = 60.0
     poll_s: float = 0.25
     signal: str = "USR1"
 
 
 def encode_change(
-    node: str, plan: Plan, movable: Sequence[SlurmRunning], reason: str, drain_s: float
+    node: str, plan: Plan, movable: Sequence[SlurmRunning], reason: str, drain_s: float, *, busy: bool = False
 ) -> tuple[str, str | None, dict[str, Any]]:
-    """The journal's form of a re-registration carrying ``plan``'s instance changes (in plan order)."""
+    """The journal's form of a re-registration carrying ``plan``'s instance changes (in plan order); ``busy``: the
+    change had to wait for jobs (it counts for the batching of such changes)."""
     changes: list[dict[str, Any]] = []
     for a in plan.actions:
         if isinstance(a, CreateInstance | DestroyInstance):
             op = "create" if isinstance(a, CreateInstance) else "destroy"
             changes.append({"op": op, "slot": Slot(a.gpu, a.start, a.profile.name).to_json()})
-    jobs = [{"job_id": r.job.job_id, "user": r.job.user, "user_id": r.job.user_id} for r in movable]
-    return KIND, None, {"node": node, "changes": changes, "checkpoint": jobs, "reason": reason, "drain_s": drain_s}
+    jobs = [
+        {"job_id": r.job.job_id, "user": r.job.user, "user_id": r.job.user_id, "restarts": r.job.restart_count}
+        for r in movable
+    ]
+    return KIND, None, {
+        "node": node, "changes": changes, "checkpoint": jobs, "reason": reason, "drain_s": drain_s, "busy": busy,
+    }  # fmt: skip
+
+
+def admin_hold(node: SlurmNode | None, reservations: Sequence[SlurmReservation], name: str) -> str | None:
+    """Why an administrator holds node ``name`` (flexmig then changes nothing about it), or None.
+
+    Held: drained by anyone but flexmig (its reasons start with ``flexmig``), down for any reason but Slurm's own
+    ``Not responding`` (slurmd is flexmig's to bring back), or named by any reservation but flexmig's, whenever it
+    starts (a re-registration would take the node out of it, and slurmctld deletes a reservation left without
+    nodes).
+    """
+    if node is not None:
+        reason = node.reason or "no reason given"
+        if node.drained and not node.reason.startswith("flexmig"):
+            return f"node {name} is drained ({reason}); flexmig leaves it as it is"
+        if node.state == "down" and not node.reason.startswith(("Not responding", "flexmig")) and node.reason:
+            return f"node {name} is down ({reason}); flexmig leaves it as it is"
+    for r in reservations:
+        if name in r.nodes and r.name != flexmig_name(name):
+            return f"node {name} is in reservation {r.name}; flexmig leaves it as it is (no re-registration)"
+    return None
 
 
 def _ack_stamp(path: Path) -> dict[str, Any] | None:
@@ -154,20 +193,23 @@ class SlurmChange:
         node = str(payload["node"])
         jobs = [dict(j) for j in payload.get("checkpoint", [])]
         changes = [(str(c["op"]), Slot.from_json(c["slot"])) for c in payload.get("changes", [])]
-        reason = str(payload.get("reason", ""))
         held: list[int] = []
         try:
-            await run.step("drain", {"node": node}, lambda: self._drain(node, reason))
+            await run.step("close", {"node": node, "s": self.settings.close_s}, lambda: self._close(node))
             for job in jobs:
                 if await self._checkpoint(run, job):
                     held.append(int(job["job_id"]))
             idle = await run.step(
-                "await_idle", {"timeout_s": self.settings.drain_timeout_s}, lambda: self._await_idle(node)
+                "await_idle", {"timeout_s": self.settings.idle_timeout_s}, lambda: self._await_idle(node)
             )
+            await run.step("check", {"node": node}, lambda: self._check(node))
+            await run.step("drain", {"node": node}, lambda: self._drain(node))
         except StepFailed as exc:
             await self._undo(run, node, jobs, bool(held))
-            raise StepFailed(f"{exc}; the change is cancelled, the node resumed", outcome="cancelled") from exc
+            raise StepFailed(f"{exc}; the change is cancelled, the node reopened", outcome="cancelled",
+                             code=exc.code) from exc  # fmt: skip
         await run.step("stop_slurmd", {}, self._stop_slurmd)
+        await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
         await run.step("delete", {"node": node}, lambda: self._delete(node))
         failure: StepFailed | None = None
         for op, slot in changes:
@@ -191,6 +233,7 @@ class SlurmChange:
             job_id = int(job["job_id"])
             await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
         await run.step("resume", {"node": node}, lambda: self._resume(node))
+        await run.step("reopen", {"node": node}, lambda: self._reopen(node))
         if unregistered is not None:
             raise StepFailed(
                 f"{unregistered}; node {node} is not registered (the next round tries again), the jobs held for the "
@@ -201,16 +244,53 @@ class SlurmChange:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
 
     # ------------------------------------------------------------------------------------------- phases
-    async def _drain(self, node: str, reason: str) -> dict[str, Any]:
+    async def _close(self, node: str) -> dict[str, Any]:
+        """flexmig's reservation on ``node`` starts now (made, or moved to now), for ``close_s`` at most."""
+        name = flexmig_name(node)
         try:
             found = await self.client.node(node)
             if found is None:
                 return {"absent": True}
-            text = f"flexmig: {reason}"[:200].replace("\n", " ")
-            await self.client.drain(node, text)
+            mine = next((r for r in await self.client.reservations() if r.name == name), None)
+            if mine is None:
+                await self.client.create_reservation(name, node, 0, self.settings.close_s)
+            elif not mine.active(time.time()):
+                await self.client.move_reservation(name, 0, self.settings.close_s)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
+        return {"reservation": name, "made": mine is None}
+
+    async def _check(self, node: str) -> dict[str, Any]:
+        """Nobody else drained, downed or reserved the node since the change was decided."""
+        try:
+            found = await self.client.node(node)
+            reservations = await self.client.reservations()
+        except SlurmError as exc:
+            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
+        why = admin_hold(found, reservations, node)
+        if why is not None:
+            raise StepFailed(why, outcome="cancelled", code="ADMIN")
+        return {"state": found.state if found is not None else None}
+
+    async def _drain(self, node: str) -> dict[str, Any]:
+        """flexmig's drain of the empty node (its reservation must go before the node can be deleted)."""
+        try:
+            found = await self.client.node(node)
+            if found is None:
+                return {"absent": True}
+            if found.drained:
+                return {"already": found.reason}
+            await self.client.drain(node, "flexmig: re-registering with new MIG instances")
+        except SlurmError as exc:
+            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
+        return {"drained": True}
+
+    async def _reopen(self, node: str) -> dict[str, Any]:
+        """flexmig's reservation on ``node`` is gone (deleted if it is there)."""
+        try:
+            return {"deleted": await self.client.delete_reservation(flexmig_name(node))}
         except SlurmError as exc:
             raise StepFailed(str(exc), code="SLURM") from exc
-        return {"state": found.state}
 
     async def _checkpoint(self, run: StepRunner, job: dict[str, Any]) -> bool:
         """Signal job ``job``, wait for its acknowledgement, requeue it held. False if it ended by itself."""
@@ -238,6 +318,13 @@ class SlurmChange:
             raise StepFailed(
                 f"Slurm job {job.get('job_id')}: no checkpoint directory: {exc}", outcome="cancelled"
             ) from exc
+        # The template's fixed part is the operator's (it may lie below a symlink such as /var/tmp -> /tmp): resolved
+        # here; the part a job's user owns is then walked with no symlink followed (flexmig.act.userpaths).
+        template = self.settings.checkpoint_dir
+        if "{" in template:
+            fixed = Path(template.split("{", 1)[0]).parent
+            with contextlib.suppress(ValueError):
+                d = Path(os.path.realpath(fixed)) / d.relative_to(fixed)
         return d / ACK_NAME
 
     async def _baseline(self, ack_path: Path) -> dict[str, Any]:
@@ -286,34 +373,50 @@ class SlurmChange:
             await asyncio.sleep(self.settings.poll_s)
 
     def _validate(self, job: dict[str, Any], ack_path: Path) -> Ack | None:
-        """The acknowledgement if it is the job's own and names a checkpoint in its directory; None if not yet."""
-        job_id = int(job["job_id"])
+        """The acknowledgement if it is the job's own and names a checkpoint in its directory; None if not yet.
+
+        The directory is the job user's: it is opened with no symlink followed and everything in it is read
+        relative to it (:mod:`flexmig.act.userpaths`). An acknowledgement that is not valid (a symlink, a
+        directory, another user's file, a step of 5,000 digits, a checkpoint outside the directory) cancels the
+        move with one line, StepFailed; the job is left running and nothing is requeued."""
+        job_id = job.get("job_id")
+
+        def cancel(why: str) -> StepFailed:
+            text = f"Slurm job {job_id}: acknowledgement {ack_path}: {why}; move cancelled"
+            return StepFailed(text, outcome="cancelled")
+
         try:
-            st = ack_path.lstat()
-            ack = read_ack(ack_path)
-        except (OSError, AckError) as exc:
-            log.warning("Slurm job %d: ignoring acknowledgement %s: %s", job_id, ack_path, exc)
+            fd = open_dir(ack_path.parent)
+        except FileNotFoundError:
             return None
+        except (UserPathError, PermissionError) as exc:
+            raise cancel(str(exc)) from exc
+        try:
+            try:
+                st = os.stat(ack_path.name, dir_fd=fd, follow_symlinks=False)
+                ack = read_ack(Path(ack_path.name), dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except (OSError, AckError) as exc:
+                raise cancel(str(exc)) from exc
+        finally:
+            os.close(fd)
         if ack is None:
             return None
         uid = job.get("user_id")
         if isinstance(uid, int) and st.st_uid != uid:
-            log.warning(
-                "Slurm job %d: %s belongs to uid %d, not the job's %d; ignored", job_id, ack_path, st.st_uid, uid
-            )
-            return None
-        root = Path(os.path.realpath(ack_path.parent))
-        ckpt = Path(os.path.realpath(root / ack.checkpoint))
-        if root not in ckpt.parents:
-            log.warning("Slurm job %d: checkpoint %s is outside %s; ignored", job_id, ack.checkpoint, root)
-            return None
+            raise cancel(f"it belongs to uid {st.st_uid}, not the job's {uid}")
+        root = ack_path.parent
+        named = Path(os.path.normpath(root / ack.checkpoint))
         try:
-            cst = ckpt.stat()
+            found = resolve_beneath(root, named)
+        except UserPathError as exc:
+            raise cancel(str(exc)) from exc
         except OSError:
             return None
-        if not stat.S_ISREG(cst.st_mode) or cst.st_size == 0:
+        if found is None or not stat.S_ISREG(found[1].st_mode) or found[1].st_size == 0:
             return None
-        return Ack(ack.step, str(ckpt))
+        return Ack(ack.step, str(found[0]))
 
     async def _hold(self, job_id: int) -> dict[str, Any]:
         try:
@@ -330,7 +433,7 @@ class SlurmChange:
 
     async def _await_idle(self, node: str) -> dict[str, Any]:
         start = self.clock()
-        deadline = start + self.settings.drain_timeout_s
+        deadline = start + self.settings.idle_timeout_s
         while True:
             try:
                 found = await self.client.node(node)
@@ -344,9 +447,9 @@ class SlurmChange:
                     return {"waited_s": round(self.clock() - start, 3), "at": time.time()}
             if self.clock() >= deadline:
                 raise StepFailed(
-                    f"node {node} still runs jobs after {self.settings.drain_timeout_s:g} s of draining",
+                    f"node {node} still runs jobs {self.settings.idle_timeout_s:g} s after it was closed",
                     outcome="cancelled",
-                    code="DRAIN_TIMEOUT",
+                    code="BUSY",
                 )
             await asyncio.sleep(self.settings.poll_s)
 
@@ -434,7 +537,8 @@ class SlurmChange:
         return {"resumed": True}
 
     async def _undo(self, run: StepRunner, node: str, jobs: list[dict[str, Any]], held: bool) -> None:
-        """Release what this change held and resume the node (journalled, so a crash here is finished too)."""
+        """Release what this change held, undo flexmig's drain and reopen the node (journalled, so a crash here is
+        finished too)."""
         if held:
             now = time.time()
             await run.step("undo_credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(now))
@@ -442,3 +546,4 @@ class SlurmChange:
             job_id = int(job["job_id"])
             await run.step(f"undo_hold:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
         await run.step("undo_drain", {"node": node}, lambda: self._resume(node))
+        await run.step("undo_close", {"node": node}, lambda: self._reopen(node))

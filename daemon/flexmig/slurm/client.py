@@ -15,7 +15,10 @@ Behaviour verified on Slurm 22.05.8 that this module relies on:
   a fraction of a second, ``restart_cnt`` counting up; ``scontrol release J`` then
   ``scontrol update jobid=J StartTime=now`` makes it start at the next scheduling pass instead of after the
   requeue delay (about 120 s);
-* ``scancel --signal=USR1 --batch J`` signals only the batch script's process, not the steps it started.
+* ``scancel --signal=USR1 --batch J`` signals only the batch script's process, not the steps it started;
+* ``sdiag`` answers in milliseconds (no job lock): its job counters ("Jobs submitted: N", started, completed,
+  canceled, failed) move whenever the queue does, so flexmig polls it often and reads the queue only when they
+  moved, or every ``[slurm] interval_s``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from flexmig.errors import SlurmError
 from flexmig.slurm.nodes import SlurmNode, parse_sinfo
+from flexmig.slurm.reservations import SlurmReservation, parse_reservations
 from flexmig.slurm.squeue import SlurmJob, parse_squeue
 
 __all__ = ["SlurmClient", "SlurmCommands"]
@@ -150,6 +154,61 @@ class SlurmClient:
         await self.run("scontrol", ["delete", f"nodename={node}"])
         return True
 
+    async def reservations(self) -> tuple[SlurmReservation, ...]:
+        """Every reservation (``scontrol show reservation --oneliner``)."""
+        return parse_reservations(await self.run("scontrol", ["show", "reservation", "--oneliner"]))
+
+    async def create_reservation(self, name: str, node: str, start_in_s: float, duration_s: float) -> None:
+        """A reservation ``name`` of ``node`` starting ``start_in_s`` from now for ``duration_s``: root's, for no
+        job (``IGNORE_JOBS``: the jobs running on the node may run into it)."""
+        await self.run(
+            "scontrol",
+            ["create", "reservation", f"reservationname={name}", f"nodes={node}", f"starttime={_when(start_in_s)}",
+             f"duration={_duration(duration_s)}", "users=root", "flags=ignore_jobs"],
+        )  # fmt: skip
+
+    async def move_reservation(self, name: str, start_in_s: float, duration_s: float) -> None:
+        """Move reservation ``name`` to start ``start_in_s`` from now, lasting ``duration_s``."""
+        await self.run(
+            "scontrol",
+            [
+                "update",
+                f"reservationname={name}",
+                f"starttime={_when(start_in_s)}",
+                f"duration={_duration(duration_s)}",
+            ],
+        )
+
+    async def delete_reservation(self, name: str) -> bool:
+        """``scontrol delete reservation=NAME``; False when it did not exist."""
+        if not any(r.name == name for r in await self.reservations()):
+            return False
+        await self.run("scontrol", ["delete", f"reservation={name}"])
+        return True
+
+    async def counters(self) -> tuple[int, ...]:
+        """``sdiag``'s job counters (submitted, started, completed, canceled, failed): they move when the queue
+        does."""
+        text = (await self.run("sdiag", [])).decode("utf-8", "replace")
+        out: list[int] = []
+        for key in ("Jobs submitted:", "Jobs started:", "Jobs completed:", "Jobs canceled:", "Jobs failed:"):
+            line = next((x for x in text.splitlines() if x.strip().startswith(key)), None)
+            value = line.split(":", 1)[1].strip() if line else ""
+            if not value.isdigit():
+                raise SlurmError(f"sdiag: no {key[:-1]!r} counter in its answer")
+            out.append(int(value))
+        return tuple(out)
+
+    async def config(self) -> dict[str, str]:
+        """``scontrol show config`` as ``{key: value}``."""
+        text = (await self.run("scontrol", ["show", "config"])).decode("utf-8", "replace")
+        out: dict[str, str] = {}
+        for line in text.splitlines()[:5000]:
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and " " not in key.strip():
+                out[key.strip()] = value.strip()
+        return out
+
     async def signal_batch(self, job_id: int, sig: str = "USR1") -> None:
         """``scancel --signal=SIG --batch J``: signal the job's batch script only."""
         await self.run("scancel", [f"--signal={sig}", "--batch", str(job_id)])
@@ -162,6 +221,18 @@ class SlurmClient:
         """``scontrol release J`` then ``StartTime=now``, so the requeue delay does not apply."""
         await self.run("scontrol", ["release", str(job_id)])
         await self.run("scontrol", ["update", f"jobid={job_id}", "StartTime=now"])
+
+
+def _when(start_in_s: float) -> str:
+    """Slurm's relative time: ``now`` or ``now+N`` (seconds)."""
+    n = max(0, round(start_in_s))
+    return "now" if n == 0 else f"now+{n}"
+
+
+def _duration(seconds: float) -> str:
+    """``H:MM:SS`` (at least a minute: Slurm rounds reservations to minutes)."""
+    n = max(60, round(seconds))
+    return f"{n // 3600}:{n % 3600 // 60:02d}:{n % 60:02d}"
 
 
 def _first_line(data: bytes) -> str:

@@ -8,6 +8,8 @@ against the FUTURE placeholder) or none yet. Held jobs, dependencies, begin time
 Each typed GPU request becomes one planner request of that many ranks of that profile (a job asking for two types
 becomes two requests: Slurm starts it only when both are there, the planner places each). An untyped
 ``gpu:N`` takes the smallest profile. A type that is no MIG profile of the node's model is left out with its reason.
+A pending job array stands for as many jobs as Slurm may start now: its pending tasks, but no more than its
+throttle (``--array=1-20%2``) less its tasks already running. A request is aged from when the job became eligible.
 
 A job running on the node holds the instances its GRES indices name (through the map flexmig wrote at the last
 registration). It is *movable* only if it opted into the checkpoint hook (its comment carries the hook token,
@@ -45,6 +47,7 @@ class SlurmRunning:
     movable: bool
     remaining_s: float | None
     unknown_indices: tuple[int, ...] = ()
+    elapsed_s: float = 0.0
 
     @property
     def compute_slices(self) -> int:
@@ -96,7 +99,7 @@ def _profile_names(model: GpuModel) -> set[str]:
     return {p.name for p in model.profiles}
 
 
-def _requests(job: SlurmJob, model: GpuModel) -> tuple[list[JobRequest], str | None]:
+def _requests(job: SlurmJob, model: GpuModel, running_tasks: int = 0) -> tuple[list[JobRequest], str | None]:
     names = _profile_names(model)
     typed = [g for g in job.gpus_per_node if g.count > 0]
     bad = [g.type for g in typed if g.type is not None and g.type not in names]
@@ -104,6 +107,10 @@ def _requests(job: SlurmJob, model: GpuModel) -> tuple[list[JobRequest], str | N
         return [], f"asks for GPU type {bad[0]}, which is no MIG profile of {model.name}"
     out: list[JobRequest] = []
     copies = max(1, job.array_tasks)
+    if job.array_max_tasks > 0:
+        copies = min(copies, job.array_max_tasks - running_tasks)
+        if copies <= 0:
+            return [], f"array throttle: {running_tasks} of at most {job.array_max_tasks} tasks run already"
     parts = len(typed) > 1
     for copy in range(copies):
         suffix = f".{copy}" if copies > 1 else ""
@@ -124,7 +131,7 @@ def _requests(job: SlurmJob, model: GpuModel) -> tuple[list[JobRequest], str | N
                     min_ranks=g.count,
                     max_ranks=g.count,
                     rank_memory_mib=memory,
-                    submitted_s=job.submit_s,
+                    submitted_s=job.waited_since(),
                     expected_runtime_s=job.time_limit_s,
                     movable=False,
                 )
@@ -169,6 +176,10 @@ def read_demand(
     running: list[SlurmRunning] = []
     ignored: dict[int, str] = {}
     ordered = sorted(jobs, key=lambda j: (-j.priority, j.submit_s, j.job_id))
+    tasks_running: dict[int, int] = {}
+    for job in ordered:
+        if job.array_job_id and job.active:
+            tasks_running[job.array_job_id] = tasks_running.get(job.array_job_id, 0) + 1
     for job in ordered:
         if job.active and node_name in job.nodes:
             running.append(
@@ -181,7 +192,7 @@ def read_demand(
             continue
         why = _ours(job, node_name, wanted)
         if why is None:
-            reqs, why = _requests(job, model)
+            reqs, why = _requests(job, model, tasks_running.get(job.array_job_id, 0) if job.array_job_id else 0)
             if why is None:
                 pending.extend(reqs)
                 pending_jobs.append(job)
@@ -205,4 +216,6 @@ def _running(
     opted = hook_token in re.split(r"[\s,;]+", job.comment)
     settled = job.state == "RUNNING" and job.start_s is not None and now_s - job.start_s >= settle_s
     movable = job.requeue and opted and job.node_count == 1 and not unknown and settled
-    return SlurmRunning(job, tuple(sorted(instances)), movable, job.remaining_s(now_s), tuple(unknown))
+    return SlurmRunning(
+        job, tuple(sorted(instances)), movable, job.remaining_s(now_s), tuple(unknown), job.elapsed_s(now_s)
+    )

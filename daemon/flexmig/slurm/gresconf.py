@@ -34,6 +34,7 @@ __all__ = [
     "GresRecord",
     "block_markers",
     "check_node_name",
+    "configures_gpus_of",
     "gres_map",
     "gres_records",
     "gres_string",
@@ -151,7 +152,7 @@ def merge_block(existing: str, node: str, records: Iterable[GresRecord], source:
             if stripped == end:
                 inside = False
             continue
-        if _configures_gpus_of(stripped, node):
+        if configures_gpus_of(stripped, node):
             raise SlurmError(
                 f"{source}:{number}: {stripped[:80]!r} configures GPUs of node {node} outside flexmig's block; "
                 "remove it (flexmig writes this node's GPU lines)"
@@ -166,13 +167,15 @@ def merge_block(existing: str, node: str, records: Iterable[GresRecord], source:
     return "\n".join(out) + "\n"
 
 
-def _configures_gpus_of(line: str, node: str) -> bool:
+def configures_gpus_of(line: str, node: str) -> bool:
+    """True when gres.conf ``line`` configures GPUs (or AutoDetect) for ``node``."""
     if not line or line.startswith("#"):
         return False
-    words = dict(w.split("=", 1) for w in line.split() if "=" in w)
-    if words.get("Name", "").lower() != "gpu" and words.get("AutoDetect") is None:
+    words = {k.lower(): v for k, v in (w.split("=", 1) for w in line.split() if "=" in w)}
+    autodetect = words.get("autodetect", "off").lower() not in ("off", "")
+    if words.get("name", "").lower() != "gpu" and not autodetect:
         return False
-    names = words.get("NodeName")
+    names = words.get("nodename")
     if names is None:
         return True  # a line without NodeName applies to every node reading the file
     try:

@@ -27,14 +27,17 @@ class SlurmSettings:
     * ``gres_conf``, ``gres_map``: flexmig's block in gres.conf, and the map the TaskProlog reads;
     * ``dev_dir``, ``mig_minors``: device files and the driver's capability table (a simulated node: stand-ins);
     * ``slurmd_pid_file``, ``slurmd_conf``: slurmd's pid file and the dynamic node's other parameters
-      (``CPUs=64 RealMemory=500000 Feature=mig``);
+      (``CPUs=64 RealMemory=500000 Feature=mig``); ``slurmd_env``: the environment file slurmd's unit reads;
+      ``slurmd_control`` (``systemd`` or ``hook``), ``slurmd_unit``, ``slurmd_hook``: how slurmd is restarted;
     * ``hook_token``: a job opts into checkpoint-and-requeue with this word in its comment (``--comment``);
       ``hook_settle_s``: it is signalled only once it has run that long (a signal that comes before its handler is
       installed ends it);
     * ``checkpoint_dir``: each job's checkpoint directory (``{job_id}``, ``{user}``, ``{uid}`` filled in);
     * ``ack_timeout_s``, ``drain_timeout_s``, ``register_timeout_s``: bounds of the change's waits;
-    * ``reregister_s``, ``min_interval_s``: the planner's fixed cost of one re-registration, and the shortest time
-      between two.
+    * ``reregister_s``, ``min_interval_s``, ``max_wait_s``: the planner's fixed cost of one re-registration, the
+      shortest time between two changes that close a busy node, the longest a served job waits for a commitment;
+    * ``probe_s``: how often ``sdiag`` and slurmd's pid file are looked at between two reads of the queue;
+    * ``max_closed_nodes``: the site-wide limit of nodes closed for flexmig at once (0: none).
     """
 
     node: str = ""
@@ -49,6 +52,10 @@ class SlurmSettings:
     mig_minors: Path = _DEFAULT.mig_minors
     slurmd_pid_file: Path = _DEFAULT.slurmd_pid_file
     slurmd_conf: tuple[str, ...] = ()
+    slurmd_env: Path = _DEFAULT.slurmd_env
+    slurmd_control: str = _DEFAULT.slurmd_control
+    slurmd_unit: str = _DEFAULT.slurmd_unit
+    slurmd_hook: tuple[str, ...] = ()
     hook_token: str = _DEFAULT.hook_token
     hook_settle_s: float = _DEFAULT.hook_settle_s
     checkpoint_dir: str = _DEFAULT.checkpoint_dir
@@ -59,3 +66,6 @@ class SlurmSettings:
     register_timeout_s: float = _DEFAULT.register_timeout_s
     reregister_s: float = _DEFAULT.reregister_s
     min_interval_s: float = _DEFAULT.min_interval_s
+    max_wait_s: float = _DEFAULT.max_wait_s
+    probe_s: float = _DEFAULT.probe_s
+    max_closed_nodes: int = _DEFAULT.max_closed_nodes

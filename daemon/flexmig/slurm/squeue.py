@@ -39,7 +39,9 @@ class SlurmJob:
 
     ``gpus_per_node`` is the job's GPU request on each of its nodes, whichever option asked for it;
     ``held`` lists, per node name, the GPU GRES the job holds there, with their indices (running jobs only).
-    ``array_tasks`` is how many jobs this record stands for (pending array tasks; 1 otherwise).
+    ``array_tasks`` is how many jobs this record stands for (pending array tasks; 1 otherwise); ``array_job_id``
+    the array it belongs to (0: none) and ``array_max_tasks`` its throttle (``--array=1-20%2``: 2; 0: none).
+    ``eligible_s`` is when it became eligible to start (0: unknown), which ages its wait.
     """
 
     job_id: int
@@ -63,6 +65,9 @@ class SlurmJob:
     array_tasks: int = 1
     required_nodes: tuple[str, ...] = ()
     excluded_nodes: tuple[str, ...] = ()
+    array_job_id: int = 0
+    array_max_tasks: int = 0
+    eligible_s: float = 0.0
 
     @property
     def pending(self) -> bool:
@@ -80,6 +85,14 @@ class SlurmJob:
             if name == node:
                 return items
         return ()
+
+    def elapsed_s(self, now_s: float) -> float:
+        """How long it has run (0 before it starts)."""
+        return 0.0 if self.start_s is None else max(0.0, now_s - self.start_s)
+
+    def waited_since(self) -> float:
+        """When its wait began: eligible time, else submission."""
+        return self.eligible_s if self.eligible_s > 0 else self.submit_s
 
     def remaining_s(self, now_s: float) -> float | None:
         """Time left before its time limit ends it (None: no limit, or not started)."""
@@ -168,6 +181,9 @@ def _job(rec: dict[str, Any], i: int) -> SlurmJob:
         array_tasks=_array_tasks(rec, where),
         required_nodes=expand_hostlist(field(rec, "required_nodes", str, where, default="")),
         excluded_nodes=expand_hostlist(field(rec, "excluded_nodes", str, where, default="")),
+        array_job_id=field(rec, "array_job_id", int, where, default=0) or 0,
+        array_max_tasks=field(rec, "array_max_tasks", int, where, default=0) or 0,
+        eligible_s=float(field(rec, "eligible_time", int, where, default=0) or 0),
     )
 
 

@@ -105,6 +105,10 @@ class Supply:
         """The node's MIG devices as gres records (GRES index order)."""
         return gres_records(inv, self.minors(len(inv.gpus)), str(self.dev_dir))
 
+    def gres_conf_text(self) -> str:
+        """gres.conf's text, read as :meth:`write` would (SlurmError when flexmig may not rewrite it)."""
+        return _read_trusted(self.gres_conf, "gres.conf")
+
     def write(self, inv: Inventory) -> tuple[GresRecord, ...]:
         """Write gres.conf's block, the map, and (simulated) the stand-ins for ``inv``; returns the records."""
         records = self.records(inv)

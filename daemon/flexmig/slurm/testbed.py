@@ -15,7 +15,8 @@ What a real Slurm 22.05.8 needs here (verified on Debian 12, no GPU):
 * gres ``MultipleFiles`` must name character devices (plain files are refused): the stand-ins have the major and
   minor of /dev/null;
 * the node is dynamic (``slurmd -Z``, which needs ``MaxNodeCount``) so that flexmig can re-register it with
-  another ``Gres=`` without restarting slurmctld;
+  another ``Gres=`` without restarting slurmctld; systemd is not PID 1 here, so flexmigd restarts slurmd through
+  the hook command :mod:`flexmig.slurm.standin`, the stand-in for slurmd's unit (the production path otherwise);
 * a job asking for a GRES type no node has is refused at submission ("Requested node configuration is not
   available"): a ``State=FUTURE`` placeholder node advertising every profile makes it pend (reason
   ReqNodeNotAvail) instead, which is the demand flexmig reads;
@@ -482,8 +483,13 @@ class Testbed:
         psutil.wait_procs(found, timeout=timeout_s)
         return [proc.pid for proc in found]
 
-    def flexmigd_config(self, *, metrics_port: int, interval_s: float = 2.0) -> str:
-        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory."""
+    def slurmd_hook(self) -> list[str]:
+        """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
+        return [python(), "-m", "flexmig.slurm.standin", "--pid-file", str(self.paths.slurmd_pid(self.node))]
+
+    def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0) -> str:
+        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
+        (``interval_s`` None: the production default)."""
         p = self.paths
         f = p.flexmig
 
@@ -505,18 +511,20 @@ class Testbed:
                 "[slurm]",
                 "enabled = true",
                 f"node = {q(self.node)}",
-                f"interval_s = {interval_s:g}",
+                *([f"interval_s = {interval_s:g}"] if interval_s is not None else []),
                 f"conf = {q(p.slurm_conf)}",
                 f"gres_conf = {q(p.gres_conf)}",
                 f"gres_map = {q(f / 'gres-map.json')}",
                 f"dev_dir = {q(p.dev)}",
                 f"mig_minors = {q(p.mig_minors)}",
                 f"slurmd_pid_file = {q(p.slurmd_pid(self.node))}",
+                'slurmd_control = "hook"',
+                f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
+                f"slurmd_env = {q(f / 'slurmd.env')}",
                 f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"',
                 f"checkpoint_dir = {q(self.root / 'ckpt' / '{user}' / '{job_id}')}",
                 "hook_settle_s = 5",
                 "reregister_s = 2",
-                "min_interval_s = 10",
                 "",
             ]
         )

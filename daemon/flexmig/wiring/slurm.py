@@ -1,18 +1,20 @@
 """flexmig's Slurm agent in the running daemon (``[slurm] enabled = true``): loop ``slurm``, metrics, events.
 
-:class:`SlurmComponent` plugs in through the daemon's extension points and the actuator's:
+:class:`SlurmComponent` is the daemon's ``slurm`` component (:mod:`flexmig.wiring.component`), on the actuator's:
 
 * **built** (:meth:`~flexmig.wiring.actuator.ActuatorComponent.on_built`): the agent is made on the actuator's
   executor and adds the runner of ``slurm_reregister`` actions before the journal is reconciled, so a
   re-registration cut short by a crash is finished at start (in mode ``act``; in the other modes the node stays as
   the crash left it, and the log says so);
-* **loop** ``slurm``: every ``[slurm] interval_s`` one :meth:`~flexmig.slurm.agent.SlurmAgent.round` under the
-  actuator's action lock (a stop waits for a re-registration in flight as for any action, then the journal
-  finishes it). A Slurm that cannot be read is one WARNING line when it starts failing (and when the error
-  changes), one INFO line when it answers again, and an event each time; sampling and detection go on, and nothing
-  is changed meanwhile;
+* **loop** ``slurm``: every ``[slurm] probe_s`` a cheap look (``sdiag``'s job counters, slurmd's pid file), and a
+  :meth:`~flexmig.slurm.agent.SlurmAgent.round` when it shows a change (a job submitted, started or ended; slurmd
+  crashed) or every ``[slurm] interval_s``, under the actuator's action lock (a stop waits for a re-registration
+  in flight as for any action, then the journal finishes it). A Slurm that cannot be read is one WARNING line when
+  it starts failing (and when the error changes), one INFO line when it answers again, and an event each time;
+  sampling and detection go on, and nothing is changed meanwhile;
 * **metrics**: :class:`~flexmig.metrics.slurm.SlurmMetrics`; **events**: ``slurm_unreachable``,
-  ``slurm_reachable``, ``slurm_plan`` (each new decision), ``slurm_job_signalled``/``requeued``/``released``; the
+  ``slurm_reachable``, ``slurm_plan`` (each new decision), ``slurm_job_signalled``/``requeued``/``released``,
+  ``slurm_node`` (slurmd restarted, a change waiting or abandoned, an acknowledgement missed, the node left alone); the
   re-registrations themselves are actions, with the actuator's action events and metrics.
 
 On a simulated node the demo workload is off: the node runs Slurm's jobs, and synthetic processes would make the
@@ -26,16 +28,23 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.service import Actuator
 from flexmig.config import Config, SlurmConfig
 from flexmig.errors import FlexmigError, SlurmError
-from flexmig.metrics.collector import Extension
+from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.events import Event, EventFactory
-from flexmig.mqtt.slurm_events import job_event, plan_changes, plan_event, reachable_event, unreachable_event
+from flexmig.mqtt.slurm_events import (
+    job_event,
+    node_event,
+    plan_changes,
+    plan_event,
+    reachable_event,
+    unreachable_event,
+)
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.wiring.actuator import ActuatorComponent
@@ -53,18 +62,6 @@ class SlurmHost(Protocol):
     config: Config
     hostname: str
 
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup."""
-        ...
-
-    def add_metrics(self, extension: Extension) -> None:
-        """Export more families from each snapshot."""
-        ...
-
-    def on_reload(self, hook: Callable[[Config], None]) -> None:
-        """Call ``hook`` after each accepted configuration reload."""
-        ...
-
 
 def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
     """The ``[slurm]`` table as the agent's settings (the one place this mapping lives)."""
@@ -81,6 +78,10 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         mig_minors=cfg.mig_minors,
         slurmd_pid_file=cfg.slurmd_pid_file,
         slurmd_conf=tuple(cfg.slurmd_conf.split()),
+        slurmd_env=cfg.slurmd_env,
+        slurmd_control=cfg.slurmd_control,
+        slurmd_unit=cfg.slurmd_unit,
+        slurmd_hook=tuple(cfg.slurmd_hook),
         hook_token=cfg.hook_token,
         hook_settle_s=cfg.hook_settle_s,
         checkpoint_dir=cfg.checkpoint_dir,
@@ -91,11 +92,17 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         register_timeout_s=cfg.register_timeout_s,
         reregister_s=cfg.reregister_s,
         min_interval_s=cfg.min_interval_s,
+        max_wait_s=cfg.max_wait_s,
+        probe_s=cfg.probe_s,
+        max_closed_nodes=cfg.max_closed_nodes,
     )
 
 
 class SlurmComponent:
-    """The Slurm agent of one daemon, on its actuator."""
+    """The Slurm agent of one daemon, on its actuator (:meth:`attach` is the actuator's ``on_built`` hook)."""
+
+    name = "slurm"
+    restart = False
 
     def __init__(
         self,
@@ -105,6 +112,7 @@ class SlurmComponent:
         mqtt: MqttComponent | None = None,
         simulated: Callable[[], bool] = lambda: False,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.config = host.config
@@ -112,7 +120,8 @@ class SlurmComponent:
         self.mqtt = mqtt
         self.simulated = simulated
         self.wall = wall
-        self.metrics = SlurmMetrics()
+        self.clock = clock
+        self.slurm_metrics = SlurmMetrics()
         self.node = host.config.slurm.node or host.config.node(lambda: host.hostname)
         self.factory = EventFactory(host.config.node(lambda: host.hostname))
         self.agent: SlurmAgent | None = None
@@ -120,11 +129,9 @@ class SlurmComponent:
         self._failing: str | None = None
         self._failing_since = 0.0
         self._last_decision: str | None = None
+        self._last_note = ""
+        self._last_node_event: tuple[str, str] | None = None
         self._wake = asyncio.Event()
-        host.add_metrics(self.metrics)
-        host.add_loop("slurm", self.run)
-        host.on_reload(self.reload)
-        actuator.on_built(self.attach)
 
     # ------------------------------------------------------------------------------------------ wiring
     def attach(self, act: Actuator) -> None:
@@ -138,6 +145,7 @@ class SlurmComponent:
             planner=planner_settings(cfg.planner),
             simulated=self.simulated(),
             wall=self.wall,
+            clock=self.clock,
             on_event=self._job_event,
         )
         log.info(
@@ -171,20 +179,53 @@ class SlurmComponent:
             agent.planner_settings = planner_settings(config.planner)
             fresh = slurm_settings(config.slurm)
             agent.settings = fresh
-            agent.cost = type(agent.cost)(fresh.reregister_s, fresh.min_interval_s)
+            agent.cost = agent.registration_cost(fresh)
         self._last_decision = None
         self._wake.set()
 
+    # ------------------------------------------------------------------------------------------ component
+    async def start(self) -> None:
+        """Nothing to open: the agent is made when the actuator is built (:meth:`attach`)."""
+
+    async def drain(self) -> None:
+        """A round in flight holds the actuator's action lock: the actuator's drain waits for it."""
+
+    async def close(self) -> None:
+        """Nothing held: the agent's actions are in the actuator's journal."""
+
+    def metrics(self) -> Sequence[SnapshotMetrics]:
+        """``flexmig_slurm_*``."""
+        return (self.slurm_metrics,)
+
     # ------------------------------------------------------------------------------------------ loop
     async def run(self) -> None:
-        """Rounds every ``[slurm] interval_s`` until cancelled."""
+        """A cheap probe every ``[slurm] probe_s``; a round when it saw something move, or every ``interval_s``."""
+        loop = asyncio.get_running_loop()
+        last_round = -float("inf")
+        counters: tuple[int, ...] | None = None
         while True:
+            woke = False
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.slurm.interval_s):
+                async with asyncio.timeout(self.config.slurm.probe_s):
                     await self._wake.wait()
+                    woke = True
             self._wake.clear()
-            if self.agent is None or self.actuator.act is None or self.actuator.stopping:
+            agent = self.agent
+            if agent is None or self.actuator.act is None or self.actuator.stopping:
                 continue
+            due = woke or loop.time() - last_round >= self.config.slurm.interval_s
+            if not due:
+                try:
+                    seen = await agent.client.counters()
+                    due = seen != counters or await agent.slurmd.state() == "crashed"
+                    counters = seen
+                except SlurmError:
+                    due = loop.time() - last_round >= self.config.slurm.interval_s
+                except Exception:  # a probe is a hint only; the timed round still comes
+                    log.debug("Slurm probe failed", exc_info=True)
+            if not due:
+                continue
+            last_round = loop.time()
             try:
                 await self.round()
             except Exception:  # a bug must not end the daemon; logged with its traceback
@@ -218,11 +259,11 @@ class SlurmComponent:
 
     # ------------------------------------------------------------------------------------------ reporting
     def _unreachable(self, exc: SlurmError) -> None:
-        self.metrics.read_failed()
+        self.slurm_metrics.read_failed()
         text = str(exc)
         if self._failing != text:
             if self._failing is None:
-                self._failing_since = self.wall()
+                self._failing_since = self.clock()
             self._failing = text
             log.warning("%s", describe_error(exc))
             self._publish(unreachable_event(self.factory, self.node, text))
@@ -230,7 +271,7 @@ class SlurmComponent:
     def _reachable(self) -> None:
         if self._failing is None:
             return
-        down = max(0.0, self.wall() - self._failing_since)
+        down = max(0.0, self.clock() - self._failing_since)
         self._failing = None
         log.info("Slurm answers again (after %.0f s)", down)
         self._publish(reachable_event(self.factory, self.node, down))
@@ -239,20 +280,22 @@ class SlurmComponent:
         read = rnd.read
         if read is not None:
             d = read.demand
-            self.metrics.read_ok(
+            self.slurm_metrics.read_ok(
                 pending=len(d.pending_jobs),
                 running=len(d.running),
                 movable=len(d.movable),
                 in_sync=read.in_sync,
                 registered=read.registered_as,
             )
-        if rnd.note:
+        if rnd.note and rnd.note != self._last_note:
             log.info("Slurm: %s", rnd.note)
+        self._last_note = rnd.note
+
         if rnd.result is not None:
             for a in rnd.result.results:
                 waited = dict(a.steps).get("await_idle")
                 if waited is not None:
-                    self.metrics.drained(waited)
+                    self.slurm_metrics.drained(waited)
                 log.info(
                     "slurm_reregister #%d %s in %.2f s%s",
                     a.action_id,
@@ -263,7 +306,7 @@ class SlurmComponent:
         v = rnd.verdict
         if v is None or read is None:
             return
-        self.metrics.decided(drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
+        self.slurm_metrics.decided(drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
         changes = plan_changes(rnd.plan)
         if not changes:
             return
@@ -276,12 +319,26 @@ class SlurmComponent:
         self._publish(plan_event(self.factory, self.node, mode, v, rnd.plan, checkpoint=movable))
 
     def _job_event(self, kind: str, detail: dict[str, Any]) -> None:
-        """From a re-registration in progress: a Slurm job signalled, requeued or released."""
+        """From the agent: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node event."""
+        if kind.startswith("slurm_node:"):
+            self._node_event(kind.split(":", 1)[1], detail)
+            return
         action = kind.removeprefix("slurm_job_")
-        self.metrics.job_action(action)
+        self.slurm_metrics.job_action(action)
         step = detail.get("step")
         log.info("Slurm job %s %s%s", detail.get("slurm_job"), action, f" (checkpoint step {step})" if step else "")
         self._publish(job_event(self.factory, self.node, kind, detail))
+
+    def _node_event(self, what: str, detail: dict[str, Any]) -> None:
+        """A ``slurm_node`` event (the same one twice in a row is published once: a node left alone stays so)."""
+        key = (what, str(detail.get("reason", "")))
+        if key == self._last_node_event and what in ("left_alone", "refused"):
+            return
+        self._last_node_event = key
+        if what == "slurmd_restarted":
+            self.slurm_metrics.slurmd_restarted()
+        log.info("Slurm node %s: %s: %s", self.node, what, detail.get("reason", ""))
+        self._publish(node_event(self.factory, self.node, what, detail))
 
     def _publish(self, event: Event) -> None:
         if self.mqtt is not None:

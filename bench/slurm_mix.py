@@ -1,0 +1,444 @@
+"""Slurm, a busy node: an administrator's seeded mix of MIG jobs on a real Slurm 22.05 testbed, with flexmig as it is
+now, with flexmig as it was (a git revision's code), and with no flexmig (a static layout).
+
+The mix (seed 24): 45 batch jobs of 1g.18gb, 2g.35gb, 3g.71gb and 7g.141gb (weights 40/25/20/15 %), each sleeping
+30-120 s (uniform) with ``--time`` twice its run time (rounded up to whole minutes, Slurm's unit), submitted at
+Poisson arrivals over about 8 minutes, on one simulated H200 (7 compute slices). ``--scale`` multiplies run times
+and arrival gaps (``--quick`` is ``--scale 0.25``; limits stay at least one minute, Slurm's smallest).
+
+Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one after the other or side by side
+(``--parallel``, which shares the machine's two cores among them):
+
+* ``static``: no flexmig; the node laid out once as ``3g.71gb + 2g.35gb + 1g.18gb`` (every profile of
+  the mix but 7g, which no layout can hold beside the others): the 7g jobs never run, the rest run as Slurm places
+  them;
+* ``before``: flexmigd of ``--before`` (a git revision, default the commit before the reservation approach), with
+  that revision's testbed settings (its own slurmd, drain at once);
+* ``now``: flexmigd of this tree, with the testbed's settings (Slurm read every 2 s, probed every 1 s) and the
+  production defaults for everything else (``min_interval_s`` 60, ``max_wait_s`` 1800, ``drain_timeout_s`` 900).
+
+Figures, from the jobs' own start and end stamps and a monitor that reads the node's state every 0.5 s:
+
+* closed: share of the busy time (first submission to last end) the node was closed to new jobs: drained, inside
+  an active flexmig reservation, or not registered;
+* utilisation while jobs wait: busy compute slices / 7 over the times some submitted job had not started;
+* makespan against the packing bound (the larger of all slice-seconds / 7 and the latest arrival plus run time);
+* re-registrations per hour (flexmig's journal) and each closed period's length;
+* each job ran once, on one ``MIG-`` device of its own (no two jobs at once on one UUID).
+
+Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python bench/slurm_mix.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flexmig.mig import H200
+from flexmig.mig.nodespec import parse_node_spec
+from flexmig.slurm.install import render_taskprolog
+from flexmig.slurm.nodes import parse_sinfo
+from flexmig.slurm.reservations import PREFIX, parse_reservations
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python
+from machine import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE = "1719b29"  # the tree before the reservation approach (drain at once, flexmigd runs slurmd)
+WEIGHTS = {"1g.18gb": 0.40, "2g.35gb": 0.25, "3g.71gb": 0.20, "7g.141gb": 0.15}
+SLICES = {p: H200.profile(p).compute_slices for p in WEIGHTS}
+STATIC = "h200:3g.71gb@0+2g.35gb@4+1g.18gb@6"
+START = "h200:7g.141gb@0"
+
+
+@dataclass(frozen=True)
+class MixJob:
+    """One job of the mix: when it arrives (s after the first), its profile, run time and limit (minutes)."""
+
+    index: int
+    arrival_s: float
+    profile: str
+    runtime_s: float
+    limit_min: int
+
+
+def mix(seed: int = 24, n: int = 45, scale: float = 1.0) -> list[MixJob]:
+    """The administrator's seeded mix."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(n):
+        profile = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+        runtime = rng.uniform(30, 120) * scale
+        out.append(MixJob(i, round(t, 2), profile, round(runtime, 2), max(1, math.ceil(2 * runtime / 60))))
+        t += rng.expovariate(1 / 11.0) * scale
+    return out
+
+
+@dataclass
+class Run:
+    """What one rival's run gave."""
+
+    name: str
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> job id, starts, ends, devices
+    samples: list[tuple[float, bool]] = field(default_factory=list)  # (time, closed)
+    t0: float = 0.0
+    reregistrations: int = 0
+    error: str = ""
+
+
+class Bed:
+    """A fresh testbed on ``spec`` under /tmp, with flexmigd from ``tree`` (None: no flexmigd after the first
+    registration)."""
+
+    def __init__(self, spec: str, name: str) -> None:
+        ns = parse_node_spec(spec)
+        self.spec = spec
+        self.base = Path(tempfile.mkdtemp(prefix=f"fm-mix-{name}-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.tb = Testbed(self.base, ns.model, ns.count, node="mix")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, code: Path | None, config: str) -> None:
+        self.tb.prepare(render_taskprolog(self.tb.paths.flexmig / "gres-map.json", python()))
+        self.tb.start()
+        f = self.tb.paths.flexmig
+        conf = f / "flexmigd.toml"
+        conf.write_text(config)
+        conf.chmod(0o600)
+        env = self.tb.env()
+        if code is not None:
+            env["PYTHONPATH"] = str(code)
+        argv = [sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(f / "sim.json"),
+                "--config", str(conf)]  # fmt: skip
+        with (self.tb.paths.log / "flexmigd.log").open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        deadline = time.monotonic() + 90
+        while (n := self.node()) is None or not n.responding:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.base}: the node did not register")
+            time.sleep(0.3)
+
+    def stop_flexmigd(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    def close(self) -> None:
+        self.stop_flexmigd()
+        self.tb.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def cmd(self, *argv: str) -> str:
+        res = subprocess.run([self.tb.commands.path(argv[0]), *argv[1:]], env=self.tb.env(), capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}")
+        return res.stdout
+
+    def node(self) -> Any:
+        try:
+            return next((n for n in parse_sinfo(self.cmd("sinfo", "--json")) if n.name == self.tb.node), None)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return None
+
+    def closed(self) -> bool:
+        """Drained, inside an active flexmig reservation, or not registered (or not responding)."""
+        n = self.node()
+        if n is None or not n.responding or n.drained:
+            return True
+        if "RESERVED" in n.flags:
+            now = time.time()
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                res = parse_reservations(self.cmd("scontrol", "show", "reservation", "--oneliner"))
+                return any(r.name.startswith(PREFIX) and r.active(now) for r in res)
+        return False
+
+    def submit(self, job: MixJob) -> int:
+        stamp = self.base / f"job-{job.index}"
+        script = (
+            "#!/bin/sh\n"
+            f'echo "start $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {stamp}\n'
+            f"sleep {job.runtime_s:.2f}\n"
+            f'echo "end $(date +%s.%N)" >> {stamp}\n'
+        )
+        return self.tb.sbatch(f"--gres=gpu:{job.profile}:1", f"--time={job.limit_min}", "--job-name",
+                              f"mix{job.index}", script=script)  # fmt: skip
+
+    def stamps(self, job: MixJob) -> dict[str, Any]:
+        path = self.base / f"job-{job.index}"
+        starts, ends, devices = [], [], []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                parts = line.split()
+                if parts and parts[0] == "start":
+                    starts.append(float(parts[1]))
+                    devices.append(parts[2] if len(parts) > 2 else "")
+                elif parts and parts[0] == "end":
+                    ends.append(float(parts[1]))
+        return {"starts": starts, "ends": ends, "devices": devices}
+
+    def reregistrations(self) -> int:
+        path = self.tb.paths.flexmig / "state" / "journal.sqlite3"
+        if not path.exists():
+            return 0
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            n = 0
+            for (payload,) in db.execute("SELECT payload FROM actions WHERE kind='slurm_reregister' AND state='done'"):
+                n += bool(json.loads(payload).get("changes"))
+            return n
+        finally:
+            db.close()
+
+
+def config_now(bed: Bed) -> str:
+    return bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
+
+
+def config_before(bed: Bed) -> str:
+    """The configuration the earlier revision's testbed wrote (its keys only)."""
+    p, f = bed.tb.paths, bed.tb.paths.flexmig
+    q = json.dumps
+    return "\n".join([
+        'mode = "act"', f"node_name = {q(bed.tb.node)}", "[prometheus]", f'listen = "127.0.0.1:{free_port()}"',
+        "[control]", f"socket = {q(str(f / 'control.sock'))}", "[state]", f"directory = {q(str(f / 'state'))}",
+        f"journal = {q(str(f / 'state' / 'journal.sqlite3'))}", "[slurm]", "enabled = true",
+        f"node = {q(bed.tb.node)}", "interval_s = 2", f"conf = {q(str(p.slurm_conf))}",
+        f"gres_conf = {q(str(p.gres_conf))}", f"gres_map = {q(str(f / 'gres-map.json'))}", f"dev_dir = {q(str(p.dev))}",
+        f"mig_minors = {q(str(p.mig_minors))}", f"slurmd_pid_file = {q(str(p.slurmd_pid(bed.tb.node)))}",
+        f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={bed.tb.cpus}"',
+        f"checkpoint_dir = {q(str(bed.base / 'ckpt' / '{user}' / '{job_id}'))}", "hook_settle_s = 5",
+        "reregister_s = 2", "min_interval_s = 10", "",
+    ])  # fmt: skip
+
+
+def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float) -> Run:
+    """One rival's run of the mix."""
+    out = Run(name)
+    spec = STATIC if name == "static" else START
+    bed = Bed(spec, name)
+    stop = threading.Event()
+    try:
+        if name == "before":
+            bed.start(before, config_before(bed))
+        else:
+            bed.start(None, config_now(bed))
+        if name == "static":
+            bed.stop_flexmigd()  # the node stays registered (slurmd runs on): Slurm alone from here
+
+        def monitor() -> None:
+            while not stop.is_set():
+                out.samples.append((time.time(), bed.closed()))
+                stop.wait(0.5)
+
+        watcher = threading.Thread(target=monitor, daemon=True)
+        out.t0 = time.time()
+        watcher.start()
+        for job in jobs:
+            delay = out.t0 + job.arrival_s - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            out.jobs[job.index] = {"id": bed.submit(job), "submit": time.time()}
+        runnable = [j for j in jobs if name != "static" or j.profile != "7g.141gb"]
+        deadline = out.t0 + budget_s
+        while time.time() < deadline:
+            if all(bed.stamps(j)["ends"] for j in runnable):
+                break
+            time.sleep(1.0)
+        else:
+            out.error = f"not all jobs ended within {budget_s:.0f} s"
+        stop.set()
+        watcher.join(10)
+        for j in jobs:
+            out.jobs[j.index].update(bed.stamps(j))
+        out.reregistrations = bed.reregistrations()
+    except Exception as exc:  # a rival that breaks is reported, the others still run
+        out.error = f"{type(exc).__name__}: {exc}"
+        stop.set()
+    finally:
+        bed.close()
+    return out
+
+
+def figures(r: Run, jobs: list[MixJob]) -> dict[str, Any]:
+    """The run's figures (see the module docstring)."""
+    spans = []
+    for j in jobs:
+        rec = r.jobs.get(j.index, {})
+        if rec.get("starts") and rec.get("ends"):
+            spans.append((rec["starts"][0], rec["ends"][-1], SLICES[j.profile], rec["submit"]))
+    if not spans:
+        return {"error": r.error or "no job ran"}
+    first = min(rec["submit"] for rec in r.jobs.values())
+    last = max(e for _, e, _, _ in spans)
+    makespan = last - first
+    step = 0.5
+    busy_total = waiting_slices = waiting_time = 0.0
+    t = first
+    submits = sorted((rec["submit"], rec.get("starts", [math.inf])[0] if rec.get("starts") else math.inf)
+                     for rec in r.jobs.values())  # fmt: skip
+    while t < last:
+        used = sum(s for a, b, s, _ in spans if a <= t < b)
+        busy_total += used * step
+        if any(sub <= t < st for sub, st in submits):
+            waiting_slices += used * step
+            waiting_time += step
+        t += step
+    closed = [c for ts, c in r.samples if first <= ts <= last]
+    periods: list[float] = []
+    run_len = 0
+    for c in closed:
+        if c:
+            run_len += 1
+        elif run_len:
+            periods.append(run_len * 0.5)
+            run_len = 0
+    if run_len:
+        periods.append(run_len * 0.5)
+    devices: dict[str, list[tuple[float, float]]] = {}
+    once = own = True
+    for j in jobs:
+        rec = r.jobs.get(j.index, {})
+        if not rec.get("starts"):
+            continue
+        once = once and len(rec["starts"]) == 1
+        dev = rec["devices"][0]
+        own = own and dev.startswith("MIG-") and "," not in dev
+        devices.setdefault(dev, []).append((rec["starts"][0], rec["ends"][-1] if rec.get("ends") else last))
+    for ivs in devices.values():
+        ivs.sort()
+        own = own and all(b[0] >= a[1] - 0.01 for a, b in itertools.pairwise(ivs))
+    return {
+        "ran": len(spans),
+        "closed_share": (sum(closed) / len(closed)) if closed else float("nan"),
+        "util_waiting": waiting_slices / (7 * waiting_time) if waiting_time else float("nan"),
+        "makespan": makespan,
+        "reregs_per_h": r.reregistrations / (makespan / 3600) if makespan else 0.0,
+        "closed_periods": periods,
+        "once": once,
+        "own_device": own,
+        "error": r.error,
+    }
+
+
+def bound(jobs: list[MixJob]) -> float:
+    """The packing bound: all slice-seconds over 7 slices, or the latest arrival plus run time."""
+    packed = sum(SLICES[j.profile] * j.runtime_s for j in jobs) / 7
+    return max(packed, *(j.arrival_s + j.runtime_s for j in jobs))
+
+
+def extract(rev: str) -> Path:
+    """``rev``'s ``daemon/`` (the package) in a temporary directory, for ``PYTHONPATH``."""
+    dest = Path(tempfile.mkdtemp(prefix="fm-mix-code-", dir="/tmp"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "daemon"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "daemon"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply run times and arrival gaps (default 1)")
+    ap.add_argument("--quick", action="store_true", help="--scale 0.25: a smoke run of a few minutes")
+    ap.add_argument("--before", default=BEFORE, help=f"git revision of 'before' (default {BEFORE})")
+    ap.add_argument("--rivals", default="static,before,now", help="which rivals to run (comma-separated)")
+    ap.add_argument("--parallel", action="store_true", help="run the rivals side by side (shares the CPUs)")
+    ap.add_argument("--save", type=Path, help="write the raw runs (stamps, samples) to this JSON file")
+    ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
+    args = ap.parse_args()
+    scale = 0.25 if args.quick else args.scale
+    missing = missing_binaries()
+    if missing or os.geteuid() != 0:
+        print(f"needs root and {DEBIAN_PACKAGES} (missing: {', '.join(missing) or 'none'})", file=sys.stderr)
+        return 2
+    jobs = mix(scale=scale)
+    rivals = [x for x in args.rivals.split(",") if x]
+    print("flexmig Slurm mix benchmark (a busy node)")
+    print(f"machine: {machine()}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    counts = {p: sum(j.profile == p for j in jobs) for p in WEIGHTS}
+    print(f"mix: {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), scale {scale:g}, "
+          f"arrivals over {jobs[-1].arrival_s:.0f} s, packing bound {bound(jobs):.0f} s; rivals: {', '.join(rivals)}"
+          f"{' (side by side)' if args.parallel else ''}")  # fmt: skip
+    before = extract(args.before) if "before" in rivals and args.load is None else None
+    budget = 3600 * max(scale, 0.25) + 600
+    results: dict[str, Run] = {}
+    if args.load is not None:
+        raw = json.loads(args.load.read_text())
+        for n, r in raw.items():
+            results[n] = Run(n, {int(k): v for k, v in r["jobs"].items()}, [tuple(x) for x in r["samples"]],
+                             r["t0"], r["reregistrations"], r["error"])  # fmt: skip
+        rivals = [n for n in rivals if n in results]
+    try:
+        if args.load is not None:
+            pass
+        elif args.parallel:
+            threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget)))
+                       for n in rivals]  # fmt: skip
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            for n in rivals:
+                results[n] = run(n, jobs, before, budget)
+    finally:
+        if before is not None:
+            shutil.rmtree(before.parent, ignore_errors=True)
+    if args.save is not None and args.load is None:
+        args.save.write_text(json.dumps({n: r.__dict__ for n, r in results.items()}))
+    b = bound(jobs)
+    print(f"\n{'':34}" + "".join(f"{n:>16}" for n in rivals))
+    figs = {n: figures(results[n], jobs) for n in rivals}
+
+    def row(label: str, fn: Any) -> None:
+        cells = []
+        for n in rivals:
+            f = figs[n]
+            try:
+                cells.append(f"{fn(f):>16}")
+            except (KeyError, TypeError, ValueError, statistics.StatisticsError):
+                cells.append(f"{'-':>16}")
+        print(f"{label:34}" + "".join(cells))
+
+    row("jobs that ran", lambda f: f"{f['ran']}/{len(jobs)}")
+    row("closed share of busy time", lambda f: f"{100 * f['closed_share']:.0f} %")
+    row("slice utilisation while jobs wait", lambda f: f"{100 * f['util_waiting']:.0f} %")
+    row("makespan (s)", lambda f: f"{f['makespan']:.0f}")
+    row("makespan / packing bound", lambda f: f"{f['makespan'] / b:.2f}x")
+    row("re-registrations per hour", lambda f: f"{f['reregs_per_h']:.0f}")
+    row("closed periods (n)", lambda f: f"{len(f['closed_periods'])}")
+    row("closed period median (s)", lambda f: f"{statistics.median(f['closed_periods']):.1f}")
+    row("closed period worst (s)", lambda f: f"{max(f['closed_periods']):.1f}")
+    row("each job ran once", lambda f: "yes" if f["once"] else "NO")
+    row("each on its own MIG device", lambda f: "yes" if f["own_device"] else "NO")
+    for n in rivals:
+        if figs[n].get("error"):
+            print(f"{n}: {figs[n]['error']}")
+    if "now" in figs and "before" in figs and "makespan" in figs["now"] and "makespan" in figs["before"]:
+        print(f"\nratio of makespans (before / now): {figs['before']['makespan'] / figs['now']['makespan']:.2f}x")
+    print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
