@@ -98,6 +98,22 @@ SECTIONS: tuple[Section, ...] = (
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
     ),
     Section(
+        "slurm_mix",
+        "A busy node: the administrator's mix",
+        "slurm_mix.py",
+        quick=("--quick",),
+        markdown=False,
+        needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
+    ),
+    Section(
+        "submit",
+        "Submitting to a long queue",
+        "submit.py",
+        quick=("--pending", "0,1000", "--submits", "10", "--idle-s", "10"),
+        markdown=False,
+    ),
+    Section("ranklogs", "Rank logs", "ranklogs.py", quick=("--runs", "1", "--mib", "64"), markdown=False),
+    Section(
         "hardening",
         "systemd hardening",
         "hardening.py",
