@@ -17,6 +17,9 @@
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
+#   make bench  every benchmark under bench/, each writing its section of docs/results.md with the machine and date
+#               (bench/results.py; hours on a 2-core machine; SECTIONS=planner,scrape reruns some, keeping the rest)
+#   make bench-quick  the same with each benchmark's quick run, into out/results-quick.md (a smoke run)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -25,7 +28,7 @@ DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
 FRESH_HOME := .ci/fresh-home
 
-.PHONY: demo test check ids fault lint venv debs
+.PHONY: demo test check ids fault lint venv debs bench bench-quick
 
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -77,3 +80,9 @@ check: venv
 
 fault: venv debs
 	$(FRESH_HOME) $(BIN)/pytest -q -m fault
+
+bench: venv
+	$(BIN)/python bench/results.py $(if $(SECTIONS),--only $(SECTIONS))
+
+bench-quick: venv
+	$(BIN)/python bench/results.py --quick --out out/results-quick.md $(if $(SECTIONS),--only $(SECTIONS))
