@@ -12,7 +12,10 @@ To plug in a benchmark: give it ``--markdown FILE`` (and, for a smoke run, ``--q
 Run: ``make bench`` (``.venv/bin/python bench/results.py``: every section, in full, into docs/results.md; hours on
 a 2-core machine) or ``make bench-quick`` (``--quick --out out/results-quick.md``: every section's quick run, for a
 smoke test, never over the published file). ``--only NAME[,NAME]`` reruns some sections and keeps the others as the
-file has them. The load average is printed beside each section: figures measured on a busy machine say so.
+file has them; ``--take NAME=FILE`` puts in a section an earlier run wrote (a results file holding it, or the
+Markdown its benchmark wrote with ``--markdown``), for a benchmark that ran apart from this command, on a quieter
+machine or in another session: the section keeps its own command, date and load average. The load average is
+printed beside each section: figures measured on a busy machine say so.
 """
 
 from __future__ import annotations
@@ -222,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the file to write (default docs/results.md; --quick: required)")
     parser.add_argument("--log", type=Path, default=ROOT / "out" / "bench.log", help="the benchmarks' output")
     parser.add_argument("--list", action="store_true", help="list the sections and exit")
+    parser.add_argument(
+        "--take",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="use section NAME as an earlier run wrote it (a results file, or the benchmark's --markdown file)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for s in SECTIONS:
@@ -237,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"results: unknown section(s) {', '.join(sorted(unknown))}; see --list", file=sys.stderr)
         return 2
     old = sections_of(out.read_text()) if out.exists() else {}
+    try:
+        old.update(taken(args.take))
+    except ValueError as exc:
+        print(f"results: --take {exc}", file=sys.stderr)
+        return 2
     args.log.parent.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}; output of the benchmarks in {args.log}")
     new: dict[str, str] = {}
@@ -269,6 +284,23 @@ def main(argv: list[str] | None = None) -> int:
     if out == RESULTS and not args.quick:
         update_readme(glance(new)[0])
     return 1 if failed else 0
+
+
+def taken(pairs: list[str]) -> dict[str, str]:
+    """The sections named by ``--take NAME=FILE``: from a results file's markers, or a whole ``--markdown`` file."""
+    out: dict[str, str] = {}
+    names = {s.name: s for s in SECTIONS}
+    for pair in pairs:
+        name, sep, file = pair.partition("=")
+        if not sep or name not in names:
+            raise ValueError(f"{pair!r}: give NAME=FILE with NAME one of {', '.join(names)}")
+        text = Path(file).read_text()
+        held = sections_of(text)
+        body = held.get(name) or (text.strip("\n") if text.lstrip().startswith("## ") else None)
+        if body is None or f"bench/{names[name].script}" not in body:
+            raise ValueError(f"{pair!r}: {file} holds no section {name} written by bench/{names[name].script}")
+        out[name] = body
+    return out
 
 
 def update_readme(rows: list[str]) -> None:
