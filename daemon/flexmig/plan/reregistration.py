@@ -104,7 +104,7 @@ class Verdict:
     """Whether to commit to a change, with the figures behind it and why.
 
     ``drain_s``: expected seconds until the node is empty and re-registered; ``gain``: busy slice-seconds the change
-    adds over the horizon (negative: it loses some); ``cost``: slice-seconds idle while the node empties and is
+    adds over the horizon (0 when it adds none); ``cost``: slice-seconds idle while the node empties and is
     re-registered; ``newly_served``: waiting jobs the change starts that today's layout would not within the
     horizon; ``close_by_s``: the latest the node is empty by its jobs' limits (None: a job without a limit runs);
     ``forced``: committed because such a job waited ``max_wait_s``, whatever the figures.
@@ -415,7 +415,7 @@ def _verdict(
         f"{switch:.0f} vs {stay:.0f} busy slice-seconds in the next {fig.horizon:.0f} s with the change; "
         f"empty and registered in ~{fig.ready:.0f} s"
     )
-    verdict = _Say(fig.ready, switch - stay, fig.idle, served, close_by_s(node))
+    verdict = _Say(fig.ready, max(0.0, switch - stay), fig.idle, served, close_by_s(node))
     if not changes_instances(plan):
         return verdict.say(False, f"today's layout is the best for the waiting jobs ({figures})")
     have = {i.profile.name for lay in today for i in lay.instances}
