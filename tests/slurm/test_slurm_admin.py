@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from flexmig.act.journal import StepEvent
+from flexmig.slurm.agent import SlurmRead
 from flexmig.slurm.reservations import PREFIX, flexmig_name
 from support.slurm import SlurmRig, skip_reason, until
 
@@ -294,8 +295,14 @@ def test_an_administrators_drain_or_reservation_just_before_the_delete_cancels_t
             assert rnd.result is not None and not rnd.result.ok, rnd
             (action,) = rnd.result.results
             assert action.outcome == "cancelled" and "before the node left Slurm" in (action.error or ""), action
-            read = await rig.agent.read()
-            assert read.node is not None and read.node.responding, read.node
+            # slurmd runs again and registers; slurmctld may still flag the node NOT_RESPONDING for a ping it sent
+            # while slurmd was stopped, until its next ping (at most SlurmdTimeout / 3)
+            async def answers() -> SlurmRead | None:
+                got = await rig.agent.read()
+                return got if got.node is not None and got.node.responding else None
+
+            read = await until("the node answers with the GRES it had", answers, 40)
+            assert read.node is not None
             assert read.registered_as == {"7g.141gb": 1}  # never deleted, never changed
             if what == "drain":
                 assert read.node.drained and read.node.reason == "maint", read.node
