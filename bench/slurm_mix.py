@@ -3,8 +3,9 @@ now, with flexmig as it was (a git revision's code), and with no flexmig (a stat
 
 The mix (seed 24): 45 batch jobs of 1g.18gb, 2g.35gb, 3g.71gb and 7g.141gb (weights 40/25/20/15 %), each sleeping
 30-120 s (uniform) with ``--time`` twice its run time (rounded up to whole minutes, Slurm's unit), submitted at
-Poisson arrivals over about 8 minutes, on one simulated H200 (7 compute slices). ``--scale`` multiplies run times
-and arrival gaps (``--quick`` is ``--scale 0.25``; limits stay at least one minute, Slurm's smallest).
+times drawn uniformly over a 12-minute window (the issue's "12-minute mix"), on one simulated H200 (7 compute
+slices). ``--scale`` multiplies run times and arrival gaps (``--quick`` is ``--scale 0.25``; limits stay at least one
+minute, Slurm's smallest).
 
 Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one after the other or side by side
 (``--parallel``, which shares the machine's two cores among them):
