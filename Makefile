@@ -2,9 +2,15 @@
 #   make demo   flexmigd in mode act on a simulated H200 with a stream of demo jobs: fragmentation found, jobs migrated
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
+#               (every suite runs in a fresh, empty home directory made for the run: .ci/fresh-home)
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
-#               tests/conftest.py fails a test that does and is not marked); no lint, no Debian packages
+#               tests/conftest.py fails a test that does and is not marked), the layer table among them
+#               (tests/repo/test_layers.py), and ruff's function-size rules (pyproject.toml); no other lint, no Debian
+#               packages
+#   make ids    the suite once more with GPU-instance IDs handed out adversarially (FLEXMIG_SIM_IDS, see
+#               docs/simulator.md): every test not marked integration, and all of the NVML, simulator, telemetry and
+#               daemon rooms; make test runs it too. The seed is printed; make ids SIM_IDS=adversarial:N replays a run
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
@@ -14,10 +20,11 @@ BIN := $(VENV)/bin
 DEMO_VENV ?= .venv-demo
 DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
+FRESH_HOME := .ci/fresh-home
 
-.PHONY: demo test check fault lint venv debs
+.PHONY: demo test check ids fault lint venv debs
 
-$(BIN)/flexmig: pyproject.toml hook/pyproject.toml
+$(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e './hook[transformers,lightning,fsdp]' -e '.[test,torch]'
@@ -33,7 +40,7 @@ debs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    slurmctld slurmd slurm-client munge >/dev/null; }
 
-$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml
+$(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/pip install -q -e ./hook -e .
 	touch $@
@@ -45,11 +52,22 @@ lint: venv
 	$(BIN)/ruff check $(wildcard daemon hook tests bench examples dashboards setup.py)
 	$(BIN)/mypy
 
+# Any legal GPU-instance ID for any instance, reused after a destroy: no test, and no code, may assume a mapping.
+SIM_IDS ?= adversarial:$(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+IDS_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
+
 test: venv debs lint
-	$(BIN)/pytest -q
+	$(FRESH_HOME) $(BIN)/pytest -q
+	$(MAKE) --no-print-directory ids SIM_IDS=$(SIM_IDS)
+
+ids: venv
+	@echo "GPU-instance IDs for this run: FLEXMIG_SIM_IDS=$(SIM_IDS) (make ids SIM_IDS=$(SIM_IDS) replays it)"
+	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider -m "not integration"
+	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider -m "integration and not fault" $(IDS_ROOMS)
 
 check: venv
-	$(BIN)/pytest -q -m "not integration"
+	$(BIN)/ruff check --select C901,PLR0912,PLR0915 daemon hook
+	$(FRESH_HOME) $(BIN)/pytest -q -m "not integration"
 
 fault: venv debs
-	$(BIN)/pytest -q -m fault
+	$(FRESH_HOME) $(BIN)/pytest -q -m fault

@@ -5,7 +5,10 @@ test's behalf by another process (a job's rank, launched in its own session by a
 this process tree when its parent exits, instead of moving to PID 1. At the end of the session every live
 descendant is a leak (where no subreaper can be set, every live process running a script of this repository's
 ``examples/`` started during the session is one): they are listed, killed (their process group, with a bounded
-wait), and the session ends with an error naming them.
+wait), and the session ends with an error naming them. A subreaper must also reap what it adopts: after each test,
+adopted children that have exited (a rank whose actuator a test killed, a daemon that double-forked) are reaped,
+and children that an object of this process will still wait for (a ``Popen``, a multiprocessing process) are left
+to it, so no exit status is taken from its owner.
 
 The ``integration`` marker is kept accurate here too: a test that starts a process (subprocess, fork, spawn) or binds
 a socket (a server: TCP, UDP or unix), in its body or in a fixture it sets up or tears down first or last, fails
@@ -30,7 +33,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+import support.freshhome  # noqa: F401  (records what the home directory holds before any test runs)
 from support.mosquitto import Brokers, Mosquitto
+from support.reaper import reap_adopted_orphans
 
 EXAMPLES = str(Path(__file__).resolve().parent.parent / "examples") + os.sep
 _PR_SET_CHILD_SUBREAPER = 36
@@ -136,6 +141,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         return (yield)
     finally:
         _running.pop()
+        reap_adopted_orphans()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -29,6 +29,12 @@ _.exc_type
 _.addresses  # nvmlDeviceGetRetiredPages(device, cause, count, addresses)
 _.scope  # nvmlDeviceGetCpuAffinityWithinScope / nvmlDeviceGetMemoryAffinity(device, size, set, scope)
 
+# --- Set on a paho client for paho to call or read (flexmig.mqtt.command_guard's probe client).
+_.connect_timeout
+_.on_connect
+_.on_publish
+_.on_disconnect
+
 # --- The simulated libnvidia-ml, read by pynvml and its callers (nvitop, gpustat, DCGM-style tools), not by flexmig:
 # fields of pynvml's ctypes structures the simulator fills (nvml.h names them), the error-string entry point (set on
 # the instance, so entry_points() does not list it) and pynvml's module global that install/uninstall reset.
@@ -65,6 +71,8 @@ _.sharedJpegCount
 _.sharedOfaCount
 _.temperature
 _.uiVal
+_.ullVal
+_.isC2cEnabled
 _.valueType
 _.nvmlErrorString
 _._nvmlLib_refcount
@@ -73,12 +81,16 @@ _._nvmlLib_refcount
 # with it and check what the daemon did against it; the daemon never calls it.
 _.inject_error
 _.clear_errors
+_.alias_uuid
 _.lose_gpu
 _.set_privileged
 _.gpm_samples_allocated
 _.mig_uuids
 _.gi_ids
 _.mig_device
+_.gi_id_at
+_.mig_uuid_at
+_.fused_slot
 
 # --- Fields of records that describe outside data or a result (a journal row, a parsed trace, Slurm or DCGM row, a
 # hook's environment, a reload's outcome, a catalogue entry): kept whole, like the source they mirror, even where no
@@ -96,6 +108,8 @@ _.dynamic  # sinfo node flag (slurmd -Z)
 _.tightened_from  # DatabaseCheck: the mode a database file had before it was tightened
 _.fb_free_bytes  # DCGM row
 _.resume_step  # flexmig_hook.HookEnv: the step a job resumes from (the hook's public API for job scripts)
+_.close_by_s  # reregistration Verdict: the latest the node is surely empty by its jobs' limits (the agent reads the
+# reservation's start from the same rule, slurm.agent._close_at)
 
 # --- Read by tests to observe state that the daemon itself only keeps bounded or acts on (kept: the tests assert the
 # bound or the behaviour through them; reading private attributes instead would tie the tests to the internals).
@@ -127,7 +141,8 @@ _.load_checkpoint
 _.save_checkpoint
 _.schema_documents  # flexmig.mqtt.command_schema: generates schemas/command*.json (a test keeps them equal)
 _.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (tests check dashboards and rules)
-_.MUTATING_PREFIXES  # flexmig.sim.entrypoints: the entry points that change the node (`flexmig nvml record` tests)
+_.PTH_LINE  # flexmig.simenv: the line of flexmig-sim.pth, which setup.py writes (it loads simenv by its path)
+_.arm  # flexmig.simenv: what flexmig-sim.pth and flexmig sim exec's sitecustomize call at interpreter start
 
 # --- Not wired in, kept for a decision: flexmig.slurm.slurmd.check_node_conf refuses a [slurm] slurmd_conf word that
 # is not KEY=VALUE, but the configuration's checks apply only its Gres= rule; wiring it in would refuse files that

@@ -1,18 +1,18 @@
-"""``flexmigd``: the node daemon. Wiring only: every loop lives in its own module.
+"""``flexmigd``: the node daemon. A supervisor over a list of components; every loop lives in its own module.
 
-Start-up: read the configuration, open NVML (or install the simulated node) on the NVML thread, take the first
-inventory and sweep, start the metrics server, tell systemd READY; then run every loop under one TaskGroup until
-SIGTERM or SIGINT. Components are added as named loops (:meth:`Daemon.add_loop`), snapshot enrichers and
-subscribers (``daemon.hub``) and extra metric families (:meth:`Daemon.add_metrics`), so the MQTT publisher, the
-planner, the actuator and the control socket plug in without touching the sampling code. What a component holds is
-let go of in its close hook (:meth:`Daemon.on_close`), which runs however the loops ended, or if they never began.
+:func:`flexmig.wiring.wire` builds the components in the order they start (the node, detection, MQTT, the sampler
+with its first sweep, the metrics endpoint, the actuator with the control socket, Slurm, MQTT commands, the demo
+workload, the watchdog); :meth:`Daemon.run` walks that list: start each in order, tell systemd READY, run every
+component's loop under one TaskGroup until SIGTERM or SIGINT, then drain them and close them in reverse order.
+SIGHUP reloads the configuration into each component in order (:meth:`Daemon.reload`). The daemon itself keeps
+only what the components share: the configuration, the snapshot hub, the NVML worker thread, the heartbeat the
+watchdog reads, the systemd notifier, and the count of restarts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +30,21 @@ from flexmig.config import (
     Config,
     ConfigProblem,
     HostPort,
-    applies_at_next_start,
+    as_applied,
     load_config_deferring,
     reload_config,
 )
 from flexmig.errors import BackgroundTaskError, ConfigError, FlexmigError
-from flexmig.metrics.collector import SnapshotCollector, SnapshotMetrics, build_registry
-from flexmig.metrics.runtime import ServerMetrics, TaskMetrics
-from flexmig.metrics.server import MetricsServer, ServerStats
 from flexmig.nvml.worker import NvmlWorker
-from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
+from flexmig.sdnotify import Heartbeat, Notifier
 from flexmig.security import RedactingFilter, Secret, attach_redaction
 from flexmig.tasks import FATAL_TASK, describe
-from flexmig.telemetry.dcgm import DcgmSource
-from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.publish import SnapshotHub
-from flexmig.telemetry.sampler import SamplingLoop, dcgm_loop, periodic_step
+from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.wiring import wire
-from flexmig.wiring.backend import Backend, DemoWorkload, open_backend
+from flexmig.wiring import Component, Components, wire
+from flexmig.wiring.backend import Backend
 
 __all__ = [
     "Daemon",
@@ -64,11 +59,9 @@ __all__ = [
 
 log = logging.getLogger("flexmig.daemon")
 
-LoopFactory = Callable[[], Coroutine[Any, Any, None]]
-
 
 class Daemon:
-    """One flexmig daemon: the NVML thread, the sampling loop, the metrics server, and whatever else is added."""
+    """One flexmig daemon: the components :func:`~flexmig.wiring.wire` builds, and what they share."""
 
     def __init__(
         self,
@@ -82,19 +75,25 @@ class Daemon:
         hostname: str | None = None,
         telemetry: TelemetrySettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         deferred_problems: Sequence[ConfigProblem] = (),
+        redactor: RedactingFilter | None = None,
     ) -> None:
         """``config_path`` is the file :meth:`reload` reads again; ``telemetry`` overrides the settings derived
         from ``config`` (finer knobs than the file has); ``sim_state`` keeps the simulated node in a file across
         restarts; ``deferred_problems`` are the problems of keys ``config`` left at their defaults
         (:func:`~flexmig.config.load_config_deferring`: a malformed ``mqtt.broker`` keeps MQTT off until a reload
-        fixes it)."""
+        fixes it); ``redactor`` is the log filter that learns each reloaded configuration's secrets."""
         self.config = config
+        """The configuration file as last read (a reload compares the file with it)."""
+        self.applied = config
+        """What the components run with: :attr:`config` with its restart keys at their values of the start."""
         self.deferred_problems = tuple(deferred_problems)
         self.config_path = config_path
         self.sim_spec = sim_spec
         self.sim_workload = sim_workload
         self.sim_state = sim_state
+        self.redactor = redactor
         self.settings = telemetry or TelemetrySettings.from_config(config)
         listen = metrics_addr or config.prometheus.listen
         if not listen.is_loopback() and not config.prometheus.allow_remote:
@@ -104,43 +103,48 @@ class Daemon:
         self.metrics_addr = listen if config.prometheus.enabled or metrics_addr is not None else None
         self.hostname = hostname or config.node_name or socket.gethostname()  # the Hostname label
         self.clock = clock
+        """Measures every duration (monotonic)."""
+        self.wall = wall
+        """Stamps what is recorded and shown (wall time); never used for a duration."""
         self.hub = SnapshotHub()
         self.heartbeat = Heartbeat(clock)
         self.worker = NvmlWorker()
-        self.backend: Backend | None = None
-        self.sampler: SamplingLoop | None = None
-        self.metrics_port: int | None = None
-        self._loops: list[tuple[str, LoopFactory, bool]] = []
+        self.notifier = Notifier.from_env()
         self.restart_backoff_s: tuple[float, float] = (1.0, 60.0)
-        """First and longest wait before a restartable loop runs again (doubling in between)."""
+        """First and longest wait before a restartable component's loop runs again (doubling in between)."""
         self.restarts = Counter[str]()
         """Restarts of each restartable loop since start (``flexmig_task_restarts_total``)."""
         self._stop: asyncio.Event | None = None
         self._fatal: BackgroundTaskError | None = None
-        self._reload_hooks: list[Callable[[Config], None]] = []
-        self._start_hooks: list[Callable[[], Awaitable[None]]] = []
-        self._stop_hooks: list[Callable[[], Awaitable[None]]] = []
-        self._close_hooks: list[Callable[[], Awaitable[None]]] = []
-        self._notifier: Notifier | None = None
-        self._metrics_ext: list[SnapshotMetrics] = []
         self._started = asyncio.Event()
-        self.metrics_stats = ServerStats()
-        """What the metrics server did (its connections at the cap, time-outs), exported with the metrics."""
-        self.add_metrics(TaskMetrics(self.restarts))
-        self.add_metrics(ServerMetrics(lambda: self.metrics_stats))
-        self.components = wire(self)  # detection, MQTT (if enabled), the actuator and planner, through the hooks below
+        self.components: Components = wire(self)
+        self._order: list[Component] = list(self.components)
 
-    # ------------------------------------------------------------------------------------------ extension
-    def add_loop(self, name: str, factory: LoopFactory, *, restart: bool = False) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup once start-up is done; it should loop until cancelled.
+    # ------------------------------------------------------------------------------------------ the list
+    def add(self, component: Component) -> None:
+        """Run one more component after those :func:`~flexmig.wiring.wire` built (call before :meth:`run`)."""
+        self._order.append(component)
 
-        If it raises, the daemon stops with a line naming it (:meth:`fail`), unless ``restart``: then it runs
-        again after a pause (1 s doubling to 60 s), each restart logged and counted, and the daemon stops only
-        when it failed more than :data:`MAX_RESTARTS` times in :data:`RESTART_WINDOW_S`. Only loops that hold no
-        state worth losing may restart (a broker connection, a scrape); the rest are fatal: a restart of the
-        whole daemon, which reconciles its journal, is the safe way back for them.
-        """
-        self._loops.append((name, factory, restart))
+    @property
+    def order(self) -> tuple[Component, ...]:
+        """Every component, in the order they start."""
+        return tuple(self._order)
+
+    @property
+    def backend(self) -> Backend | None:
+        """The open node (the ``nvml`` component's), from its start to its close."""
+        return self.components.node.backend
+
+    @property
+    def sampler(self) -> SamplingLoop | None:
+        """The sampling loop, once started."""
+        return self.components.sampler.loop
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics`` is served on, once it is."""
+        endpoint = self.components.metrics
+        return None if endpoint is None else endpoint.port
 
     def fail(self, task: str, exc: BaseException, *, note: str = "") -> None:
         """A background task died: say so in one line and stop the daemon (``run`` then raises
@@ -153,64 +157,39 @@ class Daemon:
         if self._stop is not None:
             self._stop.set()
 
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
-        """Export more metric families from each snapshot (call before :meth:`run`)."""
-        self._metrics_ext.append(extension)
-
-    def on_reload(self, hook: Callable[[Config], None]) -> None:
-        """Call ``hook`` with the new configuration after each accepted reload (SIGHUP)."""
-        self._reload_hooks.append(hook)
-
-    def on_start(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` after the first sweep and before READY; an exception from it stops the start-up."""
-        self._start_hooks.append(hook)
-
-    def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` when a stop is asked, before the loops are cancelled (to let an action finish)."""
-        self._stop_hooks.append(hook)
-
-    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` once the daemon's loops have ended, before NVML is closed, newest hook first: what a
-        component holds (sockets, journal, outbox, locks, a simulated node's directory) is let go of here, not in a
-        loop's ``finally``, so it is let go of whether the loop ran, restarted, died or never began (a start-up that
-        failed or a stop asked during it). Runs on every way out of :meth:`run`; a hook that raises is logged and the
-        next one still runs."""
-        self._close_hooks.append(hook)
-
     def reload(self) -> bool:
         """Read the configuration file again (SIGHUP). A bad file is logged and the old configuration kept.
 
-        Applied at once: the sampling interval, and whatever the ``on_reload`` hooks apply; keys marked
-        restart-only, and the other telemetry keys (retention, GPM, DCGM), take effect at the next start.
+        Each component gets the new configuration in order (:meth:`~flexmig.wiring.component.Component.reload`),
+        with the keys the schema marks ``restart`` still at their values of the start (:func:`~flexmig.config.
+        as_applied`): those take effect at the next start, and the log line names those that changed.
         """
         if self.config_path is None:
             log.warning("reload asked, but the daemon runs on built-in defaults (no configuration file)")
             return False
-        notifier = self._notifier
-        if notifier is not None:
-            notifier.reloading()
+        self.notifier.reloading()
         result = reload_config(self.config, self.config_path)
         if result.error is not None:
             log.error("configuration reload refused, keeping the current one: %s", result.error)
         else:
-            self.config = result.config
-            if self.sampler is not None:
-                self.sampler.interval_s = result.config.sampling.interval_s
-            for hook in self._reload_hooks:
-                try:
-                    hook(result.config)
-                except Exception:
-                    log.exception("reload hook %r failed", hook)
-            fixed = {p.key for p in self.deferred_problems}  # applied by their components' reload hooks
+            fixed = {p.key for p in self.deferred_problems}  # unusable at start: the reload's value applies
             self.deferred_problems = ()
-            later = [k for k in result.changed if k not in fixed and applies_at_next_start(k)]
+            self.config = result.config
+            self.applied = as_applied(self.applied, result.config, fixed=fixed)
+            for component in self._order:
+                try:
+                    component.reload(self.applied)
+                except Exception:
+                    log.exception("reload of component %r failed", component.name)
+            if self.redactor is not None:  # secrets once known stay redacted: a line about the old one may come
+                self.redactor.update((*self.redactor.secrets, *config_secrets(result.config)))
+            later = [k for k in result.needs_restart if k not in fixed]
             log.info(
                 "configuration reloaded: %s%s",
                 ", ".join(result.changed) or "nothing changed",
                 f" (at next restart: {', '.join(later)})" if later else "",
             )
-        if notifier is not None:
-            notifier.ready()
+        self.notifier.ready()
         return result.ok
 
     def latest(self) -> Snapshot | None:
@@ -218,125 +197,85 @@ class Daemon:
         return self.hub.latest()
 
     async def started(self) -> None:
-        """Wait until the first sweep is published and the metrics server listens."""
+        """Wait until every component started (the first sweep is published, the metrics port listens)."""
         await self._started.wait()
 
     # ------------------------------------------------------------------------------------------ running
     async def run(self, stop: asyncio.Event) -> None:
-        """Start, run every loop until ``stop`` is set (or a loop fails), then shut down in reverse order."""
-        notifier = self._notifier = Notifier.from_env()
-        server: MetricsServer | None = None
+        """Start every component, run their loops until ``stop`` is set (or one fails), then drain and close them in
+        reverse order, on every way out."""
         self._stop, self._fatal = stop, None
         loop = asyncio.get_running_loop()
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._loop_exception)
         try:
-            self.backend = await self.worker.call(
-                open_backend,
-                self.sim_spec,
-                self.settings.gpm,
-                self.clock,
-                self.sim_state,
-                sim_workload=self.sim_workload,
-            )
-            host = HostSource(clock=self.clock) if self.settings.host else None
-            dcgm = None
-            if self.settings.dcgm_url is not None:
-                dcgm = DcgmSource(
-                    self.settings.dcgm_url,
-                    timeout_s=self.settings.dcgm_timeout_s,
-                    max_age_s=self.settings.dcgm_max_age_s,
-                    clock=self.clock,
-                )
-            self.sampler = SamplingLoop(
-                self.backend.reader,
-                self.worker,
-                self.settings,
-                self._published,
-                hostname=self.hostname,
-                host=host,
-                dcgm=dcgm,
-                clock=self.clock,
-            )
-            first = await self.sampler.start()
-            if self.metrics_addr is not None:
-                registry = build_registry(SnapshotCollector(self.hub.latest, self._metrics_ext))
-                server = MetricsServer(registry, self.metrics_addr.host, self.metrics_addr.port)
-                self.metrics_stats = server.stats
-                _, self.metrics_port = server.start()
-                log.info("metrics on http://%s:%d/metrics", _bracket(self.metrics_addr.host), self.metrics_port)
-            log.info(
-                "flexmigd %s up: %d GPU(s), %d MIG instance(s)%s",
-                __version__,
-                len(first.gpus),
-                len(first.instances()),
-                f" (simulated {self.sim_spec})" if self.sim_spec else "",
-            )
-            for start_hook in self._start_hooks:
-                await start_hook()
-            notifier.ready(f"sampling {len(first.gpus)} GPU(s), {len(first.instances())} MIG instance(s)")
-            self._started.set()
-            sampler, opened = self.sampler, self.backend
-            loops: list[tuple[str, LoopFactory, bool]] = [("sampling", sampler.run, False)]
-            if dcgm is not None:
-                loops.append(("dcgm", lambda: dcgm_loop(dcgm, self.settings.dcgm_interval_s), True))
-            if opened.workload is not None:
-                step = self._workload_step(opened.workload)
-                loops.append(
-                    ("workload", lambda: periodic_step(self.worker, step, self.settings.interval_s, self.clock), True)
-                )
-            timeout = watchdog_timeout_s()
-            if timeout is not None:
-                dog = Watchdog(notifier, self.heartbeat, timeout_s=timeout, max_age_s=self.config.sampling.stall_s)
-                loops.append(("watchdog", lambda: _watchdog_loop(dog), False))
-            everything = (*loops, *self._loops)
-            waiting = [len(everything)]  # loops that have not begun (names may repeat: a count, not a set)
-            all_begun = asyncio.Event()
-
-            def began() -> None:
-                waiting[0] -= 1
-                if waiting[0] <= 0:
-                    all_begun.set()
-
-            async with asyncio.TaskGroup() as tg:
-                tasks = [
-                    tg.create_task(self._supervised(name, factory, restart, began), name=name)
-                    for name, factory, restart in everything
-                ]
-                # A task cancelled before its first step never runs a line of its coroutine (not even a finally):
-                # no loop is cancelled before it began, so a stop asked during start-up reaches it inside its try.
-                await all_begun.wait()
-                await stop.wait()
-                log.info("stopping")
-                notifier.stopping()
-                for stop_hook in self._stop_hooks:
-                    try:
-                        await stop_hook()
-                    except Exception:
-                        log.exception("stop hook %r failed", stop_hook)
-                for task in tasks:
-                    task.cancel()
+            await self._start_all()
+            await self._run_all(stop)
         finally:
-            for close_hook in reversed(self._close_hooks):
-                try:
-                    await close_hook()
-                except Exception:
-                    log.exception("close hook %r failed", close_hook)
-            if server is not None:
-                server.stop()
-            backend, self.backend = self.backend, None
-            if backend is not None:
-                with contextlib.suppress(FlexmigError):
-                    await self.worker.call(backend.close)
+            await self._close_all()
             self.worker.shutdown()
-            notifier.close()
+            self.notifier.close()
             loop.set_exception_handler(previous_handler)
         if self._fatal is not None:
             raise self._fatal
 
-    async def _supervised(self, name: str, factory: LoopFactory, restart: bool, began: Callable[[], None]) -> None:
-        """Run one loop under the daemon's policy (see :meth:`add_loop`); never raises but CancelledError.
-        ``began()`` says it runs (and, once this step is over, its loop waits in its first await)."""
+    async def _start_all(self) -> None:
+        """Each component's start, in order; then the line that says the daemon is up, and READY."""
+        for component in self._order:
+            await component.start()
+        first = self.components.sampler.first
+        gpus, instances = (len(first.gpus), len(first.instances())) if first is not None else (0, 0)
+        log.info(
+            "flexmigd %s up: %d GPU(s), %d MIG instance(s)%s",
+            __version__,
+            gpus,
+            instances,
+            f" (simulated {self.sim_spec})" if self.sim_spec else "",
+        )
+        self.notifier.ready(f"sampling {gpus} GPU(s), {instances} MIG instance(s)")
+        self._started.set()
+
+    async def _run_all(self, stop: asyncio.Event) -> None:
+        """Every component's loop under one TaskGroup until ``stop``; then the drains (in reverse order) and the
+        cancellation of the loops."""
+        waiting = [len(self._order)]  # loops that have not begun
+        all_begun = asyncio.Event()
+
+        def began() -> None:
+            waiting[0] -= 1
+            if waiting[0] <= 0:
+                all_begun.set()
+
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._supervised(c, began), name=c.name) for c in self._order]
+            # A task cancelled before its first step never runs a line of its coroutine (not even a finally): no
+            # loop is cancelled before it began, so a stop asked during start-up reaches it inside its try.
+            await all_begun.wait()
+            await stop.wait()
+            log.info("stopping")
+            self.notifier.stopping()
+            for component in reversed(self._order):
+                try:
+                    await component.drain()
+                except Exception:
+                    log.exception("drain of component %r failed", component.name)
+            for task in tasks:
+                task.cancel()
+
+    async def _close_all(self) -> None:
+        """Each component's close, in reverse order; one that raises is logged and the next one still runs."""
+        for component in reversed(self._order):
+            try:
+                await component.close()
+            except Exception:
+                log.exception("close of component %r failed", component.name)
+
+    async def _supervised(self, component: Component, began: Callable[[], None]) -> None:
+        """Run one component's loop: a failure stops the daemon, or, when ``component.restart``, runs it again after
+        a pause (1 s doubling to 60 s), each restart logged and counted, until more than :data:`MAX_RESTARTS` in
+        :data:`RESTART_WINDOW_S`. Never raises but CancelledError. ``began()`` says it runs (and, once this step is
+        over, its loop waits in its first await)."""
+        name = component.name
         failures: deque[float] = deque()
         first = True
         pause, longest = self.restart_backoff_s
@@ -345,7 +284,7 @@ class Daemon:
                 if first:  # run() goes on only after this step, which takes the loop to its first await
                     first = False
                     began()
-                await factory()
+                await component.run()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -353,8 +292,12 @@ class Daemon:
                 failures.append(now)
                 while failures and failures[0] < now - RESTART_WINDOW_S:
                     failures.popleft()
-                if not restart or len(failures) > MAX_RESTARTS:
-                    note = f" (after {MAX_RESTARTS} restarts in {RESTART_WINDOW_S / 60:.0f} min)" if restart else ""
+                if not component.restart or len(failures) > MAX_RESTARTS:
+                    note = (
+                        f" (after {MAX_RESTARTS} restarts in {RESTART_WINDOW_S / 60:.0f} min)"
+                        if component.restart
+                        else ""
+                    )
                     self.fail(name, exc, note=note)
                     return
                 self.restarts[name] += 1
@@ -381,36 +324,10 @@ class Daemon:
         detail = f": {describe(exc)}" if isinstance(exc, BaseException) else ""
         log.error("asyncio: %s%s", what, detail, exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
 
-    def _workload_step(self, workload: DemoWorkload) -> Callable[[float], None]:
-        """The demo workload's step, leaving alone the instances the actuator uses (read on the NVML thread)."""
-        actuator = self.components.actuator
-
-        def step(now: float) -> None:
-            workload(now, exclude=actuator.workload_exclude)
-
-        return step
-
-    def _published(self, snapshot: Snapshot) -> Snapshot:
-        snapshot = self.hub.publish(snapshot)
-        self.heartbeat.beat(snapshot.monotonic)
-        return snapshot
-
 
 #: A restartable loop that fails more often than this within :data:`RESTART_WINDOW_S` stops the daemon.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
-
-
-async def _watchdog_loop(dog: Watchdog) -> None:
-    interval = dog.interval_s
-    assert interval is not None
-    while True:
-        dog.tick()
-        await asyncio.sleep(interval)
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 # ---------------------------------------------------------------------------------------------------- command
@@ -566,9 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics_addr=addr,
             config_path=path,
             deferred_problems=deferred,
+            redactor=redactor,
         )
-        # Secrets once known stay redacted: a line about the old password may still come after a reload.
-        daemon.on_reload(lambda cfg: redactor.update((*redactor.secrets, *config_secrets(cfg))))
         asyncio.run(serve(daemon))
     except FlexmigError as exc:
         print(f"flexmigd: error: {exc}", file=sys.stderr)

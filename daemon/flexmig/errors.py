@@ -12,6 +12,8 @@ Defined elsewhere, each for a reason of its layer:
 - ``flexmig_hook.AckError`` and ``flexmig_hook.HandoverError``, ``ValueError``s: the hook is a distribution of its
   own that job scripts use without flexmig; the actuator catches the first where it reads an acknowledgement, the
   second only guards what it writes to a standby rank.
+- ``flexmig_hook.boundedjson.JsonBoundsError``, a ``ValueError``, for the same reason: the bounded JSON reader lives
+  in the hook so that acknowledgements are read with it on both sides; each reader converts it at its border.
 - ``flexmig.act.steps.StepFailed`` and ``Refused``: the step runner's control flow within one action (the Slurm
   re-registration's steps raise them too); the executor records them as the action's outcome, so they never reach
   a caller outside the action.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 __all__ = [
     "BackgroundTaskError",
+    "BrokerAclError",
     "CommandRefusedError",
     "ConfigError",
     "ControlError",
@@ -47,12 +50,14 @@ __all__ = [
     "OutboxError",
     "PlanRejectedError",
     "RequestError",
+    "RequestExpiredError",
     "SimError",
     "SlurmError",
     "StateInUseError",
     "StorageError",
     "TraceError",
     "UnsafePathError",
+    "UserPathError",
 ]
 
 
@@ -139,6 +144,11 @@ class JournalError(StorageError):
     the journal (and the row and field)."""
 
 
+class UserPathError(FlexmigError):
+    """A path a job's user can change is not what it must be (a symlink on the way, not a directory, outside its
+    root): raised by :mod:`flexmig.act.userpaths`; the message names the path and why, and nothing was changed."""
+
+
 class UnsafePathError(FlexmigError):
     """A directory on the way to a file can be changed by someone the daemon does not trust (or a symlink loops).
 
@@ -174,12 +184,21 @@ class RequestError(FlexmigError, ValueError):
     """A control request is malformed (not JSON, unknown operation, bad argument)."""
 
 
+class RequestExpiredError(FlexmigError):
+    """A control request could not begin within its client's deadline; it was dropped and nothing was done."""
+
+
 class ControlError(FlexmigError):
     """The daemon refused or failed a request; the message is the daemon's."""
 
 
 class ControlRequestError(ControlError, ValueError):
     """The daemon found the request itself bad (a job spec, an argument)."""
+
+
+class BrokerAclError(ConfigError):
+    """The MQTT broker lets someone other than an operator publish commands to this node (an anonymous client, or
+    the node's own account where no ACL applies): commands stay off; the message says who could publish where."""
 
 
 class CommandRefusedError(FlexmigError, ValueError):

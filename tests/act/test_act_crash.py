@@ -19,7 +19,6 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from flexmig.act.client import ControlClient, ControlError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 from support.jobs import kill_ranks
+from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,16 +70,18 @@ class Node:
         log = (self.base / "service.log").open("ab")
         self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, cwd=self.base)
         log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"actuator exited {self.proc.returncode}: {self._tail()}")
-            try:
-                self.call("jobs.list")
-                return
-            except ControlError:
-                time.sleep(0.05)
-        raise AssertionError(f"actuator did not come up: {self._tail()}")
+        proc = self.proc
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"actuator exited {proc.returncode}: {self._tail()}")
+            self.call("jobs.list")
+            return True
+
+        try:
+            wait_until(serving, 30, "the actuator's control socket", not_yet=(ControlError,))
+        except AssertionError:
+            raise AssertionError(f"actuator did not come up: {self._tail()}") from None
 
     def _tail(self) -> str:
         return (self.base / "service.log").read_text()[-3000:]
@@ -114,15 +116,20 @@ class Node:
 
     def wait_steps(self, past: int = 5, timeout_s: float = 30) -> dict[str, Any]:
         """Wait until the record's generation has started and run ``past`` steps; return its start event."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def progressed() -> dict[str, Any] | None:
             rec = self.record()
             log = self.log()
             idx = [i for i, e in enumerate(log) if e["event"] == "start" and e["generation"] == str(rec.generation)]
             if idx and any(e["event"] == "step" and e["step"] >= log[idx[-1]]["step"] + past for e in log[idx[-1] :]):
                 return log[idx[-1]]
-            time.sleep(0.05)
-        raise AssertionError(f"job made no progress: {self.log()[-5:]} {self._tail()}")
+            return None
+
+        try:
+            start: dict[str, Any] = wait_until(progressed, timeout_s, f"{past} steps of the job's generation")
+            return start
+        except AssertionError:
+            raise AssertionError(f"job made no progress: {self.log()[-5:]} {self._tail()}") from None
 
     def layout(self) -> str:
         """The simulated driver's layout of GPU 0, read from a copy of its state file."""

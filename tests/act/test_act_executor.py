@@ -15,7 +15,6 @@ import shutil
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from flexmig.mig import H200
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import DestroyInstance, Instance, MigrateJob, Plan
 from support.jobs import kill_ranks
+from support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -151,15 +151,6 @@ class Rig:
             return []
         return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
-    async def until(self, pred: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = pred()
-            if got:
-                return got
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"condition not met within {timeout_s} s")
-
     async def stepped(self, name: str = "counter", past: int = 10) -> dict[str, Any]:
         """Wait until the job's current generation has started and run ``past`` steps; returns its start event."""
 
@@ -173,7 +164,7 @@ class Rig:
             later = log[starts[-1] :]
             return start if any(e["event"] == "step" and e["step"] >= start["step"] + past for e in later) else None
 
-        got: dict[str, Any] = await self.until(ok)
+        got: dict[str, Any] = await until(ok, what=f"job {name}'s new generation {past} steps in")
         return got
 
     def layout(self, gpu: int = 0) -> str:
@@ -349,14 +340,14 @@ def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_i
             spec = rig.job(name="short", ranks=2)
             spec.write_text(spec.read_text().replace('"--log-every"', '"--steps", "20", "--log-every"'))
             await rig.call("jobs.submit", path=str(spec))
-            rec = await rig.until(lambda: (r := rig.record("short")).state != "running" and r)
+            rec = await until(lambda: (r := rig.record("short")).state != "running" and r, what="job short ended")
             assert rec.state == "done" and rec.error is None
             assert [e["event"] for e in rig.log("short")][-1] == "done"
 
             await rig.call("jobs.submit", path=str(rig.job(name="bad", script=hang)))
-            rec = await rig.until(lambda: (r := rig.record("bad")).state != "running" and r)
+            rec = await until(lambda: (r := rig.record("bad")).state != "running" and r, what="job bad ended")
             assert rec.state == "failed" and rec.error == "rank 1 exited with status 7"
-            await rig.until(lambda: not rig.act.supervisor.alive("bad"))
+            await until(lambda: not rig.act.supervisor.alive("bad"), what="job bad's ranks gone")
             assert "job_failed" in rig.kinds()
 
     run(scenario())
@@ -384,7 +375,7 @@ def test_observe_and_advise_never_act(base: Path, mode: str) -> None:
 def test_an_instance_running_a_process_of_no_registered_job_is_never_destroyed(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
-            foreign = rig.node.start_process(rig.node.mig_uuids(0)[1])
+            foreign = rig.node.start_process(rig.node.gpu(0).mig_uuid_at(1))
             res = await rig.act.execute(Plan((DestroyInstance(0, 1, P1G, "defragment", 1.0),)))
             assert not res.ok and "no registered job" in (res.results[0].error or "")
             assert rig.layout() == "1g.18gb@0+1g.18gb@1"
@@ -550,9 +541,9 @@ def test_a_rank_that_was_not_listening_when_asked_is_asked_again_until_it_exits(
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
             await rig.call("jobs.submit", path=str(rig.job(script=_script(base, "late.py", LATE_RANK))))
             ckpt = base / "counter.ckpt"
-            await rig.until((ckpt / "ready-0").exists)
+            await until((ckpt / "ready-0").exists, what="rank 0 of the standby generation ready")
             moving = asyncio.create_task(rig.call("jobs.migrate", name="counter"))
-            await rig.until((ckpt / "rank0-gen1.json").exists)  # rank 0 acknowledged and exits
+            await until((ckpt / "rank0-gen1.json").exists, what="rank 0's acknowledgement")  # then it exits
             assert not (ckpt / "ready-1").exists(), "rank 1 was not listening when the request came"
             (ckpt / "release").touch()
             res = await moving
@@ -570,7 +561,7 @@ def test_a_job_that_crashes_while_checkpointing_is_marked_failed_and_its_ranks_s
         async with Rig(base, "h200:1g.18gb@0+1g.18gb@1") as rig:
             await rig.call("jobs.submit", path=str(rig.job(script=_script(base, "crash.py", CRASH_ON_CHECKPOINT))))
             ckpt = base / "counter.ckpt"
-            await rig.until(lambda: (ckpt / "ready-0").exists() and (ckpt / "ready-1").exists())
+            await until(lambda: (ckpt / "ready-0").exists() and (ckpt / "ready-1").exists(), what="both standby ranks")
             res = await rig.call("jobs.migrate", name="counter")
             migrate = next(a for a in res["actions"] if a["kind"] == "migrate")
             assert migrate["outcome"] == "failed"
@@ -590,12 +581,14 @@ def test_a_late_acknowledgement_after_a_cancelled_move_resumes_the_job_in_place(
             spec = rig.job(script=_script(base, "slow.py", SLOW_ACK), ranks=1, ack_timeout_s=0.3)
             await rig.call("jobs.submit", path=str(spec))
             starts = base / "counter.ckpt" / "starts.log"
-            await rig.until(starts.exists)  # written once the hook is installed
+            await until(starts.exists, what="the starts file")  # written once the hook is installed
             res = await rig.call("jobs.migrate", name="counter")
             assert next(a for a in res["actions"] if a["kind"] == "migrate")["outcome"] == "cancelled"
-            lines = await rig.until(lambda: len(starts.read_text().splitlines()) >= 2 and starts.read_text())
+            lines = await until(
+                lambda: len(starts.read_text().splitlines()) >= 2 and starts.read_text(), what="a second start"
+            )
             second = json.loads(lines.splitlines()[1])
-            rec = await rig.until(lambda: (r := rig.record()).generation == 2 and r)
+            rec = await until(lambda: (r := rig.record()).generation == 2 and r, what="generation 2 in the journal")
             assert second["resume"] == rec.last_ack.checkpoint and second["step"] == rec.last_ack.step + 1
             assert rec.state == "running" and [s.key for s in rec.slots] == [(0, 0)]
 

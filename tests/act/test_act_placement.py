@@ -9,7 +9,7 @@ import pytest
 
 from flexmig.act.journal import Journal, JournalError, StepEvent
 from flexmig.act.nodeview import NodeView
-from flexmig.act.placement import choose_targets, move_plan, start_plan
+from flexmig.act.placement import choose_targets, make_room, move_plan, start_plan
 from flexmig.act.planview import pending_requests, running_jobs
 from flexmig.act.records import JobRecord, Slot
 from flexmig.errors import PlanRejectedError
@@ -21,15 +21,15 @@ from flexmig.plan.types import CreateInstance, DestroyInstance, MigrateJob, Plan
 SETTINGS = PlannerSettings()
 
 
-def view(*instances: tuple[str, int, tuple[int, ...]], lost: bool = False) -> NodeView:
-    """GPU 0, an H200, with (profile, start, pids) instances."""
+def view(*instances: tuple[str, int, tuple[int, ...] | None], lost: bool = False) -> NodeView:
+    """GPU 0, an H200, with (profile, start, pids) instances (pids None: NVML does not list them)."""
     gis, devs = [], []
     for n, (name, start, pids) in enumerate(instances):
         p = H200.profile(name)
         gis.append(
             GpuInstanceInfo(id=n + 1, profile_id=p.profile_id, profile_name=name, start=start, size=p.memory_slices)
         )
-        procs = tuple(ProcessInfo(pid, None) for pid in pids)
+        procs = None if pids is None else tuple(ProcessInfo(pid, None) for pid in pids)
         devs.append(MigDeviceInfo(n, f"MIG-{n}", n + 1, 0, None, None, procs))
     gpu = GpuInfo(0, "GPU-0", H200.name, None, True, True, tuple(gis), tuple(devs), lost=lost)
     return NodeView.of(Inventory("570", "12", (gpu,)))
@@ -100,6 +100,50 @@ def test_a_start_plan_creates_only_what_is_missing() -> None:
     assert not any(isinstance(a, DestroyInstance) for a in plan.actions)
 
 
+# ------------------------------------------------------------------------------------------- make room
+FULL = (("1g.18gb", 0, (1,)), ("1g.18gb", 1, (2,)), ("1g.18gb", 2, (3,)), ("1g.18gb", 3, (4,)))
+HELD = {(0, 1): "a", (0, 2): "b", (0, 3): "c"}
+OWN = [Slot(0, 0, "1g.18gb")]
+
+
+def test_making_room_destroys_an_idle_instance_in_the_way_first() -> None:
+    v = view(*FULL, ("3g.71gb", 4, ()))
+    with pytest.raises(PlanRejectedError):
+        choose_targets(v, "2g.35gb", 1, held=HELD, own=OWN)
+    targets, clear = make_room(v, "2g.35gb", 1, SETTINGS, held=HELD, own=OWN)
+    assert keys(targets) == [(0, 4)] and clear == [Slot(0, 4, "3g.71gb")]
+    plan = move_plan(v, "j", OWN, targets, SETTINGS, resplit=False, reason="op", clear=clear)
+    kinds = [(type(a).__name__, getattr(a, "start", None)) for a in plan.actions]
+    assert kinds == [("DestroyInstance", 4), ("CreateInstance", 4), ("MigrateJob", None), ("DestroyInstance", 0)]
+
+
+@pytest.mark.parametrize(
+    "big",
+    [("3g.71gb", 4, (4242,)), ("3g.71gb", 4, None)],
+    ids=["runs a process", "NVML lists no processes"],
+)
+def test_making_room_never_destroys_an_instance_that_may_run_something(
+    big: tuple[str, int, tuple[int, ...] | None],
+) -> None:
+    v = view(*FULL, big)
+    with pytest.raises(PlanRejectedError, match="even with every idle instance destroyed"):
+        make_room(v, "2g.35gb", 1, SETTINGS, held=HELD, own=OWN)
+
+
+def test_making_room_never_destroys_an_instance_a_job_holds() -> None:
+    v = view(*FULL, ("3g.71gb", 4, ()))
+    with pytest.raises(PlanRejectedError):
+        make_room(v, "2g.35gb", 1, SETTINGS, held={**HELD, (0, 4): "big"}, own=OWN)
+
+
+def test_a_start_plan_clears_the_way_before_it_creates() -> None:
+    v = view(("3g.71gb", 0, ()), ("3g.71gb", 4, (9,)))
+    targets, clear = make_room(v, "1g.18gb", 2, SETTINGS, held={})
+    plan = start_plan(v, "j", targets, SETTINGS, clear=clear)
+    assert [type(a) for a in plan.actions] == [DestroyInstance, CreateInstance, CreateInstance, StartJob]
+    assert all(t.gpu == 0 and t.start < 4 for t in targets)
+
+
 # ---------------------------------------------------------------------------------------------- journal
 def test_the_journal_is_sqlite_in_wal_mode_and_owner_only(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.sqlite3")
@@ -157,3 +201,22 @@ def test_job_records_become_the_planners_running_jobs_and_queue(tmp_path: Path) 
     queue = pending_requests([run, late, early], H200)
     assert [q.name for q in queue] == ["c", "b"]
     assert (queue[1].need.memory_mib, queue[0].need.compute_slices) == (20480, 2)
+
+
+def test_a_job_that_states_its_run_time_tells_the_planner_how_long_it_has_left(tmp_path: Path) -> None:
+    def spec(name: str, runtime: str) -> JobSpec:
+        text = f'name = "{name}"\nargv = ["/bin/true"]\nuser = "root"\nworking_dir = "{tmp_path}"\n'
+        text += f'checkpoint_dir = "c"\n{runtime}[need]\nprofile = "1g.18gb"\n'
+        return parse_job_spec(text, JobPolicy((tmp_path,), check_permissions=False))
+
+    timed = JobRecord("timed", "u1", spec("timed", "runtime_s = 80\n"), "running", 1, (Slot(0, 0, "1g.18gb"),))
+    vague = JobRecord("vague", "u2", spec("vague", ""), "running", 1, (Slot(0, 1, "1g.18gb"),))
+    waiting = JobRecord("next", "u3", spec("next", "runtime_s = 50\n"), "pending", submitted_s=1.0)
+    started = {"timed": 1000.0, "vague": 1000.0}
+    a, b = running_jobs([timed, vague, waiting], H200, started_s=started, now_s=1030.0)
+    assert (a.remaining_s, a.nominal.expected_runtime_s) == (50.0, 80.0)
+    assert (b.remaining_s, b.nominal.expected_runtime_s) == (None, None)  # unknown: the planner assumes a long wait
+    (late,) = running_jobs([timed], H200, started_s=started, now_s=1100.0)
+    assert late.remaining_s == 0.0  # overdue: it could end any moment
+    (queued,) = pending_requests([timed, vague, waiting], H200)
+    assert queued.expected_runtime_s == 50.0

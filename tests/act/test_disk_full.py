@@ -37,8 +37,9 @@ from flexmig.act.service import Actuator
 from flexmig.jobspec import JobPolicy
 from flexmig.nvml import Nvml, NvmlWorker
 from support.diskfull import Tmpfs
-from support.flexmigd import ActNode, act_node, short_base, wait_until
+from support.flexmigd import ActNode, act_node, short_base
 from support.jobs import counter_spec, kill_ranks, log_lines, write_spec
+from support.wait import until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.timeout(240)]
 
@@ -111,12 +112,6 @@ class Node:
     async def dispatch(self, op: str, **args: Any) -> dict[str, Any]:
         return await self.control.dispatch(json.dumps({"op": op, "args": args}).encode())
 
-    async def until(self, what: str, probe: Callable[[], object]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not probe():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            await asyncio.sleep(0.02)
-
 
 @contextlib.asynccontextmanager
 async def node_with_job(ranks: int = 1) -> AsyncIterator[Node]:
@@ -128,7 +123,7 @@ async def node_with_job(ranks: int = 1) -> AsyncIterator[Node]:
             spec = spec.replace('user = "root"', f'user = "{pwd.getpwuid(os.geteuid()).pw_name}"')
             answer = await node.dispatch("jobs.submit", path=str(write_spec(base / "train.toml", spec)))
             assert answer["ok"], answer
-            await node.until("the job's rank", lambda: len(node.act.supervisor.alive("train")) == 1)
+            await until(lambda: len(node.act.supervisor.alive("train")) == 1, what="the job's rank")
             if ranks != 1:
                 assert (await node.dispatch("jobs.resplit", name="train", ranks=ranks))["ok"]
             yield node
@@ -155,7 +150,7 @@ async def check_runs_once_at_its_checkpoint(node: Node) -> None:
     def started() -> list[dict[str, Any]]:
         return [e for e in log_lines(log) if e["event"] == "start" and e["generation"] == str(rec.generation)]
 
-    await node.until("the new generation's start", started)
+    await until(started, what="the new generation's start")
     (start,) = started()
     assert start["resume"] == rec.resume.checkpoint and start["step"] == rec.resume.step + 1, (start, rec.resume)
     gens = [e["generation"] for e in log_lines(log) if e["event"] == "start"]
@@ -178,7 +173,7 @@ async def move_with_full_disks(node: Node, op: str, args: dict[str, Any], offset
                 waiter.cancel()
                 break
             node.filled.clear()
-            await node.until("the action waiting for space", lambda: node.act.executor.durable.stalled is not None)
+            await until(lambda: node.act.executor.durable.stalled is not None, what="the action waiting for space")
             check_truthful(await node.dispatch("jobs.list"))
             node.fs.free()
     finally:
@@ -239,6 +234,37 @@ def test_a_full_disk_when_a_move_is_asked_refuses_it_at_once_and_changes_nothing
     asyncio.run(scenario())
 
 
+def test_a_job_exit_that_waits_for_space_never_makes_a_request_hang_behind_it() -> None:
+    """A rank dies while the disk is full: its job's record waits for space, outside the action lock, and a stop
+    asked meanwhile is refused at once, naming the journal, instead of hanging until space comes back (it hung 60 s:
+    the record waited while holding the lock)."""
+
+    async def scenario() -> None:
+        async with node_with_job() as node:
+            spec = counter_spec(node.base, "quitter", ranks=1)
+            spec = spec.replace('user = "root"', f'user = "{pwd.getpwuid(os.geteuid()).pw_name}"')
+            answer = await node.dispatch("jobs.submit", path=str(write_spec(node.base / "quitter.toml", spec)))
+            assert answer["ok"], answer
+            await until(lambda: len(node.act.supervisor.alive("quitter")) == 1, what="the quitter's rank")
+            (rank,) = node.act.supervisor.alive("quitter")
+            node.fs.fill()
+            os.kill(rank.proc.pid, 9)
+            await until(lambda: node.act.executor.durable.stalled is not None, what="its record waiting for space")
+            try:
+                answer = await asyncio.wait_for(node.dispatch("jobs.stop", name="train"), 10)
+            except TimeoutError:
+                raise AssertionError("jobs.stop hung behind a journal write waiting for space") from None
+            assert answer["ok"] is False and "cannot be written now" in answer["error"], answer
+            assert str(node.base / "state" / "journal.sqlite3") in answer["error"]
+            assert len(node.act.supervisor.alive("train")) == 1, "the other job runs on, untouched"
+            node.fs.free()
+            recorded = lambda: getattr(node.act.journal.get_job("quitter"), "state", None) == "failed"  # noqa: E731
+            await until(recorded, what="the quitter's fate recorded")
+            assert (await node.dispatch("jobs.stop", name="train"))["result"]["ok"], "and stops once space is back"
+
+    asyncio.run(scenario())
+
+
 # ------------------------------------------------------------------------------------------ the daemon, whole
 
 
@@ -248,7 +274,7 @@ def test_flexmigd_with_its_disk_full_mid_migration_waits_tells_and_finishes_the_
         client = ControlClient(node.sock, timeout_s=10)
         spec = write_spec(base / "train.toml", counter_spec(base, "train"))
         assert ControlClient(node.sock, timeout_s=60).call("jobs.submit", path=str(spec))["ok"]
-        wait_until("the job runs", lambda: jobs_of(client)["train"]["pids"])
+        wait_until(lambda: jobs_of(client)["train"]["pids"], what="the job runs")
         before = node.jobs()["train"]
         ack = base / "ckpt-train" / "flexmig-ack.json"
         moved: list[Any] = []
@@ -257,10 +283,10 @@ def test_flexmigd_with_its_disk_full_mid_migration_waits_tells_and_finishes_the_
             daemon=True,
         )
         mover.start()
-        wait_until("the acknowledgement", ack.exists, every_s=0.005)
+        wait_until(ack.exists, what="the acknowledgement", every_s=0.005)
         fs.fill()
         try:
-            waiting = wait_until("the move waiting for space", lambda: jobs_of(client)["train"].get("waiting"))
+            waiting = wait_until(lambda: jobs_of(client)["train"].get("waiting"), what="the move waiting for space")
             assert "database or disk is full" in waiting
             # Which write of the move meets the full disk depends on how far the move got after the acknowledgement
             # (the old rank's exit, or the new one's launch, may already be done): whichever it is, the job shows as
@@ -279,12 +305,16 @@ def test_flexmigd_with_its_disk_full_mid_migration_waits_tells_and_finishes_the_
             fs.free()
         mover.join(120)
         assert moved and moved[0]["ok"], moved
-        wait_until("the job runs again", lambda: jobs_of(client)["train"]["state"] == "running")
+        wait_until(lambda: jobs_of(client)["train"]["state"] == "running", what="the job runs again")
         after = node.jobs()["train"]
         assert after["generation"] == before["generation"] + 1 and after["resume"] is not None
-        wait_until("the new generation's start", lambda: len(starts_in(base / "train.log")) >= 2)
-        time.sleep(0.5)  # a second launch, were there one, would show by now
-        starts = starts_in(base / "train.log")
+        wait_until(lambda: len(starts_in(base / "train.log")) >= 2, what="the new generation's start")
+        # A second launch would be a second live rank now (the move launched its ranks before it answered).
+        live = PsutilScanner().find(job_uid(node.journal, "train"))
+        assert [(f.generation, f.slot) for f in live] == [(after["generation"], 0)], live
+        log = base / "train.log"
+        wait_until(lambda: log_lines(log)[-1]["event"] == "step", what="the new generation's first step")
+        starts = starts_in(log)
         assert [e["generation"] for e in starts] == ["1", "2"], "launched once after the move, not twice"
         assert starts[-1]["step"] == after["resume"]["step"] + 1, "from the acknowledged checkpoint"
         text = node.log.read_text()
@@ -408,7 +438,9 @@ class FillingNode:
                     mover.join(0.02)
                     continue
                 handled += 1
-                wait_until("the write waiting for space", lambda: self.node.metric("flexmig_journal_write_waiting"))
+                wait_until(
+                    lambda: self.node.metric("flexmig_journal_write_waiting"), what="the write waiting for space"
+                )
                 self.look(client)
                 self.fs.free()
         finally:
@@ -460,11 +492,11 @@ def job_uid(journal: Path, name: str) -> str:
 def check_moved_once_from_its_checkpoint(node: ActNode, generation: int, ranks: int) -> None:
     """After a move: the job runs at ``generation`` with ``ranks`` live ranks, launched once, from the acknowledged
     checkpoint, on exactly its instances."""
-    wait_until("the job runs again", lambda: node.jobs()["train"]["state"] == "running")
+    wait_until(lambda: node.jobs()["train"]["state"] == "running", what="the job runs again")
     job = node.jobs()["train"]
     assert job["generation"] == generation and job["ranks"] == ranks and job["resume"] is not None, job
     log = node.base / "train.log"
-    wait_until("the new generation's start", lambda: str(generation) in {e["generation"] for e in starts_in(log)})
+    wait_until(lambda: str(generation) in {e["generation"] for e in starts_in(log)}, what="the new generation's start")
     live = PsutilScanner().find(job_uid(node.journal, "train"))
     assert sorted((f.generation, f.slot) for f in live) == [(generation, i) for i in range(ranks)], live
     starts = [e for e in starts_in(log) if e["generation"] == str(generation)]
@@ -487,7 +519,7 @@ def test_flexmigd_with_its_disk_full_at_each_journal_write_of_a_migration_and_of
             node, log = rig.node.start(), base / "train.log"
             spec = write_spec(base / "train.toml", counter_spec(base, "train", max_ranks=2))
             assert ControlClient(node.sock, timeout_s=60).call("jobs.submit", path=str(spec))["ok"]
-            wait_until("the job runs", lambda: node.jobs()["train"]["state"] == "running" and starts_in(log))
+            wait_until(lambda: node.jobs()["train"]["state"] == "running" and starts_in(log), what="the job runs")
             hits: dict[str, list[str]] = {}
             moves: list[tuple[str, str, dict[str, Any], int]] = [
                 ("migrate", "jobs.migrate", {"name": "train"}, 1),

@@ -89,7 +89,7 @@ class KillNode(Node):
         was killed on the way (in its reconciliation)."""
         try:
             self.start(extra_env={"TEST_KILL_AFTER": str(after), "TEST_KILL_ARM": str(self.arm)})
-        except AssertionError:
+        except (AssertionError, RuntimeError):  # it did not come up, or it was seen to exit on the way
             if self.proc is not None and self.proc.poll() == -signal.SIGKILL:
                 return False
             raise

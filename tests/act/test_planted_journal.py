@@ -28,8 +28,9 @@ from flexmig.act.encoding import StartPayload, encode
 from flexmig.act.journal import Journal
 from flexmig.act.records import JobRecord, Slot
 from flexmig.jobspec.spec import JobPolicy, parse_job_spec
-from support.flexmigd import ActNode, short_base, wait_until
+from support.flexmigd import ActNode, short_base
 from support.jobs import kill_ranks
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -206,7 +207,7 @@ def test_a_journalled_job_the_current_policy_refuses_is_not_launched(base: Path,
         write_journal(node.journal, base, working=base / "outside")  # allowed when written, not under jobs/ now
     node.start()
     try:
-        jobs = wait_until("the journalled plan to finish", lambda: not node.unfinished_plans() and node.jobs())
+        jobs = wait_until(lambda: not node.unfinished_plans() and node.jobs(), what="the journalled plan to finish")
         job = jobs["evil"]
         assert job["state"] == "failed"
         assert f"{node.journal}: jobs row 'evil': spec: {field}:" in job["error"] and why in job["error"]

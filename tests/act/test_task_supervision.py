@@ -24,8 +24,9 @@ from flexmig.daemon import Daemon
 from flexmig.errors import BackgroundTaskError
 from flexmig.mqtt.events import EventFactory, EventKind
 from flexmig.tasks import spawn
+from flexmig.wiring.component import Loop, idle
 from support.daemon import LOOPBACK_ANY, scrape, values
-from support.mosquitto import free_port
+from support.wait import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -39,8 +40,29 @@ def daemon_with(name: str, loop: Callable[[], Awaitable[None]], *, restart: bool
     async def run() -> None:
         await loop()
 
-    daemon.add_loop(name, run, restart=restart)
+    daemon.add(Loop(name, run, restart=restart))
     return daemon
+
+
+class Hooks(Loop):
+    """A component whose start and close are the test's (its loop waits to be cancelled)."""
+
+    def __init__(
+        self,
+        name: str,
+        start: Callable[[], Awaitable[None]] | None = None,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(name, idle)
+        self._start, self._close = start, close
+
+    async def start(self) -> None:
+        if self._start is not None:
+            await self._start()
+
+    async def close(self) -> None:
+        if self._close is not None:
+            await self._close()
 
 
 async def run_until_stopped(daemon: Daemon, timeout_s: float = 60.0) -> None:
@@ -173,12 +195,12 @@ def test_a_loop_stopped_before_its_first_step_still_runs_its_finally() -> None:
     async def stop_at_once() -> None:
         stop.set()  # the last start hook: the loops are made after it, and cancelled at once
 
-    daemon.on_start(stop_at_once)
+    daemon.add(Hooks("stopper", start=stop_at_once))
     asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
     assert closed == ["holder"]
 
 
-def test_close_hooks_run_after_the_loops_in_reverse_order_whether_or_not_a_loop_ran() -> None:
+def test_components_close_after_the_loops_in_reverse_order_whether_or_not_a_loop_ran() -> None:
     order: list[str] = []
 
     async def loop() -> None:
@@ -194,19 +216,19 @@ def test_close_hooks_run_after_the_loops_in_reverse_order_whether_or_not_a_loop_
         return close
 
     daemon = daemon_with("loop", loop)
-    daemon.on_close(hook("first registered"))
-    daemon.on_close(hook("second registered"))
+    daemon.add(Hooks("first", close=hook("first in the list")))
+    daemon.add(Hooks("second", close=hook("second in the list")))
     stop = asyncio.Event()
 
     async def stop_at_once() -> None:
         stop.set()
 
-    daemon.on_start(stop_at_once)
+    daemon.add(Hooks("stopper", start=stop_at_once))
     asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
-    assert order == ["loop", "second registered", "first registered"]
+    assert order == ["loop", "second in the list", "first in the list"]
 
 
-def test_close_hooks_run_when_start_up_fails_and_a_failing_one_does_not_stop_the_rest(
+def test_components_close_when_start_up_fails_and_a_failing_one_does_not_stop_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     closed: list[str] = []
@@ -224,13 +246,12 @@ def test_close_hooks_run_when_start_up_fails_and_a_failing_one_does_not_stop_the
         raise RuntimeError("close bug")
 
     daemon = daemon_with("never", never)
-    daemon.on_start(broken_start)
-    daemon.on_close(close_ok)
-    daemon.on_close(close_broken)
+    daemon.add(Hooks("ok", close=close_ok))
+    daemon.add(Hooks("broken", start=broken_start, close=close_broken))
     with caplog.at_level(logging.INFO), pytest.raises(OSError, match="No space left"):
         asyncio.run(asyncio.wait_for(daemon.run(asyncio.Event()), 60))
     assert closed == ["ok"]
-    assert "close hook" in caplog.text and "close bug" in caplog.text
+    assert "close of component 'broken' failed" in caplog.text and "close bug" in caplog.text
 
 
 def test_the_actuator_stopped_right_after_start_up_closes_its_journal_and_removes_its_private_directory(
@@ -240,14 +261,14 @@ def test_the_actuator_stopped_right_after_start_up_closes_its_journal_and_remove
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where a simulated daemon makes its private directory
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     daemon = Daemon(
-        Config(sampling=SamplingConfig(interval_s=0.05)), sim_spec="h200", sim_workload=False, metrics_addr=None
-    )
+        Config(sampling=SamplingConfig(interval_s=0.05)), sim_spec="h200", sim_workload=False, metrics_addr=LOOPBACK_ANY
+    )  # a free port: the default one may be another test's or another daemon's on this machine
     stop = asyncio.Event()
 
     async def stop_at_once() -> None:
         stop.set()
 
-    daemon.on_start(stop_at_once)  # after the actuator's own start hook: its socket and journal are open
+    daemon.add(Hooks("stopper", start=stop_at_once))  # after the actuator's start: its socket and journal are open
     asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
     paths = daemon.components.actuator.paths
     assert paths is not None and paths.private is not None and paths.private.parent == tmp_path

@@ -20,9 +20,10 @@ import psutil
 import pytest
 
 from flexmig.act.procs import PsutilScanner
-from support.flexmigd import act_node, collect_events, open_session, short_base, wait_until
+from support.flexmigd import act_node, collect_events, open_session, short_base
 from support.jobs import counter_spec, flexmig, job_uid, write_spec
 from support.mosquitto import Mosquitto, needs_mosquitto
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto]
 
@@ -44,7 +45,7 @@ def test_ranks_no_journal_knows_are_refused_for_an_empty_journal_and_reported_wi
         flexmig(node.sock, "submit", str(write_spec(base / "c.toml", counter_spec(base, "c"))))
         uid = job_uid(node.journal, "c")
         assert uid is not None
-        (rank,) = wait_until("the rank", lambda: PsutilScanner().find(uid))
+        (rank,) = wait_until(lambda: PsutilScanner().find(uid), what="the rank")
         assert node.stop() == 0
         assert psutil.pid_exists(rank.pid), "ranks outlive their daemon"
 

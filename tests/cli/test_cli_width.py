@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from support.flexmigd import ActNode, act_node, short_base, wait_until
+from support.flexmigd import ActNode, act_node, short_base
 from support.jobs import counter_spec, flexmig, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -69,7 +70,7 @@ def test_status_fits_80_columns_with_jobs_of_long_names_and_every_instance() -> 
     with short_base() as base, act_node(base, "h200") as node:
         for name in ("short", long_name):
             flexmig(node.sock, "submit", str(write_spec(base / f"{name}.toml", counter_spec(base, name))))
-        wait_until("both jobs in a sweep", lambda: _jobs_sampled(node) == 2)
+        wait_until(lambda: _jobs_sampled(node) == 2, what="both jobs in a sweep")
         text = cli("status", "--socket", str(node.sock))
         doc = json.loads(cli("status", "--socket", str(node.sock), "--json"))
         for name in ("short", long_name):
@@ -125,16 +126,21 @@ def read_for(fd: int, seconds: float) -> bytes:
     return out
 
 
-def test_status_watch_is_a_live_view_that_fits_an_80_column_terminal_and_ends_on_ctrl_c() -> None:
+def test_status_watch_is_a_live_view_on_the_alternate_screen_that_fits_80x24_and_ends_on_ctrl_c() -> None:
     argv = [sys.executable, "-m", "flexmig.cli.main", "status", "--sim", SPEC, "--watch", "0.5"]
-    with in_a_terminal(argv, WIDTH) as (proc, fd):
+    with in_a_terminal(argv, WIDTH, rows=24) as (proc, fd):
         shown = read_for(fd, 8.0)
         proc.send_signal(signal.SIGINT)
         shown += read_for(fd, 3.0)
         assert proc.wait(20) == 0
-    text = _ANSI.sub("", shown.decode(errors="replace"))
-    frames = text.count("Ctrl-C to quit")
-    assert frames >= 2, f"refreshed in place: {frames} frame(s)\n{text}"
-    long = [seg for seg in text.replace("\r", "\n").split("\n") if len(seg) > WIDTH]
-    assert not long, long
-    assert "GPU 1: NVIDIA H200" in text and "MIG-" in text
+    raw = shown.decode(errors="replace")
+    # The alternate screen, as nvitop and htop use: each refresh replaces the view, none reaches the scrollback, and
+    # the terminal is given back as it was.
+    assert raw.startswith("\x1b[?1049h") and raw.rstrip().endswith("\x1b[?1049l"), repr(raw[:40] + raw[-40:])
+    frames = [_ANSI.sub("", f) for f in raw.split("\x1b[H") if "Ctrl-C to quit" in f]
+    assert len(frames) >= 2, f"refreshed in place: {len(frames)} frame(s)"
+    for frame in frames:
+        rows = frame.rstrip().split("\r\n")
+        assert len(rows) <= 24, f"{len(rows)} rows:\n" + "\n".join(rows)
+        assert all(len(r.rstrip()) <= WIDTH for r in rows), rows
+        assert "source sim:" in rows[0] and "GPU 0: NVIDIA H200" in frame and "GPU 1: NVIDIA H200" in frame

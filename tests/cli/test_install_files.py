@@ -4,6 +4,8 @@ alert rules, schemas and the LICENSE, and ``flexmig install-files`` putting them
 The wheels are built from a copy of the checkout and installed into a fresh virtual environment (their
 dependencies at the versions of this environment); that environment's ``flexmig install-files`` writes into a
 temporary prefix, and ``systemd-analyze`` verifies and scores the installed unit, with and without the drop-in.
+An image (``--root``) is written under its root with files that name each other as the image will see them, and the
+TaskProlog that ``flexmig slurm conf`` names is installed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from flexmig.cli.install_cmd import plan_install, render_unit
 from flexmig.cli.main import main as cli_main
 from flexmig.cli.shipped_files import SHIPPED, shipped_files, shipped_root
-from flexmig.config import render_toml
+from flexmig.config import parse_config, render_toml
 from flexmig.errors import FlexmigError
 from support.prometheus import PROMTOOL
 from support.systemd import exposure, verify
@@ -154,10 +156,12 @@ def test_the_wheel_carries_the_operators_files_and_the_license(wheels: dict[str,
     with zipfile.ZipFile(wheels["flexmig-hook"]) as z:
         hook_names = set(z.namelist())
         hook_meta = email.parser.Parser().parsestr(z.read("flexmig_hook-0.1.0.dist-info/METADATA").decode())
+    sources = ROOT / "hook" / "src" / "flexmig_hook"
     assert {n for n in hook_names if not n.startswith("flexmig_hook-0.1.0.dist-info/")} == {
-        f"flexmig_hook/{m}" for m in ("__init__.py", "atomic.py", "protocol.py", "torch.py", "py.typed")
+        f"flexmig_hook/{p.name}" for p in (*sources.glob("*.py"), sources / "py.typed")
     }
-    assert hook_meta.get_all("Requires-Dist") is None
+    # A training environment installs the hook alone: its frameworks come only with the extras that name them.
+    assert all("extra ==" in r for r in hook_meta.get_all("Requires-Dist") or []), hook_meta.get_all("Requires-Dist")
     assert not names & hook_names, "the two distributions share no file"
 
 
@@ -179,7 +183,7 @@ def test_install_files_from_the_wheel_gives_a_unit_that_verifies_in_both_modes(i
     assert not prefix.exists()
     done = run(flexmig, "install-files", "--prefix", prefix)
     assert done.returncode == 0, done.stderr
-    assert "19 file(s) written" in done.stdout, done.stdout
+    assert "20 file(s) written" in done.stdout, done.stdout
 
     config = prefix / "etc/flexmig/flexmig.toml"
     unit = prefix / "etc/systemd/system/flexmigd.service"
@@ -218,3 +222,49 @@ def test_install_files_from_the_wheel_gives_a_unit_that_verifies_in_both_modes(i
     assert observe <= 2.5
 
 
+
+
+def _written(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_an_image_is_written_under_its_root_and_its_files_name_each_other_as_the_image_will_see_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = tmp_path / "srv" / "image"
+    assert cli_main(["install-files", "--root", str(image), "--flexmigd", str(FLEXMIGD)]) == 0
+    assert "next:" in capsys.readouterr().out
+    files = _written(image)
+    assert not [name for name, data in files.items() if str(tmp_path).encode() in data]  # no build path leaks in
+    unit = files["etc/systemd/system/flexmigd.service"].decode()
+    assert f"ExecStart={FLEXMIGD} --config /etc/flexmig/flexmig.toml\n" in unit
+    grafana = files["usr/share/flexmig/dashboards/provisioning/dashboards/flexmig.yaml"].decode()
+    assert "      path: /usr/share/flexmig/dashboards\n" in grafana
+    prometheus = files["usr/share/flexmig/dashboards/provisioning/prometheus/prometheus.yml"].decode()
+    assert "  - /usr/share/flexmig/dashboards/rules/flexmig.rules.yml\n" in prometheus
+    assert (image / "etc/flexmig/jobs").is_dir()
+
+
+def test_root_and_prefix_combine_as_destdir_and_prefix_do(tmp_path: Path) -> None:
+    root, prefix = tmp_path / "build", Path("/opt/flexmig")
+    items = plan_install(prefix, FLEXMIGD, root=root)
+    assert all(i.dest.is_relative_to(root / "opt/flexmig") for i in items)
+    unit = next(i for i in items if i.dest.name == "flexmigd.service").content.decode()
+    assert f"ExecStart={FLEXMIGD} --config /opt/flexmig/etc/flexmig/flexmig.toml\n" in unit
+    assert not [i.dest for i in items if str(root).encode() in i.content]
+    with pytest.raises(FlexmigError, match="must be absolute"):
+        plan_install(Path("opt"), FLEXMIGD, root=root)
+
+
+def test_the_taskprolog_slurm_conf_names_is_installed_executable_and_reads_the_daemons_gres_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["slurm", "conf"]) == 0
+    (named,) = [line.removeprefix("TaskProlog=") for line in capsys.readouterr().out.splitlines()
+                if line.startswith("TaskProlog=")]  # fmt: skip
+    assert cli_main(["install-files", "--root", str(tmp_path), "--flexmigd", str(FLEXMIGD)]) == 0
+    prolog = tmp_path / named.lstrip("/")
+    assert prolog.is_file() and prolog.stat().st_mode & 0o777 == 0o755
+    text = prolog.read_text()
+    assert text.startswith("#!/usr/bin/python3 -I\n")
+    assert f'MAP_PATH = "{parse_config("").slurm.gres_map}"' in text  # where flexmigd writes it by default

@@ -24,12 +24,18 @@ def test_json_lists_every_gpu_instance_and_mig_device(capsys: CaptureFixture[str
     assert data["driver_version"] == "570.124.06"
     assert [g["name"] for g in data["gpus"]] == ["NVIDIA A100-SXM4-40GB"] * 2
     gpu = data["gpus"][0]
-    assert [(gi["id"], gi["profile_name"], gi["start"], gi["size"]) for gi in gpu["gpu_instances"]] == [
-        (2, "3g.20gb", 4, 4),
-        (3, "2g.10gb", 0, 2),
-        (9, "1g.5gb", 2, 1),
+    assert sorted((gi["start"], gi["profile_name"], gi["size"]) for gi in gpu["gpu_instances"]) == [
+        (0, "2g.10gb", 2),
+        (2, "1g.5gb", 1),
+        (4, "3g.20gb", 4),
     ]
-    assert [d["memory_total_bytes"] >> 20 for d in gpu["mig_devices"]] == [19968, 9856, 4864]
+    ids = [gi["id"] for gi in gpu["gpu_instances"]]  # the driver's IDs, listed in ascending order
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    profile = {gi["id"]: gi["profile_name"] for gi in gpu["gpu_instances"]}
+    sizes = {"3g.20gb": 19968, "2g.10gb": 9856, "1g.5gb": 4864}
+    # MIG devices in GI-ID order (nvidia-smi's "MIG Dev" column), each with its instance's memory
+    assert [profile[d["gpu_instance_id"]] for d in gpu["mig_devices"]] == [profile[i] for i in ids]
+    assert all(d["memory_total_bytes"] >> 20 == sizes[profile[d["gpu_instance_id"]]] for d in gpu["mig_devices"])
     assert all(d["uuid"].startswith("MIG-") for d in gpu["mig_devices"])
     assert not installed()  # the CLI took its simulator away again
 

@@ -85,6 +85,12 @@ def test_no_resplit_means_no_spread_and_no_resplit(capsys: CaptureFixture[str], 
     assert figures["resplits"] == 0 and figures["spread_starts"] == 0
 
 
+# matplotlib builds its font list on first use in a process whose MPLCONFIGDIR holds none (a fresh home, as CI's),
+# and it runs fc-list to do it: a test that draws starts a process, whatever the machine's caches hold.
+draws = pytest.mark.integration
+
+
+@draws
 def test_plot_writes_a_png(capsys: CaptureFixture[str], trace: Path, tmp_path: Path) -> None:
     png = tmp_path / "timeline.png"
     status, out, _ = simulate(
@@ -94,6 +100,7 @@ def test_plot_writes_a_png(capsys: CaptureFixture[str], trace: Path, tmp_path: P
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@draws
 def test_plot_format_follows_the_suffix_svg_is_svg(capsys: CaptureFixture[str], trace: Path, tmp_path: Path) -> None:
     svg = tmp_path / "timeline.svg"
     status, _, _ = simulate(capsys, "--trace", str(trace), "--node", "h200x2", "--policy", "fluid", "--plot", str(svg))
@@ -221,5 +228,5 @@ def test_replay_charges_its_own_large_model_costs_unless_told_otherwise(
     status, out, _ = simulate(capsys, *base, "--costs", "daemon", "--checkpoint-s", "7", "--gain-margin", "0.5")
     assert status == 0
     got = json.loads(out)["planner_settings"]
-    assert (got["checkpoint_s"], got["restart_s"], got["reconfigure_s"]) == (7.0, 6.0, 5.0)
+    assert (got["checkpoint_s"], got["restart_s"], got["reconfigure_s"]) == (7.0, 5.0, 5.0)
     assert (got["settling_s"], got["gain_margin"]) == (300.0, 0.5)

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from flexmig.sim.workload import SyntheticWorkload
-from support.flexmigd import act_node, short_base, wait_until
+from support.flexmigd import act_node, short_base
 from support.jobs import counter_spec, flexmig, log_lines, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -58,8 +59,8 @@ def test_standdown_restores_what_it_may_stops_jobs_only_when_told_and_never_touc
             before = node.layout()
             spec = write_spec(base / "big.toml", counter_spec(base, "big", profile="3g.71gb"))
             assert "on gpu0:3g.71gb@0" in flexmig(node.sock, "submit", str(spec))
-            wait_until("big runs", lambda: len(log_lines(base / "big.log")) >= 3)
-            wait_until("the strangers' processes", lambda: _strangers(node.cli_json("status")) >= 4)
+            wait_until(lambda: len(log_lines(base / "big.log")) >= 3, what="big runs")
+            wait_until(lambda: _strangers(node.cli_json("status")) >= 4, what="the strangers' processes")
 
             dry = node.cli("standdown", "--dry-run", "--json")
             assert dry.returncode == 1, dry.stderr

@@ -275,7 +275,7 @@ def test_the_planner_table_maps_onto_planner_settings() -> None:
 
 def test_the_planner_cost_defaults_are_the_measured_ones() -> None:
     d = PlannerConfig()
-    assert (d.checkpoint_s, d.restart_s) == (3.0, 6.0)  # bench/migration.py and the torch example, see PlannerSettings
+    assert (d.checkpoint_s, d.restart_s) == (1.0, 5.0)  # bench/migration.py and the torch example, see PlannerSettings
 
 
 def test_a_daemon_without_a_planner_table_plans_with_the_planners_own_defaults() -> None:

@@ -30,9 +30,10 @@ from flexmig.act.procs import PsutilScanner
 from flexmig.act.records import JobRecord
 from flexmig.jobspec.spec import JobPolicy, load_job_spec
 from flexmig.mqtt.events import Event, EventKind
-from support.flexmigd import ActNode, act_node, collect_events, open_session, short_base, wait_until
+from support.flexmigd import ActNode, act_node, collect_events, open_session, short_base
 from support.jobs import Training, counter_spec, ddp_spec, flexmig, job_uid, log_lines, write_spec
 from support.mosquitto import MOSQUITTO, Mosquitto
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -71,7 +72,7 @@ def started_twice(path: Path) -> list[dict[str, Any]]:
         lines = log_lines(path)
         return lines if sum(e["event"] == "start" for e in lines) == 2 else []
 
-    return wait_until(f"a second start in {path.name}", probe)  # type: ignore[no-any-return]
+    return wait_until(probe, what=f"a second start in {path.name}")  # type: ignore[no-any-return]
 
 
 def instances_of(status: dict[str, object], gpu: int) -> set[tuple[int, str, str, str | None]]:
@@ -135,7 +136,7 @@ def test_ddp_job_under_flexmigd_migrates_and_resplits_exactly_with_action_metric
 
         out = flexmig(node.sock, "stop", "ddp")
         assert "stop ddp: completed" in out
-        wait_until("the stop counted", lambda: node.metric("flexmig_jobs", state="stopped") == 1)
+        wait_until(lambda: node.metric("flexmig_jobs", state="stopped") == 1, what="the stop counted")
 
     events = valid(collect_events(broker.port, "ddp-node", client_id="ddp-watcher"))
     moves = of_kind(events, EventKind.ACTION_COMPLETED, job="ddp")
@@ -160,13 +161,15 @@ def test_the_planner_moves_a_running_job_to_start_a_queued_one_that_did_not_fit(
     open_session(broker.port, "plan-node", "plan-watcher")
     with act_node(base, "h200", node_name="plan-node", broker=broker.address) as node:
         flexmig(node.sock, "submit", str(write_spec(base / "small.toml", counter_spec(base, "small"))))
-        wait_until("small runs", lambda: len(log_lines(base / "small.log")) >= 3)
+        wait_until(lambda: len(log_lines(base / "small.log")) >= 3, what="small runs")
         out = flexmig(
             node.sock, "submit", str(write_spec(base / "big.toml", counter_spec(base, "big", profile="4g.71gb")))
         )
         assert "queued: no room now" in out and "job big: pending" in out
 
-        jobs = wait_until("big started by the planner", lambda: (j := node.jobs())["big"]["state"] == "running" and j)
+        jobs = wait_until(
+            lambda: (j := node.jobs())["big"]["state"] == "running" and j, what="big started by the planner"
+        )
         assert [(i["gpu"], i["start"], i["profile"]) for i in jobs["big"]["instances"]] == [(0, 0, "4g.71gb")]
         small = [(i["gpu"], i["start"], i["profile"]) for i in jobs["small"]["instances"]]
         assert small != [(0, 0, "1g.18gb")] and jobs["small"]["state"] == "running"
@@ -212,7 +215,7 @@ def test_observe_never_plans_advise_publishes_the_plan_and_changes_nothing_and_a
     with act_node(base, "h200", mode="observe", node_name="modes-node", broker=broker.address) as node:
         # observe: a pending job, yet no planning round in three intervals
         sweeps = node.metric("flexmig_sweeps_total") or 0
-        wait_until("3 s of sweeps", lambda: (node.metric("flexmig_sweeps_total") or 0) >= sweeps + 3)
+        wait_until(lambda: (node.metric("flexmig_sweeps_total") or 0) >= sweeps + 3, what="3 s of sweeps")
         assert node.metric("flexmig_planner_runs_total") == 0
         assert node.metric("flexmig_planned_actions", action="start") == 0
         # ... though `flexmig plan` says what the planner would do, and changes nothing either
@@ -236,7 +239,7 @@ def test_observe_never_plans_advise_publishes_the_plan_and_changes_nothing_and_a
         assert plan["pending"] == [{"job": "queued", "ranks": 1, "need": "1g.18gb"}]
 
         node.hup("advise")
-        wait_until("3 advise rounds", lambda: (node.metric("flexmig_planner_runs_total") or 0) >= 3)
+        wait_until(lambda: (node.metric("flexmig_planner_runs_total") or 0) >= 3, what="3 advise rounds")
         assert node.metric("flexmig_planned_actions", action="start") == 1
         assert node.metric("flexmig_planned_actions", action="create_instance") == 1
         assert node.metric("flexmig_plan_cost_seconds") == 5.0  # reconfigure_s of the create
@@ -245,9 +248,11 @@ def test_observe_never_plans_advise_publishes_the_plan_and_changes_nothing_and_a
         assert node.metric("flexmig_actions_total", action="start", outcome="completed") == 0
 
         node.hup("act")
-        wait_until("the planner starts the queued job", lambda: node.jobs()["queued"]["state"] == "running")
+        wait_until(lambda: node.jobs()["queued"]["state"] == "running", what="the planner starts the queued job")
         assert node.layout() == {0: [(start, "1g.18gb")]}, "act ran the plan advise published"
-        wait_until("counted", lambda: node.metric("flexmig_actions_total", action="start", outcome="completed") == 1)
+        wait_until(
+            lambda: node.metric("flexmig_actions_total", action="start", outcome="completed") == 1, what="counted"
+        )
         flexmig(node.sock, "stop", "queued")
 
     events = valid(collect_events(broker.port, "modes-node", client_id="modes-watcher"))
@@ -274,14 +279,14 @@ def start_migration(node: ActNode, job: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "flexmig.cli.main", "jobs", "--socket", str(node.sock), "migrate", job],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    wait_until("the migration started", lambda: f"migrate job {job}" in node.log.read_text())
+    wait_until(lambda: f"migrate job {job}" in node.log.read_text(), what="the migration started")
     return cli
 
 
 def test_sigterm_during_a_migration_lets_it_finish_before_the_daemon_exits(base: Path) -> None:
     with act_node(base, "h200") as node:
         flexmig(node.sock, "submit", str(write_spec(base / "slow.toml", counter_spec(base, "slow", step_time=1.5))))
-        wait_until("slow runs", lambda: len(log_lines(base / "slow.log")) >= 2)
+        wait_until(lambda: len(log_lines(base / "slow.log")) >= 2, what="slow runs")
         cli = start_migration(node, "slow")
         assert node.stop() == 0
         cli.communicate(timeout=30)
@@ -296,7 +301,7 @@ def test_sigterm_during_a_migration_lets_it_finish_before_the_daemon_exits(base:
         assert node.layout() == {0: [new]}, "the move's old instance was destroyed before the daemon exited"
 
         node.start()  # the next start adopts the running rank (the control socket answers from before that)
-        wait_until("the running rank adopted", lambda: "adopted" in node.log.read_text())
+        wait_until(lambda: "adopted" in node.log.read_text(), what="the running rank adopted")
         status = node.cli_json("status")
         assert [(s, j) for s, _, _, j in instances_of(status, 0)] == [(new[0], "slow")]
         flexmig(node.sock, "stop", "slow")
@@ -307,7 +312,7 @@ def test_sigterm_past_the_grace_time_leaves_the_move_to_the_journal_and_the_next
 ) -> None:
     with act_node(base, "h200", grace_s=0.2) as node:
         flexmig(node.sock, "submit", str(write_spec(base / "slow.toml", counter_spec(base, "slow", step_time=3.0))))
-        wait_until("slow runs", lambda: len(log_lines(base / "slow.log")) >= 2)
+        wait_until(lambda: len(log_lines(base / "slow.log")) >= 2, what="slow runs")
         cli = start_migration(node, "slow")
         assert node.stop() == 0
         cli.communicate(timeout=30)
@@ -316,7 +321,7 @@ def test_sigterm_past_the_grace_time_leaves_the_move_to_the_journal_and_the_next
         assert node.unfinished_plans() != [], "the move is left to the journal"
 
         node.start()  # reconciliation finishes the move from its first step not done
-        wait_until("the move finished", lambda: node.unfinished_plans() == [])
+        wait_until(lambda: node.unfinished_plans() == [], what="the move finished")
         job = node.jobs()["slow"]
         assert job["state"] == "running" and job["generation"] == 2
         live = PsutilScanner().find(job_uid(node.journal, "slow") or "")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from support.prometheus import free_port, http_get
+from support.prometheus import http_get
+from support.wait import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

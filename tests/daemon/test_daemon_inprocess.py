@@ -196,11 +196,13 @@ def test_processes_memory_and_gpm_activity_follow_the_simulator() -> None:
 
 
 @pytest.mark.integration
-def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history() -> None:
+def test_an_instance_recreated_with_the_same_gi_id_starts_a_fresh_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEXMIG_SIM_IDS", "driver")  # a driver gives the same slices the same GI ID again
+
     async def scenario() -> None:
         async with running("h200x1:3g.71gb@0+3g.71gb@4") as daemon:
             node, nvml = node_of(daemon), nvml_of(daemon)
-            old_uuid = node.mig_uuids()[1]
+            old_uuid = node.gpu(0).mig_uuid_at(4)
             old_gi = node.gpu(0).mig_device(old_uuid)[0].id
             node.set_activity(old_uuid, sm=0.9)
 

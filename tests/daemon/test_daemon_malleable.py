@@ -19,9 +19,10 @@ import jsonschema
 import pytest
 
 from flexmig.mqtt.events import EventKind
-from support.flexmigd import act_node, collect_events, open_session, short_base, wait_until
+from support.flexmigd import act_node, collect_events, open_session, short_base
 from support.jobs import ROOT, Training, ddp_spec, flexmig, write_spec
 from support.mosquitto import MOSQUITTO, Mosquitto
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -87,8 +88,8 @@ def test_flexmigd_shrinks_a_malleable_ddp_job_for_a_queued_one_and_grows_it_back
         out = flexmig(node.sock, "submit", str(write_spec(base / "short.toml", short_job(base))))
         assert "queued: no room now" in out
         assert t.wait_for(2, 5)["world"] == 2
-        wait_until("the short job ran", lambda: node.jobs()["short"]["state"] in ("running", "done"))
-        wait_until("the short job is done", lambda: node.jobs()["short"]["state"] == "done", timeout_s=120)
+        wait_until(lambda: node.jobs()["short"]["state"] in ("running", "done"), what="the short job ran")
+        wait_until(lambda: node.jobs()["short"]["state"] == "done", 120, "the short job is done")
         grown = t.wait_for(3, 5)
         assert grown["world"] == 4
         t.check_resumed_exactly(torch, moves=2)

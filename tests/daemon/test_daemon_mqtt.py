@@ -32,8 +32,9 @@ from flexmig.mqtt.outbox import Outbox
 from flexmig.mqtt.subscriber import SubscriberSettings, follow_events
 from support.daemon import LOOPBACK_ANY, nvml_of, running, scrape, started, sweeps, values
 from support.flexmigd import sample, short_base
-from support.mosquitto import WAIT, Mosquitto, cancel, free_port, needs_mosquitto, until
+from support.mosquitto import WAIT, Mosquitto, cancel, needs_mosquitto
 from support.prometheus import http_get
+from support.wait import free_port, until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -49,6 +50,7 @@ import asyncio, logging, sys
 from pathlib import Path
 from flexmig.config import load_config
 from flexmig.daemon import Daemon, serve
+from flexmig.wiring.component import Loop
 
 path = Path(sys.argv[1])
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -62,7 +64,7 @@ async def churn():
         await daemon.worker.call(nvml.destroy_instance, 1, device.gpu_instance_id)
         await asyncio.sleep(0.3)
 
-daemon.add_loop("churn", churn)
+daemon.add(Loop("churn", churn))
 asyncio.run(serve(daemon))
 """
 
@@ -165,26 +167,26 @@ def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_si
                 sys.executable, "-c", CHURNING_DAEMON, str(config), SPEC, stderr=log, stdout=log, env=env
             )
         try:
-            await until(lambda: "online" in watcher.statuses, "the daemon to come online")
-            await until(lambda: len(watcher.events) >= 10, "10 events while the broker is up")
+            await until(lambda: "online" in watcher.statuses, what="the daemon to come online")
+            await until(lambda: len(watcher.events) >= 10, what="10 events while the broker is up")
 
             broker.stop()
             before = len(emitted_ids(churn_log))
-            await until(lambda: len(emitted_ids(churn_log)) >= before + 10, "10 events while the broker is down")
+            await until(lambda: len(emitted_ids(churn_log)) >= before + 10, what="10 events while the broker is down")
             assert len(Outbox(outbox)) >= 10  # they wait on disk
             broker.start()  # same port, same persistence: the watcher's session survives
 
             after = len(emitted_ids(churn_log))
-            await until(lambda: len(watcher.events) >= after + 5, "the backlog and new events after the restart")
+            await until(lambda: len(watcher.events) >= after + 5, what="the backlog and new events after the restart")
         finally:
             child.send_signal(signal.SIGKILL)
             await asyncio.wait_for(child.wait(), WAIT)
         statuses_at_kill = len(watcher.statuses)
-        await until(lambda: watcher.statuses[statuses_at_kill - 1 :][-1] == "offline", "the last will")
+        await until(lambda: watcher.statuses[statuses_at_kill - 1 :][-1] == "offline", what="the last will")
         killed_status = (await retained(broker.port, "flexmig/v1/node-1/status"))[0]
         churned = emitted_ids(churn_log)
         left = set(Outbox(outbox).ids())
-        await until(lambda: set(churned) <= set(watcher.ids()) | left, "every acknowledged event at the watcher")
+        await until(lambda: set(churned) <= set(watcher.ids()) | left, what="every acknowledged event at the watcher")
         left = set(Outbox(outbox).ids()) - set(watcher.ids())
 
         # The real flexmigd on the same outbox sends what the killed one had left, then emits its own.
@@ -194,17 +196,17 @@ def test_every_event_the_daemon_emits_arrives_once_through_a_broker_restart_a_si
                 stderr=log, stdout=log, env=env,
             )  # fmt: skip
         try:
-            await until(lambda: set(churned) <= set(watcher.ids()), "the killed daemon's leftovers")
+            await until(lambda: set(churned) <= set(watcher.ids()), what="the killed daemon's leftovers")
             await until(
                 lambda: "underuse_started" in {m.group(1) for m in EVENT_LINE.finditer(cli_log.read_text())},
-                "flexmigd's own underuse event (the idle 3g on GPU 0; the fragmentation ones come first)",
+                what="flexmigd's own underuse event (the idle 3g on GPU 0; the fragmentation ones come first)",
             )
-            await until(lambda: set(emitted_ids(cli_log)) <= set(watcher.ids()), "flexmigd's events")
+            await until(lambda: set(emitted_ids(cli_log)) <= set(watcher.ids()), what="flexmigd's events")
             state, state_retained = await retained(broker.port, "flexmig/v1/node-1/state")
         finally:
             cli.send_signal(signal.SIGTERM)
             rc = await asyncio.wait_for(cli.wait(), WAIT)
-        await until(lambda: watcher.statuses[-1] == "offline", "offline after SIGTERM")
+        await until(lambda: watcher.statuses[-1] == "offline", what="offline after SIGTERM")
         stopped_status = (await retained(broker.port, "flexmig/v1/node-1/status"))[0]
         await cancel(watcher.task)  # type: ignore[arg-type]
         return {
@@ -271,10 +273,12 @@ async def churn_and_watch_sampling(daemon: Daemon, changes: int = 4) -> tuple[fl
     assert daemon.components.mqtt is not None
     publisher = daemon.components.mqtt.publisher
     seen = publisher.stats().connect_failures_total
-    await until(lambda: publisher.stats().connect_failures_total > seen, "a failed connection attempt of the publisher")
+    await until(
+        lambda: publisher.stats().connect_failures_total > seen, what="a failed connection attempt of the publisher"
+    )
     before = values(await scrape(daemon), "flexmig_sweeps_total")[0]
     seen = publisher.stats().connect_failures_total
-    await until(lambda: publisher.stats().connect_failures_total > seen, "the publisher's next attempt")
+    await until(lambda: publisher.stats().connect_failures_total > seen, what="the publisher's next attempt")
     return before, values(await scrape(daemon), "flexmig_sweeps_total")[0]
 
 
@@ -371,18 +375,18 @@ def test_a_malformed_broker_address_at_start_keeps_sampling_and_every_event_unti
                 "--metrics-addr", f"127.0.0.1:{port}", stderr=out, stdout=out, env={**os.environ, "NOTIFY_SOCKET": ""},
             )  # fmt: skip
         try:
-            await until(lambda: len(emitted_ids(log)) >= 1, "an event while publishing is off")
+            await until(lambda: len(emitted_ids(log)) >= 1, what="an event while publishing is off")
             # The first sweep's events may come before the metrics server is up: wait for the daemon to say so.
-            await until(lambda: " up: " in log.read_text(), "flexmigd up, its metrics served")
+            await until(lambda: " up: " in log.read_text(), what="flexmigd up, its metrics served")
             sweeps_before = sweeps_total(port)
-            await until(lambda: sweeps_total(port) >= sweeps_before + 5, "sampling to go on")
+            await until(lambda: sweeps_total(port) >= sweeps_before + 5, what="sampling to go on")
             stored = Outbox(outbox).ids()
             before_fix = emitted_ids(log)
             assert watcher.events == [] and child.returncode is None
             write_config(config, broker.address, outbox)
             child.send_signal(signal.SIGHUP)
-            await until(lambda: set(before_fix) <= set(watcher.ids()), "the stored events after the fix")
-            await until(lambda: len(Outbox(outbox)) == 0, "the outbox to drain")
+            await until(lambda: set(before_fix) <= set(watcher.ids()), what="the stored events after the fix")
+            await until(lambda: len(Outbox(outbox)) == 0, what="the outbox to drain")
         finally:
             child.send_signal(signal.SIGTERM)
             rc = await asyncio.wait_for(child.wait(), WAIT)

@@ -24,13 +24,12 @@ from support.prometheus import (
     SPEC,
     api,
     flexmigd,
-    free_port,
     ground_truth,
     http_get,
     query,
-    wait_for,
 )
 from support.prometheus import prometheus as run_prometheus
+from support.wait import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -59,12 +58,13 @@ def prometheus(tmp_path: Path, daemon: tuple[subprocess.Popen[bytes], int]) -> I
 def test_prometheus_scrapes_a_series_per_mig_instance_matching_the_simulator(prometheus: int) -> None:
     truth = ground_truth(SPEC)
     assert len(truth) == 6
-    results = wait_for(
-        "one flexmig_mig_memory_total_bytes series per instance in Prometheus",
+    results = wait_until(
         lambda: (
             (r := query(prometheus, 'flexmig_mig_memory_total_bytes{job="flexmig"}')) and len(r) == len(truth) and r
         ),
         60,
+        "one flexmig_mig_memory_total_bytes series per instance in Prometheus",
+        every_s=0.2,
     )
     assert isinstance(results, list)
     seen = {}
@@ -87,7 +87,7 @@ def test_prometheus_scrapes_a_series_per_mig_instance_matching_the_simulator(pro
         got = query(prometheus, "count(flexmig_mig_sm_active_ratio)")
         return bool(got) and int(float(got[0]["value"][1])) == len(truth)
 
-    wait_for("a GPM activity series for every instance", all_active, 60)
+    wait_until(all_active, 60, "a GPM activity series for every instance", every_s=0.2)
     used = query(prometheus, "flexmig_mig_memory_used_bytes <= on(mig_uuid) flexmig_mig_memory_total_bytes")
     assert len(used) == len(truth)
 
@@ -97,7 +97,7 @@ def test_prometheus_scrapes_flexmigd_without_error_in_the_openmetrics_it_asks_fo
         targets = api(prometheus, "targets", state="active")["activeTargets"]
         return targets if targets and all(t["lastScrape"].startswith("2") for t in targets) else []
 
-    (target,) = wait_for("a scrape of flexmigd", scraped, 60)
+    (target,) = wait_until(scraped, 60, "a scrape of flexmigd", every_s=0.2)
     assert (target["health"], target["lastError"]) == ("up", "")
     # what Prometheus got is OpenMetrics (its Accept header asks for that first), and valid to prometheus_client too
     request = urllib.request.Request(target["scrapeUrl"], headers={"Accept": PROMETHEUS_ACCEPT})

@@ -4,32 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from flexmig import __version__
+from support.wait import free_port, wait_for_text
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_text(path: Path, text: str, timeout_s: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        content = path.read_text(errors="replace")
-        if text in content:
-            return content
-        time.sleep(0.1)
-    raise AssertionError(f"{text!r} not in {path.name} within {timeout_s} s:\n{path.read_text(errors='replace')}")
 
 
 def test_sighup_applies_a_good_file_and_refuses_a_bad_one(tmp_path: Path) -> None:
@@ -56,14 +41,14 @@ def test_sighup_applies_a_good_file_and_refuses_a_bad_one(tmp_path: Path) -> Non
             env={**os.environ, "NOTIFY_SOCKET": ""},
         )
         try:
-            wait_for_text(log_path, "flexmigd 0.1.0 up")
+            wait_for_text(log_path, f"flexmigd {__version__} up", proc=proc)
             config.write_text("[sampling]\ninterval_s = 0.5\n")
             proc.send_signal(signal.SIGHUP)
-            wait_for_text(log_path, "configuration reloaded: sampling.interval_s")
+            wait_for_text(log_path, "configuration reloaded: sampling.interval_s", proc=proc)
 
             config.write_text("[sampling]\ninterval_s = 'fast'\n")
             proc.send_signal(signal.SIGHUP)
-            text = wait_for_text(log_path, "configuration reload refused")
+            text = wait_for_text(log_path, "configuration reload refused", proc=proc)
             assert "sampling.interval_s" in text.split("configuration reload refused", 1)[1]
             assert proc.poll() is None
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from flexmig.wiring.simdirs import PID_FILE, PREFIX, make_private_dir, remove_stale_private_dirs
-from support.flexmigd import short_base, wait_until
+from support.flexmigd import short_base
+from support.wait import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -161,8 +162,8 @@ def test_flexmigd_removes_the_directory_a_sigkilled_simulated_daemon_left() -> N
             log = tmp / name
             with log.open("wb") as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-            wait_until(f"{name}: its private directory", lambda: private_dir_in(log))
-            wait_until(f"{name}: up", lambda: " up: 1 GPU(s)" in log.read_text())
+            wait_until(lambda: private_dir_in(log), what=f"{name}: its private directory")
+            wait_until(lambda: " up: 1 GPU(s)" in log.read_text(), what=f"{name}: up")
             return proc, private_dir_in(log)  # type: ignore[return-value]
 
         first, first_dir = start("first.log")

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from support.flexmigd import wait_until
-from support.mosquitto import free_port
+from support.wait import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -26,6 +25,7 @@ LEAKY_DAEMON = """
 import asyncio, logging, sys
 from pathlib import Path
 from flexmig import daemon as flexmigd
+from flexmig.wiring.component import Loop
 
 secret = Path(sys.argv[1]).read_text().strip()
 original = flexmigd.Daemon.__init__
@@ -43,7 +43,7 @@ def init(self, *args, **kwargs):
         logging.getLogger("careless").warning("done leaking")
         await asyncio.Event().wait()
 
-    self.add_loop("careless", careless_library)
+    self.add(Loop("careless", careless_library))
 
 flexmigd.Daemon.__init__ = init
 sys.exit(flexmigd.main(sys.argv[2:]))
@@ -71,7 +71,7 @@ def test_a_third_party_line_with_the_mqtt_password_is_redacted_in_flexmigds_log(
             env={**os.environ, "NOTIFY_SOCKET": ""},
         )
     try:
-        wait_until("the careless library's lines", lambda: "done leaking" in log.read_text())
+        wait_until(lambda: "done leaking" in log.read_text(), what="the careless library's lines")
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)

@@ -55,7 +55,8 @@ from support.dashboards import (
 from support.flexmigd import ActNode, JobCycler
 from support.jobs import kill_ranks
 from support.mosquitto import MOSQUITTO, Mosquitto
-from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, http_get, prometheus, query, wait_for
+from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, http_get, prometheus, query
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -236,17 +237,16 @@ def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             flexmig_targets = [f"127.0.0.1:{d.port}" for d in (daemon, daemon_2)] + [f"127.0.0.1:{act.port}"]
             jobs = {"flexmig": flexmig_targets, "dcgm-exporter": dcgm_targets}
             with prometheus(work, jobs, rule_files=[RULES]) as port:
-                wait_for(
-                    "all five targets up in Prometheus",
-                    lambda: len(query(port, "up == 1")) == 5,
-                    60,
+                wait_until(
+                    lambda: len(query(port, "up == 1")) == 5, 60, "all five targets up in Prometheus", every_s=0.2
                 )
                 # the families flexmigd declares once detection, MQTT and DCGM have all reported
                 for d, node in ((daemon, NODE), (daemon_2, NODE_2)):
-                    wait_for(
-                        f"{node}'s findings, MQTT and DCGM families",
+                    wait_until(
                         functools.partial(reported, d, node),
                         60,
+                        f"{node}'s findings, MQTT and DCGM families",
+                        every_s=0.2,
                     )
                 dcgm_text = dcgm_exposition(instances, NODE, time.monotonic())
                 yield Stack(
@@ -275,7 +275,7 @@ def acting_node(work: Path) -> Iterator[ActNode]:
     cycler = JobCycler(node)
     cycler.start()
     try:
-        wait_for("two rounds of actions", lambda: cycler.cycles >= 2, 60)
+        wait_until(lambda: cycler.cycles >= 2, 60, "two rounds of actions", every_s=0.2)
         yield node
     finally:
         cycler.stop()
@@ -293,10 +293,11 @@ def values(stack: Stack) -> dict[str, str]:
     for name in ("Hostname", "gpu", "GPU_I_ID", "mig_uuid"):
         (selector, label) = next((s, lab) for _, v, s, lab in variable_queries() if v == name)
         path, match = f"label/{label}/values", promql.substitute(selector, chosen)
-        found = wait_for(
-            f"values of ${name}",
+        found = wait_until(
             functools.partial(api, stack.prometheus, path, **{"match[]": match}),
             DATA_S,
+            f"values of ${name}",
+            every_s=0.2,
         )
         chosen[name] = sorted(found, key=lambda v: (len(v), v))[0]
     return chosen
@@ -319,9 +320,10 @@ def test_the_variables_list_the_simulated_node_its_gpus_and_instances(stack: Sta
     assert values["gpu"] == "0"
     match = f'flexmig_mig_memory_slices{{gpu="0", Hostname="{NODE}"}}'
     gis = api(stack.prometheus, "label/GPU_I_ID/values", **{"match[]": match})
-    assert sorted(gis, key=int) == ["1", "5", "13"]
-    assert values["GPU_I_ID"] == "1"
-    match = f'flexmig_mig_memory_slices{{gpu="0", GPU_I_ID="1", Hostname="{NODE}"}}'
+    ids = sorted((str(i.gi) for i in sim_instances(SPEC) if i.gpu == 0), key=int)  # the driver's choice
+    assert sorted(gis, key=int) == ids
+    assert values["GPU_I_ID"] == ids[0]
+    match = f'flexmig_mig_memory_slices{{gpu="0", GPU_I_ID="{ids[0]}", Hostname="{NODE}"}}'
     assert api(stack.prometheus, "label/mig_uuid/values", **{"match[]": match}) == [values["mig_uuid"]]
     assert values["mig_uuid"].startswith("MIG-")
 
@@ -340,7 +342,9 @@ def test_every_panel_query_returns_data(stack: Stack, values: dict[str, str], q:
     elif promql.metric_names(q.expr) & WHILE_FRAGMENTED:
         values = {**values, "Hostname": NODE_2}  # the demo layout is no fragmentation finding; NODE_2's GPUs are
     promql_text = promql.substitute(q.expr, values)
-    result = wait_for(f"data for {q.id}: {promql_text}", lambda: query(stack.prometheus, promql_text), DATA_S)
+    result = wait_until(
+        lambda: query(stack.prometheus, promql_text), DATA_S, f"data for {q.id}: {promql_text}", every_s=0.2
+    )
     # never NaN: a mean or quantile of an action that did not run in the window is a gap, not 0/0
     assert all(r["value"][1] not in ("NaN", "+Inf", "-Inf") for r in result), result
 
@@ -351,7 +355,7 @@ def test_the_alert_rules_evaluate_without_errors_on_the_live_node(stack: Stack) 
         rules = [r for g in groups for r in g["rules"]]
         return rules if rules and all(r.get("lastEvaluation", "").startswith("2") for r in rules) else []
 
-    rules = wait_for("every alert rule evaluated", evaluated, DATA_S)
+    rules = wait_until(evaluated, DATA_S, "every alert rule evaluated", every_s=0.2)
     bad = {r["name"]: r.get("lastError") for r in rules if r["health"] != "ok"}
     assert bad == {}
 
@@ -368,13 +372,14 @@ def test_the_fragmentation_alert_goes_pending_where_a_repack_pays_and_not_on_the
             for a in alerts
         }  # fmt: skip
 
+    idle_ids = {i.start: str(i.gi) for i in sim_instances(SPEC) if i.gpu == 0}  # the driver's IDs, by start
     want = {
         ("FlexmigGpuFragmented", NODE_2, "0", ""),
         ("FlexmigGpuFragmented", NODE_2, "1", ""),
-        ("FlexmigMigInstanceIdle", NODE, "0", "1"),
-        ("FlexmigMigInstanceIdle", NODE, "0", "13"),
+        ("FlexmigMigInstanceIdle", NODE, "0", idle_ids[0]),
+        ("FlexmigMigInstanceIdle", NODE, "0", idle_ids[6]),
     }
-    wait_for(f"pending alerts {sorted(want)}", lambda: want <= pending(), DATA_S)
+    wait_until(lambda: want <= pending(), DATA_S, f"pending alerts {sorted(want)}", every_s=0.2)
     recoverable = {
         r["metric"]["Hostname"]: float(r["value"][1])
         for r in query(
@@ -395,7 +400,7 @@ def test_every_scrape_of_flexmigd_is_healthy_and_negotiates_openmetrics(stack: S
         ours = [t for t in targets if t["labels"]["job"] == "flexmig"]
         return ours if len(ours) == 3 and all(t["lastScrape"].startswith("2") for t in ours) else []
 
-    targets = wait_for("three scraped flexmigd targets", scraped_twice, DATA_S)
+    targets = wait_until(scraped_twice, DATA_S, "three scraped flexmigd targets", every_s=0.2)
     assert {(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets} == {
         (t["scrapeUrl"], "up", "") for t in targets
     }
@@ -430,7 +435,9 @@ def test_the_documented_dcgm_joins_give_one_series_per_instance_of_both_nodes(st
         return result if len(result) == stack.instances else []
 
     for expr in joins:
-        result = wait_for(f"{stack.instances} joined series for {expr}", functools.partial(joined, expr), DATA_S)
+        result = wait_until(
+            functools.partial(joined, expr), DATA_S, f"{stack.instances} joined series for {expr}", every_s=0.2
+        )
         keys = {(r["metric"]["Hostname"], r["metric"]["gpu"], r["metric"]["GPU_I_ID"]) for r in result}
         assert len(keys) == stack.instances, expr
         assert {h for h, _, _ in keys} == {NODE, NODE_2}, expr
@@ -447,7 +454,7 @@ def test_a_join_on_gpu_and_gpu_instance_alone_fails_on_two_nodes(stack: Stack) -
             return str(json.loads(exc.read())["error"])
         return ""
 
-    error = wait_for("Prometheus refusing the naive join", refused, DATA_S)
+    error = wait_until(refused, DATA_S, "Prometheus refusing the naive join", every_s=0.2)
     assert "duplicate series" in error, error
 
 
@@ -458,5 +465,7 @@ def test_every_annotation_query_marks_what_happened_on_the_acting_node(
     if "failed|cancelled" in q.expr:
         pytest.skip("no action fails or is cancelled on the acting node; promtool parses this query")
     promql_text = promql.substitute(q.expr, {**values, "Hostname": ACT_NODE})
-    result = wait_for(f"data for {q.id}: {promql_text}", lambda: query(stack.prometheus, promql_text), DATA_S)
+    result = wait_until(
+        lambda: query(stack.prometheus, promql_text), DATA_S, f"data for {q.id}: {promql_text}", every_s=0.2
+    )
     assert all(float(r["value"][1]) > 0 for r in result), result

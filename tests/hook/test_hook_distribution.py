@@ -25,9 +25,10 @@ import flexmig.hook.protocol
 import flexmig_hook
 import flexmig_hook.atomic
 import flexmig_hook.protocol
-from support.flexmigd import act_node, short_base, wait_until
+from support.flexmigd import act_node, short_base
 from support.jobs import counter_spec, log_lines, write_spec
 from support.jobs import flexmig as jobs_cli
+from support.wait import wait_until
 from support.wheels import ROOT, build_wheel, fresh_venv, install_wheels, pip_into, source_copy
 
 DAEMON_DEPS = ("prometheus_client", "aiomqtt", "psutil", "pynvml", "rich", "flexmig")
@@ -99,14 +100,14 @@ def test_the_minimal_example_in_a_hook_only_venv_is_migrated_by_flexmigd_and_res
     with act_node(base, "h200") as node:
         spec = write_spec(base / "counter.toml", counter_spec(base, "counter", python=str(hook_env)))
         assert "job counter: running on" in jobs_cli(node.sock, "submit", str(spec))
-        wait_until("the first steps", lambda: sum(e["event"] == "step" for e in log_lines(log)) >= 3)
+        wait_until(lambda: sum(e["event"] == "step" for e in log_lines(log)) >= 3, what="the first steps")
         jobs_cli(node.sock, "migrate", "counter")
 
         def second_start() -> list[dict[str, Any]]:
             lines = log_lines(log)
             return lines if sum(e["event"] == "start" for e in lines) == 2 else []
 
-        lines: list[dict[str, Any]] = wait_until("a second start after the move", second_start)
+        lines: list[dict[str, Any]] = wait_until(second_start, what="a second start after the move")
         rank = psutil.Process([e for e in lines if e["event"] == "start"][-1]["pid"])
         assert rank.cmdline()[0] == str(hook_env), "the rank runs on the hook-only environment's python"
     (checkpoint,) = [e for e in lines if e["event"] == "checkpoint"]

@@ -79,6 +79,25 @@ def test_omitted_keys_take_their_defaults(tmp_path: Path, policy: JobPolicy) -> 
     assert spec.launcher == "plain" and spec.hook.signal == signal.SIGUSR1
     assert spec.hook.ack_timeout_s == 42, "the daemon's jobs.ack_timeout_s applies"
     assert spec.need.profile_on(H200).name == "2g.35gb"
+    assert spec.runtime_s is None, "a run time nobody stated is unknown"
+
+
+def with_runtime(value: str) -> str:
+    return GOOD.replace('launcher = "torchrun"\n', f'launcher = "torchrun"\nruntime_s = {value}\n')
+
+
+def test_a_stated_run_time_is_kept_and_survives_the_journal(tmp_path: Path, policy: JobPolicy) -> None:
+    spec = load_job_spec(write(tmp_path, with_runtime("5400")), policy)
+    assert spec.runtime_s == 5400.0
+    assert JobSpec.from_dict(spec.to_dict(), spec.source) == spec
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "4e7", '"1h"', "true"])
+def test_a_run_time_that_is_no_positive_number_of_seconds_within_a_year_is_refused(
+    tmp_path: Path, policy: JobPolicy, value: str
+) -> None:
+    with pytest.raises(JobSpecError, match=r"job\.toml:7: runtime_s: "):
+        load_job_spec(write(tmp_path, with_runtime(value)), policy)
 
 
 def test_memory_and_compute_pick_the_smallest_profile_that_holds_both(tmp_path: Path, policy: JobPolicy) -> None:

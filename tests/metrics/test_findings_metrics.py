@@ -21,6 +21,7 @@ from flexmig.mig import H200, Layout
 from flexmig.mqtt.publisher import PublisherStats
 from flexmig.telemetry.snapshot import SamplingStats, Snapshot
 from support.daemon import Series, by_label, exposition, nvml_of, parse, running, scrape, sim_node, sweeps, values
+from support.wait import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,14 +34,14 @@ def config(**detect: Any) -> Config:
 
 
 async def until_metric(daemon: Daemon, name: str, limit_s: float = 20.0, **match: str) -> Series:
-    """Scrape until ``name{match}`` has a sample equal to 1; returns the last scrape."""
-    deadline = asyncio.get_running_loop().time() + limit_s
-    while True:
+    """Scrape until ``name{match}`` has a sample equal to 1; returns that scrape."""
+
+    async def scraped() -> Series | None:
         series = await scrape(daemon)
-        if 1.0 in values(series, name, **match):
-            return series
-        assert asyncio.get_running_loop().time() < deadline, f"{name}{match} never became 1 within {limit_s} s"
-        await asyncio.sleep(0.05)
+        return series if 1.0 in values(series, name, **match) else None
+
+    series: Series = await until(scraped, limit_s, f"{name}{match} to become 1")
+    return series
 
 
 # ------------------------------------------------------------------------------------------ fragmentation

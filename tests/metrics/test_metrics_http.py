@@ -18,6 +18,7 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 
 from flexmig.errors import FlexmigError
 from flexmig.metrics.server import FD_RESERVE, MetricsServer, connection_cap
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -70,13 +71,6 @@ def closed_by_server(s: socket.socket, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def until(what: str, probe: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 def test_the_answer_is_prometheus_clients_own(server: MetricsServer, registry: CollectorRegistry) -> None:
     status, headers, body = get(server)
     assert status == 200 and body == generate_latest(registry)
@@ -121,7 +115,7 @@ def test_at_the_cap_the_oldest_half_open_connection_makes_room_for_a_scraper(reg
     with serving(registry, max_connections=8) as server:
         assert server.stats.limit == 8
         slow = [half_open(server) for _ in range(8)]
-        until("all eight held", lambda: server.stats.open == 8)
+        wait_until(lambda: server.stats.open == 8, what="all eight held", every_s=0.01)
         status, _, body = get(server)  # the ninth: a scraper, answered at once
         assert status == 200 and b"flexmig_test_things" in body
         assert closed_by_server(slow[0]), "the oldest half-open connection was evicted"
@@ -138,11 +132,11 @@ def test_at_the_cap_a_slow_head_is_evicted_before_a_connection_that_has_not_sent
     # clients it must not be the one pushed out (the slowloris test once lost a probe that way).
     with serving(registry, max_connections=4) as server:
         silent = socket.create_connection(("127.0.0.1", server.port or 0), timeout=5)
-        until("the silent one held", lambda: server.stats.open == 1)
+        wait_until(lambda: server.stats.open == 1, what="the silent one held", every_s=0.01)
         slow = [half_open(server), half_open(server)]
         assert get(server)[0] == 200  # read after both slow heads: the server has seen their first bytes
         slow.append(half_open(server))
-        until("four held", lambda: server.stats.open == 4)
+        wait_until(lambda: server.stats.open == 4, what="four held", every_s=0.01)
         assert get(server)[0] == 200  # the fifth, at the cap of four
         assert closed_by_server(slow[0]), "the oldest slow head was evicted"
         assert not closed_by_server(silent, 0.2), "the older connection that sent nothing yet is held"
@@ -174,7 +168,7 @@ def test_stop_closes_everything_and_may_be_called_twice(registry: CollectorRegis
     server = MetricsServer(registry, "127.0.0.1", 0)
     server.start()
     s = half_open(server)
-    until("the connection is held", lambda: server.stats.open == 1)
+    wait_until(lambda: server.stats.open == 1, what="the connection is held", every_s=0.01)
     server.stop()
     server.stop()
     assert closed_by_server(s)

@@ -27,8 +27,9 @@ import psutil
 import pytest
 
 from flexmig.act.client import ControlClient
-from support.flexmigd import act_node, sample, short_base, wait_until
+from support.flexmigd import act_node, sample, short_base
 from support.jobs import counter_spec, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.timeout(300)]
 
@@ -62,7 +63,7 @@ def test_a_slowloris_on_the_metrics_port_leaves_metrics_control_and_planning_ans
         client = ControlClient(node.sock, timeout_s=BOUND_S)
         spec = write_spec(base / "train.toml", counter_spec(base, "train", step_time=0.05))
         assert ControlClient(node.sock, timeout_s=60).call("jobs.submit", path=str(spec))["ok"]
-        wait_until("the job runs", lambda: node.jobs().get("train", {}).get("state") == "running")
+        wait_until(lambda: node.jobs().get("train", {}).get("state") == "running", what="the job runs")
 
         def scrape() -> str:
             with urllib.request.urlopen(node.url, timeout=BOUND_S) as resp:

@@ -278,3 +278,21 @@ def test_flexmig_layouts_export_reads_back_to_the_simulated_nodes_layout(capsys:
 def test_flexmig_layouts_needs_a_model_or_export(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["layouts"]) == 2
     assert "--export mig-parted" in capsys.readouterr().err
+
+
+def test_config_check_refuses_a_baseline_that_standdown_would_refuse_by_the_same_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mig = tmp_path / "config.yaml"
+    mig.write_text('version: v1\nmig-configs:\n  odd:\n    - devices: all\n      mig-enabled: true\n'
+                   '      mig-devices: {"1c.2g.35gb": 2}\n')  # fmt: skip
+    mig.chmod(0o644)
+    conf = tmp_path / "flexmig.toml"
+    conf.write_text(f'[baseline]\nmig_parted_file = "{mig}"\nmig_parted_config = "odd"\n')
+    conf.chmod(0o600)
+    assert cli_main(["config", "check", str(conf)]) != 0
+    err = capsys.readouterr().err
+    with pytest.raises(ConfigError) as standdown:  # what flexmig standdown meets when it plans the layout
+        layout_for(H200, {"1c.2g.35gb": 2})
+    assert "baseline.mig_parted_file" in err and str(standdown.value) in err, err
+    assert "one compute instance spanning each GPU instance" in err

@@ -1,4 +1,4 @@
-"""The node-spec grammar MODEL[xCOUNT][:LAYOUT], and the errors a person sees for a bad spec."""
+"""The node-spec grammar MODEL[xCOUNT][@DRIVER][:LAYOUT], and the errors a person sees for a bad spec."""
 
 import pytest
 
@@ -22,6 +22,15 @@ def test_media_variant_profile_keeps_its_plus() -> None:
     spec = parse_node_spec("h200:1g.18gb+me@0+1g.18gb@1")
     assert spec.layout is not None
     assert [i.profile.name for i in spec.layout] == ["1g.18gb+me", "1g.18gb"]
+
+
+def test_a_driver_version_follows_the_count_and_stays_in_the_spec_text() -> None:
+    spec = parse_node_spec("a100-40x2@470.82.01:3g.20gb@4")
+    assert (spec.count, spec.driver, str(spec)) == (2, "470.82.01", "a100-40x2@470.82.01:3g.20gb@4")
+    assert parse_node_spec("h200@550.90").driver == "550.90"
+    assert parse_node_spec("h200").driver is None
+    with pytest.raises(NodeSpecError, match="driver version BRANCH"):
+        parse_node_spec("h200@latest")
 
 
 def test_dash_layout_means_mig_disabled() -> None:

@@ -6,6 +6,7 @@ ACL and bad credentials each refuse with one clear log line and a result; the li
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -16,8 +17,8 @@ import pytest
 
 from support.actuator import LiveNode
 from support.commands import Operator, RunningListener, password_file
-from support.flexmigd import wait_until
 from support.mosquitto import ACL, PASSWORDS, WAIT, Mosquitto, needs_mosquitto
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -222,6 +223,46 @@ def test_commands_run_one_at_a_time_and_a_full_queue_answers_busy(
         node.call(remove())
 
 
+def test_a_command_that_waited_past_control_max_wait_s_is_dropped_unrun(
+    node: LiveNode, secured_broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Each command reaches the dispatcher with what is left of its deadline (counted from its arrival); one that
+    waited longer than that behind the command before it is answered RequestExpiredError and never dispatched."""
+    lines: list[dict[str, Any]] = []
+    release = asyncio.Event()
+
+    async def dispatch(line: bytes) -> Mapping[str, Any]:
+        lines.append(json.loads(line))
+        await release.wait()
+        return {"ok": True, "result": {"planned": True}}
+
+    slow = RunningListener(
+        node, secured_broker, password_file(tmp_path, "node-2"), node_name="node-2", dispatch=dispatch, max_wait_s=1.0
+    )
+    operator = Operator(secured_broker, node="node-2")
+    try:
+        slow.wait_connected()
+        operator.send("plan-now", {"id": "first"})
+        wait_until(lambda: len(lines) == 1, WAIT, "the first command dispatched")
+        assert 0 < lines[0]["deadline_s"] <= 1.0 and lines[0]["op"] == "plan"
+        operator.send("plan-now", {"id": "second"})  # waits behind the first, past its deadline
+        sent = time.monotonic()
+        wait_until(lambda: time.monotonic() > sent + 1.0, WAIT, "its deadline to pass")
+
+        async def go() -> None:
+            release.set()
+
+        node.call(go())
+        first, second = operator.result(), operator.result()
+    finally:
+        operator.close()
+        slow.stop()
+    assert (first["id"], first["ok"]) == ("first", True)
+    assert (second["id"], second["ok"], second["type"]) == ("second", False, "RequestExpiredError"), second
+    assert second["error"].startswith("plan dropped: it could not begin within 1 s of its arrival")
+    assert len(lines) == 1, "the second command never reached the dispatcher"
+
+
 # ------------------------------------------------------------------------------------------------ broker trouble
 def test_wrong_credentials_give_one_clear_line_without_the_password_and_the_listener_keeps_trying(
     node: LiveNode, secured_broker: Mosquitto, tmp_path: Path
@@ -230,9 +271,9 @@ def test_wrong_credentials_give_one_clear_line_without_the_password_and_the_list
     refused_before = refused_logins(secured_broker)
     bad = RunningListener(node, secured_broker, wrong, client_id="wrong")
     try:
-        wait_until("the listener's line", lambda: any("refused the login" in line for line in bad.log.lines), WAIT)
+        wait_until(lambda: any("refused the login" in line for line in bad.log.lines), WAIT, "the listener's line")
         # It keeps trying (by the broker's own account), and its log still holds that one line.
-        wait_until("3 refused logins", lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT)
+        wait_until(lambda: refused_logins(secured_broker) >= refused_before + 3, WAIT, "3 refused logins")
         assert bad.alive()
         (line,) = bad.log.lines
         assert line.startswith(

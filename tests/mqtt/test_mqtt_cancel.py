@@ -22,7 +22,8 @@ from flexmig.mqtt.events import EventFactory, EventKind
 from flexmig.mqtt.outbox import Outbox
 from flexmig.mqtt.publisher import MqttPublisher, PublisherSettings
 from flexmig.mqtt.subscriber import SubscriberSettings, follow_events
-from support.mosquitto import WAIT, Mosquitto, needs_mosquitto, until
+from support.mosquitto import WAIT, Mosquitto, needs_mosquitto
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(120)]
 
@@ -62,7 +63,7 @@ def stops_when_cancelled(start: Callable[[], Coroutine[Any, Any, None]], packet:
         task = asyncio.create_task(start())
         hook.task = task
         try:
-            await until(lambda: hook.fired, f"the {packet} to arrive")
+            await until(lambda: hook.fired, what=f"the {packet} to arrive")
             done, _ = await asyncio.wait({task}, timeout=STOP_BOUND_S)
             return task in done
         finally:

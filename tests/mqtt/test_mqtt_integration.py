@@ -25,7 +25,8 @@ from flexmig.mqtt.events import Deduplicator, Event, EventFactory, EventKind
 from flexmig.mqtt.outbox import Outbox
 from flexmig.mqtt.publisher import MqttPublisher, PublisherSettings, PublisherStats
 from flexmig.mqtt.subscriber import SubscriberSettings, follow_events
-from support.mosquitto import WAIT, Brokers, cancel, free_port, needs_mosquitto, until
+from support.mosquitto import WAIT, Brokers, cancel, needs_mosquitto
+from support.wait import free_port, until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto]
 
@@ -45,7 +46,7 @@ async def retained_status(address: str, limit: float = WAIT) -> str:
         follow_events(sub_settings(address), lambda e: None, on_status=lambda n, s: statuses.append(s))
     )
     try:
-        await until(lambda: statuses, "a retained status", limit)
+        await until(lambda: statuses, limit, "a retained status")
     finally:
         await cancel(task)
     return statuses[0]
@@ -77,7 +78,7 @@ def test_every_event_arrives_exactly_once_though_the_broker_restarts_midway(tmp_
             )
         )
         runner = asyncio.create_task(pub.run())
-        await until(lambda: statuses and statuses[-1] == "online", "the publisher to come online")
+        await until(lambda: statuses and statuses[-1] == "online", what="the publisher to come online")
         fac = EventFactory("node-1")
         emitted: list[str] = []
 
@@ -90,13 +91,13 @@ def test_every_event_arrives_exactly_once_though_the_broker_restarts_midway(tmp_
 
         await emit(30)
         broker.stop()
-        await until(lambda: not pub.connected, "the publisher to notice the broker is gone")
+        await until(lambda: not pub.connected, what="the publisher to notice the broker is gone")
         await emit(30)  # the broker is down: these wait in the outbox
         assert len(outbox) >= 30
         broker.start()  # same port, same persistence directory
         await emit(30)
-        await until(lambda: len(received) == len(emitted), f"{len(emitted)} events at the subscriber")
-        await until(lambda: len(outbox) == 0, "the outbox to drain")
+        await until(lambda: len(received) == len(emitted), what=f"{len(emitted)} events at the subscriber")
+        await until(lambda: len(outbox) == 0, what="the outbox to drain")
         assert not runner.done()
         await cancel(runner, sub)
         return emitted, received, deliveries, pub.stats()
@@ -115,7 +116,9 @@ def test_the_retained_state_is_the_latest_document(tmp_path: Path, mosquitto: Br
         runner = asyncio.create_task(pub.run())
         for i in range(5):
             pub.set_state({"schema_version": 1, "sweep": i})
-        await until(lambda: pub._state_sent is not None and json.loads(pub._state_sent)["sweep"] == 4, "state sent")
+        await until(
+            lambda: pub._state_sent is not None and json.loads(pub._state_sent)["sweep"] == 4, what="state sent"
+        )
         await cancel(runner)
         got: list[tuple[Any, bool]] = []
         async with aiomqtt.Client("127.0.0.1", broker.port, timeout=5) as client:
@@ -135,7 +138,7 @@ def test_a_clean_stop_says_offline(tmp_path: Path, mosquitto: Brokers) -> None:
     async def scenario() -> str:
         pub = MqttPublisher(fast(broker=broker.address), Outbox(tmp_path / "o.sqlite"))
         runner = asyncio.create_task(pub.run())
-        await until(lambda: pub.connected, "connection")
+        await until(lambda: pub.connected, what="connection")
         assert await retained_status(broker.address) == "online"
         await cancel(runner)
         return await retained_status(broker.address)
@@ -155,11 +158,11 @@ def test_each_connection_is_one_info_line_with_the_broker_the_client_id_and_the_
         for i in range(3):
             pub.emit(fac.make(EventKind.GPU_LOST, {"gpu": i, "uuid": None, "reason": f"gpu {i}"}))
         runner = asyncio.create_task(pub.run())
-        await until(lambda: len(pub.outbox) == 0, "the outbox to drain")
+        await until(lambda: len(pub.outbox) == 0, what="the outbox to drain")
         broker.stop()
-        await until(lambda: not pub.connected, "the publisher to notice the broker is gone")
+        await until(lambda: not pub.connected, what="the publisher to notice the broker is gone")
         broker.start()
-        await until(lambda: pub.connected, "the reconnection")
+        await until(lambda: pub.connected, what="the reconnection")
         await cancel(runner)
 
     asyncio.run(scenario())
@@ -226,7 +229,7 @@ def test_killing_the_publisher_with_sigkill_leaves_status_offline_and_loses_no_e
         assert child.stdout is not None
         printed: list[str] = []
         try:
-            await until(lambda: "online" in statuses, "the child to come online")
+            await until(lambda: "online" in statuses, what="the child to come online")
             while len(printed) < 40:
                 line = await asyncio.wait_for(child.stdout.readline(), WAIT)
                 assert line, "the child exited early"
@@ -237,10 +240,10 @@ def test_killing_the_publisher_with_sigkill_leaves_status_offline_and_loses_no_e
         # whatever it printed after that is also in its outbox or delivered; read the rest of its output
         rest = await asyncio.wait_for(child.stdout.read(), WAIT)
         printed += [x for x in rest.decode().split() if x]
-        await until(lambda: statuses[-1] == "offline", "the last will")
+        await until(lambda: statuses[-1] == "offline", what="the last will")
         left = set(Outbox(outbox_path).ids())
         # every event the child emitted is either still in its outbox or reaches the subscriber
-        await until(lambda: set(printed) <= left | {e.id for e in received}, "the acknowledged events")
+        await until(lambda: set(printed) <= left | {e.id for e in received}, what="the acknowledged events")
         await cancel(sub)
         return printed, {e.id for e in received}, left, child.returncode, await retained_status(broker.address)
 
@@ -331,7 +334,7 @@ def test_bad_credentials_give_one_clear_line_and_keep_every_event(
 
     async def drain() -> None:
         runner = asyncio.create_task(good.run())
-        await until(lambda: len(good.outbox) == 0, "the right password to drain the outbox")
+        await until(lambda: len(good.outbox) == 0, what="the right password to drain the outbox")
         await cancel(runner)
 
     asyncio.run(drain())
@@ -449,11 +452,11 @@ def test_events_travel_over_tls_and_a_wrong_ca_gives_one_clear_line(
         good = MqttPublisher(fast(broker=broker.address, tls=True, tls_ca=ca), Outbox(tmp_path / "o.sqlite"))
         runner = asyncio.create_task(good.run())
         # the retained "online" reaches the subscriber only once it has subscribed (events first, then status)
-        await until(lambda: "online" in statuses, "the subscriber to see the node online over TLS")
+        await until(lambda: "online" in statuses, what="the subscriber to see the node online over TLS")
         e = EventFactory("node-1").make(EventKind.GPU_LOST, {"gpu": 1, "uuid": None, "reason": "tls"})
         good.emit(e)
-        await until(lambda: e.id in {r.id for r in received}, "the event over TLS")
-        await until(lambda: len(good.outbox) == 0, "the outbox to drain over TLS")
+        await until(lambda: e.id in {r.id for r in received}, what="the event over TLS")
+        await until(lambda: len(good.outbox) == 0, what="the outbox to drain over TLS")
         await cancel(runner, sub)
 
     asyncio.run(scenario())

@@ -23,7 +23,8 @@ from flexmig.mqtt.outbox import Outbox
 from flexmig.mqtt.publisher import MqttPublisher, PublisherSettings
 from flexmig.mqtt.subscriber import SubscriberSettings, follow_events
 from flexmig.storage import quick_check
-from support.mosquitto import Brokers, cancel, needs_mosquitto, until
+from support.mosquitto import Brokers, cancel, needs_mosquitto
+from support.wait import until
 
 pytestmark = pytest.mark.fault
 
@@ -165,28 +166,27 @@ def test_delivery_goes_on_past_a_corrupt_page_and_the_broker_is_not_blamed(
         before = fill(box, fac)  # waiting when the daemon starts, as after a broker outage
         break_under(box, path)  # and a page of them goes bad
         received: list[Event] = []
-        statuses: list[str] = []
+        subscribed = asyncio.Event()
         sub = asyncio.create_task(
             follow_events(
                 SubscriberSettings(broker=broker.address, node="node-1", backoff_initial_s=0.05, backoff_max_s=0.5),
                 received.append,
-                on_status=lambda n, s: statuses.append(s),
+                on_connected=subscribed.set,
             )
         )
-        await until(lambda: statuses or True, "the subscriber")
-        await asyncio.sleep(0.5)  # subscribed before anything is published
+        await until(subscribed.is_set, what="the subscriber's subscription")  # before anything is published
         pub = MqttPublisher(
             PublisherSettings(node="node-1", broker=broker.address, backoff_initial_s=0.05, backoff_max_s=0.5), box
         )
         runner = asyncio.create_task(pub.run())
-        await until(lambda: box.corruptions == 1, "the publisher to reach the damaged page")
+        await until(lambda: box.corruptions == 1, what="the publisher to reach the damaged page")
         after = []
         for _ in range(20):
             e = fac.make(EventKind.GPU_LOST, {"gpu": 0, "after": True})
             pub.emit(e)
             after.append(e.id)
-        await until(lambda: len(box) == 0, "the outbox to drain")
-        await until(lambda: after[-1] in {e.id for e in received}, "the last event at the subscriber")
+        await until(lambda: len(box) == 0, what="the outbox to drain")
+        await until(lambda: after[-1] in {e.id for e in received}, what="the last event at the subscriber")
         assert not runner.done()
         await cancel(runner, sub)
         box.close()

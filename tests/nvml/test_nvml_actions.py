@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.errors import (
@@ -35,14 +36,14 @@ def nvml(node: SimNode) -> Iterator[Nvml]:
 def test_create_instance_returns_the_new_mig_device_with_the_drivers_gi_id(node: SimNode, nvml: Nvml) -> None:
     dev = nvml.create_instance(0, "1g.18gb", 6)
     gi, ci = node.gpu(0).mig_device(dev.uuid)
-    assert (dev.gpu_instance_id, dev.compute_instance_id) == (gi.id, ci.id) == (13, 0)
+    assert (dev.gpu_instance_id, dev.compute_instance_id) == (gi.id, ci.id) == (node.gpu(0).gi_id_at(6), 0)
     assert (gi.profile.name, gi.start, ci.slices) == ("1g.18gb", 6, 1)
     assert dev.memory_total_bytes == 16384 << 20 and dev.processes == ()
     assert dev.index == list(node.mig_uuids(0)).index(dev.uuid)
 
 
 def test_create_instance_takes_the_placement_size_in_memory_slices(node: SimNode, nvml: Nvml) -> None:
-    nvml.destroy_instance(1, 1)
+    nvml.destroy_instance(1, node.gpu(1).gi_id_at(0))
     dev = nvml.create_instance(1, "3g.71gb", 0)  # size 4, not its 3 compute slices
     layout = node.gpu(1).layout
     assert layout is not None and layout.spec() == "3g.71gb@0+2g.35gb@4"
@@ -78,22 +79,25 @@ def test_when_the_compute_instance_fails_the_gpu_instance_is_rolled_back(node: S
 
 
 def test_destroy_instance_removes_compute_instances_then_the_gpu_instance(node: SimNode, nvml: Nvml) -> None:
-    nvml.destroy_instance(0, 5)
-    assert node.gpu(0).gi_ids == (1,)
+    nvml.destroy_instance(0, node.gpu(0).gi_id_at(4))
+    assert node.gpu(0).gi_ids == (node.gpu(0).gi_id_at(0),)
     assert len(nvml.inventory().gpus[0].mig_devices) == 1
 
 
 def test_destroying_an_instance_with_a_process_is_in_use(node: SimNode, nvml: Nvml) -> None:
-    node.start_process(node.mig_uuids(0)[0], memory_bytes=1 << 30)
+    node.start_process(node.gpu(0).mig_uuid_at(0), memory_bytes=1 << 30)
+    before = node.gpu(0).gi_ids
+    gi_3g = node.gpu(0).gi_id_at(0)
     with pytest.raises(NvmlInUseError) as info:
-        nvml.destroy_instance(0, 1)
-    assert info.value.target == "GPU 0 GI 1"
-    assert node.gpu(0).gi_ids == (1, 5)
+        nvml.destroy_instance(0, gi_3g)
+    assert info.value.target == f"GPU 0 GI {gi_3g}"
+    assert node.gpu(0).gi_ids == before
 
 
-def test_destroying_a_gi_that_is_not_there_is_not_found(nvml: Nvml) -> None:
+def test_destroying_a_gi_that_is_not_there_is_not_found(node: SimNode, nvml: Nvml) -> None:
+    absent = next(i for i in range(7, 15) if i not in node.gpu(0).gi_ids)
     with pytest.raises(NvmlNotFoundError):
-        nvml.destroy_instance(0, 13)
+        nvml.destroy_instance(0, absent)
 
 
 def test_changes_without_privileges_are_no_permission(node: SimNode, nvml: Nvml) -> None:
@@ -101,13 +105,14 @@ def test_changes_without_privileges_are_no_permission(node: SimNode, nvml: Nvml)
     with pytest.raises(NvmlNoPermissionError):
         nvml.create_instance(0, "1g.18gb", 6)
     with pytest.raises(NvmlNoPermissionError):
-        nvml.destroy_instance(0, 5)
+        nvml.destroy_instance(0, node.gpu(0).gi_id_at(4))
 
 
 def test_a_lost_gpu_refuses_changes_as_gpu_lost(node: SimNode, nvml: Nvml) -> None:
+    gi_2g = node.gpu(1).gi_id_at(4)
     node.lose_gpu(1)
     with pytest.raises(NvmlGpuLostError):
-        nvml.destroy_instance(1, 5)
+        nvml.destroy_instance(1, gi_2g)
 
 
 def test_possible_placements(nvml: Nvml) -> None:
@@ -126,3 +131,22 @@ def test_set_mig_mode_reports_pending_while_processes_run(node: SimNode, nvml: N
     inv = nvml.inventory()
     assert (inv.gpus[0].mig_current, inv.gpus[0].mig_pending) == (True, False)
     assert (inv.gpus[1].mig_current, inv.gpus[1].gpu_instances) == (False, ())
+
+
+def test_a_hopper_1g_with_two_memory_slices_gets_the_compute_profile_with_all_26_sms() -> None:
+    # Its GPU instance offers 1_SLICE (16 SMs) and 1_SLICE_REV1 (26 SMs), both one slice: take the one that uses
+    # the whole instance, as go-nvlib #85 made mig-parted do.
+    node = install("h100-80")
+    try:
+        with Nvml.open() as nvml:
+            dev = nvml.create_instance(0, "1g.20gb", 0)
+        _, ci = node.gpu(0).mig_device(dev.uuid)
+        assert ci.profile_id == 7
+        N.nvmlInit()
+        try:
+            handle = N.nvmlDeviceGetHandleByUUID(dev.uuid)
+            assert N.nvmlDeviceGetAttributes(handle).multiprocessorCount == 26
+        finally:
+            N.nvmlShutdown()
+    finally:
+        uninstall()

@@ -25,12 +25,13 @@ def node() -> Iterator[SimNode]:
     uninstall()
 
 
-def repartition_reusing_the_handle_of(node: SimNode, gi_id: int) -> str:
-    """Destroy GI ``gi_id`` behind flexmig's back and create a 2g whose MIG device takes its handle slot."""
+def repartition_reusing_the_handle_of(node: SimNode, start: int) -> str:
+    """Destroy the GI at ``start`` behind flexmig's back and create a 2g at 0 whose MIG device takes its handle slot;
+    returns the new MIG device's UUID."""
     N.nvmlInit()
     try:
         dev = N.nvmlDeviceGetHandleByIndex(0)
-        gi = N.nvmlDeviceGetGpuInstanceById(dev, gi_id)
+        gi = N.nvmlDeviceGetGpuInstanceById(dev, node.gpu(0).gi_id_at(start))
         N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
         N.nvmlGpuInstanceDestroy(gi)
         placement = N.c_nvmlGpuInstancePlacement_t(0, 2)
@@ -38,7 +39,7 @@ def repartition_reusing_the_handle_of(node: SimNode, gi_id: int) -> str:
         N.nvmlGpuInstanceCreateComputeInstance(new, N.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
     finally:
         N.nvmlShutdown()
-    return next(u for u in node.mig_uuids(0) if node.gpu(0).mig_device(u)[0].id == 3)
+    return node.gpu(0).mig_uuid_at(0)
 
 
 def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_misattributed(node: SimNode) -> None:
@@ -46,8 +47,8 @@ def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_mis
         nvml.inventory()
         g = nvml._cache(0)
         walk = Walk()
-        stale = g.mig_handles(walk)[0]  # the 3g at 0, enumerated before the change
-        new_uuid = repartition_reusing_the_handle_of(node, 1)
+        stale = next(m for m in g.mig_handles(walk) if m.uuid == node.gpu(0).mig_uuid_at(0))  # the 3g, before
+        new_uuid = repartition_reusing_the_handle_of(node, 0)
         node.start_process(new_uuid, memory_bytes=5 << 30)
         sample = nvml._mig_sample(g, stale, None, walk)
         assert N.nvmlDeviceGetUUID(stale.handle) == new_uuid  # the handle really was reused
@@ -57,9 +58,10 @@ def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_mis
 
 def test_the_next_sweep_finds_the_new_device_under_its_own_uuid(node: SimNode) -> None:
     with Nvml.open() as nvml:
-        before = [d.uuid for g in nvml.sample() for d in g.mig_devices]
-        new_uuid = repartition_reusing_the_handle_of(node, 1)
+        old_3g = node.gpu(0).mig_uuid_at(0)
+        assert old_3g in [d.uuid for g in nvml.sample() for d in g.mig_devices]
+        new_uuid = repartition_reusing_the_handle_of(node, 0)
         after = {d.uuid: d for g in nvml.sample() for d in g.mig_devices}
-        assert before[0] not in after
-        assert after[new_uuid].gpu_instance_id == 3
+        assert old_3g not in after
+        assert after[new_uuid].gpu_instance_id == node.gpu(0).gi_id_at(0)
         assert after[new_uuid].memory_total_bytes == 33024 << 20

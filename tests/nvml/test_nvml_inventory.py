@@ -109,11 +109,12 @@ def test_inventory_names_driver_gpus_and_profiles(nvml: Nvml) -> None:
     assert inv.driver_version == "570.124.06"
     gpu = inv.gpus[0]
     assert (gpu.index, gpu.name, gpu.memory_total_bytes) == (0, "NVIDIA H200", 143771 << 20)
-    assert [(gi.profile_name, gi.start, gi.size) for gi in gpu.gpu_instances] == [
-        ("3g.71gb", 0, 4),
-        ("2g.35gb", 4, 2),
-        ("1g.18gb", 6, 1),
+    assert sorted((gi.start, gi.profile_name, gi.size) for gi in gpu.gpu_instances) == [
+        (0, "3g.71gb", 4),
+        (4, "2g.35gb", 2),
+        (6, "1g.18gb", 1),
     ]
+    assert [gi.id for gi in gpu.gpu_instances] == sorted(gi.id for gi in gpu.gpu_instances)
     assert [d.index for d in gpu.mig_devices] == [0, 1, 2]
     assert [uuid for _, d in inv.mig_devices() for uuid in [d.uuid]][:3] == [d.uuid for d in gpu.mig_devices]
 
@@ -131,12 +132,13 @@ def test_inventory_reads_a_gpu_with_mig_disabled_read_only() -> None:
 
 
 def test_inventory_sees_a_gpu_instance_without_compute_instances_but_no_mig_device(node: SimNode, nvml: Nvml) -> None:
-    gi = N.nvmlDeviceGetGpuInstanceById(N.nvmlDeviceGetHandleByIndex(0), 13)
+    truth = node.gpu(0)
+    gi = N.nvmlDeviceGetGpuInstanceById(N.nvmlDeviceGetHandleByIndex(0), truth.gi_id_at(6))
     N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
     gpu = nvml.inventory().gpus[0]
-    assert [gi.id for gi in gpu.gpu_instances] == [1, 5, 13]
-    assert gpu.gpu_instances[2].compute_instances == ()
-    assert [d.gpu_instance_id for d in gpu.mig_devices] == [1, 5]
+    assert [gi.id for gi in gpu.gpu_instances] == list(truth.gi_ids)
+    assert [gi.compute_instances for gi in gpu.gpu_instances if gi.start == 6] == [()]
+    assert {d.gpu_instance_id for d in gpu.mig_devices} == {truth.gi_id_at(0), truth.gi_id_at(4)}
 
 
 def test_a_lost_gpu_is_marked_lost_and_the_walk_goes_on(node: SimNode, nvml: Nvml) -> None:
@@ -160,7 +162,7 @@ def test_a_failing_field_is_none_with_an_issue_and_the_rest_is_read(node: SimNod
     assert [d.processes for d in gpu0.mig_devices] == [(), (), ()]
     assert {i.call for i in gpu0.errors} == {"nvmlDeviceGetMemoryInfo"}
     assert all(i.name == "UNKNOWN" and i.code == 999 for i in gpu0.errors)
-    assert inv.gpus[1].mig_devices[0].memory_total_bytes == 71168 << 20
+    assert {d.memory_total_bytes for d in inv.gpus[1].mig_devices} == {71168 << 20, 33024 << 20, 16384 << 20}
 
 
 def test_an_error_at_one_mig_index_skips_that_device_not_the_ones_after_it(node: SimNode, nvml: Nvml) -> None:
@@ -182,8 +184,8 @@ def test_without_privileges_aggregate_memory_is_none_and_recorded(node: SimNode,
         ("nvmlDeviceGetGpuInstances", "NO_PERMISSION"),
     ]
     assert gpu.gpu_instances == ()
-    assert gpu.mig_devices[0].memory_total_bytes == 71168 << 20
-    assert [d.gpu_instance_id for d in gpu.mig_devices] == [1, 5, 13]
+    assert {d.memory_total_bytes for d in gpu.mig_devices} == {71168 << 20, 33024 << 20, 16384 << 20}
+    assert [d.gpu_instance_id for d in gpu.mig_devices] == list(node.gpu(0).gi_ids)
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real NVIDIA driver is installed")

@@ -55,9 +55,10 @@ def test_nvitop_sees_gpus_mig_mode_and_processes_started_on_the_node(nvitop_on_s
     assert [d.name() for d in devices] == ["NVIDIA H200", "NVIDIA H200"]
     assert all(d.is_mig_mode_enabled() for d in devices)
     uuid = node.mig_uuids(1)[0]
+    gi, _ = node.gpu(1).mig_device(uuid)
     pid = node.start_process(uuid, memory_bytes=4 << 30)
     mig = nvitop.MigDevice(uuid)
-    assert (mig.physical_index, mig.gpu_instance_id(), mig.compute_instance_id()) == (1, 1, 0)
-    assert mig.memory_used() == (4 << 30) + node.gpu(1).gpu_instances[0].idle_used_bytes
+    assert (mig.physical_index, mig.gpu_instance_id(), mig.compute_instance_id()) == (1, gi.id, 0)
+    assert mig.memory_used() == (4 << 30) + gi.idle_used_bytes
     assert list(mig.processes()) == [pid]
     assert mig.gpu_utilization() is nvitop.NA  # NVML has no utilization rates on MIG devices

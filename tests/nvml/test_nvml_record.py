@@ -14,7 +14,7 @@ import pytest
 from flexmig.cli.main import main
 from flexmig.errors import SimError
 from flexmig.nvml import Nvml
-from flexmig.nvml.record import BY_MEMORY_CLOCK, BY_PROFILE_ID, DEVICE_PROBES, P2P, SYSTEM_PROBES, record
+from flexmig.nvml.record import BY_MEMORY_CLOCK, BY_PROFILE_ID, DEVICE_PROBES, P2P, SYSTEM_PROBES, TOPOLOGY, record
 from flexmig.sim import SimNode, install, uninstall
 from flexmig.sim.entrypoints import MUTATING_PREFIXES, NOT_RECORDED, REFERENCE_SPEC, entry_points, render
 
@@ -99,7 +99,7 @@ def test_the_recorder_asks_every_query_entry_point_the_simulator_implements(sim:
     seen = symbols_looked_up_by_a_recording()
     queries = {n for n in entry_points() if not n.startswith(MUTATING_PREFIXES) and n not in NOT_RECORDED}
     assert queries - seen == set()
-    probed = {p.name for p in (*DEVICE_PROBES, *SYSTEM_PROBES, *BY_PROFILE_ID, BY_MEMORY_CLOCK, P2P)}
+    probed = {p.name for p in (*DEVICE_PROBES, *SYSTEM_PROBES, *BY_PROFILE_ID, BY_MEMORY_CLOCK, P2P, TOPOLOGY)}
     assert probed - set(entry_points()) == set(), "a probe for an entry point the simulator does not have"
     assert set(NOT_RECORDED) <= set(entry_points()), "NOT_RECORDED names an entry point that does not exist"
 
@@ -137,13 +137,16 @@ def test_the_document_holds_values_structs_lists_and_error_names(sim: Sim) -> No
     assert calls["nvmlDeviceGetClockInfo(2)"] == {"value": 3201}
     assert calls["nvmlDeviceGetUtilizationRates"] == {"error": "NOT_SUPPORTED"}
     assert calls["nvmlDeviceGetEccMode"] == {"value": [1, 1]}
+    assert calls["nvmlDeviceGetMemoryInfo_v2"]["value"]["reserved"] == 700 << 20  # a figure, not padding
     mig = gpu["mig_devices"][0]
-    assert (mig["uuid"], mig["gpu_instance_id"]) == (node.mig_uuids(0)[0], 1)
+    gi, _ = node.gpu(0).mig_device(mig["uuid"])
+    assert (mig["uuid"], mig["gpu_instance_id"]) == (node.mig_uuids(0)[0], gi.id)
     procs = mig["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"]["value"]
-    assert [(p["pid"], p["usedGpuMemory"], p["gpuInstanceId"]) for p in procs] == [(pid, 2 << 30, 1)]
-    assert mig["calls"]["nvmlDeviceGetAttributes_v2"]["value"]["gpuInstanceSliceCount"] == 3
-    assert gpu["layout"]["gpu_instances"][0] == {
-        "id": 1,
+    assert [(p["pid"], p["usedGpuMemory"], p["gpuInstanceId"]) for p in procs] == [(pid, 2 << 30, gi.id)]
+    assert mig["calls"]["nvmlDeviceGetAttributes_v2"]["value"]["gpuInstanceSliceCount"] == gi.profile.compute_slices
+    three_g = node.gpu(0).gi_at(0)
+    assert next(g for g in gpu["layout"]["gpu_instances"] if g["start"] == 0) == {
+        "id": three_g.id,
         "profile_id": 9,
         "profile_name": "3g.71gb",
         "start": 0,

@@ -28,8 +28,9 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def node(clock: Clock) -> Iterator[SimNode]:
-    yield install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock)
+def node(clock: Clock, request: pytest.FixtureRequest) -> Iterator[SimNode]:
+    """The node; ``parametrize("node", ["driver"], indirect=True)`` pins how GI IDs are handed out."""
+    yield install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock, ids=getattr(request, "param", None))
     uninstall()
 
 
@@ -51,7 +52,7 @@ def device(samples: Sequence[GpuSample], uuid: str) -> MigDeviceSample:
 
 
 def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node: SimNode, nvml: Nvml) -> None:
-    uuid = node.mig_uuids(1)[2]
+    uuid = node.gpu(1).mig_uuid_at(6)
     pid = node.start_process(uuid, memory_bytes=2 << 30)
     samples = nvml.sample()
     assert [g.index for g in samples] == [0, 1]
@@ -61,8 +62,8 @@ def test_a_sweep_reads_power_temperature_clocks_and_every_mig_device(node: SimNo
     assert 0 < g0.power_w <= 700 and g0.temperature_c > 0
     assert (g0.sm_clock_mhz, g0.mem_clock_mhz) == (345, 3201)
     dev = device(samples, uuid)
-    assert (dev.gpu_index, dev.gpu_instance_id, dev.compute_instance_id) == (1, 13, 0)
-    idle = node.gpu(1).gpu_instances[2].idle_used_bytes  # an idle MIG device shows a few MiB used
+    assert (dev.gpu_index, dev.gpu_instance_id, dev.compute_instance_id) == (1, node.gpu(1).gi_id_at(6), 0)
+    idle = node.gpu(1).gi_at(6).idle_used_bytes  # an idle MIG device shows a few MiB used
     assert (dev.memory_total_bytes, dev.memory_used_bytes) == (16384 << 20, (2 << 30) + idle)
     assert dev.processes is not None
     assert [(p.pid, p.used_memory_bytes) for p in dev.processes] == [(pid, 2 << 30)]
@@ -113,14 +114,16 @@ def test_a_window_grown_too_long_is_reseeded_instead_of_averaged(node: SimNode, 
     gpm.close()
 
 
+@pytest.mark.parametrize("node", ["driver"], indirect=True)  # a driver gives the same slices the same ID again
 def test_a_gi_recreated_with_the_same_id_starts_a_new_window(
     node: SimNode, nvml: Nvml, windows: GpmWindows, clock: Clock
 ) -> None:
-    old = node.mig_uuids(0)[2]
+    old = node.gpu(0).mig_uuid_at(6)
+    old_id = node.gpu(0).gi_id_at(6)
     nvml.sample(windows)
-    nvml.destroy_instance(0, 13)
+    nvml.destroy_instance(0, old_id)
     new = nvml.create_instance(0, "1g.18gb", 6)
-    assert new.gpu_instance_id == 13 and new.uuid != old
+    assert new.gpu_instance_id == old_id and new.uuid != old
     clock.t += 1.0
     assert device(nvml.sample(windows), new.uuid).activity is None
     clock.t += 1.0
@@ -135,7 +138,7 @@ def test_samples_of_vanished_devices_are_freed_and_close_frees_the_rest(
     nvml.sample(windows)
     assert len(windows) == 6
     assert node.gpm_samples_allocated() == 12  # two buffers per device, swapped, never re-allocated
-    nvml.destroy_instance(1, 5)
+    nvml.destroy_instance(1, node.gpu(1).gi_id_at(4))
     clock.t += 1.0
     nvml.sample(windows)
     assert len(windows) == 5 and node.gpm_samples_allocated() == 10

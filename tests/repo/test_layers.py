@@ -17,7 +17,7 @@ import flexmig
 
 PACKAGE = Path(flexmig.__file__).resolve().parent
 
-FACES = frozenset({"cli", "daemon", "actuatord"})
+FACES = frozenset({"cli", "daemon", "actuatord", "simenv"})
 SIM_IMPORTERS = FACES | {"wiring", "sim"}
 PYNVML_IMPORTERS = frozenset({"nvml", "sim"})
 PURE = frozenset({"mig", "detect", "plan"})

@@ -17,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -30,7 +29,8 @@ from flexmig.errors import ConfigError
 from flexmig.mqtt.commands import CommandSettings, command_listener
 from flexmig.mqtt.publisher import PublisherSettings
 from support.commands import Operator, password_file
-from support.mosquitto import PASSWORDS, WAIT, Brokers, free_port, needs_mosquitto
+from support.mosquitto import PASSWORDS, WAIT, Brokers, needs_mosquitto
+from support.wait import free_port, wait_for_text
 
 FLEXMIGD = Path(sys.executable).with_name("flexmigd")
 FLEXMIG = Path(sys.executable).with_name("flexmig")
@@ -63,19 +63,6 @@ def isolated(tmp: Path) -> str:
     return (
         f'[control]\nsocket = "{tmp}/control.sock"\n[state]\ndirectory = "{tmp}"\njournal = "{tmp}/journal.sqlite3"\n'
     )
-
-
-def wait_for(log: Path, *needles: str, proc: subprocess.Popen[bytes] | None = None) -> str:
-    deadline = time.monotonic() + WAIT
-    while True:
-        text = log.read_text(errors="replace")
-        if all(n in text for n in needles):
-            return text
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the daemon exited ({proc.returncode}):\n{text[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {needles} within {WAIT} s:\n{text[-3000:]}")
-        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -119,7 +106,7 @@ def test_a_running_flexmigd_with_default_settings_listens_on_loopback_only(tmp_p
             [str(FLEXMIGD), "--sim", "h200", "--config", str(config)], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
-        wait_for(log, f"metrics on http://127.0.0.1:{port}/metrics", proc=proc)
+        wait_for_text(log, f"metrics on http://127.0.0.1:{port}/metrics", proc=proc)
         conns = psutil.Process(proc.pid).net_connections(kind="inet")
         listening = {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
         assert listening == {("127.0.0.1", port)}, conns
@@ -265,8 +252,8 @@ def test_the_password_never_reaches_the_log_at_debug_level(
         )
     try:
         if credentials == "good":
-            wait_for(log, "MQTT commands: listening on", proc=proc)
-            wait_for(broker.dir / "mosquitto.log", "as flexmig-node-1 (", "as flexmig-node-1-commands (")
+            wait_for_text(log, "MQTT commands: listening on", proc=proc)
+            wait_for_text(broker.dir / "mosquitto.log", "as flexmig-node-1 (", "as flexmig-node-1-commands (")
             operator = Operator(broker)
             try:
                 result = operator.ask("migrate", {"id": "audit-1", "args": {"name": "train"}})
@@ -274,7 +261,7 @@ def test_the_password_never_reaches_the_log_at_debug_level(
             finally:
                 operator.close()
         else:
-            wait_for(log, "refused the login of user 'node-1'", "MQTT commands: broker", proc=proc)
+            wait_for_text(log, "refused the login of user 'node-1'", "MQTT commands: broker", proc=proc)
     finally:
         stop(proc)
     text = log.read_text(errors="replace")

@@ -52,30 +52,31 @@ def test_hopper_supports_gpm_and_ampere_does_not() -> None:
         assert N.nvmlGpmQueryDeviceSupport(N.nvmlDeviceGetHandleByIndex(0)).isSupportedDevice == 1
     finally:
         uninstall()
-    install("a100-80:3g.40gb@0")
+    node = install("a100-80:3g.40gb@0")
     try:
         N.nvmlInit()
         dev = N.nvmlDeviceGetHandleByIndex(0)
         assert N.nvmlGpmQueryDeviceSupport(dev).isSupportedDevice == 0
         sample = N.nvmlGpmSampleAlloc()
         with pytest.raises(N.NVMLError_NotSupported):
-            N.nvmlGpmMigSampleGet(dev, 1, sample)
+            N.nvmlGpmMigSampleGet(dev, node.gpu(0).gi_id_at(0), sample)
         N.nvmlGpmSampleFree(sample)
     finally:
         uninstall()
 
 
 def test_a_metric_is_the_counter_delta_over_the_elapsed_time_in_percent(h200: SimNode, clock: Clock) -> None:
-    uuid = h200.mig_uuids(0)[0]
+    uuid = h200.gpu(0).mig_uuid_at(0)
+    gi_3g = h200.gpu(0).gi_id_at(0)
     h200.start_process(uuid)
     h200.set_activity(uuid, sm=0.6, dram=0.3, tensor=0.45, occupancy=0.2)
     dev = N.nvmlDeviceGetHandleByIndex(0)
     s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
-    N.nvmlGpmMigSampleGet(dev, 1, s1)
+    N.nvmlGpmMigSampleGet(dev, gi_3g, s1)
     clock.t += 5.0
     h200.set_activity(uuid, sm=0.2, dram=0.1, tensor=0.05, occupancy=0.1)  # half the window busy, half quieter
     clock.t += 5.0
-    N.nvmlGpmMigSampleGet(dev, 1, s2)
+    N.nvmlGpmMigSampleGet(dev, gi_3g, s2)
     got = metrics(s1, s2, [2, 3, 5, 10])
     assert got[2] == (0, pytest.approx(40.0))
     assert got[3] == (0, pytest.approx(15.0))
@@ -85,17 +86,18 @@ def test_a_metric_is_the_counter_delta_over_the_elapsed_time_in_percent(h200: Si
 
 def test_an_idle_instance_measures_zero_and_an_unknown_metric_is_not_supported(h200: SimNode, clock: Clock) -> None:
     dev = N.nvmlDeviceGetHandleByIndex(0)
+    gi_2g = h200.gpu(0).gi_id_at(4)
     s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
-    N.nvmlGpmMigSampleGet(dev, 5, s1)
+    N.nvmlGpmMigSampleGet(dev, gi_2g, s1)
     clock.t += 1.0
-    N.nvmlGpmMigSampleGet(dev, 5, s2)
+    N.nvmlGpmMigSampleGet(dev, gi_2g, s2)
     got = metrics(s1, s2, [2, 20])
     assert got[2] == (0, 0.0)
     assert got[20][0] == N.NVML_ERROR_NOT_SUPPORTED
 
 
 def test_the_gpu_sample_weighs_instances_by_their_compute_slices(h200: SimNode, clock: Clock) -> None:
-    uuid = h200.mig_uuids(0)[0]  # the 3g instance: 3 of 7 compute slices
+    uuid = h200.gpu(0).mig_uuid_at(0)  # the 3g instance: 3 of 7 compute slices
     h200.set_activity(uuid, sm=0.7)
     dev = N.nvmlDeviceGetHandleByIndex(0)
     s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
@@ -108,17 +110,18 @@ def test_the_gpu_sample_weighs_instances_by_their_compute_slices(h200: SimNode, 
 def test_samples_of_two_different_instances_cannot_be_compared(h200: SimNode, clock: Clock) -> None:
     dev = N.nvmlDeviceGetHandleByIndex(0)
     s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
-    N.nvmlGpmMigSampleGet(dev, 1, s1)
+    N.nvmlGpmMigSampleGet(dev, h200.gpu(0).gi_id_at(0), s1)
     clock.t += 1.0
-    N.nvmlGpmMigSampleGet(dev, 5, s2)
+    N.nvmlGpmMigSampleGet(dev, h200.gpu(0).gi_id_at(4), s2)
     with pytest.raises(N.NVMLError_InvalidArgument):
         metrics(s1, s2, [2])
 
 
 def test_a_gpu_instance_that_does_not_exist_is_not_found(h200: SimNode) -> None:
     sample = N.nvmlGpmSampleAlloc()
+    absent = next(i for i in range(15) if i not in h200.gpu(0).gi_ids)
     with pytest.raises(N.NVMLError_NotFound):
-        N.nvmlGpmMigSampleGet(N.nvmlDeviceGetHandleByIndex(0), 2, sample)
+        N.nvmlGpmMigSampleGet(N.nvmlDeviceGetHandleByIndex(0), absent, sample)
 
 
 def test_freed_samples_are_gone_and_a_wrong_struct_version_is_refused(h200: SimNode) -> None:

@@ -56,6 +56,11 @@ def gi_id(gi: Any) -> int:
     return int(N.nvmlGpuInstanceGetInfo(gi).id)
 
 
+def first_gi_id() -> int:
+    """The GI ID of GPU 0's first MIG device, read through its MIG handle (which needs no privileges)."""
+    return int(N.nvmlDeviceGetGpuInstanceId(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)))
+
+
 def mig_handles(dev: Any) -> list[Any]:
     out = []
     for i in range(N.nvmlDeviceGetMaxMigDeviceCount(dev)):
@@ -102,7 +107,7 @@ def test_node_reports_driver_versions_gpu_names_and_memory(sim: Sim) -> None:
 
 # ------------------------------------------------------------------------------------------ profiles
 def test_profile_index_and_profile_id_are_different_numbers(sim: Sim) -> None:
-    sim("h200")
+    sim("h200@580")  # nvmlDeviceGetGpuInstanceProfileInfoByIdV: CUDA 13.0's header, driver branch 580
     info = N.nvmlDeviceGetGpuInstanceProfileInfo(gpu(), N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
     assert (info.id, info.name, info.sliceCount, info.memorySizeMB) == (9, "MIG 3g.71gb", 3, 71168)
     assert N.nvmlDeviceGetGpuInstanceProfileInfoById(gpu(), 9).name == "MIG 3g.71gb"
@@ -174,19 +179,59 @@ def test_a_placement_passed_by_value_is_refused(sim: Sim) -> None:
         N.nvmlDeviceCreateGpuInstanceWithPlacement(gpu(), 9, placement)
 
 
-def test_gi_ids_follow_the_buddy_numbering_over_memory_slices(sim: Sim) -> None:
-    sim("h200")
-    ids = {(start, size): gi_id(create_gi(gpu(), pid, start, size)) for pid, start, size in [(9, 4, 4), (14, 0, 2)]}
-    ids[(2, 1)] = gi_id(create_gi(gpu(), 19, 2, 1))
-    ids[(3, 1)] = gi_id(create_gi(gpu(), 19, 3, 1))
-    assert ids == {(4, 4): 2, (0, 2): 3, (2, 1): 9, (3, 1): 10}
+def test_one_layout_gets_other_gi_ids_on_the_gpu_next_door(sim: Sim) -> None:
+    # DCGM issue #138: two A100-80GB of one node, one layout; GPU 0 lists GIs 9, 10, 3, 2 and GPU 1 13, 14, 5, 1.
+    node = sim("a100-80x2:1g.10gb@2+1g.10gb@3+2g.20gb@0+3g.40gb@4", ids="driver")
+    assert node.gpu(0).layout == node.gpu(1).layout
+    assert node.gpu(0).gi_ids != node.gpu(1).gi_ids
+    for g in node.gpus():
+        assert {gi.id for gi in g.gpu_instances if gi.size == 1} <= set(range(7, 15))
 
 
-def test_without_placement_the_driver_takes_the_highest_start_that_fits(sim: Sim) -> None:
+def test_seven_1g_without_placement_get_the_ids_dask_cuda_583_shows(sim: Sim) -> None:
+    # dask-cuda issue #583, `nvidia-smi mig -cgi 19,19,19,19,19,19,19` on an A100-SXM4-40GB: GI IDs 9, 7, 8, 11,
+    # 12, 13, 14 in that order (its fused-off compute slot is memory slice 3: no GI 10).
+    node = sim("a100-40x8", ids="driver")
+    index = next(g.index for g in node.gpus() if g.fused_slot == 3)
+    ids = [gi_id(N.nvmlDeviceCreateGpuInstance(gpu(index), 19)) for _ in range(7)]
+    assert ids == [9, 7, 8, 11, 12, 13, 14]
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        N.nvmlDeviceCreateGpuInstance(gpu(index), 19)
+
+
+def test_the_mig_user_guides_creation_orders_give_its_ids(sim: Sim) -> None:
+    # NVIDIA MIG User Guide (A100-SXM4-40GB): `-cgi 9,19,14,19` gives GIs 2, 7, 4, 8 and `-lgi` shows 7 at 0:1,
+    # 8 at 1:1, 4 at 2:2, 2 at 4:4; `-cgi 19,19,14,9` gives 13, 11, 3 and then Insufficient Resources.
+    node = sim("a100-40x8", ids="driver")
+    index = next(g.index for g in node.gpus() if g.fused_slot == 7)
+
+    def cgi(profile_id: int) -> tuple[int, int]:
+        info = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(index), profile_id))
+        return int(info.id), int(info.placement.start)
+
+    assert [cgi(p) for p in (9, 19, 14, 19)] == [(2, 4), (7, 0), (4, 2), (8, 1)]
+    for gi in [N.nvmlDeviceGetGpuInstanceById(gpu(index), i) for i in (2, 7, 4, 8)]:
+        N.nvmlGpuInstanceDestroy(gi)
+    assert [cgi(p)[0] for p in (19, 19, 14)] == [13, 11, 3]
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        cgi(9)
+
+
+def test_a_gpu_instance_recreated_on_the_same_slices_gets_its_id_back(sim: Sim) -> None:
+    node = sim("h200:2g.35gb@2", ids="driver")
+    before = node.gpu(0).gi_id_at(2)
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), before)
+    N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+    N.nvmlGpuInstanceDestroy(gi)
+    assert gi_id(create_gi(gpu(), 14, 2, 2)) == before
+
+
+def test_without_placement_two_3g_take_both_halves_and_nothing_else_fits(sim: Sim) -> None:
     sim("h200")
     first = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(), 9))
     second = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(gpu(), 9))
-    assert (first.id, first.placement.start, second.id, second.placement.start) == (2, 4, 1, 0)
+    assert {first.placement.start, second.placement.start} == {0, 4}
+    assert {first.id, second.id} <= {1, 2} and first.id != second.id
     with pytest.raises(N.NVMLError_InsufficientResources):
         N.nvmlDeviceCreateGpuInstance(gpu(), 19)
 
@@ -198,11 +243,12 @@ def test_remaining_capacity_counts_what_still_fits(sim: Sim) -> None:
 
 
 def test_gpu_instances_are_listed_per_profile_into_a_caller_array(sim: Sim) -> None:
-    sim("h200:1g.18gb@0+1g.18gb@1+3g.71gb@4")
+    node = sim("h200:1g.18gb@0+1g.18gb@1+3g.71gb@4")
     arr = (N.c_nvmlGpuInstance_t * 7)()
     count = c_uint(0)
     N.nvmlDeviceGetGpuInstances(gpu(), 19, arr, byref(count))
-    assert sorted(gi_id(arr[i]) for i in range(count.value)) == [7, 8]
+    truth = node.gpu(0)
+    assert sorted(gi_id(arr[i]) for i in range(count.value)) == sorted([truth.gi_id_at(0), truth.gi_id_at(1)])
 
 
 def test_gpu_instance_by_id_is_not_found_when_absent(sim: Sim) -> None:
@@ -212,8 +258,8 @@ def test_gpu_instance_by_id_is_not_found_when_absent(sim: Sim) -> None:
 
 
 def test_destroying_a_gi_with_a_compute_instance_is_in_use(sim: Sim) -> None:
-    sim("h200:3g.71gb@0")
-    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    node = sim("h200:3g.71gb@0")
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), node.gpu(0).gi_id_at(0))
     with pytest.raises(N.NVMLError_InUse):
         N.nvmlGpuInstanceDestroy(gi)
 
@@ -221,7 +267,7 @@ def test_destroying_a_gi_with_a_compute_instance_is_in_use(sim: Sim) -> None:
 def test_destroying_a_ci_with_a_process_is_in_use_and_without_it_succeeds(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0")
     pid = node.start_process(node.mig_uuids(0)[0], memory_bytes=1 << 30)
-    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), node.gpu(0).gi_id_at(0))
     ci = N.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
     with pytest.raises(N.NVMLError_InUse):
         N.nvmlComputeInstanceDestroy(ci)
@@ -235,7 +281,7 @@ def test_a_destroyed_instances_handle_is_invalid_until_a_new_instance_reuses_it(
     # nvml.h, GetMigDeviceHandleByIndex: the handle "would remain invalid and must be requested again [...]
     # Handles may be reused and their properties can change in the process."
     node = sim("h200:3g.71gb@0")
-    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), node.gpu(0).gi_id_at(0))
     mig = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
     old_uuid = N.nvmlDeviceGetUUID(mig)
     N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
@@ -248,23 +294,32 @@ def test_a_destroyed_instances_handle_is_invalid_until_a_new_instance_reuses_it(
     N.nvmlGpuInstanceCreateComputeInstance(new_gi, N.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
     fresh = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
     # The stale handles now read the new instance: same address, other properties.
-    assert N.nvmlGpuInstanceGetInfo(gi).id == N.nvmlGpuInstanceGetInfo(new_gi).id == 5
+    assert N.nvmlGpuInstanceGetInfo(gi).id == N.nvmlGpuInstanceGetInfo(new_gi).id == node.gpu(0).gi_id_at(4)
     assert N.nvmlDeviceGetUUID(mig) == N.nvmlDeviceGetUUID(fresh) == node.mig_uuids(0)[0] != old_uuid
     assert N.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 2g.35gb"
 
 
 def test_handle_reuse_is_deterministic_lowest_free_slot_first(sim: Sim) -> None:
-    sim("h200:1g.18gb@0+1g.18gb@1+1g.18gb@2")
-    handles = [N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i) for i in range(3)]
-    addresses = [ctypes.addressof(h.contents) for h in handles]
-    for gi_id in (9, 7):  # destroy the 1g at 2, then the one at 0
-        gi = N.nvmlDeviceGetGpuInstanceById(gpu(), gi_id)
+    node = sim("h200:1g.18gb@0+1g.18gb@1+1g.18gb@2")
+    truth = node.gpu(0)
+    address = {
+        N.nvmlDeviceGetUUID(h): ctypes.addressof(h.contents)
+        for h in (N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i) for i in range(3))
+    }
+    for start in (2, 0):  # destroy the 1g at 2, then the one at 0
+        gi = N.nvmlDeviceGetGpuInstanceById(gpu(), truth.gi_id_at(start))
         N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
         N.nvmlGpuInstanceDestroy(gi)
     gi = create_gi(gpu(), 19, 5, 1)
     N.nvmlGpuInstanceCreateComputeInstance(gi, 0)
-    reborn = [ctypes.addressof(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i).contents) for i in range(2)]
-    assert reborn == [addresses[1], addresses[0]]  # the live 1g keeps its handle; the new one takes slot 0
+    now = node.gpu(0)
+    reborn = {
+        N.nvmlDeviceGetUUID(h): ctypes.addressof(h.contents)
+        for h in (N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), i) for i in range(2))
+    }
+    # The live 1g keeps its handle; the new one takes the first slot freed, the one the 1g at 0 had.
+    assert reborn[truth.mig_uuid_at(1)] == address[truth.mig_uuid_at(1)]
+    assert reborn[now.mig_uuid_at(5)] == address[truth.mig_uuid_at(0)]
 
 
 def test_mig_calls_on_a_gpu_with_mig_disabled_are_not_supported(sim: Sim) -> None:
@@ -288,6 +343,36 @@ def test_smaller_compute_instances_fill_a_gpu_instance(sim: Sim) -> None:
     assert len(mig_handles(gpu())) == 3  # every compute instance is a MIG device
 
 
+def test_a_hopper_2g_offers_a_second_one_slice_compute_profile_id_7_with_26_sms(sim: Sim) -> None:
+    # 1c.2g.20gb REV1 on an H100 2g: NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1, ID 7, 26 SMs against 16 for the
+    # plain 1c; it takes the instance's SMs, so nothing else fits beside it.
+    sim("h100-80")
+    gi = create_gi(gpu(), 14, 0, 2)
+    rev1 = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1, 0)
+    plain = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
+    assert (rev1.id, rev1.sliceCount, rev1.multiprocessorCount, rev1.instanceCount) == (7, 1, 26, 1)
+    assert (plain.id, plain.multiprocessorCount, plain.instanceCount) == (0, 16, 2)
+    assert rev1.name == plain.name == "MIG 1c.2g.20gb"
+    ci = N.nvmlGpuInstanceCreateComputeInstance(gi, rev1.id)
+    assert N.nvmlComputeInstanceGetInfo(ci).profileId == 7
+    assert N.nvmlDeviceGetAttributes(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)).multiprocessorCount == 26
+    with pytest.raises(N.NVMLError_InsufficientResources):
+        N.nvmlGpuInstanceCreateComputeInstance(gi, plain.id)
+
+
+def test_the_one_slice_rev1_profile_is_hoppers_and_needs_two_memory_slices(sim: Sim) -> None:
+    # go-nvlib #85: a 1_SLICE_REV2 GPU instance takes 1_SLICE and 1_SLICE_REV1, a 1_SLICE one only 1_SLICE.
+    sim("h200")
+    wide = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(create_gi(gpu(), 15, 0, 2), 7, 0)
+    assert (wide.multiprocessorCount, wide.sliceCount) == (26, 1)
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlGpuInstanceGetComputeInstanceProfileInfo(create_gi(gpu(), 19, 2, 1), 7, 0)
+    uninstall()
+    sim("a100-80")
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlGpuInstanceGetComputeInstanceProfileInfo(create_gi(gpu(), 14, 0, 2), 7, 0)
+
+
 def test_a_compute_profile_the_gpu_instance_lacks_is_not_supported(sim: Sim) -> None:
     sim("h200")
     gi = create_gi(gpu(), 9, 0, 4)
@@ -308,17 +393,18 @@ def test_mig_index_without_a_device_is_not_found_and_past_the_maximum_is_invalid
 def test_mig_devices_are_re_enumerated_after_a_change(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0+3g.71gb@4")
     before = [N.nvmlDeviceGetUUID(h) for h in mig_handles(gpu())]
-    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    gone = node.gpu(0).mig_uuid_at(0)
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), node.gpu(0).gi_id_at(0))
     N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
     after = [N.nvmlDeviceGetUUID(h) for h in mig_handles(gpu())]
-    assert after == before[1:] == list(node.mig_uuids(0))
+    assert after == [u for u in before if u != gone] == list(node.mig_uuids(0))
 
 
 def test_mig_uuid_is_stable_for_the_life_of_the_instance_and_new_after_recreation(sim: Sim) -> None:
     node = sim("h200:3g.71gb@0")
     old = node.mig_uuids(0)[0]
     assert N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)) == old
-    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), 1)
+    gi = N.nvmlDeviceGetGpuInstanceById(gpu(), node.gpu(0).gi_id_at(0))
     N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
     N.nvmlGpuInstanceCreateComputeInstance(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
     new = N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0))
@@ -327,11 +413,11 @@ def test_mig_uuid_is_stable_for_the_life_of_the_instance_and_new_after_recreatio
 
 def test_handle_by_uuid_accepts_mig_uuids_and_leads_back_to_the_parent(sim: Sim) -> None:
     node = sim()
-    uuid = node.mig_uuids(1)[2]
+    uuid = node.gpu(1).mig_uuid_at(6)
     mig = N.nvmlDeviceGetHandleByUUID(uuid)
     assert bool(N.nvmlDeviceIsMigDeviceHandle(mig))
     assert N.nvmlDeviceGetIndex(N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)) == 1
-    assert (N.nvmlDeviceGetGpuInstanceId(mig), N.nvmlDeviceGetComputeInstanceId(mig)) == (13, 0)
+    assert (N.nvmlDeviceGetGpuInstanceId(mig), N.nvmlDeviceGetComputeInstanceId(mig)) == (node.gpu(1).gi_id_at(6), 0)
     assert N.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 1g.18gb"
     with pytest.raises(N.NVMLError_NotFound):
         N.nvmlDeviceGetHandleByUUID("MIG-00000000-0000-0000-0000-000000000000")
@@ -347,7 +433,7 @@ def test_utilization_rates_are_not_supported_on_mig(sim: Sim) -> None:
 
 def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim: Sim) -> None:
     node = sim()
-    uuid = node.mig_uuids(0)[1]
+    uuid = node.gpu(0).mig_uuid_at(4)  # the 2g.35gb
     handle = N.nvmlDeviceGetHandleByUUID(uuid)
     idle = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
     node.start_process(uuid, memory_bytes=3 << 30)
@@ -356,28 +442,42 @@ def test_memory_of_a_mig_device_is_its_instance_and_its_processes(sim: Sim) -> N
     assert mem.total == mem.reserved + mem.used + mem.free
 
 
-def test_an_idle_mig_device_shows_a_few_mib_used_and_reserved_memory_is_not_zero(sim: Sim) -> None:
-    # Hardware: an idle 1g.10gb on an H100 shows 12 MiB used; nvml.h: v1 "used" is the "Sum of Reserved and
-    # Allocated device memory", v2 "accounts separately for reserved memory".
-    node = sim()
-    handle = N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[2])  # the idle 1g.18gb at 6
+@pytest.mark.parametrize(
+    ("spec", "mib"),
+    [("a100-40:1g.5gb@6", 3), ("a100-80:2g.20gb@4", 13), ("a100-40:3g.20gb@4", 11), ("h100-80:1g.10gb@6", 12)],
+)
+def test_an_idle_mig_device_shows_the_few_mib_a_real_driver_does_through_either_struct(
+    sim: Sim, spec: str, mib: int
+) -> None:
+    # `nvidia-smi`'s MIG devices table on idle instances: 1g.5gb 3 MiB, 3g.20gb 11 MiB (NVIDIA MIG User Guide),
+    # 2g.20gb 13 MiB (nvitop pull request #8), H100 1g.10gb 12 MiB. The v1 struct says the same as v2: a MIG device
+    # has no reserve of its own to add to "used".
+    node = sim(spec)
+    handle = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu(), 0)
     v2 = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
-    assert 3 << 20 <= v2.used <= 32 << 20
-    assert v2.reserved > 0
-    assert v2.total == v2.reserved + v2.used + v2.free
     v1 = N.nvmlDeviceGetMemoryInfo(handle)
+    assert (v1.used, v2.used, v2.reserved) == (mib << 20, mib << 20, 0)
+    assert v1.total == v2.total == v1.used + v1.free == v2.reserved + v2.used + v2.free
+    assert node.gpu(0).gpu_instances[0].idle_used_bytes == v1.used
+
+
+def test_a_whole_gpu_counts_its_reserve_as_used_in_v1_and_apart_in_v2(sim: Sim) -> None:
+    # nvml.h: v1 "used" is the "Sum of Reserved and Allocated device memory"; v2 accounts reserved separately.
+    sim("h200:-")
+    v2 = N.nvmlDeviceGetMemoryInfo(gpu(), version=N.nvmlMemory_v2)
+    v1 = N.nvmlDeviceGetMemoryInfo(gpu())
+    assert (v2.reserved, v2.used) == (700 << 20, 1 << 20)
     assert (v1.total, v1.used, v1.free) == (v2.total, v2.reserved + v2.used, v2.free)
-    assert node.gpu(0).gpu_instances[2].idle_used_bytes == v2.used
 
 
 # ------------------------------------------------------------------------------------------- processes
 def test_processes_come_back_through_the_v3_size_probe(sim: Sim) -> None:
     node = sim()
-    uuid = node.mig_uuids(0)[0]
+    uuid = node.gpu(0).mig_uuid_at(0)
     pids = [node.start_process(uuid, memory_bytes=(i + 1) << 30) for i in range(3)]
     procs = N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByUUID(uuid))
     assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId) for p in procs] == [
-        (pids[i], (i + 1) << 30, 1, 0) for i in range(3)
+        (pids[i], (i + 1) << 30, node.gpu(0).gi_id_at(0), 0) for i in range(3)
     ]
     assert all(pid >= FAKE_PID_BASE for pid in pids)
 
@@ -589,7 +689,7 @@ def test_get_index_of_a_mig_handle_is_the_index_get_mig_device_handle_by_index_t
     "call",
     [
         lambda: N.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu(), 19),
-        lambda: N.nvmlDeviceGetGpuInstanceById(gpu(), 1),
+        lambda: N.nvmlDeviceGetGpuInstanceById(gpu(), first_gi_id()),
         lambda: N.nvmlDeviceGetGpuInstances(gpu(), 9, (N.c_nvmlGpuInstance_t * 2)(), byref(c_uint(0))),
         lambda: N.nvmlDeviceGetGpuInstancePossiblePlacements(gpu(), 9, None, byref(c_uint(0))),
     ],

@@ -34,7 +34,7 @@ def test_a_reinstall_restores_instances_uuids_ids_and_processes(tmp_path: Path) 
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)
     with Nvml.open() as nvml:
-        nvml.destroy_instance(0, 5)
+        nvml.destroy_instance(0, node.gpu(0).gi_id_at(4))
         created = nvml.create_instance(0, "1g.18gb", 6)
         nvml.set_mig_mode(1, False)
     fake = node.start_process(created.uuid, memory_bytes=3 << 30)
@@ -62,10 +62,10 @@ def test_fake_pids_keep_counting_after_a_restore(tmp_path: Path) -> None:
 
 def test_new_mig_uuids_after_a_restore_never_repeat_old_ones(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
-    install(SPEC, state_path=path)
+    node = install(SPEC, state_path=path)
     with Nvml.open() as nvml:
         old = {d.uuid for _, d in nvml.inventory().mig_devices()}
-        nvml.destroy_instance(1, 1)
+        nvml.destroy_instance(1, node.gpu(1).gi_id_at(0))
     uninstall()
     install(SPEC, state_path=path)
     with Nvml.open() as nvml:
@@ -97,10 +97,13 @@ def test_every_mutation_is_on_disk_at_once(tmp_path: Path) -> None:
     path = tmp_path / "node.json"
     node = install(SPEC, state_path=path)
     with Nvml.open() as nvml:
-        nvml.destroy_instance(0, 5)
-        assert [gi["id"] for gi in json.loads(path.read_text())["gpus"][0]["gpu_instances"]] == [1]
-    pid = node.start_process(node.mig_uuids(1)[0])
-    assert pid in {p["pid"] for p in json.loads(path.read_text())["gpus"][1]["gpu_instances"][0]["cis"][0]["processes"]}
+        nvml.destroy_instance(0, node.gpu(0).gi_id_at(4))
+        on_disk = json.loads(path.read_text())["gpus"][0]["gpu_instances"]
+        assert [gi["id"] for gi in on_disk] == [node.gpu(0).gi_id_at(0)]
+    uuid = node.mig_uuids(1)[0]
+    pid = node.start_process(uuid)
+    cis = [c for gi in json.loads(path.read_text())["gpus"][1]["gpu_instances"] for c in gi["cis"]]
+    assert pid in {p["pid"] for c in cis if c["uuid"] == uuid for p in c["processes"]}
     assert [p.name for p in tmp_path.iterdir()] == ["node.json"]  # the temporary file was renamed into place
 
 

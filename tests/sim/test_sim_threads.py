@@ -38,7 +38,7 @@ def test_sweeps_on_another_thread_survive_concurrent_changes_and_end_consistent(
                 uuid = node.mig_uuids(0)[round_ % 3]
                 pid = node.start_process(uuid, memory_bytes=1 << 20)
                 node.set_activity(uuid, sm=0.5)
-                gi = N.nvmlDeviceGetGpuInstanceById(dev, 13)
+                gi = N.nvmlDeviceGetGpuInstanceById(dev, node.gpu(1).gi_id_at(6))
                 N.nvmlComputeInstanceDestroy(N.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
                 N.nvmlGpuInstanceDestroy(gi)
                 placement = N.c_nvmlGpuInstancePlacement_t(6, 1)

@@ -16,7 +16,8 @@ import pytest
 from flexmig.act.journal import StepEvent
 from flexmig.slurm.agent import SlurmRead
 from flexmig.slurm.reservations import PREFIX, flexmig_name
-from support.slurm import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -38,7 +39,7 @@ def test_slurmd_killed_with_two_jobs_running_comes_back_at_once_no_drain_no_job_
                 states.append(f"{node.state}{'+DRAIN' if node.drained else ''}")
                 return rnd.read is not None and await rig.agent.slurmd.running()
 
-            await until("slurmd running again", back, timeout_s=20)
+            await until(back, 20, "slurmd running again", not_yet=(Exception,))
             assert int(rig.paths.slurmd_pid(rig.node).read_text()) != pid
             assert ("slurmd_restarted", "slurmd crashed") in [(k, d.get("reason")) for k, d in rig.node_events]
             for j in jobs:
@@ -174,7 +175,7 @@ def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> 
                 j = await rig.job(big)
                 return j is not None and j.state in ("RUNNING", "COMPLETED")
 
-            await until("the 7g job started", started, timeout_s=90)
+            await until(started, 90, "the 7g job started", not_yet=(Exception,))
             assert committed, "the change was never committed"
             big_job = await rig.job(big)
             assert big_job is not None and big_job.start_s is not None
@@ -218,7 +219,7 @@ def test_a_node_an_administrator_downed_stays_down_even_when_its_slurmd_dies() -
                 assert rnd.result is None and "down (broken fan)" in rnd.note, rnd.note
             pid = int(rig.paths.slurmd_pid(rig.node).read_text())
             os.kill(pid, signal.SIGKILL)  # slurmd dies on the node the administrator took out of service
-            await until("slurmd seen crashed", lambda: _crashed(rig))
+            await until(lambda: _crashed(rig), what="slurmd seen crashed", not_yet=(Exception,))
             for _ in range(4):
                 rnd = await rig.agent.round("act")
                 assert rnd.result is None and "down (broken fan)" in rnd.note, rnd.note
@@ -245,7 +246,7 @@ def test_a_crashed_slurmd_on_a_drained_node_comes_back_its_job_completes_and_the
             await rig.wait_state(job, "RUNNING")
             rig.run("scontrol", "update", f"nodename={rig.node}", "state=drain", "reason=maint")
             os.kill(int(rig.paths.slurmd_pid(rig.node).read_text()), signal.SIGKILL)
-            await until("slurmd seen crashed", lambda: _crashed(rig))
+            await until(lambda: _crashed(rig), what="slurmd seen crashed", not_yet=(Exception,))
             rnd = await rig.agent.round("act")
             assert ("slurmd_restarted", "slurmd crashed") in [(k, d.get("reason")) for k, d in rnd.events], rnd
             done = await rig.wait_state(job, "COMPLETED")
@@ -301,7 +302,7 @@ def test_an_administrators_drain_or_reservation_just_before_the_delete_cancels_t
                 got = await rig.agent.read()
                 return got if got.node is not None and got.node.responding else None
 
-            read = await until("the node answers with the GRES it had", answers, 40)
+            read: SlurmRead = await until(answers, 40, "the node answers with the GRES it had", not_yet=(Exception,))
             assert read.node is not None
             assert read.registered_as == {"7g.141gb": 1}  # never deleted, never changed
             if what == "drain":

@@ -7,7 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from support.slurm import SlurmRig, skip_reason, until
+from support.hostile import HOSTILE, SYSTEM_PYTHON
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -24,7 +26,9 @@ def test_three_pending_1g_jobs_on_a_7g_node_run_each_on_its_own_mig_device() -> 
             assert rnd.result is not None and rnd.result.ok, rnd
             for j in jobs:
                 await rig.wait_state(j, "RUNNING")
-            seen = [await until(f"job {j} wrote its devices", _visible(rig, j)) for j in jobs]
+            seen = [
+                await until(_visible(rig, j), what=f"job {j} wrote its devices", not_yet=(Exception,)) for j in jobs
+            ]
             assert all(v.startswith("MIG-") and "," not in v for v in seen), seen
             assert len(set(seen)) == 3, seen
             read = await rig.agent.read()
@@ -46,7 +50,7 @@ def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_ack
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook, 5))
+            await until(lambda: _steps(rig, hook, 5), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -56,7 +60,7 @@ def test_a_requeue_hook_job_is_checkpointed_requeued_and_resumes_once_at_its_ack
             for j in small:
                 await rig.wait_state(j, "RUNNING")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job resumed", lambda: _starts(rig, hook, 2))
+            await until(lambda: _starts(rig, hook, 2), what="the hook job resumed", not_yet=(Exception,))
             log = rig.hook_log(hook)
             starts = [e for e in log if e["event"] == "start"]
             ckpts = [e for e in log if e["event"] == "checkpoint"]
@@ -80,7 +84,7 @@ def test_a_job_without_the_hook_is_never_signalled_the_drain_waits_for_it() -> N
             hook = rig.hook_job("--gres=gpu:4g.71gb:1")
             await rig.wait_state(plain, "RUNNING")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook, 3))
+            await until(lambda: _steps(rig, hook, 3), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -142,5 +146,33 @@ def test_observe_reads_slurm_only_and_advise_plans_without_changing_anything() -
             for x in jobs:
                 job = await rig.job(x)
                 assert job is not None and job.pending, job
+
+    asyncio.run(scenario())
+
+
+def test_a_hook_job_whose_acknowledgement_has_a_5000_digit_step_cancels_the_move_and_leaves_the_node_usable() -> None:
+    """A Slurm job's user writes an acknowledgement no decoder should take: the move is cancelled with one line, the
+    agent carries on, the job runs on and is not requeued, and the node is not left drained (``_validate`` raised
+    ValueError: "internal error", and in the issue's report the node stayed drained for good)."""
+
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            payload = rig.base / "payload.json"
+            payload.write_bytes(b'{"step": ' + b"9" * 5000 + b', "checkpoint": "x"}')
+            payload.chmod(0o644)
+            script = f"#!/bin/sh\nexec {SYSTEM_PYTHON} {HOSTILE} ack-bytes {payload}\n"
+            hook = rig.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=script)
+            await rig.wait_state(hook, "RUNNING")
+            small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
+            for j in small:
+                await rig.wait_state(j, "PENDING")
+            rnd = await rig.change()
+            assert rnd.result is not None and not rnd.result.ok, rnd
+            errors = " ".join(a.error or "" for a in rnd.result.results)
+            assert "more than 20 digits" in errors and "move cancelled" in errors, errors
+            job = await rig.job(hook)
+            assert job is not None and job.state == "RUNNING" and job.restart_count == 0, job
+            node = (await rig.agent.read()).node
+            assert node is not None and not node.drained, node
 
     asyncio.run(scenario())

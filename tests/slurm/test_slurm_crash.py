@@ -13,7 +13,8 @@ import asyncio
 import pytest
 
 from flexmig.act.journal import StepEvent
-from support.slurm import SlurmRig, skip_reason, until
+from support.slurm import SlurmRig, skip_reason
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -52,7 +53,7 @@ def test_a_crash_mid_reregistration_is_finished_at_the_next_start(at: str) -> No
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4", on_step=on_step) as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook))
+            await until(lambda: _steps(rig, hook), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -71,7 +72,7 @@ def test_a_crash_mid_reregistration_is_finished_at_the_next_start(at: str) -> No
                 await rig.wait_state(j, "RUNNING")
             job = await rig.wait_state(hook, "RUNNING")
             assert job.restart_count == 1
-            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            await until(lambda: _started_twice(rig, hook), what="the hook job resumed", not_yet=(Exception,))
             log = rig.hook_log(hook)
             starts = [e for e in log if e["event"] == "start"]
             ckpts = [e for e in log if e["event"] == "checkpoint"]
@@ -95,7 +96,7 @@ def test_a_gres_conf_flexmig_cannot_use_is_refused_before_anything_is_stopped(pr
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
             hook = rig.hook_job("--gres=gpu:3g.71gb:1")
             await rig.wait_state(hook, "RUNNING")
-            await until("the hook job steps", lambda: _steps(rig, hook))
+            await until(lambda: _steps(rig, hook), what="the hook job steps", not_yet=(Exception,))
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
@@ -122,7 +123,7 @@ def test_a_gres_conf_flexmig_cannot_use_is_refused_before_anything_is_stopped(pr
             again = await rig.change()
             assert again.result is not None and again.result.ok, again
             assert (await rig.agent.read()).in_sync
-            await until("the hook job resumed", lambda: _started_twice(rig, hook))
+            await until(lambda: _started_twice(rig, hook), what="the hook job resumed", not_yet=(Exception,))
             for j in small:
                 await rig.wait_state(j, "RUNNING")
 

@@ -19,8 +19,8 @@ import pytest
 
 from flexmig.errors import StateInUseError
 from flexmig.storage import DirectoryLock, LockSet
-from support.flexmigd import ActNode, act_node, short_base, wait_until
-from support.prometheus import free_port
+from support.flexmigd import ActNode, act_node, short_base
+from support.wait import free_port, wait_for_file
 
 SIM = "h200x1:1g.18gb@0+1g.18gb@1"
 
@@ -131,7 +131,7 @@ def test_the_holder_is_found_in_proc_locks_when_its_pid_is_not_in_the_file(tmp_p
     with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-            wait_until("the lock to show", lock.exists)
+            wait_for_file(lock, what="the lock to show")
             with pytest.raises(StateInUseError, match=rf"pid {holder.pid}, lock {lock}"):
                 DirectoryLock.acquire(lock, "the test's lock")
         finally:

@@ -16,7 +16,6 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +27,7 @@ from flexmig.act.service import Actuator
 from flexmig.jobspec import JobPolicy
 from flexmig.nvml import Nvml, NvmlWorker
 from support.jobs import kill_ranks
+from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = ROOT / "examples" / "hook_minimal.py"
@@ -98,7 +98,7 @@ class LiveNode:
             f'{{"op": "jobs.submit", "args": {{"path": "{self.write_job()}"}}}}'.encode()
         )
         assert answer["ok"], answer
-        await self._until(lambda: len(self.act.supervisor.alive(self.job_name)) == self.ranks, "the job's ranks")
+        await until(lambda: len(self.act.supervisor.alive(self.job_name)) == self.ranks, what="the job's ranks")
 
     async def _stop(self) -> None:
         try:
@@ -111,14 +111,6 @@ class LiveNode:
             self.offload.shutdown()
             self.nvml.close()
             sim.uninstall()
-
-    @staticmethod
-    async def _until(predicate: Any, what: str) -> None:
-        deadline = time.monotonic() + WAIT
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {WAIT} s waiting for {what}")
-            await asyncio.sleep(0.02)
 
     def write_job(self) -> Path:
         """The spec of the job the rig runs (a checkpointing counter)."""

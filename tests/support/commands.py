@@ -24,6 +24,7 @@ from flexmig.config import HostPort
 from flexmig.mqtt.commands import CommandListener, CommandSettings, Dispatch
 from support.actuator import LiveNode
 from support.mosquitto import PASSWORDS, WAIT, Mosquitto
+from support.wait import until
 
 NODE = "node-1"
 
@@ -129,12 +130,7 @@ class RunningListener:
         self.task = node.call(start())
 
     def wait_connected(self) -> None:
-        async def connected() -> None:
-            async with asyncio.timeout(WAIT):
-                while not self.listener.stats().connected:  # noqa: ASYNC110 (a counter, not an event)
-                    await asyncio.sleep(0.01)
-
-        self.node.call(connected())
+        self.node.call(until(lambda: self.listener.stats().connected, WAIT, "the command listener connected"))
 
     def alive(self) -> bool:
         return not self.task.done()
@@ -146,3 +142,21 @@ class RunningListener:
                 await asyncio.wait_for(self.task, WAIT)
 
         self.node.call(cancel())
+
+
+def anonymous_publish(broker: Mosquitto, verb: str, command: dict[str, Any], node: str = NODE) -> None:
+    """What any local user can do on a broker that lets anonymous clients in: publish a command (QoS 1, waiting
+    for the broker's acknowledgement)."""
+    client = paho.Client(
+        CallbackAPIVersion.VERSION2, client_id=f"intruder-{uuid.uuid4().hex[:6]}", protocol=paho.MQTTv5
+    )
+    connected: queue.Queue[bool] = queue.Queue()
+    client.on_connect = lambda _c, _u, _f, rc, _p: connected.put(not rc.is_failure)
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    try:
+        assert connected.get(timeout=WAIT), "the broker lets anonymous clients in"
+        client.publish(f"flexmig/v1/{node}/commands/{verb}", json.dumps(command), qos=1).wait_for_publish(WAIT)
+    finally:
+        client.disconnect()
+        client.loop_stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 
@@ -18,6 +17,7 @@ from flexmig.daemon import Daemon
 from flexmig.nvml import Nvml
 from flexmig.sim import SimNode
 from flexmig.telemetry.snapshot import InstanceSnapshot, Snapshot
+from support.wait import until
 
 Series = dict[str, list[tuple[dict[str, str], float]]]
 LOOPBACK_ANY = HostPort("127.0.0.1", 0)  # metrics on a free loopback port
@@ -63,21 +63,17 @@ async def sweeps(daemon: Daemon, n: int, timeout_s: float = 20.0) -> None:
     snap = daemon.latest()
     assert snap is not None
     target = snap.stats.sweeps + n
-    deadline = time.monotonic() + timeout_s
-    while (s := daemon.latest()) is None or s.stats.sweeps < target:
-        assert time.monotonic() < deadline, f"fewer than {n} sweeps in {timeout_s} s"
-        await asyncio.sleep(0.01)
+    await until(lambda: (s := daemon.latest()) is not None and s.stats.sweeps >= target, timeout_s, f"{n} more sweeps")
 
 
 async def until_snapshot(
     daemon: Daemon, probe: Callable[[Snapshot], object], what: str, timeout_s: float = 20.0
 ) -> Snapshot:
     """The first published snapshot for which ``probe`` is truthy (AssertionError naming ``what`` after the bound)."""
-    deadline = time.monotonic() + timeout_s
-    while (s := daemon.latest()) is None or not probe(s):
-        assert time.monotonic() < deadline, f"no snapshot with {what} in {timeout_s} s"
-        await asyncio.sleep(0.01)
-    return s
+    snap: Snapshot = await until(
+        lambda: s if (s := daemon.latest()) is not None and probe(s) else None, timeout_s, f"a snapshot with {what}"
+    )
+    return snap
 
 
 def instance(snap: Snapshot, mig_uuid: str) -> InstanceSnapshot:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,24 +35,10 @@ from flexmig.errors import FlexmigError
 from flexmig.mqtt.events import Event
 from flexmig.sim.truth import GpuTruth
 from support.jobs import counter_spec, kill_ranks, write_spec
-from support.prometheus import free_port, http_get
+from support.prometheus import http_get
+from support.wait import free_port, wait_until
 
 WAIT_S = 60.0
-
-
-def wait_until(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S, every_s: float = 0.1) -> Any:
-    """``probe()`` until truthy (exceptions count as not yet); AssertionError naming ``what`` after the bound."""
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = probe()
-            if got:
-                return got
-        except (OSError, ValueError, KeyError, AssertionError) as exc:
-            last = exc
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last error: {last!r})")
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -151,7 +137,7 @@ class ActNode:
             return (self.sock.exists() or not self.control) and b"flexmig_actions_total" in http_get(self.url)
 
         try:
-            wait_until(f"flexmigd up (log {self.log})", up)
+            wait_until(up, what=f"flexmigd up (log {self.log})")
         except RuntimeError as exc:
             raise AssertionError(str(exc)) from None
         return self
@@ -180,7 +166,7 @@ class ActNode:
         before = self.log.read_text().count(f" -> {mode}")
         self.write_config(mode)
         self.proc.send_signal(signal.SIGHUP)
-        wait_until(f"reload to mode {mode}", lambda: self.log.read_text().count(f" -> {mode}") > before)
+        wait_until(lambda: self.log.read_text().count(f" -> {mode}") > before, what=f"reload to mode {mode}")
 
     # ------------------------------------------------------------------------------------------ reading
     def metrics(self) -> str:

@@ -20,6 +20,7 @@ import psutil
 
 from flexmig.act.journal import Journal, JournalError
 from flexmig.hook.protocol import ENV_CHECKPOINT_DIR, ENV_JOB_ID
+from support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,16 +131,25 @@ class Training:
 
     def wait_for(self, n_starts: int, steps_after: int, timeout_s: float = 120) -> dict[str, Any]:
         """Wait for the n-th start event and ``steps_after`` steps after it; returns that start."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def reached() -> dict[str, Any] | None:
             log = self.log()
             starts = [i for i, e in enumerate(log) if e["event"] == "start"]
             if len(starts) >= n_starts:
                 i = starts[n_starts - 1]
                 if sum(1 for e in log[i:] if e["event"] == "step") >= steps_after:
                     return log[i]
-            time.sleep(0.1)
-        raise AssertionError(f"training did not reach start {n_starts} + {steps_after} steps: {self.log()[-3:]}")
+            return None
+
+        try:
+            start: dict[str, Any] = wait_until(
+                reached, timeout_s, f"start {n_starts} of the training and {steps_after} steps after it"
+            )
+            return start
+        except AssertionError:
+            raise AssertionError(
+                f"training did not reach start {n_starts} + {steps_after} steps: {self.log()[-3:]}"
+            ) from None
 
     def check_resumed_exactly(self, torch: Any, moves: int) -> None:
         """After ``moves`` moves: each start resumed at the acknowledged step + 1 with the checkpoint's exact

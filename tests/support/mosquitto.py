@@ -12,11 +12,12 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.wait import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 WAIT = 30.0  # the bound on every wait against the broker, in seconds
@@ -49,13 +50,6 @@ topic read flexmig/v1/#
 user viewer
 topic read flexmig/v1/#
 """
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def secured_config(workdir: Path) -> str:
@@ -145,15 +139,6 @@ class Brokers:
         """Stop every broker started here (bounded)."""
         for broker in self.started:
             broker.stop()
-
-
-async def until(predicate: Callable[[], Any], what: str, limit: float = WAIT) -> None:
-    """Wait until ``predicate()`` is true, at most ``limit`` seconds (AssertionError naming ``what`` after)."""
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def cancel(*tasks: asyncio.Task[Any]) -> None:

@@ -12,18 +12,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flexmig import sim
+from support.wait import free_port, wait_until
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -31,32 +30,10 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 START_S = 60.0  # the bound on waiting for a server to come up
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def http_get(url: str, timeout: float = 5.0) -> bytes:
     """The body of ``url``."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return bytes(resp.read())
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float) -> Any:
-    """Call ``probe()`` until it returns something truthy without raising; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = probe()
-            if got:
-                return got
-        except (OSError, ValueError, KeyError) as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not seen within {timeout_s} s (last error: {last})")
 
 
 def ground_truth(spec: str) -> dict[str, tuple[int, int, str, int]]:
@@ -116,7 +93,7 @@ def flexmigd(workdir: Path, spec: str = SPEC, config: Path | None = None) -> Ite
             return b"flexmig_mig_memory_total_bytes" in http_get(f"http://127.0.0.1:{port}/metrics")
 
         try:
-            wait_for(f"flexmigd metrics (log: {log_path})", serving, START_S)
+            wait_until(serving, START_S, f"flexmigd metrics (log: {log_path})", every_s=0.2)
             yield Flexmigd(proc, port, log_path)
         finally:
             stop(proc)
@@ -161,7 +138,7 @@ def prometheus(
             return http_get(f"http://127.0.0.1:{port}/-/ready")
 
         try:
-            wait_for("prometheus ready", ready, START_S)
+            wait_until(ready, START_S, "prometheus ready", every_s=0.2)
             yield port
         finally:
             stop(proc)

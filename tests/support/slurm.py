@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +42,7 @@ from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
+from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
@@ -57,23 +58,6 @@ def skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm testbed runs slurmctld and slurmd as root"
     return None
-
-
-async def until(what: str, probe: Callable[[], Awaitable[T | None]], timeout_s: float = WAIT_S) -> T:
-    """Await ``probe()`` until it gives something truthy; AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            got = await probe()
-        except Exception as exc:  # not yet
-            last = exc
-        else:
-            if got:
-                return got
-            last = got
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
 
 
 class SlurmRig:
@@ -275,7 +259,8 @@ class SlurmRig:
             return j if j is not None and j.state == state else None
 
         try:
-            return await until(f"Slurm job {job_id} {state}", probe, timeout_s)
+            job: SlurmJob = await until(probe, timeout_s, f"Slurm job {job_id} {state}", not_yet=(Exception,))
+            return job
         except AssertionError as exc:
             out = self.paths.log / f"job-{job_id}.out"
             tail = out.read_text(errors="replace")[-2000:] if out.exists() else "(no output)"
@@ -292,7 +277,8 @@ class SlurmRig:
             return rnd if rnd.result is not None else None
 
         try:
-            return await until("a re-registration", probe, timeout_s)
+            rnd: SlurmRound = await until(probe, timeout_s, "a re-registration", not_yet=(Exception,))
+            return rnd
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last round: {seen[0] if seen else '?'}") from None
 

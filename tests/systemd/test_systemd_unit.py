@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from flexmig.act.client import ControlClient
 from flexmig.cli.install_cmd import render_unit
 from flexmig.config import DEFAULT_CONFIG_PATH, Config, parse_config, render_toml
 from support.systemd import exposure, run_support_module, verify
+from support.wait import wait_for_socket, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "flexmigd.service"
@@ -213,17 +213,15 @@ def test_flexmigd_in_observe_runs_with_the_units_empty_capability_set(tmp_path: 
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        metrics = ""
-        while time.monotonic() < deadline and proc.poll() is None and "flexmig_gpu_memory_total_bytes" not in metrics:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    metrics = r.read().decode()
-            except OSError:
-                time.sleep(0.2)
-        assert "flexmig_gpu_memory_total_bytes" in metrics, "no metrics from flexmigd without capabilities"
-        while time.monotonic() < deadline and proc.poll() is None and not sock.exists():
-            time.sleep(0.1)  # the control socket comes up after the journal is reconciled
+
+        def metrics() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"flexmigd exited {proc.returncode} without capabilities")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return "flexmig_gpu_memory_total_bytes" in r.read().decode()
+
+        wait_until(metrics, 60, "metrics from flexmigd without capabilities", every_s=0.2)
+        wait_for_socket(sock, 60)  # the control socket comes up after the journal is reconciled
         status = ControlClient(sock, timeout_s=30).call("status")
         assert status["mode"] == "observe" and len(status["gpus"]) == 1
         with open(f"/proc/{proc.pid}/status") as f:

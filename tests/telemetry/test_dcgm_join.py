@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import http.server
 import threading
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -22,6 +21,7 @@ from flexmig.daemon import Daemon
 from flexmig.sim import SimNode
 from flexmig.telemetry.settings import TelemetrySettings
 from support.daemon import sweeps
+from support.wait import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -142,18 +142,6 @@ async def metric(daemon: Daemon, name: str, mig_uuid: str) -> float | None:
     return None
 
 
-async def eventually(probe: Callable[[], object], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 def node_of(daemon: Daemon) -> SimNode:
     assert daemon.backend is not None and daemon.backend.node is not None
     return daemon.backend.node
@@ -177,7 +165,7 @@ def test_dcgm_profiling_fields_appear_on_our_instances_in_both_naming_eras(era: 
                     got = [await metric(daemon, "flexmig_mig_sm_active_ratio", u) for u in uuids]
                     return all(g is not None and abs(g - figures[u][0]) < 1e-9 for g, u in zip(got, uuids, strict=True))
 
-                await eventually(joined)
+                await until(joined, 20.0, "DCGM's series joined to our instances")
                 for u, (_sm, occ, tensor, dram) in figures.items():
                     assert await metric(daemon, "flexmig_mig_sm_occupancy_ratio", u) == pytest.approx(occ)
                     assert await metric(daemon, "flexmig_mig_tensor_active_ratio", u) == pytest.approx(tensor)
@@ -208,7 +196,7 @@ def test_dcgm_framebuffer_fills_in_memory_nvml_would_not_give(era: str) -> None:
                 async def from_dcgm() -> bool:
                     return await metric(daemon, "flexmig_mig_memory_used_bytes", uuid) == 1536 * MIB
 
-                await eventually(from_dcgm)
+                await until(from_dcgm, 20.0, "memory figures from DCGM")
                 snap = daemon.latest()
                 assert snap is not None
                 assert snap.stats.nvml_errors.get(("nvmlDeviceGetMemoryInfo", "NO_PERMISSION"), 0) > 0  # NVML failed
@@ -247,7 +235,7 @@ def test_rows_whose_gpu_uuid_disagrees_with_nvml_are_not_joined() -> None:
                     snap = daemon.latest()
                     return snap is not None and snap.dcgm is not None and snap.dcgm.instances > 0
 
-                await eventually(scraped)
+                await until(scraped, 20.0, "a scrape of the exporter")
                 await sweeps(daemon, 2)  # sweeps that had the rows to join
                 assert await metric(daemon, "flexmig_mig_sm_active_ratio", uuid) is None
 
@@ -264,7 +252,7 @@ def test_an_unreachable_exporter_is_counted_and_sampling_goes_on() -> None:
                 snap = daemon.latest()
                 return snap is not None and snap.stats.source_errors.get("dcgm", 0) >= 2
 
-            await eventually(failed_twice)
+            await until(failed_twice, 20.0, "two failed scrapes counted")
             snap = daemon.latest()
             assert snap is not None and snap.dcgm is not None and not snap.dcgm.up
             assert len(snap.instances()) == 3

@@ -2,8 +2,15 @@
 
 One request per line, one answer per line::
 
-    -> {"op": "jobs.migrate", "args": {"name": "train", "to": "2g.35gb"}}
+    -> {"op": "jobs.migrate", "args": {"name": "train", "to": "2g.35gb"}, "deadline_s": 899}
+    <- {"begun": true}                        (only to a request with a deadline_s, once it begins)
     <- {"ok": true, "result": {...}}          or   {"ok": false, "error": "...", "type": "PlanRejectedError"}
+
+``deadline_s`` is how long the client waits for the request to begin (:mod:`flexmig.act.deadline`): a request
+that could not begin by then (it waited behind the action in flight) is dropped with a ``RequestExpiredError``
+answer and nothing done; one that began is carried to its end, and the ``begun`` line tells the client to wait for
+it. The daemon caps the deadline at ``max_wait_s`` (``control.max_wait_s``), which is also the deadline of a
+request that states none (an older client, an MQTT command).
 
 The server runs the handlers it is given, by operation name; what the operations are (their names, arguments,
 callers and handlers) is declared once, in :data:`flexmig.act.operation_table.OPERATIONS`, whose ``bind`` gives
@@ -26,13 +33,25 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flexmig.errors import ConfigError, FlexmigError, RequestError
+from flexmig.act.deadline import Deadline, within
+from flexmig.errors import ConfigError, FlexmigError, RequestError, RequestExpiredError
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
 
-__all__ = ["MAX_CONNECTIONS", "MAX_JSON_DEPTH", "MAX_REQUEST_BYTES", "ControlServer", "Handler", "RequestError"]
+__all__ = [
+    "MAX_CONNECTIONS",
+    "MAX_DEADLINE_S",
+    "MAX_JSON_DEPTH",
+    "MAX_REQUEST_BYTES",
+    "ControlServer",
+    "Handler",
+    "RequestError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +62,8 @@ MAX_CONNECTIONS = 32
 MAX_JSON_DEPTH = 32
 """Objects and arrays nest at most this deep in a request (the request object itself is level 1): no operation
 needs more, and a deeper one would only cost recursion in every layer that walks it."""
+MAX_DEADLINE_S = 86400.0
+"""The longest ``deadline_s`` a request may state (a day; the daemon's ``max_wait_s`` caps it further)."""
 Handler = Callable[[Mapping[str, Any]], Awaitable[Any]]
 
 
@@ -59,6 +80,9 @@ class ControlServer:
         idle_timeout_s: float = 300.0,
         allowed_uids: frozenset[int] | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        max_wait_s: float = 900.0,
+        on_dropped: Callable[[str, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self.handlers = dict(handlers)
@@ -66,6 +90,12 @@ class ControlServer:
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
+        self.max_wait_s = max_wait_s
+        """Longest a request may wait to begin (``control.max_wait_s``): the cap of its ``deadline_s``, and the
+        deadline of a request that states none."""
+        self.on_dropped = on_dropped
+        """Told ``(op, why)`` of every request dropped at its deadline (the actuator emits ``request_dropped``)."""
+        self.clock = clock
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({0, os.geteuid()})
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -177,7 +207,11 @@ class ControlServer:
                     return
                 if not line:
                     return
-                answer = await self.dispatch(line)
+
+                def began() -> None:  # the request is past its deadline's check: its client waits for the end
+                    writer.write(b'{"begun": true}\n')
+
+                answer = await self.dispatch(line, began=began)
                 await self._send(writer, answer)
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -197,12 +231,25 @@ class ControlServer:
         writer.write(json.dumps(obj, default=str).encode() + b"\n")
         await writer.drain()
 
-    async def dispatch(self, line: bytes) -> dict[str, Any]:
-        """Decode, validate and run one request line; always returns an answer, never raises."""
+    async def dispatch(self, line: bytes, *, began: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Decode, validate and run one request line under its deadline; always returns an answer, never raises.
+
+        ``began`` is called once the request begins (:mod:`flexmig.act.deadline`), if it stated a ``deadline_s``
+        (a client that does understands the ``begun`` line).
+        """
+        received = self.clock()
+        op = "request"
         try:
-            op, args = self._parse(line)
+            op, args, deadline_s = self._parse(line)
             handler = self.handlers[op]
-            result = await handler(args)
+            wait_s = self.max_wait_s if deadline_s is None else min(deadline_s, self.max_wait_s)
+            deadline = Deadline(op, wait_s, received, began if deadline_s is not None else None, self.clock)
+            result = await self._run(handler, args, deadline)
+        except RequestExpiredError as exc:
+            log.warning("control request %s", exc)
+            if self.on_dropped is not None:
+                self.on_dropped(op, str(exc))
+            return {"ok": False, "error": str(exc), "type": type(exc).__name__}
         except FlexmigError as exc:
             return {"ok": False, "error": str(exc), "type": type(exc).__name__}
         except Exception as exc:  # a bug in a handler must not take the socket down
@@ -210,44 +257,45 @@ class ControlServer:
             return {"ok": False, "error": f"internal error: {exc!r}", "type": "InternalError"}
         return {"ok": True, "result": result}
 
-    def _parse(self, line: bytes) -> tuple[str, Mapping[str, Any]]:
+    async def _run(self, handler: Handler, args: Mapping[str, Any], deadline: Deadline) -> Any:
+        """``handler(args)`` under ``deadline``: cancelled at it unless it has begun by then (RequestExpiredError)."""
+        left = deadline.wait_s - (self.clock() - deadline.received)
+        try:
+            async with asyncio.timeout(max(0.0, left)) as timer:
+                deadline.disarm = lambda: timer.reschedule(None)
+                with within(deadline):
+                    return await handler(args)
+        except TimeoutError:
+            if timer.expired() and not deadline.begun:
+                raise deadline.expired() from None
+            raise
+
+    def _parse(self, line: bytes) -> tuple[str, Mapping[str, Any], float | None]:
         if len(line) > self.max_request_bytes:
             raise RequestError(f"request longer than {self.max_request_bytes} bytes")
-        too_deep = RequestError(f"request nests deeper than {MAX_JSON_DEPTH} levels")
-        try:
-            req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RequestError(f"request is not JSON: {exc}") from None
-        except RecursionError:  # deeper than the interpreter's recursion limit: far past ours
-            raise too_deep from None
-        if _depth(req) > MAX_JSON_DEPTH:
-            raise too_deep
+        try:  # bounded: a 5,000-digit number or 100,000 brackets are an error answer, never a traceback
+            req = bounded_loads(line, max_bytes=self.max_request_bytes, max_depth=MAX_JSON_DEPTH)
+        except JsonBoundsError as exc:
+            what = str(exc)
+            if what.startswith("nests deeper"):
+                raise RequestError(f"request {what}") from None
+            raise RequestError(f"request is not JSON: {what}") from None
         if not isinstance(req, dict):
             raise RequestError("request must be a JSON object")
-        unknown = set(req) - {"op", "args"}
+        unknown = set(req) - {"op", "args", "deadline_s"}
         if unknown:
             raise RequestError(f"unknown request fields: {', '.join(sorted(unknown))}")
+        deadline_s = req.get("deadline_s")
+        if deadline_s is not None and (
+            not isinstance(deadline_s, int | float)
+            or isinstance(deadline_s, bool)
+            or not 0 < deadline_s <= MAX_DEADLINE_S  # NaN fails this too
+        ):
+            raise RequestError(f"'deadline_s' must be a number of seconds above 0 and at most {MAX_DEADLINE_S:g}")
         op = req.get("op")
         if not isinstance(op, str) or op not in self.handlers:
             raise RequestError(f"unknown operation {op!r}; known: {', '.join(sorted(self.handlers))}")
         args = req.get("args", {})
         if not isinstance(args, dict):
             raise RequestError("'args' must be a JSON object")
-        return op, args
-
-
-def _depth(doc: Any) -> int:
-    """How deep objects and arrays nest in ``doc`` (a scalar is 0); iterative, so any depth is safe to measure."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in children)
-    return deepest
+        return op, args, None if deadline_s is None else float(deadline_s)

@@ -10,20 +10,24 @@ says so once when it starts waiting (ERROR, naming the journal and what waits) a
 counts every retry. While it waits, :attr:`Durable.stalled` tells the control API and the metrics what is held up.
 
 Any other journal error is raised as before. Writes before anything is done (registering a plan, a submitted job)
-do not wait: they fail at once with the journal's error, and nothing has changed.
+do not wait: they fail at once with the journal's error, and nothing has changed. Nor does a request wait behind a
+write that waits: :meth:`Durable.hold` takes the action lock for a request unless a journal write waits for storage
+(already, or while the request queues for the lock), and then refuses it at once, naming the journal and the write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from flexmig.act.journal import JournalError
+from flexmig.errors import PlanRejectedError
 
 __all__ = ["Durable", "Stall", "storage_unavailable"]
 
@@ -92,6 +96,7 @@ class Durable:
         """Writes tried again since start (``flexmig_journal_write_retries_total``)."""
         self.stalls = 0
         """Times a write had to wait since start."""
+        self._stalling = asyncio.Event()
 
     async def write(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` (a journal write), tried again while the storage cannot take it; ``what`` names it in the log."""
@@ -106,6 +111,7 @@ class Durable:
                 if self.stalled is None:
                     self.stalled = Stall(what, self.wall(), str(cause))
                     self.stalls += 1
+                    self._stalling.set()
                     log.error(
                         "cannot write the journal %s (%s): %s waits and is tried again until it goes through; "
                         "free space (or fix the storage) and it carries on",
@@ -116,9 +122,58 @@ class Durable:
                 pause = min(self.longest_s, pause * 2)
                 continue
             stall, self.stalled = self.stalled, None
+            self._stalling.clear()
             if stall is not None:
                 log.warning(
                     "journal %s written again after %.1f s: %s goes on", self.journal_path,
                     self.wall() - stall.since_s, what,
                 )  # fmt: skip
             return result
+
+    def refusal(self, what: str) -> PlanRejectedError | None:
+        """The error that refuses ``what`` while a journal write waits for storage (None when none waits)."""
+        stall = self.stalled
+        if stall is None:
+            return None
+        return PlanRejectedError(
+            f"{what} refused: the journal {self.journal_path} cannot be written now "
+            f"({stall.describe(self.wall())}); try again once there is space"
+        )
+
+    @contextlib.asynccontextmanager
+    async def hold(self, lock: asyncio.Lock, what: str) -> AsyncIterator[None]:
+        """``async with durable.hold(lock, "jobs.migrate"):`` hold ``lock`` for a request, unless a journal write
+        waits for storage, now or while the request queues for the lock (it may be the holder's): then
+        PlanRejectedError at once, and the request changed nothing. What waits for storage never makes a request
+        hang behind it."""
+        refused = self.refusal(what)
+        if refused is not None:
+            raise refused
+        if lock.locked():
+            await self._acquire_unless_stalled(lock, what)
+        else:
+            await lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+
+    async def _acquire_unless_stalled(self, lock: asyncio.Lock, what: str) -> None:
+        """Queue for ``lock``; give up (PlanRejectedError) if a journal write starts waiting first."""
+        acquire = asyncio.ensure_future(lock.acquire())
+        stalling = asyncio.ensure_future(self._stalling.wait())
+        try:
+            await asyncio.wait({acquire, stalling}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled while queueing: never leave the lock taken behind us
+            stalling.cancel()
+            if not acquire.cancel() and not acquire.cancelled():
+                lock.release()
+            raise
+        stalling.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquire
+        if not acquire.cancelled():
+            return  # the lock is ours (a lock's acquire either returns True or is cancelled)
+        raise self.refusal(what) or PlanRejectedError(f"{what} refused: the action lock was not taken")

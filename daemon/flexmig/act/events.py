@@ -22,9 +22,11 @@ class ActEvent:
 
     ``kind`` (the last segment of the MQTT topic) is one of ``action_started``, ``action_completed``,
     ``action_failed``, ``action_cancelled``, ``action_skipped``, ``job_started``, ``job_exited``, ``job_failed``,
-    ``reconciled``; ``action`` names the action (``migrate``, ``resplit``, ``start``, ``stop``,
-    ``create_instance``, ``destroy_instance``, ``restart``); ``time_s`` is wall-clock time (epoch seconds);
-    ``duration_s`` is set on completion/failure; ``steps`` gives each journalled step's duration in seconds.
+    ``reconciled``, ``request_dropped`` (a control request that could not begin within its client's deadline:
+    ``reason`` says so, ``detail["op"]`` names the operation; the fleet does not get it); ``action`` names the
+    action (``migrate``, ``resplit``, ``start``, ``stop``, ``create_instance``, ``destroy_instance``,
+    ``restart``); ``time_s`` is wall-clock time (epoch seconds); ``duration_s`` is set on completion/failure;
+    ``steps`` gives each journalled step's duration in seconds.
     """
 
     kind: str
@@ -69,7 +71,7 @@ class LoggingSink:
 
     def emit(self, event: ActEvent) -> None:
         """Log the event."""
-        level = logging.WARNING if event.kind in ("action_failed", "job_failed") else logging.INFO
+        level = logging.WARNING if event.kind in ("action_failed", "job_failed", "request_dropped") else logging.INFO
         self.logger.log(level, "%s", json.dumps(event.to_json(), sort_keys=True))
 
 

@@ -46,8 +46,10 @@ import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
+from flexmig.act import deadline
 from flexmig.act.checkpoint import Checkpointer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.durable import Durable
@@ -81,11 +83,12 @@ from flexmig.act.preconditions import (
     layout_changes,
 )
 from flexmig.act.procs import FoundRank, ProcessScanner, process_alive
-from flexmig.act.records import JobRecord, Slot
+from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import ActionResult, PlanResult, action_result
 from flexmig.act.settling import Settler
 from flexmig.act.steps import ActionRun, Refused, StepFailed
 from flexmig.act.supervisor import Supervisor, free_port
+from flexmig.act.userpaths import UserPathError, clear_ack, ensure_dir
 from flexmig.config import Mode
 from flexmig.errors import JobSpecError, LayoutError, NvmlCallError, PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, recheck_spec
@@ -93,6 +96,10 @@ from flexmig.plan.types import Plan
 from flexmig_hook.protocol import Ack
 
 __all__ = ["Executor", "new_job_uid"]
+
+_NOT_AFTER_STOP = frozenset({"start", "migrate", "resplit", "create_instance"})
+"""Actions a plan does not begin once the daemon is stopping: they would start ranks (or make room for some) after
+it said it stops. The rest (destroying what a finished move left, a stop, a restart in place) still run."""
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +145,10 @@ class Executor:
         """Journal writes of actions in flight wait out a full disk (:mod:`flexmig.act.durable`)."""
         self.running: ActionRun | None = None
         """The action running now, for the control API's view of its job."""
+        self.stopping = False
+        """The daemon is stopping (SIGTERM): the action in flight finishes (or rolls back), but no action of a plan
+        that would start ranks (:data:`_NOT_AFTER_STOP`) is begun; it and the rest of its plan are skipped, saying
+        so (instances the plan made are destroyed again), and the next start plans afresh."""
         self.checkpointer = Checkpointer(
             supervisor=supervisor, events=events, wall=wall, poll_s=poll_s, resend_s=resend_s, term_grace_s=term_grace_s
         )
@@ -180,7 +191,8 @@ class Executor:
     ) -> PlanResult:
         """Like :meth:`execute` for already encoded actions (the control API's ``stop`` is not a plan action)."""
         self.require_act()
-        async with self._lock:
+        async with self.durable.hold(self._lock, f"plan from {origin}"):
+            deadline.begin()  # a control request that waited here past its client's deadline is dropped now
             plan_id, _ = self.journal.begin_plan(origin, actions, notes)
             return await self._run_plan(plan_id)
 
@@ -210,8 +222,10 @@ class Executor:
                 results.append(self._result(row))
                 stop = stop or (row.state != "done" and not undoing)
                 continue
-            if stop and not undoing:
-                why = "an earlier action of the plan did not complete"
+            held_back = self.stopping and row.kind in _NOT_AFTER_STOP and row.state == "pending"
+            if (stop or held_back) and not undoing:
+                why = "the daemon is stopping" if held_back else "an earlier action of the plan did not complete"
+                stop = True
                 await self.durable.write(
                     f"end of action {row.id}", partial(self.journal.finish_action, row.id, "skipped", why)
                 )
@@ -322,8 +336,8 @@ class Executor:
     def held(self, exclude: str | None = None) -> dict[tuple[int, int], str]:
         """Instances held by running jobs: ``(gpu, start) -> job``."""
         out: dict[tuple[int, int], str] = {}
-        for rec in self.journal.jobs():
-            if rec.state == "running" and rec.name != exclude:
+        for rec in self.journal.jobs_in("running"):
+            if rec.name != exclude:
                 for s in rec.slots:
                     out[s.key] = rec.name
         return out
@@ -629,6 +643,12 @@ class Executor:
                 live = self.supervisor.standby(rec.name)
                 handover = sorted(h.slot for h in live if h.generation == gen and not h.proc.finished())
         scan = prior is not None or (run.resumed and rec.spec.hook.standby)
+        if resume is not None and not inside(Path(resume.checkpoint), rec.spec.checkpoint_dir):
+            log.warning(
+                "job %s: checkpoint %s lies outside its checkpoint_dir %s: not resumed from it",
+                rec.name, resume.checkpoint, rec.spec.checkpoint_dir,
+            )  # fmt: skip
+            resume = None
         new = run.job(rec.name).with_(
             state="running", generation=gen, slots=tuple(slots), resume=resume, master_port=port, error=None
         )
@@ -644,8 +664,10 @@ class Executor:
                 found = [f for f in await asyncio.to_thread(self.scanner.find, new.uid) if f.generation == gen]
             mine = [f for f in found if not f.standby]
             if not mine:
-                with contextlib.suppress(FileNotFoundError):
-                    self.supervisor.acks.path(new).unlink()
+                try:
+                    clear_ack(self.supervisor.acks.path(new))
+                except UserPathError as exc:  # the job's next checkpoint will be refused for it; launch it anyway
+                    log.warning("job %s: stale acknowledgement not removed: %s", new.name, exc)
             self.supervisor.forget(new.name)
             await self.supervisor.adopt(new, mine)
             handed = await self.supervisor.handover(new, port=port, resume=resume) if handover else []
@@ -667,16 +689,19 @@ class Executor:
         await run.step(name, args, launch, job_before=new, job_failed=new.with_(state="failed"))
 
     async def _prepare_dirs(self, rec: JobRecord) -> None:
-        """Create the checkpoint directory if missing, owned by the job's user, mode 0700."""
+        """Create the checkpoint directory if missing, owned by the job's user, mode 0700, with no window in which
+        the user could make root change another file (:func:`~flexmig.act.userpaths.ensure_dir`)."""
         d = rec.spec.checkpoint_dir
         try:
-            if d.is_dir():
-                return
-            d.mkdir(parents=True, mode=0o700, exist_ok=True)
+            uid: int | None = None
+            gid: int | None = None
             if os.geteuid() == 0:
                 pw = pwd.getpwnam(rec.spec.user)
+                uid = pw.pw_uid
                 gid = grp.getgrnam(rec.spec.group).gr_gid if rec.spec.group else pw.pw_gid
-                os.chown(d, pw.pw_uid, gid)
+            await asyncio.to_thread(ensure_dir, d, uid, gid, 0o700)
+        except UserPathError as exc:
+            raise StepFailed(f"cannot prepare checkpoint_dir of job {rec.name}: {exc}") from exc
         except (OSError, KeyError) as exc:
             raise StepFailed(
                 f"cannot create checkpoint_dir {d} for user {rec.spec.user} ({exc}); create it, owned by that user"

@@ -25,7 +25,12 @@ from flexmig.act.records import JOB_STATES, JobRecord, Slot
 from flexmig.errors import JobSpecError, JournalError, StorageError
 from flexmig.jobspec.spec import JobSpec
 from flexmig.storage import check_database_file, create_database, is_corruption, prepare_dir, quick_check
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
 from flexmig_hook.protocol import Ack
+
+_MAX_ROW_JSON = 4 * 1024 * 1024  # a spec's argv alone may hold 256 arguments of 4,096 characters
+_MAX_ROW_DEPTH = 32
 
 __all__ = ["ActionRow", "Journal", "JournalError", "StepEvent", "StepRow"]
 
@@ -48,6 +53,7 @@ CREATE TABLE IF NOT EXISTS jobs(
     error TEXT, submitted_s REAL NOT NULL, updated_s REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS actions_by_state ON actions(state);
 CREATE INDEX IF NOT EXISTS steps_by_action ON steps(action_id);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 """
 
 ActionState = Literal["pending", "running", "done", "failed", "cancelled", "skipped"]
@@ -122,6 +128,18 @@ class Journal:
         self.wall = wall
         self.on_step = on_step
         self._count = 0
+        self.revision = 0
+        """Bumped by every write but :meth:`queue_job`'s: a plan worked out at one revision is stale at another."""
+        self._decoded: dict[str, tuple[tuple[Any, ...], JobRecord]] = {}
+        """Job rows decoded so far, by name, with the raw row they came from: a row that reads back unchanged is
+        not decoded (and its spec checked) again."""
+        self._listing: dict[str, JobRecord] | None = None
+        """:meth:`jobs` as last read, kept up to date row by row as this object writes (each written row is read
+        back and decoded after its commit), and read again in full when another connection wrote the file (SQLite's
+        ``data_version``): listing a queue of thousands costs neither a decode nor a read per job."""
+        self._sorted: list[JobRecord] | None = None
+        self._listing_version: int | None = None
+        self._written: set[str] = set()  # job rows written by the transaction in progress
         try:
             prepare_dir(path.parent, "state directory")
             if not check_database_file(path, "journal").exists:
@@ -220,7 +238,7 @@ class Journal:
         self.db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, *, revise: bool = True) -> Iterator[sqlite3.Connection]:
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -230,7 +248,14 @@ class Journal:
                 raise
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
+            self._listing = self._sorted = None  # whether it took or not, read it all again
             raise JournalError(f"{self.path}: journal write failed: {exc}") from exc
+        finally:
+            if revise:  # also after a failed write: whether it took, what was read before may be stale
+                self.revision += 1
+            written, self._written = self._written, set()
+        if written and self._listing is not None:
+            self._relist(written)
 
     # --------------------------------------------------------------------------------------------- plans
     def begin_plan(
@@ -412,7 +437,19 @@ class Journal:
         with self._tx() as db:
             self._put_job(db, job)
 
+    def queue_job(self, job: JobRecord) -> None:
+        """Insert a ``pending`` job record (a submission that waits for room), or replace one. A new name leaves
+        :attr:`revision` alone: a queued job changes nothing a plan worked out before relies on (the plan just does
+        not know it yet), so a steady stream of submissions does not keep every plan from running. Replacing a
+        record (a name submitted again) is a change like any other."""
+        if job.state != "pending":
+            raise ValueError(f"queue_job takes pending jobs, not a {job.state} one")
+        new = not self._read("SELECT 1 FROM jobs WHERE name=?", (job.name,))
+        with self._tx(revise=not new) as db:
+            self._put_job(db, job)
+
     def _put_job(self, db: sqlite3.Connection, job: JobRecord) -> None:
+        self._written.add(job.name)
         db.execute(
             "INSERT OR REPLACE INTO jobs(name, uid, spec, source, state, generation, slots, resume, last_ack, "
             "master_port, error, submitted_s, updated_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -436,11 +473,64 @@ class Journal:
     def get_job(self, name: str) -> JobRecord | None:
         """The record of job ``name``, if registered."""
         rows = self._read(_JOB_SELECT + " WHERE name=?", (name,))
-        return self._job(rows[0]) if rows else None
+        return self._cached_job(rows[0]) if rows else None
 
     def jobs(self) -> list[JobRecord]:
         """Every registered job, by name."""
-        return [self._job(r) for r in self._read(_JOB_SELECT + " ORDER BY name")]
+        version = self._data_version()
+        if self._listing is None or version != self._listing_version:
+            rows = self._read(_JOB_SELECT + " ORDER BY name")
+            self._listing = {rec.name: rec for rec in (self._cached_job(r) for r in rows)}
+            self._listing_version = version
+            self._sorted = None
+            if len(self._decoded) > len(self._listing):  # rows gone (none are deleted today): forget them
+                self._decoded = {k: v for k, v in self._decoded.items() if k in self._listing}
+        if self._sorted is None:
+            self._sorted = sorted(self._listing.values(), key=lambda rec: rec.name)
+        return list(self._sorted)
+
+    def _data_version(self) -> int:
+        """SQLite's count of commits by other connections to this file (ours do not change it)."""
+        rows = self._read("PRAGMA data_version")
+        return int(rows[0][0])
+
+    def _relist(self, names: set[str]) -> None:
+        """After this object committed job rows ``names``: read each back into :attr:`_listing` (decoded as
+        :meth:`jobs` would), or drop the listing if that fails, for the next :meth:`jobs` to read in full."""
+        listing = self._listing
+        assert listing is not None
+        self._sorted = None
+        try:
+            for name in names:
+                rows = self._read(_JOB_SELECT + " WHERE name=?", (name,))
+                if rows:
+                    listing[name] = self._cached_job(rows[0])
+                else:
+                    listing.pop(name, None)
+        except JournalError:
+            self._listing = None
+
+    def jobs_in(self, *states: str) -> list[JobRecord]:
+        """The jobs in one of ``states``, by name (an index finds them: the queue of pending jobs is not read to
+        find the running ones)."""
+        marks = ", ".join("?" * len(states))
+        rows = self._read(_JOB_SELECT + f" WHERE state IN ({marks}) ORDER BY name", states)
+        return [self._cached_job(r) for r in rows]
+
+    def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each state (states with none are absent); from the index alone."""
+        rows = self._read("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        return {str(state): int(n) for state, n in rows}
+
+    def _cached_job(self, r: Sequence[Any]) -> JobRecord:
+        """``r`` decoded (:meth:`_job`), or the record decoded from the very same row before."""
+        key = tuple(r)
+        hit = self._decoded.get(key[0]) if isinstance(key[0], str) else None
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        rec = self._job(r)
+        self._decoded[rec.name] = (key, rec)
+        return rec
 
     def _job(self, r: Sequence[Any]) -> JobRecord:
         """A job row decoded, its spec checked again as a spec file's structure is (JobSpec.from_dict); one
@@ -561,12 +651,12 @@ class _Fields:
     def json_value(self, field: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise self.bad(field, f"must be JSON text, not {_shown(value)}")
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise self.bad(field, f"not valid JSON ({exc})") from None
-        except RecursionError:
-            raise self.bad(field, "JSON nested too deeply") from None
+        try:  # bounded: a corrupt or planted row is one line naming it, never a ValueError out of a start
+            return bounded_loads(value, max_bytes=_MAX_ROW_JSON, max_depth=_MAX_ROW_DEPTH)
+        except JsonBoundsError as exc:
+            if str(exc).startswith("nests deeper"):
+                raise self.bad(field, "JSON nested too deeply") from None
+            raise self.bad(field, f"not valid JSON ({str(exc).removeprefix('not JSON: ')})") from None
 
     def json_object(self, field: str, value: Any, *, optional: bool = False) -> Any:
         if value is None and optional:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flexmig.errors import LayoutError
-from flexmig.mig.catalogue import GpuModel, Profile, model_by_name
+from flexmig.mig.catalogue import GpuModel, Profile, model_for
 from flexmig.mig.layout import Layout
 from flexmig.nvml.types import GpuInfo, Inventory
 
@@ -117,4 +117,5 @@ class NodeView:
 
 
 def _model(g: GpuInfo) -> GpuModel | None:
-    return model_by_name(g.name) if g.name else None
+    """The GPU's model as its driver offers it (the planner plans no profile the driver lacks)."""
+    return model_for(g.name, g.offers)

@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flexmig.act import deadline
 from flexmig.act.control import Handler, RequestError
 from flexmig.act.encoding import StopPayload, encode
 from flexmig.act.executor import Executor, new_job_uid
+from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
-from flexmig.act.placement import choose_targets, move_plan, node_model, start_plan
-from flexmig.act.records import JobRecord
+from flexmig.act.placement import choose_targets, make_room, move_plan, node_model, start_plan
+from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import PlanResult
 from flexmig.errors import JobSpecError, PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, JobSpec, load_job_spec
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
 from flexmig_hook.protocol import Ack
 
-__all__ = ["JobsApi", "describe_plan"]
+__all__ = ["JobsApi", "describe_plan", "own_checkpoint"]
 
 _ACTING = {
     "start": "starting",
@@ -50,6 +52,18 @@ def describe_plan(plan: Plan) -> list[str]:
     return out
 
 
+def own_checkpoint(old: JobRecord | None, spec: JobSpec) -> Ack | None:
+    """The checkpoint a resubmitted ``spec`` resumes from: the last one acknowledged by the stopped (or failed) job
+    of that name, if it ran as the same user and the checkpoint lies in the new spec's checkpoint directory. A
+    same-name spec of another user, or one that moved its checkpoint directory, starts afresh: resuming would hand
+    it a file it has no business reading (``FLEXMIG_RESUME`` outside its own directory)."""
+    if old is None or old.state not in ("stopped", "failed") or old.last_ack is None:
+        return None
+    if old.spec.user != spec.user or not inside(Path(old.last_ack.checkpoint), spec.checkpoint_dir):
+        return None
+    return old.last_ack
+
+
 class JobsApi:
     """Job operations over an :class:`Executor`; ``handlers()`` plugs them into a ControlServer.
 
@@ -70,6 +84,8 @@ class JobsApi:
         self.queue_when_full = False
         """In mode act, a submitted job that finds no room now is registered ``pending`` (the daemon's planner
         starts it later) instead of refused."""
+        self.max_pending = 1000
+        """Most jobs ``pending`` at once (``jobs.max_pending``): a submission that would queue one more is refused."""
         self.refuse_submit: str | None = None
         """Why ``jobs.submit`` is refused on this node, if it is (its jobs come from Slurm)."""
 
@@ -106,15 +122,15 @@ class JobsApi:
         old = self.ex.journal.get_job(spec.name)
         if old is not None and old.state == "running":
             raise PlanRejectedError(f"job {spec.name} is already running")
-        resume = old.last_ack if old is not None and old.state in ("stopped", "failed") else None
+        resume = own_checkpoint(old, spec)
         held = self.ex.held()
         try:
-            targets = choose_targets(view, profile.name, spec.ranks_start, held=held)
+            targets, clear = self._place(view, profile.name, spec.ranks_start, held=held)
         except PlanRejectedError as exc:
             if not (self.queue_when_full and self.ex.mode == "act"):
                 raise
             return self._queue(spec, old, resume, str(exc))
-        plan = start_plan(view, spec.name, targets, self.settings, reason=f"submitted from {path}")
+        plan = start_plan(view, spec.name, targets, self.settings, reason=f"submitted from {path}", clear=clear)
         if self.ex.mode != "act":
             return await self._run(plan)
         self._put_pending(spec, old, resume)
@@ -134,11 +150,20 @@ class JobsApi:
             last_ack=resume,
             submitted_s=self.wall(),
         )
-        self.ex.journal.put_job(rec)
+        deadline.begin()
+        self.ex.journal.queue_job(rec)
         return rec
 
     def _queue(self, spec: JobSpec, old: JobRecord | None, resume: Ack | None, why: str) -> dict[str, Any]:
-        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it)."""
+        """Register ``spec`` as a pending job: the planner starts it when it fits (or makes room for it). Refused
+        (PlanRejectedError, nothing written) when ``max_pending`` jobs already wait and this is not one of them."""
+        waiting = self.ex.journal.job_counts().get("pending", 0)
+        if waiting >= self.max_pending and not (old is not None and old.state == "pending"):
+            raise PlanRejectedError(
+                f"job {spec.name} not queued: {waiting} jobs are already pending, the most jobs.max_pending allows "
+                f"({self.max_pending}); nothing was changed: submit it again once some have started, or raise "
+                "jobs.max_pending"
+            )
         rec = self._put_pending(spec, old, resume)
         return {"plan_id": None, "ok": True, "actions": [], "queued": f"no room now ({why})", "job": rec.summary()}
 
@@ -186,8 +211,10 @@ class JobsApi:
             model.profile(profile)
         except KeyError as exc:
             raise RequestError(str(exc.args[0])) from None
-        targets = choose_targets(view, profile, len(rec.slots), held=self.ex.held(exclude=rec.name), own=rec.slots)
-        plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=False, reason="operator request")
+        targets, clear = self._place(view, profile, len(rec.slots), held=self.ex.held(exclude=rec.name), own=rec.slots)
+        plan = move_plan(
+            view, rec.name, rec.slots, targets, self.settings, resplit=False, reason="operator request", clear=clear
+        )
         return await self._run(plan)
 
     async def resplit(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,11 +233,36 @@ class JobsApi:
         # A re-split keeps the job's own instances, unless the job has standby ranks: those start only on instances
         # the job does not hold yet, so it goes where there is room and keeps its own only when nothing else fits.
         keep = not rec.spec.hook.standby
-        targets = choose_targets(
-            view, profile, ranks, held=self.ex.held(exclude=rec.name), own=rec.slots, keep_own=keep
+        held = self.ex.held(exclude=rec.name)
+        targets, clear = self._place(view, profile, ranks, held=held, own=rec.slots, keep_own=keep)
+        plan = move_plan(
+            view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request", clear=clear
         )
-        plan = move_plan(view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request")
         return await self._run(plan)
+
+    def _place(
+        self,
+        view: NodeView,
+        profile: str,
+        count: int,
+        *,
+        held: Mapping[tuple[int, int], str],
+        own: Sequence[Slot] = (),
+        keep_own: bool = False,
+    ) -> tuple[list[Slot], list[Slot]]:
+        """Targets for an operator's request, and the idle instances to destroy first: what is free and what fits
+        now (:func:`choose_targets`); failing that, the planner's way of making room (:func:`make_room`), so a
+        request gets the help ``flexmig plan --request`` shows. PlanRejectedError (the first chooser's, which names
+        what it found) when neither finds room."""
+        try:
+            return choose_targets(view, profile, count, held=held, own=own, keep_own=keep_own), []
+        except PlanRejectedError as first:
+            kept = [s for s in own if s.profile == profile][:count] if keep_own else []
+            try:
+                added, clear = make_room(view, profile, count - len(kept), self.settings, held=held, own=own)
+            except PlanRejectedError:
+                raise PlanRejectedError(f"{first}; destroying idle instances would not make room either") from None
+            return [*kept, *added], clear
 
     async def stop(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """``jobs.stop``: checkpoint and stop a running job (``force``: without waiting for the checkpoint)."""

@@ -4,6 +4,12 @@ The planner (``flexmig.plan``) decides moves of its own; a person who types ``fl
 job moved now, so this small, pure chooser picks the targets and :func:`move_plan` writes the Plan the executor
 runs. Preference order: free instances that already exist, then new instances where they fit now, then (when
 the job's own instances may make room) new instances overlapping them, created after the job has stopped.
+
+When none of that finds room, :func:`make_room` asks the planner's own placement (:class:`flexmig.plan.scratch.Scratch`,
+the flex rules ``flexmig plan`` applies) where the job's instances fit once idle instances in the way are
+destroyed: an explicit request gets the same help the planner gives its own moves, and the same limits (an
+instance a job holds, one that runs a process or whose processes NVML does not list, and a GPU that is lost are
+never touched).
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.records import Slot
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.layout import Layout
+from flexmig.plan.geometry import Geometry, demand_weights
+from flexmig.plan.scratch import Scratch
+from flexmig.plan.shapes import Shape
 from flexmig.plan.types import (
     Action,
     CreateInstance,
@@ -26,7 +36,10 @@ from flexmig.plan.types import (
     StartJob,
 )
 
-__all__ = ["choose_targets", "move_plan", "node_model", "start_plan"]
+__all__ = ["choose_targets", "make_room", "move_plan", "node_model", "start_plan"]
+
+_OWN = "\x00own"  # the moving job's instances, on the scratch
+_NEW = "\x00new"  # the instances being placed for it
 
 
 def node_model(view: NodeView) -> GpuModel:
@@ -104,18 +117,90 @@ def choose_targets(
     )
 
 
+def make_room(
+    view: NodeView,
+    profile: str,
+    count: int,
+    settings: PlannerSettings,
+    *,
+    held: Mapping[tuple[int, int], str],
+    own: Sequence[Slot] = (),
+) -> tuple[list[Slot], list[Slot]]:
+    """``count`` instances of ``profile`` for one job, placed the planner's way, destroying idle instances in the
+    way: the targets, and the instances to destroy first (in that order). PlanRejectedError when even that finds
+    no room.
+
+    ``held``: instances other jobs hold; ``own``: the job's current instances (kept, not destroyed: a move leaves
+    them after its ranks have stopped). Idle means held by no job, running no process, with a MIG device whose
+    processes NVML lists: what the planner may destroy (:func:`flexmig.wiring.planning.planning_state` blocks the
+    rest). Among the placements that fit, the one that keeps the most capacity for ``profile`` wins.
+    """
+    model = node_model(view)
+    geometry = Geometry(model)
+    count_gpus = max(view.gpus(), default=-1) + 1
+    layouts: list[Layout] = []
+    blocked_gpus: set[int] = set()
+    for gpu in range(count_gpus):
+        layout = view.layout(gpu) if gpu in view.gpus() and gpu not in view.lost else None
+        if layout is None or view.model(gpu) != model:
+            blocked_gpus.add(gpu)
+            layout = Layout.of(model, [])
+        layouts.append(layout)
+    own_keys = {s.key for s in own}
+    holds: dict[str, list[Instance]] = {}
+    blocked: set[tuple[int, int]] = set()
+    for inst in view.instances:
+        if inst.gpu in blocked_gpus:
+            continue
+        owner = _OWN if inst.key in own_keys else held.get(inst.key)
+        if owner is not None:
+            holds.setdefault(owner, []).append(Instance(inst.gpu, inst.start, model.profile(inst.profile)))
+        elif inst.uuid is None or inst.pids is None or inst.pids:
+            blocked.add(inst.key)
+    scratch = Scratch(geometry, layouts, holds, settings, blocked=blocked, blocked_gpus=blocked_gpus)
+    try:
+        wanted = model.profile(profile)
+    except KeyError as exc:
+        raise PlanRejectedError(str(exc.args[0])) from None
+    weights = demand_weights(geometry, {profile: float(count)})
+    got = scratch.place_shape(_NEW, Shape(count, wanted), weights, scratch.usable_gpus(), "make room", exact=True)
+    if got is None:
+        raise PlanRejectedError(
+            f"no room for {count} x {profile}, even with every idle instance destroyed (instances that jobs hold or "
+            "that run processes are never touched)"
+        )
+    clear = [Slot(a.gpu, a.start, a.profile.name) for a in scratch.actions if isinstance(a, DestroyInstance)]
+    return [Slot(i.gpu, i.start, i.profile.name) for i in got[0]], clear
+
+
+def _clearing(model: GpuModel, clear: Sequence[Slot], reason: str, settings: PlannerSettings) -> list[Action]:
+    """DestroyInstance of each idle instance in the way (before anything is created)."""
+    return [
+        DestroyInstance(s.gpu, s.start, model.profile(s.profile), f"{reason}: make room", settings.reconfigure_s)
+        for s in clear
+    ]
+
+
 def _inst(model: GpuModel, s: Slot) -> Instance:
     return Instance(s.gpu, s.start, model.profile(s.profile))
 
 
 def start_plan(
-    view: NodeView, job: str, targets: Sequence[Slot], settings: PlannerSettings, reason: str = "submitted"
+    view: NodeView,
+    job: str,
+    targets: Sequence[Slot],
+    settings: PlannerSettings,
+    reason: str = "submitted",
+    *,
+    clear: Sequence[Slot] = (),
 ) -> Plan:
-    """Create the targets that do not exist, then start ``job`` on them."""
+    """Destroy the idle instances in the way (``clear``, from :func:`make_room`), create the targets that do not
+    exist, then start ``job`` on them."""
     model = node_model(view)
-    actions: list[Action] = []
+    actions: list[Action] = _clearing(model, clear, reason, settings)
+    gone = {s.key for s in clear}
     for t in targets:
-        if view.instance(t.gpu, t.start) is None:
+        if view.instance(t.gpu, t.start) is None or t.key in gone:
             actions.append(CreateInstance(t.gpu, t.start, model.profile(t.profile), reason, settings.reconfigure_s))
     insts = tuple(_inst(model, t) for t in targets)
     actions.append(StartJob(job, insts, reason, settings.restart_s))
@@ -139,8 +224,10 @@ def move_plan(
     *,
     resplit: bool,
     reason: str,
+    clear: Sequence[Slot] = (),
 ) -> Plan:
-    """Create free-standing targets, move the job (migrate or re-split), then destroy the sources it left.
+    """Destroy the idle instances in the way (``clear``, from :func:`make_room`), create free-standing targets,
+    move the job (migrate or re-split), then destroy the sources it left.
 
     Targets that overlap the job's own sources are not created up front: the executor destroys those sources
     and creates the targets after the job has stopped (inside the move). Sources overlapped that way are gone
@@ -148,11 +235,12 @@ def move_plan(
     """
     model = node_model(view)
     src_keys = {s.key for s in src}
-    actions: list[Action] = []
+    actions: list[Action] = _clearing(model, clear, reason, settings)
+    gone = {s.key for s in clear}
     inside: list[Slot] = []
     for t in targets:
         inst = view.instance(t.gpu, t.start)
-        if inst is not None and inst.profile == t.profile:
+        if inst is not None and inst.profile == t.profile and t.key not in gone:
             continue
         if any(_overlaps(model, t, s) for s in src):
             inside.append(t)

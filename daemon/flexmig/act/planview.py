@@ -35,6 +35,7 @@ def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
         max_ranks=rec.spec.ranks_max,
         rank_memory_mib=memory_mib,
         submitted_s=rec.submitted_s,
+        expected_runtime_s=rec.spec.runtime_s,
         movable=True,
         malleable=rec.spec.ranks_min < rec.spec.ranks_start,
         standby=rec.spec.hook.standby,
@@ -42,17 +43,29 @@ def job_request(rec: JobRecord, model: GpuModel) -> JobRequest:
 
 
 def running_jobs(
-    records: Iterable[JobRecord], model: GpuModel, last_moved_s: Mapping[str, float] | None = None
+    records: Iterable[JobRecord],
+    model: GpuModel,
+    last_moved_s: Mapping[str, float] | None = None,
+    started_s: Mapping[str, float] | None = None,
+    now_s: float | None = None,
 ) -> tuple[RunningJob, ...]:
     """Every ``running`` job with its instances. ``last_moved_s`` gives, in the planner's clock, when each job
-    last started or moved (the settling time counts from there); jobs missing from it count as long settled."""
+    last started or moved (the settling time counts from there); jobs missing from it count as long settled.
+    ``started_s`` gives when each job first started: a job whose spec says its run time (``runtime_s``) has that
+    much less the time since then left (moves' downtime and a shape's speed aside), which the planner weighs moves
+    and waits by; without either, its remaining time is unknown."""
     out = []
     for rec in records:
         if rec.state != "running" or not rec.slots:
             continue
         insts = tuple(Instance(s.gpu, s.start, model.profile(s.profile)) for s in rec.slots)
         moved = (last_moved_s or {}).get(rec.name)
-        out.append(RunningJob(rec.name, insts, job_request(rec, model), movable=True, last_moved_s=moved))
+        began = (started_s or {}).get(rec.name)
+        remaining = None
+        if rec.spec.runtime_s is not None and began is not None and now_s is not None:
+            remaining = max(0.0, rec.spec.runtime_s - max(0.0, now_s - began))
+        request = job_request(rec, model)
+        out.append(RunningJob(rec.name, insts, request, movable=True, last_moved_s=moved, remaining_s=remaining))
     return tuple(out)
 
 

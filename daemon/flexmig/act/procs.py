@@ -25,6 +25,8 @@ from typing import Protocol, TypeVar
 
 import psutil
 
+from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, start_pump
+from flexmig.errors import FlexmigError
 from flexmig.jobspec.programs import runnable_program
 from flexmig_hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT, ENV_STANDBY_FD
 
@@ -222,7 +224,8 @@ class LaunchRequest:
     """Everything needed to start one rank: argv (a list, run without a shell), environment, directory, identity.
 
     ``uid``/``gid``/``groups`` are applied in the child before exec (only when the daemon is root and they
-    differ from its own). ``ignore_signal`` starts the rank with that signal ignored (see module doc).
+    differ from its own). ``ignore_signal`` starts the rank with that signal ignored (see module doc). ``log_limits``
+    bounds what is kept of the rank's output (:mod:`flexmig.act.ranklogs`).
     """
 
     argv: tuple[str, ...]
@@ -234,6 +237,7 @@ class LaunchRequest:
     groups: tuple[int, ...] | None = None
     ignore_signal: int | None = None
     launcher_kind: str = "plain"
+    log_limits: RankLogs = DEFAULT_RANK_LOGS
     pass_fds: tuple[int, ...] = ()
     """Descriptors the rank inherits under the same numbers (a standby rank's channel to the daemon)."""
 
@@ -246,53 +250,58 @@ class Launcher(Protocol):
 
 
 class SubprocessLauncher:
-    """The real launcher: ``subprocess.Popen`` in a new session, from a worker thread, output to a log file.
+    """The real launcher: ``subprocess.Popen`` in a new session, from a worker thread, output to a capped log.
 
     Starting a process from a daemon of some hundred megabytes costs milliseconds of ``fork`` and ``exec``; run
     from worker threads, the ranks of one launch start side by side instead of one after another.
     """
 
     async def launch(self, req: LaunchRequest) -> RankProcess:
-        """Start the rank; its stdout and stderr go to ``req.log_path`` (appended).
+        """Start the rank; its stdout and stderr go through a pipe to its log writer (:mod:`flexmig.act.logpump`),
+        which appends them to ``req.log_path`` and rotates it at ``req.log_limits``.
 
         The program is judged again by what it resolves to now (:func:`~flexmig.jobspec.programs.shell_reason`:
         a link may have been changed since the spec was read), and that resolved file is what is executed, with
         the spec's ``argv[0]`` kept as the process's name. OSError when it is a shell.
         """
         loop = asyncio.get_running_loop()
-        proc = await asyncio.to_thread(_start, req)
+        program = await asyncio.to_thread(runnable_program, req.argv[0])  # judged before anything is started
+        owner = (req.uid, req.gid if req.gid is not None else -1) if req.uid is not None else None
+        try:
+            log_fd, _writer = await start_pump(req.log_path, req.log_limits, owner)  # reaped by start_pump's watch
+        except FlexmigError as exc:  # the log directory is not what it must be
+            raise OSError(f"rank log {req.log_path}: {exc}") from exc
+        try:
+            proc = await asyncio.to_thread(_start, req, log_fd, program)
+        finally:
+            os.close(log_fd)  # the rank holds it now (or, if it did not start, the writer sees its pipe end)
         return LaunchedProcess(proc, req.launcher_kind, loop)
 
 
-def _start(req: LaunchRequest) -> subprocess.Popen[bytes]:
-    """Start one rank (in a worker thread): resolve and judge the program, open the log, fork and exec."""
-    program = runnable_program(req.argv[0])
-    req.log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_fd = os.open(req.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+def _start(req: LaunchRequest, log_fd: int, program: str) -> subprocess.Popen[bytes]:
+    """Start one rank (in a worker thread): fork and exec ``program`` (``argv[0]`` as judged and resolved) with its
+    output on ``log_fd`` (the write end of its log writer's pipe)."""
     sig = req.ignore_signal
 
     def _child_setup() -> None:  # runs in the child between fork and exec: one syscall, no locks
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
 
-    try:
-        return subprocess.Popen(
-            list(req.argv),
-            executable=program,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            cwd=req.cwd,
-            env=dict(req.env),
-            start_new_session=True,  # jobs outlive a daemon crash and ignore its terminal's signals
-            user=req.uid,
-            group=req.gid,
-            extra_groups=list(req.groups) if req.groups is not None else None,
-            preexec_fn=_child_setup if sig is not None else None,  # noqa: PLW1509 - one signal() call, no locks
-            pass_fds=req.pass_fds,
-        )
-    finally:
-        os.close(log_fd)
+    return subprocess.Popen(
+        list(req.argv),
+        executable=program,
+        stdin=subprocess.DEVNULL,
+        stdout=log_fd,
+        stderr=log_fd,
+        cwd=req.cwd,
+        env=dict(req.env),
+        start_new_session=True,  # jobs outlive a daemon crash and ignore its terminal's signals
+        user=req.uid,
+        group=req.gid,
+        extra_groups=list(req.groups) if req.groups is not None else None,
+        preexec_fn=_child_setup if sig is not None else None,  # noqa: PLW1509 - one signal() call, no locks
+        pass_fds=req.pass_fds,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +340,10 @@ class ProcessScanner(Protocol):
     def find_marked(self) -> list[MarkedRank]:
         """Every live top-level process whose environment carries a ``FLEXMIG_JOB_ID`` at all."""
 
+    def find_all(self, job_uid: str) -> list[FoundRank]:
+        """Every live process whose environment carries ``FLEXMIG_JOB_ID=job_uid``: the ranks, their children,
+        and whatever left a rank's process group (``setsid``, a double fork) but kept the environment."""
+
 
 class PsutilScanner:
     """Scans ``/proc`` through psutil. Reading another user's environment needs root, as the daemon is in act mode."""
@@ -342,15 +355,22 @@ class PsutilScanner:
         for p, env in _readable_environments("create_time"):
             if env.get(ENV_JOB_ID) != job_uid:
                 continue
-            try:
-                gen = int(env.get(ENV_GENERATION, "-1"))
-                slot = int(env.get(ENV_SLOT, "-1"))
-            except ValueError:
-                continue
+            gen, slot = _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT)
             standby = ENV_STANDBY_FD in env
             matches[p.info["pid"]] = FoundRank(p.info["pid"], float(p.info["create_time"]), gen, slot, standby)
             parents[p.info["pid"]] = int(p.info["ppid"])
         return sorted(_tops(matches, parents), key=lambda f: (f.generation, f.slot))
+
+    def find_all(self, job_uid: str) -> list[FoundRank]:
+        """See :class:`ProcessScanner`."""
+        out = []
+        for p, env in _readable_environments("create_time"):
+            if env.get(ENV_JOB_ID) != job_uid:
+                continue
+            pid, started = int(p.info["pid"]), float(p.info["create_time"])
+            standby = ENV_STANDBY_FD in env
+            out.append(FoundRank(pid, started, _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT), standby))
+        return sorted(out, key=lambda f: f.pid)
 
     def find_marked(self) -> list[MarkedRank]:
         """See :class:`ProcessScanner`."""
@@ -360,18 +380,24 @@ class PsutilScanner:
             job_id = env.get(ENV_JOB_ID)
             if not job_id:
                 continue
-            gen, slot = env.get(ENV_GENERATION, "-1"), env.get(ENV_SLOT, "-1")
             found[p.info["pid"]] = MarkedRank(
                 pid=int(p.info["pid"]),
                 job_id=job_id[:64],
                 job=env.get(ENV_JOB, "")[:64],
-                generation=int(gen) if gen.lstrip("-").isdigit() else -1,
-                slot=int(slot) if slot.lstrip("-").isdigit() else -1,
+                generation=_marker(env, ENV_GENERATION),
+                slot=_marker(env, ENV_SLOT),
                 device=env.get("CUDA_VISIBLE_DEVICES", "")[:128],
                 user=str(p.info.get("username") or ""),
             )
             parents[p.info["pid"]] = int(p.info["ppid"])
         return sorted(_tops(found, parents), key=lambda r: r.pid)
+
+
+def _marker(env: Mapping[str, str], name: str) -> int:
+    """A number marker of a process's environment (generation, slot), -1 unless it is 1-9 ASCII digits: anyone may
+    start a process with any environment, and ``int()`` of 5,000 digits (or of ``"²"``) raises."""
+    text = env.get(name, "")
+    return int(text) if 0 < len(text) <= 9 and text.isascii() and text.isdigit() else -1
 
 
 def _readable_environments(*attrs: str) -> Iterator[tuple[psutil.Process, dict[str, str]]]:

@@ -7,14 +7,16 @@ as the step's intent, so after a crash the record and the journal agree. Instanc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from flexmig.act.userpaths import UserPathError, ensure_dir, opened_dir
 from flexmig.jobspec.spec import JobSpec
 from flexmig_hook.protocol import Ack
 
-__all__ = ["AckPlacement", "JobRecord", "JobState", "Slot"]
+__all__ = ["AckPlacement", "JobRecord", "JobState", "Slot", "inside"]
 
 #: ``pending``: submitted, not started; ``running``: ranks up (or being checked after a restart); ``stopped``:
 #: stopped by an operator after a checkpoint; ``failed``: ranks crashed or a move could not be undone; ``done``:
@@ -79,12 +81,14 @@ class JobRecord:
         return replace(self, **changes)
 
     def summary(self) -> dict[str, Any]:
-        """What ``flexmig jobs list --json`` shows for this job."""
+        """What ``flexmig jobs list --json`` shows for this job. Only a running job holds instances: a job that ended
+        (stopped, failed, done) lists none, since the instances it ran on may belong to another job by now."""
+        held = self.slots if self.state == "running" else ()
         return {
             "name": self.name,
             "state": self.state,
-            "ranks": len(self.slots),
-            "instances": [s.to_json() for s in self.slots],
+            "ranks": len(held),
+            "instances": [s.to_json() for s in held],
             "generation": self.generation,
             "resume": self.resume.to_json() if self.resume else None,
             "last_ack": self.last_ack.to_json() if self.last_ack else None,
@@ -112,8 +116,23 @@ class AckPlacement:
             return rec.spec.ack_path
         return self.directory / f"{rec.name}.{rec.uid}.ack.json"
 
-    def prepare(self) -> None:
-        """Create the directory (mode 1733) if one is configured."""
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self.directory.chmod(0o1733)
+    def prepare(self) -> AckPlacement:
+        """Create the directory (mode 1733) if one is configured; returns the placement with the directory's path
+        resolved (the operator's configuration may name it through a symlink such as ``/var/run``: acknowledgements
+        are then read from the real directory, through which no symlink is followed)."""
+        if self.directory is None:
+            return self
+        real = Path(os.path.realpath(self.directory))
+        ensure_dir(real, None, None, 0o1733)
+        with opened_dir(real) as fd:
+            st = os.fstat(fd)
+            if st.st_uid not in (0, os.geteuid()):
+                raise UserPathError(f"acknowledgement directory {real}: owned by uid {st.st_uid}, not the daemon's")
+            os.fchmod(fd, 0o1733)
+        return AckPlacement(real)
+
+
+def inside(path: Path, root: Path) -> bool:
+    """True when ``path``, normalised, is ``root`` or lies below it (by name: no link is followed)."""
+    p = Path(os.path.normpath(path))
+    return p == root or root in p.parents

@@ -63,7 +63,7 @@ async def reconcile(ex: Executor) -> dict[str, Any]:
             unknown = []
         for job, ranks in _by_job(unknown).items():
             log.warning(
-                "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but no job in the journal %s knows them "
+                "%d rank(s) of job %s (FLEXMIG_JOB_ID %s) run on %s but are no rank of a running job in the journal %s "
                 "(pids %s): left running, and their instances are left alone; stop them by hand, or "
                 "restore the journal they belong to",
                 len(ranks),
@@ -90,18 +90,23 @@ async def reconcile(ex: Executor) -> dict[str, Any]:
 
 
 async def unknown_ranks(ex: Executor, view: NodeView | None = None) -> list[dict[str, Any]]:
-    """Processes with flexmig's job markers on this node's MIG instances (their ``CUDA_VISIBLE_DEVICES``, or
-    NVML's process lists) whose job ID no job in the journal has: ranks a lost, emptied or replaced journal
-    forgot. Reported, never touched (their instances run processes of no registered job, so the actuator
-    leaves those instances alone)."""
+    """Processes with flexmig's job markers that no running rank accounts for: on this node's MIG instances (their
+    ``CUDA_VISIBLE_DEVICES``, or NVML's process lists), ones whose job ID no job in the journal has (ranks a lost,
+    emptied or replaced journal forgot); anywhere, ones of a journalled job that are not its ranks now (a job
+    stopped, done or failed, or an older generation): a process that left its rank's process group and could not
+    be stopped with it. Reported, never touched (their instances run processes of no registered job, so the
+    actuator leaves those instances alone)."""
     view = view or await ex.view()
     devices = {mig_visible(i.uuid): i for i in view.instances if i.uuid} if ex.device_uuids_unique else {}
     on_gpu = {pid: i for i in view.instances for pid in (i.pids or ())}
-    known = {rec.uid for rec in ex.journal.jobs()}
+    known = {rec.uid: rec for rec in ex.journal.jobs()}
     out = []
     for r in await asyncio.to_thread(ex.scanner.find_marked):
         inst = devices.get(r.device) or on_gpu.get(r.pid)
-        if r.job_id in known or inst is None:
+        rec = known.get(r.job_id)
+        if rec is None and inst is None:
+            continue
+        if rec is not None and rec.state == "running" and r.generation == rec.generation:
             continue
         out.append(
             {
@@ -111,8 +116,8 @@ async def unknown_ranks(ex: Executor, view: NodeView | None = None) -> list[dict
                 "generation": r.generation,
                 "slot": r.slot,
                 "user": r.user,
-                "instance": r.device or f"gpu{inst.gpu}:{inst.profile}@{inst.start}",
-                "target": inst.spec(),
+                "instance": r.device or (f"gpu{inst.gpu}:{inst.profile}@{inst.start}" if inst else ""),
+                "target": inst.spec() if inst else (r.device or "no MIG device"),
             }
         )
     return out

@@ -27,12 +27,13 @@ from typing import Any, Literal
 from flexmig.act import recovery
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
-from flexmig.act.events import EventSink
+from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.executor import Executor
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
 from flexmig.act.operations import JobsApi
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
+from flexmig.act.ranklogs import RankLogs
 from flexmig.act.records import AckPlacement
 from flexmig.act.results import PlanResult
 from flexmig.act.supervisor import Supervisor
@@ -74,6 +75,7 @@ class Actuator:
         term_grace_s: float = 10.0,
         journal_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
         ack_dir: Path | None = None,
+        rank_logs: RankLogs | None = None,
     ) -> Actuator:
         """Wire the parts; nothing runs until :meth:`start`.
 
@@ -82,6 +84,7 @@ class Actuator:
         pass a directory the daemon owns that job users can reach, e.g. ``/run/flexmig/acks``.
         """
         journal = Journal(journal_path, wall=wall, on_step=on_step, synchronous=journal_synchronous)
+        scanner = scanner or PsutilScanner()
         supervisor = Supervisor(
             launcher=launcher or SubprocessLauncher(),
             devices=devices,
@@ -90,6 +93,8 @@ class Actuator:
             events=events,
             wall=wall,
             acks=AckPlacement(ack_dir),
+            rank_logs=rank_logs,
+            scanner=scanner,
         )
         executor = Executor(
             mode=mode,
@@ -97,7 +102,7 @@ class Actuator:
             supervisor=supervisor,
             journal=journal,
             events=events,
-            scanner=scanner or PsutilScanner(),
+            scanner=scanner,
             devices=devices,
             offload=offload,
             wall=wall,
@@ -110,7 +115,7 @@ class Actuator:
 
     async def start(self) -> dict[str, Any]:
         """Reconcile the journal with NVML and the process table (adopt ranks, finish or roll back actions)."""
-        self.supervisor.acks.prepare()
+        self.supervisor.acks = self.supervisor.acks.prepare()
         return await recovery.reconcile(self.executor)
 
     async def execute(self, plan: Plan, origin: str = "planner") -> PlanResult:
@@ -127,10 +132,16 @@ class Actuator:
         self.jobs.policy = policy
         self.executor.policy = policy
 
-    def control_server(self, path: Path, mode: int = 0o600) -> ControlServer:
+    def control_server(self, path: Path, mode: int = 0o600, *, max_wait_s: float = 900.0) -> ControlServer:
         """A control server with the ``jobs.*`` operations (the operation table's rows this actuator serves); the
-        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`)."""
-        return ControlServer(path, self.jobs.handlers(), mode=mode)
+        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`). A request dropped at
+        its deadline (:mod:`flexmig.act.deadline`) becomes a ``request_dropped`` event."""
+        ex = self.executor
+
+        def dropped(op: str, why: str) -> None:
+            ex.events.emit(ActEvent(kind="request_dropped", time_s=ex.wall(), reason=why, detail={"op": op}))
+
+        return ControlServer(path, self.jobs.handlers(), mode=mode, max_wait_s=max_wait_s, on_dropped=dropped)
 
     async def close(self) -> None:
         """Stop watching ranks (they keep running) and close the journal."""

@@ -4,24 +4,33 @@ The supervisor reports every rank exit. While an action runs on the job, the act
 is expected; otherwise the job's fate is decided here, under the executor's lock: a rank that failed fails the
 job (its other ranks are stopped); a job whose every rank exited 0 is done; one that acknowledged a checkpoint
 after its move was cancelled is relaunched in place from it; exits the daemon did not see (it was away) fail it.
+
+The fate is decided under the lock, but never waited for there: when the journal cannot take the record now (a
+full disk), the lock is let go at once and the record waits for space outside it (:mod:`flexmig.act.durable`), so
+that ``migrate``, ``stop`` and the planner are refused at once rather than hang behind it; once the record is
+written the job is looked at again (a late acknowledgement then relaunches it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Collection
 
 from flexmig.act.checkpoint import validate_ack
-from flexmig.act.durable import Durable
+from flexmig.act.durable import Durable, storage_unavailable
 from flexmig.act.events import ActEvent, EventSink
-from flexmig.act.journal import Journal
+from flexmig.act.journal import Journal, JournalError
 from flexmig.act.records import JobRecord
 from flexmig.act.steps import StepFailed
 from flexmig.act.supervisor import Supervisor
+from flexmig.act.userpaths import read_ack_in
 from flexmig.tasks import cancel_and_wait, spawn
-from flexmig_hook.protocol import AckError, read_ack
+from flexmig_hook.protocol import AckError
 
 __all__ = ["Settler"]
+
+log = logging.getLogger(__name__)
 
 
 class Settler:
@@ -55,6 +64,8 @@ class Settler:
         self.durable = durable or Durable(journal.path)
         self._settling: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deferring = False
+        self._deferred: tuple[str, JobRecord] | None = None
 
     def on_exit(self, job: str, slot: int, code: int | None) -> None:
         """The supervisor's exit callback: settle ``job`` in a task of its own, unless one is already on it."""
@@ -67,8 +78,18 @@ class Settler:
 
     async def _settle(self, job: str) -> None:
         try:
-            async with self.lock:
-                await self.settle_locked(job)
+            while True:
+                async with self.lock:
+                    self._deferring, self._deferred = True, None
+                    try:
+                        await self.settle_locked(job)
+                    finally:
+                        self._deferring = False
+                    deferred, self._deferred = self._deferred, None
+                if deferred is None:
+                    return
+                what, rec = deferred
+                await self.durable.write(what, lambda rec=rec: self.journal.put_job(rec))
         finally:
             self._settling.discard(job)
 
@@ -92,9 +113,11 @@ class Settler:
             return
         if not await self.supervisor.wait_exited(job, rec.spec.hook.exit_timeout_s):
             return  # others still run; their exits call us again
+        await self.supervisor.end_strays(job, self.term_grace_s)  # what left the ranks' process groups goes too
         try:
-            ack = read_ack(self.supervisor.acks.path(rec))
-        except AckError:
+            ack = read_ack_in(self.supervisor.acks.path(rec))
+        except AckError as exc:  # whatever the job left there, its ranks have exited: settle them without it
+            log.warning("job %s: %s; ignored", job, exc)
             ack = None
         if ack is not None and (rec.resume is None or ack.step > rec.resume.step):
             try:
@@ -105,8 +128,8 @@ class Settler:
             ack = None
         if ack is not None:
             # A checkpoint request was acknowledged after its move was cancelled: resume in place.
-            await self._put(rec.with_(last_ack=ack))
-            await self.restart(job)
+            if await self._put(rec.with_(last_ack=ack)):
+                await self.restart(job)
             return
         unknown = [h for h in ranks if h.proc.returncode is None]
         if unknown or not ranks:
@@ -117,9 +140,22 @@ class Settler:
         await self._put(rec.with_(state="done", error=None))
         self.events.emit(ActEvent(kind="job_exited", time_s=self.wall(), job=job, detail={"state": "done"}))
 
-    async def _put(self, rec: JobRecord) -> None:
-        """Record the job's fate; its ranks are gone, so this waits out a full disk rather than forget it."""
-        await self.durable.write(f"{rec.state} record of job {rec.name}", lambda: self.journal.put_job(rec))
+    async def _put(self, rec: JobRecord) -> bool:
+        """Record the job's fate; its ranks are gone, so this waits out a full disk rather than forget it. Settling
+        an exit, it never waits under the lock: a record the storage cannot take now is handed to :meth:`_settle`,
+        which waits for it after letting the lock go (False: not written yet)."""
+        what = f"{rec.state} record of job {rec.name}"
+        if not self._deferring:
+            await self.durable.write(what, lambda: self.journal.put_job(rec))
+            return True
+        try:
+            self.journal.put_job(rec)
+        except JournalError as exc:
+            if storage_unavailable(exc) is None:
+                raise
+            self._deferred = (what, rec)
+            return False
+        return True
 
     async def close(self) -> None:
         """Cancel pending settle tasks."""

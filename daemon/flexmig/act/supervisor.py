@@ -40,7 +40,16 @@ import psutil
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.migops import Offload
-from flexmig.act.procs import AdoptedProcess, FoundRank, Launcher, LaunchRequest, RankProcess
+from flexmig.act.procs import (
+    AdoptedProcess,
+    FoundRank,
+    Launcher,
+    LaunchRequest,
+    ProcessScanner,
+    RankProcess,
+    process_alive,
+)
+from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, prune_generations
 from flexmig.act.records import AckPlacement, JobRecord, Slot
 from flexmig.tasks import cancel_and_wait, spawn
 from flexmig_hook.protocol import (
@@ -140,6 +149,7 @@ def rank_requests(
     resume: Ack | None,
     host: str = LOOPBACK,
     acks: AckPlacement | None = None,
+    log_limits: RankLogs = DEFAULT_RANK_LOGS,
     standby: Mapping[int, int] | None = None,
 ) -> list[LaunchRequest]:
     """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order.
@@ -212,6 +222,7 @@ def rank_requests(
                 groups=groups,
                 ignore_signal=int(spec.hook.signal),
                 launcher_kind=spec.launcher,
+                log_limits=log_limits,
                 pass_fds=(fd,) if fd is not None else (),
             )
         )
@@ -235,15 +246,24 @@ class Supervisor:
         wall: Callable[[], float] = time.time,
         host: str = LOOPBACK,
         acks: AckPlacement | None = None,
+        rank_logs: RankLogs | None = None,
+        scanner: ProcessScanner | None = None,
     ) -> None:
         self.acks = acks or AckPlacement()
+        self.rank_logs = rank_logs or DEFAULT_RANK_LOGS
+        """What is kept of each rank's output (``[jobs]`` ``rank_log_*``; a reload changes it for later launches)."""
         self.launcher = launcher
         self.devices = devices
         self.offload = offload
-        self.logs_dir = logs_dir
+        # Resolved once (the operator's state directory may lie below a symlink such as /var/lib -> /data): the
+        # rank logs are then made and opened with no symlink followed (flexmig.act.userpaths).
+        self.logs_dir = Path(os.path.realpath(logs_dir))
         self.events = events
         self.wall = wall
         self.host = host
+        self.scanner = scanner
+        """Finds a job's processes by the ID in their environment, for the strays (see :meth:`end_strays`)."""
+        self._uids: dict[str, str] = {}  # job name -> ID of the submission whose ranks run
         self.on_exit: ExitCallback | None = None
         self._ranks: dict[str, dict[int, RankHandle]] = {}
         self._standby: dict[str, dict[int, RankHandle]] = {}
@@ -258,7 +278,12 @@ class Supervisor:
 
         On a failure the ranks already started by this call are killed again, so a launch is all or nothing.
         """
-        reqs = rank_requests(rec, self.logs_dir, port=port, resume=resume, host=self.host, acks=self.acks)
+        limits = self.rank_logs
+        reqs = rank_requests(
+            rec, self.logs_dir, port=port, resume=resume, host=self.host, acks=self.acks, log_limits=limits
+        )
+        await asyncio.to_thread(prune_generations, self.logs_dir / rec.spec.name, rec.generation, limits.keep)
+        self._uids[rec.name] = rec.uid
         wanted = sorted(set(range(len(reqs))) if only is None else set(only))
         started = await self._start_all(rec, {s: reqs[s] for s in wanted})
         ranks = self._ranks.setdefault(rec.name, {})
@@ -313,7 +338,10 @@ class Supervisor:
         pairs = {s: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for s in wanted}
         try:
             fds = {s: child.fileno() for s, (_, child) in pairs.items()}
-            reqs = rank_requests(rec, self.logs_dir, port=0, resume=None, host=self.host, acks=self.acks, standby=fds)
+            reqs = rank_requests(
+                rec, self.logs_dir, port=0, resume=None, host=self.host, acks=self.acks, standby=fds,
+                log_limits=self.rank_logs,
+            )  # fmt: skip
             started = await self._start_all(rec, {s: reqs[s] for s in wanted})
         except BaseException:
             for ours, child in pairs.values():
@@ -440,6 +468,7 @@ class Supervisor:
 
     async def adopt(self, rec: JobRecord, found: Iterable[FoundRank]) -> list[RankHandle]:
         """Take over ranks of generation ``rec.generation`` that a previous daemon launched."""
+        self._uids[rec.name] = rec.uid
         out = []
         for f in found:
             if f.generation != rec.generation or not 0 <= f.slot < len(rec.slots):
@@ -541,13 +570,42 @@ class Supervisor:
         return True
 
     async def terminate(self, job: str, grace_s: float = 10.0) -> None:
-        """SIGTERM every rank's process group, then SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every rank's process group, then SIGKILL what is left after ``grace_s``; then the strays."""
         for h in self.alive(job):
             _kill_group(h.proc, signal.SIGTERM)
         if not await self.wait_exited(job, grace_s):
             for h in self.alive(job):
                 _kill_group(h.proc, signal.SIGKILL)
             await self.wait_exited(job, 5.0)
+        await self.end_strays(job, grace_s)
+
+    async def end_strays(self, job: str, grace_s: float = 10.0) -> list[int]:
+        """Stop the processes of ``job`` that outlived its ranks: they left their rank's process group (``setsid``,
+        a double fork), so neither the rank's exit nor a signal to its group reached them, and they would run on
+        unreported, holding the job's MIG device and files. Found by the job's ID in their environment (which a
+        child inherits), outside the process trees of the job's ranks still running; SIGTERM, SIGKILL after
+        ``grace_s``. One warning line naming them; returns their pids."""
+        uid = self._uids.get(job)
+        if uid is None or self.scanner is None:
+            return []
+        found = await asyncio.to_thread(self.scanner.find_all, uid)
+        own = self.pids(job) | _trees(h.proc.pid for h in self.standby(job) if not h.proc.finished())
+        strays = [f for f in found if f.pid not in own and f.pid != os.getpid()]
+        if not strays:
+            return []
+        log.warning(
+            "job %s: %d process(es) left their rank's process group and outlived it (pids %s): stopped (SIGTERM, "
+            "SIGKILL after %g s)", job, len(strays), ", ".join(str(f.pid) for f in strays), grace_s,
+        )  # fmt: skip
+        for f in strays:
+            _signal_found(f, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while any(process_alive(f.pid, f.create_time) for f in strays) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # no event tells the end of a process that is not our child
+        for f in strays:
+            _signal_found(f, signal.SIGKILL)
+        return [f.pid for f in strays]
 
     def forget(self, job: str) -> None:
         """Drop the handles of ``job``'s finished ranks (before a relaunch)."""
@@ -562,6 +620,23 @@ class Supervisor:
             for h in hs.values():
                 self._close_channel(h)
         await cancel_and_wait(self._tasks)
+
+
+def _trees(pids: Iterable[int]) -> set[int]:
+    """``pids`` and all their descendants (a standby generation's ranks are the job's next ranks, not strays)."""
+    out: set[int] = set()
+    for pid in pids:
+        out.add(pid)
+        with contextlib.suppress(psutil.Error):
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    return out
+
+
+def _signal_found(found: FoundRank, sig: int) -> None:
+    """Signal a process found by scanning, if it is still that very process (not a later one with its pid)."""
+    if process_alive(found.pid, found.create_time):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(found.pid, sig)
 
 
 def _kill_group(proc: RankProcess, sig: int) -> None:

@@ -9,13 +9,16 @@ the daemon (``flexmigd``, exactly as an operator runs it, with a configuration w
 control socket and the jobs' directories live in a private temporary directory, removed when the demo ends
 (Ctrl-C: the jobs are stopped, then the daemon, then the directory goes).
 
-It prints the metrics URL and the line that points ``flexmig status`` at the daemon's control socket, and tells
-what happens: findings, submissions, the plans the daemon executes (from its log) and every action's outcome.
+It prints the metrics URL, the line that points ``flexmig status`` at the daemon's control socket and the one that
+lets nvitop, gpustat or nvidia-smi in another terminal watch the simulated node (``flexmig sim exec``, on the node's
+state file), and tells what happens: findings, submissions, the plans the daemon executes (from its log) and every
+action's outcome.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import pwd
@@ -40,13 +43,20 @@ import psutil
 from flexmig.act.client import ControlClient
 from flexmig.config import parse_config
 from flexmig.config.keys import toml_string
+from flexmig.detect.findings import finding_docs
 from flexmig.errors import FlexmigError
+from flexmig.simenv import ENV
 
 __all__ = ["DEMO_SPEC", "DemoJob", "register", "run"]
 
 #: The demo's node: one H200 with four idle 1g.18gb instances at slices 0, 2, 4 and 6 (fragmented on purpose).
 DEMO_SPEC = "h200:1g.18gb@0+1g.18gb@2+1g.18gb@4+1g.18gb@6"
 
+#: The planner's costs for the demo's jobs on a simulated node, not the daemon's defaults for training jobs on hardware
+#: (1 s checkpoint, 5 s restart, 5 s per instance change): a demo job acknowledges at its next 0.1 s step and exits,
+#: restarts in a Python start and a JSON load, and the simulated driver changes an instance in milliseconds. The
+#: demo prints what each action and plan took beside these estimates.
+_PLANNER_COSTS = "checkpoint_s = 0.3\nrestart_s = 0.5\nreconfigure_s = 0.05\n"
 _POLL_S = 0.5
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 40.0
@@ -54,6 +64,8 @@ _MAX_ACTIVE = 6  # jobs running or queued at once in the stream after the first 
 _LOG_LINE = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
 _METRICS_LINE = re.compile(r"metrics on (http://\S+/metrics)")
 _DOWNTIME = re.compile(r"^action_completed #(\d+) .*\(downtime ([0-9.]+) s\)")
+_ESTIMATE = re.compile(r"\(~([0-9.]+) s\)$")
+_PLAN_DONE = re.compile(r"^plan \d+ (completed|did not complete) in ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +217,7 @@ class _Demo:
         self.args = args
         self.sock = base / "control.sock"
         self.log_path = base / "flexmigd.log"
+        self.sim_state = base / "sim-state.json"
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str] = queue.Queue()
         self.metrics_url: str | None = None
@@ -217,6 +230,8 @@ class _Demo:
         self._actions: dict[int, str] = {}
         self._downtime: dict[int, str] = {}
         self._in_plan = False
+        self._plan_estimates: collections.deque[list[float]] = collections.deque()  # per plan logged, in order
+        self._estimate_of: dict[int, list[float]] = {}  # plan ID -> its actions' estimates, in action order
         self.first_move_s: float | None = None
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -233,7 +248,7 @@ class _Demo:
             "# flexmig demo: mode act on a simulated node, short windows so that things happen within a minute.\n"
             'mode = "act"\nnode_name = "demo"\n'
             "[detect]\nfragmentation_window_s = 3.0\n"
-            "[planner]\ninterval_s = 2.0\nsettling_s = 8.0\n"
+            "[planner]\ninterval_s = 2.0\nsettling_s = 8.0\n" + _PLANNER_COSTS +
             f"[jobs]\ndirectory = {toml_string(str(b / 'jobs'))}\nallowed_dirs = [{toml_string(str(b))}]\n"
             "ack_timeout_s = 30.0\nshutdown_grace_s = 20.0\n"
             f"[control]\nsocket = {toml_string(str(self.sock))}\n"
@@ -245,6 +260,9 @@ class _Demo:
         path.write_text(text)
         path.chmod(0o600)
         (b / "jobs").mkdir(mode=0o755)
+        # The journal would make it, but the outbox (--broker) is opened first and, by design, only in a directory
+        # that exists: flexmigd never creates the directory a configured outbox names.
+        (b / "state").mkdir(mode=0o700)
         return path
 
     def write_spec(self, job: DemoJob) -> Path:
@@ -259,6 +277,7 @@ class _Demo:
             f"user = {toml_string(self.user)}\n"
             f"working_dir = {toml_string(str(work))}\n"
             f"checkpoint_dir = {toml_string(str(work / 'ckpt'))}\n"
+            f"runtime_s = {job.steps * job.step_time_s:.1f}\n"  # the planner weighs moves by the time jobs have left
             f"[ranks]\nmin = 1\nmax = {job.max_ranks}\nstart = {job.ranks}\n"
             f"[need]\nprofile = {toml_string(job.profile)}\n"
             "[hook]\nack_timeout_s = 30\nexit_timeout_s = 20\n"
@@ -272,10 +291,11 @@ class _Demo:
         """Start flexmigd (its own session, so Ctrl-C reaches only the demo, which stops it in order)."""
         config = self.write_config()
         argv = [sys.executable, "-m", "flexmig.daemon", "--sim", DEMO_SPEC, "--no-sim-workload"]
-        argv += ["--config", str(config)]
+        argv += ["--sim-state", str(self.sim_state), "--config", str(config)]
         if self.args.metrics_addr:
             argv += ["--metrics-addr", self.args.metrics_addr]
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM")}
+        hidden = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM", ENV)  # the daemon's node is its own
+        env = {k: v for k, v in os.environ.items() if k not in hidden}
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -319,6 +339,8 @@ class _Demo:
         p(f"  metrics              {self.metrics_url}")
         p("  status, live (another terminal):")
         p(f"    FLEXMIG_CONTROL_SOCKET={self.sock} {flexmig} status --watch")
+        p("  nvitop, gpustat, nvidia-smi on this node (another terminal; pip install nvitop first):")
+        p(f"    {flexmig} sim --state {self.sim_state} exec -- nvitop")
         if self.args.broker:
             p(f"  MQTT events          {flexmig} events --broker {self.args.broker} --node demo")
         else:
@@ -407,13 +429,18 @@ class _Demo:
                 self._downtime[int(d.group(1))] = d.group(2)
             if message.startswith("planner executing"):
                 self._in_plan = True
+                self._plan_estimates.append([])
                 self.say(f"flexmigd: {message}")
             elif self._in_plan and message.startswith("  "):
                 if not message.startswith("  note: "):  # the start action's reason says the same
+                    if e := _ESTIMATE.search(message):
+                        self._plan_estimates[-1].append(float(e.group(1)))
                     self.say(f"flexmigd:   {message.strip()}")
             else:
                 self._in_plan = False
-                if level in ("WARNING", "ERROR", "CRITICAL"):
+                if _PLAN_DONE.match(message):
+                    self.say(f"flexmigd: {message}")  # what the plan took, beside its estimate
+                elif level in ("WARNING", "ERROR", "CRITICAL"):
                     self.say(f"flexmigd: {level.lower()}: {message}")
 
     def _watch(self, doc: Mapping[str, Any]) -> None:
@@ -422,7 +449,7 @@ class _Demo:
         for key, f in findings.items():
             if key not in self._seen_findings:
                 where = f"GPU {f['gpu']}" + (f" {f['profile']}@{f['start']}" if f.get("start") is not None else "")
-                self.say(f"finding: {f['kind']} on {where}: {f['reason']}")
+                self.say(f"finding: {f['kind']} on {where}: {f['reason']} (explained: {finding_docs(f['kind'])})")
         for key in self._seen_findings - set(findings):
             kind, gpu, start = key
             self.say(f"finding over: {kind} on GPU {gpu}" + (f" slice {start}" if start is not None else ""))
@@ -447,15 +474,33 @@ class _Demo:
             took = ""
             if a.get("started_s") and a.get("finished_s"):
                 took = f" in {a['finished_s'] - a['started_s']:.1f} s"
+            reason = a.get("reason") or ""
+            estimate = None if reason.startswith("submitted from ") else self._estimate(a, doc)
+            if estimate is not None:
+                took += f" (estimated {estimate:.1f} s)"
             if aid in self._downtime:
                 took += f" (the job was down {self._downtime[aid]} s)"
-            reason = a.get("reason") or ""
             if reason.startswith("submitted from "):
                 reason = ""  # the submission was just told
             why = f" ({a['error']})" if a.get("error") else f": {reason}" if reason else ""
             self.say(f"action #{aid} {a['action']}{who} {a['state']}{took}{why}")
             if a["action"] in ("migrate", "resplit") and a["state"] == "done" and self.first_move_s is None:
                 self.first_move_s = self.narrator.elapsed()
+
+    def _estimate(self, action: Mapping[str, Any], doc: Mapping[str, Any]) -> float | None:
+        """The planner's estimate for ``action`` of a plan it logged: the plans' action lines come in the order the
+        journal numbers their actions."""
+        plan = action.get("plan_id")
+        if plan is None:
+            return None
+        if plan not in self._estimate_of:
+            if not self._plan_estimates:
+                return None
+            self._estimate_of[plan] = self._plan_estimates.popleft()
+        ids = sorted(int(a["action_id"]) for a in doc.get("recent_actions", ()) if a.get("plan_id") == plan)
+        index = ids.index(int(action["action_id"]))
+        costs = self._estimate_of[plan]
+        return costs[index] if index < len(costs) else None
 
     # ------------------------------------------------------------------------------------------ clean-up
     def close(self) -> None:

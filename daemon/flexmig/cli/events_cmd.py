@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flexmig.detect.findings import finding_docs
 from flexmig.mqtt.events import Event, format_time
 from flexmig.mqtt.subscriber import SubscriberSettings, follow_events
 from flexmig.tasks import cancel_and_wait
@@ -48,9 +49,13 @@ def register(sub: Any) -> None:
 
 
 def summary(event: Event) -> str:
-    """One line for people: the reason when the event has one, else its main figures."""
+    """One line for people: the reason when the event has one (with where docs/detection.md explains a finding's),
+    else its main figures."""
     p = event.payload
     if isinstance(p.get("reason"), str):
+        kind = event.kind.value
+        if kind.startswith(("fragmentation_", "underuse_")):
+            return f"{p['reason']} ({finding_docs(kind)})"
         return str(p["reason"])
     if "profile" in p:
         return f"{p.get('profile')} at GPU {p.get('gpu')} slice {p.get('start')} ({p.get('uuid') or 'no UUID yet'})"

@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--sim",
         metavar="SPEC",
-        help=f"read a simulated node instead of the driver, e.g. {EXAMPLE_SPEC} (grammar: MODEL[xCOUNT][:LAYOUT])",
+        help=f"read a simulated node instead of the driver, e.g. {EXAMPLE_SPEC} "
+        "(grammar: MODEL[xCOUNT][@DRIVER][:LAYOUT])",
     )
     p.add_argument(
         "--sim-state",
@@ -73,7 +74,8 @@ def _read() -> Inventory:
         raise NvmlUnavailableError(
             f"{exc}.\nNo NVIDIA driver was found on this machine. To look at a simulated MIG node instead, run:\n"
             f"  flexmig inventory --sim {EXAMPLE_SPEC}\n"
-            "(SPEC is MODEL[xCOUNT][:LAYOUT] with MODEL one of a100-40, a100-80, h100-80, h200; see the README)"
+            "(SPEC is MODEL[xCOUNT][@DRIVER][:LAYOUT] with MODEL one of a100-40, a100-80, h100-80, h200; "
+            "see the README)"
         ) from exc
     with nvml:
         return nvml.inventory()

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.act.client import ControlClient
+from flexmig.cli.job_table import render_jobs, where
+from flexmig.cli.table import output_width
 
 __all__ = ["DEFAULT_SOCKET", "connection_options", "register"]
 
@@ -68,7 +70,8 @@ def connection_options(p: argparse.ArgumentParser, *, after_verb: bool = False) 
         "--timeout",
         type=float,
         default=argparse.SUPPRESS if after_verb else 900.0,
-        help="seconds to wait for the daemon (default 900)",
+        help="seconds the request may wait to begin, behind the action in flight (default 900): past them the "
+        "daemon drops it and does nothing; once it has begun, the command waits for its end",
     )
 
 
@@ -94,8 +97,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"queued: {res['queued']}; the planner starts it when it fits")
     job = res.get("job") or {}
     if job:
-        where = ", ".join(f"gpu{i['gpu']}:{i['profile']}@{i['start']}" for i in job.get("instances", []))
-        print(f"job {job['name']}: {job['state']} on {where or '-'}")
+        print(f"job {job['name']}: {job['state']} on {where(job) or '-'}")
     return status
 
 
@@ -107,13 +109,8 @@ def _list(args: argparse.Namespace) -> int:
     if not jobs:
         print("no jobs")
         return 0
-    print(f"{'NAME':20} {'STATE':8} {'RANKS':>5} {'GEN':>4} {'ACK':>8}  INSTANCES")
-    for j in jobs:
-        ack = j["last_ack"]["step"] if j.get("last_ack") else "-"
-        where = ",".join(f"gpu{i['gpu']}:{i['profile']}@{i['start']}" for i in j["instances"])
-        print(f"{j['name']:20} {j['state']:8} {j['ranks']:>5} {j['generation']:>4} {ack!s:>8}  {where}")
-        if j.get("error"):
-            print(f"  {j['error']}")
+    for line in render_jobs(jobs, output_width()):  # the table flexmig status prints
+        print(line)
     return 0
 
 

@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = (
     "nvml",
     "install",
     "slurm",
+    "sim",
 )
 
 

@@ -25,7 +25,7 @@ from flexmig.errors import FlexmigError, SlurmError
 from flexmig.mig.catalogue import model_by_key
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.slurm.client import SlurmClient
-from flexmig.slurm.install import render_taskprolog, write_taskprolog
+from flexmig.slurm.install import TASKPROLOG, render_taskprolog, write_taskprolog
 from flexmig.slurm.testbed import Testbed, free_port, future_gres, python
 
 __all__ = ["register"]
@@ -71,7 +71,11 @@ def register(sub: Any) -> None:
     cf.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     cf.add_argument("--cpus", type=int, default=64, help="CPUs of the node (default 64)")
     cf.add_argument("--name", default="flexmig-future", help="the placeholder's node name")
-    cf.add_argument("--taskprolog", default="/usr/lib/flexmig/slurm-taskprolog", help="the TaskProlog's path")
+    cf.add_argument(
+        "--taskprolog",
+        default=f"/{TASKPROLOG}",
+        help="the TaskProlog's path (default %(default)s, where flexmig install-files puts it)",
+    )
     cf.set_defaults(func=run_conf)
 
 

@@ -23,7 +23,7 @@ from flexmig.config.load import (
     parse_config,
 )
 from flexmig.config.problems import ConfigFileError, ConfigProblem
-from flexmig.config.reload import ReloadResult, applies_at_next_start, changed_keys, reload_config
+from flexmig.config.reload import ReloadResult, applies_at_next_start, as_applied, changed_keys, reload_config
 from flexmig.config.render import render_keys_markdown, render_toml
 from flexmig.config.schema import (
     BaselineConfig,
@@ -65,6 +65,7 @@ __all__ = [
     "SlurmConfig",
     "StateConfig",
     "applies_at_next_start",
+    "as_applied",
     "changed_keys",
     "find_key_line",
     "iter_keys",

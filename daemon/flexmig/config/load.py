@@ -65,6 +65,8 @@ def _parse(text: str, source: str, without: Collection[str] = ()) -> Config:
         raise ConfigFileError([ConfigProblem(source, "", line, f"TOML syntax: {message}")]) from None
     except RecursionError:
         raise ConfigFileError([ConfigProblem(source, "", None, "TOML syntax: nested too deeply")]) from None
+    except ValueError as exc:  # tomllib's int() of more than 4,300 digits raises a plain ValueError
+        raise ConfigFileError([ConfigProblem(source, "", None, f"TOML value out of range: {exc}")]) from None
     for key in without:
         _drop_key(data, key)
     checker = Checker()

@@ -83,7 +83,9 @@ def _doc(
     in full (``allowed`` says in words what it allows, for error messages), ``example`` the value shown
     (commented out) for optional keys, ``toml`` the key's name in the file when it is not a Python identifier,
     ``octal`` prints the default as ``0o600``, and ``restart`` marks keys that a reload cannot apply (the daemon
-    must be restarted).
+    must be restarted; on a table's field of :class:`Config`, every key of that table). The flag is the only rule
+    for what a reload changes: each component applies the other keys at once, and a reload names the restart keys
+    that changed (``tests/daemon/test_reload_keys.py`` holds every key to its flag).
     """
     meta = {
         "doc": doc,
@@ -112,6 +114,7 @@ class SamplingConfig:
         "Seconds of per-instance history kept in the in-memory ring buffers; at least the longest detection window.",
         lo=1,
         hi=7 * 86400,
+        restart=True,
     )
     stall_s: float = _doc(
         30.0,
@@ -119,8 +122,11 @@ class SamplingConfig:
         "being fed, so systemd restarts the daemon. At least twice interval_s.",
         lo=1,
         hi=3600,
+        restart=True,
     )
-    gpm: bool = _doc(True, "Read SM/DRAM/tensor activity through GPM where the GPU has it (Hopper and newer).")
+    gpm: bool = _doc(
+        True, "Read SM/DRAM/tensor activity through GPM where the GPU has it (Hopper and newer).", restart=True
+    )
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,9 @@ class PrometheusConfig:
         restart=True,
     )
     allow_remote: bool = _doc(
-        False, "Allow a listen address other than loopback (metrics then reach the network unauthenticated)."
+        False,
+        "Allow a listen address other than loopback (metrics then reach the network unauthenticated).",
+        restart=True,
     )
 
 
@@ -399,6 +407,27 @@ class JobsConfig:
         example="/run/flexmig/acks",
         restart=True,
     )
+    rank_log_max_bytes: int = _doc(
+        16 * 1024 * 1024,
+        "Size at which a rank's log (STATE_DIR/logs/NAME/gGEN-rSLOT.log) is rotated; a rank's output never takes "
+        "more than (rank_log_keep + 1) times this. Applies to ranks launched after a reload.",
+        lo=64 * 1024,
+        hi=1024**4,
+    )
+    rank_log_keep: int = _doc(
+        2,
+        "Rotated files kept per rank log (.1 newest); older ones, and the logs of all but this many earlier "
+        "generations of a job, are removed. 0: a full log is emptied and begun again.",
+        lo=0,
+        hi=100,
+    )
+    max_pending: int = _doc(
+        1000,
+        "Most jobs waiting for room (pending); a submission past it is refused, naming this key, and changes nothing. "
+        "Each waiting job costs every planning round some work, so keep it to what the node can work through.",
+        lo=1,
+        hi=1_000_000,
+    )
     shutdown_grace_s: float = _doc(
         60.0,
         "On SIGTERM, how long the action in flight may take to finish; after that the daemon exits and the "
@@ -416,6 +445,14 @@ class ControlConfig:
     socket: Path = _doc(Path("/run/flexmig/control.sock"), "Unix socket path (at most 107 bytes).", restart=True)
     socket_mode: int = _doc(
         0o600, "Permissions of the socket: owner read/write required, nothing for others.", octal=True, restart=True
+    )
+    max_wait_s: float = _doc(
+        900.0,
+        "Longest a control request (socket or MQTT command) may wait to begin, behind the action in flight; past "
+        "it the request is dropped, nothing done, and the log says so. A client's own deadline (flexmig --timeout) "
+        "is capped at this; a request that states none gets it.",
+        lo=1,
+        hi=86400,
     )
 
 
@@ -642,11 +679,13 @@ class Config:
         "This node's name in MQTT topics and metrics; empty means the host name (first label).",
         pattern=r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?",
         allowed="empty, or up to 63 letters, digits, '.', '_' or '-' starting with a letter or digit",
+        restart=True,
     )
     sampling: SamplingConfig = _doc(factory=SamplingConfig, doc=SamplingConfig.__doc__ or "")
     prometheus: PrometheusConfig = _doc(factory=PrometheusConfig, doc=PrometheusConfig.__doc__ or "")
-    mqtt: MqttConfig = _doc(factory=MqttConfig, doc=MqttConfig.__doc__ or "")
-    dcgm: DcgmConfig = _doc(factory=DcgmConfig, doc=DcgmConfig.__doc__ or "")
+    # The publisher, its outbox, the command listener and the scraper are set up at start, from the whole table.
+    mqtt: MqttConfig = _doc(factory=MqttConfig, doc=MqttConfig.__doc__ or "", restart=True)
+    dcgm: DcgmConfig = _doc(factory=DcgmConfig, doc=DcgmConfig.__doc__ or "", restart=True)
     detect: DetectConfig = _doc(factory=DetectConfig, doc=DetectConfig.__doc__ or "")
     planner: PlannerConfig = _doc(factory=PlannerConfig, doc=PlannerConfig.__doc__ or "")
     jobs: JobsConfig = _doc(factory=JobsConfig, doc=JobsConfig.__doc__ or "")
@@ -674,11 +713,16 @@ def toml_name(f: Any) -> str:
 
 
 def iter_keys(cfg: object, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
-    """Every leaf key of a configuration tree: (dotted key, value, field metadata), in schema order."""
+    """Every leaf key of a configuration tree: (dotted key, value, field metadata), in schema order. A table marked
+    ``restart`` marks each of its keys so."""
+    yield from _iter_keys(cfg, prefix, restart=False)
+
+
+def _iter_keys(cfg: object, prefix: str, *, restart: bool) -> Iterator[tuple[str, Any, Any]]:
     for f in fields(cast(Any, cfg)):
         key = join_key(prefix, toml_name(f))
         value = getattr(cfg, f.name)
         if is_dataclass(value) and not isinstance(value, (HostPort, type)):
-            yield from iter_keys(value, key)
+            yield from _iter_keys(value, key, restart=restart or bool(f.metadata.get("restart")))
         else:
-            yield key, value, f.metadata
+            yield key, value, {**f.metadata, "restart": True} if restart else f.metadata

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "FINDING_DOCS",
     "EndedFinding",
     "Finding",
     "FindingKey",
@@ -16,7 +17,25 @@ __all__ = [
     "InstanceChange",
     "OversizedFinding",
     "UnderuseFinding",
+    "finding_docs",
 ]
+
+#: Where docs/detection.md explains each kind of finding and the words its lines use (slices, ``PROFILE@START``, the
+#: demand mix, the recoverable score), for every line people read a finding in (status, the demo, flexmig events):
+#: (kind or event-kind prefix, section).
+FINDING_DOCS: tuple[tuple[str, str], ...] = (
+    ("fragmentation", "docs/detection.md#fragmented-gpus"),
+    ("idle", "docs/detection.md#idle-and-underused-instances"),
+    ("underuse", "docs/detection.md#idle-and-underused-instances"),
+    ("oversize", "docs/detection.md#oversized-jobs"),
+)
+
+
+def finding_docs(kind: str) -> str:
+    """The docs/detection.md section of a finding kind (``fragmentation``, ``idle``, ``underused``, ``oversized``) or
+    of an event kind (``fragmentation_above``, ``underuse_started``, ...); the page itself for another kind."""
+    return next((where for prefix, where in FINDING_DOCS if kind.startswith(prefix)), "docs/detection.md")
+
 
 FindingKey = tuple[str, int, int]
 """(kind, GPU index, start memory slice; -1 for GPU-wide findings)."""

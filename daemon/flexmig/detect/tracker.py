@@ -7,8 +7,9 @@ between sweeps. The first observation sets the baseline: instances already prese
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 from flexmig.detect.capacity import RepackKey
@@ -161,6 +162,28 @@ def _fragmentation_finding(g: GpuFragmentation, since: float, s: FragmentationSe
     )
 
 
+def _no_finding(_since: float) -> None:
+    """No finding starts (a switch turned on while the finding's condition no longer says what it would be)."""
+
+
+def _in_use_again(u: InstanceUsage) -> str:
+    return (
+        f"{u.profile} at GPU {u.gpu} slice {u.start} is in use again "
+        f"({_fmt_ratio(u.activity)} activity, {_fmt_ratio(u.memory_ratio)} memory)"
+    )
+
+
+def _fits_no_smaller(u: InstanceUsage) -> str:
+    return f"the job on {u.profile} at GPU {u.gpu} slice {u.start} no longer fits a smaller profile"
+
+
+def _repack_too_small(g: GpuFragmentation, s: FragmentationSettings) -> str:
+    return (
+        f"GPU {g.gpu}: repacking would make only {g.recoverable_compute_slices} compute slice(s) usable "
+        f"(recoverable {g.recoverable_score:.2f} <= {s.exit:.2f})"
+    )
+
+
 def _instances(layout: Layout | None) -> dict[int, str]:
     return {} if layout is None else {i.start: i.profile.name for i in layout}
 
@@ -187,171 +210,81 @@ def _changes(
     return destroyed, created
 
 
+class _Sweep:
+    """The mutable working copy of one :func:`observe` call: switches, active findings, last windows seen, and the
+    transitions found so far. Private to one call, frozen into a :class:`DetectState` and a :class:`Report` at
+    its end."""
+
+    def __init__(self, state: DetectState, now: float) -> None:
+        self.now = now
+        self.switches: dict[FindingKey, Switch] = dict(state.switches)
+        self.active: dict[FindingKey, Finding] = dict(state.active)
+        self.last_seen: dict[InstanceKey, float] = dict(state.last_seen)
+        self.started: list[Finding] = []
+        self.ended: list[EndedFinding] = []
+
+    def end(self, key: FindingKey, reason: str) -> None:
+        """Forget the switch ``key``; its finding, if active, ends for ``reason``."""
+        self.switches.pop(key, None)
+        finding = self.active.pop(key, None)
+        if finding is not None:
+            self.ended.append(EndedFinding(finding, self.now, reason))
+
+    def end_instance(self, key: InstanceKey, reason: str) -> None:
+        """End the findings of one instance and forget it."""
+        for kind in ("underuse", "oversized"):
+            self.end((kind, *key), reason)
+        self.last_seen.pop(key, None)
+
+    def step(
+        self,
+        key: FindingKey,
+        signal: Signal,
+        window: tuple[float, float],
+        *,
+        limits: tuple[float, float, float],
+        start: Callable[[float], Finding | None],
+        ended: Callable[[], str],
+    ) -> None:
+        """One window of the switch ``key`` (``limits``: on after, off after, longest gap): when it turns on, the
+        finding ``start(since)`` starts (None: none does); when it turns off, the active one ends for ``ended()``."""
+        on_after, off_after, max_gap = limits
+        sw, flipped = step(
+            self.switches.get(key, Switch()),
+            signal,
+            *window,
+            on_after=on_after,
+            off_after=off_after,
+            max_gap=max_gap,
+        )
+        self.switches[key] = sw
+        if flipped and sw.on:
+            finding = start(sw.since or window[1])
+            if finding is not None:
+                self.active[key] = finding
+                self.started.append(finding)
+        elif flipped:
+            self.end(key, ended())
+
+
 def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> tuple[DetectState, Report]:
     """Run detection on one observation; returns the state for the next sweep and this sweep's report."""
-    us, fs = settings.underuse, settings.fragmentation
-    now = obs.now
     memo = extend_memo(state.memo, obs.layouts)
-    demand = obs.demand or DemandMix(fs.demand)
-    frag = node_fragmentation(obs.layouts, demand, memo)
-
-    switches: dict[FindingKey, Switch] = dict(state.switches)
-    active: dict[FindingKey, Finding] = dict(state.active)
-    last_seen: dict[InstanceKey, float] = dict(state.last_seen)
-    started: list[Finding] = []
-    ended: list[EndedFinding] = []
-
-    def end(key: FindingKey, reason: str) -> None:
-        switches.pop(key, None)
-        finding = active.pop(key, None)
-        if finding is not None:
-            ended.append(EndedFinding(finding, now, reason))
-
-    def end_instance(key: InstanceKey, reason: str) -> None:
-        for kind in ("underuse", "oversized"):
-            end((kind, *key), reason)
-        last_seen.pop(key, None)
-
-    # 1. GPUs lost, instances created and destroyed.
-    newly_lost = tuple(sorted(obs.lost_gpus - state.lost))
-    for gpu in newly_lost:
-        for key in [k for k in switches if k[1] == gpu]:
-            end(key, f"GPU {gpu} is lost")
-        for ikey in [k for k in last_seen if k[0] == gpu]:
-            last_seen.pop(ikey)
-    created: list[InstanceChange] = []
-    destroyed: list[InstanceChange] = []
-    previous = dict(state.layouts or {})
-    merged: dict[int, Layout] = {g: lay for g, lay in previous.items() if g in obs.lost_gpus}
-    merged.update({g: lay for g, lay in obs.layouts.items() if g not in obs.lost_gpus})
-    if state.layouts is not None:
-        for gpu in sorted(set(previous) | set(obs.layouts)):
-            if gpu in obs.lost_gpus:
-                continue  # what a lost GPU holds is unknown; its last layout is kept until it comes back
-            gone, new = _changes(gpu, previous.get(gpu), obs.layouts.get(gpu), state.uuids, obs.uuids)
-            for start, name in gone:
-                destroyed.append(InstanceChange(gpu, start, name, now, state.uuids.get((gpu, start))))
-                end_instance((gpu, start), f"instance {name} at GPU {gpu} slice {start} was destroyed")
-            created.extend(InstanceChange(gpu, start, name, now, obs.uuids.get((gpu, start))) for start, name in new)
-
-    # 2. Telemetry windows: underuse, oversize, internal fragmentation.
-    internal: list[InternalFragmentation] = []
-    ignored: list[str] = []
-    for u in sorted(obs.usage, key=lambda w: w.key):
-        layout = obs.layouts.get(u.gpu)
-        inst = layout.at(u.start) if layout is not None and u.gpu not in obs.lost_gpus else None
-        if inst is None or inst.profile.name != u.profile:
-            ignored.append(f"window for {u.profile} at GPU {u.gpu} slice {u.start} matches no current instance")
-            continue
-        assert layout is not None
-        internal.append(internal_fragmentation(u, inst.profile))
-        last_seen[u.key] = u.at
-        key_u: FindingKey = ("underuse", u.gpu, u.start)
-        sw, flipped = step(
-            switches.get(key_u, Switch()),
-            underuse_signal(u, us),
-            u.since,
-            u.at,
-            on_after=us.enter_after_s,
-            off_after=us.exit_after_s,
-            max_gap=us.max_gap_s,
-        )
-        switches[key_u] = sw
-        if flipped and sw.on:
-            finding = _underuse_finding(u, sw.since or u.at, us)
-            active[key_u] = finding
-            started.append(finding)
-        elif flipped:
-            end(
-                key_u,
-                f"{u.profile} at GPU {u.gpu} slice {u.start} is in use again "
-                f"({_fmt_ratio(u.activity)} activity, {_fmt_ratio(u.memory_ratio)} memory)",
-            )
-        key_o: FindingKey = ("oversized", u.gpu, u.start)
-        smaller = smaller_profile(u, layout.model, inst.profile, us.oversize_margin)
-        if smaller is not None:
-            signal = Signal.ON
-        elif smaller_profile(u, layout.model, inst.profile, 0.0) is not None:
-            signal = Signal.HOLD
-        else:
-            signal = Signal.OFF
-        sw, flipped = step(
-            switches.get(key_o, Switch()),
-            signal,
-            u.since,
-            u.at,
-            on_after=us.oversize_after_s,
-            off_after=us.exit_after_s,
-            max_gap=us.max_gap_s,
-        )
-        switches[key_o] = sw
-        if flipped and sw.on and smaller is not None:
-            finding_o = _oversized_finding(u, smaller, sw.since or u.at, us)
-            active[key_o] = finding_o
-            started.append(finding_o)
-        elif flipped and not sw.on:
-            end(key_o, f"the job on {u.profile} at GPU {u.gpu} slice {u.start} no longer fits a smaller profile")
-
-    # 3. Instances no longer reported.
-    for ikey, seen in list(last_seen.items()):
-        if now - seen > us.forget_after_s:
-            end_instance(ikey, f"no telemetry for GPU {ikey[0]} slice {ikey[1]} for {now - seen:.0f} s")
-
-    # 4. Fragmentation per GPU.
-    by_gpu = {g.gpu: g for g in frag.gpus}
-    for key in [k for k in switches if k[0] == "fragmentation" and k[1] not in by_gpu]:
-        end(key, f"GPU {key[1]} no longer has MIG enabled")
-    for g in frag.gpus:
-        if g.gpu in obs.lost_gpus:
-            continue
-        key_f: FindingKey = ("fragmentation", g.gpu, -1)
-        score = g.recoverable_score
-        signal = Signal.ON if score >= fs.enter else Signal.OFF if score <= fs.exit else Signal.HOLD
-        # Layouts are read at instants: a condition has held since the first sweep that saw it.
-        sw, flipped = step(
-            switches.get(key_f, Switch()),
-            signal,
-            now,
-            now,
-            on_after=fs.enter_after_s,
-            off_after=fs.exit_after_s,
-            max_gap=math.inf,
-        )
-        switches[key_f] = sw
-        if flipped and sw.on:
-            finding_f = _fragmentation_finding(g, now, fs)
-            active[key_f] = finding_f
-            started.append(finding_f)
-        elif flipped:
-            end(
-                key_f,
-                f"GPU {g.gpu}: repacking would make only {g.recoverable_compute_slices} compute slice(s) usable "
-                f"(recoverable {score:.2f} <= {fs.exit:.2f})",
-            )
-
-    changes = dict(state.instance_changes)
-    for kind, items in (("destroyed", destroyed), ("created", created)):
-        for c in items:
-            changes[(c.gpu, kind)] = changes.get((c.gpu, kind), 0) + 1
-    uuids = {k: u for k, u in state.uuids.items() if k[0] in obs.lost_gpus}  # a lost GPU's, as its layout
-    uuids.update({k: u for k, u in obs.uuids.items() if k[0] not in obs.lost_gpus})
-    new_state = DetectState(
-        instance_changes=MappingProxyType(changes),
-        uuids=MappingProxyType(uuids),
-        layouts=MappingProxyType(merged),
-        lost=frozenset(obs.lost_gpus),
-        switches=MappingProxyType(switches),
-        active=MappingProxyType(active),
-        last_seen=MappingProxyType(last_seen),
-        memo=memo,
-    )
+    frag = node_fragmentation(obs.layouts, obs.demand or DemandMix(settings.fragmentation.demand), memo)
+    sweep = _Sweep(state, obs.now)
+    newly_lost = _lost_gpus(sweep, state, obs)  # 1. GPUs lost,
+    destroyed, created = _instance_changes(sweep, state, obs)  # instances created and destroyed
+    internal, ignored = _windows(sweep, obs, settings.underuse)  # 2. underuse, oversize, internal fragmentation
+    _forget_silent(sweep, settings.underuse)  # 3. instances no longer reported
+    _fragmentation(sweep, frag, obs, settings.fragmentation)  # 4. fragmentation per GPU
+    new_state = _next_state(sweep, state, obs, memo, (destroyed, created))
     report = Report(
-        now=now,
+        now=obs.now,
         fragmentation=frag,
         internal=tuple(internal),
-        active=tuple(active[k] for k in sorted(active)),
-        started=tuple(started),
-        ended=tuple(ended),
+        active=tuple(sweep.active[k] for k in sorted(sweep.active)),
+        started=tuple(sweep.started),
+        ended=tuple(sweep.ended),
         created=tuple(created),
         destroyed=tuple(destroyed),
         lost=newly_lost,
@@ -359,3 +292,135 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         instance_changes=new_state.instance_changes,
     )
     return new_state, report
+
+
+def _lost_gpus(sweep: _Sweep, state: DetectState, obs: Observation) -> tuple[int, ...]:
+    """The GPUs lost since the last sweep; their findings end and their instances are forgotten."""
+    newly_lost = tuple(sorted(obs.lost_gpus - state.lost))
+    for gpu in newly_lost:
+        for key in [k for k in sweep.switches if k[1] == gpu]:
+            sweep.end(key, f"GPU {gpu} is lost")
+        for ikey in [k for k in sweep.last_seen if k[0] == gpu]:
+            sweep.last_seen.pop(ikey)
+    return newly_lost
+
+
+def _instance_changes(
+    sweep: _Sweep, state: DetectState, obs: Observation
+) -> tuple[list[InstanceChange], list[InstanceChange]]:
+    """(destroyed, created) since the last sweep (none at the first: it sets the baseline); a destroyed instance's
+    findings end."""
+    destroyed: list[InstanceChange] = []
+    created: list[InstanceChange] = []
+    if state.layouts is None:
+        return destroyed, created
+    previous, now = state.layouts, obs.now
+    for gpu in sorted(set(previous) | set(obs.layouts)):
+        if gpu in obs.lost_gpus:
+            continue  # what a lost GPU holds is unknown; its last layout is kept until it comes back
+        gone, new = _changes(gpu, previous.get(gpu), obs.layouts.get(gpu), state.uuids, obs.uuids)
+        for start, name in gone:
+            destroyed.append(InstanceChange(gpu, start, name, now, state.uuids.get((gpu, start))))
+            sweep.end_instance((gpu, start), f"instance {name} at GPU {gpu} slice {start} was destroyed")
+        created.extend(InstanceChange(gpu, start, name, now, obs.uuids.get((gpu, start))) for start, name in new)
+    return destroyed, created
+
+
+def _windows(sweep: _Sweep, obs: Observation, us: UnderuseSettings) -> tuple[list[InternalFragmentation], list[str]]:
+    """Each telemetry window that matches an instance: its internal fragmentation, and a step of its underuse and
+    oversize switches. Returns the internal fragmentation and the windows ignored, in words."""
+    internal: list[InternalFragmentation] = []
+    ignored: list[str] = []
+    for u in sorted(obs.usage, key=lambda w: w.key):
+        layout = obs.layouts.get(u.gpu)
+        inst = layout.at(u.start) if layout is not None and u.gpu not in obs.lost_gpus else None
+        if layout is None or inst is None or inst.profile.name != u.profile:
+            ignored.append(f"window for {u.profile} at GPU {u.gpu} slice {u.start} matches no current instance")
+            continue
+        internal.append(internal_fragmentation(u, inst.profile))
+        sweep.last_seen[u.key] = u.at
+        window = (u.since, u.at)
+        sweep.step(
+            ("underuse", u.gpu, u.start),
+            underuse_signal(u, us),
+            window,
+            limits=(us.enter_after_s, us.exit_after_s, us.max_gap_s),
+            start=partial(_underuse_finding, u, s=us),
+            ended=partial(_in_use_again, u),
+        )
+        smaller = smaller_profile(u, layout.model, inst.profile, us.oversize_margin)
+        if smaller is not None:
+            signal = Signal.ON
+        elif smaller_profile(u, layout.model, inst.profile, 0.0) is not None:
+            signal = Signal.HOLD
+        else:
+            signal = Signal.OFF
+        sweep.step(
+            ("oversized", u.gpu, u.start),
+            signal,
+            window,
+            limits=(us.oversize_after_s, us.exit_after_s, us.max_gap_s),
+            start=_no_finding if smaller is None else partial(_oversized_finding, u, smaller, s=us),
+            ended=partial(_fits_no_smaller, u),
+        )
+    return internal, ignored
+
+
+def _forget_silent(sweep: _Sweep, us: UnderuseSettings) -> None:
+    """End the findings of instances with no telemetry for ``forget_after_s``."""
+    now = sweep.now
+    for ikey, seen in list(sweep.last_seen.items()):
+        if now - seen > us.forget_after_s:
+            sweep.end_instance(ikey, f"no telemetry for GPU {ikey[0]} slice {ikey[1]} for {now - seen:.0f} s")
+
+
+def _fragmentation(sweep: _Sweep, frag: NodeFragmentation, obs: Observation, fs: FragmentationSettings) -> None:
+    """A step of each GPU's fragmentation switch; a GPU without MIG any more ends its finding."""
+    by_gpu = {g.gpu: g for g in frag.gpus}
+    for key in [k for k in sweep.switches if k[0] == "fragmentation" and k[1] not in by_gpu]:
+        sweep.end(key, f"GPU {key[1]} no longer has MIG enabled")
+    now = sweep.now
+    for g in frag.gpus:
+        if g.gpu in obs.lost_gpus:
+            continue
+        score = g.recoverable_score
+        signal = Signal.ON if score >= fs.enter else Signal.OFF if score <= fs.exit else Signal.HOLD
+        # Layouts are read at instants: a condition has held since the first sweep that saw it.
+        sweep.step(
+            ("fragmentation", g.gpu, -1),
+            signal,
+            (now, now),
+            limits=(fs.enter_after_s, fs.exit_after_s, math.inf),
+            start=partial(_fragmentation_finding, g, s=fs),
+            ended=partial(_repack_too_small, g, fs),
+        )
+
+
+def _next_state(
+    sweep: _Sweep,
+    state: DetectState,
+    obs: Observation,
+    memo: Mapping[RepackKey, Mapping[str, int]],
+    changed: tuple[list[InstanceChange], list[InstanceChange]],
+) -> DetectState:
+    """What the next sweep starts from (``changed``: this sweep's destroyed and created instances, counted); a lost
+    GPU keeps its last layout and UUIDs until it comes back."""
+    changes = dict(state.instance_changes)
+    for kind, items in zip(("destroyed", "created"), changed, strict=True):
+        for c in items:
+            changes[(c.gpu, kind)] = changes.get((c.gpu, kind), 0) + 1
+    previous = dict(state.layouts or {})
+    layouts = {g: lay for g, lay in previous.items() if g in obs.lost_gpus}
+    layouts.update({g: lay for g, lay in obs.layouts.items() if g not in obs.lost_gpus})
+    uuids = {k: u for k, u in state.uuids.items() if k[0] in obs.lost_gpus}
+    uuids.update({k: u for k, u in obs.uuids.items() if k[0] not in obs.lost_gpus})
+    return DetectState(
+        instance_changes=MappingProxyType(changes),
+        uuids=MappingProxyType(uuids),
+        layouts=MappingProxyType(layouts),
+        lost=frozenset(obs.lost_gpus),
+        switches=MappingProxyType(sweep.switches),
+        active=MappingProxyType(sweep.active),
+        last_seen=MappingProxyType(sweep.last_seen),
+        memo=memo,
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from flexmig_hook.protocol import (
     ACK_MAX_BYTES,
+    ACK_MAX_PATH,
+    ACK_MAX_STEP,
     ALLOWED_SIGNALS,
     ENV_ACK_PATH,
     ENV_ACK_WAIT,
@@ -32,6 +34,8 @@ from flexmig_hook.protocol import (
 
 __all__ = [
     "ACK_MAX_BYTES",
+    "ACK_MAX_PATH",
+    "ACK_MAX_STEP",
     "ALLOWED_SIGNALS",
     "ENV_ACK_PATH",
     "ENV_ACK_WAIT",

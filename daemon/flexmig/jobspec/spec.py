@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import grp
+import math
 import os
 import pwd
 import re
@@ -74,7 +75,10 @@ _MAX_ARGV = 256
 _MAX_ARG_LEN = 4096
 _MAX_SPEC_BYTES = 64 * 1024
 
-_TOP_KEYS = frozenset({"name", "argv", "user", "group", "working_dir", "checkpoint_dir", "launcher", "env"})
+_TOP_KEYS = frozenset(
+    {"name", "argv", "user", "group", "working_dir", "checkpoint_dir", "launcher", "env", "runtime_s"}
+)
+_MAX_RUNTIME_S = 366 * 86400.0
 _TABLES = {
     "ranks": frozenset({"min", "max", "start"}),
     "need": frozenset({"profile", "memory_gib", "compute_slices"}),
@@ -172,6 +176,10 @@ class JobSpec:
     hook: HookSettings = HookSettings()
     env: tuple[tuple[str, str], ...] = ()
     source: Path | None = None
+    runtime_s: float | None = None
+    """How long the job is expected to run at its start shape, if its owner says (``runtime_s``): the planner weighs
+    a move by the wait it spares and the time the running jobs have left, and without it assumes
+    ``unknown_wait_s``."""
 
     @property
     def ack_path(self) -> Path:
@@ -207,12 +215,19 @@ class JobSpec:
         }
         if self.group:
             out["group"] = self.group
+        if self.runtime_s is not None:
+            out["runtime_s"] = self.runtime_s
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: Path | None = None) -> JobSpec:
-        """Rebuild a spec from :meth:`to_dict` output, checking structure and names again (not file permissions)."""
-        return _build(dict(data), source, source.parent if source else Path("/"), None, None)
+        """Rebuild a spec from :meth:`to_dict` output, checking structure and names again (not file permissions).
+
+        Its directories are taken as stored, never resolved again: they were resolved when the spec was submitted,
+        and resolving them now would follow a symlink the job's user has put there since (the checkpoint
+        directory's parent swapped for a link to a root-owned directory: root would make the next checkpoint
+        directory there, and hand it to the user)."""
+        return _build(dict(data), source, source.parent if source else Path("/"), None, None, resolve=False)
 
 
 class _Ctx:
@@ -307,6 +322,12 @@ def parse_job_spec(text: str, policy: JobPolicy, source: Path | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         where = str(source) if source else "<job spec>"
         raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        where = str(source) if source else "<job spec>"
+        raise JobSpecError(f"{where}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # tomllib's int() of more than 4,300 digits raises a plain ValueError
+        where = str(source) if source else "<job spec>"
+        raise JobSpecError(f"{where}: not valid TOML: {exc}") from None
     base = source.parent if source else Path.cwd()
     return _build(data, source, base, ctx, policy)
 
@@ -316,14 +337,13 @@ def recheck_spec(spec: JobSpec, policy: JobPolicy, where: str) -> JobSpec:
     ``policy`` as it is now: argv (never a shell), names, the user and group on this node, directories inside
     ``allowed_dirs``. JobSpecError ``<where>: <key>: <why>`` otherwise; the checked spec (same source) if it passes.
     """
-    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy)
+    checked = _build(spec.to_dict(), None, Path("/"), _Ctx(None, None, where), policy, resolve=False)
     return replace(checked, source=spec.source)
 
 
-def _build(
-    data: dict[str, Any], source: Path | None, base: Path, ctx: _Ctx | None, policy: JobPolicy | None
-) -> JobSpec:
-    c = ctx or _Ctx(source, None)
+def _tables(c: _Ctx, data: dict[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The spec's tables (an empty one for each absent or malformed one), noting every unknown key and what it may
+    have meant."""
     for key in data:
         if key not in _TOP_KEYS and key not in _TABLES:
             c.note(c.fail(key, _unknown(_TOP_KEYS | set(_TABLES), key, "known keys"), at=join_key("", key)))
@@ -340,13 +360,28 @@ def _build(
                 why = _unknown(keys, key, f"known keys in [{table}]")
                 c.note(c.fail(f"{table}.{key}", why, at=join_key(table, key)))
                 c.meant.update(f"{table}.{k}" for k in difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6))
+    return tables
 
+
+def _build(
+    data: dict[str, Any],
+    source: Path | None,
+    base: Path,
+    ctx: _Ctx | None,
+    policy: JobPolicy | None,
+    *,
+    resolve: bool = True,
+) -> JobSpec:
+    c = ctx or _Ctx(source, None)
+    tables = _tables(c, data)
     name = c.attempt(lambda: _name(c, data), None)
     argv = c.attempt(lambda: _argv(c, data), None)
     user = c.attempt(lambda: _user(c, data, "user", required=True), None)
     group = c.attempt(lambda: _user(c, data, "group") or None, None)
-    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True), None)
-    checkpoint_dir = c.attempt(lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True), None)
+    working_dir = c.attempt(lambda: _dir(c, data, "working_dir", base, required=True, resolve=resolve), None)
+    checkpoint_dir = c.attempt(
+        lambda: _dir(c, data, "checkpoint_dir", working_dir or base, required=True, resolve=resolve), None
+    )
     launcher = c.attempt(lambda: _launcher(c, data), "plain")
     if launcher == "torchrun" and argv is not None and len(argv) < 2:
         c.note(c.fail("argv", "with launcher 'torchrun', argv is [PYTHON, SCRIPT, ARGS...]"))
@@ -357,6 +392,7 @@ def _build(
     ranks = _ranks(c, tables["ranks"])
     need = c.attempt(lambda: _need(c, tables["need"]), None)
     hook = c.attempt(lambda: _hook(c, tables["hook"], policy.default_ack_timeout_s if policy else 300.0), None)
+    runtime_s = c.attempt(lambda: _runtime(c, data), None)
     if hook is not None and hook.standby and launcher == "torchrun":
         c.note(
             c.fail(
@@ -396,7 +432,17 @@ def _build(
         hook=hook,
         env=env,
         source=source,
+        runtime_s=runtime_s,
     )
+
+
+def _runtime(c: _Ctx, data: Mapping[str, Any]) -> float | None:
+    if "runtime_s" not in data:
+        return None
+    v = _num(c, data, "runtime_s", "runtime_s", 0.0)
+    if not 0 < v <= _MAX_RUNTIME_S:
+        raise c.fail("runtime_s", f"must be in (0, {_MAX_RUNTIME_S:.0f}] seconds, not {v:g}")
+    return v
 
 
 def _name(c: _Ctx, data: Mapping[str, Any]) -> str:
@@ -464,7 +510,13 @@ def _num(c: _Ctx, table: Mapping[str, Any], dotted: str, key: str, default: floa
     v = table.get(key, default)
     if not isinstance(v, int | float) or isinstance(v, bool):
         raise c.fail(dotted, f"must be a number, not {type_name(v)}")
-    return float(v)
+    try:
+        out = float(v)
+    except OverflowError:  # an integer past the largest float: TOML allows it, no setting needs it
+        raise c.fail(dotted, "is out of range") from None
+    if not math.isfinite(out):
+        raise c.fail(dotted, f"must be a finite number, not {out}")
+    return out
 
 
 def _argv(c: _Ctx, data: Mapping[str, Any]) -> tuple[str, ...]:
@@ -503,12 +555,16 @@ def _resolve_program(c: _Ctx, argv: tuple[str, ...], working_dir: Path) -> tuple
     raise c.fail("argv", f"program {prog!r} not found in /usr/local/bin, /usr/bin or /bin; give its path")
 
 
-def _dir(c: _Ctx, data: Mapping[str, Any], key: str, base: Path, required: bool = False) -> Path:
+def _dir(
+    c: _Ctx, data: Mapping[str, Any], key: str, base: Path, required: bool = False, *, resolve: bool = True
+) -> Path:
+    """A directory of the spec, absolute: resolved (``realpath``) when a spec is submitted, normalised only when it
+    comes back from the journal (resolved then already; see :meth:`JobSpec.from_dict`)."""
     text = _str(c, data, key, required=required)
     p = Path(text)
     if not p.is_absolute():
         p = base / p
-    return Path(os.path.realpath(p))
+    return Path(os.path.realpath(p) if resolve else os.path.normpath(p))
 
 
 def _inside(path: Path, roots: Sequence[Path]) -> bool:

@@ -8,9 +8,11 @@ from flexmig.mig.catalogue import (
     MODELS,
     ComputeProfile,
     GpuModel,
+    Offer,
     Profile,
     model_by_key,
     model_by_name,
+    model_for,
 )
 from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout, PlacedInstance
@@ -27,12 +29,14 @@ __all__ = [
     "GpuModel",
     "Layout",
     "NodeSpec",
+    "Offer",
     "PlacedInstance",
     "Profile",
     "fitting_profile",
     "maximal_layouts",
     "model_by_key",
     "model_by_name",
+    "model_for",
     "need_mib",
     "parse_node_spec",
 ]

@@ -13,7 +13,8 @@ Two traps this module keeps apart on purpose:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 __all__ = [
     "A100_40",
@@ -23,9 +24,11 @@ __all__ = [
     "MODELS",
     "ComputeProfile",
     "GpuModel",
+    "Offer",
     "Profile",
     "model_by_key",
     "model_by_name",
+    "model_for",
 ]
 
 # NVML_GPU_INSTANCE_PROFILE_* indices (pynvml constants; the values are part of the ABI).
@@ -105,6 +108,17 @@ class Profile:
 
 
 @dataclass(frozen=True, slots=True)
+class Offer:
+    """A GPU-instance profile as a GPU's driver lists it (``nvidia-smi mig -lgip``): its published ID, its memory
+    and how many instances of it the GPU holds. What a driver offers differs between releases (older A100
+    drivers list no ``1g.20gb``), so the catalogue is cut down to it wherever a GPU says."""
+
+    profile_id: int
+    memory_mib: int
+    instances: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuModel:
     """A MIG-capable GPU model with its profile table."""
 
@@ -159,6 +173,18 @@ class GpuModel:
     def plain_profiles(self) -> tuple[Profile, ...]:
         """Profiles without the ``+me`` media variants: what the planner hands out."""
         return tuple(p for p in self.profiles if not p.is_media_variant)
+
+    def offering(self, offers: Iterable[Offer]) -> GpuModel:
+        """This model as one driver offers it: only the profiles it lists (by ID), with the memory and instance
+        counts it gives; placements stay the catalogue's (they are the hardware's). Profiles the catalogue lacks
+        are left out: nothing could place them."""
+        by_id = {o.profile_id: o for o in offers}
+        kept = tuple(
+            replace(p, memory_mib=o.memory_mib, max_instances=o.instances)
+            for p in self.profiles
+            if (o := by_id.get(p.profile_id)) is not None
+        )
+        return replace(self, profiles=kept)
 
 
 def _profiles(
@@ -297,3 +323,12 @@ def model_by_name(name: str) -> GpuModel | None:
         if m.name == name:
             return m
     return None
+
+
+def model_for(name: str | None, offers: Iterable[Offer] | None) -> GpuModel | None:
+    """The model of a GPU called ``name`` as its driver offers it (``offers``, None when the driver would not say:
+    then the catalogue's), or None for a GPU we have no table for."""
+    model = model_by_name(name) if name else None
+    if model is None or offers is None:
+        return model
+    return model.offering(offers)

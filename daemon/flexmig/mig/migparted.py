@@ -39,6 +39,7 @@ __all__ = [
     "baseline_for",
     "export_spec",
     "layout_for",
+    "mig_device_problem",
     "parse_profile",
     "parse_spec",
     "to_yaml",
@@ -190,8 +191,9 @@ def _entry(raw: object, where: str) -> MigPartedEntry:
         if not isinstance(mig_devices, dict):
             raise ConfigError(f"{where}: mig-devices must map profile names to counts")
         for profile, count in mig_devices.items():
-            if not isinstance(profile, str) or _PROFILE.match(profile) is None:
-                raise ConfigError(f"{where}: mig-devices: invalid format for {profile!r} (e.g. 1g.10gb, 1g.10gb+me)")
+            problem = mig_device_problem(profile)
+            if problem is not None:
+                raise ConfigError(f"{where}: mig-devices: {problem}")
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise ConfigError(f"{where}: mig-devices: invalid count for {profile!r}: {count!r}")
             counts[profile] = count
@@ -213,19 +215,32 @@ def _entry(raw: object, where: str) -> MigPartedEntry:
     return MigPartedEntry(devices, enabled, counts, filters)
 
 
-def parse_profile(name: str, model: GpuModel) -> Profile:
-    """The profile of ``model`` a mig-parted MIG-device name stands for (``1g.18gb``, ``1g.18gb+me``,
-    ``7c.7g.141gb``); ConfigError for a compute-instance profile smaller than its GPU instance (flexmig makes one
-    compute instance spanning each GPU instance) or a name the model lacks."""
-    m = _PROFILE.match(name)
+def mig_device_problem(name: object) -> str | None:
+    """Why flexmig refuses ``name`` as a MIG device of a mig-parted configuration, or None: the one rule that
+    ``flexmig config check`` (through :func:`parse_spec`) and ``flexmig standdown`` (through :func:`parse_profile`)
+    both apply. mig-parted's format is ``[Cc.]Gg.Mgb[+attrs]``; flexmig also refuses a compute-instance profile smaller
+    than its GPU instance (``1c.2g.35gb``), since it makes one compute instance spanning each GPU instance."""
+    m = _PROFILE.match(name) if isinstance(name, str) else None
     if m is None:
-        raise ConfigError(f"{name!r} is not a MIG profile name")
-    c, g, gb, sign, attrs = m.groups()
+        return f"invalid format for {name!r} (e.g. 1g.10gb, 1g.10gb+me)"
+    c, g = m.group(1), m.group(2)
     if c is not None and int(c) != int(g):
-        raise ConfigError(
+        return (
             f"{name}: a {c}-slice compute instance inside a {g}g GPU instance; flexmig makes one compute instance "
             "spanning each GPU instance"
         )
+    return None
+
+
+def parse_profile(name: str, model: GpuModel) -> Profile:
+    """The profile of ``model`` a mig-parted MIG-device name stands for (``1g.18gb``, ``1g.18gb+me``,
+    ``7c.7g.141gb``); ConfigError for a name :func:`mig_device_problem` refuses or a name the model lacks."""
+    problem = mig_device_problem(name)
+    if problem is not None:
+        raise ConfigError(problem)
+    m = _PROFILE.match(name)
+    assert m is not None
+    _, g, gb, sign, attrs = m.groups()
     plain = f"{g}g.{gb}gb" + (f"{sign}{attrs}" if sign else "")
     try:
         return model.profile(plain)

@@ -175,9 +175,13 @@ class Command:
         """The control operation it runs."""
         return VERBS[self.verb].op
 
-    def control_line(self) -> bytes:
-        """The control request line the dispatcher runs (same format as the control socket)."""
-        return json.dumps({"op": self.op, "args": dict(self.args)}, separators=(",", ":")).encode() + b"\n"
+    def control_line(self, deadline_s: float | None = None) -> bytes:
+        """The control request line the dispatcher runs (same format as the control socket), with ``deadline_s``
+        (how long it may still wait to begin: :mod:`flexmig.act.deadline`) when given."""
+        request: dict[str, Any] = {"op": self.op, "args": dict(self.args)}
+        if deadline_s is not None:
+            request["deadline_s"] = deadline_s
+        return json.dumps(request, separators=(",", ":")).encode() + b"\n"
 
 
 def printable(value: object, limit: int = 60) -> str:

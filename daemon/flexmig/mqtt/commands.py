@@ -2,7 +2,10 @@
 
 Off by default: the listener exists only with ``[mqtt] enabled = true`` and ``commands_enabled = true``, and it
 refuses to start without broker credentials (``username`` and ``password_file``), or without TLS to a broker that
-is not on loopback unless ``allow_plaintext_password = true`` says so. Topics under ``<prefix>/<node>/``:
+is not on loopback unless ``allow_plaintext_password = true`` says so. Its own login proves nothing about who else
+may publish, so at every connection it first checks, as an anonymous client and as the node's own account, that
+neither can publish commands (:mod:`flexmig.mqtt.command_guard`): if one can, one error line says so and commands
+stay off until flexmigd restarts. Topics under ``<prefix>/<node>/``:
 
 * ``commands/<verb>`` (in, QoS 1): one JSON object per command, checked by :mod:`flexmig.mqtt.command_schema`;
   the verb is the topic's last level, so broker ACLs can grant verbs one by one.
@@ -34,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from flexmig.act.control import MAX_DEADLINE_S
 from flexmig.config import HostPort
-from flexmig.errors import ConfigError
+from flexmig.errors import BrokerAclError, ConfigError
 from flexmig.mqtt.broker import (
     ConnectionFailure,
     ConnectionSettings,
@@ -46,7 +50,8 @@ from flexmig.mqtt.broker import (
     refused_login,
 )
 from flexmig.mqtt.cancellation import honour_cancel
-from flexmig.mqtt.command_schema import Command, CommandRefusedError, parse_command, printable, result_document
+from flexmig.mqtt.command_guard import CommandGuard, command_topics
+from flexmig.mqtt.command_schema import VERBS, Command, CommandRefusedError, parse_command, printable, result_document
 from flexmig.mqtt.droplog import DropLog
 from flexmig.mqtt.events import Deduplicator
 from flexmig.mqtt.publisher import topic_for
@@ -83,6 +88,10 @@ class CommandSettings(ConnectionSettings):
     publish_timeout_s: float = 10.0
     max_pending: int = 16
     """Commands accepted but not yet run; more are refused as Busy (commands run one at a time)."""
+    max_wait_s: float = 900.0
+    """Longest a command may wait to begin, counted from its arrival (``control.max_wait_s``): it waits here behind
+    the commands before it, then in the daemon behind the action in flight; past it, it is dropped unrun
+    (:mod:`flexmig.act.deadline`) and its result says so."""
     max_unsent_results: int = 1000
     """Results waiting for the broker (while it is away, or slower than the commands come); past this many the
     oldest are dropped, counted (``CommandStats.results_dropped``) and logged at most once a minute."""
@@ -107,6 +116,8 @@ class CommandSettings(ConnectionSettings):
         ConnectionSettings.__post_init__(self)  # the TLS pair, the backoff
         if self.max_pending < 1 or self.max_unsent_results < 1 or self.refusal_log_limit < 1:
             raise ConfigError("MQTT commands: max_pending, max_unsent_results and refusal_log_limit must be >= 1")
+        if not 0 < self.max_wait_s <= MAX_DEADLINE_S:
+            raise ConfigError(f"MQTT commands: max_wait_s must be above 0 and at most {MAX_DEADLINE_S:g}")
 
     @property
     def identifier(self) -> str:
@@ -130,6 +141,7 @@ class CommandSettings(ConnectionSettings):
             topic_prefix=m.topic_prefix,
             client_id=f"{m.client_id}-commands" if m.client_id else "",
             allow_plaintext_password=m.allow_plaintext_password,
+            max_wait_s=config.control.max_wait_s,
             **connection_fields(m, trusted_uids),
             **limits,
         )
@@ -150,6 +162,8 @@ class CommandStats:
     pending: int
     results_dropped: int = 0
     """Results dropped unsent, oldest first, because ``max_unsent_results`` were already waiting."""
+    off: str | None = None
+    """Why commands are off until flexmigd restarts (the broker let strangers publish them), or None."""
 
 
 @dataclass
@@ -199,13 +213,17 @@ class CommandListener:
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self._log = logger or log
         self._refusals = _RefusalLog(self._log, settings.refusal_log_limit, settings.refusal_log_window_s, clock)
-        self._queue: asyncio.Queue[tuple[str, Command]] = asyncio.Queue(settings.max_pending)
+        self._clock = clock
+        self._queue: asyncio.Queue[tuple[str, Command, float]] = asyncio.Queue(settings.max_pending)
         self._results: deque[bytes] = deque()
         self._results_dropped = 0
         self._drops = DropLog(self._log)
         self._results_ready = asyncio.Event()
         self._seen = Deduplicator(10_000)
         self._connected = False
+        self._guard: CommandGuard | None = None
+        self.off: str | None = None
+        """Why commands are off for good (the broker let strangers publish them), or None."""
         self._last_failure: str | None = None
         self._received = self._refused = self._completed = self._failed = 0
         self.filter = f"{settings.base}/+"
@@ -221,6 +239,7 @@ class CommandListener:
             self._failed,
             self._queue.qsize(),
             self._results_dropped,
+            self.off,
         )
 
     # ------------------------------------------------------------------------------------------ the loops
@@ -253,23 +272,43 @@ class CommandListener:
         # retainAsPublished: a live delivery of a retained publish keeps its flag, so every retained command is
         # refused (3.1.1 clears the flag on live deliveries). noLocal: our own results do not come back.
         options = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
+        if self.off is not None:  # the broker let strangers command: not again until flexmigd restarts
+            await asyncio.Event().wait()
+        guard = CommandGuard(s, s.broker, s.identifier, command_topics(s.base, VERBS), timeout_s=s.connect_timeout_s)
         async with client:
             await client.subscribe(self.filter, options=options, timeout=s.connect_timeout_s)
             honour_cancel()
-            self._connected = True
-            connected()
-            self._last_failure = None
-            self._log.info(
-                "MQTT commands: listening on %s as %s (results on %s)", self.filter, s.identifier, self.result_topic
-            )
+            self._guard = guard
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(self._publish_results(client))
+                    tasks.create_task(self._guarded(guard, connected))
                     async for message in client.messages:
                         self._receive(message)
                     raise aiomqtt.MqttError("the broker closed the connection")
+            except* BrokerAclError as refused:
+                self.off = str(refused.exceptions[0])
+                self._log.error("%s", self.off)
             finally:
                 self._connected = False
+                self._guard = None
+
+    async def _guarded(self, guard: CommandGuard, connected: Callable[[], None]) -> None:
+        """Accept commands once the guard has found the command topics closed to strangers; end the session (with
+        BrokerAclError) if it finds them open, then or later."""
+        await guard.check()
+        self._connected = True
+        connected()
+        self._last_failure = None
+        s = self.settings
+        self._log.info(
+            "MQTT commands: listening on %s as %s (results on %s; anonymous clients and the node's own account "
+            "cannot publish commands)",
+            self.filter,
+            s.identifier,
+            self.result_topic,
+        )
+        await guard.watch()
 
     async def _publish_results(self, client: aiomqtt.Client) -> None:
         timeout = self.settings.publish_timeout_s
@@ -291,9 +330,16 @@ class CommandListener:
         """Run accepted commands one at a time, outside the connection: a broker that goes away does not cancel
         a migration halfway; its result is published once the broker is back."""
         while True:
-            topic, command = await self._queue.get()
+            topic, command, arrived = await self._queue.get()
+            answer: Mapping[str, Any]
+            left = self.settings.max_wait_s - (self._clock() - arrived)
             try:
-                answer = await self._dispatch(command.control_line())
+                if self.off is not None:
+                    answer = {"ok": False, "error": self.off, "type": "CommandRefused"}
+                elif left <= 0:  # the daemon would drop it at once: so say so here, and run nothing
+                    answer = {"ok": False, "error": self._expired(command), "type": "RequestExpiredError"}
+                else:
+                    answer = await self._dispatch(command.control_line(left))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # dispatch never raises by contract; a bug must still not end the listener
@@ -314,13 +360,15 @@ class CommandListener:
     # ------------------------------------------------------------------------------------------ messages
     def _receive(self, message: aiomqtt.Message) -> None:
         topic = message.topic.value
+        raw = message.payload
+        payload = bytes(raw) if isinstance(raw, bytes | bytearray) else str(raw or "").encode()
+        if self._guard is not None and self._guard.seen(topic, payload):
+            return  # one of the guard's own probes got through: the guard ends the listening
         if topic == self.result_topic:
             return  # our own results come back on the filter: not commands
         self._received += 1
         verb = topic[len(self.settings.base) + 1 :] if topic.startswith(self.settings.base + "/") else ""
         shown = printable(topic, 160)
-        raw = message.payload
-        payload = bytes(raw) if isinstance(raw, bytes | bytearray) else str(raw or "").encode()
         if not payload:  # no command: how a retained message is cleared (the broker passes the clearing on)
             self._log.debug("MQTT commands: ignored an empty message on %s", shown)
             return
@@ -344,8 +392,18 @@ class CommandListener:
                 shown, command.id, verb, f"id {command.id} was already received; not run again", "DuplicateCommand"
             )
             return
+        if self._guard is None or not self._guard.passed:
+            self._refuse(
+                shown,
+                command.id,
+                verb,
+                "not accepting commands yet: checking that the broker keeps others off the command topics; send it "
+                "again once the daemon logs 'MQTT commands: listening'",
+                "Busy",
+            )
+            return
         try:
-            self._queue.put_nowait((shown, command))
+            self._queue.put_nowait((shown, command, self._clock()))
         except asyncio.QueueFull:
             self._refuse(
                 shown, command.id, verb, f"{self.settings.max_pending} commands are already waiting; try later", "Busy"
@@ -376,6 +434,12 @@ class CommandListener:
         self._results_ready.set()
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _expired(self, command: Command) -> str:
+        return (
+            f"{command.op} dropped: it could not begin within {self.settings.max_wait_s:g} s of its arrival "
+            "(control.max_wait_s; it waited behind the commands before it); nothing was done"
+        )
+
     def _describe(self, exc: BaseException) -> str:
         s = self.settings
         text = str(exc) or type(exc).__name__

@@ -28,6 +28,11 @@ from flexmig.detect import (
     Report,
     UnderuseFinding,
 )
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
+
+_MAX_EVENT_BYTES = 8 * 1024 * 1024  # an event read back (the outbox, the wire) is JSON of at most this
+_MAX_EVENT_DEPTH = 32
 
 __all__ = [
     "NODE_NAME",
@@ -113,9 +118,9 @@ class Event:
     def from_json(cls, data: bytes | str) -> Event:
         """Parse an event from the wire; ValueError says which field is wrong (messages come from the network)."""
         try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+            obj = bounded_loads(data, max_bytes=_MAX_EVENT_BYTES, max_depth=_MAX_EVENT_DEPTH)
+        except JsonBoundsError as exc:
+            raise ValueError(str(exc) if str(exc).startswith("not JSON") else f"not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise ValueError("not a JSON object")
         for key, typ in (("id", str), ("time", str), ("node", str), ("kind", str), ("payload", dict)):

@@ -4,6 +4,12 @@ Static per GPU: its handle, UUID, name, total memory, GPM support, the GPU- and 
 Static per MIG device lifetime (keyed by its ``MIG-`` UUID, new for every GI/CI lifetime): its GI and CI IDs.
 MIG device *handles* are not trusted across sweeps: NVML may reuse them after a reconfiguration, so every sweep
 enumerates them by index and identifies each by UUID.
+
+Static per driver (:class:`Missing`): the versioned entry points it lacks. pynvml calls the newest version of a
+symbol by default (``..._v3``, ``...V``); an older driver answers FunctionNotFound (pynvml's unversioned process
+call even raises ``NVMLLibraryMismatchError``), so each such read falls back to the older version once, and stays
+there: branch 470 has no ``nvmlDeviceGetComputeRunningProcesses_v3``, ``nvmlDeviceGetMemoryInfo_v2`` or
+``nvmlDeviceGetGpuInstanceProfileInfoV`` (they came with 510), nor GPM (520).
 """
 
 from __future__ import annotations
@@ -14,9 +20,40 @@ from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
-from flexmig.nvml.calls import GPU_IS_LOST, INVALID_ARGUMENT, NO_PERMISSION, NOT_FOUND, NOT_SUPPORTED, GpuLost, Walk
+from flexmig.mig import model_by_name
+from flexmig.nvml.calls import (
+    GPU_IS_LOST,
+    INVALID_ARGUMENT,
+    NO_PERMISSION,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    OUT_OF_RANGE,
+    GpuLost,
+    Walk,
+)
+from flexmig.nvml.types import NvmlIssue
 
-__all__ = ["CiProfile", "GiProfile", "GpuCache", "MigHandle", "MigStatic", "memory_info"]
+__all__ = ["CiProfile", "GiProfile", "GpuCache", "MigHandle", "MigStatic", "Missing", "memory_info", "processes"]
+
+FUNCTION_NOT_FOUND = N.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+@dataclass(slots=True)
+class Missing:
+    """Versioned entry points this driver lacks, learned from a FunctionNotFound (one per session, all GPUs)."""
+
+    names: set[str] = field(default_factory=set)
+
+    def newest(self, name: str, new: Any, old: Any) -> Any:
+        """``new()``, or ``old()`` once ``name`` (what ``new`` calls) turned out missing; NVMLError otherwise."""
+        if name not in self.names:
+            try:
+                return new()
+            except N.NVMLError as exc:
+                if exc.value != FUNCTION_NOT_FOUND:
+                    raise
+                self.names.add(name)
+        return old()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +102,7 @@ class GpuCache:
     """Per-GPU cache; ``index`` is NVML's GPU index."""
 
     index: int
+    missing: Missing = field(default_factory=Missing)  # shared by every GPU of one session
     handle: Any = None
     uuid: str | None = None
     name: str | None = None
@@ -96,7 +134,7 @@ class GpuCache:
         if self.name is None:
             self.name = walk.get(self.target, N.nvmlDeviceGetName, h)
         if self.memory_total is None:
-            mem = memory_info(walk, self.target, h)
+            mem = memory_info(walk, self.target, h, self.missing)
             self.memory_total = int(mem.total) if mem is not None else None
         if self.pci_bus_id is None:
             pci = walk.get(self.target, N.nvmlDeviceGetPciInfo, h)
@@ -105,8 +143,13 @@ class GpuCache:
     def gpm_supported(self, walk: Walk) -> bool:
         """Whether the GPU has GPM (Hopper and newer), asked once (``nvmlGpmQueryDeviceSupport``)."""
         if self.gpm is None:
-            support = walk.get(self.target, N.nvmlGpmQueryDeviceSupport, self.handle)
-            if support is None:
+            try:
+                support = N.nvmlGpmQueryDeviceSupport(self.handle)
+            except N.NVMLError as exc:
+                if exc.value == FUNCTION_NOT_FOUND:
+                    self.gpm = False  # a driver older than GPM (branch 520): no GPU of it has any
+                    return False
+                walk.note(self.target, "nvmlGpmQueryDeviceSupport", exc)
                 return False
             self.gpm = bool(support.isSupportedDevice)
         return self.gpm
@@ -115,26 +158,42 @@ class GpuCache:
         """GPU-instance profiles by name (``nvidia-smi mig -lgip``); empty while MIG is off (not cached then).
 
         Indices the driver does not offer answer NOT_SUPPORTED or INVALID_ARGUMENT and are skipped, as
-        mig-parted does; the profile name is resolved per device because indices differ between GPUs.
+        mig-parted does; the profile name is resolved per device because indices differ between GPUs. A driver
+        without the v2 struct (before branch 510) gives no name: the catalogue names the profile by its ID.
         """
         if self.gi_profiles is not None:
             return self.gi_profiles
         found: dict[str, GiProfile] = {}
         for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = N.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, idx)
+                info = self.missing.newest(
+                    "nvmlDeviceGetGpuInstanceProfileInfoV",
+                    lambda i=idx: N.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, i),
+                    lambda i=idx: N.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, i, version=1),
+                )
             except N.NVMLError as exc:
                 if exc.value in (NOT_SUPPORTED, INVALID_ARGUMENT):
                     continue
                 walk.note(self.target, "nvmlDeviceGetGpuInstanceProfileInfo", exc)
                 continue
-            name = str(info.name).removeprefix("MIG ")
+            name = self._profile_name(walk, info)
             found[name] = GiProfile(
                 idx, int(info.id), name, int(info.instanceCount), int(info.sliceCount), int(info.memorySizeMB)
             )
         if found:
             self.gi_profiles = found
         return found
+
+    def _profile_name(self, walk: Walk, info: Any) -> str:
+        """The v2 struct's name; for a v1 struct, the catalogue's name of the profile ID on this GPU's model."""
+        raw = getattr(info, "name", None)
+        if raw:
+            return str(raw).removeprefix("MIG ")
+        if self.name is None:
+            self.name = walk.get(self.target, N.nvmlDeviceGetName, self.handle)
+        model = model_by_name(self.name) if self.name else None
+        named = model.profile_name(int(info.id)) if model is not None else None
+        return named or f"{int(info.sliceCount)}g.{round(int(info.memorySizeMB) / 1024)}gb"
 
     def profile_by_id(self, walk: Walk, profile_id: int) -> GiProfile | None:
         """The GPU-instance profile with NVML profile ID ``profile_id``."""
@@ -149,10 +208,13 @@ class GpuCache:
         if cached is not None:
             return cached
         found: dict[int, CiProfile] = {}
+        shared = N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
         for idx in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
-                info = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, idx, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                info = self.missing.newest(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+                    lambda i=idx: N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, i, shared),
+                    lambda i=idx: N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, i, shared, version=1),
                 )
             except N.NVMLError as exc:
                 if exc.value in (NOT_SUPPORTED, INVALID_ARGUMENT):
@@ -169,10 +231,15 @@ class GpuCache:
         self.ci_profiles[gi_profile_id] = result
         return result
 
-    def mig_handles(self, walk: Walk) -> list[MigHandle]:
+    def mig_handles(self, walk: Walk, taken: set[str] | None = None) -> list[MigHandle]:
         """This GPU's MIG devices now (``nvidia-smi -L``), by MIG index, skipping gaps instead of stopping.
 
         Costs two calls per device (handle by index, UUID); GI and CI IDs come from the UUID-keyed cache.
+
+        A UUID is one device's name everywhere downstream (series labels, GPM windows, ``CUDA_VISIBLE_DEVICES``):
+        a device that reports a UUID already seen in this sweep (on this GPU, or in ``taken``, the UUIDs of the GPUs
+        read before it; filled in here) is left out, recorded as a ``DUPLICATE_UUID`` issue, rather than merged
+        with the first one into a series that mixes two instances.
         """
         out: list[MigHandle] = []
         h = self.handle
@@ -193,7 +260,13 @@ class GpuCache:
             uuid = walk.get(f"{target} MIG {idx}", N.nvmlDeviceGetUUID, mh)  # fails if destroyed meanwhile
             if uuid is None:
                 continue
+            if uuid in seen or (taken is not None and uuid in taken):
+                where = f"{target} MIG {idx}"
+                walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", OUT_OF_RANGE, "DUPLICATE_UUID", where))
+                continue
             seen.add(uuid)
+            if taken is not None:
+                taken.add(uuid)
             static = self.mig_static.get(uuid)
             if static is None:
                 gi_id = walk.get(uuid, N.nvmlDeviceGetGpuInstanceId, mh)
@@ -212,26 +285,38 @@ class GpuCache:
         self.mig_static.clear()
 
 
-def memory_info(walk: Walk, target: str, handle: Any) -> Any:
+def memory_info(walk: Walk, target: str, handle: Any, missing: Missing) -> Any:
     """Framebuffer total and used (``nvidia-smi --query-gpu=memory.total,memory.used``), None if NVML cannot say.
 
-    The v2 struct, whose ``used`` is what is allocated: v1's ``used`` also counts the memory the driver reserves,
-    hundreds of MiB on a whole GPU. An idle MIG device still shows a few MiB used, so ``used == 0`` never means
-    idle; the process list does. A driver without v2 gets v1.
+    The v2 struct, whose ``used`` is what is allocated: on a whole GPU v1's ``used`` also counts the memory the
+    driver reserves, hundreds of MiB (a MIG device reserves none: both say the same few MiB when it is idle).
+    ``used == 0`` never means idle; the process list does. A driver without v2 (before branch 510) gets v1.
     """
     try:
-        return N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+        return missing.newest(
+            "nvmlDeviceGetMemoryInfo_v2",
+            lambda: N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2),
+            lambda: N.nvmlDeviceGetMemoryInfo(handle),
+        )
     except N.NVMLError as exc:
-        if exc.value != N.NVML_ERROR_FUNCTION_NOT_FOUND:
-            walk.note(target, "nvmlDeviceGetMemoryInfo", exc)
-            return None
-    return walk.get(target, N.nvmlDeviceGetMemoryInfo, handle)
+        walk.note(target, "nvmlDeviceGetMemoryInfo", exc)
+        return None
 
 
-def processes(walk: Walk, target: str, handle: Any) -> tuple[Any, ...] | None:
-    """Compute processes on a device (``nvidia-smi --query-compute-apps=pid,used_memory``); None if unknown."""
-    procs = walk.get(target, N.nvmlDeviceGetComputeRunningProcesses, handle)
-    if procs is None:
+def processes(walk: Walk, target: str, handle: Any, missing: Missing) -> tuple[Any, ...] | None:
+    """Compute processes on a device (``nvidia-smi --query-compute-apps=pid,used_memory``); None if unknown.
+
+    ``..._v3`` where the driver has it (510 and later), ``..._v2`` before: pynvml's unversioned call would raise
+    ``NVMLLibraryMismatchError`` on an older driver instead of answering.
+    """
+    try:
+        procs = missing.newest(
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            lambda: N.nvmlDeviceGetComputeRunningProcesses_v3(handle),
+            lambda: N.nvmlDeviceGetComputeRunningProcesses_v2(handle),
+        )
+    except N.NVMLError as exc:
+        walk.note(target, "nvmlDeviceGetComputeRunningProcesses", exc)
         return None
     return tuple(procs)
 

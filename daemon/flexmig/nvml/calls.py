@@ -45,6 +45,9 @@ NOT_SUPPORTED = N.NVML_ERROR_NOT_SUPPORTED
 GPU_IS_LOST = N.NVML_ERROR_GPU_IS_LOST
 NOT_FOUND = N.NVML_ERROR_NOT_FOUND
 INVALID_ARGUMENT = N.NVML_ERROR_INVALID_ARGUMENT
+#: The code of issues that are no NVML error but answers flexmig refuses (a reading out of any physical range, a
+#: UUID two devices report): NVML's own catch-all, so the issue stays an int code like the others.
+OUT_OF_RANGE = N.NVML_ERROR_UNKNOWN
 NO_PERMISSION = N.NVML_ERROR_NO_PERMISSION
 
 
@@ -96,6 +99,17 @@ class Walk:
             raise GpuLost(target) from exc
         if code != NOT_SUPPORTED:
             self.issues.append(NvmlIssue(call, code, error_name(code), target))
+
+    def bounded(self, target: str, call: str, value: T | None, lo: float, hi: float) -> T | None:
+        """``value`` if NVML's answer is a number between ``lo`` and ``hi``; else None (unavailable), recorded as
+        an ``OUT_OF_RANGE`` issue of ``call``. Drivers answer SUCCESS with sentinels such as 0xFFFFFFFF (a GPU at
+        4,294,967,295 °C): exported as they come they would be believed; unavailable is the truth."""
+        if value is None:
+            return None
+        if isinstance(value, int | float) and lo <= value <= hi:
+            return value
+        self.issues.append(NvmlIssue(call, OUT_OF_RANGE, "OUT_OF_RANGE", target))
+        return None
 
     def take(self) -> tuple[NvmlIssue, ...]:
         """The issues so far, clearing them (one walk per GPU)."""

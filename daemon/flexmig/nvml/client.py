@@ -24,10 +24,12 @@ from flexmig.errors import (
     NvmlNotFoundError,
     NvmlUnavailableError,
 )
+from flexmig.mig import Offer
 from flexmig.nvml.cache import (
     GiProfile,
     GpuCache,
     MigHandle,
+    Missing,
     compute_instances,
     gpu_instances,
     memory_info,
@@ -49,6 +51,18 @@ from flexmig.nvml.types import (
 
 __all__ = ["Nvml"]
 
+# Bounds no real reading passes: beyond them NVML answered a sentinel (0xFFFFFFFF and the like), not a value.
+_MAX_POWER_MW = 10_000_000  # 10 kW: five times the largest board's limit
+_TEMP_C = (-40, 200)  # a GPU below -40 °C or above 200 °C is a broken sensor (they shut down near 90-110 °C)
+_MAX_MHZ = 20_000
+
+
+def _reading(walk: Walk, target: str, fn: Any, args: tuple[Any, ...], *bounds: float) -> Any:
+    """``fn(*args)`` through ``walk``, None when NVML cannot say or answers out of ``[lo, hi]`` (recorded as an
+    ``OUT_OF_RANGE`` issue of that call: counted, and logged once while it persists)."""
+    lo, hi = bounds
+    return walk.bounded(target, fn.__name__, walk.get(target, fn, *args), lo, hi)
+
 _UNAVAILABLE = {
     N.NVML_ERROR_LIBRARY_NOT_FOUND: "no NVIDIA driver found: libnvidia-ml.so.1 could not be loaded",
     N.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
@@ -68,7 +82,8 @@ class Nvml:
 
     def __init__(self, gpu_count: int) -> None:
         """Use :meth:`open`; this only sets up the caches for ``gpu_count`` GPUs."""
-        self._gpus = [GpuCache(i) for i in range(gpu_count)]
+        self._missing = Missing()  # versioned entry points this driver lacks (one driver for every GPU)
+        self._gpus = [GpuCache(i, self._missing) for i in range(gpu_count)]
         self._driver: str | None = None
         self._nvml_version: str | None = None
         self._open = True
@@ -131,14 +146,16 @@ class Nvml:
         if self._nvml_version is None:
             self._nvml_version = walk.get("node", N.nvmlSystemGetNVMLVersion)
         node_issues = walk.take()
-        gpus = tuple(self._gpu_info(g, walk) for g in self._gpus)
+        taken: set[str] = set()
+        gpus = tuple(self._gpu_info(g, walk, taken) for g in self._gpus)
         return Inventory(self._driver, self._nvml_version, gpus, node_issues)
 
-    def _gpu_info(self, g: GpuCache, walk: Walk) -> GpuInfo:
+    def _gpu_info(self, g: GpuCache, walk: Walk, taken: set[str]) -> GpuInfo:
         mig: list[int] | None = None
         limit: int | None = None
         gis: tuple[GpuInstanceInfo, ...] = ()
         devices: tuple[MigDeviceInfo, ...] = ()
+        offers: tuple[Offer, ...] | None = None
         try:
             if g.get_handle(walk) is None:
                 return _without_handle(g, walk)
@@ -146,8 +163,11 @@ class Nvml:
             limit = walk.get(g.target, N.nvmlDeviceGetEnforcedPowerLimit, g.handle)
             mig = walk.get(g.target, N.nvmlDeviceGetMigMode, g.handle)
             if mig is not None and mig[0] == N.NVML_DEVICE_MIG_ENABLE:
+                offered = g.profiles(walk)
+                if offered:
+                    offers = tuple(Offer(p.id, p.memory_mib, p.instance_count) for p in offered.values())
                 gis = self._gpu_instances(g, walk)
-                devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk))
+                devices = tuple(self._mig_info(g, m, walk) for m in g.mig_handles(walk, taken))
         except GpuLost:
             g.handle = None
             return _without_handle(g, walk, lost=True)
@@ -163,6 +183,7 @@ class Nvml:
             errors=walk.take(),
             pci_bus_id=g.pci_bus_id,
             power_limit_w=None if limit is None else limit / 1000.0,
+            offers=offers,
         )
 
     def _gpu_instances(self, g: GpuCache, walk: Walk) -> tuple[GpuInstanceInfo, ...]:
@@ -203,8 +224,8 @@ class Nvml:
         return tuple(sorted(out, key=lambda i: i.id))
 
     def _mig_info(self, g: GpuCache, m: MigHandle, walk: Walk) -> MigDeviceInfo:
-        mem = memory_info(walk, m.uuid, m.handle)
-        procs = processes(walk, m.uuid, m.handle)
+        mem = memory_info(walk, m.uuid, m.handle, self._missing)
+        procs = processes(walk, m.uuid, m.handle, self._missing)
         if not _still(walk, m):
             mem = procs = None
         return MigDeviceInfo(
@@ -227,12 +248,13 @@ class Nvml:
         """
         if gpm is not None:
             gpm.begin_sweep()
-        out = tuple(self._gpu_sample(g, gpm) for g in self._gpus)
+        taken: set[str] = set()
+        out = tuple(self._gpu_sample(g, gpm, taken) for g in self._gpus)
         if gpm is not None:
             gpm.end_sweep()
         return out
 
-    def _gpu_sample(self, g: GpuCache, gpm: GpmWindows | None) -> GpuSample:
+    def _gpu_sample(self, g: GpuCache, gpm: GpmWindows | None, taken: set[str]) -> GpuSample:
         walk = Walk()
         target = g.target
         try:
@@ -242,16 +264,18 @@ class Nvml:
                 return GpuSample(g.index, g.uuid or "", None, None, None, None, None, errors=walk.take())
             if g.uuid is None:
                 g.identity(walk)
-            power = walk.get(target, N.nvmlDeviceGetPowerUsage, h)
-            temp = walk.get(target, N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
-            sm = walk.get(target, N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM)
-            memclk = walk.get(target, N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM)
+            # Readings out of any physical range are driver sentinels (0xFFFFFFFF), not values: unavailable.
+            power = _reading(walk, target, N.nvmlDeviceGetPowerUsage, (h,), 0, _MAX_POWER_MW)
+            temp = _reading(walk, target, N.nvmlDeviceGetTemperature, (h, N.NVML_TEMPERATURE_GPU), *_TEMP_C)
+            sm = _reading(walk, target, N.nvmlDeviceGetClockInfo, (h, N.NVML_CLOCK_SM), 0, _MAX_MHZ)
+            memclk = _reading(walk, target, N.nvmlDeviceGetClockInfo, (h, N.NVML_CLOCK_MEM), 0, _MAX_MHZ)
             mig = walk.get(target, N.nvmlDeviceGetMigMode, h)
             mig_on = mig is not None and mig[0] == N.NVML_DEVICE_MIG_ENABLE
             devices: tuple[MigDeviceSample, ...] = ()
             if mig_on:
                 use_gpm = gpm is not None and g.gpm_supported(walk)
-                devices = tuple(self._mig_sample(g, m, gpm if use_gpm else None, walk) for m in g.mig_handles(walk))
+                handles = g.mig_handles(walk, taken)
+                devices = tuple(self._mig_sample(g, m, gpm if use_gpm else None, walk) for m in handles)
         except GpuLost:
             g.handle = None
             self._keep_windows(g, gpm)
@@ -275,8 +299,8 @@ class Nvml:
                 gpm.keep(uuid)
 
     def _mig_sample(self, g: GpuCache, m: MigHandle, gpm: GpmWindows | None, walk: Walk) -> MigDeviceSample:
-        mem = memory_info(walk, m.uuid, m.handle)
-        procs = _procs(processes(walk, m.uuid, m.handle))
+        mem = memory_info(walk, m.uuid, m.handle, self._missing)
+        procs = _procs(processes(walk, m.uuid, m.handle, self._missing))
         if not _still(walk, m):
             mem, procs = None, None
         activity = None if gpm is None else gpm.activity(walk, g.handle, m.static.gi_id, m.uuid)
@@ -359,7 +383,12 @@ class Nvml:
         try:
             walk = Walk()
             with _lost_raises(target):
-                full = [c for c in g.compute_profiles(walk, gi, prof.id) if c.slices == prof.compute_slices]
+                # Every SM of the GPU instance: of the profiles that span it, the one with the most SMs (Hopper's
+                # 1g with two memory slices offers 1_SLICE with 16 SMs and 1_SLICE_REV1 with 26; go-nvlib #85).
+                full = sorted(
+                    (c for c in g.compute_profiles(walk, gi, prof.id) if c.slices == prof.compute_slices),
+                    key=lambda c: -c.sm_count,
+                )
             if not full and walk.issues:
                 raise call_error(walk.issues[0].call, _Code(walk.issues[0].code), target)
             if not full:

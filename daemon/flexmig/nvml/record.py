@@ -32,6 +32,7 @@ __all__ = [
     "P2P",
     "SCHEMA",
     "SYSTEM_PROBES",
+    "TOPOLOGY",
     "Probe",
     "key",
     "record",
@@ -177,6 +178,9 @@ DEVICE_PROBES: tuple[Probe, ...] = (
     Probe("nvmlDeviceGetNvLinkState", "u", _each(range(N.NVML_NVLINK_MAX_LINKS))),
     Probe("nvmlDeviceGetNvLinkVersion", "u", _each(range(N.NVML_NVLINK_MAX_LINKS))),
     Probe("nvmlDeviceGetNvLinkCapability", "u", _each(range(N.NVML_NVLINK_MAX_LINKS), range(N.NVML_NVLINK_CAP_COUNT))),
+    Probe("nvmlDeviceGetNvLinkRemoteDeviceType", "u", _each(range(N.NVML_NVLINK_MAX_LINKS))),
+    Probe("nvmlDeviceGetNvLinkRemotePciInfo_v2", "S", _each(range(N.NVML_NVLINK_MAX_LINKS)), struct=N.nvmlPciInfo_t),
+    Probe("nvmlDeviceGetC2cModeInfoV", "S", struct=N.c_nvmlC2cModeInfo_v1_t),
     Probe("nvmlDeviceGetCpuAffinity", "A", _each([_AFFINITY_WORDS])),
     Probe("nvmlDeviceGetCpuAffinityWithinScope", "A", _each([_AFFINITY_WORDS], range(2)), inputs_after=1),
     Probe("nvmlDeviceGetMemoryAffinity", "A", _each([_AFFINITY_WORDS], range(2)), inputs_after=1),
@@ -219,18 +223,20 @@ BY_PROFILE_ID: tuple[Probe, ...] = (
 )
 BY_MEMORY_CLOCK = Probe("nvmlDeviceGetSupportedGraphicsClocks", "Lu")
 P2P = Probe("nvmlDeviceGetP2PStatus", "u")
+TOPOLOGY = Probe("nvmlDeviceGetTopologyCommonAncestor", "u")
 
 
 def _jsonable(value: Any) -> Any:
-    """A ctypes output as JSON: numbers, strings, structs as objects (pointers left out), arrays as lists."""
+    """A ctypes output as JSON: numbers, strings, structs as objects (pointers and padding left out), arrays as
+    lists."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, ctypes.Structure):
         out: dict[str, Any] = {}
         for field in value._fields_:
             name, kind = field[0], field[1]
-            if issubclass(kind, ctypes._Pointer) or name.startswith("reserved"):
-                continue
+            if issubclass(kind, ctypes._Pointer) or (name.startswith("reserved") and issubclass(kind, ctypes.Array)):
+                continue  # handles, and padding arrays; nvmlMemory_v2_t's ``reserved`` is a figure and stays
             out[name] = _jsonable(getattr(value, name))
         return out
     if isinstance(value, ctypes.Array):
@@ -336,6 +342,7 @@ def _probe_device(caller: _Caller, handle: Any, peers: int, self_index: int | No
         if other != self_index:
             for index in range(5):
                 calls[key(P2P.name, (f"gpu{other}", index))] = caller.call(P2P, handle, (f"gpu{other}", index))
+            calls[key(TOPOLOGY.name, (f"gpu{other}",))] = caller.call(TOPOLOGY, handle, (f"gpu{other}",))
     return calls
 
 

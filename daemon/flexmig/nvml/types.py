@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flexmig.mig import Offer
+
 __all__ = [
     "ComputeInstanceInfo",
     "GpmActivity",
@@ -95,6 +97,9 @@ class GpuInfo:
     errors: tuple[NvmlIssue, ...] = ()
     pci_bus_id: str | None = None  # "00000000:18:00.0" (nvidia-smi --query-gpu=pci.bus_id); None if NVML would not say
     power_limit_w: float | None = None  # the enforced power limit (nvidia-smi --query-gpu=enforced.power.limit)
+    # The GPU-instance profiles its driver offers (nvidia-smi mig -lgip); None with MIG off or when NVML would not
+    # say. Releases differ (older A100 drivers offer no 1g.20gb): the planner plans only these.
+    offers: tuple[Offer, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,13 +90,12 @@ class RegistrationCost:
     Slurm with the simulated driver, 1.7 s with a requeued job, measured by ``bench/slurm.py``; 5 s by default for a
     loaded controller and a real driver's instance changes); ``min_interval_s``: the shortest time between two
     changes that close a busy node; ``max_wait_s``: a waiting job only the change can start never waits longer than
-    this for the change to be committed; ``total_slices``: the node's compute slices.
+    this for the change to be committed.
     """
 
     fixed_s: float = 5.0
     min_interval_s: float = 60.0
     max_wait_s: float = 1800.0
-    total_slices: int = 7
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,20 @@ NOT_SUPPORTED: int = int(N.NVML_ERROR_NOT_SUPPORTED)
 NO_INIT = frozenset({"nvmlInit_v2", "nvmlInitWithFlags", "nvmlInit"})
 
 Fn = Callable[..., int]
+_CARG = type(ctypes.byref(ctypes.c_int()))
+# What ctypes converts for a C function without argtypes (pynvml sets none); anything else it refuses with
+# ArgumentError before the library is reached, so the simulated library refuses it the same way.
+_CONVERTIBLE = (
+    int,
+    bytes,
+    str,
+    type(None),
+    ctypes._SimpleCData,
+    ctypes._Pointer,
+    ctypes.Array,
+    ctypes.Structure,
+    _CARG,
+)
 
 
 class LibraryCore(Protocol):
@@ -59,16 +73,22 @@ class LibraryCore(Protocol):
 
     def _give(self, ref: Any, kind: str, key: int) -> int: ...
 
+    def _struct(self, kind: str, key: int) -> Any: ...
+
     @property
     def _born(self) -> float: ...
 
 
 def entry(fn: Fn) -> Fn:
-    """Wrap a C entry point: lock, init check, injected faults, a recorded answer, and NvmlReturn -> return code."""
+    """Wrap a C entry point: ctypes' argument conversion, lock, init check, injected faults, a recorded answer, and
+    NvmlReturn -> return code."""
     name = fn.__name__
 
     @functools.wraps(fn)
     def call(self: LibraryCore, *args: Any) -> int:
+        for n, arg in enumerate(args, 1):
+            if not isinstance(arg, _CONVERTIBLE):
+                raise ctypes.ArgumentError(f"argument {n}: TypeError: Don't know how to convert parameter {n}")
         with self._lock:
             if self._state.init_count <= 0 and name not in NO_INIT:
                 return int(N.NVML_ERROR_UNINITIALIZED)

@@ -208,7 +208,7 @@ class DeviceInfoCalls:
             raise NvmlReturn(NOT_SUPPORTED)  # nvml.h: "This API currently only supports MIG device handles."
         p = ci.gi.profile
         attrs = out(ref)
-        attrs.multiprocessorCount = p.sm_count * ci.slices // p.compute_slices
+        attrs.multiprocessorCount = ci.shape.sm_count
         attrs.sharedCopyEngineCount = p.copy_engines
         attrs.sharedDecoderCount = p.decoders
         attrs.sharedEncoderCount = p.encoders
@@ -493,7 +493,7 @@ class DeviceInfoCalls:
     # ------------------------------------------------------------------------------------- P2P and NVLink
     @entry
     def nvmlDeviceGetP2PStatus(self: LibraryCore, first: Any, second: Any, index: Any, ref: Any) -> int:
-        a = physical(self, first)
+        a = physical(self, first)  # MIG devices have no P2P (CUDA does none between them): NOT_SUPPORTED
         b = physical(self, second)
         i = int_arg(index)
         if i == N.NVML_P2P_CAPS_INDEX_UNKNOWN:
@@ -501,15 +501,24 @@ class DeviceInfoCalls:
             return SUCCESS
         if i not in _P2P_INDICES:
             raise NvmlReturn(INVALID)
-        # CUDA P2P is not supported between MIG devices, so a GPU in MIG mode has none to offer.
-        ok = a is not b and not a.mig_current and not b.mig_current
-        out(ref).value = N.NVML_P2P_STATUS_OK if ok else N.NVML_P2P_STATUS_NOT_SUPPORTED
+        # The board's answer between two GPUs (``nvidia-smi topo -p2p``), MIG mode or not: NVLink through the
+        # NVSwitches for reads, writes and atomics; plain PCIe P2P only between GPUs of one socket.
+        if a is b:
+            status = N.NVML_P2P_STATUS_NOT_SUPPORTED
+        elif i != N.NVML_P2P_CAPS_INDEX_PCI or _socket(a, len(self._state.gpus)) == _socket(b, len(self._state.gpus)):
+            status = N.NVML_P2P_STATUS_OK
+        else:
+            status = N.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
+        out(ref).value = status
         return SUCCESS
 
     @entry
     def nvmlDeviceGetNvLinkCapability(self: LibraryCore, handle: Any, link: Any, cap: Any, ref: Any) -> int:
-        gpu = physical(self, handle)
-        if not 0 <= int_arg(link) < _NVLINKS.get(gpu.model.architecture, 12):
+        physical(self, handle)
+        # Drivers answer capabilities for every index below NVML_NVLINK_MAX_LINKS (36), links the GPU does not have
+        # included, and refuse those only in the state query: measured on a B200 with 18 links (NVIDIA/TensorRT-LLM
+        # pull request #19210, "capability TRUE: 36 indices [0..35]; state UP: 18 indices [0..17]").
+        if not 0 <= int_arg(link) < N.NVML_NVLINK_MAX_LINKS:
             raise NvmlReturn(INVALID)
         c = int_arg(cap)
         if not 0 <= c < N.NVML_NVLINK_CAP_COUNT:
@@ -532,8 +541,8 @@ class DeviceInfoCalls:
         gpu = physical(self, handle)
         if not 0 <= int_arg(link) < _NVLINKS.get(gpu.model.architecture, 12):
             raise NvmlReturn(INVALID)
-        out(ref).value = 4 if gpu.model.architecture == "Hopper" else 3
-        return SUCCESS
+        out(ref).value = N.NVML_NVLINK_VERSION_4_0 if gpu.model.architecture == "Hopper" else N.NVML_NVLINK_VERSION_3_0
+        return SUCCESS  # the nvmlNvlinkVersion_t values nvml.h documents from CUDA 12.8: 4.0 is 6, 3.0 is 4
 
     # ----------------------------------------------------------------------------------------- affinity
     def _affinity(self: LibraryCore, handle: Any, size: Any, ref: Any, words_per_socket: int) -> int:

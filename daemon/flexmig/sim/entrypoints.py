@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from flexmig.sim.drivers import FIRST_BRANCH
 from flexmig.sim.library import SimLibrary
 
 __all__ = ["MUTATING_PREFIXES", "NOT_RECORDED", "REFERENCE_SPEC", "entry_points", "render"]
@@ -29,6 +30,7 @@ _FAMILY = {
     "flexmig.sim.gpmcalls": "core",
     "flexmig.sim.devinfo": "device info",
     "flexmig.sim.boardcalls": "clocks, platform",
+    "flexmig.sim.topocalls": "topology, fields",
 }
 # Where nvml.h says how a call treats MIG handles, the words it uses (the rest of the table is the simulator's).
 HEADER_SAYS: dict[str, str] = {
@@ -86,6 +88,8 @@ NOT_RECORDED: dict[str, str] = {
     "nvmlGpuInstanceGetComputeInstanceRemainingCapacity": "per GPU instance: answered by the model",
     "nvmlGpuInstanceGetComputeInstancePossiblePlacements": "per GPU instance: answered by the model",
     "nvmlDeviceGetFieldValues": "takes a list of field IDs",
+    "nvmlDeviceGetTopologyNearestGpus": "gives handles",
+    "nvmlSystemGetTopologyGpuSet": "gives handles",
     "nvmlDeviceGetTemperatureV": "input inside a struct",
     "nvmlDeviceGetProcessUtilization": "samples since a timestamp",
     "nvmlSystemGetProcessName": "takes a pid of this machine",
@@ -146,12 +150,15 @@ def render(recording: dict[str, Any]) -> str:
         "succeeds; an NVML error name means the call returns it. Calls tried with several inputs (clock types, "
         "NVLink links, ECC counters, profile indices) show each outcome with how many inputs gave it. "
         "Calls the recorder does not make (they change the node, hand out handles, or need a sample window) say "
-        "why. The last column quotes nvml.h where it says how the call treats MIG handles.",
+        "why. The driver column is the first driver branch whose `nvml.h` declares the entry point (NVIDIA/go-nvml's "
+        "copies of the header per CUDA release); a simulated node on an older driver (`h200@550.90`, "
+        "[Driver releases](simulator.md#driver-releases)) answers FunctionNotFound for it. The last column quotes "
+        "nvml.h where it says how the call treats MIG handles.",
         "",
         "`flexmig nvml record OUT.json` on a real GPU machine produces the same answers from the real driver.",
         "",
-        "| entry point | family | GPU handle | MIG device handle | nvml.h on MIG |",
-        "|---|---|---|---|---|",
+        "| entry point | family | driver | GPU handle | MIG device handle | nvml.h on MIG |",
+        "|---|---|---|---|---|---|",
     ]
     for name, family in entry_points().items():
         if name in system:
@@ -161,7 +168,9 @@ def render(recording: dict[str, Any]) -> str:
         if not on_gpu and not on_mig:
             on_gpu = on_mig = f"not recorded: {NOT_RECORDED.get(name, 'changes the node')}"
         note = HEADER_SAYS.get(name, "")
-        lines.append(f"| `{name}` | {family} | {on_gpu} | {on_mig} | {note} |")
+        since = FIRST_BRANCH.get(name)
+        driver = f"{since}" if since is not None else "470 or older"
+        lines.append(f"| `{name}` | {family} | {driver} | {on_gpu} | {on_mig} | {note} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,9 @@
-"""Errors injected into the simulated library on demand: "the next nvmlGpuInstanceDestroy on GPU 1 fails IN_USE"."""
+"""Errors injected into the simulated library on demand: "the next nvmlGpuInstanceDestroy on GPU 1 fails IN_USE".
+
+Besides errors, the two ways real drivers have been seen to answer wrongly with SUCCESS: a reading that is a
+sentinel rather than a value (a temperature of 4294967295 °C, ``0xFFFFFFFF``), and a MIG device that reports
+another one's UUID. Tests set them with :meth:`FaultTable.garble` and :meth:`FaultTable.alias`.
+"""
 
 from __future__ import annotations
 
@@ -55,9 +60,33 @@ class FaultTable:
 
     def __init__(self) -> None:
         self._faults: list[Fault] = []
+        self._readings: dict[tuple[str, int | None], int] = {}
+        self._aliases: dict[str, str] = {}
 
     def __bool__(self) -> bool:
         return bool(self._faults)
+
+    def garble(self, call: str, value: int, *, gpu: int | None = None) -> None:
+        """From now on ``call`` (a reading: ``nvmlDeviceGetTemperature``, ``...PowerUsage``, ``...ClockInfo``)
+        answers SUCCESS with ``value`` (on GPU ``gpu`` only, when given) until :meth:`clear`."""
+        if not call.startswith("nvml"):
+            raise SimError(f"{call!r} is not an NVML call name (they start with 'nvml')")
+        self._readings[(base_call(call), gpu)] = value
+
+    def reading(self, call: str, gpu: int, value: int) -> int:
+        """``value``, or the garbled one set for ``call`` on ``gpu``."""
+        if not self._readings:
+            return value
+        base = base_call(call)
+        return self._readings.get((base, gpu), self._readings.get((base, None), value))
+
+    def alias(self, uuid: str, reported: str) -> None:
+        """From now on the device ``uuid`` reports ``reported`` as its UUID (``nvmlDeviceGetUUID``)."""
+        self._aliases[uuid] = reported
+
+    def uuid(self, uuid: str) -> str:
+        """The UUID reported for ``uuid``."""
+        return self._aliases.get(uuid, uuid)
 
     def add(self, call: str, code: int | str, *, gpu: int | None = None, times: int | None = 1) -> Fault:
         """Add a fault; ``call`` is a C symbol name with or without its version suffix."""
@@ -70,8 +99,10 @@ class FaultTable:
         return fault
 
     def clear(self) -> None:
-        """Remove every fault."""
+        """Remove every fault, garbled reading and UUID alias."""
         self._faults.clear()
+        self._readings.clear()
+        self._aliases.clear()
 
     def take(self, call: str, gpu: int | None) -> int:
         """The code the call must return now (consuming a one-shot fault), or 0 for none."""

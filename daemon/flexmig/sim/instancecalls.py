@@ -4,8 +4,10 @@ remaining capacity, creation and destruction, lookup and information, as the C e
 The driver's rules, as nvml.h states them and drivers behave: MIG changes need a privileged caller
 (``NO_PERMISSION`` otherwise) and MIG mode on; a placement must be one the profile allows (``INVALID_ARGUMENT``)
 and free (``INSUFFICIENT_RESOURCES``); a GPU instance with compute instances, or a compute instance with
-processes, is ``IN_USE`` for destruction; GPU-instance IDs follow the driver's buddy numbering over the memory
-slices. Mixed into :class:`~flexmig.sim.library.SimLibrary`; every ``nvml*`` method is one C entry point.
+processes, is ``IN_USE`` for destruction; GPU-instance IDs and placements chosen without a request are the ID
+policy's (:mod:`flexmig.sim.gi_ids`: as real drivers hand them out, or adversarially), and the profiles offered are
+the driver release's (:mod:`flexmig.sim.drivers`). Mixed into :class:`~flexmig.sim.library.SimLibrary`; every
+``nvml*`` method is one C entry point.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from flexmig.sim.cabi import SUCCESS as _SUCCESS
 from flexmig.sim.cabi import entry as _entry
 from flexmig.sim.cabi import int_arg as _int
 from flexmig.sim.cabi import out as _out
-from flexmig.sim.model import CI_PROFILE_COUNT, GI_PROFILE_COUNT, ci_name, ci_starts
+from flexmig.sim.model import CI_PROFILE_COUNT, GI_PROFILE_COUNT, ci_name
 from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
 
 __all__ = ["InstanceCalls"]
@@ -65,15 +67,21 @@ class InstanceCalls(_Base):
         if not 0 <= index < GI_PROFILE_COUNT:
             raise NvmlReturn(_INVALID)
         try:
-            return gpu.model.profile_by_index(index)
+            profile = gpu.model.profile_by_index(index)
         except KeyError:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED) from None
+        if not self._state.driver.offers(gpu.model, profile):
+            raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)  # this driver release has no such profile yet
+        return profile
 
     def _profile_by_id(self, gpu: SimGpu, profile_id: int) -> Any:
         try:
-            return gpu.model.profile_by_id(profile_id)
+            profile = gpu.model.profile_by_id(profile_id)
         except KeyError:
             raise NvmlReturn(_INVALID) from None
+        if not self._state.driver.offers(gpu.model, profile):
+            raise NvmlReturn(_INVALID)  # an ID this driver release does not know
+        return profile
 
     def _fill_gi_profile(self, gpu: SimGpu, info: Any, profile: Any) -> None:
         info.id = profile.profile_id
@@ -214,13 +222,14 @@ class InstanceCalls(_Base):
         i = _int(index)
         if not 0 <= i < CI_PROFILE_COUNT:
             raise NvmlReturn(_INVALID)
-        slices = self._state.ci_slices(gi, i)
+        shape = self._state.ci_shape(gi, i)
+        slices = shape.slices
         info = _out(ref)
         p = gi.profile
-        info.id = i
+        info.id = shape.index
         info.sliceCount = slices
-        info.instanceCount = len(ci_starts(p.compute_slices, slices))
-        info.multiprocessorCount = p.sm_count * slices // p.compute_slices
+        info.instanceCount = shape.instance_count
+        info.multiprocessorCount = shape.sm_count
         info.sharedCopyEngineCount = p.copy_engines
         info.sharedDecoderCount = p.decoders
         info.sharedEncoderCount = p.encoders
@@ -245,16 +254,16 @@ class InstanceCalls(_Base):
     @_entry
     def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, handle: Any, profile_id: Any, ref: Any) -> int:
         gi = self._gi(handle)
-        slices = self._state.ci_slices(gi, _int(profile_id))
-        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.slices)}
+        shape = self._state.ci_shape(gi, _int(profile_id))
+        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.span)}
         n = 0
-        for start in self._state.ci_free_starts(gi, slices):
-            span = set(range(start, start + slices))
+        for start in self._state.ci_free_starts(gi, shape):
+            span = set(range(start, start + shape.span))
             if not span & used:
                 used |= span
                 n += 1
-        same = sum(1 for ci in gi.cis.values() if ci.slices == slices)
-        n = min(n, len(ci_starts(gi.profile.compute_slices, slices)) - same)
+        same = sum(1 for ci in gi.cis.values() if ci.profile_id == shape.index)
+        n = min(n, shape.instance_count - same)
         _out(ref).value = max(0, n)
         return _SUCCESS
 
@@ -263,8 +272,8 @@ class InstanceCalls(_Base):
         self, handle: Any, profile_id: Any, placements: Any, count_ref: Any
     ) -> int:
         gi = self._gi(handle)
-        slices = self._state.ci_slices(gi, _int(profile_id))
-        starts = ci_starts(gi.profile.compute_slices, slices)
+        shape = self._state.ci_shape(gi, _int(profile_id))
+        starts = shape.starts
         count = _out(count_ref)
         if placements is None:
             count.value = len(starts)
@@ -274,7 +283,7 @@ class InstanceCalls(_Base):
             return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
         for i, s in enumerate(starts):
             placements[i].start = s
-            placements[i].size = slices
+            placements[i].size = shape.span
         count.value = len(starts)
         return _SUCCESS
 
@@ -294,8 +303,8 @@ class InstanceCalls(_Base):
         if isinstance(placement, ctypes.Structure):
             return _INVALID
         place = _out(placement)
-        slices = self._state.ci_slices(gi, _int(profile_id))
-        if int(place.size) != slices:
+        shape = self._state.ci_shape(gi, _int(profile_id))
+        if int(place.size) != shape.span:
             return _INVALID
         ci = self._state.create_ci(gi, _int(profile_id), int(place.start))
         return self._give(ref, "ci", ci.serial)
@@ -310,7 +319,7 @@ class InstanceCalls(_Base):
         gi = self._gi(handle)
         count = _out(count_ref)
         pid = _int(profile_id)
-        self._state.ci_slices(gi, pid)
+        self._state.ci_shape(gi, pid)
         if cis is None:
             return _INVALID
         found = sorted((c for c in gi.cis.values() if c.profile_id == pid), key=lambda c: c.id)
@@ -333,7 +342,7 @@ class InstanceCalls(_Base):
         info.id = ci.id
         info.profileId = ci.profile_id
         info.placement.start = ci.start
-        info.placement.size = ci.slices
+        info.placement.size = ci.span
         return _SUCCESS
 
     @_entry

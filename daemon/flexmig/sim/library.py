@@ -6,9 +6,10 @@ through ``byref(...)`` arguments (``ref._obj``), fills caller-allocated arrays, 
 count (the size-probe protocol). Handles are pointers to opaque structs that the library keeps alive for its
 whole life; a destroyed instance's handle is refused until a new instance takes its slot, as nvml.h allows
 (:mod:`flexmig.sim.handles`). GPU- and compute-instance management lives in :mod:`flexmig.sim.instancecalls`, GPM in
-:mod:`flexmig.sim.gpmcalls`;
-device-information families (PCI, BAR1, ECC, NVLink, ...) live in
-:mod:`flexmig.sim.devinfo`; :data:`flexmig.sim.entrypoints.ENTRY_POINTS` says how each call treats a MIG handle.
+:mod:`flexmig.sim.gpmcalls`; device-information families (PCI, BAR1, ECC, NVLink, ...) live in
+:mod:`flexmig.sim.devinfo`, topology, C2C and field values in :mod:`flexmig.sim.topocalls`;
+:data:`flexmig.sim.entrypoints.ENTRY_POINTS` says how each call treats a MIG handle. A driver release lacks some
+of these entry points (:func:`library_for`, :mod:`flexmig.sim.drivers`).
 
 Every call takes the node's lock: tests change the node from other threads while the daemon calls NVML.
 """
@@ -29,26 +30,30 @@ from flexmig.sim.cabi import out as _out
 from flexmig.sim.cabi import physical as _physical
 from flexmig.sim.cabi import write_str as _write_str
 from flexmig.sim.devinfo import DeviceInfoCalls
+from flexmig.sim.drivers import DriverRelease
 from flexmig.sim.faults import FaultTable, error_name
 from flexmig.sim.gpm import GpmSnapshot
 from flexmig.sim.gpmcalls import GpmCalls
 from flexmig.sim.handles import HandleTable
 from flexmig.sim.instancecalls import InstanceCalls
-from flexmig.sim.memory import gi_reserved_bytes, gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
-from flexmig.sim.model import (
-    CUDA_DRIVER_VERSION,
-    DRIVER_VERSION,
-    MAX_MIG_DEVICES,
-    NVML_VERSION,
-    ci_name,
-    clock_table,
-)
+from flexmig.sim.memory import gpu_idle_used_bytes, gpu_reserved_bytes, idle_used_bytes
+from flexmig.sim.model import MAX_MIG_DEVICES, ci_name, clock_table
 from flexmig.sim.state import NvmlReturn, SimComputeInstance, SimGpu, SimGpuInstance, SimNodeState
+from flexmig.sim.topocalls import TopologyCalls
 
-__all__ = ["SimLibrary"]
+__all__ = ["SimLibrary", "library_for"]
+
+# nvmlErrorString of the codes pynvml has no text of its own for (it asks the library), as real drivers word them
+# in published transcripts: `nvidia-smi mig -dgi` on a GPU instance with a compute instance ("Unable to destroy GPU
+# instance ID 3 from GPU 0: In use by another client") and the MIG User Guide's `nvidia-smi mig -cgi 19,19,14,9`
+# ("Unable to create a GPU instance on GPU 0 using profile 9: Insufficient Resources"). Other codes: their names.
+_ERROR_TEXT = {
+    int(N.NVML_ERROR_IN_USE): "In use by another client",
+    int(N.NVML_ERROR_INSUFFICIENT_RESOURCES): "Insufficient Resources",
+}
 
 
-class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
+class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls, TopologyCalls):
     """A Python object that implements libnvidia-ml's C functions over a :class:`SimNodeState`."""
 
     def __init__(self, state: SimNodeState, faults: FaultTable) -> None:
@@ -65,7 +70,7 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
         def nvml_error_string(result: Any) -> bytes:
             # A plain function, not a method: pynvml assigns ``fn.restype`` on it, which a bound method refuses.
             code = _int(result)
-            text = N.NVMLError._errcode_to_string.get(code)
+            text = _ERROR_TEXT.get(code) or N.NVMLError._errcode_to_string.get(code)
             if text is None:
                 text = error_name(code).replace("_", " ").title()
             return str(text).encode()
@@ -213,20 +218,20 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
-        return _write_str(buf, size, DRIVER_VERSION)
+        return _write_str(buf, size, self._state.driver.version)
 
     @_entry
     def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:
-        return _write_str(buf, size, NVML_VERSION)
+        return _write_str(buf, size, self._state.driver.nvml_version)
 
     @_entry
     def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
-        _out(ref).value = CUDA_DRIVER_VERSION
+        _out(ref).value = self._state.driver.cuda_version
         return _SUCCESS
 
     @_entry
     def nvmlSystemGetCudaDriverVersion_v2(self, ref: Any) -> int:
-        _out(ref).value = CUDA_DRIVER_VERSION
+        _out(ref).value = self._state.driver.cuda_version
         return _SUCCESS
 
     # ------------------------------------------------------------------------------------------- devices
@@ -259,7 +264,7 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
     @_entry
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
         gpu, ci = self._device(handle)
-        return _write_str(buf, size, ci.uuid if ci else gpu.uuid)
+        return _write_str(buf, size, self._faults.uuid(ci.uuid if ci else gpu.uuid))
 
     @_entry
     def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
@@ -312,11 +317,15 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
         return int(N.NVML_ERROR_NOT_SUPPORTED)  # SXM modules have no fan of their own
 
     def _memory(self, handle: Any) -> tuple[int, int, int]:
-        """(total, reserved, allocated) bytes of a GPU or MIG device; allocated includes the idle overhead."""
+        """(total, reserved, allocated) bytes of a GPU or MIG device; allocated includes the idle overhead.
+
+        A MIG device reserves nothing of its own (:mod:`flexmig.sim.memory`), so both struct versions show it the
+        same few MiB used when idle, as ``nvidia-smi`` does.
+        """
         gpu, ci = self._device(handle)
         if ci is not None:
             gi = ci.gi
-            return gi.memory_total_bytes, gi_reserved_bytes(gi), gi.memory_used_bytes() + idle_used_bytes(gi)
+            return gi.memory_total_bytes, 0, gi.memory_used_bytes() + idle_used_bytes(gi)
         if gpu.mig_current and not self._state.privileged:
             raise NvmlReturn(N.NVML_ERROR_NO_PERMISSION)  # aggregate MIG figures need privileges
         overhead = sum(idle_used_bytes(gi) for gi in gpu.gis.values()) if gpu.mig_current else gpu_idle_used_bytes()
@@ -377,7 +386,8 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
         gpu = _physical(self, handle)
         limit = gpu.model.power_limit_w
         idle = 0.12 * limit
-        _out(ref).value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
+        value = round(1000 * (idle + (limit - idle) * self._state.gpu_load(gpu)))
+        _out(ref).value = self._faults.reading("nvmlDeviceGetPowerUsage", gpu.index, value)
         return _SUCCESS
 
     @_entry
@@ -394,7 +404,7 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
         gpu = _physical(self, handle)
         if sensor != N.NVML_TEMPERATURE_GPU:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
-        return round(31 + 44 * self._state.gpu_load(gpu))
+        return self._faults.reading("nvmlDeviceGetTemperature", gpu.index, round(31 + 44 * self._state.gpu_load(gpu)))
 
     @_entry
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, ref: Any) -> int:
@@ -421,29 +431,13 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
 
     @_entry
     def nvmlDeviceGetClockInfo(self, handle: Any, kind: Any, ref: Any) -> int:
-        _out(ref).value = self._clock(handle, _int(kind), current=True)
+        value = self._clock(handle, _int(kind), current=True)
+        _out(ref).value = self._faults.reading("nvmlDeviceGetClockInfo", _physical(self, handle).index, value)
         return _SUCCESS
 
     @_entry
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, kind: Any, ref: Any) -> int:
         _out(ref).value = self._clock(handle, _int(kind), current=False)
-        return _SUCCESS
-
-    @_entry
-    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values_ref: Any) -> int:
-        gpu, _ = self._device(handle)
-        values = _out(values_ref)
-        stamp = int(self._state.clock() * 1e6)
-        for i in range(_int(count)):
-            v = values[i]
-            v.timestamp = stamp
-            v.latencyUsec = 0
-            if v.fieldId == N.NVML_FI_DEV_IS_RESETLESS_MIG_SUPPORTED:
-                v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
-                v.value.uiVal = 1 if gpu.model.gpm else 0
-                v.nvmlReturn = _SUCCESS
-            else:
-                v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return _SUCCESS
 
     # ------------------------------------------------------------------------------------------ processes
@@ -519,3 +513,24 @@ class SimLibrary(InstanceCalls, GpmCalls, DeviceInfoCalls, BoardCalls):
             return _INVALID
         _out(ref).value = ci.id
         return _SUCCESS
+
+
+class _Absent:
+    """Stands for an entry point a driver release lacks: looking it up raises AttributeError, which pynvml's
+    ``_nvmlGetFunctionPointer`` turns into ``NVMLError_FunctionNotFound``, as a missing symbol of the real library."""
+
+    def __init__(self, name: str, branch: int) -> None:
+        self._name = name
+        self._branch = branch
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        raise AttributeError(f"{self._name}: not in the libnvidia-ml of driver branch {self._branch}")
+
+
+def library_for(release: DriverRelease) -> type[SimLibrary]:
+    """The library class of a driver release: :class:`SimLibrary` without the entry points that release lacks."""
+    missing = release.missing(name for name in dir(SimLibrary) if name.startswith("nvml"))
+    if not missing:
+        return SimLibrary
+    absent = {name: _Absent(name, release.branch) for name in sorted(missing)}
+    return type(f"SimLibrary{release.branch}", (SimLibrary,), {"__doc__": SimLibrary.__doc__, **absent})

@@ -125,6 +125,7 @@ class SimNode:
             gpu_instances=gis,
             mig_uuids=tuple(ci.uuid for ci in gpu.mig_order),
             processes=procs,
+            fused_slot=gpu.fused,
         )
 
     # --------------------------------------------------------------------------------------- workload
@@ -210,8 +211,20 @@ class SimNode:
         with self._state.lock:
             return self._faults.add(call, code, gpu=gpu, times=times)
 
+    def garble(self, call: str, value: int, *, gpu: int | None = None) -> None:
+        """Make reading ``call`` answer SUCCESS with the garbage ``value`` (a driver's sentinel such as
+        ``0xFFFFFFFF``), on GPU ``gpu`` or all, until :meth:`clear_errors`."""
+        with self._state.lock:
+            self._faults.garble(call, value, gpu=gpu)
+
+    def alias_uuid(self, uuid: str, reported: str) -> None:
+        """Make the device ``uuid`` report ``reported`` as its UUID (two devices sharing one), until
+        :meth:`clear_errors`."""
+        with self._state.lock:
+            self._faults.alias(uuid, reported)
+
     def clear_errors(self) -> None:
-        """Remove every injected error."""
+        """Remove every injected error, garbled reading and UUID alias."""
         with self._state.lock:
             self._faults.clear()
 

@@ -5,8 +5,11 @@ and processes are still there when the daemon starts again. With a state path, t
 JSON after every mutation (write a temporary file, then ``os.replace``, so a reader never sees half a file), and
 ``install`` restores it instead of building the node from the spec.
 
-Activity and GPM counters are not kept: they are measurements, not configuration. Real processes (a pid given by
-the caller) whose pid no longer exists are dropped at load, as they are whenever processes are listed.
+Each MIG device's activity is kept too (``activity``: SM, occupancy, DRAM, tensor fractions), so that processes
+following the node through the file (:mod:`flexmig.sim.follow`) measure what the daemon's node shows; GPM counters
+are not kept: they are measurements, not configuration, and a reader integrates the activity over its own clock.
+Real processes (a pid given by the caller) whose pid no longer exists are dropped at load, as they are whenever
+processes are listed.
 """
 
 from __future__ import annotations
@@ -20,9 +23,17 @@ from typing import Any
 
 from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, model_by_key
+from flexmig.sim.drivers import DriverRelease, driver_release
+from flexmig.sim.gi_ids import GiIdPolicy
+from flexmig.sim.model import Activity
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
 
-__all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_to_dict"]
+__all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_from_dict", "state_to_dict"]
+
+_MAX_STATE_BYTES = 256 * 1024 * 1024  # eight GPUs with thousands of processes take a few MiB
+_MAX_STATE_DEPTH = 16
 
 SCHEMA_VERSION = 1
 
@@ -42,9 +53,11 @@ def state_to_dict(state: SimNodeState) -> dict[str, Any]:
                     "id": ci.id,
                     "serial": ci.serial,
                     "slices": ci.slices,
+                    "profile_id": ci.profile_id,
                     "start": ci.start,
                     "uuid": ci.uuid,
                     "processes": [_proc(p) for p in ci.processes.values()],
+                    "activity": list(ci.activity.as_tuple()),
                 }
                 for ci in sorted(gi.cis.values(), key=lambda c: c.id)
             ]
@@ -67,6 +80,7 @@ def state_to_dict(state: SimNodeState) -> dict[str, Any]:
         "model": state.model.key,
         "count": len(state.gpus),
         "node_id": str(state.node_id),
+        "driver": state.driver.version,
         "serial": state.serial,
         "next_fake_pid": state.next_fake_pid,
         "gpus": gpus,
@@ -87,14 +101,19 @@ def load_state(
     count: int,
     clock: Callable[[], float],
     is_alive: Callable[[int], bool] = pid_alive,
+    *,
+    ids: GiIdPolicy | None = None,
+    driver: DriverRelease | None = None,
 ) -> SimNodeState:
     """Rebuild a node from the state file at ``path``; SimError names the file and what is wrong with it.
 
-    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node.
+    ``model`` and ``count`` come from the spec passed to ``install`` and must match the file's node; ``ids`` hands
+    out the IDs of GPU instances created from now on (those in the file keep theirs); ``driver`` is the release
+    the spec names, which must be the one the file was written with.
     """
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = bounded_loads(path.read_bytes(), max_bytes=_MAX_STATE_BYTES, max_depth=_MAX_STATE_DEPTH)
+    except (OSError, JsonBoundsError) as exc:
         raise SimError(f"cannot read simulator state file {path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise SimError(
@@ -102,7 +121,27 @@ def load_state(
             "delete it to start from the spec"
         )
     try:
-        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path)
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path, ids=ids, driver=driver)
+    except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
+        if isinstance(exc, SimError):
+            raise
+        raise SimError(f"simulator state file {path} is malformed: {exc!r}") from exc
+
+
+def state_from_dict(
+    raw: object, path: Path, clock: Callable[[], float], is_alive: Callable[[int], bool] = pid_alive
+) -> SimNodeState:
+    """A node from the parsed state file ``raw`` (read from ``path``, named in errors), whatever model and GPU count
+    it holds; SimError says what is wrong with it."""
+    if not isinstance(raw, dict):
+        raise SimError(f"simulator state file {path} must hold a JSON object (the simulated node)")
+    try:
+        model = model_by_key(str(raw["model"]))
+        count = int(raw["count"])
+        if not 1 <= count <= 64:
+            raise SimError(f"simulator state file {path} holds {count} GPUs (1-64)")
+        release = driver_release(str(raw["driver"]) if "driver" in raw else None)  # the file's own driver
+        return _build(raw, model, count, clock=clock, is_alive=is_alive, path=path, ids=None, driver=release)
     except (AttributeError, KeyError, TypeError, ValueError, LayoutError) as exc:
         if isinstance(exc, SimError):
             raise
@@ -117,6 +156,8 @@ def _build(
     clock: Callable[[], float],
     is_alive: Callable[[int], bool],
     path: Path,
+    ids: GiIdPolicy | None,
+    driver: DriverRelease | None,
 ) -> SimNodeState:
     if raw.get("schema") != SCHEMA_VERSION:
         raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
@@ -126,7 +167,15 @@ def _build(
             f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
             "use the same spec or delete the file"
         )
-    state = SimNodeState(model, count, node_id=uuidlib.UUID(str(raw["node_id"])), clock=clock, is_alive=is_alive)
+    release = driver_release(None) if driver is None else driver
+    saved = str(raw.get("driver", release.version))
+    if saved != release.version:
+        raise SimError(
+            f"simulator state file {path} holds a node on driver {saved}, not {release.version}; "
+            "use the same spec or delete the file"
+        )
+    node_id = uuidlib.UUID(str(raw["node_id"]))
+    state = SimNodeState(model, count, node_id=node_id, clock=clock, is_alive=is_alive, ids=ids, driver=release)
     state.serial = int(raw["serial"])
     state.next_fake_pid = int(raw["next_fake_pid"])
     for g in raw["gpus"]:
@@ -154,15 +203,24 @@ def _build(
                 ci = state.restore_ci(
                     gi,
                     int(c["id"]),
-                    slices=int(c["slices"]),
+                    profile_id=_ci_profile(c),
                     start=int(c["start"]),
                     uuid=str(c["uuid"]),
                     serial=int(c["serial"]),
                 )
                 for p in c["processes"]:
                     _restore_proc(state, ci.processes, p, (gpu, ci), is_alive)
+                if c.get("activity") is not None and ci.processes:  # files written before it was kept have none
+                    ci.activity = _activity(c["activity"], path)
         state.refresh_rates(gpu)
     return state
+
+
+def _ci_profile(raw: dict[str, Any]) -> int:
+    """A saved compute instance's profile ID (files written before it was saved hold only its plain size)."""
+    if "profile_id" in raw:
+        return int(raw["profile_id"])
+    return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[int(raw["slices"])]
 
 
 def _restore_proc(
@@ -184,3 +242,12 @@ def _restore_proc(
         raise SimError(f"pid {proc.pid} appears twice in the simulator state file")
     procs[proc.pid] = proc
     state.pids[proc.pid] = where
+
+
+def _activity(raw: object, path: Path) -> Activity:
+    if not isinstance(raw, list) or len(raw) != 4:
+        raise SimError(f"simulator state file {path}: an activity is four fractions, not {raw!r}")
+    values = [float(v) for v in raw]
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise SimError(f"simulator state file {path}: activity fractions must be within 0..1, not {raw!r}")
+    return Activity(*values)

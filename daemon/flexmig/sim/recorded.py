@@ -26,8 +26,9 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig.errors import LayoutError, SimError
 from flexmig.mig import GpuModel, Layout, NodeSpec, model_by_name
 from flexmig.sim.cabi import SUCCESS, int_arg
+from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.faults import error_code
-from flexmig.sim.model import ci_slices_for_index
+from flexmig.sim.gi_ids import GiIdPolicy, infer_fused_slot
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState
 
 __all__ = ["PREFIX", "RecordedAnswers", "load_recording", "state_from_recording"]
@@ -68,13 +69,18 @@ def _model(doc: dict[str, Any], path: Path) -> GpuModel:
 
 
 def state_from_recording(
-    doc: dict[str, Any], path: Path, clock: Callable[[], float]
+    doc: dict[str, Any], path: Path, clock: Callable[[], float], *, ids: GiIdPolicy | None = None
 ) -> tuple[SimNodeState, NodeSpec, RecordedAnswers]:
-    """The node state a recording describes, its node spec (model and count) and its recorded answers."""
+    """The node state a recording describes, its node spec (model and count) and its recorded answers.
+
+    Each GPU's fused-off compute slot is the one that explains its recorded GPU-instance IDs
+    (:func:`flexmig.sim.gi_ids.infer_fused_slot`), so instances created later get the IDs that GPU would give.
+    """
     model = _model(doc, path)
     gpus = doc["gpus"]
     node_id = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"flexmig-recording/{gpus[0].get('uuid')}")
-    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock)
+    release = _driver(doc, path)
+    state = SimNodeState(model, len(gpus), node_id=node_id, clock=clock, ids=ids, driver=release)
     try:
         for raw in gpus:
             _restore_gpu(state, raw)
@@ -84,8 +90,21 @@ def state_from_recording(
         raise SimError(f"recording {path} is malformed: {exc!r}") from exc
     for gpu in state.gpus:
         state.refresh_rates(gpu)
-    spec = NodeSpec(model=model, count=len(gpus), layout=Layout.empty(model))
+    spec = NodeSpec(model=model, count=len(gpus), layout=Layout.empty(model), driver=release.version)
     return state, spec, RecordedAnswers(doc, state)
+
+
+def _driver(doc: dict[str, Any], path: Path) -> DriverRelease:
+    """The driver release the recording was taken on (its ``nvmlSystemGetDriverVersion``): the model answers as
+    that release for whatever the recording lacks, entry points it does not have included."""
+    answer = (doc.get("system") or {}).get("nvmlSystemGetDriverVersion") or {}
+    version = answer.get("value") if isinstance(answer, dict) else None
+    if not isinstance(version, str):
+        return driver_release(None)
+    try:
+        return driver_release(version)
+    except SimError as exc:
+        raise SimError(f"recording {path}: {exc}") from exc
 
 
 def _restore_gpu(state: SimNodeState, raw: dict[str, Any]) -> None:
@@ -103,13 +122,12 @@ def _restore_gpu(state: SimNodeState, raw: dict[str, Any]) -> None:
         profile = gpu.model.profile_by_id(int(gi_raw["profile_id"]))
         gi = state.restore_gi(gpu, profile, int(gi_raw["start"]), int(gi_raw["id"]), state.next_serial())
         for ci_raw in gi_raw["compute_instances"]:
-            slices = ci_slices_for_index(int(ci_raw["profile_id"]))
-            if slices is None:
-                raise SimError(f"GPU {gpu.index} GI {gi.id}: compute profile {ci_raw['profile_id']} is not modelled")
             serial = state.next_serial()
             ci_uuid = uuids.get((gi.id, int(ci_raw["id"])), f"MIG-{uuidlib.uuid5(state.node_id, f'mig/{serial}')}")
             start = int(ci_raw["start"])
-            state.restore_ci(gi, int(ci_raw["id"]), slices=slices, start=start, uuid=ci_uuid, serial=serial)
+            profile_id = int(ci_raw["profile_id"])
+            state.restore_ci(gi, int(ci_raw["id"]), profile_id=profile_id, start=start, uuid=ci_uuid, serial=serial)
+    gpu.fused = infer_fused_slot(((gi.start, gi.size, gi.id) for gi in gpu.gis.values()), gpu.fused)
 
 
 def _signature(gpu: SimGpu) -> tuple[Any, ...]:

@@ -8,6 +8,7 @@ Callers hold :attr:`SimNodeState.lock` around every operation: the library and t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import uuid as uuidlib
@@ -19,18 +20,11 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 
 from flexmig.errors import SimError
 from flexmig.mig import GpuModel, Layout, Profile
+from flexmig.sim.ciprofiles import CiShape, ci_shape
+from flexmig.sim.drivers import DriverRelease, driver_release
+from flexmig.sim.gi_ids import DriverIds, GiIdPolicy, default_fused_slot
 from flexmig.sim.gpm import Counters
-from flexmig.sim.model import (
-    CI_PROFILE_COUNT,
-    FAKE_PID_BASE,
-    MIB,
-    Activity,
-    ci_index,
-    ci_sizes,
-    ci_slices_for_index,
-    ci_starts,
-    gi_id_for,
-)
+from flexmig.sim.model import CI_PROFILE_COUNT, FAKE_PID_BASE, MIB, Activity
 
 __all__ = [
     "NvmlReturn",
@@ -39,6 +33,7 @@ __all__ = [
     "SimGpuInstance",
     "SimNodeState",
     "SimProcess",
+    "gpu_uuid",
     "pid_alive",
 ]
 
@@ -84,6 +79,17 @@ def _proc_state(proc: Path, pid: int) -> str | None:
     return fields[0].decode("ascii", "replace")
 
 
+def gpu_uuid(node_id: uuidlib.UUID, index: int) -> str:
+    """A GPU UUID as drivers print them: 32 hex digits in the 8-4-4-4-12 form, but no RFC 4122 version or
+    variant (real ones are not name- or random-based UUIDs: ``GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16``), fixed
+    by the node and the index. MIG UUIDs, unlike these, are version 5 on real drivers too."""
+    raw = bytearray(hashlib.sha256(f"{node_id}/gpu/{index}".encode()).digest()[:16])
+    if raw[6] >> 4 == 5 and raw[8] >> 6 == 2:
+        raw[6] ^= 0x70  # would read as an RFC 4122 version-5 UUID: not what a GPU shows
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 @dataclass(slots=True)
 class SimProcess:
     """A compute process holding GPU memory. ``real`` processes are dropped once their pid is gone."""
@@ -100,7 +106,7 @@ class SimComputeInstance:
 
     serial: int  # unique over the node's lifetime: identifies handles, never reused
     id: int
-    slices: int
+    shape: CiShape  # its compute-instance profile (flexmig.sim.ciprofiles)
     start: int
     uuid: str
     gi: SimGpuInstance
@@ -110,7 +116,17 @@ class SimComputeInstance:
     @property
     def profile_id(self) -> int:
         """NVML compute-instance profile ID (equal to its index)."""
-        return ci_index(self.slices)
+        return self.shape.index
+
+    @property
+    def slices(self) -> int:
+        """Compute slices, as its profile's name says (``1c``)."""
+        return self.shape.slices
+
+    @property
+    def span(self) -> int:
+        """Compute slots it takes inside its GPU instance."""
+        return self.shape.span
 
 
 @dataclass(slots=True, eq=False)
@@ -124,6 +140,11 @@ class SimGpuInstance:
     gpu: SimGpu
     counters: Counters
     cis: dict[int, SimComputeInstance] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Placement size in memory slices."""
+        return self.profile.memory_slices
 
     @property
     def memory_total_bytes(self) -> int:
@@ -143,6 +164,8 @@ class SimGpu:
     uuid: str
     model: GpuModel
     counters: Counters
+    fused: int = 7  # the compute slot fused off on this chip, shown as virtual memory slice 7 (flexmig.sim.gi_ids)
+    memory_mib: int = 0  # the whole GPU's memory as its driver reports it (0: the catalogue's)
     mig_current: bool = True
     mig_pending: bool = True
     lost: bool = False
@@ -154,8 +177,8 @@ class SimGpu:
 
     @property
     def memory_total_bytes(self) -> int:
-        """The whole GPU's memory."""
-        return self.model.memory_mib * MIB
+        """The whole GPU's memory, as its driver reports it."""
+        return (self.memory_mib or self.model.memory_mib) * MIB
 
     def memory_used_bytes(self) -> int:
         """Memory held by all processes on the GPU (MIG instances included)."""
@@ -182,8 +205,13 @@ class SimNodeState:
         node_id: uuidlib.UUID,
         clock: Callable[[], float],
         is_alive: Callable[[int], bool] = pid_alive,
+        ids: GiIdPolicy | None = None,
+        driver: DriverRelease | None = None,
     ) -> None:
         self.lock = threading.RLock()
+        self.ids: GiIdPolicy = DriverIds() if ids is None else ids
+        self.driver = driver_release(None) if driver is None else driver
+        self.ci_rev1 = self.driver.ci_rev1  # Hopper's 1_SLICE_REV1 compute-instance profile (branch 525 and on)
         self.model = model
         self.node_id = node_id
         self.clock = clock
@@ -200,7 +228,14 @@ class SimNodeState:
         now = clock()
         self.gpus: list[SimGpu] = []
         for i in range(count):
-            gpu = SimGpu(index=i, uuid=f"GPU-{uuidlib.uuid5(node_id, f'gpu/{i}')}", model=model, counters=Counters(now))
+            gpu = SimGpu(
+                index=i,
+                uuid=gpu_uuid(node_id, i),
+                model=model,
+                counters=Counters(now),
+                fused=default_fused_slot(str(node_id), i),
+                memory_mib=self.driver.memory_total_mib(model),
+            )
             gpu.layout = Layout.empty(model)
             self.gpus.append(gpu)
             self.by_uuid[gpu.uuid] = gpu
@@ -233,7 +268,7 @@ class SimNodeState:
             rates = [0.0, 0.0, 0.0, 0.0]
             for ci in gi.cis.values():
                 for k, v in enumerate(ci.activity.as_tuple()):
-                    rates[k] += v * ci.slices / g
+                    rates[k] += v * ci.span / g
             gi.counters.set_rates(now, (rates[0], rates[1], rates[2], rates[3]))
             for k in range(4):
                 total[k] += rates[k] * g / gpu.model.compute_slices
@@ -315,10 +350,9 @@ class SimNodeState:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
 
     def create_gi(self, gpu: SimGpu, profile: Profile, start: int | None, size: int | None = None) -> SimGpuInstance:
-        """Create a GPU instance, at ``start`` or where the driver chooses (the highest start that fits).
+        """Create a GPU instance, at ``start`` or where the driver chooses; its ID is the driver's choice too.
 
-        The highest start first is what drivers are seen doing (``nvidia-smi mig -cgi 9,9`` makes GI 2 at
-        slice 4, then GI 1 at slice 0).
+        Both choices are the ID policy's (:mod:`flexmig.sim.gi_ids`): what drivers do, or an adversary.
         """
         self._require_privilege()
         self.require_mig(gpu)
@@ -328,7 +362,7 @@ class SimNodeState:
             fits = [s for s in profile.starts if layout.can_place(profile, s)]
             if not fits:
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
-            start = max(fits)
+            start = self.ids.choose_start(gpu.index, gpu.fused, profile.memory_slices, fits, list(gpu.gis.values()))
         else:
             # nvml.h: INVALID_ARGUMENT "If [...] placement [is] invalid" (a start or size the profile never has);
             # INSUFFICIENT_RESOURCES is for a valid placement that is taken.
@@ -336,16 +370,17 @@ class SimNodeState:
                 raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
             if layout.why_not(profile, start):
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi_id = self.ids.assign(gpu.index, gpu.fused, profile.memory_slices, start, list(gpu.gis.values()))
         gpu.layout = layout.place(profile, start)
         gi = SimGpuInstance(
             serial=self.next_serial(),
-            id=gi_id_for(start, profile.memory_slices),
+            id=gi_id,
             profile=profile,
             start=start,
             gpu=gpu,
             counters=Counters(self.clock()),
         )
-        assert gi.id not in gpu.gis, "buddy numbering gave a duplicate GI id"
+        assert gi.id not in gpu.gis, "the ID policy gave a duplicate GI id"
         gpu.gis[gi.id] = gi
         self.gis_by_serial[gi.serial] = gi
         self.changed()
@@ -357,6 +392,7 @@ class SimNodeState:
         del self.gis_by_serial[gi.serial]
         assert gpu.layout is not None
         gpu.layout = gpu.layout.remove(gi.start)
+        self.ids.released(gpu.index, gi.id)
 
     def destroy_gi(self, gi: SimGpuInstance) -> None:
         """nvmlGpuInstanceDestroy: IN_USE while the GI still has compute instances (and so processes)."""
@@ -367,31 +403,27 @@ class SimNodeState:
         self.refresh_rates(gi.gpu)
         self.changed()
 
-    def ci_free_starts(self, gi: SimGpuInstance, slices: int) -> list[int]:
-        """Starts inside ``gi`` where a ``slices`` compute instance could be created now."""
-        g = gi.profile.compute_slices
-        if slices not in ci_sizes(g):
+    def ci_free_starts(self, gi: SimGpuInstance, shape: CiShape) -> list[int]:
+        """Starts inside ``gi`` where a compute instance of ``shape`` could be created now."""
+        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.span)}
+        if sum(1 for ci in gi.cis.values() if ci.profile_id == shape.index) >= shape.instance_count:
             return []
-        used = {s for ci in gi.cis.values() for s in range(ci.start, ci.start + ci.slices)}
-        starts = ci_starts(g, slices)
-        if sum(1 for ci in gi.cis.values() if ci.slices == slices) >= len(starts):
-            return []
-        return [s for s in starts if not any(x in used for x in range(s, s + slices))]
+        return [s for s in shape.starts if not any(x in used for x in range(s, s + shape.span))]
 
-    def ci_slices(self, gi: SimGpuInstance, profile_id: int) -> int:
-        """Compute slices of CI profile ``profile_id`` in ``gi``; INVALID_ARGUMENT/NOT_SUPPORTED like a driver."""
+    def ci_shape(self, gi: SimGpuInstance, profile_id: int) -> CiShape:
+        """CI profile ``profile_id`` of ``gi``; INVALID_ARGUMENT past the index range, NOT_SUPPORTED if not offered."""
         if not 0 <= profile_id < CI_PROFILE_COUNT:
             raise NvmlReturn(N.NVML_ERROR_INVALID_ARGUMENT)
-        slices = ci_slices_for_index(profile_id)
-        if slices is None or slices not in ci_sizes(gi.profile.compute_slices):
+        shape = ci_shape(gi.gpu.model, gi.profile, profile_id, rev1=self.ci_rev1)
+        if shape is None:
             raise NvmlReturn(N.NVML_ERROR_NOT_SUPPORTED)
-        return slices
+        return shape
 
     def create_ci(self, gi: SimGpuInstance, profile_id: int, start: int | None) -> SimComputeInstance:
         """Create a compute instance in ``gi`` (lowest free start when ``start`` is None)."""
         self._require_privilege()
-        slices = self.ci_slices(gi, profile_id)
-        free = self.ci_free_starts(gi, slices)
+        shape = self.ci_shape(gi, profile_id)
+        free = self.ci_free_starts(gi, shape)
         if start is None:
             if not free:
                 raise NvmlReturn(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
@@ -403,7 +435,7 @@ class SimNodeState:
         ci = SimComputeInstance(
             serial=serial,
             id=ci_id,
-            slices=slices,
+            shape=shape,
             start=start,
             uuid=f"MIG-{uuidlib.uuid5(self.node_id, f'mig/{serial}')}",
             gi=gi,
@@ -555,13 +587,14 @@ class SimNodeState:
         return gi
 
     def restore_ci(
-        self, gi: SimGpuInstance, ci_id: int, *, slices: int, start: int, uuid: str, serial: int
+        self, gi: SimGpuInstance, ci_id: int, *, profile_id: int, start: int, uuid: str, serial: int
     ) -> SimComputeInstance:
-        """Recreate a CI read back from a state file."""
-        if slices not in ci_sizes(gi.profile.compute_slices) or start not in self.ci_free_starts(gi, slices):
-            raise SimError(f"GPU {gi.gpu.index} GI {gi.id}: CI {ci_id} of {slices} slices at {start} does not fit")
+        """Recreate a CI read back from a state file or a recording."""
+        shape = ci_shape(gi.gpu.model, gi.profile, profile_id, rev1=True)
+        if shape is None or start not in self.ci_free_starts(gi, shape):
+            raise SimError(f"GPU {gi.gpu.index} GI {gi.id}: CI {ci_id} of profile {profile_id} at {start} does not fit")
         if ci_id in gi.cis or uuid in self.by_uuid:
             raise SimError(f"GPU {gi.gpu.index} GI {gi.id}: CI {ci_id} / {uuid} appears twice")
-        ci = SimComputeInstance(serial=serial, id=ci_id, slices=slices, start=start, uuid=uuid, gi=gi)
+        ci = SimComputeInstance(serial=serial, id=ci_id, shape=shape, start=start, uuid=uuid, gi=gi)
         self._add_ci(ci)
         return ci

@@ -67,11 +67,30 @@ class GpuTruth:
     gpu_instances: tuple[GpuInstanceTruth, ...]  # by GI id
     mig_uuids: tuple[str, ...]  # in MIG-device index order
     processes: tuple[ProcessTruth, ...]  # every process on the GPU, MIG devices included
+    fused_slot: int = 7  # the memory slice behind the chip's fused-off compute slot (flexmig.sim.gi_ids)
 
     @property
     def gi_ids(self) -> tuple[int, ...]:
         """GPU-instance IDs, ascending."""
         return tuple(gi.id for gi in self.gpu_instances)
+
+    def gi_at(self, start: int) -> GpuInstanceTruth:
+        """The GPU instance placed at memory slice ``start``; KeyError if none starts there.
+
+        The way to learn a GI's ID in a test: the driver chooses it (``flexmig.sim.gi_ids``), so no test may
+        compute it from the placement."""
+        for gi in self.gpu_instances:
+            if gi.start == start:
+                return gi
+        raise KeyError(f"no GPU instance starts at memory slice {start} on GPU {self.index}")
+
+    def gi_id_at(self, start: int) -> int:
+        """The ID of the GPU instance placed at memory slice ``start``."""
+        return self.gi_at(start).id
+
+    def mig_uuid_at(self, start: int) -> str:
+        """The MIG UUID of the (first) compute instance of the GPU instance at memory slice ``start``."""
+        return self.gi_at(start).compute_instances[0].uuid
 
     def mig_device(self, uuid: str) -> tuple[GpuInstanceTruth, ComputeInstanceTruth]:
         """The GI and CI behind MIG device ``uuid``; KeyError if it is not on this GPU."""

@@ -36,6 +36,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.act.records import Slot
 from flexmig.act.results import PlanResult
+from flexmig.clocks import Ages
 from flexmig.errors import FlexmigError, PlanRejectedError, SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.enumerate import maximal_layouts
@@ -171,6 +172,7 @@ class SlurmAgent:
         planner: PlannerSettings,
         simulated: bool,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         slurmd: SlurmdControl | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         mountinfo: Path = Path("/proc/self/mountinfo"),
@@ -181,6 +183,9 @@ class SlurmAgent:
         self.planner_settings = planner
         self.simulated = simulated
         self.wall = wall
+        self.clock = clock
+        self.ages = Ages(wall, clock)
+        """How long ago the last re-registration was, on the monotonic clock (the journal's stamps are wall time)."""
         self.mountinfo = mountinfo
         commands = SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s)
         self.client = SlurmClient(commands)
@@ -212,8 +217,8 @@ class SlurmAgent:
         )
         self.on_event = on_event or (lambda kind, detail: None)
         self.cost = self.registration_cost(settings)
-        self.last_closed_s: float | None = None
-        """When a reservation of flexmig's last ended without its change (the node never emptied in time)."""
+        self._closed_at: float | None = None
+        """When (monotonic) a reservation of flexmig's last ended without its change (the node never emptied)."""
         self._config: dict[str, str] = {}
         self._config_at = -_CONFIG_TTL_S
         self._not_responding_since: float | None = None
@@ -223,9 +228,9 @@ class SlurmAgent:
         executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
 
     @staticmethod
-    def registration_cost(settings: SlurmSettings, slices: int = 7) -> RegistrationCost:
-        """The verdict's fixed figures from the settings (and the node's compute slices)."""
-        return RegistrationCost(settings.reregister_s, settings.min_interval_s, settings.max_wait_s, slices)
+    def registration_cost(settings: SlurmSettings) -> RegistrationCost:
+        """The verdict's fixed figures from the settings."""
+        return RegistrationCost(settings.reregister_s, settings.min_interval_s, settings.max_wait_s)
 
     # -------------------------------------------------------------------------------------------- reading
     async def read(self) -> SlurmRead:
@@ -259,9 +264,9 @@ class SlurmAgent:
 
     async def setup_problem(self, read: SlurmRead) -> str | None:
         """One line when this node's Slurm setup is one flexmig refuses (:mod:`flexmig.slurm.sitecheck`)."""
-        if self.wall() - self._config_at >= _CONFIG_TTL_S:
+        if self.clock() - self._config_at >= _CONFIG_TTL_S:
             self._config = await self.client.config()
-            self._config_at = self.wall()
+            self._config_at = self.clock()
         cfg = self._config
         conf = self.settings.conf or Path("/etc/slurm/slurm.conf")
         why = configless_problem(conf.is_file(), str(conf), cfg.get("SlurmctldParameters", ""))
@@ -339,11 +344,16 @@ class SlurmAgent:
         return [row for row in self.executor.journal.recent_actions(200) if row.kind == KIND]
 
     def last_change_s(self) -> float | None:
-        """When the last change that had to wait for jobs (a busy node) ended (wall time, from the journal)."""
+        """When the last change that had to wait for jobs (a busy node) ended, from the journal (or when
+        flexmig's last reservation ended without its change): in wall time now less how long ago it was on the
+        monotonic clock (:class:`~flexmig.clocks.Ages`: a wall clock set back never makes the batching interval
+        wait longer)."""
         for row in self._recent():
             if row.state == "done" and row.finished_s and row.payload.get("changes") and row.payload.get("busy"):
-                return row.finished_s
-        return self.last_closed_s
+                return self.wall() - self.ages.ago(KIND, row.finished_s)
+        if self._closed_at is None:
+            return None
+        return self.wall() - (self.clock() - self._closed_at)
 
     def missed_acks(self) -> set[tuple[int, int]]:
         """(Slurm job, restart count) of the hook jobs that missed an acknowledgement (from the journal): they
@@ -366,15 +376,13 @@ class SlurmAgent:
         """The layout plan for ``read`` (the node once empty) and whether to commit to it
         (:func:`flexmig.plan.reregistration.choose`)."""
         node = self.node_now(read)
-        slices = sum(node.model.compute_slices for g in range(len(node.layouts)) if g not in node.fixed_gpus)
-        cost = RegistrationCost(self.cost.fixed_s, self.cost.min_interval_s, self.cost.max_wait_s, max(1, slices))
         now = read.now_s or self.wall()
         submitted = {r.name: r.submitted_s for r in read.demand.pending}
         choice = choose(
             node,
             candidates=self.candidates(node.model),
             settings=self.planner_settings,
-            cost=cost,
+            cost=self.cost,
             now_s=now,
             waited_s=lambda name: max(0.0, now - submitted[name]) if name in submitted else 0.0,
             last_change_s=self.last_change_s(),
@@ -400,7 +408,7 @@ class SlurmAgent:
     async def _round(self, mode: str) -> SlurmRound:
         read = await self.read()
         if self._waiting and read.mine is None:  # flexmig's reservation ended without its change
-            self.last_closed_s = read.now_s
+            self._closed_at = self.clock()
         self._waiting = read.mine is not None
         read = self._without_missed(read)
         self._remember(read)
@@ -509,7 +517,7 @@ class SlurmAgent:
     async def _resync(self, read: SlurmRead, mode: str) -> SlurmRound:
         """Slurm's view of the node differs from NVML's: register it again, without fighting anyone."""
         node = read.node
-        now = self.wall()
+        now = self.clock()  # a duration (not responding for how long): monotonic
         if node is not None and read.slurmd == "running" and not node.responding:
             since = self._not_responding_since = self._not_responding_since or now
             if now - since < _NOT_RESPONDING_GRACE_S:

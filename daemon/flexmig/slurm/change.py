@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from flexmig.act.records import Slot
 from flexmig.act.steps import StepFailed
+from flexmig.act.userpaths import UserPathError, open_dir, resolve_beneath
 from flexmig.errors import SlurmError
 from flexmig.nvml.types import Inventory
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
@@ -266,21 +267,7 @@ class SlurmChange:
             await self._undo(run, node, jobs, bool(held))
             raise StepFailed(f"{exc}; the change is cancelled, the node reopened", outcome="cancelled",
                              code=exc.code) from exc  # fmt: skip
-        await run.step("stop_slurmd", {}, self._stop_slurmd)
-        await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
-        try:
-            since = float(drained.get("at", 0.0))
-            await run.step("backfill", {"since": since}, lambda: self._await_backfill(node, since))
-            seen = await run.step("recheck", {"node": node}, lambda: self._check(node))
-        except StepFailed as exc:  # an administrator acted since the check: the node is still in Slurm, as it was
-            await run.step("restore_slurmd", {"node": node}, lambda: self._restore_slurmd(node))
-            await self._undo(run, node, jobs, bool(held))
-            raise StepFailed(
-                f"{exc}; the change is cancelled before the node left Slurm: slurmd runs again with the GRES it had",
-                outcome="cancelled",
-                code=exc.code,
-            ) from exc
-        await run.step("delete", {"node": node}, lambda: self._delete(node))
+        seen = await self._leave_slurm(run, node, jobs, held=bool(held), drained_at=float(drained.get("at", 0.0)))
         failure: StepFailed | None = None
         for op, slot in changes:
             name = f"{op}:{slot.gpu}@{slot.start}"
@@ -314,6 +301,28 @@ class SlurmChange:
             )
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
+
+    async def _leave_slurm(
+        self, run: StepRunner, node: str, jobs: list[dict[str, Any]], *, held: bool, drained_at: float
+    ) -> dict[str, Any]:
+        """slurmd stopped, flexmig's reservation gone, the backfill scheduler past the node, the administrator's
+        state looked at once more, then the node deleted from Slurm; what ``recheck`` saw (the attributes to set
+        again). A hold found by ``recheck`` cancels the change before the delete: slurmd runs again as it was."""
+        await run.step("stop_slurmd", {}, self._stop_slurmd)
+        await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
+        try:
+            await run.step("backfill", {"since": drained_at}, lambda: self._await_backfill(node, drained_at))
+            seen: dict[str, Any] = await run.step("recheck", {"node": node}, lambda: self._check(node))
+        except StepFailed as exc:  # an administrator acted since the check: the node is still in Slurm, as it was
+            await run.step("restore_slurmd", {"node": node}, lambda: self._restore_slurmd(node))
+            await self._undo(run, node, jobs, held)
+            raise StepFailed(
+                f"{exc}; the change is cancelled before the node left Slurm: slurmd runs again with the GRES it had",
+                outcome="cancelled",
+                code=exc.code,
+            ) from exc
+        await run.step("delete", {"node": node}, lambda: self._delete(node))
+        return seen
 
     # ------------------------------------------------------------------------------------------- phases
     async def _close(self, node: str) -> dict[str, Any]:
@@ -481,6 +490,13 @@ class SlurmChange:
             raise StepFailed(
                 f"Slurm job {job.get('job_id')}: no checkpoint directory: {exc}", outcome="cancelled"
             ) from exc
+        # The template's fixed part is the operator's (it may lie below a symlink such as /var/tmp -> /tmp): resolved
+        # here; the part a job's user owns is then walked with no symlink followed (flexmig.act.userpaths).
+        template = self.settings.checkpoint_dir
+        if "{" in template:
+            fixed = Path(template.split("{", 1)[0]).parent
+            with contextlib.suppress(ValueError):
+                d = Path(os.path.realpath(fixed)) / d.relative_to(fixed)
         return d / ACK_NAME
 
     async def _baseline(self, ack_path: Path) -> dict[str, Any]:
@@ -529,34 +545,50 @@ class SlurmChange:
             await asyncio.sleep(self.settings.poll_s)
 
     def _validate(self, job: dict[str, Any], ack_path: Path) -> Ack | None:
-        """The acknowledgement if it is the job's own and names a checkpoint in its directory; None if not yet."""
-        job_id = int(job["job_id"])
+        """The acknowledgement if it is the job's own and names a checkpoint in its directory; None if not yet.
+
+        The directory is the job user's: it is opened with no symlink followed and everything in it is read
+        relative to it (:mod:`flexmig.act.userpaths`). An acknowledgement that is not valid (a symlink, a
+        directory, another user's file, a step of 5,000 digits, a checkpoint outside the directory) cancels the
+        move with one line, StepFailed; the job is left running and nothing is requeued."""
+        job_id = job.get("job_id")
+
+        def cancel(why: str) -> StepFailed:
+            text = f"Slurm job {job_id}: acknowledgement {ack_path}: {why}; move cancelled"
+            return StepFailed(text, outcome="cancelled")
+
         try:
-            st = ack_path.lstat()
-            ack = read_ack(ack_path)
-        except (OSError, AckError) as exc:
-            log.warning("Slurm job %d: ignoring acknowledgement %s: %s", job_id, ack_path, exc)
+            fd = open_dir(ack_path.parent)
+        except FileNotFoundError:
             return None
+        except (UserPathError, PermissionError) as exc:
+            raise cancel(str(exc)) from exc
+        try:
+            try:
+                st = os.stat(ack_path.name, dir_fd=fd, follow_symlinks=False)
+                ack = read_ack(Path(ack_path.name), dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except (OSError, AckError) as exc:
+                raise cancel(str(exc)) from exc
+        finally:
+            os.close(fd)
         if ack is None:
             return None
         uid = job.get("user_id")
         if isinstance(uid, int) and st.st_uid != uid:
-            log.warning(
-                "Slurm job %d: %s belongs to uid %d, not the job's %d; ignored", job_id, ack_path, st.st_uid, uid
-            )
-            return None
-        root = Path(os.path.realpath(ack_path.parent))
-        ckpt = Path(os.path.realpath(root / ack.checkpoint))
-        if root not in ckpt.parents:
-            log.warning("Slurm job %d: checkpoint %s is outside %s; ignored", job_id, ack.checkpoint, root)
-            return None
+            raise cancel(f"it belongs to uid {st.st_uid}, not the job's {uid}")
+        root = ack_path.parent
+        named = Path(os.path.normpath(root / ack.checkpoint))
         try:
-            cst = ckpt.stat()
+            found = resolve_beneath(root, named)
+        except UserPathError as exc:
+            raise cancel(str(exc)) from exc
         except OSError:
             return None
-        if not stat.S_ISREG(cst.st_mode) or cst.st_size == 0:
+        if found is None or not stat.S_ISREG(found[1].st_mode) or found[1].st_size == 0:
             return None
-        return Ack(ack.step, str(ckpt))
+        return Ack(ack.step, str(found[0]))
 
     async def _hold(self, job_id: int) -> dict[str, Any]:
         try:

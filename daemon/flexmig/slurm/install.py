@@ -7,11 +7,15 @@ Slurm runs the TaskProlog with no arguments, so the path of the GRES map is writ
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from flexmig.slurm import taskprolog
 
-__all__ = ["render_taskprolog", "write_taskprolog"]
+__all__ = ["TASKPROLOG", "render_taskprolog", "write_taskprolog"]
+
+#: Where ``flexmig install-files`` puts the TaskProlog, relative to the installed root, and what ``flexmig slurm
+#: conf`` names by default (``/usr/lib/flexmig/slurm-taskprolog``).
+TASKPROLOG = PurePosixPath("usr/lib/flexmig/slurm-taskprolog")
 
 _MAP_LINE = re.compile(r'^MAP_PATH = ".*"$', re.MULTILINE)
 

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from flexmig.detect import InstanceUsage, Observation
 from flexmig.errors import LayoutError
-from flexmig.mig import GpuModel, Layout, model_by_name
+from flexmig.mig import GpuModel, Layout, model_for
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = ["LayoutCache", "NodeObservation", "observation_of", "usage_of"]
@@ -29,18 +29,19 @@ class NodeObservation:
     gpu_uuids: Mapping[int, str]
 
 
-LayoutCache = dict[tuple[str, tuple[tuple[int, int], ...]], Layout | None]
+LayoutCache = dict[tuple[str, tuple[int, ...], tuple[tuple[int, int], ...]], Layout | None]
 
 
 def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
     """The GPU's layout from its GPU instances (profile and start), those without a MIG device included (they hold
-    their slices all the same); None when our catalogue cannot model it."""
-    model = model_by_name(gpu.model_name)
+    their slices all the same); None when our catalogue cannot model it. The model is cut down to the profiles the
+    GPU's driver offers, so detection and the planner consider no profile the driver would refuse."""
+    model = model_for(gpu.model_name, gpu.offers)
     if model is None:
         return None
     placed = {(i.start, i.profile_id) for i in gpu.instances} | {(g.start, g.profile_id) for g in gpu.gpu_instances}
     items = tuple(sorted(placed))
-    key = (model.key, items)
+    key = (model.key, tuple(p.profile_id for p in model.profiles), items)
     if key in cache:
         return cache[key]
     layout = _build_layout(model, items)

@@ -8,7 +8,10 @@ last fresh dcgm-exporter scrape; build the next :class:`Snapshot` and hand it to
 Nothing a sweep meets may stop the loop: an NVML error on one GPU or instance is already recorded by ``nvml`` on
 that object (and counted here, by call and error name); a sweep that fails outright is counted under
 ``source_errors["nvml"]``, logged once per kind, and the previous snapshot stays published until the next good
-sweep. A GPU that reports GPU_IS_LOST is marked and logged when it is first seen lost.
+sweep. A GPU that reports GPU_IS_LOST is marked and logged when it is first seen lost, and again when it answers
+once more. An NVML issue that persists (the same call failing on the same target, a reading out of range, a UUID
+two devices report, in :data:`PERSISTENT_SWEEPS` sweeps in a row) is logged once, and once more when it ends:
+each transition one line, never one per sweep, and never none.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from flexmig.errors import FlexmigError
-from flexmig.nvml.types import GpuSample, Inventory
+from flexmig.nvml.types import GpuSample, Inventory, NvmlIssue
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
@@ -32,6 +35,9 @@ from flexmig.telemetry.store import TelemetryStore, pids_of
 __all__ = ["NodeReader", "SamplingLoop", "dcgm_loop", "periodic_step"]
 
 log = logging.getLogger(__name__)
+
+PERSISTENT_SWEEPS = 3
+"""Sweeps in a row an NVML issue must last to be logged (a one-off failure is counted, not logged)."""
 
 
 class NodeReader(Protocol):
@@ -83,6 +89,7 @@ class SamplingLoop:
         self._source_errors: Counter[str] = Counter()
         self._lost: dict[str, None] = {}  # insertion-ordered set of lost GPU UUIDs
         self._last_failure: str | None = None
+        self._streaks: dict[tuple[str, str, str], int] = {}  # (call, error, target) -> sweeps in a row it failed
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> Snapshot:
@@ -178,7 +185,7 @@ class SamplingLoop:
         for gpu in inventory.gpus:
             for issue in gpu.errors:
                 self._nvml_errors[(issue.call, issue.name)] += 1
-            self._mark_lost(gpu.index, gpu.uuid, gpu.lost)
+            self._mark_lost(gpu.index, gpu.uuid, gpu.lost, answered=gpu.mig_current is not None)
         old = self.store.inventory
         if old is not None:
             before = {d.uuid for _, d in old.mig_devices()}
@@ -193,15 +200,39 @@ class SamplingLoop:
         return cpu
 
     def _count_issues(self, samples: tuple[GpuSample, ...]) -> None:
+        issues: list[NvmlIssue] = []
         for g in samples:
             for issue in g.errors:
                 self._nvml_errors[(issue.call, issue.name)] += 1
-            self._mark_lost(g.index, g.uuid, g.lost)
+            issues.extend(i for i in g.errors if i.name != "GPU_IS_LOST")
+            self._mark_lost(g.index, g.uuid, g.lost, answered=g.mig_current is not None)
+        self._log_persistent(issues)
 
-    def _mark_lost(self, index: int, uuid: str, lost: bool) -> None:
+    def _log_persistent(self, issues: list[NvmlIssue]) -> None:
+        """One line when an issue has lasted :data:`PERSISTENT_SWEEPS` sweeps in a row, one when it ends."""
+        now = {(i.call, i.name, i.target) for i in issues}
+        for key in now:
+            n = self._streaks.get(key, 0) + 1
+            self._streaks[key] = n
+            if n == PERSISTENT_SWEEPS:
+                call, name, target = key
+                log.warning(
+                    "NVML %s on %s: %s in %d sweeps in a row; counted in flexmig_nvml_errors_total, and logged "
+                    "again when it ends", call, target, name, n,
+                )  # fmt: skip
+        for key in [k for k in self._streaks if k not in now]:
+            n = self._streaks.pop(key)
+            if n >= PERSISTENT_SWEEPS:
+                call, name, target = key
+                log.info("NVML %s on %s: %s no more, after %d sweeps", call, target, name, n)
+
+    def _mark_lost(self, index: int, uuid: str, lost: bool, *, answered: bool = True) -> None:
         if lost and uuid not in self._lost:
             self._lost[uuid] = None
             log.error("GPU %d (%s) is lost (GPU_IS_LOST): it is no longer sampled or changed", index, uuid)
+        elif not lost and answered and uuid in self._lost:
+            del self._lost[uuid]
+            log.warning("GPU %d (%s) answers again after it was lost: sampled again", index, uuid)
 
     def _failed(self, source: str, exc: Exception) -> None:
         self._source_errors[source] += 1

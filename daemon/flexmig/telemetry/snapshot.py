@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from flexmig.mig import Offer
 from flexmig.telemetry.ring import WindowStats
 
 __all__ = [
@@ -148,6 +149,7 @@ class GpuSnapshot:
     gpu_instances: tuple[GpuInstanceSnapshot, ...] = ()
     pci_bus_id: str | None = None  # "00000000:18:00.0" as NVML and dcgm-exporter write it; None if NVML would not say
     power_limit_w: float | None = None  # the enforced power limit, from the last inventory
+    offers: tuple[Offer, ...] | None = None  # the GPU-instance profiles its driver offers (None: not known)
 
 
 @dataclass(frozen=True, slots=True)

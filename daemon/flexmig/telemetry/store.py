@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flexmig.errors import LayoutError
-from flexmig.mig import GpuModel, Layout, model_by_name
+from flexmig.mig import GpuModel, Layout, model_for
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, GpuSample, Inventory, MigDeviceInfo, MigDeviceSample
 from flexmig.telemetry.dcgm import DcgmInstance, DcgmScrape
 from flexmig.telemetry.ring import RingBuffer, capacity_for
@@ -171,6 +171,7 @@ class TelemetryStore:
                     gpu_instances=() if lost else static.gpu_instances,
                     pci_bus_id=info.pci_bus_id,
                     power_limit_w=info.power_limit_w,
+                    offers=info.offers,
                 )
             )
         keep_after = now - settings.window_s
@@ -211,9 +212,8 @@ class TelemetryStore:
         hist.last_seen = now
         live.add(key)
 
-        row = None if dcgm is None else dcgm.instances.get((info.index, dev.gpu_instance_id))
-        if row is not None and row.gpu_uuid is not None and row.gpu_uuid != info.uuid:
-            row = None  # DCGM's GPU numbering disagrees with NVML's: joining would mislabel figures
+        profile_name = static.profile_names[gi.id]
+        row = None if dcgm is None else _joinable(dcgm, info, dev.gpu_instance_id, profile_name, hist.first_seen)
         activity = _activity(dev, row)
         mem_total = dev.memory_total_bytes
         mem_used = dev.memory_used_bytes
@@ -251,7 +251,7 @@ class TelemetryStore:
             gpu_instance_id=dev.gpu_instance_id,
             compute_instance_id=dev.compute_instance_id,
             profile_id=gi.profile_id,
-            profile_name=static.profile_names[gi.id],
+            profile_name=profile_name,
             start=gi.start,
             memory_slices=gi.size,
             compute_slices=static.compute_slices[gi.id],
@@ -265,6 +265,29 @@ class TelemetryStore:
             first_seen=hist.first_seen,
             pci_bus_id=info.pci_bus_id,
         )
+
+
+def _joinable(
+    scrape: DcgmScrape, info: GpuInfo, gi_id: int, profile_name: str, first_seen: float
+) -> DcgmInstance | None:
+    """dcgm-exporter's row for GPU instance ``gi_id`` of ``info``, if it can only be about the instance we see now.
+
+    dcgm-exporter keys its rows by (``gpu``, ``GPU_I_ID``), and drivers hand a destroyed instance's ID to the next
+    one on the same slices (or, on another driver, to any instance of its size): a row keyed like ours may describe
+    the instance that had the ID before. So a row joins only if its GPU UUID is this GPU's (DCGM and NVML number
+    GPUs alike), its ``GPU_I_PROFILE`` is this instance's profile, and the scrape was taken after this instance
+    was first seen (an older scrape can only have measured its predecessor).
+    """
+    row = scrape.instances.get((info.index, gi_id))
+    if row is None:
+        return None
+    if row.gpu_uuid is not None and row.gpu_uuid != info.uuid:
+        return None  # DCGM's GPU numbering disagrees with NVML's: joining would mislabel figures
+    if row.profile is not None and row.profile.removeprefix("MIG ") != profile_name:
+        return None  # another instance under the same ID: a destroyed one, or one created since
+    if scrape.taken_at < first_seen:
+        return None  # scraped before this instance existed for us: the figures are its predecessor's
+    return row
 
 
 def _activity(dev: MigDeviceSample, row: DcgmInstance | None) -> InstanceActivity | None:
@@ -300,7 +323,7 @@ def _first(a: float | None, b: float | None) -> float | None:
 
 
 def _static_of(gpu: GpuInfo) -> _GpuStatic:
-    model = model_by_name(gpu.name) if gpu.name else None
+    model = model_for(gpu.name, gpu.offers)  # as its driver offers it: only its profiles count as creatable
     model_name = gpu.name or "unknown"
     names: dict[int, str] = {}
     slices: dict[int, int | None] = {}

@@ -1,34 +1,58 @@
-"""The daemon's components above telemetry: detection on every snapshot, its Prometheus families, MQTT, the
-actuator with the planner and the control socket, and the MQTT command listener that forwards to the actuator.
+"""The daemon's components, built in the order they start: :func:`wire` returns them; it changes nothing else.
 
-:func:`wire` registers them on a daemon through its extension points only (a snapshot enricher and subscriber, a
-metrics extension, loops, start/stop/reload hooks), so ``daemon.py`` keeps no knowledge of any of them.
-:func:`flexmig.wiring.backend.open_backend` opens the node: the real driver or the simulated one, with the process
-table and (simulated) the demo workload that go with it; nothing below the wiring knows which.
+The order (:class:`Components`, ``docs/architecture.md`` lists it), each a :class:`~flexmig.wiring.component.Component`:
+
+=================  =========================================================================================
+``nvml``           the node: NVML opened, or the simulated node installed under pynvml first
+``detection``      detection's enricher on the hub (before the first sweep, so that sweep gets its report)
+``mqtt``           the outbox, the publisher and its subscriber on the hub (``[mqtt] enabled``)
+``sampling``       the sampling loop; its start is the first inventory and sweep
+``dcgm``           the dcgm-exporter scrape (``[dcgm] enabled``)
+``metrics``        the ``/metrics`` endpoint, with every component's families (``[prometheus] enabled``)
+``actuator``       the journal, the control socket and the planner
+``slurm``          the Slurm agent, on the actuator (``[slurm] enabled``)
+``mqtt-commands``  the MQTT command listener, forwarding to the actuator (``commands_enabled``)
+``workload``       a simulated node's load: the demo's (not with ``--no-sim-workload`` or Slurm), the jobs' own
+``watchdog``       systemd's watchdog, fed while sampling is healthy
+=================  =========================================================================================
+
+They start in this order and drain and close in the reverse one (the node closes last). The daemon
+(:class:`flexmig.daemon.Daemon`) keeps what they share: the configuration, the snapshot hub, the NVML worker thread,
+the heartbeat, the notifier, the count of restarts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
-from flexmig.config import ConfigProblem
-from flexmig.errors import ConfigError
-from flexmig.metrics.findings import FindingsMetrics, PublisherMetrics
-from flexmig.metrics.losses import LossMetrics
-from flexmig.mqtt.commands import CommandListener, Dispatch, command_listener
+from flexmig.config import ConfigProblem, HostPort
+from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.runtime import TaskMetrics
+from flexmig.mqtt.commands import command_listener
+from flexmig.sdnotify import Heartbeat, Notifier
 from flexmig.storage import LockSet
+from flexmig.telemetry.dcgm import DcgmSource
+from flexmig.telemetry.sampler import dcgm_loop
+from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.actuator_host import ActuatorHost
-from flexmig.wiring.detection import Detector, detect_settings
+from flexmig.wiring.backend import NodeComponent
+from flexmig.wiring.commands import CommandsComponent
+from flexmig.wiring.component import Component, Loop
+from flexmig.wiring.detection import DetectionComponent, Detector, detect_settings
+from flexmig.wiring.metrics_endpoint import MetricsEndpoint
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
+from flexmig.wiring.sampling import SamplerComponent, demo_workload_loop, watchdog_loop
 from flexmig.wiring.slurm import SlurmComponent
 
 __all__ = [
     "ActuatorComponent",
+    "Component",
     "Components",
     "Detector",
     "FindingsPublisher",
@@ -44,95 +68,129 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Components:
-    """What :func:`wire` added: the detector and the actuator always, the MQTT component when ``[mqtt] enabled``."""
+    """What :func:`wire` built: :attr:`order`, the list the daemon walks, and the components by name for those who
+    reach one (the tests, the demo workload's exclusions)."""
 
-    detector: Detector
-    mqtt: MqttComponent | None
+    order: tuple[Component, ...]
+    node: NodeComponent
+    detection: DetectionComponent
+    sampler: SamplerComponent
     actuator: ActuatorComponent
-    commands: CommandListener | None = None
-    """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
+    mqtt: MqttComponent | None = None
+    metrics: MetricsEndpoint | None = None
     slurm: SlurmComponent | None = None
     """The Slurm agent (``[slurm] enabled``): demand from Slurm, re-registrations in mode act."""
+    commands: CommandsComponent | None = None
+    """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
+    names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(c.name for c in self.order))
+
+    @property
+    def detector(self) -> Detector:
+        """Detection's state and settings."""
+        return self.detection.detector
+
+    def __iter__(self) -> Iterator[Component]:
+        return iter(self.order)
 
 
 class WiredDaemon(ActuatorHost, Protocol):
-    """What :func:`wire` needs of a daemon (``flexmig.daemon.Daemon`` has it): the actuator's host, and the
-    configuration problems it started with (:func:`flexmig.config.load_config_deferring`)."""
+    """What :func:`wire` reads of a daemon (``flexmig.daemon.Daemon`` has it): the actuator's host, and what the
+    other components share or are told at start."""
 
     deferred_problems: tuple[ConfigProblem, ...]
+    """Problems of the keys the configuration left at their defaults (:func:`flexmig.config.load_config_deferring`)."""
+    settings: TelemetrySettings
+    heartbeat: Heartbeat
+    notifier: Notifier
+    restarts: Counter[str]
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    metrics_addr: HostPort | None
+    sim_spec: str | None
+    sim_state: Path | None
     sim_workload: bool
 
 
 def wire(daemon: WiredDaemon) -> Components:
-    """Register detection (enricher, metrics, reload of ``[detect]``), if enabled MQTT (loop ``mqtt``,
-    subscriber, publisher metrics), the actuator (start, loop ``actuator``, stop, reload, action metrics), and if
-    enabled the MQTT command listener (loop ``mqtt-commands``, forwarding to :meth:`ActuatorComponent.dispatch`).
-    Raises ConfigError or OutboxError when MQTT cannot be set up, StateInUseError when another daemon holds the
-    outbox's directory."""
+    """The components of ``daemon``, in the order they start (see the module docstring), built and not started.
+
+    Raises ConfigError or OutboxError when MQTT cannot be set up (the outbox is opened here: the daemon refuses to
+    start rather than lose events), StateInUseError when another daemon holds the outbox's directory."""
     config = daemon.config
-    detector = Detector(detect_settings(config.detect))
-    daemon.hub.add_enricher(detector.enrich)
-    daemon.add_metrics(FindingsMetrics(detector.stats))
-    daemon.on_reload(lambda cfg: detector.configure(detect_settings(cfg.detect)))
+    settings = daemon.settings
     hostname = daemon.hostname
-    node = config.node(lambda: hostname)
-    broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
+    node_name = config.node(lambda: hostname)
+    sim_workload = daemon.sim_workload
+    if config.slurm.enabled and daemon.sim_spec is not None and sim_workload:
+        log.info("simulated node with [slurm] enabled: no demo workload, the node runs Slurm's jobs")
+        sim_workload = False
+    node = NodeComponent(
+        daemon.worker,
+        daemon.sim_spec,
+        gpm=settings.gpm,
+        clock=daemon.clock,
+        sim_state=daemon.sim_state,
+        sim_workload=sim_workload,
+    )
+    detector = Detector(detect_settings(config.detect))
+    detection = DetectionComponent(detector, daemon.hub)
     locks = LockSet()  # the state directories this daemon holds (journal's, outbox's), shared by its components
+    broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
     mqtt: MqttComponent | None = None
     if config.mqtt.enabled:
-        mqtt = MqttComponent(config.mqtt, node, detector, mode=config.mode, broker_problem=broker_problem, locks=locks)
-        daemon.hub.subscribe(mqtt.findings)
-        daemon.add_metrics(PublisherMetrics(mqtt.publisher.stats, mqtt.findings.emitted))
-        daemon.add_loop("mqtt", mqtt.run, restart=True)  # its state is in the outbox, on disk
-        daemon.on_close(mqtt.close)
-        daemon.on_reload(mqtt.reload)
+        mqtt = MqttComponent(
+            config.mqtt, node_name, detector, daemon.hub, mode=config.mode, broker_problem=broker_problem, locks=locks
+        )
     elif broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
-    actuator = ActuatorComponent(daemon, mqtt=mqtt, locks=locks)
-    slurm: SlurmComponent | None = None
-    if config.slurm.enabled:
-        if daemon.sim_spec is not None and daemon.sim_workload:
-            log.info("simulated node with [slurm] enabled: no demo workload, the node runs Slurm's jobs")
-            daemon.sim_workload = False
-
-        def simulated() -> bool:  # asked when the actuator is built, once the backend is open
-            return daemon.backend is not None and daemon.backend.simulated
-
-        slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated)
-    listener = command_listener(config, node, actuator.dispatch)
-    serving = listener
-    if listener is not None:
-        if mqtt is not None and mqtt.publisher.off is not None:
-            daemon.add_loop("mqtt-commands", _commands_once_on(daemon, mqtt, node, actuator.dispatch), restart=True)
-            serving = None  # another listener is made once the broker address is fixed
-        else:
-            daemon.add_loop("mqtt-commands", listener.run, restart=True)
-    daemon.add_metrics(
-        LossMetrics(
-            publisher=mqtt.publisher.stats if mqtt is not None else None,
-            commands=serving.stats if serving is not None else None,
-            unknown_ranks=actuator.unknown_rank_count,
+    dcgm = None
+    if settings.dcgm_url is not None:
+        dcgm = DcgmSource(
+            settings.dcgm_url, timeout_s=settings.dcgm_timeout_s, max_age_s=settings.dcgm_max_age_s, clock=daemon.clock
         )
+    sampler = SamplerComponent(
+        node, daemon.worker, settings, daemon.hub, daemon.heartbeat, hostname=hostname, dcgm=dcgm, clock=daemon.clock
     )
-    return Components(detector, mqtt, actuator, listener, slurm)
+    actuator = ActuatorComponent(daemon, node, mqtt=mqtt, locks=locks, wall=daemon.wall, clock=daemon.clock)
+    slurm = None
+    if config.slurm.enabled:
+        simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
+        slurm = SlurmComponent(
+            daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock
+        )
+        actuator.on_built(slurm.attach)
+    listener = command_listener(config, node_name, actuator.dispatch)
+    commands = None if listener is None else CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
+    order: list[Component] = [node, detection, *_some(mqtt), sampler]
+    if dcgm is not None:
+        order.append(Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True))
+    endpoint = None
+    if daemon.metrics_addr is not None:
+        endpoint = MetricsEndpoint(daemon.metrics_addr, daemon.hub.latest, lambda: _families(daemon, order))
+        order.append(endpoint)
+    order += [actuator, *_some(slurm), *_some(commands)]
+    if daemon.sim_spec is not None:  # the demo's synthetic load (unless turned off) and the jobs' own footprint
+        exclude = lambda: actuator.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
+        order.append(
+            Loop(
+                "workload",
+                lambda: demo_workload_loop(node, daemon.worker, exclude, settings.interval_s, daemon.clock),
+                restart=True,
+            )
+        )
+    order.append(Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)))
+    return Components(tuple(order), node, detection, sampler, actuator, mqtt, endpoint, slurm, commands)
 
 
-def _commands_once_on(
-    daemon: WiredDaemon, mqtt: MqttComponent, node: str, dispatch: Dispatch
-) -> Callable[[], Coroutine[Any, Any, None]]:
-    """The command listener of a daemon that started with a malformed ``mqtt.broker``: it waits until a reload
-    fixed the address (the publisher is on), then listens with the reloaded configuration."""
+def _some(component: Component | None) -> list[Component]:
+    return [] if component is None else [component]
 
-    async def run() -> None:
-        await mqtt.publisher.wait_on()
-        try:
-            listener = command_listener(daemon.config, node, dispatch)
-        except ConfigError as exc:  # the reload validated the file; settings it cannot express stay off
-            log.error("MQTT commands stay off: %s", exc)
-            listener = None
-        if listener is None:
-            await asyncio.Event().wait()
-            return
-        await listener.run()
 
-    return run
+def _families(daemon: WiredDaemon, order: Sequence[Component]) -> list[SnapshotMetrics]:
+    """What ``/metrics`` exports beside the snapshot's own families: the daemon's task restarts, then each
+    component's families, in the components' order."""
+    return [TaskMetrics(daemon.restarts), *(m for c in order for m in c.metrics())]
+

@@ -1,13 +1,13 @@
 """The actuator and the planner in the running daemon: journal, control socket, planning rounds, action metrics.
 
-:class:`ActuatorComponent` plugs into ``flexmigd`` through its extension points only:
+:class:`ActuatorComponent` is the daemon's ``actuator`` component (:mod:`flexmig.wiring.component`):
 
-* **start** (``on_start``, before READY): build the :class:`~flexmig.act.service.Actuator` on the daemon's NVML
-  worker thread (every NVML call of the actuator goes through ``worker.call``), reconcile the journal with NVML and
-  the process table (in every mode: ranks still running are adopted; unfinished actions are finished or rolled
-  back only in mode ``act``, the executor refuses otherwise), and bind the control socket (``[control]``). In
-  mode ``act`` a state directory or socket that cannot be used stops the start; in ``observe`` and ``advise`` it
-  is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
+* **start** (before READY, after the first sweep): build the :class:`~flexmig.act.service.Actuator` on the
+  daemon's NVML worker thread (every NVML call of the actuator goes through ``worker.call``), reconcile the journal
+  with NVML and the process table (in every mode: ranks still running are adopted; unfinished actions are finished
+  or rolled back only in mode ``act``, the executor refuses otherwise), and bind the control socket
+  (``[control]``). In mode ``act`` a state directory or socket that cannot be used stops the start; in ``observe``
+  and ``advise`` it is logged and the daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
 * **dispatch**: :meth:`ActuatorComponent.dispatch` runs one control request line for the MQTT command listener,
   through the same operations and checks as the socket, whether or not ``[control]`` binds the socket;
 * **loop** ``actuator``: serve the control socket (every row of :data:`flexmig.act.operation_table.OPERATIONS`:
@@ -15,9 +15,11 @@
   the action lock, refused while stopping) and plan every ``planner.interval_s``: ``observe`` never plans;
   ``advise`` plans and publishes each new plan (``plan_proposed`` event, ``flexmig_planned_actions``), changing
   nothing; ``act`` also executes it;
-* **stop** (``on_stop``, SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
+* **drain** (SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
   ``jobs.shutdown_grace_s``; past that the journal has the next start finish it;
-* **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once.
+* **close**: the control socket, the journal, the locks (and a simulated node's private directory);
+* **reload** (SIGHUP): the new mode (``Actuator.set_mode``), planner settings and job policy at once;
+* **metrics**: actions and plans (:mod:`flexmig.metrics.actions`), the journal's writes, ranks of no job.
 
 Actions and plans reach the fleet as events (:mod:`flexmig.mqtt.action_events`, through the MQTT publisher
 when ``[mqtt]`` is on) and Prometheus as :mod:`flexmig.metrics.actions`. Every action is also one log line.
@@ -37,8 +39,7 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,17 @@ from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
 from flexmig.act.placement import node_model
+from flexmig.act.ranklogs import RankLogs
+from flexmig.act.records import JobRecord
 from flexmig.act.service import Actuator
+from flexmig.clocks import Ages
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, StorageError
 from flexmig.jobspec.spec import JobPolicy
 from flexmig.metrics.actions import ActionMetrics
+from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.findings import report_of
+from flexmig.metrics.losses import LossMetrics
 from flexmig.metrics.runtime import JournalWriteMetrics
 from flexmig.mqtt.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.mqtt.events import EventFactory
@@ -74,6 +80,7 @@ from flexmig.wiring.action_record import (
     slots_of,
 )
 from flexmig.wiring.actuator_host import ActuatorHost, ActuatorPaths
+from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.wiring.privileges import act_privilege_warning
@@ -96,6 +103,10 @@ def _submit_refusal(config: Config) -> str | None:
     return "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not flexmig jobs submit"
 
 
+def _rank_logs(cfg: Config) -> RankLogs:
+    return RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep)
+
+
 @dataclass(frozen=True, slots=True)
 class PlanRound:
     """One planning round: the plan, the document ``flexmig plan`` shows, and why it could not plan (if so)."""
@@ -108,16 +119,22 @@ class PlanRound:
 class ActuatorComponent:
     """The actuator, control socket and planner of one daemon. Also the actuator's event sink."""
 
+    name = "actuator"
+    restart = False  # its journal and the jobs it watches: a restart of the whole daemon reconciles them
+
     def __init__(
         self,
         host: ActuatorHost,
+        node: NodeComponent,
         *,
         mqtt: MqttComponent | None = None,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         locks: LockSet | None = None,
         node_lock_dir: Path = NODE_LOCK_DIR,
     ) -> None:
         self.host = host
+        self.node = node
         self.locks = locks or LockSet()
         self.node_lock_dir = node_lock_dir
         self._state_locks: list[Path] = []
@@ -126,7 +143,10 @@ class ActuatorComponent:
         self.mode: Mode = host.config.mode
         self.mqtt = mqtt
         self.wall = wall
-        self.metrics = ActionMetrics()
+        self.ages = Ages(wall, clock)
+        """How long ago each job last moved and first started, on the monotonic clock (the journal's stamps are wall
+        time)."""
+        self.action_metrics = ActionMetrics()
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
         self.control: ControlServer | None = None
@@ -146,19 +166,12 @@ class ActuatorComponent:
         self._last_signature: tuple[str, ...] | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
         self._built: list[Callable[[Actuator], None]] = []
-        host.add_metrics(self.metrics)
-        host.add_metrics(JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None))
-        host.hub.subscribe(lambda _snapshot: self.refresh())
-        host.on_start(self.start)
-        host.on_stop(self.drain)
-        host.on_close(self._close)
-        host.on_reload(self.reload)
-        host.add_loop("actuator", self.run)
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
         """Build the actuator, reconcile the journal, bind the control socket (see the module docstring)."""
-        backend = self.host.backend
+        self.host.hub.subscribe(lambda _snapshot: self.refresh())
+        backend = self.node.backend
         if backend is None:
             raise FlexmigError("the actuator needs an open NVML session")
         cfg = self.config
@@ -182,6 +195,7 @@ class ActuatorComponent:
                 events=self,
                 settings=planner_settings(cfg.planner),
                 ack_dir=cfg.jobs.ack_dir,
+                rank_logs=_rank_logs(cfg),
             )
         except StateInUseError:
             self._unlock()
@@ -191,6 +205,7 @@ class ActuatorComponent:
             self._give_up(f"cannot open the actuator's state: {exc}")
             return
         act.jobs.queue_when_full = True
+        act.jobs.max_pending = cfg.jobs.max_pending
         act.executor.device_uuids_unique = not backend.simulated
         self.act = act
         try:
@@ -204,7 +219,13 @@ class ActuatorComponent:
             # while the journal is reconciled (finishing a Slurm re-registration can take a while); requests that
             # change anything wait for the reconciliation (it holds the action lock).
             act.jobs.refuse_submit = _submit_refusal(cfg)
-            control = ControlServer(paths.socket, self._handlers(act), mode=cfg.control.socket_mode)
+            control = ControlServer(
+                paths.socket,
+                self._handlers(act),
+                mode=cfg.control.socket_mode,
+                max_wait_s=cfg.control.max_wait_s,
+                on_dropped=self._dropped,
+            )
             async with self._busy:
                 self.dispatcher = control
                 if cfg.control.enabled:
@@ -215,8 +236,12 @@ class ActuatorComponent:
             self.unknown_ranks = list(summary.get("unknown_ranks", []))
             log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
         except (FlexmigError, OSError) as exc:
-            await self._close()
+            await self.close()
             self._give_up(f"actuator start-up failed: {exc}")
+
+    def _dropped(self, op: str, why: str) -> None:
+        """A control request dropped at its deadline (:mod:`flexmig.act.deadline`): the ``request_dropped`` event."""
+        self.emit(ActEvent(kind="request_dropped", time_s=self.wall(), reason=why, detail={"op": op}))
 
     def on_built(self, hook: Callable[[Actuator], None]) -> None:
         """Call ``hook`` with the actuator once it is built, before the journal is reconciled (to add action
@@ -261,7 +286,7 @@ class ActuatorComponent:
         """Mode ``act``: hold every GPU of a real node (``gpu-<UUID>.lock`` in the node lock directory), so two
         daemons never reconfigure one GPU. A simulated node is held through its state file instead
         (:func:`flexmig.wiring.backend.open_backend`); one without a state file is this process's alone."""
-        backend = self.host.backend
+        backend = self.node.backend
         snap = self.host.latest()
         if backend is None or backend.simulated or snap is None or self._node_locks:
             return
@@ -289,8 +314,8 @@ class ActuatorComponent:
 
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
-        """The planning loop (modes advise and act) until cancelled. The socket and journal are closed by the daemon's
-        close hook (:meth:`_close`) once every loop has ended: whether this one ran at all does not matter."""
+        """The planning loop (modes advise and act) until cancelled. The socket and journal are closed by :meth:`close`
+        once every loop has ended: whether this one ran at all does not matter."""
         if self.act is None:
             await asyncio.Event().wait()
         await self._plan_loop()
@@ -322,10 +347,10 @@ class ActuatorComponent:
             try:
                 await self.round()
             except StorageError as exc:  # the journal's trouble (a bad row, a failing disk): one line, no traceback
-                self.metrics.record_plan_failure()
+                self.action_metrics.record_plan_failure()
                 log.error("planning round failed: %s", exc)
             except Exception:  # a planner bug must not end the daemon; counted and logged
-                self.metrics.record_plan_failure()
+                self.action_metrics.record_plan_failure()
                 log.exception("planning round failed")
 
     def wake(self) -> None:
@@ -333,18 +358,32 @@ class ActuatorComponent:
         self._wake.set()
 
     async def round(self) -> PlanRound:
-        """One planning round in the current mode: plan; publish a new plan; in mode ``act`` execute it."""
+        """One planning round in the current mode: plan; publish a new plan; in mode ``act`` execute it.
+
+        The plan is worked out off the event loop and outside the action lock (:meth:`plan_now`), so a long queue
+        keeps no control request waiting; the lock is taken to execute only. A plan worked out while something else
+        changed the journal (a move, a start, a job's exit: anything but a newly queued job) is not executed: the
+        round wakes the loop to plan again from what is true now.
+        """
+        if self._stopping:
+            return PlanRound(Plan(), {}, "stopping")
+        act = self.act
+        revision = act.journal.revision if act is not None else None
+        result = await self.plan_now(source="daemon")
+        if result.error is not None:
+            self.action_metrics.record_plan_failure()
+            log.warning("planning round: %s", result.error)
+            return result
+        plan = result.plan
         async with self._busy:
+            mode = self.mode
             if self._stopping:
                 return PlanRound(Plan(), {}, "stopping")
-            mode = self.mode
-            result = await self.plan_now(source="daemon")
-            if result.error is not None:
-                self.metrics.record_plan_failure()
-                log.warning("planning round: %s", result.error)
-                return result
-            plan = result.plan
-            self.metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
+            if plan and mode == "act" and (self.act is None or self.act.journal.revision != revision):
+                log.debug("planning round: the journal changed while the plan was worked out; planning again")
+                self.wake()
+                return PlanRound(Plan(), result.document, "stale")
+            self.action_metrics.record_plan([a["action"] for a in plan_actions(plan)], plan.cost_s)
             if not plan:
                 self._last_signature = None
                 return result
@@ -353,8 +392,23 @@ class ActuatorComponent:
                 self._last_signature = signature
                 self._publish_plan(plan, mode)
             if mode == "act" and self.act is not None:
-                res = await self.act.execute(plan, origin="planner")
-                log.info("plan %d %s", res.plan_id, "completed" if res.ok else "did not complete")
+                if self._stopping:  # SIGTERM came while this plan was being made: start nothing new
+                    log.info("planner: plan not executed: the daemon is stopping")
+                    return PlanRound(plan, result.document, "stopping")
+                began = time.monotonic()
+                try:
+                    res = await self.act.execute(plan, origin="planner")
+                except PlanRejectedError as exc:  # the journal cannot be written now, or the daemon stops
+                    self.action_metrics.record_plan_failure()
+                    log.warning("planning round: %s", exc)
+                    return PlanRound(plan, result.document, str(exc))
+                log.info(
+                    "plan %d %s in %.1f s (estimated %.1f s)",
+                    res.plan_id,
+                    "completed" if res.ok else "did not complete",
+                    time.monotonic() - began,
+                    plan.cost_s,
+                )
             return result
 
     def _publish_plan(self, plan: Plan, mode: str) -> None:
@@ -368,7 +422,11 @@ class ActuatorComponent:
             self.mqtt.findings.emit(plan_event(self._translate.factory, plan, mode, self.wall()))
 
     async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
-        """What the planner would do now (a fresh inventory through the NVML worker); changes nothing."""
+        """What the planner would do now (a fresh inventory through the NVML worker); changes nothing.
+
+        The inputs are read on the event loop; the planner (pure, and the longer the queue the longer it takes) runs
+        on a worker thread, so the loop serves the control socket, the sampling and the jobs meanwhile.
+        """
         act = self.act
         if act is None:
             raise PlanRejectedError(self.unavailable or "the actuator is not running")
@@ -377,41 +435,69 @@ class ActuatorComponent:
             await ex.offload(ex.devices.prune)
         inventory = await ex.mig.inventory()
         view = NodeView.of(inventory)
+        self.ages.check()  # one line when the wall clock was set: durations go on, measured on the monotonic clock
         now = self.wall()
         jobs = act.journal.jobs()
-        alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs}
-        try:
-            model = node_model(view)
-            extra = tuple(parse_request(r, i + 1, model, now) for i, r in enumerate(requests))
-            given = planning_state(
-                view,
-                jobs,
-                alive_pids=alive,
-                now_s=now,
-                mig_enabled={g.index: g.mig_current for g in inventory.gpus},
-                last_moved_s=self._last_moved(),
-                extra=extra,
-            )
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs if rec.state == "running"}
+        mig_enabled = {g.index: g.mig_current for g in inventory.gpus}
+        last_moved = self._last_moved(now)
+        started = self._first_started(jobs, now)
         settings = planner_settings(self.config.planner)
-        try:
-            plan = Planner(given.state.model, settings).plan(given.state)
-            validate_plan(given.state, plan, settings)
-        except PlanRejectedError as exc:
-            empty = Plan(now_s=now)
-            doc = plan_document(empty, given, mode=self.mode, source=source, error=str(exc))
-            return PlanRound(empty, doc, str(exc))
-        return PlanRound(plan, plan_document(plan, given, mode=self.mode, source=source))
+        mode = self.mode
 
-    def _last_moved(self) -> dict[str, float]:
-        """When each job last started or moved (wall time), from the journal."""
+        def work_out() -> PlanRound:
+            try:
+                model = node_model(view)
+                extra = tuple(parse_request(r, i + 1, model, now) for i, r in enumerate(requests))
+                given = planning_state(
+                    view,
+                    jobs,
+                    alive_pids=alive,
+                    now_s=now,
+                    mig_enabled=mig_enabled,
+                    last_moved_s=last_moved,
+                    extra=extra,
+                    started_s=started,
+                )
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
+            try:
+                plan = Planner(given.state.model, settings).plan(given.state)
+                validate_plan(given.state, plan, settings)
+            except PlanRejectedError as exc:
+                empty = Plan(now_s=now)
+                doc = plan_document(empty, given, mode=mode, source=source, error=str(exc))
+                return PlanRound(empty, doc, str(exc))
+            return PlanRound(plan, plan_document(plan, given, mode=mode, source=source))
+
+        return await asyncio.to_thread(work_out)
+
+    def _first_started(self, jobs: Sequence[JobRecord], now: float) -> dict[str, float]:
+        """When each job first started since it was submitted, from the journal's recent actions (a name submitted
+        again starts afresh), in the planner's time ``now``: ``now`` less how long ago, on the monotonic clock."""
+        assert self.act is not None
+        submitted = {rec.name: rec.submitted_s for rec in jobs}
+        out: dict[str, float] = {}
+        for row in self.act.journal.recent_actions(1000):
+            at = row.finished_s
+            if row.state != "done" or row.kind != "start" or not at or row.job not in submitted:
+                continue
+            if at >= submitted[row.job]:
+                out[row.job] = min(out.get(row.job, at), at)
+        self.ages.forget(set(out), kind="started")
+        return {job: now - self.ages.ago(("started", job), stamp) for job, stamp in out.items()}
+
+    def _last_moved(self, now: float) -> dict[str, float]:
+        """When each job last started or moved, from the journal, in the planner's time ``now``: ``now`` less how
+        long ago it was, measured on the monotonic clock (:class:`~flexmig.clocks.Ages`). The settling time then
+        lasts what it says even when the wall clock is set back an hour."""
         assert self.act is not None
         out: dict[str, float] = {}
         for row in self.act.journal.recent_actions(1000):
             if row.job and row.state == "done" and row.finished_s and row.kind in ("start", "migrate", "resplit"):
                 out[row.job] = max(out.get(row.job, 0.0), row.finished_s)
-        return out
+        self.ages.forget(set(out), kind="moved")
+        return {job: now - self.ages.ago(("moved", job), stamp) for job, stamp in out.items()}
 
     # ------------------------------------------------------------------------------------------ control ops
     def _handlers(self, act: Actuator) -> dict[str, Handler]:
@@ -427,7 +513,12 @@ class ActuatorComponent:
         stopping; the planner is woken for a job it queued."""
 
         async def run(args: Mapping[str, Any]) -> Any:
-            async with self._busy:
+            act = self.act
+            if act is None:
+                raise PlanRejectedError(self.unavailable or "the actuator is not running")
+            # A journal write that waits for space (an action in flight, a job's exit record) refuses this at once
+            # instead of letting it hang behind the write.
+            async with act.executor.durable.hold(self._busy, "the request"):
                 if self._stopping:
                     raise PlanRejectedError("the daemon is stopping; try again after it restarts")
                 result = await handler(args)
@@ -458,7 +549,7 @@ class ActuatorComponent:
             source="daemon",
             mode=self.mode,
             jobs=jobs,
-            actions_in_progress=self.metrics.in_progress(),
+            actions_in_progress=self.action_metrics.in_progress(),
             recent_actions=recent,
         )
         if self.unavailable:
@@ -504,7 +595,7 @@ class ActuatorComponent:
         moved = event.kind in ("action_completed", "action_failed") and row is not None
         if moved and row is not None and row.kind in ("migrate", "resplit"):
             downtime = None if self.act is None else move_downtime(self.act.journal, event.action_id)
-        self.metrics.record(event, downtime)
+        self.action_metrics.record(event, downtime)
         if act is not None:
             self.refresh()
         fleet = self._translate(event, mode=self.mode)
@@ -525,9 +616,9 @@ class ActuatorComponent:
         """Job counts for the metrics, and the instances the demo workload must leave alone."""
         if self.act is None:
             return
-        jobs = self.act.journal.jobs()
-        self.metrics.set_jobs(Counter(rec.state for rec in jobs))
-        held = {s.key for rec in jobs if rec.state == "running" for s in rec.slots}
+        journal = self.act.journal  # runs at every sweep: counts and running jobs only, never the whole queue
+        self.action_metrics.set_jobs(journal.job_counts())
+        held = {s.key for rec in journal.jobs_in("running") for s in rec.slots}
         self.workload_exclude = frozenset(self._touched | held)
 
     # ------------------------------------------------------------------------------------------ reload, stop
@@ -546,6 +637,10 @@ class ActuatorComponent:
             self.act.set_mode(config.mode)
             self.act.set_policy(self._policy(config))
             self.act.jobs.settings = planner_settings(config.planner)
+            self.act.supervisor.rank_logs = _rank_logs(config)
+            self.act.jobs.max_pending = config.jobs.max_pending
+        if self.dispatcher is not None:
+            self.dispatcher.max_wait_s = config.control.max_wait_s
         if self.mqtt is not None:
             self.mqtt.findings.mode = config.mode
         if old != config.mode:
@@ -565,6 +660,8 @@ class ActuatorComponent:
     async def drain(self) -> None:
         """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
         self._stopping = True
+        if self.act is not None:  # a plan already running starts none of its actions not yet begun
+            self.act.executor.stopping = True
         self._wake.set()
         grace = self.config.jobs.shutdown_grace_s
         if self._busy.locked():
@@ -579,7 +676,9 @@ class ActuatorComponent:
                 grace,
             )
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
+        """Close the control socket and the journal (ranks keep running), let go of the locks, and remove a simulated
+        node's private directory when no job is left in it."""
         self.dispatcher = None
         control, self.control = self.control, None
         if control is not None:
@@ -592,3 +691,11 @@ class ActuatorComponent:
             if paths is not None and paths.private is not None and not running:
                 shutil.rmtree(paths.private, ignore_errors=True)
         self._unlock()
+
+    def metrics(self) -> Sequence[SnapshotMetrics]:
+        """Actions, plans and jobs; the journal's writes; ranks of no journalled job."""
+        return (
+            self.action_metrics,
+            JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None),
+            LossMetrics(unknown_ranks=self.unknown_rank_count),
+        )

@@ -1,60 +1,34 @@
-"""What the actuator component needs of the daemon it plugs into, and where it keeps its files.
+"""What the actuator component needs of the daemon it runs in, and where it keeps its files.
 
-:class:`ActuatorHost` is the daemon's side of the contract (``flexmig.daemon.Daemon`` has it); :class:`ActuatorPaths`
-decides the journal, logs and control socket paths, a private directory for a simulated node included.
+:class:`ActuatorHost` is what the component reads of the daemon (``flexmig.daemon.Daemon`` has it);
+:class:`ActuatorPaths` decides the journal, logs and control socket paths, a private directory for a simulated node
+included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from flexmig.config import Config, ControlConfig, StateConfig
-from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.wiring.backend import Backend
 from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
 
 __all__ = ["ActuatorHost", "ActuatorPaths"]
 
 
 class ActuatorHost(Protocol):
-    """What the component needs of the daemon (``flexmig.daemon.Daemon`` has it)."""
+    """What the component needs of the daemon it runs in (``flexmig.daemon.Daemon`` has it): the configuration it
+    started with, its host name, the snapshot hub and the NVML worker thread. The node itself is the ``nvml``
+    component's (:class:`flexmig.wiring.backend.NodeComponent`)."""
 
     config: Config
     hostname: str
     hub: SnapshotHub
     worker: NvmlWorker
-    backend: Backend | None
-    sim_spec: str | None
-
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = False) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup (``restart``: again if it fails, instead of stopping)."""
-        ...
-
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
-        """Export more families from each snapshot."""
-        ...
-
-    def on_reload(self, hook: Callable[[Config], None]) -> None:
-        """Call ``hook`` after each accepted configuration reload."""
-        ...
-
-    def on_start(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` after the first sweep, before READY (an exception stops the start)."""
-        ...
-
-    def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` on SIGTERM, before the loops are cancelled."""
-        ...
-
-    def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook`` after the loops have ended, however they ended (or if they never began)."""
-        ...
 
     def latest(self) -> Snapshot | None:
         """The last published snapshot."""

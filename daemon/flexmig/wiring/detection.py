@@ -17,14 +17,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from flexmig.config import DetectConfig
+from flexmig.config import Config, DetectConfig
 from flexmig.detect import DetectSettings, DetectState, observe, settings_from_thresholds
+from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.findings import FindingsMetrics
 from flexmig.telemetry.observation import LayoutCache, NodeObservation, observation_of
+from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
+from flexmig.wiring.component import idle
 
-__all__ = ["Detector", "detect_settings"]
+__all__ = ["DetectionComponent", "Detector", "detect_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +106,37 @@ class Detector:
     def state(self) -> DetectState:
         """Detection's state after the last sweep."""
         return self._state
+
+
+class DetectionComponent:
+    """Detection in the daemon (component ``detection``): its :class:`Detector` enriches every snapshot the hub
+    publishes, from the first sweep on (it starts before the sampler)."""
+
+    name = "detection"
+    restart = False
+
+    def __init__(self, detector: Detector, hub: SnapshotHub) -> None:
+        self.detector = detector
+        self.hub = hub
+
+    async def start(self) -> None:
+        """Enrich every published snapshot from now on."""
+        self.hub.add_enricher(self.detector.enrich)
+
+    async def run(self) -> None:
+        """No loop: detection runs in each sweep's publish."""
+        await idle()
+
+    async def drain(self) -> None:
+        """Nothing in flight."""
+
+    async def close(self) -> None:
+        """Nothing held."""
+
+    def reload(self, config: Config) -> None:
+        """New ``[detect]`` thresholds at once; running conditions keep their state."""
+        self.detector.configure(detect_settings(config.detect))
+
+    def metrics(self) -> Sequence[SnapshotMetrics]:
+        """``flexmig_detect_*`` and the findings of each report."""
+        return (FindingsMetrics(self.detector.stats),)

@@ -7,25 +7,30 @@ persistent outbox before anything else, and replaces the retained ``state`` docu
 (or every ``state_refresh_s``, so the retained time stays recent). Each event is also logged, one line with its
 ID, so the journal is the record of what the daemon emitted.
 
-:class:`MqttComponent` owns the outbox and the publisher and is the ``mqtt`` loop under the daemon's TaskGroup;
-cancelling it (SIGTERM) publishes ``offline`` before the connection closes.
+:class:`MqttComponent` (component ``mqtt``) owns the outbox and the publisher; at start it subscribes its
+:class:`FindingsPublisher` to the hub (before the first sweep), and its loop is the publisher's, restarted after a
+failure (its state is in the outbox, on disk); cancelling it (SIGTERM) publishes ``offline`` before the connection
+closes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flexmig.config import Config, MqttConfig
-from flexmig.metrics.findings import report_of
+from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.findings import PublisherMetrics, report_of
+from flexmig.metrics.losses import LossMetrics
 from flexmig.mqtt.events import Event, EventFactory, EventKind, events_from_report
 from flexmig.mqtt.outbox import Outbox
 from flexmig.mqtt.publisher import MqttPublisher, PublisherSettings
 from flexmig.mqtt.state import state_document
 from flexmig.storage import LockSet
+from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.detection import Detector
 
@@ -129,11 +134,15 @@ class MqttComponent:
     publishing stays off, events wait in the outbox, and the first accepted reload (:meth:`reload`) turns it on.
     """
 
+    name = "mqtt"
+    restart = True  # its state is in the outbox, on disk
+
     def __init__(
         self,
         cfg: MqttConfig,
         node: str,
         detector: Detector,
+        hub: SnapshotHub,
         *,
         mode: str | None = None,
         broker_problem: str | None = None,
@@ -141,6 +150,7 @@ class MqttComponent:
     ) -> None:
         settings = PublisherSettings.from_config(cfg, node)
         self.node = node
+        self.hub = hub
         self.locks = locks or LockSet()
         self._lock: Path | None = None
         if cfg.outbox.parent.is_dir():  # a missing directory: the outbox says so, naming itself
@@ -160,6 +170,18 @@ class MqttComponent:
                 self.outbox.path,
             )
 
+    async def start(self) -> None:
+        """Publish what detection finds on every sweep from the first on."""
+        self.hub.subscribe(self.findings)
+
+    async def drain(self) -> None:
+        """Nothing to wait for: events are in the outbox; the loop says ``offline`` when cancelled."""
+
+    def metrics(self) -> Sequence[SnapshotMetrics]:
+        """The publisher's counters, and the events it lost."""
+        stats = self.publisher.stats
+        return PublisherMetrics(stats, self.findings.emitted), LossMetrics(publisher=stats)
+
     def reload(self, config: Config) -> None:
         """An accepted reload: if publishing was off for a malformed broker address, publish to the new one (the
         reload validated it). Otherwise ``[mqtt]`` changes wait for the next start."""
@@ -176,7 +198,7 @@ class MqttComponent:
         await self.publisher.run()
 
     async def close(self) -> None:
-        """Close the outbox and let its directory go (the daemon's close hook, after the loops have ended)."""
+        """Close the outbox and let its directory go (after every loop has ended, however it ended)."""
         self.outbox.close()
         self._release()
 

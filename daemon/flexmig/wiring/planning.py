@@ -109,21 +109,44 @@ def planning_state(
     mig_enabled: Mapping[int, bool | None],
     last_moved_s: Mapping[str, float] | None = None,
     extra: Sequence[JobRequest] = (),
+    started_s: Mapping[str, float] | None = None,
 ) -> PlanningInput:
     """The planner's view of the node; PlanRejectedError when no GPU of a known model can be planned for
     (from :func:`~flexmig.act.placement.node_model`).
 
     ``alive_pids``: each job's running rank pids (processes of these are accounted for); ``mig_enabled``: GPU
-    index -> MIG mode now (None: no MIG); ``extra``: hypothetical requests queued after the real ones.
+    index -> MIG mode now (None: no MIG); ``extra``: hypothetical requests queued after the real ones; ``started_s``:
+    when each job first started, for the time left of jobs that state their run time.
     """
     model = node_model(view)
-    ours = _held_pids(alive_pids)
-    blocked_gpus: set[int] = set()
-    blocked: set[tuple[int, int]] = set()
     why: dict[str, str] = {}
-    count = max(view.gpus(), default=-1) + 1
+    layouts, blocked_gpus = _gpu_layouts(view, model, mig_enabled, why)
+    blocked = _foreign_instances(view, blocked_gpus, _held_pids(alive_pids), why)
+    usable, left_out = _plannable_jobs(jobs, layouts, blocked_gpus, blocked, why)
+    running = running_jobs(usable, model, last_moved_s, started_s, now_s)
+    held = {i.key for r in running for i in r.instances}
+    blocked -= held  # a job's own ranks on its instances are accounted for
+    pending = (*pending_requests(jobs, model), *extra)
+    state = NodeState(
+        model=model,
+        layouts=tuple(layouts),
+        running=running,
+        pending=pending,
+        now_s=now_s,
+        blocked=frozenset(blocked),
+        blocked_gpus=frozenset(blocked_gpus),
+    )
+    return PlanningInput(state, why, left_out)
+
+
+def _gpu_layouts(
+    view: NodeView, model: GpuModel, mig_enabled: Mapping[int, bool | None], why: dict[str, str]
+) -> tuple[list[Layout], set[int]]:
+    """Every GPU's layout by index, and the GPUs the planner must leave alone (an empty layout stands for each;
+    ``why`` says why)."""
+    blocked_gpus: set[int] = set()
     layouts: list[Layout] = []
-    for gpu in range(count):
+    for gpu in range(max(view.gpus(), default=-1) + 1):
         layout = view.layout(gpu)
         reason = None
         if gpu not in view.gpus():
@@ -143,6 +166,15 @@ def planning_state(
             layouts.append(Layout.of(model, []))
             continue
         layouts.append(layout)
+    return layouts, blocked_gpus
+
+
+def _foreign_instances(
+    view: NodeView, blocked_gpus: set[int], ours: set[int], why: dict[str, str]
+) -> set[tuple[int, int]]:
+    """The instances of usable GPUs the planner must leave alone: no MIG device, unknown processes, or processes of
+    no registered job (``ours``: the pids of the journalled jobs' ranks)."""
+    blocked: set[tuple[int, int]] = set()
     for inst in view.instances:
         if inst.gpu in blocked_gpus:
             continue
@@ -157,6 +189,18 @@ def planning_state(
         if reason is not None:
             blocked.add(inst.key)
             why[inst.spec()] = reason
+    return blocked
+
+
+def _plannable_jobs(
+    jobs: Sequence[JobRecord],
+    layouts: Sequence[Layout],
+    blocked_gpus: set[int],
+    blocked: set[tuple[int, int]],
+    why: dict[str, str],
+) -> tuple[list[JobRecord], dict[str, str]]:
+    """The running jobs whose instances are as the journal recorded them, and why each other one is left out (its
+    instances are then blocked too)."""
     left_out: dict[str, str] = {}
     usable: list[JobRecord] = []
     for rec in jobs:
@@ -166,7 +210,7 @@ def planning_state(
             s
             for s in rec.slots
             if s.gpu in blocked_gpus
-            or not 0 <= s.gpu < count
+            or not 0 <= s.gpu < len(layouts)
             or (placed := layouts[s.gpu].at(s.start)) is None
             or placed.profile.name != s.profile
         ]
@@ -180,20 +224,7 @@ def planning_state(
                     why[s.spec()] = f"recorded for job {rec.name}, which is not planned for"
             continue
         usable.append(rec)
-    running = running_jobs(usable, model, last_moved_s)
-    held = {i.key for r in running for i in r.instances}
-    blocked -= held  # a job's own ranks on its instances are accounted for
-    pending = (*pending_requests(jobs, model), *extra)
-    state = NodeState(
-        model=model,
-        layouts=tuple(layouts),
-        running=running,
-        pending=pending,
-        now_s=now_s,
-        blocked=frozenset(blocked),
-        blocked_gpus=frozenset(blocked_gpus),
-    )
-    return PlanningInput(state, why, left_out)
+    return usable, left_out
 
 
 def plan_document(

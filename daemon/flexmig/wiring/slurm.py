@@ -1,6 +1,6 @@
 """flexmig's Slurm agent in the running daemon (``[slurm] enabled = true``): loop ``slurm``, metrics, events.
 
-:class:`SlurmComponent` plugs in through the daemon's extension points and the actuator's:
+:class:`SlurmComponent` is the daemon's ``slurm`` component (:mod:`flexmig.wiring.component`), on the actuator's:
 
 * **built** (:meth:`~flexmig.wiring.actuator.ActuatorComponent.on_built`): the agent is made on the actuator's
   executor and adds the runner of ``slurm_reregister`` actions before the journal is reconciled, so a
@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.service import Actuator
@@ -61,18 +61,6 @@ class SlurmHost(Protocol):
 
     config: Config
     hostname: str
-
-    def add_loop(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``factory()`` under the daemon's TaskGroup."""
-        ...
-
-    def add_metrics(self, extension: SnapshotMetrics) -> None:
-        """Export more families from each snapshot."""
-        ...
-
-    def on_reload(self, hook: Callable[[Config], None]) -> None:
-        """Call ``hook`` after each accepted configuration reload."""
-        ...
 
 
 def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
@@ -111,7 +99,10 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
 
 
 class SlurmComponent:
-    """The Slurm agent of one daemon, on its actuator."""
+    """The Slurm agent of one daemon, on its actuator (:meth:`attach` is the actuator's ``on_built`` hook)."""
+
+    name = "slurm"
+    restart = False
 
     def __init__(
         self,
@@ -121,6 +112,7 @@ class SlurmComponent:
         mqtt: MqttComponent | None = None,
         simulated: Callable[[], bool] = lambda: False,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.config = host.config
@@ -128,7 +120,8 @@ class SlurmComponent:
         self.mqtt = mqtt
         self.simulated = simulated
         self.wall = wall
-        self.metrics = SlurmMetrics()
+        self.clock = clock
+        self.slurm_metrics = SlurmMetrics()
         self.node = host.config.slurm.node or host.config.node(lambda: host.hostname)
         self.factory = EventFactory(host.config.node(lambda: host.hostname))
         self.agent: SlurmAgent | None = None
@@ -139,10 +132,6 @@ class SlurmComponent:
         self._last_note = ""
         self._last_node_event: tuple[str, str] | None = None
         self._wake = asyncio.Event()
-        host.add_metrics(self.metrics)
-        host.add_loop("slurm", self.run)
-        host.on_reload(self.reload)
-        actuator.on_built(self.attach)
 
     # ------------------------------------------------------------------------------------------ wiring
     def attach(self, act: Actuator) -> None:
@@ -156,6 +145,7 @@ class SlurmComponent:
             planner=planner_settings(cfg.planner),
             simulated=self.simulated(),
             wall=self.wall,
+            clock=self.clock,
             on_event=self._job_event,
         )
         log.info(
@@ -192,6 +182,20 @@ class SlurmComponent:
             agent.cost = agent.registration_cost(fresh)
         self._last_decision = None
         self._wake.set()
+
+    # ------------------------------------------------------------------------------------------ component
+    async def start(self) -> None:
+        """Nothing to open: the agent is made when the actuator is built (:meth:`attach`)."""
+
+    async def drain(self) -> None:
+        """A round in flight holds the actuator's action lock: the actuator's drain waits for it."""
+
+    async def close(self) -> None:
+        """Nothing held: the agent's actions are in the actuator's journal."""
+
+    def metrics(self) -> Sequence[SnapshotMetrics]:
+        """``flexmig_slurm_*``."""
+        return (self.slurm_metrics,)
 
     # ------------------------------------------------------------------------------------------ loop
     async def run(self) -> None:
@@ -255,11 +259,11 @@ class SlurmComponent:
 
     # ------------------------------------------------------------------------------------------ reporting
     def _unreachable(self, exc: SlurmError) -> None:
-        self.metrics.read_failed()
+        self.slurm_metrics.read_failed()
         text = str(exc)
         if self._failing != text:
             if self._failing is None:
-                self._failing_since = self.wall()
+                self._failing_since = self.clock()
             self._failing = text
             log.warning("%s", describe_error(exc))
             self._publish(unreachable_event(self.factory, self.node, text))
@@ -267,7 +271,7 @@ class SlurmComponent:
     def _reachable(self) -> None:
         if self._failing is None:
             return
-        down = max(0.0, self.wall() - self._failing_since)
+        down = max(0.0, self.clock() - self._failing_since)
         self._failing = None
         log.info("Slurm answers again (after %.0f s)", down)
         self._publish(reachable_event(self.factory, self.node, down))
@@ -276,7 +280,7 @@ class SlurmComponent:
         read = rnd.read
         if read is not None:
             d = read.demand
-            self.metrics.read_ok(
+            self.slurm_metrics.read_ok(
                 pending=len(d.pending_jobs),
                 running=len(d.running),
                 movable=len(d.movable),
@@ -291,7 +295,7 @@ class SlurmComponent:
             for a in rnd.result.results:
                 waited = dict(a.steps).get("await_idle")
                 if waited is not None:
-                    self.metrics.drained(waited)
+                    self.slurm_metrics.drained(waited)
                 log.info(
                     "slurm_reregister #%d %s in %.2f s%s",
                     a.action_id,
@@ -302,7 +306,7 @@ class SlurmComponent:
         v = rnd.verdict
         if v is None or read is None:
             return
-        self.metrics.decided(drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
+        self.slurm_metrics.decided(drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
         changes = plan_changes(rnd.plan)
         if not changes:
             return
@@ -320,7 +324,7 @@ class SlurmComponent:
             self._node_event(kind.split(":", 1)[1], detail)
             return
         action = kind.removeprefix("slurm_job_")
-        self.metrics.job_action(action)
+        self.slurm_metrics.job_action(action)
         step = detail.get("step")
         log.info("Slurm job %s %s%s", detail.get("slurm_job"), action, f" (checkpoint step {step})" if step else "")
         self._publish(job_event(self.factory, self.node, kind, detail))
@@ -332,7 +336,7 @@ class SlurmComponent:
             return
         self._last_node_event = key
         if what == "slurmd_restarted":
-            self.metrics.slurmd_restarted()
+            self.slurm_metrics.slurmd_restarted()
         log.info("Slurm node %s: %s: %s", self.node, what, detail.get("reason", ""))
         self._publish(node_event(self.factory, self.node, what, detail))
 

@@ -16,8 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from flexmig_hook.boundedjson import JsonBoundsError
+from flexmig_hook.boundedjson import loads as bounded_loads
+
 __all__ = [
     "ACK_MAX_BYTES",
+    "ACK_MAX_PATH",
+    "ACK_MAX_STEP",
     "ALLOWED_SIGNALS",
     "ENV_ACK_PATH",
     "ENV_ACK_WAIT",
@@ -70,6 +75,10 @@ ALLOWED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, s
 
 #: An acknowledgement is one short JSON object; anything longer is refused unread.
 ACK_MAX_BYTES = 64 * 1024
+#: The largest step an acknowledgement may name (a 64-bit signed integer; ``FLEXMIG_RESUME_STEP`` carries it).
+ACK_MAX_STEP = 2**63 - 1
+#: The longest checkpoint path an acknowledgement may name (PATH_MAX on Linux).
+ACK_MAX_PATH = 4096
 
 #: What a standby rank writes on its channel when it is ready to be handed the new world.
 READY_LINE = b"ready\n"
@@ -111,9 +120,9 @@ def decode_handover(data: bytes) -> dict[str, str]:
     if len(data) > HANDOVER_MAX_BYTES:
         raise HandoverError(f"handover larger than {HANDOVER_MAX_BYTES} bytes")
     try:
-        decoded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise HandoverError(f"handover is not JSON: {exc}") from None
+        decoded = bounded_loads(data, max_bytes=HANDOVER_MAX_BYTES, max_depth=4)
+    except JsonBoundsError as exc:
+        raise HandoverError(f"handover is not JSON: {str(exc).removeprefix('not JSON: ')}") from None
     env = decoded.get("env") if isinstance(decoded, dict) else None
     if not isinstance(env, dict):
         raise HandoverError("handover is not a JSON object with an 'env' object")
@@ -163,22 +172,35 @@ class Ack:
             raise AckError("acknowledgement is not a JSON object")
         step = data.get("step")
         ckpt = data.get("checkpoint")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise AckError(f"acknowledgement 'step' must be a non-negative integer, not {step!r}")
-        if not isinstance(ckpt, str) or not ckpt or "\x00" in ckpt:
-            raise AckError(f"acknowledgement 'checkpoint' must be a non-empty path, not {ckpt!r}")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= ACK_MAX_STEP:
+            bound = f"a non-negative integer up to {ACK_MAX_STEP}"
+            raise AckError(f"acknowledgement 'step' must be {bound}, not {_short(step)}")
+        if not isinstance(ckpt, str) or not ckpt or "\x00" in ckpt or len(ckpt) > ACK_MAX_PATH:
+            raise AckError(
+                f"acknowledgement 'checkpoint' must be a non-empty path of at most {ACK_MAX_PATH} characters, "
+                f"not {_short(ckpt)}"
+            )
         return cls(step=step, checkpoint=ckpt)
 
 
-def read_ack(path: Path) -> Ack | None:
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 80 characters: a message never carries a job's whole input."""
+    text = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def read_ack(path: Path, *, dir_fd: int | None = None) -> Ack | None:
     """The acknowledgement at ``path``, or None when there is none yet.
 
     The daemon may run as root while the job's user owns the directory, so the file is opened without following
-    a symlink, must be a regular file and at most ``ACK_MAX_BYTES``; anything else raises AckError.
+    a symlink (relative to ``dir_fd``, a directory the caller opened safely, when given: ``path`` is then a name in
+    it), must be a regular file of at most ``ACK_MAX_BYTES``, and is decoded within bounds (nesting, integer size:
+    :mod:`flexmig_hook.boundedjson`). Whatever else is wrong with it (a directory, a FIFO, a step of 5,000 digits,
+    JSON nested 100,000 deep, an I/O error) raises AckError, never anything else.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -188,14 +210,17 @@ def read_ack(path: Path) -> Ack | None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise AckError(f"{path}: acknowledgement is not a regular file")
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise AckError(f"{path}: acknowledgement is {what}; refused")
         if st.st_size > ACK_MAX_BYTES:
             raise AckError(f"{path}: acknowledgement larger than {ACK_MAX_BYTES} bytes")
         data = os.read(fd, ACK_MAX_BYTES + 1)
+    except OSError as exc:
+        raise AckError(f"{path}: cannot read acknowledgement: {exc.strerror}") from None
     finally:
         os.close(fd)
     try:
-        decoded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AckError(f"{path}: acknowledgement is not JSON: {exc}") from None
+        decoded = bounded_loads(data, max_bytes=ACK_MAX_BYTES, max_depth=4)
+    except JsonBoundsError as exc:
+        raise AckError(f"{path}: acknowledgement is not valid: {exc}") from None
     return Ack.from_json(decoded)
