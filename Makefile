@@ -2,7 +2,10 @@
 #   make demo   flexmigd in mode act on a simulated H200 with a stream of demo jobs: fragmentation found, jobs migrated
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
-#               (every suite runs in a fresh, empty home directory made for the run: .ci/fresh-home)
+#               (every suite runs in a fresh, empty home directory made for the run: .ci/fresh-home). Most tests
+#               wait on daemons, brokers and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's
+#               tests on one worker; JOBS=0 runs them in one process); the fault-injection tests, whose time bounds
+#               are tight, run alone after them
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
 #               tests/conftest.py fails a test that does and is not marked), the layer table among them
@@ -14,6 +17,9 @@
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
+#   make bench  every benchmark under bench/, each writing its section of docs/results.md with the machine and date
+#               (bench/results.py; hours on a 2-core machine; SECTIONS=planner,scrape reruns some, keeping the rest)
+#   make bench-quick  the same with each benchmark's quick run, into out/results-quick.md (a smoke run)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -22,7 +28,7 @@ DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
 FRESH_HOME := .ci/fresh-home
 
-.PHONY: demo test check ids fault lint venv debs
+.PHONY: demo test check ids fault lint venv debs bench bench-quick
 
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -55,19 +61,28 @@ lint: venv
 # Any legal GPU-instance ID for any instance, reused after a destroy: no test, and no code, may assume a mapping.
 SIM_IDS ?= adversarial:$(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
 IDS_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
+JOBS ?= 3
+XDIST := -n $(JOBS) --dist loadscope
 
 test: venv debs lint
-	$(FRESH_HOME) $(BIN)/pytest -q
+	$(FRESH_HOME) $(BIN)/pytest -q $(XDIST) -m "not fault"
+	$(FRESH_HOME) $(BIN)/pytest -q -m fault
 	$(MAKE) --no-print-directory ids SIM_IDS=$(SIM_IDS)
 
 ids: venv
 	@echo "GPU-instance IDs for this run: FLEXMIG_SIM_IDS=$(SIM_IDS) (make ids SIM_IDS=$(SIM_IDS) replays it)"
-	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider -m "not integration"
-	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider -m "integration and not fault" $(IDS_ROOMS)
+	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not integration"
+	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "integration and not fault" $(IDS_ROOMS)
 
 check: venv
 	$(BIN)/ruff check --select C901,PLR0912,PLR0915 daemon hook
-	$(FRESH_HOME) $(BIN)/pytest -q -m "not integration"
+	$(FRESH_HOME) $(BIN)/pytest -q $(XDIST) -m "not integration"
 
 fault: venv debs
 	$(FRESH_HOME) $(BIN)/pytest -q -m fault
+
+bench: venv
+	$(BIN)/python bench/results.py $(if $(SECTIONS),--only $(SECTIONS))
+
+bench-quick: venv
+	$(BIN)/python bench/results.py --quick --out out/results-quick.md $(if $(SECTIONS),--only $(SECTIONS))

@@ -42,6 +42,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(t, r, s, v) for t in traces for r in loads for s in seeds for v in todo]
     # Long replays first, so the pool does not end on one straggler.
     tasks.sort(key=lambda a: (a[3][0] not in (*MIG, "flex-repartition"), a[3][1] != "easy", -a[1]))
+    started = datetime.now(UTC)
     print(f"machine: {machine()}")
+    print(f"load average before: {load_average()}")
     print(f"node h200x8, {len(tasks)} replays on {args.processes} process(es); replay costs: {REPLAY_SETTINGS}")
     start = time.perf_counter()
     results: Results = {}
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "\nreplay time per variant (s, median [max]): "
         + ", ".join(f"{p} {statistics.median(v):.1f} [{max(v):.1f}]" for p, v in sorted(seconds.items()))
     )
-    print(f"total wall time {wall:.0f}s")
+    print(f"total wall time {wall:.0f}s; load average after: {load_average()}")
     if args.json:
         rows = [
             {**fig, "trace": Path(t).name, "load": r, "seed": s, "variant": name_of(v)}
@@ -173,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"machine": machine(), "wall_s": round(wall), "goals": goals, "results": rows}, indent=1)
         )
     if args.markdown:
-        args.markdown.write_text(markdown(results, traces, loads, seeds, todo, goals))
+        args.markdown.write_text(
+            markdown(results, traces, loads, seeds, todo, goals, started=started, command=command(args))
+        )
     return 0
 
 
@@ -198,8 +203,27 @@ def from_json(path: Path, markdown_to: Path | None) -> int:
     print(f"machine: {doc.get('machine')} (figures from {path}, wall time then {doc.get('wall_s')}s)")
     goals = report(results, traces, loads, seeds, todo)
     if markdown_to:
-        markdown_to.write_text(markdown(results, traces, loads, seeds, todo, goals))
+        markdown_to.write_text(markdown(results, traces, loads, seeds, todo, goals, started=datetime.now(UTC)))
     return 0
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that chose what was replayed (traces, loads, seeds, --quick), for the results section."""
+    out = ["bench/replay.py"]
+    if args.quick:
+        out.append("--quick")
+    for t in args.trace or ():
+        out += ["--trace", str(t)]
+    if args.loads:
+        out += ["--loads", args.loads]
+    if args.seeds:
+        out += ["--seeds", args.seeds]
+    return " ".join(out)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (``uptime``'s)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def short(trace: str) -> str:
@@ -361,12 +385,28 @@ def markdown(
     seeds: list[int],
     todo: list[Variant],
     goals: list[dict[str, Any]],
+    *,
+    started: datetime,
+    command: str = "bench/replay.py",
 ) -> str:
-    """The results tables of docs/results.md: mean JCT (h) and worst waits per variant and cell, and the goals."""
+    """The "Replay" section of docs/results.md: mean JCT (h) and worst waits per variant and cell, and the goals."""
     cells = [(t, r) for t in traces for r in loads]
     head = "| variant | " + " | ".join(f"{short(t)} {r}" for t, r in cells) + " |"
     rule = "|---|" + "---|" * len(cells)
+    names = ", ".join(f"`{Path(t).name}`" for t in traces)
     lines = [
+        "## Replay",
+        "",
+        f"`.venv/bin/python {command}` ({started:%Y-%m-%d %H:%M} UTC; {machine()}; "
+        f"load average {load_average()} at the end) replays, per trace, load and seed, the same thinned job set "
+        "under every policy and both queue disciplines, with and without malleable jobs (`+m`), on h200x8: traces "
+        f"{names} (Alibaba `cluster-trace-gpu-v2023`, vendored under `bench/traces/`, CC BY 4.0); RHO "
+        f"{', '.join(str(x) for x in loads)}; seeds {', '.join(str(x) for x in seeds)}. The policies are those of "
+        "[The policies](replay.md#the-policies); the strong drain is the rival every ratio is taken against. The "
+        "planner runs with replay's own costs (`flexmig.replay.costs.REPLAY_SETTINGS`: checkpoint 20 s, restart "
+        "30 s, instance create/destroy 2 s, settling 600 s, gain margin 1), the estimates for large training jobs "
+        "([Settings and costs](replay.md#settings-and-costs)). The per-seed figures are in the bench's text output.",
+        "",
         "Median mean JCT in hours (in brackets: the ratio to the strong drain under the same discipline):",
         "",
         head,
@@ -413,6 +453,18 @@ def markdown(
             + " |"
             for g in context
         ]
+    glance = {g["goal"]: g for g in goals if "goal" in g}
+    lines += ["", "<!-- glance -->"]
+    for label, what in (
+        ("flex / strong drain, mean JCT, EASY", "flex vs the strong drain, mean JCT, EASY (`bench/replay.py`)"),
+        ("flex / repack, mean JCT, EASY", "flex vs ideal free repacking of whole instances, EASY"),
+        ("flex malleable / flex, mean JCT, EASY", "malleable jobs on the vendored traces: flex +m vs flex, EASY"),
+    ):
+        g = glance.get(label)
+        if g is not None:
+            lo = min(c["median"] for c in g["cells"])
+            lines.append(f"| {what} | {lo:.2f}-{g['worst_cell']:.2f}x (medians per cell) | <= {g['limit']}x |")
+    lines.append("<!-- /glance -->")
     return "\n".join(lines) + "\n"
 
 

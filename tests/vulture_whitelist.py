@@ -117,6 +117,7 @@ _.size_bytes  # Outbox: bytes of event JSON stored (max_bytes bounds it)
 _.tracked  # TelemetryStore: instances with history (bounded)
 _.pings  # Watchdog: pings sent
 _.ticks  # Watchdog: ticks run
+_.renders  # metrics.scrape.Exposition: snapshot parts rendered (the tests and bench/scrape.py count one per snapshot)
 
 # --- Public ends used by tests, the benchmarks and other tools: NotifyReceiver.receive (the service manager's side
 # of sd_notify, public in flexmig.sdnotify) and Testbed.sbatch (the Slurm testbed's way to submit a job).
@@ -141,6 +142,12 @@ _.load_checkpoint
 _.save_checkpoint
 _.schema_documents  # flexmig.mqtt.command_schema: generates schemas/command*.json (a test keeps them equal)
 _.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (tests check dashboards and rules)
+_.SnapshotCollector  # flexmig.metrics.collector: the served families as prometheus_client's (tests, bench/scrape.py)
+_.build_registry
+_.load_pools  # flexmig.replay.synth: synthetic traces (bench/malleable.py, docs/replay.md)
+_.scenario
+_.synthesize
+_.write_pod_list
 _.PTH_LINE  # flexmig.simenv: the line of flexmig-sim.pth, which setup.py writes (it loads simenv by its path)
 _.arm  # flexmig.simenv: what flexmig-sim.pth and flexmig sim exec's sitecustomize call at interpreter start
 

@@ -18,7 +18,6 @@ import random
 import signal
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 from test_act_crash import Node, check_runs_exactly_once_from_its_checkpoint, job_spec, request_in_background
 
 from flexmig.act.journal import Journal
+from support.flexmigd import short_base
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.timeout(600)]
 
@@ -113,13 +113,6 @@ def seed(request: pytest.FixtureRequest) -> int:
     return value
 
 
-@pytest.fixture
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("kill")
-    d.chmod(0o755)
-    yield d
-
-
 def kills(seed: int) -> list[tuple[int, str, int, int]]:
     """The draws: (index, move, kill in the move after k step events, kill in the reconciliation after k)."""
     rng = random.Random(seed)
@@ -130,12 +123,21 @@ def kills(seed: int) -> list[tuple[int, str, int, int]]:
     ]
 
 
-def test_sigkill_at_random_points_of_moves_and_of_their_recovery(seed: int, tmp_path: Path) -> None:
+def test_sigkill_at_random_points_of_moves_and_of_their_recovery(seed: int) -> None:
+    with short_base("fm-kill-") as top:  # unix socket paths hold 107 bytes: pytest's (xdist's) paths are too long
+        outcomes = _kill_and_recover(seed, top)
     draws = kills(seed)
+    in_moves, in_recoveries = sum(k for k, _ in outcomes), sum(r for _, r in outcomes)
+    print(f"\nseed {seed}: {len(draws)} moves, killed in {in_moves} of them and in {in_recoveries} recoveries: {draws}")
+    assert in_moves == len(draws), f"seed {seed}: too few draws landed in a move ({outcomes})"
+
+
+def _kill_and_recover(seed: int, top: Path) -> list[tuple[bool, bool]]:
+    """Each draw: a move killed after some step, its recovery killed after some step; (killed, killed again)."""
     outcomes: list[tuple[bool, bool]] = []
-    for i, move, in_move, in_recovery in draws:
+    for i, move, in_move, in_recovery in kills(seed):
         name, spec, request, ranks, slots, layout, standby = next(m for m in MOVES if m[0] == move)
-        base = tmp_path / f"{i}-{name}"
+        base = top / f"{i}-{name}"
         base.mkdir()
         base.chmod(0o755)
         node = KillNode(base, spec)
@@ -167,6 +169,4 @@ def test_sigkill_at_random_points_of_moves_and_of_their_recovery(seed: int, tmp_
         finally:
             node.stop()
             node.kill_ranks()
-    in_moves, in_recoveries = sum(k for k, _ in outcomes), sum(r for _, r in outcomes)
-    print(f"\nseed {seed}: {len(draws)} moves, killed in {in_moves} of them and in {in_recoveries} recoveries: {draws}")
-    assert in_moves == len(draws), f"seed {seed}: too few draws landed in a move ({outcomes})"
+    return outcomes

@@ -14,7 +14,7 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 import pytest
 
 from flexmig.act.nodeview import NodeView
-from flexmig.config import Config, DetectConfig, SamplingConfig, load_config, parse_config
+from flexmig.config import Config, DetectConfig, PrometheusConfig, SamplingConfig, load_config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.detect import DetectSettings, Report
 from flexmig.metrics.findings import report_of
@@ -29,6 +29,7 @@ from support.daemon import LOOPBACK_ANY, Series, by_label, nvml_of, running, scr
 pytestmark = pytest.mark.timeout(120)
 
 SAMPLING = SamplingConfig(interval_s=0.05, retention_s=60.0)
+FULL = PrometheusConfig(detail="full")  # these tests read families of every detail level
 GIB = 2**30
 
 
@@ -87,7 +88,7 @@ def test_a_reload_applies_new_detection_thresholds_at_once(tmp_path: Path) -> No
 def test_instances_created_and_destroyed_while_running_are_reported_once_each() -> None:
     async def scenario() -> list[Report]:
         reports: list[Report] = []
-        cfg = Config(node_name="node-1", sampling=SAMPLING)
+        cfg = Config(node_name="node-1", sampling=SAMPLING, prometheus=FULL)
         async with running("h200x2:3g.71gb@0+2g.35gb@4", cfg) as daemon:
             daemon.hub.subscribe(lambda snap: reports.append(r) if (r := report_of(snap)) else None)
             nvml, node = nvml_of(daemon), sim_node(daemon)
@@ -111,7 +112,7 @@ def test_instances_created_and_destroyed_while_running_are_reported_once_each() 
 @pytest.mark.integration
 def test_detection_runs_on_the_snapshot_the_exporter_reads() -> None:
     async def scenario() -> tuple[Snapshot | None, Detector]:
-        cfg = Config(node_name="node-1", sampling=SAMPLING, detect=DetectConfig(underuse_window_s=1))
+        cfg = Config(node_name="node-1", sampling=SAMPLING, prometheus=FULL, detect=DetectConfig(underuse_window_s=1))
         async with running("h200:3g.71gb@0+1g.18gb@4", cfg) as daemon:
             await sweeps(daemon, 2)
             return daemon.latest(), daemon.components.detector
@@ -136,7 +137,7 @@ def _gpu_instance_without_compute_instance(gpu: int, start: int) -> None:
 @pytest.mark.integration
 def test_a_gpu_instance_without_a_compute_instance_holds_its_slices_in_every_figure() -> None:
     async def scenario() -> tuple[Snapshot, Series, NodeView]:
-        cfg = Config(node_name="node-1", sampling=SAMPLING)
+        cfg = Config(node_name="node-1", sampling=SAMPLING, prometheus=FULL)
         fast = TelemetrySettings(interval_s=0.05, inventory_interval_s=0.1)  # re-inventory soon after the create
         daemon = Daemon(cfg, sim_spec="h200:3g.71gb@0", sim_workload=False, metrics_addr=LOOPBACK_ANY, telemetry=fast)
         async with started(daemon):

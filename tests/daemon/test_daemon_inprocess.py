@@ -12,7 +12,7 @@ import contextlib
 
 import pytest
 
-from flexmig.config import Config, SamplingConfig
+from flexmig.config import Config, PrometheusConfig, SamplingConfig
 from flexmig.daemon import Daemon
 from flexmig.telemetry.snapshot import Snapshot
 from support.daemon import LOOPBACK_ANY, Series, instance, nvml_of, scrape, sweeps, until_snapshot, values
@@ -21,7 +21,9 @@ from support.daemon import sim_node as node_of
 
 pytestmark = pytest.mark.timeout(120)
 
-FAST = Config(sampling=SamplingConfig(interval_s=0.05, retention_s=60.0))
+FAST = Config(  # these tests read families of every detail level
+    sampling=SamplingConfig(interval_s=0.05, retention_s=60.0), prometheus=PrometheusConfig(detail="full")
+)
 
 
 def running(

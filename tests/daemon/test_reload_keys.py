@@ -41,6 +41,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
 OTHER_VALUES: dict[str, list[Any]] = {
     "baseline.mig_parted_config": ["all-enabled"],
     "slurm.slurmd_control": ["hook"],
+    "prometheus.detail": ["full"],
 }
 
 #: Keys no component reads today: neither "at once" nor "at next restart" is true of them (left for a decision).

@@ -206,6 +206,7 @@ def families(exposition: str) -> frozenset[str]:
 def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path, node: str = NODE) -> Path:
     path.write_text(
         f'node_name = "{node}"\n'
+        '[prometheus]\ndetail = "full"\n'  # the dashboards show every family at full (standard leaves some out)
         f'[mqtt]\nenabled = true\nbroker = "{broker}"\noutbox = "{outbox}"\n'
         f'[dcgm]\nenabled = true\nurl = "http://127.0.0.1:{dcgm_port}/metrics"\n'
         # findings within seconds: the idle instances, the oversized light job, the fragmented GPUs

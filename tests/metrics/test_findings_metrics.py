@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flexmig.config import Config, DetectConfig, SamplingConfig
+from flexmig.config import Config, DetectConfig, PrometheusConfig, SamplingConfig
 from flexmig.daemon import Daemon
 from flexmig.detect import DEFAULT_DEMAND, DemandMix, gpu_fragmentation
 from flexmig.metrics.findings import PublisherMetrics
@@ -27,10 +27,11 @@ pytestmark = pytest.mark.timeout(120)
 
 GIB = 2**30
 SAMPLING = SamplingConfig(interval_s=0.05, retention_s=60.0)
+FULL = PrometheusConfig(detail="full")  # these tests read families of every detail level
 
 
 def config(**detect: Any) -> Config:
-    return Config(node_name="node-1", sampling=SAMPLING, detect=DetectConfig(**detect))
+    return Config(node_name="node-1", sampling=SAMPLING, prometheus=FULL, detect=DetectConfig(**detect))
 
 
 async def until_metric(daemon: Daemon, name: str, limit_s: float = 20.0, **match: str) -> Series:

@@ -1,19 +1,21 @@
-"""The metric catalogue (flexmig.metrics.families) against what the collectors really expose, in every mode.
+"""The metric catalogue (flexmig.metrics.families) against what flexmigd serves, in every mode and at every detail.
 
-A node is sampled through the daemon's own path (the real NVML code over the simulator, the telemetry store, the
-detection enricher), its snapshot gets a dcgm-exporter status and error counts, and the registry carries every
-extension flexmigd wires: detection's figures, the MQTT publisher's health and the actuator's actions, fed as in
-modes observe (nothing planned or done), advise (planning rounds) and act (actions of every outcome). Then:
+A node is sampled through the daemon's own path (support.metrics_rig: the real NVML code over the simulator, the
+telemetry store, the detection enricher), its snapshot gets a dcgm-exporter status and error counts, and the
+exposition carries every extension flexmigd wires: detection's figures, the MQTT publisher's health and the
+actuator's actions, fed as in modes observe (nothing planned or done), advise (planning rounds) and act (actions of
+every outcome). What is checked is what a scrape gets (:class:`flexmig.metrics.scrape.Exposition`), with
+prometheus_client's encoders over the same families as the reference:
 
 * each exposition is valid OpenMetrics (prometheus_client's own parser, the format Prometheus asks for first) and
-  valid classic text;
-* the families exposed are exactly the catalogue's, each with the catalogue's type, help text and label names;
-* the reference table in docs/metrics.md is the one the catalogue generates.
+  valid classic text, and holds the same samples as prometheus_client's encoders write;
+* at detail ``full`` the families exposed are exactly the catalogue's, each with the catalogue's type, help text
+  and label names; at each lower detail exactly the catalogue's families of that level and below;
+* the reference and budget tables in docs/metrics.md are the ones the catalogue generates.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -28,27 +30,14 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
 
-from flexmig.act.durable import Durable
-from flexmig.config.schema import DCGM_EXPORTER_PORT
-from flexmig.detect import DetectSettings
 from flexmig.metrics import families as catalogue
-from flexmig.metrics.actions import ActionMetrics
-from flexmig.metrics.collector import SnapshotCollector, SnapshotMetrics, build_registry
-from flexmig.metrics.findings import FindingsMetrics, PublisherMetrics
-from flexmig.metrics.losses import LossMetrics
-from flexmig.metrics.runtime import JournalWriteMetrics, ServerMetrics, TaskMetrics
-from flexmig.metrics.server import ServerStats
-from flexmig.metrics.slurm import SlurmMetrics
-from flexmig.nvml import GpmWindows, Nvml
-from flexmig.sim import install, uninstall
-from flexmig.telemetry.settings import TelemetrySettings
-from flexmig.telemetry.snapshot import DcgmStatus, SamplingStats, Snapshot
-from flexmig.telemetry.store import TelemetryStore
-from flexmig.wiring.detection import Detector
-from support.event_samples import act_events, facts
+from flexmig.metrics.collector import SnapshotCollector, build_registry
+from flexmig.metrics.families import Level
+from flexmig.metrics.scrape import Exposition
+from flexmig.telemetry.snapshot import Snapshot
+from support.metrics_rig import MODES, extensions, sampled_node
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-MODES = ("observe", "advise", "act")
 # What Prometheus 2.42 sends: OpenMetrics first.
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -56,86 +45,9 @@ PROMETHEUS_ACCEPT = (
 )
 
 
-def openmetrics_exposition(registry: CollectorRegistry) -> bytes:
-    """What flexmigd answers a scrape that asks for OpenMetrics (prometheus_client's encoder)."""
-    return bytes(om_exposition.generate_latest(registry))  # type: ignore[no-untyped-call]
-
-
 def parse_openmetrics(text: str) -> list[Metric]:
     """prometheus_client's OpenMetrics parser (raises ValueError on invalid OpenMetrics)."""
     return list(om_parser.text_string_to_metric_families(text))  # type: ignore[no-untyped-call]
-
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    connected: bool = True
-    queued: int = 2
-    sent_total: int = 40
-    connect_failures_total: int = 1
-    dropped_total: int = 0
-    unsaved_dropped_total: int = 0
-    outbox_corruptions_total: int = 0
-    outbox_lost_total: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandStats:
-    results_dropped: int = 0
-
-
-def sampled_node() -> Snapshot:
-    """Three sweeps a second apart of a simulated 2xH200 (one busy instance, idle ones) through the daemon's path:
-    NVML inventory and sample with GPM windows, the telemetry store, the detection enricher."""
-    clock = [100.0]
-    node = install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=lambda: clock[0])
-    try:
-        uuids = node.mig_uuids()
-        node.start_process(uuids[0], memory_bytes=8 << 30)
-        node.set_activity(uuids[0], sm=0.6, occupancy=0.3, tensor=0.2, dram=0.4)
-        with Nvml.open() as nvml:
-            gpm = GpmWindows(clock=lambda: clock[0])
-            store = TelemetryStore(TelemetrySettings(), "node-1")
-            detector = Detector(DetectSettings())
-            snap = None
-            for sweep in (1, 2, 3):
-                clock[0] += 1.0
-                store.set_inventory(nvml.inventory())
-                stats = SamplingStats(
-                    sweep, 0.01, 0.004, 0.008, 1, {("nvmlDeviceGetPowerUsage", "NOT_SUPPORTED"): 2}, {"dcgm": 1}
-                )
-                samples = nvml.sample(gpm)
-                snap = detector.enrich(store.build(samples, now=clock[0], wall=1e9 + clock[0], stats=stats))
-            gpm.close()
-    finally:
-        uninstall()
-    assert snap is not None
-    return dataclasses.replace(
-        snap, dcgm=DcgmStatus(f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics", True, "4.9", 6, 0.5)
-    )
-
-
-def actions(mode: str) -> ActionMetrics:
-    """The actuator's families as a node in ``mode`` has them (every mode wires the actuator)."""
-    m = ActionMetrics()
-    m.set_jobs({"running": 1})
-    if mode in ("advise", "act"):
-        m.record_plan(["create_instance", "migrate"], 12.0)
-        m.record_plan_failure()
-    if mode == "act":
-        for e in act_events():
-            m.record(e, facts(e.action_id or 0).downtime_s if e.kind == "action_completed" else None)
-    return m
-
-
-def slurm() -> SlurmMetrics:
-    """The Slurm agent's families as an acting Slurm node has them: a read, a decision, a hook job moved."""
-    m = SlurmMetrics()
-    m.read_ok(pending=3, running=1, movable=1, in_sync=True, registered={"1g.18gb": 3, "4g.71gb": 1})
-    m.decided(drain_s=4.0, gain=5394.0, cost=12.0, go=True)
-    for action in ("signalled", "requeued", "released"):
-        m.job_action(action)
-    m.drained(2.5)
-    return m
 
 
 @pytest.fixture(scope="module")
@@ -143,19 +55,14 @@ def snapshot() -> Snapshot:
     return sampled_node()
 
 
-def registry(snap: Snapshot, mode: str) -> CollectorRegistry:
-    extensions: list[SnapshotMetrics] = [
-        FindingsMetrics(lambda: (0.002, 0)),
-        PublisherMetrics(Stats, lambda: {"instance_created": 3}),
-        actions(mode),
-        LossMetrics(Stats, CommandStats, lambda: 0),
-        TaskMetrics({"mqtt": 1} if mode == "act" else {}),
-        ServerMetrics(lambda: ServerStats(limit=64, open=1, served=2)),
-        JournalWriteMetrics(lambda: Durable("/var/lib/flexmig/journal.sqlite3") if mode == "act" else None),
-    ]
-    if mode == "act":  # a Slurm node ([slurm] enabled) acts
-        extensions.append(slurm())
-    return build_registry(SnapshotCollector(lambda: snap, extensions))
+def served(snap: Snapshot, mode: str, *, openmetrics: bool = True, detail: Level = "full") -> str:
+    """What a scrape of a node in ``mode`` at ``detail`` gets."""
+    return Exposition(lambda: snap, extensions(mode), detail=detail).body(openmetrics=openmetrics).decode()
+
+
+def registry(snap: Snapshot, mode: str, detail: Level = "full") -> CollectorRegistry:
+    """The same families as prometheus_client families, for its encoders."""
+    return build_registry(SnapshotCollector(lambda: snap, extensions(mode), detail=detail))
 
 
 def families(text: str, *, openmetrics: bool) -> Iterator[tuple[str, str, str, frozenset[str]]]:
@@ -166,30 +73,51 @@ def families(text: str, *, openmetrics: bool) -> Iterator[tuple[str, str, str, f
         yield f.name, f.type, f.documentation, labels
 
 
+def samples(text: str, *, openmetrics: bool) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+    """Every sample of an exposition (name, sorted labels, value), but the process's own, which move."""
+    parse = parse_openmetrics if openmetrics else parse_text
+    return {
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for f in parse(text)
+        for s in f.samples
+        if not s.name.startswith("process_")
+    }
+
+
+@pytest.mark.parametrize("detail", catalogue.LEVELS)
 @pytest.mark.parametrize("mode", MODES)
-def test_the_exposition_of_every_mode_is_valid_openmetrics_and_classic_text(snapshot: Snapshot, mode: str) -> None:
-    reg = registry(snapshot, mode)
-    om = openmetrics_exposition(reg).decode()
-    assert om.endswith("# EOF\n")
+def test_what_a_scrape_gets_is_valid_and_holds_prometheus_client_s_samples(
+    snapshot: Snapshot, mode: str, detail: Level
+) -> None:
+    om = served(snapshot, mode, detail=detail)
+    assert om.endswith("# EOF\n") and om.count("# EOF") == 1
     om_families = list(families(om, openmetrics=True))  # raises on invalid OpenMetrics
-    text = text_exposition(reg).decode()
-    om_samples = {s.name for f in parse_openmetrics(om) for s in f.samples}
-    assert om_samples == {s.name for f in parse_text(text) for s in f.samples}
     assert len({f[0] for f in om_families}) == len(om_families), "a family name declared twice"
+    text = served(snapshot, mode, openmetrics=False, detail=detail)
+    assert samples(om, openmetrics=True) == samples(text, openmetrics=False)
+    reference = registry(snapshot, mode, detail)
+    assert samples(om, openmetrics=True) == samples(
+        bytes(om_exposition.generate_latest(reference)).decode(),  # type: ignore[no-untyped-call]
+        openmetrics=True,
+    )
+    assert samples(text, openmetrics=False) == samples(text_exposition(reference).decode(), openmetrics=False)
 
 
 def test_prometheus_s_accept_header_gets_openmetrics(snapshot: Snapshot) -> None:
-    encoder, content_type = choose_encoder(PROMETHEUS_ACCEPT)
+    _, content_type = choose_encoder(PROMETHEUS_ACCEPT)
     assert content_type.startswith("application/openmetrics-text; version=1.0.0")
-    list(parse_openmetrics(encoder(registry(snapshot, "act")).decode()))
+    status: list[str] = []
+    exposition = Exposition(lambda: snapshot, extensions("act"))
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "HTTP_ACCEPT": PROMETHEUS_ACCEPT}
+    body = b"".join(exposition(environ, lambda s, h: status.append(dict(h)["Content-Type"])))
+    assert status == [content_type]
+    parse_openmetrics(body.decode())
 
 
 def test_the_families_of_every_mode_are_the_catalogue_s_with_its_types_help_and_labels(snapshot: Snapshot) -> None:
     seen: dict[str, tuple[str, str, frozenset[str]]] = {}
     for mode in MODES:
-        for name, kind, doc, labels in families(
-            openmetrics_exposition(registry(snapshot, mode)).decode(), openmetrics=True
-        ):
+        for name, kind, doc, labels in families(served(snapshot, mode), openmetrics=True):
             old = seen.get(name)
             seen[name] = (kind, doc, labels | (old[2] if old else frozenset()))
     declared = {f.name: f for f in catalogue.FAMILIES}
@@ -202,10 +130,29 @@ def test_the_families_of_every_mode_are_the_catalogue_s_with_its_types_help_and_
             assert labels == set(f.labels) | set(f.info_labels), name
 
 
+@pytest.mark.parametrize("detail", ["minimal", "standard"])
+def test_each_detail_exports_exactly_the_catalogue_s_families_of_its_level_and_below(
+    snapshot: Snapshot, detail: Level
+) -> None:
+    rank = catalogue.LEVELS.index(detail)
+    seen = {name for mode in MODES for name, *_ in families(served(snapshot, mode, detail=detail), openmetrics=True)}
+    wanted = {f.name for f in catalogue.FAMILIES if catalogue.LEVELS.index(f.level) <= rank}
+    assert seen - wanted == set(), f"exported at {detail}, though the catalogue says a higher level"
+    assert wanted - seen == set(), f"the catalogue says {detail} or below, exported in no mode"
+
+
+def test_below_full_a_finding_family_carries_only_active_findings(snapshot: Snapshot) -> None:
+    full = parse_openmetrics(served(snapshot, "act"))
+    standard = parse_openmetrics(served(snapshot, "act", detail="standard"))
+    zeros = [s for f in full if f.name in ("flexmig_mig_finding", "flexmig_gpu_finding") for s in f.samples]
+    assert zeros and all(s.value == 0 for s in zeros), "the demo node has no finding active yet"
+    assert not [s for f in standard if f.name in ("flexmig_mig_finding", "flexmig_gpu_finding") for s in f.samples]
+
+
 def test_a_family_without_series_on_an_active_node_is_one_the_catalogue_says_waits_for_something(
     snapshot: Snapshot,
 ) -> None:
-    text = openmetrics_exposition(registry(snapshot, "act")).decode()
+    text = served(snapshot, "act")
     empty = {name for name, _, _, labels in families(text, openmetrics=True) if not labels}
     empty -= {f.name for f in catalogue.FAMILIES if not f.labels}  # the process_* families have no labels
     # the simulator's pids are no host processes, no activity row came from DCGM, the demo layout is no finding
@@ -223,9 +170,9 @@ def test_a_family_without_series_on_an_active_node_is_one_the_catalogue_says_wai
 
 
 def test_gpu_and_instance_series_carry_dcgm_exporter_s_identity_labels(snapshot: Snapshot) -> None:
-    text = openmetrics_exposition(registry(snapshot, "observe")).decode()
-    samples = {f.name: f.samples for f in parse_openmetrics(text)}
-    limit = {s.labels["gpu"]: s for s in samples["flexmig_gpu_power_limit_watts"]}
+    text = served(snapshot, "observe")
+    by_family = {f.name: f.samples for f in parse_openmetrics(text)}
+    limit = {s.labels["gpu"]: s for s in by_family["flexmig_gpu_power_limit_watts"]}
     assert limit["1"].value == 700.0
     assert {k: v for k, v in limit["1"].labels.items() if k != "UUID"} == {
         "gpu": "1",
@@ -234,7 +181,7 @@ def test_gpu_and_instance_series_carry_dcgm_exporter_s_identity_labels(snapshot:
         "model_name": "NVIDIA H200",
         "Hostname": "node-1",
     }
-    (first, *_) = [s for s in samples["flexmig_mig_memory_total_bytes"] if s.labels["gpu"] == "0"]
+    (first, *_) = [s for s in by_family["flexmig_mig_memory_total_bytes"] if s.labels["gpu"] == "0"]
     assert set(first.labels) == set(catalogue.INSTANCE_LABELS)
     assert (first.labels["pci_bus_id"], first.labels["device"]) == ("00000000:18:00.0", "nvidia0")
 
@@ -249,11 +196,35 @@ def test_the_reference_table_in_docs_is_the_one_the_catalogue_generates() -> Non
     )
 
 
-def test_the_catalogue_command_prints_the_table() -> None:
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert catalogue.main(["--markdown"]) == 0
-    assert out.getvalue() == catalogue.markdown_table()
+def test_the_budget_table_in_docs_is_the_one_the_catalogue_generates() -> None:
+    text = DOCS.read_text()
+    begin, end = "<!-- budget table: generated -->\n", "<!-- end of budget table -->\n"
+    assert begin in text and end in text, f"{DOCS}: the generated budget-table markers are missing"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == catalogue.budget_table(), (
+        "docs/metrics.md's budget table is stale: regenerate with python -m flexmig.metrics.families --budget"
+    )
+
+
+@pytest.mark.parametrize("detail", catalogue.LEVELS)
+def test_the_budget_counts_the_series_an_instance_and_a_gpu_really_get(detail: Level) -> None:
+    # a node where every instance runs something and none is judged yet: the fewest series of each level
+    snap = sampled_node(busy=6)
+    got = parse_openmetrics(served(snap, "observe", detail=detail))
+    one = [s for f in got for s in f.samples if s.labels.get("mig_uuid") == snap.gpus[0].instances[0].mig_uuid]
+    gpu_uuid = snap.gpus[0].uuid
+    gpu = [s for f in got for s in f.samples if s.labels.get("UUID") == gpu_uuid and "mig_uuid" not in s.labels]
+    profiles = len(snap.gpus[0].creatable)
+    unseen = 2 if detail == "full" else 0  # the simulator's processes are no host processes: no CPU, no RSS
+    assert len(one) == catalogue.series_per_level(catalogue.INSTANCE_LABELS, profiles)[detail][0] - unseen
+    assert len(gpu) == catalogue.series_per_level(catalogue.GPU_LABELS, profiles)[detail][0]
+
+
+def test_the_catalogue_command_prints_the_tables() -> None:
+    for flag, table in (("--markdown", catalogue.markdown_table()), ("--budget", catalogue.budget_table())):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert catalogue.main([flag]) == 0
+        assert out.getvalue() == table
 
 
 def test_no_two_families_share_a_name_or_a_sample_name() -> None:

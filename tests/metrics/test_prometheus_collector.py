@@ -19,6 +19,8 @@ from flexmig.metrics.collector import (
     build_registry,
     instance_labels,
 )
+from flexmig.metrics.families import LEVELS, Level
+from flexmig.metrics.scrape import Exposition
 from flexmig.telemetry.ring import WindowStats
 from flexmig.telemetry.snapshot import (
     GpuSnapshot,
@@ -84,7 +86,7 @@ def _snapshot() -> Snapshot:
 
 
 def _text(snapshot: Snapshot | None, extensions: Iterable[object] = ()) -> str:
-    registry = build_registry(SnapshotCollector(lambda: snapshot, list(extensions)), process_metrics=False)  # type: ignore[arg-type]
+    registry = build_registry(SnapshotCollector(lambda: snapshot, list(extensions)), process_metrics=False)
     return generate_latest(registry).decode()
 
 
@@ -137,9 +139,9 @@ def test_before_the_first_sweep_nothing_is_exported() -> None:
 
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
-def test_promtool_check_metrics_passes_on_the_exposition() -> None:
-    registry = build_registry(SnapshotCollector(_snapshot))
-    text = generate_latest(registry)
+@pytest.mark.parametrize("detail", LEVELS)
+def test_promtool_check_metrics_passes_on_what_a_scrape_gets(detail: Level) -> None:
+    text = Exposition(_snapshot, detail=detail).body(openmetrics=False)
     done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
 
@@ -165,12 +167,13 @@ def test_extensions_add_families_on_our_labels_and_a_broken_one_costs_only_itsel
 
 @pytest.mark.integration
 def test_metrics_server_serves_the_snapshot_and_stops() -> None:
-    server = MetricsServer(build_registry(SnapshotCollector(_snapshot)), "127.0.0.1", 0)
+    server = MetricsServer(Exposition(_snapshot), "127.0.0.1", 0)
     _, port = server.start()
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             body = resp.read().decode()
-        assert "flexmig_mig_memory_total_bytes" in body
+        assert "flexmig_mig_memory_used_bytes" in body, "the default detail, standard"
+        assert "flexmig_mig_tensor_active_ratio" not in body, "a family of detail full"
         assert "process_resident_memory_bytes" in body
     finally:
         server.stop()

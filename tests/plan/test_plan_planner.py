@@ -376,18 +376,46 @@ def test_a_job_that_is_not_malleable_is_never_shrunk() -> None:
     assert not of_type(off, ResplitJob), "malleable off: nothing shrinks either"
 
 
+NARROW = replace(SETTINGS, gain_margin=0.1)  # the daemon's margin: replay's (1) rules out every half-speed start
+
+
 def test_a_malleable_head_starts_narrow_when_waiting_for_its_shape_ends_it_later() -> None:
     # GPU 0 runs a job for 10 hours; a 2-GPU elastic, malleable head of 8 hours fits on GPU 1 alone.
     big = replace(req("big", P7, ranks=2, elastic=True, runtime=28_800.0), malleable=True)
     state = NodeState(H200, node([(P7, 0)], []), (running("hold", (0, 0, P7), remaining=36_000.0),), (big,))
-    plan, _ = plan_for(state)
+    plan, _ = plan_for(state, NARROW)
     (start,) = of_type(plan, StartJob)
     assert start.job == "big" and len(start.instances) == 1 and start.instances[0].gpu == 1
     assert "starts narrow as 1x7g.141gb at 50% speed" in start.reason
+    assert "spares ~36000s of waiting for ~18050s of slowdown and growing back, ~28800s if it never grows" in (
+        start.reason
+    )
     # ... and waits when its shape frees soon: narrow, it would end later.
     soon = replace(state, running=(running("hold", (0, 0, P7), remaining=300.0),))
-    plan, _ = plan_for(soon)
+    plan, _ = plan_for(soon, NARROW)
     assert not of_type(plan, StartJob)
+
+
+def test_a_narrow_start_that_would_end_later_than_waiting_if_it_never_grew_back_is_not_taken() -> None:
+    # 8 hours of work at half speed take 16: waiting 5 hours for both GPUs ends it at 13 h. Expected to grow back
+    # at 5 h it would end at ~10.5 h, but if the room went to someone else it would end at 16 h: it waits.
+    big = replace(req("big", P7, ranks=2, elastic=True, runtime=28_800.0), malleable=True)
+    state = NodeState(H200, node([(P7, 0)], []), (running("hold", (0, 0, P7), remaining=18_000.0),), (big,))
+    plan, _ = plan_for(state, NARROW)
+    assert not of_type(plan, StartJob)
+    longer = replace(state, running=(running("hold", (0, 0, P7), remaining=30_000.0),))
+    plan, _ = plan_for(longer, NARROW)
+    assert [a.job for a in of_type(plan, StartJob)] == ["big"], "a wait longer than the narrow slowdown: it starts"
+
+
+def test_a_narrow_start_must_clear_the_gain_margin_like_any_move() -> None:
+    # Half speed, growing back when the shape frees (before it is done): the wait spared W must be at least
+    # (1 + margin) x (W / 2 + one re-split), which no such W satisfies at replay's margin of 1; at the daemon's 0.1 it
+    # does.
+    big = replace(req("big", P7, ranks=2, elastic=True, runtime=28_800.0), malleable=True)
+    state = NodeState(H200, node([(P7, 0)], []), (running("hold", (0, 0, P7), remaining=50_000.0),), (big,))
+    assert not of_type(plan_for(state)[0], StartJob)
+    assert of_type(plan_for(state, NARROW)[0], StartJob)
 
 
 def test_a_malleable_head_is_reserved_narrow_so_it_needs_only_what_frees_first() -> None:
@@ -397,7 +425,7 @@ def test_a_malleable_head_is_reserved_narrow_so_it_needs_only_what_frees_first()
     held = (running("soon", (0, 0, P7), remaining=3600.0), running("late", (1, 0, P7), remaining=36_000.0))
     pending = (big, req("long", P1, t=1.0, runtime=7200.0), req("short", P1, t=2.0, runtime=1800.0))
     state = NodeState(H200, node([(P7, 0)], [(P7, 0)]), held, pending)
-    plan, _ = plan_for(state)
+    plan, _ = plan_for(state, NARROW)
     assert not of_type(plan, StartJob)  # nothing is free now at all
     assert any("big waits; reserved from t=3600s" in n for n in plan.notes)
 

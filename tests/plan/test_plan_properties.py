@@ -1,5 +1,8 @@
 """Invariants of every plan, over random nodes, jobs and queues (hypothesis)."""
 
+import dataclasses
+import re
+
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +22,7 @@ from flexmig.plan import (
     check_state,
     validate_plan,
 )
+from flexmig.plan.narrow import narrow_case
 
 PLAIN = H200.plain_profiles
 P4 = H200.profile("4g.71gb")
@@ -220,3 +224,138 @@ def test_blocked_instances_survive_every_plan(state: NodeState, cfg: PlannerSett
 def test_the_same_state_always_gives_the_same_plan(state: NodeState, cfg: PlannerSettings) -> None:
     assume(_valid(state))
     assert Planner(H200, cfg).plan(state) == Planner(H200, cfg).plan(state)
+
+
+# ------------------------------------------------------------------------- malleable decisions (issue 23)
+NARROW = re.compile(r"spares ~(\d+)s of waiting for ~(\d+)s of slowdown and growing back, ~(\d+)s if it never grows")
+SHRINK = re.compile(r"after [^:]*shrinking [^:]*: spares ~(\d+)s of waiting for (\d+)s of moves")
+GROW = re.compile(r"^grow .*: saves ~(\d+)s for (\d+)s of downtime")
+
+
+@st.composite
+def malleable_states(draw: st.DrawFn) -> NodeState:
+    """Whole GPUs busy for a while or free, jobs running narrow that could grow back, and malleable jobs waiting
+    for several GPUs: the planner weighs narrow starts, narrow reservations, shrinks and growth."""
+    gpus = draw(st.integers(2, 4))
+    layouts, running, n = [], [], 0
+    for g in range(gpus):
+        kind = draw(st.sampled_from(["busy", "busy", "free", "narrow", "small"]))
+        if kind == "free":
+            layouts.append(Layout.empty(H200))
+            continue
+        if kind == "small":
+            layout = Layout.empty(H200).place(H200.profile("3g.71gb"), 4).place(H200.profile("4g.71gb"), 0)
+            layouts.append(layout)
+            for start, prof in ((0, "4g.71gb"), (4, "3g.71gb")):
+                req = JobRequest(f"r{n}", RankNeed(profile=prof), expected_runtime_s=draw(st.floats(600, 50_000)))
+                running.append(
+                    RunningJob(
+                        f"r{n}",
+                        (Instance(g, start, H200.profile(prof)),),
+                        req,
+                        last_moved_s=-10_000.0,
+                        remaining_s=draw(st.floats(60, 50_000)),
+                    )
+                )
+                n += 1
+            continue
+        layouts.append(Layout.empty(H200).place(P7, 0))
+        ranks = 2 if kind == "narrow" else 1
+        req = JobRequest(
+            f"r{n}",
+            RankNeed(profile=P7.name),
+            ranks=ranks,
+            min_ranks=1,
+            max_ranks=7 * ranks,
+            expected_runtime_s=draw(st.floats(600, 100_000)),
+            malleable=kind == "narrow",
+        )
+        running.append(
+            RunningJob(
+                f"r{n}",
+                (Instance(g, 0, P7),),
+                req,
+                last_moved_s=draw(st.floats(-20_000, 0)),
+                remaining_s=draw(st.floats(60, 100_000)),
+            )
+        )
+        n += 1
+    pending = [
+        JobRequest(
+            f"p{k}",
+            RankNeed(profile=draw(st.sampled_from([P7.name, P7.name, "3g.71gb", "1g.18gb"]))),
+            ranks=(ranks := draw(st.integers(1, 3))),
+            min_ranks=1,
+            max_ranks=7 * ranks,
+            submitted_s=float(k),
+            expected_runtime_s=draw(st.one_of(st.none(), st.floats(60, 100_000))),
+            malleable=draw(st.sampled_from([True, True, False])),
+        )
+        for k in range(draw(st.integers(1, 4)))
+    ]
+    return NodeState(H200, tuple(layouts), tuple(running), tuple(pending), 1000.0)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    state=st.one_of(malleable_states(), malleable_states(), node_states(), crowded_states()),
+    cfg=st.builds(dataclasses.replace, planner_settings, malleable=st.just(True), discipline=st.just("easy"))
+    | planner_settings,
+)
+def test_every_narrow_start_shrink_and_growth_gains_at_least_the_margin_times_its_cost(
+    state: NodeState, cfg: PlannerSettings
+) -> None:
+    assume(_valid(state))
+    plan = Planner(H200, cfg).plan(state)
+    ratio = cfg.gain_ratio
+    slack = 0.5 + 0.5 * abs(ratio)  # the reasons round to whole seconds
+    for action in plan.actions:
+        if isinstance(action, StartJob) and (m := NARROW.search(action.reason)):
+            wait, expected, worst = (float(x) for x in m.groups())
+            assert wait + 1.0 >= worst, f"may end later than waiting if it never grows: {action.reason}"
+            assert wait + slack >= ratio * expected, action.reason
+            continue
+        shrink = SHRINK.search(action.reason) if isinstance(action, StartJob) else None
+        grow = GROW.search(action.reason) if isinstance(action, ResplitJob) else None
+        for m in (shrink, grow):
+            if m is not None:
+                gain, cost = (float(x) for x in m.groups())
+                assert gain + slack >= ratio * cost, action.reason
+
+
+def _narrow_end(runtime: float, speed: float, start: float, grow_at: float | None, move: float) -> float:
+    """When a job started narrow at ``start`` ends if it grows back at ``grow_at`` (None: never), step by step."""
+    if grow_at is None or speed * (grow_at - start) >= runtime:
+        return start + runtime / speed
+    return grow_at + move + (runtime - speed * (grow_at - start))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runtime=st.floats(1, 200_000),
+    speed=st.floats(0.05, 0.95),
+    wait=st.floats(0, 500_000),
+    settling=st.sampled_from([0.0, 300.0, 600.0]),
+    move=st.floats(0, 100),
+    margin=st.sampled_from([0.0, 0.1, 1.0]),
+)
+def test_a_narrow_start_is_never_taken_when_the_model_says_it_loses(
+    runtime: float, speed: float, wait: float, settling: float, move: float, margin: float
+) -> None:
+    case = narrow_case(runtime, speed, start_s=100.0, nominal_s=100.0 + wait, settling_s=settling, move_cost_s=move)
+    assert case is not None
+    waiting_end = 100.0 + wait + runtime
+    grown_end = _narrow_end(runtime, speed, 100.0, max(100.0 + wait, 100.0 + settling), move)
+    stuck_end = _narrow_end(runtime, speed, 100.0, None, move)
+    # the model's costs are what the job's own schedule gives, step by step
+    assert abs((grown_end - (100.0 + runtime)) - case.expected_cost_s) <= 1e-6 * max(1.0, grown_end)
+    assert abs((stuck_end - (100.0 + runtime)) - case.worst_cost_s) <= 1e-6 * max(1.0, stuck_end)
+    if case.pays(1.0 + margin):
+        assert stuck_end <= waiting_end + 1e-6 * waiting_end, "it never ends later than waiting, grown back or not"
+        assert waiting_end - grown_end >= margin * case.expected_cost_s - 1e-6 * waiting_end
+    faster = narrow_case(
+        runtime, speed + 0.04, start_s=100.0, nominal_s=100.0 + wait, settling_s=settling, move_cost_s=move
+    )
+    assert faster is not None
+    if case.pays(1.0 + margin):
+        assert faster.pays(1.0 + margin), "what pays at one speed pays at a higher one"

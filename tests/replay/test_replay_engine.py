@@ -187,26 +187,36 @@ def test_strong_drain_lays_an_idle_gpu_out_for_the_waiting_jobs_and_fills_the_re
 
 
 def test_a_malleable_multi_gpu_job_starts_narrow_instead_of_draining_the_node_and_grows_back() -> None:
-    # 2 GPUs; a long 7g holds GPU 0. An 8-hour, 2-GPU elastic job arrives: rigid, it waits 10 hours for GPU 0; it
-    # pays to start it now on GPU 1 at half speed, and it grows to both GPUs when GPU 0 frees.
-    jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=2, elastic=True)]
-    rigid, _ = run("flex", jobs, gpus=2)
-    narrow, m = run("flex", jobs, gpus=2, malleable=True)
+    # 3 GPUs; a long 7g holds GPU 0. An 8-hour, 3-GPU elastic job arrives: rigid, it waits 10 hours for GPU 0; it
+    # pays to start it now on GPUs 1 and 2 at two thirds of its speed (even never grown back it would end sooner than
+    # waiting, and the wait it is spared is over twice what it pays), and it grows to all three when GPU 0 frees.
+    jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=3, elastic=True)]
+    rigid, _ = run("flex", jobs, gpus=3)
+    narrow, m = run("flex", jobs, gpus=3, malleable=True)
     big = next(r for r in narrow.records if r.name == "big")
     assert next(r for r in rigid.records if r.name == "big").start_s == pytest.approx(36_000, abs=10)
     assert big.narrow_start and m.narrow_starts == 1 and big.resplits == 1  # grown once, when GPU 0 freed
     assert big.start_s is not None and big.start_s < 20
-    done_narrow = 0.5 * (36_000 - big.start_s)  # half speed until GPU 0 frees, then full speed after a re-split
+    done_narrow = 2 / 3 * (36_000 - big.start_s)  # two thirds of its speed until GPU 0 frees, full after re-splitting
     cost = REPLAY_SETTINGS.checkpoint_s + REPLAY_SETTINGS.restart_s
     assert big.end_s == pytest.approx(36_000 + cost + 28_800 - done_narrow, abs=30)
     assert m.by_size["multi"]["max_wait_s"] < 100
 
 
-def test_malleable_baselines_start_narrow_on_whole_instances_of_their_own_profile() -> None:
+def test_a_malleable_job_does_not_start_at_half_speed_when_replay_s_margin_says_the_re_split_does_not_pay() -> None:
+    # The same on 2 GPUs: half speed until GPU 0 frees spares 10 h of waiting for 5 h of slowdown and a re-split,
+    # less than the twice its cost replay's gain margin asks: it waits, and starts whole.
     jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=2, elastic=True)]
+    narrow, m = run("flex", jobs, gpus=2, malleable=True)
+    big = next(r for r in narrow.records if r.name == "big")
+    assert not big.narrow_start and m.narrow_starts == 0 and big.start_s == pytest.approx(36_000, abs=10)
+
+
+def test_malleable_baselines_start_narrow_on_whole_instances_of_their_own_profile() -> None:
+    jobs = [job("hold", P7, 0, 36_000), job("big", P7, 10, 28_800, ranks=3, elastic=True)]
     for policy in ("static", "drain"):
-        layouts = [Layout.of(H200, [(P7, 0)])] * 2 if policy == "static" else None
-        result, _ = run(policy, jobs, gpus=2, layouts=layouts, malleable=True)
+        layouts = [Layout.of(H200, [(P7, 0)])] * 3 if policy == "static" else None
+        result, _ = run(policy, jobs, gpus=3, layouts=layouts, malleable=True)
         big = next(r for r in result.records if r.name == "big")
         assert big.narrow_start and big.start_s is not None and big.start_s < 20, policy
         assert big.resplits == 1, policy

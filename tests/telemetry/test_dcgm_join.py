@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flexmig.config import Config, DcgmConfig, HostPort, SamplingConfig
+from flexmig.config import Config, DcgmConfig, HostPort, PrometheusConfig, SamplingConfig
 from flexmig.daemon import Daemon
 from flexmig.sim import SimNode
 from flexmig.telemetry.settings import TelemetrySettings
@@ -101,6 +101,7 @@ def exporter(body: Callable[[], str]) -> Iterator[str]:
 async def running(url: str | None) -> AsyncIterator[Daemon]:
     config = Config(
         sampling=SamplingConfig(interval_s=0.05),
+        prometheus=PrometheusConfig(detail="full"),  # the activity families are of detail full
         dcgm=DcgmConfig(enabled=url is not None, url=url or "http://127.0.0.1:9400/metrics"),
     )
     settings = TelemetrySettings.from_config(config)

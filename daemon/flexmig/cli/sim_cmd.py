@@ -93,7 +93,8 @@ def sim_environment(state: Path) -> Iterator[dict[str, str]]:
             f'exec {shlex.quote(sys.executable)} -m flexmig.cli.sim_cmd nvidia-smi "$@"\n'
         )
         smi_path.chmod(0o755)
-        roots = list(dict.fromkeys(str(Path(str(m.__file__)).resolve().parents[1]) for m in (flexmig, flexmig_hook)))
+        files = [m.__file__ for m in (flexmig, flexmig_hook) if m.__file__ is not None]  # None: a namespace package
+        roots = list(dict.fromkeys(str(Path(f).resolve().parents[1]) for f in files))
         (py_dir / "sitecustomize.py").write_text(SHIM.format(roots=roots))
         env = dict(os.environ)
         env[ENV] = str(state)

@@ -56,6 +56,9 @@ DCGM_EXPORTER_PORT = 9400
 #: publish plans. ``act``: execute plans (needs root with CAP_SYS_ADMIN).
 Mode = Literal["observe", "advise", "act"]
 
+#: How many metric families ``/metrics`` exports (flexmig.metrics.families.LEVELS).
+MetricsDetail = Literal["minimal", "standard", "full"]
+
 _PLANNER = PlannerSettings()  # the planner's defaults are the [planner] table's
 _UNDERUSE = UnderuseSettings()  # detection's defaults are the [detect] table's
 _FRAGMENTATION = FragmentationSettings()
@@ -143,6 +146,13 @@ class PrometheusConfig:
     allow_remote: bool = _doc(
         False,
         "Allow a listen address other than loopback (metrics then reach the network unauthenticated).",
+        restart=True,
+    )
+    detail: MetricsDetail = _doc(
+        "standard",
+        "Which families are exported (docs/metrics.md, Detail and series budget): minimal (per instance: memory "
+        "size and use, SM activity, processes, idle time, active findings), standard (also the window statistics "
+        "and the placement) or full (every family, 0 for findings judged absent).",
         restart=True,
     )
 

@@ -5,6 +5,10 @@ from its entry here, the metric reference of docs/metrics.md is generated from t
 (``python -m flexmig.metrics.families --markdown``), and tests hold the live exposition of every mode to them in
 both directions, so code, exposition and documentation cannot drift apart.
 
+Every family has a *detail* level (:data:`LEVELS`): ``minimal``, ``standard`` (the default, ``[prometheus]
+detail``) or ``full``; a node exports the families of its level and the levels below it (the per-instance and
+per-GPU ones are what the levels trade: :func:`budget_table` counts the series each level costs).
+
 Identity labels follow dcgm-exporter, so our series join its ``DCGM_FI_*`` series: per GPU ``gpu`` (NVML index),
 ``UUID`` (the GPU's), ``pci_bus_id`` (``00000000:18:00.0``), ``device`` (``nvidia0``), ``model_name`` and
 ``Hostname``; per MIG instance also ``GPU_I_ID``, ``GPU_I_PROFILE``, ``GPU_CI_ID`` (the compute instance, which
@@ -18,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -33,15 +37,23 @@ __all__ = [
     "FAMILIES",
     "GPU_LABELS",
     "INSTANCE_LABELS",
+    "LEVELS",
     "NODE_LABELS",
+    "NODE_WIDE_SERIES",
     "Family",
     "FamilyKind",
+    "Level",
+    "budget_table",
     "by_name",
     "markdown_table",
     "sample_names",
+    "series_per_level",
 ]
 
 FamilyKind = Literal["gauge", "counter", "info", "histogram"]
+Level = Literal["minimal", "standard", "full"]
+LEVELS: tuple[Level, ...] = ("minimal", "standard", "full")
+"""Detail levels, least first: a node exports the families of its level and of every level before it."""
 
 NODE_LABELS: tuple[str, ...] = ("Hostname",)
 GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "model_name", "Hostname")
@@ -62,7 +74,7 @@ class Family:
     ``help`` is the exposition's ``# HELP`` text and the meaning column of the reference; ``when`` says when the
     family has series at all (empty: always, on every node with a sweep); ``info_labels`` are the labels an info
     family's value carries (beside ``labels``); ``extern`` marks families another library exports for us
-    (prometheus_client's ``process_*``).
+    (prometheus_client's ``process_*``); ``level`` is the least detail at which it is exported (:data:`LEVELS`).
     """
 
     name: str
@@ -72,6 +84,7 @@ class Family:
     when: str = ""
     info_labels: tuple[str, ...] = ()
     extern: bool = False
+    level: Level = "minimal"
 
     @property
     def samples(self) -> tuple[str, ...]:
@@ -517,6 +530,54 @@ FAMILIES: tuple[Family, ...] = (
     ),
 )
 
+_DETAIL: Mapping[str, Level] = {
+    # per GPU, standard: the rest of the fragmentation summary
+    "flexmig_gpu_free_memory_slices": "standard",
+    "flexmig_gpu_fragmentation_external_ratio": "standard",
+    "flexmig_gpu_stranded_compute_slices": "standard",
+    "flexmig_gpu_recoverable_ratio": "standard",
+    # per GPU, full: the power limit, MIG mode, clocks, per-profile capacities and the raw fragmentation figures
+    "flexmig_gpu_power_limit_watts": "full",
+    "flexmig_gpu_mig_mode": "full",
+    "flexmig_gpu_sm_clock_hertz": "full",
+    "flexmig_gpu_memory_clock_hertz": "full",
+    "flexmig_gpu_creatable_instances": "full",
+    "flexmig_gpu_creatable_repacked_instances": "full",
+    "flexmig_gpu_stranded_instances": "full",
+    "flexmig_gpu_fragmentation_external_slices": "full",
+    "flexmig_gpu_stranded_ratio": "full",
+    # per instance, standard: the window statistics PromQL cannot recompute from a 15 s scrape (SM activity's mean,
+    # min and p95, memory's peak), and the placement
+    "flexmig_mig_sm_active_mean_ratio": "standard",
+    "flexmig_mig_sm_active_min_ratio": "standard",
+    "flexmig_mig_sm_active_p95_ratio": "standard",
+    "flexmig_mig_memory_used_max_bytes": "standard",
+    "flexmig_mig_placement_start": "standard",
+    "flexmig_mig_memory_slices": "standard",
+    "flexmig_mig_suggested_profile": "standard",
+    # per instance, full: the other activity figures, host figures, compute size and internal fragmentation
+    "flexmig_mig_memory_used_mean_bytes": "full",
+    "flexmig_mig_memory_used_p95_bytes": "full",
+    "flexmig_mig_sm_occupancy_ratio": "full",
+    "flexmig_mig_dram_active_ratio": "full",
+    "flexmig_mig_tensor_active_ratio": "full",
+    "flexmig_mig_gr_engine_active_ratio": "full",
+    "flexmig_mig_activity_source": "full",
+    "flexmig_mig_processes_cpu_ratio": "full",
+    "flexmig_mig_processes_resident_memory_bytes": "full",
+    "flexmig_mig_compute_slices": "full",
+    "flexmig_mig_internal_fragmentation_compute_slices": "full",
+    "flexmig_mig_internal_fragmentation_memory_slices": "full",
+}
+"""The detail level of every family that is not ``minimal``: what ``standard`` and ``full`` add, in one place.
+``minimal`` keeps, per instance, its memory size and use, SM activity, processes, idle time and active findings;
+per GPU, its memory, the sensors an operator pages on (lost, power, temperature), instances, free compute slices,
+recoverable capacity, findings and layout changes; every node-wide family (the daemon's own health, detection's
+node figures, MQTT, actions, Slurm) at every level."""
+
+FAMILIES = tuple(replace(f, level=_DETAIL.get(f.name, "minimal")) for f in FAMILIES)
+assert set(_DETAIL) <= {f.name for f in FAMILIES}, "a detail level for a family the catalogue lacks"
+
 _BY_NAME: Mapping[str, Family] = MappingProxyType({f.name: f for f in FAMILIES})
 assert len(_BY_NAME) == len(FAMILIES), "two catalogue entries share a family name (OpenMetrics forbids it)"
 
@@ -553,11 +614,96 @@ def _cell(text: str) -> str:
 
 def markdown_table() -> str:
     """The metric reference table of docs/metrics.md (between its generated-table markers), one row per family."""
-    lines = ["| metric | type | labels | meaning | series |", "|---|---|---|---|---|"]
+    lines = ["| metric | type | labels | meaning | series | detail |", "|---|---|---|---|---|---|"]
     for f in FAMILIES:
         names = " ".join(f"`{n}`" for n in f.samples)
         kind = "gauge (info)" if f.kind == "info" else f.kind
-        lines.append(f"| {names} | {kind} | {_labels_cell(f)} | {_cell(f.help)} | {_cell(f.when) or 'always'} |")
+        when = _cell(f.when) or "always"
+        lines.append(f"| {names} | {kind} | {_labels_cell(f)} | {_cell(f.help)} | {when} | {f.level} |")
+    return "\n".join(lines) + "\n"
+
+
+_ZERO_ONE = ("flexmig_mig_finding", "flexmig_gpu_finding")
+"""0/1 finding families: below ``full`` only their active findings have a series."""
+_ONLY_ACTIVE = (
+    "flexmig_mig_finding_duration_seconds",
+    "flexmig_mig_suggested_profile",
+    "flexmig_gpu_finding_duration_seconds",
+)
+"""Families with a series only while a finding is active, at every level."""
+
+
+def series_per_level(labels: tuple[str, ...], profiles: int) -> dict[Level, tuple[int, int]]:
+    """Series each detail level costs per thing labelled ``labels`` (an instance or a GPU): (fewest, most).
+
+    The fewest is with no finding active; the most with every finding active. A family labelled per profile
+    counts ``profiles`` series; per finding kind, one series per kind (at ``full``, where the absent ones are 0);
+    per layout change, two (created, destroyed).
+    """
+    kinds = {"flexmig_mig_finding": 3, "flexmig_gpu_finding": 1, "flexmig_mig_finding_duration_seconds": 3,
+             "flexmig_gpu_finding_duration_seconds": 1}  # fmt: skip
+    out: dict[Level, tuple[int, int]] = {}
+    for rank, level in enumerate(LEVELS):
+        low = high = 0
+        for f in FAMILIES:
+            if f.labels[: len(labels)] != labels or LEVELS.index(f.level) > rank or f.when.startswith("with `"):
+                continue
+            rest = f.labels[len(labels) :]
+            if rest and rest[0] in ("gpu", "GPU_I_ID"):
+                continue  # a family of a longer label set (instances, when counting GPUs)
+            n = profiles if "profile" in rest else 2 if "change" in rest else kinds.get(f.name, 1)
+            if f.name in _ONLY_ACTIVE or (f.name in _ZERO_ONE and level != "full"):
+                high += n
+            else:
+                low += n
+                high += n
+        out[level] = (low, high)
+    return out
+
+
+NODE_WIDE_SERIES = 100
+"""About how many node-wide series a node in mode act exports at every level (the daemon's own health, detection's
+node figures, the actuator's counters and histograms, MQTT's): what bench/scrape.py measures, rounded up."""
+SERIES_RAM_BYTES = 2560
+"""Prometheus 2.x head memory per active series with a dozen labels: about 732 B, 32 B per label pair and the
+name twice, doubled for Go's garbage collector (Robust Perception, "How much RAM does Prometheus 2.x need for
+cardinality and ingestion?", https://www.robustperception.io/how-much-ram-does-prometheus-2-x-need-for-cardinality-and-ingestion/),
+rounded to 2.5 KiB."""
+SAMPLE_DISK_BYTES = 1.5
+"""Bytes per sample on disk after compaction (Prometheus's storage documentation: 1-2 bytes per sample,
+https://prometheus.io/docs/prometheus/latest/storage/)."""
+
+
+def budget_table(profiles: int = 7, gpus: int = 8, per_gpu: int = 7, nodes: int = 1000, scrape_s: int = 15) -> str:
+    """The budget tables of docs/metrics.md: series per MIG instance, per GPU and per node of ``gpus`` GPUs with
+    ``per_gpu`` instances each at every detail level (a range: from no finding active to every finding active),
+    and what ``nodes`` such nodes cost a Prometheus scraping every ``scrape_s`` seconds. ``profiles``: how many
+    profiles a GPU lists (7 on an H200)."""
+    inst = series_per_level(INSTANCE_LABELS, profiles)
+    gpu = series_per_level(GPU_LABELS, profiles)
+    devices = gpus * per_gpu
+    lines = [
+        f"| detail | series per MIG instance | series per GPU | series per node ({gpus} GPUs x {per_gpu} instances) |",
+        "|---|---|---|---|",
+    ]
+    per_node: dict[str, int] = {}
+    for level in LEVELS:
+        lo = devices * inst[level][0] + gpus * gpu[level][0] + NODE_WIDE_SERIES
+        hi = devices * inst[level][1] + gpus * gpu[level][1] + NODE_WIDE_SERIES
+        per_node[level] = lo
+        cells = [f"{a}" if a == b else f"{a}-{b}" for a, b in (inst[level], gpu[level], (lo, hi))]
+        lines.append(f"| {level}{' (default)' if level == 'standard' else ''} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"| detail | {nodes:,} nodes: active series | head memory | samples per second | disk per day |",
+        "|---|---|---|---|---|",
+    ]
+    for level in LEVELS:
+        series = per_node[level] * nodes
+        ram = series * SERIES_RAM_BYTES / 2**30
+        rate = series / scrape_s
+        disk = rate * 86400 * SAMPLE_DISK_BYTES / 1e9
+        lines.append(f"| {level} | {series / 1e6:.2f} M | {ram:.1f} GiB | {rate / 1000:.0f} k | {disk:.1f} GB |")
     return "\n".join(lines) + "\n"
 
 
@@ -567,8 +713,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m flexmig.metrics.families", description="flexmigd's metric families."
     )
     parser.add_argument("--markdown", action="store_true", help="print the reference table of docs/metrics.md")
+    parser.add_argument("--budget", action="store_true", help="print the series budget table of docs/metrics.md")
     args = parser.parse_args(argv)
-    if args.markdown:
+    if args.budget:
+        sys.stdout.write(budget_table())
+    elif args.markdown:
         sys.stdout.write(markdown_table())
     else:
         for f in FAMILIES:

@@ -2,7 +2,7 @@
 
 Both are :class:`~flexmig.metrics.collector.SnapshotMetrics` extensions of the one snapshot collector, so they
 share its rules: no I/O in a scrape, ``flexmig_`` names in base units, dcgm-exporter identity labels (reused
-through :func:`gpu_labels`/:func:`instance_labels`, so ``on(gpu, GPU_I_ID)`` joins keep working), and a figure
+through :func:`gpu_label_set`/:func:`instance_label_set`, so ``on(gpu, GPU_I_ID)`` joins keep working), and a figure
 nobody knows is an absent series, never 0.
 
 * :class:`FindingsMetrics` reads the :class:`~flexmig.detect.Report` that the daemon's detection enricher put in
@@ -11,9 +11,13 @@ nobody knows is an absent series, never 0.
 * :class:`PublisherMetrics` reads :meth:`MqttPublisher.stats` (through a callable, so a test can pass any stats).
 
 Finding series: ``flexmig_mig_finding{finding="idle"|"underused"|"oversized"}`` and
-``flexmig_gpu_finding{finding="fragmentation"}`` are 1 while the finding is active and 0 for the kinds detection
-judged and found absent; an instance detection could not judge (no telemetry window yet, a lost GPU) has no
-series at all.
+``flexmig_gpu_finding{finding="fragmentation"}`` are 1 while the finding is active and, at detail ``full``, 0 for
+the kinds detection judged and found absent (below ``full`` only active findings have a series: what alerts
+compare, and a third of an instance's series); an instance detection could not judge (no telemetry window yet, a
+lost GPU) has no series at all.
+
+Detection's families depend on the snapshot alone, so they are :class:`~flexmig.metrics.collector.SnapshotFamilies`
+written once per snapshot; the publisher's health changes between sweeps and is collected at every scrape.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Protocol
 from prometheus_client.core import Metric
 
 from flexmig.detect import FragmentationFinding, OversizedFinding, Report, UnderuseFinding
-from flexmig.metrics.collector import gpu_labels, instance_labels
+from flexmig.metrics.collector import gpu_label_set, instance_label_set, node_label_set
+from flexmig.metrics.exposition import FamilyWriter, LabelSet, Writer
 from flexmig.metrics.families import by_name
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
 
@@ -58,34 +63,33 @@ class FindingsMetrics:
     def __init__(self, detect_stats: Callable[[], tuple[float | None, int]] | None = None) -> None:
         self._detect_stats = detect_stats
 
-    def collect(self, snapshot: Snapshot) -> Iterator[Metric]:
-        """Every detection family for ``snapshot``."""
-        yield from self._detect_cost(snapshot)
+    def write(self, snapshot: Snapshot, out: Writer) -> None:
+        """Every detection family for ``snapshot``, at ``out``'s detail."""
+        self._detect_cost(snapshot, out)
         report = report_of(snapshot)
         if report is None:
             return
         gpus = {g.index: g for g in snapshot.gpus}
-        yield from _node_families(snapshot, report)
-        yield from _gpu_families(snapshot, report, gpus)
-        yield from _instance_families(snapshot, report, gpus)
+        _node_families(snapshot, report, out)
+        _gpu_families(snapshot, report, gpus, out)
+        _instance_families(snapshot, report, gpus, out)
 
-    def _detect_cost(self, snapshot: Snapshot) -> Iterator[Metric]:
+    def _detect_cost(self, snapshot: Snapshot, out: Writer) -> None:
         if self._detect_stats is None:
             return
         last_s, failures = self._detect_stats()
-        host = [snapshot.hostname]
-        if last_s is not None:
-            g = by_name("flexmig_detect_duration_seconds").gauge()
-            g.add_metric(host, last_s)
-            yield g
-        c = by_name("flexmig_detect_failures").counter()
-        c.add_metric(host, failures)
-        yield c
+        host = node_label_set(snapshot, out)
+        fam = out.family("flexmig_detect_duration_seconds")
+        if last_s is not None and fam is not None:
+            fam.add(host, last_s)
+        fam = out.family("flexmig_detect_failures")
+        if fam is not None:
+            fam.add(host, failures)
 
 
-def _node_families(snap: Snapshot, report: Report) -> Iterator[Metric]:
+def _node_families(snap: Snapshot, report: Report, out: Writer) -> None:
     frag = report.fragmentation
-    host = [snap.hostname]
+    host = node_label_set(snap, out)
     for name, value in (
         ("flexmig_node_fragmentation_external_ratio", frag.external_score),
         ("flexmig_node_fragmentation_external_slices", frag.external_fragment),
@@ -93,54 +97,61 @@ def _node_families(snap: Snapshot, report: Report) -> Iterator[Metric]:
         ("flexmig_node_stranded_ratio", frag.stranded_score),
         ("flexmig_node_recoverable_compute_slices", frag.recoverable_compute_slices),
     ):
-        g = by_name(name).gauge()
-        g.add_metric(host, value)
-        yield g
+        fam = out.family(name)
+        if fam is not None:
+            fam.add(host, value)
 
 
-def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot]) -> Iterator[Metric]:
-    ext = by_name("flexmig_gpu_fragmentation_external_ratio").gauge()
-    ext_slices = by_name("flexmig_gpu_fragmentation_external_slices").gauge()
-    stranded = by_name("flexmig_gpu_stranded_compute_slices").gauge()
-    stranded_ratio = by_name("flexmig_gpu_stranded_ratio").gauge()
-    recoverable = by_name("flexmig_gpu_recoverable_compute_slices").gauge()
-    recoverable_ratio = by_name("flexmig_gpu_recoverable_ratio").gauge()
-    changes = by_name("flexmig_gpu_instance_changes").counter()
-    repacked = by_name("flexmig_gpu_creatable_repacked_instances").gauge()
-    stranded_p = by_name("flexmig_gpu_stranded_instances").gauge()
-    finding = by_name("flexmig_gpu_finding").gauge()
-    finding_s = by_name("flexmig_gpu_finding_duration_seconds").gauge()
+def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot], out: Writer) -> None:
+    judged = [
+        (g, gpu_label_set(snap, gpus[g.gpu], out))
+        for g in report.fragmentation.gpus
+        if g.gpu in gpus and not gpus[g.gpu].lost
+    ]
+    for name, attr in (
+        ("flexmig_gpu_fragmentation_external_ratio", "external_score"),
+        ("flexmig_gpu_fragmentation_external_slices", "external_fragment"),
+        ("flexmig_gpu_stranded_compute_slices", "stranded_compute_slices"),
+        ("flexmig_gpu_stranded_ratio", "stranded_score"),
+        ("flexmig_gpu_recoverable_compute_slices", "recoverable_compute_slices"),
+        ("flexmig_gpu_recoverable_ratio", "recoverable_score"),
+    ):
+        fam = out.family(name)
+        if fam is not None:
+            for g, labels in judged:
+                fam.add(labels, getattr(g, attr))
+    fam = out.family("flexmig_gpu_instance_changes")
+    if fam is not None:
+        for g, labels in judged:
+            for change in ("created", "destroyed"):
+                fam.add(labels.extend(("change",), (change,)), report.instance_changes.get((g.gpu, change), 0))
+    for name, attr in (
+        ("flexmig_gpu_creatable_repacked_instances", "creatable_repacked"),
+        ("flexmig_gpu_stranded_instances", "stranded"),
+    ):
+        fam = out.family(name)
+        if fam is not None:
+            for g, labels in judged:
+                for c in g.capacity:
+                    fam.add(labels.extend(("profile",), (c.profile,)), getattr(c, attr))
     active = {f.gpu: f for f in report.active if isinstance(f, FragmentationFinding)}
-    for g in report.fragmentation.gpus:
-        gpu = gpus.get(g.gpu)
-        if gpu is None or gpu.lost:
-            continue
-        labels = gpu_labels(snap, gpu)
-        ext.add_metric(labels, g.external_score)
-        ext_slices.add_metric(labels, g.external_fragment)
-        stranded.add_metric(labels, g.stranded_compute_slices)
-        stranded_ratio.add_metric(labels, g.stranded_score)
-        recoverable.add_metric(labels, g.recoverable_compute_slices)
-        recoverable_ratio.add_metric(labels, g.recoverable_score)
-        for change in ("created", "destroyed"):
-            changes.add_metric([*labels, change], report.instance_changes.get((g.gpu, change), 0))
-        for c in g.capacity:
-            repacked.add_metric([*labels, c.profile], c.creatable_repacked)
-            stranded_p.add_metric([*labels, c.profile], c.stranded)
+    finding = out.family("flexmig_gpu_finding")
+    finding_s = out.family("flexmig_gpu_finding_duration_seconds")
+    for g, labels in judged:
         f = active.get(g.gpu)
-        finding.add_metric([*labels, "fragmentation"], 1.0 if f is not None else 0.0)
-        if f is not None:
-            finding_s.add_metric([*labels, "fragmentation"], max(0.0, report.now - f.since))
-    yield from (ext, ext_slices, stranded, stranded_ratio, recoverable, recoverable_ratio)
-    yield from (changes, repacked, stranded_p, finding, finding_s)
+        kind = labels.extend(("finding",), ("fragmentation",))
+        if finding is not None and (f is not None or out.zeros):
+            finding.add(kind, 1.0 if f is not None else 0.0)
+        if f is not None and finding_s is not None:
+            finding_s.add(kind, max(0.0, report.now - f.since))
 
 
-def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot]) -> Iterator[Metric]:
-    idle_c = by_name("flexmig_mig_internal_fragmentation_compute_slices").gauge()
-    idle_m = by_name("flexmig_mig_internal_fragmentation_memory_slices").gauge()
-    finding = by_name("flexmig_mig_finding").gauge()
-    finding_s = by_name("flexmig_mig_finding_duration_seconds").gauge()
-    suggested = by_name("flexmig_mig_suggested_profile").info()
+def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot], out: Writer) -> None:
+    idle_c = out.family("flexmig_mig_internal_fragmentation_compute_slices")
+    idle_m = out.family("flexmig_mig_internal_fragmentation_memory_slices")
+    finding = out.family("flexmig_mig_finding")
+    finding_s = out.family("flexmig_mig_finding_duration_seconds")
+    suggested = out.family("flexmig_mig_suggested_profile")
     by_key: dict[tuple[int, int], list[InstanceSnapshot]] = {}
     for gpu in gpus.values():
         for inst in gpu.instances:
@@ -157,19 +168,38 @@ def _instance_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSna
         for inst in by_key.get(key, ()):
             if inst.profile_name != internal.profile:
                 continue
-            labels = instance_labels(snap, inst)
-            if internal.compute_idle is not None:
-                idle_c.add_metric(labels, internal.compute_idle)
-            if internal.memory_idle is not None:
-                idle_m.add_metric(labels, internal.memory_idle)
-            for kind in INSTANCE_FINDINGS:
-                hit = found.get(kind)
-                finding.add_metric([*labels, kind], 1.0 if hit is not None else 0.0)
-                if hit is not None:
-                    finding_s.add_metric([*labels, kind], max(0.0, report.now - hit.since))
-                    if isinstance(hit, OversizedFinding):
-                        suggested.add_metric(labels, {"suggested_profile": hit.suggested})
-    yield from (idle_c, idle_m, finding, finding_s, suggested)
+            labels = instance_label_set(snap, inst, out)
+            if internal.compute_idle is not None and idle_c is not None:
+                idle_c.add(labels, internal.compute_idle)
+            if internal.memory_idle is not None and idle_m is not None:
+                idle_m.add(labels, internal.memory_idle)
+            _instance_findings(labels, found, report.now, out, finding=finding, age=finding_s, suggested=suggested)
+
+
+def _instance_findings(
+    labels: LabelSet,
+    found: Mapping[str, UnderuseFinding | OversizedFinding],
+    now: float,
+    out: Writer,
+    *,
+    finding: FamilyWriter | None,
+    age: FamilyWriter | None,
+    suggested: FamilyWriter | None,
+) -> None:
+    """One instance's findings: each kind active (1 and its age), or judged absent (0, at full detail only)."""
+    for kind in INSTANCE_FINDINGS:
+        hit = found.get(kind)
+        if hit is None and not out.zeros:
+            continue
+        which = labels.extend(("finding",), (kind,))
+        if finding is not None:
+            finding.add(which, 1.0 if hit is not None else 0.0)
+        if hit is None:
+            continue
+        if age is not None:
+            age.add(which, max(0.0, now - hit.since))
+        if isinstance(hit, OversizedFinding) and suggested is not None:
+            suggested.info(labels, (hit.suggested,))
 
 
 # ---------------------------------------------------------------------------------------------------- MQTT

@@ -17,9 +17,11 @@ connection) and holds these limits:
 * **size**: a request head over 8 KiB gets ``431``, a malformed one ``400``; one request per connection
   (``Connection: close``), so no connection idles.
 
-What is answered is prometheus_client's own WSGI application (:func:`prometheus_client.make_wsgi_app`): the
-content negotiation (text or OpenMetrics), gzip, ``name[]`` filters and the status codes are exactly the library's.
-A scrape runs the collectors on this server's thread: they read the published snapshot only (never NVML).
+What is answered is a WSGI application: flexmigd's :class:`~flexmig.metrics.scrape.Exposition` (rendered once per
+snapshot, shared by every scraper), or, for a plain registry, prometheus_client's own
+(:func:`prometheus_client.make_wsgi_app`); the content negotiation (text or OpenMetrics), gzip, ``name[]`` filters
+and the status codes are the library's in both. A scrape runs on this server's thread: it reads the published
+snapshot only (never NVML).
 """
 
 from __future__ import annotations
@@ -43,7 +45,15 @@ from prometheus_client.registry import CollectorRegistry
 
 from flexmig.errors import FlexmigError
 
-__all__ = ["FD_RESERVE", "MAX_CONNECTIONS", "MAX_HEAD_BYTES", "MetricsServer", "ServerStats", "connection_cap"]
+__all__ = [
+    "FD_RESERVE",
+    "MAX_CONNECTIONS",
+    "MAX_HEAD_BYTES",
+    "MetricsServer",
+    "ServerStats",
+    "WsgiApp",
+    "connection_cap",
+]
 
 log = logging.getLogger(__name__)
 
@@ -320,12 +330,17 @@ class _Serving:
             conn.kill()
 
 
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+"""A WSGI application: what the server answers a request with."""
+
+
 class MetricsServer:
-    """Serves ``registry`` on ``host:port`` from a thread of its own, within the limits of the module doc."""
+    """Serves ``app`` (a WSGI application, or a registry prometheus_client's application answers for) on
+    ``host:port`` from a thread of its own, within the limits of the module doc."""
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        app: CollectorRegistry | WsgiApp,
         host: str,
         port: int,
         *,
@@ -333,7 +348,7 @@ class MetricsServer:
         header_timeout_s: float = 10.0,
         write_timeout_s: float = 30.0,
     ) -> None:
-        self._registry = registry
+        self._app: WsgiApp = make_wsgi_app(app) if isinstance(app, CollectorRegistry) else app
         self._host = host
         self._port = port
         self._wanted = max_connections
@@ -392,7 +407,7 @@ class MetricsServer:
         loop = asyncio.get_running_loop()
         state = _Serving(
             loop,
-            make_wsgi_app(self._registry),
+            self._app,
             self.stats,
             limit=self.stats.limit,
             header_timeout_s=self._header_timeout_s,

@@ -4,7 +4,7 @@ A placer answers the discipline's questions (:class:`flexmig.plan.queue.Placer`)
 
 * whether a job starts now, and where: its nominal shape first; an elastic job that does not fit nominally may be
   *spread* (flex only); a malleable job that still does not fit may start *narrow*, below its nominal compute,
-  when that ends it sooner than waiting for its nominal shape (:meth:`BasePlacer.narrow_pays`);
+  when the wait it is spared outweighs what it pays, even if it never grows back (:mod:`flexmig.plan.narrow`);
 * the head's reservation: the earliest time it could start as running jobs end (all jobs ending at one time
   together), and whether it still could then with a backfilled job running (:meth:`BasePlacer.keeps_head`).
 
@@ -22,8 +22,9 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from flexmig.mig.catalogue import GpuModel
+from flexmig.plan.narrow import NarrowCase, narrow_case
 from flexmig.plan.queue import Reservation
-from flexmig.plan.scratch import Scratch
+from flexmig.plan.scratch import GpuTally, Scratch
 from flexmig.plan.shapes import Shape, speed_of
 from flexmig.plan.types import Instance, JobRequest, PlannerSettings, RankNeed, StartJob
 
@@ -51,7 +52,8 @@ class BasePlacer:
 
     Subclasses say where a job fits at its nominal shape or a spread (:meth:`fit_nominal`) and how ranks of one
     profile are placed (:meth:`place_exact`). ``ends`` gives the expected end time of each running job (for the
-    head's reservation); jobs without one are assumed to run forever.
+    head's reservation); jobs without one are assumed to run forever. ``queue`` is the pass's queue in order, for
+    placers that lay GPUs out for the jobs still waiting (the strong drain).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class BasePlacer:
         weights: tuple[float, ...],
         now_s: float,
         ends: Mapping[str, float],
+        queue: Sequence[JobRequest] = (),
         on_start: Callable[[JobRequest, Shape, tuple[Instance, ...]], None] | None = None,
     ) -> None:
         self.scratch = scratch
@@ -71,8 +74,10 @@ class BasePlacer:
         self.weights = weights
         self.now_s = now_s
         self.ends = dict(ends)
+        self.queue = tuple(queue)
         self.on_start = on_start
         self._nominal_start: dict[tuple[int, int], float] = {}
+        self._open: GpuTally | None = None
 
     # ------------------------------------------------------------------------------------------- shapes
     def shapes(self, job: JobRequest) -> tuple[Shape, ...]:
@@ -150,6 +155,7 @@ class BasePlacer:
             how = f"fits spread over {shape.ranks} instances at {speed:.0%} speed"
         else:
             wait = self._nominal_start.get((nominal.profile.profile_id, nominal.ranks))
+            case = None if wait is None else self.narrow_case(job, nominal, speed, nominal_s=wait)
             waited = (
                 ""
                 if wait is None
@@ -157,9 +163,15 @@ class BasePlacer:
                 + ("never frees up as running jobs end" if wait == _INF else f"frees up in ~{wait - self.now_s:.0f}s")
                 + ")"
             )
+            weighed = (
+                ""
+                if case is None or wait == _INF
+                else f": spares ~{case.wait_s:.0f}s of waiting for ~{case.expected_cost_s:.0f}s of slowdown and growing"
+                f" back, ~{case.worst_cost_s:.0f}s if it never grows"
+            )
             how = (
                 f"starts narrow as {shape.ranks}x{shape.profile.name} at {speed:.0%} speed rather than wait"
-                f"{waited}; it is grown when room frees"
+                f"{waited}{weighed}; it is grown when room frees"
             )
         self.scratch.emit(StartJob(job.name, instances, f"{job.name} {how}", 0.0))
         self.ends[job.name] = self._end_of(job, shape)
@@ -173,8 +185,8 @@ class BasePlacer:
         A rigid job is reserved at its nominal shape or a spread, and held to what it was reserved as: reserved
         nominal, a backfill must leave it its nominal shape at its start (:meth:`keeps_head`), not just a spread.
         A malleable one may instead be reserved *narrow*:
-        at the first time its smallest narrow shape fits, holding just that, when starting narrow then ends it sooner
-        than waiting for its nominal shape (:meth:`narrow_pays`, at the smallest shape's speed). This is how
+        at the first time its smallest narrow shape fits, holding just that, when starting narrow then pays
+        (:meth:`narrow_pays`, judged at the smallest shape's speed, from that time). This is how
         shrinking a waiting head beats reserving the node for it: the head needs only what frees first, not a
         drain; when it starts it takes whatever narrow shape fits then.
         """
@@ -290,8 +302,15 @@ class BasePlacer:
         raise NotImplementedError
 
     def exhausted(self) -> bool:
-        """No free instance on any usable GPU, and (subclasses) no other way to make one."""
-        return not any(self.scratch.free_instances(g) for g in self.scratch.usable_gpus())
+        """No usable GPU could take a rank of any job now (:meth:`gpu_open`); answered from a :class:`GpuTally`, so
+        asking after every job of a long queue costs what changed since, not every GPU again."""
+        if self._open is None:
+            self._open = GpuTally(self.scratch, lambda g: int(self.gpu_open(g)))
+        return self._open.total() == 0
+
+    def gpu_open(self, gpu: int) -> bool:
+        """Could ``gpu`` take a rank of some job now? Here: it has a free instance (subclasses add other ways)."""
+        return bool(self.scratch.free_instances(gpu))
 
     # -------------------------------------------------------------------------------------- narrow starts
     def nominal_start(self, nominal: Shape) -> float:
@@ -327,38 +346,41 @@ class BasePlacer:
         start_s: float | None = None,
         nominal_s: float | None = None,
     ) -> bool:
-        """Does starting ``job`` narrow at ``start_s`` (now), at ``speed``, end it sooner than waiting for its
-        nominal shape until ``nominal_s``?
+        """Should ``job`` start narrow at ``start_s`` (now), at ``speed``, rather than wait for its nominal shape
+        until ``nominal_s`` (by default when the running jobs ending first leave room for it, ignoring the queue)?
+        The rule and the model are :mod:`flexmig.plan.narrow`'s."""
+        case = self.narrow_case(job, nominal, speed, start_s=start_s, nominal_s=nominal_s)
+        return case is None or case.pays(self.settings.gain_ratio)
 
-        Waiting, it ends at ``t_n + R`` (``t_n``: by default when the running jobs ending first leave room for the
-        nominal shape, ignoring the queue, so the wait is if anything underestimated). Narrow, it runs at ``speed``
-        until it can grow, no earlier than ``t_n`` and no earlier than the settling time after its start, pays one
-        re-split then, and runs the rest at full speed; if it would finish before growing, it ends at
-        ``start + R / speed``. Unknown run time or a nominal shape that never frees up: start narrow.
-        """
-        runtime = job.expected_runtime_s
-        t_n = self.nominal_start(nominal) if nominal_s is None else nominal_s
-        if runtime is None or t_n == _INF:
-            return True
-        start = self.now_s if start_s is None else start_s
-        grow_at = max(t_n, start + self.settings.settling_s)
-        done = speed * (grow_at - start)
-        if done >= runtime:
-            narrow_end = start + runtime / speed
-        else:
-            narrow_end = grow_at + self.settings.move_cost(job.move_cost_s, standby=job.standby) + runtime - done
-        return narrow_end < t_n + runtime
+    def narrow_case(
+        self,
+        job: JobRequest,
+        nominal: Shape,
+        speed: float,
+        *,
+        start_s: float | None = None,
+        nominal_s: float | None = None,
+    ) -> NarrowCase | None:
+        """The model's figures for starting ``job`` narrow (None: its run time is unknown)."""
+        return narrow_case(
+            job.expected_runtime_s,
+            speed,
+            start_s=self.now_s if start_s is None else start_s,
+            nominal_s=self.nominal_start(nominal) if nominal_s is None else nominal_s,
+            settling_s=self.settings.settling_s,
+            move_cost_s=self.settings.move_cost(job.move_cost_s, standby=job.standby),
+        )
 
 
 class FlexPlacer(BasePlacer):
     """The flex rules: nominal anywhere (creating around held instances), else the best spread, else narrow."""
 
-    def exhausted(self) -> bool:
-        """Not even the smallest instance could be created or reused anywhere."""
-        if not super().exhausted():
-            return False
+    def gpu_open(self, gpu: int) -> bool:
+        """A free instance, or room to create the smallest instance around the held ones."""
+        if super().gpu_open(gpu):
+            return True
         smallest = min(self.model.plain_profiles, key=lambda p: (p.compute_slices, p.memory_slices))
-        return self.scratch.room(smallest, self.scratch.usable_gpus()) == 0
+        return self.scratch.room(smallest, (gpu,)) > 0
 
     def fit_nominal(self, scratch: Scratch, job: JobRequest, gpus: Sequence[int], reason: str) -> Placed | None:
         """Place ``job`` on ``scratch`` (nominal first, then the best spread); None and no change if it cannot."""

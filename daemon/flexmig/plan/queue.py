@@ -100,63 +100,110 @@ def admit(
     end before the head's start and those that do not, to skip repeats; the placer decides on the shape it actually
     places.
     """
-    started: list[str] = []
-    reservation: Reservation | None = None
-    blocked = False
-    failed = _Failures()
-    waiting: list[JobRequest] = []
-    yields = _YIELD_TRIES if yield_to is not None else 0
+    run = _Pass(placer, now_s, duration, unblock=unblock, discipline=discipline, yield_to=yield_to)
     for job in queue:
         key = placer.shape_key(job)
-        if reservation is None:
-            if not failed.skips((key, False), job) and placer.try_place(job, None):
-                started.append(job.name)
-                continue
-            failed.add((key, False), job)
-            if blocked:  # greedy: only the first blocked job gets a look-ahead and a chance to unblock
-                if yields > 0 and yield_to is not None:
-                    yields -= 1
-                    if yield_to(job, None):
-                        started.append(job.name)
-                        continue
-                waiting.append(job)
-                if placer.exhausted():
-                    break
-                continue
-            waiting.append(job)
-            blocked = True
-            shadow = placer.shadow(job) if discipline == "easy" or unblock is not None else None
-            if unblock is not None and unblock(job, shadow):
-                started.append(job.name)
-                waiting.pop()
-                blocked = False
-                continue
-            if discipline == "greedy":
-                continue
-            # The head cannot be given a start time (run times unknown, or it never fits): it does not hold the
-            # queue up; later jobs are tried as if it were not there.
-            reservation = shadow or Reservation(job.name, float("inf"), None, job)
-            continue
-        runs = duration(job)
-        short = runs is not None and now_s + runs <= reservation.start_s
+        reservation = run.reservation
+        if run.unreserved(job, key) if reservation is None else run.reserved(job, key, reservation):
+            break  # the node is full: no later job could start
+    _start_narrow(run.waiting, placer, run.reservation, run.started)
+    return Admission(tuple(run.started), run.reservation)
+
+
+class _Pass:
+    """One pass of :func:`admit` over the queue: the jobs started and left waiting, the head's reservation once
+    one is set, and what failed (to skip repeats). :meth:`unreserved` and :meth:`reserved` each take one job and
+    return True when the pass may stop (the placer is exhausted)."""
+
+    def __init__(
+        self,
+        placer: Placer,
+        now_s: float,
+        duration: Callable[[JobRequest], float | None],
+        *,
+        unblock: Callable[[JobRequest, Reservation | None], bool] | None,
+        discipline: Discipline,
+        yield_to: Callable[[JobRequest, Reservation | None], bool] | None,
+    ) -> None:
+        self._placer = placer
+        self._now_s = now_s
+        self._duration = duration
+        self._unblock = unblock
+        self._discipline = discipline
+        self._yield_to = yield_to
+        self._yields = _YIELD_TRIES if yield_to is not None else 0
+        self._failed = _Failures()
+        self._blocked = False
+        self.started: list[str] = []
+        self.waiting: list[JobRequest] = []
+        self.reservation: Reservation | None = None
+
+    def unreserved(self, job: JobRequest, key: Hashable) -> bool:
+        """Before any reservation (EASY until the head, greedy throughout): start ``job`` if it fits; the first
+        job that does not is the head, later ones (greedy) get a chance to have larger malleable jobs yield."""
+        if not self._failed.skips((key, False), job) and self._placer.try_place(job, None):
+            self.started.append(job.name)
+            return False
+        self._failed.add((key, False), job)
+        if not self._blocked:
+            self._head(job)
+            return False
+        # greedy: only the first blocked job gets a look-ahead and a chance to unblock
+        if self._yielded(job, None):
+            return False
+        self.waiting.append(job)
+        return self._placer.exhausted()
+
+    def _head(self, job: JobRequest) -> None:
+        """The first job that cannot start: a chance to make room for it, else (EASY) its reservation."""
+        self.waiting.append(job)
+        self._blocked = True
+        placer = self._placer
+        shadow = placer.shadow(job) if self._discipline == "easy" or self._unblock is not None else None
+        if self._unblock is not None and self._unblock(job, shadow):
+            self.started.append(job.name)
+            self.waiting.pop()
+            self._blocked = False
+            return
+        if self._discipline == "greedy":
+            return
+        # The head cannot be given a start time (run times unknown, or it never fits): it does not hold the
+        # queue up; later jobs are tried as if it were not there.
+        self.reservation = shadow or Reservation(job.name, float("inf"), None, job)
+
+    def reserved(self, job: JobRequest, key: Hashable, reservation: Reservation) -> bool:
+        """Behind the head (EASY): backfill ``job`` if it fits without delaying the head's start."""
+        runs = self._duration(job)
+        short = runs is not None and self._now_s + runs <= reservation.start_s
         fkey = (key, not short)
-        if failed.skips(fkey, job):
-            waiting.append(job)
-            continue
-        if placer.try_place(job, reservation):
-            started.append(job.name)
-            continue
-        if yields > 0 and yield_to is not None:
-            yields -= 1
-            if yield_to(job, reservation):
-                started.append(job.name)
-                continue
-        waiting.append(job)
-        failed.add(fkey, job)
-        if placer.exhausted():
-            break
-    # Malleable jobs still waiting may start narrow on what the others left, in order (the head first: its
-    # reservation may be a narrow one that holds what it needs).
+        if self._failed.skips(fkey, job):
+            self.waiting.append(job)
+            return False
+        if self._placer.try_place(job, reservation):
+            self.started.append(job.name)
+            return False
+        if self._yielded(job, reservation):
+            return False
+        self.waiting.append(job)
+        self._failed.add(fkey, job)
+        return self._placer.exhausted()
+
+    def _yielded(self, job: JobRequest, reservation: Reservation | None) -> bool:
+        """One of the few later blocked jobs that may have larger malleable jobs shrink for it: True if it started."""
+        if self._yields <= 0 or self._yield_to is None:
+            return False
+        self._yields -= 1
+        if not self._yield_to(job, reservation):
+            return False
+        self.started.append(job.name)
+        return True
+
+
+def _start_narrow(
+    waiting: Sequence[JobRequest], placer: Placer, reservation: Reservation | None, started: list[str]
+) -> None:
+    """Malleable jobs still waiting may start narrow on what the others left, in order (the head first: its
+    reservation may be a narrow one that holds what it needs)."""
     narrowed = _Failures()
     for job in waiting:
         if placer.exhausted():
@@ -168,7 +215,6 @@ def admit(
             started.append(job.name)
         else:
             narrowed.add(key, job)
-    return Admission(tuple(started), reservation)
 
 
 class _Failures:

@@ -17,7 +17,7 @@ Placement rules used here (the flex rules):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flexmig.mig.catalogue import Profile
@@ -26,7 +26,7 @@ from flexmig.plan.geometry import Geometry, LayoutKey
 from flexmig.plan.shapes import Shape, covers
 from flexmig.plan.types import Action, CreateInstance, DestroyInstance, Instance, PlannerSettings
 
-__all__ = ["BLOCKED", "Candidate", "Scratch"]
+__all__ = ["BLOCKED", "Candidate", "GpuTally", "Scratch"]
 
 BLOCKED = "\x00blocked"
 """Owner of instances the planner must neither use nor destroy."""
@@ -85,6 +85,12 @@ class Scratch:
                 self.owner[inst.gpu][inst.start] = name
         self.keys: list[LayoutKey] = [self._key(g) for g in range(len(self.layouts))]
         self._free: list[list[PlacedInstance] | None] = [None] * len(self.layouts)
+        self._states: list[Hashable | None] = [None] * len(self.layouts)
+        self._usable = tuple(g for g in range(len(self.layouts)) if g not in self.blocked_gpus)
+        self._rooms: dict[int, GpuTally] = {}
+        self.changes: list[int] = []
+        """Every GPU whose layout or holders changed (or were rolled back), in order, one entry per change: what
+        :class:`GpuTally` reads to keep per-GPU answers current without looking at every GPU again."""
 
     # ------------------------------------------------------------------------------------------- queries
     @property
@@ -96,6 +102,15 @@ class Scratch:
         own = self.owner[gpu]
         return tuple((i.start, i.profile.profile_id) for i in self.layouts[gpu].instances if i.start in own)
 
+    def state_of(self, gpu: int) -> Hashable:
+        """What :meth:`candidates` depends on for ``gpu``: its held instances, its free ones and whether it is idle
+        (two GPUs of one state offer the same candidates)."""
+        got = self._states[gpu]
+        if got is None:
+            free = tuple((i.start, i.profile.profile_id) for i in self.free_instances(gpu))
+            got = self._states[gpu] = (self.keys[gpu], free, not self.owner[gpu])
+        return got
+
     def free_instances(self, gpu: int) -> list[PlacedInstance]:
         """Instances of ``gpu`` that exist and nobody holds."""
         got = self._free[gpu]
@@ -106,17 +121,26 @@ class Scratch:
 
     def room(self, profile: Profile, gpus: Iterable[int]) -> int:
         """How many ``profile`` instances ``gpus`` could host around their held instances (an upper bound on
-        what :meth:`place_shape` can place, and nearly always exact)."""
+        what :meth:`place_shape` can place, and nearly always exact). Over :meth:`usable_gpus` (the same tuple) the
+        answer comes from a :class:`GpuTally`, so asking again after a few changes costs those changes only."""
+        if gpus is self._usable:
+            tally = self._rooms.get(profile.profile_id)
+            if tally is None:
+                geo, keys = self.geo, self.keys
+                tally = self._rooms[profile.profile_id] = GpuTally(self, lambda g: geo.room(keys[g], profile))
+            return tally.total()
         return sum(self.geo.room(self.keys[g], profile) for g in gpus)
 
     def is_idle(self, gpu: int) -> bool:
         """True when no job (and nothing blocked) holds an instance of ``gpu``."""
         return not self.owner[gpu]
 
-    def usable_gpus(self, avoid: Iterable[int] = ()) -> list[int]:
-        """GPUs the planner may touch, minus ``avoid``."""
-        skip = self.blocked_gpus | frozenset(avoid)
-        return [g for g in range(self.gpu_count) if g not in skip]
+    def usable_gpus(self, avoid: Iterable[int] = ()) -> tuple[int, ...]:
+        """GPUs the planner may touch, minus ``avoid`` (without ``avoid``: the same tuple every time)."""
+        skip = frozenset(avoid)
+        if not skip:
+            return self._usable
+        return tuple(g for g in self._usable if g not in skip)
 
     def value(self, gpu: int, weights: tuple[float, ...]) -> float:
         """Demand-weighted usable capacity of ``gpu`` around its held instances."""
@@ -165,6 +189,8 @@ class Scratch:
     # ------------------------------------------------------------------------------------------ mutations
     def _touch(self, gpu: int) -> None:
         self._free[gpu] = None
+        self._states[gpu] = None
+        self.changes.append(gpu)
         if self._frames:
             frame = self._frames[-1]
             if gpu not in frame.gpus:
@@ -268,10 +294,19 @@ class Scratch:
         placed: list[Instance] = []
         total = 0.0
         want = shape.profile
+        order = sorted(gpus)
         for _ in range(shape.ranks):
             best: Candidate | None = None
-            for g in gpus:
+            # GPUs in the same state offer the same candidates, and of equal candidates the lowest GPU wins: only the
+            # lowest GPU of each state is looked at, so a node of many alike GPUs costs its distinct states, not its
+            # size (the choice is the same as looking at every GPU).
+            seen: set[Hashable] = set()
+            for g in order:
                 block = forbid.get(g) if forbid else None
+                state = (self.state_of(g), block)
+                if state in seen:
+                    continue
+                seen.add(state)
                 for cand in self.candidates(g, want, weights, create=create, forbid=block, exact=exact):
                     if best is None or cand.rank() < best.rank():
                         best = cand
@@ -297,6 +332,8 @@ class Scratch:
             self.owner[gpu] = owner
             self.keys[gpu] = key
             self._free[gpu] = None
+            self._states[gpu] = None
+            self.changes.append(gpu)
         for name, held in frame.jobs.items():
             if held is None:
                 self.jobs.pop(name, None)
@@ -327,7 +364,45 @@ class Scratch:
         twin._frames = []
         twin.keys = list(self.keys)
         twin._free = list(self._free)
+        twin._states = list(self._states)
+        twin._usable = self._usable
+        twin._rooms = {}
+        twin.changes = []
         return twin
+
+
+class GpuTally:
+    """The sum of ``value(gpu)`` over a scratch's usable GPUs, kept current by re-reading only the GPUs that changed.
+
+    Planning asks the same node-wide questions again and again while little changes: after every job that fails to
+    start, whether the node is full (:meth:`flexmig.plan.queue.Placer.exhausted`); at every release of a look-ahead,
+    how many instances of a profile the node could still host (:meth:`Scratch.room`). Summing every GPU each time
+    made a pass cost pending jobs (or running jobs) times GPUs. A tally reads every GPU once, then the scratch's
+    change log (:attr:`Scratch.changes`), and re-reads only the GPUs named there since it last looked.
+    """
+
+    def __init__(self, scratch: Scratch, value: Callable[[int], int]) -> None:
+        self.scratch = scratch
+        self.value = value
+        self.seen = len(scratch.changes)
+        self.values = {g: value(g) for g in scratch.usable_gpus()}
+        self.sum = sum(self.values.values())
+
+    def total(self) -> int:
+        """The sum now."""
+        log = self.scratch.changes
+        if self.seen < len(log):
+            values = self.values
+            for g in set(log[self.seen :]):
+                was = values.get(g)
+                if was is None:
+                    continue  # a GPU the planner may not use
+                now = self.value(g)
+                if now != was:
+                    values[g] = now
+                    self.sum += now - was
+            self.seen = len(log)
+        return self.sum
 
 
 def _overlaps(start: int, end: int, block: range | None) -> bool:

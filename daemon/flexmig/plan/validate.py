@@ -96,6 +96,107 @@ def _shape_allowed(state: NodeState, request: JobRequest, instances: tuple[Insta
     return shape_allowed(state.model, request, Shape(len(instances), instances[0].profile))
 
 
+_Refuse = Callable[[str], PlanRejectedError]
+"""Makes the error that names the action being replayed and why it is refused."""
+
+
+class _Replayed:
+    """The node as a plan is replayed onto it, one action at a time; each method checks one kind of action and applies
+    it, or raises what ``refuse`` makes of the reason."""
+
+    def __init__(self, state: NodeState, settings: PlannerSettings | None) -> None:
+        self.state = state
+        self.settings = settings
+        self.layouts = list(state.layouts)
+        self.holds: dict[str, tuple[Instance, ...]] = {j.name: j.instances for j in state.running}
+        self.owner: dict[tuple[int, int], str] = {i.key: j for j, insts in self.holds.items() for i in insts}
+        self.running = {j.name: j for j in state.running}
+        self.pending = {j.name: j for j in state.pending}
+        self.started: set[str] = set()
+        self.moved: set[str] = set()
+
+    def reconfigure(self, action: DestroyInstance | CreateInstance, refuse: _Refuse) -> None:
+        """A destroy of a free, unblocked instance that exists; a create at a placement the GPU accepts now."""
+        layouts = self.layouts
+        if not 0 <= action.gpu < len(layouts):
+            raise refuse(f"GPU {action.gpu} does not exist")
+        if action.gpu in self.state.blocked_gpus:
+            raise refuse(f"GPU {action.gpu} is blocked")
+        if isinstance(action, CreateInstance):
+            why = layouts[action.gpu].why_not(action.profile, action.start)
+            if why:
+                raise refuse(f"cannot create {action.profile.name}@{action.start} on GPU {action.gpu}: {why}")
+            layouts[action.gpu] = layouts[action.gpu].place(action.profile, action.start)
+            return
+        placed = layouts[action.gpu].at(action.start)
+        if placed is None or placed.profile != action.profile:
+            raise refuse(f"no {action.profile.name} at gpu{action.gpu}@{action.start} to destroy")
+        if (action.gpu, action.start) in self.state.blocked:
+            raise refuse(f"gpu{action.gpu}@{action.start} is blocked")
+        if (action.gpu, action.start) in self.owner:
+            raise refuse(f"gpu{action.gpu}@{action.start} is held by {self.owner[(action.gpu, action.start)]!r}")
+        layouts[action.gpu] = layouts[action.gpu].remove(action.start)
+
+    def start(self, action: StartJob, refuse: _Refuse) -> None:
+        """A queued job starts once, on free instances that exist, in a shape its request allows."""
+        request = self.pending.get(action.job)
+        if request is None:
+            raise refuse(f"{action.job!r} is not waiting in the queue")
+        if action.job in self.started:
+            raise refuse(f"{action.job!r} is started twice")
+        _take(self.layouts, self.owner, self.state, action.job, action.instances, own=(), refuse=refuse)
+        if not _shape_allowed(self.state, request, action.instances):
+            raise refuse(f"{action.job!r} may not run on {len(action.instances)} such instance(s)")
+        self.holds[action.job] = action.instances
+        self.started.add(action.job)
+
+    def move(self, action: MigrateJob | ResplitJob, refuse: _Refuse) -> None:
+        """A running, movable, settled job moves once, from exactly what it holds, to a shape it may take."""
+        job = self.running.get(action.job)
+        if job is None:
+            raise refuse(f"{action.job!r} is not running")
+        if not job.movable:
+            raise refuse(f"{action.job!r} may not be moved")
+        if action.job in self.moved:
+            raise refuse(f"{action.job!r} is moved twice in one plan")
+        now, settings = self.state.now_s, self.settings
+        if settings is not None and job.last_moved_s is not None and now - job.last_moved_s < settings.settling_s:
+            raise refuse(f"{action.job!r} moved {now - job.last_moved_s:.0f}s ago, inside the settling time")
+        if set(action.from_instances) != set(self.holds[action.job]):
+            raise refuse(f"{action.job!r} does not hold exactly the instances it is moved from")
+        if isinstance(action, MigrateJob):
+            same = len(action.to_instances) == len(action.from_instances)
+            if not same or {i.profile for i in action.to_instances} != {job.profile}:
+                raise refuse(f"a migration keeps {action.job!r}'s ranks and profile; re-split to change them")
+        else:
+            to = action.to_instances
+            if len(to) != action.ranks or any(i.profile != action.profile for i in to):
+                raise refuse(f"re-split of {action.job!r} names {action.ranks}x{action.profile.name}")
+            if not _shape_allowed(self.state, job.nominal, action.to_instances):
+                raise refuse(f"{action.job!r} may not run as {action.ranks}x{action.profile.name}")
+        own = action.from_instances
+        _take(self.layouts, self.owner, self.state, action.job, action.to_instances, own=own, refuse=refuse)
+        for inst in action.from_instances:
+            self.owner.pop(inst.key, None)
+        for inst in action.to_instances:
+            self.owner[inst.key] = action.job
+        self.holds[action.job] = action.to_instances
+        self.moved.add(action.job)
+
+    def finish(self) -> Outcome:
+        """Every job that ran before still runs, and no instance has two owners."""
+        for name in self.running:
+            if not self.holds.get(name):
+                raise PlanRejectedError(f"running job {name!r} holds no instance after the plan")
+        seen: dict[tuple[int, int], str] = {}
+        for name, insts in self.holds.items():
+            for inst in insts:
+                if inst.key in seen:
+                    raise PlanRejectedError(f"{inst.spec()} ends up held by {seen[inst.key]!r} and {name!r}")
+                seen[inst.key] = name
+        return Outcome(tuple(self.layouts), dict(self.holds))
+
+
 def validate_plan(
     state: NodeState, plan: Plan, settings: PlannerSettings | None = None, *, check: bool = True
 ) -> Outcome:
@@ -106,14 +207,7 @@ def validate_plan(
     """
     if check:
         check_state(state)
-    layouts = list(state.layouts)
-    holds: dict[str, tuple[Instance, ...]] = {j.name: j.instances for j in state.running}
-    owner: dict[tuple[int, int], str] = {i.key: j for j, insts in holds.items() for i in insts}
-    running = {j.name: j for j in state.running}
-    pending = {j.name: j for j in state.pending}
-    started: set[str] = set()
-    moved: set[str] = set()
-
+    node = _Replayed(state, settings)
     for n, action in enumerate(plan.actions, 1):
         where = f"action {n} ({type(action).__name__})"
 
@@ -121,84 +215,14 @@ def validate_plan(
             return PlanRejectedError(f"{where}: {why}")
 
         if isinstance(action, DestroyInstance | CreateInstance):
-            if not 0 <= action.gpu < len(layouts):
-                raise refuse(f"GPU {action.gpu} does not exist")
-            if action.gpu in state.blocked_gpus:
-                raise refuse(f"GPU {action.gpu} is blocked")
-        if isinstance(action, DestroyInstance):
-            placed = layouts[action.gpu].at(action.start)
-            if placed is None or placed.profile != action.profile:
-                raise refuse(f"no {action.profile.name} at gpu{action.gpu}@{action.start} to destroy")
-            if (action.gpu, action.start) in state.blocked:
-                raise refuse(f"gpu{action.gpu}@{action.start} is blocked")
-            if (action.gpu, action.start) in owner:
-                raise refuse(f"gpu{action.gpu}@{action.start} is held by {owner[(action.gpu, action.start)]!r}")
-            layouts[action.gpu] = layouts[action.gpu].remove(action.start)
-        elif isinstance(action, CreateInstance):
-            why = layouts[action.gpu].why_not(action.profile, action.start)
-            if why:
-                raise refuse(f"cannot create {action.profile.name}@{action.start} on GPU {action.gpu}: {why}")
-            layouts[action.gpu] = layouts[action.gpu].place(action.profile, action.start)
+            node.reconfigure(action, refuse)
         elif isinstance(action, StartJob):
-            request = pending.get(action.job)
-            if request is None:
-                raise refuse(f"{action.job!r} is not waiting in the queue")
-            if action.job in started:
-                raise refuse(f"{action.job!r} is started twice")
-            _take(layouts, owner, state, action.job, action.instances, own=(), refuse=refuse)
-            if not _shape_allowed(state, request, action.instances):
-                raise refuse(f"{action.job!r} may not run on {len(action.instances)} such instance(s)")
-            holds[action.job] = action.instances
-            started.add(action.job)
+            node.start(action, refuse)
         elif isinstance(action, MigrateJob | ResplitJob):
-            job = running.get(action.job)
-            if job is None:
-                raise refuse(f"{action.job!r} is not running")
-            if not job.movable:
-                raise refuse(f"{action.job!r} may not be moved")
-            if action.job in moved:
-                raise refuse(f"{action.job!r} is moved twice in one plan")
-            if (
-                settings is not None
-                and job.last_moved_s is not None
-                and state.now_s - job.last_moved_s < settings.settling_s
-            ):
-                raise refuse(
-                    f"{action.job!r} moved {state.now_s - job.last_moved_s:.0f}s ago, inside the settling time"
-                )
-            if set(action.from_instances) != set(holds[action.job]):
-                raise refuse(f"{action.job!r} does not hold exactly the instances it is moved from")
-            if isinstance(action, MigrateJob):
-                same = len(action.to_instances) == len(action.from_instances)
-                if not same or {i.profile for i in action.to_instances} != {job.profile}:
-                    raise refuse(f"a migration keeps {action.job!r}'s ranks and profile; re-split to change them")
-            else:
-                if len(action.to_instances) != action.ranks or any(
-                    i.profile != action.profile for i in action.to_instances
-                ):
-                    raise refuse(f"re-split of {action.job!r} names {action.ranks}x{action.profile.name}")
-                if not _shape_allowed(state, job.nominal, action.to_instances):
-                    raise refuse(f"{action.job!r} may not run as {action.ranks}x{action.profile.name}")
-            _take(layouts, owner, state, action.job, action.to_instances, own=action.from_instances, refuse=refuse)
-            for inst in action.from_instances:
-                owner.pop(inst.key, None)
-            for inst in action.to_instances:
-                owner[inst.key] = action.job
-            holds[action.job] = action.to_instances
-            moved.add(action.job)
+            node.move(action, refuse)
         else:  # pragma: no cover - the Action union is closed
             raise refuse("unknown action")
-
-    for name in running:
-        if not holds.get(name):
-            raise PlanRejectedError(f"running job {name!r} holds no instance after the plan")
-    seen: dict[tuple[int, int], str] = {}
-    for name, insts in holds.items():
-        for inst in insts:
-            if inst.key in seen:
-                raise PlanRejectedError(f"{inst.spec()} ends up held by {seen[inst.key]!r} and {name!r}")
-            seen[inst.key] = name
-    return Outcome(tuple(layouts), dict(holds))
+    return node.finish()
 
 
 def _take(
@@ -209,7 +233,7 @@ def _take(
     instances: tuple[Instance, ...],
     *,
     own: tuple[Instance, ...],
-    refuse: Callable[[str], PlanRejectedError],
+    refuse: _Refuse,
 ) -> None:
     """Check ``instances`` exist, are free (or among ``own``) and unblocked, then give them to ``job``."""
     mine = {i.key for i in own}

@@ -154,15 +154,13 @@ class DrainPlacer(BasePlacer):
         ends: Mapping[str, float],
         queue: Sequence[JobRequest] = (),
     ) -> None:
-        super().__init__(scratch, model, settings, weights=weights, now_s=now_s, ends=ends)
-        self.queue = tuple(queue)
+        super().__init__(scratch, model, settings, weights=weights, now_s=now_s, ends=ends, queue=queue)
         self._started_names: set[str] = set()
         self._targets: dict[tuple[object, ...], Layout] = {}
 
-    def exhausted(self) -> bool:
-        """No free instance on a busy GPU and no idle GPU."""
-        gpus = self.scratch.usable_gpus()
-        return not any(self.scratch.is_idle(g) or self.scratch.free_instances(g) for g in gpus)
+    def gpu_open(self, gpu: int) -> bool:
+        """A free instance on a busy GPU, or an idle GPU to re-lay out."""
+        return self.scratch.is_idle(gpu) or bool(self.scratch.free_instances(gpu))
 
     def _started(self, job: JobRequest, shape: Shape, instances: tuple[Instance, ...]) -> None:
         self._started_names.add(job.name)
@@ -233,9 +231,9 @@ class DrainPlacer(BasePlacer):
 class DrainFirstFitPlacer(BasePlacer):
     """Drain as flexmig first had it: any free covering instance (idle GPUs too); else re-lay out an idle GPU."""
 
-    def exhausted(self) -> bool:
-        """No free instance and no idle GPU."""
-        return super().exhausted() and not any(self.scratch.is_idle(g) for g in self.scratch.usable_gpus())
+    def gpu_open(self, gpu: int) -> bool:
+        """A free instance, or an idle GPU to re-lay out."""
+        return self.scratch.is_idle(gpu) or bool(self.scratch.free_instances(gpu))
 
     _targets: dict[tuple[int, tuple[float, ...]], Layout | None]
 

@@ -145,6 +145,106 @@ class _Totals:
     samples: list[Sample] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Sim:
+    """The replay's state between events: the queue, the running and finished jobs, and the end-time heap."""
+
+    order: list[TraceJob]
+    manager: Manager
+    tick: Callable[[int], None]
+    malleable: bool
+    by_name: dict[str, TraceJob] = field(default_factory=dict)
+    queue: list[JobRequest] = field(default_factory=list)
+    running: dict[str, _Run] = field(default_factory=dict)
+    done: dict[str, _Run] = field(default_factory=dict)
+    unplaceable: list[str] = field(default_factory=list)
+    heap: list[tuple[float, int, str]] = field(default_factory=list)
+    tot: _Totals = field(default_factory=_Totals)
+    arrived: int = 0  # jobs of ``order`` that have arrived
+
+    def next_event(self) -> float:
+        """The time of the next completion or arrival (infinity when there is none); drops stale heap entries."""
+        heap, running = self.heap, self.running
+        while heap and (heap[0][2] not in running or running[heap[0][2]].version != heap[0][1]):
+            heapq.heappop(heap)
+        t_arr = self.order[self.arrived].arrival_s if self.arrived < len(self.order) else math.inf
+        t_end = heap[0][0] if heap else math.inf
+        return min(t_arr, t_end)
+
+    def complete(self, t: float) -> None:
+        """Every job whose end is at or before ``t`` ends: its instances go back to the manager."""
+        heap = self.heap
+        while heap and heap[0][0] <= t:
+            _, version, name = heapq.heappop(heap)
+            run = self.running.get(name)
+            if run is None or run.version != version:
+                continue
+            del self.running[name]
+            run.advance(run.end_s)
+            self.done[name] = run
+            self.tot.busy += run.busy
+            self.manager.release(name)
+            self.tick(1)
+
+    def arrive(self, t: float) -> None:
+        """Every job arriving at or before ``t`` joins the queue, or is set aside if it can never run here."""
+        order = self.order
+        while self.arrived < len(order) and order[self.arrived].arrival_s <= t:
+            req = request_for(order[self.arrived], malleable=self.malleable)
+            self.arrived += 1
+            self.tick(1)
+            if self.manager.placeable(req):
+                self.queue.append(req)
+            else:
+                self.unplaceable.append(req.name)
+                self.tick(1)
+
+    def schedule(self, t: float) -> None:
+        """One scheduling pass: the manager's grants start and move jobs; a queue that can never start (nothing
+        runs, nothing arrives, nothing was granted) is set aside as unplaceable."""
+        views = {
+            name: RunView(run.request, run.remaining(t), run.last_moved_s, run.speed)
+            for name, run in self.running.items()
+        }
+        grants = self.manager.schedule(t, self.queue, views)
+        if grants:
+            started = _apply(
+                grants, t, self.queue, running=self.running, by_name=self.by_name, heap=self.heap, tot=self.tot
+            )
+            if started:
+                self.queue = [r for r in self.queue if r.name not in started]
+        if self.queue and not self.running and not grants and self.arrived >= len(self.order):
+            self.unplaceable.extend(r.name for r in self.queue)
+            for _ in self.queue:
+                self.tick(1)
+            self.queue = []
+
+    def records(self) -> list[JobOutcome]:
+        """One outcome per job, in arrival order."""
+        out = []
+        for j in self.order:
+            run = self.done.get(j.name)
+            size = size_class(j)
+            if run is None:
+                out.append(JobOutcome(j.name, j.arrival_s, None, None, 0, 0, False, j.runtime_s, size))
+                continue
+            out.append(
+                JobOutcome(
+                    j.name,
+                    j.arrival_s,
+                    run.start_s,
+                    run.end_s,
+                    run.moves,
+                    run.resplits,
+                    run.spread_start,
+                    j.runtime_s,
+                    size,
+                    run.narrow_start,
+                )
+            )
+        return out
+
+
 def replay(
     jobs: Sequence[TraceJob],
     manager: Manager,
@@ -160,92 +260,27 @@ def replay(
     ``malleable``: elastic jobs may run below their nominal compute (:func:`request_for`).
     """
     order = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
-    by_name = {j.name: j for j in order}
-    if len(by_name) != len(order):
+    sim = _Sim(order, manager, progress or (lambda _n: None), malleable, by_name={j.name: j for j in order})
+    if len(sim.by_name) != len(order):
         raise PlanRejectedError("trace has duplicate job names")
-    queue: list[JobRequest] = []
-    running: dict[str, _Run] = {}
-    done: dict[str, _Run] = {}
-    unplaceable: list[str] = []
-    heap: list[tuple[float, int, str]] = []
-    tot = _Totals()
-    tick = progress or (lambda _n: None)
-    i = 0
+    tot = sim.tot
     last_t = order[0].arrival_s if order else 0.0
     frag = 0.0
-    while True:
-        while heap and (heap[0][2] not in running or running[heap[0][2]].version != heap[0][1]):
-            heapq.heappop(heap)
-        t_arr = order[i].arrival_s if i < len(order) else math.inf
-        t_end = heap[0][0] if heap else math.inf
-        t = min(t_arr, t_end)
-        if t == math.inf:
-            break
+    # Events at one time: completions first, then arrivals, then one scheduling pass; then a sample of the node.
+    while (t := sim.next_event()) != math.inf:
         tot.frag += frag * (t - last_t)
         last_t = t
-        while heap and heap[0][0] <= t:
-            _, version, name = heapq.heappop(heap)
-            run = running.get(name)
-            if run is None or run.version != version:
-                continue
-            del running[name]
-            run.advance(run.end_s)
-            done[name] = run
-            tot.busy += run.busy
-            manager.release(name)
-            tick(1)
-        while i < len(order) and order[i].arrival_s <= t:
-            req = request_for(order[i], malleable=malleable)
-            i += 1
-            tick(1)
-            if manager.placeable(req):
-                queue.append(req)
-            else:
-                unplaceable.append(req.name)
-                tick(1)
-        views = {
-            name: RunView(run.request, run.remaining(t), run.last_moved_s, run.speed) for name, run in running.items()
-        }
-        grants = manager.schedule(t, queue, views)
-        if grants:
-            started = _apply(grants, t, queue, running=running, by_name=by_name, heap=heap, tot=tot)
-            if started:
-                queue = [r for r in queue if r.name not in started]
-        if queue and not running and not grants and i >= len(order):
-            # Nothing runs, nothing arrives, and the queue cannot start: those jobs can never run here.
-            unplaceable.extend(r.name for r in queue)
-            for _ in queue:
-                tick(1)
-            queue = []
+        sim.complete(t)
+        sim.arrive(t)
+        sim.schedule(t)
         frag = manager.fragmentation(mix)
-        tot.samples.append(Sample(t, sum(r.useful for r in running.values()), len(queue), frag))
-
-    records = []
-    for j in order:
-        run = done.get(j.name)
-        size = size_class(j)
-        if run is None:
-            records.append(JobOutcome(j.name, j.arrival_s, None, None, 0, 0, False, j.runtime_s, size))
-        else:
-            records.append(
-                JobOutcome(
-                    j.name,
-                    j.arrival_s,
-                    run.start_s,
-                    run.end_s,
-                    run.moves,
-                    run.resplits,
-                    run.spread_start,
-                    j.runtime_s,
-                    size,
-                    run.narrow_start,
-                )
-            )
+        tot.samples.append(Sample(t, sum(r.useful for r in sim.running.values()), len(sim.queue), frag))
+    records = sim.records()
     ends = [r.end_s for r in records if r.end_s is not None]
     return Replay(
         capacity_slices=capacity_slices,
         records=tuple(records),
-        unplaceable=tuple(unplaceable),
+        unplaceable=tuple(sim.unplaceable),
         samples=tuple(tot.samples),
         migrations=tot.migrations,
         resplits=tot.resplits,

@@ -5,8 +5,9 @@ Every manager answers to the engine the same way (:class:`Manager`): which queue
 :class:`Grant`s, under the queue discipline of its settings (EASY or greedy). The MIG policies build a
 :class:`~flexmig.plan.types.Plan` and the engine-facing state is whatever :func:`~flexmig.plan.validate.validate_plan`
 says the plan leads to, so every plan of every policy is replayed action by action on the pure model, and a plan
-the hardware would refuse stops the replay. The baselines plan as flex does, in the same order (admit, then grow
-slow jobs with what is left), with their own placer and without moving jobs to make room.
+the hardware would refuse stops the replay. The baselines plan through the daemon's own pipeline
+(:class:`~flexmig.plan.planner.Planner`: admit, then grow slow jobs with what is left), with their own placer and no
+stage that makes room by moving jobs.
 
 Plans run serially: an action finishes ``cost_s`` after the one before it. A job started or moved by an action
 makes no progress until that action is done (its *delay*).
@@ -15,8 +16,7 @@ makes no progress until that action is done (its *delay*).
 from __future__ import annotations
 
 import bisect
-from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -24,7 +24,6 @@ from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
 from flexmig.plan.geometry import demand_weights
-from flexmig.plan.grow import Grower, MoveBook
 from flexmig.plan.placer import BasePlacer
 from flexmig.plan.planner import Planner
 from flexmig.plan.queue import Reservation, admit
@@ -101,16 +100,6 @@ class Manager(Protocol):
         ...
 
 
-def _duration(settings: PlannerSettings) -> Callable[[JobRequest], float | None]:
-    def duration(job: JobRequest) -> float | None:
-        if job.expected_runtime_s is None:
-            return None
-        spreads = settings.resplit and job.elastic
-        return job.expected_runtime_s / (settings.spread_efficiency if spreads else 1.0)
-
-    return duration
-
-
 class LayoutManager:
     """static, drain, drain-first-fit or flex on a node of ``gpus`` GPUs of ``model`` starting from ``layouts``.
 
@@ -131,7 +120,10 @@ class LayoutManager:
             self.settings = settings
         else:
             self.settings = replace(settings, resplit=False, migrate=False, repartition_busy=False)
-        self.planner = Planner(model, self.settings)
+        if policy == "flex":
+            self.planner = Planner(model, self.settings)
+        else:
+            self.planner = Planner(model, self.settings, placer=_PLACERS[policy], make_room=None)
         self.geometry = self.planner.geometry
         self._layouts: tuple[Layout, ...] = tuple(layouts)
         self._holds: dict[str, tuple[Instance, ...]] = {}
@@ -151,20 +143,6 @@ class LayoutManager:
         """Free ``job``'s instances (they stay, free)."""
         self._holds.pop(job, None)
 
-    def _placer(
-        self,
-        cls: type[BasePlacer],
-        scratch: Scratch,
-        *,
-        weights: tuple[float, ...],
-        now_s: float,
-        ends: Mapping[str, float],
-        queue: Sequence[JobRequest] = (),
-    ) -> BasePlacer:
-        if cls is DrainPlacer:
-            return DrainPlacer(scratch, self.model, self.settings, weights=weights, now_s=now_s, ends=ends, queue=queue)
-        return cls(scratch, self.model, self.settings, weights=weights, now_s=now_s, ends=ends)
-
     def placeable(self, job: JobRequest) -> bool:
         """Could ``job`` run on the node when nothing else runs (static: on its fixed layout)?"""
         key = (self.geometry.nominal(job), job.elastic and self.settings.resplit, job.min_ranks, job.max_ranks)
@@ -174,8 +152,7 @@ class LayoutManager:
             base = self._initial if self.policy == "static" else empty
             scratch = Scratch(self.geometry, base, {}, self.settings)
             weights = demand_weights(self.geometry, {})
-            cls = _PLACERS.get(self.policy) or _flex_placer()
-            placer = self._placer(cls, scratch, weights=weights, now_s=0.0, ends={})
+            placer = self.planner.placer(scratch, self.model, self.settings, weights=weights, now_s=0.0, ends={})
             got = placer.fit(scratch, job, scratch.usable_gpus(), "probe") is not None
             self._placeable[key] = got
         return got
@@ -203,7 +180,7 @@ class LayoutManager:
             tuple(queue),
             now_s,
         )
-        plan = self.planner.plan(state, check=False) if self.policy == "flex" else self._baseline_plan(state)
+        plan = self.planner.plan(state, check=False)
         if not plan.actions:
             return []
         try:
@@ -213,23 +190,6 @@ class LayoutManager:
         self._layouts = outcome.layouts
         self._holds = dict(outcome.holds)
         return self._grants(plan, queue, running)
-
-    def _baseline_plan(self, state: NodeState) -> Plan:
-        """The baseline's plan: grow, admit, grow (as flex plans, without making room by moving jobs)."""
-        now_s = state.now_s
-        scratch = Scratch(self.geometry, state.layouts, {j.name: j.instances for j in state.running}, self.settings)
-        counts: Counter[str] = Counter()
-        for req in (*(j.nominal for j in state.running), *state.pending):
-            counts[self.geometry.nominal(req).profile.name] += 1
-        weights = demand_weights(self.geometry, counts)
-        ends = {j.name: now_s + j.remaining_s for j in state.running if j.remaining_s is not None}
-        queue = tuple(sorted(state.pending, key=lambda r: r.submitted_s))
-        placer = self._placer(_PLACERS[self.policy], scratch, weights=weights, now_s=now_s, ends=ends, queue=queue)
-        book = MoveBook(self.settings, {j.name: j for j in state.running}, now_s)
-        grower = Grower(placer, book, [])
-        admission = admit(queue, placer, now_s, _duration(self.settings), discipline=self.settings.discipline)
-        grower.grow(grower.slow(), admission.reservation)
-        return Plan(tuple(scratch.actions), now_s)
 
     def _grants(self, plan: Plan, queue: Sequence[JobRequest], running: Mapping[str, RunView]) -> list[Grant]:
         requests = {r.name: r for r in queue}
@@ -288,12 +248,6 @@ class LayoutManager:
                     continue
                 frag += w * free
         return frag / free_total if free_total else 0.0
-
-
-def _flex_placer() -> type[BasePlacer]:
-    from flexmig.plan.placer import FlexPlacer  # noqa: PLC0415 - keeps the baselines' import graph small
-
-    return FlexPlacer
 
 
 class FluidManager:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from flexmig.config import ConfigProblem, HostPort
-from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.collector import Extension
 from flexmig.metrics.runtime import TaskMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
@@ -169,7 +169,9 @@ def wire(daemon: WiredDaemon) -> Components:
         order.append(Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True))
     endpoint = None
     if daemon.metrics_addr is not None:
-        endpoint = MetricsEndpoint(daemon.metrics_addr, daemon.hub.latest, lambda: _families(daemon, order))
+        endpoint = MetricsEndpoint(
+            daemon.metrics_addr, daemon.hub.latest, lambda: _families(daemon, order), detail=config.prometheus.detail
+        )
         order.append(endpoint)
     order += [actuator, *_some(slurm), *_some(commands)]
     if daemon.sim_spec is not None:  # the demo's synthetic load (unless turned off) and the jobs' own footprint
@@ -189,7 +191,7 @@ def _some(component: Component | None) -> list[Component]:
     return [] if component is None else [component]
 
 
-def _families(daemon: WiredDaemon, order: Sequence[Component]) -> list[SnapshotMetrics]:
+def _families(daemon: WiredDaemon, order: Sequence[Component]) -> list[Extension]:
     """What ``/metrics`` exports beside the snapshot's own families: the daemon's task restarts, then each
     component's families, in the components' order."""
     return [TaskMetrics(daemon.restarts), *(m for c in order for m in c.metrics())]

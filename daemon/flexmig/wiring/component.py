@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from flexmig.config import Config
-from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.collector import Extension
 
 __all__ = ["Component", "Loop", "idle"]
 
@@ -61,8 +61,8 @@ class Component(Protocol):
         """Apply an accepted configuration reload."""
         ...
 
-    def metrics(self) -> Sequence[SnapshotMetrics]:
-        """The metric families it exports."""
+    def metrics(self) -> Sequence[Extension]:
+        """The metric families it exports (written once per snapshot, or collected at every scrape)."""
         ...
 
 
@@ -96,6 +96,6 @@ class Loop:
     def reload(self, config: Config) -> None:
         """Nothing to apply."""
 
-    def metrics(self) -> Sequence[SnapshotMetrics]:
+    def metrics(self) -> Sequence[Extension]:
         """No families of its own."""
         return ()

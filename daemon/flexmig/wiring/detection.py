@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from flexmig.config import Config, DetectConfig
 from flexmig.detect import DetectSettings, DetectState, observe, settings_from_thresholds
-from flexmig.metrics.collector import SnapshotMetrics
+from flexmig.metrics.collector import Extension
 from flexmig.metrics.findings import FindingsMetrics
 from flexmig.telemetry.observation import LayoutCache, NodeObservation, observation_of
 from flexmig.telemetry.publish import SnapshotHub
@@ -137,6 +137,6 @@ class DetectionComponent:
         """New ``[detect]`` thresholds at once; running conditions keep their state."""
         self.detector.configure(detect_settings(config.detect))
 
-    def metrics(self) -> Sequence[SnapshotMetrics]:
+    def metrics(self) -> Sequence[Extension]:
         """``flexmig_detect_*`` and the findings of each report."""
         return (FindingsMetrics(self.detector.stats),)

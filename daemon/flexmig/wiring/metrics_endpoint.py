@@ -1,10 +1,11 @@
 """The ``/metrics`` endpoint in the running daemon: where the Prometheus side begins.
 
-:class:`MetricsEndpoint` (component ``metrics``) serves one registry: the families of the latest snapshot
-(:class:`~flexmig.metrics.collector.SnapshotCollector`, which reads the hub and never calls NVML in a scrape) and
-those every component adds (:meth:`~flexmig.wiring.component.Component.metrics`), asked once, at start. The HTTP
-server runs on its own thread (:class:`~flexmig.metrics.server.MetricsServer`), so a slow scraper never holds up the
-event loop.
+:class:`MetricsEndpoint` (component ``metrics``) serves one exposition
+(:class:`~flexmig.metrics.scrape.Exposition`): the families of the latest snapshot, rendered once per snapshot at
+the ``[prometheus] detail`` level and shared by every scraper (it reads the hub and never calls NVML in a scrape),
+and those every component adds (:meth:`~flexmig.wiring.component.Component.metrics`), asked once, at start. The
+HTTP server runs on its own thread (:class:`~flexmig.metrics.server.MetricsServer`), so a slow scraper never holds
+up the event loop.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from flexmig.config import Config, HostPort
-from flexmig.metrics.collector import SnapshotCollector, SnapshotMetrics, build_registry
+from flexmig.metrics.collector import Extension
+from flexmig.metrics.families import Level
 from flexmig.metrics.runtime import ServerMetrics
+from flexmig.metrics.scrape import Exposition
 from flexmig.metrics.server import MetricsServer, ServerStats
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.component import idle
@@ -34,12 +37,16 @@ class MetricsEndpoint:
         self,
         listen: HostPort,
         latest: Callable[[], Snapshot | None],
-        families: Callable[[], Sequence[SnapshotMetrics]],
+        families: Callable[[], Sequence[Extension]],
+        *,
+        detail: Level = "standard",
     ) -> None:
         self.listen = listen
         self.latest = latest
         self.families = families
         """Every component's metric families (asked at start, when all of them exist)."""
+        self.detail: Level = detail
+        """The families' detail level (``[prometheus] detail``, a restart key)."""
         self.server: MetricsServer | None = None
         self.stats = ServerStats()
         """What the server did (connections at the cap, time-outs), exported with the metrics."""
@@ -48,8 +55,8 @@ class MetricsEndpoint:
 
     async def start(self) -> None:
         """Bind and serve (a FlexmigError naming the address when it is taken)."""
-        registry = build_registry(SnapshotCollector(self.latest, self.families()))
-        server = MetricsServer(registry, self.listen.host, self.listen.port)
+        exposition = Exposition(self.latest, self.families(), detail=self.detail)
+        server = MetricsServer(exposition, self.listen.host, self.listen.port)
         self.stats = server.stats
         _, self.port = server.start()
         self.server = server
@@ -72,6 +79,6 @@ class MetricsEndpoint:
     def reload(self, config: Config) -> None:
         """Nothing to apply: the address and the rules for it are restart keys."""
 
-    def metrics(self) -> Sequence[SnapshotMetrics]:
+    def metrics(self) -> Sequence[Extension]:
         """The server's own connections and cut-offs."""
         return (ServerMetrics(lambda: self.stats),)
