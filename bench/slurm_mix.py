@@ -3,8 +3,9 @@ now, with flexmig as it was (a git revision's code), and with no flexmig (a stat
 
 The mix (seed 24): 45 batch jobs of 1g.18gb, 2g.35gb, 3g.71gb and 7g.141gb (weights 40/25/20/15 %), each sleeping
 30-120 s (uniform) with ``--time`` twice its run time (rounded up to whole minutes, Slurm's unit), submitted at
-Poisson arrivals over about 8 minutes, on one simulated H200 (7 compute slices). ``--scale`` multiplies run times
-and arrival gaps (``--quick`` is ``--scale 0.25``; limits stay at least one minute, Slurm's smallest).
+times drawn uniformly over a 12-minute window (the issue's "12-minute mix"), on one simulated H200 (7 compute
+slices). ``--scale`` multiplies run times and arrival gaps (``--quick`` is ``--scale 0.25``; limits stay at least one
+minute, Slurm's smallest).
 
 Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one after the other or side by side
 (``--parallel``, which shares the machine's two cores among them):
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexmig.errors import SlurmError
 from flexmig.mig import H200
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.slurm.install import render_taskprolog
@@ -64,6 +66,8 @@ WEIGHTS = {"1g.18gb": 0.40, "2g.35gb": 0.25, "3g.71gb": 0.20, "7g.141gb": 0.15}
 SLICES = {p: H200.profile(p).compute_slices for p in WEIGHTS}
 STATIC = "h200:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 START = "h200:7g.141gb@0"
+SEED = 24
+WINDOW_S = 720.0  # the issue's "12-minute mix": arrivals over 12 minutes
 
 
 @dataclass(frozen=True)
@@ -77,16 +81,16 @@ class MixJob:
     limit_min: int
 
 
-def mix(seed: int = 24, n: int = 45, scale: float = 1.0) -> list[MixJob]:
-    """The administrator's seeded mix."""
+def mix(seed: int = SEED, n: int = 45, scale: float = 1.0, window_s: float = WINDOW_S) -> list[MixJob]:
+    """The administrator's seeded mix: ``n`` arrival times drawn uniformly over ``window_s`` (sorted), each job a
+    profile by ``WEIGHTS``, a run time uniform in 30-120 s and ``--time`` twice that, rounded up to minutes."""
     rng = random.Random(seed)
-    t = 0.0
+    arrivals = sorted(rng.uniform(0, window_s) for _ in range(n))
     out = []
-    for i in range(n):
+    for i, t in enumerate(arrivals):
         profile = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
         runtime = rng.uniform(30, 120) * scale
-        out.append(MixJob(i, round(t, 2), profile, round(runtime, 2), max(1, math.ceil(2 * runtime / 60))))
-        t += rng.expovariate(1 / 11.0) * scale
+        out.append(MixJob(i, round(t * scale, 2), profile, round(runtime, 2), max(1, math.ceil(2 * runtime / 60))))
     return out
 
 
@@ -96,10 +100,11 @@ class Run:
 
     name: str
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> job id, starts, ends, devices
-    samples: list[tuple[float, bool]] = field(default_factory=list)  # (time, closed)
+    samples: list[tuple[float, bool, str]] = field(default_factory=list)  # (time, closed, registered GPUs)
     t0: float = 0.0
     reregistrations: int = 0
     error: str = ""
+    log: list[str] = field(default_factory=list)  # flexmigd's Slurm lines
 
 
 class Bed:
@@ -144,10 +149,13 @@ class Bed:
                 proc.kill()
                 proc.wait(10)
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
         self.stop_flexmigd()
         self.tb.stop()
-        shutil.rmtree(self.base, ignore_errors=True)
+        if keep:
+            print(f"kept {self.base} (logs in {self.tb.paths.log})", file=sys.stderr)
+        else:
+            shutil.rmtree(self.base, ignore_errors=True)
 
     def cmd(self, *argv: str) -> str:
         res = subprocess.run([self.tb.commands.path(argv[0]), *argv[1:]], env=self.tb.env(), capture_output=True,
@@ -159,20 +167,25 @@ class Bed:
     def node(self) -> Any:
         try:
             return next((n for n in parse_sinfo(self.cmd("sinfo", "--json")) if n.name == self.tb.node), None)
-        except (RuntimeError, subprocess.TimeoutExpired):
+        except (RuntimeError, SlurmError, subprocess.TimeoutExpired):
             return None
 
-    def closed(self) -> bool:
-        """Drained, inside an active flexmig reservation, or not registered (or not responding)."""
+    def closed(self) -> tuple[bool, str]:
+        """Whether the node is drained, inside an active flexmig reservation, or not registered (or not
+        responding), and the GPUs it is registered with (``3g+2g+1g+1g``)."""
         n = self.node()
-        if n is None or not n.responding or n.drained:
-            return True
+        if n is None:
+            return True, ""
+        gpus = "+".join(f"{t.split('.')[0]}" for t, c in sorted(n.gpu_counts().items(), key=lambda x: -SLICES.get(
+            x[0], 0)) for _ in range(c))  # fmt: skip
+        if not n.responding or n.drained:
+            return True, gpus
         if "RESERVED" in n.flags:
             now = time.time()
-            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            with contextlib.suppress(RuntimeError, SlurmError, subprocess.TimeoutExpired):
                 res = parse_reservations(self.cmd("scontrol", "show", "reservation", "--oneliner"))
-                return any(r.name.startswith(PREFIX) and r.active(now) for r in res)
-        return False
+                return any(r.name.startswith(PREFIX) and r.active(now) for r in res), gpus
+        return False, gpus
 
     def submit(self, job: MixJob) -> int:
         stamp = self.base / f"job-{job.index}"
@@ -182,8 +195,15 @@ class Bed:
             f"sleep {job.runtime_s:.2f}\n"
             f'echo "end $(date +%s.%N)" >> {stamp}\n'
         )
-        return self.tb.sbatch(f"--gres=gpu:{job.profile}:1", f"--time={job.limit_min}", "--job-name",
-                              f"mix{job.index}", script=script)  # fmt: skip
+        for attempt in range(5):  # a loaded machine: slurmctld may not accept a connection at once
+            try:
+                return self.tb.sbatch(f"--gres=gpu:{job.profile}:1", f"--time={job.limit_min}", "--job-name",
+                                      f"mix{job.index}", script=script)  # fmt: skip
+            except SlurmError:
+                if attempt == 4:
+                    raise
+                time.sleep(2.0)
+        raise AssertionError("unreachable")
 
     def stamps(self, job: MixJob) -> dict[str, Any]:
         path = self.base / f"job-{job.index}"
@@ -197,6 +217,14 @@ class Bed:
                 elif parts and parts[0] == "end":
                     ends.append(float(parts[1]))
         return {"starts": starts, "ends": ends, "devices": devices}
+
+    def slurm_log(self) -> list[str]:
+        """flexmigd's log lines about Slurm (notes, plans, re-registrations)."""
+        path = self.tb.paths.log / "flexmigd.log"
+        if not path.exists():
+            return []
+        keep = ("Slurm", "slurm_reregister")
+        return [line for line in path.read_text(errors="replace").splitlines() if any(k in line for k in keep)]
 
     def reregistrations(self) -> int:
         path = self.tb.paths.flexmig / "state" / "journal.sqlite3"
@@ -249,7 +277,7 @@ def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float) -> 
 
         def monitor() -> None:
             while not stop.is_set():
-                out.samples.append((time.time(), bed.closed()))
+                out.samples.append((time.time(), *bed.closed()))
                 stop.wait(0.5)
 
         watcher = threading.Thread(target=monitor, daemon=True)
@@ -273,11 +301,12 @@ def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float) -> 
         for j in jobs:
             out.jobs[j.index].update(bed.stamps(j))
         out.reregistrations = bed.reregistrations()
+        out.log = bed.slurm_log()
     except Exception as exc:  # a rival that breaks is reported, the others still run
         out.error = f"{type(exc).__name__}: {exc}"
         stop.set()
     finally:
-        bed.close()
+        bed.close(keep=bool(out.error) or bool(os.environ.get("FLEXMIG_KEEP_TESTBED")))
     return out
 
 
@@ -305,7 +334,7 @@ def figures(r: Run, jobs: list[MixJob]) -> dict[str, Any]:
             waiting_slices += used * step
             waiting_time += step
         t += step
-    closed = [c for ts, c in r.samples if first <= ts <= last]
+    closed = [c for ts, c, *_ in r.samples if first <= ts <= last]
     periods: list[float] = []
     run_len = 0
     for c in closed:
@@ -348,6 +377,48 @@ def bound(jobs: list[MixJob]) -> float:
     return max(packed, *(j.arrival_s + j.runtime_s for j in jobs))
 
 
+def timeline(r: Run, jobs: list[MixJob], step_s: float = 10.0) -> list[str]:
+    """Where the run lost capacity: per ``step_s``, the registered GPUs, the node closed or open, busy slices, the
+    jobs waiting (by profile) and the jobs started; flexmigd's notes at their times."""
+    recs = [(j, r.jobs.get(j.index, {})) for j in jobs]
+    first = min((rec["submit"] for _, rec in recs if "submit" in rec), default=r.t0)
+    ends = [rec["ends"][-1] for _, rec in recs if rec.get("ends")]
+    last = max(ends, default=first)
+    notes: list[tuple[float, str]] = []
+    for line in r.log:
+        with contextlib.suppress(ValueError, IndexError):
+            stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + float("0." + line[20:23])
+            text = line.split(": ", 1)[1] if ": " in line else line
+            notes.append((stamp, text[:150]))
+    out = []
+    t = first
+    short = {p: p.split(".")[0] for p in WEIGHTS}
+    while t < last:
+        window = [x for x in r.samples if t <= x[0] < t + step_s]
+        gpus = window[-1][2] if window and len(window[-1]) > 2 else "?"
+        closed = sum(1 for x in window if x[1]) / len(window) if window else 0.0
+        busy = 0.0
+        waiting: dict[str, int] = {}
+        started: list[str] = []
+        for j, rec in recs:
+            a = rec.get("starts", [math.inf])[0] if rec.get("starts") else math.inf
+            b = rec["ends"][-1] if rec.get("ends") else last
+            overlap = max(0.0, min(b, t + step_s) - max(a, t))
+            busy += SLICES[j.profile] * overlap / step_s
+            if rec.get("submit", math.inf) <= t + step_s / 2 < a:
+                waiting[short[j.profile]] = waiting.get(short[j.profile], 0) + 1
+            if t <= a < t + step_s:
+                started.append(f"{short[j.profile]}#{j.index}")
+        wait = " ".join(f"{n}x{p}" for p, n in sorted(waiting.items()))
+        out.append(f"{t - first:6.0f}s {gpus:<14} {'CLOSED' if closed >= 0.5 else 'open':6} busy {busy:3.1f}/7 "
+                   f"waiting [{wait}] started {' '.join(started)}")  # fmt: skip
+        for stamp, text in notes:
+            if t <= stamp < t + step_s:
+                out.append(f"        | {text}")
+        t += step_s
+    return out
+
+
 def extract(rev: str) -> Path:
     """``rev``'s ``daemon/`` (the package) in a temporary directory, for ``PYTHONPATH``."""
     dest = Path(tempfile.mkdtemp(prefix="fm-mix-code-", dir="/tmp"))
@@ -364,6 +435,8 @@ def main() -> int:
     ap.add_argument("--rivals", default="static,before,now", help="which rivals to run (comma-separated)")
     ap.add_argument("--parallel", action="store_true", help="run the rivals side by side (shares the CPUs)")
     ap.add_argument("--save", type=Path, help="write the raw runs (stamps, samples) to this JSON file")
+    ap.add_argument("--timeline", action="store_true", help="print each rival's timeline (layouts, waits, notes)")
+    ap.add_argument("--seed", type=int, default=SEED, help=f"the mix's seed (default {SEED}, the administrator's)")
     ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
     args = ap.parse_args()
     scale = 0.25 if args.quick else args.scale
@@ -371,14 +444,14 @@ def main() -> int:
     if missing or os.geteuid() != 0:
         print(f"needs root and {DEBIAN_PACKAGES} (missing: {', '.join(missing) or 'none'})", file=sys.stderr)
         return 2
-    jobs = mix(scale=scale)
+    jobs = mix(args.seed, scale=scale)
     rivals = [x for x in args.rivals.split(",") if x]
     print("flexmig Slurm mix benchmark (a busy node)")
     print(f"machine: {machine()}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     counts = {p: sum(j.profile == p for j in jobs) for p in WEIGHTS}
-    print(f"mix: {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), scale {scale:g}, "
-          f"arrivals over {jobs[-1].arrival_s:.0f} s, packing bound {bound(jobs):.0f} s; rivals: {', '.join(rivals)}"
-          f"{' (side by side)' if args.parallel else ''}")  # fmt: skip
+    print(f"mix (seed {args.seed}): {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), "
+          f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, packing bound {bound(jobs):.0f} s; "
+          f"rivals: {', '.join(rivals)}{' (side by side)' if args.parallel else ''}")  # fmt: skip
     before = extract(args.before) if "before" in rivals and args.load is None else None
     budget = 3600 * max(scale, 0.25) + 600
     results: dict[str, Run] = {}
@@ -386,7 +459,7 @@ def main() -> int:
         raw = json.loads(args.load.read_text())
         for n, r in raw.items():
             results[n] = Run(n, {int(k): v for k, v in r["jobs"].items()}, [tuple(x) for x in r["samples"]],
-                             r["t0"], r["reregistrations"], r["error"])  # fmt: skip
+                             r["t0"], r["reregistrations"], r["error"], r.get("log", []))  # fmt: skip
         rivals = [n for n in rivals if n in results]
     try:
         if args.load is not None:
@@ -436,6 +509,10 @@ def main() -> int:
             print(f"{n}: {figs[n]['error']}")
     if "now" in figs and "before" in figs and "makespan" in figs["now"] and "makespan" in figs["before"]:
         print(f"\nratio of makespans (before / now): {figs['before']['makespan'] / figs['now']['makespan']:.2f}x")
+    if args.timeline:
+        for n in rivals:
+            print(f"\ntimeline of {n}:")
+            print("\n".join(timeline(results[n], jobs)))
     print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

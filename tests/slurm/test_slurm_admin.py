@@ -1,16 +1,20 @@
 """What a Slurm administrator of a MIG cluster hit with flexmig's first Slurm agent, each as the rule it broke, against
-a real Slurm 22.05 (munged, slurmctld, slurmd) on a simulated node: a killed slurmd, an administrator's drain and
-reservation, a hook job that ignores its signal, a change whose demand goes away, and a 7g job among 1g jobs
-without time limits."""
+a real Slurm 22.05 (munged, slurmctld, slurmd) on a simulated node: a killed slurmd, an administrator's drain,
+down state and reservation (also in the last moment before flexmig takes the node out of Slurm), features and
+weight set with ``scontrol update``, a hook job that ignores its signal, a change whose demand goes away, and a 7g
+job among 1g jobs without time limits."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
 
+from flexmig.act.journal import StepEvent
+from flexmig.slurm.agent import SlurmRead
 from flexmig.slurm.reservations import PREFIX, flexmig_name
 from support.slurm import SlurmRig, skip_reason
 from support.wait import until
@@ -149,9 +153,11 @@ def test_a_waiting_change_lets_fitting_jobs_run_at_once_and_is_abandoned_when_it
 
 
 def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> None:
+    # Jobs without --time give no hint of when the node would empty: the forecast cannot justify closing it, and the
+    # bound max_wait_s (aging) does: the 7g job starts once it waited that long, and no later 1g job overtakes it.
     async def scenario() -> None:
         spec = "h200:" + "+".join(f"1g.18gb@{s}" for s in (0, 1, 2, 3, 4, 5, 6))
-        async with SlurmRig(spec, settings={"min_interval_s": 300.0}) as rig:
+        async with SlurmRig(spec, settings={"min_interval_s": 300.0, "max_wait_s": 20.0}) as rig:
             first = [rig.sleeper("--gres=gpu:1g.18gb:1", seconds=6) for _ in range(3)]  # no --time: no limit
             for j in first:
                 await rig.wait_state(j, "RUNNING")
@@ -165,6 +171,7 @@ def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> 
                 rnd = await rig.agent.round("act")
                 if "change committed" in rnd.note:
                     committed.append(len(later))
+                    assert rnd.verdict is not None and rnd.verdict.forced, rnd.verdict  # by the bound, not the forecast
                 j = await rig.job(big)
                 return j is not None and j.state in ("RUNNING", "COMPLETED")
 
@@ -197,5 +204,143 @@ def test_the_site_wide_limit_keeps_a_node_open_while_another_is_closed_for_flexm
             rig.run("scontrol", "delete", f"reservation={other}")
             again = await rig.agent.round("act")
             assert "change committed" in again.note, again.note
+
+    asyncio.run(scenario())
+
+
+def test_a_node_an_administrator_downed_stays_down_even_when_its_slurmd_dies() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0") as rig:
+            rig.run("scontrol", "update", f"nodename={rig.node}", "state=down", "reason=broken fan")
+            job = rig.sleeper("--gres=gpu:1g.18gb:1")  # needs a new layout
+            await rig.wait_state(job, "PENDING")
+            for _ in range(3):
+                rnd = await rig.agent.round("act")
+                assert rnd.result is None and "down (broken fan)" in rnd.note, rnd.note
+            pid = int(rig.paths.slurmd_pid(rig.node).read_text())
+            os.kill(pid, signal.SIGKILL)  # slurmd dies on the node the administrator took out of service
+            await until(lambda: _crashed(rig), what="slurmd seen crashed", not_yet=(Exception,))
+            for _ in range(4):
+                rnd = await rig.agent.round("act")
+                assert rnd.result is None and "down (broken fan)" in rnd.note, rnd.note
+                await asyncio.sleep(0.5)
+            assert await rig.agent.slurmd.state() == "crashed"  # not started again: it would end the DOWN state
+            node = (await rig.agent.read()).node
+            assert node is not None and node.state == "down" and node.reason == "broken fan", node
+            assert "slurmd_restarted" not in [k for k, _ in rig.node_events]
+            assert rig.act.journal.recent_actions(5)[0].payload.get("reason") == "first registration"
+            pending = await rig.job(job)
+            assert pending is not None and pending.pending
+
+    asyncio.run(scenario())
+
+
+async def _crashed(rig: SlurmRig) -> bool:
+    return await rig.agent.slurmd.state() == "crashed"
+
+
+def test_a_crashed_slurmd_on_a_drained_node_comes_back_its_job_completes_and_the_drain_stays() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            job = rig.sleeper("--gres=gpu:3g.71gb:1", "--time=1", seconds=8)
+            await rig.wait_state(job, "RUNNING")
+            rig.run("scontrol", "update", f"nodename={rig.node}", "state=drain", "reason=maint")
+            os.kill(int(rig.paths.slurmd_pid(rig.node).read_text()), signal.SIGKILL)
+            await until(lambda: _crashed(rig), what="slurmd seen crashed", not_yet=(Exception,))
+            rnd = await rig.agent.round("act")
+            assert ("slurmd_restarted", "slurmd crashed") in [(k, d.get("reason")) for k, d in rnd.events], rnd
+            done = await rig.wait_state(job, "COMPLETED")
+            assert done.restart_count == 0
+            node = (await rig.agent.read()).node
+            assert node is not None and node.drained and node.reason == "maint", node
+
+    asyncio.run(scenario())
+
+
+def _admin_at(step: str, phase: str, action: Callable[[], None]) -> tuple[Callable[[StepEvent], None], dict[str, bool]]:
+    """An on_step hook that runs ``action`` (an administrator's command) once, right after ``step``'s commit, once
+    armed (``armed["on"] = True``)."""
+    armed = {"on": False}
+
+    def on_step(ev: StepEvent) -> None:
+        if armed["on"] and ev.action_kind == "slurm_reregister" and ev.step == step and ev.phase == phase:
+            armed["on"] = False
+            action()
+
+    return on_step, armed
+
+
+@pytest.mark.parametrize("what", ["drain", "reservation"])
+def test_an_administrators_drain_or_reservation_just_before_the_delete_cancels_the_change(what: str) -> None:
+    rig_box: list[SlurmRig] = []
+
+    def admin() -> None:  # the last moment before `scontrol delete nodename`: flexmig's reservation is gone
+        rig = rig_box[0]
+        if what == "drain":
+            rig.run("scontrol", "update", f"nodename={rig.node}", "state=drain", "reason=maint")
+        else:
+            rig.run(
+                "scontrol", "create", "reservation", "reservationname=maint", f"nodes={rig.node}",
+                "starttime=now+3600", "duration=60", "users=root", "flags=maint,ignore_jobs",
+            )  # fmt: skip
+
+    hook, armed = _admin_at("unreserve", "done", admin)
+
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0", on_step=hook) as rig:
+            rig_box.append(rig)
+            job = rig.sleeper("--gres=gpu:1g.18gb:1")
+            await rig.wait_state(job, "PENDING")
+            armed["on"] = True
+            rnd = await rig.agent.round("act")
+            assert rnd.result is not None and not rnd.result.ok, rnd
+            (action,) = rnd.result.results
+            assert action.outcome == "cancelled" and "before the node left Slurm" in (action.error or ""), action
+            # slurmd runs again and registers; slurmctld may still flag the node NOT_RESPONDING for a ping it sent
+            # while slurmd was stopped, until its next ping (at most SlurmdTimeout / 3)
+            async def answers() -> SlurmRead | None:
+                got = await rig.agent.read()
+                return got if got.node is not None and got.node.responding else None
+
+            read: SlurmRead = await until(answers, 40, "the node answers with the GRES it had", not_yet=(Exception,))
+            assert read.node is not None
+            assert read.registered_as == {"7g.141gb": 1}  # never deleted, never changed
+            if what == "drain":
+                assert read.node.drained and read.node.reason == "maint", read.node
+            else:
+                assert [r.name for r in read.reservations] == ["maint"]
+                assert not read.node.drained, read.node  # flexmig's own drain undone
+            for _ in range(3):
+                again = await rig.agent.round("act")
+                assert again.result is None and "flexmig leaves it as it is" in again.note, again.note
+            pending = await rig.job(job)
+            assert pending is not None and pending.pending
+
+    asyncio.run(scenario())
+
+
+def test_features_weight_and_comment_an_administrator_set_survive_a_re_registration() -> None:
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0") as rig:
+            rig.run(
+                "scontrol", "update", f"nodename={rig.node}",
+                "features=mig,nvlink", "weight=7", "comment=rack 4, ticket 42",
+            )  # fmt: skip
+            jobs = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(2)]
+            for j in jobs:
+                await rig.wait_state(j, "PENDING")
+            rnd = await rig.change()
+            assert rnd.result is not None and rnd.result.ok, rnd
+            for j in jobs:
+                await rig.wait_state(j, "RUNNING")
+            shown = rig.run("scontrol", "show", "node", rig.node)
+            assert "Gres=gpu:1g.18gb:" in shown, shown  # re-registered with its new instances
+            for line in (
+                "AvailableFeatures=mig,nvlink",
+                "ActiveFeatures=mig,nvlink",
+                "Weight=7",
+                "Comment=rack 4, ticket 42",
+            ):
+                assert line in shown, shown
 
     asyncio.run(scenario())

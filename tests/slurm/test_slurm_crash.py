@@ -32,9 +32,11 @@ class Crash(BaseException):
         "drain:done",
         "stop_slurmd:done",
         "unreserve:done",
+        "recheck:done",
         "destroy:intent",
         "create:done",
         "register:intent",
+        "attributes:intent",
         "release:intent",
     ],
 )

@@ -484,13 +484,13 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "flexmig_slurm_reregistration_gain_slice_seconds",
         _N,
-        "Compute slice-seconds of waiting the last decision's change would spare.",
+        "Busy compute slice-seconds the last decision's change would add over its horizon (forecast, 0: none).",
         "with `[slurm] enabled = true`, from the first decision on",
     ),
     _g(
         "flexmig_slurm_reregistration_cost_slice_seconds",
         _N,
-        "Compute slice-seconds the last decision's drain would waste.",
+        "Compute slice-seconds the last decision's change would leave idle until the node is registered again.",
         "with `[slurm] enabled = true`, from the first decision on",
     ),
     _g(

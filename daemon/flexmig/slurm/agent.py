@@ -6,8 +6,10 @@ One :meth:`SlurmAgent.round`:
 1. read Slurm (``squeue --json``, ``sinfo --json``, reservations) and NVML; a Slurm that does not answer, or answers
    garbage, is a SlurmError: the caller logs it and nothing changes;
 2. refuse an unsupported setup with one line (:mod:`flexmig.slurm.sitecheck`), before anything is stopped;
-3. a crashed slurmd is started again at once with the GRES it had (its jobs run on; no drain, no delete);
-4. a node an administrator drained, downed or reserved is left as it is (a change waiting for it is abandoned);
+3. a crashed slurmd is started again at once with the GRES it had (its jobs run on; no drain, no delete), unless
+   an administrator downed the node (a slurmd that registers would bring it back into service);
+4. a node an administrator drained, downed, failed, rebooted or reserved is left as it is (a change waiting for it
+   is abandoned);
 5. make sure the node is registered with exactly the instances NVML shows;
 6. in modes advise and act, plan the layout for the node *once empty* (Slurm cannot change a node's GPUs while a
    job runs on it) and weigh it (:func:`flexmig.plan.reregistration.verdict`). In mode ``act``: an idle node is
@@ -37,12 +39,19 @@ from flexmig.act.results import PlanResult
 from flexmig.clocks import Ages
 from flexmig.errors import FlexmigError, PlanRejectedError, SlurmError
 from flexmig.mig.catalogue import GpuModel
+from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout
 from flexmig.nvml.types import Inventory
-from flexmig.plan import Planner, validate_plan
-from flexmig.plan.reregistration import DrainHolder, RegistrationCost, Verdict, changes_instances, verdict
-from flexmig.plan.types import Instance, JobRequest, NodeState, Plan, PlannerSettings
-from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_hold, encode_change
+from flexmig.plan.reregistration import (
+    DrainHolder,
+    NodeNow,
+    RegistrationCost,
+    Verdict,
+    changes_instances,
+    choose,
+)
+from flexmig.plan.types import Plan, PlannerSettings
+from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_down, admin_hold, encode_change
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string
@@ -68,6 +77,9 @@ log = logging.getLogger(__name__)
 _CONFIG_TTL_S = 300.0
 _NOT_RESPONDING_GRACE_S = 30.0  # slurmd runs but slurmctld does not hear it: wait this long, then restart it
 _MAX_FILE = 4 * 1024 * 1024
+_RECENT_S = 900.0  # the recent demand the layout choice matches: jobs submitted in the last 15 minutes
+_MAX_SEEN = 10_000
+_UNKNOWN_RUN_S = 60.0  # the run time a job without a time limit counts for in the recent demand
 
 
 class ExecutorMig:
@@ -211,12 +223,14 @@ class SlurmAgent:
         self._config_at = -_CONFIG_TTL_S
         self._not_responding_since: float | None = None
         self._waiting = False
+        self._layouts: dict[tuple[str, frozenset[str]], tuple[Layout, ...]] = {}
+        self._seen: dict[str, tuple[float, str, float]] = {}
         executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
 
     @staticmethod
-    def registration_cost(settings: SlurmSettings, slices: int = 7) -> RegistrationCost:
-        """The verdict's fixed figures from the settings (and the node's compute slices)."""
-        return RegistrationCost(settings.reregister_s, settings.min_interval_s, settings.max_wait_s, slices)
+    def registration_cost(settings: SlurmSettings) -> RegistrationCost:
+        """The verdict's fixed figures from the settings."""
+        return RegistrationCost(settings.reregister_s, settings.min_interval_s, settings.max_wait_s)
 
     # -------------------------------------------------------------------------------------------- reading
     async def read(self) -> SlurmRead:
@@ -273,36 +287,58 @@ class SlurmAgent:
         return why
 
     # -------------------------------------------------------------------------------------------- planning
-    def drained_state(self, read: SlurmRead) -> tuple[NodeState, tuple[JobRequest, ...]]:
-        """The node as it will be once empty, with its queue (requeued hook jobs first), and the requeued."""
+    def node_now(self, read: SlurmRead) -> NodeNow:
+        """The node for the layout choice: today's layouts, the GPUs flexmig must leave as they are (lost, another
+        model, MIG off, or an instance whose processes belong to no Slurm job), the jobs on it, and its queue
+        (requeued hook jobs first)."""
         view, model = read.view, read.model
         slurm_held = {i.key for r in read.demand.running for i in r.instances}
         layouts: list[Layout] = []
-        blocked_gpus: set[int] = set()
+        fixed: set[int] = set()
         count = max(view.gpus(), default=-1) + 1
         mig_on = {g.index: bool(g.mig_current) for g in read.inventory.gpus}
         for gpu in range(count):
             lay = view.layout(gpu)
             if lay is None or gpu in view.lost or view.model(gpu) != model or not mig_on.get(gpu):
-                blocked_gpus.add(gpu)
+                fixed.add(gpu)
                 layouts.append(Layout.of(model, []))
             else:
                 layouts.append(lay)
-        blocked = {
-            i.key
-            for i in view.instances
-            if i.gpu not in blocked_gpus and (i.uuid is None or i.pids is None or (i.pids and i.key not in slurm_held))
-        }
+        for i in view.instances:
+            if i.gpu not in fixed and (i.uuid is None or i.pids is None or (i.pids and i.key not in slurm_held)):
+                fixed.add(i.gpu)
         requeued = read.demand.requeued_requests(model)
-        state = NodeState(
+        running = tuple(
+            DrainHolder(
+                request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable, r.elapsed_s,
+                tuple(i.key for i in r.instances),
+            )
+            for r in read.demand.running
+        )  # fmt: skip
+        return NodeNow(
             model=model,
             layouts=tuple(layouts),
-            pending=(*requeued, *read.demand.pending),
-            now_s=read.now_s or self.wall(),
-            blocked=frozenset(blocked),
-            blocked_gpus=frozenset(blocked_gpus),
+            running=running,
+            queue=(*requeued, *read.demand.pending),
+            fixed_gpus=frozenset(fixed),
+            requeued=frozenset(r.name for r in requeued),
         )
-        return state, requeued
+
+    def candidates(self, model: GpuModel) -> Callable[[frozenset[str]], tuple[Layout, ...]]:
+        """The maximal layouts of one GPU of ``model`` built from a set of profiles (remembered: enumerating them
+        takes tens of milliseconds)."""
+
+        def of(profiles: frozenset[str]) -> tuple[Layout, ...]:
+            key = (model.key, profiles)
+            got = self._layouts.get(key)
+            if got is None:
+                got = tuple(maximal_layouts(model, [model.profile(p) for p in sorted(profiles)]))
+                if len(self._layouts) >= 64:
+                    self._layouts.pop(next(iter(self._layouts)))
+                self._layouts[key] = got
+            return got
+
+        return of
 
     def _recent(self) -> list[ActionRow]:
         return [row for row in self.executor.journal.recent_actions(200) if row.kind == KIND]
@@ -337,36 +373,23 @@ class SlurmAgent:
         return out
 
     def plan(self, read: SlurmRead) -> tuple[Plan, Verdict]:
-        """The layout plan for ``read`` and whether to commit to it; PlanRejectedError if the planner refuses."""
-        state, requeued = self.drained_state(read)
-        plan = Planner(state.model, self.planner_settings).plan(state)
-        validate_plan(state, plan, self.planner_settings)
-        held = {i.key for r in read.demand.running for i in r.instances}
-        free = [
-            Instance(g, inst.start, inst.profile)
-            for g, lay in enumerate(state.layouts)
-            if g not in state.blocked_gpus
-            for inst in lay.instances
-            if (g, inst.start) not in held and (g, inst.start) not in state.blocked
-        ]
-        holders = [
-            DrainHolder(request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable, r.elapsed_s)
-            for r in read.demand.running
-        ]
-        slices = sum(state.model.compute_slices for g in range(len(state.layouts)) if g not in state.blocked_gpus)
-        cost = RegistrationCost(self.cost.fixed_s, self.cost.min_interval_s, self.cost.max_wait_s, max(1, slices))
-        v = verdict(
-            plan,
-            state.pending,
-            holders,
-            free=free,
+        """The layout plan for ``read`` (the node once empty) and whether to commit to it
+        (:func:`flexmig.plan.reregistration.choose`)."""
+        node = self.node_now(read)
+        now = read.now_s or self.wall()
+        submitted = {r.name: r.submitted_s for r in read.demand.pending}
+        choice = choose(
+            node,
+            candidates=self.candidates(node.model),
             settings=self.planner_settings,
-            cost=cost,
-            now_s=state.now_s,
+            cost=self.cost,
+            now_s=now,
+            waited_s=lambda name: max(0.0, now - submitted[name]) if name in submitted else 0.0,
             last_change_s=self.last_change_s(),
-            requeued=frozenset(r.name for r in requeued),
+            committed=read.mine is not None,
+            recent=self.recent_demand(),
         )
-        return plan, v
+        return choice.plan, choice.verdict
 
     # -------------------------------------------------------------------------------------------- acting
     async def register(self, reason: str) -> PlanResult:
@@ -388,12 +411,15 @@ class SlurmAgent:
             self._closed_at = self.clock()
         self._waiting = read.mine is not None
         read = self._without_missed(read)
+        self._remember(read)
         problem = await self.setup_problem(read)
         if problem is not None:
             return SlurmRound(read, note=f"refused: {problem}", events=(("refused", {"reason": problem}),))
-        if read.slurmd == "crashed":
-            return await self._restart_slurmd(read, mode, "slurmd crashed")
         hold = admin_hold(read.node, read.reservations, self.node)
+        if read.slurmd == "crashed" and admin_down(read.node) is None:
+            # A drain or a reservation survives slurmd's restart, and the node's jobs run on; a node an
+            # administrator downed would come back into service (ReturnToService=2): that one is left alone.
+            return await self._restart_slurmd(read, mode, "slurmd crashed")
         if hold is not None:
             return await self._leave_alone(read, mode, hold)
         if not read.in_sync:
@@ -413,6 +439,39 @@ class SlurmAgent:
         if not read.busy:
             return await self._change(read, plan, v)
         return await self._commit(read, plan, v)
+
+    def _remember(self, read: SlurmRead) -> None:
+        """Note the GPU demand of every job seen waiting for or running on the node (by submission time), for the
+        recent demand the layout choice matches; forget what is older than ``_RECENT_S``."""
+        for r in read.demand.pending:
+            profile = r.need.profile
+            if profile is None or r.name in self._seen:
+                continue
+            run = (r.expected_runtime_s or 2 * _UNKNOWN_RUN_S) / 2.0
+            slices = read.model.profile(profile).compute_slices * r.ranks
+            self._seen[r.name] = (r.submitted_s, profile, slices * run)
+        for j in read.demand.running:
+            name = request_name(j.job.job_id)
+            if name in self._seen or not j.instances:
+                continue
+            limit = j.job.time_limit_s
+            run = (limit or 2 * _UNKNOWN_RUN_S) / 2.0
+            for inst in j.instances:
+                key = f"{name}@{inst.gpu}:{inst.start}"
+                self._seen[key] = (j.job.waited_since(), inst.profile.name, inst.profile.compute_slices * run)
+            self._seen[name] = (j.job.waited_since(), "", 0.0)
+        horizon = read.now_s - _RECENT_S
+        if len(self._seen) > 4 * _MAX_SEEN or any(t < horizon for t, _, _ in self._seen.values()):
+            kept = sorted(((k, v) for k, v in self._seen.items() if v[0] >= horizon), key=lambda kv: kv[1][0])
+            self._seen = dict(kept[-_MAX_SEEN:])
+
+    def recent_demand(self) -> dict[str, float]:
+        """Slice-seconds asked per profile by the jobs seen in the last ``_RECENT_S`` (expected run times)."""
+        out: dict[str, float] = {}
+        for _, profile, work in self._seen.values():
+            if profile:
+                out[profile] = out.get(profile, 0.0) + work
+        return out
 
     def _without_missed(self, read: SlurmRead) -> SlurmRead:
         """The read with hook jobs that missed an acknowledgement counted as immovable."""
@@ -488,10 +547,10 @@ class SlurmAgent:
         """A change waits (flexmig's reservation exists): abandon it, move it earlier, or carry it out."""
         if mode != "act":
             return SlurmRound(read, plan, v, note=f"a change waits in reservation {mine.name}; mode {mode} leaves it")
-        if not changes_instances(plan) or not v.newly_served:
+        if not changes_instances(plan) or not v.go:
             await self.client.delete_reservation(mine.name)
             self._waiting = False
-            why = "its demand is gone (the jobs it served ended, were cancelled or run now)"
+            why = f"its demand is gone: {v.reason}"
             return SlurmRound(
                 read, plan, v, note=f"change abandoned: {why}", events=(("change_abandoned", {"reason": why}),)
             )

@@ -63,7 +63,18 @@ from flexmig.slurm.supply import Supply
 from flexmig.slurm.taskprolog import ACK_NAME, checkpoint_dir
 from flexmig_hook.protocol import Ack, AckError, read_ack
 
-__all__ = ["KIND", "ChangeSettings", "MigSteps", "SlurmChange", "StepRunner", "encode_change"]
+__all__ = [
+    "ADMIN_FLAGS",
+    "KIND",
+    "ChangeSettings",
+    "MigSteps",
+    "SlurmChange",
+    "StepRunner",
+    "admin_attributes",
+    "admin_down",
+    "admin_hold",
+    "encode_change",
+]
 
 log = logging.getLogger(__name__)
 
@@ -137,24 +148,72 @@ def encode_change(
     }  # fmt: skip
 
 
+ADMIN_FLAGS = frozenset(
+    {"FAIL", "REBOOT_REQUESTED", "REBOOT_ISSUED", "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP",
+     "POWER_DRAIN", "MAINTENANCE"}
+)  # fmt: skip
+"""Node state flags that only an administrator (``scontrol update state=fail``, ``scontrol reboot``, power saving,
+a maintenance reservation) puts on a node: flexmig leaves such a node alone. A re-registration would lose them
+(``scontrol delete`` forgets a pending reboot), and a slurmd started again would answer a reboot or power-down
+Slurm is waiting for."""
+
+
+def admin_down(node: SlurmNode | None) -> str | None:
+    """Why node ``node`` is down, failing, rebooting or powered by an administrator's (or Slurm's power saving's)
+    decision, or None. slurmd must not be started on such a node even when it crashed: with
+    ``ReturnToService=2`` a DOWN node that registers comes back into service (verified on 22.05.8), which would undo
+    the administrator's ``state=down``."""
+    if node is None:
+        return None
+    reason = node.reason or "no reason given"
+    if node.state == "down" and node.reason and not node.reason.startswith(("Not responding", "flexmig")):
+        return f"node {node.name} is down ({reason}); flexmig leaves it as it is"
+    flags = sorted(node.flags & ADMIN_FLAGS)
+    if flags:
+        return f"node {node.name} is {'+'.join(flags)} ({reason}); flexmig leaves it as it is"
+    return None
+
+
 def admin_hold(node: SlurmNode | None, reservations: Sequence[SlurmReservation], name: str) -> str | None:
     """Why an administrator holds node ``name`` (flexmig then changes nothing about it), or None.
 
     Held: drained by anyone but flexmig (its reasons start with ``flexmig``), down for any reason but Slurm's own
-    ``Not responding`` (slurmd is flexmig's to bring back), or named by any reservation but flexmig's, whenever it
-    starts (a re-registration would take the node out of it, and slurmctld deletes a reservation left without
-    nodes).
+    ``Not responding`` (slurmd is flexmig's to bring back), failing, rebooting or powered down or up
+    (:data:`ADMIN_FLAGS`), or named by any reservation but flexmig's, whenever it starts (a re-registration would
+    take the node out of it, and slurmctld deletes a reservation left without nodes).
     """
     if node is not None:
         reason = node.reason or "no reason given"
         if node.drained and not node.reason.startswith("flexmig"):
             return f"node {name} is drained ({reason}); flexmig leaves it as it is"
-        if node.state == "down" and not node.reason.startswith(("Not responding", "flexmig")) and node.reason:
-            return f"node {name} is down ({reason}); flexmig leaves it as it is"
+        down = admin_down(node)
+        if down is not None:
+            return down
     for r in reservations:
         if name in r.nodes and r.name != flexmig_name(name):
             return f"node {name} is in reservation {r.name}; flexmig leaves it as it is (no re-registration)"
     return None
+
+
+def admin_attributes(node: SlurmNode, conf: str | None) -> dict[str, str]:
+    """What someone set on ``node`` with ``scontrol update`` (features, active features, weight, comment, extra)
+    beyond what its registration's ``--conf`` (``conf``: ``Feature=mig Weight=1 ...``) gave it: the attributes a
+    re-registration must set again. A dynamic node that is deleted and registered again gets ``--conf`` only."""
+    given: dict[str, str] = {}
+    for word in (conf or "").split():
+        key, _, value = word.partition("=")
+        given[key.lower()] = value
+    registered = {
+        "features": given.get("features", given.get("feature", "")),
+        "weight": given.get("weight", "1"),
+        "comment": "",
+        "extra": "",
+    }
+    now = node.attributes()
+    out = {k: v for k, v in now.items() if k in registered and v != registered[k]}
+    if now["activefeatures"] != now["features"]:
+        out["activefeatures"] = now["activefeatures"]
+    return out
 
 
 def _ack_stamp(path: Path) -> dict[str, Any] | None:
@@ -203,14 +262,12 @@ class SlurmChange:
                 "await_idle", {"timeout_s": self.settings.idle_timeout_s}, lambda: self._await_idle(node)
             )
             await run.step("check", {"node": node}, lambda: self._check(node))
-            await run.step("drain", {"node": node}, lambda: self._drain(node))
+            drained = await run.step("drain", {"node": node}, lambda: self._drain(node))
         except StepFailed as exc:
             await self._undo(run, node, jobs, bool(held))
             raise StepFailed(f"{exc}; the change is cancelled, the node reopened", outcome="cancelled",
                              code=exc.code) from exc  # fmt: skip
-        await run.step("stop_slurmd", {}, self._stop_slurmd)
-        await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
-        await run.step("delete", {"node": node}, lambda: self._delete(node))
+        seen = await self._leave_slurm(run, node, jobs, held=bool(held), drained_at=float(drained.get("at", 0.0)))
         failure: StepFailed | None = None
         for op, slot in changes:
             name = f"{op}:{slot.gpu}@{slot.start}"
@@ -224,6 +281,8 @@ class SlurmChange:
         try:
             await run.step("gres", {}, self._gres)
             await run.step("register", {"timeout_s": self.settings.register_timeout_s}, lambda: self._register(node))
+            attrs = dict(seen.get("attributes") or {})
+            await run.step("attributes", {"node": node, **attrs}, lambda: self._restore_attributes(node, attrs))
         except StepFailed as exc:  # the held jobs are released all the same: they pend, or run elsewhere
             unregistered = exc
         if held:
@@ -242,6 +301,28 @@ class SlurmChange:
             )
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
+
+    async def _leave_slurm(
+        self, run: StepRunner, node: str, jobs: list[dict[str, Any]], *, held: bool, drained_at: float
+    ) -> dict[str, Any]:
+        """slurmd stopped, flexmig's reservation gone, the backfill scheduler past the node, the administrator's
+        state looked at once more, then the node deleted from Slurm; what ``recheck`` saw (the attributes to set
+        again). A hold found by ``recheck`` cancels the change before the delete: slurmd runs again as it was."""
+        await run.step("stop_slurmd", {}, self._stop_slurmd)
+        await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
+        try:
+            await run.step("backfill", {"since": drained_at}, lambda: self._await_backfill(node, drained_at))
+            seen: dict[str, Any] = await run.step("recheck", {"node": node}, lambda: self._check(node))
+        except StepFailed as exc:  # an administrator acted since the check: the node is still in Slurm, as it was
+            await run.step("restore_slurmd", {"node": node}, lambda: self._restore_slurmd(node))
+            await self._undo(run, node, jobs, held)
+            raise StepFailed(
+                f"{exc}; the change is cancelled before the node left Slurm: slurmd runs again with the GRES it had",
+                outcome="cancelled",
+                code=exc.code,
+            ) from exc
+        await run.step("delete", {"node": node}, lambda: self._delete(node))
+        return seen
 
     # ------------------------------------------------------------------------------------------- phases
     async def _close(self, node: str) -> dict[str, Any]:
@@ -270,20 +351,111 @@ class SlurmChange:
         why = admin_hold(found, reservations, node)
         if why is not None:
             raise StepFailed(why, outcome="cancelled", code="ADMIN")
-        return {"state": found.state if found is not None else None}
+        if found is None:
+            return {"state": None}
+        return {"state": found.state, "attributes": admin_attributes(found, self.slurmd.registered_conf())}
+
+    async def _restore_slurmd(self, node: str) -> dict[str, Any]:
+        """slurmd started again with the GRES it registered (the node was not deleted): the node answers as before,
+        with whatever an administrator set on it meanwhile."""
+        conf = self.slurmd.registered_conf() or ""
+        gres = conf.rsplit("Gres=", 1)[1].split()[0] if "Gres=" in conf else gres_string(
+            self.supply.records(await self.mig.inventory())
+        )  # fmt: skip
+        since = 0.0
+        try:
+            if not await self.slurmd.running():
+                since = time.time() - 1.0  # the node answers once this slurmd registered (whole seconds)
+                await self.slurmd.start(gres)
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURMD") from exc
+        start = self.clock()
+        while self.clock() - start < self.settings.register_timeout_s:
+            with contextlib.suppress(SlurmError):
+                found = await self.client.node(node)
+                if found is not None and found.responding and found.slurmd_start_s >= since:
+                    return {"gres": gres, "waited_s": round(self.clock() - start, 3)}
+            await asyncio.sleep(self.settings.poll_s)
+        raise StepFailed(f"node {node} did not answer within {self.settings.register_timeout_s:g} s", code="REGISTER")
+
+    async def _restore_attributes(self, node: str, before: dict[str, str]) -> dict[str, Any]:
+        """Set again what an administrator had set on the node (``scontrol update``: features, weight, comment,
+        extra) and its new registration lost: a dynamic node registers with ``[slurm] slurmd_conf`` only."""
+        try:
+            found = await self.client.node(node)
+            if found is None or not before:
+                return {"restored": {}}
+            now = found.attributes()
+            first = {k: v for k, v in before.items() if k != "activefeatures" and now.get(k) != v}
+            if first:
+                await self.client.update_node(node, first)
+                found = await self.client.node(node)
+            later = {}
+            if found is not None and "activefeatures" in before and found.active_features != before["activefeatures"]:
+                later = {"activefeatures": before["activefeatures"]}
+                await self.client.update_node(node, later)
+        except SlurmError as exc:
+            raise StepFailed(f"node {node} registered, but what was set on it could not be set again: {exc}",
+                             code="ATTRIBUTES") from exc  # fmt: skip
+        return {"restored": {**first, **later}}
 
     async def _drain(self, node: str) -> dict[str, Any]:
-        """flexmig's drain of the empty node (its reservation must go before the node can be deleted)."""
+        """flexmig's drain of the empty node (its reservation must go before the node can be deleted); ``at``: when
+        it was drained, at the latest (the backfill scheduler is waited for from then on)."""
         try:
             found = await self.client.node(node)
             if found is None:
-                return {"absent": True}
+                return {"absent": True, "at": time.time()}
             if found.drained:
-                return {"already": found.reason}
+                return {"already": found.reason, "at": time.time()}
             await self.client.drain(node, "flexmig: re-registering with new MIG instances")
         except SlurmError as exc:
             raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
-        return {"drained": True}
+        return {"drained": True, "at": time.time()}
+
+    async def _await_backfill(self, node: str, since: float) -> dict[str, Any]:
+        """Until a cycle of the backfill scheduler began after ``since`` (the drain of ``node``), bounded.
+
+        Slurm 22.05.8's backfill scheduler keeps the nodes it planned jobs on in a bitmap until its next cycle, which
+        starts by dereferencing each of them: a node deleted in between crashes slurmctld (``bckfl: segfault ... in
+        sched_backfill.so``, seen twice here, ``_handle_planned`` in ``backfill.c``). A cycle that began after the
+        drain has cleared that bitmap of this node and will not plan on a drained node, so the delete is safe after
+        it. Without the backfill scheduler there is nothing to wait for.
+        """
+        try:
+            cfg = await self.client.config()
+            if "backfill" not in cfg.get("SchedulerType", "sched/backfill"):
+                return {"backfill": False}
+            params = cfg.get("SchedulerParameters", "")
+            interval = next(
+                (int(w.split("=", 1)[1]) for w in params.split(",") if w.startswith("bf_interval=")
+                 and w.split("=", 1)[1].isdigit()), 30,
+            )  # fmt: skip
+        except SlurmError as exc:
+            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
+        # A cycle also runs, and clears the bitmap, when no job is pending (then sdiag does not show it): the drain
+        # is news to the backfill scheduler, which looks at least every bf_interval, and a cycle under way at the
+        # drain lasts at most bf_max_time (bf_interval by default).
+        surely = since + 2.0 * interval + 2.0
+        limit = max(30.0, 3.0 * interval + 10.0)
+        start = self.clock()
+        while True:
+            with contextlib.suppress(SlurmError):
+                if await self.client.node(node) is None:
+                    return {"absent": True}
+                began = await self.client.backfill_cycle_start()
+                if began is not None and began >= since + 1.0:  # whole seconds
+                    return {"cycle_began": began, "waited_s": round(self.clock() - start, 3)}
+                if time.time() >= surely:
+                    return {"quiet_s": round(time.time() - since, 3), "waited_s": round(self.clock() - start, 3)}
+            if self.clock() - start >= limit:
+                raise StepFailed(
+                    f"no backfill cycle began within {limit:g} s of the drain; the node is not deleted while the "
+                    "backfill scheduler may still hold it (Slurm 22.05 crashes then)",
+                    outcome="cancelled",
+                    code="BACKFILL",
+                )
+            await asyncio.sleep(self.settings.poll_s)
 
     async def _reopen(self, node: str) -> dict[str, Any]:
         """flexmig's reservation on ``node`` is gone (deleted if it is there)."""
@@ -484,6 +656,9 @@ class SlurmChange:
                 found = await self.client.node(node)
                 got = {k: v for k, v in found.gpu_counts().items() if v} if found is not None else None
                 if got != want:  # a slurmd started before a crash, or by someone else, with other GRES
+                    if found is not None and not found.drained:
+                        await self.client.drain(node, "flexmig: re-registering with new MIG instances")
+                    await self._await_backfill(node, time.time())  # then it is safe to delete (see there)
                     await self.slurmd.stop()
                     await self.client.delete_node(node)
             if not await self.slurmd.running():

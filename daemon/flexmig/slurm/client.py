@@ -140,6 +140,10 @@ class SlurmClient:
         """``scontrol update nodename=N state=drain reason=...``: no new job starts on N."""
         await self.run("scontrol", ["update", f"nodename={node}", "state=drain", f"reason={reason}"])
 
+    async def update_node(self, node: str, values: Mapping[str, str]) -> None:
+        """``scontrol update nodename=N KEY=VALUE...`` (each pair one argument: no shell, any text is one value)."""
+        await self.run("scontrol", ["update", f"nodename={node}", *(f"{k}={v}" for k, v in values.items())])
+
     async def resume(self, node: str) -> None:
         """``scontrol update nodename=N state=resume``: undo a drain."""
         await self.run("scontrol", ["update", f"nodename={node}", "state=resume"])
@@ -198,6 +202,19 @@ class SlurmClient:
                 raise SlurmError(f"sdiag: no {key[:-1]!r} counter in its answer")
             out.append(int(value))
         return tuple(out)
+
+    async def backfill_cycle_start(self) -> float | None:
+        """When the backfill scheduler's last cycle began (``sdiag``'s "Last cycle when", epoch seconds; None before
+        its first cycle). 22.05 sets it right after the cycle cleared the previous cycle's planned nodes."""
+        text = (await self.run("sdiag", [])).decode("utf-8", "replace")
+        part = text.split("Backfilling stats", 1)
+        if len(part) < 2:
+            return None
+        for line in part[1].splitlines()[:40]:
+            if line.strip().startswith("Last cycle when:"):
+                stamp = line.rsplit("(", 1)[-1].rstrip(")").strip()
+                return float(stamp) if stamp.isdigit() else None
+        return None
 
     async def config(self) -> dict[str, str]:
         """``scontrol show config`` as ``{key: value}``."""

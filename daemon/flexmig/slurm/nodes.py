@@ -20,6 +20,7 @@ from flexmig.slurm.gres import GresCount, parse_gres
 __all__ = ["SlurmNode", "parse_sinfo"]
 
 COMMAND = "sinfo --json"
+_MAX_ATTR = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,13 @@ class SlurmNode:
     partitions: tuple[str, ...]
     cpus: int
     address: str = ""
+    features: str = ""
+    active_features: str = ""
+    weight: int = 1
+    comment: str = ""
+    extra: str = ""
+    slurmd_start_s: float = 0.0
+    """When its slurmd registered last started (epoch seconds; 0: unknown)."""
 
     @property
     def drained(self) -> bool:
@@ -55,6 +63,18 @@ class SlurmNode:
     def dynamic(self) -> bool:
         """Registered as a dynamic node (``slurmd -Z``)."""
         return any(f.startswith("DYNAMIC") for f in self.flags)
+
+    def attributes(self) -> dict[str, str]:
+        """What an administrator may have set on the node with ``scontrol update`` and a re-registration (delete
+        and register again) would lose: ``features``, ``active_features``, ``weight``, ``comment``, ``extra``, as
+        ``scontrol update`` takes them."""
+        return {
+            "features": self.features,
+            "activefeatures": self.active_features,
+            "weight": str(self.weight),
+            "comment": self.comment,
+            "extra": self.extra,
+        }
 
     def gpu_counts(self) -> dict[str, int]:
         """Configured GPU GRES per type (untyped ones under ``""``)."""
@@ -84,7 +104,19 @@ def _node(rec: dict[str, Any], i: int) -> SlurmNode:
         partitions=tuple(parts),
         cpus=field(rec, "cpus", int, where, default=0),
         address=field(rec, "address", str, where, default=""),
+        features=_bounded(field(rec, "features", str, where, default=""), where, "features"),
+        active_features=_bounded(field(rec, "active_features", str, where, default=""), where, "active_features"),
+        weight=field(rec, "weight", int, where, default=1),
+        comment=_bounded(field(rec, "comment", str, where, default=""), where, "comment"),
+        extra=_bounded(field(rec, "extra", str, where, default=""), where, "extra"),
+        slurmd_start_s=float(field(rec, "slurmd_start_time", int, where, default=0) or 0),
     )
+
+
+def _bounded(text: str, where: str, key: str) -> str:
+    if len(text) > _MAX_ATTR:
+        raise SlurmError(f"{where}: '{key}' is longer than {_MAX_ATTR} characters")
+    return text
 
 
 def parse_sinfo(text: str | bytes) -> tuple[SlurmNode, ...]:
