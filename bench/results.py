@@ -104,6 +104,7 @@ SECTIONS: tuple[Section, ...] = (
         "slurm_mix",
         "A busy node: the administrator's mix",
         "slurm_mix.py",
+        ("--parallel",),  # the three rivals side by side: the mix's wall time once, not three times (about 30 min)
         quick=("--quick",),
         markdown=False,
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
