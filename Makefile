@@ -1,19 +1,22 @@
 # Entry points that work on a fresh Debian machine with Python 3.11 (root for the apt step):
 #   make demo   flexmigd in mode act on a simulated H200 with a stream of demo jobs: fragmentation found, jobs migrated
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
-#   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite
-#               (every suite runs in a fresh, empty home directory made for the run: .ci/fresh-home). Most tests
-#               wait on daemons, brokers and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's
-#               tests on one worker; JOBS=0 runs them in one process); the fault-injection tests, whose time bounds
-#               are tight, run alone after them
+#   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite: make ids
+#               (every test but the fault-injection ones, with GPU-instance IDs handed out adversarially), the
+#               fault-injection tests alone (their time bounds are tight), then make driver-ids. Every suite runs in
+#               a fresh, empty home directory made for the run (.ci/fresh-home). Most tests wait on daemons, brokers
+#               and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's tests on one worker;
+#               JOBS=0 runs them in one process)
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
 #               tests/conftest.py fails a test that does and is not marked), the layer table among them
 #               (tests/repo/test_layers.py), and ruff's function-size rules (pyproject.toml); no other lint, no Debian
 #               packages
-#   make ids    the suite once more with GPU-instance IDs handed out adversarially (FLEXMIG_SIM_IDS, see
-#               docs/simulator.md): every test not marked integration, and all of the NVML, simulator, telemetry and
-#               daemon rooms; make test runs it too. The seed is printed; make ids SIM_IDS=adversarial:N replays a run
+#   make ids    the whole suite but the fault-injection tests with GPU-instance IDs handed out adversarially
+#               (FLEXMIG_SIM_IDS, see docs/simulator.md: any legal ID, reused after a destroy), so that no test and
+#               no code may assume a mapping. The seed is printed; make ids SIM_IDS=adversarial:N replays a run
+#   make driver-ids  every test not marked integration, and the NVML, simulator, telemetry and daemon rooms, with
+#               the IDs a real driver hands out (the simulator's default); make test runs it after make ids
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
@@ -28,7 +31,7 @@ DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
 FRESH_HOME := .ci/fresh-home
 
-.PHONY: demo test check ids fault lint venv debs bench bench-quick
+.PHONY: demo test check ids driver-ids fault lint venv debs bench bench-quick
 
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -60,19 +63,22 @@ lint: venv
 
 # Any legal GPU-instance ID for any instance, reused after a destroy: no test, and no code, may assume a mapping.
 SIM_IDS ?= adversarial:$(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
-IDS_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
+DRIVER_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
 JOBS ?= 3
 XDIST := -n $(JOBS) --dist loadscope
 
 test: venv debs lint
-	$(FRESH_HOME) $(BIN)/pytest -q $(XDIST) -m "not fault"
-	$(FRESH_HOME) $(BIN)/pytest -q -m fault
 	$(MAKE) --no-print-directory ids SIM_IDS=$(SIM_IDS)
+	$(FRESH_HOME) $(BIN)/pytest -q -m fault
+	$(MAKE) --no-print-directory driver-ids
 
 ids: venv
 	@echo "GPU-instance IDs for this run: FLEXMIG_SIM_IDS=$(SIM_IDS) (make ids SIM_IDS=$(SIM_IDS) replays it)"
-	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not integration"
-	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "integration and not fault" $(IDS_ROOMS)
+	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not fault"
+
+driver-ids: venv
+	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not integration"
+	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "integration and not fault" $(DRIVER_ROOMS)
 
 check: venv
 	$(BIN)/ruff check --select C901,PLR0912,PLR0915 daemon hook
