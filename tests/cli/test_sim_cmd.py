@@ -152,9 +152,9 @@ def test_a_process_started_before_a_change_sees_the_change_live(node: tuple[SimN
     try:
         assert watcher.stdout is not None
         assert watcher.stdout.readline() == "1g.18gb 2g.35gb 3g.71gb\n"  # the node as it was
-        install(SPEC, state_path=path)  # the daemon again, from its file: it re-lays GPU 0
+        again = install(SPEC, state_path=path)  # the daemon again, from its file: it re-lays GPU 0
         with Nvml.open() as nvml:
-            nvml.destroy_instance(0, 1)
+            nvml.destroy_instance(0, again.gpu(0).gi_id_at(0))  # the 3g.71gb, whatever ID the driver gave it
             nvml.create_instance(0, "4g.71gb", 0)
         uninstall()
         assert watcher.stdout.readline() == "1g.18gb 2g.35gb 4g.71gb\n"
