@@ -25,6 +25,7 @@ from flexmig.act.journal import Journal, JournalError
 from flexmig.act.records import JobRecord, Slot
 from flexmig.jobspec.spec import JobPolicy, parse_job_spec
 from support.flexmigd import ActNode, act_node, short_base
+from support.wait import wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -236,8 +237,12 @@ def test_in_mode_observe_a_corrupt_journal_leaves_the_daemon_sampling_and_the_lo
     good_journal(state / "journal.sqlite3", base)
     corrupt_page(state / "journal.sqlite3")
     with act_node(base, SIM, mode="observe", control=False) as node:
+
+        def said() -> list[str]:  # the line may follow the start the rig waits for
+            return [x for x in node.log.read_text().splitlines() if "the journal is corrupt" in x]
+
+        (line,) = wait_until(said, what="the log line about the corrupt journal")
         log = node.log.read_text()
-        (line,) = [x for x in log.splitlines() if "the journal is corrupt" in x]
         assert f"{node.journal}: the journal is corrupt" in line and "samples on without jobs" in line
         assert "Traceback" not in log
         assert node.metric("flexmig_planner_runs_total") is not None  # serving metrics, sampling on
