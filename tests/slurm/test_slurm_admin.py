@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import pytest
@@ -165,9 +166,12 @@ def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> 
             await rig.wait_state(big, "PENDING")
             later: list[int] = []
             committed: list[int] = []
+            last = [0.0]
 
             async def started() -> bool:
-                later.append(rig.sleeper("--gres=gpu:1g.18gb:1", seconds=6))  # a steady stream of small jobs
+                if time.monotonic() - last[0] >= 1.0:  # a steady stream of small jobs, one a second
+                    last[0] = time.monotonic()
+                    later.append(rig.sleeper("--gres=gpu:1g.18gb:1", seconds=6))
                 rnd = await rig.agent.round("act")
                 if "change committed" in rnd.note:
                     committed.append(len(later))
@@ -175,7 +179,7 @@ def test_a_7g_job_does_not_starve_behind_later_1g_jobs_without_time_limits() -> 
                 j = await rig.job(big)
                 return j is not None and j.state in ("RUNNING", "COMPLETED")
 
-            await until(started, 90, "the 7g job started", not_yet=(Exception,))
+            await until(started, 180, "the 7g job started", not_yet=(Exception,))
             assert committed, "the change was never committed"
             big_job = await rig.job(big)
             assert big_job is not None and big_job.start_s is not None
