@@ -56,8 +56,8 @@ def main() -> int:
         if pid == 0:
             os.setsid()
             (Path(os.environ["FLEXMIG_CHECKPOINT_DIR"]).parent / "stray.pid").write_text(str(os.getpid()))
-            while True:
-                time.sleep(60)
+            while True:  # lingers until the job is stopped (SIGKILL), as an escaped child does
+                signal.pause()
     step = 0
     answered = 0
     while True:
