@@ -1,0 +1,557 @@
+"""Slurm, a busy node, offline: the administrator's seeded mix (``bench/slurm_mix.py``'s generator) on a model of
+one node under Slurm 22.05's rules, driven by flexmig's own decision code, in a second per seed instead of 27
+minutes of real daemons.
+
+The model, step by step (``STEP_S``):
+
+* Slurm: jobs arrive at their times; the pending jobs start in priority order by the rules
+  :mod:`flexmig.plan.backfill` describes (exact GRES type, whole-node backfill windows by the running jobs' time
+  limits, nothing whose limit reaches into flexmig's reservation): :func:`flexmig.plan.backfill.forecast` itself
+  says which start *now* (Slurm knows only the running jobs' limits). The main scheduler starts jobs in priority
+  order up to the first that cannot start; the backfill pass (every ``BF_INTERVAL_S``, the testbed's
+  ``bf_interval``) starts every job the rules allow;
+* flexmig: every ``ROUND_S`` (the testbed's ``interval_s``) the agent's round as
+  :class:`flexmig.slurm.agent.SlurmAgent` does it in mode act, calling the same pure code: the node as
+  :meth:`~flexmig.slurm.agent.SlurmAgent.node_now` sees it, :func:`flexmig.plan.reregistration.choose`, the
+  reservation's start from :func:`flexmig.plan.reregistration.close_in_s`; then commit, move earlier, abandon or
+  carry out, as the agent does;
+* a re-registration closes the empty node for ``REREGISTER_S`` (``bench/slurm_mix.py``'s closed periods: 2.8 s
+  median, 3.5 s worst), then the node has its new layout.
+
+Checked against the real run of ``bench/slurm_mix.py`` (seed 24, ``--against FILE``): the merged policy's real run
+gave 76 % utilisation while jobs wait, 1.35x the packing bound, 19 re-registrations per hour; the model of the same
+code 77 %, 1.36x, 19, with 27 of 45 jobs starting within 5 s of their real start (the first 17 all within 3 s).
+
+Figures as ``bench/slurm_mix.py`` computes them (utilisation while jobs wait, makespan against the packing bound,
+closed share, re-registrations per hour), and where the compute slices idle while jobs wait (``--timeline`` shows it
+per 10 s):
+
+* ``uncarved``: compute slices no instance holds;
+* ``closed``: the node is being re-registered, or flexmig's reservation has started;
+* ``reserved``: an instance is free, a job of its type waits, but its limit reaches into flexmig's reservation;
+* ``window``: an instance is free, a job of its type waits, but Slurm's backfill window for another job keeps it
+  out (or the instance freed since Slurm's last pass);
+* ``no taker``: an instance is free and no waiting job asks for its type (the layout does not fit the queue).
+
+Rivals, side by side on the same seeds: ``static`` (``3g+2g+1g``, no flexmig: the 7g jobs never run, as in
+``bench/slurm_mix.py``), ``2.5 runs`` (the policy before: forecasts over 2.5 typical run times), ``now`` (this
+tree's defaults) and ``cover`` (a rejected variant: only layouts that hold every profile asked). Tune on seeds 1-20,
+report on 21-40: ``.venv/bin/python bench/slurm_model.py --seeds 21-40`` (about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from flexmig.mig import H200
+from flexmig.mig.enumerate import maximal_layouts
+from flexmig.mig.layout import Layout
+from flexmig.plan.backfill import Ask, Seat, forecast
+from flexmig.plan.reregistration import (
+    DrainHolder,
+    NodeNow,
+    RegistrationCost,
+    changes_instances,
+    choose,
+    close_in_s,
+)
+from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
+from machine import machine
+from slurm_mix import SLICES, MixJob, Run, bound, figures, mix
+
+STEP_S = 0.5
+ROUND_S = 2.0  # the testbed's [slurm] interval_s
+REREGISTER_S = 2.8  # the real run's closed periods (median 2.8 s, worst 3.5 s)
+START_LATENCY_S = 0.3  # Slurm's start of a job that fits (bench/slurm.py: 0.30 s)
+RECENT_S = 900.0  # the agent's recent-demand window
+DRAIN_TIMEOUT_S = 900.0
+MODEL = H200
+BF_INTERVAL_S = 1.0  # the testbed's bf_interval
+CAUSES = ("uncarved", "closed", "reserved", "window", "no taker")
+STATIC = (("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6))
+START = (("7g.141gb", 0),)
+
+
+@dataclass
+class Job:
+    """A job of the mix as the model runs it."""
+
+    mix: MixJob
+    submit_s: float
+    start_s: float = math.inf
+    end_s: float = math.inf
+    seat: int = -1
+
+    @property
+    def name(self) -> str:
+        return f"job{self.mix.index}"
+
+    @property
+    def limit_s(self) -> float:
+        return 60.0 * self.mix.limit_min
+
+
+@dataclass
+class Policy:
+    """A policy: the settings and cost flexmig runs with, and an optional hook that changes a round's decision."""
+
+    name: str
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    cost: RegistrationCost = field(default_factory=lambda: RegistrationCost(fixed_s=2.0))
+    cover: bool = False
+    agent: bool = True
+    layout: tuple[tuple[str, int], ...] = START
+
+
+@dataclass
+class State:
+    """The node and its queue at one moment."""
+
+    layout: Layout
+    jobs: list[Job]
+    t: float = 0.0
+    reregistering_until: float = -1.0
+    pending_layout: Layout | None = None
+    reservation: tuple[float, float] | None = None  # (start, end) of flexmig's reservation
+    closed_at: float | None = None
+    last_busy_change: float | None = None
+    reregistrations: int = 0
+    log: list[tuple[float, str]] = field(default_factory=list)
+    losses: dict[str, float] = field(default_factory=dict)
+    timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = field(default_factory=list)
+
+    def running(self) -> list[Job]:
+        """Jobs Slurm has started (their instance is taken) and that have not ended."""
+        return [j for j in self.jobs if j.start_s < math.inf and self.t < j.end_s]
+
+    def pending(self) -> list[Job]:
+        return [j for j in self.jobs if j.submit_s <= self.t and j.start_s == math.inf]
+
+    def closed(self) -> bool:
+        """Re-registering, or inside flexmig's reservation."""
+        if self.t < self.reregistering_until:
+            return True
+        return self.reservation is not None and self.reservation[0] <= self.t < self.reservation[1]
+
+
+def _seats(st: State) -> list[tuple[str, int, Job | None]]:
+    on = {j.seat: j for j in st.running()}
+    return [(i.profile.name, i.profile.compute_slices, on.get(k)) for k, i in enumerate(st.layout.instances)]
+
+
+def slurm_step(st: State, *, backfill: bool) -> None:
+    """Slurm starts what its rules allow now (:func:`flexmig.plan.backfill.forecast` decides which): its main
+    scheduler the jobs in priority order up to the first that cannot start (a job of a type the node lacks is
+    skipped); with ``backfill``, every job the forecast starts now."""
+    if st.t < st.reregistering_until:
+        return
+    seats = _seats(st)
+    forecast_seats = [
+        Seat(p, n, 0.0, 0.0)
+        if j is None
+        else Seat(p, n, 1.0, j.start_s + j.limit_s - st.t)  # busy: Slurm knows only the limit
+        for p, n, j in seats
+    ]
+    pending = st.pending()
+    asks = [Ask(j.name, j.mix.profile, 1e9, j.limit_s) for j in pending]
+    close = None if st.reservation is None else st.reservation[0] - st.t
+    if close is not None and close <= 0:
+        return
+    got = forecast(forecast_seats, asks, 1e-9, close_s=close)
+    by_name = {j.name: j for j in pending}
+    started = list(got.started)
+    if not backfill:
+        types = {p for p, _, _ in seats}
+        eligible = [a.name for a in asks if a.profile in types]
+        n = 0
+        while n < len(started) and n < len(eligible) and started[n] == eligible[n]:
+            n += 1
+        started = started[:n]
+    taken: set[int] = set()
+    for name in started:
+        job = by_name[name]
+        k = next(k for k, (p, _, j) in enumerate(seats) if p == job.mix.profile and j is None and k not in taken)
+        taken.add(k)
+        job.seat = k
+        job.start_s = st.t + START_LATENCY_S
+        job.end_s = job.start_s + job.mix.runtime_s
+
+
+def node_now(st: State) -> NodeNow:
+    """The node as :meth:`flexmig.slurm.agent.SlurmAgent.node_now` builds it from Slurm's view."""
+    running = []
+    for j in st.running():
+        inst = st.layout.instances[j.seat]
+        running.append(
+            DrainHolder(
+                j.name,
+                inst.profile.compute_slices,
+                j.start_s + j.limit_s - st.t,
+                False,
+                st.t - j.start_s,
+                ((0, inst.start),),
+            )
+        )
+    queue = tuple(
+        JobRequest(
+            j.name,
+            RankNeed(profile=j.mix.profile),
+            1,
+            1,
+            1,
+            MODEL.profile(j.mix.profile).memory_mib,
+            submitted_s=j.submit_s,
+            expected_runtime_s=j.limit_s,
+            movable=False,
+        )
+        for j in st.pending()
+    )
+    return NodeNow(MODEL, (st.layout,), tuple(running), queue)
+
+
+def recent(st: State) -> dict[str, float]:
+    """The agent's recent demand: slice-seconds (half the limit) of the jobs submitted in the last ``RECENT_S``."""
+    out: dict[str, float] = {}
+    for j in st.jobs:
+        if st.t - RECENT_S <= j.submit_s <= st.t:
+            out[j.mix.profile] = out.get(j.mix.profile, 0.0) + SLICES[j.mix.profile] * j.limit_s / 2
+    return out
+
+
+_CANDIDATES: dict[frozenset[str], tuple[Layout, ...]] = {}
+
+
+def candidates(profiles: frozenset[str]) -> tuple[Layout, ...]:
+    got = _CANDIDATES.get(profiles)
+    if got is None:
+        got = _CANDIDATES[profiles] = tuple(maximal_layouts(MODEL, [MODEL.profile(p) for p in sorted(profiles)]))
+    return got
+
+
+def covering(profiles: frozenset[str]) -> tuple[Layout, ...]:
+    """Layouts that hold every profile asked (but a whole-GPU one, which holds only itself)."""
+    whole = {p.name for p in MODEL.plain_profiles if p.compute_slices == MODEL.compute_slices}
+    parts = profiles - whole
+    out = []
+    for lay in candidates(profiles):
+        names = {i.profile.name for i in lay.instances}
+        if names & whole or parts <= names:
+            out.append(lay)
+    return tuple(out) or candidates(profiles)
+
+
+def agent_round(st: State, pol: Policy) -> None:
+    """One round of the agent (:meth:`flexmig.slurm.agent.SlurmAgent._round`, mode act)."""
+    if st.t < st.reregistering_until:
+        return
+    if st.reservation is not None and st.t >= st.reservation[1]:  # ended without its change
+        st.reservation = None
+        st.closed_at = st.t
+    node = node_now(st)
+    last = st.last_busy_change if st.closed_at is None else max(st.last_busy_change or -math.inf, st.closed_at)
+    choice = choose(
+        node, candidates=covering if pol.cover else candidates, settings=pol.settings, cost=pol.cost, now_s=st.t,
+        waited_s=lambda name: next((st.t - j.submit_s for j in st.jobs if j.name == name), 0.0),
+        last_change_s=last, committed=st.reservation is not None, recent=recent(st),
+    )  # fmt: skip
+    v, plan = choice.verdict, choice.plan
+    busy = bool(node.running)
+    if st.reservation is not None:
+        if not changes_instances(plan) or not v.go:
+            st.reservation = None
+            st.log.append((st.t, f"abandoned: {v.reason}"))
+            return
+        if not busy:
+            _change(st, choice.target[0], busy=True, why=v.reason)
+            return
+        start, _ = st.reservation
+        close = close_in_s(node, pol.cost.fixed_s)
+        if st.t < start and st.t + close < start - 2:
+            st.reservation = (st.t + close, st.t + close + DRAIN_TIMEOUT_S)
+            st.log.append((st.t, f"moved earlier by {start - st.t - close:.0f} s"))
+        return
+    if not changes_instances(plan) or not v.go:
+        return
+    if not busy:
+        _change(st, choice.target[0], busy=False, why=v.reason)
+        return
+    close = close_in_s(node, pol.cost.fixed_s)
+    st.reservation = (st.t + close, st.t + close + DRAIN_TIMEOUT_S)
+    st.log.append((st.t, f"committed {choice.target[0].spec()} in {close:.0f} s: {v.reason}"))
+
+
+def _change(st: State, target: Layout, *, busy: bool, why: str) -> None:
+    st.log.append((st.t, f"re-register {st.layout.spec()} -> {target.spec()}{' (busy)' if busy else ''}: {why}"))
+    st.layout = target
+    st.reservation = None
+    st.reregistering_until = st.t + REREGISTER_S
+    st.reregistrations += 1
+    if busy:
+        st.last_busy_change = st.t + REREGISTER_S
+
+
+def account(st: State) -> None:
+    """Where the slices idle this step while jobs wait (the module docstring's causes)."""
+    pend = st.pending()
+    seats = _seats(st)
+    used = sum(n for _, n, j in seats if j is not None)
+    waiting: dict[str, int] = {}
+    for j in pend:
+        short = j.mix.profile.split(".")[0]
+        waiting[short] = waiting.get(short, 0) + 1
+    why: dict[str, str] = {}
+    if pend:
+        carved = sum(n for _, n, _ in seats)
+        _add(st, "uncarved", MODEL.compute_slices - carved)
+        wanted = {j.mix.profile for j in pend}
+        for p, n, j in seats:
+            if j is not None:
+                continue
+            if st.closed():
+                cause = "closed"
+            elif p not in wanted:
+                cause = "no taker"
+            elif st.reservation is not None and any(
+                st.t + x.limit_s > st.reservation[0] for x in pend if x.mix.profile == p
+            ):
+                cause = "reserved"
+            else:
+                cause = "window"
+            _add(st, cause, n)
+            why[p.split(".")[0]] = cause
+    st.timeline.append((st.t, st.layout.spec(), st.closed(), used, waiting, why))
+
+
+def _add(st: State, cause: str, slices: float) -> None:
+    if slices > 0:
+        st.losses[cause] = st.losses.get(cause, 0.0) + slices * STEP_S
+
+
+@dataclass(frozen=True)
+class Result:
+    """One run's figures (``bench/slurm_mix.py``'s), losses by cause (slice-seconds), and the state."""
+
+    ran: int
+    util_waiting: float
+    makespan: float
+    ratio: float
+    closed_share: float
+    reregs_per_h: float
+    losses: dict[str, float]
+    state: State
+
+
+def simulate(jobs: Sequence[MixJob], pol: Policy, *, limit_s: float = 7200.0) -> Result:
+    """Run ``jobs`` on one model node under ``pol``."""
+    st = State(Layout.of(MODEL, list(pol.layout)), [Job(j, j.arrival_s) for j in jobs])
+    runnable = [j for j in st.jobs if pol.agent or j.mix.profile in {p for p, _ in pol.layout}]
+    first = min(j.arrival_s for j in jobs)
+    st.t = first
+    next_round = first
+    waiting_time = waiting_busy = 0.0
+    closed_steps = steps = 0
+    next_backfill = first
+    while st.t < limit_s:
+        slurm_step(st, backfill=False)
+        if st.t >= next_backfill:
+            slurm_step(st, backfill=True)
+            next_backfill = st.t + BF_INTERVAL_S
+        if pol.agent and st.t >= next_round:
+            agent_round(st, pol)
+            slurm_step(st, backfill=False)
+            next_round = st.t + ROUND_S
+        if all(j.end_s <= st.t for j in runnable):
+            break
+        account(st)
+        used = st.timeline[-1][3]
+        steps += 1
+        closed_steps += st.closed()
+        if st.pending():
+            waiting_time += STEP_S
+            waiting_busy += used * STEP_S
+        st.t += STEP_S
+    ran = [j for j in st.jobs if j.end_s < math.inf]
+    makespan = max(j.end_s for j in ran) - first
+    return Result(
+        len(ran),
+        waiting_busy / (MODEL.compute_slices * waiting_time) if waiting_time else 1.0,
+        makespan,
+        makespan / bound(list(jobs)),
+        closed_steps / steps if steps else 0.0,
+        st.reregistrations / (makespan / 3600),
+        st.losses,
+        st,
+    )
+
+
+def policies() -> dict[str, Policy]:
+    """The rivals: static (no flexmig), the merged policy before this change (forecasts over 2.5 typical run
+    times), this tree's policy, and a rejected variant (layouts that hold every profile asked)."""
+    cost = RegistrationCost(fixed_s=2.0)
+    return {
+        "static": Policy("static", agent=False, layout=STATIC),
+        "2.5 runs": Policy("2.5 runs", cost=replace(cost, horizon_runs=2.5)),
+        "now": Policy("now", cost=cost),
+        "cover": Policy("cover", cost=cost, cover=True),
+    }
+
+
+def print_timeline(res: Result, step_s: float = 10.0) -> None:
+    st = res.state
+    i = 0
+    notes = list(st.log)
+    rows = st.timeline
+    t = 0.0
+    end = rows[-1][0] if rows else 0.0
+    while t <= end:
+        chunk = []
+        while i < len(rows) and rows[i][0] < t + step_s:
+            chunk.append(rows[i])
+            i += 1
+        if chunk:
+            lay = chunk[-1][1].split(":", 1)[-1]
+            closed = sum(c[2] for c in chunk) / len(chunk) >= 0.5
+            busy = sum(c[3] for c in chunk) / len(chunk)
+            waiting = chunk[len(chunk) // 2][4]
+            why = chunk[len(chunk) // 2][5]
+            w = " ".join(f"{n}x{p}" for p, n in sorted(waiting.items()))
+            idle = " ".join(f"{p}:{c}" for p, c in sorted(why.items()))
+            print(f"{t:6.0f}s {lay:<32} {'CLOSED' if closed else 'open':6} busy {busy:3.1f}/7 waiting [{w}]"
+                  f"{' idle ' + idle if idle else ''}")  # fmt: skip
+        for ts, text in notes:
+            if t <= ts < t + step_s:
+                print(f"        | {ts:6.0f}s {text[:160]}")
+        t += step_s
+
+
+def seeds_of(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
+def against(path: Path, rival: str, seed: int, pol: Policy) -> None:
+    """Compare a real run (``bench/slurm_mix.py --save``, its rival ``rival``) with the model's run of ``pol`` on
+    the same mix: the figures side by side, and how far each job's start is from the real one."""
+    raw = json.loads(path.read_text())[rival]
+    real = Run(rival, {int(k): v for k, v in raw["jobs"].items()}, [tuple(x) for x in raw["samples"]], raw["t0"],
+               raw["reregistrations"], raw["error"], raw.get("log", []))  # fmt: skip
+    jobs = mix(seed)
+    f = figures(real, jobs)
+    model = simulate(jobs, pol)
+    b = bound(jobs)
+    print(f"\nthe real run {path} ({rival}) against the model ({pol.name}), seed {seed}:")
+    print(f"{'':36}{'real':>14}{'model':>14}")
+    print(
+        f"{'slice utilisation while jobs wait':36}{100 * f['util_waiting']:>12.0f} %{100 * model.util_waiting:>12.0f} %"
+    )
+    print(f"{'makespan / packing bound':36}{f['makespan'] / b:>13.2f}x{model.ratio:>13.2f}x")
+    print(f"{'closed share of busy time':36}{100 * f['closed_share']:>12.0f} %{100 * model.closed_share:>12.0f} %")
+    print(f"{'re-registrations per hour':36}{f['reregs_per_h']:>14.0f}{model.reregs_per_h:>14.0f}")
+    first_real = min(rec["submit"] for rec in real.jobs.values())
+    first = min(j.arrival_s for j in jobs)
+    diffs = []
+    for j in model.state.jobs:
+        rec = real.jobs.get(j.mix.index, {})
+        if rec.get("starts") and j.start_s < math.inf:
+            diffs.append((j.mix.arrival_s - first, (rec["starts"][0] - first_real) - (j.start_s - first)))
+    if diffs:
+        off = sorted(abs(d) for _, d in diffs)
+        apart = [a for a, d in sorted(diffs) if abs(d) > 5.0]
+        print(f"job starts, model against real: {sum(x <= 5.0 for x in off)}/{len(off)} within 5 s, median "
+              f"{statistics.median(off):.1f} s, worst {off[-1]:.0f} s; the first job more than 5 s apart arrived at "
+              f"{apart[0]:.0f} s" if apart else "")  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="24", help="seeds, e.g. 24 or 1-20 or 21-40 (default 24)")
+    ap.add_argument("--policies", default="static,2.5 runs,now", help="rivals, comma-separated (see policies())")
+    ap.add_argument("--timeline", action="store_true", help="print each rival's timeline (first seed)")
+    ap.add_argument("--against", type=Path, help="a real run's --save file of bench/slurm_mix.py to compare with")
+    ap.add_argument("--as", dest="as_", default="now:now", help="REAL:MODEL rivals --against compares (now:now)")
+    args = ap.parse_args()
+    pols = policies()
+    names = [n for n in args.policies.split(",") if n]
+    seeds = seeds_of(args.seeds)
+    print("flexmig Slurm mix, offline: a model of one node under Slurm 22.05's rules, flexmig's own decisions")
+    load = os.getloadavg()
+    print(f"machine: {machine()}; load: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"seeds {args.seeds}: 45 jobs each (the issue's mix); Slurm every {STEP_S} s (backfill every "
+          f"{BF_INTERVAL_S} s), flexmig every {ROUND_S} s, a re-registration closes the node "
+          f"{REREGISTER_S} s")  # fmt: skip
+    results: dict[str, list[Result]] = {n: [] for n in names}
+    t0 = time.monotonic()
+    for seed in seeds:
+        jobs = mix(seed)
+        for n in names:
+            results[n].append(simulate(jobs, pols[n]))
+    wall = time.monotonic() - t0
+    if len(seeds) == 1:
+        rows: list[tuple[str, Callable[[Result], str]]] = [
+            ("jobs that ran", lambda r: f"{r.ran}/45"),
+            ("closed share of busy time", lambda r: f"{100 * r.closed_share:.0f} %"),
+            ("slice utilisation while jobs wait", lambda r: f"{100 * r.util_waiting:.0f} %"),
+            ("makespan (s)", lambda r: f"{r.makespan:.0f}"),
+            ("makespan / packing bound", lambda r: f"{r.ratio:.2f}x"),
+            ("re-registrations per hour", lambda r: f"{r.reregs_per_h:.0f}"),
+        ]
+        print(f"\n{'':36}" + "".join(f"{n:>14}" for n in names))
+        for label, fn in rows:
+            print(f"{label:36}" + "".join(f"{fn(results[n][0]):>14}" for n in names))
+    else:
+        print(f"\n{'median (worst) over ' + str(len(seeds)) + ' seeds':36}" + "".join(f"{n:>18}" for n in names))
+        _summary("utilisation while jobs wait", results, names, lambda r: 100 * r.util_waiting, "%", worst=min)
+        _summary("makespan / packing bound", results, names, lambda r: r.ratio, "x", worst=max)
+        _summary("closed share of busy time", results, names, lambda r: 100 * r.closed_share, "%", worst=max)
+        _summary("re-registrations per hour", results, names, lambda r: r.reregs_per_h, "", worst=max)
+        _summary("jobs that ran", results, names, lambda r: r.ran, "", worst=min)
+    print("\nslice-seconds idle while jobs wait, by cause (mean per seed; the module docstring says what each is):")
+    print(f"{'':36}" + "".join(f"{n:>14}" for n in names))
+    for c in CAUSES:
+        print(f"{c:36}" + "".join(f"{statistics.mean(r.losses.get(c, 0.0) for r in results[n]):>14.0f}"
+                                  for n in names))  # fmt: skip
+    if "now" in names:
+        for n in (x for x in names if x != "now"):
+            gain = [100 * (a.util_waiting - b.util_waiting) for a, b in zip(results["now"], results[n], strict=True)]
+            ratio = [a.ratio / b.ratio for a, b in zip(results["now"], results[n], strict=True)]
+            print(f"now against {n}, seed by seed: utilisation while jobs wait {statistics.median(gain):+.1f} points "
+                  f"median ({min(gain):+.1f} worst), makespan x{statistics.median(ratio):.3f} median "
+                  f"(x{max(ratio):.3f} worst)")  # fmt: skip
+    if args.timeline:
+        for n in names:
+            print(f"\ntimeline of {n} (seed {seeds[0]}): per 10 s the layout, open or closed, busy slices, the "
+                  "jobs waiting by profile, and why each idle instance idles; flexmig's decisions at their "
+                  "times")  # fmt: skip
+            print_timeline(results[n][0])
+    if args.against is not None:
+        real, model = args.as_.split(":", 1)
+        against(args.against, real, seeds[0], pols[model])
+    print(f"\n{len(seeds) * len(names)} runs in {wall:.1f} s; load at the end: "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))  # fmt: skip
+    return 0
+
+
+def _summary(label: str, results: dict[str, list[Result]], names: Sequence[str], fn: Callable[[Result], float],
+             unit: str, *, worst: Callable[[list[float]], float]) -> None:  # fmt: skip
+    cells = []
+    for n in names:
+        xs = [fn(r) for r in results[n]]
+        fmt = ".2f" if unit == "x" else ".0f"
+        cells.append(f"{statistics.median(xs):{fmt}}{unit} ({worst(xs):{fmt}}{unit})")
+    print(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
