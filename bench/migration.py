@@ -30,6 +30,11 @@ Phases (they add up to the pause; wall-clock times from the journal and the job'
 * ``group, load``: ``init_process_group``, DDP, loading the checkpoint;
 * ``first step``: the first step after the move.
 
+Beside them, the **cold floor**: a fresh interpreter (the one the jobs run with) that only imports torch and
+torch.distributed, builds the example's model (``nn.Linear``) and SGD optimizer, takes one step and leaves with
+``os._exit``, timed from spawn to exit: no flexmig, no checkpoint, no process group. A cold move of the torch job
+cannot pause it for less on this machine, whatever the daemon does; the cold goal is judged beside it.
+
 Run: ``.venv/bin/python bench/migration.py [--runs N] [--examples torch,stdlib]``. Figures from a loaded machine
 are provisional: the load average is printed beside them.
 """
@@ -42,6 +47,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -216,6 +222,28 @@ async def scenario(example: str, variant: str, runs: int) -> list[dict[str, floa
     return out
 
 
+FLOOR_CODE = """\
+import os, torch, torch.distributed
+from torch import nn
+net = nn.Linear(16, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+net(torch.zeros(4, 16)).sum().backward()
+opt.step()
+os._exit(0)
+"""
+
+
+def cold_floor(runs: int) -> list[float]:
+    """Seconds from spawn to exit of a fresh interpreter doing the torch job's cold start and nothing else."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", FLOOR_CODE], check=True, env=env)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def ms(x: float) -> str:
     return f"{x * 1000:,.0f}"
 
@@ -244,6 +272,12 @@ def main() -> int:
                 f"  {example}, {variant}: {args.runs} moves in {time.perf_counter() - t0:.0f} s, pauses (ms) "
                 + ", ".join(ms(r["pause"]) for r in rows)
             )
+    floor = cold_floor(args.runs) if "torch DDP" in examples else []
+    if floor:
+        print(
+            "  cold floor (import torch, build the model and SGD, one step; no flexmig): (ms) "
+            + ", ".join(ms(x) for x in floor)
+        )
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end")
     cols = [(e, v) for e in examples for v in VARIANTS]
     print(f"\nmedians of {args.runs} moves, 2 ranks each, milliseconds (from the job's log and the journal)\n")
@@ -271,6 +305,14 @@ def main() -> int:
             got = medians[(e, v)]["pause"]
             ok &= got <= goal
             print(f"  {e}, {v}: {ms(got)} ms <= {ms(goal)} ms: {'met' if got <= goal else 'NOT met'}")
+    if floor:
+        f = statistics.median(floor)
+        cold = medians[("torch DDP", "cold")]["pause"]
+        print(
+            f"  torch DDP cold floor on this machine: median {ms(f)} ms, worst {ms(max(floor))} ms "
+            f"({'above' if f > GOALS[('torch DDP', 'cold')] else 'within'} the cold goal); "
+            f"cold pause / floor = {cold / f:.2f}"
+        )
     print(
         "\nflexmig's share, medians (ms): "
         + "; ".join(f"{e}, {v}: " + ", ".join(f"{k} {ms(medians[(e, v)][k])}" for k in DETAIL) for e, v in cols)
