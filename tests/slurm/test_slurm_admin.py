@@ -300,6 +300,7 @@ def test_an_administrators_drain_or_reservation_just_before_the_delete_cancels_t
             assert rnd.result is not None and not rnd.result.ok, rnd
             (action,) = rnd.result.results
             assert action.outcome == "cancelled" and "before the node left Slurm" in (action.error or ""), action
+
             # slurmd runs again and registers; slurmctld may still flag the node NOT_RESPONDING for a ping it sent
             # while slurmd was stopped, until its next ping (at most SlurmdTimeout / 3)
             async def answers() -> SlurmRead | None:
