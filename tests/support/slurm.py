@@ -262,6 +262,18 @@ class SlurmRig:
         """Slurm's record of job ``job_id``."""
         return next((j for j in await self.agent.client.jobs() if j.job_id == job_id), None)
 
+    async def next_backfill_cycle(self, timeout_s: float = WAIT_S) -> None:
+        """Until Slurm's backfill scheduler has begun a new cycle (``bf_interval=1`` on the testbed): between two
+        rounds that must change nothing, Slurm had its chance to start the waiting jobs."""
+        client = self.agent.client
+        before = await client.backfill_cycle_start()
+
+        async def probe() -> bool:
+            now = await client.backfill_cycle_start()
+            return now is not None and (before is None or now > before)
+
+        await until(probe, timeout_s=timeout_s, what="a new backfill cycle", every_s=0.2)
+
     async def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
         """Until job ``job_id`` is in ``state``."""
 
