@@ -59,6 +59,8 @@ class Actuator:
     job_cgroups: bool = True
     """Place each job in a cgroup of its own where the system allows (:mod:`flexmig.act.jobcgroups`), probed at
     :meth:`start`."""
+    job_cgroups_off: str = ""
+    """Why jobs get no cgroup of their own (empty when they do, or before :meth:`start`)."""
 
     @classmethod
     def build(
@@ -128,6 +130,7 @@ class Actuator:
             if cgroups is not None:
                 log.info("job cgroups under %s: what a job starts is counted and stopped with it", cgroups.base)
             else:
+                self.job_cgroups_off = why
                 (log.warning if self.executor.mode == "act" else log.info)(
                     "no job cgroups (%s): a job's processes that leave its ranks' process groups are found by their "
                     "environment only (docs/security.md)", why,
