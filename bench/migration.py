@@ -30,10 +30,11 @@ Phases (they add up to the pause; wall-clock times from the journal and the job'
 * ``group, load``: ``init_process_group``, DDP, loading the checkpoint;
 * ``first step``: the first step after the move.
 
-Beside them, the **cold floor**: a fresh interpreter (the one the jobs run with) that only imports torch and
-torch.distributed, builds the example's model (``nn.Linear``) and SGD optimizer, takes one step and leaves with
-``os._exit``, timed from spawn to exit: no flexmig, no checkpoint, no process group. A cold move of the torch job
-cannot pause it for less on this machine, whatever the daemon does; the cold goal is judged beside it.
+Beside them, the **cold floor**: two fresh interpreters (the one the jobs run with, side by side as the example's
+two ranks) that only import torch, join a gloo process group of two on loopback, wrap the example's model
+(``nn.Linear``) in DDP, build its SGD optimizer, take one step and leave with ``os._exit``, timed from spawn to the
+last exit: no flexmig, no checkpoint, no hook. A cold move of the torch job cannot pause it for less on this
+machine, whatever the daemon does; the cold goal is judged beside it.
 
 Run: ``.venv/bin/python bench/migration.py [--runs N] [--examples torch,stdlib]``. Figures from a loaded machine
 are provisional: the load average is printed beside them.
@@ -46,6 +47,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -223,9 +225,11 @@ async def scenario(example: str, variant: str, runs: int) -> list[dict[str, floa
 
 
 FLOOR_CODE = """\
-import os, torch, torch.distributed
+import os, sys, torch, torch.distributed as dist
 from torch import nn
-net = nn.Linear(16, 1)
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+net = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
 net(torch.zeros(4, 16)).sum().backward()
 opt.step()
@@ -234,12 +238,18 @@ os._exit(0)
 
 
 def cold_floor(runs: int) -> list[float]:
-    """Seconds from spawn to exit of a fresh interpreter doing the torch job's cold start and nothing else."""
+    """Seconds from spawn to the last exit of two fresh interpreters that do the torch job's cold start and nothing
+    else: import torch, join a gloo group of two, wrap the model in DDP, build SGD, take one step."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = []
     for _ in range(runs):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", FLOOR_CODE], check=True, env=env)
+        ranks = [subprocess.Popen([sys.executable, "-c", FLOOR_CODE, str(r), port], env=env) for r in (0, 1)]
+        if any(p.wait(timeout=120) != 0 for p in ranks):
+            raise RuntimeError("the cold-floor ranks failed")
         out.append(time.perf_counter() - t0)
     return out
 
@@ -275,7 +285,7 @@ def main() -> int:
     floor = cold_floor(args.runs) if "torch DDP" in examples else []
     if floor:
         print(
-            "  cold floor (import torch, build the model and SGD, one step; no flexmig): (ms) "
+            "  cold floor (2 ranks: import torch, gloo group, DDP, SGD, one step; no flexmig): (ms) "
             + ", ".join(ms(x) for x in floor)
         )
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end")
