@@ -3,7 +3,8 @@
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite: make ids
 #               (every test but the fault-injection ones, with GPU-instance IDs handed out adversarially), the
-#               fault-injection tests alone (their time bounds are tight), then make driver-ids. Every suite runs in
+#               fault-injection tests alone (their time bounds are tight), make driver-ids, then make slurm-newer.
+#               Every suite runs in
 #               a fresh, empty home directory made for the run (.ci/fresh-home). Most tests wait on daemons, brokers
 #               and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's tests on one worker;
 #               JOBS=0 runs them in one process)
@@ -20,6 +21,8 @@
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
+#   make slurm-newer  every Slurm test again against Debian 13's Slurm 24.11 (23.02 and later print --json in
+#               another form), in a chroot made with debootstrap the first time (NEWER_SLURM; about a minute). Root
 #   make bench  every benchmark under bench/, each writing its section of docs/results.md with the machine and date
 #               (bench/results.py; hours on a 2-core machine; SECTIONS=planner,scrape reruns some, keeping the rest)
 #   make bench-quick  the same with each benchmark's quick run, into out/results-quick.md (a smoke run)
@@ -31,7 +34,7 @@ DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_ARGS ?=
 FRESH_HOME := .ci/fresh-home
 
-.PHONY: demo test check ids driver-ids fault lint venv debs bench bench-quick
+.PHONY: demo test check ids driver-ids fault slurm-newer lint venv debs bench bench-quick
 
 $(BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -45,9 +48,10 @@ debs:
 	@command -v mosquitto >/dev/null && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null \
 	  && command -v ip >/dev/null && command -v setpriv >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto prometheus systemd iproute2 util-linux >/dev/null; }
-	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { \
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null \
+	  && command -v debootstrap >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    slurmctld slurmd slurm-client munge >/dev/null; }
+	    slurmctld slurmd slurm-client munge debootstrap >/dev/null; }
 
 $(DEMO_BIN)/flexmig: pyproject.toml hook/pyproject.toml setup.py
 	$(PY) -m venv $(DEMO_VENV)
@@ -71,6 +75,7 @@ test: venv debs lint
 	$(MAKE) --no-print-directory ids SIM_IDS=$(SIM_IDS)
 	$(FRESH_HOME) $(BIN)/pytest -q -m fault
 	$(MAKE) --no-print-directory driver-ids
+	$(MAKE) --no-print-directory slurm-newer
 
 ids: venv
 	@echo "GPU-instance IDs for this run: FLEXMIG_SIM_IDS=$(SIM_IDS) (make ids SIM_IDS=$(SIM_IDS) replays it)"
@@ -79,6 +84,14 @@ ids: venv
 driver-ids: venv
 	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not integration"
 	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "integration and not fault" $(DRIVER_ROOMS)
+
+# Every Slurm test again, against Debian 13's Slurm 24.11 in a chroot (made with debootstrap the first time, in
+# NEWER_SLURM; its daemons and commands reached through wrappers in NEWER_SLURM.bin): tests/support/slurm_newer.py.
+NEWER_SLURM ?= /var/cache/flexmig/slurm-trixie
+slurm-newer: venv debs
+	$(BIN)/python tests/support/slurm_newer.py up $(NEWER_SLURM)
+	FLEXMIG_SLURM_BIN=$(NEWER_SLURM).bin $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) tests/slurm; \
+	  rc=$$?; $(BIN)/python tests/support/slurm_newer.py down $(NEWER_SLURM); exit $$rc
 
 check: venv
 	$(BIN)/ruff check --select C901,PLR0912,PLR0915 daemon hook

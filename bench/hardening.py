@@ -1,5 +1,6 @@
 """systemd hardening: ``systemd-analyze security --offline=true`` of the shipped unit, as shipped and with the act
-drop-in (goal: exposure at most 3.0; tests/systemd/test_systemd_unit.py holds the same bound).
+drop-in (goal: exposure at most 3.2, of which 0.2 is the job cgroups' delegation; tests/systemd/test_systemd_unit.py
+holds the same bound).
 
 The unit is written as ``flexmig install-files`` writes it (ExecStart this environment's flexmigd, since the analysis
 needs the binary to exist), into a temporary directory, with ``flexmigd.service.d/act.conf`` beside it for the
@@ -26,7 +27,7 @@ from machine import machine
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "flexmigd.service"
 ACT = ROOT / "systemd" / "flexmigd.service.d" / "act.conf"
-GOAL = 3.0
+GOAL = 3.2
 
 
 def exposure(directory: Path, *, act: bool) -> float:

@@ -30,6 +30,12 @@ Phases (they add up to the pause; wall-clock times from the journal and the job'
 * ``group, load``: ``init_process_group``, DDP, loading the checkpoint;
 * ``first step``: the first step after the move.
 
+Beside them, the **cold floor**: two fresh interpreters (the one the jobs run with, side by side as the example's
+two ranks) that only import torch, join a gloo process group of two on loopback, wrap the example's model
+(``nn.Linear``) in DDP, build its SGD optimizer, take one step and leave with ``os._exit``, timed from spawn to the
+last exit: no flexmig, no checkpoint, no hook. A cold move of the torch job cannot pause it for less on this
+machine, whatever the daemon does; the cold goal is judged beside it.
+
 Run: ``.venv/bin/python bench/migration.py [--runs N] [--examples torch,stdlib]``. Figures from a loaded machine
 are provisional: the load average is printed beside them.
 """
@@ -41,7 +47,9 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -216,6 +224,36 @@ async def scenario(example: str, variant: str, runs: int) -> list[dict[str, floa
     return out
 
 
+FLOOR_CODE = """\
+import os, sys, torch, torch.distributed as dist
+from torch import nn
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+net = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+net(torch.zeros(4, 16)).sum().backward()
+opt.step()
+os._exit(0)
+"""
+
+
+def cold_floor(runs: int) -> list[float]:
+    """Seconds from spawn to the last exit of two fresh interpreters that do the torch job's cold start and nothing
+    else: import torch, join a gloo group of two, wrap the model in DDP, build SGD, take one step."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = []
+    for _ in range(runs):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        t0 = time.perf_counter()
+        ranks = [subprocess.Popen([sys.executable, "-c", FLOOR_CODE, str(r), port], env=env) for r in (0, 1)]
+        if any(p.wait(timeout=120) != 0 for p in ranks):
+            raise RuntimeError("the cold-floor ranks failed")
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def ms(x: float) -> str:
     return f"{x * 1000:,.0f}"
 
@@ -244,6 +282,12 @@ def main() -> int:
                 f"  {example}, {variant}: {args.runs} moves in {time.perf_counter() - t0:.0f} s, pauses (ms) "
                 + ", ".join(ms(r["pause"]) for r in rows)
             )
+    floor = cold_floor(args.runs) if "torch DDP" in examples else []
+    if floor:
+        print(
+            "  cold floor (2 ranks: import torch, gloo group, DDP, SGD, one step; no flexmig): (ms) "
+            + ", ".join(ms(x) for x in floor)
+        )
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end")
     cols = [(e, v) for e in examples for v in VARIANTS]
     print(f"\nmedians of {args.runs} moves, 2 ranks each, milliseconds (from the job's log and the journal)\n")
@@ -271,6 +315,14 @@ def main() -> int:
             got = medians[(e, v)]["pause"]
             ok &= got <= goal
             print(f"  {e}, {v}: {ms(got)} ms <= {ms(goal)} ms: {'met' if got <= goal else 'NOT met'}")
+    if floor:
+        f = statistics.median(floor)
+        cold = medians[("torch DDP", "cold")]["pause"]
+        print(
+            f"  torch DDP cold floor on this machine: median {ms(f)} ms, worst {ms(max(floor))} ms "
+            f"({'above' if f > GOALS[('torch DDP', 'cold')] else 'within'} the cold goal); "
+            f"cold pause / floor = {cold / f:.2f}"
+        )
     print(
         "\nflexmig's share, medians (ms): "
         + "; ".join(f"{e}, {v}: " + ", ".join(f"{k} {ms(medians[(e, v)][k])}" for k in DETAIL) for e, v in cols)

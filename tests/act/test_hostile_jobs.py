@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from flexmig.act import recovery
+from flexmig.act import jobcgroups, recovery
 from flexmig.act.events import ActEvent, MemorySink
 from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_RESUME, ENV_SLOT
 from support.hostile import Rig, base_dir, scratch_user
@@ -31,6 +31,8 @@ from support.jobs import ROOT
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs jobs as a user made for the test")
+_CGROUPS, _NO_CGROUPS = jobcgroups.probe()
+needs_cgroups = pytest.mark.skipif(_CGROUPS is None, reason=f"no job cgroups here: {_NO_CGROUPS}")
 
 
 @pytest.fixture
@@ -126,26 +128,6 @@ def test_a_job_that_finishes_inside_the_checkpoint_window_without_acknowledging_
     run(scenario())
 
 
-def test_a_process_that_left_its_ranks_process_group_is_stopped_with_the_job_and_named(
-    base: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    async def scenario() -> None:
-        async with Rig(base) as rig:
-            assert (await rig.call("jobs.submit", path=str(rig.hostile("stray"))))["ok"]
-            pid_file = base / "stray.pid"
-            await rig.until("the stray started", pid_file.exists)
-            stray = int(pid_file.read_text())
-            (rank,) = rig.alive()
-            assert os.getpgid(stray) != os.getpgid(rank), "it left the rank's process group"
-            with caplog.at_level(logging.WARNING, logger="flexmig.act.supervisor"):
-                assert (await rig.call("jobs.stop", name="evil"))["ok"]
-            assert not _running(stray), "the stray outlived the stopped job"
-            lines = [r.getMessage() for r in caplog.records if "left their rank's process group" in r.getMessage()]
-            assert len(lines) == 1 and str(stray) in lines[0], lines
-
-    run(scenario())
-
-
 def test_a_process_of_a_stopped_job_still_running_is_reported_as_an_unknown_rank(base: Path) -> None:
     async def scenario() -> None:
         async with Rig(base) as rig:
@@ -164,6 +146,73 @@ def test_a_process_of_a_stopped_job_still_running_is_reported_as_an_unknown_rank
             finally:
                 survivor.kill()
                 await survivor.wait()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("how", ["stop", "migrate"])
+@pytest.mark.parametrize(
+    "mode", ["stray", pytest.param("stray-clean", marks=needs_cgroups, id="stray-with-an-empty-environment")]
+)
+def test_a_process_that_left_its_ranks_process_group_is_stopped_with_the_job_and_named(
+    base: Path, mode: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        async with Rig(base) as rig:
+            assert (await rig.call("jobs.submit", path=str(rig.hostile(mode))))["ok"]
+            pid_file = base / "stray.pid"
+            await rig.until("the stray started", pid_file.exists)
+            stray = int(pid_file.read_text())
+            if mode == "stray-clean":
+                await rig.until("the stray runs sleep", lambda: psutil.Process(stray).name() == "sleep")
+                assert psutil.Process(stray).environ() == {}, "no marker left to find it by"
+            (rank,) = rig.alive()
+            assert os.getpgid(stray) != os.getpgid(rank)
+            with caplog.at_level(logging.WARNING, logger="flexmig.act.supervisor"):
+                if how == "stop":
+                    assert (await rig.call("jobs.stop", name="evil"))["ok"]
+                else:
+                    res = await rig.call("jobs.migrate", name="evil")
+                    assert res["ok"], res
+                    assert rig.record().state == "running" and rig.alive() != [rank]
+            assert not _running(stray), f"the stray outlived the job's {how}"
+            lines = [r.getMessage() for r in caplog.records if "left their rank's process group" in r.getMessage()]
+            assert len(lines) == 1 and str(stray) in lines[0], lines
+            if rig.act.supervisor.cgroups is not None:
+                cgroup = rig.act.supervisor.cgroups.path(rig.record().uid)
+                assert cgroup.exists() == (how == "migrate"), "a stopped job's cgroup is removed, a moved one's kept"
+
+    run(scenario())
+
+
+@needs_cgroups
+def test_a_process_with_no_markers_in_the_cgroup_of_a_stopped_job_is_reported_as_an_unknown_rank(base: Path) -> None:
+    async def scenario() -> None:
+        async with Rig(base) as rig:
+            assert (await rig.call("jobs.submit", path=str(rig.hostile("stray"))))["ok"]
+            assert (await rig.call("jobs.stop", name="evil"))["ok"]
+            rec = rig.record()
+            cgroups = rig.act.supervisor.cgroups
+            assert cgroups is not None and not cgroups.path(rec.uid).exists()
+            # What a daemon that was away when the job stopped would find: a process of the job's in its cgroup,
+            # its environment emptied.
+            fd = cgroups.open_procs(rec.uid)
+            try:
+                survivor = await asyncio.create_subprocess_exec(
+                    "/bin/sleep", "60", env={}, preexec_fn=lambda: os.write(fd, b"0")
+                )
+            finally:
+                os.close(fd)
+            try:
+                found = [r for r in await recovery.unknown_ranks(rig.act.executor) if r["job_id"] == rec.uid]
+                assert [r["pid"] for r in found] == [survivor.pid], found
+                assert found[0]["job"] == "evil" and found[0]["target"] == "no MIG device"
+            finally:
+                survivor.kill()
+                await survivor.wait()
+            await rig.until("the survivor left the cgroup", lambda: not cgroups.pids(rec.uid))
+            assert [r for r in await recovery.unknown_ranks(rig.act.executor) if r["job_id"] == rec.uid] == []
+            assert not cgroups.path(rec.uid).exists(), "the empty cgroup of a job that no longer runs is removed"
 
     run(scenario())
 

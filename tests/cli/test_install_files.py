@@ -218,7 +218,7 @@ def test_install_files_from_the_wheel_gives_a_unit_that_verifies_in_both_modes(i
     acting, report = exposure(unit)
     assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_ADMIN ", report), "the drop-in grants CAP_SYS_ADMIN"
     print(f"systemd-analyze security --offline=true: observe {observe}, act {acting}")
-    assert observe < acting <= 3.0
+    assert observe < acting <= 3.2  # 3.0 for the capabilities, 0.2 for the job cgroups' delegation
     assert observe <= 2.5
 
 

@@ -66,3 +66,15 @@ def test_each_finding_line_names_the_section_of_docs_detection_md_that_explains_
     slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", headings, re.M)}
     for _, where in FINDING_DOCS:
         assert where.split("#", 1)[1] in slugs, where
+
+
+def test_in_mode_act_a_node_whose_jobs_get_no_cgroup_says_so_and_why() -> None:
+    doc = status("h200:3g.71gb@0")
+    doc["mode"] = "act"
+    doc["job_cgroups"] = {"base": None, "off": "/sys/fs/cgroup/flexmig-jobs: Read-only file system"}
+    text = render_text(doc, 120).plain
+    assert "! no job cgroups (/sys/fs/cgroup/flexmig-jobs: Read-only file system)" in text
+    doc["job_cgroups"] = {"base": "/sys/fs/cgroup/system.slice/flexmigd.service/flexmig-jobs", "off": ""}
+    assert "no job cgroups" not in render_text(doc, 120).plain
+    doc["mode"], doc["job_cgroups"] = "observe", {"base": None, "off": "read-only"}
+    assert "no job cgroups" not in render_text(doc, 120).plain, "only mode act launches jobs"

@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from flexmig.act import jobcgroups
 from flexmig.act.client import ControlClient, ControlError, ControlRequestError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
@@ -131,6 +132,8 @@ def test_ddp_job_under_flexmigd_migrates_and_resplits_exactly_with_action_metric
         held = sorted(s for s, _, _, job in got if job == "ddp")
         assert held == sorted(i["start"] for i in node.jobs()["ddp"]["instances"])
         assert [j["name"] for j in status["jobs"]] == ["ddp"] and status["mode"] == "act"
+        cgroups, why = jobcgroups.probe()  # what this machine allows the daemon too (root, cgroup v2 writable)
+        assert status["job_cgroups"] == {"base": str(cgroups.base) if cgroups else None, "off": why}
         people = node.cli("status")
         assert people.returncode == 0 and "job ddp: " in people.stdout and "mode act" in people.stdout
 

@@ -67,7 +67,7 @@ def test_an_administrators_drain_and_its_reason_are_never_changed() -> None:
             for _ in range(4):
                 rnd = await rig.agent.round("act")
                 assert rnd.result is None and "drained (maint)" in rnd.note, rnd.note
-                await asyncio.sleep(0.5)
+                await rig.next_backfill_cycle()
             node = (await rig.agent.read()).node
             assert node is not None and node.drained and node.reason == "maint", node
             assert len(rig.act.journal.recent_actions()) == actions
@@ -114,7 +114,7 @@ def test_a_hook_job_that_ignores_its_signal_is_asked_once_and_the_node_stays_ope
             for _ in range(6):
                 rnd = await rig.agent.round("act")
                 assert rnd.result is None, rnd  # never asked again: the change waits for its end instead
-                await asyncio.sleep(0.5)
+                await rig.next_backfill_cycle()
             node = (await rig.agent.read()).node
             assert node is not None and not node.drained and "RESERVED" not in node.flags, node  # open meanwhile
             now = (await rig.agent.read()).now_s
@@ -227,7 +227,7 @@ def test_a_node_an_administrator_downed_stays_down_even_when_its_slurmd_dies() -
             for _ in range(4):
                 rnd = await rig.agent.round("act")
                 assert rnd.result is None and "down (broken fan)" in rnd.note, rnd.note
-                await asyncio.sleep(0.5)
+                await rig.next_backfill_cycle()
             assert await rig.agent.slurmd.state() == "crashed"  # not started again: it would end the DOWN state
             node = (await rig.agent.read()).node
             assert node is not None and node.state == "down" and node.reason == "broken fan", node
@@ -300,6 +300,7 @@ def test_an_administrators_drain_or_reservation_just_before_the_delete_cancels_t
             assert rnd.result is not None and not rnd.result.ok, rnd
             (action,) = rnd.result.results
             assert action.outcome == "cancelled" and "before the node left Slurm" in (action.error or ""), action
+
             # slurmd runs again and registers; slurmctld may still flag the node NOT_RESPONDING for a ping it sent
             # while slurmd was stopped, until its next ping (at most SlurmdTimeout / 3)
             async def answers() -> SlurmRead | None:

@@ -1,5 +1,6 @@
-"""Reading Slurm 22.05's answers: GRES strings, hostlists, ``squeue --json`` and ``sinfo --json`` (recorded from a
-real 22.05.8), and refusing anything malformed with one message naming the culprit."""
+"""Reading Slurm's answers: GRES strings, hostlists, ``squeue --json`` and ``sinfo --json`` (recorded from a real
+22.05.8), the same from a real 24.11.5 (data_parser v0.0.42, whose nodes come from ``scontrol --json show nodes``),
+and refusing anything malformed with one message naming the culprit."""
 
 from __future__ import annotations
 
@@ -16,12 +17,22 @@ from flexmig.errors import SlurmError
 from flexmig.slurm.gres import GresCount, parse_gres, parse_index_list
 from flexmig.slurm.hostlist import expand_hostlist
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
-from flexmig.slurm.nodes import parse_sinfo
+from flexmig.slurm.nodes import SlurmNode, parse_scontrol_nodes, parse_sinfo
 from flexmig.slurm.squeue import parse_squeue
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 SQUEUE = (DATA / "squeue-22.05.8.json").read_text()
 SINFO = (DATA / "sinfo-22.05.8.json").read_text()
+# Slurm 24.11.5 (Debian 13), recorded by tests/support/slurm_newer.py's chroot; job IDs as submitted there.
+SQUEUE_24 = (DATA / "squeue-24.11.5.json").read_text()
+SINFO_24 = (DATA / "sinfo-24.11.5.json").read_text()
+NODES_24 = (DATA / "scontrol-nodes-24.11.5.json").read_text()
+
+
+def sinfo_nodes(text: str) -> tuple[SlurmNode, ...]:
+    nodes = parse_sinfo(text)
+    assert nodes is not None, "a 22.05 answer lists its nodes"
+    return nodes
 
 
 # --------------------------------------------------------------------------------------------------- GRES
@@ -144,7 +155,7 @@ def test_garbage_from_squeue_is_one_error_naming_it(text: str, culprit: str) -> 
 
 # -------------------------------------------------------------------------------------------------- sinfo
 def test_sinfo_of_22_05_8_gives_the_dynamic_node_and_its_gres() -> None:
-    (node,) = parse_sinfo(SINFO)
+    (node,) = sinfo_nodes(SINFO)
     assert node.name == "vm" and node.dynamic and node.idle and node.responding and not node.drained
     assert node.gpu_counts() == {"7g.141gb": 1}
     assert node.partitions == ("mig",)
@@ -153,8 +164,60 @@ def test_sinfo_of_22_05_8_gives_the_dynamic_node_and_its_gres() -> None:
 def test_a_drained_node_not_responding() -> None:
     doc = json.loads(SINFO)
     doc["nodes"][0].update(state="idle", state_flags=["DRAIN", "NOT_RESPONDING"], reason="flexmig: x")
-    (node,) = parse_sinfo(json.dumps(doc))
+    (node,) = sinfo_nodes(json.dumps(doc))
     assert node.drained and not node.responding and node.reason == "flexmig: x"
+
+
+# ------------------------------------------------------------------------------------------ Slurm 24.11
+def test_squeue_of_24_11_5_reads_every_request_shape_as_22_05_did() -> None:
+    jobs = {j.job_id: j for j in parse_squeue(SQUEUE_24)}
+    assert jobs[1].state == "COMPLETED"  # with --states=all, as 22.05 lists them anyway
+    assert jobs[2].state == "RUNNING" and jobs[2].time_limit_s == 600.0
+    assert jobs[2].held_on("fm-node") == (GresCount("gpu", "1g.18gb", 1, (0,)),)
+    assert jobs[3].pending and jobs[3].reason == "ReqNodeNotAvail" and jobs[3].time_limit_s is None
+    assert jobs[3].gpus_per_node == (GresCount("gpu", "7g.141gb", 1),)  # gres/gpu:7g.141gb:1
+    assert jobs[4].gpus_per_node == (GresCount("gpu", "1g.18gb", 2), GresCount("gpu", "2g.35gb", 1))
+    assert jobs[5].gpus_per_node == (GresCount("gpu", None, 2),)  # --gres=gpu:2
+    assert jobs[6].gpus_per_node == (GresCount("gpu", "1g.18gb", 3),)  # --gpus=1g.18gb:3 (per job)
+    assert jobs[7].gpus_per_node == (GresCount("gpu", "1g.18gb", 2),)  # gres/gpu:1g.18gb=1 per task, 2 tasks
+    assert jobs[8].array_tasks == 3 and jobs[8].array_max_tasks == 2  # --array=1-3%2
+    assert jobs[9].comment == "flexmig:hook" and jobs[9].requeue
+    assert jobs[10].time_limit_s is None  # --time=UNLIMITED: {"set": false, "infinite": true}
+
+
+def test_sinfo_of_24_11_5_says_its_nodes_must_come_from_scontrol() -> None:
+    assert parse_sinfo(SINFO_24) is None
+
+
+def test_scontrol_nodes_of_24_11_5_give_the_drained_dynamic_node_and_its_gres() -> None:
+    (node,) = parse_scontrol_nodes(NODES_24)
+    assert node.name == "fm-node" and node.dynamic and node.drained and node.responding
+    assert node.state == "mixed" and node.reason == "maint" and node.partitions == ("mig",)
+    assert node.gpu_counts() == {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
+    assert GresCount("gpu", "1g.18gb", 1, (0,)) in node.gres_used
+    assert node.features == "" and node.weight == 1 and node.slurmd_start_s > 1.7e9
+
+
+def test_a_24_11_node_with_features_a_number_left_unset_and_garbage_in_its_state() -> None:
+    doc = json.loads(NODES_24)
+    doc["nodes"][0].update(features=["a100", "ib"], weight={"set": False, "infinite": False, "number": 0})
+    (node,) = parse_scontrol_nodes(json.dumps(doc))
+    assert node.features == "a100,ib" and node.weight == 1  # unset: the default
+    doc["nodes"][0]["state"] = [5]
+    with pytest.raises(SlurmError, match="node fm-node: 'state'"):
+        parse_scontrol_nodes(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("gres/gpu:1g.18gb=1", (GresCount("gpu", "1g.18gb", 1),)),
+        ("gres/gpu=2", (GresCount("gpu", None, 2),)),
+        ("gres/gpu:3g.71gb:1,gres/gpu:1g.18gb=2", (GresCount("gpu", "3g.71gb", 1), GresCount("gpu", "1g.18gb", 2))),
+    ],
+)
+def test_the_tres_count_form_of_23_02_and_later(text: str, want: tuple[GresCount, ...]) -> None:
+    assert parse_gres(text) == want
 
 
 # ---------------------------------------------------------------------------------------------- MIG minors

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
@@ -45,9 +44,8 @@ def test_garbage_from_squeue_is_one_error_naming_it_and_nothing_changes() -> Non
             bin_dir = rig.base / "bin"
             bin_dir.mkdir()
             for name in ("sinfo", "scontrol", "scancel", "slurmd"):
-                found = shutil.which(name) or f"/usr/sbin/{name}"
-                (bin_dir / name).symlink_to(found)
-            squeue = shutil.which("squeue")
+                (bin_dir / name).symlink_to(rig.testbed.commands.path(name))
+            squeue = rig.testbed.commands.path("squeue")
             (bin_dir / "squeue").write_text(f'#!/bin/sh\n{squeue} "$@" | head -c 300\n')
             (bin_dir / "squeue").chmod(0o755)
             rig.sleeper("--gres=gpu:1g.18gb:1")

@@ -113,9 +113,22 @@ class ActNode:
         self.config.chmod(0o600)
 
     def start(self) -> ActNode:
-        """Start flexmigd and wait until it serves metrics and its control socket."""
+        """Start flexmigd and wait until it serves metrics and its control socket.
+
+        The metrics port is one that was free when it was picked; a process of another test may take it before
+        flexmigd binds it (it then exits saying so). That start is retried on another free port, twice at most."""
         self.write_config()
         self.starts += 1
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except AssertionError as exc:
+                if attempt == 2 or "cannot serve metrics" not in str(exc) or "Address already in use" not in str(exc):
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> ActNode:
         argv = [
             sys.executable, *self.entry, "--sim", self.spec, "--sim-state", str(self.sim_state),
             "--config", str(self.config), "--metrics-addr", f"127.0.0.1:{self.port}",

@@ -10,6 +10,8 @@ steps a counter and answers the checkpoint signal (``FLEXMIG_CHECKPOINT_SIGNAL``
 * ``finish``: exit 0 when asked, without acknowledging (its work was done);
 * ``stray``: first start a child that leaves the process group (``setsid``) and sleeps, writing its pid to
   ``$FLEXMIG_CHECKPOINT_DIR/../stray.pid``; then checkpoint and acknowledge properly when asked, and exit 0;
+* ``stray-clean``: the same, but the child then runs ``/bin/sleep`` with an empty environment (no job markers
+  left to find it by);
 * ``ack-and-rmdir``: checkpoint and acknowledge; when asked again (the acknowledgement has been read), remove its
   checkpoint directory and exit 0, so that the daemon makes it again for the next generation (the race test's job);
 * ``ack-and-swap-parent TARGET``: the same, and then it also puts a symlink to TARGET in place of the checkpoint
@@ -51,11 +53,13 @@ def main() -> int:
     if mode == "ack-bytes-exit":
         ack.write_bytes(Path(sys.argv[2]).read_bytes())
         return 0
-    if mode == "stray":
+    if mode in ("stray", "stray-clean"):
         pid = os.fork()
         if pid == 0:
             os.setsid()
             (Path(os.environ["FLEXMIG_CHECKPOINT_DIR"]).parent / "stray.pid").write_text(str(os.getpid()))
+            if mode == "stray-clean":
+                os.execve("/bin/sleep", ["sleep", "600"], {})
             while True:  # lingers until the job is stopped (SIGKILL), as an escaped child does
                 signal.pause()
     step = 0
@@ -89,7 +93,7 @@ def main() -> int:
                 ckpt.parent.rename(ckpt.parent.with_name(ckpt.parent.name + ".old"))
                 ckpt.parent.symlink_to(sys.argv[2])
             return 0
-        elif mode == "stray":
+        elif mode in ("stray", "stray-clean"):
             checkpoint(step)
             return 0
 

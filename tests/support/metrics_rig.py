@@ -122,5 +122,3 @@ def extensions(mode: str) -> list[Extension]:
     if mode == "act":  # a Slurm node ([slurm] enabled) acts
         out.append(slurm())
     return out
-
-

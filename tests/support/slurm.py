@@ -37,7 +37,7 @@ from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import PlannerSettings
 from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent, SlurmRound
-from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.squeue import SlurmJob
@@ -50,9 +50,21 @@ WAIT_S = 60.0
 T = TypeVar("T")
 
 
+def slurm_bin() -> Path | None:
+    """Where the tests take Slurm's daemons and commands from: ``FLEXMIG_SLURM_BIN`` (another Slurm than the
+    distribution's, e.g. tests/support/slurm_chroot.sh's), else None (``PATH``)."""
+    where = os.environ.get("FLEXMIG_SLURM_BIN")
+    return Path(where) if where else None
+
+
+def commands() -> SlurmCommands:
+    """The Slurm commands the tests use (see :func:`slurm_bin`)."""
+    return SlurmCommands(slurm_bin())
+
+
 def skip_reason() -> str | None:
     """Why real-Slurm tests cannot run on this machine, or None."""
-    missing = missing_binaries()
+    missing = missing_binaries(commands())
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} missing; apt-get install {DEBIAN_PACKAGES})"
     if os.geteuid() != 0:
@@ -76,7 +88,7 @@ class SlurmRig:
         node_spec = parse_node_spec(spec)
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurm-", dir="/tmp"))
         self.base.chmod(0o755)
-        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node="fm-node")
+        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node="fm-node", commands=commands())
         self.paths = self.testbed.paths
         self.events = MemorySink()
         self.slurm_events: list[tuple[str, dict[str, Any]]] = []
@@ -96,6 +108,7 @@ class SlurmRig:
             "node": self.node,
             "interval_s": 1.0,
             "conf": p.slurm_conf,
+            "bin_dir": slurm_bin(),
             "command_timeout_s": 20.0,
             "gres_conf": p.gres_conf,
             "gres_map": p.flexmig / "gres-map.json",
@@ -207,8 +220,9 @@ class SlurmRig:
     def run(self, *argv: str) -> str:
         """A Slurm command against the testbed; its output (AssertionError with its error on failure)."""
         res = subprocess.run(
-            list(argv), env=self.testbed.env(), capture_output=True, text=True, timeout=30, check=False
-        )
+            [self.testbed.commands.path(argv[0]), *argv[1:]],
+            env=self.testbed.env(), capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
         assert res.returncode == 0, f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}"
         return res.stdout
 
@@ -247,6 +261,18 @@ class SlurmRig:
     async def job(self, job_id: int) -> SlurmJob | None:
         """Slurm's record of job ``job_id``."""
         return next((j for j in await self.agent.client.jobs() if j.job_id == job_id), None)
+
+    async def next_backfill_cycle(self, timeout_s: float = WAIT_S) -> None:
+        """Until Slurm's backfill scheduler has begun a new cycle (``bf_interval=1`` on the testbed): between two
+        rounds that must change nothing, Slurm had its chance to start the waiting jobs."""
+        client = self.agent.client
+        before = await client.backfill_cycle_start()
+
+        async def probe() -> bool:
+            now = await client.backfill_cycle_start()
+            return now is not None and (before is None or now > before)
+
+        await until(probe, timeout_s=timeout_s, what="a new backfill cycle", every_s=0.2)
 
     async def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
         """Until job ``job_id`` is in ``state``."""
@@ -319,7 +345,7 @@ class SlurmDaemon:
         self.spec = spec
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
         self.base.chmod(0o755)
-        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node=node)
+        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node=node, commands=commands())
         self.paths = self.testbed.paths
         self.node = node
         self.mqtt_port = mqtt_port

@@ -94,12 +94,13 @@ def test_the_verify_check_catches_a_misspelt_key(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_security_exposure_is_lower_as_shipped_than_with_the_act_drop_in(tmp_path: Path) -> None:
-    # systemd 252: 2.2 as shipped (no capabilities), 3.0 with act.conf (2.9 before the split, for four capabilities)
+    # systemd 252: 2.2 as shipped (no capabilities), 3.2 with act.conf: 3.0 for its five capabilities, 0.2 more for
+    # the job cgroups (Delegate=yes, ProtectControlGroups=no), the price of counting every process a job starts
     observe, text = exposure(runnable_copy(tmp_path / "observe"))
     assert observe <= 2.5, text
     assert "✓ CapabilityBoundingSet=~CAP_SYS_ADMIN " in text
     acting, text = exposure(runnable_copy(tmp_path / "act", act=True))
-    assert observe < acting <= 3.0, text
+    assert observe < acting <= 3.2, text
     assert "✗ CapabilityBoundingSet=~CAP_SYS_ADMIN " in text
 
 
@@ -147,7 +148,11 @@ def test_the_unit_holds_no_capability_and_the_act_drop_in_those_act_needs_and_no
     assert values("CapabilityBoundingSet") == [""], "an empty assignment: the empty set"
     assert values("AmbientCapabilities") == []
     assert capabilities(ACT) == ACT_CAPS
-    assert [(s, k) for s, k, _ in unit_entries(ACT.read_text())] == [("Service", "CapabilityBoundingSet")]
+    assert unit_entries(ACT.read_text())[1:] == [
+        ("Service", "Delegate", "yes"),
+        ("Service", "ProtectControlGroups", "no"),
+    ], "besides the capabilities, only the job cgroups' delegation"
+    assert values("ProtectControlGroups") == ["yes"], "as shipped (observe) the cgroup tree stays read-only"
     assert not ACT_CAPS & {"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}, "no writing other users' files"
     assert values("NoNewPrivileges") == ["yes"]
     assert values("ProtectSystem") == ["strict"]

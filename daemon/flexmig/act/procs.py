@@ -240,6 +240,9 @@ class LaunchRequest:
     log_limits: RankLogs = DEFAULT_RANK_LOGS
     pass_fds: tuple[int, ...] = ()
     """Descriptors the rank inherits under the same numbers (a standby rank's channel to the daemon)."""
+    cgroup_fd: int | None = None
+    """The job's ``cgroup.procs``, open for writing (:mod:`flexmig.act.jobcgroups`): the rank places itself in its
+    job's cgroup through it before ``exec``, so that everything it starts is born there. Not inherited."""
 
 
 class Launcher(Protocol):
@@ -282,8 +285,12 @@ def _start(req: LaunchRequest, log_fd: int, program: str) -> subprocess.Popen[by
     """Start one rank (in a worker thread): fork and exec ``program`` (``argv[0]`` as judged and resolved) with its
     output on ``log_fd`` (the write end of its log writer's pipe)."""
     sig = req.ignore_signal
+    cgroup_fd = req.cgroup_fd
 
-    def _child_setup() -> None:  # runs in the child between fork and exec: one syscall, no locks
+    def _child_setup() -> None:  # runs in the child between fork and exec: two syscalls, no locks
+        if cgroup_fd is not None:
+            with contextlib.suppress(OSError):  # the supervisor checks where the rank landed
+                os.write(cgroup_fd, b"0")
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
 
@@ -299,7 +306,7 @@ def _start(req: LaunchRequest, log_fd: int, program: str) -> subprocess.Popen[by
         user=req.uid,
         group=req.gid,
         extra_groups=list(req.groups) if req.groups is not None else None,
-        preexec_fn=_child_setup if sig is not None else None,  # noqa: PLW1509 - one signal() call, no locks
+        preexec_fn=_child_setup if sig is not None or cgroup_fd is not None else None,  # noqa: PLW1509 - see above
         pass_fds=req.pass_fds,
     )
 

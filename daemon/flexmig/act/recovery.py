@@ -17,10 +17,13 @@ import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from flexmig.act.encoding import ACTION_KINDS, payload_of
 from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
-from flexmig.act.nodeview import NodeView
+from flexmig.act.nodeview import InstanceView, NodeView
+from flexmig.act.records import JobRecord
 from flexmig.act.supervisor import mig_visible
 
 if TYPE_CHECKING:
@@ -101,7 +104,9 @@ async def unknown_ranks(ex: Executor, view: NodeView | None = None) -> list[dict
     on_gpu = {pid: i for i in view.instances for pid in (i.pids or ())}
     known = {rec.uid: rec for rec in ex.journal.jobs()}
     out = []
-    for r in await asyncio.to_thread(ex.scanner.find_marked):
+    marked = await asyncio.to_thread(ex.scanner.find_marked)
+    out.extend(await asyncio.to_thread(_escaped, ex, known, {r.pid for r in marked}, on_gpu))
+    for r in marked:
         inst = devices.get(r.device) or on_gpu.get(r.pid)
         rec = known.get(r.job_id)
         if rec is None and inst is None:
@@ -120,6 +125,49 @@ async def unknown_ranks(ex: Executor, view: NodeView | None = None) -> list[dict
                 "target": inst.spec() if inst else (r.device or "no MIG device"),
             }
         )
+    return out
+
+
+def _escaped(
+    ex: Executor, known: dict[str, JobRecord], marked: set[int], on_gpu: dict[int, InstanceView]
+) -> list[dict[str, Any]]:
+    """Processes in the cgroup of a journalled job (:mod:`flexmig.act.jobcgroups`) that are no rank of it nor a
+    descendant of one, and carry no job marker (those the marker scan reports): what left a rank's process group
+    with an emptied environment. The empty cgroups of jobs that no longer run are removed on the way."""
+    cgroups = ex.supervisor.cgroups
+    if cgroups is None:
+        return []
+    out = []
+    for uid in cgroups.jobs():
+        rec = known.get(uid)
+        if rec is None:
+            continue  # another daemon's (their cgroups share the parent when daemons share a cgroup)
+        pids = cgroups.pids(uid)
+        if not pids and rec.state != "running":
+            with contextlib.suppress(OSError):
+                cgroups.remove(uid)
+            continue
+        own = ex.supervisor.pids(rec.name) if rec.state == "running" else set()
+        for pid in pids:
+            if pid in own or pid in marked:
+                continue
+            try:
+                user = psutil.Process(pid).username()
+            except psutil.Error:
+                continue
+            inst = on_gpu.get(pid)
+            out.append(
+                {
+                    "pid": pid,
+                    "job": rec.name,
+                    "job_id": uid,
+                    "generation": -1,
+                    "slot": -1,
+                    "user": user,
+                    "instance": f"gpu{inst.gpu}:{inst.profile}@{inst.start}" if inst else "",
+                    "target": inst.spec() if inst else "no MIG device",
+                }
+            )
     return out
 
 

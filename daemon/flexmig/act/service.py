@@ -18,13 +18,15 @@ The daemon builds one :class:`Actuator` in its TaskGroup::
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from flexmig.act import recovery
+from flexmig.act import jobcgroups, recovery
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import ActEvent, EventSink
@@ -43,6 +45,8 @@ from flexmig.plan.types import Plan, PlannerSettings
 
 __all__ = ["Actuator"]
 
+log = logging.getLogger("flexmig.act.supervisor")
+
 
 @dataclass
 class Actuator:
@@ -52,6 +56,11 @@ class Actuator:
     supervisor: Supervisor
     executor: Executor
     jobs: JobsApi
+    job_cgroups: bool = True
+    """Place each job in a cgroup of its own where the system allows (:mod:`flexmig.act.jobcgroups`), probed at
+    :meth:`start`."""
+    job_cgroups_off: str = ""
+    """Why jobs get no cgroup of their own (empty when they do, or before :meth:`start`)."""
 
     @classmethod
     def build(
@@ -116,6 +125,17 @@ class Actuator:
     async def start(self) -> dict[str, Any]:
         """Reconcile the journal with NVML and the process table (adopt ranks, finish or roll back actions)."""
         self.supervisor.acks = self.supervisor.acks.prepare()
+        if self.job_cgroups and self.supervisor.cgroups is None:
+            cgroups, why = await asyncio.to_thread(jobcgroups.probe)
+            if cgroups is not None:
+                log.info("job cgroups under %s: what a job starts is counted and stopped with it", cgroups.base)
+            else:
+                self.job_cgroups_off = why
+                (log.warning if self.executor.mode == "act" else log.info)(
+                    "no job cgroups (%s): a job's processes that leave its ranks' process groups are found by their "
+                    "environment only (docs/security.md)", why,
+                )  # fmt: skip
+            self.supervisor.cgroups = cgroups
         return await recovery.reconcile(self.executor)
 
     async def execute(self, plan: Plan, origin: str = "planner") -> PlanResult:

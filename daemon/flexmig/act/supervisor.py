@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import grp
 import logging
 import os
@@ -39,6 +40,7 @@ import psutil
 
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import ActEvent, EventSink
+from flexmig.act.jobcgroups import JobCgroups, own_cgroup
 from flexmig.act.migops import Offload
 from flexmig.act.procs import (
     AdoptedProcess,
@@ -248,6 +250,7 @@ class Supervisor:
         acks: AckPlacement | None = None,
         rank_logs: RankLogs | None = None,
         scanner: ProcessScanner | None = None,
+        cgroups: JobCgroups | None = None,
     ) -> None:
         self.acks = acks or AckPlacement()
         self.rank_logs = rank_logs or DEFAULT_RANK_LOGS
@@ -263,6 +266,9 @@ class Supervisor:
         self.host = host
         self.scanner = scanner
         """Finds a job's processes by the ID in their environment, for the strays (see :meth:`end_strays`)."""
+        self.cgroups = cgroups
+        """One cgroup per job (:mod:`flexmig.act.jobcgroups`), where the system allows: its ranks are placed in it
+        before ``exec``, and what is in it counts for the strays whatever its environment. None: not available."""
         self._uids: dict[str, str] = {}  # job name -> ID of the submission whose ranks run
         self.on_exit: ExitCallback | None = None
         self._ranks: dict[str, dict[int, RankHandle]] = {}
@@ -297,7 +303,14 @@ class Supervisor:
 
     async def _start_all(self, rec: JobRecord, reqs: Mapping[int, LaunchRequest]) -> list[RankHandle]:
         """Start every request at once; if one fails, kill the others and raise its error."""
-        results = await asyncio.gather(*(self.launcher.launch(r) for r in reqs.values()), return_exceptions=True)
+        cgroup_fd = self._open_cgroup(rec)
+        if cgroup_fd is not None:
+            reqs = {slot: dataclasses.replace(r, cgroup_fd=cgroup_fd) for slot, r in reqs.items()}
+        try:
+            results = await asyncio.gather(*(self.launcher.launch(r) for r in reqs.values()), return_exceptions=True)
+        finally:
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)
         started = [
             RankHandle(slot, rec.slots[slot], res, rec.generation)
             for slot, res in zip(reqs, results, strict=True)
@@ -308,7 +321,39 @@ class Supervisor:
             for h in started:
                 _kill_group(h.proc, signal.SIGKILL)
             raise errors[0]
+        if cgroup_fd is not None and self.cgroups is not None:
+            self._check_cgroup(rec, self.cgroups, started)
         return started
+
+    def _open_cgroup(self, rec: JobRecord) -> int | None:
+        """The job's ``cgroup.procs`` open for writing, or None without job cgroups (one warning if it fails)."""
+        if self.cgroups is None:
+            return None
+        try:
+            return self.cgroups.open_procs(rec.uid)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "job %s: no cgroup of its own (%s): processes that leave its ranks' process groups are found by "
+                "their environment only", rec.name, exc,
+            )  # fmt: skip
+            return None
+
+    @staticmethod
+    def _check_cgroup(rec: JobRecord, cgroups: JobCgroups, started: Iterable[RankHandle]) -> None:
+        """Warn about a rank that did not land in its job's cgroup (its write before ``exec`` failed)."""
+        want = "/" + cgroups.path(rec.uid).name
+        for h in started:
+            try:
+                text = Path(f"/proc/{h.proc.pid}/cgroup").read_text()
+            except OSError:
+                continue  # it has exited already; its exit is reported as usual
+            where = own_cgroup(text)
+            if where is not None and not where.endswith(want):
+                log.warning(
+                    "job %s: rank %d (pid %d) is in cgroup %s, not in its job's (%s): processes it starts and that "
+                    "leave its process group are found by their environment only",
+                    rec.name, h.slot, h.proc.pid, where, cgroups.path(rec.uid),
+                )  # fmt: skip
 
     def _emit_started(self, rec: JobRecord, started: Iterable[RankHandle], resume: Ack | None, **extra: object) -> None:
         self.events.emit(
@@ -403,7 +448,8 @@ class Supervisor:
         hs = self.standby(job)
         if hs:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(one(h) for h in hs)), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await asyncio.gather(*(one(h) for h in hs))
         return [h for h in hs if h.proc.finished() and not (h.ready and h.ready.is_set())]
 
     async def handover(self, rec: JobRecord, *, port: int, resume: Ack | None) -> list[int]:
@@ -423,7 +469,8 @@ class Supervisor:
             msg = encode_handover(rank_world(rec, slot, port=port, resume=resume, host=self.host))
             try:
                 assert h.channel is not None
-                await asyncio.wait_for(loop.sock_sendall(h.channel, msg), 5.0)
+                async with asyncio.timeout(5.0):
+                    await loop.sock_sendall(h.channel, msg)
             except (OSError, TimeoutError) as exc:
                 log.warning("standby rank %d of job %s not handed over (%s); started afresh", slot, rec.name, exc)
                 self._close_channel(h)
@@ -453,12 +500,14 @@ class Supervisor:
         if not alive:
             return
         try:
-            await asyncio.wait_for(asyncio.gather(*(h.proc.wait() for h in alive)), grace_s)
+            async with asyncio.timeout(grace_s):
+                await asyncio.gather(*(h.proc.wait() for h in alive))
         except TimeoutError:
             for h in alive:
                 _kill_group(h.proc, signal.SIGKILL)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(h.proc.wait() for h in alive)), 5.0)
+                async with asyncio.timeout(5.0):
+                    await asyncio.gather(*(h.proc.wait() for h in alive))
 
     @staticmethod
     def _close_channel(h: RankHandle) -> None:
@@ -564,7 +613,8 @@ class Supervisor:
         if not alive:
             return True
         try:
-            await asyncio.wait_for(asyncio.gather(*(h.proc.wait() for h in alive)), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: Python 3.11's may swallow a cancellation
+                await asyncio.gather(*(h.proc.wait() for h in alive))
         except TimeoutError:
             return False
         return True
@@ -586,12 +636,14 @@ class Supervisor:
         child inherits), outside the process trees of the job's ranks still running; SIGTERM, SIGKILL after
         ``grace_s``. One warning line naming them; returns their pids."""
         uid = self._uids.get(job)
-        if uid is None or self.scanner is None:
+        if uid is None:
             return []
-        found = await asyncio.to_thread(self.scanner.find_all, uid)
+        found = await asyncio.to_thread(self._processes_of, uid)
         own = self.pids(job) | _trees(h.proc.pid for h in self.standby(job) if not h.proc.finished())
         strays = [f for f in found if f.pid not in own and f.pid != os.getpid()]
         if not strays:
+            if not own and self.cgroups is not None:
+                await asyncio.to_thread(_clear_cgroup, self.cgroups, uid, 0.0)
             return []
         log.warning(
             "job %s: %d process(es) left their rank's process group and outlived it (pids %s): stopped (SIGTERM, "
@@ -605,7 +657,23 @@ class Supervisor:
             await asyncio.sleep(0.05)  # no event tells the end of a process that is not our child
         for f in strays:
             _signal_found(f, signal.SIGKILL)
+        if not own and self.cgroups is not None:  # nothing of the job runs: whatever is still in its cgroup goes
+            await asyncio.to_thread(_clear_cgroup, self.cgroups, uid, 5.0)
         return [f.pid for f in strays]
+
+    def _processes_of(self, uid: str) -> list[FoundRank]:
+        """Every process of the job with ID ``uid``: those carrying the ID in their environment, and those in its
+        cgroup whatever their environment (as generation and slot -1)."""
+        found = {f.pid: f for f in self.scanner.find_all(uid)} if self.scanner is not None else {}
+        if self.cgroups is not None:
+            for pid in self.cgroups.pids(uid):
+                if pid in found:
+                    continue
+                try:
+                    found[pid] = FoundRank(pid, psutil.Process(pid).create_time(), -1, -1)
+                except psutil.Error:
+                    continue  # it ended meanwhile
+        return sorted(found.values(), key=lambda f: f.pid)
 
     def forget(self, job: str) -> None:
         """Drop the handles of ``job``'s finished ranks (before a relaunch)."""
@@ -630,6 +698,19 @@ def _trees(pids: Iterable[int]) -> set[int]:
         with contextlib.suppress(psutil.Error):
             out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
     return out
+
+
+def _clear_cgroup(cgroups: JobCgroups, uid: str, wait_s: float) -> None:
+    """End what is left in the job's cgroup (``cgroup.kill``) and remove it, waiting at most ``wait_s`` for its
+    processes to be gone; a cgroup not yet empty then stays (the next start's reconciliation removes it)."""
+    try:
+        if cgroups.pids(uid):
+            cgroups.kill(uid)
+        deadline = time.monotonic() + wait_s
+        while not cgroups.remove(uid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # no event tells a worker thread that the kernel has finished the kill
+    except (OSError, ValueError) as exc:
+        log.warning("job cgroup %s: %s", uid, exc)
 
 
 def _signal_found(found: FoundRank, sig: int) -> None:

@@ -190,6 +190,13 @@ def _head(view: _View, doc: Mapping[str, Any]) -> None:
     )
     if doc.get("actuator_unavailable"):
         view.line(f"! actuator unavailable: {doc['actuator_unavailable']}", "yellow")
+    cgroups = doc.get("job_cgroups")
+    if mode == "act" and isinstance(cgroups, Mapping) and not cgroups.get("base") and cgroups.get("off"):
+        view.line(
+            f"! no job cgroups ({cgroups['off']}): a job's processes that leave its process group are found by "
+            "their environment only",
+            "yellow",
+        )
     frag = doc.get("fragmentation")
     if frag:
         creatable = ", ".join(f"{n}x {p}" for p, n in frag["creatable"].items() if n) or "nothing"

@@ -435,7 +435,8 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "flexmig_unknown_ranks",
         _N,
-        "Processes with flexmig's job markers on this node's MIG instances that no journalled job knows.",
+        "Processes of no running rank: with flexmig's job markers on this node's MIG instances and of no journalled "
+        "job, or of a journalled job (its markers, its cgroup) that no rank of it accounts for.",
         "once the actuator has looked at the node's processes",
     ),
     # ------------------------------------------------------------------ the daemon's own health

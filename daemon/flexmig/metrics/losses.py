@@ -8,7 +8,8 @@
 * ``flexmig_mqtt_command_results_dropped_total{Hostname}``: MQTT command results dropped unsent (more than the
   listener keeps were waiting for the broker);
 * ``flexmig_unknown_ranks{Hostname}``: processes carrying flexmig's job markers (``FLEXMIG_JOB_ID``) on this node's
-  MIG instances that no journalled job accounts for (a lost or replaced journal, another daemon's jobs).
+  MIG instances that no journalled job accounts for (a lost or replaced journal, another daemon's jobs), and
+  processes of a journalled job (its markers, or its cgroup) that none of its running ranks accounts for.
 
 Each family is exported only when its source exists (MQTT on, commands on, the actuator running). Reads counters
 the event loop keeps; no I/O in a scrape.

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flexmig.errors import SlurmError
-from flexmig.slurm.nodes import SlurmNode, parse_sinfo
+from flexmig.slurm.nodes import SlurmNode, parse_scontrol_nodes, parse_sinfo
 from flexmig.slurm.reservations import SlurmReservation, parse_reservations
 from flexmig.slurm.squeue import SlurmJob, parse_squeue
 
@@ -85,6 +85,7 @@ class SlurmClient:
 
     def __init__(self, commands: SlurmCommands | None = None) -> None:
         self.commands = commands or SlurmCommands()
+        self._nodes_by_scontrol = False
 
     async def run(self, name: str, args: Sequence[str], *, timeout_s: float | None = None) -> bytes:
         """Run Slurm command ``name`` with ``args``; its standard output. SlurmError on failure or timeout."""
@@ -124,12 +125,19 @@ class SlurmClient:
 
     # -------------------------------------------------------------------------------------------- reading
     async def jobs(self) -> tuple[SlurmJob, ...]:
-        """Every job slurmctld knows (``squeue --json``: it ignores filters, so none are passed)."""
-        return parse_squeue(await self.run("squeue", ["--json"]))
+        """Every job slurmctld knows, finished ones it still keeps included (``squeue --json --states=all``:
+        22.05 ignores the filter and prints them all anyway; 23.02 and later, without it, only the active ones)."""
+        return parse_squeue(await self.run("squeue", ["--json", "--states=all"]))
 
     async def nodes(self) -> tuple[SlurmNode, ...]:
-        """Every node (``sinfo --json``)."""
-        return parse_sinfo(await self.run("sinfo", ["--json"]))
+        """Every node: ``sinfo --json`` on Slurm 22.05, ``scontrol --json show nodes`` on 23.02 and later (whose
+        ``sinfo --json`` no longer lists nodes one by one; which one is learnt from the first answer)."""
+        if not self._nodes_by_scontrol:
+            found = parse_sinfo(await self.run("sinfo", ["--json"]))
+            if found is not None:
+                return found
+            self._nodes_by_scontrol = True
+        return parse_scontrol_nodes(await self.run("scontrol", ["--json", "show", "nodes"]))
 
     async def node(self, name: str) -> SlurmNode | None:
         """Node ``name``, None when slurmctld does not know it (a dynamic node that is not registered)."""

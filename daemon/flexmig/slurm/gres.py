@@ -1,6 +1,7 @@
 """Slurm's GRES strings as typed values: ``gres:gpu:1g.18gb:2``, ``gpu:3g.71gb:1(S:0)``, ``gpu:1g.18gb:2(IDX:1)``.
 
-Slurm 22.05 prints GRES in a few shapes, all read by :func:`parse_gres`:
+Slurm 22.05 prints GRES in a few shapes, all read by :func:`parse_gres` (23.02 and later print a job's requests in
+the TRES form, ``gres/gpu:1g.18gb:2`` and, per task, ``gres/gpu:1g.18gb=1``: read too):
 
 * a job's request (``tres_per_node``, ``tres_per_job``, ``tres_per_task`` in ``squeue --json``):
   ``gres:gpu:1g.18gb:2,gres:gpu:2g.35gb:1``; an untyped request is ``gres:gpu:2``;
@@ -94,6 +95,9 @@ def _item(raw: str, where: str) -> GresCount:
         parts = parts[1:]
     elif parts[0].startswith("gres/"):  # the TRES form: gres/gpu:...
         parts[0] = parts[0].removeprefix("gres/")
+    if "=" in parts[-1]:  # the TRES count form of Slurm 23.02 and later: gres/gpu:1g.18gb=1, gres/gpu=2
+        head, _, number = parts[-1].rpartition("=")
+        parts = [*parts[:-1], *([head] if head else []), number]
     if not parts or not parts[0]:
         raise SlurmError(f"{where}: empty GRES name in {raw!r}")
     count = 1

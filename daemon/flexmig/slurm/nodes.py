@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexmig.errors import SlurmError
+from flexmig.slurm.dataparser import is_data_parser, node_record
 from flexmig.slurm.envelope import decode, field, records
 from flexmig.slurm.gres import GresCount, parse_gres
 
-__all__ = ["SlurmNode", "parse_sinfo"]
+__all__ = ["SlurmNode", "parse_scontrol_nodes", "parse_sinfo"]
 
 COMMAND = "sinfo --json"
+SCONTROL_COMMAND = "scontrol --json show nodes"
 _MAX_ATTR = 4096
 
 
@@ -119,7 +121,19 @@ def _bounded(text: str, where: str, key: str) -> str:
     return text
 
 
-def parse_sinfo(text: str | bytes) -> tuple[SlurmNode, ...]:
-    """Every node in ``sinfo --json``'s answer. SlurmError names the first problem."""
+def parse_sinfo(text: str | bytes) -> tuple[SlurmNode, ...] | None:
+    """Every node in ``sinfo --json``'s answer (Slurm 22.05), or None when that answer comes from Slurm 23.02 or
+    later, whose ``sinfo --json`` no longer lists nodes (ask :func:`parse_scontrol_nodes`'s command then).
+    SlurmError names the first problem."""
     doc = decode(text, COMMAND)
+    if is_data_parser(doc) and "nodes" not in doc:
+        return None
     return tuple(_node(rec, i) for i, rec in enumerate(records(doc, "nodes", COMMAND)))
+
+
+def parse_scontrol_nodes(text: str | bytes) -> tuple[SlurmNode, ...]:
+    """Every node in ``scontrol --json show nodes``'s answer (Slurm 23.02 and later). SlurmError names the first
+    problem."""
+    doc = decode(text, SCONTROL_COMMAND)
+    recs = records(doc, "nodes", SCONTROL_COMMAND)
+    return tuple(_node(node_record(rec), i) for i, rec in enumerate(recs))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexmig.errors import SlurmError
+from flexmig.slurm.dataparser import is_data_parser, job_record
 from flexmig.slurm.envelope import decode, field, records
 from flexmig.slurm.gres import GresCount, parse_gres, parse_index_list
 from flexmig.slurm.hostlist import expand_hostlist
@@ -190,4 +191,7 @@ def _job(rec: dict[str, Any], i: int) -> SlurmJob:
 def parse_squeue(text: str | bytes) -> tuple[SlurmJob, ...]:
     """Every job in ``squeue --json``'s answer, in its order. SlurmError names the first problem."""
     doc = decode(text, COMMAND)
-    return tuple(_job(rec, i) for i, rec in enumerate(records(doc, "jobs", COMMAND)))
+    recs = records(doc, "jobs", COMMAND)
+    if is_data_parser(doc):  # Slurm 23.02 and on
+        recs = [job_record(rec) for rec in recs]
+    return tuple(_job(rec, i) for i, rec in enumerate(recs))

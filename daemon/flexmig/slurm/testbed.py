@@ -440,7 +440,7 @@ class Testbed:
         while time.monotonic() < deadline:
             try:
                 res = subprocess.run(
-                    [self.commands.path("squeue"), "--json"],
+                    [self.commands.path("squeue"), "--json", "--states=all"],
                     env=self.env(),
                     capture_output=True,
                     timeout=10,
@@ -485,7 +485,8 @@ class Testbed:
 
     def slurmd_hook(self) -> list[str]:
         """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
-        return [python(), "-m", "flexmig.slurm.standin", "--pid-file", str(self.paths.slurmd_pid(self.node))]
+        slurmd = ["--slurmd", self.commands.path("slurmd")] if self.commands.bin_dir is not None else []
+        return [python(), "-m", "flexmig.slurm.standin", "--pid-file", str(self.paths.slurmd_pid(self.node)), *slurmd]
 
     def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0) -> str:
         """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
@@ -513,6 +514,7 @@ class Testbed:
                 f"node = {q(self.node)}",
                 *([f"interval_s = {interval_s:g}"] if interval_s is not None else []),
                 f"conf = {q(p.slurm_conf)}",
+                *([f"bin_dir = {q(self.commands.bin_dir)}"] if self.commands.bin_dir is not None else []),
                 f"gres_conf = {q(p.gres_conf)}",
                 f"gres_map = {q(f / 'gres-map.json')}",
                 f"dev_dir = {q(p.dev)}",

@@ -556,6 +556,12 @@ class ActuatorComponent:
             doc["actuator_unavailable"] = self.unavailable
         if self.unknown_ranks is not None:
             doc["unknown_ranks"] = self.unknown_ranks
+        if self.act is not None:
+            cgroups = self.act.supervisor.cgroups
+            doc["job_cgroups"] = {
+                "base": str(cgroups.base) if cgroups is not None else None,
+                "off": self.act.job_cgroups_off if cgroups is None else "",
+            }
         return doc
 
     def unknown_rank_count(self) -> int | None:
