@@ -110,6 +110,14 @@ SECTIONS: tuple[Section, ...] = (
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
     ),
     Section(
+        "slurm_model",
+        "A busy node, modelled: seeds the policy was not chosen on",
+        "slurm_model.py",
+        ("--seeds", "21-40"),  # the policy's horizon was chosen on seeds 1-20
+        quick=("--seeds", "21"),
+        markdown=False,
+    ),
+    Section(
         "submit",
         "Submitting to a long queue",
         "submit.py",
