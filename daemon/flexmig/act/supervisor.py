@@ -632,9 +632,10 @@ class Supervisor:
     async def end_strays(self, job: str, grace_s: float = 10.0) -> list[int]:
         """Stop the processes of ``job`` that outlived its ranks: they left their rank's process group (``setsid``,
         a double fork), so neither the rank's exit nor a signal to its group reached them, and they would run on
-        unreported, holding the job's MIG device and files. Found by the job's ID in their environment (which a
-        child inherits), outside the process trees of the job's ranks still running; SIGTERM, SIGKILL after
-        ``grace_s``. One warning line naming them; returns their pids."""
+        unreported, holding the job's MIG device and files. Found in the job's cgroup (whatever their environment)
+        and by the job's ID in their environment (which a child inherits), outside the process trees of the job's
+        ranks and standby ranks still running; SIGTERM, SIGKILL after ``grace_s``. One warning line naming them;
+        returns their pids. When nothing of the job runs any more, its cgroup is killed and removed."""
         uid = self._uids.get(job)
         if uid is None:
             return []
