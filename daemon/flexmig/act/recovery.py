@@ -147,7 +147,7 @@ def _escaped(
             with contextlib.suppress(OSError):
                 cgroups.remove(uid)
             continue
-        own = ex.supervisor.pids(rec.name) if rec.state == "running" else set()
+        own = ex.supervisor.all_pids(rec.name) if rec.state == "running" else set()
         for pid in pids:
             if pid in own or pid in marked:
                 continue

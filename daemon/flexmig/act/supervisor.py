@@ -596,6 +596,11 @@ class Supervisor:
                 out.update(c.pid for c in psutil.Process(h.proc.pid).children(recursive=True))
         return out
 
+    def all_pids(self, job: str) -> set[int]:
+        """:meth:`pids`, and the pids of ``job``'s standby ranks still running and their descendants (the job's
+        next ranks, not strays)."""
+        return self.pids(job) | _trees(h.proc.pid for h in self.standby(job) if not h.proc.finished())
+
     # ------------------------------------------------------------------------------------------- control
     def signal_workers(self, job: str, sig: int) -> list[int]:
         """Send ``sig`` to the processes running the job's code (torchrun: its workers); returns their pids."""
@@ -640,7 +645,7 @@ class Supervisor:
         if uid is None:
             return []
         found = await asyncio.to_thread(self._processes_of, uid)
-        own = self.pids(job) | _trees(h.proc.pid for h in self.standby(job) if not h.proc.finished())
+        own = self.all_pids(job)
         strays = [f for f in found if f.pid not in own and f.pid != os.getpid()]
         if not strays:
             if not own and self.cgroups is not None:
