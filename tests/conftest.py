@@ -223,3 +223,26 @@ def mosquitto(tmp_path: Path) -> Iterator[Brokers]:
         yield brokers
     finally:
         brokers.close()
+
+
+_RUN_STARTED = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the empty job cgroups this run's daemons left (a test that kills its daemon or its ranks leaves the
+    job's cgroup behind, empty): once, in the process that ran the run (pytest-xdist's controller, after every
+    worker), and only those made since the run began, so that no other run's job loses its cgroup."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from flexmig.act.jobcgroups import BASE_NAME, cgroup2_root, own_cgroup  # noqa: PLC0415 - only here
+
+    with contextlib.suppress(OSError):
+        mounted = cgroup2_root(Path("/proc/self/mountinfo").read_text())
+        own = own_cgroup(Path("/proc/self/cgroup").read_text())
+        if mounted is None or own is None or mounted[1] != "/":
+            return
+        base = mounted[0] / own.lstrip("/") / BASE_NAME
+        for d in base.glob("job-*"):
+            with contextlib.suppress(OSError):
+                if d.stat().st_mtime >= _RUN_STARTED:
+                    d.rmdir()  # EBUSY while a process is in it: then it stays
