@@ -138,14 +138,7 @@ def test_a_process_of_a_stopped_job_still_running_is_reported_as_an_unknown_rank
             markers = {ENV_JOB: "evil", ENV_JOB_ID: rec.uid, ENV_GENERATION: str(rec.generation), ENV_SLOT: "0"}
             env = {**os.environ, **markers}
             survivor = await asyncio.create_subprocess_exec("/bin/sleep", "60", env=env)
-            try:
-                # (only this job's: other tests' simulated ranks on this machine may show up too)
-                found = [r for r in await recovery.unknown_ranks(rig.act.executor) if r["job_id"] == rec.uid]
-                assert [r["pid"] for r in found] == [survivor.pid], found
-                assert found[0]["job"] == "evil" and found[0]["target"] == "no MIG device"
-            finally:
-                survivor.kill()
-                await survivor.wait()
+            await _reported_alone(rig, rec.uid, survivor)
 
     run(scenario())
 
@@ -203,18 +196,24 @@ def test_a_process_with_no_markers_in_the_cgroup_of_a_stopped_job_is_reported_as
                 )
             finally:
                 os.close(fd)
-            try:
-                found = [r for r in await recovery.unknown_ranks(rig.act.executor) if r["job_id"] == rec.uid]
-                assert [r["pid"] for r in found] == [survivor.pid], found
-                assert found[0]["job"] == "evil" and found[0]["target"] == "no MIG device"
-            finally:
-                survivor.kill()
-                await survivor.wait()
+            await _reported_alone(rig, rec.uid, survivor)
             await rig.until("the survivor left the cgroup", lambda: not cgroups.pids(rec.uid))
             assert [r for r in await recovery.unknown_ranks(rig.act.executor) if r["job_id"] == rec.uid] == []
             assert not cgroups.path(rec.uid).exists(), "the empty cgroup of a job that no longer runs is removed"
 
     run(scenario())
+
+
+async def _reported_alone(rig: Rig, uid: str, survivor: asyncio.subprocess.Process) -> None:
+    """``survivor`` is the one unknown rank of the stopped job ``uid``, with no MIG device; it is killed after."""
+    try:
+        # (only this job's: other tests' simulated ranks on this machine may show up too)
+        found = [r for r in await recovery.unknown_ranks(rig.act.executor) if r["job_id"] == uid]
+        assert [r["pid"] for r in found] == [survivor.pid], found
+        assert found[0]["job"] == "evil" and found[0]["target"] == "no MIG device"
+    finally:
+        survivor.kill()
+        await survivor.wait()
 
 
 def _running(pid: int) -> bool:
