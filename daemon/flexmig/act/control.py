@@ -192,7 +192,8 @@ class ControlServer:
                 return
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readline(), self.idle_timeout_s)
+                    async with asyncio.timeout(self.idle_timeout_s):  # wait_for may swallow a cancellation
+                        line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
                     await self._send(
                         writer,
@@ -223,7 +224,8 @@ class ControlServer:
             if task is not None:
                 self._conns.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
+            # A cancelled connection ends here too: a cancellation that meets the close is the end it asked for.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
 
     @staticmethod
