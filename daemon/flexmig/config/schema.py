@@ -401,7 +401,9 @@ class JobsConfig:
     """Job specs the daemon launches, and where jobs may keep their files."""
 
     directory: Path = _doc(
-        Path("/etc/flexmig/jobs"), "Directory of job spec files (*.toml; same permission rules as this file)."
+        Path("/etc/flexmig/jobs"),
+        "Not read (kept so that configurations written for it still load): job specs are submitted with "
+        "`flexmig jobs submit`, which checks them against `allowed_dirs`.",
     )
     allowed_dirs: tuple[Path, ...] = _doc(
         (Path("/var/lib/flexmig/jobs"),),
