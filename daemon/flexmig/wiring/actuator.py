@@ -40,19 +40,16 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from flexmig.act import recovery
-from flexmig.act.control import ControlServer, Handler, RequestError
+from flexmig.act.control import ControlServer, Handler
 from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
-from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
-from flexmig.act.placement import node_model
 from flexmig.act.ranklogs import RankLogs
-from flexmig.act.records import JobRecord
 from flexmig.act.service import Actuator
 from flexmig.clocks import Ages
 from flexmig.config import Config, Mode
@@ -60,19 +57,15 @@ from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError, Sto
 from flexmig.jobspec.spec import JobPolicy
 from flexmig.metrics.actions import ActionMetrics
 from flexmig.metrics.collector import SnapshotMetrics
-from flexmig.metrics.findings import report_of
 from flexmig.metrics.losses import LossMetrics
 from flexmig.metrics.runtime import JournalWriteMetrics
 from flexmig.mqtt.action_events import ActionEventTranslator, ActionFacts, plan_actions, plan_event, plan_summary
 from flexmig.mqtt.events import EventFactory
-from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
-from flexmig.status import status_document
 from flexmig.storage import LockSet, prepare_dir
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.action_record import (
     action_facts,
-    action_json,
     action_row,
     log_event,
     move_downtime,
@@ -81,8 +74,10 @@ from flexmig.wiring.action_record import (
 )
 from flexmig.wiring.actuator_host import ActuatorHost, ActuatorPaths
 from flexmig.wiring.backend import NodeComponent
+from flexmig.wiring.daemon_status import daemon_status
 from flexmig.wiring.mqtt import MqttComponent
-from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
+from flexmig.wiring.plan_now import PlanRound, plan_now
+from flexmig.wiring.planning import planner_settings
 from flexmig.wiring.privileges import act_privilege_warning
 from flexmig.wiring.standdown_request import standdown_request
 
@@ -105,15 +100,6 @@ def _submit_refusal(config: Config) -> str | None:
 
 def _rank_logs(cfg: Config) -> RankLogs:
     return RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep)
-
-
-@dataclass(frozen=True, slots=True)
-class PlanRound:
-    """One planning round: the plan, the document ``flexmig plan`` shows, and why it could not plan (if so)."""
-
-    plan: Plan
-    document: dict[str, Any]
-    error: str | None = None
 
 
 class ActuatorComponent:
@@ -422,82 +408,14 @@ class ActuatorComponent:
             self.mqtt.findings.emit(plan_event(self._translate.factory, plan, mode, self.wall()))
 
     async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
-        """What the planner would do now (a fresh inventory through the NVML worker); changes nothing.
-
-        The inputs are read on the event loop; the planner (pure, and the longer the queue the longer it takes) runs
-        on a worker thread, so the loop serves the control socket, the sampling and the jobs meanwhile.
-        """
+        """What the planner would do now (:func:`flexmig.wiring.plan_now.plan_now`); changes nothing."""
         act = self.act
         if act is None:
             raise PlanRejectedError(self.unavailable or "the actuator is not running")
-        ex = act.executor
-        with contextlib.suppress(Exception):
-            await ex.offload(ex.devices.prune)
-        inventory = await ex.mig.inventory()
-        view = NodeView.of(inventory)
-        self.ages.check()  # one line when the wall clock was set: durations go on, measured on the monotonic clock
-        now = self.wall()
-        jobs = act.journal.jobs()
-        alive = {rec.name: act.supervisor.pids(rec.name) for rec in jobs if rec.state == "running"}
-        mig_enabled = {g.index: g.mig_current for g in inventory.gpus}
-        last_moved = self._last_moved(now)
-        started = self._first_started(jobs, now)
-        settings = planner_settings(self.config.planner)
-        mode = self.mode
-
-        def work_out() -> PlanRound:
-            try:
-                model = node_model(view)
-                extra = tuple(parse_request(r, i + 1, model, now) for i, r in enumerate(requests))
-                given = planning_state(
-                    view,
-                    jobs,
-                    alive_pids=alive,
-                    now_s=now,
-                    mig_enabled=mig_enabled,
-                    last_moved_s=last_moved,
-                    extra=extra,
-                    started_s=started,
-                )
-            except ValueError as exc:
-                raise RequestError(str(exc)) from None
-            try:
-                plan = Planner(given.state.model, settings).plan(given.state)
-                validate_plan(given.state, plan, settings)
-            except PlanRejectedError as exc:
-                empty = Plan(now_s=now)
-                doc = plan_document(empty, given, mode=mode, source=source, error=str(exc))
-                return PlanRound(empty, doc, str(exc))
-            return PlanRound(plan, plan_document(plan, given, mode=mode, source=source))
-
-        return await asyncio.to_thread(work_out)
-
-    def _first_started(self, jobs: Sequence[JobRecord], now: float) -> dict[str, float]:
-        """When each job first started since it was submitted, from the journal's recent actions (a name submitted
-        again starts afresh), in the planner's time ``now``: ``now`` less how long ago, on the monotonic clock."""
-        assert self.act is not None
-        submitted = {rec.name: rec.submitted_s for rec in jobs}
-        out: dict[str, float] = {}
-        for row in self.act.journal.recent_actions(1000):
-            at = row.finished_s
-            if row.state != "done" or row.kind != "start" or not at or row.job not in submitted:
-                continue
-            if at >= submitted[row.job]:
-                out[row.job] = min(out.get(row.job, at), at)
-        self.ages.forget(set(out), kind="started")
-        return {job: now - self.ages.ago(("started", job), stamp) for job, stamp in out.items()}
-
-    def _last_moved(self, now: float) -> dict[str, float]:
-        """When each job last started or moved, from the journal, in the planner's time ``now``: ``now`` less how
-        long ago it was, measured on the monotonic clock (:class:`~flexmig.clocks.Ages`). The settling time then
-        lasts what it says even when the wall clock is set back an hour."""
-        assert self.act is not None
-        out: dict[str, float] = {}
-        for row in self.act.journal.recent_actions(1000):
-            if row.job and row.state == "done" and row.finished_s and row.kind in ("start", "migrate", "resplit"):
-                out[row.job] = max(out.get(row.job, 0.0), row.finished_s)
-        self.ages.forget(set(out), kind="moved")
-        return {job: now - self.ages.ago(("moved", job), stamp) for job, stamp in out.items()}
+        return await plan_now(
+            act, self.config.planner, mode=self.mode, ages=self.ages, wall=self.wall, source=source,
+            requests=requests,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ control ops
     def _handlers(self, act: Actuator) -> dict[str, Handler]:
@@ -538,31 +456,10 @@ class ActuatorComponent:
 
     def status(self, snap: Snapshot) -> dict[str, Any]:
         """The status document of ``snap`` with this daemon's jobs, mode and recent actions."""
-        jobs: list[dict[str, Any]] = []
-        recent: list[dict[str, Any]] = []
-        if self.act is not None:
-            jobs = [self.act.jobs.summary(rec) for rec in self.act.journal.jobs()]
-            recent = [action_json(r) for r in self.act.journal.recent_actions(10)]
-        doc = status_document(
-            snap,
-            report_of(snap),
-            source="daemon",
-            mode=self.mode,
-            jobs=jobs,
-            actions_in_progress=self.action_metrics.in_progress(),
-            recent_actions=recent,
-        )
-        if self.unavailable:
-            doc["actuator_unavailable"] = self.unavailable
-        if self.unknown_ranks is not None:
-            doc["unknown_ranks"] = self.unknown_ranks
-        if self.act is not None:
-            cgroups = self.act.supervisor.cgroups
-            doc["job_cgroups"] = {
-                "base": str(cgroups.base) if cgroups is not None else None,
-                "off": self.act.job_cgroups_off if cgroups is None else "",
-            }
-        return doc
+        return daemon_status(
+            snap, self.act, mode=self.mode, in_progress=self.action_metrics.in_progress(),
+            unavailable=self.unavailable, unknown_ranks=self.unknown_ranks,
+        )  # fmt: skip
 
     def unknown_rank_count(self) -> int | None:
         """How many ranks of no journalled job run on this node (None while the actuator has not looked)."""
