@@ -10,11 +10,12 @@ The model, step by step (``STEP_S``):
   says which start *now* (Slurm knows only the running jobs' limits). The main scheduler starts jobs in priority
   order up to the first that cannot start; the backfill pass (every ``BF_INTERVAL_S``, the testbed's
   ``bf_interval``) starts every job the rules allow;
-* flexmig: every ``ROUND_S`` (the testbed's ``interval_s``) the agent's round as
-  :class:`flexmig.slurm.agent.SlurmAgent` does it in mode act, calling the same pure code: the node as
-  :meth:`~flexmig.slurm.agent.SlurmAgent.node_now` sees it, :func:`flexmig.plan.reregistration.choose`, the
-  reservation's start from :func:`flexmig.plan.reregistration.close_in_s`; then commit, move earlier, abandon or
-  carry out, as the agent does;
+* flexmig: every ``ROUND_S`` (the testbed's ``interval_s``) a round of :class:`flexmig.slurm.agent.SlurmAgent` in
+  mode act, on the agent's own pure code: :func:`flexmig.plan.reregistration.choose` on the node as
+  :meth:`~flexmig.slurm.agent.SlurmAgent.node_now` sees it, the reservation's start from
+  :func:`flexmig.plan.reregistration.close_in_s`, and :func:`flexmig.plan.waiting.next_step`, the function the agent
+  acts on, for whether to commit, move earlier, abandon, carry out or wait; the model carries out the step on its
+  own state where the agent calls Slurm;
 * a re-registration closes the empty node for ``REREGISTER_S`` (``bench/slurm_mix.py``'s closed periods: 2.8 s
   median, 3.5 s worst), then the node has its new layout.
 
@@ -65,6 +66,7 @@ from flexmig.plan.reregistration import (
     close_in_s,
 )
 from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
+from flexmig.plan.waiting import Committed, next_step
 from machine import machine
 from slurm_mix import SLICES, MixJob, Run, bound, figures, mix
 
@@ -264,29 +266,22 @@ def agent_round(st: State, pol: Policy) -> None:
         last_change_s=last, committed=st.reservation is not None, recent=recent(st),
     )  # fmt: skip
     v, plan = choice.verdict, choice.plan
-    busy = bool(node.running)
-    if st.reservation is not None:
-        if not changes_instances(plan) or not v.go:
-            st.reservation = None
-            st.log.append((st.t, f"abandoned: {v.reason}"))
-            return
-        if not busy:
-            _change(st, choice.target[0], busy=True, why=v.reason)
-            return
-        start, _ = st.reservation
-        close = close_in_s(node, pol.cost.fixed_s)
-        if st.t < start and st.t + close < start - 2:
-            st.reservation = (st.t + close, st.t + close + DRAIN_TIMEOUT_S)
-            st.log.append((st.t, f"moved earlier by {start - st.t - close:.0f} s"))
-        return
-    if not changes_instances(plan) or not v.go:
-        return
-    if not busy:
-        _change(st, choice.target[0], busy=False, why=v.reason)
-        return
-    close = close_in_s(node, pol.cost.fixed_s)
-    st.reservation = (st.t + close, st.t + close + DRAIN_TIMEOUT_S)
-    st.log.append((st.t, f"committed {choice.target[0].spec()} in {close:.0f} s: {v.reason}"))
+    res = None if st.reservation is None else Committed(*st.reservation)
+    step = next_step(
+        res, changes=changes_instances(plan), go=v.go, busy=any(not h.movable for h in node.running), now_s=st.t,
+        close_in_s=close_in_s(node, pol.cost.fixed_s),
+    )  # fmt: skip
+    if step.kind == "abandon":
+        st.reservation = None
+        st.log.append((st.t, f"abandoned: {v.reason}"))
+    elif step.kind == "change":
+        _change(st, choice.target[0], busy=bool(node.running) or res is not None, why=v.reason)
+    elif step.kind == "earlier" and res is not None:
+        st.reservation = (st.t + step.start_in_s, st.t + step.start_in_s + DRAIN_TIMEOUT_S)
+        st.log.append((st.t, f"moved earlier by {res.start_s - st.t - step.start_in_s:.0f} s"))
+    elif step.kind == "commit":
+        st.reservation = (st.t + step.start_in_s, st.t + step.start_in_s + DRAIN_TIMEOUT_S)
+        st.log.append((st.t, f"committed {choice.target[0].spec()} in {step.start_in_s:.0f} s: {v.reason}"))
 
 
 def _change(st: State, target: Layout, *, busy: bool, why: str) -> None:

@@ -51,6 +51,7 @@ from flexmig.plan.reregistration import (
     choose,
 )
 from flexmig.plan.types import Plan, PlannerSettings
+from flexmig.plan.waiting import ENDING, Committed, next_step
 from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_down, admin_hold, encode_change
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, read_demand, request_name
@@ -434,11 +435,17 @@ class SlurmAgent:
         mine = read.mine
         if mine is not None:
             return await self._committed(read, mode, plan, v, mine)
-        if not changes_instances(plan) or not v.go or mode != "act":
+        if mode != "act":
             return SlurmRound(read, plan, v)
-        if not read.busy:
+        step = next_step(
+            None, changes=changes_instances(plan), go=v.go, busy=read.busy, now_s=read.now_s,
+            close_in_s=_close_at(read, self.cost.fixed_s),
+        )  # fmt: skip
+        if step.kind == "change":
             return await self._change(read, plan, v)
-        return await self._commit(read, plan, v)
+        if step.kind == "commit":
+            return await self._commit(read, plan, v, step.start_in_s)
+        return SlurmRound(read, plan, v)
 
     def _remember(self, read: SlurmRead) -> None:
         """Note the GPU demand of every job seen waiting for or running on the node (by submission time), for the
@@ -547,31 +554,37 @@ class SlurmAgent:
         """A change waits (flexmig's reservation exists): abandon it, move it earlier, or carry it out."""
         if mode != "act":
             return SlurmRound(read, plan, v, note=f"a change waits in reservation {mine.name}; mode {mode} leaves it")
-        if not changes_instances(plan) or not v.go:
+        step = next_step(
+            Committed(mine.start_s, mine.end_s, started=mine.active(read.now_s)),
+            changes=changes_instances(plan), go=v.go, busy=read.busy, now_s=read.now_s,
+            close_in_s=_close_at(read, self.cost.fixed_s),
+        )  # fmt: skip
+        if step.kind == "abandon":
             await self.client.delete_reservation(mine.name)
             self._waiting = False
             why = f"its demand is gone: {v.reason}"
             return SlurmRound(
                 read, plan, v, note=f"change abandoned: {why}", events=(("change_abandoned", {"reason": why}),)
             )
-        if not read.busy:
+        if step.kind == "change":
             return await self._change(read, plan, v)
-        if mine.active(read.now_s) and read.now_s >= mine.end_s - 1:
-            return SlurmRound(read, plan, v, note="flexmig's reservation is ending")
-        close_by = _close_at(read, self.cost.fixed_s)
-        if not mine.active(read.now_s) and read.now_s + close_by < mine.start_s - 2:
-            await self.client.move_reservation(mine.name, close_by, self.settings.drain_timeout_s)
-            earlier = mine.start_s - read.now_s - close_by
+        if step.kind == "earlier":
+            start_in = step.start_in_s
+            await self.client.move_reservation(mine.name, start_in, self.settings.drain_timeout_s)
+            earlier = mine.start_s - read.now_s - start_in
             return SlurmRound(
                 read, plan, v, note=f"jobs ended early: the change moves {earlier:.0f} s earlier",
-                events=(("change_waiting", {"reason": v.reason, "start_in_s": round(close_by, 1)}),),
+                events=(("change_waiting", {"reason": v.reason, "start_in_s": round(start_in, 1)}),),
             )  # fmt: skip
+        if step.reason == ENDING:
+            return SlurmRound(read, plan, v, note="flexmig's reservation is ending")
         return SlurmRound(read, plan, v, note=f"a change waits for the node's jobs (reservation {mine.name})")
 
-    async def _commit(self, read: SlurmRead, plan: Plan, v: Verdict) -> SlurmRound:
-        """Commit a change on a busy node: flexmig's reservation from when the node will be empty by its jobs'
-        limits (now, when a job without a limit runs), unless the site-wide limit is reached."""
-        start_in = _close_at(read, self.cost.fixed_s)
+    async def _commit(self, read: SlurmRead, plan: Plan, v: Verdict, start_in: float | None = None) -> SlurmRound:
+        """Commit a change on a busy node: flexmig's reservation from ``start_in`` seconds from now (by default
+        :func:`_close_at`: when the node is expected to be empty), unless the site-wide limit is reached."""
+        if start_in is None:
+            start_in = _close_at(read, self.cost.fixed_s)
         duration = self.settings.drain_timeout_s
         limit = self.settings.max_closed_nodes
         if limit > 0:
