@@ -29,6 +29,7 @@ from flexmig.act.journal import Journal
 from flexmig.act.records import JobRecord, Slot
 from flexmig.jobspec.spec import JobPolicy, parse_job_spec
 from support.flexmigd import ActNode, short_base
+from support.hostile import scratch_user
 from support.jobs import kill_ranks
 from support.wait import wait_until
 
@@ -43,15 +44,8 @@ SIM = "h200x1:1g.18gb@0"
 @pytest.fixture
 def intruder() -> Iterator[pwd.struct_passwd]:
     """A fresh unprivileged user, removed after the test."""
-    name = f"fmx{uuid.uuid4().hex[:8]}"
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True, timeout=60)
+    with scratch_user("fmx") as user:
+        yield user
 
 
 @pytest.fixture
