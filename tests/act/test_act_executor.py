@@ -22,16 +22,12 @@ from typing import Any
 import psutil
 import pytest
 
-from flexmig import sim
-from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
-from flexmig.act.service import Actuator
+from flexmig.config import Mode
 from flexmig.errors import FlexmigError, PlanRejectedError
-from flexmig.jobspec import JobPolicy
 from flexmig.mig import H200
-from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import DestroyInstance, Instance, MigrateJob, Plan
-from support.jobs import kill_ranks
+from support.simact import SimActuator
 from support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -42,67 +38,18 @@ P1G = H200.profile("1g.18gb")
 P2G = H200.profile("2g.35gb")
 
 
-class Rig:
+class Rig(SimActuator):
     """A simulated node with the actuator on it, in this process."""
 
     def __init__(
         self,
         base: Path,
         spec: str,
-        mode: str = "act",
+        mode: Mode = "act",
         on_step: Callable[[StepEvent], None] | None = None,
         ack_dir: Path | None = None,
     ) -> None:
-        self.ack_dir = ack_dir
-        self.base = base
-        self.spec = spec
-        self.mode = mode
-        self.on_step = on_step
-        self.events = MemorySink()
-
-    async def __aenter__(self) -> Rig:
-        self.node = sim.install(self.spec, state_path=self.base / "sim.json")
-        self.nvml = Nvml.open()
-        self.offload = NvmlWorker()
-        self.act = self._build()
-        await self.act.start()
-        return self
-
-    def _build(self) -> Actuator:
-        return Actuator.build(
-            mode=self.mode,  # type: ignore[arg-type]
-            nvml=self.nvml,
-            offload=self.offload.call,
-            devices=sim.SimProcessTable(self.node),
-            journal_path=self.base / "journal.sqlite3",
-            logs_dir=self.base / "logs",
-            policy=JobPolicy((self.base,)),
-            events=self.events,
-            on_step=self.on_step,
-            ack_dir=self.ack_dir,
-            poll_s=0.01,
-            resend_s=0.3,
-            term_grace_s=3.0,
-        )
-
-    async def restart(self) -> dict[str, Any]:
-        """Drop the actuator without touching its jobs (as a crash would), build a new one, reconcile."""
-        await self.act.executor.close()
-        await self.act.supervisor.close()
-        self.act.journal.close()
-        self.act = self._build()
-        return await self.act.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            for rec in self.act.journal.jobs():
-                await self.act.supervisor.terminate(rec.name, 3.0)
-        finally:
-            await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
-            await self.act.close()
-            self.offload.shutdown()
-            self.nvml.close()
-            sim.uninstall()
+        super().__init__(base, spec, mode=mode, on_step=on_step, ack_dir=ack_dir)
 
     # ------------------------------------------------------------------------------------------- helpers
     def job(
@@ -141,9 +88,6 @@ class Rig:
         path.write_text(text + extra)
         path.chmod(0o644)
         return path
-
-    async def call(self, op: str, **args: Any) -> Any:
-        return await self.act.jobs.handlers()[op](args)
 
     def log(self, name: str = "counter") -> list[dict[str, Any]]:
         p = self.base / f"{name}.ckpt" / f"{name}.log"
@@ -355,7 +299,7 @@ def test_a_job_that_finishes_is_done_and_one_whose_rank_crashes_is_failed_with_i
 
 # ---------------------------------------------------------------------------------------- safety rules
 @pytest.mark.parametrize("mode", ["observe", "advise"])
-def test_observe_and_advise_never_act(base: Path, mode: str) -> None:
+def test_observe_and_advise_never_act(base: Path, mode: Mode) -> None:
     async def scenario() -> None:
         async with Rig(base, "h200:1g.18gb@0", mode=mode) as rig:
             with pytest.raises(PlanRejectedError, match=f"mode is '{mode}'") as err:

@@ -20,13 +20,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flexmig import sim
 from flexmig.act.control import ControlServer
 from flexmig.act.events import MemorySink
-from flexmig.act.service import Actuator
-from flexmig.jobspec import JobPolicy
-from flexmig.nvml import Nvml, NvmlWorker
-from support.jobs import kill_ranks
+from support.simact import SimActuator
 from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,23 +71,9 @@ class LiveNode:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start(self) -> None:
-        self.node = sim.install(self.spec, state_path=self.base / "sim.json")
-        self.nvml = Nvml.open()
-        self.offload = NvmlWorker()
-        self.act = Actuator.build(
-            mode="act",
-            nvml=self.nvml,
-            offload=self.offload.call,
-            devices=sim.SimProcessTable(self.node),
-            journal_path=self.base / "journal.sqlite3",
-            logs_dir=self.base / "logs",
-            policy=JobPolicy((self.base,)),
-            events=self.events,
-            poll_s=0.01,
-            resend_s=0.3,
-            term_grace_s=3.0,
-        )
-        await self.act.start()
+        self.sim = SimActuator(self.base, self.spec, events=self.events)
+        await self.sim.start()
+        self.node, self.act = self.sim.node, self.sim.act
         self.control: ControlServer = self.act.control_server(self.socket)
         await self.control.start()
         answer = await self.control.dispatch(
@@ -101,16 +83,7 @@ class LiveNode:
         await until(lambda: len(self.act.supervisor.alive(self.job_name)) == self.ranks, what="the job's ranks")
 
     async def _stop(self) -> None:
-        try:
-            for rec in self.act.journal.jobs():
-                await self.act.supervisor.terminate(rec.name, 3.0)
-        finally:
-            await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
-            await self.control.close()
-            await self.act.close()
-            self.offload.shutdown()
-            self.nvml.close()
-            sim.uninstall()
+        await self.sim.stop(before_close=self.control.close)
 
     def write_job(self) -> Path:
         """The spec of the job the rig runs (a checkpointing counter)."""

@@ -1,10 +1,10 @@
 """The actuator on a simulated node, in this process, running jobs that attack it (not a test module).
 
-:class:`Rig` builds the real Actuator (journal, supervisor, executor, jobs API) over the real ``flexmig.nvml`` on the
-simulated library, under a world-traversable base directory; jobs are real processes (``support/hostile_job.py``,
-``/usr/bin/yes``, ``/usr/bin/env``) run as the user their spec names. The rig records every background task that
-died (what would stop flexmigd: :data:`flexmig.tasks.FATAL_TASK`) in :attr:`Rig.deaths`. :func:`scratch_user` makes
-an unprivileged user with ``useradd`` and removes it after.
+:class:`Rig` is the real Actuator (journal, supervisor, executor, jobs API) over the real ``flexmig.nvml`` on the
+simulated library (:class:`support.simact.SimActuator`), under a world-traversable base directory; jobs are real
+processes (``support/hostile_job.py``, ``/usr/bin/yes``, ``/usr/bin/env``) run as the user their spec names. The rig
+records every background task that died (what would stop flexmigd: :data:`flexmig.tasks.FATAL_TASK`) in
+:attr:`Rig.deaths`. :func:`scratch_user` makes an unprivileged user with ``useradd`` and removes it after.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from flexmig import sim
 from flexmig.act.events import MemorySink
-from flexmig.act.service import Actuator
-from flexmig.jobspec import JobPolicy
-from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.tasks import FATAL_TASK
-from support.jobs import kill_ranks
+from support.simact import SimActuator
 from support.wait import until
 
 HOSTILE = Path(__file__).resolve().with_name("hostile_job.py")
@@ -60,19 +56,16 @@ def base_dir(prefix: str = "fm-hostile-") -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-class Rig:
+class Rig(SimActuator):
     """``async with Rig(base) as rig:`` the actuator (mode act) on a simulated H200 under ``base``."""
 
     def __init__(
         self, base: Path, spec: str = "h200", *, rank_logs: Any = None, events: MemorySink | None = None
     ) -> None:
-        self.base = base
-        self.spec = spec
-        self.rank_logs = rank_logs
-        self.events = events or MemorySink()
+        super().__init__(base, spec, events=events, rank_logs=rank_logs)
         self.deaths: list[str] = []
 
-    async def __aenter__(self) -> Rig:
+    async def __aenter__(self) -> Self:
         loop = asyncio.get_running_loop()
 
         def handler(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -82,49 +75,7 @@ class Rig:
                 loop.default_exception_handler(context)
 
         loop.set_exception_handler(handler)
-        self.node = sim.install(self.spec, state_path=self.base / "sim.json")
-        self.nvml = Nvml.open()
-        self.offload = NvmlWorker()
-        self.act = self.build()
-        await self.act.start()
-        return self
-
-    def build(self) -> Actuator:
-        """A new actuator on the same journal and node (a restart, when the old one was dropped)."""
-        extra: dict[str, Any] = {} if self.rank_logs is None else {"rank_logs": self.rank_logs}
-        return Actuator.build(
-            mode="act",
-            nvml=self.nvml,
-            offload=self.offload.call,
-            devices=sim.SimProcessTable(self.node),
-            journal_path=self.base / "journal.sqlite3",
-            logs_dir=self.base / "logs",
-            policy=JobPolicy((self.base,)),
-            events=self.events,
-            poll_s=0.01,
-            resend_s=0.3,
-            term_grace_s=3.0,
-            **extra,
-        )
-
-    async def restart(self) -> dict[str, Any]:
-        """Drop the actuator without touching its jobs (as a crash would), build a new one, reconcile."""
-        await self.act.executor.close()
-        await self.act.supervisor.close()
-        self.act.journal.close()
-        self.act = self.build()
-        return await self.act.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            for rec in self.act.journal.jobs():
-                await self.act.supervisor.terminate(rec.name, 3.0)
-        finally:
-            await asyncio.to_thread(kill_ranks, self.base / "journal.sqlite3", base=self.base)
-            await self.act.close()
-            self.offload.shutdown()
-            self.nvml.close()
-            sim.uninstall()
+        return await super().__aenter__()
 
     # ------------------------------------------------------------------------------------------ helpers
     def job(
@@ -155,9 +106,6 @@ class Rig:
     def hostile(self, mode: str, *extra: str, **kw: Any) -> Path:
         """A spec running ``support/hostile_job.py MODE EXTRA...`` (see there) under the system's Python."""
         return self.job([SYSTEM_PYTHON, str(HOSTILE), mode, *extra], **kw)
-
-    async def call(self, op: str, **args: Any) -> Any:
-        return await self.act.jobs.handlers()[op](args)
 
     async def until(self, what: str, pred: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
         """``pred()`` until truthy (:func:`support.wait.until`), naming ``what`` when it is not within the bound."""
