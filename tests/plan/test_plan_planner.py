@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import pytest
 
 from flexmig.errors import PlanRejectedError
-from flexmig.mig import H200, Layout, Profile
+from flexmig.mig import H200
 from flexmig.plan import (
     CreateInstance,
     DestroyInstance,
@@ -26,65 +26,12 @@ from flexmig.plan import (
     StartJob,
     validate_plan,
 )
+from support.plans import P1, P1M, P2, P3, P4, P7, node, req, running
 
-P1 = H200.profile("1g.18gb")
-P1M = H200.profile("1g.35gb")
-P2 = H200.profile("2g.35gb")
-P3 = H200.profile("3g.71gb")
-P4 = H200.profile("4g.71gb")
-P7 = H200.profile("7g.141gb")
 A = TypeVar("A")
 
 # The costs these cases are worked out for: a 50 s move that must gain twice its cost, ten minutes of settling.
 SETTINGS = PlannerSettings(checkpoint_s=20.0, restart_s=30.0, reconfigure_s=2.0, settling_s=600.0, gain_margin=1.0)
-
-
-def req(
-    name: str,
-    profile: Profile,
-    *,
-    t: float = 0.0,
-    runtime: float = 1000.0,
-    ranks: int = 1,
-    elastic: bool = False,
-    movable: bool = True,
-) -> JobRequest:
-    """A queued request; elastic ones may run as 1..7*ranks ranks."""
-    return JobRequest(
-        name,
-        RankNeed(profile=profile.name),
-        ranks=ranks,
-        min_ranks=1 if elastic else ranks,
-        max_ranks=ranks * profile.compute_slices if elastic else ranks,
-        submitted_s=t,
-        expected_runtime_s=runtime,
-        movable=movable,
-    )
-
-
-def node(*gpus: list[tuple[Profile, int]]) -> tuple[Layout, ...]:
-    """Layouts from lists of (profile, start) per GPU."""
-    return tuple(Layout.of(H200, items) for items in gpus)
-
-
-def running(
-    name: str,
-    *instances: tuple[int, int, Profile],
-    remaining: float | None = 10_000.0,
-    last_moved: float | None = -10_000.0,
-    movable: bool = True,
-    nominal: JobRequest | None = None,
-) -> RunningJob:
-    """A running job on ``instances`` ((gpu, start, profile) triples)."""
-    insts = tuple(Instance(g, s, p) for g, s, p in instances)
-    return RunningJob(
-        name,
-        insts,
-        nominal or req(name, insts[0].profile, ranks=len(insts)),
-        movable=movable,
-        last_moved_s=last_moved,
-        remaining_s=remaining,
-    )
 
 
 def plan_for(state: NodeState, settings: PlannerSettings | None = None) -> tuple[Plan, Outcome]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from flexmig.errors import PlanRejectedError
-from flexmig.mig import H200, Layout, Profile
+from flexmig.mig import H200, Profile
 from flexmig.plan import (
     Action,
     CreateInstance,
@@ -20,27 +20,12 @@ from flexmig.plan import (
     Outcome,
     Plan,
     PlannerSettings,
-    RankNeed,
     ResplitJob,
     RunningJob,
     StartJob,
     validate_plan,
 )
-
-P1 = H200.profile("1g.18gb")
-P3 = H200.profile("3g.71gb")
-P4 = H200.profile("4g.71gb")
-P7 = H200.profile("7g.141gb")
-
-
-def req(name: str, profile: Profile, ranks: int = 1, elastic: bool = False) -> JobRequest:
-    return JobRequest(
-        name,
-        RankNeed(profile=profile.name),
-        ranks=ranks,
-        min_ranks=1 if elastic else ranks,
-        max_ranks=7 * ranks if elastic else ranks,
-    )
+from support.plans import P1, P3, P4, P7, node, req, running
 
 
 def state(
@@ -50,20 +35,7 @@ def state(
     now: float = 1000.0,
     **kw: Any,
 ) -> NodeState:
-    return NodeState(
-        H200, tuple(Layout.of(H200, items) for items in layouts), tuple(running), tuple(pending), now, **kw
-    )
-
-
-def run(
-    name: str,
-    *insts: tuple[int, int, Profile],
-    movable: bool = True,
-    last: float = 0.0,
-    nominal: JobRequest | None = None,
-) -> RunningJob:
-    instances = tuple(Instance(g, s, p) for g, s, p in insts)
-    return RunningJob(name, instances, nominal or req(name, instances[0].profile, len(instances)), movable, None, last)
+    return NodeState(H200, node(*layouts), tuple(running), tuple(pending), now, **kw)
 
 
 def check(st: NodeState, *actions: Action, settings: PlannerSettings | None = None) -> Outcome:
@@ -89,7 +61,7 @@ def test_create_at_a_start_the_profile_does_not_allow_is_refused() -> None:
 
 
 def test_destroying_an_instance_a_job_holds_is_refused() -> None:
-    st = state([[(P3, 0)]], running=[run("a", (0, 0, P3))])
+    st = state([[(P3, 0)]], running=[running("a", (0, 0, P3))])
     with pytest.raises(PlanRejectedError, match="held by 'a'"):
         check(st, destroy(0, 0, P3))
 
@@ -136,13 +108,13 @@ def test_rigid_job_may_take_a_larger_instance_but_not_a_smaller_one() -> None:
 
 
 def test_migrating_an_unmovable_job_is_refused() -> None:
-    st = state([[(P3, 0), (P3, 4)]], running=[run("a", (0, 0, P3), movable=False)])
+    st = state([[(P3, 0), (P3, 4)]], running=[running("a", (0, 0, P3), movable=False)])
     with pytest.raises(PlanRejectedError, match="may not be moved"):
         check(st, MigrateJob("a", (Instance(0, 0, P3),), (Instance(0, 4, P3),), "", 50))
 
 
 def test_moving_a_job_inside_the_settling_time_is_refused() -> None:
-    st = state([[(P3, 0), (P3, 4)]], running=[run("a", (0, 0, P3), last=900.0)], now=1000.0)
+    st = state([[(P3, 0), (P3, 4)]], running=[running("a", (0, 0, P3), last_moved=900.0)], now=1000.0)
     move = MigrateJob("a", (Instance(0, 0, P3),), (Instance(0, 4, P3),), "", 50)
     with pytest.raises(PlanRejectedError, match="settling"):
         check(st, move, settings=PlannerSettings(settling_s=600))
@@ -150,24 +122,24 @@ def test_moving_a_job_inside_the_settling_time_is_refused() -> None:
 
 
 def test_migration_onto_an_instance_another_job_holds_is_refused() -> None:
-    st = state([[(P3, 0), (P3, 4)]], running=[run("a", (0, 0, P3)), run("b", (0, 4, P3))])
+    st = state([[(P3, 0), (P3, 4)]], running=[running("a", (0, 0, P3)), running("b", (0, 4, P3))])
     with pytest.raises(PlanRejectedError, match="held by 'b'"):
         check(st, MigrateJob("a", (Instance(0, 0, P3),), (Instance(0, 4, P3),), "", 50))
 
 
 def test_migration_must_name_every_instance_the_job_holds() -> None:
-    st = state([[(P1, 0), (P1, 1), (P1, 2)]], running=[run("a", (0, 0, P1), (0, 1, P1))])
+    st = state([[(P1, 0), (P1, 1), (P1, 2)]], running=[running("a", (0, 0, P1), (0, 1, P1))])
     with pytest.raises(PlanRejectedError, match="exactly the instances"):
         check(st, MigrateJob("a", (Instance(0, 0, P1),), (Instance(0, 2, P1),), "", 50))
 
 
 def test_resplit_changes_the_shape_within_the_elastic_range() -> None:
     nominal = req("a", P7, elastic=True)
-    st = state([[(P7, 0)], [(P1, s) for s in range(7)]], running=[run("a", (0, 0, P7), nominal=nominal)])
+    st = state([[(P7, 0)], [(P1, s) for s in range(7)]], running=[running("a", (0, 0, P7), nominal=nominal)])
     to = tuple(Instance(1, s, P1) for s in range(7))
     out = check(st, ResplitJob("a", 7, P1, (Instance(0, 0, P7),), to, "", 50))
     assert out.holds["a"] == to
-    rigid = state([[(P7, 0)], [(P1, s) for s in range(7)]], running=[run("b", (0, 0, P7))])
+    rigid = state([[(P7, 0)], [(P1, s) for s in range(7)]], running=[running("b", (0, 0, P7))])
     with pytest.raises(PlanRejectedError, match="may not run as 7x1g"):
         check(rigid, ResplitJob("b", 7, P1, (Instance(0, 0, P7),), tuple(Instance(1, s, P1) for s in range(7)), "", 50))
 
