@@ -139,18 +139,7 @@ class InstanceCalls(_Base):
         self._privileged()  # nvml.h: "Requires privileged user."
         profile = self._profile_by_id(gpu, _int(profile_id))
         count = _out(count_ref)
-        starts = profile.starts
-        if placements is None:
-            count.value = len(starts)
-            return _SUCCESS
-        if count.value < len(starts):
-            count.value = len(starts)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, s in enumerate(starts):
-            placements[i].start = s
-            placements[i].size = profile.memory_slices
-        count.value = len(starts)
-        return _SUCCESS
+        return _fill_placements(placements, count, profile.starts, profile.memory_slices)
 
     @_entry
     def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: Any, ref: Any) -> int:
@@ -273,19 +262,8 @@ class InstanceCalls(_Base):
     ) -> int:
         gi = self._gi(handle)
         shape = self._state.ci_shape(gi, _int(profile_id))
-        starts = shape.starts
         count = _out(count_ref)
-        if placements is None:
-            count.value = len(starts)
-            return _SUCCESS
-        if count.value < len(starts):
-            count.value = len(starts)
-            return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, s in enumerate(starts):
-            placements[i].start = s
-            placements[i].size = shape.span
-        count.value = len(starts)
-        return _SUCCESS
+        return _fill_placements(placements, count, shape.starts, shape.span)
 
     @_entry
     def nvmlGpuInstanceCreateComputeInstance(self, handle: Any, profile_id: Any, ref: Any) -> int:
@@ -352,3 +330,19 @@ class InstanceCalls(_Base):
     @_entry
     def nvmlComputeInstanceGetInfo(self, handle: Any, ref: Any) -> int:
         return self._ci_info(handle, ref)
+
+
+def _fill_placements(placements: Any, count: Any, starts: tuple[int, ...], size: int) -> int:
+    """Answer a possible-placements call: with no array, or one shorter than ``count`` says, only the number needed
+    (``INSUFFICIENT_SIZE`` for the short one); otherwise each start with ``size`` slices, and their number."""
+    if placements is None:
+        count.value = len(starts)
+        return _SUCCESS
+    if count.value < len(starts):
+        count.value = len(starts)
+        return int(N.NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, s in enumerate(starts):
+        placements[i].start = s
+        placements[i].size = size
+    count.value = len(starts)
+    return _SUCCESS
