@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _MHZ = 1_000_000.0
 
@@ -251,17 +252,25 @@ _GPU_VALUES: tuple[tuple[str, Callable[[GpuSnapshot], float | None]], ...] = (
 """Each per-GPU value family and how to read it off a GPU (None: no series)."""
 
 
-def _gpu_families(snap: Snapshot, out: Writer) -> None:
-    # The families in catalogue order, each with every GPU's series; a family this detail leaves out is skipped.
-    gpus = [(gpu, gpu_label_set(snap, gpu, out)) for gpu in snap.gpus]
-    for name, read in _GPU_VALUES:
+def _value_families(
+    out: Writer, table: Sequence[tuple[str, Callable[[_T], float | None]]], rows: Sequence[tuple[_T, LabelSet]]
+) -> None:
+    """The value families of ``table`` in its order, each with a series for every row (a GPU or an instance, with
+    its labels) whose value is not None; a family this detail leaves out is skipped."""
+    for name, read in table:
         fam = out.family(name)
         if fam is None:
             continue
-        for gpu, labels in gpus:
-            value = read(gpu)
+        for item, labels in rows:
+            value = read(item)
             if value is not None:
                 fam.add(labels, value)
+
+
+def _gpu_families(snap: Snapshot, out: Writer) -> None:
+    # The families in catalogue order, each with every GPU's series; a family this detail leaves out is skipped.
+    gpus = [(gpu, gpu_label_set(snap, gpu, out)) for gpu in snap.gpus]
+    _value_families(out, _GPU_VALUES, gpus)
     fam = out.family("flexmig_gpu_creatable_instances")
     if fam is not None:
         for gpu, labels in gpus:
@@ -309,14 +318,7 @@ def _host_sum(inst: InstanceSnapshot, read: Callable[[HostProcess], float | None
 
 def _instance_families(snap: Snapshot, out: Writer) -> None:
     instances = [(inst, instance_label_set(snap, inst, out)) for gpu in snap.gpus for inst in gpu.instances]
-    for name, read in _INSTANCE_VALUES:
-        fam = out.family(name)
-        if fam is None:
-            continue
-        for inst, labels in instances:
-            value = read(inst)
-            if value is not None:
-                fam.add(labels, value)
+    _value_families(out, _INSTANCE_VALUES, instances)
     fam = out.family("flexmig_mig_activity_source")
     if fam is not None:
         for inst, labels in instances:
