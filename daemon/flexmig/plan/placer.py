@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.narrow import NarrowCase, narrow_case
@@ -28,7 +28,7 @@ from flexmig.plan.scratch import GpuTally, Scratch
 from flexmig.plan.shapes import Shape, speed_of
 from flexmig.plan.types import Instance, JobRequest, PlannerSettings, RankNeed, StartJob
 
-__all__ = ["BasePlacer", "FlexPlacer", "Placed", "rigid"]
+__all__ = ["BasePlacer", "FlexPlacer", "Placed", "PlacerInputs", "rigid"]
 
 Placed = tuple[Shape, tuple[Instance, ...]]
 
@@ -46,35 +46,45 @@ def rigid(request: JobRequest, name: str | None = None) -> JobRequest:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacerInputs:
+    """What one planning pass builds its placer from (the one signature of every placer and placer factory).
+
+    ``weights`` is the demand mix (:func:`flexmig.plan.geometry.demand_weights`). ``ends`` gives the expected end
+    time of each running job (for the head's reservation); jobs without one are assumed to run forever. ``queue``
+    is the pass's queue in order, for placers that lay GPUs out for the jobs still waiting (the strong drain).
+    """
+
+    scratch: Scratch
+    model: GpuModel
+    settings: PlannerSettings
+    weights: tuple[float, ...]
+    now_s: float
+    ends: Mapping[str, float]
+    queue: Sequence[JobRequest] = ()
+
+
 class BasePlacer:
     """What every placer on a :class:`Scratch` shares: starting jobs (narrow ones too), and the head's
     reservation by look-ahead.
 
     Subclasses say where a job fits at its nominal shape or a spread (:meth:`fit_nominal`) and how ranks of one
-    profile are placed (:meth:`place_exact`). ``ends`` gives the expected end time of each running job (for the
-    head's reservation); jobs without one are assumed to run forever. ``queue`` is the pass's queue in order, for
-    placers that lay GPUs out for the jobs still waiting (the strong drain).
+    profile are placed (:meth:`place_exact`). Built from the pass's :class:`PlacerInputs`.
     """
 
     def __init__(
         self,
-        scratch: Scratch,
-        model: GpuModel,
-        settings: PlannerSettings,
+        inputs: PlacerInputs,
         *,
-        weights: tuple[float, ...],
-        now_s: float,
-        ends: Mapping[str, float],
-        queue: Sequence[JobRequest] = (),
         on_start: Callable[[JobRequest, Shape, tuple[Instance, ...]], None] | None = None,
     ) -> None:
-        self.scratch = scratch
-        self.model = model
-        self.settings = settings
-        self.weights = weights
-        self.now_s = now_s
-        self.ends = dict(ends)
-        self.queue = tuple(queue)
+        self.scratch = inputs.scratch
+        self.model = inputs.model
+        self.settings = inputs.settings
+        self.weights = inputs.weights
+        self.now_s = inputs.now_s
+        self.ends = dict(inputs.ends)
+        self.queue = tuple(inputs.queue)
         self.on_start = on_start
         self._nominal_start: dict[tuple[int, int], float] = {}
         self._open: GpuTally | None = None

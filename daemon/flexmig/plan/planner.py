@@ -27,7 +27,7 @@ own placers and no stage that makes room, so the published comparisons cannot dr
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from flexmig.errors import PlanRejectedError
@@ -35,7 +35,7 @@ from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.geometry import Geometry, demand_weights
 from flexmig.plan.grow import Grower, MoveBook
 from flexmig.plan.moves import Mover
-from flexmig.plan.placer import BasePlacer, FlexPlacer
+from flexmig.plan.placer import BasePlacer, FlexPlacer, PlacerInputs
 from flexmig.plan.queue import Reservation, admit
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, speed_of
@@ -48,17 +48,7 @@ __all__ = ["MakeRoom", "MakeRoomFactory", "PlacerFactory", "Planner", "nominal_d
 class PlacerFactory(Protocol):
     """Builds the pass's placer on its scratch (a :class:`~flexmig.plan.placer.BasePlacer` subclass is one)."""
 
-    def __call__(
-        self,
-        scratch: Scratch,
-        model: GpuModel,
-        settings: PlannerSettings,
-        *,
-        weights: tuple[float, ...],
-        now_s: float,
-        ends: Mapping[str, float],
-        queue: Sequence[JobRequest] = (),
-    ) -> BasePlacer:
+    def __call__(self, inputs: PlacerInputs) -> BasePlacer:
         """The placer for one planning pass."""
         ...
 
@@ -152,7 +142,15 @@ class Planner:
         queue = tuple(sorted(state.pending, key=lambda r: r.submitted_s))  # stable: equal times keep input order
         ends = {run.name: now + run.remaining_s for run in state.running if run.remaining_s is not None}
         placer = self.placer(
-            scratch, self.model, settings, weights=self._weights(state), now_s=now, ends=ends, queue=queue
+            PlacerInputs(
+                scratch=scratch,
+                model=self.model,
+                settings=settings,
+                weights=self._weights(state),
+                now_s=now,
+                ends=ends,
+                queue=queue,
+            )
         )
         book = MoveBook(settings, {j.name: j for j in state.running}, now)
         mover = None if self.make_room is None else self.make_room(scratch, placer, book)

@@ -23,15 +23,15 @@ back, by the same rules as flex (:mod:`flexmig.plan.placer`, :mod:`flexmig.plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.catalogue import Profile
 from flexmig.mig.layout import Layout
 from flexmig.plan.geometry import Geometry, LayoutKey
-from flexmig.plan.placer import BasePlacer, Placed
+from flexmig.plan.placer import BasePlacer, Placed, PlacerInputs
 from flexmig.plan.scratch import Scratch
 from flexmig.plan.shapes import Shape, covers
-from flexmig.plan.types import Instance, JobRequest, PlannerSettings
+from flexmig.plan.types import Instance, JobRequest
 
 __all__ = ["DrainFirstFitPlacer", "DrainPlacer", "StaticPlacer", "target_layout"]
 
@@ -143,18 +143,8 @@ class StaticPlacer(BasePlacer):
 class DrainPlacer(BasePlacer):
     """Strong drain: free instances on busy GPUs; else an idle GPU re-laid out for the waiting jobs."""
 
-    def __init__(
-        self,
-        scratch: Scratch,
-        model: GpuModel,
-        settings: PlannerSettings,
-        *,
-        weights: tuple[float, ...],
-        now_s: float,
-        ends: Mapping[str, float],
-        queue: Sequence[JobRequest] = (),
-    ) -> None:
-        super().__init__(scratch, model, settings, weights=weights, now_s=now_s, ends=ends, queue=queue)
+    def __init__(self, inputs: PlacerInputs) -> None:
+        super().__init__(inputs)
         self._started_names: set[str] = set()
         self._targets: dict[tuple[object, ...], Layout] = {}
 

@@ -24,7 +24,7 @@ from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
 from flexmig.plan.geometry import demand_weights
-from flexmig.plan.placer import BasePlacer
+from flexmig.plan.placer import BasePlacer, PlacerInputs
 from flexmig.plan.planner import Planner
 from flexmig.plan.queue import Reservation, admit
 from flexmig.plan.scratch import Scratch
@@ -152,7 +152,11 @@ class LayoutManager:
             base = self._initial if self.policy == "static" else empty
             scratch = Scratch(self.geometry, base, {}, self.settings)
             weights = demand_weights(self.geometry, {})
-            placer = self.planner.placer(scratch, self.model, self.settings, weights=weights, now_s=0.0, ends={})
+            placer = self.planner.placer(
+                PlacerInputs(
+                    scratch=scratch, model=self.model, settings=self.settings, weights=weights, now_s=0.0, ends={}
+                )
+            )
             got = placer.fit(scratch, job, scratch.usable_gpus(), "probe") is not None
             self._placeable[key] = got
         return got
