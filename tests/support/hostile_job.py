@@ -57,7 +57,9 @@ def main() -> int:
         pid = os.fork()
         if pid == 0:
             os.setsid()
-            (Path(os.environ["FLEXMIG_CHECKPOINT_DIR"]).parent / "stray.pid").write_text(str(os.getpid()))
+            out = Path(os.environ["FLEXMIG_CHECKPOINT_DIR"]).parent / "stray.pid"
+            (tmp := out.with_suffix(".tmp")).write_text(str(os.getpid()))
+            tmp.rename(out)  # whole: the test reads it as soon as it exists
             if mode == "stray-clean":
                 os.execve("/bin/sleep", ["sleep", "600"], {})
             while True:  # lingers until the job is stopped (SIGKILL), as an escaped child does
