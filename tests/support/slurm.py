@@ -360,6 +360,7 @@ class SlurmDaemon:
         slurm_keys: str = "",
         node_per_gpu: bool = False,
         wait_registered: bool = True,
+        start: bool = True,
     ) -> None:
         node_spec = parse_node_spec(spec)
         self.spec = spec
@@ -371,6 +372,7 @@ class SlurmDaemon:
         self.gpus = node_spec.count
         self.node_per_gpu = node_per_gpu
         self.wait_registered = wait_registered
+        self.start_at_enter = start
         self.port_base = free_ports(node_spec.count) if node_per_gpu else 0
         self.paths = self.testbed.paths
         self.node = node
@@ -381,6 +383,12 @@ class SlurmDaemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> SlurmDaemon:
+        if self.start_at_enter:
+            self.start()
+        return self
+
+    def start(self) -> None:
+        """Prepare the testbed, start munged and slurmctld, then flexmigd (everything stopped again on failure)."""
         try:
             self.testbed.prepare(render_taskprolog(self.testbed.map_path, sys.executable))
             self.testbed.start()
@@ -388,7 +396,6 @@ class SlurmDaemon:
         except BaseException:
             self.__exit__()
             raise
-        return self
 
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""

@@ -297,6 +297,8 @@ class Testbed:
     cpus: int = 16
     node_per_gpu: bool = False
     """One dynamic node per GPU (``<node>-gpu<K>``, Slurm 23.11 and later): flexmigd's ``[slurm] node_per_gpu``."""
+    hook_prefix: tuple[str, ...] = ()
+    """Words put before the slurmd hook command (a test's wrapper around the stand-in)."""
     partition: str = "mig"
     commands: SlurmCommands = field(default_factory=SlurmCommands)
     ctld_port: int = 0
@@ -512,7 +514,7 @@ class Testbed:
         """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
         slurmd = ["--slurmd", self.commands.path("slurmd")] if self.commands.bin_dir is not None else []
         pid = self.paths.slurmd_pid("{node}" if self.node_per_gpu else self.node)
-        return [python(), "-m", "flexmig.slurm.standin", "--pid-file", str(pid), *slurmd]
+        return [*self.hook_prefix, python(), "-m", "flexmig.slurm.standin", "--pid-file", str(pid), *slurmd]
 
     @property
     def map_path(self) -> Path:
