@@ -135,19 +135,29 @@ class Claims:
         self._by_job = {job: c for job, c in self._by_job.items() if c[1] > now}
         return frozenset(job for job, (owner, _) in self._by_job.items() if owner != node)
 
-    def update(self, node: str, rnd: SlurmRound) -> None:
-        """After ``node``'s round: claim what its change serves, or drop its claims when it abandoned its change."""
-        if any(what == "change_abandoned" for what, _ in rnd.events):
+    def update(self, node: str, served: Sequence[str], *, acting: bool, abandoned: bool = False) -> None:
+        """After ``node``'s round: claim the jobs its change serves (``served``) when it carried out, committed or
+        keeps a change (``acting``); drop its claims when it abandoned its change."""
+        if abandoned:
             self._by_job = {job: c for job, c in self._by_job.items() if c[0] != node}
             return
-        v, read = rnd.verdict, rnd.read
-        if v is None or read is None or not v.go or not changes_instances(rnd.plan):
-            return
-        acted = rnd.result is not None or read.mine is not None
-        if acted or any(what == "change_waiting" for what, _ in rnd.events):
+        if acting:
             until = self.clock() + self.hold_s
-            for job in v.newly_served:
+            for job in served:
                 self._by_job[job] = (node, until)
+
+    def update_from(self, node: str, rnd: SlurmRound) -> None:
+        """:meth:`update` from what ``node``'s round did: a change carried out, committed (``change_waiting``) or
+        kept (flexmig's reservation exists and the verdict still goes), or abandoned."""
+        v, read = rnd.verdict, rnd.read
+        abandoned = any(what == "change_abandoned" for what, _ in rnd.events)
+        going = v is not None and read is not None and v.go and changes_instances(rnd.plan)
+        acting = going and (
+            rnd.result is not None
+            or (read is not None and read.mine is not None)
+            or any(what == "change_waiting" for what, _ in rnd.events)
+        )
+        self.update(node, v.newly_served if v is not None else (), acting=acting, abandoned=abandoned)
 
     def owners(self) -> set[str]:
         """The GPU nodes that hold a claim now."""
@@ -369,7 +379,7 @@ class SlurmComponent:
                 for agent in self._ordered():
                     agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
                     rnd = await agent.round(mode)
-                    self.claims.update(agent.node, rnd)
+                    self.claims.update_from(agent.node, rnd)
                     done.append((agent, rnd))
                     if rnd.read is not None and rnd.read.demand.running:
                         self._busy.add(agent.node)
