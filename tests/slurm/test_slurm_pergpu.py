@@ -124,3 +124,58 @@ def _config_reads(d: SlurmDaemon) -> int:
     """How many times slurmctld was asked for its configuration (sdiag's REQUEST_BUILD_INFO: ``scontrol show
     config``; while the version is refused flexmigd asks once a round, and nothing else here asks)."""
     return _rpc_count(d, "REQUEST_BUILD_INFO")
+
+
+CRASH_HOOK = """#!/bin/sh
+# Around the slurmd stand-in: when flexmigd first stops GPU 1's slurmd for a change, SIGKILL flexmigd (this hook's
+# parent) first, as a crash right in the middle of that GPU node's re-registration; then do what was asked.
+for verb; do :; done
+if [ -e "{armed}" ] && [ ! -e "{fired}" ] && [ "$FLEXMIG_SLURMD_NODE" = "{node}" ] && [ "$verb" = stop ]; then
+    touch "{fired}"
+    kill -9 "$PPID"
+fi
+exec "$@"
+"""
+
+
+@pytest.mark.skipif(not per_gpu_capable(), reason=f"one dynamic node per GPU needs Slurm 23.11+ ({slurm_version()})")
+def test_a_crash_mid_change_is_finished_at_start_for_the_right_gpu_node() -> None:
+    with SlurmDaemon("h200x2:7g.141gb@0", node_per_gpu=True, start=False) as d:
+        gpu0, gpu1 = "fm-node-gpu0", "fm-node-gpu1"
+        armed, fired = d.base / "crash-armed", d.base / "crash-fired"
+        hook = d.base / "crash-hook.sh"
+        hook.write_text(CRASH_HOOK.format(armed=armed, fired=fired, node=gpu1))
+        hook.chmod(0o755)
+        d.testbed.hook_prefix = (str(hook),)
+        d.start()
+        first = d.testbed.sbatch("-w", gpu0, "--gres=gpu:7g.141gb:1", script=SLEEP)
+        d.wait_state(first, "RUNNING")
+        d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
+        pid0 = _pid(d, gpu0)
+        armed.touch()
+        second = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
+        proc = d.proc
+        assert proc is not None
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # until the hook killed it
+            time.sleep(0.1)
+        assert fired.exists() and proc.returncode == -9, (proc.returncode, d.log()[-2000:])
+        assert d.stop_flexmigd() == -9
+        d.start_flexmigd()  # waits until both GPU nodes are registered and responding
+        d.wait_state(second, "RUNNING")
+        d.wait("the second start reconciled", lambda: len(_reconciled(d)) == 2)  # logged once the action is done
+        reconciled = _reconciled(d)
+        assert "1 unfinished plan(s) run to their end" in reconciled[1], reconciled
+        job = d.job(second)
+        assert job is not None and job.nodes == (gpu1,), job
+        assert d.slurm_node(gpu1).gpu_counts() == {"1g.18gb": 7}
+        node0 = d.slurm_node(gpu0)
+        assert node0.gpu_counts() == {"7g.141gb": 1} and not node0.drained, node0
+        assert _pid(d, gpu0) == pid0  # GPU 0's slurmd ran on through the crash and the recovery
+        again = d.job(first)
+        assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
+
+
+def _reconciled(d: SlurmDaemon) -> list[str]:
+    """flexmigd's lines saying what each start's reconciliation of the journal did."""
+    return [line for line in d.log().splitlines() if "reconciled: journal reconciled" in line]

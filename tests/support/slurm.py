@@ -44,7 +44,7 @@ from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.squeue import SlurmJob
-from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, free_ports, missing_binaries, stop_pid
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
 from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -373,7 +373,6 @@ class SlurmDaemon:
         self.node_per_gpu = node_per_gpu
         self.wait_registered = wait_registered
         self.start_at_enter = start
-        self.port_base = free_ports(node_spec.count) if node_per_gpu else 0
         self.paths = self.testbed.paths
         self.node = node
         self.mqtt_port = mqtt_port
@@ -399,9 +398,7 @@ class SlurmDaemon:
 
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
-        text = self.testbed.flexmigd_config(
-            metrics_port=self.metrics_port, interval_s=self.interval_s, port_base=self.port_base
-        )
+        text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=self.interval_s)
         text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (

@@ -297,6 +297,8 @@ class Testbed:
     cpus: int = 16
     node_per_gpu: bool = False
     """One dynamic node per GPU (``<node>-gpu<K>``, Slurm 23.11 and later): flexmigd's ``[slurm] node_per_gpu``."""
+    gpu_port_base: int = 0
+    """With ``node_per_gpu``: GPU K's slurmd port less K (0: chosen free by :meth:`flexmigd_config`, then kept)."""
     hook_prefix: tuple[str, ...] = ()
     """Words put before the slurmd hook command (a test's wrapper around the stand-in)."""
     partition: str = "mig"
@@ -524,10 +526,12 @@ class Testbed:
     def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0) -> str:
         """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
         (``interval_s`` None: the production default); with ``node_per_gpu`` GPU K's slurmd listens on
-        ``port_base + K``."""
+        ``port_base + K`` (0: the first of as many free ports as GPUs)."""
         p = self.paths
         f = p.flexmig
         who = "{node}" if self.node_per_gpu else self.node
+        if self.node_per_gpu and not port_base:
+            port_base = self.gpu_port_base = self.gpu_port_base or free_ports(self.gpus)  # the same at a restart
         per_gpu = ["node_per_gpu = true", f"slurmd_port_base = {port_base}"] if self.node_per_gpu else []
 
         def q(value: object) -> str:
