@@ -19,6 +19,11 @@ One :meth:`SlurmAgent.round`:
    end early, and carried out (one journalled ``slurm_reregister``, :mod:`flexmig.slurm.change`) as soon as only
    hook jobs, or none, run. A site-wide limit (``[slurm] max_closed_nodes``) bounds how many nodes flexmig closes
    at once.
+
+With ``[slurm] node_per_gpu`` (Slurm 23.11 and later) an agent manages one GPU's dynamic node (``gpu``): only that
+GPU's MIG devices are its GRES, the host's other GPUs are fixed and empty in its forecast, and the pending jobs a
+sibling GPU node's change serves (``taken``, set by :class:`flexmig.wiring.slurm.SlurmComponent`) are left out of
+its queue.
 """
 
 from __future__ import annotations
