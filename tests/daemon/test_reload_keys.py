@@ -36,6 +36,12 @@ MIG_PARTED = Path(__file__).resolve().parents[1] / "data" / "mig-parted" / "conf
 COMPANIONS: dict[str, dict[str, Any]] = {
     "mqtt.tls": {"mqtt.tls_ca": None, "mqtt.tls_cert": None, "mqtt.tls_key": None},
     "slurm.slurmd_control": {"slurm.slurmd_hook": ("/bin/true",)},
+    "slurm.node_per_gpu": {  # each GPU node needs its own files and unit
+        "slurm.slurmd_pid_file": Path("/run/slurmd-{node}.pid"),
+        "slurm.slurmd_env": Path("/run/flexmig/slurm/slurmd-{node}.env"),
+        "slurm.gres_map": Path("/run/flexmig/slurm/gres-map-{node}.json"),
+        "slurm.slurmd_unit": "slurmd@{node}.service",
+    },
 }
 #: Keys whose other values the generic candidates cannot guess.
 OTHER_VALUES: dict[str, list[Any]] = {

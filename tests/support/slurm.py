@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from flexmig import sim
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
 from flexmig.act.service import Actuator
+from flexmig.errors import SlurmError
 from flexmig.jobspec import JobPolicy
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.nvml import Nvml, NvmlWorker
@@ -40,6 +42,7 @@ from flexmig.slurm.agent import SlurmAgent, SlurmRound
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
 from support.wait import until
@@ -60,6 +63,21 @@ def slurm_bin() -> Path | None:
 def commands() -> SlurmCommands:
     """The Slurm commands the tests use (see :func:`slurm_bin`)."""
     return SlurmCommands(slurm_bin())
+
+
+def slurm_version() -> str:
+    """The version of the Slurm the tests use (``slurmd -V``: ``slurm-wlm 22.05.8``; the commands need a
+    slurm.conf even for ``--version``), '' when it cannot run."""
+    try:
+        res = subprocess.run([commands().path("slurmd"), "-V"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired, SlurmError):  # no Slurm: the tests skip for skip_reason's reason
+        return ""
+    return res.stdout.strip()
+
+
+def per_gpu_capable() -> bool:
+    """True when the tests' Slurm runs one dynamic node per GPU (23.11 and later: ``make slurm-newer``)."""
+    return version_problem(slurm_version()) is None
 
 
 def skip_reason() -> str | None:
@@ -340,12 +358,21 @@ class SlurmDaemon:
         node: str = "fm-node",
         interval_s: float | None = 1.0,
         slurm_keys: str = "",
+        node_per_gpu: bool = False,
+        wait_registered: bool = True,
+        start: bool = True,
     ) -> None:
         node_spec = parse_node_spec(spec)
         self.spec = spec
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
         self.base.chmod(0o755)
-        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node=node, commands=commands())
+        self.testbed = Testbed(
+            self.base, node_spec.model, node_spec.count, node=node, commands=commands(), node_per_gpu=node_per_gpu
+        )
+        self.gpus = node_spec.count
+        self.node_per_gpu = node_per_gpu
+        self.wait_registered = wait_registered
+        self.start_at_enter = start
         self.paths = self.testbed.paths
         self.node = node
         self.mqtt_port = mqtt_port
@@ -355,14 +382,19 @@ class SlurmDaemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> SlurmDaemon:
+        if self.start_at_enter:
+            self.start()
+        return self
+
+    def start(self) -> None:
+        """Prepare the testbed, start munged and slurmctld, then flexmigd (everything stopped again on failure)."""
         try:
-            self.testbed.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
+            self.testbed.prepare(render_taskprolog(self.testbed.map_path, sys.executable))
             self.testbed.start()
             self.start_flexmigd()
         except BaseException:
             self.__exit__()
             raise
-        return self
 
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
@@ -382,7 +414,16 @@ class SlurmDaemon:
         ]  # fmt: skip
         with (self.paths.log / "flexmigd.log").open("ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env())
-        self.wait("the node registered", lambda: (n := self.slurm_node()) is not None and n.responding)
+        if not self.wait_registered:
+            return
+        names = [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
+        for name in names:
+            self.wait(f"node {name} registered", functools.partial(self.responding, name))
+
+    def responding(self, name: str) -> bool:
+        """True when Slurm lists node ``name``, responding."""
+        node = self.slurm_node(name)
+        return node is not None and bool(node.responding)
 
     def stop_flexmigd(self) -> int | None:
         """SIGTERM flexmigd and wait (bounded); its exit status."""
@@ -432,9 +473,9 @@ class SlurmDaemon:
         """A Slurm client on this testbed."""
         return SlurmClient(self.testbed.slurm_commands())
 
-    def slurm_node(self) -> Any:
-        """Slurm's record of the node (None when not registered)."""
-        return asyncio.run(self.client().node(self.node))
+    def slurm_node(self, name: str | None = None) -> Any:
+        """Slurm's record of the node (or of node ``name``; None when not registered)."""
+        return asyncio.run(self.client().node(name or self.node))
 
     def job(self, job_id: int) -> SlurmJob | None:
         """Slurm's record of job ``job_id``."""

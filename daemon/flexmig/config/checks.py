@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key
 from flexmig.config.problems import show, type_name
-from flexmig.config.schema import Config, toml_name
+from flexmig.config.schema import Config, SlurmConfig, toml_name
 
 __all__ = ["Checker", "cross_check_problems", "cross_checks"]
 
@@ -295,6 +295,20 @@ def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         yield ("slurm.slurmd_conf",), "leave Gres= out: flexmig sets it from the node's MIG instances"
     if sl.enabled and sl.gres_map.parent == Path("/"):
         yield ("slurm.gres_map",), "put the map in a directory of its own, not in /"
+    if any(w.split("=", 1)[0].lower() == "port" for w in words) and sl.node_per_gpu:
+        yield ("slurm.slurmd_conf",), "leave Port= out with node_per_gpu: each GPU node's is slurmd_port_base + K"
+    if sl.node_per_gpu:
+        yield from _per_gpu_checks(sl)
+
+
+def _per_gpu_checks(sl: SlurmConfig) -> Iterator[tuple[tuple[str, ...], str]]:
+    """With ``node_per_gpu`` every GPU node needs its own pid file, environment file, GRES map and unit."""
+    named = {"slurmd_pid_file": str(sl.slurmd_pid_file), "slurmd_env": str(sl.slurmd_env), "gres_map": str(sl.gres_map)}
+    if sl.slurmd_control == "systemd":
+        named["slurmd_unit"] = sl.slurmd_unit
+    for key, value in named.items():
+        if "{node}" not in value:
+            yield (f"slurm.{key}",), "must contain {node} with node_per_gpu: each GPU node's slurmd needs its own"
 
 
 def _check_url(url: str) -> str | None:

@@ -523,7 +523,8 @@ class SlurmConfig:
     )
     gres_map: Path = _doc(
         Path("/run/flexmig/slurm/gres-map.json"),
-        "Where flexmig writes each GRES index's MIG UUID for its TaskProlog (flexmig slurm taskprolog --map).",
+        "Where flexmig writes each GRES index's MIG UUID for its TaskProlog (flexmig slurm taskprolog --map); "
+        "{node} is the node's name (the TaskProlog fills it in from SLURMD_NODENAME).",
         restart=True,
     )
     dev_dir: Path = _doc(
@@ -534,7 +535,8 @@ class SlurmConfig:
     )
     slurmd_pid_file: Path = _doc(
         Path("/run/slurmd.pid"),
-        "slurmd's pid file (SlurmdPidFile of slurm.conf): whether slurmd runs, stopped cleanly or crashed.",
+        "slurmd's pid file (SlurmdPidFile of slurm.conf): whether slurmd runs, stopped cleanly or crashed; {node} "
+        "is the node's name (slurm.conf's %n).",
         restart=True,
     )
     slurmd_control: str = _doc(
@@ -546,20 +548,22 @@ class SlurmConfig:
         restart=True,
     )
     slurmd_unit: str = _doc(
-        "slurmd.service", "slurmd's systemd unit (slurmd_control = systemd).", pattern=r"[A-Za-z0-9@_.:-]{1,128}",
+        "slurmd.service", "slurmd's systemd unit (slurmd_control = systemd); {node} is the node's name.",
+        pattern=r"[A-Za-z0-9@_.:{}-]{1,128}",
         restart=True,
     )  # fmt: skip
     slurmd_hook: tuple[str, ...] = _doc(
         (),
         "The command (argv, no shell) that starts, stops or restarts slurmd (slurmd_control = hook); it gets the "
-        "verb as its last argument and FLEXMIG_SLURMD_ENV, FLEXMIG_SLURMD_NODE, FLEXMIG_SLURMD_CONF.",
+        "verb as its last argument and FLEXMIG_SLURMD_ENV, FLEXMIG_SLURMD_NODE, FLEXMIG_SLURMD_CONF; {node} in a "
+        "word is the node's name.",
         example='["/usr/local/sbin/slurmd-ctl"]',
         restart=True,
     )
     slurmd_env: Path = _doc(
         Path("/run/flexmig/slurm/slurmd.env"),
         "The environment file flexmig writes for slurmd's unit: FLEXMIG_SLURMD_NODE and FLEXMIG_SLURMD_CONF (the "
-        "slurmd -Z --conf value with Gres=).",
+        "slurmd -Z --conf value with Gres=); {node} is the node's name.",
         restart=True,
     )
     slurmd_conf: str = _doc(
@@ -567,6 +571,20 @@ class SlurmConfig:
         "The dynamic node's other parameters for slurmd -Z --conf, as KEY=VALUE words (not Gres=, flexmig sets it).",
         pattern=r"\s*([A-Za-z]+=[A-Za-z0-9_.,:@/+-]+\s*)*",
         example="CPUs=64 RealMemory=500000 Feature=mig",
+        restart=True,
+    )
+    node_per_gpu: bool = _doc(
+        False,
+        "Slurm 23.11 and later: one dynamic node per MIG GPU, <node>-gpu<K>, each with its own slurmd (Port= "
+        "slurmd_port_base + K), so a change of one GPU re-registers that GPU's node alone. slurmd_pid_file, "
+        "slurmd_env and gres_map (and slurmd_unit with systemd) then must contain {node}, the GPU node's name.",
+        restart=True,
+    )
+    slurmd_port_base: int = _doc(
+        6830,
+        "With node_per_gpu: GPU K's slurmd listens on this port plus K (its --conf Port=).",
+        lo=1,
+        hi=65535,
         restart=True,
     )
     hook_token: str = _doc(

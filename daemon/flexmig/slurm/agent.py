@@ -19,6 +19,11 @@ One :meth:`SlurmAgent.round`:
    end early, and carried out (one journalled ``slurm_reregister``, :mod:`flexmig.slurm.change`) as soon as only
    hook jobs, or none, run. A site-wide limit (``[slurm] max_closed_nodes``) bounds how many nodes flexmig closes
    at once.
+
+With ``[slurm] node_per_gpu`` (Slurm 23.11 and later) an agent manages one GPU's dynamic node (``gpu``): only that
+GPU's MIG devices are its GRES, the host's other GPUs are fixed and empty in its forecast, and the pending jobs a
+sibling GPU node's change serves (``taken``, set by :class:`flexmig.wiring.slurm.SlurmComponent`) are left out of
+its queue.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -177,9 +182,15 @@ class SlurmAgent:
         slurmd: SlurmdControl | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         mountinfo: Path = Path("/proc/self/mountinfo"),
+        gpu: int | None = None,
     ) -> None:
         self.settings = settings
         self.node = check_node_name(node)
+        self.gpu = gpu
+        """The one GPU this agent's node is (``[slurm] node_per_gpu``), or None: the node is every GPU of the host."""
+        self.taken: frozenset[str] = frozenset()
+        """Pending jobs (request names) a sibling GPU node's change serves: left out of this agent's queue (set by
+        the caller before each round, :class:`flexmig.wiring.slurm.SlurmComponent`)."""
         self.executor = executor
         self.planner_settings = planner
         self.simulated = simulated
@@ -204,6 +215,7 @@ class SlurmAgent:
             settings.mig_minors,
             simulated=simulated,
             hook=hook,
+            gpu=gpu,
         )
         change = ChangeSettings(
             node,
@@ -300,7 +312,8 @@ class SlurmAgent:
         mig_on = {g.index: bool(g.mig_current) for g in read.inventory.gpus}
         for gpu in range(count):
             lay = view.layout(gpu)
-            if lay is None or gpu in view.lost or view.model(gpu) != model or not mig_on.get(gpu):
+            sibling = self.gpu is not None and gpu != self.gpu  # another GPU node's: nothing of it is this node's
+            if sibling or lay is None or gpu in view.lost or view.model(gpu) != model or not mig_on.get(gpu):
                 fixed.add(gpu)
                 layouts.append(Layout.of(model, []))
             else:
@@ -411,7 +424,7 @@ class SlurmAgent:
         if self._waiting and read.mine is None:  # flexmig's reservation ended without its change
             self._closed_at = self.clock()
         self._waiting = read.mine is not None
-        read = self._without_missed(read)
+        read = self._without_missed(_without_taken(read, self.taken))
         self._remember(read)
         problem = await self.setup_problem(read)
         if problem is not None:
@@ -646,6 +659,16 @@ class SlurmAgent:
         if not node.responding:
             return f"node {self.node} is {node.state} and not responding; registering it again with {want}"
         return f"Slurm lists node {self.node} with GPUs {read.registered_as or 'none'}, NVML shows {read.expected}"
+
+
+def _without_taken(read: SlurmRead, taken: frozenset[str]) -> SlurmRead:
+    """The read without the pending jobs in ``taken`` (a sibling GPU node's change serves them)."""
+    d = read.demand
+    if not taken or not any(r.name in taken for r in d.pending):
+        return read
+    pending = tuple(r for r in d.pending if r.name not in taken)
+    jobs = tuple(j for j in d.pending_jobs if request_name(j.job_id) not in taken)
+    return replace(read, demand=SlurmDemand(d.node, pending, jobs, d.running, d.ignored))
 
 
 def _close_by(read: SlurmRead) -> float | None:

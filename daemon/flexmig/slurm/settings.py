@@ -5,14 +5,23 @@ slurmd's pid file where Debian's unit puts it, the driver's MIG minors in ``/pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flexmig.config import SlurmConfig
 
 _DEFAULT = SlurmConfig()  # one set of defaults: the [slurm] table's
 
-__all__ = ["SlurmSettings"]
+__all__ = ["NODE_FIELD", "SlurmSettings", "gpu_node"]
+
+NODE_FIELD = "{node}"
+"""What ``slurmd_pid_file``, ``slurmd_env``, ``gres_map``, ``slurmd_unit`` and ``slurmd_hook``'s words may contain:
+the name of the node they serve (with ``node_per_gpu``, each GPU node's own)."""
+
+
+def gpu_node(node: str, gpu: int) -> str:
+    """The name of GPU ``gpu``'s dynamic node on host node ``node`` (``node_per_gpu``): ``<node>-gpu<K>``."""
+    return f"{node}-gpu{gpu}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +46,9 @@ class SlurmSettings:
     * ``reregister_s``, ``min_interval_s``, ``max_wait_s``: the planner's fixed cost of one re-registration, the
       shortest time between two changes that close a busy node, the longest a served job waits for a commitment;
     * ``probe_s``: how often ``sdiag`` and slurmd's pid file are looked at between two reads of the queue;
-    * ``max_closed_nodes``: the site-wide limit of nodes closed for flexmig at once (0: none).
+    * ``max_closed_nodes``: the site-wide limit of nodes closed for flexmig at once (0: none);
+    * ``node_per_gpu``, ``slurmd_port_base``: one dynamic node per MIG GPU (Slurm 23.11 and later), GPU K's slurmd
+      on port ``slurmd_port_base + K``; :meth:`for_gpu` gives one GPU node's settings.
     """
 
     node: str = ""
@@ -69,3 +80,28 @@ class SlurmSettings:
     max_wait_s: float = _DEFAULT.max_wait_s
     probe_s: float = _DEFAULT.probe_s
     max_closed_nodes: int = _DEFAULT.max_closed_nodes
+    node_per_gpu: bool = _DEFAULT.node_per_gpu
+    slurmd_port_base: int = _DEFAULT.slurmd_port_base
+
+    def for_node(self, node: str, port: int | None = None) -> SlurmSettings:
+        """The settings of the agent of node ``node``: ``{node}`` filled in wherever it appears, and ``Port=port``
+        added to ``slurmd_conf`` (a GPU node's own slurmd port); ``self`` when there is nothing to fill in."""
+        if port is None and not self._templated():
+            return self
+
+        def fill(path: Path) -> Path:
+            return Path(str(path).replace(NODE_FIELD, node))
+
+        return replace(
+            self,
+            slurmd_pid_file=fill(self.slurmd_pid_file),
+            slurmd_env=fill(self.slurmd_env),
+            gres_map=fill(self.gres_map),
+            slurmd_unit=self.slurmd_unit.replace(NODE_FIELD, node),
+            slurmd_hook=tuple(w.replace(NODE_FIELD, node) for w in self.slurmd_hook),
+            slurmd_conf=(*self.slurmd_conf, *((f"Port={port}",) if port is not None else ())),
+        )
+
+    def _templated(self) -> bool:
+        words = (str(self.slurmd_pid_file), str(self.slurmd_env), str(self.gres_map), self.slurmd_unit)
+        return any(NODE_FIELD in w for w in (*words, *self.slurmd_hook))

@@ -18,7 +18,9 @@ Refused, each with one line naming the file or key:
   them would confine nothing real);
 * **per-profile GPU TRES that miss profiles** (``AccountingStorageTRES=gres/gpu:3g.71gb`` without
   ``gres/gpu:1g.18gb``: slurmctld creates TRES only at its start, so jobs on a profile flexmig creates later would
-  not be accounted by type; list every profile of the node's model, or none).
+  not be accounted by type; list every profile of the node's model, or none);
+* **one node per GPU on a Slurm older than 23.11** (``[slurm] node_per_gpu``: a dynamic node takes its own
+  ``Port=`` in ``slurmd --conf`` only since 23.11, so no second slurmd could run on the host).
 
 Pure: texts in, a line out.
 """
@@ -134,3 +136,25 @@ def tres_problem(accounting_tres: str, profiles: Iterable[str]) -> str | None:
         f"AccountingStorageTRES lists GPU types ({', '.join(sorted(listed))}) but not {', '.join(missing)}: jobs on "
         "profiles flexmig creates would not be accounted by type; list every profile of the node's model, or none"
     )
+
+
+PER_GPU_SINCE = (23, 11)
+"""The first Slurm whose dynamic nodes take their own ``Port=`` (SchedMD commit f30e8508b8): one slurmd per GPU."""
+
+
+def version_problem(version: str) -> str | None:
+    """One line when ``[slurm] node_per_gpu`` cannot work on Slurm ``version`` (``scontrol show config``'s
+    ``SLURM_VERSION``, e.g. ``22.05.8``; ``slurm-wlm 24.11.5`` as ``slurmd -V`` prints it is read too)."""
+    words = version.split()
+    text = words[-1] if words else ""
+    parts = text.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return f"[slurm] node_per_gpu needs Slurm 23.11 or later; cannot read Slurm's version from {version!r}"
+    if (major, minor) < PER_GPU_SINCE:
+        return (
+            f"[slurm] node_per_gpu needs Slurm 23.11 or later (a dynamic node's own Port=), this is Slurm {text}: "
+            "set node_per_gpu = false; nothing was changed"
+        )
+    return None

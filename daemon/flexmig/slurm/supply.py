@@ -80,7 +80,8 @@ class Supply:
     """Writes what Slurm and the TaskProlog read about node ``node``.
 
     ``simulated``: the node is flexmig's simulator, so the MIG minors table is rendered (when ``mig_minors`` does
-    not exist yet) and stand-in devices are made under ``dev_dir``.
+    not exist yet) and stand-in devices are made under ``dev_dir``. ``gpu``: the node is that one GPU's (``[slurm]
+    node_per_gpu``): only its MIG devices are the node's; None: every GPU's.
     """
 
     node: str
@@ -90,6 +91,7 @@ class Supply:
     mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
     simulated: bool = False
     hook: dict[str, Any] = field(default_factory=dict)
+    gpu: int | None = None
 
     def minors(self, gpus: int) -> MigMinors:
         """The MIG minors table (the driver's; on a simulated node, ours, written once)."""
@@ -103,7 +105,8 @@ class Supply:
 
     def records(self, inv: Inventory) -> tuple[GresRecord, ...]:
         """The node's MIG devices as gres records (GRES index order)."""
-        return gres_records(inv, self.minors(len(inv.gpus)), str(self.dev_dir))
+        records = gres_records(inv, self.minors(len(inv.gpus)), str(self.dev_dir))
+        return records if self.gpu is None else tuple(r for r in records if r.gpu == self.gpu)
 
     def gres_conf_text(self) -> str:
         """gres.conf's text, read as :meth:`write` would (SlurmError when flexmig may not rewrite it)."""

@@ -5,7 +5,8 @@ Slurm runs the TaskProlog (slurm.conf ``TaskProlog=``) as the job's user before 
 ``export NAME=VALUE`` lines it prints to the task's environment (verified on Slurm 22.05.8). Slurm itself sets
 ``CUDA_VISIBLE_DEVICES`` to the job's GRES *indices* (``0,2``), which CUDA would read as whole GPUs; this script
 maps each index to the ``MIG-<uuid>`` of the instance flexmigd registered at that index, from the map flexmigd
-writes with the node's gres.conf lines, and sets:
+writes with the node's gres.conf lines (a map path with ``{node}`` in it is that node's: ``SLURMD_NODENAME``), and
+sets:
 
 * ``CUDA_VISIBLE_DEVICES=MIG-<uuid>[,MIG-<uuid>...]`` (and ``FLEXMIG_SLURM_GPUS``, the indices it came from);
 * ``FLEXMIG_JOB=slurm-<job id>``, ``FLEXMIG_CHECKPOINT_DIR`` (created, mode 0700), ``FLEXMIG_ACK_PATH`` (in that
@@ -99,13 +100,17 @@ def lines(env: Mapping[str, str], map_path: str = MAP_PATH) -> list[str]:
     indices = _indices(env)
     if not job:
         return out
+    node = env.get("SLURMD_NODENAME")
+    if "{node}" in map_path:  # one map per node on the host ([slurm] node_per_gpu): this task's node's
+        if not node or "/" in node or node.startswith("."):
+            return [f"print flexmig-taskprolog: no usable SLURMD_NODENAME for {map_path}; devices left as they are"]
+        map_path = map_path.replace("{node}", node)
     try:
         doc = _read_json(Path(map_path), _MAP_MAX)
     except FileNotFoundError:
         return [f"print flexmig-taskprolog: no GRES map at {map_path}; CUDA_VISIBLE_DEVICES left as Slurm set it"]
     except (OSError, ValueError) as exc:
         return [f"print flexmig-taskprolog: cannot read {map_path} ({exc}); CUDA_VISIBLE_DEVICES left as Slurm set it"]
-    node = env.get("SLURMD_NODENAME")
     if not isinstance(doc, dict) or doc.get("version") != 1:
         return [f"print flexmig-taskprolog: {map_path} is not a flexmig GRES map of version 1"]
     if node and doc.get("node") not in (None, node):

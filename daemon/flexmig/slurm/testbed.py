@@ -85,6 +85,23 @@ def free_port() -> int:
         return port
 
 
+def free_ports(count: int, tries: int = 50) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (one slurmd per GPU node)."""
+    for _ in range(tries):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise SlurmError(f"found no {count} consecutive free ports on 127.0.0.1")
+
+
 @dataclass(frozen=True, slots=True)
 class TestbedPaths:
     """Where everything of a testbed rooted at ``root`` lives."""
@@ -147,8 +164,12 @@ class TestbedPaths:
         return self.root / "flexmig"
 
     def slurmd_pid(self, node: str) -> Path:
-        """slurmd's pid file for ``node`` (``SlurmdPidFile`` uses ``%n``)."""
+        """slurmd's pid file for ``node`` (``SlurmdPidFile`` uses ``%n``; ``{node}``: flexmig's template of it)."""
         return self.run / f"slurmd-{node}.pid"
+
+    def gres_map(self, node: str) -> Path:
+        """flexmigd's GRES map for ``node`` (``{node}``: one per GPU node, ``[slurm] node_per_gpu``)."""
+        return self.flexmig / ("gres-map.json" if node == "" else f"gres-map-{node}.json")
 
 
 def future_gres(model: GpuModel, gpus: int) -> str:
@@ -274,6 +295,12 @@ class Testbed:
     gpus: int
     node: str = "flexmig-sim"
     cpus: int = 16
+    node_per_gpu: bool = False
+    """One dynamic node per GPU (``<node>-gpu<K>``, Slurm 23.11 and later): flexmigd's ``[slurm] node_per_gpu``."""
+    gpu_port_base: int = 0
+    """With ``node_per_gpu``: GPU K's slurmd port less K (0: chosen free by :meth:`flexmigd_config`, then kept)."""
+    hook_prefix: tuple[str, ...] = ()
+    """Words put before the slurmd hook command (a test's wrapper around the stand-in)."""
     partition: str = "mig"
     commands: SlurmCommands = field(default_factory=SlurmCommands)
     ctld_port: int = 0
@@ -332,6 +359,7 @@ class Testbed:
             p.root / "ctld",
             p.root / "spool",
             p.root / "spool" / self.node,
+            *(p.root / "spool" / f"{self.node}-gpu{k}" for k in range(self.gpus if self.node_per_gpu else 0)),
         ):
             d.mkdir(parents=True, exist_ok=True)
         p.flexmig.chmod(0o700)
@@ -423,7 +451,8 @@ class Testbed:
         jobs left running (slurmstepd outlives slurmd); bounded. Safe to call twice."""
         p = self.paths
         self.cancel_jobs()
-        for pid_file in (p.slurmd_pid(self.node), p.run / "slurmctld.pid", p.munge / "munged.pid"):
+        slurmds = sorted(p.run.glob("slurmd-*.pid")) if p.run.is_dir() else []  # one per GPU node, or the node's
+        for pid_file in (*slurmds, p.run / "slurmctld.pid", p.munge / "munged.pid"):
             pid = _pid_from(pid_file)
             if pid is not None and _alive(pid):
                 stop_pid(pid)
@@ -486,13 +515,24 @@ class Testbed:
     def slurmd_hook(self) -> list[str]:
         """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
         slurmd = ["--slurmd", self.commands.path("slurmd")] if self.commands.bin_dir is not None else []
-        return [python(), "-m", "flexmig.slurm.standin", "--pid-file", str(self.paths.slurmd_pid(self.node)), *slurmd]
+        pid = self.paths.slurmd_pid("{node}" if self.node_per_gpu else self.node)
+        return [*self.hook_prefix, python(), "-m", "flexmig.slurm.standin", "--pid-file", str(pid), *slurmd]
 
-    def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0) -> str:
+    @property
+    def map_path(self) -> Path:
+        """The GRES map flexmigd writes and the TaskProlog reads (``{node}`` in it with ``node_per_gpu``)."""
+        return self.paths.gres_map("{node}" if self.node_per_gpu else "")
+
+    def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0) -> str:
         """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
-        (``interval_s`` None: the production default)."""
+        (``interval_s`` None: the production default); with ``node_per_gpu`` GPU K's slurmd listens on
+        ``port_base + K`` (0: the first of as many free ports as GPUs)."""
         p = self.paths
         f = p.flexmig
+        who = "{node}" if self.node_per_gpu else self.node
+        if self.node_per_gpu and not port_base:
+            port_base = self.gpu_port_base = self.gpu_port_base or free_ports(self.gpus)  # the same at a restart
+        per_gpu = ["node_per_gpu = true", f"slurmd_port_base = {port_base}"] if self.node_per_gpu else []
 
         def q(value: object) -> str:
             return json.dumps(str(value))
@@ -516,17 +556,18 @@ class Testbed:
                 f"conf = {q(p.slurm_conf)}",
                 *([f"bin_dir = {q(self.commands.bin_dir)}"] if self.commands.bin_dir is not None else []),
                 f"gres_conf = {q(p.gres_conf)}",
-                f"gres_map = {q(f / 'gres-map.json')}",
+                f"gres_map = {q(self.map_path)}",
                 f"dev_dir = {q(p.dev)}",
                 f"mig_minors = {q(p.mig_minors)}",
-                f"slurmd_pid_file = {q(p.slurmd_pid(self.node))}",
+                f"slurmd_pid_file = {q(p.slurmd_pid(who))}",
                 'slurmd_control = "hook"',
                 f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
-                f"slurmd_env = {q(f / 'slurmd.env')}",
+                f"slurmd_env = {q(f / ('slurmd.env' if who == self.node else 'slurmd-{node}.env'))}",
                 f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"',
                 f"checkpoint_dir = {q(self.root / 'ckpt' / '{user}' / '{job_id}')}",
                 "hook_settle_s = 5",
                 "reregister_s = 2",
+                *per_gpu,
                 "",
             ]
         )

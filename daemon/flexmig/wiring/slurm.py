@@ -17,6 +17,14 @@
   ``slurm_node`` (slurmd restarted, a change waiting or abandoned, an acknowledgement missed, the node left alone); the
   re-registrations themselves are actions, with the actuator's action events and metrics.
 
+With ``[slurm] node_per_gpu`` (Slurm 23.11 and later) the component runs one agent per MIG GPU, each managing
+the dynamic node ``<node>-gpu<K>`` with its own slurmd, reservation and journalled changes; the journal's
+``slurm_reregister`` actions go to the agent of the node their payload names (also when a crash left one to
+finish at start). Before anything else, a Slurm older than 23.11 is refused with one line. The agents of one round
+run one after the other (GPU nodes with a waiting change first, then idle ones, then by GPU): the pending jobs an
+agent's change serves (carried out, committed or still waiting) are *claimed* for a while and left out of its
+siblings' queues, so two GPU nodes never change for the same job (:class:`Claims`).
+
 On a simulated node the demo workload is off: the node runs Slurm's jobs, and synthetic processes would make the
 actuator refuse to touch the instances they sit on.
 """
@@ -27,11 +35,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.service import Actuator
+from flexmig.act.steps import ActionRun
 from flexmig.config import Config, SlurmConfig
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
@@ -45,13 +55,17 @@ from flexmig.mqtt.slurm_events import (
     reachable_event,
     unreachable_event,
 )
+from flexmig.plan.reregistration import changes_instances
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error
-from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.change import KIND
+from flexmig.slurm.client import SlurmClient, SlurmCommands
+from flexmig.slurm.settings import SlurmSettings, gpu_node
+from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
 
-__all__ = ["SlurmComponent", "slurm_settings"]
+__all__ = ["Claims", "SlurmComponent", "slurm_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +109,64 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         max_wait_s=cfg.max_wait_s,
         probe_s=cfg.probe_s,
         max_closed_nodes=cfg.max_closed_nodes,
+        node_per_gpu=cfg.node_per_gpu,
+        slurmd_port_base=cfg.slurmd_port_base,
     )
 
 
+class Claims:
+    """Which GPU node's change serves which pending job (``[slurm] node_per_gpu``): a job one GPU node claimed is
+    left out of its siblings' queues until the claim lapses.
+
+    A node claims the jobs its verdict newly serves (:attr:`flexmig.plan.reregistration.Verdict.newly_served`) when
+    its round carried out a change, committed one, or keeps a committed one; the claim holds ``hold_s`` after the
+    last round that made it (the job then pends for a few seconds until Slurm starts it on the new instances), and
+    ends at once when the node abandons its change. Jobs no change claims are every GPU node's.
+    """
+
+    def __init__(self, hold_s: float, clock: Callable[[], float]) -> None:
+        self.hold_s = hold_s
+        self.clock = clock
+        self._by_job: dict[str, tuple[str, float]] = {}
+
+    def taken(self, node: str) -> frozenset[str]:
+        """The jobs another GPU node than ``node`` claims now."""
+        now = self.clock()
+        self._by_job = {job: c for job, c in self._by_job.items() if c[1] > now}
+        return frozenset(job for job, (owner, _) in self._by_job.items() if owner != node)
+
+    def update(self, node: str, served: Sequence[str], *, acting: bool, abandoned: bool = False) -> None:
+        """After ``node``'s round: claim the jobs its change serves (``served``) when it carried out, committed or
+        keeps a change (``acting``); drop its claims when it abandoned its change."""
+        if abandoned:
+            self._by_job = {job: c for job, c in self._by_job.items() if c[0] != node}
+            return
+        if acting:
+            until = self.clock() + self.hold_s
+            for job in served:
+                self._by_job[job] = (node, until)
+
+    def update_from(self, node: str, rnd: SlurmRound) -> None:
+        """:meth:`update` from what ``node``'s round did: a change carried out, committed (``change_waiting``) or
+        kept (flexmig's reservation exists and the verdict still goes), or abandoned."""
+        v, read = rnd.verdict, rnd.read
+        abandoned = any(what == "change_abandoned" for what, _ in rnd.events)
+        going = v is not None and read is not None and v.go and changes_instances(rnd.plan)
+        acting = going and (
+            rnd.result is not None
+            or (read is not None and read.mine is not None)
+            or any(what == "change_waiting" for what, _ in rnd.events)
+        )
+        self.update(node, v.newly_served if v is not None else (), acting=acting, abandoned=abandoned)
+
+    def owners(self) -> set[str]:
+        """The GPU nodes that hold a claim now."""
+        return {owner for owner, _ in self._by_job.values()}
+
+
 class SlurmComponent:
-    """The Slurm agent of one daemon, on its actuator (:meth:`attach` is the actuator's ``on_built`` hook)."""
+    """The Slurm agent of one daemon, on its actuator (:meth:`attach` is the actuator's ``on_built`` hook); with
+    ``[slurm] node_per_gpu``, one agent per MIG GPU (:attr:`agents`)."""
 
     name = "slurm"
     restart = False
@@ -124,33 +191,42 @@ class SlurmComponent:
         self.slurm_metrics = SlurmMetrics()
         self.node = host.config.slurm.node or host.config.node(lambda: host.hostname)
         self.factory = EventFactory(host.config.node(lambda: host.hostname))
-        self.agent: SlurmAgent | None = None
+        self.per_gpu = host.config.slurm.node_per_gpu
+        self.agents: dict[int | None, SlurmAgent] = {}
+        """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), else one, under None."""
+        self.claims = Claims(max(60.0, 3 * host.config.slurm.interval_s), clock)
         self.last: SlurmRound | None = None
+        self._act: Actuator | None = None
+        self._client: SlurmClient | None = None
+        self._version_ok = False
+        self._busy: set[str] = set()
         self._failing: str | None = None
         self._failing_since = 0.0
-        self._last_decision: str | None = None
-        self._last_note = ""
-        self._last_node_event: tuple[str, str] | None = None
+        self._last_decision: dict[str, str] = {}
+        self._last_note: dict[str, str] = {}
+        self._last_node_event: dict[str, tuple[str, str]] = {}
         self._wake = asyncio.Event()
+
+    @property
+    def agent(self) -> SlurmAgent | None:
+        """The node's agent (``node_per_gpu``: the first GPU node's), or None before it is made."""
+        return self.agents.get(None) or next(iter(self.agents.values()), None)
 
     # ------------------------------------------------------------------------------------------ wiring
     def attach(self, act: Actuator) -> None:
-        """Make the agent on the actuator's executor (before the journal is reconciled)."""
+        """Make the agent on the actuator's executor (before the journal is reconciled); with ``node_per_gpu``,
+        route ``slurm_reregister`` actions to the agent of their node (made when first needed)."""
         cfg = self.config
         settings = slurm_settings(cfg.slurm)
-        self.agent = SlurmAgent(
-            settings,
-            self.node,
-            executor=act.executor,
-            planner=planner_settings(cfg.planner),
-            simulated=self.simulated(),
-            wall=self.wall,
-            clock=self.clock,
-            on_event=self._job_event,
-        )
+        self._act = act
+        self._client = SlurmClient(SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s))
+        if self.per_gpu:
+            act.executor.add_handler(KIND, self._dispatch)
+        else:
+            self.agents[None] = self._make_agent(act, None)
         log.info(
             "Slurm: node %s, %s, gres.conf block in %s, GRES map %s",
-            self.node,
+            f"{self.node} (one dynamic node per MIG GPU: {gpu_node(self.node, 0)}, ...)" if self.per_gpu else self.node,
             f"partitions {', '.join(settings.partitions)}" if settings.partitions else "the node's own partitions",
             settings.gres_conf,
             settings.gres_map,
@@ -171,16 +247,60 @@ class SlurmComponent:
                     cfg.mode,
                 )
 
+    def _settings_for(self, gpu: int | None, slurm: SlurmConfig) -> tuple[str, SlurmSettings]:
+        """The node name and settings of GPU ``gpu``'s agent (None: the one node's)."""
+        settings = slurm_settings(slurm)
+        if gpu is None:
+            return self.node, settings.for_node(self.node)
+        node = gpu_node(self.node, gpu)
+        return node, settings.for_node(node, port=slurm.slurmd_port_base + gpu)
+
+    def _make_agent(self, act: Actuator, gpu: int | None) -> SlurmAgent:
+        node, settings = self._settings_for(gpu, self.config.slurm)
+        agent = SlurmAgent(
+            settings,
+            node,
+            executor=act.executor,
+            planner=planner_settings(self.config.planner),
+            simulated=self.simulated(),
+            wall=self.wall,
+            clock=self.clock,
+            on_event=lambda kind, detail: self._job_event(kind, detail, node),
+            gpu=gpu,
+        )
+        if self.per_gpu:  # the agent added its own runner: the journal's actions go by their node instead
+            act.executor.add_handler(KIND, self._dispatch)
+        return agent
+
+    def agent_for_gpu(self, gpu: int) -> SlurmAgent:
+        """GPU ``gpu``'s agent (``node_per_gpu``), made the first time."""
+        agent = self.agents.get(gpu)
+        if agent is None:
+            assert self._act is not None, "attach comes first"
+            agent = self.agents[gpu] = self._make_agent(self._act, gpu)
+        return agent
+
+    async def _dispatch(self, run: ActionRun) -> None:
+        """Run a ``slurm_reregister`` action with the agent of the GPU node its payload names."""
+        node = str(run.row.payload.get("node", ""))
+        m = re.fullmatch(re.escape(self.node) + r"-gpu([0-9]{1,4})", node)
+        if m is None:
+            raise SlurmError(
+                f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_gpu flexmig "
+                f"manages {gpu_node(self.node, 0)}, {gpu_node(self.node, 1)}, ...: finish it with node_per_gpu = "
+                "false, or re-register that node by hand"
+            )
+        await self.agent_for_gpu(int(m.group(1))).change.run(run, run.row.payload)
+
     def reload(self, config: Config) -> None:
         """New mode, planner settings and the reloadable ``[slurm]`` keys (the rest need a restart)."""
         self.config = config
-        agent = self.agent
-        if agent is not None:
+        for gpu, agent in self.agents.items():
             agent.planner_settings = planner_settings(config.planner)
-            fresh = slurm_settings(config.slurm)
+            _, fresh = self._settings_for(gpu, config.slurm)
             agent.settings = fresh
             agent.cost = agent.registration_cost(fresh)
-        self._last_decision = None
+        self._last_decision.clear()
         self._wake.set()
 
     # ------------------------------------------------------------------------------------------ component
@@ -210,14 +330,16 @@ class SlurmComponent:
                     await self._wake.wait()
                     woke = True
             self._wake.clear()
-            agent = self.agent
-            if agent is None or self.actuator.act is None or self.actuator.stopping:
+            client = self._client
+            if client is None or (not self.agents and not self.per_gpu):
+                continue
+            if self.actuator.act is None or self.actuator.stopping:
                 continue
             due = woke or loop.time() - last_round >= self.config.slurm.interval_s
             if not due:
                 try:
-                    seen = await agent.client.counters()
-                    due = seen != counters or await agent.slurmd.state() == "crashed"
+                    seen = await client.counters()
+                    due = seen != counters or await self._slurmd_crashed()
                     counters = seen
                 except SlurmError:
                     due = loop.time() - last_round >= self.config.slurm.interval_s
@@ -231,31 +353,78 @@ class SlurmComponent:
             except Exception:  # a bug must not end the daemon; logged with its traceback
                 log.exception("Slurm round failed")
 
+    async def _slurmd_crashed(self) -> bool:
+        for agent in list(self.agents.values()):
+            if await agent.slurmd.state() == "crashed":
+                return True
+        return False
+
     def wake(self) -> None:
         """Run a round soon."""
         self._wake.set()
 
     async def round(self) -> SlurmRound | None:
-        """One round under the action lock; None when Slurm could not be read (logged once, nothing changed)."""
-        agent = self.agent
-        if agent is None:
+        """One round under the action lock (every agent's, one after the other); the last agent's round, or None
+        when Slurm could not be read (logged once, nothing changed) or refuses the setup."""
+        if self._client is None:
             return None
+        done: list[tuple[SlurmAgent, SlurmRound]] = []
+        mode = self.config.mode
         async with self.actuator.action_lock:
             if self.actuator.stopping:
                 return None
-            mode = self.config.mode
             try:
-                rnd = await agent.round(mode)
+                if self.per_gpu and not await self._per_gpu_ready():
+                    return None
+                for agent in self._ordered():
+                    agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
+                    rnd = await agent.round(mode)
+                    self.claims.update_from(agent.node, rnd)
+                    done.append((agent, rnd))
+                    if rnd.read is not None and rnd.read.demand.running:
+                        self._busy.add(agent.node)
+                    elif rnd.read is not None:
+                        self._busy.discard(agent.node)
             except SlurmError as exc:
                 self._unreachable(exc)
                 return None
             except FlexmigError as exc:
                 log.warning("Slurm round: %s", exc)
                 return None
+            finally:
+                for agent, rnd in done:
+                    self._account(agent.node, rnd, mode)
+                self._account_reads([rnd for _, rnd in done])
         self._reachable()
-        self.last = rnd
-        self._account(rnd, mode)
-        return rnd
+        self.last = done[-1][1] if done else None
+        return self.last
+
+    async def _per_gpu_ready(self) -> bool:
+        """``node_per_gpu``: Slurm is 23.11 or later (else one line, and nothing is touched), and there is an
+        agent for every MIG GPU NVML shows."""
+        assert self._client is not None and self._act is not None
+        if not self._version_ok:
+            cfg = await self._client.config()
+            problem = version_problem(cfg.get("SLURM_VERSION", ""))
+            if problem is not None:
+                self._node_event("refused", {"reason": problem}, self.node)
+                return False
+            self._version_ok = True
+        inventory = await self._act.executor.mig.inventory()
+        for g in sorted(inventory.gpus, key=lambda g: g.index):
+            if g.mig_current:
+                self.agent_for_gpu(g.index)
+        return True
+
+    def _ordered(self) -> list[SlurmAgent]:
+        """The agents in the order of a round: GPU nodes whose change has claimed jobs first (they keep them), then
+        those no job ran on at their last read (an idle node changes at once, so it serves a waiting job soonest),
+        then by GPU."""
+        owners = self.claims.owners()
+        return sorted(
+            self.agents.values(),
+            key=lambda a: (a.node not in owners, a.node in self._busy, -1 if a.gpu is None else a.gpu),
+        )
 
     # ------------------------------------------------------------------------------------------ reporting
     def _unreachable(self, exc: SlurmError) -> None:
@@ -276,20 +445,29 @@ class SlurmComponent:
         log.info("Slurm answers again (after %.0f s)", down)
         self._publish(reachable_event(self.factory, self.node, down))
 
-    def _account(self, rnd: SlurmRound, mode: str) -> None:
+    def _account_reads(self, rounds: Sequence[SlurmRound]) -> None:
+        """The gauges of what the round's reads showed (every GPU node's together)."""
+        reads = [r.read for r in rounds if r.read is not None]
+        if not reads:
+            return
+        registered: dict[str, int] = {}
+        for read in reads:
+            for profile, n in read.registered_as.items():
+                registered[profile] = registered.get(profile, 0) + n
+        self.slurm_metrics.read_ok(
+            pending=len({j.job_id for read in reads for j in read.demand.pending_jobs}),
+            running=sum(len(read.demand.running) for read in reads),
+            movable=sum(len(read.demand.movable) for read in reads),
+            in_sync=all(read.in_sync for read in reads),
+            registered=registered,
+        )
+
+    def _account(self, node: str, rnd: SlurmRound, mode: str) -> None:
         read = rnd.read
-        if read is not None:
-            d = read.demand
-            self.slurm_metrics.read_ok(
-                pending=len(d.pending_jobs),
-                running=len(d.running),
-                movable=len(d.movable),
-                in_sync=read.in_sync,
-                registered=read.registered_as,
-            )
-        if rnd.note and rnd.note != self._last_note:
-            log.info("Slurm: %s", rnd.note)
-        self._last_note = rnd.note
+        who = f"{node}: " if self.per_gpu else ""
+        if rnd.note and rnd.note != self._last_note.get(node):
+            log.info("Slurm: %s%s", who, rnd.note)
+        self._last_note[node] = rnd.note
 
         if rnd.result is not None:
             for a in rnd.result.results:
@@ -311,34 +489,35 @@ class SlurmComponent:
         if not changes:
             return
         signature = json.dumps([v.go, changes, list(v.newly_served)])
-        if signature == self._last_decision and rnd.result is None:
+        if signature == self._last_decision.get(node) and rnd.result is None:
             return
-        self._last_decision = signature
-        log.info("Slurm plan (%s): %s; changes: %s", mode, v.reason, ", ".join(changes))
+        self._last_decision[node] = signature
+        log.info("Slurm plan (%s): %s%s; changes: %s", mode, who, v.reason, ", ".join(changes))
         movable = [r.job.job_id for r in read.demand.movable]
-        self._publish(plan_event(self.factory, self.node, mode, v, rnd.plan, checkpoint=movable))
+        self._publish(plan_event(self.factory, node, mode, v, rnd.plan, checkpoint=movable))
 
-    def _job_event(self, kind: str, detail: dict[str, Any]) -> None:
-        """From the agent: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node event."""
+    def _job_event(self, kind: str, detail: dict[str, Any], node: str) -> None:
+        """From the agent of ``node``: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node
+        event."""
         if kind.startswith("slurm_node:"):
-            self._node_event(kind.split(":", 1)[1], detail)
+            self._node_event(kind.split(":", 1)[1], detail, node)
             return
         action = kind.removeprefix("slurm_job_")
         self.slurm_metrics.job_action(action)
         step = detail.get("step")
         log.info("Slurm job %s %s%s", detail.get("slurm_job"), action, f" (checkpoint step {step})" if step else "")
-        self._publish(job_event(self.factory, self.node, kind, detail))
+        self._publish(job_event(self.factory, node, kind, detail))
 
-    def _node_event(self, what: str, detail: dict[str, Any]) -> None:
+    def _node_event(self, what: str, detail: dict[str, Any], node: str) -> None:
         """A ``slurm_node`` event (the same one twice in a row is published once: a node left alone stays so)."""
         key = (what, str(detail.get("reason", "")))
-        if key == self._last_node_event and what in ("left_alone", "refused"):
+        if key == self._last_node_event.get(node) and what in ("left_alone", "refused"):
             return
-        self._last_node_event = key
+        self._last_node_event[node] = key
         if what == "slurmd_restarted":
             self.slurm_metrics.slurmd_restarted()
-        log.info("Slurm node %s: %s: %s", self.node, what, detail.get("reason", ""))
-        self._publish(node_event(self.factory, self.node, what, detail))
+        log.info("Slurm node %s: %s: %s", node, what, detail.get("reason", ""))
+        self._publish(node_event(self.factory, node, what, detail))
 
     def _publish(self, event: Event) -> None:
         if self.mqtt is not None:

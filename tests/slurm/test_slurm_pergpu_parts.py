@@ -1,0 +1,147 @@
+"""The parts of ``[slurm] node_per_gpu`` that need no daemon: the version rule, each GPU node's settings, the
+configuration's checks, a GPU node's gres.conf records, the TaskProlog's per-node map and the claims that keep two
+GPU nodes from changing for one job."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from flexmig.config import parse_config
+from flexmig.errors import ConfigError
+from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
+from flexmig.slurm import taskprolog
+from flexmig.slurm.gresconf import gres_map, gres_records
+from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
+from flexmig.slurm.settings import SlurmSettings, gpu_node
+from flexmig.slurm.sitecheck import version_problem
+from flexmig.slurm.supply import Supply
+from flexmig.wiring.slurm import Claims
+
+
+def _gpu(index: int, items: list[tuple[str, int, int, int]]) -> GpuInfo:
+    """A GPU with instances ``(profile, profile id, start, gi id)``, each with one compute instance."""
+    gis = tuple(GpuInstanceInfo(gi, pid, p, start, 1) for p, pid, start, gi in items)
+    devs = tuple(MigDeviceInfo(i, f"MIG-{index}-{s}", gi, 0, None, None, ()) for i, (_, _, s, gi) in enumerate(items))
+    return GpuInfo(index, f"GPU-{index}", "NVIDIA H200", None, True, True, gis, devs)
+
+
+INV = Inventory(
+    "560",
+    "12",
+    (_gpu(0, [("1g.18gb", 19, 6, 13), ("3g.71gb", 9, 0, 1)]), _gpu(1, [("1g.18gb", 19, 5, 12), ("3g.71gb", 9, 0, 2)])),
+)
+
+PER_GPU = """
+[slurm]
+enabled = true
+node_per_gpu = true
+slurmd_pid_file = "/run/slurmd-{node}.pid"
+slurmd_env = "/run/flexmig/slurm/slurmd-{node}.env"
+gres_map = "/run/flexmig/slurm/gres-map-{node}.json"
+slurmd_unit = "slurmd@{node}.service"
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("22.05.8", False), ("23.02.7", False), ("23.11.0", True), ("24.11.5", True), ("slurm-wlm 24.05.8", True)],
+)
+def test_one_node_per_gpu_needs_slurm_23_11(version: str, ok: bool) -> None:
+    why = version_problem(version)
+    assert (why is None) == ok, why
+    if not ok:
+        assert why is not None and "23.11 or later" in why and version.rsplit(maxsplit=1)[-1] in why
+        assert "set node_per_gpu = false" in why and "\n" not in why
+
+
+def test_an_unreadable_version_is_refused_naming_it() -> None:
+    why = version_problem("")
+    assert why is not None and "cannot read Slurm's version from ''" in why
+
+
+def test_each_gpu_node_gets_its_own_files_unit_hook_and_port() -> None:
+    base = SlurmSettings(
+        slurmd_pid_file=Path("/run/slurmd-{node}.pid"),
+        slurmd_env=Path("/run/fm/slurmd-{node}.env"),
+        gres_map=Path("/run/fm/map-{node}.json"),
+        slurmd_unit="slurmd@{node}.service",
+        slurmd_hook=("/sbin/ctl", "--node", "{node}"),
+        slurmd_conf=("CPUs=8",),
+    )
+    node = gpu_node("h7", 3)
+    got = base.for_node(node, port=6833)
+    assert node == "h7-gpu3"
+    assert got.slurmd_pid_file == Path("/run/slurmd-h7-gpu3.pid")
+    assert got.slurmd_env == Path("/run/fm/slurmd-h7-gpu3.env")
+    assert got.gres_map == Path("/run/fm/map-h7-gpu3.json")
+    assert got.slurmd_unit == "slurmd@h7-gpu3.service"
+    assert got.slurmd_hook == ("/sbin/ctl", "--node", "h7-gpu3")
+    assert got.slurmd_conf == ("CPUs=8", "Port=6833")
+
+
+def test_settings_without_templates_are_kept_as_they_are() -> None:
+    plain = SlurmSettings(slurmd_conf=("CPUs=8",))
+    assert plain.for_node("n1") is plain
+
+
+def test_the_configuration_accepts_node_per_gpu_with_every_file_per_node() -> None:
+    cfg = parse_config(PER_GPU)
+    assert cfg.slurm.node_per_gpu and cfg.slurm.slurmd_port_base == 6830
+
+
+@pytest.mark.parametrize("key", ["slurmd_pid_file", "slurmd_env", "gres_map", "slurmd_unit"])
+def test_node_per_gpu_refuses_a_file_or_unit_shared_by_the_gpu_nodes(key: str) -> None:
+    text = "\n".join(line for line in PER_GPU.splitlines() if not line.startswith(f"{key} ="))
+    with pytest.raises(ConfigError, match=rf"slurm\.{key}.*must contain \{{node\}}"):
+        parse_config(text)
+
+
+def test_node_per_gpu_leaves_the_port_to_flexmig() -> None:
+    with pytest.raises(ConfigError, match=r"slurm\.slurmd_conf.*leave Port= out"):
+        parse_config(PER_GPU + 'slurmd_conf = "CPUs=8 Port=6818"\n')
+
+
+def test_a_gpu_nodes_records_are_its_gpus_only(tmp_path: Path) -> None:
+    minors = tmp_path / "mig-minors"
+    minors.write_text(render_mig_minors(2))
+    both = Supply("n", tmp_path / "gres.conf", tmp_path / "map.json", Path("/dev"), minors)
+    one = Supply("n-gpu1", tmp_path / "gres.conf", tmp_path / "map.json", Path("/dev"), minors, gpu=1)
+    assert {r.gpu for r in both.records(INV)} == {0, 1}
+    assert [(r.type, r.gpu, r.start) for r in one.records(INV)] == [("3g.71gb", 1, 0), ("1g.18gb", 1, 5)]
+
+
+def test_the_taskprolog_reads_the_map_of_its_own_node(tmp_path: Path) -> None:
+    recs = gres_records(INV, parse_mig_minors(render_mig_minors(2)))
+    for node, gpu in (("h-gpu0", 0), ("h-gpu1", 1)):
+        mine = [r for r in recs if r.gpu == gpu]
+        (tmp_path / f"map-{node}.json").write_text(json.dumps(gres_map(node, mine, {})))
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": str(os.geteuid())}
+    template = str(tmp_path / "map-{node}.json")
+    out = taskprolog.lines({**env, "SLURMD_NODENAME": "h-gpu1"}, template)
+    assert "export CUDA_VISIBLE_DEVICES=MIG-1-0" in out, out
+    out = taskprolog.lines({**env, "SLURMD_NODENAME": "h-gpu0"}, template)
+    assert "export CUDA_VISIBLE_DEVICES=MIG-0-0" in out, out
+    out = taskprolog.lines({**env, "SLURMD_NODENAME": "../x"}, template)
+    assert out == [f"print flexmig-taskprolog: no usable SLURMD_NODENAME for {template}; devices left as they are"]
+
+
+def test_a_job_one_gpu_node_claims_is_left_out_of_its_siblings_queues_until_the_claim_lapses() -> None:
+    now = [0.0]
+    claims = Claims(60.0, lambda: now[0])
+    claims.update("h-gpu0", ["slurm-5"], acting=False)  # a verdict that does not act claims nothing
+    assert claims.taken("h-gpu1") == frozenset()
+    claims.update("h-gpu1", ["slurm-5", "slurm-6"], acting=True)
+    assert claims.taken("h-gpu0") == {"slurm-5", "slurm-6"}
+    assert claims.taken("h-gpu1") == frozenset()  # its own jobs stay in its queue
+    assert claims.owners() == {"h-gpu1"}
+    now[0] = 59.0
+    assert claims.taken("h-gpu0") == {"slurm-5", "slurm-6"}
+    now[0] = 61.0
+    assert claims.taken("h-gpu0") == frozenset()  # lapsed: the job is everyone's again
+    claims.update("h-gpu1", ["slurm-5"], acting=True)
+    claims.update("h-gpu1", [], acting=False, abandoned=True)
+    assert claims.taken("h-gpu0") == frozenset() and claims.owners() == set()
