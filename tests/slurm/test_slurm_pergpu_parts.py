@@ -4,6 +4,7 @@ GPU nodes from changing for one job."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -14,12 +15,13 @@ from flexmig.config import parse_config
 from flexmig.errors import ConfigError
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
 from flexmig.slurm import taskprolog
+from flexmig.slurm.agent import SlurmRound, SlurmView
 from flexmig.slurm.gresconf import gres_map, gres_records
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.settings import SlurmSettings, gpu_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.supply import Supply
-from flexmig.wiring.slurm import Claims
+from flexmig.wiring.slurm import Claims, SharedReads
 
 
 def _gpu(index: int, items: list[tuple[str, int, int, int]]) -> GpuInfo:
@@ -145,3 +147,24 @@ def test_a_job_one_gpu_node_claims_is_left_out_of_its_siblings_queues_until_the_
     claims.update("h-gpu1", ["slurm-5"], acting=True)
     claims.update("h-gpu1", [], acting=False, abandoned=True)
     assert claims.taken("h-gpu0") == frozenset() and claims.owners() == set()
+
+
+def test_the_gpu_nodes_of_a_round_share_one_look_at_slurm_until_one_of_them_changes_something() -> None:
+    looks: list[int] = []
+
+    async def fetch() -> SlurmView:
+        looks.append(len(looks))
+        return ((), (), ())
+
+    async def scenario() -> None:
+        shared = SharedReads(fetch)
+        for _ in range(8):  # eight GPU nodes, none of which does anything: one look
+            await shared.view()
+            shared.after(SlurmRound(None, note="a change waits for the node's jobs"))
+        assert shared.reads == 1
+        shared.after(SlurmRound(None, events=(("change_waiting", {"start_in_s": 30.0}),)))  # one committed a change
+        await shared.view()
+        assert shared.reads == 2, "the next agent reads Slurm as the commit left it"
+
+    asyncio.run(scenario())
+    assert looks == [0, 1]

@@ -76,7 +76,7 @@ from flexmig.slurm.slurmd import HookSlurmd, SlurmdControl, SlurmdState, Systemd
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.supply import Supply
 
-__all__ = ["ExecutorMig", "SlurmAgent", "SlurmRead", "SlurmRound", "make_slurmd"]
+__all__ = ["ExecutorMig", "SlurmAgent", "SlurmRead", "SlurmRound", "SlurmView", "make_slurmd", "read_slurm"]
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,9 @@ class SlurmAgent:
         self.node = check_node_name(node)
         self.gpu = gpu
         """The one GPU this agent's node is (``[slurm] node_per_gpu``), or None: the node is every GPU of the host."""
+        self.shared: SlurmView | None = None
+        """Slurm's jobs, nodes and reservations as a sibling GPU node's agent read them this round (set by the
+        caller, used by the next :meth:`read` only, so that the GPU nodes of one host ask slurmctld once)."""
         self.taken: frozenset[str] = frozenset()
         """Pending jobs (request names) a sibling GPU node's change serves: left out of this agent's queue (set by
         the caller before each round, :class:`flexmig.wiring.slurm.SlurmComponent`)."""
@@ -249,9 +252,11 @@ class SlurmAgent:
     async def read(self) -> SlurmRead:
         """Slurm's jobs, node record and reservations, NVML's inventory, slurmd's state; SlurmError when Slurm
         cannot be read."""
-        jobs = await self.client.jobs()
-        nodes = await self.client.nodes()
-        reservations = await self.client.reservations()
+        shared, self.shared = self.shared, None
+        if shared is None:
+            jobs, nodes, reservations = await read_slurm(self.client)
+        else:
+            jobs, nodes, reservations = shared
         node = next((n for n in nodes if n.name == self.node), None)
         inventory = await self.executor.mig.inventory()
         view = NodeView.of(inventory)
@@ -659,6 +664,15 @@ class SlurmAgent:
         if not node.responding:
             return f"node {self.node} is {node.state} and not responding; registering it again with {want}"
         return f"Slurm lists node {self.node} with GPUs {read.registered_as or 'none'}, NVML shows {read.expected}"
+
+
+SlurmView = tuple[tuple[SlurmJob, ...], tuple[SlurmNode, ...], tuple[SlurmReservation, ...]]
+"""What one look at slurmctld returns: its jobs, nodes and reservations."""
+
+
+async def read_slurm(client: SlurmClient) -> SlurmView:
+    """Slurm's jobs, nodes and reservations (three commands); SlurmError when Slurm cannot be read."""
+    return await client.jobs(), await client.nodes(), await client.reservations()
 
 
 def _without_taken(read: SlurmRead, taken: frozenset[str]) -> SlurmRead:

@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.service import Actuator
@@ -56,7 +56,7 @@ from flexmig.mqtt.slurm_events import (
     unreachable_event,
 )
 from flexmig.plan.reregistration import changes_instances
-from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error
+from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_error, read_slurm
 from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.settings import SlurmSettings, gpu_node
@@ -65,7 +65,7 @@ from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
 
-__all__ = ["Claims", "SlurmComponent", "slurm_settings"]
+__all__ = ["Claims", "SharedReads", "SlurmComponent", "slurm_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,31 @@ class Claims:
     def owners(self) -> set[str]:
         """The GPU nodes that hold a claim now."""
         return {owner for owner, _ in self._by_job.values()}
+
+
+class SharedReads:
+    """One look at slurmctld (jobs, nodes, reservations) shared by the GPU nodes' agents of one round (``[slurm]
+    node_per_gpu``), so that a host of eight GPU nodes asks slurmctld three questions a round, not 24: read when
+    first needed, and again after an agent's round that did anything (carried out, committed, moved or abandoned a
+    change, registered its node, restarted its slurmd: any result or event), since what it did changed Slurm."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[SlurmView]]) -> None:
+        self.fetch = fetch
+        self.reads = 0
+        """How many times Slurm was read (for the tests and the log)."""
+        self._view: SlurmView | None = None
+
+    async def view(self) -> SlurmView:
+        """Slurm as last read this round (read now if nothing since changed it)."""
+        if self._view is None:
+            self._view = await self.fetch()
+            self.reads += 1
+        return self._view
+
+    def after(self, rnd: SlurmRound) -> None:
+        """Forget the look when ``rnd`` did anything."""
+        if rnd.result is not None or rnd.events:
+            self._view = None
 
 
 class SlurmComponent:
@@ -376,9 +401,17 @@ class SlurmComponent:
             try:
                 if self.per_gpu and not await self._per_gpu_ready():
                     return None
+                client = self._client
+                shared = SharedReads(lambda: read_slurm(client)) if self.per_gpu else None
                 for agent in self._ordered():
                     agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
-                    rnd = await agent.round(mode)
+                    try:
+                        agent.shared = None if shared is None else await shared.view()
+                        rnd = await agent.round(mode)
+                    finally:
+                        agent.shared = None
+                    if shared is not None:
+                        shared.after(rnd)
                     self.claims.update_from(agent.node, rnd)
                     done.append((agent, rnd))
                     if rnd.read is not None and rnd.read.demand.running:
