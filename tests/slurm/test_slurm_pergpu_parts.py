@@ -21,7 +21,7 @@ from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.settings import SlurmSettings, gpu_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.supply import Supply
-from flexmig.wiring.slurm import Claims, SharedReads
+from flexmig.wiring.slurm import Claims, SharedReads, round_order
 
 
 def _gpu(index: int, items: list[tuple[str, int, int, int]]) -> GpuInfo:
@@ -168,3 +168,13 @@ def test_the_gpu_nodes_of_a_round_share_one_look_at_slurm_until_one_of_them_chan
 
     asyncio.run(scenario())
     assert looks == [0, 1]
+
+
+def test_a_gpu_node_whose_change_waits_plans_first_so_it_claims_its_jobs_again_after_a_restart() -> None:
+    nodes = [("h-gpu0", 0), ("h-gpu1", 1), ("h-gpu2", 2), ("h-gpu3", 3)]
+    # After a restart: no claim is remembered; GPU 2's change waits in flexmig's reservation, GPU 0 is idle.
+    after_restart = round_order(nodes, waiting={"h-gpu2"}, claiming=(), busy={"h-gpu1", "h-gpu2", "h-gpu3"})
+    assert after_restart[0] == "h-gpu2", "its reservation survived: it claims before the idle GPU 0 plans"
+    assert after_restart[1:] == ["h-gpu0", "h-gpu1", "h-gpu3"]
+    running = round_order(nodes, waiting=(), claiming={"h-gpu3"}, busy={"h-gpu0"})
+    assert running == ["h-gpu3", "h-gpu1", "h-gpu2", "h-gpu0"], "claims first, then idle nodes, then by GPU"

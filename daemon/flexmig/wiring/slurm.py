@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.service import Actuator
@@ -59,13 +59,14 @@ from flexmig.plan.reregistration import changes_instances
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_error, read_slurm
 from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
+from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import SlurmSettings, gpu_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
 
-__all__ = ["Claims", "SharedReads", "SlurmComponent", "slurm_settings"]
+__all__ = ["Claims", "SharedReads", "SlurmComponent", "round_order", "slurm_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,23 @@ class Claims:
     def owners(self) -> set[str]:
         """The GPU nodes that hold a claim now."""
         return {owner for owner, _ in self._by_job.values()}
+
+
+def round_order(
+    nodes: Sequence[tuple[str, int | None]], *, waiting: Collection[str], claiming: Collection[str],
+    busy: Collection[str],
+) -> list[str]:  # fmt: skip
+    """The order in which the GPU nodes ``(node, gpu)`` of a host plan in a round (``node_per_gpu``): those whose
+    change waits in flexmig's reservation first (``waiting``; it survives a restart, the claims do not), then those
+    whose change has claimed jobs (they keep them), then those no job ran on at their last look (an idle node changes
+    at once, so it serves a waiting job soonest), then by GPU."""
+    return [
+        node
+        for node, _ in sorted(
+            nodes,
+            key=lambda ng: (ng[0] not in waiting, ng[0] not in claiming, ng[0] in busy, -1 if ng[1] is None else ng[1]),
+        )
+    ]
 
 
 class SharedReads:
@@ -403,7 +421,8 @@ class SlurmComponent:
                     return None
                 client = self._client
                 shared = SharedReads(lambda: read_slurm(client)) if self.per_gpu else None
-                for agent in self._ordered():
+                waiting = {r.name for r in (await shared.view())[2]} if shared is not None else set()
+                for agent in self._ordered(waiting):
                     agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
                     try:
                         agent.shared = None if shared is None else await shared.view()
@@ -449,15 +468,17 @@ class SlurmComponent:
                 self.agent_for_gpu(g.index)
         return True
 
-    def _ordered(self) -> list[SlurmAgent]:
-        """The agents in the order of a round: GPU nodes whose change has claimed jobs first (they keep them), then
-        those no job ran on at their last read (an idle node changes at once, so it serves a waiting job soonest),
-        then by GPU."""
-        owners = self.claims.owners()
-        return sorted(
-            self.agents.values(),
-            key=lambda a: (a.node not in owners, a.node in self._busy, -1 if a.gpu is None else a.gpu),
+    def _ordered(self, waiting: Collection[str] = ()) -> list[SlurmAgent]:
+        """The agents in the order of a round (:func:`round_order`); ``waiting``: the names of the reservations
+        Slurm has."""
+        order = round_order(
+            [(a.node, a.gpu) for a in self.agents.values()],
+            waiting={a.node for a in self.agents.values() if flexmig_name(a.node) in waiting},
+            claiming=self.claims.owners(),
+            busy=self._busy,
         )
+        by_node = {a.node: a for a in self.agents.values()}
+        return [by_node[n] for n in order]
 
     # ------------------------------------------------------------------------------------------ reporting
     def _unreachable(self, exc: SlurmError) -> None:
