@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from flexmig.cli.main import main as cli_main
 from flexmig.config import parse_config
 from flexmig.errors import ConfigError
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
@@ -178,3 +179,20 @@ def test_a_gpu_node_whose_change_waits_plans_first_so_it_claims_its_jobs_again_a
     assert after_restart[1:] == ["h-gpu0", "h-gpu1", "h-gpu3"]
     running = round_order(nodes, waiting=(), claiming={"h-gpu3"}, busy={"h-gpu0"})
     assert running == ["h-gpu3", "h-gpu1", "h-gpu2", "h-gpu0"], "claims first, then idle nodes, then by GPU"
+
+
+def test_slurm_conf_for_gpu_nodes_names_per_node_files_the_template_unit_reads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli_main(["slurm", "conf", "--node-per-gpu", "--gpus", "8", "--cpus", "64"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    conf = dict(line.split("=", 1) for line in lines if not line.startswith("#") and "=" in line)
+    pid = conf["SlurmdPidFile"]
+    assert "%n" in pid and conf["SlurmdSpoolDir"].endswith("%n")
+    template = (Path(__file__).resolve().parents[2] / "systemd" / "slurmd@.service").read_text()
+    assert f"PIDFile={pid.replace('%n', '%i')}\n" in template, "slurmctld's pid file is the unit's, per GPU node"
+    future = next(line for line in lines if "State=FUTURE" in line)
+    assert "CPUs=8 " in future and "gpu:7g.141gb:1" in future and "gpu:1g.18gb:7," in future  # one GPU's worth
+    assert any("8 x flexmig hosts" in line for line in lines if line.startswith("MaxNodeCount="))
+    assert cli_main(["slurm", "conf", "--node-per-gpu", "--gpus", "8", "--cpus", "4"]) != 0
+    assert "--cpus 4: fewer than --gpus 8" in capsys.readouterr().err

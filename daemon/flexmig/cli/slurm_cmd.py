@@ -5,7 +5,8 @@
   ``export SLURM_CONF=...`` line for ``sbatch``/``squeue``/``sinfo`` and runs until SIGINT or SIGTERM, then stops
   everything it started. Needs root and Debian's ``slurmctld slurmd slurm-client munge``.
 * ``flexmig slurm taskprolog [--output FILE] [--map PATH]``: the TaskProlog to name in slurm.conf.
-* ``flexmig slurm conf --model MODEL --gpus N``: the slurm.conf lines a site adds for a flexmig node.
+* ``flexmig slurm conf --model MODEL --gpus N [--node-per-gpu]``: the slurm.conf lines a site adds for a flexmig
+  node (with ``--node-per-gpu``, for one dynamic node per GPU).
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def register(sub: Any) -> None:
         default=f"/{TASKPROLOG}",
         help="the TaskProlog's path (default %(default)s, where flexmig install-files puts it)",
     )
+    cf.add_argument(
+        "--node-per-gpu",
+        action="store_true",
+        help="for [slurm] node_per_gpu (Slurm 23.11+): one dynamic node per GPU, each with its own slurmd",
+    )
     cf.set_defaults(func=run_conf)
 
 
@@ -88,6 +94,23 @@ def run_conf(args: argparse.Namespace) -> int:
         raise SlurmError(str(exc.args[0])) from None
     if not 1 <= args.gpus <= 64:
         raise SlurmError(f"--gpus {args.gpus}: must be 1-64")
+    if args.node_per_gpu:
+        if args.cpus < args.gpus:
+            raise SlurmError(f"--cpus {args.cpus}: fewer than --gpus {args.gpus}: each GPU node needs a CPU")
+        share = args.cpus // args.gpus
+        print(f"# flexmig, node_per_gpu (Slurm 23.11+): each host registers {args.gpus} dynamic nodes, <host>-gpu<K>,")
+        print("# each with its own slurmd (systemd/slurmd@.service), so the node table needs room for all of them")
+        print(f"MaxNodeCount=<your static nodes + {args.gpus} x flexmig hosts>")
+        print("SlurmdPidFile=/run/slurmd-%n.pid")
+        print("SlurmdSpoolDir=/var/spool/slurmd/%n")
+        print("SlurmdLogFile=/var/log/slurm/slurmd-%n.log")
+        print(f"TaskProlog={args.taskprolog}")
+        print("# (rendered with: flexmig slurm taskprolog --map '/run/flexmig/slurm/gres-map-{node}.json')")
+        print("# Jobs for MIG profiles no GPU node has yet pend against this placeholder (one GPU's worth)")
+        print(f"NodeName={args.name} State=FUTURE CPUs={share} Gres={future_gres(model, 1)}")
+        print(f"# and add {args.name} to the partitions of the flexmig nodes (or use Nodes=ALL);")
+        print(f'# flexmig.toml [slurm]: node_per_gpu = true, slurmd_conf = "CPUs={share} RealMemory=<a GPU\'s share>"')
+        return 0
     print("# flexmig: nodes re-registered as dynamic nodes (slurmd -Z) need room in the node table")
     print("MaxNodeCount=<your static nodes + flexmig nodes>")
     print(f"TaskProlog={args.taskprolog}")
