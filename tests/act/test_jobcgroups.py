@@ -80,3 +80,30 @@ def test_what_a_rank_starts_stays_in_its_cgroup_and_dies_with_it(job: tuple[JobC
     wait_until(lambda: not cgroups.pids(uid), timeout_s=10, what="the escaped child killed too")
     assert cgroups.remove(uid) and uid not in cgroups.jobs()
     assert cgroups.remove(uid), "removing a cgroup that is gone is not an error"
+
+
+@pytest.mark.integration
+def test_a_cgroup_removed_between_the_open_and_the_read_has_no_processes_and_nothing_to_kill(
+    job: tuple[JobCgroups, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon removes an empty job cgroup while another task may be looking at it: the kernel then answers a
+    # read of its cgroup.procs (or a write of cgroup.kill) through the open descriptor with ENODEV.
+    cgroups, uid = job
+    os.close(cgroups.open_procs(uid))  # the cgroup exists, empty
+    real_open = os.open
+
+    def open_then_removed(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
+        fd = real_open(path, flags, mode)
+        if Path(path).parent == cgroups.path(uid):
+            cgroups.path(uid).rmdir()  # the other look removes it now, on the real cgroup filesystem
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_removed)
+    assert cgroups.pids(uid) == []
+    assert not cgroups.path(uid).exists()
+    monkeypatch.setattr(os, "open", real_open)
+    os.close(cgroups.open_procs(uid))  # made again
+    monkeypatch.setattr(os, "open", open_then_removed)
+    cgroups.kill(uid)  # no OSError
+    monkeypatch.setattr(os, "open", real_open)
+    assert not cgroups.path(uid).exists()

@@ -94,6 +94,10 @@ class JobCgroups:
             return []
         try:
             text = os.read(fd, _MAX_READ)
+        except OSError as exc:
+            if exc.errno == errno.ENODEV:  # removed (emptied, by another look) between the open and the read
+                return []
+            raise
         finally:
             os.close(fd)
         return sorted(int(t) for t in text.split() if t.isdigit() and len(t) <= 10)
@@ -120,6 +124,9 @@ class JobCgroups:
             return
         try:
             os.write(fd, b"1")
+        except OSError as exc:
+            if exc.errno != errno.ENODEV:  # ENODEV: removed since the open, so nothing is left in it to kill
+                raise
         finally:
             os.close(fd)
 
