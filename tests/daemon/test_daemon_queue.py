@@ -23,7 +23,7 @@ from flexmig.config import Config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.plan import Planner
 from flexmig.plan.types import NodeState, Plan
-from flexmig.wiring import actuator as actuator_module
+from flexmig.wiring import plan_now as plan_now_module
 from support.daemon import running, sim_node
 from support.flexmigd import short_base
 from support.jobs import ROOT
@@ -107,7 +107,7 @@ def test_a_submission_is_answered_while_the_planner_works_out_its_plan(
             order.append("planned")
             return super().plan(state, check=check)
 
-    monkeypatch.setattr(actuator_module, "Planner", HeldUp)
+    monkeypatch.setattr(plan_now_module, "Planner", HeldUp)
     threading.Timer(WAIT, release.set).start()  # on code that plans on the event loop, this is what frees it
 
     async def scenario() -> None:
