@@ -201,9 +201,14 @@ def test_the_demo_publishes_its_events_to_a_broker_and_the_events_line_it_prints
         for p in (proc, events):
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGINT)
-                p.wait(60)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:  # never left behind, and the failure that brought us here stands
+                    p.kill()
+                    p.wait(10)
     out = "\n".join(lines.lines)
     assert "cannot open" not in out and re.search(r"first move completed", out), out
+    assert events is not None and events.returncode in (0, 130, -signal.SIGINT), "flexmig events ends on Ctrl-C"
 
 
 def test_nvitop_gpustat_and_the_nvidia_smi_look_alike_in_another_shell_show_the_demos_gpus_instances_and_jobs() -> None:
