@@ -131,7 +131,7 @@ def test_status_watch_is_a_live_view_on_the_alternate_screen_that_fits_80x24_and
     with in_a_terminal(argv, WIDTH, rows=24) as (proc, fd):
         shown = read_for(fd, 8.0)
         proc.send_signal(signal.SIGINT)
-        shown += read_for(fd, 3.0)
+        shown += read_for(fd, 30.0)  # until it closes the terminal: a view left unread would block its last write
         assert proc.wait(20) == 0
     raw = shown.decode(errors="replace")
     # The alternate screen, as nvitop and htop use: each refresh replaces the view, none reaches the scrollback, and
