@@ -67,8 +67,12 @@ def test_a_change_of_one_gpu_re_registers_that_gpus_node_alone() -> None:
         assert _pid(d, gpu0) == pid0 and node0.slurmd_start_s == registered0  # its slurmd never restarted
         again = d.job(first)
         assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
-        log = d.log()
-        assert f"{gpu1}: " in log and "Slurm plan (act)" in log
+        # The round's lines are logged once every GPU node's round is done: the job may run before that.
+        def planned() -> str | None:
+            text = d.log()
+            return text if f"{gpu1}: " in text and "Slurm plan (act)" in text else None
+
+        log: str = d.wait("the round's plan logged", planned)
         assert f"node {gpu0} is not registered" not in log.split("Slurm plan (act)", 1)[1]
         gres = d.paths.gres_conf.read_text()
         assert f"# BEGIN flexmig node={gpu0}" in gres and f"# BEGIN flexmig node={gpu1}" in gres
@@ -83,7 +87,7 @@ def test_two_idle_gpu_nodes_do_not_both_change_for_one_job() -> None:
         d.wait_state(job, "RUNNING")
         print(f"\nnode_per_gpu, two idle GPU nodes: submit to running {time.monotonic() - submitted:.1f} s")
         base = _job_reads(d)
-        d.wait("three more rounds", lambda: _job_reads(d) >= base + 6)  # each GPU node's agent reads the queue
+        d.wait("three more rounds", lambda: _job_reads(d) >= base + 3)  # a round reads the queue once (shared)
         changes = [line for line in d.log().splitlines() if "action_started" in line and "serves" in line]
         assert len(changes) == 1 and "fm-node-gpu0" in changes[0], changes  # GPU 0 served it, GPU 1 left it
         assert d.slurm_node("fm-node-gpu1").gpu_counts() == {"7g.141gb": 1}
