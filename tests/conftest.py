@@ -43,6 +43,12 @@ _PR_SET_CHILD_SUBREAPER = 36
 _OWN_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 _KILL_WAIT_S = 10.0
 
+# A run started in the background of a shell without job control inherits SIGINT ignored, and so would every
+# process a test starts: the tests that stop a CLI with Ctrl-C would then wait for nothing. Ctrl-C is the default
+# here (each xdist worker imports this file too), whatever started the run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def _become_subreaper() -> bool:
     """True once orphaned descendants are re-parented to this process (Linux only)."""
