@@ -46,7 +46,7 @@ each GPU sees the one-GPU load), the packing bound over N GPUs; a change re-regi
 GPU closes for ``REREGISTER_S``, and flexmig's reservation closes every GPU). ``--per-change`` adds what one change
 costs: the slice-seconds idle while jobs wait because of flexmig's reservation and the closures (``reserved`` +
 ``closed``) per re-registration. ``--gpus 1`` (the default) prints what the model printed before ``--gpus``. The
-agent's layout choice grows with the GPUs (each GPU's candidates forecast on the whole node): 2-3 minutes a run at 8
+agent's layout choice grows with the GPUs (each GPU's candidates forecast on the whole node): 2-4 minutes a run at 8
 GPUs on 2 cores, where ``--parallel 2`` helps.
 """
 
