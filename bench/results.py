@@ -118,6 +118,15 @@ SECTIONS: tuple[Section, ...] = (
         markdown=False,
     ),
     Section(
+        "slurm_model_8gpu",
+        "A busy node of 8 GPUs under Slurm 22.05, modelled: what a change costs",
+        "slurm_model.py",
+        # the held-out seeds, static and flexmig (issue #24): 2-4 min a flexmig run at 8 GPUs on 2 cores
+        ("--gpus", "8", "--seeds", "21-40", "--policies", "static,now", "--per-change", "--parallel", "2"),
+        quick=("--gpus", "2", "--seeds", "21", "--policies", "now", "--per-change"),
+        markdown=False,
+    ),
+    Section(
         "submit",
         "Submitting to a long queue",
         "submit.py",

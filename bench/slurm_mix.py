@@ -371,9 +371,10 @@ def figures(r: Run, jobs: list[MixJob]) -> dict[str, Any]:
     }
 
 
-def bound(jobs: list[MixJob]) -> float:
-    """The packing bound: all slice-seconds over 7 slices, or the latest arrival plus run time."""
-    packed = sum(SLICES[j.profile] * j.runtime_s for j in jobs) / 7
+def bound(jobs: list[MixJob], gpus: int = 1) -> float:
+    """The packing bound: all slice-seconds over the ``gpus`` GPUs' 7 slices each, or the latest arrival plus run
+    time."""
+    packed = sum(SLICES[j.profile] * j.runtime_s for j in jobs) / (7 * gpus)
     return max(packed, *(j.arrival_s + j.runtime_s for j in jobs))
 
 

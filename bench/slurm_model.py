@@ -38,6 +38,16 @@ Rivals, side by side on the same seeds: ``static`` (``3g+2g+1g``, no flexmig: th
 ``bench/slurm_mix.py``), ``2.5 runs`` (the policy before: forecasts over 2.5 typical run times), ``now`` (this
 tree's defaults) and ``cover`` (a rejected variant: only layouts that hold every profile asked). Tune on seeds 1-20,
 report on 21-40: ``.venv/bin/python bench/slurm_model.py --seeds 21-40`` (about a minute on 2 cores).
+
+A node of several GPUs (``--gpus N``, issue #24: what a change costs on an 8-GPU node under Slurm 22.05): one layout
+per GPU, Slurm's seats all GPUs' instances, :class:`~flexmig.plan.reregistration.NodeNow` with every GPU's layout as
+the agent passes it; the mix scaled to the node (the generator's ``n``: N times 45 jobs over the same 12 minutes, so
+each GPU sees the one-GPU load), the packing bound over N GPUs; a change re-registers the whole node (22.05: every
+GPU closes for ``REREGISTER_S``, and flexmig's reservation closes every GPU). ``--per-change`` adds what one change
+costs: the slice-seconds idle while jobs wait because of flexmig's reservation and the closures (``reserved`` +
+``closed``) per re-registration. ``--gpus 1`` (the default) prints what the model printed before ``--gpus``. The
+agent's layout choice grows with the GPUs (each GPU's candidates forecast on the whole node): 2-4 minutes a run at 8
+GPUs on 2 cores, where ``--parallel 2`` helps.
 """
 
 from __future__ import annotations
@@ -50,12 +60,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flexmig.mig import H200
 from flexmig.mig.enumerate import maximal_layouts
-from flexmig.mig.layout import Layout
+from flexmig.mig.layout import Layout, PlacedInstance
 from flexmig.plan.backfill import Ask, Seat, forecast
 from flexmig.plan.reregistration import (
     DrainHolder,
@@ -68,7 +79,7 @@ from flexmig.plan.reregistration import (
 from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
 from flexmig.plan.waiting import Committed, next_step
 from machine import machine
-from slurm_mix import SLICES, MixJob, Run, bound, figures, mix
+from slurm_mix import SLICES, WINDOW_S, MixJob, Run, bound, figures, mix
 
 STEP_S = 0.5
 ROUND_S = 2.0  # the testbed's [slurm] interval_s
@@ -81,6 +92,7 @@ BF_INTERVAL_S = 1.0  # the testbed's bf_interval
 CAUSES = ("uncarved", "closed", "reserved", "window", "no taker")
 STATIC = (("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6))
 START = (("7g.141gb", 0),)
+JOBS = 45  # the issue's mix: jobs a GPU over its 12 minutes
 
 
 @dataclass
@@ -116,9 +128,9 @@ class Policy:
 
 @dataclass
 class State:
-    """The node and its queue at one moment."""
+    """The node and its queue at one moment: one layout per GPU (Slurm's seats are all GPUs' instances, in order)."""
 
-    layout: Layout
+    layouts: tuple[Layout, ...]
     jobs: list[Job]
     t: float = 0.0
     reregistering_until: float = -1.0
@@ -145,9 +157,21 @@ class State:
         return self.reservation is not None and self.reservation[0] <= self.t < self.reservation[1]
 
 
+def instances(layouts: Sequence[Layout]) -> list[tuple[int, PlacedInstance]]:
+    """The node's instances as Slurm's seats: ``(gpu, instance)``, GPU by GPU (a job's ``seat`` indexes this)."""
+    return [(g, i) for g, lay in enumerate(layouts) for i in lay.instances]
+
+
+def spec(layouts: Sequence[Layout]) -> str:
+    """The node's layouts as text: one GPU's spec, or the GPUs' specs (without the model) apart by `` | ``."""
+    if len(layouts) == 1:
+        return layouts[0].spec()
+    return " | ".join(lay.spec().split(":", 1)[-1] for lay in layouts)
+
+
 def _seats(st: State) -> list[tuple[str, int, Job | None]]:
     on = {j.seat: j for j in st.running()}
-    return [(i.profile.name, i.profile.compute_slices, on.get(k)) for k, i in enumerate(st.layout.instances)]
+    return [(i.profile.name, i.profile.compute_slices, on.get(k)) for k, (_, i) in enumerate(instances(st.layouts))]
 
 
 def slurm_step(st: State, *, backfill: bool) -> None:
@@ -191,8 +215,9 @@ def slurm_step(st: State, *, backfill: bool) -> None:
 def node_now(st: State) -> NodeNow:
     """The node as :meth:`flexmig.slurm.agent.SlurmAgent.node_now` builds it from Slurm's view."""
     running = []
+    seats = instances(st.layouts)
     for j in st.running():
-        inst = st.layout.instances[j.seat]
+        gpu, inst = seats[j.seat]
         running.append(
             DrainHolder(
                 j.name,
@@ -200,7 +225,7 @@ def node_now(st: State) -> NodeNow:
                 j.start_s + j.limit_s - st.t,
                 False,
                 st.t - j.start_s,
-                ((0, inst.start),),
+                ((gpu, inst.start),),
             )
         )
     queue = tuple(
@@ -217,7 +242,7 @@ def node_now(st: State) -> NodeNow:
         )
         for j in st.pending()
     )
-    return NodeNow(MODEL, (st.layout,), tuple(running), queue)
+    return NodeNow(MODEL, st.layouts, tuple(running), queue)
 
 
 def recent(st: State) -> dict[str, float]:
@@ -259,10 +284,11 @@ def agent_round(st: State, pol: Policy) -> None:
         st.reservation = None
         st.closed_at = st.t
     node = node_now(st)
+    submitted = {j.name: j.submit_s for j in st.jobs}
     last = st.last_busy_change if st.closed_at is None else max(st.last_busy_change or -math.inf, st.closed_at)
     choice = choose(
         node, candidates=covering if pol.cover else candidates, settings=pol.settings, cost=pol.cost, now_s=st.t,
-        waited_s=lambda name: next((st.t - j.submit_s for j in st.jobs if j.name == name), 0.0),
+        waited_s=lambda name: st.t - submitted[name] if name in submitted else 0.0,
         last_change_s=last, committed=st.reservation is not None, recent=recent(st),
     )  # fmt: skip
     v, plan = choice.verdict, choice.plan
@@ -275,18 +301,19 @@ def agent_round(st: State, pol: Policy) -> None:
         st.reservation = None
         st.log.append((st.t, f"abandoned: {v.reason}"))
     elif step.kind == "change":
-        _change(st, choice.target[0], busy=bool(node.running) or res is not None, why=v.reason)
+        _change(st, choice.target, busy=bool(node.running) or res is not None, why=v.reason)
     elif step.kind == "earlier" and res is not None:
         st.reservation = (st.t + step.start_in_s, st.t + step.start_in_s + DRAIN_TIMEOUT_S)
         st.log.append((st.t, f"moved earlier by {res.start_s - st.t - step.start_in_s:.0f} s"))
     elif step.kind == "commit":
         st.reservation = (st.t + step.start_in_s, st.t + step.start_in_s + DRAIN_TIMEOUT_S)
-        st.log.append((st.t, f"committed {choice.target[0].spec()} in {step.start_in_s:.0f} s: {v.reason}"))
+        st.log.append((st.t, f"committed {spec(choice.target)} in {step.start_in_s:.0f} s: {v.reason}"))
 
 
-def _change(st: State, target: Layout, *, busy: bool, why: str) -> None:
-    st.log.append((st.t, f"re-register {st.layout.spec()} -> {target.spec()}{' (busy)' if busy else ''}: {why}"))
-    st.layout = target
+def _change(st: State, target: tuple[Layout, ...], *, busy: bool, why: str) -> None:
+    """Re-register the whole node (Slurm 22.05: every GPU closes for ``REREGISTER_S``, whichever GPUs change)."""
+    st.log.append((st.t, f"re-register {spec(st.layouts)} -> {spec(target)}{' (busy)' if busy else ''}: {why}"))
+    st.layouts = target
     st.reservation = None
     st.reregistering_until = st.t + REREGISTER_S
     st.reregistrations += 1
@@ -306,7 +333,7 @@ def account(st: State) -> None:
     why: dict[str, str] = {}
     if pend:
         carved = sum(n for _, n, _ in seats)
-        _add(st, "uncarved", MODEL.compute_slices - carved)
+        _add(st, "uncarved", MODEL.compute_slices * len(st.layouts) - carved)
         wanted = {j.mix.profile for j in pend}
         for p, n, j in seats:
             if j is not None:
@@ -323,7 +350,7 @@ def account(st: State) -> None:
                 cause = "window"
             _add(st, cause, n)
             why[p.split(".")[0]] = cause
-    st.timeline.append((st.t, st.layout.spec(), st.closed(), used, waiting, why))
+    st.timeline.append((st.t, spec(st.layouts), st.closed(), used, waiting, why))
 
 
 def _add(st: State, cause: str, slices: float) -> None:
@@ -344,10 +371,21 @@ class Result:
     losses: dict[str, float]
     state: State
 
+    @property
+    def per_change(self) -> float | None:
+        """Slice-seconds idle while jobs wait because of flexmig's reservation and the node's closures (causes
+        ``reserved`` and ``closed``) per re-registration: what one change costs (None: no change)."""
+        if not self.state.reregistrations:
+            return None
+        return (self.losses.get("closed", 0.0) + self.losses.get("reserved", 0.0)) / self.state.reregistrations
 
-def simulate(jobs: Sequence[MixJob], pol: Policy, *, limit_s: float = 7200.0) -> Result:
-    """Run ``jobs`` on one model node under ``pol``."""
-    st = State(Layout.of(MODEL, list(pol.layout)), [Job(j, j.arrival_s) for j in jobs])
+
+def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
+    """Run ``jobs`` on one model node of ``gpus`` GPUs under ``pol`` (every GPU starts with the policy's layout)."""
+    if gpus < 1:
+        raise ValueError(f"simulate: gpus must be at least 1, not {gpus!r}")
+    start = Layout.of(MODEL, list(pol.layout))
+    st = State((start,) * gpus, [Job(j, j.arrival_s) for j in jobs])
     runnable = [j for j in st.jobs if pol.agent or j.mix.profile in {p for p, _ in pol.layout}]
     first = min(j.arrival_s for j in jobs)
     st.t = first
@@ -378,9 +416,9 @@ def simulate(jobs: Sequence[MixJob], pol: Policy, *, limit_s: float = 7200.0) ->
     makespan = max(j.end_s for j in ran) - first
     return Result(
         len(ran),
-        waiting_busy / (MODEL.compute_slices * waiting_time) if waiting_time else 1.0,
+        waiting_busy / (MODEL.compute_slices * gpus * waiting_time) if waiting_time else 1.0,
         makespan,
-        makespan / bound(list(jobs)),
+        makespan / bound(list(jobs), gpus),
         closed_steps / steps if steps else 0.0,
         st.reregistrations / (makespan / 3600),
         st.losses,
@@ -407,6 +445,7 @@ def print_timeline(res: Result, step_s: float = 10.0) -> None:
     rows = st.timeline
     t = 0.0
     end = rows[-1][0] if rows else 0.0
+    slices = MODEL.compute_slices * len(st.layouts)
     while t <= end:
         chunk = []
         while i < len(rows) and rows[i][0] < t + step_s:
@@ -420,7 +459,7 @@ def print_timeline(res: Result, step_s: float = 10.0) -> None:
             why = chunk[len(chunk) // 2][5]
             w = " ".join(f"{n}x{p}" for p, n in sorted(waiting.items()))
             idle = " ".join(f"{p}:{c}" for p, c in sorted(why.items()))
-            print(f"{t:6.0f}s {lay:<32} {'CLOSED' if closed else 'open':6} busy {busy:3.1f}/7 waiting [{w}]"
+            print(f"{t:6.0f}s {lay:<32} {'CLOSED' if closed else 'open':6} busy {busy:3.1f}/{slices} waiting [{w}]"
                   f"{' idle ' + idle if idle else ''}")  # fmt: skip
         for ts, text in notes:
             if t <= ts < t + step_s:
@@ -476,26 +515,45 @@ def main() -> int:
     ap.add_argument("--timeline", action="store_true", help="print each rival's timeline (first seed)")
     ap.add_argument("--against", type=Path, help="a real run's --save file of bench/slurm_mix.py to compare with")
     ap.add_argument("--as", dest="as_", default="now:now", help="REAL:MODEL rivals --against compares (now:now)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs on the node (default 1); the mix scales with them")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at once, in that many processes (default 1)")
+    ap.add_argument("--per-change", action="store_true", help="print what one change costs (idle slice-seconds)")
     args = ap.parse_args()
+    if args.gpus < 1:
+        ap.error(f"--gpus must be at least 1, not {args.gpus}")
+    if args.against is not None and args.gpus != 1:
+        ap.error("--against compares a real run of one GPU: give --gpus 1")
+    gpus = args.gpus
+    n_jobs = JOBS * gpus
     pols = policies()
     names = [n for n in args.policies.split(",") if n]
     seeds = seeds_of(args.seeds)
-    print("flexmig Slurm mix, offline: a model of one node under Slurm 22.05's rules, flexmig's own decisions")
+    print(
+        "flexmig Slurm mix, offline: a model of one node under Slurm 22.05's rules, flexmig's own decisions"
+        + (f"; {gpus} GPUs, a change re-registers the whole node" if gpus > 1 else "")
+    )
     load = os.getloadavg()
     print(f"machine: {machine()}; load: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"seeds {args.seeds}: 45 jobs each (the issue's mix); Slurm every {STEP_S} s (backfill every "
+    scaled = f" scaled to {gpus} GPUs: {JOBS} a GPU over the same {WINDOW_S / 60:.0f} minutes" if gpus > 1 else ""
+    print(f"seeds {args.seeds}: {n_jobs} jobs each (the issue's mix{scaled}); Slurm every {STEP_S} s (backfill every "
           f"{BF_INTERVAL_S} s), flexmig every {ROUND_S} s, a re-registration closes the node "
           f"{REREGISTER_S} s")  # fmt: skip
     results: dict[str, list[Result]] = {n: [] for n in names}
     t0 = time.monotonic()
-    for seed in seeds:
-        jobs = mix(seed)
-        for n in names:
-            results[n].append(simulate(jobs, pols[n]))
+    if args.parallel > 1:
+        with ProcessPoolExecutor(args.parallel) as pool:
+            futures = {n: [pool.submit(_run, seed, n, n_jobs, gpus) for seed in seeds] for n in names}
+            for n in names:
+                results[n] = [f.result() for f in futures[n]]
+    else:
+        for seed in seeds:
+            jobs = mix(seed, n_jobs)
+            for n in names:
+                results[n].append(simulate(jobs, pols[n], gpus=gpus))
     wall = time.monotonic() - t0
     if len(seeds) == 1:
         rows: list[tuple[str, Callable[[Result], str]]] = [
-            ("jobs that ran", lambda r: f"{r.ran}/45"),
+            ("jobs that ran", lambda r: f"{r.ran}/{n_jobs}"),
             ("closed share of busy time", lambda r: f"{100 * r.closed_share:.0f} %"),
             ("slice utilisation while jobs wait", lambda r: f"{100 * r.util_waiting:.0f} %"),
             ("makespan (s)", lambda r: f"{r.makespan:.0f}"),
@@ -517,6 +575,18 @@ def main() -> int:
     for c in CAUSES:
         print(f"{c:36}" + "".join(f"{statistics.mean(r.losses.get(c, 0.0) for r in results[n]):>14.0f}"
                                   for n in names))  # fmt: skip
+    if args.per_change:
+        print(
+            "\ncost of one change: slice-seconds idle while jobs wait because of flexmig's reservation and the "
+            "closures (reserved + closed) per re-registration, median (worst) over seeds with a change:"
+        )
+        print(f"{'':36}" + "".join(f"{n:>18}" for n in names))
+        cells = []
+        for n in names:
+            xs = [x for x in (r.per_change for r in results[n]) if x is not None]
+            cells.append(f"{statistics.median(xs):.0f} ({max(xs):.0f})" if xs else "no change")
+        label = f"per change, {gpus} GPU{'s' if gpus > 1 else ''}"
+        print(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
     if "now" in names:
         for n in (x for x in names if x != "now"):
             gain = [100 * (a.util_waiting - b.util_waiting) for a, b in zip(results["now"], results[n], strict=True)]
@@ -536,6 +606,11 @@ def main() -> int:
     print(f"\n{len(seeds) * len(names)} runs in {wall:.1f} s; load at the end: "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))  # fmt: skip
     return 0
+
+
+def _run(seed: int, name: str, n_jobs: int, gpus: int) -> Result:
+    """One run of ``--parallel``: seed ``seed``'s mix of ``n_jobs`` under the policy ``name``."""
+    return simulate(mix(seed, n_jobs), policies()[name], gpus=gpus)
 
 
 def _summary(label: str, results: dict[str, list[Result]], names: Sequence[str], fn: Callable[[Result], float],

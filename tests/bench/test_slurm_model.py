@@ -1,0 +1,53 @@
+"""bench/slurm_model.py on a node of several GPUs: one GPU gives the figures it gave before ``--gpus`` existed, and a
+node of two GPUs runs every job of its scaled mix once, on instances no other job holds, and re-registers only when
+the whole node is empty (Slurm 22.05)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import slurm_model  # type: ignore[import-not-found]  # noqa: E402
+from slurm_mix import mix  # type: ignore[import-not-found]  # noqa: E402
+
+
+def test_one_gpu_gives_the_figures_the_model_gave_before() -> None:
+    # The module docstring's seed 24 under the merged policy ("2.5 runs"): 77 %, 1.36x, 19 re-registrations an hour.
+    r = slurm_model.simulate(mix(24), slurm_model.policies()["2.5 runs"], gpus=1)
+    assert (r.ran, round(100 * r.util_waiting), round(r.ratio, 2), round(r.reregs_per_h)) == (45, 77, 1.36, 19)
+    assert r.state.reregistrations > 0 and r.per_change is not None and r.per_change > 0
+
+
+def _check(r: Any, jobs: int, gpus: int) -> None:
+    assert r.ran == jobs, f"{r.ran} of {jobs} jobs ran"
+    assert 0.0 <= r.util_waiting <= 1.0 and 0.0 <= r.closed_share <= 1.0
+    st = r.state
+    assert len(st.layouts) == gpus
+    done = [j for j in st.jobs if j.start_s < math.inf]
+    assert len(done) == jobs and all(j.end_s == pytest.approx(j.start_s + j.mix.runtime_s) for j in done)
+    for a in done:  # one job an instance at a time (seats index the layouts of the time: jobs never span a change)
+        same = [b.name for b in done if b is not a and b.seat == a.seat and b.start_s < a.end_s and a.start_s < b.end_s]
+        assert a.seat >= 0 and not same, f"{a.name} shares its instance with {same}"
+    changes = [t for t, text in st.log if text.startswith("re-register")]
+    assert len(changes) == st.reregistrations
+    for t in changes:  # the whole node re-registers: no job runs on any GPU then
+        assert not [j.name for j in done if j.start_s <= t < j.end_s], f"a job ran through the change at {t} s"
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_every_job_of_the_scaled_mix_runs_once_on_a_node_of_gpus(gpus: int) -> None:
+    jobs = mix(21, 45 * gpus)
+    r = slurm_model.simulate(jobs, slurm_model.policies()["now"], gpus=gpus)
+    _check(r, len(jobs), gpus)
+    assert r.ratio >= 1.0  # never faster than the packing bound of the node's GPUs
+
+
+def test_a_node_of_no_gpus_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="gpus"):
+        slurm_model.simulate(mix(21), slurm_model.policies()["now"], gpus=0)
