@@ -3,8 +3,8 @@
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite: make ids
 #               (every test but the fault-injection ones, with GPU-instance IDs handed out adversarially), the
-#               fault-injection tests alone (their time bounds are tight), make driver-ids, then make slurm-newer.
-#               Every suite runs in
+#               fault-injection tests alone (their time bounds are tight), make driver-ids, then make slurm-newer
+#               (its chroot made in the background meanwhile, from the start). Every suite runs in
 #               a fresh, empty home directory made for the run (.ci/fresh-home). Most tests wait on daemons, brokers
 #               and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's tests on one worker;
 #               JOBS=0 runs them in one process)
@@ -17,7 +17,8 @@
 #               (FLEXMIG_SIM_IDS, see docs/simulator.md: any legal ID, reused after a destroy), so that no test and
 #               no code may assume a mapping. The seed is printed; make ids SIM_IDS=adversarial:N replays a run
 #   make driver-ids  every test not marked integration, and the NVML, simulator, telemetry and daemon rooms, with
-#               the IDs a real driver hands out (the simulator's default); make test runs it after make ids
+#               the IDs a real driver hands out (the simulator's default), in one run (FLEXMIG_INTEGRATION_ONLY_IN
+#               leaves the other rooms' integration tests out); make test runs it after make ids
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
@@ -71,7 +72,9 @@ DRIVER_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
 JOBS ?= 3
 XDIST := -n $(JOBS) --dist loadscope
 
-test: venv debs lint
+test: debs
+	$(PY) tests/support/slurm_newer.py build $(NEWER_SLURM)
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory ids SIM_IDS=$(SIM_IDS)
 	$(FRESH_HOME) $(BIN)/pytest -q -m fault
 	$(MAKE) --no-print-directory driver-ids
@@ -82,8 +85,8 @@ ids: venv
 	FLEXMIG_SIM_IDS=$(SIM_IDS) $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not fault"
 
 driver-ids: venv
-	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "not integration"
-	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "integration and not fault" $(DRIVER_ROOMS)
+	FLEXMIG_INTEGRATION_ONLY_IN="$(DRIVER_ROOMS)" $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) \
+	  -m "not (integration and fault)"
 
 # Every Slurm test again, against Debian 13's Slurm 24.11 in a chroot (made with debootstrap the first time, in
 # NEWER_SLURM; its daemons and commands reached through wrappers in NEWER_SLURM.bin): tests/support/slurm_newer.py.

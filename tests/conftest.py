@@ -140,6 +140,25 @@ def _done_by(item: pytest.Item) -> set[str]:
 sys.addaudithook(_audit)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``FLEXMIG_INTEGRATION_ONLY_IN`` (directories apart by spaces, from the repository root): integration tests
+    outside them are deselected, so that ``make driver-ids`` runs the fast tests and some rooms' integration tests
+    in one run (one start of the workers, one queue for them)."""
+    rooms = os.environ.get("FLEXMIG_INTEGRATION_ONLY_IN", "").split()
+    if not rooms:
+        return
+    root = Path(str(config.rootpath))
+    where = tuple(str((root / r).resolve()) + os.sep for r in rooms)
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        inside = str(Path(str(item.path)).resolve()).startswith(where)
+        (keep if inside or item.get_closest_marker("integration") is None else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     _running.append(item)

@@ -10,14 +10,19 @@ testbed's directory).
 
 ``python tests/support/slurm_newer.py up ROOT`` makes the chroot if ROOT is missing, mounts what it shares, writes
 the wrappers in ``ROOT.bin`` and prints that directory; ``down ROOT`` unmounts everything below ROOT (what ``up``
-mounted). ``make slurm-newer`` runs the Slurm tests against it between the two.
+mounted). ``make slurm-newer`` runs the Slurm tests against it between the two. ``build ROOT`` only makes the
+chroot, in a detached process (its output in ``ROOT.log``), so that ``make test`` makes it while the other suites
+run; one build at a time (a lock beside ROOT): ``up`` waits for a build under way, and makes the chroot itself if
+that build failed (its error then shows).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,17 +42,32 @@ def shared() -> list[Path]:
 
 
 def build(root: Path) -> None:
-    """Make the chroot (if it is not made yet)."""
-    if (root / READY).exists():
-        return
+    """Make the chroot (if it is not made yet), one build at a time: a build under way is waited for."""
     root.parent.mkdir(parents=True, exist_ok=True)
-    print(f"making a Debian {SUITE} chroot with Slurm in {root} (debootstrap, about a minute)", flush=True)
-    subprocess.run(
-        ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    (root / READY).write_text(SUITE + "\n")
+    with open(root.with_name(root.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / READY).exists():
+            return
+        prefix = str(root).rstrip("/") + "/"
+        if root.exists() and not any(m.startswith(prefix) for m in _mounted()):
+            shutil.rmtree(root)  # what a failed build left (nothing is mounted in a chroot that was never ready)
+        print(f"making a Debian {SUITE} chroot with Slurm in {root} (debootstrap, about a minute)", flush=True)
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        (root / READY).write_text(SUITE + "\n")
+
+
+def build_detached(root: Path) -> None:
+    """Start :func:`build` in a process of its own session, its output in ``ROOT.log``, and return at once."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.with_name(root.name + ".log"), "w") as log:
+        subprocess.Popen(
+            [sys.executable, __file__, "build-here", str(root)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
 
 
 def _mounted() -> list[str]:
@@ -96,7 +116,7 @@ def down(root: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("verb", choices=("up", "down"))
+    ap.add_argument("verb", choices=("up", "down", "build", "build-here"))
     ap.add_argument("root", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -105,6 +125,10 @@ def main() -> int:
     root = args.root.resolve()
     if args.verb == "up":
         print(up(root))
+    elif args.verb == "build":
+        build_detached(root)
+    elif args.verb == "build-here":
+        build(root)
     else:
         down(root)
     return 0
