@@ -150,25 +150,31 @@ def test_a_job_one_gpu_node_claims_is_left_out_of_its_siblings_queues_until_the_
     assert claims.taken("h-gpu0") == frozenset() and claims.owners() == set()
 
 
-def test_the_gpu_nodes_of_a_round_share_one_look_at_slurm_until_one_of_them_changes_something() -> None:
-    looks: list[int] = []
+def test_the_gpu_nodes_of_a_round_share_one_look_at_slurm_and_nvml_until_one_of_them_changes_something() -> None:
+    looks: list[str] = []
 
     async def fetch() -> SlurmView:
-        looks.append(len(looks))
+        looks.append("slurm")
         return ((), (), ())
 
+    async def inventory() -> Inventory:
+        looks.append("nvml")
+        return INV
+
     async def scenario() -> None:
-        shared = SharedReads(fetch)
-        for _ in range(8):  # eight GPU nodes, none of which does anything: one look
+        shared = SharedReads(fetch, inventory)
+        for _ in range(8):  # eight GPU nodes, none of which does anything: one look at Slurm, one at NVML
             await shared.view()
+            assert await shared.inventory() is INV
             shared.after(SlurmRound(None, note="a change waits for the node's jobs"))
-        assert shared.reads == 1
+        assert (shared.reads, shared.inventory_reads) == (1, 1)
         shared.after(SlurmRound(None, events=(("change_waiting", {"start_in_s": 30.0}),)))  # one committed a change
         await shared.view()
-        assert shared.reads == 2, "the next agent reads Slurm as the commit left it"
+        await shared.inventory()
+        assert (shared.reads, shared.inventory_reads) == (2, 2), "the next agent reads both as the commit left them"
 
     asyncio.run(scenario())
-    assert looks == [0, 1]
+    assert looks == ["slurm", "nvml", "slurm", "nvml"]
 
 
 def test_a_gpu_node_whose_change_waits_plans_first_so_it_claims_its_jobs_again_after_a_restart() -> None:

@@ -192,6 +192,9 @@ class SlurmAgent:
         self.shared: SlurmView | None = None
         """Slurm's jobs, nodes and reservations as a sibling GPU node's agent read them this round (set by the
         caller, used by the next :meth:`read` only, so that the GPU nodes of one host ask slurmctld once)."""
+        self.shared_inventory: Inventory | None = None
+        """NVML's inventory as read this round before (set by the caller, used by the next :meth:`read` only, so
+        that the GPU nodes of one host ask NVML once)."""
         self.taken: frozenset[str] = frozenset()
         """Pending jobs (request names) a sibling GPU node's change serves: left out of this agent's queue (set by
         the caller before each round, :class:`flexmig.wiring.slurm.SlurmComponent`)."""
@@ -254,12 +257,14 @@ class SlurmAgent:
         """Slurm's jobs, node record and reservations, NVML's inventory, slurmd's state; SlurmError when Slurm
         cannot be read."""
         shared, self.shared = self.shared, None
+        inventory, self.shared_inventory = self.shared_inventory, None
         if shared is None:
             jobs, nodes, reservations = await read_slurm(self.client)
         else:
             jobs, nodes, reservations = shared
         node = next((n for n in nodes if n.name == self.node), None)
-        inventory = await self.executor.mig.inventory()
+        if inventory is None:
+            inventory = await self.executor.mig.inventory()
         view = NodeView.of(inventory)
         model = node_model(view)
         expected: dict[str, int] = {}

@@ -55,6 +55,7 @@ from flexmig.mqtt.slurm_events import (
     reachable_event,
     unreachable_event,
 )
+from flexmig.nvml.types import Inventory
 from flexmig.plan.reregistration import changes_instances
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_error, read_slurm
 from flexmig.slurm.change import KIND
@@ -183,16 +184,23 @@ def round_order(
 
 
 class SharedReads:
-    """One look at slurmctld (jobs, nodes, reservations) shared by the GPU nodes' agents of one round (``[slurm]
-    node_per_gpu``), so that a host of eight GPU nodes asks slurmctld three questions a round, not 24: read when
-    first needed, and again after an agent's round that did anything (carried out, committed, moved or abandoned a
-    change, registered its node, restarted its slurmd: any result or event), since what it did changed Slurm."""
+    """One look at slurmctld (jobs, nodes, reservations) and one at NVML (the inventory) shared by the GPU nodes'
+    agents of one round (``[slurm] node_per_gpu``), so that a host of eight GPU nodes asks slurmctld three questions
+    a round, not 24, and NVML once, not nine times: each read when first needed, and again after an agent's round
+    that did anything (carried out, committed, moved or abandoned a change, registered its node, restarted its
+    slurmd: any result or event), since what it did changed Slurm and maybe the GPUs."""
 
-    def __init__(self, fetch: Callable[[], Awaitable[SlurmView]]) -> None:
+    def __init__(
+        self, fetch: Callable[[], Awaitable[SlurmView]], inventory: Callable[[], Awaitable[Inventory]] | None = None
+    ) -> None:
         self.fetch = fetch
+        self.fetch_inventory = inventory
         self.reads = 0
         """How many times Slurm was read (for the tests and the log)."""
+        self.inventory_reads = 0
+        """How many times NVML's inventory was read (for the tests)."""
         self._view: SlurmView | None = None
+        self._inventory: Inventory | None = None
 
     async def view(self) -> SlurmView:
         """Slurm as last read this round (read now if nothing since changed it)."""
@@ -201,10 +209,19 @@ class SharedReads:
             self.reads += 1
         return self._view
 
+    async def inventory(self) -> Inventory | None:
+        """NVML's inventory as last read this round (read now if nothing since changed it); None without a way to
+        read it."""
+        if self._inventory is None and self.fetch_inventory is not None:
+            self._inventory = await self.fetch_inventory()
+            self.inventory_reads += 1
+        return self._inventory
+
     def after(self, rnd: SlurmRound) -> None:
-        """Forget the look when ``rnd`` did anything."""
+        """Forget both looks when ``rnd`` did anything."""
         if rnd.result is not None or rnd.events:
             self._view = None
+            self._inventory = None
 
 
 class SlurmComponent:
@@ -417,18 +434,21 @@ class SlurmComponent:
             if self.actuator.stopping:
                 return None
             try:
-                if self.per_gpu and not await self._per_gpu_ready():
+                client, act = self._client, self._act
+                assert act is not None
+                shared = SharedReads(lambda: read_slurm(client), act.executor.mig.inventory) if self.per_gpu else None
+                if shared is not None and not await self._per_gpu_ready(shared):
                     return None
-                client = self._client
-                shared = SharedReads(lambda: read_slurm(client)) if self.per_gpu else None
                 waiting = {r.name for r in (await shared.view())[2]} if shared is not None else set()
                 for agent in self._ordered(waiting):
                     agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
                     try:
                         agent.shared = None if shared is None else await shared.view()
+                        agent.shared_inventory = None if shared is None else await shared.inventory()
                         rnd = await agent.round(mode)
                     finally:
                         agent.shared = None
+                        agent.shared_inventory = None
                     if shared is not None:
                         shared.after(rnd)
                     self.claims.update_from(agent.node, rnd)
@@ -451,10 +471,10 @@ class SlurmComponent:
         self.last = done[-1][1] if done else None
         return self.last
 
-    async def _per_gpu_ready(self) -> bool:
+    async def _per_gpu_ready(self, shared: SharedReads) -> bool:
         """``node_per_gpu``: Slurm is 23.11 or later (else one line, and nothing is touched), and there is an
-        agent for every MIG GPU NVML shows."""
-        assert self._client is not None and self._act is not None
+        agent for every MIG GPU NVML shows (in the round's shared inventory)."""
+        assert self._client is not None
         if not self._version_ok:
             cfg = await self._client.config()
             problem = version_problem(cfg.get("SLURM_VERSION", ""))
@@ -462,7 +482,8 @@ class SlurmComponent:
                 self._node_event("refused", {"reason": problem}, self.node)
                 return False
             self._version_ok = True
-        inventory = await self._act.executor.mig.inventory()
+        inventory = await shared.inventory()
+        assert inventory is not None
         for g in sorted(inventory.gpus, key=lambda g: g.index):
             if g.mig_current:
                 self.agent_for_gpu(g.index)
