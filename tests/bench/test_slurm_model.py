@@ -51,3 +51,18 @@ def test_every_job_of_the_scaled_mix_runs_once_on_a_node_of_gpus(gpus: int) -> N
 def test_a_node_of_no_gpus_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="gpus"):
         slurm_model.simulate(mix(21), slurm_model.policies()["now"], gpus=0)
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_one_node_per_instance_runs_every_job_once_on_its_own_instance_of_its_profile(gpus: int) -> None:
+    """The design for Slurm 23.11+ (``instances``): every job runs once, on an instance of its profile that no other
+    job holds meanwhile (the model refuses to destroy an instance a job runs on), never faster than the bound."""
+    jobs = mix(21, 45 * gpus)
+    r = slurm_model.simulate(jobs, slurm_model.policies()["instances"], gpus=gpus)
+    assert r.ran == len(jobs) and r.ratio >= 1.0 and 0.0 <= r.closed_share <= 1.0
+    done = [j for j in r.state.jobs if j.start_s < math.inf]
+    for a in done:
+        assert a.where is not None
+        same = [b.name for b in done if b is not a and b.where == a.where and b.start_s < a.end_s and a.start_s < b.end_s]
+        assert not same, f"{a.name} shares its instance with {same}"
+    assert r.state.reregistrations > 0
