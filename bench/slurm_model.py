@@ -36,7 +36,9 @@ per 10 s):
 
 Rivals, side by side on the same seeds: ``static`` (``3g+2g+1g``, no flexmig: the 7g jobs never run, as in
 ``bench/slurm_mix.py``), ``2.5 runs`` (the policy before: forecasts over 2.5 typical run times), ``now`` (this
-tree's defaults), ``cover`` (a rejected variant: only layouts that hold every profile asked), and the design for
+tree's defaults), ``cover`` (a rejected variant: only layouts that hold every profile asked), ``per-gpu`` (Slurm
+23.11+'s ``node_per_gpu``: :func:`simulate_per_gpu`, one GPU node per GPU with its own closures, the daemon's round
+order and claims; on one GPU it is ``now``, figure for figure), and the design for
 Slurm 23.11+ where every MIG instance is its own dynamic node: ``instances`` (:func:`flexmig.plan.carving.carve`
 each round; idle instances destroyed and new ones created while busy ones run on, a new instance serving jobs
 ``REREGISTER_S`` later; no node ever closes as a whole) and ``hold-at-once`` (a rejected variant of it: a blocked
@@ -87,6 +89,7 @@ from flexmig.plan.reregistration import (
 )
 from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
 from flexmig.plan.waiting import Committed, next_step
+from flexmig.wiring.slurm import Claims, round_order
 from machine import machine
 from slurm_mix import SLICES, WINDOW_S, MixJob, Run, bound, figures, mix
 
@@ -114,6 +117,7 @@ class Job:
     end_s: float = math.inf
     seat: int = -1
     where: tuple[int, int] | None = None  # --per-instance: the (gpu, start) of its instance
+    node: int | None = None  # per-GPU nodes: the GPU node it runs on
 
     @property
     def name(self) -> str:
@@ -135,6 +139,7 @@ class Policy:
     agent: bool = True
     layout: tuple[tuple[str, int], ...] = START
     per_instance: bool = False  # one Slurm node per MIG instance (simulate_instances)
+    per_gpu: bool = False  # one Slurm node per GPU (simulate_per_gpu)
     hold_after_s: float = 0.0  # per_instance: a blocked job holds a region once it has waited this long
 
 
@@ -154,10 +159,15 @@ class State:
     log: list[tuple[float, str]] = field(default_factory=list)
     losses: dict[str, float] = field(default_factory=dict)
     timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = field(default_factory=list)
+    node: int | None = None  # per-GPU nodes: this GPU node's state (its jobs only run here; the queue is shared)
+    taken: frozenset[str] = frozenset()  # per-GPU nodes: waiting jobs a sibling's change claims
 
     def running(self) -> list[Job]:
-        """Jobs Slurm has started (their instance is taken) and that have not ended."""
-        return [j for j in self.jobs if j.start_s < math.inf and self.t < j.end_s]
+        """Jobs Slurm has started (their instance is taken) and that have not ended (on this node)."""
+        return [
+            j for j in self.jobs
+            if j.start_s < math.inf and self.t < j.end_s and (self.node is None or j.node == self.node)
+        ]  # fmt: skip
 
     def pending(self) -> list[Job]:
         return [j for j in self.jobs if j.submit_s <= self.t and j.start_s == math.inf]
@@ -220,6 +230,7 @@ def slurm_step(st: State, *, backfill: bool) -> None:
         k = next(k for k, (p, _, j) in enumerate(seats) if p == job.mix.profile and j is None and k not in taken)
         taken.add(k)
         job.seat = k
+        job.node = st.node
         job.start_s = st.t + START_LATENCY_S
         job.end_s = job.start_s + job.mix.runtime_s
 
@@ -253,6 +264,7 @@ def node_now(st: State) -> NodeNow:
             movable=False,
         )
         for j in st.pending()
+        if j.name not in st.taken
     )
     return NodeNow(MODEL, st.layouts, tuple(running), queue)
 
@@ -288,10 +300,11 @@ def covering(profiles: frozenset[str]) -> tuple[Layout, ...]:
     return tuple(out) or candidates(profiles)
 
 
-def agent_round(st: State, pol: Policy) -> None:
-    """One round of the agent (:meth:`flexmig.slurm.agent.SlurmAgent._round`, mode act)."""
+def agent_round(st: State, pol: Policy) -> tuple[str, tuple[str, ...]]:
+    """One round of the agent (:meth:`flexmig.slurm.agent.SlurmAgent._round`, mode act): what it did (``abandon``,
+    ``acting``: a change carried out, committed or kept, or ``nothing``) and the jobs its verdict newly serves."""
     if st.t < st.reregistering_until:
-        return
+        return "nothing", ()
     if st.reservation is not None and st.t >= st.reservation[1]:  # ended without its change
         st.reservation = None
         st.closed_at = st.t
@@ -309,9 +322,12 @@ def agent_round(st: State, pol: Policy) -> None:
         res, changes=changes_instances(plan), go=v.go, busy=any(not h.movable for h in node.running), now_s=st.t,
         close_in_s=close_in_s(node, pol.cost.fixed_s),
     )  # fmt: skip
+    acting = v.go and changes_instances(plan) and (step.kind in ("change", "commit") or res is not None)
+    did = "acting" if acting else "nothing"
     if step.kind == "abandon":
         st.reservation = None
         st.log.append((st.t, f"abandoned: {v.reason}"))
+        did = "abandon"
     elif step.kind == "change":
         _change(st, choice.target, busy=bool(node.running) or res is not None, why=v.reason)
     elif step.kind == "earlier" and res is not None:
@@ -320,6 +336,7 @@ def agent_round(st: State, pol: Policy) -> None:
     elif step.kind == "commit":
         st.reservation = (st.t + step.start_in_s, st.t + step.start_in_s + DRAIN_TIMEOUT_S)
         st.log.append((st.t, f"committed {spec(choice.target)} in {step.start_in_s:.0f} s: {v.reason}"))
+    return did, (() if did == "abandon" else v.newly_served)
 
 
 def _change(st: State, target: tuple[Layout, ...], *, busy: bool, why: str) -> None:
@@ -398,6 +415,8 @@ def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: flo
         raise ValueError(f"simulate: gpus must be at least 1, not {gpus!r}")
     if pol.per_instance:
         return simulate_instances(jobs, pol, gpus=gpus, limit_s=limit_s)
+    if pol.per_gpu:
+        return simulate_per_gpu(jobs, pol, gpus=gpus, limit_s=limit_s)
     start = Layout.of(MODEL, list(pol.layout))
     st = State((start,) * gpus, [Job(j, j.arrival_s) for j in jobs])
     runnable = [j for j in st.jobs if pol.agent or j.mix.profile in {p for p, _ in pol.layout}]
@@ -451,10 +470,83 @@ def policies() -> dict[str, Policy]:
         "2.5 runs": Policy("2.5 runs", cost=replace(cost, horizon_runs=2.5)),
         "now": Policy("now", cost=cost),
         "cover": Policy("cover", cost=cost, cover=True),
+        "per-gpu": Policy("per-gpu", cost=cost, per_gpu=True),
         "instances": Policy("instances", per_instance=True, hold_after_s=HOLD_AFTER_S),
         "hold-at-once": Policy("hold-at-once", per_instance=True, hold_after_s=0.0),
         "no-hold": Policy("no-hold", per_instance=True, hold_after_s=math.inf),
     }
+
+
+def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
+    """Run ``jobs`` with one Slurm node per GPU (``[slurm] node_per_gpu``, Slurm 23.11+): each GPU node is the
+    one-GPU model of :func:`simulate` (its own layout, reservation and closures), the queue is shared; Slurm's passes
+    take the GPU nodes in turn; flexmig's round runs one agent per GPU node in the daemon's order
+    (:func:`flexmig.wiring.slurm.round_order`) with its claims (:class:`flexmig.wiring.slurm.Claims`: the jobs a
+    change serves are left out of the other GPU nodes' queues for 60 s, or until it is abandoned)."""
+    start = Layout.of(MODEL, list(pol.layout))
+    shared = [Job(j, j.arrival_s) for j in jobs]
+    nodes = [State((start,), shared, node=g) for g in range(gpus)]
+    first = min(j.arrival_s for j in jobs)
+    t = next_round = next_backfill = first
+    claims = Claims(60.0, lambda: t)
+    waiting_time = waiting_busy = 0.0
+    closed_steps = steps = 0
+    timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = []
+    while t < limit_s:
+        for st in nodes:
+            st.t = t
+        backfill = t >= next_backfill
+        for st in nodes:
+            slurm_step(st, backfill=False)
+            if backfill:
+                slurm_step(st, backfill=True)
+        if backfill:
+            next_backfill = t + BF_INTERVAL_S
+        if t >= next_round:
+            order = round_order(
+                [(f"g{st.node}", st.node) for st in nodes],
+                waiting={f"g{st.node}" for st in nodes if st.reservation is not None},
+                claiming=claims.owners(), busy={f"g{st.node}" for st in nodes if st.running()},
+            )  # fmt: skip
+            for name in order:
+                st = nodes[int(name[1:])]
+                st.taken = claims.taken(name)
+                did, served = agent_round(st, pol)
+                claims.update(name, served, acting=did == "acting", abandoned=did == "abandon")
+                slurm_step(st, backfill=False)
+            next_round = t + ROUND_S
+        if all(j.end_s <= t for j in shared):
+            break
+        used = 0.0
+        for st in nodes:
+            account(st)
+            used += st.timeline[-1][3]
+            closed_steps += st.closed()
+        steps += len(nodes)
+        timeline.append((t, " | ".join(spec(st.layouts).split(":", 1)[-1] for st in nodes), False, used, {}, {}))
+        if any(j.submit_s <= t and j.start_s == math.inf for j in shared):
+            waiting_time += STEP_S
+            waiting_busy += used * STEP_S
+        t += STEP_S
+    ran = [j for j in shared if j.end_s < math.inf]
+    makespan = max(j.end_s for j in ran) - first
+    merged = State(tuple(st.layouts[0] for st in nodes), shared, t=t)
+    merged.reregistrations = sum(st.reregistrations for st in nodes)
+    merged.log = sorted((ts, f"GPU {st.node}: {text}") for st in nodes for ts, text in st.log)
+    merged.timeline = timeline
+    for st in nodes:
+        for cause, x in st.losses.items():
+            merged.losses[cause] = merged.losses.get(cause, 0.0) + x
+    return Result(
+        len(ran),
+        waiting_busy / (MODEL.compute_slices * gpus * waiting_time) if waiting_time else 1.0,
+        makespan,
+        makespan / bound(list(jobs), gpus),
+        closed_steps / steps if steps else 0.0,
+        merged.reregistrations / (makespan / 3600),
+        merged.losses,
+        merged,
+    )
 
 
 def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
