@@ -127,6 +127,35 @@ SECTIONS: tuple[Section, ...] = (
         markdown=False,
     ),
     Section(
+        "slurm_model_instances",
+        "One Slurm node per MIG instance (Slurm 23.11+), modelled: the design beside today's",
+        "slurm_model.py",
+        # the held-out seeds (HOLD_AFTER_S was chosen on seeds 1-20), one GPU: today's whole-node policy beside it
+        ("--seeds", "21-40", "--policies", "static,now,instances,hold-at-once", "--per-change"),
+        quick=("--seeds", "21", "--policies", "now,instances"),
+        markdown=False,
+    ),
+    Section(
+        "slurm_model_ideal",
+        "The mix with no costs, modelled: what carving alone could reach on one GPU",
+        "slurm_model.py",
+        # changes and starts free, flexmig deciding every step; no-hold: big jobs may starve (a bound, not a policy)
+        ("--seeds", "21-40", "--policies", "now,instances,no-hold", "--ideal"),
+        quick=("--seeds", "21", "--policies", "no-hold", "--ideal"),
+        markdown=False,
+    ),
+    Section(
+        "slurm_model_instances_8gpu",
+        "One Slurm node per MIG instance on 8 GPUs, modelled, beside one per GPU",
+        "slurm_model.py",
+        # per-GPU nodes (node_per_gpu, built) beside it; the whole-node policy on 8 GPUs is section slurm_model_8gpu
+        # (40-80 min more here); about 1.5 min a per-GPU run on 2 cores
+        ("--gpus", "8", "--seeds", "21-40", "--policies", "static,per-gpu,instances", "--per-change",
+         "--parallel", "2"),
+        quick=("--gpus", "2", "--seeds", "21", "--policies", "instances", "--per-change"),
+        markdown=False,
+    ),
+    Section(
         "submit",
         "Submitting to a long queue",
         "submit.py",

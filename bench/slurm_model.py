@@ -36,7 +36,17 @@ per 10 s):
 
 Rivals, side by side on the same seeds: ``static`` (``3g+2g+1g``, no flexmig: the 7g jobs never run, as in
 ``bench/slurm_mix.py``), ``2.5 runs`` (the policy before: forecasts over 2.5 typical run times), ``now`` (this
-tree's defaults) and ``cover`` (a rejected variant: only layouts that hold every profile asked). Tune on seeds 1-20,
+tree's defaults), ``cover`` (a rejected variant: only layouts that hold every profile asked), ``per-gpu`` (Slurm
+23.11+'s ``node_per_gpu``: :func:`simulate_per_gpu`, one GPU node per GPU with its own closures, the daemon's round
+order and claims; on one GPU it is ``now``, figure for figure), and the design for
+Slurm 23.11+ where every MIG instance is its own dynamic node: ``instances`` (:func:`flexmig.plan.carving.carve`
+each round; idle instances destroyed and new ones created while busy ones run on, a new instance serving jobs
+``REREGISTER_S`` later; no node ever closes as a whole) and ``hold-at-once`` (a rejected variant of it: a blocked
+job holds its region at once, not after ``HOLD_AFTER_S``) and ``no-hold`` (a bound, not a policy: a blocked job
+never holds a region, so a big job may wait for as long as small ones keep coming). ``--ideal`` takes the costs
+away (a change and a job's start take no time, flexmig decides every step): with ``no-hold``, what a greedy
+carving could reach on the mix were Slurm and the driver free. For those, "closed" is the share of the
+node's slices closed to new jobs (registering, or in a held region past its time), not of time. Tune on seeds 1-20,
 report on 21-40: ``.venv/bin/python bench/slurm_model.py --seeds 21-40`` (about a minute on 2 cores).
 
 A node of several GPUs (``--gpus N``, issue #24: what a change costs on an 8-GPU node under Slurm 22.05): one layout
@@ -59,7 +69,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,6 +78,7 @@ from flexmig.mig import H200
 from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout, PlacedInstance
 from flexmig.plan.backfill import Ask, Seat, forecast
+from flexmig.plan.carving import HOLD_AFTER_S, Hold, Waiting, carve
 from flexmig.plan.reregistration import (
     DrainHolder,
     NodeNow,
@@ -78,6 +89,7 @@ from flexmig.plan.reregistration import (
 )
 from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
 from flexmig.plan.waiting import Committed, next_step
+from flexmig.wiring.slurm import Claims, round_order
 from machine import machine
 from slurm_mix import SLICES, WINDOW_S, MixJob, Run, bound, figures, mix
 
@@ -104,6 +116,8 @@ class Job:
     start_s: float = math.inf
     end_s: float = math.inf
     seat: int = -1
+    where: tuple[int, int] | None = None  # --per-instance: the (gpu, start) of its instance
+    node: int | None = None  # per-GPU nodes: the GPU node it runs on
 
     @property
     def name(self) -> str:
@@ -124,6 +138,9 @@ class Policy:
     cover: bool = False
     agent: bool = True
     layout: tuple[tuple[str, int], ...] = START
+    per_instance: bool = False  # one Slurm node per MIG instance (simulate_instances)
+    per_gpu: bool = False  # one Slurm node per GPU (simulate_per_gpu)
+    hold_after_s: float = 0.0  # per_instance: a blocked job holds a region once it has waited this long
 
 
 @dataclass
@@ -142,10 +159,15 @@ class State:
     log: list[tuple[float, str]] = field(default_factory=list)
     losses: dict[str, float] = field(default_factory=dict)
     timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = field(default_factory=list)
+    node: int | None = None  # per-GPU nodes: this GPU node's state (its jobs only run here; the queue is shared)
+    taken: frozenset[str] = frozenset()  # per-GPU nodes: waiting jobs a sibling's change claims
 
     def running(self) -> list[Job]:
-        """Jobs Slurm has started (their instance is taken) and that have not ended."""
-        return [j for j in self.jobs if j.start_s < math.inf and self.t < j.end_s]
+        """Jobs Slurm has started (their instance is taken) and that have not ended (on this node)."""
+        return [
+            j for j in self.jobs
+            if j.start_s < math.inf and self.t < j.end_s and (self.node is None or j.node == self.node)
+        ]  # fmt: skip
 
     def pending(self) -> list[Job]:
         return [j for j in self.jobs if j.submit_s <= self.t and j.start_s == math.inf]
@@ -208,6 +230,7 @@ def slurm_step(st: State, *, backfill: bool) -> None:
         k = next(k for k, (p, _, j) in enumerate(seats) if p == job.mix.profile and j is None and k not in taken)
         taken.add(k)
         job.seat = k
+        job.node = st.node
         job.start_s = st.t + START_LATENCY_S
         job.end_s = job.start_s + job.mix.runtime_s
 
@@ -241,6 +264,7 @@ def node_now(st: State) -> NodeNow:
             movable=False,
         )
         for j in st.pending()
+        if j.name not in st.taken
     )
     return NodeNow(MODEL, st.layouts, tuple(running), queue)
 
@@ -276,10 +300,11 @@ def covering(profiles: frozenset[str]) -> tuple[Layout, ...]:
     return tuple(out) or candidates(profiles)
 
 
-def agent_round(st: State, pol: Policy) -> None:
-    """One round of the agent (:meth:`flexmig.slurm.agent.SlurmAgent._round`, mode act)."""
+def agent_round(st: State, pol: Policy) -> tuple[str, tuple[str, ...]]:
+    """One round of the agent (:meth:`flexmig.slurm.agent.SlurmAgent._round`, mode act): what it did (``abandon``,
+    ``acting``: a change carried out, committed or kept, or ``nothing``) and the jobs its verdict newly serves."""
     if st.t < st.reregistering_until:
-        return
+        return "nothing", ()
     if st.reservation is not None and st.t >= st.reservation[1]:  # ended without its change
         st.reservation = None
         st.closed_at = st.t
@@ -297,9 +322,12 @@ def agent_round(st: State, pol: Policy) -> None:
         res, changes=changes_instances(plan), go=v.go, busy=any(not h.movable for h in node.running), now_s=st.t,
         close_in_s=close_in_s(node, pol.cost.fixed_s),
     )  # fmt: skip
+    acting = v.go and changes_instances(plan) and (step.kind in ("change", "commit") or res is not None)
+    did = "acting" if acting else "nothing"
     if step.kind == "abandon":
         st.reservation = None
         st.log.append((st.t, f"abandoned: {v.reason}"))
+        did = "abandon"
     elif step.kind == "change":
         _change(st, choice.target, busy=bool(node.running) or res is not None, why=v.reason)
     elif step.kind == "earlier" and res is not None:
@@ -308,6 +336,7 @@ def agent_round(st: State, pol: Policy) -> None:
     elif step.kind == "commit":
         st.reservation = (st.t + step.start_in_s, st.t + step.start_in_s + DRAIN_TIMEOUT_S)
         st.log.append((st.t, f"committed {spec(choice.target)} in {step.start_in_s:.0f} s: {v.reason}"))
+    return did, (() if did == "abandon" else v.newly_served)
 
 
 def _change(st: State, target: tuple[Layout, ...], *, busy: bool, why: str) -> None:
@@ -384,6 +413,10 @@ def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: flo
     """Run ``jobs`` on one model node of ``gpus`` GPUs under ``pol`` (every GPU starts with the policy's layout)."""
     if gpus < 1:
         raise ValueError(f"simulate: gpus must be at least 1, not {gpus!r}")
+    if pol.per_instance:
+        return simulate_instances(jobs, pol, gpus=gpus, limit_s=limit_s)
+    if pol.per_gpu:
+        return simulate_per_gpu(jobs, pol, gpus=gpus, limit_s=limit_s)
     start = Layout.of(MODEL, list(pol.layout))
     st = State((start,) * gpus, [Job(j, j.arrival_s) for j in jobs])
     runnable = [j for j in st.jobs if pol.agent or j.mix.profile in {p for p, _ in pol.layout}]
@@ -428,14 +461,221 @@ def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: flo
 
 def policies() -> dict[str, Policy]:
     """The rivals: static (no flexmig), the merged policy before this change (forecasts over 2.5 typical run
-    times), this tree's policy, and a rejected variant (layouts that hold every profile asked)."""
+    times), this tree's policy, a rejected variant (layouts that hold every profile asked), and one Slurm node per
+    MIG instance (Slurm 23.11+; :func:`simulate_instances`) with blocked jobs holding a region after
+    :data:`flexmig.plan.carving.HOLD_AFTER_S`, or at once (rejected)."""
     cost = RegistrationCost(fixed_s=2.0)
     return {
         "static": Policy("static", agent=False, layout=STATIC),
         "2.5 runs": Policy("2.5 runs", cost=replace(cost, horizon_runs=2.5)),
         "now": Policy("now", cost=cost),
         "cover": Policy("cover", cost=cost, cover=True),
+        "per-gpu": Policy("per-gpu", cost=cost, per_gpu=True),
+        "instances": Policy("instances", per_instance=True, hold_after_s=HOLD_AFTER_S),
+        "hold-at-once": Policy("hold-at-once", per_instance=True, hold_after_s=0.0),
+        "no-hold": Policy("no-hold", per_instance=True, hold_after_s=math.inf),
     }
+
+
+def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
+    """Run ``jobs`` with one Slurm node per GPU (``[slurm] node_per_gpu``, Slurm 23.11+): each GPU node is the
+    one-GPU model of :func:`simulate` (its own layout, reservation and closures), the queue is shared; Slurm's passes
+    take the GPU nodes in turn; flexmig's round runs one agent per GPU node in the daemon's order
+    (:func:`flexmig.wiring.slurm.round_order`) with its claims (:class:`flexmig.wiring.slurm.Claims`: the jobs a
+    change serves are left out of the other GPU nodes' queues for 60 s, or until it is abandoned)."""
+    start = Layout.of(MODEL, list(pol.layout))
+    shared = [Job(j, j.arrival_s) for j in jobs]
+    nodes = [State((start,), shared, node=g) for g in range(gpus)]
+    first = min(j.arrival_s for j in jobs)
+    t = next_round = next_backfill = first
+    claims = Claims(60.0, lambda: t)
+    waiting_time = waiting_busy = 0.0
+    closed_steps = steps = 0
+    timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = []
+    while t < limit_s:
+        for st in nodes:
+            st.t = t
+        backfill = t >= next_backfill
+        for st in nodes:
+            slurm_step(st, backfill=False)
+            if backfill:
+                slurm_step(st, backfill=True)
+        if backfill:
+            next_backfill = t + BF_INTERVAL_S
+        if t >= next_round:
+            order = round_order(
+                [(f"g{st.node}", st.node) for st in nodes],
+                waiting={f"g{st.node}" for st in nodes if st.reservation is not None},
+                claiming=claims.owners(), busy={f"g{st.node}" for st in nodes if st.running()},
+            )  # fmt: skip
+            for name in order:
+                st = nodes[int(name[1:])]
+                st.taken = claims.taken(name)
+                did, served = agent_round(st, pol)
+                claims.update(name, served, acting=did == "acting", abandoned=did == "abandon")
+                slurm_step(st, backfill=False)
+            next_round = t + ROUND_S
+        if all(j.end_s <= t for j in shared):
+            break
+        used = 0.0
+        for st in nodes:
+            account(st)
+            used += st.timeline[-1][3]
+            closed_steps += st.closed()
+        steps += len(nodes)
+        timeline.append((t, " | ".join(spec(st.layouts).split(":", 1)[-1] for st in nodes), False, used, {}, {}))
+        if any(j.submit_s <= t and j.start_s == math.inf for j in shared):
+            waiting_time += STEP_S
+            waiting_busy += used * STEP_S
+        t += STEP_S
+    ran = [j for j in shared if j.end_s < math.inf]
+    makespan = max(j.end_s for j in ran) - first
+    merged = State(tuple(st.layouts[0] for st in nodes), shared, t=t)
+    merged.reregistrations = sum(st.reregistrations for st in nodes)
+    merged.log = sorted((ts, f"GPU {st.node}: {text}") for st in nodes for ts, text in st.log)
+    merged.timeline = timeline
+    for st in nodes:
+        for cause, x in st.losses.items():
+            merged.losses[cause] = merged.losses.get(cause, 0.0) + x
+    return Result(
+        len(ran),
+        waiting_busy / (MODEL.compute_slices * gpus * waiting_time) if waiting_time else 1.0,
+        makespan,
+        makespan / bound(list(jobs), gpus),
+        closed_steps / steps if steps else 0.0,
+        merged.reregistrations / (makespan / 3600),
+        merged.losses,
+        merged,
+    )
+
+
+def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
+    """Run ``jobs`` with one Slurm node per MIG instance (Slurm 23.11+ dynamic nodes): each round
+    :func:`flexmig.plan.carving.carve` destroys idle instances and creates new ones while busy ones run on; a
+    created instance serves jobs ``REREGISTER_S`` later (its node's slurmd starts and registers); Slurm starts the
+    waiting jobs in priority order on free instances of their profile, keeping a held region's free instances to
+    jobs whose limit ends before the hold's time (flexmig's reservation on their nodes)."""
+    start = Layout.of(MODEL, list(pol.layout))
+    st = State((start,) * gpus, [Job(j, j.arrival_s) for j in jobs])
+    layouts = [start] * gpus
+    registering: dict[tuple[int, int], float] = {}
+    hold: Hold | None = None
+    first = min(j.arrival_s for j in jobs)
+    st.t = next_round = first
+    waiting_time = waiting_busy = closed_slices = 0.0
+    steps = 0
+    total = MODEL.compute_slices * gpus
+    while st.t < limit_s:
+        registering = {w: u for w, u in registering.items() if u > st.t}
+        _slurm_instances(st, layouts, registering, hold)
+        if st.t >= next_round:
+            running = st.running()
+            busy = {j.where: j.start_s + j.limit_s - st.t for j in running if j.where is not None}
+            queue = [Waiting(j.name, j.mix.profile, j.limit_s, st.t - j.submit_s) for j in st.pending()]
+            c = carve(MODEL, layouts, busy, queue, now_s=st.t, hold=hold, registering=frozenset(registering),
+                      hold_after_s=pol.hold_after_s)  # fmt: skip
+            on = {j.where for j in running}
+            for g, s in c.destroy:
+                if (g, s) in on:
+                    raise RuntimeError(f"carve destroyed GPU {g}'s instance at {s}, where a job runs")
+                layouts[g] = layouts[g].remove(s)
+            for g, inst, _ in c.create:
+                layouts[g] = layouts[g].place(inst.profile, inst.start)
+                registering[(g, inst.start)] = st.t + REREGISTER_S
+                st.reregistrations += 1
+            for r in c.reasons:
+                st.log.append((st.t, r))
+            hold = c.hold
+            st.layouts = tuple(layouts)
+            _slurm_instances(st, layouts, registering, hold)
+            next_round = st.t + ROUND_S
+        if all(j.end_s <= st.t for j in st.jobs):
+            break
+        used, closed = _account_instances(st, layouts, registering, hold)
+        steps += 1
+        if st.pending():
+            waiting_time += STEP_S
+            waiting_busy += used * STEP_S
+        closed_slices += closed / total
+        st.t += STEP_S
+    ran = [j for j in st.jobs if j.end_s < math.inf]
+    makespan = max(j.end_s for j in ran) - first
+    return Result(
+        len(ran),
+        waiting_busy / (total * waiting_time) if waiting_time else 1.0,
+        makespan,
+        makespan / bound(list(jobs), gpus),
+        closed_slices / steps if steps else 0.0,
+        st.reregistrations / (makespan / 3600),
+        st.losses,
+        st,
+    )
+
+
+def _slurm_instances(
+    st: State, layouts: Sequence[Layout], registering: Mapping[tuple[int, int], float], hold: Hold | None
+) -> None:
+    """Slurm on one-instance nodes: each waiting job, in priority order, starts on the first free registered
+    instance of its profile (one in the held region only when its limit ends before the hold's time)."""
+    taken = {j.where for j in st.running()}
+    for job in st.pending():
+        for g, lay in enumerate(layouts):
+            for inst in lay:
+                w = (g, inst.start)
+                if inst.profile.name != job.mix.profile or w in taken or w in registering:
+                    continue
+                fenced = hold is not None and hold.job != job.name and hold.covers(MODEL, g, inst)
+                if fenced and hold is not None and st.t + job.limit_s > hold.at_s:
+                    continue
+                job.where = w
+                job.start_s = st.t + START_LATENCY_S
+                job.end_s = job.start_s + job.mix.runtime_s
+                taken.add(w)
+                break
+            if job.where is not None:
+                break
+
+
+def _account_instances(
+    st: State, layouts: Sequence[Layout], registering: Mapping[tuple[int, int], float], hold: Hold | None
+) -> tuple[int, int]:
+    """Busy compute slices, and slices closed to new jobs (registering, or in a held region whose time has come);
+    where the slices idle while jobs wait (the module docstring's causes)."""
+    on = {j.where for j in st.running()}
+    pend = st.pending()
+    wanted = {j.mix.profile for j in pend}
+    used = closed = 0
+    why: dict[str, str] = {}
+    waiting: dict[str, int] = {}
+    for j in pend:
+        short = j.mix.profile.split(".")[0]
+        waiting[short] = waiting.get(short, 0) + 1
+    for g, lay in enumerate(layouts):
+        for inst in lay:
+            n = inst.profile.compute_slices
+            w = (g, inst.start)
+            if w in on:
+                used += n
+                continue
+            held = hold is not None and hold.covers(MODEL, g, inst)
+            if w in registering or (held and hold is not None and st.t >= hold.at_s):
+                closed += n
+            if not pend:
+                continue
+            if w in registering:
+                cause = "closed"
+            elif held:
+                cause = "reserved"
+            elif inst.profile.name not in wanted:
+                cause = "no taker"
+            else:
+                cause = "window"
+            _add(st, cause, n)
+            why[inst.profile.name.split(".")[0]] = cause
+    if pend:
+        _add(st, "uncarved", sum(lay.free_compute_slices() for lay in layouts))
+    st.timeline.append((st.t, spec(layouts), False, used, waiting, why))
+    return used, closed
 
 
 def print_timeline(res: Result, step_s: float = 10.0) -> None:
@@ -518,6 +758,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=1, help="GPUs on the node (default 1); the mix scales with them")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once, in that many processes (default 1)")
     ap.add_argument("--per-change", action="store_true", help="print what one change costs (idle slice-seconds)")
+    ap.add_argument("--ideal", action="store_true", help="no costs: changes and starts take no time, a round a step")
     args = ap.parse_args()
     if args.gpus < 1:
         ap.error(f"--gpus must be at least 1, not {args.gpus}")
@@ -525,16 +766,21 @@ def main() -> int:
         ap.error("--against compares a real run of one GPU: give --gpus 1")
     gpus = args.gpus
     n_jobs = JOBS * gpus
+    if args.ideal:
+        _ideal()
     pols = policies()
     names = [n for n in args.policies.split(",") if n]
     seeds = seeds_of(args.seeds)
     print(
-        "flexmig Slurm mix, offline: a model of one node under Slurm 22.05's rules, flexmig's own decisions"
-        + (f"; {gpus} GPUs, a change re-registers the whole node" if gpus > 1 else "")
+        "flexmig Slurm mix, offline: a model of one node under Slurm 22.05's rules (the per-instance rivals: 23.11's "
+        "dynamic nodes, one per MIG instance), flexmig's own decisions"
+        + (f"; {gpus} GPUs, a change re-registers the whole node (per instance: what it creates)" if gpus > 1 else "")
     )
     load = os.getloadavg()
     print(f"machine: {machine()}; load: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     scaled = f" scaled to {gpus} GPUs: {JOBS} a GPU over the same {WINDOW_S / 60:.0f} minutes" if gpus > 1 else ""
+    if args.ideal:
+        print("--ideal: no costs (a change and a job's start take no time, flexmig decides every step)")
     print(f"seeds {args.seeds}: {n_jobs} jobs each (the issue's mix{scaled}); Slurm every {STEP_S} s (backfill every "
           f"{BF_INTERVAL_S} s), flexmig every {ROUND_S} s, a re-registration closes the node "
           f"{REREGISTER_S} s")  # fmt: skip
@@ -542,7 +788,7 @@ def main() -> int:
     t0 = time.monotonic()
     if args.parallel > 1:
         with ProcessPoolExecutor(args.parallel) as pool:
-            futures = {n: [pool.submit(_run, seed, n, n_jobs, gpus) for seed in seeds] for n in names}
+            futures = {n: [pool.submit(_run, seed, n, n_jobs, gpus, args.ideal) for seed in seeds] for n in names}
             for n in names:
                 results[n] = [f.result() for f in futures[n]]
     else:
@@ -608,8 +854,17 @@ def main() -> int:
     return 0
 
 
-def _run(seed: int, name: str, n_jobs: int, gpus: int) -> Result:
+def _ideal() -> None:
+    """``--ideal``: a change and a job's start take no time, and flexmig decides every step."""
+    global REREGISTER_S, START_LATENCY_S, ROUND_S  # noqa: PLW0603
+    REREGISTER_S = START_LATENCY_S = 0.0
+    ROUND_S = STEP_S
+
+
+def _run(seed: int, name: str, n_jobs: int, gpus: int, ideal: bool = False) -> Result:
     """One run of ``--parallel``: seed ``seed``'s mix of ``n_jobs`` under the policy ``name``."""
+    if ideal:
+        _ideal()
     return simulate(mix(seed, n_jobs), policies()[name], gpus=gpus)
 
 

@@ -145,6 +145,7 @@ _.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (t
 _.SnapshotCollector  # flexmig.metrics.collector: the served families as prometheus_client's (tests, bench/scrape.py)
 _.build_registry
 _.load_pools  # flexmig.replay.synth: synthetic traces (bench/malleable.py, docs/replay.md)
+_.carve  # flexmig.plan.carving: the design for one Slurm node per MIG instance, run by bench/slurm_model.py (tests)
 _.scenario
 _.synthesize
 _.write_pod_list

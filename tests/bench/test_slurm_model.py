@@ -51,3 +51,50 @@ def test_every_job_of_the_scaled_mix_runs_once_on_a_node_of_gpus(gpus: int) -> N
 def test_a_node_of_no_gpus_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="gpus"):
         slurm_model.simulate(mix(21), slurm_model.policies()["now"], gpus=0)
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_one_node_per_instance_runs_every_job_once_on_its_own_instance_of_its_profile(gpus: int) -> None:
+    """The design for Slurm 23.11+ (``instances``): every job runs once, on an instance of its profile that no other
+    job holds meanwhile (the model refuses to destroy an instance a job runs on), never faster than the bound."""
+    jobs = mix(21, 45 * gpus)
+    r = slurm_model.simulate(jobs, slurm_model.policies()["instances"], gpus=gpus)
+    assert r.ran == len(jobs) and r.ratio >= 1.0 and 0.0 <= r.closed_share <= 1.0
+    done = [j for j in r.state.jobs if j.start_s < math.inf]
+    for a in done:
+        assert a.where is not None
+        same = [b.name for b in done if b is not a and b.where == a.where
+                and b.start_s < a.end_s and a.start_s < b.end_s]  # fmt: skip
+        assert not same, f"{a.name} shares its instance with {same}"
+    assert r.state.reregistrations > 0
+
+
+def test_per_gpu_nodes_on_one_gpu_are_the_whole_node_model() -> None:
+    """One GPU node per GPU on a one-GPU host is the whole-node model, figure for figure."""
+    a = slurm_model.simulate(mix(24), slurm_model.policies()["now"], gpus=1)
+    b = slurm_model.simulate(mix(24), slurm_model.policies()["per-gpu"], gpus=1)
+    assert (a.ran, a.util_waiting, a.makespan, a.state.reregistrations) == (
+        b.ran, b.util_waiting, b.makespan, b.state.reregistrations,
+    )  # fmt: skip
+    assert a.losses == b.losses
+
+
+def test_per_gpu_nodes_run_every_job_once_and_a_change_closes_only_its_gpu() -> None:
+    """Two GPU nodes: every job runs once, one at a time on an instance of its node; when a GPU node re-registers no
+    job runs on it, while the other GPU's jobs may."""
+    jobs = mix(21, 90)
+    r = slurm_model.simulate(jobs, slurm_model.policies()["per-gpu"], gpus=2)
+    assert r.ran == len(jobs) and r.ratio >= 1.0
+    done = [j for j in r.state.jobs if j.start_s < math.inf]
+    for a in done:
+        assert a.node in (0, 1) and a.seat >= 0
+        same = [b.name for b in done if b is not a and (b.node, b.seat) == (a.node, a.seat)
+                and b.start_s < a.end_s and a.start_s < b.end_s]  # fmt: skip
+        assert not same, f"{a.name} shares its instance with {same}"
+    changes = [(t, int(text.split(":")[0].split()[1])) for t, text in r.state.log if ": re-register " in text]
+    assert changes and len(changes) == r.state.reregistrations
+    others = 0
+    for t, gpu in changes:
+        assert not [j.name for j in done if j.node == gpu and j.start_s <= t < j.end_s], f"GPU {gpu} busy at {t} s"
+        others += any(j.node != gpu and j.start_s <= t < j.end_s for j in done)
+    assert others > 0  # some change happened while the other GPU node ran a job

@@ -1,0 +1,254 @@
+"""Which MIG instances to destroy and create next when every MIG instance is its own Slurm node (Slurm 23.11+
+dynamic nodes, one slurmd each): free instances are re-carved while the busy ones run on untouched.
+
+A whole-node or whole-GPU change (:mod:`flexmig.plan.reregistration`) has to wait until every job of the node (or
+the GPU) has ended, because Slurm cannot change a node's GRES while a job runs on it. With one node per instance,
+no node's GRES ever changes: an instance is created together with its node and destroyed with it, and only
+*idle* instances are destroyed. So a change never waits for unrelated jobs; what remains is MIG's own geometry:
+a waiting job whose profile fits nowhere in the slices that are free or held by idle instances has to wait for
+busy instances to end.
+
+Each round, the waiting jobs are taken in Slurm's priority order:
+
+* a free instance of the job's profile (one being registered counts) serves it (Slurm starts it there);
+* otherwise the job's profile is **carved** where it destroys the fewest idle compute slices (then as high up the
+  GPU as it goes, so that the low starts that only big profiles can use stay whole); instances another waiting job
+  was given, instances still registering, instances an administrator closed (``pinned``) and the held region
+  below are never destroyed;
+* otherwise the job is **blocked**. The first blocked job gets a **hold**: the placement of its profile (on any
+  GPU) whose busy instances are expected to end first (by their time limits). No instance is carved inside the
+  held region for other jobs, and the caller keeps the region's free instances to jobs whose time limit ends
+  before the hold's time (a Slurm reservation on their nodes). As soon as the region's busy instances are gone,
+  its idle instances are destroyed and the held job's instance is created there. Later blocked jobs wait, as they
+  would behind a job Slurm plans to start: nothing starves, because the hold always serves the oldest blocked job
+  and its region only empties.
+
+A hold is dropped when its job no longer waits, or can be served elsewhere.
+
+Pure: time is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.layout import Layout, PlacedInstance
+
+__all__ = ["HOLD_AFTER_S", "Carving", "Hold", "Waiting", "carve"]
+
+HOLD_AFTER_S = 900.0
+"""How long a blocked job waits before it holds a region. A hold idles the region's free slices until its busy
+instances end, so at once it costs more than it saves: on the administrator's mix (``bench/slurm_model.py``, seeds
+1-20) holding at once gave 81 % (71 % worst) utilisation while jobs wait and 1.27x (1.40x) the packing bound,
+after 600 s 87 % (79 %) and 1.19x (1.33x), after 900 s 85 % (78 %) and 1.19x (1.28x), and later no better; the
+bound on waiting is what keeps a big job from starving behind a stream of small ones."""
+
+Where = tuple[int, int]
+"""An instance's place on the node: ``(gpu, start)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A waiting job, in Slurm's priority order: its name, the profile it asks for, its time limit (seconds; None:
+    none) and how long it has waited."""
+
+    name: str
+    profile: str
+    limit_s: float | None = None
+    waited_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """The region kept for a blocked job: ``profile`` at ``start`` on ``gpu``, expected empty at ``at_s`` (the
+    clock ``now_s`` is on; ``math.inf``: a busy instance there has no time limit)."""
+
+    job: str
+    gpu: int
+    start: int
+    profile: str
+    at_s: float
+
+    def slices(self, model: GpuModel) -> range:
+        """The memory slices of the held region."""
+        return range(self.start, self.start + model.profile(self.profile).memory_slices)
+
+    def covers(self, model: GpuModel, gpu: int, inst: PlacedInstance) -> bool:
+        """True when ``inst`` on ``gpu`` overlaps the held region."""
+        region = self.slices(model)
+        return gpu == self.gpu and inst.start < region.stop and region.start < inst.end
+
+
+@dataclass(frozen=True, slots=True)
+class Carving:
+    """A round's decision: the idle instances to destroy, the instances to create (each for the waiting job
+    named), the hold to keep (None: none), and why, in words."""
+
+    destroy: tuple[Where, ...]
+    create: tuple[tuple[int, PlacedInstance, str], ...]
+    hold: Hold | None
+    reasons: tuple[str, ...]
+
+    @property
+    def changes(self) -> bool:
+        """True when an instance is destroyed or created."""
+        return bool(self.destroy or self.create)
+
+
+def carve(
+    model: GpuModel,
+    layouts: Sequence[Layout],
+    busy: Mapping[Where, float | None],
+    queue: Sequence[Waiting],
+    *,
+    now_s: float,
+    hold: Hold | None = None,
+    registering: frozenset[Where] = frozenset(),
+    pinned: frozenset[Where] = frozenset(),
+    hold_after_s: float = HOLD_AFTER_S,
+) -> Carving:
+    """The next carving of the node's GPUs ``layouts`` for the waiting ``queue`` (Slurm's priority order).
+
+    ``busy`` maps each instance a job runs on to the seconds until that job's time limit (None: no limit);
+    ``registering`` are instances whose nodes are not registered yet (they serve waiting jobs but are not
+    destroyed); ``pinned`` are instances left alone (their node closed by an administrator: they serve nobody and
+    are not destroyed). ``hold`` is the previous round's; a blocked job gets one once it has waited
+    ``hold_after_s``.
+    """
+    for g, start in (*busy, *registering, *pinned):
+        if not 0 <= g < len(layouts) or layouts[g].at(start) is None:
+            raise ValueError(f"carve: no instance at GPU {g}, memory slice {start}")
+    node = _Node(model, list(layouts), busy, registering, pinned)
+    reasons: list[str] = []
+    names = {j.name for j in queue}
+    fence = hold if hold is not None and hold.job in names else None
+    if hold is not None and fence is None:
+        reasons.append(f"{hold.job}: no longer waits; hold dropped")
+    kept: Hold | None = None
+    given: dict[Where, float | None] = {}
+    for job in queue:
+        profile = model.profile(job.profile)
+        mine = fence is not None and fence.job == job.name
+        other = None if mine else fence
+        free = node.free_instance(profile, given, other, job.limit_s, now_s)
+        if free is None:
+            spot = node.spot(profile, given, other)
+            if spot is not None:
+                node.make(spot, profile, job.name)
+                reasons.append(f"{job.name}: {profile.name}@{spot[1]} carved on GPU {spot[0]}")
+                free = spot
+        if free is not None:
+            given[free] = job.limit_s
+            if mine:
+                fence = None
+            continue
+        if kept is not None or (not mine and job.waited_s < hold_after_s):
+            continue  # waits behind the hold (as behind a job Slurm plans to start), or for its turn to hold
+        target = fence if mine else node.earliest(profile, job.name, given, now_s)
+        if target is None:
+            reasons.append(f"{job.name}: {profile.name} fits no GPU of this node")
+            continue
+        if not mine:
+            reasons.append(f"{job.name}: blocked; holds {profile.name}@{target.start} on GPU {target.gpu}")
+        kept = fence = target
+    return Carving(tuple(node.destroyed), tuple(node.created), kept, tuple(reasons))
+
+
+class _Node:
+    """The node's layouts as a round carves them."""
+
+    def __init__(
+        self,
+        model: GpuModel,
+        layouts: list[Layout],
+        busy: Mapping[Where, float | None],
+        registering: frozenset[Where],
+        pinned: frozenset[Where],
+    ) -> None:
+        self.model = model
+        self.layouts = layouts
+        self.busy = busy
+        self.registering = registering
+        self.pinned = pinned
+        self.destroyed: list[Where] = []
+        self.created: list[tuple[int, PlacedInstance, str]] = []
+
+    def _overlap(self, g: int, start: int, profile: Profile) -> list[PlacedInstance]:
+        return [i for i in self.layouts[g] if i.start < start + profile.memory_slices and start < i.end]
+
+    def free_instance(
+        self, profile: Profile, given: Mapping[Where, float | None], fence: Hold | None, limit_s: float | None,
+        now_s: float,
+    ) -> Where | None:  # fmt: skip
+        """A free instance of ``profile`` not given to another job (in the region ``fence`` holds only when the
+        job's limit ends before the hold's time)."""
+        for g, lay in enumerate(self.layouts):
+            for inst in lay:
+                w = (g, inst.start)
+                if inst.profile != profile or w in self.busy or w in given or w in self.pinned:
+                    continue
+                late = limit_s is None or now_s + limit_s > (fence.at_s if fence is not None else math.inf)
+                if fence is not None and fence.covers(self.model, g, inst) and late:
+                    continue
+                return w
+        return None
+
+    def spot(self, profile: Profile, given: Mapping[Where, float | None], fence: Hold | None) -> Where | None:
+        """Where ``profile`` can be carved destroying only idle instances, outside ``fence``: the fewest idle
+        compute slices destroyed, then the highest start, then the lowest GPU."""
+        best: tuple[tuple[int, int, int], Where] | None = None
+        for g, lay in enumerate(self.layouts):
+            for start in profile.starts:
+                if fence is not None and g == fence.gpu:
+                    held = fence.slices(self.model)
+                    if start < held.stop and held.start < start + profile.memory_slices:
+                        continue
+                over = self._overlap(g, start, profile)
+                if any((g, i.start) in self.busy or (g, i.start) in self.registering
+                       or (g, i.start) in self.pinned or (g, i.start) in given for i in over):  # fmt: skip
+                    continue
+                rest = lay
+                for i in over:
+                    rest = rest.remove(i.start)
+                if not rest.can_place(profile, start):
+                    continue
+                key = (sum(i.profile.compute_slices for i in over), -start, g)
+                if best is None or key < best[0]:
+                    best = (key, (g, start))
+        return None if best is None else best[1]
+
+    def make(self, where: Where, profile: Profile, job: str) -> None:
+        """Destroy the idle instances that overlap ``profile`` at ``where`` and create it, given to ``job``."""
+        g, start = where
+        lay = self.layouts[g]
+        for i in self._overlap(g, start, profile):
+            lay = lay.remove(i.start)
+            self.destroyed.append((g, i.start))
+        self.layouts[g] = lay.place(profile, start)
+        self.created.append((g, PlacedInstance(start, profile), job))
+
+    def earliest(self, profile: Profile, job: str, given: Mapping[Where, float | None], now_s: float) -> Hold | None:
+        """The placement of ``profile`` whose busy instances (those given to jobs before it count, with their
+        limits) are expected to end first (by their time limits; then the fewest busy slices, then the highest
+        start, then the lowest GPU), as a hold for ``job``; None when every placement holds a pinned instance (or
+        the profile fits no GPU)."""
+        taken = {**self.busy, **given}
+        best: tuple[tuple[float, int, int, int], Hold] | None = None
+        empty = Layout.empty(self.model)
+        for g in range(len(self.layouts)):
+            for start in profile.starts:
+                if not empty.can_place(profile, start):
+                    continue
+                over = self._overlap(g, start, profile)
+                if any((g, i.start) in self.pinned for i in over):
+                    continue
+                ends = [taken[(g, i.start)] for i in over if (g, i.start) in taken]
+                left = max((math.inf if e is None else e for e in ends), default=0.0)
+                slices = sum(i.profile.compute_slices for i in over if (g, i.start) in taken)
+                key = (left, slices, -start, g)
+                if best is None or key < best[0]:
+                    best = (key, Hold(job, g, start, profile.name, now_s + left))
+        return None if best is None else best[1]

@@ -1,0 +1,205 @@
+"""Carving free MIG instances around busy ones (:func:`flexmig.plan.carving.carve`, the decision for one Slurm node
+per MIG instance): only idle instances are destroyed, what is created is legal and for a waiting job, nothing is
+carved for a job a free instance serves, a held region is left to its job, and a job at the head of an idle node's
+queue (or of an emptied held region) is served in the same round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flexmig.mig import H200
+from flexmig.mig.layout import Layout
+from flexmig.plan.carving import Carving, Hold, Waiting, carve
+
+PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
+NOW = 1000.0
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[Layout, ...]:
+    """One to three GPUs, each with the instances of a random sequence of placements that were legal in turn."""
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        lay = Layout.empty(H200)
+        for name, start in draw(st.lists(st.tuples(st.sampled_from(PROFILES), st.integers(0, 7)), max_size=8)):
+            if lay.can_place(H200.profile(name), start):
+                lay = lay.place(H200.profile(name), start)
+        out.append(lay)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A node as :func:`carve` takes it."""
+
+    layouts: tuple[Layout, ...]
+    busy: dict[tuple[int, int], float | None]
+    queue: list[Waiting]
+    hold: Hold | None
+    registering: frozenset[tuple[int, int]]
+    pinned: frozenset[tuple[int, int]]
+    hold_after_s: float
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> Case:
+    """A node: its layouts, each instance busy (with a limit or none), registering, pinned or free; a queue; and
+    maybe a hold of one of the queue's jobs on a placement of its profile."""
+    lays = draw(layouts())
+    busy: dict[tuple[int, int], float | None] = {}
+    registering: set[tuple[int, int]] = set()
+    pinned: set[tuple[int, int]] = set()
+    for g, lay in enumerate(lays):
+        for inst in lay:
+            kind = draw(st.sampled_from(("busy", "busy", "free", "free", "registering", "pinned")))
+            w = (g, inst.start)
+            if kind == "busy":
+                busy[w] = draw(st.one_of(st.none(), st.floats(1.0, 5000.0)))
+            elif kind == "registering":
+                registering.add(w)
+            elif kind == "pinned":
+                pinned.add(w)
+    queue = [
+        Waiting(
+            f"j{i}",
+            draw(st.sampled_from(PROFILES)),
+            draw(st.one_of(st.none(), st.floats(10.0, 3000.0))),
+            draw(st.floats(0.0, 2000.0)),
+        )
+        for i in range(draw(st.integers(0, 8)))
+    ]
+    hold: Hold | None = None
+    if draw(st.booleans()) and len(queue) > 0:
+        job = draw(st.sampled_from(queue))
+        profile = H200.profile(job.profile)
+        hold = Hold(job.name, draw(st.integers(0, len(lays) - 1)), draw(st.sampled_from(profile.starts)),
+                    job.profile, NOW + draw(st.floats(0.0, 3000.0)))  # fmt: skip
+    return Case(lays, busy, queue, hold, frozenset(registering), frozenset(pinned),
+                draw(st.sampled_from((0.0, 900.0))))  # fmt: skip
+
+
+def run(n: Case) -> Carving:
+    return carve(H200, n.layouts, n.busy, n.queue, now_s=NOW, hold=n.hold, registering=n.registering,
+                 pinned=n.pinned, hold_after_s=n.hold_after_s)  # fmt: skip
+
+
+def after(n: Case, c: Carving) -> list[Layout]:
+    """The layouts once the carving's destroys and creates are done, in that order (Layout refuses an illegal
+    one)."""
+    lays = list(n.layouts)
+    for g, start in c.destroy:
+        lays[g] = lays[g].remove(start)
+    for g, inst, _ in c.create:
+        lays[g] = lays[g].place(inst.profile, inst.start)
+    return lays
+
+
+@given(n=nodes())
+def test_only_idle_instances_are_destroyed_and_what_is_created_is_legal(n: Case) -> None:
+    """No busy, registering or pinned instance is destroyed; the new layouts break no placement rule."""
+    c = run(n)
+    kept = set(n.busy) | n.registering | n.pinned
+    assert not kept & set(c.destroy)
+    assert len(set(c.destroy)) == len(c.destroy)
+    for lay in after(n, c):
+        assert lay.violations() == []
+
+
+@given(n=nodes())
+def test_each_new_instance_is_for_a_distinct_waiting_job_of_its_profile(n: Case) -> None:
+    c = run(n)
+    profiles = {j.name: j.profile for j in n.queue}
+    names = [job for _, _, job in c.create]
+    assert len(names) == len(set(names))
+    for _, inst, job in c.create:
+        assert profiles[job] == inst.profile.name
+
+
+@given(n=nodes())
+def test_nothing_is_carved_for_jobs_that_free_instances_serve(n: Case) -> None:
+    """Without a hold before, no more instances of a profile are created than its waiting jobs outnumber its free
+    ones (outside the region a job holds after the round: those are kept for it)."""
+    if n.hold is not None:
+        return
+    c = run(n)
+    taken = set(n.busy) | n.pinned
+    for p in PROFILES:
+        free = sum(
+            1
+            for g, lay in enumerate(n.layouts)
+            for i in lay
+            if i.profile.name == p and (g, i.start) not in taken and not (c.hold and c.hold.covers(H200, g, i))
+        )
+        waiting = sum(1 for j in n.queue if j.profile == p)
+        made = sum(1 for _, i, _ in c.create if i.profile.name == p)
+        assert made <= max(0, waiting - free)
+
+
+@given(n=nodes())
+def test_a_held_region_is_left_to_its_job(n: Case) -> None:
+    """A hold names a waiting job and a placement of its profile; no instance created for a job after it in the
+    queue overlaps it (one before it may have been carved there first: it comes first)."""
+    c = run(n)
+    if c.hold is None:
+        return
+    h = c.hold
+    order = [j.name for j in n.queue]
+    assert h.job in order
+    assert Layout.empty(H200).can_place(H200.profile(h.profile), h.start)
+    region = h.slices(H200)
+    for g, inst, job in c.create:
+        if order.index(job) > order.index(h.job) and g == h.gpu:
+            assert inst.end <= region.start or region.stop <= inst.start
+
+
+@given(n=nodes())
+def test_the_head_of_an_idle_nodes_queue_is_served_in_the_round(n: Case) -> None:
+    """No busy, registering or pinned instance and no hold: the first waiting job gets a free instance of its
+    profile or a new one at once (an idle node changes in seconds)."""
+    if not n.queue:
+        return
+    c = run(replace(n, busy={}, registering=frozenset(), pinned=frozenset(), hold=None))
+    head = n.queue[0]
+    free = any(i.profile.name == head.profile for lay in n.layouts for i in lay)
+    assert free or any(job == head.name for _, _, job in c.create)
+
+
+@given(n=nodes())
+def test_an_emptied_held_region_serves_its_job_in_the_round(n: Case) -> None:
+    """The held job first in the queue and nothing but idle instances in its region: it is served now (a free
+    instance of its profile, or a new one), and the hold is gone."""
+    h = n.hold
+    if h is None:
+        return
+    region = h.slices(H200)
+    inside = {(h.gpu, i.start) for i in n.layouts[h.gpu] if i.start < region.stop and region.start < i.end}
+    c = run(replace(
+        n, queue=[j for j in n.queue if j.name == h.job], busy={w: v for w, v in n.busy.items() if w not in inside},
+        registering=n.registering - inside, pinned=n.pinned - inside,
+    ))  # fmt: skip
+    assert c.hold is None
+    assert any(job == h.job for _, _, job in c.create) or not c.create
+
+
+def test_an_instance_not_on_the_node_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no instance at GPU 0, memory slice 3"):
+        carve(H200, (Layout.empty(H200),), {(0, 3): 10.0}, [], now_s=0.0)
+
+
+def test_a_7g_job_holds_the_gpu_whose_jobs_end_first_and_small_ones_fill_what_is_free() -> None:
+    """Two GPUs of 1g instances; the 7g job waited past the threshold and holds GPU 1 (its jobs' limits end
+    sooner); a later 1g job takes a free instance on GPU 0, not one in the held region."""
+    one = Layout.of(H200, [("1g.18gb", s) for s in range(7)])
+    busy = {**{(0, s): 900.0 for s in range(4)}, **{(1, s): 100.0 for s in range(3)}}
+    queue = [Waiting("big", "7g.141gb", 600.0, 1000.0), Waiting("small", "1g.18gb", 3000.0, 5.0)]
+    c = carve(H200, (one, one), busy, queue, now_s=0.0)
+    assert c.hold == Hold("big", 1, 0, "7g.141gb", 100.0)
+    assert c.create == () and c.destroy == ()
+    again = carve(H200, (one, one), {w: v for w, v in busy.items() if w[0] == 0}, queue, now_s=100.0, hold=c.hold)
+    assert again.hold is None
+    assert [(g, i.spec(), job) for g, i, job in again.create] == [(1, "7g.141gb@0", "big")]
+    assert sorted(again.destroy) == [(1, s) for s in range(7)]
