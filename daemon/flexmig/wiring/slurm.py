@@ -197,8 +197,6 @@ class SharedReads:
         self.fetch_inventory = inventory
         self.reads = 0
         """How many times Slurm was read (for the tests and the log)."""
-        self.inventory_reads = 0
-        """How many times NVML's inventory was read (for the tests)."""
         self._view: SlurmView | None = None
         self._inventory: Inventory | None = None
 
@@ -214,7 +212,6 @@ class SharedReads:
         read it."""
         if self._inventory is None and self.fetch_inventory is not None:
             self._inventory = await self.fetch_inventory()
-            self.inventory_reads += 1
         return self._inventory
 
     def after(self, rnd: SlurmRound) -> None:
