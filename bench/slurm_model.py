@@ -445,6 +445,15 @@ def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: flo
             waiting_time += STEP_S
             waiting_busy += used * STEP_S
         st.t += STEP_S
+    return _result(jobs, st, first, gpus, waiting_busy, waiting_time, closed_steps / steps if steps else 0.0)
+
+
+def _result(
+    jobs: Sequence[MixJob], st: State, first: float, gpus: int, waiting_busy: float, waiting_time: float,
+    closed_share: float,
+) -> Result:  # fmt: skip
+    """A run's figures from its state and what the loop summed (busy slice-seconds while jobs wait, and how long
+    they waited)."""
     ran = [j for j in st.jobs if j.end_s < math.inf]
     makespan = max(j.end_s for j in ran) - first
     return Result(
@@ -452,7 +461,7 @@ def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: flo
         waiting_busy / (MODEL.compute_slices * gpus * waiting_time) if waiting_time else 1.0,
         makespan,
         makespan / bound(list(jobs), gpus),
-        closed_steps / steps if steps else 0.0,
+        closed_share,
         st.reregistrations / (makespan / 3600),
         st.losses,
         st,
@@ -528,8 +537,6 @@ def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limi
             waiting_time += STEP_S
             waiting_busy += used * STEP_S
         t += STEP_S
-    ran = [j for j in shared if j.end_s < math.inf]
-    makespan = max(j.end_s for j in ran) - first
     merged = State(tuple(st.layouts[0] for st in nodes), shared, t=t)
     merged.reregistrations = sum(st.reregistrations for st in nodes)
     merged.log = sorted((ts, f"GPU {st.node}: {text}") for st in nodes for ts, text in st.log)
@@ -537,16 +544,7 @@ def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limi
     for st in nodes:
         for cause, x in st.losses.items():
             merged.losses[cause] = merged.losses.get(cause, 0.0) + x
-    return Result(
-        len(ran),
-        waiting_busy / (MODEL.compute_slices * gpus * waiting_time) if waiting_time else 1.0,
-        makespan,
-        makespan / bound(list(jobs), gpus),
-        closed_steps / steps if steps else 0.0,
-        merged.reregistrations / (makespan / 3600),
-        merged.losses,
-        merged,
-    )
+    return _result(jobs, merged, first, gpus, waiting_busy, waiting_time, closed_steps / steps if steps else 0.0)
 
 
 def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
@@ -598,18 +596,7 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
             waiting_busy += used * STEP_S
         closed_slices += closed / total
         st.t += STEP_S
-    ran = [j for j in st.jobs if j.end_s < math.inf]
-    makespan = max(j.end_s for j in ran) - first
-    return Result(
-        len(ran),
-        waiting_busy / (total * waiting_time) if waiting_time else 1.0,
-        makespan,
-        makespan / bound(list(jobs), gpus),
-        closed_slices / steps if steps else 0.0,
-        st.reregistrations / (makespan / 3600),
-        st.losses,
-        st,
-    )
+    return _result(jobs, st, first, gpus, waiting_busy, waiting_time, closed_slices / steps if steps else 0.0)
 
 
 def _slurm_instances(
