@@ -116,7 +116,7 @@ class Job:
     start_s: float = math.inf
     end_s: float = math.inf
     seat: int = -1
-    where: tuple[int, int] | None = None  # --per-instance: the (gpu, start) of its instance
+    where: tuple[int, int] | None = None  # per-instance nodes: the (gpu, start) of its instance
     node: int | None = None  # per-GPU nodes: the GPU node it runs on
 
     @property
@@ -470,9 +470,10 @@ def _result(
 
 def policies() -> dict[str, Policy]:
     """The rivals: static (no flexmig), the merged policy before this change (forecasts over 2.5 typical run
-    times), this tree's policy, a rejected variant (layouts that hold every profile asked), and one Slurm node per
-    MIG instance (Slurm 23.11+; :func:`simulate_instances`) with blocked jobs holding a region after
-    :data:`flexmig.plan.carving.HOLD_AFTER_S`, or at once (rejected)."""
+    times), this tree's policy, a rejected variant (layouts that hold every profile asked), one Slurm node per GPU
+    (Slurm 23.11+'s ``node_per_gpu``; :func:`simulate_per_gpu`), and one Slurm node per MIG instance (Slurm 23.11+;
+    :func:`simulate_instances`) with blocked jobs holding a region after :data:`flexmig.plan.carving.HOLD_AFTER_S`,
+    at once (rejected), or never (a bound: big jobs may starve)."""
     cost = RegistrationCost(fixed_s=2.0)
     return {
         "static": Policy("static", agent=False, layout=STATIC),
