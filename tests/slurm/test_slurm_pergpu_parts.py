@@ -7,16 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from flexmig.act.nodeview import NodeView
 from flexmig.cli.main import main as cli_main
 from flexmig.config import parse_config
 from flexmig.errors import ConfigError
+from flexmig.mig import H200
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
+from flexmig.plan.reregistration import Verdict
+from flexmig.plan.types import CreateInstance, Plan
 from flexmig.slurm import taskprolog
-from flexmig.slurm.agent import SlurmRound, SlurmView
+from flexmig.slurm.agent import SlurmRead, SlurmRound, SlurmView
+from flexmig.slurm.demand import SlurmDemand
 from flexmig.slurm.gresconf import gres_map, gres_records
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.settings import SlurmSettings, gpu_node
@@ -148,6 +154,22 @@ def test_a_job_one_gpu_node_claims_is_left_out_of_its_siblings_queues_until_the_
     claims.update("h-gpu1", ["slurm-5"], acting=True)
     claims.update("h-gpu1", [], acting=False, abandoned=True)
     assert claims.taken("h-gpu0") == frozenset() and claims.owners() == set()
+
+
+def test_in_mode_advise_a_gpu_node_whose_verdict_goes_claims_its_jobs_as_act_would() -> None:
+    """Mode advise changes nothing, so no round has a result, a reservation or a ``change_waiting`` event; its plan
+    still claims the jobs it serves, so that a sibling's published plan does not count them again."""
+    view = NodeView.of(INV)
+    read = SlurmRead((), None, INV, view, SlurmDemand("h-gpu1", (), (), ()), H200, {}, {})
+    plan = Plan((CreateInstance(1, 4, H200.profile("1g.18gb"), "for slurm-7", 1.0),))
+    going = Verdict(True, 0.0, 10.0, 1.0, "the change keeps more slices busy", newly_served=("slurm-7",))
+    claims = Claims(60.0, lambda: 0.0)
+    claims.update_from("h-gpu1", SlurmRound(read, plan, going))
+    assert claims.taken("h-gpu0") == frozenset(), "mode act: a round that did nothing claims nothing"
+    claims.update_from("h-gpu1", SlurmRound(read, plan, going), advise=True)
+    assert claims.taken("h-gpu0") == {"slurm-7"}
+    claims.update_from("h-gpu2", SlurmRound(read, plan, replace(going, go=False)), advise=True)
+    assert claims.owners() == {"h-gpu1"}, "a verdict that says no claims nothing, in advise too"
 
 
 def test_the_gpu_nodes_of_a_round_share_one_look_at_slurm_and_nvml_until_one_of_them_changes_something() -> None:

@@ -148,14 +148,17 @@ class Claims:
             for job in served:
                 self._by_job[job] = (node, until)
 
-    def update_from(self, node: str, rnd: SlurmRound) -> None:
+    def update_from(self, node: str, rnd: SlurmRound, *, advise: bool = False) -> None:
         """:meth:`update` from what ``node``'s round did: a change carried out, committed (``change_waiting``) or
-        kept (flexmig's reservation exists and the verdict still goes), or abandoned."""
+        kept (flexmig's reservation exists and the verdict still goes), or abandoned. In mode advise (``advise``)
+        a change the verdict goes for claims its jobs as mode act would carry it out or commit it, so that the GPU
+        nodes' published plans do not count the same job twice."""
         v, read = rnd.verdict, rnd.read
         abandoned = any(what == "change_abandoned" for what, _ in rnd.events)
         going = v is not None and read is not None and v.go and changes_instances(rnd.plan)
         acting = going and (
-            rnd.result is not None
+            advise
+            or rnd.result is not None
             or (read is not None and read.mine is not None)
             or any(what == "change_waiting" for what, _ in rnd.events)
         )
@@ -448,7 +451,7 @@ class SlurmComponent:
                         agent.shared_inventory = None
                     if shared is not None:
                         shared.after(rnd)
-                    self.claims.update_from(agent.node, rnd)
+                    self.claims.update_from(agent.node, rnd, advise=mode == "advise")
                     done.append((agent, rnd))
                     if rnd.read is not None and rnd.read.demand.running:
                         self._busy.add(agent.node)
