@@ -76,7 +76,9 @@ def test_a_change_of_one_gpu_re_registers_that_gpus_node_alone() -> None:
         assert f"node {gpu0} is not registered" not in log.split("Slurm plan (act)", 1)[1]
         gres = d.paths.gres_conf.read_text()
         assert f"# BEGIN flexmig node={gpu0}" in gres and f"# BEGIN flexmig node={gpu1}" in gres
-        assert d.output(second).strip().startswith("MIG-")  # the TaskProlog read GPU 1's own map
+        # RUNNING comes before the TaskProlog and the script's first line: wait for that line (under load, seconds).
+        line = d.wait(f"job {second}'s first line", lambda: d.output(second) if "\n" in d.output(second) else None)
+        assert line.strip().startswith("MIG-"), line  # the TaskProlog read GPU 1's own map
 
 
 @pytest.mark.skipif(not per_gpu_capable(), reason=f"one dynamic node per GPU needs Slurm 23.11+ ({slurm_version()})")
