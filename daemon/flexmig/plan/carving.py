@@ -92,11 +92,6 @@ class Carving:
     hold: Hold | None
     reasons: tuple[str, ...]
 
-    @property
-    def changes(self) -> bool:
-        """True when an instance is destroyed or created."""
-        return bool(self.destroy or self.create)
-
 
 def carve(
     model: GpuModel,

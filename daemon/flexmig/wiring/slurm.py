@@ -194,7 +194,7 @@ class SharedReads:
     slurmd: any result or event), since what it did changed Slurm and maybe the GPUs."""
 
     def __init__(
-        self, fetch: Callable[[], Awaitable[SlurmView]], inventory: Callable[[], Awaitable[Inventory]] | None = None
+        self, fetch: Callable[[], Awaitable[SlurmView]], inventory: Callable[[], Awaitable[Inventory]]
     ) -> None:
         self.fetch = fetch
         self.fetch_inventory = inventory
@@ -210,10 +210,9 @@ class SharedReads:
             self.reads += 1
         return self._view
 
-    async def inventory(self) -> Inventory | None:
-        """NVML's inventory as last read this round (read now if nothing since changed it); None without a way to
-        read it."""
-        if self._inventory is None and self.fetch_inventory is not None:
+    async def inventory(self) -> Inventory:
+        """NVML's inventory as last read this round (read now if nothing since changed it)."""
+        if self._inventory is None:
             self._inventory = await self.fetch_inventory()
         return self._inventory
 
@@ -483,7 +482,6 @@ class SlurmComponent:
                 return False
             self._version_ok = True
         inventory = await shared.inventory()
-        assert inventory is not None
         for g in sorted(inventory.gpus, key=lambda g: g.index):
             if g.mig_current:
                 self.agent_for_gpu(g.index)
