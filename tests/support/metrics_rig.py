@@ -101,7 +101,7 @@ def slurm() -> SlurmMetrics:
     """The Slurm agent's families as an acting Slurm node has them: a read, a decision, a hook job moved."""
     m = SlurmMetrics()
     m.read_ok(pending=3, running=1, movable=1, in_sync=True, registered={"1g.18gb": 3, "4g.71gb": 1})
-    m.decided(drain_s=4.0, gain=5394.0, cost=12.0, go=True)
+    m.decided("node1", drain_s=4.0, gain=5394.0, cost=12.0, go=True)
     for action in ("signalled", "requeued", "released"):
         m.job_action(action)
     m.drained(2.5)

@@ -7,9 +7,10 @@ what was done to Slurm jobs.
   ``flexmig_slurm_movable_jobs{Hostname}``: the jobs of the last read that count for this node;
 * ``flexmig_slurm_in_sync{Hostname}``: 1 when Slurm lists the node with exactly the instances NVML shows;
 * ``flexmig_slurm_registered_gpus{Hostname, profile}``: the GPU GRES Slurm lists for the node, by type;
-* ``flexmig_slurm_drain_estimate_seconds{Hostname}``, ``flexmig_slurm_reregistration_gain_slice_seconds`` and
-  ``..._cost_slice_seconds``: the last decision's figures; ``flexmig_slurm_reregistration_wanted{Hostname}`` 1 when
-  it said go;
+* ``flexmig_slurm_drain_estimate_seconds{Hostname, slurm_node}``, ``flexmig_slurm_reregistration_gain_slice_seconds``
+  and ``..._cost_slice_seconds``: the last decision's figures, one series per Slurm node flexmig decides for (the
+  host's node, or each GPU node with ``node_per_gpu``); ``flexmig_slurm_reregistration_wanted{Hostname, slurm_node}``
+  1 when it said go;
 * ``flexmig_slurm_job_actions_total{Hostname, action}``: Slurm jobs signalled, requeued and released;
 * ``flexmig_slurm_drain_seconds{Hostname}`` (histogram): how long re-registrations waited for the node to empty;
 * ``flexmig_slurm_slurmd_restarts_total{Hostname}``: crashed slurmds flexmig started again.
@@ -47,7 +48,7 @@ class SlurmMetrics:
         self._counts: dict[str, int] = {}
         self._in_sync: int | None = None
         self._registered: dict[str, int] = {}
-        self._decision: tuple[float, float, float, int] | None = None
+        self._decisions: dict[str, tuple[float, float, float, int]] = {}
         self._jobs: Counter[str] = Counter(dict.fromkeys(JOB_ACTIONS, 0))
         self._drain = Histogram(DURATION_BUCKETS_S)
         self._slurmd_restarts = 0
@@ -68,10 +69,10 @@ class SlurmMetrics:
             self._up = 0
             self._errors += 1
 
-    def decided(self, *, drain_s: float, gain: float, cost: float, go: bool) -> None:
-        """The last re-registration decision's figures."""
+    def decided(self, node: str, *, drain_s: float, gain: float, cost: float, go: bool) -> None:
+        """The last re-registration decision's figures for the Slurm node ``node``."""
         with self._lock:
-            self._decision = (drain_s, gain, cost, int(go))
+            self._decisions[node] = (drain_s, gain, cost, int(go))
 
     def job_action(self, action: str) -> None:
         """One Slurm job signalled, requeued or released."""
@@ -92,9 +93,9 @@ class SlurmMetrics:
         """Every family, labelled with the snapshot's host (families without a value yet are left out)."""
         with self._lock:
             up, errors, counts, in_sync = self._up, self._errors, dict(self._counts), self._in_sync
-            registered, decision, jobs, drain = (
+            registered, decisions, jobs, drain = (
                 dict(self._registered),
-                self._decision,
+                dict(self._decisions),
                 Counter(self._jobs),
                 self._drain.copy(),
             )
@@ -116,12 +117,18 @@ class SlurmMetrics:
             for profile, n in sorted(registered.items()):
                 r.add_metric([host, profile], n)
             yield r
-        if decision is not None:
-            drain_s, gain, cost, go = decision
-            yield _gauge("flexmig_slurm_drain_estimate_seconds", host, drain_s)
-            yield _gauge("flexmig_slurm_reregistration_gain_slice_seconds", host, gain)
-            yield _gauge("flexmig_slurm_reregistration_cost_slice_seconds", host, cost)
-            yield _gauge("flexmig_slurm_reregistration_wanted", host, go)
+        if decisions:
+            names = (
+                "flexmig_slurm_drain_estimate_seconds",
+                "flexmig_slurm_reregistration_gain_slice_seconds",
+                "flexmig_slurm_reregistration_cost_slice_seconds",
+                "flexmig_slurm_reregistration_wanted",
+            )
+            for i, name in enumerate(names):
+                g = by_name(name).gauge()
+                for node, figures in sorted(decisions.items()):
+                    g.add_metric([host, node], figures[i])
+                yield g
         j = by_name("flexmig_slurm_job_actions").counter()
         for action in JOB_ACTIONS:
             j.add_metric([host, action], jobs[action])

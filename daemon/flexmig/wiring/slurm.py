@@ -557,7 +557,7 @@ class SlurmComponent:
         v = rnd.verdict
         if v is None or read is None:
             return
-        self.slurm_metrics.decided(drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
+        self.slurm_metrics.decided(node, drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
         changes = plan_changes(rnd.plan)
         if not changes:
             return
