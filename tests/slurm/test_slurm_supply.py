@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,14 +167,38 @@ def test_the_taskprolog_refuses_a_checkpoint_directory_another_user_planted(tmp_
 
 
 def test_the_taskprolog_never_fails_the_task_and_says_why(tmp_path: Path) -> None:
+    # no map: a node flexmig does not manage (the TaskProlog runs cluster-wide); Slurm's variables stay
     missing = taskprolog.lines(_env(tmp_path, "0"), str(tmp_path / "nope.json"))
-    assert missing and missing[0].startswith("print flexmig-taskprolog: no GRES map")
+    assert missing == [
+        f"print flexmig-taskprolog: no GRES map at {tmp_path / 'nope.json'}; CUDA_VISIBLE_DEVICES left as Slurm set it"
+    ]
+    # a flexmig node whose map cannot name the task's instance: the task sees no GPU rather than Slurm's index,
+    # which CUDA would read as an instance another job may hold
     (tmp_path / "bad.json").write_text("{")
-    assert taskprolog.lines(_env(tmp_path, "0"), str(tmp_path / "bad.json"))[0].startswith("print ")
+    bad = taskprolog.lines(_env(tmp_path, "0"), str(tmp_path / "bad.json"))
     other = taskprolog.lines({**_env(tmp_path, "0"), "SLURMD_NODENAME": "n2"}, str(_map(tmp_path)))
-    assert other[0].startswith("print ") and "not n2" in other[0]
     unknown = taskprolog.lines(_env(tmp_path, "9"), str(_map(tmp_path)))
-    assert unknown[0].startswith("print ") and "GRES index 9" in unknown[0]
+    (tmp_path / "old.json").write_text('{"version": 2}')
+    old = taskprolog.lines(_env(tmp_path, "0"), str(tmp_path / "old.json"))
+    for out, culprit in ((bad, "cannot read"), (other, "not n2"), (unknown, "GRES index 9"), (old, "version 1")):
+        assert out[0].startswith("print flexmig-taskprolog: ") and culprit in out[0], out
+        assert "sees no GPU" in out[0], out
+        assert out[1:] == ["export CUDA_VISIBLE_DEVICES="], out
+    # a task that asked for no GPU is only told
+    none = taskprolog.lines(_env(tmp_path, ""), str(tmp_path / "bad.json"))
+    assert len(none) == 1 and none[0].startswith("print ") and "cannot read" in none[0]
+
+
+@pytest.mark.integration
+def test_the_installed_taskprolog_empties_cuda_visible_devices_slurm_gave(tmp_path: Path) -> None:
+    # the script as Slurm runs it: a fresh python3 with the task's environment, its lines as Slurm reads them
+    script = tmp_path / "taskprolog"
+    script.write_text(render_taskprolog(tmp_path / "map.json", sys.executable))
+    script.chmod(0o755)
+    _map(tmp_path)
+    env = {**_env(tmp_path, "7"), "CUDA_VISIBLE_DEVICES": "7", "PATH": os.environ.get("PATH", "")}
+    out = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.splitlines()[-1] == "export CUDA_VISIBLE_DEVICES=", out
 
 
 def test_the_installed_taskprolog_carries_its_interpreter_and_map(tmp_path: Path) -> None:

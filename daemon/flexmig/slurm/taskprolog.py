@@ -17,8 +17,12 @@ sets:
   job ID).
 
 Standard library only, no flexmig import: any ``python3`` on the node runs it. It never fails the task: a problem
-is one ``print`` line in the job's output, and the task starts with Slurm's own variables. Install it with
-``flexmig slurm taskprolog --output FILE`` (which sets the map path).
+is one ``print`` line in the job's output. Where there is no map at all (slurm.conf's TaskProlog runs on every node
+of the cluster, and a node flexmig does not manage has none), the task keeps Slurm's own variables. Where the node
+is flexmig's but its map cannot name the task's instances (unreadable, another node's, an index it lacks, no node
+name for a per-node map), a task that asked for GPUs gets ``CUDA_VISIBLE_DEVICES`` empty, so CUDA shows it no GPU:
+Slurm's indices would make CUDA pick an instance another job may hold, which fails later and less clearly. Install
+it with ``flexmig slurm taskprolog --output FILE`` (which sets the map path).
 """
 
 from __future__ import annotations
@@ -103,18 +107,18 @@ def lines(env: Mapping[str, str], map_path: str = MAP_PATH) -> list[str]:
     node = env.get("SLURMD_NODENAME")
     if "{node}" in map_path:  # one map per node on the host ([slurm] node_per_gpu): this task's node's
         if not node or "/" in node or node.startswith("."):
-            return [f"print flexmig-taskprolog: no usable SLURMD_NODENAME for {map_path}; devices left as they are"]
+            return _no_gpu(indices, f"no usable SLURMD_NODENAME for {map_path}")
         map_path = map_path.replace("{node}", node)
     try:
         doc = _read_json(Path(map_path), _MAP_MAX)
     except FileNotFoundError:
         return [f"print flexmig-taskprolog: no GRES map at {map_path}; CUDA_VISIBLE_DEVICES left as Slurm set it"]
     except (OSError, ValueError) as exc:
-        return [f"print flexmig-taskprolog: cannot read {map_path} ({exc}); CUDA_VISIBLE_DEVICES left as Slurm set it"]
+        return _no_gpu(indices, f"cannot read {map_path} ({exc})")
     if not isinstance(doc, dict) or doc.get("version") != 1:
-        return [f"print flexmig-taskprolog: {map_path} is not a flexmig GRES map of version 1"]
+        return _no_gpu(indices, f"{map_path} is not a flexmig GRES map of version 1")
     if node and doc.get("node") not in (None, node):
-        return [f"print flexmig-taskprolog: {map_path} describes node {doc.get('node')}, not {node}"]
+        return _no_gpu(indices, f"{map_path} describes node {doc.get('node')}, not {node}")
     devices = {d.get("index"): d for d in doc.get("devices", []) if isinstance(d, dict)}
     if indices:
         uuids = []
@@ -122,15 +126,25 @@ def lines(env: Mapping[str, str], map_path: str = MAP_PATH) -> list[str]:
             dev = devices.get(i)
             uuid = dev.get("uuid") if dev else None
             if not isinstance(uuid, str) or not uuid.startswith("MIG-"):
-                return [
-                    f"print flexmig-taskprolog: GRES index {i} is not in {map_path}; devices left as Slurm set them"
-                ]
+                return _no_gpu(indices, f"GRES index {i} is not in {map_path}")
             uuids.append(uuid)
         out.append(f"export CUDA_VISIBLE_DEVICES={_clean(','.join(uuids))}")
         out.append(f"export FLEXMIG_SLURM_GPUS={','.join(str(i) for i in indices)}")
     hook = doc.get("hook")
     out.extend(_hook_lines(env, hook if isinstance(hook, dict) else {}))
     return out
+
+
+def _no_gpu(indices: list[int], why: str) -> list[str]:
+    """The lines for a task on a flexmig node whose map cannot name its instances (``why``): no GPU for CUDA when
+    the task asked for some (``indices``), rather than Slurm's indices, which CUDA reads as another instance."""
+    if not indices:
+        return [f"print flexmig-taskprolog: {why}"]
+    return [
+        f"print flexmig-taskprolog: {why}; CUDA_VISIBLE_DEVICES emptied, so this task sees no GPU "
+        f"(Slurm gave it GRES index {','.join(str(i) for i in indices)})",
+        "export CUDA_VISIBLE_DEVICES=",
+    ]
 
 
 def _hook_lines(env: Mapping[str, str], hook: Mapping[str, Any]) -> list[str]:
