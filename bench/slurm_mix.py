@@ -1,5 +1,6 @@
 """Slurm, a busy node: an administrator's seeded mix of MIG jobs on a real Slurm 22.05 testbed, with flexmig as it is
-now, with flexmig as it was (a git revision's code), and with no flexmig (a static layout).
+now, with flexmig as it was (a git revision's code), and with no flexmig (a static layout); on Slurm 23.11 or later
+also with one Slurm node per GPU (``[slurm] node_per_gpu``).
 
 The mix (seed 24): 45 batch jobs of 1g.18gb, 2g.35gb, 3g.71gb and 7g.141gb (weights 40/25/20/15 %), each sleeping
 30-120 s (uniform) with ``--time`` twice its run time (rounded up to whole minutes, Slurm's unit), submitted at
@@ -16,23 +17,34 @@ Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one aft
 * ``before``: flexmigd of ``--before`` (a git revision, default the commit before the reservation approach), with
   that revision's testbed settings (its own slurmd, drain at once);
 * ``now``: flexmigd of this tree, with the testbed's settings (Slurm read every 2 s, probed every 1 s) and the
-  production defaults for everything else (``min_interval_s`` 60, ``max_wait_s`` 1800, ``drain_timeout_s`` 900).
+  production defaults for everything else (``min_interval_s`` 60, ``max_wait_s`` 1800, ``drain_timeout_s`` 900);
+* ``per-gpu``: the same flexmigd with ``[slurm] node_per_gpu``: one dynamic Slurm node per GPU, each with its own
+  slurmd, re-registered alone (Slurm 23.11 or later: ``FLEXMIG_SLURM_BIN`` names its commands, e.g. ``make
+  slurm-newer``'s chroot; on one GPU it is ``now`` with a node name per GPU).
+
+``--gpus N`` puts N simulated H200s on the node (each laid out as the rival's one-GPU layout) and N times the jobs
+over the same window (the offline model's ``--gpus`` mix): with ``now`` and ``static`` one Slurm node of N GPUs,
+with ``per-gpu`` N nodes.
 
 Figures, from the jobs' own start and end stamps and a monitor that reads the node's state every 0.5 s:
 
 * closed: share of the busy time (first submission to last end) the node was closed to new jobs: drained, inside
-  an active flexmig reservation, or not registered;
-* utilisation while jobs wait: busy compute slices / 7 over the times some submitted job had not started;
+  an active flexmig reservation, or not registered (with ``per-gpu``, the share of the GPU nodes closed);
+* utilisation while jobs wait: busy compute slices / (7 x GPUs) over the times some submitted job had not started;
 * makespan against the packing bound (the larger of all slice-seconds / 7 and the latest arrival plus run time);
-* re-registrations per hour (flexmig's journal) and each closed period's length;
+* re-registrations per hour (flexmig's journal) and each closed period's length (of any one Slurm node);
 * each job ran once, on one ``MIG-`` device of its own (no two jobs at once on one UUID).
 
-Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python bench/slurm_mix.py [--quick]``.
+Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python bench/slurm_mix.py [--quick]``;
+per GPU node on Slurm 24.11: ``.venv/bin/python tests/support/slurm_newer.py up /var/cache/flexmig/slurm-trixie``,
+then ``FLEXMIG_SLURM_BIN=/var/cache/flexmig/slurm-trixie.bin .venv/bin/python bench/slurm_mix.py --gpus 2 --rivals
+per-gpu``, then ``... slurm_newer.py down ...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import itertools
 import json
@@ -54,9 +66,10 @@ from typing import Any
 from flexmig.errors import SlurmError
 from flexmig.mig import H200
 from flexmig.mig.nodespec import parse_node_spec
+from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.install import render_taskprolog
-from flexmig.slurm.nodes import parse_sinfo
-from flexmig.slurm.reservations import PREFIX, parse_reservations
+from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python
 from machine import machine
 
@@ -100,7 +113,8 @@ class Run:
 
     name: str
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> job id, starts, ends, devices
-    samples: list[tuple[float, bool, str]] = field(default_factory=list)  # (time, closed, registered GPUs)
+    # (time, closed share of the Slurm nodes, registered GPUs, each Slurm node closed)
+    samples: list[tuple[float, float, str, list[bool]]] = field(default_factory=list)
     t0: float = 0.0
     reregistrations: int = 0
     error: str = ""
@@ -109,18 +123,22 @@ class Run:
 
 class Bed:
     """A fresh testbed on ``spec`` under /tmp, with flexmigd from ``tree`` (None: no flexmigd after the first
-    registration)."""
+    registration); ``per_gpu``: one Slurm node per GPU. Slurm's commands from ``FLEXMIG_SLURM_BIN`` when set."""
 
-    def __init__(self, spec: str, name: str) -> None:
+    def __init__(self, spec: str, name: str, per_gpu: bool = False) -> None:
         ns = parse_node_spec(spec)
         self.spec = spec
         self.base = Path(tempfile.mkdtemp(prefix=f"fm-mix-{name}-", dir="/tmp"))
         self.base.chmod(0o755)
-        self.tb = Testbed(self.base, ns.model, ns.count, node="mix")
+        where = os.environ.get("FLEXMIG_SLURM_BIN")
+        self.tb = Testbed(self.base, ns.model, ns.count, node="mix", node_per_gpu=per_gpu,
+                          commands=SlurmCommands(Path(where) if where else None))  # fmt: skip
+        self.names = [f"mix-gpu{k}" for k in range(ns.count)] if per_gpu else ["mix"]
+        self.client = SlurmClient(self.tb.slurm_commands())
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, code: Path | None, config: str) -> None:
-        self.tb.prepare(render_taskprolog(self.tb.paths.flexmig / "gres-map.json", python()))
+        self.tb.prepare(render_taskprolog(self.tb.map_path, python()))
         self.tb.start()
         f = self.tb.paths.flexmig
         conf = f / "flexmigd.toml"
@@ -134,9 +152,9 @@ class Bed:
         with (self.tb.paths.log / "flexmigd.log").open("ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + 90
-        while (n := self.node()) is None or not n.responding:
+        while not (nodes := self.nodes()) or not all(n.responding for n in nodes):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.base}: the node did not register")
+                raise RuntimeError(f"{self.base}: the node(s) {', '.join(self.names)} did not register")
             time.sleep(0.3)
 
     def stop_flexmigd(self) -> None:
@@ -164,28 +182,46 @@ class Bed:
             raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}")
         return res.stdout
 
-    def node(self) -> Any:
+    def nodes(self) -> list[SlurmNode] | None:
+        """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
         try:
-            return next((n for n in parse_sinfo(self.cmd("sinfo", "--json")) if n.name == self.tb.node), None)
-        except (RuntimeError, SlurmError, subprocess.TimeoutExpired):
+            by_name = {n.name: n for n in asyncio.run(self.client.nodes())}
+        except (SlurmError, subprocess.TimeoutExpired):
             return None
+        found = [by_name.get(name) for name in self.names]
+        return None if any(n is None for n in found) else [n for n in found if n is not None]
 
-    def closed(self) -> tuple[bool, str]:
-        """Whether the node is drained, inside an active flexmig reservation, or not registered (or not
-        responding), and the GPUs it is registered with (``3g+2g+1g+1g``)."""
-        n = self.node()
-        if n is None:
-            return True, ""
-        gpus = "+".join(f"{t.split('.')[0]}" for t, c in sorted(n.gpu_counts().items(), key=lambda x: -SLICES.get(
-            x[0], 0)) for _ in range(c))  # fmt: skip
-        if not n.responding or n.drained:
-            return True, gpus
-        if "RESERVED" in n.flags:
-            now = time.time()
-            with contextlib.suppress(RuntimeError, SlurmError, subprocess.TimeoutExpired):
-                res = parse_reservations(self.cmd("scontrol", "show", "reservation", "--oneliner"))
-                return any(r.name.startswith(PREFIX) and r.active(now) for r in res), gpus
-        return False, gpus
+    def closed(self) -> tuple[float, str, list[bool]]:
+        """The share of the bed's Slurm nodes that are drained, inside an active flexmig reservation, or not
+        registered (or not responding); the GPUs they are registered with (``3g+2g+1g+1g``, one node's apart by
+        `` | ``); and each node's closed."""
+        try:
+            by_name = {n.name: n for n in asyncio.run(self.client.nodes())}
+        except (SlurmError, subprocess.TimeoutExpired):
+            return 1.0, "", [True] * len(self.names)
+        reservations = None
+        closed, shown = [], []
+        for name in self.names:
+            n = by_name.get(name)
+            if n is None:
+                closed.append(True)
+                shown.append("")
+                continue
+            shown.append("+".join(f"{t.split('.')[0]}" for t, c in sorted(
+                n.gpu_counts().items(), key=lambda x: -SLICES.get(x[0], 0)) for _ in range(c)))  # fmt: skip
+            if not n.responding or n.drained:
+                closed.append(True)
+            elif "RESERVED" in n.flags:
+                if reservations is None:
+                    try:
+                        reservations = asyncio.run(self.client.reservations())
+                    except (SlurmError, subprocess.TimeoutExpired):
+                        reservations = ()
+                now = time.time()
+                closed.append(any(r.name == flexmig_name(name) and r.active(now) for r in reservations))
+            else:
+                closed.append(False)
+        return sum(closed) / len(closed), " | ".join(shown), closed
 
     def submit(self, job: MixJob) -> int:
         stamp = self.base / f"job-{job.index}"
@@ -261,11 +297,11 @@ def config_before(bed: Bed) -> str:
     ])  # fmt: skip
 
 
-def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float) -> Run:
-    """One rival's run of the mix."""
+def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpus: int = 1) -> Run:
+    """One rival's run of the mix on a node of ``gpus`` GPUs."""
     out = Run(name)
-    spec = STATIC if name == "static" else START
-    bed = Bed(spec, name)
+    layout = (STATIC if name == "static" else START).split(":", 1)[1]
+    bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu")
     stop = threading.Event()
     try:
         if name == "before":
@@ -310,8 +346,8 @@ def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float) -> 
     return out
 
 
-def figures(r: Run, jobs: list[MixJob]) -> dict[str, Any]:
-    """The run's figures (see the module docstring)."""
+def figures(r: Run, jobs: list[MixJob], gpus: int = 1) -> dict[str, Any]:
+    """The run's figures on a node of ``gpus`` GPUs (see the module docstring)."""
     spans = []
     for j in jobs:
         rec = r.jobs.get(j.index, {})
@@ -334,17 +370,19 @@ def figures(r: Run, jobs: list[MixJob]) -> dict[str, Any]:
             waiting_slices += used * step
             waiting_time += step
         t += step
-    closed = [c for ts, c, *_ in r.samples if first <= ts <= last]
+    kept = [x for x in r.samples if first <= x[0] <= last]
+    closed = [float(x[1]) for x in kept]
     periods: list[float] = []
-    run_len = 0
-    for c in closed:
-        if c:
-            run_len += 1
-        elif run_len:
+    for k in range(max((len(x[3]) for x in kept if len(x) > 3), default=1)):
+        run_len = 0
+        for x in kept:
+            if (x[3][k] if len(x) > 3 else bool(x[1])):
+                run_len += 1
+            elif run_len:
+                periods.append(run_len * 0.5)
+                run_len = 0
+        if run_len:
             periods.append(run_len * 0.5)
-            run_len = 0
-    if run_len:
-        periods.append(run_len * 0.5)
     devices: dict[str, list[tuple[float, float]]] = {}
     once = own = True
     for j in jobs:
@@ -361,7 +399,7 @@ def figures(r: Run, jobs: list[MixJob]) -> dict[str, Any]:
     return {
         "ran": len(spans),
         "closed_share": (sum(closed) / len(closed)) if closed else float("nan"),
-        "util_waiting": waiting_slices / (7 * waiting_time) if waiting_time else float("nan"),
+        "util_waiting": waiting_slices / (7 * gpus * waiting_time) if waiting_time else float("nan"),
         "makespan": makespan,
         "reregs_per_h": r.reregistrations / (makespan / 3600) if makespan else 0.0,
         "closed_periods": periods,
@@ -378,7 +416,7 @@ def bound(jobs: list[MixJob], gpus: int = 1) -> float:
     return max(packed, *(j.arrival_s + j.runtime_s for j in jobs))
 
 
-def timeline(r: Run, jobs: list[MixJob], step_s: float = 10.0) -> list[str]:
+def timeline(r: Run, jobs: list[MixJob], step_s: float = 10.0, gpus: int = 1) -> list[str]:
     """Where the run lost capacity: per ``step_s``, the registered GPUs, the node closed or open, busy slices, the
     jobs waiting (by profile) and the jobs started; flexmigd's notes at their times."""
     recs = [(j, r.jobs.get(j.index, {})) for j in jobs]
@@ -396,8 +434,8 @@ def timeline(r: Run, jobs: list[MixJob], step_s: float = 10.0) -> list[str]:
     short = {p: p.split(".")[0] for p in WEIGHTS}
     while t < last:
         window = [x for x in r.samples if t <= x[0] < t + step_s]
-        gpus = window[-1][2] if window and len(window[-1]) > 2 else "?"
-        closed = sum(1 for x in window if x[1]) / len(window) if window else 0.0
+        layouts = window[-1][2] if window and len(window[-1]) > 2 else "?"
+        closed = sum(float(x[1]) for x in window) / len(window) if window else 0.0
         busy = 0.0
         waiting: dict[str, int] = {}
         started: list[str] = []
@@ -411,8 +449,8 @@ def timeline(r: Run, jobs: list[MixJob], step_s: float = 10.0) -> list[str]:
             if t <= a < t + step_s:
                 started.append(f"{short[j.profile]}#{j.index}")
         wait = " ".join(f"{n}x{p}" for p, n in sorted(waiting.items()))
-        out.append(f"{t - first:6.0f}s {gpus:<14} {'CLOSED' if closed >= 0.5 else 'open':6} busy {busy:3.1f}/7 "
-                   f"waiting [{wait}] started {' '.join(started)}")  # fmt: skip
+        out.append(f"{t - first:6.0f}s {layouts:<14} {'CLOSED' if closed >= 0.5 else 'open':6} busy "
+                   f"{busy:3.1f}/{7 * gpus} waiting [{wait}] started {' '.join(started)}")  # fmt: skip
         for stamp, text in notes:
             if t <= stamp < t + step_s:
                 out.append(f"        | {text}")
@@ -439,19 +477,24 @@ def main() -> int:
     ap.add_argument("--timeline", action="store_true", help="print each rival's timeline (layouts, waits, notes)")
     ap.add_argument("--seed", type=int, default=SEED, help=f"the mix's seed (default {SEED}, the administrator's)")
     ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs on the node (default 1); the mix scales with them")
     args = ap.parse_args()
     scale = 0.25 if args.quick else args.scale
     missing = missing_binaries()
     if missing or os.geteuid() != 0:
         print(f"needs root and {DEBIAN_PACKAGES} (missing: {', '.join(missing) or 'none'})", file=sys.stderr)
         return 2
-    jobs = mix(args.seed, scale=scale)
+    if not 1 <= args.gpus <= 8:
+        ap.error(f"--gpus must be 1 to 8, not {args.gpus}")
+    gpus = args.gpus
+    jobs = mix(args.seed, n=45 * gpus, scale=scale)
     rivals = [x for x in args.rivals.split(",") if x]
     print("flexmig Slurm mix benchmark (a busy node)")
     print(f"machine: {machine()}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     counts = {p: sum(j.profile == p for j in jobs) for p in WEIGHTS}
     print(f"mix (seed {args.seed}): {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), "
-          f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, packing bound {bound(jobs):.0f} s; "
+          f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, {gpus} GPU(s), packing bound "
+          f"{bound(jobs, gpus):.0f} s; "
           f"rivals: {', '.join(rivals)}{' (side by side)' if args.parallel else ''}")  # fmt: skip
     before = extract(args.before) if "before" in rivals and args.load is None else None
     budget = 3600 * max(scale, 0.25) + 600
@@ -466,7 +509,7 @@ def main() -> int:
         if args.load is not None:
             pass
         elif args.parallel:
-            threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget)))
+            threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget, gpus)))
                        for n in rivals]  # fmt: skip
             for t in threads:
                 t.start()
@@ -474,15 +517,15 @@ def main() -> int:
                 t.join()
         else:
             for n in rivals:
-                results[n] = run(n, jobs, before, budget)
+                results[n] = run(n, jobs, before, budget, gpus)
     finally:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
     if args.save is not None and args.load is None:
         args.save.write_text(json.dumps({n: r.__dict__ for n, r in results.items()}))
-    b = bound(jobs)
+    b = bound(jobs, gpus)
     print(f"\n{'':34}" + "".join(f"{n:>16}" for n in rivals))
-    figs = {n: figures(results[n], jobs) for n in rivals}
+    figs = {n: figures(results[n], jobs, gpus) for n in rivals}
 
     def row(label: str, fn: Any) -> None:
         cells = []
@@ -513,7 +556,7 @@ def main() -> int:
     if args.timeline:
         for n in rivals:
             print(f"\ntimeline of {n}:")
-            print("\n".join(timeline(results[n], jobs)))
+            print("\n".join(timeline(results[n], jobs, gpus=gpus)))
     print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

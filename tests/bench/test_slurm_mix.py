@@ -1,0 +1,45 @@
+"""bench/slurm_mix.py's figures on a node of several Slurm nodes (``per-gpu``): the closed share is the share of the
+GPU nodes closed, each node's closed periods count apart, utilisation is over every GPU's slices, and a job that
+ran on a GPU index instead of its own MIG device is caught."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from slurm_mix import MixJob, Run, figures  # type: ignore[import-not-found]  # noqa: E402
+
+
+def _run(devices: tuple[str, str]) -> tuple[Run, list[MixJob]]:
+    jobs = [MixJob(0, 0.0, "7g.141gb", 10.0, 1), MixJob(1, 0.0, "7g.141gb", 10.0, 1)]
+    r = Run("per-gpu", t0=100.0)
+    r.jobs = {
+        0: {"submit": 100.0, "starts": [100.0], "ends": [110.0], "devices": [devices[0]]},
+        1: {"submit": 100.0, "starts": [105.0], "ends": [115.0], "devices": [devices[1]]},
+    }
+    # GPU node 0 closed for 1 s at 101 s, GPU node 1 closed for 2 s at 101 s (samples every 0.5 s)
+    for k in range(30):
+        t = 100.0 + 0.5 * k
+        each = [101.0 <= t < 102.0, 101.0 <= t < 103.0]
+        r.samples.append((t, sum(each) / 2, "7g | 7g", each))
+    return r, jobs
+
+
+def test_two_gpu_nodes_figures() -> None:
+    r, jobs = _run(("MIG-a", "MIG-b"))
+    f = figures(r, jobs, gpus=2)
+    assert f["ran"] == 2 and f["makespan"] == 15.0
+    assert sorted(f["closed_periods"]) == [1.0, 2.0]
+    assert abs(f["closed_share"] - 3.0 / 30.0) < 1e-9  # 3 node-seconds closed of 15 s x 2 nodes
+    # job 1 waited 5 s while job 0 held 7 of the 14 slices
+    assert abs(f["util_waiting"] - 0.5) < 1e-9
+    assert f["once"] and f["own_device"]
+
+
+def test_a_job_on_a_gpu_index_or_a_shared_device_is_caught() -> None:
+    r, jobs = _run(("0", "1"))
+    assert not figures(r, jobs, gpus=2)["own_device"]
+    r, jobs = _run(("MIG-a", "MIG-a"))  # both on one device at once (105-110 s)
+    assert not figures(r, jobs, gpus=2)["own_device"]
