@@ -175,13 +175,6 @@ class Bed:
         else:
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def cmd(self, *argv: str) -> str:
-        res = subprocess.run([self.tb.commands.path(argv[0]), *argv[1:]], env=self.tb.env(), capture_output=True,
-                             text=True, timeout=60, check=False)  # fmt: skip
-        if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}")
-        return res.stdout
-
     def nodes(self) -> list[SlurmNode] | None:
         """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
         try:
