@@ -175,27 +175,30 @@ class Bed:
         else:
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def nodes(self) -> list[SlurmNode] | None:
-        """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
+    def listed(self) -> list[SlurmNode | None] | None:
+        """Slurm's record of each of the bed's nodes, in GPU order (None: not registered); None when Slurm does not
+        answer."""
         try:
             by_name = {n.name: n for n in asyncio.run(self.client.nodes())}
         except (SlurmError, subprocess.TimeoutExpired):
             return None
-        found = [by_name.get(name) for name in self.names]
-        return None if any(n is None for n in found) else [n for n in found if n is not None]
+        return [by_name.get(name) for name in self.names]
+
+    def nodes(self) -> list[SlurmNode] | None:
+        """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
+        found = self.listed()
+        return None if found is None or any(n is None for n in found) else [n for n in found if n is not None]
 
     def closed(self) -> tuple[float, str, list[bool]]:
         """The share of the bed's Slurm nodes that are drained, inside an active flexmig reservation, or not
         registered (or not responding); the GPUs they are registered with (``3g+2g+1g+1g``, one node's apart by
         `` | ``); and each node's closed."""
-        try:
-            by_name = {n.name: n for n in asyncio.run(self.client.nodes())}
-        except (SlurmError, subprocess.TimeoutExpired):
+        found = self.listed()
+        if found is None:
             return 1.0, "", [True] * len(self.names)
         reservations = None
         closed, shown = [], []
-        for name in self.names:
-            n = by_name.get(name)
+        for name, n in zip(self.names, found, strict=True):
             if n is None:
                 closed.append(True)
                 shown.append("")
@@ -369,7 +372,7 @@ def figures(r: Run, jobs: list[MixJob], gpus: int = 1) -> dict[str, Any]:
     for k in range(max((len(x[3]) for x in kept if len(x) > 3), default=1)):
         run_len = 0
         for x in kept:
-            if (x[3][k] if len(x) > 3 else bool(x[1])):
+            if x[3][k] if len(x) > 3 else bool(x[1]):
                 run_len += 1
             elif run_len:
                 periods.append(run_len * 0.5)
