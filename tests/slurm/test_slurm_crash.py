@@ -128,3 +128,32 @@ def test_a_gres_conf_flexmig_cannot_use_is_refused_before_anything_is_stopped(pr
                 await rig.wait_state(j, "RUNNING")
 
     asyncio.run(scenario())
+
+
+def test_a_node_the_full_node_table_cannot_take_is_refused_naming_max_node_count_until_there_is_room() -> None:
+    """slurmctld refuses a dynamic node beyond ``MaxNodeCount`` ("node table is full"), FUTURE placeholders
+    counted: flexmig says so in one line instead of starting slurmd and waiting ``register_timeout_s`` for a
+    registration that cannot come, every round."""
+
+    async def scenario() -> None:
+        async with SlurmRig("h200:7g.141gb@0", register=False) as rig:
+            limit = int(rig.run("scontrol", "show", "config").split("MaxNodeCount", 1)[1].split("=", 1)[1].split()[0])
+            fillers = [f"fill{k}" for k in range(limit - 1)]  # with the testbed's FUTURE placeholder: full
+            for name in fillers:
+                rig.run("scontrol", "create", f"nodename={name}", "state=future", "cpus=1")
+            actions = len(rig.act.journal.recent_actions())
+            for _ in range(2):
+                rnd = await rig.agent.round("act")
+                assert rnd.result is None and rnd.note.startswith("refused: "), rnd.note
+                assert f"MaxNodeCount is {limit}" in rnd.note and f"holds {limit} nodes" in rnd.note, rnd.note
+                assert rig.node in rnd.note, rnd.note
+            assert len(rig.act.journal.recent_actions()) == actions  # no failed action, no slurmd started
+            assert not await rig.agent.slurmd.running()
+            rig.run("scontrol", "delete", f"nodename={fillers[-1]}")  # the administrator makes room
+            rnd = await rig.agent.round("act")
+            assert rnd.result is not None and rnd.result.ok, rnd
+            read = await rig.agent.read()
+            assert read.in_sync and read.node is not None, read.node
+            assert await rig.agent.client.node_records() == limit, "the node counts in the table, as do fillers"
+
+    asyncio.run(scenario())

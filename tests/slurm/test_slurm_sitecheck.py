@@ -10,6 +10,7 @@ from flexmig.slurm.sitecheck import (
     cgroup_problem,
     configless_problem,
     gres_conf_problem,
+    node_table_problem,
     parse_cgroup_conf,
     shared_fs_problem,
     tres_problem,
@@ -74,3 +75,11 @@ def test_reservations_of_scontrol_show_reservation_oneliner_as_22_05_prints_them
     assert r.name == "maint" and r.nodes == ("gpu1", "gpu2", "gpu3", "gpu7") and "MAINT" in r.flags
     assert r.end_s - r.start_s == 3600 and not r.flexmig and not r.active(r.start_s - 1)
     assert parse_reservations("No reservations in the system\n") == ()
+
+
+def test_a_node_table_with_no_room_for_the_node_is_refused_naming_max_node_count() -> None:
+    why = node_table_problem("8", 8, "h-gpu7")
+    assert why is not None and why.startswith("node h-gpu7 cannot register: slurm.conf's MaxNodeCount is 8"), why
+    assert "holds 8 nodes already (FUTURE placeholders count" in why and "nothing was changed" in why
+    assert node_table_problem("9", 8, "h-gpu7") is None
+    assert node_table_problem("", 8, "h-gpu7") is None and node_table_problem("(null)", 99, "h") is None

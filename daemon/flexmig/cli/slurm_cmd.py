@@ -100,7 +100,7 @@ def run_conf(args: argparse.Namespace) -> int:
         share = args.cpus // args.gpus
         print(f"# flexmig, node_per_gpu (Slurm 23.11+): each host registers {args.gpus} dynamic nodes, <host>-gpu<K>,")
         print("# each with its own slurmd (systemd/slurmd@.service), so the node table needs room for all of them")
-        print(f"MaxNodeCount=<your static nodes + {args.gpus} x flexmig hosts>")
+        print(f"MaxNodeCount=<the nodes slurm.conf names, placeholders included, + {args.gpus} x flexmig hosts>")
         print("SlurmdPidFile=/run/slurmd-%n.pid")
         print("SlurmdSpoolDir=/var/spool/slurmd/%n")
         print("SlurmdLogFile=/var/log/slurm/slurmd-%n.log")
@@ -112,7 +112,7 @@ def run_conf(args: argparse.Namespace) -> int:
         print(f'# flexmig.toml [slurm]: node_per_gpu = true, slurmd_conf = "CPUs={share} RealMemory=<a GPU\'s share>"')
         return 0
     print("# flexmig: nodes re-registered as dynamic nodes (slurmd -Z) need room in the node table")
-    print("MaxNodeCount=<your static nodes + flexmig nodes>")
+    print("MaxNodeCount=<the nodes slurm.conf names, placeholders included, + flexmig nodes>")
     print(f"TaskProlog={args.taskprolog}")
     print("# Jobs for MIG profiles no node has yet pend against this placeholder instead of being refused")
     print(f"NodeName={args.name} State=FUTURE CPUs={args.cpus} Gres={future_gres(model, args.gpus)}")

@@ -69,6 +69,7 @@ from flexmig.slurm.sitecheck import (
     cgroup_problem,
     configless_problem,
     gres_conf_problem,
+    node_table_problem,
     parse_cgroup_conf,
     shared_fs_problem,
     tres_problem,
@@ -308,6 +309,12 @@ class SlurmAgent:
             why = cgroup_problem(cfg.get("TaskPlugin", ""), cgroup, simulated=self.simulated)
         if why is None:
             why = tres_problem(cfg.get("AccountingStorageTRES", ""), (p.name for p in read.model.plain_profiles))
+        if why is None and read.node is None:
+            records = await self.client.node_records()
+            if node_table_problem(cfg.get("MaxNodeCount", ""), records, self.node) is not None:
+                self._config = await self.client.config()  # the limit as slurmctld has it now (raised meanwhile?)
+                self._config_at = self.clock()
+                why = node_table_problem(self._config.get("MaxNodeCount", ""), records, self.node)
         return why
 
     # -------------------------------------------------------------------------------------------- planning

@@ -139,6 +139,12 @@ class SlurmClient:
             self._nodes_by_scontrol = True
         return parse_scontrol_nodes(await self.run("scontrol", ["--json", "show", "nodes"]))
 
+    async def node_records(self) -> int:
+        """How many nodes slurmctld's node table holds, FUTURE placeholders included (``scontrol --future -o show
+        nodes``, one line a node): what slurm.conf's ``MaxNodeCount`` bounds."""
+        text = (await self.run("scontrol", ["--future", "-o", "show", "nodes"])).decode("utf-8", "replace")
+        return sum(1 for line in text.splitlines() if line.startswith("NodeName="))
+
     async def node(self, name: str) -> SlurmNode | None:
         """Node ``name``, None when slurmctld does not know it (a dynamic node that is not registered)."""
         return next((n for n in await self.nodes() if n.name == name), None)

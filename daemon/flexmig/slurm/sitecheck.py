@@ -19,6 +19,9 @@ Refused, each with one line naming the file or key:
 * **per-profile GPU TRES that miss profiles** (``AccountingStorageTRES=gres/gpu:3g.71gb`` without
   ``gres/gpu:1g.18gb``: slurmctld creates TRES only at its start, so jobs on a profile flexmig creates later would
   not be accounted by type; list every profile of the node's model, or none);
+* **a full node table** (a node that is not registered while slurmctld's node table, FUTURE placeholders included,
+  holds ``MaxNodeCount`` nodes: slurmctld would refuse its registration, "node table is full", and a slurmd
+  started for it would wait in vain);
 * **one node per GPU on a Slurm older than 23.11** (``[slurm] node_per_gpu``: a dynamic node takes its own
   ``Port=`` in ``slurmd --conf`` only since 23.11, so no second slurmd could run on the host).
 
@@ -37,6 +40,7 @@ __all__ = [
     "cgroup_problem",
     "configless_problem",
     "gres_conf_problem",
+    "node_table_problem",
     "shared_fs_problem",
     "tres_problem",
 ]
@@ -135,6 +139,23 @@ def tres_problem(accounting_tres: str, profiles: Iterable[str]) -> str | None:
     return (
         f"AccountingStorageTRES lists GPU types ({', '.join(sorted(listed))}) but not {', '.join(missing)}: jobs on "
         "profiles flexmig creates would not be accounted by type; list every profile of the node's model, or none"
+    )
+
+
+def node_table_problem(max_node_count: str, records: int, node: str) -> str | None:
+    """A refusal when node ``node``, not registered, cannot be: slurmctld's node table holds ``records`` nodes
+    (FUTURE placeholders included) and slurm.conf's ``MaxNodeCount`` is ``max_node_count`` (as ``scontrol show
+    config`` prints it; a value that is no number is not judged)."""
+    try:
+        limit = int(max_node_count.split(maxsplit=1)[0])
+    except (IndexError, ValueError):
+        return None
+    if records < limit:
+        return None
+    return (
+        f"node {node} cannot register: slurm.conf's MaxNodeCount is {limit} and slurmctld's node table holds "
+        f"{records} nodes already (FUTURE placeholders count; slurmctld logs \"node table is full\"): raise "
+        "MaxNodeCount by the flexmig nodes of every host (`flexmig slurm conf` prints the line); nothing was changed"
     )
 
 

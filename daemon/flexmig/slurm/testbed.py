@@ -186,8 +186,10 @@ def render_slurm_conf(
     future_gres: str,
     cpus: int,
     partition: str = "mig",
+    dynamic_nodes: int = 1,
 ) -> str:
-    """The testbed's slurm.conf."""
+    """The testbed's slurm.conf; ``dynamic_nodes``: how many nodes flexmigd registers (one per GPU with
+    ``node_per_gpu``), which the node table must hold beside the FUTURE placeholder."""
     p = paths
     return "\n".join(
         [
@@ -218,7 +220,7 @@ def render_slurm_conf(
             "JobCompType=jobcomp/none",
             "JobAcctGatherType=jobacct_gather/none",
             "ReturnToService=2",
-            "MaxNodeCount=8",
+            f"MaxNodeCount={max(8, dynamic_nodes + 1)}",  # the placeholder is a node of the table too
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=1,bf_interval=1",
             "JobRequeue=0",
@@ -386,6 +388,7 @@ class Testbed:
             future_gres=future_gres(self.model, self.gpus),
             cpus=self.cpus,
             partition=self.partition,
+            dynamic_nodes=self.gpus if self.node_per_gpu else 1,
         )
         p.slurm_conf.write_text(conf)
         if not p.gres_conf.exists():
