@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flexmig.act.journal import Journal
 from flexmig.act.nodeview import NodeView
 from flexmig.cli.main import main as cli_main
 from flexmig.config import parse_config
@@ -22,6 +23,7 @@ from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, Plan
 from flexmig.slurm import taskprolog
 from flexmig.slurm.agent import SlurmRead, SlurmRound, SlurmView
+from flexmig.slurm.change import encode_change
 from flexmig.slurm.demand import SlurmDemand
 from flexmig.slurm.gresconf import gres_map, gres_records
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
@@ -171,6 +173,37 @@ def test_in_mode_advise_a_gpu_node_whose_verdict_goes_claims_its_jobs_as_act_wou
     assert claims.taken("h-gpu0") == {"slurm-7"}
     claims.update_from("h-gpu2", SlurmRound(read, plan, replace(going, go=False)), advise=True)
     assert claims.owners() == {"h-gpu1"}, "a verdict that says no claims nothing, in advise too"
+
+
+def test_a_change_carried_out_just_before_a_restart_keeps_its_jobs_from_the_siblings_for_the_rest_of_its_hold(
+    tmp_path: Path,
+) -> None:
+    """A change that was carried out leaves its jobs pending for a few seconds until Slurm starts them on the new
+    instances; a daemon restarted meanwhile reads its claims back from the journal, so that an idle sibling does not
+    change for the same job."""
+    wall = [1000.0]
+    journal = Journal(tmp_path / "journal.sqlite3", wall=lambda: wall[0])
+    plan = Plan((CreateInstance(1, 4, H200.profile("1g.18gb"), "for slurm-7", 1.0),))
+    done = [("h-gpu1", ("slurm-7",), 990.0, "done"), ("h-gpu2", ("slurm-8",), 900.0, "done"),
+            ("h-gpu3", ("slurm-9",), 995.0, "cancelled")]  # fmt: skip
+    for node, serves, at, state in done:
+        wall[0] = at
+        action = encode_change(node, plan, (), "for the waiting jobs", 0.0, serves=serves)
+        _, ids = journal.begin_plan("slurm", [action])
+        journal.start_action(ids[0])
+        journal.finish_action(ids[0], state)  # type: ignore[arg-type]
+    wall[0] = 995.0  # a journal written before changes named their jobs: nothing to restore from that row
+    _, ids = journal.begin_plan("slurm", [("slurm_reregister", None, {"node": "h-gpu4", "changes": []})])
+    journal.finish_action(ids[0], "done")
+    now = [50.0]
+    claims = Claims(60.0, lambda: now[0])
+    assert claims.restore(journal.recent_actions(200), 1000.0) == 1, "only the change of 10 s ago, carried out"
+    assert claims.taken("h-gpu0") == {"slurm-7"} and claims.taken("h-gpu1") == frozenset()
+    now[0] = 99.0  # 59 s after the change
+    assert claims.taken("h-gpu0") == {"slurm-7"}
+    now[0] = 100.5  # 60.5 s after it: lapsed as if the daemon had never stopped
+    assert claims.taken("h-gpu0") == frozenset()
+    journal.close()
 
 
 def test_the_gpu_nodes_of_a_round_share_one_look_at_slurm_and_nvml_until_one_of_them_changes_something() -> None:

@@ -667,7 +667,9 @@ class SlurmAgent:
     async def _change(self, read: SlurmRead, plan: Plan, v: Verdict) -> SlurmRound:
         """Carry out a change now (only hook jobs, or none, run)."""
         busy = bool(read.demand.running) or read.mine is not None
-        action = encode_change(self.node, plan, read.demand.movable, v.reason, v.drain_s, busy=busy)
+        action = encode_change(
+            self.node, plan, read.demand.movable, v.reason, v.drain_s, busy=busy, serves=v.newly_served
+        )
         res = await self.executor.execute_encoded([action], "slurm", (*plan.notes, v.reason))
         self._waiting = False
         events: list[tuple[str, dict[str, Any]]] = []

@@ -130,10 +130,19 @@ class ChangeSettings:
 
 
 def encode_change(
-    node: str, plan: Plan, movable: Sequence[SlurmRunning], reason: str, drain_s: float, *, busy: bool = False
+    node: str,
+    plan: Plan,
+    movable: Sequence[SlurmRunning],
+    reason: str,
+    drain_s: float,
+    *,
+    busy: bool = False,
+    serves: Sequence[str] = (),
 ) -> tuple[str, str | None, dict[str, Any]]:
     """The journal's form of a re-registration carrying ``plan``'s instance changes (in plan order); ``busy``: the
-    change had to wait for jobs (it counts for the batching of such changes)."""
+    change had to wait for jobs (it counts for the batching of such changes); ``serves``: the pending jobs (request
+    names) the change newly serves, which a restarted daemon's sibling GPU nodes leave to it for a while
+    (:class:`flexmig.wiring.slurm.Claims`)."""
     changes: list[dict[str, Any]] = []
     for a in plan.actions:
         if isinstance(a, CreateInstance | DestroyInstance):
@@ -145,6 +154,7 @@ def encode_change(
     ]
     return KIND, None, {
         "node": node, "changes": changes, "checkpoint": jobs, "reason": reason, "drain_s": drain_s, "busy": busy,
+        "serves": list(serves),
     }  # fmt: skip
 
 

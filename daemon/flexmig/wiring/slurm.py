@@ -40,6 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
+from flexmig.act.journal import ActionRow
 from flexmig.act.service import Actuator
 from flexmig.act.steps import ActionRun
 from flexmig.config import Config, SlurmConfig
@@ -168,13 +169,37 @@ class Claims:
         """The GPU nodes that hold a claim now."""
         return {owner for owner, _ in self._by_job.values()}
 
+    def restore(self, rows: Sequence[ActionRow], now_wall: float) -> int:
+        """At start: the claims of the changes the journal shows carried out less than ``hold_s`` ago (wall time
+        ``now_wall``), so that a change made just before a restart keeps its jobs from the siblings while they pend
+        until Slurm starts them (a waiting change claims its jobs again in its first round). Returns how many
+        jobs were claimed."""
+        now = self.clock()
+        n = 0
+        for row in sorted(rows, key=lambda r: r.finished_s or 0.0):
+            serves = row.payload.get("serves")
+            node = row.payload.get("node")
+            if row.kind != KIND or row.state != "done" or not row.finished_s or not isinstance(node, str):
+                continue
+            if not isinstance(serves, list):
+                continue  # a journal written before changes named their jobs
+            left = self.hold_s - max(0.0, now_wall - row.finished_s)
+            if left <= 0:
+                continue
+            for job in serves:
+                if isinstance(job, str):
+                    self._by_job[job] = (node, now + left)
+                    n += 1
+        return n
+
 
 def round_order(
     nodes: Sequence[tuple[str, int | None]], *, waiting: Collection[str], claiming: Collection[str],
     busy: Collection[str],
 ) -> list[str]:  # fmt: skip
     """The order in which the GPU nodes ``(node, gpu)`` of a host plan in a round (``node_per_gpu``): those whose
-    change waits in flexmig's reservation first (``waiting``; it survives a restart, the claims do not), then those
+    change waits in flexmig's reservation first (``waiting``: it claims its jobs again in its first round after a
+    restart), then those
     whose change has claimed jobs (they keep them), then those no job ran on at their last look (an idle node changes
     at once, so it serves a waiting job soonest), then by GPU."""
     return [
@@ -254,6 +279,7 @@ class SlurmComponent:
         self.agents: dict[int | None, SlurmAgent] = {}
         """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), else one, under None."""
         self.claims = Claims(max(60.0, 3 * host.config.slurm.interval_s), clock)
+        self._claims_restored = False
         self.last: SlurmRound | None = None
         self._act: Actuator | None = None
         self._client: SlurmClient | None = None
@@ -485,6 +511,12 @@ class SlurmComponent:
         for g in sorted(inventory.gpus, key=lambda g: g.index):
             if g.mig_current:
                 self.agent_for_gpu(g.index)
+        if not self._claims_restored:
+            self._claims_restored = True
+            assert self._act is not None
+            n = self.claims.restore(self._act.journal.recent_actions(200), self.wall())
+            if n:
+                log.info("Slurm: %d pending job(s) left to the GPU nodes whose changes served them before", n)
         return True
 
     def _ordered(self, waiting: Collection[str] = ()) -> list[SlurmAgent]:
