@@ -38,7 +38,9 @@ Figures, from the jobs' own start and end stamps and a monitor that reads the no
 Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python bench/slurm_mix.py [--quick]``;
 per GPU node on Slurm 24.11: ``.venv/bin/python tests/support/slurm_newer.py up /var/cache/flexmig/slurm-trixie``,
 then ``FLEXMIG_SLURM_BIN=/var/cache/flexmig/slurm-trixie.bin .venv/bin/python bench/slurm_mix.py --gpus 2 --rivals
-per-gpu``, then ``... slurm_newer.py down ...``.
+per-gpu``, then ``... slurm_newer.py down ...``. The header names the Slurm that ran (``slurmctld -V``); the
+``per-gpu`` rival on a Slurm older than 23.11 is refused before anything starts. A SIGTERM stops the run as
+Ctrl-C does: its testbeds are stopped and removed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -70,6 +73,7 @@ from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import flexmig_name
+from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python
 from machine import machine
 
@@ -462,6 +466,17 @@ def extract(rev: str) -> Path:
     return dest / "daemon"
 
 
+def slurm_version(where: str | None) -> str:
+    """``slurmctld -V`` of the Slurm the run uses (``FLEXMIG_SLURM_BIN``'s, else the distribution's), e.g.
+    ``slurm 24.11.5``; empty when it does not answer."""
+    try:
+        cmd = SlurmCommands(Path(where) if where else None).path("slurmctld")
+        done = subprocess.run([cmd, "-V"], capture_output=True, text=True, timeout=60, check=False)
+    except (SlurmError, OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="multiply run times and arrival gaps (default 1)")
@@ -475,6 +490,7 @@ def main() -> int:
     ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs on the node (default 1); the mix scales with them")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill runs the clean-up: testbeds stopped, dirs gone
     scale = 0.25 if args.quick else args.scale
     missing = missing_binaries()
     if missing or os.geteuid() != 0:
@@ -485,8 +501,16 @@ def main() -> int:
     gpus = args.gpus
     jobs = mix(args.seed, n=45 * gpus, scale=scale)
     rivals = [x for x in args.rivals.split(",") if x]
+    where = os.environ.get("FLEXMIG_SLURM_BIN")
+    version = slurm_version(where) if args.load is None else ""
+    if "per-gpu" in rivals and args.load is None and version_problem(version) is not None:
+        print(f"the per-gpu rival needs Slurm 23.11 or later, this is {version or 'unknown'}: set FLEXMIG_SLURM_BIN "
+              "(tests/support/slurm_newer.py up DIR makes one)", file=sys.stderr)  # fmt: skip
+        return 2
     print("flexmig Slurm mix benchmark (a busy node)")
     print(f"machine: {machine()}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    if version:
+        print(f"slurm: {version}" + (f" (FLEXMIG_SLURM_BIN={where})" if where else " (the distribution's)"))
     counts = {p: sum(j.profile == p for j in jobs) for p in WEIGHTS}
     print(f"mix (seed {args.seed}): {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), "
           f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, {gpus} GPU(s), packing bound "

@@ -4,12 +4,18 @@ ran on a GPU index instead of its own MIG device is caught."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from slurm_mix import MixJob, Run, figures  # type: ignore[import-not-found]  # noqa: E402
+from flexmig.slurm.sitecheck import version_problem  # noqa: E402
+from slurm_mix import MixJob, Run, figures, slurm_version  # type: ignore[import-not-found]  # noqa: E402
 
 
 def _run(devices: tuple[str, str]) -> tuple[Run, list[MixJob]]:
@@ -43,3 +49,20 @@ def test_a_job_on_a_gpu_index_or_a_shared_device_is_caught() -> None:
     assert not figures(r, jobs, gpus=2)["own_device"]
     r, jobs = _run(("MIG-a", "MIG-a"))  # both on one device at once (105-110 s)
     assert not figures(r, jobs, gpus=2)["own_device"]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None, reason="needs root and Debian's Slurm")
+def test_the_per_gpu_rival_on_a_slurm_older_than_23_11_is_refused_before_anything_starts() -> None:
+    version = slurm_version(None)
+    if version_problem(version) is None:
+        pytest.skip(f"the distribution's Slurm is {version}: per-gpu runs on it")
+    env = {k: v for k, v in os.environ.items() if k != "FLEXMIG_SLURM_BIN"}
+    env["PYTHONPATH"] = str(ROOT / "daemon")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "slurm_mix.py"), "--rivals", "per-gpu", "--quick"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert f"the per-gpu rival needs Slurm 23.11 or later, this is {version}: " in done.stderr, done.stderr
+    assert "set FLEXMIG_SLURM_BIN" in done.stderr and done.stdout == "", done
