@@ -802,6 +802,12 @@ def main() -> int:
         _summary("closed share of busy time", results, names, lambda r: 100 * r.closed_share, "%", worst=max)
         _summary("re-registrations per hour", results, names, lambda r: r.reregs_per_h, "", worst=max)
         _summary("jobs that ran", results, names, lambda r: r.ran, "", worst=min)
+        for n in names:  # the seeds to run for real beside the median (bench/slurm_mix.py --seed)
+            rs = results[n]
+            u = min(range(len(rs)), key=lambda k: rs[k].util_waiting)
+            m = max(range(len(rs)), key=lambda k: rs[k].ratio)
+            print(f"{n}: worst seeds: utilisation {seeds[u]} ({100 * rs[u].util_waiting:.0f} %), makespan "
+                  f"{seeds[m]} ({rs[m].ratio:.2f}x)")  # fmt: skip
     print("\nslice-seconds idle while jobs wait, by cause (mean per seed; the module docstring says what each is):")
     print(f"{'':36}" + "".join(f"{n:>14}" for n in names))
     for c in CAUSES:
