@@ -62,6 +62,23 @@ def _has(*commands: str) -> Callable[[], str | None]:
     return check
 
 
+def _newer_slurm() -> Callable[[], str | None]:
+    """Root, munged and ``FLEXMIG_SLURM_BIN`` naming the commands of a Slurm 23.11 or later (one Slurm node per
+    GPU needs it; ``tests/support/slurm_newer.py up DIR`` makes Debian 13's 24.11 and prints that directory)."""
+    base = _root_and("munged")
+
+    def check() -> str | None:
+        why = base()
+        if why is not None:
+            return why
+        where = os.environ.get("FLEXMIG_SLURM_BIN")
+        if not where or not (Path(where) / "slurmctld").is_file():
+            return "needs FLEXMIG_SLURM_BIN naming a Slurm 23.11 or later (tests/support/slurm_newer.py up DIR)"
+        return None
+
+    return check
+
+
 @dataclass(frozen=True)
 class Section:
     """One benchmark: its section's name, title, full and quick arguments (after ``bench/<script>``), whether it
@@ -108,6 +125,16 @@ SECTIONS: tuple[Section, ...] = (
         quick=("--quick",),
         markdown=False,
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
+    ),
+    Section(
+        "slurm_mix_per_gpu",
+        "A busy host of 8 GPUs, one Slurm node per GPU (Slurm 23.11+)",
+        "slurm_mix.py",
+        # the mix scaled to 8 GPUs (360 jobs over the same 12 minutes) on node_per_gpu; about 30 min
+        ("--gpus", "8", "--rivals", "per-gpu"),
+        quick=("--quick", "--gpus", "2", "--rivals", "per-gpu"),
+        markdown=False,
+        needs=_newer_slurm(),
     ),
     Section(
         "slurm_model",
