@@ -199,9 +199,8 @@ def round_order(
 ) -> list[str]:  # fmt: skip
     """The order in which the GPU nodes ``(node, gpu)`` of a host plan in a round (``node_per_gpu``): those whose
     change waits in flexmig's reservation first (``waiting``: it claims its jobs again in its first round after a
-    restart), then those
-    whose change has claimed jobs (they keep them), then those no job ran on at their last look (an idle node changes
-    at once, so it serves a waiting job soonest), then by GPU."""
+    restart), then those whose change has claimed jobs (they keep them), then those no job ran on at their last look
+    (an idle node changes at once, so it serves a waiting job soonest), then by GPU."""
     return [
         node
         for node, _ in sorted(
