@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from flexmig.slurm.change import encode_change
 from support.hostile import HOSTILE, SYSTEM_PYTHON
 from support.slurm import SlurmRig, skip_reason
 from support.wait import until
@@ -100,6 +101,34 @@ def test_a_job_without_the_hook_is_never_signalled_the_drain_waits_for_it() -> N
             )
             for j in small:
                 await rig.wait_state(j, "RUNNING")
+
+    asyncio.run(scenario())
+
+
+def test_a_job_that_starts_after_an_idle_nodes_change_was_decided_cancels_it_at_once_and_runs_on() -> None:
+    # Slurm starts a job in the seconds between flexmig's look at the idle node and the change's close: the change
+    # is cancelled as soon as it sees the job, not after the idle timeout with the node closed all along.
+    async def scenario() -> None:
+        async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
+            small = rig.sleeper("--gres=gpu:1g.18gb:1")
+            await rig.wait_state(small, "PENDING")
+            read = await rig.agent.read()
+            plan, verdict = rig.agent.plan(read)
+            assert verdict.go and not read.demand.running, verdict  # an idle node changes at once
+            late = rig.sleeper("--gres=gpu:3g.71gb:1", "--time=5")  # fits today's layout: Slurm starts it
+            await rig.wait_state(late, "RUNNING")
+            action = encode_change(rig.node, plan, (), verdict.reason, 0.0)
+            res = await rig.agent.executor.execute_encoded([action], "slurm", (verdict.reason,))
+            (done,) = res.results
+            assert done.outcome == "cancelled", done
+            assert f"Slurm job(s) {late} started on node {rig.node} after the change was decided" in (done.error or "")
+            assert "the change is cancelled, the node reopened" in (done.error or ""), done.error
+            job = await rig.job(late)
+            assert job is not None and job.state == "RUNNING" and job.restart_count == 0, job
+            assert not any(r.name.startswith("flexmig-") for r in await rig.agent.client.reservations())
+            node = (await rig.agent.read()).node
+            assert node is not None and not node.drained, node
+            assert node.gpu_counts() == {"4g.71gb": 1, "3g.71gb": 1}, node  # nothing was changed
 
     asyncio.run(scenario())
 

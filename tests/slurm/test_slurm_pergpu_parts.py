@@ -14,6 +14,7 @@ import pytest
 
 from flexmig.act.journal import Journal
 from flexmig.act.nodeview import NodeView
+from flexmig.act.results import ActionResult, PlanResult
 from flexmig.cli.main import main as cli_main
 from flexmig.config import parse_config
 from flexmig.errors import ConfigError
@@ -173,6 +174,21 @@ def test_in_mode_advise_a_gpu_node_whose_verdict_goes_claims_its_jobs_as_act_wou
     assert claims.taken("h-gpu0") == {"slurm-7"}
     claims.update_from("h-gpu2", SlurmRound(read, plan, replace(going, go=False)), advise=True)
     assert claims.owners() == {"h-gpu1"}, "a verdict that says no claims nothing, in advise too"
+
+
+def test_a_change_that_was_cancelled_gives_its_jobs_back_to_the_siblings_at_once() -> None:
+    view = NodeView.of(INV)
+    read = SlurmRead((), None, INV, view, SlurmDemand("h-gpu1", (), (), ()), H200, {}, {})
+    plan = Plan((CreateInstance(1, 4, H200.profile("1g.18gb"), "for slurm-7", 1.0),))
+    going = Verdict(True, 0.0, 10.0, 1.0, "serves 1 waiting job(s) on an idle node", newly_served=("slurm-7",))
+    claims = Claims(60.0, lambda: 0.0)
+    done = PlanResult(1, (ActionResult(1, "slurm_reregister", None, "completed", None, 3.0, ()),))
+    claims.update_from("h-gpu1", SlurmRound(read, plan, going, done))
+    assert claims.taken("h-gpu0") == {"slurm-7"}, "carried out: the job pends until Slurm starts it there"
+    started = "Slurm job(s) 9 started on node h-gpu1 after the change was decided for it"
+    cancelled = PlanResult(2, (ActionResult(2, "slurm_reregister", None, "cancelled", started, 1.0, ()),))
+    claims.update_from("h-gpu1", SlurmRound(read, plan, going, cancelled))
+    assert claims.taken("h-gpu0") == frozenset() and claims.owners() == set(), "nothing will start it on GPU 1"
 
 
 def test_a_change_carried_out_just_before_a_restart_keeps_its_jobs_from_the_siblings_for_the_rest_of_its_hold(

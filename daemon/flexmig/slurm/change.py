@@ -269,8 +269,9 @@ class SlurmChange:
                 if await self._checkpoint(run, job):
                     held.append(int(job["job_id"]))
             idle = await run.step(
-                "await_idle", {"timeout_s": self.settings.idle_timeout_s}, lambda: self._await_idle(node)
-            )
+                "await_idle", {"timeout_s": self.settings.idle_timeout_s},
+                lambda: self._await_idle(node, frozenset(int(j["job_id"]) for j in jobs)),
+            )  # fmt: skip
             await run.step("check", {"node": node}, lambda: self._check(node))
             drained = await run.step("drain", {"node": node}, lambda: self._drain(node))
         except StepFailed as exc:
@@ -613,7 +614,12 @@ class SlurmChange:
             raise StepFailed(str(exc), code="SLURM") from exc
         return {"held": True}
 
-    async def _await_idle(self, node: str) -> dict[str, Any]:
+    async def _await_idle(self, node: str, moved: frozenset[int]) -> dict[str, Any]:
+        """Until no job runs on the closed node: the jobs the change moves (``moved``: requeued, ended) and jobs
+        ending (completing) are waited for, at most ``idle_timeout_s``. A change starts only on a node no other job
+        runs on, so another job running on it started after the change was decided (in the seconds between
+        Slurm's answer and the close) and may run for as long as its limit: StepFailed at once, not after the
+        timeout with the node closed all along."""
         start = self.clock()
         deadline = start + self.settings.idle_timeout_s
         while True:
@@ -624,9 +630,16 @@ class SlurmChange:
                 log.warning("waiting for node %s to drain: %s", node, exc)
                 found, jobs = None, None
             if jobs is not None:
-                busy = [j.job_id for j in jobs if j.active and node in j.nodes]
+                busy = [j for j in jobs if j.active and node in j.nodes]
                 if not busy and (found is None or found.idle):
                     return {"waited_s": round(self.clock() - start, 3), "at": time.time()}
+                late = [str(j.job_id) for j in busy if j.state in ("RUNNING", "CONFIGURING") and j.job_id not in moved]
+                if late:
+                    raise StepFailed(
+                        f"Slurm job(s) {', '.join(late)} started on node {node} after the change was decided for it",
+                        outcome="cancelled",
+                        code="STARTED",
+                    )
             if self.clock() >= deadline:
                 raise StepFailed(
                     f"node {node} still runs jobs {self.settings.idle_timeout_s:g} s after it was closed",
