@@ -38,7 +38,8 @@ Rivals, side by side on the same seeds: ``static`` (``3g+2g+1g``, no flexmig: th
 ``bench/slurm_mix.py``), ``2.5 runs`` (the policy before: forecasts over 2.5 typical run times), ``now`` (this
 tree's defaults), ``cover`` (a rejected variant: only layouts that hold every profile asked), ``per-gpu`` (Slurm
 23.11+'s ``node_per_gpu``: :func:`simulate_per_gpu`, one GPU node per GPU with its own closures, the daemon's round
-order and claims; on one GPU it is ``now``, figure for figure), and the design for
+order and claims; on one GPU it is ``now``, figure for figure), ``per-gpu-by-gpu`` (a rejected variant: the busy GPU
+nodes of a round plan by GPU, not by when they are expected to be empty, as before), and the design for
 Slurm 23.11+ where every MIG instance is its own dynamic node: ``instances`` (:func:`flexmig.plan.carving.carve`
 each round; idle instances destroyed and new ones created while busy ones run on, a new instance serving jobs
 ``REREGISTER_S`` later; no node ever closes as a whole) and ``hold-at-once`` (a rejected variant of it: a blocked
@@ -140,6 +141,7 @@ class Policy:
     layout: tuple[tuple[str, int], ...] = START
     per_instance: bool = False  # one Slurm node per MIG instance (simulate_instances)
     per_gpu: bool = False  # one Slurm node per GPU (simulate_per_gpu)
+    by_gpu: bool = False  # per_gpu: busy GPU nodes plan by GPU, not by when they are expected to be empty (before)
     hold_after_s: float = 0.0  # per_instance: a blocked job holds a region once it has waited this long
 
 
@@ -471,7 +473,8 @@ def _result(
 def policies() -> dict[str, Policy]:
     """The rivals: static (no flexmig), the merged policy before this change (forecasts over 2.5 typical run
     times), this tree's policy, a rejected variant (layouts that hold every profile asked), one Slurm node per GPU
-    (Slurm 23.11+'s ``node_per_gpu``; :func:`simulate_per_gpu`), and one Slurm node per MIG instance (Slurm 23.11+;
+    (Slurm 23.11+'s ``node_per_gpu``; :func:`simulate_per_gpu`; its busy GPU nodes planning by GPU, the order before,
+    rejected), and one Slurm node per MIG instance (Slurm 23.11+;
     :func:`simulate_instances`) with blocked jobs holding a region after :data:`flexmig.plan.carving.HOLD_AFTER_S`,
     at once (rejected), or never (a bound: big jobs may starve)."""
     cost = RegistrationCost(fixed_s=2.0)
@@ -481,6 +484,7 @@ def policies() -> dict[str, Policy]:
         "now": Policy("now", cost=cost),
         "cover": Policy("cover", cost=cost, cover=True),
         "per-gpu": Policy("per-gpu", cost=cost, per_gpu=True),
+        "per-gpu-by-gpu": Policy("per-gpu-by-gpu", cost=cost, per_gpu=True, by_gpu=True),
         "instances": Policy("instances", per_instance=True, hold_after_s=HOLD_AFTER_S),
         "hold-at-once": Policy("hold-at-once", per_instance=True, hold_after_s=0.0),
         "no-hold": Policy("no-hold", per_instance=True, hold_after_s=math.inf),
@@ -499,6 +503,7 @@ def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limi
     first = min(j.arrival_s for j in jobs)
     t = next_round = next_backfill = first
     claims = Claims(60.0, lambda: t)
+    empty_at: dict[str, float] = {}
     waiting_time = waiting_busy = 0.0
     closed_steps = steps = 0
     timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = []
@@ -517,10 +522,12 @@ def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limi
                 [(f"g{st.node}", st.node) for st in nodes],
                 waiting={f"g{st.node}" for st in nodes if st.reservation is not None},
                 claiming=claims.owners(), busy={f"g{st.node}" for st in nodes if st.running()},
+                empty_at=None if pol.by_gpu else empty_at,
             )  # fmt: skip
             for name in order:
                 st = nodes[int(name[1:])]
                 st.taken = claims.taken(name)
+                empty_at[name] = t + close_in_s(node_now(st), pol.cost.fixed_s)
                 did, served = agent_round(st, pol)
                 claims.update(name, served, acting=did == "acting", abandoned=did == "abandon")
                 slurm_step(st, backfill=False)

@@ -96,6 +96,32 @@ def test_two_idle_gpu_nodes_do_not_both_change_for_one_job() -> None:
         assert d.slurm_node("fm-node-gpu0").gpu_counts() == {"1g.18gb": 7}
 
 
+@pytest.mark.skipif(not per_gpu_capable(), reason=f"one dynamic node per GPU needs Slurm 23.11+ ({slurm_version()})")
+def test_of_two_busy_gpu_nodes_the_one_expected_to_empty_first_changes_for_a_waiting_job() -> None:
+    # GPU 0 is expected to be busy for half its job's 5-minute limit, GPU 1 for half a 2-minute one: either could
+    # serve the 1g jobs after a change, and either would commit one. GPU 1 plans first, commits and claims the jobs;
+    # GPU 0 (by GPU the first to plan) neither waits for them nor closes.
+    with SlurmDaemon("h200x2:7g.141gb@0", node_per_gpu=True) as d:
+        gpu0, gpu1 = "fm-node-gpu0", "fm-node-gpu1"
+        late = d.testbed.sbatch("-w", gpu0, "--time=5", "--gres=gpu:7g.141gb:1", script=SLEEP)
+        soon = d.testbed.sbatch("-w", gpu1, "--time=2", "--gres=gpu:7g.141gb:1", script=SLEEP)
+        d.wait_state(late, "RUNNING")
+        d.wait_state(soon, "RUNNING")
+        d.wait("flexmig saw both run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 2.0)
+        base = _job_reads(d)
+        d.wait("a round with both busy", lambda: _job_reads(d) >= base + 2)
+        d.submit_together(4, "--time=5", "--gres=gpu:1g.18gb:1", script=SLEEP)
+
+        def mine() -> list[str] | None:
+            return [n for n in _reservations(d) if n.startswith("flexmig-")] or None
+
+        names: list[str] = d.wait("flexmig's reservation", mine)
+        base = _job_reads(d)
+        d.wait("three more rounds", lambda: _job_reads(d) >= base + 3)
+        assert names == mine() == [f"flexmig-{gpu1}"], (names, d.log()[-3000:])
+        assert d.slurm_node(gpu0).gpu_counts() == {"7g.141gb": 1} and not d.slurm_node(gpu0).drained
+
+
 @pytest.mark.skipif(per_gpu_capable(), reason=f"this Slurm ({slurm_version()}) runs one dynamic node per GPU")
 def test_an_older_slurm_refuses_node_per_gpu_with_one_line_and_touches_nothing() -> None:
     with SlurmDaemon("h200x2:7g.141gb@0", node_per_gpu=True, wait_registered=False) as d:
@@ -124,6 +150,15 @@ def _rpc_count(d: SlurmDaemon, rpc: str) -> int:
     )
     m = re.search(rf"\b{rpc}\s*\(\s*\d+\)\s*count:(\d+)", res.stdout)
     return int(m.group(1)) if m else 0
+
+
+def _reservations(d: SlurmDaemon) -> list[str]:
+    """The names of Slurm's reservations."""
+    res = subprocess.run(
+        [d.testbed.commands.path("scontrol"), "show", "reservation", "--oneliner"],
+        env=d.testbed.env(), capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return re.findall(r"ReservationName=(\S+)", res.stdout)
 
 
 def _config_reads(d: SlurmDaemon) -> int:

@@ -259,6 +259,19 @@ def test_a_gpu_node_whose_change_waits_plans_first_so_it_claims_its_jobs_again_a
     assert running == ["h-gpu3", "h-gpu1", "h-gpu2", "h-gpu0"], "claims first, then idle nodes, then by GPU"
 
 
+def test_busy_gpu_nodes_plan_by_when_they_are_expected_to_empty_so_the_soonest_claims_a_waiting_job() -> None:
+    nodes = [("h-gpu0", 0), ("h-gpu1", 1), ("h-gpu2", 2), ("h-gpu3", 3)]
+    empty_at = {"h-gpu0": 900.0, "h-gpu1": 240.0, "h-gpu2": 600.0, "h-gpu3": 30.0}  # GPU 3's is from when it ran
+    busy = {"h-gpu0", "h-gpu1", "h-gpu2"}
+    order = round_order(nodes, waiting=(), claiming=(), busy=busy, empty_at=empty_at)
+    assert order == ["h-gpu3", "h-gpu1", "h-gpu2", "h-gpu0"], "idle first, then the busy ones, soonest empty first"
+    assert round_order(nodes, waiting=(), claiming=(), busy=busy) == ["h-gpu3", "h-gpu0", "h-gpu1", "h-gpu2"]
+    claimed = round_order(nodes, waiting={"h-gpu2"}, claiming={"h-gpu0"}, busy=busy, empty_at=empty_at)
+    assert claimed == ["h-gpu2", "h-gpu0", "h-gpu3", "h-gpu1"], "a waiting change and claims still come first"
+    unseen = round_order(nodes, waiting=(), claiming=(), busy=busy, empty_at={"h-gpu1": 240.0})
+    assert unseen == ["h-gpu3", "h-gpu0", "h-gpu2", "h-gpu1"], "a busy node not yet looked at plans first"
+
+
 def test_slurm_conf_for_gpu_nodes_names_per_node_files_the_template_unit_reads(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

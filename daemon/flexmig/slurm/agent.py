@@ -524,6 +524,11 @@ class SlurmAgent:
                 out[profile] = out.get(profile, 0.0) + work
         return out
 
+    def empty_in_s(self, read: SlurmRead) -> float:
+        """Seconds until the node is expected to be empty of its jobs, as ``read`` shows them: where a change's
+        reservation would start (``node_per_gpu``: the sibling that empties first plans first)."""
+        return _close_at(read, self.cost.fixed_s)
+
     def _without_missed(self, read: SlurmRead) -> SlurmRead:
         """The read with hook jobs that missed an acknowledgement counted as immovable."""
         missed = self.missed_acks()

@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.journal import ActionRow
@@ -197,19 +197,23 @@ class Claims:
 
 def round_order(
     nodes: Sequence[tuple[str, int | None]], *, waiting: Collection[str], claiming: Collection[str],
-    busy: Collection[str],
+    busy: Collection[str], empty_at: Mapping[str, float] | None = None,
 ) -> list[str]:  # fmt: skip
     """The order in which the GPU nodes ``(node, gpu)`` of a host plan in a round (``node_per_gpu``): those whose
     change waits in flexmig's reservation first (``waiting``: it claims its jobs again in its first round after a
     restart), then those whose change has claimed jobs (they keep them), then those no job ran on at their last look
-    (an idle node changes at once, so it serves a waiting job soonest), then by GPU."""
-    return [
-        node
-        for node, _ in sorted(
-            nodes,
-            key=lambda ng: (ng[0] not in waiting, ng[0] not in claiming, ng[0] in busy, -1 if ng[1] is None else ng[1]),
-        )
-    ]
+    (an idle node changes at once, so it serves a waiting job soonest), then the busy ones by when they were expected
+    to be empty at their last look (``empty_at``, any one clock: the one that empties first closes for the shortest
+    while, so it claims the waiting jobs), then by GPU."""
+    soon = empty_at or {}
+
+    def key(ng: tuple[str, int | None]) -> tuple[bool, bool, bool, float, int]:
+        node, gpu = ng
+        idle = node not in busy
+        return (node not in waiting, node not in claiming, not idle, 0.0 if idle else soon.get(node, 0.0),
+                -1 if gpu is None else gpu)  # fmt: skip
+
+    return [node for node, _ in sorted(nodes, key=key)]
 
 
 class SharedReads:
@@ -286,6 +290,8 @@ class SlurmComponent:
         self._client: SlurmClient | None = None
         self._version_ok = False
         self._busy: set[str] = set()
+        self._empty_at: dict[str, float] = {}
+        """When each busy GPU node was expected to be empty at its last look (``clock``): the round's order."""
         self._failing: str | None = None
         self._failing_since = 0.0
         self._last_decision: dict[str, str] = {}
@@ -481,6 +487,7 @@ class SlurmComponent:
                     done.append((agent, rnd))
                     if rnd.read is not None and rnd.read.demand.running:
                         self._busy.add(agent.node)
+                        self._empty_at[agent.node] = self.clock() + agent.empty_in_s(rnd.read)
                     elif rnd.read is not None:
                         self._busy.discard(agent.node)
             except SlurmError as exc:
@@ -528,6 +535,7 @@ class SlurmComponent:
             waiting={a.node for a in self.agents.values() if flexmig_name(a.node) in waiting},
             claiming=self.claims.owners(),
             busy=self._busy,
+            empty_at=self._empty_at,
         )
         by_node = {a.node: a for a in self.agents.values()}
         return [by_node[n] for n in order]
