@@ -18,7 +18,8 @@
 #               no code may assume a mapping. The seed is printed; make ids SIM_IDS=adversarial:N replays a run
 #   make driver-ids  every test not marked integration, and the NVML, simulator, telemetry and daemon rooms, with
 #               the IDs a real driver hands out (the simulator's default), in one run (FLEXMIG_INTEGRATION_ONLY_IN
-#               leaves the other rooms' integration tests out); make test runs it after make ids
+#               leaves the other rooms' integration tests out; NO_IDS_ROOMS, which read no NVML, are left to make
+#               ids); make test runs it after make ids
 #   make fault  the fault-injection suite alone (marker fault: SIGKILL at seeded random points, disk full at each
 #               journal write, corrupt journal/outbox pages, a slowloris on the metrics port); make test runs it too.
 #               The seed is printed; FLEXMIG_FAULT_SEED=N replays a run. Needs root (it mounts a small tmpfs)
@@ -69,6 +70,9 @@ lint: venv
 # Any legal GPU-instance ID for any instance, reused after a destroy: no test, and no code, may assume a mapping.
 SIM_IDS ?= adversarial:$(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
 DRIVER_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
+# Rooms whose code reads nothing from NVML (the pure core, the replay, job specs, the job-side hook, the benchmarks'
+# models): no GPU-instance ID reaches them, so make driver-ids leaves them to make ids (a third of its time).
+NO_IDS_ROOMS := tests/plan tests/detect tests/mig tests/replay tests/jobspec tests/hook tests/bench
 JOBS ?= 3
 XDIST := -n $(JOBS) --dist loadscope
 
@@ -86,7 +90,7 @@ ids: venv
 
 driver-ids: venv
 	FLEXMIG_INTEGRATION_ONLY_IN="$(DRIVER_ROOMS)" $(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) \
-	  -m "not (integration and fault)"
+	  $(addprefix --ignore=,$(NO_IDS_ROOMS)) -m "not (integration and fault)"
 
 # Every Slurm test again, against Debian 13's Slurm 24.11 in a chroot (made with debootstrap the first time, in
 # NEWER_SLURM; its daemons and commands reached through wrappers in NEWER_SLURM.bin): tests/support/slurm_newer.py.
