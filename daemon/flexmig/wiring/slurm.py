@@ -151,14 +151,13 @@ class Claims:
 
     def update_from(self, node: str, rnd: SlurmRound, *, advise: bool = False) -> None:
         """:meth:`update` from what ``node``'s round did: a change carried out, committed (``change_waiting``) or
-        kept (flexmig's reservation exists and the verdict still goes), or abandoned (or cancelled, or failed: the
-        node reopened without the new instances). In mode advise (``advise``)
-        a change the verdict goes for claims its jobs as mode act would carry it out or commit it, so that the GPU
-        nodes' published plans do not count the same job twice."""
+        kept (flexmig's reservation exists and the verdict still goes), or abandoned (or cancelled: the node
+        reopened as it was). In mode advise (``advise``) a change the verdict goes for claims its jobs as mode act
+        would carry it out or commit it, so that the GPU nodes' published plans do not count the same job twice."""
         v, read = rnd.verdict, rnd.read
-        failed = rnd.result is not None and not rnd.result.ok  # cancelled or failed: it starts none of them
-        abandoned = failed or any(what == "change_abandoned" for what, _ in rnd.events)
-        going = v is not None and read is not None and v.go and changes_instances(rnd.plan) and not failed
+        cancelled = rnd.result is not None and any(r.outcome == "cancelled" for r in rnd.result.results)
+        abandoned = cancelled or any(what == "change_abandoned" for what, _ in rnd.events)
+        going = v is not None and read is not None and v.go and changes_instances(rnd.plan) and not cancelled
         acting = going and (
             advise
             or rnd.result is not None
