@@ -175,9 +175,9 @@ SECTIONS: tuple[Section, ...] = (
         "slurm_model_instances_8gpu",
         "One Slurm node per MIG instance on 8 GPUs, modelled, beside one per GPU",
         "slurm_model.py",
-        # per-GPU nodes (node_per_gpu, built) beside it; the whole-node policy on 8 GPUs is section slurm_model_8gpu
-        # (40-80 min more here); about 1.5 min a per-GPU run on 2 cores
-        ("--gpus", "8", "--seeds", "21-40", "--policies", "static,per-gpu,instances", "--per-change",
+        # per-GPU nodes (node_per_gpu, built; and its rejected round order by GPU) beside it; the whole-node policy on
+        # 8 GPUs is section slurm_model_8gpu (40-80 min more here); about 1.5 min a per-GPU run on 2 cores
+        ("--gpus", "8", "--seeds", "21-40", "--policies", "static,per-gpu,per-gpu-by-gpu,instances", "--per-change",
          "--parallel", "2"),
         quick=("--gpus", "2", "--seeds", "21", "--policies", "instances", "--per-change"),
         markdown=False,

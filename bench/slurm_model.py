@@ -816,9 +816,10 @@ def main() -> int:
             print(f"{n}: worst seeds: utilisation {seeds[u]} ({100 * rs[u].util_waiting:.0f} %), makespan "
                   f"{seeds[m]} ({rs[m].ratio:.2f}x)")  # fmt: skip
     print("\nslice-seconds idle while jobs wait, by cause (mean per seed; the module docstring says what each is):")
-    print(f"{'':36}" + "".join(f"{n:>14}" for n in names))
+    width = max(14, *(len(n) + 1 for n in names))  # a name as wide as the column would run into the one before
+    print(f"{'':36}" + "".join(f"{n:>{width}}" for n in names))
     for c in CAUSES:
-        print(f"{c:36}" + "".join(f"{statistics.mean(r.losses.get(c, 0.0) for r in results[n]):>14.0f}"
+        print(f"{c:36}" + "".join(f"{statistics.mean(r.losses.get(c, 0.0) for r in results[n]):>{width}.0f}"
                                   for n in names))  # fmt: skip
     if args.per_change:
         print(
