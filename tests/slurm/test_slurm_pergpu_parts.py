@@ -185,8 +185,12 @@ def test_a_change_that_was_cancelled_gives_its_jobs_back_to_the_siblings_at_once
     done = PlanResult(1, (ActionResult(1, "slurm_reregister", None, "completed", None, 3.0, ()),))
     claims.update_from("h-gpu1", SlurmRound(read, plan, going, done))
     assert claims.taken("h-gpu0") == {"slurm-7"}, "carried out: the job pends until Slurm starts it there"
+    unregistered = "node h-gpu1 did not register within 60 s; it is not registered (the next round tries again)"
+    failed = PlanResult(2, (ActionResult(2, "slurm_reregister", None, "failed", unregistered, 70.0, ()),))
+    claims.update_from("h-gpu1", SlurmRound(read, plan, going, failed))
+    assert claims.taken("h-gpu0") == {"slurm-7"}, "its new instances exist: the next round registers them"
     started = "Slurm job(s) 9 started on node h-gpu1 after the change was decided for it"
-    cancelled = PlanResult(2, (ActionResult(2, "slurm_reregister", None, "cancelled", started, 1.0, ()),))
+    cancelled = PlanResult(3, (ActionResult(3, "slurm_reregister", None, "cancelled", started, 1.0, ()),))
     claims.update_from("h-gpu1", SlurmRound(read, plan, going, cancelled))
     assert claims.taken("h-gpu0") == frozenset() and claims.owners() == set(), "nothing will start it on GPU 1"
 
