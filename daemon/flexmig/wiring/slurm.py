@@ -288,9 +288,9 @@ class SlurmComponent:
         self._act: Actuator | None = None
         self._client: SlurmClient | None = None
         self._version_ok = False
-        self._busy: set[str] = set()
         self._empty_at: dict[str, float] = {}
-        """When each busy GPU node was expected to be empty at its last look (``clock``): the round's order."""
+        """The GPU nodes jobs ran on at their last look, and when each was then expected to be empty (``clock``):
+        the round's order."""
         self._failing: str | None = None
         self._failing_since = 0.0
         self._last_decision: dict[str, str] = {}
@@ -485,10 +485,9 @@ class SlurmComponent:
                     self.claims.update_from(agent.node, rnd, advise=mode == "advise")
                     done.append((agent, rnd))
                     if rnd.read is not None and rnd.read.demand.running:
-                        self._busy.add(agent.node)
                         self._empty_at[agent.node] = self.clock() + agent.empty_in_s(rnd.read)
                     elif rnd.read is not None:
-                        self._busy.discard(agent.node)
+                        self._empty_at.pop(agent.node, None)
             except SlurmError as exc:
                 self._unreachable(exc)
                 return None
@@ -533,7 +532,7 @@ class SlurmComponent:
             [(a.node, a.gpu) for a in self.agents.values()],
             waiting={a.node for a in self.agents.values() if flexmig_name(a.node) in waiting},
             claiming=self.claims.owners(),
-            busy=self._busy,
+            busy=self._empty_at.keys(),
             empty_at=self._empty_at,
         )
         by_node = {a.node: a for a in self.agents.values()}
