@@ -3,7 +3,7 @@
 #               (its own venv, .venv-demo: the package and its runtime dependencies only; DEMO_ARGS="--until-move")
 #   make test   install everything, then ruff, mypy --strict (package and tests) and the whole test suite: make ids
 #               (every test but the fault-injection ones, with GPU-instance IDs handed out adversarially), the
-#               fault-injection tests alone (their time bounds are tight), make driver-ids, then make slurm-newer
+#               fault-injection tests in a run of their own (make fault), make driver-ids, then make slurm-newer
 #               (its chroot made in the background meanwhile, from the start). Every suite runs in
 #               a fresh, empty home directory made for the run (.ci/fresh-home). Most tests wait on daemons, brokers
 #               and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's tests on one worker;
@@ -80,7 +80,7 @@ test: debs
 	$(PY) tests/support/slurm_newer.py build $(NEWER_SLURM)
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory ids SIM_IDS=$(SIM_IDS)
-	$(FRESH_HOME) $(BIN)/pytest -q -m fault
+	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m fault
 	$(MAKE) --no-print-directory driver-ids
 	$(MAKE) --no-print-directory slurm-newer
 
@@ -105,7 +105,7 @@ check: venv
 	$(FRESH_HOME) $(BIN)/pytest -q $(XDIST) -m "not integration"
 
 fault: venv debs
-	$(FRESH_HOME) $(BIN)/pytest -q -m fault
+	$(FRESH_HOME) $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m fault
 
 bench: venv
 	$(BIN)/python bench/results.py $(if $(SECTIONS),--only $(SECTIONS))

@@ -17,6 +17,10 @@ unless it is marked ``integration`` (Python's audit events say what it did). ``m
 Brokers (a real mosquitto on a free loopback port, :mod:`support.mosquitto`): ``broker`` (anonymous) and
 ``secured_broker`` (passwords and the README's ACL) are shared by one test module's tests; ``mosquitto`` starts a
 test's own (``mosquitto()``, ``mosquitto(extra)``, ``mosquitto(secured=True)``), stopped when that test ends.
+
+The fault-injection seed (``FLEXMIG_FAULT_SEED``, tests/act/test_fault_kill.py) is drawn here, once, by the process
+that runs the session (pytest-xdist's controller, whose workers inherit it), and printed at the end of a run that
+used it: a worker has no terminal to print it on.
 """
 
 from __future__ import annotations
@@ -251,6 +255,27 @@ def mosquitto(tmp_path: Path) -> Iterator[Brokers]:
 
 
 _RUN_STARTED = time.time()
+FAULT_SEED = "FLEXMIG_FAULT_SEED"
+_fault_seed_used: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Draw the fault-injection seed once for the run, before pytest-xdist starts its workers (unless given)."""
+    if not hasattr(config, "workerinput"):
+        os.environ.setdefault(FAULT_SEED, str(time.time_ns() % 1_000_000))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note a run of a test that draws from the fault-injection seed (reports reach the controller from workers)."""
+    if report.when == "call" and "test_fault_kill.py" in report.nodeid and not _fault_seed_used:
+        _fault_seed_used.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the fault-injection seed where a failed run's reader looks: at the end."""
+    if _fault_seed_used:
+        value = os.environ.get(FAULT_SEED, "")
+        terminalreporter.write_line(f"fault injection seed: {value} (replay with {FAULT_SEED}={value})")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

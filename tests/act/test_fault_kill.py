@@ -2,7 +2,7 @@
 of the reconciliation that follows; after a clean start the job runs exactly once, from an intact checkpoint, and
 no MIG instance is leaked or missing.
 
-The points are drawn from a seed, printed at the start (``FLEXMIG_FAULT_SEED=N`` replays a run;
+The points are drawn from a seed, printed at the end of the run (``FLEXMIG_FAULT_SEED=N`` replays a run;
 ``FLEXMIG_FAULT_KILLS`` sets how many moves are tried, 20 by default). The actuator runs as ``python -m
 flexmig.actuatord`` on a simulated node whose state file survives the kill (the rig of ``test_act_crash``); a harness
 SIGKILLs it right after its k-th journalled step event once the test has armed it (just before the move is asked), so
@@ -105,12 +105,13 @@ class KillNode(Node):
 
 
 @pytest.fixture(scope="module")
-def seed(request: pytest.FixtureRequest) -> int:
-    value = int(os.environ.get("FLEXMIG_FAULT_SEED") or time.time_ns() % 1_000_000)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"fault injection seed: {value} (replay with FLEXMIG_FAULT_SEED={value})")
-    return value
+def seed() -> int:
+    """The run's seed: drawn once for the run by tests/conftest.py (which prints it at the end), or given."""
+    text = os.environ.get("FLEXMIG_FAULT_SEED") or str(time.time_ns() % 1_000_000)
+    try:
+        return int(text)
+    except ValueError:
+        raise pytest.UsageError(f"FLEXMIG_FAULT_SEED must be an integer, not {text!r}") from None
 
 
 def kills(seed: int) -> list[tuple[int, str, int, int]]:
