@@ -172,6 +172,24 @@ SECTIONS: tuple[Section, ...] = (
         markdown=False,
     ),
     Section(
+        "slurm_model_jitter",
+        "The issue's mix a second apart, modelled: how far one seed's figures move",
+        "slurm_model.py",
+        # seed 24 (the mix, run for real in slurm_mix), each arrival up to a second later, 40 times
+        ("--seeds", "24", "--jitter", "1", "--draws", "40", "--policies", "now,instances", "--parallel", "2"),
+        quick=("--seeds", "24", "--jitter", "1", "--draws", "2", "--policies", "now"),
+        markdown=False,
+    ),
+    Section(
+        "slurm_model_jitter_heldout",
+        "Seeds the policy was not chosen on, a second apart, modelled: one GPU, whole node or per MIG instance",
+        "slurm_model.py",
+        # the held-out seeds 21-40, five draws each: today's whole-node policy beside the per-instance design
+        ("--seeds", "21-40", "--jitter", "1", "--draws", "5", "--policies", "static,now,instances", "--parallel", "2"),
+        quick=("--seeds", "21", "--jitter", "1", "--draws", "2", "--policies", "now"),
+        markdown=False,
+    ),
+    Section(
         "slurm_model_instances_8gpu",
         "One Slurm node per MIG instance on 8 GPUs, modelled, beside one per GPU",
         "slurm_model.py",

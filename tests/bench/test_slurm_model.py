@@ -98,3 +98,15 @@ def test_per_gpu_nodes_run_every_job_once_and_a_change_closes_only_its_gpu() -> 
         assert not [j.name for j in done if j.node == gpu and j.start_s <= t < j.end_s], f"GPU {gpu} busy at {t} s"
         others += any(j.node != gpu and j.start_s <= t < j.end_s for j in done)
     assert others > 0  # some change happened while the other GPU node ran a job
+
+
+def test_a_jittered_mix_is_the_same_jobs_each_arriving_up_to_the_jitter_later_and_draw_0_is_the_mix() -> None:
+    jobs = mix(24)
+    assert slurm_model.jittered(jobs, 24, 0, 1.0) == jobs
+    a, b = slurm_model.jittered(jobs, 24, 3, 1.0), slurm_model.jittered(jobs, 24, 3, 1.0)
+    assert a == b != slurm_model.jittered(jobs, 24, 4, 1.0)  # a draw is the same every run, and draws differ
+    for j, k in zip(jobs, a, strict=True):
+        assert (k.index, k.profile, k.runtime_s, k.limit_min) == (j.index, j.profile, j.runtime_s, j.limit_min)
+        assert j.arrival_s <= k.arrival_s <= j.arrival_s + 1.0
+    r = slurm_model.simulate(a, slurm_model.policies()["now"], gpus=1)
+    _check(r, len(jobs), 1)
