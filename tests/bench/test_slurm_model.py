@@ -1,9 +1,10 @@
-"""bench/slurm_model.py on a node of several GPUs: one GPU gives the figures it gave before ``--gpus`` existed, and a
-node of two GPUs runs every job of its scaled mix once, on instances no other job holds, and re-registers only when
-the whole node is empty (Slurm 22.05)."""
+"""bench/slurm_model.py on a node of several GPUs: one GPU gives the figures its docstring states, a round comes a
+look after a job ends (on one GPU) or every interval, and a node of two GPUs runs every job of its scaled mix once,
+on instances no other job holds, and re-registers only when the whole node is empty (Slurm 22.05)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -17,11 +18,23 @@ import slurm_model  # type: ignore[import-not-found]  # noqa: E402
 from slurm_mix import mix  # type: ignore[import-not-found]  # noqa: E402
 
 
-def test_one_gpu_gives_the_figures_the_model_gave_before() -> None:
-    # The module docstring's seed 24 under the merged policy ("2.5 runs"): 77 %, 1.36x, 19 re-registrations an hour.
+def test_one_gpu_gives_the_figures_the_module_docstring_states() -> None:
+    # The module docstring's seed 24 under the merged policy ("2.5 runs"): 78 %, 1.36x, 19 re-registrations an hour.
     r = slurm_model.simulate(mix(24), slurm_model.policies()["2.5 runs"], gpus=1)
-    assert (r.ran, round(100 * r.util_waiting), round(r.ratio, 2), round(r.reregs_per_h)) == (45, 77, 1.36, 19)
+    assert (r.ran, round(100 * r.util_waiting), round(r.ratio, 2), round(r.reregs_per_h)) == (45, 78, 1.36, 19)
     assert r.state.reregistrations > 0 and r.per_change is not None and r.per_change > 0
+
+
+def test_a_round_comes_at_the_first_look_after_a_job_ends_or_every_interval_without_looks() -> None:
+    job = slurm_model.Job(mix(24)[0], 0.0, start_s=0.0, end_s=3.2)
+    steps = [k * slurm_model.STEP_S for k in range(17)]  # 0 to 8 s
+    looking = slurm_model.Rounds(0.0)
+    at = [t for t in steps if looking.due(t, [job])]
+    assert 4.0 in at and 3.5 not in at  # the end at 3.2 s is seen at the look at 4 s
+    assert all(b - a <= slurm_model.ROUND_S for a, b in itertools.pairwise(at))
+    assert all((t / slurm_model.PROBE_S).is_integer() for t in at)  # rounds come at looks
+    interval = slurm_model.Rounds(0.0, probe=False)
+    assert [t for t in steps if interval.due(t, [job])] == [0.0, 2.0, 4.0, 6.0, 8.0]
 
 
 def _check(r: Any, jobs: int, gpus: int) -> None:
