@@ -70,9 +70,8 @@ A second apart (``--jitter S --draws N``): each seed runs N times, each arrival 
 ``[0, S)`` (:func:`jittered`), and the figures are over all runs. The decisions are discontinuous (a job a step later
 can tip a round's choice of layout, and the run takes another branch), so one seed's figures are one draw of a
 spread that a real run, whose submissions and Slurm passes land a fraction of a second apart from the model's, may
-fall anywhere in. Seed 24, 40 draws of a second: 39 runs at 85-86 % and 1.19x, one at 80 % and 1.26x; both real runs
-of that seed (2026-12-02 and 2026-12-03, 83 % and 79 %) took that draw's branch (16 and 19 of their 45 jobs start
-within 5 s of it, 8 and 9 within 5 s of any other draw).
+fall anywhere in. Seed 24, 40 draws of a second: 20 at 86 % and 1.19x, 12 at 83 % and 1.28x (the exact mix's
+figures), 8 at 80 % and 1.26x; the two recent real runs gave 83 % and 79 %, 1.28x and 1.29x.
 """
 
 from __future__ import annotations
