@@ -55,6 +55,8 @@ from flexmig.plan.reregistration import (
     Verdict,
     changes_instances,
     choose,
+    close_by_s,
+    close_in_s,
 )
 from flexmig.plan.types import Plan, PlannerSettings
 from flexmig.plan.waiting import ENDING, Committed, next_step
@@ -340,17 +342,10 @@ class SlurmAgent:
             if i.gpu not in fixed and (i.uuid is None or i.pids is None or (i.pids and i.key not in slurm_held)):
                 fixed.add(i.gpu)
         requeued = read.demand.requeued_requests(model)
-        running = tuple(
-            DrainHolder(
-                request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable, r.elapsed_s,
-                tuple(i.key for i in r.instances),
-            )
-            for r in read.demand.running
-        )  # fmt: skip
         return NodeNow(
             model=model,
             layouts=tuple(layouts),
-            running=running,
+            running=_holders(read),
             queue=(*requeued, *read.demand.pending),
             fixed_gpus=frozenset(fixed),
             requeued=frozenset(r.name for r in requeued),
@@ -718,27 +713,28 @@ def _without_taken(read: SlurmRead, taken: frozenset[str]) -> SlurmRead:
     return replace(read, demand=SlurmDemand(d.node, pending, jobs, d.running, d.ignored))
 
 
+def _holders(read: SlurmRead) -> tuple[DrainHolder, ...]:
+    """The node's running Slurm jobs as the layout choice sees them."""
+    return tuple(
+        DrainHolder(
+            request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable, r.elapsed_s,
+            tuple(i.key for i in r.instances),
+        )
+        for r in read.demand.running
+    )  # fmt: skip
+
+
 def _close_by(read: SlurmRead) -> float | None:
-    """Seconds until the node is surely empty by its immovable jobs' limits (None: one has no limit)."""
-    lefts = [r.remaining_s for r in read.demand.running if not r.movable]
-    if any(x is None for x in lefts):
-        return None
-    return max([0.0, *(x for x in lefts if x is not None)])
+    """Seconds until the node is surely empty by its immovable jobs' limits (None: one has no limit):
+    :func:`~flexmig.plan.reregistration.close_by_s` of its running jobs."""
+    return close_by_s(NodeNow(read.model, (), _holders(read), ()))
 
 
 def _close_at(read: SlurmRead, floor_s: float) -> float:
-    """Seconds until the node is expected to be empty (:meth:`DrainHolder.expected_left_s` of its immovable jobs:
-    halfway to a limit, or as long again as a job without one has run), never later than the limits say: where
-    flexmig's reservation starts. Jobs that end before it still start; the few that run past it close the node
-    for the rest of their run."""
-    lefts = [
-        DrainHolder("", r.compute_slices, r.remaining_s, False, r.elapsed_s).expected_left_s(floor_s)
-        for r in read.demand.running
-        if not r.movable
-    ]
-    expected = max([0.0, *lefts])
-    sure = _close_by(read)
-    return expected if sure is None else min(expected, sure)
+    """Seconds until the node is expected to be empty, never later than the limits say: where flexmig's reservation
+    starts (:func:`~flexmig.plan.reregistration.close_in_s` of its running jobs). Jobs that end before it still
+    start; the few that run past it close the node for the rest of their run."""
+    return close_in_s(NodeNow(read.model, (), _holders(read), ()), floor_s)
 
 
 def _read_text(path: Path) -> str:
