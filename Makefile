@@ -6,7 +6,7 @@
 #               fault-injection tests in a run of their own (make fault), make driver-ids, then make slurm-newer
 #               (its chroot made in the background meanwhile, from the start). Every suite runs in
 #               a fresh, empty home directory made for the run (.ci/fresh-home). Most tests wait on daemons, brokers
-#               and Slurm, so they run on JOBS pytest-xdist workers (default 3, a module's tests on one worker;
+#               and Slurm, so they run on JOBS pytest-xdist workers (default 4, a module's tests on one worker;
 #               JOBS=0 runs them in one process)
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
@@ -73,7 +73,7 @@ DRIVER_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
 # Rooms whose code reads nothing from NVML (the pure core, the replay, job specs, the job-side hook, the benchmarks'
 # models): no GPU-instance ID reaches them, so make driver-ids leaves them to make ids (a third of its time).
 NO_IDS_ROOMS := tests/plan tests/detect tests/mig tests/replay tests/jobspec tests/hook tests/bench
-JOBS ?= 3
+JOBS ?= 4
 XDIST := -n $(JOBS) --dist loadscope
 
 test: debs
