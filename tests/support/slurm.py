@@ -359,6 +359,7 @@ class SlurmDaemon:
         interval_s: float | None = 1.0,
         slurm_keys: str = "",
         node_per_gpu: bool = False,
+        node_per_instance: bool = False,
         wait_registered: bool = True,
         start: bool = True,
     ) -> None:
@@ -367,8 +368,15 @@ class SlurmDaemon:
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurmd-", dir="/tmp"))
         self.base.chmod(0o755)
         self.testbed = Testbed(
-            self.base, node_spec.model, node_spec.count, node=node, commands=commands(), node_per_gpu=node_per_gpu
+            self.base,
+            node_spec.model,
+            node_spec.count,
+            node=node,
+            commands=commands(),
+            node_per_gpu=node_per_gpu,
+            node_per_instance=node_per_instance,
         )
+        self.node_per_instance = node_per_instance
         self.gpus = node_spec.count
         self.node_per_gpu = node_per_gpu
         self.wait_registered = wait_registered
@@ -417,8 +425,15 @@ class SlurmDaemon:
         if not self.wait_registered:
             return
         names = [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
+        if self.node_per_instance:  # one node per instance the spec starts with
+            names = [f"{self.node}-gpu{k}-{inst.start}" for k in range(self.gpus) for inst in self.first_layout()]
         for name in names:
             self.wait(f"node {name} registered", functools.partial(self.responding, name))
+
+    def first_layout(self) -> tuple[Any, ...]:
+        """The instances each GPU starts with (the spec's layout)."""
+        layout = parse_node_spec(self.spec).layout
+        return tuple(layout) if layout is not None else ()
 
     def responding(self, name: str) -> bool:
         """True when Slurm lists node ``name``, responding."""

@@ -297,18 +297,24 @@ def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         yield ("slurm.gres_map",), "put the map in a directory of its own, not in /"
     if any(w.split("=", 1)[0].lower() == "port" for w in words) and sl.node_per_gpu:
         yield ("slurm.slurmd_conf",), "leave Port= out with node_per_gpu: each GPU node's is slurmd_port_base + K"
-    if sl.node_per_gpu:
+    if any(w.split("=", 1)[0].lower() == "port" for w in words) and sl.node_per_instance:
+        yield ("slurm.slurmd_conf",), "leave Port= out with node_per_instance: each node's is slurmd_port_base + 8K + S"
+    if sl.node_per_gpu and sl.node_per_instance:
+        yield ("slurm.node_per_instance",), "set node_per_gpu or node_per_instance, not both"
+    if sl.node_per_gpu or sl.node_per_instance:
         yield from _per_gpu_checks(sl)
 
 
 def _per_gpu_checks(sl: SlurmConfig) -> Iterator[tuple[tuple[str, ...], str]]:
-    """With ``node_per_gpu`` every GPU node needs its own pid file, environment file, GRES map and unit."""
+    """With ``node_per_gpu`` (or ``node_per_instance``) every node of the host needs its own pid file, environment
+    file, GRES map and unit."""
     named = {"slurmd_pid_file": str(sl.slurmd_pid_file), "slurmd_env": str(sl.slurmd_env), "gres_map": str(sl.gres_map)}
     if sl.slurmd_control == "systemd":
         named["slurmd_unit"] = sl.slurmd_unit
     for key, value in named.items():
         if "{node}" not in value:
-            yield (f"slurm.{key}",), "must contain {node} with node_per_gpu: each GPU node's slurmd needs its own"
+            mode = "node_per_gpu" if sl.node_per_gpu else "node_per_instance"
+            yield (f"slurm.{key}",), f"must contain {{node}} with {mode}: each node's slurmd needs its own"
 
 
 def _check_url(url: str) -> str | None:

@@ -580,9 +580,18 @@ class SlurmConfig:
         "slurmd_env and gres_map (and slurmd_unit with systemd) then must contain {node}, the GPU node's name.",
         restart=True,
     )
+    node_per_instance: bool = _doc(
+        False,
+        "Slurm 23.11 and later: one dynamic node per MIG instance, <node>-gpu<K>-<S> (S: its first memory slice), "
+        "each with its own slurmd (Port= slurmd_port_base + 8K + S). A node's GRES never changes: flexmig creates "
+        "an instance with its node and destroys only idle ones, so no change waits for an unrelated job. The same "
+        "{node} rules as node_per_gpu; not together with it.",
+        restart=True,
+    )
     slurmd_port_base: int = _doc(
         6830,
-        "With node_per_gpu: GPU K's slurmd listens on this port plus K (its --conf Port=).",
+        "With node_per_gpu: GPU K's slurmd listens on this port plus K (its --conf Port=); with node_per_instance, "
+        "the instance at memory slice S of GPU K on this port plus 8K + S.",
         lo=1,
         hi=65535,
         restart=True,

@@ -187,11 +187,18 @@ class SlurmAgent:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         mountinfo: Path = Path("/proc/self/mountinfo"),
         gpu: int | None = None,
+        start: int | None = None,
     ) -> None:
         self.settings = settings
         self.node = check_node_name(node)
         self.gpu = gpu
         """The one GPU this agent's node is (``[slurm] node_per_gpu``), or None: the node is every GPU of the host."""
+        self.start = start
+        """With ``gpu``: the node is the one MIG instance at this memory slice of it (``[slurm] node_per_instance``;
+        the agent keeps it registered, the caller decides which instances there are)."""
+        self.own_reservations: frozenset[str] = frozenset()
+        """Reservations of flexmig's own besides this node's (``node_per_instance``: the hold on a region of the
+        host, set by the caller): not an administrator's."""
         self.shared: SlurmView | None = None
         """Slurm's jobs, nodes and reservations as a sibling GPU node's agent read them this round (set by the
         caller, used by the next :meth:`read` only, so that the GPU nodes of one host ask slurmctld once)."""
@@ -226,6 +233,7 @@ class SlurmAgent:
             simulated=simulated,
             hook=hook,
             gpu=gpu,
+            start=start,
         )
         change = ChangeSettings(
             node,
@@ -437,15 +445,16 @@ class SlurmAgent:
         action = encode_change(self.node, Plan(), (), reason, 0.0)
         return await self.executor.execute_encoded([action], "slurm", (reason,))
 
-    async def round(self, mode: str) -> SlurmRound:
+    async def round(self, mode: str, *, plan: bool = True) -> SlurmRound:
         """One round (see the module docstring). SlurmError when Slurm cannot be read; nothing changed then. Its
-        node events also go to ``on_event`` as ``slurm_node:WHAT``."""
-        rnd = await self._round(mode)
+        node events also go to ``on_event`` as ``slurm_node:WHAT``. ``plan=False``: steps 1-5 only (the node kept
+        registered as NVML shows it; ``node_per_instance``, where the caller decides the instances)."""
+        rnd = await self._round(mode, plan)
         for what, detail in rnd.events:
             self.on_event(f"slurm_node:{what}", detail)
         return rnd
 
-    async def _round(self, mode: str) -> SlurmRound:
+    async def _round(self, mode: str, plan_it: bool = True) -> SlurmRound:
         read = await self.read()
         if self._waiting and read.mine is None:  # flexmig's reservation ended without its change
             self._closed_at = self.clock()
@@ -455,7 +464,8 @@ class SlurmAgent:
         problem = await self.setup_problem(read)
         if problem is not None:
             return SlurmRound(read, note=f"refused: {problem}", events=(("refused", {"reason": problem}),))
-        hold = admin_hold(read.node, read.reservations, self.node)
+        others = [r for r in read.reservations if r.name not in self.own_reservations]
+        hold = admin_hold(read.node, others, self.node)
         if read.slurmd == "crashed" and admin_down(read.node) is None:
             # A drain or a reservation survives slurmd's restart, and the node's jobs run on; a node an
             # administrator downed would come back into service (ReturnToService=2): that one is left alone.
@@ -465,7 +475,7 @@ class SlurmAgent:
         if not read.in_sync:
             return await self._resync(read, mode)
         self._not_responding_since = None
-        if mode == "observe":  # observe reads and exports; planning is advise's and act's
+        if mode == "observe" or not plan_it:  # observe reads and exports; planning is advise's and act's
             return SlurmRound(read)
         try:
             plan, v = await asyncio.to_thread(self.planner(read))  # the loop serves metrics and requests meanwhile

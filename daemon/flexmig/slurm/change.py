@@ -138,11 +138,13 @@ def encode_change(
     *,
     busy: bool = False,
     serves: Sequence[str] = (),
+    retire: bool = False,
 ) -> tuple[str, str | None, dict[str, Any]]:
     """The journal's form of a re-registration carrying ``plan``'s instance changes (in plan order); ``busy``: the
     change had to wait for jobs (it counts for the batching of such changes); ``serves``: the pending jobs (request
     names) the change newly serves, which a restarted daemon's sibling GPU nodes leave to it for a while
-    (:class:`flexmig.wiring.slurm.Claims`)."""
+    (:class:`flexmig.wiring.slurm.Claims`); ``retire``: the node leaves Slurm for good after the changes, which
+    destroy its only instance (``[slurm] node_per_instance``), and is not registered again."""
     changes: list[dict[str, Any]] = []
     for a in plan.actions:
         if isinstance(a, CreateInstance | DestroyInstance):
@@ -154,7 +156,7 @@ def encode_change(
     ]
     return KIND, None, {
         "node": node, "changes": changes, "checkpoint": jobs, "reason": reason, "drain_s": drain_s, "busy": busy,
-        "serves": list(serves),
+        "serves": list(serves), **({"retire": True} if retire else {}),
     }  # fmt: skip
 
 
@@ -288,6 +290,12 @@ class SlurmChange:
             except StepFailed as exc:
                 failure = exc
                 break
+        if payload.get("retire"):  # an instance node gone for good (node_per_instance): nothing to register
+            await run.step("retire", {"node": node}, self._retire)
+            await run.step("reopen", {"node": node}, lambda: self._reopen(node))
+            if failure is not None:
+                raise StepFailed(f"{failure}; node {node} was deleted from Slurm", code=failure.code)
+            return
         unregistered: StepFailed | None = None
         try:
             await run.step("gres", {}, self._gres)
@@ -666,6 +674,14 @@ class SlurmChange:
         except (SlurmError, OSError) as exc:
             raise StepFailed(f"cannot write the node's GRES: {exc}", code="GRES") from exc
         return {"gres": gres_string(records), "records": len(records)}
+
+    async def _retire(self) -> dict[str, Any]:
+        """The deleted node's gres.conf block and GRES map removed (``node_per_instance``: its instance is gone)."""
+        try:
+            self.supply.retire()
+        except (SlurmError, OSError) as exc:
+            raise StepFailed(f"cannot remove the node's GRES: {exc}", code="GRES") from exc
+        return {"retired": True}
 
     async def _register(self, node: str) -> dict[str, Any]:
         inv = await self.mig.inventory()

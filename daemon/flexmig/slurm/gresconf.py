@@ -35,6 +35,7 @@ __all__ = [
     "block_markers",
     "check_node_name",
     "configures_gpus_of",
+    "drop_block",
     "gres_map",
     "gres_records",
     "gres_string",
@@ -165,6 +166,17 @@ def merge_block(existing: str, node: str, records: Iterable[GresRecord], source:
             out.append("")
         out.extend(block)
     return "\n".join(out) + "\n"
+
+
+def drop_block(existing: str, node: str, source: str = "gres.conf") -> str:
+    """``existing`` gres.conf text without flexmig's block for ``node`` (a node flexmig deleted for good), nothing
+    else changed; the same SlurmError as :func:`merge_block`."""
+    begin, end = block_markers(check_node_name(node))
+    lines = merge_block(existing, node, (), source).splitlines()
+    out = [line for line in lines if line.strip() not in (begin, end)]
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out) + "\n" if out else ""
 
 
 def configures_gpus_of(line: str, node: str) -> bool:

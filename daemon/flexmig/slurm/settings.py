@@ -5,6 +5,7 @@ slurmd's pid file where Debian's unit puts it, the driver's MIG minors in ``/pro
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from flexmig.config import SlurmConfig
 
 _DEFAULT = SlurmConfig()  # one set of defaults: the [slurm] table's
 
-__all__ = ["NODE_FIELD", "SlurmSettings", "gpu_node"]
+__all__ = ["NODE_FIELD", "SlurmSettings", "gpu_node", "instance_node", "instance_port", "parse_instance_node"]
 
 NODE_FIELD = "{node}"
 """What ``slurmd_pid_file``, ``slurmd_env``, ``gres_map``, ``slurmd_unit`` and ``slurmd_hook``'s words may contain:
@@ -22,6 +23,25 @@ the name of the node they serve (with ``node_per_gpu``, each GPU node's own)."""
 def gpu_node(node: str, gpu: int) -> str:
     """The name of GPU ``gpu``'s dynamic node on host node ``node`` (``node_per_gpu``): ``<node>-gpu<K>``."""
     return f"{node}-gpu{gpu}"
+
+
+def instance_node(node: str, gpu: int, start: int) -> str:
+    """The name of the dynamic node of the MIG instance at memory slice ``start`` of GPU ``gpu`` on host node
+    ``node`` (``node_per_instance``): ``<node>-gpu<K>-<S>``. Instances of one GPU never overlap, so while one lives
+    its name is its own."""
+    return f"{node}-gpu{gpu}-{start}"
+
+
+def parse_instance_node(node: str, name: str) -> tuple[int, int] | None:
+    """``(gpu, start)`` when ``name`` is an instance node of host node ``node`` (:func:`instance_node`), else None."""
+    m = re.fullmatch(re.escape(node) + r"-gpu([0-9]{1,3})-([0-9])", name)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
+
+
+def instance_port(base: int, gpu: int, start: int) -> int:
+    """The slurmd port of the instance node at ``start`` of GPU ``gpu``: ``base + 8 * gpu + start`` (a GPU has 8
+    memory slices at most)."""
+    return base + 8 * gpu + start
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +68,8 @@ class SlurmSettings:
     * ``probe_s``: how often ``sdiag`` and slurmd's pid file are looked at between two reads of the queue;
     * ``max_closed_nodes``: the site-wide limit of nodes closed for flexmig at once (0: none);
     * ``node_per_gpu``, ``slurmd_port_base``: one dynamic node per MIG GPU (Slurm 23.11 and later), GPU K's slurmd
-      on port ``slurmd_port_base + K``; :meth:`for_gpu` gives one GPU node's settings.
+      on port ``slurmd_port_base + K``; :meth:`for_gpu` gives one GPU node's settings;
+    * ``node_per_instance``: one dynamic node per MIG instance (Slurm 23.11 and later), :func:`instance_node`.
     """
 
     node: str = ""
@@ -81,6 +102,7 @@ class SlurmSettings:
     probe_s: float = _DEFAULT.probe_s
     max_closed_nodes: int = _DEFAULT.max_closed_nodes
     node_per_gpu: bool = _DEFAULT.node_per_gpu
+    node_per_instance: bool = _DEFAULT.node_per_instance
     slurmd_port_base: int = _DEFAULT.slurmd_port_base
 
     def for_node(self, node: str, port: int | None = None) -> SlurmSettings:

@@ -163,19 +163,20 @@ PER_GPU_SINCE = (23, 11)
 """The first Slurm whose dynamic nodes take their own ``Port=`` (SchedMD commit f30e8508b8): one slurmd per GPU."""
 
 
-def version_problem(version: str) -> str | None:
-    """One line when ``[slurm] node_per_gpu`` cannot work on Slurm ``version`` (``scontrol show config``'s
-    ``SLURM_VERSION``, e.g. ``22.05.8``; ``slurm-wlm 24.11.5`` as ``slurmd -V`` prints it is read too)."""
+def version_problem(version: str, key: str = "node_per_gpu") -> str | None:
+    """One line when ``[slurm] node_per_gpu`` (or ``key``, ``node_per_instance``) cannot work on Slurm ``version``
+    (``scontrol show config``'s ``SLURM_VERSION``, e.g. ``22.05.8``; ``slurm-wlm 24.11.5`` as ``slurmd -V`` prints
+    it is read too)."""
     words = version.split()
     text = words[-1] if words else ""
     parts = text.split(".")
     try:
         major, minor = int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        return f"[slurm] node_per_gpu needs Slurm 23.11 or later; cannot read Slurm's version from {version!r}"
+        return f"[slurm] {key} needs Slurm 23.11 or later; cannot read Slurm's version from {version!r}"
     if (major, minor) < PER_GPU_SINCE:
         return (
-            f"[slurm] node_per_gpu needs Slurm 23.11 or later (a dynamic node's own Port=), this is Slurm {text}: "
-            "set node_per_gpu = false; nothing was changed"
+            f"[slurm] {key} needs Slurm 23.11 or later (a dynamic node's own Port=), this is Slurm {text}: "
+            f"set {key} = false; nothing was changed"
         )
     return None

@@ -21,7 +21,7 @@ from flexmig.errors import ConfigError, SlurmError
 from flexmig.mig.catalogue import model_by_name
 from flexmig.nvml.types import Inventory
 from flexmig.plan.types import Instance
-from flexmig.slurm.gresconf import GresRecord, gres_map, gres_records, merge_block, parse_gres_map
+from flexmig.slurm.gresconf import GresRecord, drop_block, gres_map, gres_records, merge_block, parse_gres_map
 from flexmig.slurm.minors import MigMinors, parse_mig_minors, render_mig_minors
 
 __all__ = ["Supply", "atomic_write"]
@@ -81,7 +81,8 @@ class Supply:
 
     ``simulated``: the node is flexmig's simulator, so the MIG minors table is rendered (when ``mig_minors`` does
     not exist yet) and stand-in devices are made under ``dev_dir``. ``gpu``: the node is that one GPU's (``[slurm]
-    node_per_gpu``): only its MIG devices are the node's; None: every GPU's.
+    node_per_gpu``): only its MIG devices are the node's; None: every GPU's. ``start`` (with ``gpu``): the node is
+    the one MIG instance at that memory slice (``[slurm] node_per_instance``).
     """
 
     node: str
@@ -92,6 +93,7 @@ class Supply:
     simulated: bool = False
     hook: dict[str, Any] = field(default_factory=dict)
     gpu: int | None = None
+    start: int | None = None
 
     def minors(self, gpus: int) -> MigMinors:
         """The MIG minors table (the driver's; on a simulated node, ours, written once)."""
@@ -106,7 +108,9 @@ class Supply:
     def records(self, inv: Inventory) -> tuple[GresRecord, ...]:
         """The node's MIG devices as gres records (GRES index order)."""
         records = gres_records(inv, self.minors(len(inv.gpus)), str(self.dev_dir))
-        return records if self.gpu is None else tuple(r for r in records if r.gpu == self.gpu)
+        if self.gpu is None:
+            return records
+        return tuple(r for r in records if r.gpu == self.gpu and (self.start is None or r.start == self.start))
 
     def gres_conf_text(self) -> str:
         """gres.conf's text, read as :meth:`write` would (SlurmError when flexmig may not rewrite it)."""
@@ -126,6 +130,15 @@ class Supply:
         doc = gres_map(self.node, records, self.hook)
         atomic_write(self.map_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return records
+
+    def retire(self) -> None:
+        """Remove what :meth:`write` wrote for the node (its gres.conf block and map): the node is gone for good."""
+        existing = _read_trusted(self.gres_conf, "gres.conf")
+        text = drop_block(existing, self.node, str(self.gres_conf))
+        if text != existing:
+            atomic_write(self.gres_conf, text)
+        with contextlib.suppress(FileNotFoundError):
+            self.map_path.unlink()
 
     def index_map(self) -> dict[int, tuple[int, int, str]]:
         """GRES index -> (GPU, start, profile) as last written (empty before the first write)."""

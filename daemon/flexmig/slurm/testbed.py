@@ -299,8 +299,12 @@ class Testbed:
     cpus: int = 16
     node_per_gpu: bool = False
     """One dynamic node per GPU (``<node>-gpu<K>``, Slurm 23.11 and later): flexmigd's ``[slurm] node_per_gpu``."""
+    node_per_instance: bool = False
+    """One dynamic node per MIG instance (``<node>-gpu<K>-<S>``, Slurm 23.11 and later): flexmigd's ``[slurm]
+    node_per_instance``."""
     gpu_port_base: int = 0
-    """With ``node_per_gpu``: GPU K's slurmd port less K (0: chosen free by :meth:`flexmigd_config`, then kept)."""
+    """With ``node_per_gpu``: GPU K's slurmd port less K; with ``node_per_instance``: the instance at S of GPU K's
+    port less 8K + S (0: chosen free by :meth:`flexmigd_config`, then kept)."""
     hook_prefix: tuple[str, ...] = ()
     """Words put before the slurmd hook command (a test's wrapper around the stand-in)."""
     partition: str = "mig"
@@ -312,6 +316,17 @@ class Testbed:
     def __post_init__(self) -> None:
         self.root = self.root.absolute()
         self.paths = TestbedPaths(self.root)
+
+    @property
+    def per_node(self) -> bool:
+        """flexmigd runs several nodes on the host (``node_per_gpu`` or ``node_per_instance``)."""
+        return self.node_per_gpu or self.node_per_instance
+
+    def node_names(self) -> list[str]:
+        """Every name flexmigd may give a node of this host."""
+        if self.node_per_instance:
+            return [f"{self.node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
+        return [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
 
     @property
     def future_node(self) -> str:
@@ -361,7 +376,7 @@ class Testbed:
             p.root / "ctld",
             p.root / "spool",
             p.root / "spool" / self.node,
-            *(p.root / "spool" / f"{self.node}-gpu{k}" for k in range(self.gpus if self.node_per_gpu else 0)),
+            *(p.root / "spool" / name for name in self.node_names()),
         ):
             d.mkdir(parents=True, exist_ok=True)
         p.flexmig.chmod(0o700)
@@ -388,7 +403,7 @@ class Testbed:
             future_gres=future_gres(self.model, self.gpus),
             cpus=self.cpus,
             partition=self.partition,
-            dynamic_nodes=self.gpus if self.node_per_gpu else 1,
+            dynamic_nodes=7 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1,
         )
         p.slurm_conf.write_text(conf)
         if not p.gres_conf.exists():
@@ -518,13 +533,13 @@ class Testbed:
     def slurmd_hook(self) -> list[str]:
         """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
         slurmd = ["--slurmd", self.commands.path("slurmd")] if self.commands.bin_dir is not None else []
-        pid = self.paths.slurmd_pid("{node}" if self.node_per_gpu else self.node)
+        pid = self.paths.slurmd_pid("{node}" if self.per_node else self.node)
         return [*self.hook_prefix, python(), "-m", "flexmig.slurm.standin", "--pid-file", str(pid), *slurmd]
 
     @property
     def map_path(self) -> Path:
         """The GRES map flexmigd writes and the TaskProlog reads (``{node}`` in it with ``node_per_gpu``)."""
-        return self.paths.gres_map("{node}" if self.node_per_gpu else "")
+        return self.paths.gres_map("{node}" if self.per_node else "")
 
     def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0) -> str:
         """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
@@ -532,10 +547,12 @@ class Testbed:
         ``port_base + K`` (0: the first of as many free ports as GPUs)."""
         p = self.paths
         f = p.flexmig
-        who = "{node}" if self.node_per_gpu else self.node
-        if self.node_per_gpu and not port_base:
-            port_base = self.gpu_port_base = self.gpu_port_base or free_ports(self.gpus)  # the same at a restart
-        per_gpu = ["node_per_gpu = true", f"slurmd_port_base = {port_base}"] if self.node_per_gpu else []
+        who = "{node}" if self.per_node else self.node
+        if self.per_node and not port_base:
+            ports = 8 * self.gpus if self.node_per_instance else self.gpus
+            port_base = self.gpu_port_base = self.gpu_port_base or free_ports(ports)  # the same at a restart
+        mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
+        per_gpu = [f"{mode} = true", f"slurmd_port_base = {port_base}"] if self.per_node else []
 
         def q(value: object) -> str:
             return json.dumps(str(value))

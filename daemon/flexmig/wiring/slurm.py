@@ -62,15 +62,20 @@ from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_erro
 from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.reservations import flexmig_name
-from flexmig.slurm.settings import SlurmSettings, gpu_node
+from flexmig.slurm.settings import SlurmSettings, gpu_node, instance_node, instance_port, parse_instance_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
+from flexmig.wiring.slurm_carving import InstanceCarver
 
 __all__ = ["Claims", "SharedReads", "SlurmComponent", "round_order", "slurm_settings"]
 
 log = logging.getLogger(__name__)
+
+
+AgentKey = int | tuple[int, int] | None
+"""An agent's key: None (the one node), a GPU (``node_per_gpu``), or ``(gpu, start)`` (``node_per_instance``)."""
 
 
 class SlurmHost(Protocol):
@@ -113,6 +118,7 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         probe_s=cfg.probe_s,
         max_closed_nodes=cfg.max_closed_nodes,
         node_per_gpu=cfg.node_per_gpu,
+        node_per_instance=cfg.node_per_instance,
         slurmd_port_base=cfg.slurmd_port_base,
     )
 
@@ -280,8 +286,14 @@ class SlurmComponent:
         self.node = host.config.slurm.node or host.config.node(lambda: host.hostname)
         self.factory = EventFactory(host.config.node(lambda: host.hostname))
         self.per_gpu = host.config.slurm.node_per_gpu
-        self.agents: dict[int | None, SlurmAgent] = {}
-        """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), else one, under None."""
+        self.per_instance = host.config.slurm.node_per_instance and not self.per_gpu
+        self.per_node = self.per_gpu or self.per_instance
+        """Several nodes on the host, each its own agent (``node_per_gpu`` or ``node_per_instance``)."""
+        self.agents: dict[AgentKey, SlurmAgent] = {}
+        """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), by ``(gpu, start)``
+        (``node_per_instance``: made as instances are seen), else one, under None."""
+        self.carver: InstanceCarver | None = None
+        """``node_per_instance``: the host's carving (made with the actuator)."""
         self.claims = Claims(max(60.0, 3 * host.config.slurm.interval_s), clock)
         self._claims_restored = False
         self.last: SlurmRound | None = None
@@ -311,13 +323,27 @@ class SlurmComponent:
         settings = slurm_settings(cfg.slurm)
         self._act = act
         self._client = SlurmClient(SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s))
-        if self.per_gpu:
+        if self.per_node:
             act.executor.add_handler(KIND, self._dispatch)
         else:
             self.agents[None] = self._make_agent(act, None)
+        if self.per_instance:
+            self.carver = InstanceCarver(
+                self.node,
+                settings=lambda: slurm_settings(self.config.slurm),
+                client=self._client,
+                executor=act.executor,
+                agent_for=self.agent_for_instance,
+                wall=self.wall,
+            )
+        who = self.node
+        if self.per_gpu:
+            who = f"{self.node} (one dynamic node per MIG GPU: {gpu_node(self.node, 0)}, ...)"
+        elif self.per_instance:
+            who = f"{self.node} (one dynamic node per MIG instance: {instance_node(self.node, 0, 0)}, ...)"
         log.info(
             "Slurm: node %s, %s, gres.conf block in %s, GRES map %s",
-            f"{self.node} (one dynamic node per MIG GPU: {gpu_node(self.node, 0)}, ...)" if self.per_gpu else self.node,
+            who,
             f"partitions {', '.join(settings.partitions)}" if settings.partitions else "the node's own partitions",
             settings.gres_conf,
             settings.gres_map,
@@ -338,16 +364,21 @@ class SlurmComponent:
                     cfg.mode,
                 )
 
-    def _settings_for(self, gpu: int | None, slurm: SlurmConfig) -> tuple[str, SlurmSettings]:
-        """The node name and settings of GPU ``gpu``'s agent (None: the one node's)."""
+    def _settings_for(self, key: AgentKey, slurm: SlurmConfig) -> tuple[str, SlurmSettings]:
+        """The node name and settings of the agent of GPU ``key`` (None: the one node's; ``(gpu, start)``: that
+        instance's)."""
         settings = slurm_settings(slurm)
-        if gpu is None:
+        if key is None:
             return self.node, settings.for_node(self.node)
-        node = gpu_node(self.node, gpu)
-        return node, settings.for_node(node, port=slurm.slurmd_port_base + gpu)
+        if isinstance(key, tuple):
+            node = instance_node(self.node, *key)
+            return node, settings.for_node(node, port=instance_port(slurm.slurmd_port_base, *key))
+        node = gpu_node(self.node, key)
+        return node, settings.for_node(node, port=slurm.slurmd_port_base + key)
 
-    def _make_agent(self, act: Actuator, gpu: int | None) -> SlurmAgent:
-        node, settings = self._settings_for(gpu, self.config.slurm)
+    def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
+        node, settings = self._settings_for(key, self.config.slurm)
+        gpu, start = key if isinstance(key, tuple) else (key, None)
         agent = SlurmAgent(
             settings,
             node,
@@ -358,8 +389,9 @@ class SlurmComponent:
             clock=self.clock,
             on_event=lambda kind, detail: self._job_event(kind, detail, node),
             gpu=gpu,
+            start=start,
         )
-        if self.per_gpu:  # the agent added its own runner: the journal's actions go by their node instead
+        if self.per_node:  # the agent added its own runner: the journal's actions go by their node instead
             act.executor.add_handler(KIND, self._dispatch)
         return agent
 
@@ -371,9 +403,27 @@ class SlurmComponent:
             agent = self.agents[gpu] = self._make_agent(self._act, gpu)
         return agent
 
+    def agent_for_instance(self, gpu: int, start: int) -> SlurmAgent:
+        """The agent of the instance node at ``start`` of GPU ``gpu`` (``node_per_instance``), made the first time."""
+        agent = self.agents.get((gpu, start))
+        if agent is None:
+            assert self._act is not None, "attach comes first"
+            agent = self.agents[(gpu, start)] = self._make_agent(self._act, (gpu, start))
+        return agent
+
     async def _dispatch(self, run: ActionRun) -> None:
-        """Run a ``slurm_reregister`` action with the agent of the GPU node its payload names."""
+        """Run a ``slurm_reregister`` action with the agent of the GPU (or instance) node its payload names."""
         node = str(run.row.payload.get("node", ""))
+        if self.per_instance:
+            where = parse_instance_node(self.node, node)
+            if where is None:
+                raise SlurmError(
+                    f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_instance "
+                    f"flexmig manages {instance_node(self.node, 0, 0)}, ...: finish it with node_per_instance = "
+                    "false, or re-register that node by hand"
+                )
+            await self.agent_for_instance(*where).change.run(run, run.row.payload)
+            return
         m = re.fullmatch(re.escape(self.node) + r"-gpu([0-9]{1,4})", node)
         if m is None:
             raise SlurmError(
@@ -422,7 +472,7 @@ class SlurmComponent:
                     woke = True
             self._wake.clear()
             client = self._client
-            if client is None or (not self.agents and not self.per_gpu):
+            if client is None or (not self.agents and not self.per_node):
                 continue
             if self.actuator.act is None or self.actuator.stopping:
                 continue
@@ -467,11 +517,13 @@ class SlurmComponent:
             try:
                 client, act = self._client, self._act
                 assert act is not None
-                shared = SharedReads(lambda: read_slurm(client), act.executor.mig.inventory) if self.per_gpu else None
+                shared = SharedReads(lambda: read_slurm(client), act.executor.mig.inventory) if self.per_node else None
                 if shared is not None and not await self._per_gpu_ready(shared):
                     return None
+                if self.carver is not None and shared is not None:
+                    done.extend(await self.carver.round(mode, shared))
                 waiting = {r.name for r in (await shared.view())[2]} if shared is not None else set()
-                for agent in self._ordered(waiting):
+                for agent in [] if self.per_instance else self._ordered(waiting):
                     agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
                     try:
                         agent.shared = None if shared is None else await shared.view()
@@ -496,7 +548,7 @@ class SlurmComponent:
                 return None
             finally:
                 for agent, rnd in done:
-                    self._account(agent.node, rnd, mode)
+                    self._account(self.node if rnd.read is None else agent.node, rnd, mode)
                 self._account_reads([rnd for _, rnd in done])
         self._reachable()
         self.last = done[-1][1] if done else None
@@ -508,11 +560,14 @@ class SlurmComponent:
         assert self._client is not None
         if not self._version_ok:
             cfg = await self._client.config()
-            problem = version_problem(cfg.get("SLURM_VERSION", ""))
+            key = "node_per_instance" if self.per_instance else "node_per_gpu"
+            problem = version_problem(cfg.get("SLURM_VERSION", ""), key)
             if problem is not None:
                 self._node_event("refused", {"reason": problem}, self.node)
                 return False
             self._version_ok = True
+        if self.per_instance:
+            return True
         inventory = await shared.inventory()
         for g in sorted(inventory.gpus, key=lambda g: g.index):
             if g.mig_current:
@@ -576,7 +631,7 @@ class SlurmComponent:
 
     def _account(self, node: str, rnd: SlurmRound, mode: str) -> None:
         read = rnd.read
-        who = f"{node}: " if self.per_gpu else ""
+        who = f"{node}: " if self.per_node else ""
         if rnd.note and rnd.note != self._last_note.get(node):
             log.info("Slurm: %s%s", who, rnd.note)
         self._last_note[node] = rnd.note

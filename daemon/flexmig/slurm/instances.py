@@ -1,0 +1,151 @@
+"""One Slurm node per MIG instance (``[slurm] node_per_instance``, Slurm 23.11 and later): what a round of the host
+hands to :func:`flexmig.plan.carving.carve`, and the journalled actions that carry its decision out.
+
+Every MIG instance with a MIG device is its own dynamic node, ``<node>-gpu<K>-<S>``
+(:func:`flexmig.slurm.settings.instance_node`), kept registered by its own agent. No node's GRES ever changes:
+
+* an instance the carving creates is one ``slurm_reregister`` action on a node Slurm does not know yet: the
+  instance is created, its gres.conf block and map written, its slurmd started, and the action ends once slurmctld
+  lists the node with it;
+* an idle instance the carving destroys is one ``slurm_reregister`` action with ``retire``: the node is closed
+  (flexmig's reservation, then its drain), found still idle (a job Slurm started on it meanwhile cancels the
+  action, and the node reopens as it was), its slurmd stopped, the node deleted, the instance destroyed, its block
+  and map removed. A busy instance, one still registering, and one whose node an administrator drained, downed
+  or reserved are never destroyed.
+
+A job that has waited ``hold_after_s`` and fits nowhere holds a region (:class:`flexmig.plan.carving.Hold`): its
+free instance nodes get flexmig's reservation ``flexmig-<node>-hold``, starting when the region's busy instances
+are expected to end (by their limits), so Slurm starts there only jobs that end before; nothing is carved inside.
+
+Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run on one instance node: they are
+left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``). Pure, but for nothing: the
+caller reads Slurm and NVML and runs the actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flexmig.act.nodeview import NodeView
+from flexmig.mig.catalogue import GpuModel
+from flexmig.mig.layout import Layout
+from flexmig.plan.carving import Carving, Waiting
+from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
+from flexmig.slurm.change import encode_change
+from flexmig.slurm.demand import SlurmDemand, SlurmRunning
+from flexmig.slurm.settings import instance_node
+
+__all__ = ["HostLayouts", "busy_of", "carving_actions", "describe", "hold_name", "host_layouts", "queue_of"]
+
+Where = tuple[int, int]
+
+
+def hold_name(node: str) -> str:
+    """The name of flexmig's reservation on a held region of host node ``node``."""
+    return f"flexmig-{node}-hold"
+
+
+@dataclass(frozen=True, slots=True)
+class HostLayouts:
+    """The GPUs the carving may change: ``gpus[i]`` is the NVML index of the i-th layout; ``pinned`` the instances
+    it must leave alone (processes outside Slurm, no MIG device, or an administrator's node), in carving indices."""
+
+    model: GpuModel
+    gpus: tuple[int, ...]
+    layouts: tuple[Layout, ...]
+    pinned: frozenset[Where]
+
+    def index(self, gpu: int) -> int | None:
+        """The carving index of NVML GPU ``gpu``, or None when the carving leaves it out."""
+        return self.gpus.index(gpu) if gpu in self.gpus else None
+
+    def to_carving(self, where: Iterable[Where]) -> frozenset[Where]:
+        """NVML places as carving places (those of GPUs left out dropped)."""
+        out = set()
+        for g, s in where:
+            i = self.index(g)
+            if i is not None:
+                out.add((i, s))
+        return frozenset(out)
+
+
+def host_layouts(view: NodeView, model: GpuModel, mig_on: Mapping[int, bool], held: Iterable[Where]) -> HostLayouts:
+    """The layouts of the host's usable MIG GPUs of ``model`` from NVML's ``view``; ``held``: NVML places of
+    instances whose nodes an administrator holds (never destroyed, never given)."""
+    gpus: list[int] = []
+    layouts: list[Layout] = []
+    for gpu in sorted(view.gpus()):
+        lay = view.layout(gpu)
+        if lay is None or gpu in view.lost or view.model(gpu) != model or not mig_on.get(gpu):
+            continue
+        gpus.append(gpu)
+        layouts.append(lay)
+    hl = HostLayouts(model, tuple(gpus), tuple(layouts), frozenset())
+    outside = {i.key for i in view.instances if i.uuid is None or i.pids is None}
+    return HostLayouts(model, hl.gpus, hl.layouts, hl.to_carving({*outside, *held}))
+
+
+def busy_of(running: Iterable[SlurmRunning], on_nodes: Mapping[Where, bool]) -> dict[Where, float | None]:
+    """NVML place -> seconds until its job's time limit (None: none, or a job whose devices flexmig cannot map),
+    for every instance a job runs on: those ``running`` holds, and those whose node ``on_nodes`` says is in use."""
+    busy: dict[Where, float | None] = {}
+    for r in running:
+        for inst in r.instances:
+            left = r.remaining_s
+            prev = busy.get((inst.gpu, inst.start), 0.0)
+            busy[(inst.gpu, inst.start)] = None if left is None or prev is None else max(prev, left)
+    for where, used in on_nodes.items():
+        if used and where not in busy:
+            busy[where] = None
+    return busy
+
+
+def queue_of(demand: SlurmDemand, now_s: float) -> tuple[list[Waiting], dict[str, str]]:
+    """The waiting jobs for the carving, in Slurm's priority order, and the ones left out (name -> why)."""
+    queue: list[Waiting] = []
+    left: dict[str, str] = {}
+    for req in demand.pending:
+        profile = req.need.profile
+        if profile is None:
+            left[req.name] = "asks for no MIG profile"
+            continue
+        if req.ranks > 1:
+            left[req.name] = (
+                f"asks for {req.ranks} MIG devices; one node per instance runs a job of N devices as N nodes "
+                f"(--nodes={req.ranks} --gres=gpu:{profile}:1)"
+            )
+            continue
+        queue.append(Waiting(req.name, profile, req.expected_runtime_s, max(0.0, now_s - req.submitted_s)))
+    return queue, left
+
+
+def carving_actions(
+    node: str, hl: HostLayouts, carving: Carving, reason: str
+) -> list[tuple[str, str | None, dict[str, Any]]]:
+    """The journal's actions of ``carving`` (carving indices) on host node ``node``: first every destroyed idle
+    instance's node retired, then every created instance's node registered, each one ``slurm_reregister``."""
+    out: list[tuple[str, str | None, dict[str, Any]]] = []
+    for i, start in carving.destroy:
+        gpu = hl.gpus[i]
+        inst = hl.layouts[i].at(start)
+        assert inst is not None, "carve destroys only instances of the layouts it was given"
+        plan = Plan(actions=(DestroyInstance(gpu, start, inst.profile, reason, 0.0),))
+        out.append(encode_change(instance_node(node, gpu, start), plan, (), reason, 0.0, retire=True))
+    for i, placed, job in carving.create:
+        gpu = hl.gpus[i]
+        plan = Plan(actions=(CreateInstance(gpu, placed.start, placed.profile, reason, 0.0),))
+        out.append(encode_change(instance_node(node, gpu, placed.start), plan, (), reason, 0.0, serves=(job,)))
+    return out
+
+
+def describe(hl: HostLayouts, carving: Carving) -> Sequence[str]:
+    """``destroy 1g.18gb@4 on GPU 0``-style words of a carving, in NVML's GPU numbers."""
+    words = []
+    for i, start in carving.destroy:
+        inst = hl.layouts[i].at(start)
+        words.append(f"destroy {inst.profile.name if inst else '?'}@{start} on GPU {hl.gpus[i]}")
+    for i, placed, job in carving.create:
+        words.append(f"create {placed.profile.name}@{placed.start} on GPU {hl.gpus[i]} for {job}")
+    return words
