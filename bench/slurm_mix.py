@@ -53,6 +53,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -129,15 +130,19 @@ class Bed:
     """A fresh testbed on ``spec`` under /tmp, with flexmigd from ``tree`` (None: no flexmigd after the first
     registration); ``per_gpu``: one Slurm node per GPU. Slurm's commands from ``FLEXMIG_SLURM_BIN`` when set."""
 
-    def __init__(self, spec: str, name: str, per_gpu: bool = False) -> None:
+    def __init__(self, spec: str, name: str, per_gpu: bool = False, per_instance: bool = False) -> None:
         ns = parse_node_spec(spec)
+        self.per_instance = per_instance
         self.spec = spec
         self.base = Path(tempfile.mkdtemp(prefix=f"fm-mix-{name}-", dir="/tmp"))
         self.base.chmod(0o755)
         where = os.environ.get("FLEXMIG_SLURM_BIN")
         self.tb = Testbed(self.base, ns.model, ns.count, node="mix", node_per_gpu=per_gpu,
+                          node_per_instance=per_instance,
                           commands=SlurmCommands(Path(where) if where else None))  # fmt: skip
         self.names = [f"mix-gpu{k}" for k in range(ns.count)] if per_gpu else ["mix"]
+        if per_instance:  # the nodes of the first layout; later, whichever instance nodes Slurm lists
+            self.names = [f"mix-gpu{k}-{i.start}" for k in range(ns.count) for i in (ns.layout or ())]
         self.client = SlurmClient(self.tb.slurm_commands())
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -186,7 +191,14 @@ class Bed:
             by_name = {n.name: n for n in asyncio.run(self.client.nodes())}
         except (SlurmError, subprocess.TimeoutExpired):
             return None
+        if self.per_instance and self.proc is not None and any(self.instance_names(by_name)):
+            self.names = self.instance_names(by_name)
         return [by_name.get(name) for name in self.names]
+
+    @staticmethod
+    def instance_names(by_name: dict[str, SlurmNode]) -> list[str]:
+        """The instance nodes Slurm lists (``node_per_instance``)."""
+        return sorted(n for n in by_name if re.fullmatch(r"mix-gpu[0-9]+-[0-9]", n))
 
     def nodes(self) -> list[SlurmNode] | None:
         """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
@@ -211,6 +223,15 @@ class Bed:
                 n.gpu_counts().items(), key=lambda x: -SLICES.get(x[0], 0)) for _ in range(c)))  # fmt: skip
             if not n.responding or n.drained:
                 closed.append(True)
+            elif self.per_instance and "RESERVED" in n.flags:  # a held region's free nodes, from the hold's time
+                if reservations is None:
+                    try:
+                        reservations = asyncio.run(self.client.reservations())
+                    except (SlurmError, subprocess.TimeoutExpired):
+                        reservations = ()
+                now = time.time()
+                closed.append(any(r.name.startswith("flexmig-") and name in r.nodes and r.active(now)
+                                  for r in reservations))  # fmt: skip
             elif "RESERVED" in n.flags:
                 if reservations is None:
                     try:
@@ -270,7 +291,8 @@ class Bed:
         try:
             n = 0
             for (payload,) in db.execute("SELECT payload FROM actions WHERE kind='slurm_reregister' AND state='done'"):
-                n += bool(json.loads(payload).get("changes"))
+                doc = json.loads(payload)
+                n += bool(doc.get("changes")) and not doc.get("retire")  # per instance: the instances created
             return n
         finally:
             db.close()
@@ -301,7 +323,8 @@ def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpu
     """One rival's run of the mix on a node of ``gpus`` GPUs."""
     out = Run(name)
     layout = (STATIC if name == "static" else START).split(":", 1)[1]
-    bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu")
+    bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu",
+              per_instance=name == "per-instance")  # fmt: skip
     stop = threading.Event()
     try:
         if name == "before":
@@ -503,8 +526,9 @@ def main() -> int:
     rivals = [x for x in args.rivals.split(",") if x]
     where = os.environ.get("FLEXMIG_SLURM_BIN")
     version = slurm_version(where) if args.load is None else ""
-    if "per-gpu" in rivals and args.load is None and version_problem(version) is not None:
-        print(f"the per-gpu rival needs Slurm 23.11 or later, this is {version or 'unknown'}: set FLEXMIG_SLURM_BIN "
+    newer = [r for r in rivals if r in ("per-gpu", "per-instance")]
+    if newer and args.load is None and version_problem(version) is not None:
+        print(f"the {newer[0]} rival needs Slurm 23.11 or later, this is {version or 'unknown'}: set FLEXMIG_SLURM_BIN "
               "(tests/support/slurm_newer.py up DIR makes one)", file=sys.stderr)  # fmt: skip
         return 2
     print("flexmig Slurm mix benchmark (a busy node)")

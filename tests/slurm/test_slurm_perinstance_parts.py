@@ -1,0 +1,139 @@
+"""The parts of ``[slurm] node_per_instance`` that need no daemon: node names and ports, the configuration's rules,
+an instance node's records, its gres.conf block removed when it retires, and a round's inputs to the carving and
+the actions of its decision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flexmig.act.nodeview import NodeView
+from flexmig.config import parse_config
+from flexmig.errors import ConfigError
+from flexmig.mig import H200
+from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
+from flexmig.plan.carving import Waiting, carve
+from flexmig.plan.types import Instance, JobRequest, RankNeed
+from flexmig.slurm.demand import SlurmDemand, SlurmRunning
+from flexmig.slurm.gresconf import drop_block, gres_records, merge_block
+from flexmig.slurm.instances import busy_of, carving_actions, hold_name, host_layouts, queue_of
+from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
+from flexmig.slurm.settings import instance_node, instance_port, parse_instance_node
+from flexmig.slurm.sitecheck import version_problem
+from flexmig.slurm.squeue import SlurmJob
+from flexmig.slurm.supply import Supply
+
+
+def _gpu(index: int, items: list[tuple[str, int, int, int]]) -> GpuInfo:
+    """A GPU with instances ``(profile, profile id, start, gi id)``, each with one compute instance."""
+    gis = tuple(GpuInstanceInfo(gi, pid, p, start, 1) for p, pid, start, gi in items)
+    devs = tuple(MigDeviceInfo(i, f"MIG-{index}-{s}", gi, 0, None, None, ()) for i, (_, _, s, gi) in enumerate(items))
+    return GpuInfo(index, f"GPU-{index}", "NVIDIA H200", None, True, True, gis, devs)
+
+
+INV = Inventory("560", "12", (_gpu(0, [("3g.71gb", 9, 0, 1), ("3g.71gb", 9, 4, 2)]),))
+
+PER_INSTANCE = """
+[slurm]
+enabled = true
+node_per_instance = true
+slurmd_pid_file = "/run/slurmd-{node}.pid"
+slurmd_env = "/run/flexmig/slurm/slurmd-{node}.env"
+gres_map = "/run/flexmig/slurm/gres-map-{node}.json"
+slurmd_unit = "slurmd@{node}.service"
+"""
+
+
+def test_an_instance_node_is_named_by_its_gpu_and_first_slice_and_has_a_port_of_its_own() -> None:
+    assert instance_node("h7", 3, 4) == "h7-gpu3-4"
+    assert parse_instance_node("h7", "h7-gpu3-4") == (3, 4)
+    for other in ("h7-gpu3", "h7-gpu3-", "h7-gpu3-10", "h70-gpu3-4", "x-h7-gpu3-4", "h7-gpu3-4x"):
+        assert parse_instance_node("h7", other) is None, other
+    ports = {instance_port(6830, g, s) for g in range(8) for s in range(8)}
+    assert len(ports) == 64 and min(ports) == 6830 and max(ports) == 6830 + 63
+
+
+def test_node_per_instance_needs_slurm_23_11_and_says_so_by_its_name() -> None:
+    why = version_problem("22.05.8", "node_per_instance")
+    assert why is not None and "node_per_instance needs Slurm 23.11" in why and "set node_per_instance = false" in why
+    assert version_problem("24.11.5", "node_per_instance") is None
+
+
+def test_the_configuration_accepts_node_per_instance_with_every_file_per_node() -> None:
+    cfg = parse_config(PER_INSTANCE)
+    assert cfg.slurm.node_per_instance and not cfg.slurm.node_per_gpu
+
+
+@pytest.mark.parametrize("key", ["slurmd_pid_file", "slurmd_env", "gres_map", "slurmd_unit"])
+def test_node_per_instance_refuses_a_file_or_unit_shared_by_the_nodes(key: str) -> None:
+    text = "\n".join(line for line in PER_INSTANCE.splitlines() if not line.startswith(f"{key} ="))
+    with pytest.raises(ConfigError, match=rf"slurm\.{key}.*must contain \{{node\}} with node_per_instance"):
+        parse_config(text)
+
+
+def test_node_per_instance_leaves_the_port_to_flexmig_and_excludes_node_per_gpu() -> None:
+    with pytest.raises(ConfigError, match=r"slurm\.slurmd_conf.*leave Port= out with node_per_instance"):
+        parse_config(PER_INSTANCE + 'slurmd_conf = "CPUs=8 Port=6818"\n')
+    with pytest.raises(ConfigError, match=r"slurm\.node_per_instance.*not both"):
+        parse_config(PER_INSTANCE + "node_per_gpu = true\n")
+
+
+def test_an_instance_nodes_records_are_its_instance_only(tmp_path: Path) -> None:
+    minors = tmp_path / "mig-minors"
+    minors.write_text(render_mig_minors(1))
+    one = Supply("n-gpu0-4", tmp_path / "gres.conf", tmp_path / "map.json", Path("/dev"), minors, gpu=0, start=4)
+    assert [(r.type, r.gpu, r.start) for r in one.records(INV)] == [("3g.71gb", 0, 4)]
+
+
+def test_a_retired_nodes_block_goes_and_nothing_else_changes() -> None:
+    recs = gres_records(INV, parse_mig_minors(render_mig_minors(1)))
+    text = "# site's own\nNodeName=cpu1 Name=gpu File=/dev/null\n"
+    text = merge_block(text, "h-gpu0-0", recs[:1])
+    both = merge_block(text, "h-gpu0-4", recs[1:])
+    assert drop_block(both, "h-gpu0-4") == text
+    assert drop_block(drop_block(both, "h-gpu0-4"), "h-gpu0-0").rstrip("\n") == (
+        "# site's own\nNodeName=cpu1 Name=gpu File=/dev/null"
+    )
+    assert drop_block(text, "h-gpu0-4") == text  # no block: nothing to do
+
+
+def test_the_carving_queue_keeps_one_device_jobs_and_says_why_it_leaves_the_others() -> None:
+    reqs = (
+        JobRequest("slurm-1", RankNeed(profile="1g.18gb"), submitted_s=100.0, expected_runtime_s=600.0),
+        JobRequest("slurm-2", RankNeed(profile="2g.35gb"), ranks=2, min_ranks=2, max_ranks=2, submitted_s=90.0),
+        JobRequest("slurm-3", RankNeed(compute_slices=1), submitted_s=95.0),
+    )
+    queue, left = queue_of(SlurmDemand("n", reqs, (), (), {}), now_s=130.0)
+    assert [(w.name, w.profile, w.limit_s, w.waited_s) for w in queue] == [("slurm-1", "1g.18gb", 600.0, 30.0)]
+    assert "--nodes=2 --gres=gpu:2g.35gb:1" in left["slurm-2"] and "no MIG profile" in left["slurm-3"]
+
+
+def test_busy_instances_carry_their_jobs_time_left_and_an_unmapped_busy_node_counts_as_busy() -> None:
+    job = SlurmJob.__new__(SlurmJob)
+    running = [SlurmRunning(job, (Instance(0, 0, H200.profile("3g.71gb")),), False, 120.0)]
+    busy = busy_of(running, {(0, 0): True, (0, 4): True, (0, 6): False})
+    assert busy == {(0, 0): 120.0, (0, 4): None}
+
+
+def test_a_carving_becomes_retirements_then_registrations() -> None:
+    view = NodeView.of(INV)
+    hl = host_layouts(view, H200, {0: True}, held=())
+    assert hl.gpus == (0,) and [i.start for i in hl.layouts[0]] == [0, 4]
+    c = carve(H200, hl.layouts, {(0, 0): 300.0}, [Waiting("slurm-9", "1g.18gb", 600.0, 5.0)], now_s=0.0)
+    actions = carving_actions("h", hl, c, "why")
+    assert [(a[2]["node"], a[2].get("retire", False), [ch["op"] for ch in a[2]["changes"]]) for a in actions] == [
+        ("h-gpu0-4", True, ["destroy"]),
+        (f"h-gpu0-{c.create[0][1].start}", False, ["create"]),
+    ]
+    assert actions[1][2]["serves"] == ["slurm-9"]
+    assert hold_name("h") == "flexmig-h-hold"
+
+
+def test_an_administrators_instance_is_pinned_and_never_carved() -> None:
+    view = NodeView.of(INV)
+    hl = host_layouts(view, H200, {0: True}, held=[(0, 4)])
+    assert hl.pinned == frozenset({(0, 4)})
+    c = carve(H200, hl.layouts, {(0, 0): 300.0}, [Waiting("slurm-9", "1g.18gb", 600.0, 5.0)], now_s=0.0,
+              pinned=hl.pinned)  # fmt: skip
+    assert c.destroy == () and c.create == ()
