@@ -396,6 +396,8 @@ def figures(r: Run, jobs: list[MixJob], gpus: int = 1) -> dict[str, Any]:
     kept = [x for x in r.samples if first <= x[0] <= last]
     closed = [float(x[1]) for x in kept]
     periods: list[float] = []
+    if len({len(x[3]) for x in kept if len(x) > 3}) > 1:  # nodes came and went (per instance): any one closed
+        kept = [(x[0], x[1], x[2], [bool(x[1])]) for x in kept]
     for k in range(max((len(x[3]) for x in kept if len(x) > 3), default=1)):
         run_len = 0
         for x in kept:

@@ -10,6 +10,10 @@ and registers nothing.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
 import time
 
 import pytest
@@ -75,6 +79,105 @@ def test_a_profile_no_instance_has_is_carved_from_idle_instances_while_a_busy_on
         assert f"# BEGIN flexmig node={idle}" not in gres or carved == idle
         line = d.wait(f"job {second}'s first line", lambda: d.output(second) if "\n" in d.output(second) else None)
         assert line.strip().startswith("MIG-"), line  # the TaskProlog read the carved node's own map
+
+
+def _scontrol(d: SlurmDaemon, *args: str) -> str:
+    res = subprocess.run(
+        [d.testbed.commands.path("scontrol"), *args], env=d.testbed.env(), capture_output=True, text=True, timeout=30,
+        check=True,
+    )  # fmt: skip
+    return res.stdout
+
+
+def _rounds(d: SlurmDaemon) -> int:
+    """How many times slurmctld was asked for its jobs (sdiag's REQUEST_JOB_INFO: a round reads the queue once)."""
+    res = subprocess.run(
+        [d.testbed.commands.path("sdiag")], env=d.testbed.env(), capture_output=True, text=True, timeout=30, check=True
+    )
+    m = re.search(r"\bREQUEST_JOB_INFO\s*\(\s*\d+\)\s*count:(\d+)", res.stdout)
+    return int(m.group(1)) if m else 0
+
+
+def _carvings(d: SlurmDaemon) -> list[str]:
+    return [line for line in d.log().splitlines() if "carved:" in line]
+
+
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+def test_an_instance_node_an_administrator_drained_is_never_carved() -> None:
+    with SlurmDaemon("h200:7g.141gb@0", node_per_instance=True) as d:
+        node = "fm-node-gpu0-0"
+        _scontrol(d, "update", f"nodename={node}", "state=drain", "reason=maint")
+        job = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)  # fits only where the drained 7g is
+        base = _rounds(d)
+        d.wait("three more rounds", lambda: _rounds(d) >= base + 3)
+        found = d.slurm_node(node)
+        assert found is not None and found.drained and found.reason == "maint", found
+        assert found.gpu_counts() == {"7g.141gb": 1}
+        waiting = d.job(job)
+        assert waiting is not None and waiting.state == "PENDING", waiting
+        assert _carvings(d) == [], _carvings(d)
+        _scontrol(d, "update", f"nodename={node}", "state=resume")  # the administrator is done: now it may change
+        d.wait_state(job, "RUNNING", timeout_s=60)
+        d.wait("the carving logged", lambda: len(_carvings(d)) == 1)  # logged once the round is done
+
+
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+def test_a_killed_slurmd_of_a_busy_instance_node_comes_back_and_its_job_runs_on() -> None:
+    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True) as d:
+        node = "fm-node-gpu0-4"
+        job = d.testbed.sbatch("-w", node, "--gres=gpu:3g.71gb:1", script=SLEEP)
+        d.wait_state(job, "RUNNING")
+        before = _pid(d, node)
+        assert before is not None
+        os.kill(before, signal.SIGKILL)
+        states: list[str] = []
+
+        def back() -> bool:
+            found = d.slurm_node(node)
+            states.append("absent" if found is None else found.state)
+            pid = _pid(d, node)
+            return pid is not None and pid != before and found is not None and found.responding
+
+        d.wait("its slurmd started again", back, timeout_s=60)
+        found = d.slurm_node(node)
+        assert found.gpu_counts() == {"3g.71gb": 1} and not found.drained, found
+        assert "down" not in states and "absent" not in states, states
+        again = d.job(job)
+        assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
+        assert "slurmd_restarted" in d.log() or "slurmd crashed" in d.log()
+
+
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+def test_a_big_job_that_fits_nowhere_holds_its_region_so_that_only_shorter_jobs_start_there() -> None:
+    keys = "hold_after_s = 2\n"
+    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, slurm_keys=keys) as d:
+        busy, free = "fm-node-gpu0-0", "fm-node-gpu0-4"
+        first = d.testbed.sbatch("-w", busy, "--time=3", "--gres=gpu:3g.71gb:1", script=SLEEP)
+        d.wait_state(first, "RUNNING")
+        d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
+        big = d.testbed.sbatch("--gres=gpu:7g.141gb:1", script=SLEEP)  # needs the whole GPU: the busy 3g too
+
+        def held() -> str | None:
+            text = _scontrol(d, "show", "reservation", "--oneliner")
+            return next((line for line in text.splitlines() if "flexmig-fm-node-hold" in line), None)
+
+        line = d.wait("flexmig's hold on the region's nodes", held, timeout_s=60)
+        assert re.search(r"Nodes=fm-node-gpu0-\[0,4\]", line), line  # the busy one too: freed, it stays held
+        long = d.testbed.sbatch("--time=10", "--gres=gpu:3g.71gb:1", script=SLEEP)  # would outlast the busy 3g
+        short = d.testbed.sbatch("--time=1", "--gres=gpu:3g.71gb:1", script=SLEEP)  # ends before it
+        running = d.wait_state(short, "RUNNING", timeout_s=60)
+        assert running.nodes == (free,), running
+        base = _rounds(d)
+        d.wait("three more rounds", lambda: _rounds(d) >= base + 3)
+        waiting = d.job(long)
+        assert waiting is not None and waiting.state == "PENDING", waiting  # nothing carved for it in the region
+        assert [c for c in _carvings(d) if "3g" in c] == [], _carvings(d)
+        subprocess.run([d.testbed.commands.path("scancel"), str(first), str(short)], env=d.testbed.env(), check=True)
+        done = d.wait_state(big, "RUNNING", timeout_s=90)  # the region emptied: carved for the held job
+        assert done.nodes == ("fm-node-gpu0-0",), done
+        assert d.slurm_node("fm-node-gpu0-0").gpu_counts() == {"7g.141gb": 1}
+        line = held()  # the job behind it, blocked now, holds the 7g's node from when the 7g job may end
+        assert line is not None and re.search(r"Nodes=fm-node-gpu0-0\b", line), line
 
 
 @pytest.mark.skipif(per_gpu_capable(), reason=f"Slurm {slurm_version()} takes node_per_instance")

@@ -588,6 +588,14 @@ class SlurmConfig:
         "{node} rules as node_per_gpu; not together with it.",
         restart=True,
     )
+    hold_after_s: float = _doc(
+        900.0,
+        "With node_per_instance: a waiting job that fits in no free or idle instance holds a region after waiting "
+        "this long (seconds): nothing is carved there for later jobs, and its free instances take only jobs that "
+        "end before its busy ones, so a big job does not starve behind a stream of small ones.",
+        lo=0.0,
+        hi=86400.0,
+    )
     slurmd_port_base: int = _doc(
         6830,
         "With node_per_gpu: GPU K's slurmd listens on this port plus K (its --conf Port=); with node_per_instance, "

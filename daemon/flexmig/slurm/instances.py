@@ -14,8 +14,9 @@ Every MIG instance with a MIG device is its own dynamic node, ``<node>-gpu<K>-<S
   or reserved are never destroyed.
 
 A job that has waited ``hold_after_s`` and fits nowhere holds a region (:class:`flexmig.plan.carving.Hold`): its
-free instance nodes get flexmig's reservation ``flexmig-<node>-hold``, starting when the region's busy instances
-are expected to end (by their limits), so Slurm starts there only jobs that end before; nothing is carved inside.
+instance nodes get flexmig's reservation ``flexmig-<node>-hold``, starting when the region's busy instances are
+expected to end (by their limits; the jobs running there run on), so Slurm starts there only jobs that end before;
+nothing is carved inside for other jobs, and once the region is idle it is carved for the held job.
 
 Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run on one instance node: they are
 left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``). Pure, but for nothing: the

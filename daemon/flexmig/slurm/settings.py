@@ -69,7 +69,8 @@ class SlurmSettings:
     * ``max_closed_nodes``: the site-wide limit of nodes closed for flexmig at once (0: none);
     * ``node_per_gpu``, ``slurmd_port_base``: one dynamic node per MIG GPU (Slurm 23.11 and later), GPU K's slurmd
       on port ``slurmd_port_base + K``; :meth:`for_gpu` gives one GPU node's settings;
-    * ``node_per_instance``: one dynamic node per MIG instance (Slurm 23.11 and later), :func:`instance_node`.
+    * ``node_per_instance``: one dynamic node per MIG instance (Slurm 23.11 and later), :func:`instance_node`;
+      ``hold_after_s``: how long a job that fits nowhere waits before it holds a region of a GPU.
     """
 
     node: str = ""
@@ -103,6 +104,7 @@ class SlurmSettings:
     max_closed_nodes: int = _DEFAULT.max_closed_nodes
     node_per_gpu: bool = _DEFAULT.node_per_gpu
     node_per_instance: bool = _DEFAULT.node_per_instance
+    hold_after_s: float = _DEFAULT.hold_after_s
     slurmd_port_base: int = _DEFAULT.slurmd_port_base
 
     def for_node(self, node: str, port: int | None = None) -> SlurmSettings:

@@ -119,6 +119,7 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         max_closed_nodes=cfg.max_closed_nodes,
         node_per_gpu=cfg.node_per_gpu,
         node_per_instance=cfg.node_per_instance,
+        hold_after_s=cfg.hold_after_s,
         slurmd_port_base=cfg.slurmd_port_base,
     )
 

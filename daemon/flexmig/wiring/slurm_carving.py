@@ -9,7 +9,7 @@ Each round, under the actuator's action lock and on one look at Slurm and NVML (
    holds it;
 3. (modes advise and act) the host is carved (:func:`flexmig.plan.carving.carve`); in mode act the carving's
    retirements and registrations run as one journalled plan (:func:`flexmig.slurm.instances.carving_actions`),
-   and a held region's free nodes get flexmig's reservation ``flexmig-<node>-hold``.
+   and a held region's nodes get flexmig's reservation ``flexmig-<node>-hold``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.errors import PlanRejectedError
 from flexmig.nvml.types import Inventory
-from flexmig.plan.carving import HOLD_AFTER_S, Hold, carve
+from flexmig.plan.carving import Carving, Hold, carve
 from flexmig.plan.types import Plan
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView
 from flexmig.slurm.change import admin_hold, encode_change
@@ -33,7 +33,10 @@ from flexmig.slurm.instances import HostLayouts, busy_of, carving_actions, descr
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings, instance_node, parse_instance_node
 
-__all__ = ["InstanceCarver", "Reads"]
+__all__ = ["CARVING", "InstanceCarver", "Reads", "after_carving"]
+
+CARVING = "flexmig: carving new MIG instances"
+"""The reason of flexmig's drain of the idle instance nodes a carving retires (resumed when one is not retired)."""
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,6 @@ class InstanceCarver:
         executor: Executor,
         agent_for: Callable[[int, int], SlurmAgent],
         wall: Callable[[], float],
-        hold_after_s: float = HOLD_AFTER_S,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -74,9 +76,10 @@ class InstanceCarver:
         self.executor = executor
         self.agent_for = agent_for
         self.wall = wall
-        self.hold_after_s = hold_after_s
         self.hold: Hold | None = None
         """The region held for a blocked job at the last round (carving indices), or None."""
+        self._held: Hold | None = None
+        """The hold flexmig's reservation was made for, or None."""
         self.left_out: dict[str, str] = {}
         """The waiting jobs the last round left out of the carving, and why."""
 
@@ -187,43 +190,107 @@ class InstanceCarver:
         registering_c = frozenset(w for w in registering_c if hl.layouts[w[0]].at(w[1]) is not None)
         c = carve(
             model, hl.layouts, busy, queue, now_s=now, hold=self.hold, registering=registering_c, pinned=hl.pinned,
-            hold_after_s=self.hold_after_s,
+            hold_after_s=settings.hold_after_s,
         )  # fmt: skip
         self.hold = c.hold
         agent = self.agent_for(hl.gpus[0], 0)
-        words = describe(hl, c)
         if mode != "act":
-            note = f"carving (mode {mode}): {', '.join(words)}" if words else ""
-            return agent, SlurmRound(None, note=note)
-        await self._keep_hold(hl, c.hold, busy, now)
-        if not c.destroy and not c.create:
+            words = describe(hl, c)
+            return agent, SlurmRound(None, note=f"carving (mode {mode}): {', '.join(words)}" if words else "")
+        return await self._execute(agent, hl, c, by_name, now=now, settings=settings)
+
+    async def _execute(
+        self,
+        agent: SlurmAgent,
+        hl: HostLayouts,
+        c: Carving,
+        by_name: dict[str, SlurmNode],
+        *,
+        now: float,
+        settings: SlurmSettings,
+    ) -> tuple[SlurmAgent, SlurmRound]:
+        """Mode act: the carving's retirements and registrations, one journalled plan; the hold's reservation."""
+        stale = [n.name for n in by_name.values() if n.drained and n.reason == CARVING]
+        await self._reopen(stale)  # a carving cut short by a crash drained them: nothing retires them now
+        retiring = [instance_node(self.node, hl.gpus[i], start) for i, start in c.destroy]
+        for name in retiring:  # closed to new jobs all at once: the later ones wait while the first ones retire
+            n = by_name.get(name)
+            if n is not None and not n.drained:
+                await self.client.drain(name, CARVING)
+        if c.hold is None or (self._held is not None and self._held != c.hold):
+            await self._drop_hold()
+        res = None
+        if c.destroy or c.create:
+            actions = carving_actions(self.node, hl, c, "; ".join(c.reasons))
+            res = await self.executor.execute_encoded(actions, "slurm", tuple(c.reasons))
+        await self._reopen(retiring)
+        await self._keep_hold(after_carving(hl, c), c.hold, now, settings)
+        if res is None:
             return agent, SlurmRound(None, note="; ".join(r for r in c.reasons if "holds" in r))
-        actions = carving_actions(self.node, hl, c, "; ".join(c.reasons))
-        res = await self.executor.execute_encoded(actions, "slurm", tuple(c.reasons))
         failed = [a for a in res.results if a.outcome != "completed"]
-        note = f"carved: {', '.join(words)}" + (f" ({len(failed)} action(s) did not complete)" if failed else "")
+        note = f"carved: {', '.join(describe(hl, c))}"
+        if failed:
+            note += f" ({len(failed)} action(s) did not complete)"
         return agent, SlurmRound(None, result=res, note=note)
 
-    async def _keep_hold(self, hl: HostLayouts, hold: Hold | None, busy: dict[Where, float | None], now: float) -> None:
-        """flexmig's reservation on the held region's free nodes, from when its busy instances are expected to
-        end; none without a hold (or without free nodes in the region)."""
-        name = self.hold_reservation
-        existing = next((r for r in await self.client.reservations() if r.name == name), None)
-        nodes: list[str] = []
-        if hold is not None:
-            region = hold.slices(hl.model)
-            lay = hl.layouts[hold.gpu]
-            for inst in lay:
-                if inst.start < region.stop and region.start < inst.end and (hold.gpu, inst.start) not in busy:
-                    nodes.append(instance_node(self.node, hl.gpus[hold.gpu], inst.start))
-        if not nodes or hold is None:
-            if existing is not None:
-                await self.client.delete_reservation(name)
+    async def _reopen(self, names: Sequence[str]) -> None:
+        """Resume the nodes among ``names`` that flexmig drained for a carving and are still in Slurm (their
+        retirement was cancelled or skipped)."""
+        if not names:
             return
-        start_in = max(0.0, hold.at_s - now) if hold.at_s != float("inf") else 3600.0
-        if existing is not None and sorted(existing.nodes) == sorted(nodes):
+        for n in await self.client.nodes():
+            if n.name in names and n.drained and n.reason == CARVING:
+                await self.client.resume(n.name)
+
+    async def _drop_hold(self) -> None:
+        self._held = None
+        await self.client.delete_reservation(self.hold_reservation)
+
+    async def _keep_hold(self, hl: HostLayouts, hold: Hold | None, now: float, settings: SlurmSettings) -> None:
+        """flexmig's reservation on the held region's nodes (``hl``: the layouts after this round's carving; the
+        nodes Slurm lists), from when its busy instances are expected to end (jobs running there run on:
+        ``IGNORE_JOBS``); none without a hold. The site-wide limit (``max_closed_nodes``) counts it as one closed
+        node."""
+        if hold is None:
+            await self._drop_hold()
+            return
+        name = self.hold_reservation
+        listed = {n.name for n in await self.client.nodes()}
+        region = hold.slices(hl.model)
+        nodes = [
+            instance_node(self.node, hl.gpus[hold.gpu], inst.start)
+            for inst in hl.layouts[hold.gpu]  # the busy ones too: once their jobs end, only jobs that end in time
+            if inst.start < region.stop and region.start < inst.end
+        ]
+        nodes = [n for n in nodes if n in listed]
+        reservations = await self.client.reservations()
+        existing = next((r for r in reservations if r.name == name), None)
+        if existing is not None and sorted(existing.nodes) == sorted(nodes) and self._held == hold:
             return
         if existing is not None:
             await self.client.delete_reservation(name)
-        await self.client.create_reservation(name, ",".join(nodes), start_in, self.settings().drain_timeout_s)
+        self._held = None
+        if not nodes:
+            return
+        start_in = max(0.0, hold.at_s - now) if hold.at_s != float("inf") else 3600.0
+        duration = settings.drain_timeout_s
+        limit = settings.max_closed_nodes
+        if limit > 0:
+            start, end = now + start_in, now + start_in + duration
+            others = [r for r in reservations if r.flexmig and r.name != name and r.overlaps(start, end)]
+            if len(others) >= limit:
+                log.info("Slurm: no hold for %s: site limit, %d node(s) closed for flexmig then", hold.job, len(others))
+                return
+        await self.client.create_reservation(name, ",".join(nodes), start_in, duration)
+        self._held = hold
         log.info("Slurm: held %s for %s from %.0f s on (reservation %s)", ",".join(nodes), hold.job, start_in, name)
+
+
+def after_carving(hl: HostLayouts, carving: Carving) -> HostLayouts:
+    """``hl`` with ``carving``'s instances destroyed and created."""
+    layouts = list(hl.layouts)
+    for i, start in carving.destroy:
+        layouts[i] = layouts[i].remove(start)
+    for i, placed, _ in carving.create:
+        layouts[i] = layouts[i].place(placed.profile, placed.start)
+    return HostLayouts(hl.model, hl.gpus, tuple(layouts), hl.pinned)
