@@ -290,4 +290,4 @@ def test_slurm_conf_for_gpu_nodes_names_per_node_files_the_template_unit_reads(
     assert "CPUs=8 " in future and "gpu:7g.141gb:1" in future and "gpu:1g.18gb:7," in future  # one GPU's worth
     assert any("8 x flexmig hosts" in line for line in lines if line.startswith("MaxNodeCount="))
     assert cli_main(["slurm", "conf", "--node-per-gpu", "--gpus", "8", "--cpus", "4"]) != 0
-    assert "--cpus 4: fewer than --gpus 8" in capsys.readouterr().err
+    assert "--cpus 4: fewer than the 8 nodes of a host" in capsys.readouterr().err

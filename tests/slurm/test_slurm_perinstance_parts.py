@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flexmig.act.nodeview import NodeView
+from flexmig.cli.main import main as cli_main
 from flexmig.config import parse_config
 from flexmig.errors import ConfigError
 from flexmig.mig import H200
@@ -137,3 +138,12 @@ def test_an_administrators_instance_is_pinned_and_never_carved() -> None:
     c = carve(H200, hl.layouts, {(0, 0): 300.0}, [Waiting("slurm-9", "1g.18gb", 600.0, 5.0)], now_s=0.0,
               pinned=hl.pinned)  # fmt: skip
     assert c.destroy == () and c.create == ()
+
+
+def test_slurm_conf_for_instance_nodes_makes_room_for_seven_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["slurm", "conf", "--node-per-instance", "--gpus", "8", "--cpus", "112"]) == 0
+    out = capsys.readouterr().out
+    assert "up to 56 dynamic nodes, <host>-gpu<K>-<S>" in out and "+ 56 x flexmig hosts>" in out
+    assert 'node_per_instance = true, slurmd_conf = "CPUs=2 ' in out and "SlurmdPidFile=/run/slurmd-%n.pid" in out
+    assert cli_main(["slurm", "conf", "--node-per-instance", "--node-per-gpu"]) != 0
+    assert "not both" in capsys.readouterr().err

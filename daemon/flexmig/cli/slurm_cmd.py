@@ -5,8 +5,9 @@
   ``export SLURM_CONF=...`` line for ``sbatch``/``squeue``/``sinfo`` and runs until SIGINT or SIGTERM, then stops
   everything it started. Needs root and Debian's ``slurmctld slurmd slurm-client munge``.
 * ``flexmig slurm taskprolog [--output FILE] [--map PATH]``: the TaskProlog to name in slurm.conf.
-* ``flexmig slurm conf --model MODEL --gpus N [--node-per-gpu]``: the slurm.conf lines a site adds for a flexmig
-  node (with ``--node-per-gpu``, for one dynamic node per GPU).
+* ``flexmig slurm conf --model MODEL --gpus N [--node-per-gpu | --node-per-instance]``: the slurm.conf lines a site
+  adds for a flexmig node (with ``--node-per-gpu``, for one dynamic node per GPU; ``--node-per-instance``, per MIG
+  instance).
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def register(sub: Any) -> None:
         action="store_true",
         help="for [slurm] node_per_gpu (Slurm 23.11+): one dynamic node per GPU, each with its own slurmd",
     )
+    cf.add_argument(
+        "--node-per-instance",
+        action="store_true",
+        help="for [slurm] node_per_instance (Slurm 23.11+): one dynamic node per MIG instance, each its own slurmd",
+    )
     cf.set_defaults(func=run_conf)
 
 
@@ -94,13 +100,19 @@ def run_conf(args: argparse.Namespace) -> int:
         raise SlurmError(str(exc.args[0])) from None
     if not 1 <= args.gpus <= 64:
         raise SlurmError(f"--gpus {args.gpus}: must be 1-64")
-    if args.node_per_gpu:
-        if args.cpus < args.gpus:
-            raise SlurmError(f"--cpus {args.cpus}: fewer than --gpus {args.gpus}: each GPU node needs a CPU")
-        share = args.cpus // args.gpus
-        print(f"# flexmig, node_per_gpu (Slurm 23.11+): each host registers {args.gpus} dynamic nodes, <host>-gpu<K>,")
+    if args.node_per_gpu and args.node_per_instance:
+        raise SlurmError("--node-per-gpu or --node-per-instance, not both")
+    if args.node_per_gpu or args.node_per_instance:
+        key, names = ("node_per_gpu", "<host>-gpu<K>")
+        if args.node_per_instance:
+            key, names = ("node_per_instance", "<host>-gpu<K>-<S>")
+        nodes = args.gpus * (1 if args.node_per_gpu else max(p.max_instances for p in model.plain_profiles))
+        if args.cpus < nodes:
+            raise SlurmError(f"--cpus {args.cpus}: fewer than the {nodes} nodes of a host: each node needs a CPU")
+        share = args.cpus // nodes
+        print(f"# flexmig, {key} (Slurm 23.11+): each host registers up to {nodes} dynamic nodes, {names},")
         print("# each with its own slurmd (systemd/slurmd@.service), so the node table needs room for all of them")
-        print(f"MaxNodeCount=<the nodes slurm.conf names, placeholders included, + {args.gpus} x flexmig hosts>")
+        print(f"MaxNodeCount=<the nodes slurm.conf names, placeholders included, + {nodes} x flexmig hosts>")
         print("SlurmdPidFile=/run/slurmd-%n.pid")
         print("SlurmdSpoolDir=/var/spool/slurmd/%n")
         print("SlurmdLogFile=/var/log/slurm/slurmd-%n.log")
@@ -109,7 +121,8 @@ def run_conf(args: argparse.Namespace) -> int:
         print("# Jobs for MIG profiles no GPU node has yet pend against this placeholder (one GPU's worth)")
         print(f"NodeName={args.name} State=FUTURE CPUs={share} Gres={future_gres(model, 1)}")
         print(f"# and add {args.name} to the partitions of the flexmig nodes (or use Nodes=ALL);")
-        print(f'# flexmig.toml [slurm]: node_per_gpu = true, slurmd_conf = "CPUs={share} RealMemory=<a GPU\'s share>"')
+        what = "a GPU's" if args.node_per_gpu else "an instance's"
+        print(f'# flexmig.toml [slurm]: {key} = true, slurmd_conf = "CPUs={share} RealMemory=<{what} share>"')
         return 0
     print("# flexmig: nodes re-registered as dynamic nodes (slurmd -Z) need room in the node table")
     print("MaxNodeCount=<the nodes slurm.conf names, placeholders included, + flexmig nodes>")
