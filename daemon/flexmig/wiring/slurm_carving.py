@@ -168,11 +168,12 @@ class InstanceCarver:
                 held.add(i.key)
             in_use[i.key] = not n.idle
         mig_on = {g.index: bool(g.mig_current) for g in inventory.gpus}
-        hl = host_layouts(view, model, mig_on, held)
-        if not hl.layouts:
-            return None
         running = [r for _, rnd in done if rnd.read is not None for r in rnd.read.demand.running]
         busy_nvml = busy_of(running, in_use)
+        outside = {i.key for i in view.instances if i.pids and i.key not in busy_nvml}  # used, not by a Slurm job
+        hl = host_layouts(view, model, mig_on, held | outside)
+        if not hl.layouts:
+            return None
         busy: dict[Where, float | None] = {}
         for (gpu, start), left in busy_nvml.items():
             k = hl.index(gpu)
