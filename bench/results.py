@@ -137,6 +137,16 @@ SECTIONS: tuple[Section, ...] = (
         needs=_newer_slurm(),
     ),
     Section(
+        "slurm_mix_per_instance",
+        "The administrator's mix, one Slurm node per MIG instance (Slurm 23.11+)",
+        "slurm_mix.py",
+        # node_per_instance and the whole node on the same Slurm, one after the other (about 50 min)
+        ("--rivals", "per-instance,now"),
+        quick=("--quick", "--rivals", "per-instance"),
+        markdown=False,
+        needs=_newer_slurm(),
+    ),
+    Section(
         "slurm_model",
         "A busy node, modelled: seeds the policy was not chosen on",
         "slurm_model.py",

@@ -1,6 +1,6 @@
 """Slurm, a busy node: an administrator's seeded mix of MIG jobs on a real Slurm 22.05 testbed, with flexmig as it is
 now, with flexmig as it was (a git revision's code), and with no flexmig (a static layout); on Slurm 23.11 or later
-also with one Slurm node per GPU (``[slurm] node_per_gpu``).
+also with one Slurm node per GPU (``[slurm] node_per_gpu``) or per MIG instance (``[slurm] node_per_instance``).
 
 The mix (seed 24): 45 batch jobs of 1g.18gb, 2g.35gb, 3g.71gb and 7g.141gb (weights 40/25/20/15 %), each sleeping
 30-120 s (uniform) with ``--time`` twice its run time (rounded up to whole minutes, Slurm's unit), submitted at
@@ -20,7 +20,9 @@ Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one aft
   production defaults for everything else (``min_interval_s`` 60, ``max_wait_s`` 1800, ``drain_timeout_s`` 900);
 * ``per-gpu``: the same flexmigd with ``[slurm] node_per_gpu``: one dynamic Slurm node per GPU, each with its own
   slurmd, re-registered alone (Slurm 23.11 or later: ``FLEXMIG_SLURM_BIN`` names its commands, e.g. ``make
-  slurm-newer``'s chroot; on one GPU it is ``now`` with a node name per GPU).
+  slurm-newer``'s chroot; on one GPU it is ``now`` with a node name per GPU);
+* ``per-instance``: the same flexmigd with ``[slurm] node_per_instance``: one dynamic Slurm node per MIG instance,
+  idle instances carved for the waiting jobs while busy ones run on (Slurm 23.11 or later, as ``per-gpu``).
 
 ``--gpus N`` puts N simulated H200s on the node (each laid out as the rival's one-GPU layout) and N times the jobs
 over the same window (the offline model's ``--gpus`` mix): with ``now`` and ``static`` one Slurm node of N GPUs,
@@ -29,7 +31,9 @@ with ``per-gpu`` N nodes.
 Figures, from the jobs' own start and end stamps and a monitor that reads the node's state every 0.5 s:
 
 * closed: share of the busy time (first submission to last end) the node was closed to new jobs: drained, inside
-  an active flexmig reservation, or not registered (with ``per-gpu``, the share of the GPU nodes closed);
+  an active flexmig reservation, or not registered (with ``per-gpu``, the share of the GPU nodes closed; with
+  ``per-instance``, the share of the instance nodes Slurm lists that are closed, and a closed period is one while
+  any of them is);
 * utilisation while jobs wait: busy compute slices / (7 x GPUs) over the times some submitted job had not started;
 * makespan against the packing bound (the larger of all slice-seconds / 7 and the latest arrival plus run time);
 * re-registrations per hour (flexmig's journal) and each closed period's length (of any one Slurm node);
@@ -39,7 +43,7 @@ Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python
 per GPU node on Slurm 24.11: ``.venv/bin/python tests/support/slurm_newer.py up /var/cache/flexmig/slurm-trixie``,
 then ``FLEXMIG_SLURM_BIN=/var/cache/flexmig/slurm-trixie.bin .venv/bin/python bench/slurm_mix.py --gpus 2 --rivals
 per-gpu``, then ``... slurm_newer.py down ...``. The header names the Slurm that ran (``slurmctld -V``); the
-``per-gpu`` rival on a Slurm older than 23.11 is refused before anything starts. A SIGTERM stops the run as
+``per-gpu`` and ``per-instance`` rivals on a Slurm older than 23.11 are refused before anything starts. A SIGTERM stops the run as
 Ctrl-C does: its testbeds are stopped and removed.
 """
 
