@@ -43,8 +43,8 @@ Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python
 per GPU node on Slurm 24.11: ``.venv/bin/python tests/support/slurm_newer.py up /var/cache/flexmig/slurm-trixie``,
 then ``FLEXMIG_SLURM_BIN=/var/cache/flexmig/slurm-trixie.bin .venv/bin/python bench/slurm_mix.py --gpus 2 --rivals
 per-gpu``, then ``... slurm_newer.py down ...``. The header names the Slurm that ran (``slurmctld -V``); the
-``per-gpu`` and ``per-instance`` rivals on a Slurm older than 23.11 are refused before anything starts. A SIGTERM stops the run as
-Ctrl-C does: its testbeds are stopped and removed.
+``per-gpu`` and ``per-instance`` rivals on a Slurm older than 23.11 are refused before anything starts. A SIGTERM
+stops the run as Ctrl-C does: its testbeds are stopped and removed.
 """
 
 from __future__ import annotations
