@@ -25,6 +25,11 @@ run one after the other (GPU nodes with a waiting change first, then idle ones, 
 agent's change serves (carried out, committed or still waiting) are *claimed* for a while and left out of its
 siblings' queues, so two GPU nodes never change for the same job (:class:`Claims`).
 
+With ``[slurm] node_per_instance`` (Slurm 23.11 and later, refused before in the same way) every MIG instance is
+its own dynamic node ``<node>-gpu<K>-<S>``, kept registered by an agent of its own, and the host is carved for
+Slurm's waiting jobs by :class:`flexmig.wiring.slurm_carving.InstanceCarver` (idle instances retired, new ones
+registered, busy ones never touched); the journal's actions go to the agent of the instance node they name.
+
 On a simulated node the demo workload is off: the node runs Slurm's jobs, and synthetic processes would make the
 actuator refuse to touch the instances they sit on.
 """
