@@ -236,6 +236,15 @@ def _ack_stamp(path: Path) -> dict[str, Any] | None:
     return {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "ino": st.st_ino}
 
 
+def _drained_at(drained: dict[str, Any], payload: dict[str, Any]) -> float:
+    """When the node was drained, at the latest: the ``drain`` step's time, or the caller's (a carving drains the
+    nodes it retires together, ``drained_at``) when the node was drained already."""
+    at = float(drained.get("at", 0.0))
+    if "already" in drained and "drained_at" in payload:
+        at = min(at, float(payload["drained_at"]))
+    return at
+
+
 class SlurmChange:
     """Runs ``slurm_reregister`` actions for one node."""
 
@@ -280,7 +289,7 @@ class SlurmChange:
             await self._undo(run, node, jobs, bool(held))
             raise StepFailed(f"{exc}; the change is cancelled, the node reopened", outcome="cancelled",
                              code=exc.code) from exc  # fmt: skip
-        seen = await self._leave_slurm(run, node, jobs, held=bool(held), drained_at=float(drained.get("at", 0.0)))
+        seen = await self._leave_slurm(run, node, jobs, held=bool(held), drained_at=_drained_at(drained, payload))
         failure: StepFailed | None = None
         for op, slot in changes:
             name = f"{op}:{slot.gpu}@{slot.start}"

@@ -123,17 +123,22 @@ def queue_of(demand: SlurmDemand, now_s: float) -> tuple[list[Waiting], dict[str
 
 
 def carving_actions(
-    node: str, hl: HostLayouts, carving: Carving, reason: str
+    node: str, hl: HostLayouts, carving: Carving, reason: str, *, drained_at: float | None = None
 ) -> list[tuple[str, str | None, dict[str, Any]]]:
     """The journal's actions of ``carving`` (carving indices) on host node ``node``: first every destroyed idle
-    instance's node retired, then every created instance's node registered, each one ``slurm_reregister``."""
+    instance's node retired, then every created instance's node registered, each one ``slurm_reregister``;
+    ``drained_at``: when (wall time) the caller drained the retiring nodes, so that one backfill cycle after it
+    serves them all."""
     out: list[tuple[str, str | None, dict[str, Any]]] = []
     for i, start in carving.destroy:
         gpu = hl.gpus[i]
         inst = hl.layouts[i].at(start)
         assert inst is not None, "carve destroys only instances of the layouts it was given"
         plan = Plan(actions=(DestroyInstance(gpu, start, inst.profile, reason, 0.0),))
-        out.append(encode_change(instance_node(node, gpu, start), plan, (), reason, 0.0, retire=True))
+        action = encode_change(instance_node(node, gpu, start), plan, (), reason, 0.0, retire=True)
+        if drained_at is not None:
+            action[2]["drained_at"] = drained_at
+        out.append(action)
     for i, placed, job in carving.create:
         gpu = hl.gpus[i]
         plan = Plan(actions=(CreateInstance(gpu, placed.start, placed.profile, reason, 0.0),))

@@ -218,11 +218,12 @@ class InstanceCarver:
             n = by_name.get(name)
             if n is not None and not n.drained:
                 await self.client.drain(name, CARVING)
+        drained_at = self.wall()  # one backfill cycle after this serves every retirement of the carving
         if c.hold is None or (self._held is not None and self._held != c.hold):
             await self._drop_hold()
         res = None
         if c.destroy or c.create:
-            actions = carving_actions(self.node, hl, c, "; ".join(c.reasons))
+            actions = carving_actions(self.node, hl, c, "; ".join(c.reasons), drained_at=drained_at)
             res = await self.executor.execute_encoded(actions, "slurm", tuple(c.reasons))
         await self._reopen(retiring)
         await self._keep_hold(after_carving(hl, c), c.hold, now, settings)
