@@ -228,7 +228,9 @@ class InstanceCarver:
         await self._reopen(retiring)
         await self._keep_hold(after_carving(hl, c), c.hold, now, settings)
         if res is None:
-            return agent, SlurmRound(None, note="; ".join(r for r in c.reasons if "holds" in r))
+            held = [r for r in c.reasons if "holds" in r]
+            left = [f"{name} left out: {why}" for name, why in sorted(self.left_out.items())]
+            return agent, SlurmRound(None, note="; ".join([*held, *left]))
         failed = [a for a in res.results if a.outcome != "completed"]
         note = f"carved: {', '.join(describe(hl, c))}"
         if failed:
