@@ -14,7 +14,9 @@ slurmctld refuses to delete a node in an active reservation) → ``stop_slurmd``
 (``scontrol delete nodename``) → ``destroy:G@S``/``create:G@S`` (the plan's instance changes, through the
 actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a fresh inventory) → ``register``
 (slurmd restarted with the new ``Gres=``, until slurmctld lists the node with those GRES) → ``credential_gap`` →
-``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen``.
+``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen``. An instance node that leaves
+Slurm for good (``retire``, ``[slurm] node_per_instance``) ends after its instance is destroyed: ``retire`` (its
+gres.conf block and map removed) → ``reopen``.
 
 Safety rules kept here:
 
