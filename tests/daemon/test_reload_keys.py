@@ -43,6 +43,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
         "slurm.slurmd_unit": "slurmd@{node}.service",
     },
 }
+COMPANIONS["slurm.node_per_instance"] = COMPANIONS["slurm.node_per_gpu"]  # the same rule
 #: Keys whose other values the generic candidates cannot guess.
 OTHER_VALUES: dict[str, list[Any]] = {
     "baseline.mig_parted_config": ["all-enabled"],

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.mig.layout import Layout, PlacedInstance
 
-__all__ = ["HOLD_AFTER_S", "Carving", "Hold", "Waiting", "carve"]
+__all__ = ["HOLD_AFTER_S", "Carving", "Hold", "Waiting", "Where", "carve"]
 
 HOLD_AFTER_S = 900.0
 """How long a blocked job waits before it holds a region. A hold idles the region's free slices until its busy

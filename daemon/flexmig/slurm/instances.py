@@ -32,7 +32,7 @@ from typing import Any
 from flexmig.act.nodeview import NodeView
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
-from flexmig.plan.carving import Carving, Waiting
+from flexmig.plan.carving import Carving, Waiting, Where
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning
@@ -40,7 +40,6 @@ from flexmig.slurm.settings import instance_node
 
 __all__ = ["HostLayouts", "busy_of", "carving_actions", "describe", "hold_name", "host_layouts", "queue_of"]
 
-Where = tuple[int, int]
 
 
 def hold_name(node: str) -> str:

@@ -23,7 +23,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
 from flexmig.errors import PlanRejectedError
 from flexmig.nvml.types import Inventory
-from flexmig.plan.carving import Carving, Hold, carve
+from flexmig.plan.carving import Carving, Hold, Where, carve
 from flexmig.plan.types import Plan
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView
 from flexmig.slurm.change import admin_hold, encode_change
@@ -40,7 +40,6 @@ CARVING = "flexmig: carving new MIG instances"
 
 log = logging.getLogger(__name__)
 
-Where = tuple[int, int]
 
 
 class Reads(Protocol):
