@@ -8,10 +8,10 @@ Every MIG instance with a MIG device is its own dynamic node, ``<node>-gpu<K>-<S
   instance is created, its gres.conf block and map written, its slurmd started, and the action ends once slurmctld
   lists the node with it;
 * an idle instance the carving destroys is one ``slurm_reregister`` action with ``retire``: the node is closed
-  (flexmig's reservation, then its drain), found still idle (a job Slurm started on it meanwhile cancels the
-  action, and the node reopens as it was), its slurmd stopped, the node deleted, the instance destroyed, its block
-  and map removed. A busy instance, one still registering, and one whose node an administrator drained, downed
-  or reserved are never destroyed.
+  (drained together with the carving's other retiring nodes, then flexmig's reservation), found still idle (a job
+  Slurm started on it meanwhile cancels the action, and the node reopens as it was), its slurmd stopped, the node
+  deleted, the instance destroyed, its block and map removed. A busy instance, one still registering, and one whose
+  node an administrator drained, downed or reserved are never destroyed.
 
 A job that has waited ``hold_after_s`` and fits nowhere holds a region (:class:`flexmig.plan.carving.Hold`): its
 instance nodes get flexmig's reservation ``flexmig-<node>-hold``, starting when the region's busy instances are
@@ -19,8 +19,8 @@ expected to end (by their limits; the jobs running there run on), so Slurm start
 nothing is carved inside for other jobs, and once the region is idle it is carved for the held job.
 
 Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run on one instance node: they are
-left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``). Pure, but for nothing: the
-caller reads Slurm and NVML and runs the actions.
+left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``). Pure: the caller reads Slurm
+and NVML and runs the actions.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from flexmig.slurm.demand import SlurmDemand, SlurmRunning
 from flexmig.slurm.settings import instance_node
 
 __all__ = ["HostLayouts", "busy_of", "carving_actions", "describe", "hold_name", "host_layouts", "queue_of"]
-
 
 
 def hold_name(node: str) -> str:
