@@ -227,23 +227,16 @@ class Bed:
                 n.gpu_counts().items(), key=lambda x: -SLICES.get(x[0], 0)) for _ in range(c)))  # fmt: skip
             if not n.responding or n.drained:
                 closed.append(True)
-            elif self.per_instance and "RESERVED" in n.flags:  # a held region's free nodes, from the hold's time
+            elif "RESERVED" in n.flags:  # per instance: a held region's nodes too, from the hold's time
                 if reservations is None:
                     try:
                         reservations = asyncio.run(self.client.reservations())
                     except (SlurmError, subprocess.TimeoutExpired):
                         reservations = ()
                 now = time.time()
-                closed.append(any(r.name.startswith("flexmig-") and name in r.nodes and r.active(now)
-                                  for r in reservations))  # fmt: skip
-            elif "RESERVED" in n.flags:
-                if reservations is None:
-                    try:
-                        reservations = asyncio.run(self.client.reservations())
-                    except (SlurmError, subprocess.TimeoutExpired):
-                        reservations = ()
-                now = time.time()
-                closed.append(any(r.name == flexmig_name(name) and r.active(now) for r in reservations))
+                mine = [r for r in reservations if r.name == flexmig_name(name)
+                        or (self.per_instance and r.name.startswith("flexmig-") and name in r.nodes)]  # fmt: skip
+                closed.append(any(r.active(now) for r in mine))
             else:
                 closed.append(False)
         return sum(closed) / len(closed), " | ".join(shown), closed
