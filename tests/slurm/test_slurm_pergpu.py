@@ -24,11 +24,6 @@ SLEEP = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 600\n'
 REFUSED = "node_per_gpu needs Slurm 23.11 or later"
 
 
-def _pid(d: SlurmDaemon, node: str) -> int | None:
-    text = d.paths.slurmd_pid(node).read_text().strip() if d.paths.slurmd_pid(node).exists() else ""
-    return int(text) if text.isdigit() else None
-
-
 @pytest.mark.skipif(not per_gpu_capable(), reason=f"one dynamic node per GPU needs Slurm 23.11+ ({slurm_version()})")
 def test_a_change_of_one_gpu_re_registers_that_gpus_node_alone() -> None:
     with SlurmDaemon("h200x2:7g.141gb@0", node_per_gpu=True) as d:
@@ -40,7 +35,7 @@ def test_a_change_of_one_gpu_re_registers_that_gpus_node_alone() -> None:
         running = d.wait_state(first, "RUNNING")
         assert running.nodes == (gpu0,), running
         d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
-        pid0 = _pid(d, gpu0)
+        pid0 = d.slurmd_pid(gpu0)
         registered0 = d.slurm_node(gpu0).slurmd_start_s
         assert pid0 is not None
 
@@ -64,7 +59,7 @@ def test_a_change_of_one_gpu_re_registers_that_gpus_node_alone() -> None:
         node0 = d.slurm_node(gpu0)
         assert node0.gpu_counts() == {"7g.141gb": 1} and not node0.drained, node0
         assert all(s in ("allocated", "mixed") for s in seen), seen  # never drained, never absent
-        assert _pid(d, gpu0) == pid0 and node0.slurmd_start_s == registered0  # its slurmd never restarted
+        assert d.slurmd_pid(gpu0) == pid0 and node0.slurmd_start_s == registered0  # its slurmd never restarted
         again = d.job(first)
         assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
         # The round's lines are logged once every GPU node's round is done: the job may run before that.
@@ -141,15 +136,8 @@ def test_an_older_slurm_refuses_node_per_gpu_with_one_line_and_touches_nothing()
 
 def _job_reads(d: SlurmDaemon) -> int:
     """How many times slurmctld was asked for its jobs (sdiag's REQUEST_JOB_INFO: squeue)."""
-    return _rpc_count(d, "REQUEST_JOB_INFO")
+    return d.rpc_count("REQUEST_JOB_INFO")
 
-
-def _rpc_count(d: SlurmDaemon, rpc: str) -> int:
-    res = subprocess.run(
-        [d.testbed.commands.path("sdiag")], env=d.testbed.env(), capture_output=True, text=True, timeout=30, check=True
-    )
-    m = re.search(rf"\b{rpc}\s*\(\s*\d+\)\s*count:(\d+)", res.stdout)
-    return int(m.group(1)) if m else 0
 
 
 def _reservations(d: SlurmDaemon) -> list[str]:
@@ -164,7 +152,7 @@ def _reservations(d: SlurmDaemon) -> list[str]:
 def _config_reads(d: SlurmDaemon) -> int:
     """How many times slurmctld was asked for its configuration (sdiag's REQUEST_BUILD_INFO: ``scontrol show
     config``; while the version is refused flexmigd asks once a round, and nothing else here asks)."""
-    return _rpc_count(d, "REQUEST_BUILD_INFO")
+    return d.rpc_count("REQUEST_BUILD_INFO")
 
 
 CRASH_HOOK = """#!/bin/sh
@@ -192,7 +180,7 @@ def test_a_crash_mid_change_is_finished_at_start_for_the_right_gpu_node() -> Non
         first = d.testbed.sbatch("-w", gpu0, "--gres=gpu:7g.141gb:1", script=SLEEP)
         d.wait_state(first, "RUNNING")
         d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
-        pid0 = _pid(d, gpu0)
+        pid0 = d.slurmd_pid(gpu0)
         armed.touch()
         second = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
         proc = d.proc
@@ -212,7 +200,7 @@ def test_a_crash_mid_change_is_finished_at_start_for_the_right_gpu_node() -> Non
         assert d.slurm_node(gpu1).gpu_counts() == {"1g.18gb": 7}
         node0 = d.slurm_node(gpu0)
         assert node0.gpu_counts() == {"7g.141gb": 1} and not node0.drained, node0
-        assert _pid(d, gpu0) == pid0  # GPU 0's slurmd ran on through the crash and the recovery
+        assert d.slurmd_pid(gpu0) == pid0  # GPU 0's slurmd ran on through the crash and the recovery
         again = d.job(first)
         assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
 

@@ -27,12 +27,6 @@ SLEEP = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 600\n'
 NEWER = f"one dynamic node per MIG instance needs Slurm 23.11+ ({slurm_version()})"
 
 
-def _pid(d: SlurmDaemon, node: str) -> int | None:
-    path = d.paths.slurmd_pid(node)
-    text = path.read_text().strip() if path.exists() else ""
-    return int(text) if text.isdigit() else None
-
-
 @pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
 def test_a_profile_no_instance_has_is_carved_from_idle_instances_while_a_busy_one_runs_on() -> None:
     with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True) as d:
@@ -44,7 +38,7 @@ def test_a_profile_no_instance_has_is_carved_from_idle_instances_while_a_busy_on
         running = d.wait_state(first, "RUNNING")
         assert running.nodes == (busy,), running
         d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
-        pid = _pid(d, busy)
+        pid = d.slurmd_pid(busy)
         registered = d.slurm_node(busy).slurmd_start_s
         assert pid is not None
 
@@ -71,7 +65,7 @@ def test_a_profile_no_instance_has_is_carved_from_idle_instances_while_a_busy_on
         node = d.slurm_node(busy)
         assert node.gpu_counts() == {"3g.71gb": 1} and not node.drained, node
         assert all(s in ("allocated", "mixed") for s in seen), seen  # never drained, never absent
-        assert _pid(d, busy) == pid and node.slurmd_start_s == registered  # its slurmd never restarted
+        assert d.slurmd_pid(busy) == pid and node.slurmd_start_s == registered  # its slurmd never restarted
         again = d.job(first)
         assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
         gres = d.paths.gres_conf.read_text()
@@ -93,12 +87,8 @@ def _scontrol(d: SlurmDaemon, *args: str) -> str:
 
 
 def _rounds(d: SlurmDaemon) -> int:
-    """How many times slurmctld was asked for its jobs (sdiag's REQUEST_JOB_INFO: a round reads the queue once)."""
-    res = subprocess.run(
-        [d.testbed.commands.path("sdiag")], env=d.testbed.env(), capture_output=True, text=True, timeout=30, check=True
-    )
-    m = re.search(r"\bREQUEST_JOB_INFO\s*\(\s*\d+\)\s*count:(\d+)", res.stdout)
-    return int(m.group(1)) if m else 0
+    """How many times slurmctld was asked for its jobs (a round reads the queue once)."""
+    return d.rpc_count("REQUEST_JOB_INFO")
 
 
 def _carvings(d: SlurmDaemon) -> list[str]:
@@ -130,7 +120,7 @@ def test_a_killed_slurmd_of_a_busy_instance_node_comes_back_and_its_job_runs_on(
         node = "fm-node-gpu0-4"
         job = d.testbed.sbatch("-w", node, "--gres=gpu:3g.71gb:1", script=SLEEP)
         d.wait_state(job, "RUNNING")
-        before = _pid(d, node)
+        before = d.slurmd_pid(node)
         assert before is not None
         os.kill(before, signal.SIGKILL)
         states: list[str] = []
@@ -138,7 +128,7 @@ def test_a_killed_slurmd_of_a_busy_instance_node_comes_back_and_its_job_runs_on(
         def back() -> bool:
             found = d.slurm_node(node)
             states.append("absent" if found is None else found.state)
-            pid = _pid(d, node)
+            pid = d.slurmd_pid(node)
             return pid is not None and pid != before and found is not None and found.responding
 
         d.wait("its slurmd started again", back, timeout_s=60)
@@ -179,8 +169,12 @@ def test_a_big_job_that_fits_nowhere_holds_its_region_so_that_only_shorter_jobs_
         done = d.wait_state(big, "RUNNING", timeout_s=90)  # the region emptied: carved for the held job
         assert done.nodes == ("fm-node-gpu0-0",), done
         assert d.slurm_node("fm-node-gpu0-0").gpu_counts() == {"7g.141gb": 1}
-        line = held()  # the job behind it, blocked now, holds the 7g's node from when the 7g job may end
-        assert line is not None and re.search(r"Nodes=fm-node-gpu0-0\b", line), line
+
+        def behind() -> str | None:  # the job behind it, blocked now, holds the 7g's node from when the 7g job may end
+            line = held()  # (made by the round that carved the 7g, once its node is registered: the job may run first)
+            return line if line is not None and re.search(r"Nodes=fm-node-gpu0-0\b", line) else None
+
+        d.wait("the hold of the job behind", behind, timeout_s=30)
 
 
 @pytest.mark.skipif(per_gpu_capable(), reason=f"Slurm {slurm_version()} takes node_per_instance")

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -495,6 +496,22 @@ class SlurmDaemon:
     def job(self, job_id: int) -> SlurmJob | None:
         """Slurm's record of job ``job_id``."""
         return next((j for j in asyncio.run(self.client().jobs()) if j.job_id == job_id), None)
+
+    def slurmd_pid(self, node: str) -> int | None:
+        """The pid of node ``node``'s slurmd (from its pid file; None when there is none)."""
+        path = self.paths.slurmd_pid(node)
+        text = path.read_text().strip() if path.exists() else ""
+        return int(text) if text.isdigit() else None
+
+    def rpc_count(self, rpc: str) -> int:
+        """How many times slurmctld answered ``rpc`` (sdiag's count; ``REQUEST_JOB_INFO``: squeue, which a
+        flexmig round asks once)."""
+        res = subprocess.run(
+            [self.testbed.commands.path("sdiag")], env=self.testbed.env(), capture_output=True, text=True, timeout=30,
+            check=True,
+        )  # fmt: skip
+        m = re.search(rf"\b{rpc}\s*\(\s*\d+\)\s*count:(\d+)", res.stdout)
+        return int(m.group(1)) if m else 0
 
     def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
         """Until job ``job_id`` is in ``state``."""
