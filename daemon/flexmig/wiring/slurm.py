@@ -515,7 +515,7 @@ class SlurmComponent:
         when Slurm could not be read (logged once, nothing changed) or refuses the setup."""
         if self._client is None:
             return None
-        done: list[tuple[SlurmAgent, SlurmRound]] = []
+        done: list[tuple[SlurmAgent | None, SlurmRound]] = []
         mode = self.config.mode
         async with self.actuator.action_lock:
             if self.actuator.stopping:
@@ -553,8 +553,8 @@ class SlurmComponent:
                 log.warning("Slurm round: %s", exc)
                 return None
             finally:
-                for agent, rnd in done:
-                    self._account(self.node if rnd.read is None else agent.node, rnd, mode)
+                for who, rnd in done:
+                    self._account(self.node if rnd.read is None or who is None else who.node, rnd, mode)
                 self._account_reads([rnd for _, rnd in done])
         self._reachable()
         self.last = done[-1][1] if done else None

@@ -87,12 +87,13 @@ class InstanceCarver:
         """The name of flexmig's reservation on a held region."""
         return hold_name(self.node)
 
-    async def round(self, mode: str, shared: Reads) -> list[tuple[SlurmAgent, SlurmRound]]:
-        """One round (see the module docstring): each instance agent's round, then the carving's, in order."""
+    async def round(self, mode: str, shared: Reads) -> list[tuple[SlurmAgent | None, SlurmRound]]:
+        """One round (see the module docstring): each instance agent's round, then the carving's, in order (the
+        host's own rounds, retiring and carving, with no agent)."""
         inventory = await shared.inventory()
         view = NodeView.of(inventory)
         live = sorted(i.key for i in view.instances if i.uuid is not None)
-        done: list[tuple[SlurmAgent, SlurmRound]] = []
+        done: list[tuple[SlurmAgent | None, SlurmRound]] = []
         for gpu, start in live:
             agent = self.agent_for(gpu, start)
             agent.own_reservations = frozenset({self.hold_reservation})
@@ -117,31 +118,29 @@ class InstanceCarver:
         return done
 
     # ------------------------------------------------------------------------------------------ stale nodes
-    async def _retire_stale(self, mode: str, look: SlurmView, live: set[Where]) -> tuple[SlurmAgent, SlurmRound] | None:
+    async def _retire_stale(self, mode: str, look: SlurmView, live: set[Where]) -> tuple[None, SlurmRound] | None:
         """Nodes of this host whose instance NVML no longer shows leave Slurm (mode act), unless in use or held."""
         jobs, nodes, reservations = look
         others = [r for r in reservations if r.name != self.hold_reservation]
         actions = []
-        agent: SlurmAgent | None = None
         for n in nodes:
             where = parse_instance_node(self.node, n.name)
             if where is None or where in live:
                 continue
             if admin_hold(n, others, n.name) is not None or any(j.active and n.name in j.nodes for j in jobs):
                 continue
-            agent = self.agent_for(*where)
             actions.append(encode_change(n.name, Plan(), (), "its MIG instance is gone", 0.0, retire=True))
-        if not actions or agent is None:
+        if not actions:
             return None
         if mode != "act":
-            return agent, SlurmRound(None, note=f"{len(actions)} node(s) without their MIG instance; mode {mode}")
+            return None, SlurmRound(None, note=f"{len(actions)} node(s) without their MIG instance; mode {mode}")
         res = await self.executor.execute_encoded(actions, "slurm", ("instance nodes without their instance",))
-        return agent, SlurmRound(None, result=res, note=f"retired {len(actions)} node(s) whose MIG instance is gone")
+        return None, SlurmRound(None, result=res, note=f"retired {len(actions)} node(s) whose MIG instance is gone")
 
     # ------------------------------------------------------------------------------------------ carving
     async def _carve(
-        self, mode: str, look: SlurmView, inventory: Inventory, done: Sequence[tuple[SlurmAgent, SlurmRound]]
-    ) -> tuple[SlurmAgent, SlurmRound] | None:
+        self, mode: str, look: SlurmView, inventory: Inventory, done: Sequence[tuple[SlurmAgent | None, SlurmRound]]
+    ) -> tuple[None, SlurmRound] | None:
         jobs, nodes, reservations = look
         view = NodeView.of(inventory)
         try:
@@ -193,23 +192,24 @@ class InstanceCarver:
             hold_after_s=settings.hold_after_s,
         )  # fmt: skip
         self.hold = c.hold
-        agent = self.agent_for(hl.gpus[0], 0)
         if mode != "act":
             words = describe(hl, c)
-            return agent, SlurmRound(None, note=f"carving (mode {mode}): {', '.join(words)}" if words else "")
-        return await self._execute(agent, hl, c, by_name, now=now, settings=settings)
+            return None, SlurmRound(None, note=f"carving (mode {mode}): {', '.join(words)}" if words else "")
+        mine = any(r.name == self.hold_reservation for r in reservations)
+        return await self._execute(hl, c, by_name, now=now, settings=settings, hold_listed=mine)
 
     async def _execute(
         self,
-        agent: SlurmAgent,
         hl: HostLayouts,
         c: Carving,
         by_name: dict[str, SlurmNode],
         *,
         now: float,
         settings: SlurmSettings,
-    ) -> tuple[SlurmAgent, SlurmRound]:
-        """Mode act: the carving's retirements and registrations, one journalled plan; the hold's reservation."""
+        hold_listed: bool,
+    ) -> tuple[None, SlurmRound]:
+        """Mode act: the carving's retirements and registrations, one journalled plan; the hold's reservation
+        (``hold_listed``: the round's look at Slurm lists it)."""
         stale = [n.name for n in by_name.values() if n.drained and n.reason == CARVING]
         await self._reopen(stale)  # a carving cut short by a crash drained them: nothing retires them now
         retiring = [instance_node(self.node, hl.gpus[i], start) for i, start in c.destroy]
@@ -218,23 +218,24 @@ class InstanceCarver:
             if n is not None and not n.drained:
                 await self.client.drain(name, CARVING)
         drained_at = self.wall()  # one backfill cycle after this serves every retirement of the carving
-        if c.hold is None or (self._held is not None and self._held != c.hold):
+        if (c.hold is None and hold_listed) or (self._held is not None and self._held != c.hold):
             await self._drop_hold()
         res = None
         if c.destroy or c.create:
             actions = carving_actions(self.node, hl, c, "; ".join(c.reasons), drained_at=drained_at)
             res = await self.executor.execute_encoded(actions, "slurm", tuple(c.reasons))
         await self._reopen(retiring)
-        await self._keep_hold(after_carving(hl, c), c.hold, now, settings)
+        if c.hold is not None:
+            await self._keep_hold(after_carving(hl, c), c.hold, now, settings)
         if res is None:
             held = [r for r in c.reasons if "holds" in r]
             left = [f"{name} left out: {why}" for name, why in sorted(self.left_out.items())]
-            return agent, SlurmRound(None, note="; ".join([*held, *left]))
+            return None, SlurmRound(None, note="; ".join([*held, *left]))
         failed = [a for a in res.results if a.outcome != "completed"]
         note = f"carved: {', '.join(describe(hl, c))}"
         if failed:
             note += f" ({len(failed)} action(s) did not complete)"
-        return agent, SlurmRound(None, result=res, note=note)
+        return None, SlurmRound(None, result=res, note=note)
 
     async def _reopen(self, names: Sequence[str]) -> None:
         """Resume the nodes among ``names`` that flexmig drained for a carving and are still in Slurm (their
@@ -249,14 +250,10 @@ class InstanceCarver:
         self._held = None
         await self.client.delete_reservation(self.hold_reservation)
 
-    async def _keep_hold(self, hl: HostLayouts, hold: Hold | None, now: float, settings: SlurmSettings) -> None:
+    async def _keep_hold(self, hl: HostLayouts, hold: Hold, now: float, settings: SlurmSettings) -> None:
         """flexmig's reservation on the held region's nodes (``hl``: the layouts after this round's carving; the
         nodes Slurm lists), from when its busy instances are expected to end (jobs running there run on:
-        ``IGNORE_JOBS``); none without a hold. The site-wide limit (``max_closed_nodes``) counts it as one closed
-        node."""
-        if hold is None:
-            await self._drop_hold()
-            return
+        ``IGNORE_JOBS``). The site-wide limit (``max_closed_nodes``) counts it as one closed node."""
         name = self.hold_reservation
         listed = {n.name for n in await self.client.nodes()}
         region = hold.slices(hl.model)
