@@ -126,10 +126,28 @@ def read_for(fd: int, seconds: float) -> bytes:
     return out
 
 
+def read_until(fd: int, marker: bytes, count: int, seconds: float) -> bytes:
+    """What ``fd`` gives until ``marker`` was seen ``count`` times (or ``seconds`` passed, or it closed)."""
+    out = b""
+    deadline = time.monotonic() + seconds
+    while out.count(marker) < count and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out
+
+
 def test_status_watch_is_a_live_view_on_the_alternate_screen_that_fits_80x24_and_ends_on_ctrl_c() -> None:
     argv = [sys.executable, "-m", "flexmig.cli.main", "status", "--sim", SPEC, "--watch", "0.5"]
     with in_a_terminal(argv, WIDTH, rows=24) as (proc, fd):
-        shown = read_for(fd, 8.0)
+        # Ctrl-C once the view has refreshed: a SIGINT while Python still imports would end it as any program then
+        shown = read_until(fd, b"Ctrl-C to quit", 3, 60.0)
         proc.send_signal(signal.SIGINT)
         shown += read_for(fd, 30.0)  # until it closes the terminal: a view left unread would block its last write
         assert proc.wait(20) == 0
