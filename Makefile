@@ -29,6 +29,11 @@
 #               (bench/results.py; hours on a 2-core machine; SECTIONS=planner,scrape reruns some, keeping the rest)
 #   make bench-quick  the same with each benchmark's quick run, into out/results-quick.md (a smoke run)
 PY ?= python3
+# Python writes its bytecode caches (__pycache__/, ignored by git) here even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE, as on CI's machines): without them every flexmigd, CLI and job process the suite starts
+# compiles the package again (0.7 s of CPU each), and every pytest worker rewrites every test module (21 s against 8 s
+# to collect the suite): tests/cli and tests/mqtt took 119 s without, 92 s with.
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_VENV ?= .venv-demo
@@ -68,7 +73,10 @@ lint: venv
 	$(BIN)/mypy
 
 # Any legal GPU-instance ID for any instance, reused after a destroy: no test, and no code, may assume a mapping.
-SIM_IDS ?= adversarial:$(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+# (Drawn once, when make starts: a plain ?= would draw again at each use, and the seed printed would not be the one run.)
+ifeq ($(origin SIM_IDS),undefined)
+SIM_IDS := adversarial:$(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+endif
 DRIVER_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
 # Rooms whose code reads nothing from NVML (the pure core, the replay, job specs, the job-side hook, the benchmarks'
 # models): no GPU-instance ID reaches them, so make driver-ids leaves them to make ids (a third of its time).
