@@ -192,7 +192,7 @@ def test_the_last_matching_entry_stands_as_mig_parted_applies_them_in_order() ->
         ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: false, extra: 1}]}\n", "unexpected field: extra"),
         ("version: v1\nmig-configs: {a: [{device-filter: A100, devices: all, mig-enabled: false}]}\n",
          "device-filter 'A100' is not a PCI device ID"),
-        ("version: v1\nmig-configs: [\n", "not valid YAML: expected the node content"),
+        ("version: v1\nmig-configs: [\n", "config.yaml:3: not valid YAML: did not find expected node content"),
     ],
 )
 def test_files_mig_parted_refuses_are_refused_naming_the_fault(text: str, why: str) -> None:
