@@ -82,7 +82,7 @@ DRIVER_ROOMS := tests/sim tests/nvml tests/telemetry tests/daemon
 # models): no GPU-instance ID reaches them, so make driver-ids leaves them to make ids (a third of its time).
 NO_IDS_ROOMS := tests/plan tests/detect tests/mig tests/replay tests/jobspec tests/hook tests/bench
 JOBS ?= 4
-XDIST := -n $(JOBS) --dist loadscope
+XDIST := -n $(JOBS) --dist loadscope --no-loadscope-reorder  # the long modules first: tests/conftest.py
 
 test: debs
 	$(PY) tests/support/slurm_newer.py build $(NEWER_SLURM)

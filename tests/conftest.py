@@ -144,10 +144,47 @@ def _done_by(item: pytest.Item) -> set[str]:
 sys.addaudithook(_audit)
 
 
+LONG_MODULES = (
+    "tests/act/test_act_frameworks.py",
+    "tests/slurm/test_slurm_flexmigd.py",
+    "tests/daemon/test_daemon_actuator.py",
+    "tests/act/test_act_torch.py",
+    "tests/slurm/test_slurm_admin.py",
+    "tests/cli/test_demo.py",
+    "tests/daemon/test_daemon_malleable.py",
+    "tests/cli/test_cli_width.py",
+    "tests/act/test_unknown_ranks.py",
+)
+"""The modules of a few long tests (each keeps one worker busy for over a minute on CI's two cores: pytest
+--durations), longest first. They run first: with ``--dist loadscope`` xdist hands out modules with the most tests
+first, so these came last and the suite ended with one or two workers on them alone. A scheduling hint only (the
+Makefile's ``--no-loadscope-reorder`` keeps this order); a module missing here runs all the same."""
+
+
+def _long_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """:data:`LONG_MODULES` first, in that order; the others after them as collected (each module's tests together,
+    in their order)."""
+    root = Path(str(config.rootpath))
+    rank: dict[str, int] = {}
+
+    def key(item: pytest.Item) -> int:
+        path = str(item.path)
+        if path not in rank:
+            try:
+                rel = Path(path).relative_to(root).as_posix()
+            except ValueError:
+                rel = path
+            rank[path] = LONG_MODULES.index(rel) if rel in LONG_MODULES else len(LONG_MODULES)
+        return rank[path]
+
+    items.sort(key=key)  # stable: the rest keep the collection's order
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``FLEXMIG_INTEGRATION_ONLY_IN`` (directories apart by spaces, from the repository root): integration tests
-    outside them are deselected, so that ``make driver-ids`` runs the fast tests and some rooms' integration tests
-    in one run (one start of the workers, one queue for them)."""
+    """The long modules first (:func:`_long_first`). ``FLEXMIG_INTEGRATION_ONLY_IN`` (directories apart by spaces,
+    from the repository root): integration tests outside them are deselected, so that ``make driver-ids`` runs the
+    fast tests and some rooms' integration tests in one run (one start of the workers, one queue for them)."""
+    _long_first(config, items)
     rooms = os.environ.get("FLEXMIG_INTEGRATION_ONLY_IN", "").split()
     if not rooms:
         return
