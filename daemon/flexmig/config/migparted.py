@@ -25,8 +25,8 @@ __all__ = ["Baseline", "load_baseline", "parse_mig_parted_text", "read_mig_parte
 _MAX_FILE_BYTES = 1 << 20
 
 _SAFE_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""PyYAML's safe loader, on libyaml where PyYAML has it (its wheels do): the same documents and marks, 10-20 times
-faster on NVIDIA's own config file (a reload reads the file again)."""
+"""PyYAML's safe loader, on libyaml where PyYAML has it (its wheels do): the same documents and error lines (libyaml
+words a fault its own way), 10 times faster on NVIDIA's own config file, which a reload reads again."""
 
 
 @dataclass(frozen=True, slots=True)
