@@ -139,7 +139,6 @@ def _job_reads(d: SlurmDaemon) -> int:
     return d.rpc_count("REQUEST_JOB_INFO")
 
 
-
 def _reservations(d: SlurmDaemon) -> list[str]:
     """The names of Slurm's reservations."""
     res = subprocess.run(
