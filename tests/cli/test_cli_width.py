@@ -110,27 +110,11 @@ def in_a_terminal(argv: list[str], columns: int, rows: int = 40) -> Iterator[tup
         os.close(leader)
 
 
-def read_for(fd: int, seconds: float) -> bytes:
+def read_for(fd: int, seconds: float, until: bytes | None = None, count: int = 1) -> bytes:
+    """What ``fd`` gives for ``seconds`` (or until it closes; with ``until``: until that was seen ``count`` times)."""
     out = b""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.1)
-        if ready:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-    return out
-
-
-def read_until(fd: int, marker: bytes, count: int, seconds: float) -> bytes:
-    """What ``fd`` gives until ``marker`` was seen ``count`` times (or ``seconds`` passed, or it closed)."""
-    out = b""
-    deadline = time.monotonic() + seconds
-    while out.count(marker) < count and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (until is None or out.count(until) < count):
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             try:
@@ -147,7 +131,7 @@ def test_status_watch_is_a_live_view_on_the_alternate_screen_that_fits_80x24_and
     argv = [sys.executable, "-m", "flexmig.cli.main", "status", "--sim", SPEC, "--watch", "0.5"]
     with in_a_terminal(argv, WIDTH, rows=24) as (proc, fd):
         # Ctrl-C once the view has refreshed: a SIGINT while Python still imports would end it as any program then
-        shown = read_until(fd, b"Ctrl-C to quit", 3, 60.0)
+        shown = read_for(fd, 60.0, until=b"Ctrl-C to quit", count=3)
         proc.send_signal(signal.SIGINT)
         shown += read_for(fd, 30.0)  # until it closes the terminal: a view left unread would block its last write
         assert proc.wait(20) == 0
