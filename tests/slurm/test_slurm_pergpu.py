@@ -83,8 +83,8 @@ def test_two_idle_gpu_nodes_do_not_both_change_for_one_job() -> None:
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
         d.wait_state(job, "RUNNING")
         print(f"\nnode_per_gpu, two idle GPU nodes: submit to running {time.monotonic() - submitted:.1f} s")
-        base = _job_reads(d)
-        d.wait("three more rounds", lambda: _job_reads(d) >= base + 3)  # a round reads the queue once (shared)
+        base = d.job_reads()
+        d.wait("three more rounds", lambda: d.job_reads() >= base + 3)  # a round reads the queue once (shared)
         changes = [line for line in d.log().splitlines() if "action_started" in line and "serves" in line]
         assert len(changes) == 1 and "fm-node-gpu0" in changes[0], changes  # GPU 0 served it, GPU 1 left it
         assert d.slurm_node("fm-node-gpu1").gpu_counts() == {"7g.141gb": 1}
@@ -103,16 +103,16 @@ def test_of_two_busy_gpu_nodes_the_one_expected_to_empty_first_changes_for_a_wai
         d.wait_state(late, "RUNNING")
         d.wait_state(soon, "RUNNING")
         d.wait("flexmig saw both run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 2.0)
-        base = _job_reads(d)
-        d.wait("a round with both busy", lambda: _job_reads(d) >= base + 2)
+        base = d.job_reads()
+        d.wait("a round with both busy", lambda: d.job_reads() >= base + 2)
         d.submit_together(4, "--time=5", "--gres=gpu:1g.18gb:1", script=SLEEP)
 
         def mine() -> list[str] | None:
             return [n for n in _reservations(d) if n.startswith("flexmig-")] or None
 
         names: list[str] = d.wait("flexmig's reservation", mine)
-        base = _job_reads(d)
-        d.wait("three more rounds", lambda: _job_reads(d) >= base + 3)
+        base = d.job_reads()
+        d.wait("three more rounds", lambda: d.job_reads() >= base + 3)
         assert names == mine() == [f"flexmig-{gpu1}"], (names, d.log()[-3000:])
         assert d.slurm_node(gpu0).gpu_counts() == {"7g.141gb": 1} and not d.slurm_node(gpu0).drained
 
@@ -132,11 +132,6 @@ def test_an_older_slurm_refuses_node_per_gpu_with_one_line_and_touches_nothing()
         lines = [line for line in d.log().splitlines() if REFUSED in line]
         assert len(lines) == 1, lines
         assert "this is Slurm 22.05" in lines[0] and "set node_per_gpu = false" in lines[0], lines[0]
-
-
-def _job_reads(d: SlurmDaemon) -> int:
-    """How many times slurmctld was asked for its jobs (sdiag's REQUEST_JOB_INFO: squeue)."""
-    return d.rpc_count("REQUEST_JOB_INFO")
 
 
 def _reservations(d: SlurmDaemon) -> list[str]:

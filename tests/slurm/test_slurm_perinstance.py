@@ -86,11 +86,6 @@ def _scontrol(d: SlurmDaemon, *args: str) -> str:
     return res.stdout
 
 
-def _rounds(d: SlurmDaemon) -> int:
-    """How many times slurmctld was asked for its jobs (a round reads the queue once)."""
-    return d.rpc_count("REQUEST_JOB_INFO")
-
-
 def _carvings(d: SlurmDaemon) -> list[str]:
     return [line for line in d.log().splitlines() if "carved:" in line]
 
@@ -101,8 +96,8 @@ def test_an_instance_node_an_administrator_drained_is_never_carved() -> None:
         node = "fm-node-gpu0-0"
         _scontrol(d, "update", f"nodename={node}", "state=drain", "reason=maint")
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)  # fits only where the drained 7g is
-        base = _rounds(d)
-        d.wait("three more rounds", lambda: _rounds(d) >= base + 3)
+        base = d.job_reads()
+        d.wait("three more rounds", lambda: d.job_reads() >= base + 3)
         found = d.slurm_node(node)
         assert found is not None and found.drained and found.reason == "maint", found
         assert found.gpu_counts() == {"7g.141gb": 1}
@@ -160,8 +155,8 @@ def test_a_big_job_that_fits_nowhere_holds_its_region_so_that_only_shorter_jobs_
         short = d.testbed.sbatch("--time=1", "--gres=gpu:3g.71gb:1", script=SLEEP)  # ends before it
         running = d.wait_state(short, "RUNNING", timeout_s=60)
         assert running.nodes == (free,), running
-        base = _rounds(d)
-        d.wait("three more rounds", lambda: _rounds(d) >= base + 3)
+        base = d.job_reads()
+        d.wait("three more rounds", lambda: d.job_reads() >= base + 3)
         waiting = d.job(long)
         assert waiting is not None and waiting.state == "PENDING", waiting  # nothing carved for it in the region
         assert [c for c in _carvings(d) if "3g" in c] == [], _carvings(d)

@@ -513,6 +513,11 @@ class SlurmDaemon:
         m = re.search(rf"\b{rpc}\s*\(\s*\d+\)\s*count:(\d+)", res.stdout)
         return int(m.group(1)) if m else 0
 
+    def job_reads(self) -> int:
+        """How many times slurmctld was asked for its jobs (squeue): a flexmig round reads the queue once, shared by
+        all its GPU or instance nodes, so this counts rounds."""
+        return self.rpc_count("REQUEST_JOB_INFO")
+
     def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
         """Until job ``job_id`` is in ``state``."""
         got: SlurmJob = self.wait(
