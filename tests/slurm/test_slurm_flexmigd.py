@@ -124,13 +124,12 @@ def test_flexmigd_samples_on_with_one_line_while_slurmctld_is_down(broker: Mosqu
         before = sample(d.metrics(), "flexmig_sweeps_total") or 0
         d.stop_ctld()
         d.wait("flexmig noticed", lambda: sample(d.metrics(), "flexmig_slurm_up") == 0.0, timeout_s=90)
-        d.wait(  # several more rounds fail the same way
-            "more failed reads", lambda: (sample(d.metrics(), "flexmig_slurm_read_errors_total") or 0) >= 3, 120
+        d.wait(  # a second round fails the same way (each waits out Slurm's client timeout)
+            "another failed read", lambda: (sample(d.metrics(), "flexmig_slurm_read_errors_total") or 0) >= 2, 120
         )
         log = d.log()
         assert log.count("Slurm cannot be read") == 1, log[-3000:]
         assert (sample(d.metrics(), "flexmig_sweeps_total") or 0) > before  # sampling goes on
-        assert (sample(d.metrics(), "flexmig_slurm_read_errors_total") or 0) >= 2
         completed = sample(d.metrics(), "flexmig_actions_total", action="slurm_reregister", outcome="completed")
         d.start_ctld()
         d.wait("Slurm answers again", lambda: "Slurm answers again" in d.log(), timeout_s=90)
