@@ -44,6 +44,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     },
 }
 COMPANIONS["slurm.node_per_instance"] = COMPANIONS["slurm.node_per_gpu"]  # the same rule
+COMPANIONS["slurm.slurmd_conf_per_slice"] = {**COMPANIONS["slurm.node_per_gpu"], "slurm.node_per_instance": True}
 #: Keys whose other values the generic candidates cannot guess.
 OTHER_VALUES: dict[str, list[Any]] = {
     "baseline.mig_parted_config": ["all-enabled"],

@@ -11,6 +11,7 @@ import pytest
 from flexmig.act.nodeview import NodeView
 from flexmig.cli.main import main as cli_main
 from flexmig.config import parse_config
+from flexmig.config.checks import per_slice_params
 from flexmig.errors import ConfigError
 from flexmig.mig import H200
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
@@ -22,6 +23,7 @@ from flexmig.slurm.instances import busy_of, carving_actions, hold_name, host_la
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.settings import instance_node, instance_port, parse_instance_node
 from flexmig.slurm.sitecheck import version_problem
+from flexmig.slurm.slurmd import dynamic_conf, gres_slices
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.supply import Supply
 
@@ -78,6 +80,40 @@ def test_node_per_instance_leaves_the_port_to_flexmig_and_excludes_node_per_gpu(
         parse_config(PER_INSTANCE + 'slurmd_conf = "CPUs=8 Port=6818"\n')
     with pytest.raises(ConfigError, match=r"slurm\.node_per_instance.*not both"):
         parse_config(PER_INSTANCE + "node_per_gpu = true\n")
+
+
+def test_an_instance_node_offers_its_compute_slices_share_of_what_is_given_per_slice() -> None:
+    keys = 'slurmd_conf = "Feature=mig"\nslurmd_conf_per_slice = "cpus=8 RealMemory=64000"\n'
+    cfg = parse_config(PER_INSTANCE + keys)
+    per = per_slice_params(cfg.slurm.slurmd_conf_per_slice)
+    assert per == (("CPUs", 8), ("RealMemory", 64000))
+    got = dynamic_conf("gpu:3g.71gb:1", ("Feature=mig",), per)
+    assert got == "Feature=mig CPUs=24 RealMemory=192000 Gres=gpu:3g.71gb:1"
+    assert dynamic_conf("gpu:7g.141gb:1", (), per) == "CPUs=56 RealMemory=448000 Gres=gpu:7g.141gb:1"
+    assert dynamic_conf("gpu:1g.18gb:1", (), per) == "CPUs=8 RealMemory=64000 Gres=gpu:1g.18gb:1"
+    assert gres_slices("gpu:1g.18gb:2,gpu:2g.35gb:1") == 4 and gres_slices("") == 0
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [
+        ('slurmd_conf_per_slice = "CPUs=8"\nnode_per_instance = false\n', "only with node_per_instance"),
+        ('slurmd_conf_per_slice = "Weight=8"\n', "only CPUs=, RealMemory= and TmpDisk= scale"),
+        ('slurmd_conf_per_slice = "CPUs=8 cpus=4"\n', "CPUs= is given twice"),
+        ('slurmd_conf_per_slice = "CPUs=8"\nslurmd_conf = "CPUs=64"\n', "CPUs= is in slurmd_conf too"),
+        ('slurmd_conf_per_slice = "CPUs=0"\n', "CPUs=0: must be 1 to 9000 a slice"),
+        ('slurmd_conf_per_slice = "TmpDisk=999999999"\n', "TmpDisk=999999999: must be 1 to 600000000"),
+        ('slurmd_conf_per_slice = "CPUs=8"\nslurmd_conf = "CoresPerSocket=4"\n', "leave Boards=, Sockets="),
+        ('slurmd_conf_per_slice = "CPUs 8"\n', "slurmd_conf_per_slice"),
+    ],
+)
+def test_a_per_slice_parameter_that_cannot_scale_is_refused_by_its_key(keys: str, why: str) -> None:
+    text = PER_INSTANCE.replace("node_per_instance = true\n", "") + keys
+    if "node_per_instance" not in keys:
+        text += "node_per_instance = true\n"
+    with pytest.raises(ConfigError, match=r"slurm\.slurmd_conf_per_slice") as err:
+        parse_config(text)
+    assert why in str(err.value), err.value
 
 
 def test_an_instance_nodes_records_are_its_instance_only(tmp_path: Path) -> None:
@@ -144,6 +180,8 @@ def test_slurm_conf_for_instance_nodes_makes_room_for_seven_a_gpu(capsys: pytest
     assert cli_main(["slurm", "conf", "--node-per-instance", "--gpus", "8", "--cpus", "112"]) == 0
     out = capsys.readouterr().out
     assert "up to 56 dynamic nodes, <host>-gpu<K>-<S>" in out and "+ 56 x flexmig hosts>" in out
-    assert 'node_per_instance = true, slurmd_conf = "CPUs=2 ' in out and "SlurmdPidFile=/run/slurmd-%n.pid" in out
+    assert 'node_per_instance = true, slurmd_conf_per_slice = "CPUs=2 ' in out
+    assert "SlurmdPidFile=/run/slurmd-%n.pid" in out
+    assert "NodeName=flexmig-future State=FUTURE CPUs=14 " in out  # a 7g instance's two CPUs a slice
     assert cli_main(["slurm", "conf", "--node-per-instance", "--node-per-gpu"]) != 0
     assert "not both" in capsys.readouterr().err

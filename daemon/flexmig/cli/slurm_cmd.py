@@ -119,10 +119,15 @@ def run_conf(args: argparse.Namespace) -> int:
         print(f"TaskProlog={args.taskprolog}")
         print("# (rendered with: flexmig slurm taskprolog --map '/run/flexmig/slurm/gres-map-{node}.json')")
         print("# Jobs for MIG profiles no GPU node has yet pend against this placeholder (one GPU's worth)")
-        print(f"NodeName={args.name} State=FUTURE CPUs={share} Gres={future_gres(model, 1)}")
+        # Per instance: a 7g instance's node offers seven slices' CPUs, and a job must fit the placeholder.
+        print(f"NodeName={args.name} State=FUTURE CPUs={share * (7 if args.node_per_instance else 1)} "
+              f"Gres={future_gres(model, 1)}")  # fmt: skip
         print(f"# and add {args.name} to the partitions of the flexmig nodes (or use Nodes=ALL);")
-        what = "a GPU's" if args.node_per_gpu else "an instance's"
-        print(f'# flexmig.toml [slurm]: {key} = true, slurmd_conf = "CPUs={share} RealMemory=<{what} share>"')
+        if args.node_per_gpu:
+            print(f'# flexmig.toml [slurm]: {key} = true, slurmd_conf = "CPUs={share} RealMemory=<a GPU\'s share>"')
+        else:  # each instance node offers its compute slices' share of the host
+            print(f'# flexmig.toml [slurm]: {key} = true, slurmd_conf_per_slice = "CPUs={share} '
+                  "RealMemory=<a compute slice's share>\"")  # fmt: skip
         return 0
     print("# flexmig: nodes re-registered as dynamic nodes (slurmd -Z) need room in the node table")
     print("MaxNodeCount=<the nodes slurm.conf names, placeholders included, + flexmig nodes>")

@@ -27,7 +27,7 @@ from flexmig.config.keys import join_key
 from flexmig.config.problems import show, type_name
 from flexmig.config.schema import Config, SlurmConfig, toml_name
 
-__all__ = ["Checker", "cross_check_problems", "cross_checks"]
+__all__ = ["PER_SLICE_KEYS", "Checker", "cross_check_problems", "cross_checks", "per_slice_params"]
 
 _T = TypeVar("_T")
 
@@ -301,8 +301,53 @@ def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         yield ("slurm.slurmd_conf",), "leave Port= out with node_per_instance: each node's is slurmd_port_base + 8K + S"
     if sl.node_per_gpu and sl.node_per_instance:
         yield ("slurm.node_per_instance",), "set node_per_gpu or node_per_instance, not both"
+    yield from _per_slice_checks(sl, {w.split("=", 1)[0].lower() for w in words})
     if sl.node_per_gpu or sl.node_per_instance:
         yield from _per_gpu_checks(sl)
+
+
+PER_SLICE_KEYS = {"cpus": ("CPUs", 9000), "realmemory": ("RealMemory", 10**9), "tmpdisk": ("TmpDisk", 600_000_000)}
+"""The node parameters ``[slurm] slurmd_conf_per_slice`` scales, by their lower-case name (Slurm's parameter names
+are case-insensitive): the name as Slurm prints it, and the most one compute slice may have (seven slices' worth
+fits Slurm's field: CPUs a 16-bit count, TmpDisk a 32-bit one in MB)."""
+
+
+
+def per_slice_params(text: str) -> tuple[tuple[str, int], ...]:
+    """``slurmd_conf_per_slice``'s words (checked) as (name as Slurm prints it, value a slice) pairs."""
+    pairs = (w.split("=", 1) for w in text.split())
+    return tuple((PER_SLICE_KEYS[k.lower()][0], int(v)) for k, v in pairs)
+
+
+_CPU_LAYOUT = ("boards", "sockets", "socketsperboard", "corespersocket", "threadspercore")
+
+
+def _per_slice_checks(sl: SlurmConfig, fixed: set[str]) -> Iterator[tuple[tuple[str, ...], str]]:
+    """``slurmd_conf_per_slice``: only with ``node_per_instance``, only parameters that scale, each once, at least 1
+    and within Slurm's range, and none that ``slurmd_conf`` (whose lower-case keys are ``fixed``) sets as well."""
+    where = ("slurm.slurmd_conf_per_slice",)
+    words = sl.slurmd_conf_per_slice.split()
+    if words and not sl.node_per_instance:
+        yield where, "only with node_per_instance: a node of several MIG instances registers slurmd_conf as it is"
+        return
+    seen: set[str] = set()
+    for w in words:
+        key, value = w.split("=", 1)
+        name, most = PER_SLICE_KEYS.get(key.lower(), (key, 0))
+        if not most:
+            yield where, f"{key}=: only CPUs=, RealMemory= and TmpDisk= scale with an instance's compute slices"
+        elif key.lower() in seen:
+            yield where, f"{name}= is given twice"
+        elif key.lower() in fixed:
+            yield where, f"{name}= is in slurmd_conf too: set it in one of them"
+        elif not 1 <= int(value) <= most:
+            yield where, f"{name}={value}: must be 1 to {most} a slice"
+        seen.add(key.lower())
+    if "cpus" in seen and fixed.intersection(_CPU_LAYOUT):
+        yield where, (
+            "with CPUs= per slice, leave Boards=, Sockets=, SocketsPerBoard=, CoresPerSocket= and ThreadsPerCore= "
+            "out of slurmd_conf: they fix a node's CPU count"
+        )
 
 
 def _per_gpu_checks(sl: SlurmConfig) -> Iterator[tuple[tuple[str, ...], str]]:

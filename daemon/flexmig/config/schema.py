@@ -573,6 +573,15 @@ class SlurmConfig:
         example="CPUs=64 RealMemory=500000 Feature=mig",
         restart=True,
     )
+    slurmd_conf_per_slice: str = _doc(
+        "",
+        "With node_per_instance: KEY=INTEGER words (CPUs, RealMemory, TmpDisk) that each instance node registers "
+        "multiplied by its instance's compute slices, beside slurmd_conf: with CPUs=8, a 1g instance's node offers "
+        "8 CPUs and a 7g one's 56, so that a job on a bigger instance gets a bigger share of the host.",
+        pattern=r"\s*([A-Za-z]+=[0-9]{1,9}\s*)*",
+        example="CPUs=8 RealMemory=64000",
+        restart=True,
+    )
     node_per_gpu: bool = _doc(
         False,
         "Slurm 23.11 and later: one dynamic node per MIG GPU, <node>-gpu<K>, each with its own slurmd (Port= "

@@ -119,6 +119,7 @@ def make_slurmd(settings: SlurmSettings, node: str, commands: SlurmCommands) -> 
         "pid_file": settings.slurmd_pid_file,
         "commands": commands,
         "extra": settings.slurmd_conf,
+        "per_slice": settings.slurmd_conf_per_slice,
     }
     if settings.slurmd_control == "hook":
         return HookSlurmd(**common, hook=settings.slurmd_hook)

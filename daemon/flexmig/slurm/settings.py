@@ -56,7 +56,9 @@ class SlurmSettings:
     * ``gres_conf``, ``gres_map``: flexmig's block in gres.conf, and the map the TaskProlog reads;
     * ``dev_dir``, ``mig_minors``: device files and the driver's capability table (a simulated node: stand-ins);
     * ``slurmd_pid_file``, ``slurmd_conf``: slurmd's pid file and the dynamic node's other parameters
-      (``CPUs=64 RealMemory=500000 Feature=mig``); ``slurmd_env``: the environment file slurmd's unit reads;
+      (``CPUs=64 RealMemory=500000 Feature=mig``); ``slurmd_conf_per_slice``: with ``node_per_instance``,
+      the parameters (name, value) an instance node registers multiplied by its compute slices;
+      ``slurmd_env``: the environment file slurmd's unit reads;
       ``slurmd_control`` (``systemd`` or ``hook``), ``slurmd_unit``, ``slurmd_hook``: how slurmd is restarted;
     * ``hook_token``: a job opts into checkpoint-and-requeue with this word in its comment (``--comment``);
       ``hook_settle_s``: it is signalled only once it has run that long (a signal that comes before its handler is
@@ -85,6 +87,7 @@ class SlurmSettings:
     mig_minors: Path = _DEFAULT.mig_minors
     slurmd_pid_file: Path = _DEFAULT.slurmd_pid_file
     slurmd_conf: tuple[str, ...] = ()
+    slurmd_conf_per_slice: tuple[tuple[str, int], ...] = ()
     slurmd_env: Path = _DEFAULT.slurmd_env
     slurmd_control: str = _DEFAULT.slurmd_control
     slurmd_unit: str = _DEFAULT.slurmd_unit

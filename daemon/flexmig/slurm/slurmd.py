@@ -44,6 +44,7 @@ __all__ = [
     "SystemdSlurmd",
     "check_node_conf",
     "dynamic_conf",
+    "gres_slices",
     "read_env_file",
     "render_env_file",
 ]
@@ -69,9 +70,21 @@ def check_node_conf(extra: str, source: str = "[slurm] slurmd_conf") -> tuple[st
     return words
 
 
-def dynamic_conf(gres: str, extra: Sequence[str]) -> str:
-    """The ``--conf`` value of ``slurmd -Z``: the site's parameters plus ``Gres=``."""
-    return " ".join([*extra, f"Gres={gres}"])
+def gres_slices(gres: str) -> int:
+    """The compute slices of the MIG devices a ``Gres=`` value lists (``gpu:3g.71gb:1`` -> 3); 0 for none."""
+    total = 0
+    for entry in gres.split(","):
+        m = re.fullmatch(r"gpu:([0-9]{1,2})g\.[^:,]+:([0-9]{1,4})", entry)
+        if m is not None:
+            total += int(m.group(1)) * int(m.group(2))
+    return total
+
+
+def dynamic_conf(gres: str, extra: Sequence[str], per_slice: Sequence[tuple[str, int]] = ()) -> str:
+    """The ``--conf`` value of ``slurmd -Z``: the site's parameters, those it gives per compute slice multiplied
+    by the slices of ``gres`` (``[slurm] slurmd_conf_per_slice``, one node per instance), plus ``Gres=``."""
+    slices = max(1, gres_slices(gres)) if per_slice else 0
+    return " ".join([*extra, *(f"{name}={value * slices}" for name, value in per_slice), f"Gres={gres}"])
 
 
 def render_env_file(node: str, conf: str) -> str:
@@ -154,6 +167,7 @@ class _Unit:
     pid_file: Path
     commands: SlurmCommands
     extra: tuple[str, ...] = ()
+    per_slice: tuple[tuple[str, int], ...] = ()
     wait_s: float = 20.0
     started: list[int] = field(default_factory=list)
     last_output: list[str] = field(default_factory=lambda: [""])
@@ -169,7 +183,7 @@ class _Unit:
     def write_env(self, gres: str) -> None:
         """Write what slurmd must register: the node name and ``--conf`` (with ``Gres=``)."""
         self.env_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.env_file, render_env_file(self.node, dynamic_conf(gres, self.extra)))
+        atomic_write(self.env_file, render_env_file(self.node, dynamic_conf(gres, self.extra, self.per_slice)))
 
     def pid(self) -> int | None:
         """The live slurmd's pid, or None."""

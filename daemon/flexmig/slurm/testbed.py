@@ -553,6 +553,10 @@ class Testbed:
             port_base = self.gpu_port_base = self.gpu_port_base or free_ports(ports)  # the same at a restart
         mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
         per_gpu = [f"{mode} = true", f"slurmd_port_base = {port_base}"] if self.per_node else []
+        node_conf = [f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"']
+        if self.node_per_instance:  # each instance node a compute slice's share of the host's CPUs
+            share = max(1, self.cpus // 7)
+            node_conf = ['slurmd_conf = "NodeAddr=127.0.0.1"', f'slurmd_conf_per_slice = "CPUs={share}"']
 
         def q(value: object) -> str:
             return json.dumps(str(value))
@@ -583,7 +587,7 @@ class Testbed:
                 'slurmd_control = "hook"',
                 f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
                 f"slurmd_env = {q(f / ('slurmd.env' if who == self.node else 'slurmd-{node}.env'))}",
-                f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"',
+                *node_conf,
                 f"checkpoint_dir = {q(self.root / 'ckpt' / '{user}' / '{job_id}')}",
                 "hook_settle_s = 5",
                 "reregister_s = 2",

@@ -49,6 +49,7 @@ from flexmig.act.journal import ActionRow
 from flexmig.act.service import Actuator
 from flexmig.act.steps import ActionRun
 from flexmig.config import Config, SlurmConfig
+from flexmig.config.checks import per_slice_params
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
@@ -105,6 +106,7 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         mig_minors=cfg.mig_minors,
         slurmd_pid_file=cfg.slurmd_pid_file,
         slurmd_conf=tuple(cfg.slurmd_conf.split()),
+        slurmd_conf_per_slice=per_slice_params(cfg.slurmd_conf_per_slice),
         slurmd_env=cfg.slurmd_env,
         slurmd_control=cfg.slurmd_control,
         slurmd_unit=cfg.slurmd_unit,
