@@ -147,6 +147,16 @@ SECTIONS: tuple[Section, ...] = (
         needs=_newer_slurm(),
     ),
     Section(
+        "slurm_mix_per_instance_8gpu",
+        "A busy host of 8 GPUs, one Slurm node per MIG instance (Slurm 23.11+)",
+        "slurm_mix.py",
+        # the mix scaled to 8 GPUs (360 jobs over the same 12 minutes) on node_per_instance; about 30 min
+        ("--gpus", "8", "--rivals", "per-instance"),
+        quick=("--quick", "--gpus", "2", "--rivals", "per-instance"),
+        markdown=False,
+        needs=_newer_slurm(),
+    ),
+    Section(
         "slurm_model",
         "A busy node, modelled: seeds the policy was not chosen on",
         "slurm_model.py",
