@@ -312,7 +312,6 @@ are case-insensitive): the name as Slurm prints it, and the most one compute sli
 fits Slurm's field: CPUs a 16-bit count, TmpDisk a 32-bit one in MB)."""
 
 
-
 def per_slice_params(text: str) -> tuple[tuple[str, int], ...]:
     """``slurmd_conf_per_slice``'s words (checked) as (name as Slurm prints it, value a slice) pairs."""
     pairs = (w.split("=", 1) for w in text.split())
