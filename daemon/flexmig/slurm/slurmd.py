@@ -33,6 +33,7 @@ from typing import Literal, Protocol
 
 from flexmig.errors import SlurmError
 from flexmig.slurm.client import SlurmCommands
+from flexmig.slurm.gres import parse_gres
 from flexmig.slurm.supply import atomic_write
 
 __all__ = [
@@ -71,12 +72,13 @@ def check_node_conf(extra: str, source: str = "[slurm] slurmd_conf") -> tuple[st
 
 
 def gres_slices(gres: str) -> int:
-    """The compute slices of the MIG devices a ``Gres=`` value lists (``gpu:3g.71gb:1`` -> 3); 0 for none."""
+    """The compute slices of the MIG devices a ``Gres=`` value lists (``gpu:3g.71gb:1`` -> 3; a MIG profile's name
+    starts with its compute slices); 0 for none."""
     total = 0
-    for entry in gres.split(","):
-        m = re.fullmatch(r"gpu:([0-9]{1,2})g\.[^:,]+:([0-9]{1,4})", entry)
-        if m is not None:
-            total += int(m.group(1)) * int(m.group(2))
+    for g in parse_gres(gres, where="Gres="):
+        m = re.match(r"([0-9]{1,2})g\.", g.type or "")
+        if g.name == "gpu" and m is not None:
+            total += int(m.group(1)) * g.count
     return total
 
 
