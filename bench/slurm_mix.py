@@ -22,7 +22,9 @@ Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one aft
   slurmd, re-registered alone (Slurm 23.11 or later: ``FLEXMIG_SLURM_BIN`` names its commands, e.g. ``make
   slurm-newer``'s chroot; on one GPU it is ``now`` with a node name per GPU);
 * ``per-instance``: the same flexmigd with ``[slurm] node_per_instance``: one dynamic Slurm node per MIG instance,
-  idle instances carved for the waiting jobs while busy ones run on (Slurm 23.11 or later, as ``per-gpu``).
+  idle instances carved for the waiting jobs while busy ones run on (Slurm 23.11 or later, as ``per-gpu``);
+* ``per-inst-static``: ``per-instance`` with ``instance_nodes = "static"``: the instance nodes are State=FUTURE
+  nodes of slurm.conf, one per place each MIG profile can take (any Slurm from 22.05: Debian 12's runs it).
 
 ``--gpus N`` puts N simulated H200s on the node (each laid out as the rival's one-GPU layout) and N times the jobs
 over the same window (the offline model's ``--gpus`` mix): with ``now`` and ``static`` one Slurm node of N GPUs,
@@ -78,6 +80,7 @@ from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import flexmig_name
+from flexmig.slurm.settings import slot_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python
 from machine import machine
@@ -134,7 +137,9 @@ class Bed:
     """A fresh testbed on ``spec`` under /tmp, with flexmigd from ``tree`` (None: no flexmigd after the first
     registration); ``per_gpu``: one Slurm node per GPU. Slurm's commands from ``FLEXMIG_SLURM_BIN`` when set."""
 
-    def __init__(self, spec: str, name: str, per_gpu: bool = False, per_instance: bool = False) -> None:
+    def __init__(
+        self, spec: str, name: str, per_gpu: bool = False, per_instance: bool = False, static: bool = False
+    ) -> None:
         ns = parse_node_spec(spec)
         self.per_instance = per_instance
         self.spec = spec
@@ -142,11 +147,14 @@ class Bed:
         self.base.chmod(0o755)
         where = os.environ.get("FLEXMIG_SLURM_BIN")
         self.tb = Testbed(self.base, ns.model, ns.count, node="mix", node_per_gpu=per_gpu,
-                          node_per_instance=per_instance,
+                          node_per_instance=per_instance, static_nodes=static,
                           commands=SlurmCommands(Path(where) if where else None))  # fmt: skip
         self.names = [f"mix-gpu{k}" for k in range(ns.count)] if per_gpu else ["mix"]
         if per_instance:  # the nodes of the first layout; later, whichever instance nodes Slurm lists
             self.names = [f"mix-gpu{k}-{i.start}" for k in range(ns.count) for i in (ns.layout or ())]
+            if static:
+                self.names = [slot_node("mix", k, i.start, i.profile.name) for k in range(ns.count)
+                              for i in (ns.layout or ())]  # fmt: skip
         self.client = SlurmClient(self.tb.slurm_commands())
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -202,7 +210,7 @@ class Bed:
     @staticmethod
     def instance_names(by_name: dict[str, SlurmNode]) -> list[str]:
         """The instance nodes Slurm lists (``node_per_instance``)."""
-        return sorted(n for n in by_name if re.fullmatch(r"mix-gpu[0-9]+-[0-9]", n))
+        return sorted(n for n in by_name if re.fullmatch(r"mix-gpu[0-9]+-[0-9](-[0-9a-z]+)?", n))
 
     def nodes(self) -> list[SlurmNode] | None:
         """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
@@ -321,7 +329,7 @@ def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpu
     out = Run(name)
     layout = (STATIC if name == "static" else START).split(":", 1)[1]
     bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu",
-              per_instance=name == "per-instance")  # fmt: skip
+              per_instance=name in ("per-instance", "per-inst-static"), static=name == "per-inst-static")  # fmt: skip
     stop = threading.Event()
     try:
         if name == "before":

@@ -45,10 +45,12 @@ COMPANIONS: dict[str, dict[str, Any]] = {
 }
 COMPANIONS["slurm.node_per_instance"] = COMPANIONS["slurm.node_per_gpu"]  # the same rule
 COMPANIONS["slurm.slurmd_conf_per_slice"] = {**COMPANIONS["slurm.node_per_gpu"], "slurm.node_per_instance": True}
+COMPANIONS["slurm.instance_nodes"] = COMPANIONS["slurm.slurmd_conf_per_slice"]
 #: Keys whose other values the generic candidates cannot guess.
 OTHER_VALUES: dict[str, list[Any]] = {
     "baseline.mig_parted_config": ["all-enabled"],
     "slurm.slurmd_control": ["hook"],
+    "slurm.instance_nodes": ["static"],
     "prometheus.detail": ["full"],
 }
 

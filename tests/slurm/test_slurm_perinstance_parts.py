@@ -17,13 +17,15 @@ from flexmig.mig import H200
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
 from flexmig.plan.carving import Waiting, carve
 from flexmig.plan.types import Instance, JobRequest, RankNeed
+from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning
 from flexmig.slurm.gresconf import drop_block, gres_records, merge_block
 from flexmig.slurm.instances import busy_of, carving_actions, hold_name, host_layouts, queue_of
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
-from flexmig.slurm.settings import instance_node, instance_port, parse_instance_node
-from flexmig.slurm.sitecheck import version_problem
-from flexmig.slurm.slurmd import dynamic_conf, gres_slices
+from flexmig.slurm.settings import SlurmSettings, instance_node, instance_port, parse_instance_node, slot_node
+from flexmig.slurm.sitecheck import slot_problem, version_problem
+from flexmig.slurm.slots import slot_count
+from flexmig.slurm.slurmd import HookSlurmd, dynamic_conf, gres_slices, read_env_file
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.supply import Supply
 
@@ -158,12 +160,14 @@ def test_a_carving_becomes_retirements_then_registrations() -> None:
     hl = host_layouts(view, H200, {0: True}, held=())
     assert hl.gpus == (0,) and [i.start for i in hl.layouts[0]] == [0, 4]
     c = carve(H200, hl.layouts, {(0, 0): 300.0}, [Waiting("slurm-9", "1g.18gb", 600.0, 5.0)], now_s=0.0)
-    actions = carving_actions("h", hl, c, "why")
+    actions = carving_actions(lambda g, s, p: instance_node("h", g, s), hl, c, "why")
     assert [(a[2]["node"], a[2].get("retire", False), [ch["op"] for ch in a[2]["changes"]]) for a in actions] == [
         ("h-gpu0-4", True, ["destroy"]),
         (f"h-gpu0-{c.create[0][1].start}", False, ["create"]),
     ]
     assert actions[1][2]["serves"] == ["slurm-9"]
+    static = carving_actions(lambda g, s, p: slot_node("h", g, s, p), hl, c, "why")
+    assert [a[2]["node"] for a in static] == ["h-gpu0-4-3g71gb", f"h-gpu0-{c.create[0][1].start}-1g18gb"]
     assert hold_name("h") == "flexmig-h-hold"
 
 
@@ -185,3 +189,66 @@ def test_slurm_conf_for_instance_nodes_makes_room_for_seven_a_gpu(capsys: pytest
     assert "NodeName=flexmig-future State=FUTURE CPUs=14 " in out  # a 7g instance's two CPUs a slice
     assert cli_main(["slurm", "conf", "--node-per-instance", "--node-per-gpu"]) != 0
     assert "not both" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ static instance nodes (22.05 and later)
+def test_a_static_node_is_named_by_its_gpu_first_slice_and_profile() -> None:
+    assert slot_node("h7", 3, 4, "3g.71gb") == "h7-gpu3-4-3g71gb"
+    assert slot_node("h7", 0, 0, "1g.18gb+me") == "h7-gpu0-0-1g18gbme"
+    assert parse_instance_node("h7", "h7-gpu3-4-3g71gb") == (3, 4)
+    for other in ("h7-gpu3-4-", "h7-gpu3-4-3g.71gb", "h7-gpu3-4-3G71GB", "h70-gpu3-4-3g71gb"):
+        assert parse_instance_node("h7", other) is None, other
+    static = SlurmSettings(node_per_instance=True, instance_nodes="static")
+    assert static.static_nodes and static.instance_name("h7", 3, 4, "3g.71gb") == "h7-gpu3-4-3g71gb"
+    dynamic = SlurmSettings(node_per_instance=True)
+    assert not dynamic.static_nodes and dynamic.instance_name("h7", 3, 4, "3g.71gb") == "h7-gpu3-4"
+    why = version_problem("22.05.8", "node_per_instance")
+    assert why is not None and "instance_nodes = static" in why
+
+
+def test_static_instance_nodes_go_with_node_per_instance_and_take_nothing_from_slurmd_conf() -> None:
+    assert parse_config(PER_INSTANCE + 'instance_nodes = "static"\n').slurm.instance_nodes == "static"
+    with pytest.raises(ConfigError, match=r"slurm\.instance_nodes.*need node_per_instance = true"):
+        parse_config('[slurm]\nenabled = true\ninstance_nodes = "static"\n')
+    for key, value in (("slurmd_conf", "CPUs=8"), ("slurmd_conf_per_slice", "CPUs=2")):
+        with pytest.raises(ConfigError, match=rf"slurm\.{key}.*leave it empty with instance_nodes = static"):
+            parse_config(PER_INSTANCE + f'instance_nodes = "static"\n{key} = "{value}"\n')
+    with pytest.raises(ConfigError, match=r"slurm\.instance_nodes"):
+        parse_config(PER_INSTANCE + 'instance_nodes = "future"\n')
+
+
+def test_a_static_node_missing_from_slurm_conf_or_with_other_gres_is_refused_with_one_line() -> None:
+    assert slot_problem("h-gpu0-4-3g71gb", "gpu:3g.71gb:1", "gpu:3g.71gb:1") is None
+    assert slot_problem("h-gpu0-4-3g71gb", "gpu:3g.71gb:1(S:0)", "gpu:3g.71gb:1") is None  # as scontrol prints it
+    missing = slot_problem("h-gpu0-4-3g71gb", None, "gpu:3g.71gb:1")
+    assert missing is not None and "static node h-gpu0-4-3g71gb is not in slurm.conf" in missing
+    assert "flexmig slurm conf --node-per-instance --static" in missing and "nothing was changed" in missing
+    other = slot_problem("h-gpu0-4-3g71gb", "gpu:1", "gpu:3g.71gb:1")
+    assert other is not None and "gives static node h-gpu0-4-3g71gb Gres=gpu:1" in other
+
+
+def test_slurm_conf_for_static_nodes_lists_every_place_of_every_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["slurm", "conf", "--node-per-instance", "--static", "--host", "h1", "--gpus", "2", "--cpus", "28"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("NodeName=")]
+    assert len(lines) == slot_count(H200, 2) == 2 * 18  # 7 + 4 + 3 + 2 + 1 + 1 places on an H200
+    assert len({x.split()[0] for x in lines}) == len(lines)
+    assert ("NodeName=h1-gpu1-4-3g71gb NodeHostname=h1 NodeAddr=h1 Port=6842 CPUs=6 Gres=gpu:3g.71gb:1 State=FUTURE"
+            in lines)  # fmt: skip
+    assert all(x.endswith("State=FUTURE") for x in lines) and "MaxNodeCount" not in out
+    assert 'instance_nodes = "static"' in out
+    assert cli_main(["slurm", "conf", "--static", "--host", "h1"]) != 0  # only with --node-per-instance
+    assert cli_main(["slurm", "conf", "--node-per-instance", "--static"]) != 0  # the names need the host's
+    assert cli_main(["slurm", "conf", "--node-per-instance", "--static", "--host", "h 1"]) != 0
+
+
+def test_a_static_nodes_slurmd_runs_without_z(tmp_path: Path) -> None:
+    env = tmp_path / "slurmd.env"
+    unit = HookSlurmd("h-gpu0-4-3g71gb", env, tmp_path / "pid", SlurmCommands(), static=True, hook=("true",))
+    unit.write_env("gpu:3g.71gb:1")
+    assert read_env_file(env.read_text()) == {
+        "FLEXMIG_SLURMD_NODE": "h-gpu0-4-3g71gb", "FLEXMIG_SLURMD_CONF": "Gres=gpu:3g.71gb:1",
+        "FLEXMIG_SLURMD_MODE": "static",
+    }  # fmt: skip
+    assert unit.registered_conf() == "Gres=gpu:3g.71gb:1"  # what a restart after a crash registers again

@@ -42,7 +42,7 @@ from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent, SlurmRound
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.install import render_taskprolog
-from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.settings import SlurmSettings, slot_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
@@ -361,6 +361,7 @@ class SlurmDaemon:
         slurm_keys: str = "",
         node_per_gpu: bool = False,
         node_per_instance: bool = False,
+        static_nodes: bool = False,
         wait_registered: bool = True,
         start: bool = True,
     ) -> None:
@@ -376,8 +377,10 @@ class SlurmDaemon:
             commands=commands(),
             node_per_gpu=node_per_gpu,
             node_per_instance=node_per_instance,
+            static_nodes=static_nodes,
         )
         self.node_per_instance = node_per_instance
+        self.static_nodes = static_nodes
         self.gpus = node_spec.count
         self.node_per_gpu = node_per_gpu
         self.wait_registered = wait_registered
@@ -428,6 +431,11 @@ class SlurmDaemon:
         names = [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
         if self.node_per_instance:  # one node per instance the spec starts with
             names = [f"{self.node}-gpu{k}-{inst.start}" for k in range(self.gpus) for inst in self.first_layout()]
+            if self.static_nodes:
+                names = [
+                    slot_node(self.node, k, inst.start, inst.profile.name)
+                    for k in range(self.gpus) for inst in self.first_layout()
+                ]  # fmt: skip
         for name in names:
             self.wait(f"node {name} registered", functools.partial(self.responding, name))
 

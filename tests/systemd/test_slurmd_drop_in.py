@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flexmig.slurm.settings import SlurmSettings, gpu_node
-from flexmig.slurm.slurmd import ENV_CONF, ENV_NODE, read_env_file, render_env_file
+from flexmig.slurm.settings import SlurmSettings, gpu_node, slot_node
+from flexmig.slurm.slurmd import ENV_CONF, ENV_MODE, ENV_NODE, read_env_file, render_env_file
 from support.systemd import verify
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +66,37 @@ def test_the_template_reads_the_files_flexmig_writes_for_each_gpu_node() -> None
     assert f"ConditionPathExists={settings.slurmd_env}\n" in instance
     assert f"PIDFile={settings.slurmd_pid_file}\n" in instance
     assert "Port=6833" in settings.slurmd_conf
+
+
+STATIC = ROOT / "systemd" / "slurmd-static@.service"
+
+
+@pytest.mark.integration
+def test_systemd_accepts_an_instance_of_the_static_node_template(tmp_path: Path) -> None:
+    shutil.copy(STATIC, tmp_path / "slurmd-static@.service")
+    result = verify(tmp_path / "slurmd-static@fm-node-gpu3-4-3g71gb.service")
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+
+
+def test_the_static_template_starts_the_named_node_of_slurm_conf_without_z() -> None:
+    text = STATIC.read_text()
+    start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    # a static node: slurm.conf has its Port= and Gres=; -Z with a slurm.conf node's name is fatal ("Duplicated
+    # NodeName"), and --conf is read only with -Z
+    assert f"-N ${{{ENV_NODE}}}" in start and "-Z" not in start and "--conf" not in start
+    for key in ("Delegate=yes", "KillMode=process"):
+        assert f"\n{key}\n" in text
+    node = slot_node("fm-node", 3, 4, "3g.71gb")
+    settings = SlurmSettings(
+        slurmd_unit="slurmd-static@{node}.service",
+        slurmd_env=Path("/run/flexmig/slurm/slurmd-{node}.env"),
+        slurmd_pid_file=Path("/run/slurmd-{node}.pid"),
+        node_per_instance=True,
+        instance_nodes="static",
+    ).for_node(node)
+    assert settings.slurmd_unit == "slurmd-static@fm-node-gpu3-4-3g71gb.service"
+    instance = text.replace("%i", node)
+    assert f"EnvironmentFile={settings.slurmd_env}\n" in instance
+    assert f"PIDFile={settings.slurmd_pid_file}\n" in instance
+    env = render_env_file(node, "Gres=gpu:3g.71gb:1", static=True)
+    assert read_env_file(env) == {ENV_NODE: node, ENV_CONF: "Gres=gpu:3g.71gb:1", ENV_MODE: "static"}

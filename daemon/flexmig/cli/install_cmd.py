@@ -13,8 +13,8 @@ name each other (the unit's ``--config``, Grafana's dashboard folder, Prometheus
   act);
 * ``etc/flexmig/flexmig.toml`` (the commented default configuration) and ``etc/flexmig/jobs/``;
 * ``usr/share/flexmig/``: ``dashboards/`` (Grafana JSON, ``provisioning/`` pointing at that folder, ``rules/``),
-  ``schemas/`` and ``systemd/`` (the unit's act drop-in, the example configuration, slurmd's drop-in and
-  per-GPU template unit, for later);
+  ``schemas/`` and ``systemd/`` (the unit's act drop-in, the example configuration, slurmd's drop-in and the
+  template units of per-GPU and static instance nodes, for later);
 * ``usr/share/doc/flexmig/LICENSE``;
 * ``usr/lib/flexmig/slurm-taskprolog`` (mode 0755), the TaskProlog that ``flexmig slurm conf`` names.
 

@@ -1,10 +1,10 @@
 """The operator's files that ship with flexmig, and where this installation keeps them.
 
 A wheel carries them under ``flexmig/share/`` (the build copies them there, see setup.py), laid out as in the
-repository: ``systemd/`` (the unit, its act drop-in, the example configuration, slurmd's drop-in and the per-GPU
-template unit ``slurmd@.service``), ``dashboards/`` (the Grafana JSON, ``provisioning/``, ``rules/``), ``schemas/``
-and ``LICENSE``. An editable install from a checkout has no ``share/``; the checkout itself holds the same paths.
-``flexmig install-files`` reads them from here.
+repository: ``systemd/`` (the unit, its act drop-in, the example configuration, slurmd's drop-in, the per-GPU
+template unit ``slurmd@.service`` and the static instance nodes' ``slurmd-static@.service``), ``dashboards/`` (the
+Grafana JSON, ``provisioning/``, ``rules/``), ``schemas/`` and ``LICENSE``. An editable install from a checkout has
+no ``share/``; the checkout itself holds the same paths. ``flexmig install-files`` reads them from here.
 
 Standard library only, and no flexmig import: setup.py loads this file by its path at build time.
 """
@@ -23,6 +23,7 @@ SHIPPED: tuple[str, ...] = (
     "systemd/flexmig.toml",
     "systemd/slurmd.service.d/flexmig.conf",
     "systemd/slurmd@.service",
+    "systemd/slurmd-static@.service",
     "dashboards/*.json",
     "dashboards/provisioning/*/*.yaml",
     "dashboards/provisioning/*/*.yml",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.errors import FlexmigError, SlurmError
-from flexmig.mig.catalogue import model_by_key
+from flexmig.mig.catalogue import GpuModel, model_by_key
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.gresconf import check_node_name
 from flexmig.slurm.install import TASKPROLOG, render_taskprolog, write_taskprolog
+from flexmig.slurm.slots import slot_count, slot_lines
 from flexmig.slurm.testbed import Testbed, free_port, future_gres, python
 
 __all__ = ["register"]
@@ -88,6 +91,15 @@ def register(sub: Any) -> None:
         action="store_true",
         help="for [slurm] node_per_instance (Slurm 23.11+): one dynamic node per MIG instance, each its own slurmd",
     )
+    cf.add_argument(
+        "--static",
+        action="store_true",
+        help="with --node-per-instance, for instance_nodes = static (any Slurm from 22.05): the State=FUTURE node "
+        "of every place each MIG profile can take on the host's GPUs (needs --host)",
+    )
+    cf.add_argument("--host", help="with --static: the host's Slurm node name ([slurm] node), which the names extend")
+    cf.add_argument("--addr", help="with --static: where slurmctld reaches the host's slurmds (default: --host)")
+    cf.add_argument("--port-base", type=int, default=6830, help="with --static: [slurm] slurmd_port_base (6830)")
     cf.set_defaults(func=run_conf)
 
 
@@ -102,6 +114,8 @@ def run_conf(args: argparse.Namespace) -> int:
         raise SlurmError(f"--gpus {args.gpus}: must be 1-64")
     if args.node_per_gpu and args.node_per_instance:
         raise SlurmError("--node-per-gpu or --node-per-instance, not both")
+    if args.static:
+        return _static_conf(args, model)
     if args.node_per_gpu or args.node_per_instance:
         key, names = ("node_per_gpu", "<host>-gpu<K>")
         if args.node_per_instance:
@@ -135,6 +149,42 @@ def run_conf(args: argparse.Namespace) -> int:
     print("# Jobs for MIG profiles no node has yet pend against this placeholder instead of being refused")
     print(f"NodeName={args.name} State=FUTURE CPUs={args.cpus} Gres={future_gres(model, args.gpus)}")
     print(f"# and add {args.name} to the partitions of the flexmig nodes (or use Nodes=ALL)")
+    return 0
+
+
+def _static_conf(args: argparse.Namespace, model: GpuModel) -> int:
+    """``--node-per-instance --static``: the State=FUTURE node of every place of every MIG profile on the host."""
+    if not args.node_per_instance:
+        raise SlurmError("--static goes with --node-per-instance (instance_nodes = static)")
+    if not args.host:
+        raise SlurmError("--static needs --host: the host's Slurm node name, which each static node's name extends")
+    check_node_name(args.host)
+    addr = args.addr or args.host
+    if not re.fullmatch(r"[A-Za-z0-9_.:\-]{1,255}", addr):
+        raise SlurmError(f"--addr {addr!r}: not a host name or address")
+    top = args.port_base + 8 * (args.gpus - 1) + 7
+    if args.port_base < 1 or top > 65535:
+        raise SlurmError(f"--port-base {args.port_base}: the host's ports would reach {top} (at most 65535)")
+    share = args.cpus // (args.gpus * 7)
+    if share < 1:
+        raise SlurmError(f"--cpus {args.cpus}: fewer than the {args.gpus * 7} compute slices of the host")
+    count = slot_count(model, args.gpus)
+    print(f"# flexmig, node_per_instance with instance_nodes = static (any Slurm from 22.05): host {args.host}, "
+          f"{args.gpus} x {model.name}: {count} nodes,")  # fmt: skip
+    print("# one per place each MIG profile can take; only those whose instances exist leave State=FUTURE (each")
+    print("# with its own slurmd, systemd/slurmd-static@.service). A node's CPUs: a compute slice's share of the")
+    print("# host's, times its profile's slices. Add the nodes to the flexmig partitions (or use Nodes=ALL).")
+    print("SlurmdPidFile=/run/slurmd-%n.pid")
+    print("SlurmdSpoolDir=/var/spool/slurmd/%n")
+    print("SlurmdLogFile=/var/log/slurm/slurmd-%n.log")
+    print(f"TaskProlog={args.taskprolog}")
+    print("# (rendered with: flexmig slurm taskprolog --map '/run/flexmig/slurm/gres-map-{node}.json')")
+    lines = slot_lines(
+        args.host, model, args.gpus, port_base=args.port_base, cpus_per_slice=share, hostname=args.host, addr=addr
+    )
+    print("\n".join(lines))
+    print(f'# flexmig.toml [slurm]: node = "{args.host}", node_per_instance = true, instance_nodes = "static", '
+          f"slurmd_port_base = {args.port_base}")  # fmt: skip
     return 0
 
 

@@ -301,6 +301,15 @@ def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         yield ("slurm.slurmd_conf",), "leave Port= out with node_per_instance: each node's is slurmd_port_base + 8K + S"
     if sl.node_per_gpu and sl.node_per_instance:
         yield ("slurm.node_per_instance",), "set node_per_gpu or node_per_instance, not both"
+    if sl.instance_nodes == "static" and not sl.node_per_instance:
+        yield ("slurm.instance_nodes",), "static instance nodes need node_per_instance = true"
+    if sl.instance_nodes == "static" and sl.node_per_instance:
+        for key in ("slurmd_conf", "slurmd_conf_per_slice"):
+            if getattr(sl, key).split():
+                yield (f"slurm.{key}",), (
+                    "leave it empty with instance_nodes = static: a static node registers what its slurm.conf line "
+                    "says (`flexmig slurm conf --node-per-instance --static` prints the lines)"
+                )
     yield from _per_slice_checks(sl, {w.split("=", 1)[0].lower() for w in words})
     if sl.node_per_gpu or sl.node_per_instance:
         yield from _per_gpu_checks(sl)

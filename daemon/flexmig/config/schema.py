@@ -591,10 +591,22 @@ class SlurmConfig:
     )
     node_per_instance: bool = _doc(
         False,
-        "Slurm 23.11 and later: one dynamic node per MIG instance, <node>-gpu<K>-<S> (S: its first memory slice), "
-        "each with its own slurmd (Port= slurmd_port_base + 8K + S). A node's GRES never changes: flexmig creates "
-        "an instance with its node and destroys only idle ones, so no change waits for an unrelated job. The same "
-        "{node} rules as node_per_gpu; not together with it.",
+        "One Slurm node per MIG instance, each with its own slurmd (Port= slurmd_port_base + 8K + S): a dynamic "
+        "node <node>-gpu<K>-<S> (S: its first memory slice; Slurm 23.11 and later), or a State=FUTURE node of "
+        "slurm.conf (instance_nodes: static; Slurm 22.05 and later). A node's GRES never changes: flexmig "
+        "creates an instance with its node and destroys only idle ones, so no change waits for an unrelated job. "
+        "The same {node} rules as node_per_gpu; not together with it.",
+        restart=True,
+    )
+    instance_nodes: str = _doc(
+        "dynamic",
+        "With node_per_instance, how the instance nodes exist: dynamic (Slurm 23.11 and later: flexmig creates "
+        "and deletes <node>-gpu<K>-<S>, slurmd -Z) or static (any Slurm from 22.05: slurm.conf lists one State=FUTURE "
+        "node <node>-gpu<K>-<S>-<profile> per place a MIG profile can take, as `flexmig slurm conf "
+        "--node-per-instance --static` prints them; flexmig starts a node's slurmd when its instance exists and "
+        "returns the node to FUTURE when the instance goes).",
+        pattern=r"dynamic|static",
+        allowed="dynamic or static",
         restart=True,
     )
     hold_after_s: float = _doc(

@@ -74,6 +74,7 @@ from flexmig.slurm.sitecheck import (
     node_table_problem,
     parse_cgroup_conf,
     shared_fs_problem,
+    slot_problem,
     tres_problem,
 )
 from flexmig.slurm.slurmd import HookSlurmd, SlurmdControl, SlurmdState, SystemdSlurmd
@@ -120,6 +121,7 @@ def make_slurmd(settings: SlurmSettings, node: str, commands: SlurmCommands) -> 
         "commands": commands,
         "extra": settings.slurmd_conf,
         "per_slice": settings.slurmd_conf_per_slice,
+        "static": settings.static_nodes,
     }
     if settings.slurmd_control == "hook":
         return HookSlurmd(**common, hook=settings.slurmd_hook)
@@ -189,6 +191,7 @@ class SlurmAgent:
         mountinfo: Path = Path("/proc/self/mountinfo"),
         gpu: int | None = None,
         start: int | None = None,
+        profile: str | None = None,
     ) -> None:
         self.settings = settings
         self.node = check_node_name(node)
@@ -197,6 +200,9 @@ class SlurmAgent:
         self.start = start
         """With ``gpu``: the node is the one MIG instance at this memory slice of it (``[slurm] node_per_instance``;
         the agent keeps it registered, the caller decides which instances there are)."""
+        self.profile = profile
+        """With ``start``: the node is a static one of slurm.conf for an instance of this MIG profile only
+        (``[slurm] instance_nodes = static``)."""
         self.own_reservations: frozenset[str] = frozenset()
         """Reservations of flexmig's own besides this node's (``node_per_instance``: the hold on a region of the
         host, set by the caller): not an administrator's."""
@@ -235,6 +241,7 @@ class SlurmAgent:
             hook=hook,
             gpu=gpu,
             start=start,
+            profile=profile,
         )
         change = ChangeSettings(
             node,
@@ -243,6 +250,7 @@ class SlurmAgent:
             close_s=settings.drain_timeout_s,
             register_timeout_s=settings.register_timeout_s,
             signal=settings.checkpoint_signal,
+            static=settings.static_nodes,
         )
         self.change = SlurmChange(
             self.client, self.slurmd, self.supply, ExecutorMig(executor), change, on_event=on_event
@@ -320,7 +328,11 @@ class SlurmAgent:
             why = cgroup_problem(cfg.get("TaskPlugin", ""), cgroup, simulated=self.simulated)
         if why is None:
             why = tres_problem(cfg.get("AccountingStorageTRES", ""), (p.name for p in read.model.plain_profiles))
-        if why is None and read.node is None:
+        if why is None and read.node is None and self.settings.static_nodes:
+            why = slot_problem(self.node, await self.client.future_record(self.node), gres_string(
+                self.supply.records(read.inventory)
+            ))  # fmt: skip
+        elif why is None and read.node is None:
             records = await self.client.node_records()
             if node_table_problem(cfg.get("MaxNodeCount", ""), records, self.node) is not None:
                 self._config = await self.client.config()  # the limit as slurmctld has it now (raised meanwhile?)
@@ -585,6 +597,10 @@ class SlurmAgent:
             if now - since < _NOT_RESPONDING_GRACE_S:
                 return SlurmRound(read, note=f"node {self.node} is {node.state}, not responding; slurmd runs: waiting")
             return await self._restart_slurmd(read, mode, f"slurmctld has not heard slurmd for {now - since:.0f} s")
+        if node is None and read.slurmd == "running" and self.settings.static_nodes:
+            # A static node returns to slurm.conf's State=FUTURE when slurmctld starts again (and, from 23.11,
+            # at every reconfigure) while its slurmd runs on: started again, it registers with its jobs.
+            return await self._restart_slurmd(read, mode, f"slurmctld no longer lists static node {self.node}")
         if node is not None and read.slurmd == "stopped" and self.slurmd.registered_conf() is not None:
             return SlurmRound(
                 read,

@@ -11,7 +11,8 @@ steps, each written to the journal before it runs and each safe to run again aft
 requeuehold``) → ``await_idle`` (bounded: jobs completing) → ``check`` (nobody else drained, downed or reserved the
 node meanwhile) → ``drain`` (flexmig's own, on the empty node, so that nothing starts once its reservation is gone:
 slurmctld refuses to delete a node in an active reservation) → ``stop_slurmd`` → ``unreserve`` → ``delete``
-(``scontrol delete nodename``) → ``destroy:G@S``/``create:G@S`` (the plan's instance changes, through the
+(``scontrol delete nodename``; a static node, ``[slurm] instance_nodes = static``: ``scontrol update
+state=future``) → ``destroy:G@S``/``create:G@S`` (the plan's instance changes, through the
 actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a fresh inventory) → ``register``
 (slurmd restarted with the new ``Gres=``, until slurmctld lists the node with those GRES) → ``credential_gap`` →
 ``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen``. An instance node that leaves
@@ -129,6 +130,9 @@ class ChangeSettings:
     register_timeout_s: float = 60.0
     poll_s: float = 0.25
     signal: str = "USR1"
+    static: bool = False
+    """The node is a static one of slurm.conf (``[slurm] instance_nodes = static``): it leaves Slurm by returning to
+    State=FUTURE, not by ``scontrol delete``."""
 
 
 def encode_change(
@@ -674,9 +678,16 @@ class SlurmChange:
 
     async def _delete(self, node: str) -> dict[str, Any]:
         try:
-            return {"deleted": await self.client.delete_node(node)}
+            return {"deleted": await self._unregister(node)}
         except SlurmError as exc:
             raise StepFailed(str(exc), code="SLURM") from exc
+
+    async def _unregister(self, node: str) -> bool:
+        """The node out of Slurm: deleted (a dynamic node) or back in State=FUTURE (a static one); False when
+        slurmctld did not list it anyway."""
+        if self.settings.static:
+            return await self.client.future_node(node)
+        return await self.client.delete_node(node)
 
     async def _gres(self) -> dict[str, Any]:
         inv = await self.mig.inventory()
@@ -710,7 +721,7 @@ class SlurmChange:
                         await self.client.drain(node, "flexmig: re-registering with new MIG instances")
                     await self._await_backfill(node, time.time())  # then it is safe to delete (see there)
                     await self.slurmd.stop()
-                    await self.client.delete_node(node)
+                    await self._unregister(node)
             if not await self.slurmd.running():
                 await self.slurmd.start(gres)
         except SlurmError as exc:

@@ -172,6 +172,30 @@ class SlurmClient:
         await self.run("scontrol", ["delete", f"nodename={node}"])
         return True
 
+    async def future_node(self, node: str) -> bool:
+        """``scontrol update nodename=N state=future``: a static node of slurm.conf leaves service (hidden, no longer
+        pinged) until its slurmd registers again; False when N was not listed anyway. Slurm refuses it while a job
+        runs on N ("Invalid node state transition", verified on 22.05.8 and 24.11.5)."""
+        if await self.node(node) is None:
+            return False
+        await self.run("scontrol", ["update", f"nodename={node}", "state=future"])
+        return True
+
+    async def future_record(self, node: str) -> str | None:
+        """The ``Gres=`` slurm.conf gives node ``node`` as slurmctld knows it, FUTURE nodes included (``scontrol
+        --future -o show node N``); None when slurmctld has no such node."""
+        try:
+            text = (await self.run("scontrol", ["--future", "-o", "show", "node", node])).decode("utf-8", "replace")
+        except SlurmError as exc:
+            if "not found" in str(exc).lower():
+                return None
+            raise
+        for line in text.splitlines():
+            words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if words.get("NodeName") == node:
+                return words.get("Gres", "")
+        return None
+
     async def reservations(self) -> tuple[SlurmReservation, ...]:
         """Every reservation (``scontrol show reservation --oneliner``)."""
         return parse_reservations(await self.run("scontrol", ["show", "reservation", "--oneliner"]))

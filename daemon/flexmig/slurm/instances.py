@@ -25,7 +25,7 @@ and NVML and runs the actions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,6 @@ from flexmig.plan.carving import Carving, Waiting, Where
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning
-from flexmig.slurm.settings import instance_node
 
 __all__ = ["HostLayouts", "busy_of", "carving_actions", "describe", "hold_name", "host_layouts", "queue_of"]
 
@@ -121,10 +120,16 @@ def queue_of(demand: SlurmDemand, now_s: float) -> tuple[list[Waiting], dict[str
 
 
 def carving_actions(
-    node: str, hl: HostLayouts, carving: Carving, reason: str, *, drained_at: float | None = None
+    name: Callable[[int, int, str], str],
+    hl: HostLayouts,
+    carving: Carving,
+    reason: str,
+    *,
+    drained_at: float | None = None,
 ) -> list[tuple[str, str | None, dict[str, Any]]]:
-    """The journal's actions of ``carving`` (carving indices) on host node ``node``: first every destroyed idle
-    instance's node retired, then every created instance's node registered, each one ``slurm_reregister``;
+    """The journal's actions of ``carving`` (carving indices) on the host whose instance nodes ``name`` gives (NVML
+    GPU, start, profile -> node): first every destroyed idle instance's node retired, then every created instance's
+    node registered, each one ``slurm_reregister``;
     ``drained_at``: when (wall time) the caller drained the retiring nodes, so that one backfill cycle after it
     serves them all."""
     out: list[tuple[str, str | None, dict[str, Any]]] = []
@@ -133,14 +138,15 @@ def carving_actions(
         inst = hl.layouts[i].at(start)
         assert inst is not None, "carve destroys only instances of the layouts it was given"
         plan = Plan(actions=(DestroyInstance(gpu, start, inst.profile, reason, 0.0),))
-        action = encode_change(instance_node(node, gpu, start), plan, (), reason, 0.0, retire=True)
+        action = encode_change(name(gpu, start, inst.profile.name), plan, (), reason, 0.0, retire=True)
         if drained_at is not None:
             action[2]["drained_at"] = drained_at
         out.append(action)
     for i, placed, job in carving.create:
         gpu = hl.gpus[i]
         plan = Plan(actions=(CreateInstance(gpu, placed.start, placed.profile, reason, 0.0),))
-        out.append(encode_change(instance_node(node, gpu, placed.start), plan, (), reason, 0.0, serves=(job,)))
+        node = name(gpu, placed.start, placed.profile.name)
+        out.append(encode_change(node, plan, (), reason, 0.0, serves=(job,)))
     return out
 
 

@@ -13,7 +13,16 @@ from flexmig.config import SlurmConfig
 
 _DEFAULT = SlurmConfig()  # one set of defaults: the [slurm] table's
 
-__all__ = ["NODE_FIELD", "SlurmSettings", "gpu_node", "instance_node", "instance_port", "parse_instance_node"]
+__all__ = [
+    "NODE_FIELD",
+    "SlurmSettings",
+    "gpu_node",
+    "instance_node",
+    "instance_port",
+    "parse_instance_node",
+    "slot_node",
+    "slot_tag",
+]
 
 NODE_FIELD = "{node}"
 """What ``slurmd_pid_file``, ``slurmd_env``, ``gres_map``, ``slurmd_unit`` and ``slurmd_hook``'s words may contain:
@@ -32,9 +41,24 @@ def instance_node(node: str, gpu: int, start: int) -> str:
     return f"{node}-gpu{gpu}-{start}"
 
 
+def slot_tag(profile: str) -> str:
+    """A MIG profile's name as a node name's last part (``instance_nodes = static``): ``3g.71gb`` -> ``3g71gb``,
+    ``1g.18gb+me`` -> ``1g18gbme`` (dots and plus signs are not for host names)."""
+    return profile.replace(".", "").replace("+", "")
+
+
+def slot_node(node: str, gpu: int, start: int, profile: str) -> str:
+    """The name of the static node of MIG profile ``profile`` at memory slice ``start`` of GPU ``gpu`` on host node
+    ``node`` (``instance_nodes = static``): ``<node>-gpu<K>-<S>-<profile without dots>``. A static node's GRES is
+    fixed in slurm.conf, so every place a profile can take has a node of its own; of the nodes of one GPU, only
+    those whose instances exist are out of State=FUTURE."""
+    return f"{instance_node(node, gpu, start)}-{slot_tag(profile)}"
+
+
 def parse_instance_node(node: str, name: str) -> tuple[int, int] | None:
-    """``(gpu, start)`` when ``name`` is an instance node of host node ``node`` (:func:`instance_node`), else None."""
-    m = re.fullmatch(re.escape(node) + r"-gpu([0-9]{1,3})-([0-9])", name)
+    """``(gpu, start)`` when ``name`` is an instance node of host node ``node`` (:func:`instance_node`, or a static
+    one, :func:`slot_node`), else None."""
+    m = re.fullmatch(re.escape(node) + r"-gpu([0-9]{1,3})-([0-9])(-[0-9a-z]{1,32})?", name)
     return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
@@ -72,6 +96,8 @@ class SlurmSettings:
     * ``node_per_gpu``, ``slurmd_port_base``: one dynamic node per MIG GPU (Slurm 23.11 and later), GPU K's slurmd
       on port ``slurmd_port_base + K``; :meth:`for_gpu` gives one GPU node's settings;
     * ``node_per_instance``: one dynamic node per MIG instance (Slurm 23.11 and later), :func:`instance_node`;
+      ``instance_nodes``: ``static`` for nodes slurm.conf lists in State=FUTURE instead (any Slurm from 22.05),
+      :func:`slot_node`;
       ``hold_after_s``: how long a job that fits nowhere waits before it holds a region of a GPU.
     """
 
@@ -107,8 +133,19 @@ class SlurmSettings:
     max_closed_nodes: int = _DEFAULT.max_closed_nodes
     node_per_gpu: bool = _DEFAULT.node_per_gpu
     node_per_instance: bool = _DEFAULT.node_per_instance
+    instance_nodes: str = _DEFAULT.instance_nodes
     hold_after_s: float = _DEFAULT.hold_after_s
     slurmd_port_base: int = _DEFAULT.slurmd_port_base
+
+    @property
+    def static_nodes(self) -> bool:
+        """True when instance nodes are slurm.conf's State=FUTURE nodes (``instance_nodes = static``)."""
+        return self.node_per_instance and self.instance_nodes == "static"
+
+    def instance_name(self, node: str, gpu: int, start: int, profile: str) -> str:
+        """The Slurm node of the MIG instance ``profile`` at ``start`` of GPU ``gpu`` on host node ``node``:
+        :func:`slot_node` with static nodes, else :func:`instance_node`."""
+        return slot_node(node, gpu, start, profile) if self.static_nodes else instance_node(node, gpu, start)
 
     def for_node(self, node: str, port: int | None = None) -> SlurmSettings:
         """The settings of the agent of node ``node``: ``{node}`` filled in wherever it appears, and ``Port=port``

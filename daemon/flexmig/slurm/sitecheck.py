@@ -22,6 +22,10 @@ Refused, each with one line naming the file or key:
 * **a full node table** (a node that is not registered while slurmctld's node table, FUTURE placeholders included,
   holds ``MaxNodeCount`` nodes: slurmctld would refuse its registration, "node table is full", and a slurmd
   started for it would wait in vain);
+* **a static instance node missing from slurm.conf or with other GRES** (``[slurm] instance_nodes = static``: the
+  node of a MIG instance must be a ``State=FUTURE`` line of slurm.conf with exactly that instance's ``Gres=``, as
+  ``flexmig slurm conf --node-per-instance --static`` prints them; Slurm keeps a static node's GRES as slurm.conf
+  says, whatever its slurmd reports);
 * **one node per GPU on a Slurm older than 23.11** (``[slurm] node_per_gpu``: a dynamic node takes its own
   ``Port=`` in ``slurmd --conf`` only since 23.11, so no second slurmd could run on the host).
 
@@ -33,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 
+from flexmig.errors import SlurmError
+from flexmig.slurm.gres import parse_gres
 from flexmig.slurm.gresconf import block_markers, configures_gpus_of
 
 __all__ = [
@@ -42,6 +48,7 @@ __all__ = [
     "gres_conf_problem",
     "node_table_problem",
     "shared_fs_problem",
+    "slot_problem",
     "tres_problem",
 ]
 
@@ -159,6 +166,23 @@ def node_table_problem(max_node_count: str, records: int, node: str) -> str | No
     )
 
 
+def slot_problem(node: str, configured: str | None, gres: str) -> str | None:
+    """A refusal when static instance node ``node`` (``[slurm] instance_nodes = static``), not registered, cannot
+    serve its MIG instance: slurm.conf does not have it (``configured`` None) or gives it other GPU GRES than
+    ``gres`` (``gpu:3g.71gb:1``)."""
+    fix = "`flexmig slurm conf --node-per-instance --static` prints the lines; nothing was changed"
+    if configured is None:
+        return f"static node {node} is not in slurm.conf: add the State=FUTURE lines of this host ({fix})"
+    try:
+        have = sorted(g.spec() for g in parse_gres(configured, where=f"node {node}'s Gres") if g.name == "gpu")
+        want = sorted(g.spec() for g in parse_gres(gres, where="Gres="))
+    except SlurmError:
+        have, want = [configured], [gres]
+    if have == want:
+        return None
+    return f"slurm.conf gives static node {node} Gres={configured or '(none)'}, its MIG instance is {gres} ({fix})"
+
+
 PER_GPU_SINCE = (23, 11)
 """The first Slurm whose dynamic nodes take their own ``Port=`` (SchedMD commit f30e8508b8): one slurmd per GPU."""
 
@@ -177,6 +201,8 @@ def version_problem(version: str, key: str = "node_per_gpu") -> str | None:
     if (major, minor) < PER_GPU_SINCE:
         return (
             f"[slurm] {key} needs Slurm 23.11 or later (a dynamic node's own Port=), this is Slurm {text}: "
-            f"set {key} = false; nothing was changed"
+            f"set {key} = false"
+            + (", or instance_nodes = static (State=FUTURE nodes in slurm.conf)" if key == "node_per_instance" else "")
+            + "; nothing was changed"
         )
     return None

@@ -38,6 +38,7 @@ from flexmig.slurm.supply import atomic_write
 
 __all__ = [
     "ENV_CONF",
+    "ENV_MODE",
     "ENV_NODE",
     "HookSlurmd",
     "SlurmdControl",
@@ -52,6 +53,8 @@ __all__ = [
 
 ENV_NODE = "FLEXMIG_SLURMD_NODE"
 ENV_CONF = "FLEXMIG_SLURMD_CONF"
+ENV_MODE = "FLEXMIG_SLURMD_MODE"
+"""``static`` in the environment file of a static node's slurmd (``[slurm] instance_nodes = static``)."""
 SlurmdState = Literal["running", "stopped", "crashed"]
 
 # One NodeName parameter of a dynamic node: KEY=VALUE, no spaces or quotes in the value.
@@ -89,14 +92,15 @@ def dynamic_conf(gres: str, extra: Sequence[str], per_slice: Sequence[tuple[str,
     return " ".join([*extra, *(f"{name}={value * slices}" for name, value in per_slice), f"Gres={gres}"])
 
 
-def render_env_file(node: str, conf: str) -> str:
-    """The environment file the slurmd unit reads (systemd's ``EnvironmentFile=`` syntax, values quoted)."""
+def render_env_file(node: str, conf: str, *, static: bool = False) -> str:
+    """The environment file the slurmd unit reads (systemd's ``EnvironmentFile=`` syntax, values quoted);
+    ``static``: the node is a static one of slurm.conf (``slurmd -N`` without ``-Z``; ``--conf`` is not read)."""
     for value in (node, conf):
         if not re.fullmatch(r"[A-Za-z0-9_.,:@/+=\- ]*", value):
             raise SlurmError(f"refusing to write {value!r} into slurmd's environment file")
     return (
         "# written by flexmigd: what slurmd registers (the flexmig drop-in of slurmd.service reads it)\n"
-        f'{ENV_NODE}="{node}"\n{ENV_CONF}="{conf}"\n'
+        f'{ENV_NODE}="{node}"\n{ENV_CONF}="{conf}"\n' + (f'{ENV_MODE}="static"\n' if static else "")
     )
 
 
@@ -170,6 +174,8 @@ class _Unit:
     commands: SlurmCommands
     extra: tuple[str, ...] = ()
     per_slice: tuple[tuple[str, int], ...] = ()
+    static: bool = False
+    """A static node of slurm.conf (``[slurm] instance_nodes = static``): started without ``-Z``."""
     wait_s: float = 20.0
     started: list[int] = field(default_factory=list)
     last_output: list[str] = field(default_factory=lambda: [""])
@@ -185,7 +191,8 @@ class _Unit:
     def write_env(self, gres: str) -> None:
         """Write what slurmd must register: the node name and ``--conf`` (with ``Gres=``)."""
         self.env_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.env_file, render_env_file(self.node, dynamic_conf(gres, self.extra, self.per_slice)))
+        conf = dynamic_conf(gres, self.extra, self.per_slice)
+        atomic_write(self.env_file, render_env_file(self.node, conf, static=self.static))
 
     def pid(self) -> int | None:
         """The live slurmd's pid, or None."""
@@ -243,7 +250,8 @@ class HookSlurmd(_Unit):
 
     def _env(self) -> dict[str, str]:
         conf = self.registered_conf() or ""
-        return {"FLEXMIG_SLURMD_ENV": str(self.env_file), ENV_NODE: self.node, ENV_CONF: conf}
+        env = {"FLEXMIG_SLURMD_ENV": str(self.env_file), ENV_NODE: self.node, ENV_CONF: conf}
+        return {**env, ENV_MODE: "static"} if self.static else env
 
     async def _call(self, verb: str) -> None:
         if not self.hook:

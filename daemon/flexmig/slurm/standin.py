@@ -3,8 +3,9 @@
 
 flexmigd asks it to restart slurmd exactly as it asks systemd (:class:`flexmig.slurm.slurmd.HookSlurmd`), so the
 testbed exercises the production path: flexmig writes the environment file (``FLEXMIG_SLURMD_ENV``), the stand-in
-runs ``slurmd -Z -N $FLEXMIG_SLURMD_NODE --conf "$FLEXMIG_SLURMD_CONF"`` from it (slurmd daemonizes and writes its
-pid file), and stops it by that pid file (SIGTERM, SIGKILL after 20 s). Like Debian's unit it does not restart a
+runs ``slurmd -Z -N $FLEXMIG_SLURMD_NODE --conf "$FLEXMIG_SLURMD_CONF"`` from it (``slurmd -N
+$FLEXMIG_SLURMD_NODE`` for a static node of slurm.conf, ``FLEXMIG_SLURMD_MODE=static``; slurmd daemonizes and writes
+its pid file), and stops it by that pid file (SIGTERM, SIGKILL after 20 s). Like Debian's unit it does not restart a
 crashed slurmd by itself: flexmig does. Exit status 0 on success, 1 with one line on standard output otherwise.
 """
 
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from flexmig.slurm.slurmd import ENV_CONF, ENV_NODE, read_env_file
+from flexmig.slurm.slurmd import ENV_CONF, ENV_MODE, ENV_NODE, read_env_file
 
 _STOP_S = 20.0
 _START_S = 20.0
@@ -66,7 +67,7 @@ def start(slurmd: str, pid_file: Path, env_file: Path) -> None:
         if (pid := _pid(pid_file)) is None or not _alive(pid):
             pid_file.unlink()  # a crashed slurmd's: the new one writes its own
     res = subprocess.run(
-        [slurmd, "-Z", "-N", node, "--conf", conf],
+        [slurmd, "-N", node] if values.get(ENV_MODE) == "static" else [slurmd, "-Z", "-N", node, "--conf", conf],
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_START_S, check=False,
     )  # fmt: skip
     if res.returncode != 0:

@@ -82,7 +82,8 @@ class Supply:
     ``simulated``: the node is flexmig's simulator, so the MIG minors table is rendered (when ``mig_minors`` does
     not exist yet) and stand-in devices are made under ``dev_dir``. ``gpu``: the node is that one GPU's (``[slurm]
     node_per_gpu``): only its MIG devices are the node's; None: every GPU's. ``start`` (with ``gpu``): the node is
-    the one MIG instance at that memory slice (``[slurm] node_per_instance``).
+    the one MIG instance at that memory slice (``[slurm] node_per_instance``); ``profile`` (with ``start``): only an
+    instance of that MIG profile (a static node's, ``[slurm] instance_nodes = static``).
     """
 
     node: str
@@ -94,6 +95,7 @@ class Supply:
     hook: dict[str, Any] = field(default_factory=dict)
     gpu: int | None = None
     start: int | None = None
+    profile: str | None = None
 
     def minors(self, gpus: int) -> MigMinors:
         """The MIG minors table (the driver's; on a simulated node, ours, written once)."""
@@ -110,7 +112,11 @@ class Supply:
         records = gres_records(inv, self.minors(len(inv.gpus)), str(self.dev_dir))
         if self.gpu is None:
             return records
-        return tuple(r for r in records if r.gpu == self.gpu and (self.start is None or r.start == self.start))
+        return tuple(
+            r for r in records
+            if r.gpu == self.gpu and (self.start is None or r.start == self.start)
+            and (self.profile is None or r.type == self.profile)
+        )  # fmt: skip
 
     def gres_conf_text(self) -> str:
         """gres.conf's text, read as :meth:`write` would (SlurmError when flexmig may not rewrite it)."""

@@ -37,7 +37,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,8 @@ from flexmig.errors import SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.minors import render_mig_minors
+from flexmig.slurm.settings import slot_node
+from flexmig.slurm.slots import slot_lines
 from flexmig.slurm.squeue import parse_squeue
 
 __all__ = [
@@ -187,10 +189,24 @@ def render_slurm_conf(
     cpus: int,
     partition: str = "mig",
     dynamic_nodes: int = 1,
+    static_nodes: Sequence[str] = (),
 ) -> str:
     """The testbed's slurm.conf; ``dynamic_nodes``: how many nodes flexmigd registers (one per GPU with
-    ``node_per_gpu``), which the node table must hold beside the FUTURE placeholder."""
+    ``node_per_gpu``), which the node table must hold beside the FUTURE placeholder; ``static_nodes``: the
+    ``NodeName=`` lines of static instance nodes (``instance_nodes = static``), which replace the placeholder."""
     p = paths
+    if static_nodes:  # their CPUs are slurm.conf's (the testbed's, not this machine's): taken as they are
+        nodes = [
+            "SlurmdParameters=config_overrides",
+            "# flexmig's static instance nodes: one per place each MIG profile can take",
+            *static_nodes,
+        ]
+    else:
+        nodes = [
+            "# Demand for MIG profiles the node does not have yet pends against this placeholder instead of being",
+            "# refused at submission; it never registers.",
+            f"NodeName={future_node} State=FUTURE CPUs={cpus} Gres={future_gres}",
+        ]
     return "\n".join(
         [
             "# A private single-node Slurm written by `flexmig slurm testbed`; everything lives under this directory.",
@@ -229,9 +245,7 @@ def render_slurm_conf(
             "SlurmctldTimeout=30",
             "SlurmdTimeout=30",
             f"TaskProlog={p.taskprolog}",
-            "# Demand for MIG profiles the node does not have yet pends against this placeholder instead of being",
-            "# refused at submission; it never registers.",
-            f"NodeName={future_node} State=FUTURE CPUs={cpus} Gres={future_gres}",
+            *nodes,
             f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",
         ]
@@ -302,6 +316,9 @@ class Testbed:
     node_per_instance: bool = False
     """One dynamic node per MIG instance (``<node>-gpu<K>-<S>``, Slurm 23.11 and later): flexmigd's ``[slurm]
     node_per_instance``."""
+    static_nodes: bool = False
+    """With ``node_per_instance``: the instance nodes are static ones of slurm.conf (``<node>-gpu<K>-<S>-<profile>``,
+    State=FUTURE, any Slurm from 22.05): flexmigd's ``[slurm] instance_nodes = "static"``."""
     gpu_port_base: int = 0
     """With ``node_per_gpu``: GPU K's slurmd port less K; with ``node_per_instance``: the instance at S of GPU K's
     port less 8K + S (0: chosen free by :meth:`flexmigd_config`, then kept)."""
@@ -324,6 +341,11 @@ class Testbed:
 
     def node_names(self) -> list[str]:
         """Every name flexmigd may give a node of this host."""
+        if self.node_per_instance and self.static_nodes:
+            return [
+                slot_node(self.node, k, s, p.name)
+                for k in range(self.gpus) for p in self.model.plain_profiles for s in p.starts
+            ]  # fmt: skip
         if self.node_per_instance:
             return [f"{self.node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
         return [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
@@ -395,6 +417,13 @@ class Testbed:
             self.ctld_port = free_port()
         if not self.slurmd_port:
             self.slurmd_port = free_port()
+        static: list[str] = []
+        if self.node_per_instance and self.static_nodes:  # slurm.conf names the ports: chosen now, then kept
+            self.gpu_port_base = self.gpu_port_base or free_ports(8 * self.gpus)
+            static = slot_lines(
+                self.node, self.model, self.gpus, port_base=self.gpu_port_base,
+                cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr="127.0.0.1",
+            )  # fmt: skip
         conf = render_slurm_conf(
             p,
             ctld_port=self.ctld_port,
@@ -403,7 +432,8 @@ class Testbed:
             future_gres=future_gres(self.model, self.gpus),
             cpus=self.cpus,
             partition=self.partition,
-            dynamic_nodes=7 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1,
+            dynamic_nodes=len(static) or (7 if self.node_per_instance else 1) * self.gpus if self.per_node else 1,
+            static_nodes=static,
         )
         p.slurm_conf.write_text(conf)
         if not p.gres_conf.exists():
@@ -557,6 +587,8 @@ class Testbed:
         if self.node_per_instance:  # each instance node a compute slice's share of the host's CPUs
             share = max(1, self.cpus // 7)
             node_conf = ['slurmd_conf = "NodeAddr=127.0.0.1"', f'slurmd_conf_per_slice = "CPUs={share}"']
+        if self.node_per_instance and self.static_nodes:  # slurm.conf's lines say it all
+            node_conf = ['instance_nodes = "static"']
 
         def q(value: object) -> str:
             return json.dumps(str(value))

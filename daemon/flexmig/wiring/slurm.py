@@ -53,6 +53,7 @@ from flexmig.config.checks import per_slice_params
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
+from flexmig.mig.catalogue import MODELS
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.mqtt.slurm_events import (
     job_event,
@@ -68,7 +69,14 @@ from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_erro
 from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.reservations import flexmig_name
-from flexmig.slurm.settings import SlurmSettings, gpu_node, instance_node, instance_port, parse_instance_node
+from flexmig.slurm.settings import (
+    SlurmSettings,
+    gpu_node,
+    instance_node,
+    instance_port,
+    parse_instance_node,
+    slot_node,
+)
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
@@ -80,8 +88,9 @@ __all__ = ["Claims", "SharedReads", "SlurmComponent", "round_order", "slurm_sett
 log = logging.getLogger(__name__)
 
 
-AgentKey = int | tuple[int, int] | None
-"""An agent's key: None (the one node), a GPU (``node_per_gpu``), or ``(gpu, start)`` (``node_per_instance``)."""
+AgentKey = int | tuple[int, int] | tuple[int, int, str] | None
+"""An agent's key: None (the one node), a GPU (``node_per_gpu``), ``(gpu, start)`` (``node_per_instance``), or
+``(gpu, start, profile)`` (``node_per_instance`` with ``instance_nodes = static``: a node per profile and place)."""
 
 
 class SlurmHost(Protocol):
@@ -126,6 +135,7 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         max_closed_nodes=cfg.max_closed_nodes,
         node_per_gpu=cfg.node_per_gpu,
         node_per_instance=cfg.node_per_instance,
+        instance_nodes=cfg.instance_nodes,
         hold_after_s=cfg.hold_after_s,
         slurmd_port_base=cfg.slurmd_port_base,
     )
@@ -296,6 +306,8 @@ class SlurmComponent:
         self.per_gpu = host.config.slurm.node_per_gpu
         self.per_instance = host.config.slurm.node_per_instance and not self.per_gpu
         self.per_node = self.per_gpu or self.per_instance
+        self.static = self.per_instance and host.config.slurm.instance_nodes == "static"
+        """Instance nodes are slurm.conf's static State=FUTURE nodes, one per MIG profile and place."""
         """Several nodes on the host, each its own agent (``node_per_gpu`` or ``node_per_instance``)."""
         self.agents: dict[AgentKey, SlurmAgent] = {}
         """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), by ``(gpu, start)``
@@ -348,7 +360,8 @@ class SlurmComponent:
         if self.per_gpu:
             who = f"{self.node} (one dynamic node per MIG GPU: {gpu_node(self.node, 0)}, ...)"
         elif self.per_instance:
-            who = f"{self.node} (one dynamic node per MIG instance: {instance_node(self.node, 0, 0)}, ...)"
+            kind = "static node of slurm.conf" if self.static else "dynamic node"
+            who = f"{self.node} (one {kind} per MIG instance: {self._example_node()}, ...)"
         log.info(
             "Slurm: node %s, %s, gres.conf block in %s, GRES map %s",
             who,
@@ -379,14 +392,20 @@ class SlurmComponent:
         if key is None:
             return self.node, settings.for_node(self.node)
         if isinstance(key, tuple):
-            node = instance_node(self.node, *key)
-            return node, settings.for_node(node, port=instance_port(slurm.slurmd_port_base, *key))
+            gpu, start = key[0], key[1]
+            if len(key) == 3:  # a static node: its Port= is slurm.conf's
+                node = slot_node(self.node, gpu, start, key[2])
+                return node, settings.for_node(node)
+            node = instance_node(self.node, gpu, start)
+            return node, settings.for_node(node, port=instance_port(slurm.slurmd_port_base, gpu, start))
         node = gpu_node(self.node, key)
         return node, settings.for_node(node, port=slurm.slurmd_port_base + key)
 
     def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
         node, settings = self._settings_for(key, self.config.slurm)
-        gpu, start = key if isinstance(key, tuple) else (key, None)
+        gpu, start, profile = (key[0], key[1], key[2] if len(key) == 3 else None) if isinstance(key, tuple) else (
+            key, None, None
+        )  # fmt: skip
         agent = SlurmAgent(
             settings,
             node,
@@ -398,6 +417,7 @@ class SlurmComponent:
             on_event=lambda kind, detail: self._job_event(kind, detail, node),
             gpu=gpu,
             start=start,
+            profile=profile,
         )
         if self.per_node:  # the agent added its own runner: the journal's actions go by their node instead
             act.executor.add_handler(KIND, self._dispatch)
@@ -411,26 +431,47 @@ class SlurmComponent:
             agent = self.agents[gpu] = self._make_agent(self._act, gpu)
         return agent
 
-    def agent_for_instance(self, gpu: int, start: int) -> SlurmAgent:
-        """The agent of the instance node at ``start`` of GPU ``gpu`` (``node_per_instance``), made the first time."""
-        agent = self.agents.get((gpu, start))
+    def agent_for_instance(self, gpu: int, start: int, profile: str) -> SlurmAgent:
+        """The agent of the node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (``node_per_instance``),
+        made the first time: one per place (dynamic nodes), or per place and profile (static ones)."""
+        key: AgentKey = (gpu, start, profile) if self.static else (gpu, start)
+        agent = self.agents.get(key)
         if agent is None:
             assert self._act is not None, "attach comes first"
-            agent = self.agents[(gpu, start)] = self._make_agent(self._act, (gpu, start))
+            agent = self.agents[key] = self._make_agent(self._act, key)
         return agent
+
+    def _example_node(self) -> str:
+        """The name of the first instance node of the host, for messages."""
+        return f"{instance_node(self.node, 0, 0)}-<profile>" if self.static else instance_node(self.node, 0, 0)
+
+    def _slot_profile(self, name: str) -> str:
+        """The MIG profile of static node ``name`` of this host (:func:`flexmig.slurm.settings.slot_node`), or ""
+        when the name is no such node."""
+        where = parse_instance_node(self.node, name)
+        if where is None:
+            return ""
+        for model in MODELS:
+            for p in model.profiles:
+                if slot_node(self.node, *where, p.name) == name:
+                    return p.name
+        return ""
 
     async def _dispatch(self, run: ActionRun) -> None:
         """Run a ``slurm_reregister`` action with the agent of the GPU (or instance) node its payload names."""
         node = str(run.row.payload.get("node", ""))
         if self.per_instance:
             where = parse_instance_node(self.node, node)
-            if where is None:
+            profile = self._slot_profile(node) if self.static else ""
+            ours = bool(profile) if self.static else where is not None and node == instance_node(self.node, *where)
+            if where is None or not ours:
+                kind = "static" if self.static else "dynamic"
                 raise SlurmError(
                     f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_instance "
-                    f"flexmig manages {instance_node(self.node, 0, 0)}, ...: finish it with node_per_instance = "
-                    "false, or re-register that node by hand"
+                    f"and instance_nodes = {kind} flexmig manages {self._example_node()}, ...: finish it with the "
+                    "settings it was made with, or re-register that node by hand"
                 )
-            await self.agent_for_instance(*where).change.run(run, run.row.payload)
+            await self.agent_for_instance(*where, profile).change.run(run, run.row.payload)
             return
         m = re.fullmatch(re.escape(self.node) + r"-gpu([0-9]{1,4})", node)
         if m is None:
@@ -566,7 +607,7 @@ class SlurmComponent:
         """``node_per_gpu``: Slurm is 23.11 or later (else one line, and nothing is touched), and there is an
         agent for every MIG GPU NVML shows (in the round's shared inventory)."""
         assert self._client is not None
-        if not self._version_ok:
+        if not self._version_ok and not self.static:  # static instance nodes work from 22.05
             cfg = await self._client.config()
             key = "node_per_instance" if self.per_instance else "node_per_gpu"
             problem = version_problem(cfg.get("SLURM_VERSION", ""), key)

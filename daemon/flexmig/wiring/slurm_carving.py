@@ -66,7 +66,7 @@ class InstanceCarver:
         settings: Callable[[], SlurmSettings],
         client: SlurmClient,
         executor: Executor,
-        agent_for: Callable[[int, int], SlurmAgent],
+        agent_for: Callable[[int, int, str], SlurmAgent],
         wall: Callable[[], float],
     ) -> None:
         self.node = node
@@ -82,6 +82,10 @@ class InstanceCarver:
         self.left_out: dict[str, str] = {}
         """The waiting jobs the last round left out of the carving, and why."""
 
+    def name(self, gpu: int, start: int, profile: str) -> str:
+        """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
+        return self.settings().instance_name(self.node, gpu, start, profile)
+
     @property
     def hold_reservation(self) -> str:
         """The name of flexmig's reservation on a held region."""
@@ -92,10 +96,10 @@ class InstanceCarver:
         host's own rounds, retiring and carving, with no agent)."""
         inventory = await shared.inventory()
         view = NodeView.of(inventory)
-        live = sorted(i.key for i in view.instances if i.uuid is not None)
+        live = sorted((i.gpu, i.start, i.profile) for i in view.instances if i.uuid is not None)
         done: list[tuple[SlurmAgent | None, SlurmRound]] = []
-        for gpu, start in live:
-            agent = self.agent_for(gpu, start)
+        for gpu, start, profile in live:
+            agent = self.agent_for(gpu, start, profile)
             agent.own_reservations = frozenset({self.hold_reservation})
             try:
                 agent.shared = await shared.view()
@@ -108,7 +112,7 @@ class InstanceCarver:
             done.append((agent, rnd))
         if mode == "observe":
             return done
-        retired = await self._retire_stale(mode, await shared.view(), set(live))
+        retired = await self._retire_stale(mode, await shared.view(), {self.name(*i) for i in live})
         if retired is not None:
             done.append(retired)
             shared.after(retired[1])
@@ -118,14 +122,14 @@ class InstanceCarver:
         return done
 
     # ------------------------------------------------------------------------------------------ stale nodes
-    async def _retire_stale(self, mode: str, look: SlurmView, live: set[Where]) -> tuple[None, SlurmRound] | None:
-        """Nodes of this host whose instance NVML no longer shows leave Slurm (mode act), unless in use or held."""
+    async def _retire_stale(self, mode: str, look: SlurmView, live: set[str]) -> tuple[None, SlurmRound] | None:
+        """Nodes of this host whose instance NVML no longer shows (``live``: the nodes of the instances it shows)
+        leave Slurm (mode act), unless in use or held."""
         jobs, nodes, reservations = look
         others = [r for r in reservations if r.name != self.hold_reservation]
         actions = []
         for n in nodes:
-            where = parse_instance_node(self.node, n.name)
-            if where is None or where in live:
+            if parse_instance_node(self.node, n.name) is None or n.name in live:
                 continue
             if admin_hold(n, others, n.name) is not None or any(j.active and n.name in j.nodes for j in jobs):
                 continue
@@ -156,7 +160,7 @@ class InstanceCarver:
         for i in view.instances:
             if i.uuid is None:
                 continue
-            name = instance_node(self.node, i.gpu, i.start)
+            name = self.name(i.gpu, i.start, i.profile)
             n = by_name.get(name)
             if n is None or not n.responding:
                 registering.add(i.key)
@@ -212,7 +216,7 @@ class InstanceCarver:
         (``hold_listed``: the round's look at Slurm lists it)."""
         stale = [n.name for n in by_name.values() if n.drained and n.reason == CARVING]
         await self._reopen(stale)  # a carving cut short by a crash drained them: nothing retires them now
-        retiring = [instance_node(self.node, hl.gpus[i], start) for i, start in c.destroy]
+        retiring = [self.name(hl.gpus[i], start, _profile_at(hl, i, start)) for i, start in c.destroy]
         for name in retiring:  # closed to new jobs all at once: the later ones wait while the first ones retire
             n = by_name.get(name)
             if n is not None and not n.drained:
@@ -222,7 +226,7 @@ class InstanceCarver:
             await self._drop_hold()
         res = None
         if c.destroy or c.create:
-            actions = carving_actions(self.node, hl, c, "; ".join(c.reasons), drained_at=drained_at)
+            actions = carving_actions(self.name, hl, c, "; ".join(c.reasons), drained_at=drained_at)
             res = await self.executor.execute_encoded(actions, "slurm", tuple(c.reasons))
         await self._reopen(retiring)
         if c.hold is not None:
@@ -258,7 +262,7 @@ class InstanceCarver:
         listed = {n.name for n in await self.client.nodes()}
         region = hold.slices(hl.model)
         nodes = [
-            instance_node(self.node, hl.gpus[hold.gpu], inst.start)
+            self.name(hl.gpus[hold.gpu], inst.start, inst.profile.name)
             for inst in hl.layouts[hold.gpu]  # the busy ones too: once their jobs end, only jobs that end in time
             if inst.start < region.stop and region.start < inst.end
         ]
@@ -284,6 +288,12 @@ class InstanceCarver:
         await self.client.create_reservation(name, ",".join(nodes), start_in, duration)
         self._held = hold
         log.info("Slurm: held %s for %s from %.0f s on (reservation %s)", ",".join(nodes), hold.job, start_in, name)
+
+
+def _profile_at(hl: HostLayouts, i: int, start: int) -> str:
+    inst = hl.layouts[i].at(start)
+    assert inst is not None, "carve destroys only instances of the layouts it was given"
+    return inst.profile.name
 
 
 def after_carving(hl: HostLayouts, carving: Carving) -> HostLayouts:
