@@ -306,9 +306,9 @@ class SlurmComponent:
         self.per_gpu = host.config.slurm.node_per_gpu
         self.per_instance = host.config.slurm.node_per_instance and not self.per_gpu
         self.per_node = self.per_gpu or self.per_instance
+        """Several nodes on the host, each its own agent (``node_per_gpu`` or ``node_per_instance``)."""
         self.static = self.per_instance and host.config.slurm.instance_nodes == "static"
         """Instance nodes are slurm.conf's static State=FUTURE nodes, one per MIG profile and place."""
-        """Several nodes on the host, each its own agent (``node_per_gpu`` or ``node_per_instance``)."""
         self.agents: dict[AgentKey, SlurmAgent] = {}
         """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), by ``(gpu, start)``
         (``node_per_instance``: made as instances are seen), else one, under None."""
@@ -403,9 +403,9 @@ class SlurmComponent:
 
     def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
         node, settings = self._settings_for(key, self.config.slurm)
-        gpu, start, profile = (key[0], key[1], key[2] if len(key) == 3 else None) if isinstance(key, tuple) else (
-            key, None, None
-        )  # fmt: skip
+        gpu = key[0] if isinstance(key, tuple) else key
+        start = key[1] if isinstance(key, tuple) else None
+        profile = key[2] if isinstance(key, tuple) and len(key) == 3 else None
         agent = SlurmAgent(
             settings,
             node,

@@ -128,9 +128,11 @@ class InstanceCarver:
         jobs, nodes, reservations = look
         others = [r for r in reservations if r.name != self.hold_reservation]
         actions = []
+        static = self.settings().static_nodes
         for n in nodes:
-            if parse_instance_node(self.node, n.name) is None or n.name in live:
-                continue
+            where = parse_instance_node(self.node, n.name)
+            if where is None or n.name in live or (n.name != instance_node(self.node, *where)) != static:
+                continue  # not an instance node of this host in this mode (dynamic or static), or its instance lives
             if admin_hold(n, others, n.name) is not None or any(j.active and n.name in j.nodes for j in jobs):
                 continue
             actions.append(encode_change(n.name, Plan(), (), "its MIG instance is gone", 0.0, retire=True))
