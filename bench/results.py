@@ -157,6 +157,16 @@ SECTIONS: tuple[Section, ...] = (
         needs=_newer_slurm(),
     ),
     Section(
+        "slurm_mix_static_instances",
+        "The administrator's mix on Slurm 22.05: one static Slurm node per MIG instance",
+        "slurm_mix.py",
+        # node_per_instance with instance_nodes = "static" on the distribution's Slurm, one GPU (about 27 min)
+        ("--rivals", "per-inst-static"),
+        quick=("--quick", "--rivals", "per-inst-static"),
+        markdown=False,
+        needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
+    ),
+    Section(
         "slurm_model",
         "A busy node, modelled: seeds the policy was not chosen on",
         "slurm_model.py",
