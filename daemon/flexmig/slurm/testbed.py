@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -87,10 +88,22 @@ def free_port() -> int:
         return port
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (where :func:`free_port` and outgoing connections get theirs)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(count: int, tries: int = 50) -> int:
-    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (one slurmd per GPU node)."""
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (one slurmd per GPU or instance node).
+
+    Taken below the kernel's ephemeral range where it leaves room: the slurmds bind them only later, and a port of
+    that range could meanwhile be handed to another server's :func:`free_port` (a metrics endpoint, a broker)."""
+    low, high = 10000, _ephemeral_low() - count
     for _ in range(tries):
-        base = free_port()
+        base = low + secrets.randbelow(high - low) if high - low > 1000 else free_port()
         if base + count > 65535:
             continue
         with contextlib.ExitStack() as stack:
