@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -42,18 +41,8 @@ def test_a_profile_no_instance_has_is_carved_from_idle_instances_while_a_busy_on
         registered = d.slurm_node(busy).slurmd_start_s
         assert pid is not None
 
-        seen: list[str] = []
-
-        def started() -> bool:
-            node = d.slurm_node(busy)  # the busy instance's node, at every look while its sibling is carved
-            seen.append("absent" if node is None else f"{node.state}{'+drain' if node.drained else ''}")
-            job = d.job(second)
-            return job is not None and job.state == "RUNNING"
-
-        submitted = time.monotonic()
-        second = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
-        d.wait(f"job {second} running on a carved 1g.18gb", started, timeout_s=90)
-        took = time.monotonic() - submitted
+        # the busy instance's node, at every look while its sibling is carved
+        second, seen, took = d.submit_while_watching(busy, "--gres=gpu:1g.18gb:1", script=SLEEP, what="a carved 1g")
         print(f"\nnode_per_instance: submit to running on a carved instance: {took:.1f} s ({slurm_version()})")
 
         job = d.job(second)

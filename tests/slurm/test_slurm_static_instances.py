@@ -11,7 +11,6 @@ FUTURE, flexmig starts their slurmds again and the running job is not lost.
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
@@ -46,19 +45,8 @@ def test_a_profile_no_instance_has_is_carved_and_the_static_nodes_follow_the_ins
         d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
         pid = d.slurmd_pid(busy)
         assert pid is not None
-        seen: list[str] = []
-
-        def started() -> bool:
-            node = d.slurm_node(busy)
-            seen.append("absent" if node is None else f"{node.state}{'+drain' if node.drained else ''}")
-            job = d.job(second)
-            return job is not None and job.state == "RUNNING"
-
-        submitted = time.monotonic()
-        second = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
-        d.wait(f"job {second} running on a carved 1g.18gb", started, timeout_s=90)
-        print(f"\nstatic instance nodes: submit to running on a carved instance: {time.monotonic() - submitted:.1f} s"
-              f" ({slurm_version()})")  # fmt: skip
+        second, seen, took = d.submit_while_watching(busy, "--gres=gpu:1g.18gb:1", script=SLEEP, what="a carved 1g")
+        print(f"\nstatic instance nodes: submit to running on a carved instance: {took:.1f} s ({slurm_version()})")
         job = d.job(second)
         assert job is not None and len(job.nodes) == 1, job
         carved = job.nodes[0]

@@ -526,6 +526,24 @@ class SlurmDaemon:
         all its GPU or instance nodes, so this counts rounds."""
         return self.rpc_count("REQUEST_JOB_INFO")
 
+    def submit_while_watching(self, watched: str, *args: str, script: str, what: str) -> tuple[int, list[str], float]:
+        """Submit ``script`` with ``args`` and wait (90 s at most) until it runs, looking at node ``watched`` at every
+        poll: the job, the states the node was seen in (``absent``, ``mixed``, ``idle+drain``...) and the seconds
+        from submission to running."""
+        seen: list[str] = []
+        job_id = 0
+
+        def started() -> bool:
+            node = self.slurm_node(watched)
+            seen.append("absent" if node is None else f"{node.state}{'+drain' if node.drained else ''}")
+            job = self.job(job_id)
+            return job is not None and job.state == "RUNNING"
+
+        submitted = time.monotonic()
+        job_id = self.testbed.sbatch(*args, script=script)
+        self.wait(f"job {job_id} running on {what}", started, timeout_s=90)
+        return job_id, seen, time.monotonic() - submitted
+
     def wait_state(self, job_id: int, state: str, timeout_s: float = WAIT_S) -> SlurmJob:
         """Until job ``job_id`` is in ``state``."""
         got: SlurmJob = self.wait(
