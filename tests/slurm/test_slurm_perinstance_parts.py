@@ -4,6 +4,7 @@ the actions of its decision."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -237,7 +238,11 @@ def test_slurm_conf_for_static_nodes_lists_every_place_of_every_profile(capsys: 
     assert ("NodeName=h1-gpu1-4-3g71gb NodeHostname=h1 NodeAddr=h1 Port=6842 CPUs=6 Gres=gpu:3g.71gb:1 State=FUTURE"
             in lines)  # fmt: skip
     assert all(x.endswith("State=FUTURE") for x in lines) and "MaxNodeCount" not in out
-    assert 'instance_nodes = "static"' in out
+    assert 'instance_nodes = "static"' in out and 'slurmd_unit = "slurmd-static@{node}.service"' in out
+    hint = [x for x in out.splitlines() if x.startswith(("# flexmig.toml", "#   "))]
+    keys = [f"{k} = {v}" for k, v in re.findall(r'(\w+) = ("[^"]*"|\w+)', "\n".join(hint))]
+    cfg = parse_config("[slurm]\nenabled = true\n" + "\n".join(keys) + "\n")  # the keys it prints load
+    assert cfg.slurm.instance_nodes == "static" and cfg.slurm.node == "h1"
     assert cli_main(["slurm", "conf", "--static", "--host", "h1"]) != 0  # only with --node-per-instance
     assert cli_main(["slurm", "conf", "--node-per-instance", "--static"]) != 0  # the names need the host's
     assert cli_main(["slurm", "conf", "--node-per-instance", "--static", "--host", "h 1"]) != 0

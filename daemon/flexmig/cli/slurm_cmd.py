@@ -184,7 +184,9 @@ def _static_conf(args: argparse.Namespace, model: GpuModel) -> int:
     )
     print("\n".join(lines))
     print(f'# flexmig.toml [slurm]: node = "{args.host}", node_per_instance = true, instance_nodes = "static", '
-          f"slurmd_port_base = {args.port_base}")  # fmt: skip
+          f"slurmd_port_base = {args.port_base},")  # fmt: skip
+    print('#   slurmd_unit = "slurmd-static@{node}.service", slurmd_env = "/run/flexmig/slurm/slurmd-{node}.env",')
+    print('#   slurmd_pid_file = "/run/slurmd-{node}.pid", gres_map = "/run/flexmig/slurm/gres-map-{node}.json"')
     return 0
 
 
