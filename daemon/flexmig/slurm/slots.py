@@ -19,15 +19,26 @@ jobs, which flexmig does in its next round.
 
 from __future__ import annotations
 
-from flexmig.mig.catalogue import GpuModel
+from collections.abc import Iterator
+
+from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.slurm.settings import instance_port, slot_node
 
-__all__ = ["slot_count", "slot_lines"]
+__all__ = ["slot_count", "slot_lines", "slot_places"]
+
+
+def slot_places(model: GpuModel, gpus: int) -> Iterator[tuple[int, Profile, int]]:
+    """``(gpu, profile, start)`` of every static node of a host of ``gpus`` GPUs of ``model``: GPU by GPU, profile
+    by profile (the planner's plain ones), start by start."""
+    for gpu in range(gpus):
+        for p in model.plain_profiles:
+            for start in p.starts:
+                yield gpu, p, start
 
 
 def slot_count(model: GpuModel, gpus: int) -> int:
     """How many static nodes a host of ``gpus`` GPUs of ``model`` has."""
-    return gpus * sum(len(p.starts) for p in model.plain_profiles)
+    return sum(1 for _ in slot_places(model, gpus))
 
 
 def slot_lines(
@@ -35,13 +46,9 @@ def slot_lines(
 ) -> list[str]:
     """slurm.conf's ``NodeName=`` line of every static instance node of host node ``node`` (``hostname`` and
     ``addr``: slurm.conf's ``NodeHostname=`` and ``NodeAddr=``), GPU by GPU, profile by profile."""
-    lines = []
-    for gpu in range(gpus):
-        for p in model.plain_profiles:
-            for start in p.starts:
-                lines.append(
-                    f"NodeName={slot_node(node, gpu, start, p.name)} NodeHostname={hostname} NodeAddr={addr} "
-                    f"Port={instance_port(port_base, gpu, start)} CPUs={cpus_per_slice * p.compute_slices} "
-                    f"Gres=gpu:{p.name}:1 State=FUTURE"
-                )
-    return lines
+    return [
+        f"NodeName={slot_node(node, gpu, start, p.name)} NodeHostname={hostname} NodeAddr={addr} "
+        f"Port={instance_port(port_base, gpu, start)} CPUs={cpus_per_slice * p.compute_slices} "
+        f"Gres=gpu:{p.name}:1 State=FUTURE"
+        for gpu, p, start in slot_places(model, gpus)
+    ]

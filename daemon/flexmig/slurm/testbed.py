@@ -49,7 +49,7 @@ from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.minors import render_mig_minors
 from flexmig.slurm.settings import slot_node
-from flexmig.slurm.slots import slot_lines
+from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
 
 __all__ = [
@@ -355,10 +355,7 @@ class Testbed:
     def node_names(self) -> list[str]:
         """Every name flexmigd may give a node of this host."""
         if self.node_per_instance and self.static_nodes:
-            return [
-                slot_node(self.node, k, s, p.name)
-                for k in range(self.gpus) for p in self.model.plain_profiles for s in p.starts
-            ]  # fmt: skip
+            return [slot_node(self.node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
         if self.node_per_instance:
             return [f"{self.node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
         return [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
