@@ -220,3 +220,14 @@ def test_a_7g_job_holds_the_gpu_whose_jobs_end_first_and_small_ones_fill_what_is
     assert again.hold is None
     assert [(g, i.spec(), job) for g, i, job in again.create] == [(1, "7g.141gb@0", "big")]
     assert sorted(again.destroy) == [(1, s) for s in range(7)]
+
+
+def test_the_reasons_name_the_gpus_by_their_own_numbers() -> None:
+    """A host whose carving leaves GPU 0 out (its layouts are GPUs 1 and 3): the reasons say GPU 3, not index 1."""
+    one = Layout.of(H200, [("1g.18gb", s) for s in range(7)])
+    busy = {**{(0, s): 900.0 for s in range(7)}, **{(1, s): 100.0 for s in range(6)}}
+    queue = [Waiting("big", "7g.141gb", 600.0, 1000.0), Waiting("small", "2g.35gb", 60.0, 5.0)]
+    c = carve(H200, (one, one), busy, queue, now_s=0.0, numbers=(1, 3))
+    assert c.reasons == ("big: blocked; holds 7g.141gb@0 on GPU 3",)
+    free = carve(H200, (one, Layout.empty(H200)), {}, queue[1:], now_s=0.0, numbers=(1, 3))
+    assert free.reasons == ("small: 2g.35gb@4 carved on GPU 3",)

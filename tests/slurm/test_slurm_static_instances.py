@@ -5,16 +5,22 @@ This is the per-instance mode for Slurm 22.05 (the normal suite runs it there; `
 slurm.conf lists ``fm-node-gpu<K>-<S>-<profile>`` in State=FUTURE; a job needing a profile no instance has gets
 one carved from idle instances (their nodes back to FUTURE, the new instance's node out of it) while a job on
 another instance of the same GPU runs on untouched; after a slurmctld restart, which returns every such node to
-FUTURE, flexmig starts their slurmds again and the running job is not lost.
+FUTURE, flexmig starts their slurmds again and the running job is not lost. The carving is a ``slurm_carving``
+event on a real mosquitto.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 
 import pytest
 
-from support.flexmigd import sample
+from flexmig.mqtt.events import Event
+from support.flexmigd import collect_events, open_session, sample
+from support.mosquitto import Mosquitto
+from support.schemas import validator
 from support.slurm import SlurmDaemon, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -32,8 +38,27 @@ def _future(d: SlurmDaemon, node: str) -> str:
     return words.get("State", "")
 
 
-def test_a_profile_no_instance_has_is_carved_and_the_static_nodes_follow_the_instances() -> None:
-    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True) as d:
+def _carvings(port: int, node: str, *, until: str, limit_s: float = 30.0) -> list[Event]:
+    """The ``slurm_carving`` events queued for the watcher's session, collected until one creates node ``until``
+    (bounded); each validated against the schema."""
+    schema = validator("event.v1.schema.json")
+    out: list[Event] = []
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        events = collect_events(port, node, client_id="carving-watcher", quiet_s=1.0, limit_s=5.0)
+        for e in events:
+            assert [err.message for err in schema.iter_errors(json.loads(e.to_json()))] == [], e
+        out += [e for e in events if e.kind.value == "slurm_carving"]
+        if any(c["slurm_node"] == until for e in out for c in e.payload["create"]):
+            return out
+    raise AssertionError(f"no slurm_carving event created {until} within {limit_s} s: {out}")
+
+
+def test_a_profile_no_instance_has_is_carved_and_the_static_nodes_follow_the_instances(broker: Mosquitto) -> None:
+    with SlurmDaemon(
+        "h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, mqtt_port=broker.port
+    ) as d:
+        open_session(broker.port, d.node, client_id="carving-watcher")
         busy, idle = "fm-node-gpu0-0-3g71gb", "fm-node-gpu0-4-3g71gb"
         assert d.slurm_node(busy).gpu_counts() == {"3g.71gb": 1}
         assert d.slurm_node(idle).gpu_counts() == {"3g.71gb": 1}
@@ -62,6 +87,11 @@ def test_a_profile_no_instance_has_is_carved_and_the_static_nodes_follow_the_ins
         assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
         line = d.wait(f"job {second}'s first line", lambda: d.output(second) if "\n" in d.output(second) else None)
         assert line.strip().startswith("MIG-"), line  # the TaskProlog read the carved node's own map
+        (event,) = _carvings(broker.port, d.node, until=carved)  # the carving, once, as it was done
+        assert event.payload["mode"] == "act" and event.payload["hold"] is None, event
+        ((created),) = event.payload["create"]
+        assert created["job"] == f"slurm-{second}" and created["instance"].startswith("gpu0:1g.18gb@"), event
+        assert {x["slurm_node"] for x in event.payload["destroy"]} == {idle}, event
 
         # slurmctld starts again: Slurm returns every static node to slurm.conf's FUTURE, their slurmds run on
         d.stop_ctld()

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from flexmig.act.events import ActEvent
 from flexmig.mig import H200
+from flexmig.mig.layout import Layout
 from flexmig.mqtt.action_events import ActionEventTranslator, ActionFacts, plan_event
 from flexmig.mqtt.events import Event, EventFactory
-from flexmig.mqtt.slurm_events import job_event, node_event, reachable_event, unreachable_event
+from flexmig.mqtt.slurm_events import carving_event, job_event, node_event, reachable_event, unreachable_event
 from flexmig.mqtt.slurm_events import plan_event as slurm_plan_event
+from flexmig.plan.carving import Waiting, carve
 from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, DestroyInstance, Instance, MigrateJob, Plan, StartJob
+from flexmig.slurm.instances import CarvingReport, HostLayouts, carving_report
+from flexmig.slurm.settings import instance_node
 
 T0 = 1_700_000_000.0
 
@@ -127,4 +131,16 @@ def slurm_events(fac: EventFactory) -> list[Event]:
         node_event(fac, "n1", "slurmd_restarted", {"reason": "slurmd crashed", "gres": "gpu:3g.71gb:2"}),
         node_event(fac, "n1", "change_waiting", {"reason": "serves 1 waiting job(s)", "start_in_s": 42.0}),
         node_event(fac, "n1", "ack_missed", {"slurm_job": 5, "reason": "not asked again while it runs"}),
+        carving_event(fac, "n1", "act", sample_carving(waited_s=60.0)),
+        carving_event(fac, "n1", "advise", sample_carving(waited_s=3600.0)),
     ]
+
+
+def sample_carving(waited_s: float) -> CarvingReport:
+    """A carving of GPU 1 of ``n1`` (3g.71gb@0 busy for 600 s more, 3g.71gb@4 idle) for a 7g job that waited
+    ``waited_s`` and a 1g job, as :func:`flexmig.plan.carving.carve` decides it: the 1g job gets an instance carved
+    from the idle 3g, or (the 7g job waited long enough) the 7g job holds the GPU."""
+    hl = HostLayouts(H200, (1,), (Layout.of(H200, [("3g.71gb", 0), ("3g.71gb", 4)]),), frozenset())
+    queue = [Waiting("slurm-8", "7g.141gb", 3600.0, waited_s), Waiting("slurm-9", "1g.18gb", 600.0, 5.0)]
+    c = carve(H200, hl.layouts, {(0, 0): 600.0}, queue, now_s=T0, numbers=hl.gpus)
+    return carving_report(lambda gpu, start, _: instance_node("n1", gpu, start), hl, c, now_s=T0)

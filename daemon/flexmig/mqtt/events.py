@@ -77,6 +77,7 @@ class EventKind(enum.StrEnum):
     SLURM_JOB_REQUEUED = "slurm_job_requeued"
     SLURM_JOB_RELEASED = "slurm_job_released"
     SLURM_NODE = "slurm_node"
+    SLURM_CARVING = "slurm_carving"
 
 
 def format_time(at: float) -> str:

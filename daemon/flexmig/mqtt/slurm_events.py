@@ -4,6 +4,9 @@
   after ``down_s``);
 * ``slurm_plan``: a new re-registration decision, go or not, with its figures and the instance changes;
 * ``slurm_job_signalled`` / ``slurm_job_requeued`` / ``slurm_job_released``: a hook job's checkpoint-and-requeue;
+* ``slurm_carving`` (one node per MIG instance): a new carving of the host, in mode act done, in mode advise
+  what would be done: the idle instances retired and the instances created with their Slurm nodes and the jobs
+  they are for, the region held for a blocked job, the reasons;
 * ``slurm_node``: what flexmig did about the node itself (``what``: slurmd restarted, a change waiting in flexmig's
   reservation or abandoned, a hook job that missed its acknowledgement), or why it left it alone (an administrator's
   drain, down or reservation; an unsupported setup).
@@ -15,14 +18,19 @@ The re-registration itself is an action: ``action_started``/``action_completed``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexmig.mqtt.events import Event, EventFactory, EventKind
 from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 
+if TYPE_CHECKING:
+    from flexmig.slurm.instances import CarvingReport
+
 __all__ = [
     "NODE_WHATS",
+    "CarvingNews",
+    "carving_event",
     "job_event",
     "node_event",
     "plan_changes",
@@ -103,3 +111,50 @@ def node_event(factory: EventFactory, node: str, what: str, detail: dict[str, An
         if key in detail and detail[key] is not None:
             payload[key] = kind(detail[key])
     return factory.make(EventKind.SLURM_NODE, payload)
+
+
+MAX_REASONS = 64
+"""At most this many of a carving's reasons go into its event (the rest are in the log)."""
+
+
+class CarvingNews:
+    """Which carvings are news for the fleet: one that changes instances each time it is done (mode act) and, not
+    done (mode advise proposes the same one every round), when it differs from the last one published; a hold
+    when it is taken, moves or is dropped. Rounds that neither change nor hold anything are not news."""
+
+    def __init__(self) -> None:
+        self._proposed: dict[str, str] = {}
+        self._held: dict[str, tuple[str, str] | None] = {}
+
+    def news(self, node: str, report: CarvingReport, *, done: bool) -> bool:
+        """True when host node ``node``'s carving ``report`` (``done``: its actions ran) should be published."""
+        hold = None if report.hold is None else report.hold[:2]
+        new_hold = hold != self._held.get(node)
+        if report.destroy or report.create:
+            signature = report.signature()
+            if signature == self._proposed.get(node) and not done and not new_hold:
+                return False
+            self._proposed[node] = signature
+        else:
+            self._proposed.pop(node, None)
+            if not new_hold:
+                return False
+        self._held[node] = hold
+        return True
+
+
+def carving_event(factory: EventFactory, node: str, mode: str, report: CarvingReport) -> Event:
+    """A carving of host node ``node``'s GPUs (mode ``act``: done; ``advise``: proposed)."""
+    hold: dict[str, Any] | None = None
+    if report.hold is not None:
+        job, instance, left = report.hold
+        hold = {"job": job, "instance": instance, "start_in_s": left}
+    payload: dict[str, Any] = {
+        "node": node,
+        "mode": mode,
+        "destroy": [{"instance": i, "slurm_node": n} for i, n in report.destroy],
+        "create": [{"instance": i, "slurm_node": n, "job": j} for i, n, j in report.create],
+        "hold": hold,
+        "reasons": [r[:500] for r in report.reasons[:MAX_REASONS]],
+    }
+    return factory.make(EventKind.SLURM_CARVING, payload)

@@ -104,6 +104,7 @@ def carve(
     registering: frozenset[Where] = frozenset(),
     pinned: frozenset[Where] = frozenset(),
     hold_after_s: float = HOLD_AFTER_S,
+    numbers: Sequence[int] = (),
 ) -> Carving:
     """The next carving of the node's GPUs ``layouts`` for the waiting ``queue`` (Slurm's priority order).
 
@@ -111,12 +112,14 @@ def carve(
     ``registering`` are instances whose nodes are not registered yet (they serve waiting jobs but are not
     destroyed); ``pinned`` are instances left alone (their node closed by an administrator: they serve nobody and
     are not destroyed). ``hold`` is the previous round's; a blocked job gets one once it has waited
-    ``hold_after_s``.
+    ``hold_after_s``. ``numbers`` are the GPUs' own numbers (NVML's) that the reasons name, by default their
+    indices in ``layouts``.
     """
     for g, start in (*busy, *registering, *pinned):
         if not 0 <= g < len(layouts) or layouts[g].at(start) is None:
             raise ValueError(f"carve: no instance at GPU {g}, memory slice {start}")
     node = _Node(model, list(layouts), busy, registering, pinned)
+    number = list(numbers) if len(numbers) == len(layouts) else list(range(len(layouts)))
     reasons: list[str] = []
     names = {j.name for j in queue}
     fence = hold if hold is not None and hold.job in names else None
@@ -133,7 +136,7 @@ def carve(
             spot = node.spot(profile, given, other)
             if spot is not None:
                 node.make(spot, profile, job.name)
-                reasons.append(f"{job.name}: {profile.name}@{spot[1]} carved on GPU {spot[0]}")
+                reasons.append(f"{job.name}: {profile.name}@{spot[1]} carved on GPU {number[spot[0]]}")
                 free = spot
         if free is not None:
             given[free] = job.limit_s
@@ -147,7 +150,7 @@ def carve(
             reasons.append(f"{job.name}: {profile.name} fits no GPU of this node")
             continue
         if not mine:
-            reasons.append(f"{job.name}: blocked; holds {profile.name}@{target.start} on GPU {target.gpu}")
+            reasons.append(f"{job.name}: blocked; holds {profile.name}@{target.start} on GPU {number[target.gpu]}")
         kept = fence = target
     return Carving(tuple(node.destroyed), tuple(node.created), kept, tuple(reasons))
 

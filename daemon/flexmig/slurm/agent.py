@@ -64,6 +64,7 @@ from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_down, 
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string
+from flexmig.slurm.instances import CarvingReport
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import SlurmReservation, flexmig_name
 from flexmig.slurm.settings import SlurmSettings
@@ -163,7 +164,8 @@ class SlurmRead:
 
 @dataclass(frozen=True, slots=True)
 class SlurmRound:
-    """What one round saw, planned and did; ``events`` are ``(kind, detail)`` for the fleet."""
+    """What one round saw, planned and did; ``events`` are ``(kind, detail)`` for the fleet; ``carving``: a host
+    round's carving (one node per MIG instance)."""
 
     read: SlurmRead | None
     plan: Plan = field(default_factory=Plan)
@@ -171,6 +173,7 @@ class SlurmRound:
     result: PlanResult | None = None
     note: str = ""
     events: tuple[tuple[str, dict[str, Any]], ...] = ()
+    carving: CarvingReport | None = None
 
 
 class SlurmAgent:

@@ -25,6 +25,8 @@ and NVML and runs the actions.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +39,17 @@ from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning
 
-__all__ = ["HostLayouts", "busy_of", "carving_actions", "describe", "hold_name", "host_layouts", "queue_of"]
+__all__ = [
+    "CarvingReport",
+    "HostLayouts",
+    "busy_of",
+    "carving_actions",
+    "carving_report",
+    "describe",
+    "hold_name",
+    "host_layouts",
+    "queue_of",
+]
 
 
 def hold_name(node: str) -> str:
@@ -159,3 +171,45 @@ def describe(hl: HostLayouts, carving: Carving) -> Sequence[str]:
     for i, placed, job in carving.create:
         words.append(f"create {placed.profile.name}@{placed.start} on GPU {hl.gpus[i]} for {job}")
     return words
+
+
+@dataclass(frozen=True, slots=True)
+class CarvingReport:
+    """A carving as the fleet sees it (the ``slurm_carving`` event), so that an administrator can follow what
+    flexmig does to a busy host without reading its log: the instances (``gpu0:2g.35gb@4``, NVML's GPU numbers)
+    retired and created with their Slurm nodes, the waiting job each new instance is for, the region held for a
+    blocked job (seconds until its reservation starts; None: a busy instance there has no time limit), and the
+    carving's reasons in words."""
+
+    destroy: tuple[tuple[str, str], ...]
+    create: tuple[tuple[str, str, str], ...]
+    hold: tuple[str, str, float | None] | None
+    reasons: tuple[str, ...]
+
+    def signature(self) -> str:
+        """What makes two rounds' carvings the same decision: the changes and the held region (not the reasons'
+        words, nor the hold's countdown)."""
+        hold = None if self.hold is None else self.hold[:2]
+        return json.dumps([self.destroy, self.create, hold])
+
+
+def carving_report(
+    name: Callable[[int, int, str], str], hl: HostLayouts, carving: Carving, *, now_s: float
+) -> CarvingReport:
+    """The report of ``carving`` on ``hl`` (``name``: the Slurm node of an instance, by NVML GPU, start and
+    profile; ``now_s``: the clock of the carving's hold)."""
+    destroy = []
+    for i, start in carving.destroy:
+        inst = hl.layouts[i].at(start)
+        profile = inst.profile.name if inst is not None else "?"
+        destroy.append((f"gpu{hl.gpus[i]}:{profile}@{start}", name(hl.gpus[i], start, profile)))
+    create = [
+        (f"gpu{hl.gpus[i]}:{p.profile.name}@{p.start}", name(hl.gpus[i], p.start, p.profile.name), job)
+        for i, p, job in carving.create
+    ]
+    hold = None
+    if carving.hold is not None:
+        h = carving.hold
+        left = None if math.isinf(h.at_s) else round(max(0.0, h.at_s - now_s), 3)
+        hold = (h.job, f"gpu{hl.gpus[h.gpu]}:{h.profile}@{h.start}", left)
+    return CarvingReport(tuple(destroy), tuple(create), hold, carving.reasons)

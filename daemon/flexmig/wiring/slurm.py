@@ -14,8 +14,9 @@
   sampling and detection go on, and nothing is changed meanwhile;
 * **metrics**: :class:`~flexmig.metrics.slurm.SlurmMetrics`; **events**: ``slurm_unreachable``,
   ``slurm_reachable``, ``slurm_plan`` (each new decision), ``slurm_job_signalled``/``requeued``/``released``,
-  ``slurm_node`` (slurmd restarted, a change waiting or abandoned, an acknowledgement missed, the node left alone); the
-  re-registrations themselves are actions, with the actuator's action events and metrics.
+  ``slurm_node`` (slurmd restarted, a change waiting or abandoned, an acknowledgement missed, the node left alone),
+  ``slurm_carving`` (one node per MIG instance: each carving done, or in mode advise proposed, and each hold taken
+  or dropped); the re-registrations themselves are actions, with the actuator's action events and metrics.
 
 With ``[slurm] node_per_gpu`` (Slurm 23.11 and later) the component runs one agent per MIG GPU, each managing
 the dynamic node ``<node>-gpu<K>`` with its own slurmd, reservation and journalled changes; the journal's
@@ -56,6 +57,8 @@ from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mig.catalogue import MODELS
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.mqtt.slurm_events import (
+    CarvingNews,
+    carving_event,
     job_event,
     node_event,
     plan_changes,
@@ -326,6 +329,7 @@ class SlurmComponent:
         self._failing: str | None = None
         self._failing_since = 0.0
         self._last_decision: dict[str, str] = {}
+        self._carvings = CarvingNews()
         self._last_note: dict[str, str] = {}
         self._last_node_event: dict[str, tuple[str, str]] = {}
         self._wake = asyncio.Event()
@@ -491,6 +495,7 @@ class SlurmComponent:
             agent.settings = fresh
             agent.cost = agent.registration_cost(fresh)
         self._last_decision.clear()
+        self._carvings = CarvingNews()
         self._wake.set()
 
     # ------------------------------------------------------------------------------------------ component
@@ -697,6 +702,8 @@ class SlurmComponent:
                     a.duration_s,
                     f": {a.error}" if a.error else "",
                 )
+        if rnd.carving is not None:
+            self._carving_event(node, rnd, mode)
         v = rnd.verdict
         if v is None or read is None:
             return
@@ -711,6 +718,13 @@ class SlurmComponent:
         log.info("Slurm plan (%s): %s%s; changes: %s", mode, who, v.reason, ", ".join(changes))
         movable = [r.job.job_id for r in read.demand.movable]
         self._publish(plan_event(self.factory, node, mode, v, rnd.plan, checkpoint=movable))
+
+    def _carving_event(self, node: str, rnd: SlurmRound, mode: str) -> None:
+        """A ``slurm_carving`` event for the host round ``rnd``'s carving, when it is news."""
+        report = rnd.carving
+        assert report is not None
+        if self._carvings.news(node, report, done=rnd.result is not None):
+            self._publish(carving_event(self.factory, node, mode, report))
 
     def _job_event(self, kind: str, detail: dict[str, Any], node: str) -> None:
         """From the agent of ``node``: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from flexmig.act.executor import Executor
@@ -29,7 +30,16 @@ from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView
 from flexmig.slurm.change import admin_hold, encode_change
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.demand import read_demand
-from flexmig.slurm.instances import HostLayouts, busy_of, carving_actions, describe, hold_name, host_layouts, queue_of
+from flexmig.slurm.instances import (
+    HostLayouts,
+    busy_of,
+    carving_actions,
+    carving_report,
+    describe,
+    hold_name,
+    host_layouts,
+    queue_of,
+)
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings, instance_node, parse_instance_node
 
@@ -195,14 +205,17 @@ class InstanceCarver:
         registering_c = frozenset(w for w in registering_c if hl.layouts[w[0]].at(w[1]) is not None)
         c = carve(
             model, hl.layouts, busy, queue, now_s=now, hold=self.hold, registering=registering_c, pinned=hl.pinned,
-            hold_after_s=settings.hold_after_s,
+            hold_after_s=settings.hold_after_s, numbers=hl.gpus,
         )  # fmt: skip
         self.hold = c.hold
+        report = carving_report(self.name, hl, c, now_s=now)
         if mode != "act":
             words = describe(hl, c)
-            return None, SlurmRound(None, note=f"carving (mode {mode}): {', '.join(words)}" if words else "")
+            note = f"carving (mode {mode}): {', '.join(words)}" if words else ""
+            return None, SlurmRound(None, note=note, carving=report)
         mine = any(r.name == self.hold_reservation for r in reservations)
-        return await self._execute(hl, c, by_name, now=now, settings=settings, hold_listed=mine)
+        _, rnd = await self._execute(hl, c, by_name, now=now, settings=settings, hold_listed=mine)
+        return None, replace(rnd, carving=report)
 
     async def _execute(
         self,
