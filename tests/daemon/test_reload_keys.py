@@ -110,6 +110,10 @@ PROBES: dict[str, Probe] = {
     ),
     "baseline.": lambda d, c: (d.components.actuator.config.baseline, c.baseline),
     "slurm.": _slurm,
+    "slurm.cluster_reads_per_s": lambda d, c: (
+        d.components.slurm.config.slurm.cluster_reads_per_s if d.components.slurm else None,
+        c.slurm.cluster_reads_per_s,
+    ),
 }
 
 

@@ -704,6 +704,16 @@ class SlurmConfig:
         lo=0.2,
         hi=3600,
     )
+    cluster_reads_per_s: float = _doc(
+        20.0,
+        "Site-wide: how many reads of Slurm's queue a second the flexmig daemons of the whole cluster may make "
+        "together when they see it move (sdiag's counters), so that a busy cluster's slurmctld is not asked for "
+        "every job by every node every probe_s: each node leaves at least (GPU hosts slurmctld lists / this) "
+        "seconds between two such reads, and at least probe_s. Its own slurmd's crash and the timed read every "
+        "interval_s are not held back. Give every node the same value.",
+        lo=0.01,
+        hi=100000,
+    )
     max_closed_nodes: int = _doc(
         0,
         "Site-wide: at most this many nodes closed for flexmig's changes at once (flexmig's reservations whose "

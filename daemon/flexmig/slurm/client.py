@@ -86,6 +86,8 @@ class SlurmClient:
     def __init__(self, commands: SlurmCommands | None = None) -> None:
         self.commands = commands or SlurmCommands()
         self._nodes_by_scontrol = False
+        self.last_nodes: tuple[SlurmNode, ...] = ()
+        """The nodes of the last :meth:`nodes` answer (empty before the first)."""
 
     async def run(self, name: str, args: Sequence[str], *, timeout_s: float | None = None) -> bytes:
         """Run Slurm command ``name`` with ``args``; its standard output. SlurmError on failure or timeout."""
@@ -131,13 +133,16 @@ class SlurmClient:
 
     async def nodes(self) -> tuple[SlurmNode, ...]:
         """Every node: ``sinfo --json`` on Slurm 22.05, ``scontrol --json show nodes`` on 23.02 and later (whose
-        ``sinfo --json`` no longer lists nodes one by one; which one is learnt from the first answer)."""
+        ``sinfo --json`` no longer lists nodes one by one; which one is learnt from the first answer). The answer
+        is kept as :attr:`last_nodes`."""
+        found = None
         if not self._nodes_by_scontrol:
             found = parse_sinfo(await self.run("sinfo", ["--json"]))
-            if found is not None:
-                return found
-            self._nodes_by_scontrol = True
-        return parse_scontrol_nodes(await self.run("scontrol", ["--json", "show", "nodes"]))
+            self._nodes_by_scontrol = found is None
+        if found is None:
+            found = parse_scontrol_nodes(await self.run("scontrol", ["--json", "show", "nodes"]))
+        self.last_nodes = found
+        return found
 
     async def node_records(self) -> int:
         """How many nodes slurmctld's node table holds, FUTURE placeholders included (``scontrol --future -o show

@@ -10,6 +10,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from flexmig.slurm.dataparser import is_data_parser, node_record
 from flexmig.slurm.envelope import decode, field, records
 from flexmig.slurm.gres import GresCount, parse_gres
 
-__all__ = ["SlurmNode", "parse_scontrol_nodes", "parse_sinfo"]
+__all__ = ["SlurmNode", "gpu_hosts", "parse_scontrol_nodes", "parse_sinfo"]
 
 COMMAND = "sinfo --json"
 SCONTROL_COMMAND = "scontrol --json show nodes"
@@ -137,3 +138,9 @@ def parse_scontrol_nodes(text: str | bytes) -> tuple[SlurmNode, ...]:
     doc = decode(text, SCONTROL_COMMAND)
     recs = records(doc, "nodes", SCONTROL_COMMAND)
     return tuple(_node(node_record(rec), i) for i, rec in enumerate(recs))
+
+
+def gpu_hosts(nodes: Iterable[SlurmNode]) -> int:
+    """How many machines the nodes with GPU GRES run on (their addresses, else their names): what the cluster's
+    flexmig daemons are, whether each machine is one node or one node per GPU or MIG instance."""
+    return len({n.address or n.name for n in nodes if any(g.name == "gpu" for g in n.gres)})

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -71,6 +72,7 @@ from flexmig.plan.reregistration import changes_instances
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_error, read_slurm
 from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
+from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import (
     SlurmSettings,
@@ -330,6 +332,8 @@ class SlurmComponent:
         self._failing_since = 0.0
         self._last_decision: dict[str, str] = {}
         self._carvings = CarvingNews()
+        self._spacing = 0.0
+        self._jitter = random.Random()  # noqa: S311 (spreading reads, not a secret)
         self._last_note: dict[str, str] = {}
         self._last_node_event: dict[str, tuple[str, str]] = {}
         self._wake = asyncio.Event()
@@ -513,10 +517,29 @@ class SlurmComponent:
         return (self.slurm_metrics,)
 
     # ------------------------------------------------------------------------------------------ loop
+    def read_spacing_s(self) -> float:
+        """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
+        the last answer listed them) over ``[slurm] cluster_reads_per_s``, and at least ``probe_s``."""
+        cfg = self.config.slurm
+        clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
+        hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
+        spacing = max(cfg.probe_s, hosts / cfg.cluster_reads_per_s)
+        if spacing != self._spacing:
+            if spacing > cfg.probe_s:
+                log.info(
+                    "Slurm: %d GPU hosts in the cluster; this node reads the queue when it moved at most every "
+                    "%.1f s ([slurm] cluster_reads_per_s = %g)", hosts, spacing, cfg.cluster_reads_per_s,
+                )  # fmt: skip
+            self._spacing = spacing
+        return spacing
+
     async def run(self) -> None:
-        """A cheap probe every ``[slurm] probe_s``; a round when it saw something move, or every ``interval_s``."""
+        """A cheap probe every ``[slurm] probe_s``; a round when it saw something move (at most every
+        :meth:`read_spacing_s`, times 1 to 1.5 at random where that is more than ``probe_s``, so that the nodes
+        that saw the same move do not all read again together), when slurmd crashed, or every ``interval_s``."""
         loop = asyncio.get_running_loop()
         last_round = -float("inf")
+        spacing = 0.0
         counters: tuple[int, ...] | None = None
         while True:
             woke = False
@@ -533,9 +556,11 @@ class SlurmComponent:
             due = woke or loop.time() - last_round >= self.config.slurm.interval_s
             if not due:
                 try:
-                    seen = await client.counters()
-                    due = seen != counters or await self._slurmd_crashed()
-                    counters = seen
+                    if loop.time() - last_round >= spacing:
+                        seen = await client.counters()
+                        due = seen != counters
+                        counters = seen
+                    due = due or await self._slurmd_crashed()
                 except SlurmError:
                     due = loop.time() - last_round >= self.config.slurm.interval_s
                 except Exception:  # a probe is a hint only; the timed round still comes
@@ -543,6 +568,9 @@ class SlurmComponent:
             if not due:
                 continue
             last_round = loop.time()
+            spacing = self.read_spacing_s()
+            if spacing > self.config.slurm.probe_s:  # the nodes that saw the same move read apart from then on
+                spacing *= 1.0 + 0.5 * self._jitter.random()
             try:
                 await self.round()
             except Exception:  # a bug must not end the daemon; logged with its traceback

@@ -1,0 +1,35 @@
+"""How often flexmigd asks slurmctld for its queue, against real Slurm daemons: on a busy cluster sdiag's job
+counters move every second, and without a bound every node's flexmigd would then read every job (``squeue
+--json``), every node and every reservation each ``probe_s``. ``[slurm] cluster_reads_per_s`` spaces those reads
+by the cluster's GPU hosts; the node still serves a new job, a read later."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from support.slurm import SlurmDaemon, skip_reason
+
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+SLEEP = '#!/bin/sh\nsleep 600\n'
+
+
+def test_reads_of_a_moving_queue_are_spaced_by_the_cluster_budget_and_a_new_job_is_still_served() -> None:
+    # one GPU host at 0.2 reads a second for the cluster: a read every 5 s (to 7.5 s, spread at random)
+    with SlurmDaemon("h200:7g.141gb@0", interval_s=3600, slurm_keys="cluster_reads_per_s = 0.2\n") as d:
+        said = "this node reads the queue when it moved at most every 5.0 s"
+        d.wait("the spacing is logged", lambda: said in d.log())
+        before = d.job_reads()
+        started = time.monotonic()
+        for _ in range(40):  # the load: another user's submissions, about three a second, for about 12 s
+            d.testbed.sbatch("--hold", script=SLEEP)
+            time.sleep(0.3)  # pacing the load, not waiting for anything
+        took = time.monotonic() - started
+        reads = d.job_reads() - before
+        # a read each probe_s (1 s) while the counters move would be about 12; spaced: at most one per 5 s
+        assert 1 <= reads <= took / 5.0 + 1, (reads, took)
+        job = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
+        d.wait_state(job, "RUNNING", timeout_s=60)  # carved and served, a spaced read later
+        assert d.slurm_node().gpu_counts().get("1g.18gb", 0) >= 1
