@@ -17,7 +17,7 @@ from flexmig.errors import SlurmError
 from flexmig.slurm.gres import GresCount, parse_gres, parse_index_list
 from flexmig.slurm.hostlist import expand_hostlist
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
-from flexmig.slurm.nodes import SlurmNode, parse_scontrol_nodes, parse_sinfo
+from flexmig.slurm.nodes import SlurmNode, gpu_hosts, parse_scontrol_nodes, parse_sinfo
 from flexmig.slurm.squeue import parse_squeue
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -232,3 +232,21 @@ def test_the_minors_table_has_nine_minors_per_gpu_instance() -> None:
 def test_a_broken_minors_line_names_the_file_and_line() -> None:
     with pytest.raises(SlurmError, match="mig-minors:2"):
         parse_mig_minors("config 1\ngpu0/gi0/access x\n", "mig-minors")
+
+
+def test_the_gpu_hosts_are_the_machines_of_the_nodes_with_gpus() -> None:
+    """Instance nodes of one machine share its address and count once; a node without an address counts by name;
+    nodes without GPU GRES (a CPU partition) do not count."""
+
+    def node(name: str, address: str, gres: str) -> SlurmNode:
+        return SlurmNode(name, "idle", frozenset(), "", parse_gres(gres), (), (), 8, address=address)
+
+    nodes = [
+        node("a-gpu0-0", "10.0.0.1", "gpu:3g.71gb:1"),
+        node("a-gpu0-4", "10.0.0.1", "gpu:3g.71gb:1"),
+        node("b", "10.0.0.2", "gpu:1g.18gb:7"),
+        node("c", "", "gpu:7g.141gb:1"),
+        node("cpu1", "10.0.0.9", ""),
+    ]
+    assert gpu_hosts(nodes) == 3
+    assert gpu_hosts([]) == 0
