@@ -19,6 +19,7 @@ from flexmig.slurm.hostlist import expand_hostlist
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.nodes import SlurmNode, gpu_hosts, parse_scontrol_nodes, parse_sinfo
 from flexmig.slurm.squeue import parse_squeue
+from flexmig.wiring.slurm import read_spacing
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 SQUEUE = (DATA / "squeue-22.05.8.json").read_text()
@@ -250,3 +251,12 @@ def test_the_gpu_hosts_are_the_machines_of_the_nodes_with_gpus() -> None:
     ]
     assert gpu_hosts(nodes) == 3
     assert gpu_hosts([]) == 0
+
+
+def test_the_read_spacing_grows_with_the_cluster_and_with_a_slow_read() -> None:
+    """A small cluster with a quick queue: every probe; 100 hosts sharing 20 reads a second: 5 s; a read of 2,000
+    jobs (0.34 s here) or a slurmctld slow to answer: ten times that; never below the probe."""
+    assert read_spacing(4, 0.02, reads_per_s=20.0, probe_s=1.0) == 1.0
+    assert read_spacing(100, 0.02, reads_per_s=20.0, probe_s=1.0) == 5.0
+    assert read_spacing(4, 0.34, reads_per_s=20.0, probe_s=1.0) == pytest.approx(3.4)
+    assert read_spacing(0, 0.0, reads_per_s=20.0, probe_s=2.0) == 2.0

@@ -19,7 +19,7 @@ SLEEP = '#!/bin/sh\nsleep 600\n'
 def test_reads_of_a_moving_queue_are_spaced_by_the_cluster_budget_and_a_new_job_is_still_served() -> None:
     # one GPU host at 0.2 reads a second for the cluster: a read every 5 s (to 7.5 s, spread at random)
     with SlurmDaemon("h200:7g.141gb@0", interval_s=3600, slurm_keys="cluster_reads_per_s = 0.2\n") as d:
-        said = "this node reads the queue when it moved at most every 5.0 s"
+        said = "this node reads the queue when it moved at most every 5.0 s (GPU hosts in the cluster: 1,"
         d.wait("the spacing is logged", lambda: said in d.log())
         before = d.job_reads()
         started = time.monotonic()

@@ -28,6 +28,7 @@ import contextlib
 import os
 import shutil
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,8 @@ class SlurmClient:
         self._nodes_by_scontrol = False
         self.last_nodes: tuple[SlurmNode, ...] = ()
         """The nodes of the last :meth:`nodes` answer (empty before the first)."""
+        self.last_jobs_s = 0.0
+        """How long the last :meth:`jobs` took, Slurm's answer and its parsing (0 before the first)."""
 
     async def run(self, name: str, args: Sequence[str], *, timeout_s: float | None = None) -> bytes:
         """Run Slurm command ``name`` with ``args``; its standard output. SlurmError on failure or timeout."""
@@ -129,7 +132,10 @@ class SlurmClient:
     async def jobs(self) -> tuple[SlurmJob, ...]:
         """Every job slurmctld knows, finished ones it still keeps included (``squeue --json --states=all``:
         22.05 ignores the filter and prints them all anyway; 23.02 and later, without it, only the active ones)."""
-        return parse_squeue(await self.run("squeue", ["--json", "--states=all"]))
+        started = time.monotonic()
+        jobs = parse_squeue(await self.run("squeue", ["--json", "--states=all"]))
+        self.last_jobs_s = time.monotonic() - started
+        return jobs
 
     async def nodes(self) -> tuple[SlurmNode, ...]:
         """Every node: ``sinfo --json`` on Slurm 22.05, ``scontrol --json show nodes`` on 23.02 and later (whose

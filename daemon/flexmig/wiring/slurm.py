@@ -88,9 +88,20 @@ from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
 from flexmig.wiring.slurm_carving import InstanceCarver
 
-__all__ = ["Claims", "SharedReads", "SlurmComponent", "round_order", "slurm_settings"]
+__all__ = ["READ_SHARE", "Claims", "SharedReads", "SlurmComponent", "read_spacing", "round_order", "slurm_settings"]
+
+READ_SHARE = 10.0
+"""Reads of the queue that sdiag's moving counters ask for are at least this many times the last read apart: at
+most a tenth of the node's time goes to reading and parsing Slurm's queue (2,000 jobs: 6.4 MB of JSON, 0.34 s on
+the testbed), and a slurmctld that answers slowly is asked less often."""
 
 log = logging.getLogger(__name__)
+
+
+def read_spacing(hosts: int, read_s: float, *, reads_per_s: float, probe_s: float) -> float:
+    """The least seconds between two reads of the queue that its moving counters ask for, on one of ``hosts``
+    machines sharing ``reads_per_s`` reads a second, when the last read took ``read_s``; at least ``probe_s``."""
+    return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s)
 
 
 AgentKey = int | tuple[int, int] | tuple[int, int, str] | None
@@ -519,16 +530,20 @@ class SlurmComponent:
     # ------------------------------------------------------------------------------------------ loop
     def read_spacing_s(self) -> float:
         """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
-        the last answer listed them) over ``[slurm] cluster_reads_per_s``, and at least ``probe_s``."""
+        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least :data:`READ_SHARE` times the
+        last read of the queue (a big queue, or a slurmctld slow to answer, is read less often), and at least
+        ``probe_s``."""
         cfg = self.config.slurm
         clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
         hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
-        spacing = max(cfg.probe_s, hosts / cfg.cluster_reads_per_s)
-        if spacing != self._spacing:
+        read_s = max((c.last_jobs_s for c in clients), default=0.0)
+        spacing = read_spacing(hosts, read_s, reads_per_s=cfg.cluster_reads_per_s, probe_s=cfg.probe_s)
+        if abs(spacing - self._spacing) > 0.1 * max(spacing, self._spacing):  # said again when it moved by a tenth
             if spacing > cfg.probe_s:
                 log.info(
-                    "Slurm: %d GPU hosts in the cluster; this node reads the queue when it moved at most every "
-                    "%.1f s ([slurm] cluster_reads_per_s = %g)", hosts, spacing, cfg.cluster_reads_per_s,
+                    "Slurm: this node reads the queue when it moved at most every %.1f s (GPU hosts in the "
+                    "cluster: %d, [slurm] cluster_reads_per_s = %g; the last read took %.2f s)",
+                    spacing, hosts, cfg.cluster_reads_per_s, read_s,
                 )  # fmt: skip
             self._spacing = spacing
         return spacing
