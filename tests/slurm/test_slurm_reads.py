@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from support.flexmigd import sample
 from support.slurm import SlurmDaemon, skip_reason
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -30,6 +31,10 @@ def test_reads_of_a_moving_queue_are_spaced_by_the_cluster_budget_and_a_new_job_
         reads = d.job_reads() - before
         # a read each probe_s (1 s) while the counters move would be about 12; spaced: at most one per 5 s
         assert 1 <= reads <= took / 5.0 + 1, (reads, took)
+        text = d.metrics()  # what an administrator sums over the fleet
+        assert sample(text, "flexmig_slurm_queue_read_spacing_seconds") == 5.0
+        assert (sample(text, "flexmig_slurm_queue_reads_total") or 0) >= reads
+        assert 0 < (sample(text, "flexmig_slurm_queue_read_seconds") or 0) < 5
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
         d.wait_state(job, "RUNNING", timeout_s=60)  # carved and served, a spaced read later
         assert d.slurm_node().gpu_counts().get("1g.18gb", 0) >= 1

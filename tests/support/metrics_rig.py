@@ -100,6 +100,8 @@ def actions(mode: str) -> ActionMetrics:
 def slurm() -> SlurmMetrics:
     """The Slurm agent's families as an acting Slurm node has them: a read, a decision, a hook job moved."""
     m = SlurmMetrics()
+    m.queue_read(0.03)
+    m.spacing(1.0)
     m.read_ok(pending=3, running=1, movable=1, in_sync=True, registered={"1g.18gb": 3, "4g.71gb": 1})
     m.decided("node1", drain_s=4.0, gain=5394.0, cost=12.0, go=True)
     for action in ("signalled", "requeued", "released"):

@@ -513,6 +513,24 @@ FAMILIES: tuple[Family, ...] = (
         "How long re-registrations waited for the node to empty.",
         _SLURM,
     ),
+    _c(
+        "flexmig_slurm_queue_reads",
+        _N,
+        "Reads of Slurm's whole queue (squeue); summed over the nodes, the load flexmig puts on slurmctld.",
+        _SLURM,
+    ),
+    _g(
+        "flexmig_slurm_queue_read_seconds",
+        _N,
+        "How long the last read of the queue took, Slurm's answer and its parsing.",
+        _SLURM_READ,
+    ),
+    _g(
+        "flexmig_slurm_queue_read_spacing_seconds",
+        _N,
+        "The least time between two reads of the queue that its moving counters ask for (cluster_reads_per_s).",
+        _SLURM,
+    ),
     Family(
         "flexmig_slurm_slurmd_restarts",
         "counter",

@@ -51,6 +51,9 @@ class SlurmMetrics:
         self._decisions: dict[str, tuple[float, float, float, int]] = {}
         self._jobs: Counter[str] = Counter(dict.fromkeys(JOB_ACTIONS, 0))
         self._drain = Histogram(DURATION_BUCKETS_S)
+        self._reads = 0
+        self._read_s: float | None = None
+        self._spacing_s: float | None = None
         self._slurmd_restarts = 0
 
     def read_ok(
@@ -84,6 +87,17 @@ class SlurmMetrics:
         with self._lock:
             self._slurmd_restarts += 1
 
+    def queue_read(self, seconds: float) -> None:
+        """The queue was read, in ``seconds``."""
+        with self._lock:
+            self._reads += 1
+            self._read_s = seconds
+
+    def spacing(self, seconds: float) -> None:
+        """The least time between two reads that the queue's moving counters ask for is now ``seconds``."""
+        with self._lock:
+            self._spacing_s = seconds
+
     def drained(self, seconds: float) -> None:
         """A re-registration waited ``seconds`` for the node to empty."""
         with self._lock:
@@ -100,7 +114,15 @@ class SlurmMetrics:
                 self._drain.copy(),
             )
             restarts = self._slurmd_restarts
+            reads, read_s, spacing_s = self._reads, self._read_s, self._spacing_s
         host = snapshot.hostname
+        q = by_name("flexmig_slurm_queue_reads").counter()
+        q.add_metric([host], reads)
+        yield q
+        if read_s is not None:
+            yield _gauge("flexmig_slurm_queue_read_seconds", host, read_s)
+        if spacing_s is not None:
+            yield _gauge("flexmig_slurm_queue_read_spacing_seconds", host, spacing_s)
         r0 = by_name("flexmig_slurm_slurmd_restarts").counter()
         r0.add_metric([host], restarts)
         yield r0

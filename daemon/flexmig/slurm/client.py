@@ -29,7 +29,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +91,8 @@ class SlurmClient:
         """The nodes of the last :meth:`nodes` answer (empty before the first)."""
         self.last_jobs_s = 0.0
         """How long the last :meth:`jobs` took, Slurm's answer and its parsing (0 before the first)."""
+        self.on_jobs_read: Callable[[float], None] | None = None
+        """Told how long each :meth:`jobs` took (the metrics)."""
 
     async def run(self, name: str, args: Sequence[str], *, timeout_s: float | None = None) -> bytes:
         """Run Slurm command ``name`` with ``args``; its standard output. SlurmError on failure or timeout."""
@@ -135,6 +137,8 @@ class SlurmClient:
         started = time.monotonic()
         jobs = parse_squeue(await self.run("squeue", ["--json", "--states=all"]))
         self.last_jobs_s = time.monotonic() - started
+        if self.on_jobs_read is not None:
+            self.on_jobs_read(self.last_jobs_s)
         return jobs
 
     async def nodes(self) -> tuple[SlurmNode, ...]:

@@ -362,6 +362,7 @@ class SlurmComponent:
         settings = slurm_settings(cfg.slurm)
         self._act = act
         self._client = SlurmClient(SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s))
+        self._client.on_jobs_read = self.slurm_metrics.queue_read
         if self.per_node:
             act.executor.add_handler(KIND, self._dispatch)
         else:
@@ -438,6 +439,7 @@ class SlurmComponent:
             start=start,
             profile=profile,
         )
+        agent.client.on_jobs_read = self.slurm_metrics.queue_read
         if self.per_node:  # the agent added its own runner: the journal's actions go by their node instead
             act.executor.add_handler(KIND, self._dispatch)
         return agent
@@ -546,6 +548,7 @@ class SlurmComponent:
                     spacing, hosts, cfg.cluster_reads_per_s, read_s,
                 )  # fmt: skip
             self._spacing = spacing
+            self.slurm_metrics.spacing(spacing)
         return spacing
 
     async def run(self) -> None:
