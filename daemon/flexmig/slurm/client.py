@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,8 +90,7 @@ class SlurmClient:
         self._nodes_by_scontrol = False
         self.last_nodes: tuple[SlurmNode, ...] = ()
         """The nodes of the last :meth:`nodes` answer (empty before the first)."""
-        self.last_jobs_s = 0.0
-        """How long the last :meth:`jobs` took, Slurm's answer and its parsing (0 before the first)."""
+        self._jobs_s: deque[float] = deque(maxlen=5)
         self.on_jobs_read: Callable[[float], None] | None = None
         """Told how long each :meth:`jobs` took (the metrics)."""
 
@@ -136,10 +136,18 @@ class SlurmClient:
         22.05 ignores the filter and prints them all anyway; 23.02 and later, without it, only the active ones)."""
         started = time.monotonic()
         jobs = parse_squeue(await self.run("squeue", ["--json", "--states=all"]))
-        self.last_jobs_s = time.monotonic() - started
+        took = time.monotonic() - started
+        self._jobs_s.append(took)
         if self.on_jobs_read is not None:
-            self.on_jobs_read(self.last_jobs_s)
+            self.on_jobs_read(took)
         return jobs
+
+    @property
+    def jobs_read_s(self) -> float:
+        """What reading the queue costs: the quickest of the last five :meth:`jobs` (Slurm's answer and its
+        parsing; a moment's load on this machine does not count, a big queue or a slow slurmctld does); 0 before
+        the first."""
+        return min(self._jobs_s, default=0.0)
 
     async def nodes(self) -> tuple[SlurmNode, ...]:
         """Every node: ``sinfo --json`` on Slurm 22.05, ``scontrol --json show nodes`` on 23.02 and later (whose

@@ -100,7 +100,7 @@ log = logging.getLogger(__name__)
 
 def read_spacing(hosts: int, read_s: float, *, reads_per_s: float, probe_s: float) -> float:
     """The least seconds between two reads of the queue that its moving counters ask for, on one of ``hosts``
-    machines sharing ``reads_per_s`` reads a second, when the last read took ``read_s``; at least ``probe_s``."""
+    machines sharing ``reads_per_s`` reads a second, when a read takes ``read_s``; at least ``probe_s``."""
     return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s)
 
 
@@ -532,19 +532,19 @@ class SlurmComponent:
     # ------------------------------------------------------------------------------------------ loop
     def read_spacing_s(self) -> float:
         """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
-        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least :data:`READ_SHARE` times the
-        last read of the queue (a big queue, or a slurmctld slow to answer, is read less often), and at least
+        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least :data:`READ_SHARE` times what
+        a read of the queue costs (a big queue, or a slurmctld slow to answer, is read less often), and at least
         ``probe_s``."""
         cfg = self.config.slurm
         clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
         hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
-        read_s = max((c.last_jobs_s for c in clients), default=0.0)
+        read_s = max((c.jobs_read_s for c in clients), default=0.0)
         spacing = read_spacing(hosts, read_s, reads_per_s=cfg.cluster_reads_per_s, probe_s=cfg.probe_s)
         if abs(spacing - self._spacing) > 0.1 * max(spacing, self._spacing):  # said again when it moved by a tenth
             if spacing > cfg.probe_s:
                 log.info(
                     "Slurm: this node reads the queue when it moved at most every %.1f s (GPU hosts in the "
-                    "cluster: %d, [slurm] cluster_reads_per_s = %g; the last read took %.2f s)",
+                    "cluster: %d, [slurm] cluster_reads_per_s = %g; a read takes %.2f s)",
                     spacing, hosts, cfg.cluster_reads_per_s, read_s,
                 )  # fmt: skip
             self._spacing = spacing
