@@ -91,7 +91,7 @@ from flexmig.wiring.slurm_carving import InstanceCarver
 __all__ = ["READ_SHARE", "Claims", "SharedReads", "SlurmComponent", "read_spacing", "round_order", "slurm_settings"]
 
 READ_SHARE = 10.0
-"""Reads of the queue that sdiag's moving counters ask for are at least this many times the last read apart: at
+"""Reads of the queue that sdiag's moving counters ask for are at least this many times what a read costs apart: at
 most a tenth of the node's time goes to reading and parsing Slurm's queue (2,000 jobs: 6.4 MB of JSON, 0.34 s on
 the testbed), and a slurmctld that answers slowly is asked less often."""
 
@@ -548,7 +548,7 @@ class SlurmComponent:
                     spacing, hosts, cfg.cluster_reads_per_s, read_s,
                 )  # fmt: skip
             self._spacing = spacing
-            self.slurm_metrics.spacing(spacing)
+        self.slurm_metrics.spacing(spacing)
         return spacing
 
     async def run(self) -> None:
