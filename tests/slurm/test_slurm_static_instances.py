@@ -122,3 +122,31 @@ def test_an_instance_without_its_line_in_slurm_conf_is_refused_with_one_line() -
         ))  # fmt: skip
         assert "flexmig slurm conf --node-per-instance --static" in line and "nothing was changed" in line, line
         assert d.slurmd_pid("fm-node-gpu0-0-7g141gb") is None
+
+
+def test_with_slurms_default_backfill_interval_a_retirement_waits_for_no_backfill_cycle(broker: Mosquitto) -> None:
+    """Slurm's default ``bf_interval`` is 30 s. A dynamic node's deletion waits for the backfill scheduler's next
+    cycle (22.05.8 crashes when a node it planned on is deleted before), a static node's return to FUTURE need not
+    (its record stays): the carving's retirement has no such step, and the 1g job runs within one ``bf_interval``."""
+    with SlurmDaemon(
+        "h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, mqtt_port=broker.port,
+        scheduler_parameters="sched_interval=1,bf_interval=30",
+    ) as d:  # fmt: skip
+        open_session(broker.port, d.node, client_id="backfill-watcher")
+        busy, idle = "fm-node-gpu0-0-3g71gb", "fm-node-gpu0-4-3g71gb"
+        first = d.testbed.sbatch("-w", busy, "--gres=gpu:3g.71gb:1", script=SLEEP)
+        d.wait_state(first, "RUNNING")
+        submitted = time.monotonic()
+        second = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
+        d.wait_state(second, "RUNNING", timeout_s=90)
+        took = time.monotonic() - submitted
+        print(f"\nstatic instance nodes, bf_interval=30: submit to running on a carved instance: {took:.1f} s")
+        retired: list[list[str]] = []  # the steps of the idle node's retirement
+        deadline = time.monotonic() + 30
+        while not retired and time.monotonic() < deadline:
+            events = collect_events(broker.port, d.node, client_id="backfill-watcher", quiet_s=1.0, limit_s=5.0)
+            done = [e for e in events if e.kind.value == "action_completed" and idle in str(e.payload.get("target"))]
+            retired += [steps for e in done if "retire" in (steps := [s["step"] for s in e.payload["steps"]])]
+        assert retired, f"no action_completed event of {idle}'s retirement"
+        assert "backfill" not in retired[0], retired[0]
+        assert took < 30, took  # within one bf_interval (a figure, not a speed claim)

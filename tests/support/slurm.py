@@ -364,6 +364,7 @@ class SlurmDaemon:
         static_nodes: bool = False,
         wait_registered: bool = True,
         start: bool = True,
+        scheduler_parameters: str | None = None,
     ) -> None:
         node_spec = parse_node_spec(spec)
         self.spec = spec
@@ -378,6 +379,7 @@ class SlurmDaemon:
             node_per_gpu=node_per_gpu,
             node_per_instance=node_per_instance,
             static_nodes=static_nodes,
+            scheduler_parameters=scheduler_parameters or Testbed.scheduler_parameters,
         )
         self.node_per_instance = node_per_instance
         self.static_nodes = static_nodes

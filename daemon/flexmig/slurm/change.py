@@ -345,7 +345,8 @@ class SlurmChange:
         await run.step("stop_slurmd", {}, self._stop_slurmd)
         await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
         try:
-            await run.step("backfill", {"since": drained_at}, lambda: self._await_backfill(node, drained_at))
+            if not self.settings.static:  # a static node's record stays: the backfill scheduler cannot trip on it
+                await run.step("backfill", {"since": drained_at}, lambda: self._await_backfill(node, drained_at))
             seen: dict[str, Any] = await run.step("recheck", {"node": node}, lambda: self._check(node))
         except StepFailed as exc:  # an administrator acted since the check: the node is still in Slurm, as it was
             await run.step("restore_slurmd", {"node": node}, lambda: self._restore_slurmd(node))
@@ -454,7 +455,9 @@ class SlurmChange:
         starts by dereferencing each of them: a node deleted in between crashes slurmctld (``bckfl: segfault ... in
         sched_backfill.so``, seen twice here, ``_handle_planned`` in ``backfill.c``). A cycle that began after the
         drain has cleared that bitmap of this node and will not plan on a drained node, so the delete is safe after
-        it. Without the backfill scheduler there is nothing to wait for.
+        it. Without the backfill scheduler there is nothing to wait for; nor for a static node (``instance_nodes =
+        static``), which goes back to State=FUTURE: its record, which the bitmap points to, stays (``scontrol update
+        state=future`` only marks it).
         """
         try:
             cfg = await self.client.config()
@@ -719,7 +722,8 @@ class SlurmChange:
                 if got != want:  # a slurmd started before a crash, or by someone else, with other GRES
                     if found is not None and not found.drained:
                         await self.client.drain(node, "flexmig: re-registering with new MIG instances")
-                    await self._await_backfill(node, time.time())  # then it is safe to delete (see there)
+                    if not self.settings.static:
+                        await self._await_backfill(node, time.time())  # then it is safe to delete (see there)
                     await self.slurmd.stop()
                     await self._unregister(node)
             if not await self.slurmd.running():

@@ -203,10 +203,13 @@ def render_slurm_conf(
     partition: str = "mig",
     dynamic_nodes: int = 1,
     static_nodes: Sequence[str] = (),
+    scheduler_parameters: str = "sched_interval=1,bf_interval=1",
 ) -> str:
     """The testbed's slurm.conf; ``dynamic_nodes``: how many nodes flexmigd registers (one per GPU with
     ``node_per_gpu``), which the node table must hold beside the FUTURE placeholder; ``static_nodes``: the
-    ``NodeName=`` lines of static instance nodes (``instance_nodes = static``), which replace the placeholder."""
+    ``NodeName=`` lines of static instance nodes (``instance_nodes = static``), which replace the placeholder;
+    ``scheduler_parameters``: SchedulerParameters (the scheduler every second; Slurm's defaults are 60 s, and 30 s
+    for the backfill scheduler)."""
     p = paths
     if static_nodes:  # their CPUs are slurm.conf's (the testbed's, not this machine's): taken as they are
         nodes = [
@@ -251,7 +254,7 @@ def render_slurm_conf(
             "ReturnToService=2",
             f"MaxNodeCount={max(8, dynamic_nodes + 1)}",  # the placeholder is a node of the table too
             "SchedulerType=sched/backfill",
-            "SchedulerParameters=sched_interval=1,bf_interval=1",
+            *([f"SchedulerParameters={scheduler_parameters}"] if scheduler_parameters else []),
             "JobRequeue=0",
             "KillWait=5",
             "MinJobAge=600",
@@ -338,6 +341,8 @@ class Testbed:
     hook_prefix: tuple[str, ...] = ()
     """Words put before the slurmd hook command (a test's wrapper around the stand-in)."""
     partition: str = "mig"
+    scheduler_parameters: str = "sched_interval=1,bf_interval=1"
+    """slurm.conf's SchedulerParameters: the scheduler every second (Slurm's defaults: 60 s, backfill 30 s)."""
     commands: SlurmCommands = field(default_factory=SlurmCommands)
     ctld_port: int = 0
     slurmd_port: int = 0
@@ -444,6 +449,7 @@ class Testbed:
             partition=self.partition,
             dynamic_nodes=len(static) or (7 if self.node_per_instance else 1) * self.gpus if self.per_node else 1,
             static_nodes=static,
+            scheduler_parameters=self.scheduler_parameters,
         )
         p.slurm_conf.write_text(conf)
         if not p.gres_conf.exists():
