@@ -92,6 +92,10 @@ SLICES = {p: H200.profile(p).compute_slices for p in WEIGHTS}
 STATIC = "h200:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 START = "h200:7g.141gb@0"
 SEED = 24
+SCHEDULER = {"testbed": Testbed.scheduler_parameters, "slurm": ""}
+"""``--scheduler``: the testbed's SchedulerParameters (the scheduler and its backfill every second), or Slurm's own
+defaults (none given: the main scheduler every 60 s besides its events, the backfill scheduler every 30 s), as a
+cluster runs them."""
 WINDOW_S = 720.0  # the issue's "12-minute mix": arrivals over 12 minutes
 
 
@@ -138,7 +142,8 @@ class Bed:
     registration); ``per_gpu``: one Slurm node per GPU. Slurm's commands from ``FLEXMIG_SLURM_BIN`` when set."""
 
     def __init__(
-        self, spec: str, name: str, per_gpu: bool = False, per_instance: bool = False, static: bool = False
+        self, spec: str, name: str, per_gpu: bool = False, per_instance: bool = False, static: bool = False,
+        scheduler: str = Testbed.scheduler_parameters,
     ) -> None:
         ns = parse_node_spec(spec)
         self.per_instance = per_instance
@@ -147,7 +152,7 @@ class Bed:
         self.base.chmod(0o755)
         where = os.environ.get("FLEXMIG_SLURM_BIN")
         self.tb = Testbed(self.base, ns.model, ns.count, node="mix", node_per_gpu=per_gpu,
-                          node_per_instance=per_instance, static_nodes=static,
+                          node_per_instance=per_instance, static_nodes=static, scheduler_parameters=scheduler,
                           commands=SlurmCommands(Path(where) if where else None))  # fmt: skip
         self.names = [f"mix-gpu{k}" for k in range(ns.count)] if per_gpu else ["mix"]
         if per_instance:  # the nodes of the first layout; later, whichever instance nodes Slurm lists
@@ -324,12 +329,15 @@ def config_before(bed: Bed) -> str:
     ])  # fmt: skip
 
 
-def run(name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpus: int = 1) -> Run:
-    """One rival's run of the mix on a node of ``gpus`` GPUs."""
+def run(
+    name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpus: int = 1, scheduler: str = "testbed"
+) -> Run:
+    """One rival's run of the mix on a node of ``gpus`` GPUs, with ``scheduler``'s SchedulerParameters."""
     out = Run(name)
     layout = (STATIC if name == "static" else START).split(":", 1)[1]
     bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu",
-              per_instance=name in ("per-instance", "per-inst-static"), static=name == "per-inst-static")  # fmt: skip
+              per_instance=name in ("per-instance", "per-inst-static"), static=name == "per-inst-static",
+              scheduler=SCHEDULER[scheduler])  # fmt: skip
     stop = threading.Event()
     try:
         if name == "before":
@@ -519,6 +527,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=SEED, help=f"the mix's seed (default {SEED}, the administrator's)")
     ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs on the node (default 1); the mix scales with them")
+    ap.add_argument(
+        "--scheduler", choices=sorted(SCHEDULER), default="testbed",
+        help="SchedulerParameters: the testbed's (scheduler and backfill every second) or Slurm's own defaults",
+    )  # fmt: skip
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill runs the clean-up: testbeds stopped, dirs gone
     scale = 0.25 if args.quick else args.scale
@@ -546,7 +558,8 @@ def main() -> int:
     print(f"mix (seed {args.seed}): {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), "
           f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, {gpus} GPU(s), packing bound "
           f"{bound(jobs, gpus):.0f} s; "
-          f"rivals: {', '.join(rivals)}{' (side by side)' if args.parallel else ''}")  # fmt: skip
+          f"rivals: {', '.join(rivals)}{' (side by side)' if args.parallel else ''}; SchedulerParameters: "
+          f"{SCHEDULER[args.scheduler] or 'none (Slurm defaults: sched_interval=60, bf_interval=30)'}")  # fmt: skip
     before = extract(args.before) if "before" in rivals and args.load is None else None
     budget = 3600 * max(scale, 0.25) + 600
     results: dict[str, Run] = {}
@@ -560,15 +573,18 @@ def main() -> int:
         if args.load is not None:
             pass
         elif args.parallel:
-            threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget, gpus)))
-                       for n in rivals]  # fmt: skip
+            sched = args.scheduler
+            threads = [
+                threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget, gpus, sched)))
+                for n in rivals
+            ]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
         else:
             for n in rivals:
-                results[n] = run(n, jobs, before, budget, gpus)
+                results[n] = run(n, jobs, before, budget, gpus, args.scheduler)
     finally:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
