@@ -119,7 +119,9 @@ def carve(
         if not 0 <= g < len(layouts) or layouts[g].at(start) is None:
             raise ValueError(f"carve: no instance at GPU {g}, memory slice {start}")
     node = _Node(model, list(layouts), busy, registering, pinned)
-    number = list(numbers) if len(numbers) == len(layouts) else list(range(len(layouts)))
+    if numbers and len(numbers) != len(layouts):
+        raise ValueError(f"carve: {len(numbers)} GPU numbers for {len(layouts)} GPUs")
+    number = list(numbers) or list(range(len(layouts)))
     reasons: list[str] = []
     names = {j.name for j in queue}
     fence = hold if hold is not None and hold.job in names else None
