@@ -82,6 +82,18 @@ def _carvings(d: SlurmDaemon) -> list[str]:
 
 
 @pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+def test_a_job_of_two_nodes_gets_an_instance_node_carved_for_each() -> None:
+    """What flexmig tells a job of two devices to ask for, ``--nodes=2 --gres=gpu:3g.71gb:1``, runs: a second 3g
+    instance is carved from the two idle 2g beside the free 3g (without it the job would wait for good, the free 3g
+    counted as all it needs)."""
+    with SlurmDaemon("h200:2g.35gb@0+2g.35gb@2+3g.71gb@4", node_per_instance=True) as d:
+        job = d.testbed.sbatch("--nodes=2", "--gres=gpu:3g.71gb:1", script=SLEEP)
+        running = d.wait_state(job, "RUNNING", timeout_s=60)
+        assert sorted(running.nodes) == ["fm-node-gpu0-0", "fm-node-gpu0-4"], running
+        assert all(d.slurm_node(n).gpu_counts() == {"3g.71gb": 1} for n in running.nodes)
+
+
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
 def test_an_instance_node_an_administrator_drained_is_never_carved() -> None:
     with SlurmDaemon("h200:7g.141gb@0", node_per_instance=True) as d:
         node = "fm-node-gpu0-0"
@@ -172,3 +184,5 @@ def test_before_slurm_23_11_node_per_instance_is_refused_with_one_line() -> None
         ))  # fmt: skip
         assert "nothing was changed" in line, line
         assert d.slurm_node("fm-node-gpu0-0") is None and d.slurm_node(d.node) is None
+
+

@@ -5,6 +5,7 @@ the actions of its decision."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,13 @@ from flexmig.config import parse_config
 from flexmig.config.checks import per_slice_params
 from flexmig.errors import ConfigError
 from flexmig.mig import H200
+from flexmig.mig.layout import Layout
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
 from flexmig.plan.carving import Waiting, carve
 from flexmig.plan.types import Instance, JobRequest, RankNeed
 from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning
+from flexmig.slurm.gres import GresCount
 from flexmig.slurm.gresconf import drop_block, gres_records, merge_block
 from flexmig.slurm.instances import busy_of, carving_actions, hold_name, host_layouts, queue_of
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
@@ -147,6 +150,32 @@ def test_the_carving_queue_keeps_one_device_jobs_and_says_why_it_leaves_the_othe
     queue, left = queue_of(SlurmDemand("n", reqs, (), (), {}), now_s=130.0)
     assert [(w.name, w.profile, w.limit_s, w.waited_s) for w in queue] == [("slurm-1", "1g.18gb", 600.0, 30.0)]
     assert "--nodes=2 --gres=gpu:2g.35gb:1" in left["slurm-2"] and "no MIG profile" in left["slurm-3"]
+
+
+SLURM_JOB = SlurmJob(
+    job_id=1, name="j", user_id=1000, user="alice", state="PENDING", reason="Resources", partitions=("mig",),
+    nodes=(), node_count=1, gpus_per_node=(GresCount("gpu", "1g.18gb", 1),), held=(), requeue=False, comment="",
+    priority=100, submit_s=100.0, start_s=None, time_limit_s=None, restart_count=0,
+)
+
+
+def test_a_job_of_n_nodes_waits_as_n_parts_each_carved_an_instance_node_of_its_own() -> None:
+    """``--nodes=2 --gres=gpu:3g.71gb:1`` (what a job of two devices is told to ask for) needs two instance nodes:
+    on an idle 7g both are carved, where one would leave the job waiting for good."""
+    pair = replace(SLURM_JOB, job_id=7, node_count=2, gpus_per_node=(GresCount("gpu", "3g.71gb", 1),))
+    one = replace(SLURM_JOB, job_id=8, node_count=1, gpus_per_node=(GresCount("gpu", "1g.18gb", 1),))
+    reqs = (
+        JobRequest("slurm-7", RankNeed(profile="3g.71gb"), submitted_s=100.0),
+        JobRequest("slurm-8", RankNeed(profile="1g.18gb"), submitted_s=110.0),
+    )
+    queue, left = queue_of(SlurmDemand("n", reqs, (pair, one), (), {}), now_s=130.0)
+    assert [w.name for w in queue] == ["slurm-7#1", "slurm-7#2", "slurm-8"] and left == {}
+    c = carve(H200, [Layout.of(H200, [("7g.141gb", 0)])], {}, queue, now_s=130.0)
+    assert sorted((i.profile.name, i.start, j) for _, i, j in c.create) == [
+        ("3g.71gb", 0, "slurm-7#2"), ("3g.71gb", 4, "slurm-7#1"),
+    ]  # fmt: skip
+    capped, _ = queue_of(SlurmDemand("n", reqs[:1], (replace(pair, node_count=500),), (), {}), 0.0, most_parts=7)
+    assert len(capped) == 7  # no more parts than instance nodes the host can hold
 
 
 def test_busy_instances_carry_their_jobs_time_left_and_an_unmapped_busy_node_counts_as_busy() -> None:

@@ -27,7 +27,7 @@ from flexmig.plan.types import Instance, JobRequest, RankNeed
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.squeue import SlurmJob
 
-__all__ = ["PENDING_REASONS", "SlurmDemand", "SlurmRunning", "read_demand", "request_name"]
+__all__ = ["PENDING_REASONS", "SlurmDemand", "SlurmRunning", "job_id_of", "read_demand", "request_name"]
 
 #: Pending reasons a repartition can answer.
 PENDING_REASONS = frozenset({"None", "Resources", "Priority", "ReqNodeNotAvail"})
@@ -36,6 +36,13 @@ PENDING_REASONS = frozenset({"None", "Resources", "Priority", "ReqNodeNotAvail"}
 def request_name(job_id: int, part: str | None = None) -> str:
     """The planner's name for (part of) a Slurm job: ``slurm-42``, ``slurm-42:1g.18gb``, ``slurm-42.3``."""
     return f"slurm-{job_id}" if part is None else f"slurm-{job_id}{part}"
+
+
+def job_id_of(name: str) -> int | None:
+    """The Slurm job of a planner name :func:`request_name` made (``slurm-42.3`` -> 42); None for other names."""
+    digits = name.removeprefix("slurm-")
+    end = next((i for i, ch in enumerate(digits) if not ch.isdigit()), len(digits))
+    return int(digits[:end]) if name.startswith("slurm-") and 0 < end <= 12 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ expected to end (by their limits; the jobs running there run on), so Slurm start
 nothing is carved inside for other jobs, and once the region is idle it is carved for the held job.
 
 Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run on one instance node: they are
-left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``). Pure: the caller reads Slurm
-and NVML and runs the actions.
+left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``, a job the carving counts as N
+waiting parts, one instance node each). Pure: the caller reads Slurm and NVML and runs the actions.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from flexmig.mig.layout import Layout
 from flexmig.plan.carving import Carving, Waiting, Where
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.change import encode_change
-from flexmig.slurm.demand import SlurmDemand, SlurmRunning
+from flexmig.slurm.demand import SlurmDemand, SlurmRunning, job_id_of
 
 __all__ = [
     "CarvingReport",
@@ -112,8 +112,13 @@ def busy_of(running: Iterable[SlurmRunning], on_nodes: Mapping[Where, bool]) -> 
     return busy
 
 
-def queue_of(demand: SlurmDemand, now_s: float) -> tuple[list[Waiting], dict[str, str]]:
-    """The waiting jobs for the carving, in Slurm's priority order, and the ones left out (name -> why)."""
+def queue_of(demand: SlurmDemand, now_s: float, *, most_parts: int = 56) -> tuple[list[Waiting], dict[str, str]]:
+    """The waiting jobs for the carving, in Slurm's priority order, and the ones left out (name -> why).
+
+    A job of N nodes (``--nodes=N --gres=gpu:P:1``, what a job of several devices is told to ask for) needs N
+    instance nodes: it waits as N parts, ``slurm-42#1`` ... ``slurm-42#N``, each carved for like a job of its own
+    (at most ``most_parts``, as many instance nodes as the host can hold; a bigger job spans hosts)."""
+    nodes = {j.job_id: max(1, j.node_count) for j in demand.pending_jobs}
     queue: list[Waiting] = []
     left: dict[str, str] = {}
     for req in demand.pending:
@@ -127,7 +132,11 @@ def queue_of(demand: SlurmDemand, now_s: float) -> tuple[list[Waiting], dict[str
                 f"(--nodes={req.ranks} --gres=gpu:{profile}:1)"
             )
             continue
-        queue.append(Waiting(req.name, profile, req.expected_runtime_s, max(0.0, now_s - req.submitted_s)))
+        job = job_id_of(req.name)
+        parts = min(nodes.get(job, 1) if job is not None else 1, max(1, most_parts))
+        waited = max(0.0, now_s - req.submitted_s)
+        names = [req.name] if parts == 1 else [f"{req.name}#{k}" for k in range(1, parts + 1)]
+        queue += [Waiting(name, profile, req.expected_runtime_s, waited) for name in names]
     return queue, left
 
 

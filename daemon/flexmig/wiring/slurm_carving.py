@@ -200,7 +200,7 @@ class InstanceCarver:
             jobs, None, instance_node(self.node, hl.gpus[0], 0), model, index_map={}, now_s=now,
             partitions=partitions, hook_token=settings.hook_token,
         )  # fmt: skip
-        queue, self.left_out = queue_of(demand, now)
+        queue, self.left_out = queue_of(demand, now, most_parts=len(hl.layouts) * model.compute_slices)
         registering_c = hl.to_carving(registering) - busy.keys()
         registering_c = frozenset(w for w in registering_c if hl.layouts[w[0]].at(w[1]) is not None)
         c = carve(
