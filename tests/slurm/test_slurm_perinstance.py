@@ -10,14 +10,17 @@ and registers nothing.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 
-from support.flexmigd import sample
+from support.flexmigd import collect_events, open_session, sample
+from support.mosquitto import Mosquitto
 from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -186,3 +189,53 @@ def test_before_slurm_23_11_node_per_instance_is_refused_with_one_line() -> None
         assert d.slurm_node("fm-node-gpu0-0") is None and d.slurm_node(d.node) is None
 
 
+
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+def test_with_slurms_default_backfill_interval_a_planned_node_is_retired_at_once_and_slurmctld_survives(
+    broker: Mosquitto,
+) -> None:
+    """Slurm's default ``bf_interval`` is 30 s. 22.05.8's backfill scheduler crashes when a node it planned a job on
+    is deleted before its next cycle, so flexmig waits for that cycle there; 22.05.9 and later (every Slurm that runs
+    dynamic instance nodes) skip deleted nodes, and the wait would only hold each carving for up to 30 s. Here the
+    idle instance's node is PLANNED (a two-node job waits for it and the busy one) when a 1g job needs it carved: its
+    retirement has no ``backfill`` step, the 1g job runs within one ``bf_interval``, and slurmctld still answers
+    after the backfill scheduler's next cycle."""
+    with SlurmDaemon(
+        "h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, mqtt_port=broker.port,
+        scheduler_parameters="sched_interval=1,bf_interval=30",
+    ) as d:  # fmt: skip
+        open_session(broker.port, d.node, client_id="backfill-watcher")
+        busy, idle = "fm-node-gpu0-0", "fm-node-gpu0-4"
+        first = d.testbed.sbatch("-w", busy, "--time=10", "--gres=gpu:3g.71gb:1", script=SLEEP)
+        d.wait_state(first, "RUNNING")
+        pair = d.testbed.sbatch("-N2", "-w", f"{busy},{idle}", "--time=5", "--gres=gpu:3g.71gb:1", script=SLEEP)
+        d.wait(f"{idle} planned for the two-node job", lambda: "PLANNED" in _scontrol(d, "show", "node", idle), 75)
+        submitted = time.monotonic()
+        second = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
+        _scontrol(d, "update", f"jobid={second}", "priority=1000")  # before the two-node job, which keeps its plan
+        d.wait_state(second, "RUNNING", timeout_s=90)
+        took = time.monotonic() - submitted
+        print(f"\nnode_per_instance, bf_interval=30, a planned idle node: submit to running: {took:.1f} s")
+        assert d.slurm_node(idle) is None or d.slurm_node(idle).gpu_counts() != {"3g.71gb": 1}
+        retired: list[list[str]] = []  # the steps of the idle node's retirement
+        deadline = time.monotonic() + 30
+        while not retired and time.monotonic() < deadline:
+            events = collect_events(broker.port, d.node, client_id="backfill-watcher", quiet_s=1.0, limit_s=5.0)
+            done = [e for e in events if e.kind.value == "action_completed" and idle in str(e.payload.get("target"))]
+            retired += [steps for e in done if "retire" in (steps := [s["step"] for s in e.payload["steps"]])]
+        assert retired, f"no action_completed event of {idle}'s retirement"
+        assert "backfill" not in retired[0], retired[0]
+        assert took < 30, took  # within one bf_interval (a figure, not a speed claim)
+        before = asyncio.run(d.client().backfill_cycle_start())
+        # the two-node job asks for a node that is gone (BadConstraints): a job that waits makes sdiag show the cycle
+        big = d.testbed.sbatch("--time=5", "--gres=gpu:7g.141gb:1", script=SLEEP)
+        d.wait(  # the cycle after the deletion, which begins by clearing its planned nodes (22.05.8 crashed there)
+            "a backfill cycle after the deletion",
+            lambda: (began := asyncio.run(d.client().backfill_cycle_start())) is not None and began != before,
+            75,
+        )
+        assert "is UP" in _scontrol(d, "ping"), "slurmctld is down after the backfill cycle"
+        waiting, running = d.job(pair), d.job(second)
+        assert waiting is not None and waiting.state == "PENDING", waiting
+        assert (later := d.job(big)) is not None and later.state == "PENDING", later
+        assert running is not None and running.state == "RUNNING", running

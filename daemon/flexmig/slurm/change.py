@@ -69,6 +69,7 @@ from flexmig_hook.protocol import Ack, AckError, read_ack
 __all__ = [
     "ADMIN_FLAGS",
     "KIND",
+    "PLANNED_DELETE_SAFE_SINCE",
     "ChangeSettings",
     "MigSteps",
     "SlurmChange",
@@ -88,6 +89,23 @@ REQUEUE_GAP_S = 1.5
 """How long after a requeued job left the node it may start there again. slurmd revokes the credential of a job it
 killed, by the second: a job requeued and restarted on the node within the same second is refused ("Killing
 non-startable batch JobId=N: Job credential revoked", verified on 22.05.8) and ends FAILED."""
+
+PLANNED_DELETE_SAFE_SINCE = (22, 5, 9)
+"""The first Slurm whose backfill scheduler survives the deletion of a node it planned on (SchedMD commit 7250aa4011,
+bug 16165, "sched/backfill - fix segfault when removing a PLANNED node from system": 22.05.9; 23.02 and later skip
+deleted nodes). Before it a dynamic node is deleted only after a backfill cycle that began after its drain."""
+
+
+def planned_delete_crashes(version: str) -> bool:
+    """True when Slurm ``version`` (``scontrol show config``'s ``SLURM_VERSION``, e.g. ``22.05.8``) may crash
+    deleting a node its backfill scheduler planned on, or cannot be read (then flexmig waits, as it must on 22.05.8)."""
+    parts = version.strip().split(".")
+    try:
+        found = tuple(int(p.split("-")[0]) for p in parts[:3])
+    except ValueError:
+        return True
+    return len(found) < 3 or found < PLANNED_DELETE_SAFE_SINCE
+
 
 
 class StepRunner(Protocol):
@@ -345,7 +363,8 @@ class SlurmChange:
         await run.step("stop_slurmd", {}, self._stop_slurmd)
         await run.step("unreserve", {"node": node}, lambda: self._reopen(node))
         try:
-            if not self.settings.static:  # a static node's record stays: the backfill scheduler cannot trip on it
+            # a static node's record stays, and 22.05.9 and later skip deleted nodes: nothing to trip on then
+            if not self.settings.static and await self._deletion_may_crash():
                 await run.step("backfill", {"since": drained_at}, lambda: self._await_backfill(node, drained_at))
             seen: dict[str, Any] = await run.step("recheck", {"node": node}, lambda: self._check(node))
         except StepFailed as exc:  # an administrator acted since the check: the node is still in Slurm, as it was
@@ -448,6 +467,15 @@ class SlurmChange:
             raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
         return {"drained": True, "at": time.time()}
 
+    async def _deletion_may_crash(self) -> bool:
+        """True unless slurmctld says it is a Slurm whose backfill scheduler survives the deletion of a node it
+        planned on (:data:`PLANNED_DELETE_SAFE_SINCE`); an unanswered question counts as may (the step then asks)."""
+        try:
+            cfg = await self.client.config()
+        except SlurmError:
+            return True
+        return planned_delete_crashes(str(cfg.get("SLURM_VERSION", "")))
+
     async def _await_backfill(self, node: str, since: float) -> dict[str, Any]:
         """Until a cycle of the backfill scheduler began after ``since`` (the drain of ``node``), bounded.
 
@@ -455,14 +483,18 @@ class SlurmChange:
         starts by dereferencing each of them: a node deleted in between crashes slurmctld (``bckfl: segfault ... in
         sched_backfill.so``, seen twice here, ``_handle_planned`` in ``backfill.c``). A cycle that began after the
         drain has cleared that bitmap of this node and will not plan on a drained node, so the delete is safe after
-        it. Without the backfill scheduler there is nothing to wait for; nor for a static node (``instance_nodes =
-        static``), which goes back to State=FUTURE: its record, which the bitmap points to, stays (``scontrol update
-        state=future`` only marks it).
+        it. Without the backfill scheduler there is nothing to wait for, nor on Slurm 22.05.9 and later (their
+        backfill scheduler skips deleted nodes), nor for a static node (``instance_nodes = static``), which goes back
+        to State=FUTURE: its record, which the bitmap points to, stays (``scontrol update state=future`` only marks
+        it).
         """
         try:
             cfg = await self.client.config()
             if "backfill" not in cfg.get("SchedulerType", "sched/backfill"):
                 return {"backfill": False}
+            version = str(cfg.get("SLURM_VERSION", ""))
+            if not planned_delete_crashes(version):
+                return {"backfill": "not needed", "version": version}
             params = cfg.get("SchedulerParameters", "")
             interval = next(
                 (int(w.split("=", 1)[1]) for w in params.split(",") if w.startswith("bf_interval=")
