@@ -279,7 +279,7 @@ class SlurmRig:
 
     async def job(self, job_id: int) -> SlurmJob | None:
         """Slurm's record of job ``job_id``."""
-        return next((j for j in await self.agent.client.jobs() if j.job_id == job_id), None)
+        return next((j for j in await self.agent.client.jobs(finished=True) if j.job_id == job_id), None)
 
     async def next_backfill_cycle(self, timeout_s: float = WAIT_S) -> None:
         """Until Slurm's backfill scheduler has begun a new cycle (``bf_interval=1`` on the testbed): between two
@@ -505,7 +505,7 @@ class SlurmDaemon:
 
     def job(self, job_id: int) -> SlurmJob | None:
         """Slurm's record of job ``job_id``."""
-        return next((j for j in asyncio.run(self.client().jobs()) if j.job_id == job_id), None)
+        return next((j for j in asyncio.run(self.client().jobs(finished=True)) if j.job_id == job_id), None)
 
     def slurmd_pid(self, node: str) -> int | None:
         """The pid of node ``node``'s slurmd (from its pid file; None when there is none)."""

@@ -131,11 +131,13 @@ class SlurmClient:
         return out
 
     # -------------------------------------------------------------------------------------------- reading
-    async def jobs(self) -> tuple[SlurmJob, ...]:
-        """Every job slurmctld knows, finished ones it still keeps included (``squeue --json --states=all``:
-        22.05 ignores the filter and prints them all anyway; 23.02 and later, without it, only the active ones)."""
+    async def jobs(self, *, finished: bool = False) -> tuple[SlurmJob, ...]:
+        """The jobs waiting or holding resources (``squeue --json``), what flexmig decides on; with ``finished``
+        every job slurmctld knows, the finished ones it still keeps (``MinJobAge``, 300 s by default) included
+        (``--states=all``). 22.05 prints them all either way; from 23.02 on, a busy cluster's finished jobs are
+        most of the answer, so they are left out unless asked for."""
         started = time.monotonic()
-        jobs = parse_squeue(await self.run("squeue", ["--json", "--states=all"]))
+        jobs = parse_squeue(await self.run("squeue", ["--json", "--states=all"] if finished else ["--json"]))
         took = time.monotonic() - started
         self._jobs_s.append(took)
         if self.on_jobs_read is not None:
