@@ -18,7 +18,7 @@ import time
 import pytest
 
 from flexmig.mqtt.events import Event
-from support.flexmigd import collect_events, open_session, sample
+from support.flexmigd import collect_events, open_session, retirement_steps, sample
 from support.mosquitto import Mosquitto
 from support.schemas import validator
 from support.slurm import SlurmDaemon, skip_reason, slurm_version
@@ -141,12 +141,6 @@ def test_with_slurms_default_backfill_interval_a_retirement_waits_for_no_backfil
         d.wait_state(second, "RUNNING", timeout_s=90)
         took = time.monotonic() - submitted
         print(f"\nstatic instance nodes, bf_interval=30: submit to running on a carved instance: {took:.1f} s")
-        retired: list[list[str]] = []  # the steps of the idle node's retirement
-        deadline = time.monotonic() + 30
-        while not retired and time.monotonic() < deadline:
-            events = collect_events(broker.port, d.node, client_id="backfill-watcher", quiet_s=1.0, limit_s=5.0)
-            done = [e for e in events if e.kind.value == "action_completed" and idle in str(e.payload.get("target"))]
-            retired += [steps for e in done if "retire" in (steps := [s["step"] for s in e.payload["steps"]])]
-        assert retired, f"no action_completed event of {idle}'s retirement"
-        assert "backfill" not in retired[0], retired[0]
+        steps = retirement_steps(broker.port, d.node, idle, client_id="backfill-watcher")
+        assert "backfill" not in steps, steps
         assert took < 30, took  # within one bf_interval (a figure, not a speed claim)
