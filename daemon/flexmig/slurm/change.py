@@ -78,6 +78,7 @@ __all__ = [
     "admin_down",
     "admin_hold",
     "encode_change",
+    "planned_delete_crashes",
 ]
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,6 @@ def planned_delete_crashes(version: str) -> bool:
     except ValueError:
         return True
     return len(found) < 3 or found < PLANNED_DELETE_SAFE_SINCE
-
 
 
 class StepRunner(Protocol):
