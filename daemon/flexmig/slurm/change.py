@@ -61,6 +61,7 @@ from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.gresconf import gres_string
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import SlurmReservation, flexmig_name
+from flexmig.slurm.sitecheck import slurm_version
 from flexmig.slurm.slurmd import SlurmdControl
 from flexmig.slurm.supply import Supply
 from flexmig.slurm.taskprolog import ACK_NAME, checkpoint_dir
@@ -100,12 +101,8 @@ deleted nodes). Before it a dynamic node is deleted only after a backfill cycle 
 def planned_delete_crashes(version: str) -> bool:
     """True when Slurm ``version`` (``scontrol show config``'s ``SLURM_VERSION``, e.g. ``22.05.8``) may crash
     deleting a node its backfill scheduler planned on, or cannot be read (then flexmig waits, as it must on 22.05.8)."""
-    parts = version.strip().split(".")
-    try:
-        found = tuple(int(p.split("-")[0]) for p in parts[:3])
-    except ValueError:
-        return True
-    return len(found) < 3 or found < PLANNED_DELETE_SAFE_SINCE
+    found = slurm_version(version)
+    return found is None or found < PLANNED_DELETE_SAFE_SINCE
 
 
 class StepRunner(Protocol):
@@ -483,18 +480,15 @@ class SlurmChange:
         starts by dereferencing each of them: a node deleted in between crashes slurmctld (``bckfl: segfault ... in
         sched_backfill.so``, seen twice here, ``_handle_planned`` in ``backfill.c``). A cycle that began after the
         drain has cleared that bitmap of this node and will not plan on a drained node, so the delete is safe after
-        it. Without the backfill scheduler there is nothing to wait for, nor on Slurm 22.05.9 and later (their
-        backfill scheduler skips deleted nodes), nor for a static node (``instance_nodes = static``), which goes back
-        to State=FUTURE: its record, which the bitmap points to, stays (``scontrol update state=future`` only marks
-        it).
+        it. Without the backfill scheduler there is nothing to wait for. The callers do not wait on Slurm 22.05.9
+        and later (:meth:`_deletion_may_crash`: their backfill scheduler skips deleted nodes), nor for a static node
+        (``instance_nodes = static``), which goes back to State=FUTURE: its record, which the bitmap points to, stays
+        (``scontrol update state=future`` only marks it).
         """
         try:
             cfg = await self.client.config()
             if "backfill" not in cfg.get("SchedulerType", "sched/backfill"):
                 return {"backfill": False}
-            version = str(cfg.get("SLURM_VERSION", ""))
-            if not planned_delete_crashes(version):
-                return {"backfill": "not needed", "version": version}
             params = cfg.get("SchedulerParameters", "")
             interval = next(
                 (int(w.split("=", 1)[1]) for w in params.split(",") if w.startswith("bf_interval=")
@@ -754,7 +748,7 @@ class SlurmChange:
                 if got != want:  # a slurmd started before a crash, or by someone else, with other GRES
                     if found is not None and not found.drained:
                         await self.client.drain(node, "flexmig: re-registering with new MIG instances")
-                    if not self.settings.static:
+                    if not self.settings.static and await self._deletion_may_crash():
                         await self._await_backfill(node, time.time())  # then it is safe to delete (see there)
                     await self.slurmd.stop()
                     await self._unregister(node)

@@ -49,6 +49,7 @@ __all__ = [
     "node_table_problem",
     "shared_fs_problem",
     "slot_problem",
+    "slurm_version",
     "tres_problem",
 ]
 
@@ -187,18 +188,29 @@ PER_GPU_SINCE = (23, 11)
 """The first Slurm whose dynamic nodes take their own ``Port=`` (SchedMD commit f30e8508b8): one slurmd per GPU."""
 
 
+def slurm_version(text: str) -> tuple[int, int, int] | None:
+    """Slurm's version as numbers (``22.05.8``, ``scontrol show config``'s ``SLURM_VERSION``, or ``slurm-wlm
+    24.11.5`` as ``slurmd -V`` prints it; ``25.05.0-0rc1`` counts as 25.05.0, ``23.11`` as 23.11.0), None when
+    ``text`` names none."""
+    words = text.split()
+    parts = (words[-1] if words else "").split(".")
+    try:
+        found = tuple(int(p.split("-")[0]) for p in parts[:3])
+    except ValueError:
+        return None
+    if len(found) < 2:
+        return None
+    return (found[0], found[1], found[2] if len(found) == 3 else 0)
+
+
 def version_problem(version: str, key: str = "node_per_gpu") -> str | None:
     """One line when ``[slurm] node_per_gpu`` (or ``key``, ``node_per_instance``) cannot work on Slurm ``version``
-    (``scontrol show config``'s ``SLURM_VERSION``, e.g. ``22.05.8``; ``slurm-wlm 24.11.5`` as ``slurmd -V`` prints
-    it is read too)."""
-    words = version.split()
-    text = words[-1] if words else ""
-    parts = text.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
+    (:func:`slurm_version` reads it)."""
+    found = slurm_version(version)
+    if found is None:
         return f"[slurm] {key} needs Slurm 23.11 or later; cannot read Slurm's version from {version!r}"
-    if (major, minor) < PER_GPU_SINCE:
+    if found[:2] < PER_GPU_SINCE:
+        text = version.rsplit(maxsplit=1)[-1]
         return (
             f"[slurm] {key} needs Slurm 23.11 or later (a dynamic node's own Port=), this is Slurm {text}: "
             f"set {key} = false"
