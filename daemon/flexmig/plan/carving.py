@@ -10,10 +10,7 @@ busy instances to end.
 
 Each round, the waiting jobs are taken in Slurm's priority order:
 
-* a free instance of the job's profile (one being registered counts) serves it (Slurm starts it there). These are
-  given first, for the whole queue: a free instance that a waiting job asks for is never destroyed to carve room
-  for a job ahead of it. Slurm's backfill knows nothing of carving and starts the job behind there as soon as it
-  looks, so carving it away would race Slurm (and a job that fits a free instance would wait for a change);
+* a free instance of the job's profile (one being registered counts) serves it (Slurm starts it there);
 * otherwise the job's profile is **carved** where it destroys the fewest idle compute slices (then as high up the
   GPU as it goes, so that the low starts that only big profiles can use stay whole); instances another waiting job
   was given, instances still registering, instances an administrator closed (``pinned``) and the held region
@@ -132,10 +129,7 @@ def carve(
         reasons.append(f"{hold.job}: no longer waits; hold dropped")
     kept: Hold | None = None
     given: dict[Where, float | None] = {}
-    served, fence = node.serve_free(queue, given, fence, now_s)
     for job in queue:
-        if job.name in served:
-            continue
         profile = model.profile(job.profile)
         mine = fence is not None and fence.job == job.name
         other = None if mine else fence
@@ -201,23 +195,6 @@ class _Node:
                     continue
                 return w
         return None
-
-    def serve_free(
-        self, queue: Sequence[Waiting], given: dict[Where, float | None], fence: Hold | None, now_s: float
-    ) -> tuple[set[str], Hold | None]:
-        """Give each waiting job, in order, a free instance of its profile (into ``given``): what Slurm can start
-        now is left to it. The jobs served, and the hold still to keep (None once its own job is served)."""
-        served: set[str] = set()
-        for job in queue:
-            mine = fence is not None and fence.job == job.name
-            free = self.free_instance(self.model.profile(job.profile), given, None if mine else fence, job.limit_s,
-                                      now_s)  # fmt: skip
-            if free is not None:
-                given[free] = job.limit_s
-                served.add(job.name)
-                if mine:
-                    fence = None
-        return served, fence
 
     def spot(self, profile: Profile, given: Mapping[Where, float | None], fence: Hold | None) -> Where | None:
         """Where ``profile`` can be carved destroying only idle instances, outside ``fence``: the fewest idle
