@@ -72,6 +72,43 @@ def test_a_profile_no_instance_has_is_carved_from_idle_instances_while_a_busy_on
         assert said and "--nodes=2 --gres=gpu:1g.18gb:1" in d.log()
 
 
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+def test_with_slurms_own_scheduler_settings_a_job_carved_for_runs_as_soon_as_its_node_registers(
+    broker: Mosquitto,
+) -> None:
+    """No SchedulerParameters (Slurm's ``sched_interval`` 60 s, ``bf_interval`` 30 s). Every 1g instance busy, a
+    1g job waits (reason ``Resources``: the scheduler's pass after its submission found them taken; flexmigd is
+    stopped until then) and flexmig carves it a 1g from the free memory slice. A dynamic node's registration does
+    not run the scheduler (slurmctld's log: the node validated in state IDLE, then no pass until the backfill
+    cycle, 19 s later here, up to 30 s). flexmig's ``schedule`` step runs it: the job runs within 5 s of flexmigd
+    going on."""
+    with SlurmDaemon(
+        "h200:3g.71gb@0+1g.18gb@5+1g.18gb@6", node_per_instance=True, mqtt_port=broker.port, scheduler_parameters="",
+    ) as d:  # fmt: skip
+        assert "SchedulerParameters" not in d.paths.slurm_conf.read_text()
+        assert d.proc is not None
+        open_session(broker.port, d.node, client_id="schedule-watcher")
+        for start, profile in ((0, "3g.71gb"), (5, "1g.18gb"), (6, "1g.18gb")):
+            busy = d.testbed.sbatch("-w", f"fm-node-gpu0-{start}", f"--gres=gpu:{profile}:1", script=SLEEP)
+            d.wait_state(busy, "RUNNING")
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            job = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
+            why = d.wait("the scheduler's pass over the job", lambda: (j := d.job(job)) and j.reason != "None" and j)
+            assert (why.state, why.reason) == ("PENDING", "Resources"), why
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        going = time.monotonic()
+        d.wait_state(job, "RUNNING", timeout_s=90)
+        took = time.monotonic() - going
+        print(f"\nnode_per_instance, Slurm's own scheduler settings: flexmigd on to the job running: {took:.1f} s")
+        found = d.job(job)
+        assert found is not None and found.nodes == ("fm-node-gpu0-4",), found
+        steps = retirement_steps(broker.port, d.node, "fm-node-gpu0-4", client_id="schedule-watcher", having="register")
+        assert steps[-1] == "schedule", steps
+        assert took < 5, took
+
+
 def _scontrol(d: SlurmDaemon, *args: str) -> str:
     res = subprocess.run(
         [d.testbed.commands.path("scontrol"), *args], env=d.testbed.env(), capture_output=True, text=True, timeout=30,

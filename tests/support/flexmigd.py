@@ -332,15 +332,17 @@ def collect_events(
     return asyncio.run(go())
 
 
-def retirement_steps(port: int, node: str, retired: str, *, client_id: str, limit_s: float = 30.0) -> list[str]:
-    """The journalled steps of Slurm node ``retired``'s retirement (``retire`` among them), from the first
-    ``action_completed`` event of it queued for ``client_id``'s session (opened before); AssertionError after
-    ``limit_s``."""
+def retirement_steps(
+    port: int, node: str, retired: str, *, client_id: str, limit_s: float = 30.0, having: str = "retire"
+) -> list[str]:
+    """The journalled steps of Slurm node ``retired``'s retirement (step ``having`` among them; ``register``: its
+    registration), from the first ``action_completed`` event of it queued for ``client_id``'s session (opened
+    before); AssertionError after ``limit_s``."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         events = collect_events(port, node, client_id=client_id, quiet_s=1.0, limit_s=5.0)
         done = [e for e in events if e.kind.value == "action_completed" and retired in str(e.payload.get("target"))]
         for e in done:
-            if "retire" in (steps := [s["step"] for s in e.payload["steps"]]):
+            if having in (steps := [s["step"] for s in e.payload["steps"]]):
                 return steps
-    raise AssertionError(f"no action_completed event of {retired}'s retirement within {limit_s:g} s")
+    raise AssertionError(f"no action_completed event of {retired}'s {having} step within {limit_s:g} s")

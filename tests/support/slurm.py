@@ -379,7 +379,7 @@ class SlurmDaemon:
             node_per_gpu=node_per_gpu,
             node_per_instance=node_per_instance,
             static_nodes=static_nodes,
-            scheduler_parameters=scheduler_parameters or Testbed.scheduler_parameters,
+            scheduler_parameters=Testbed.scheduler_parameters if scheduler_parameters is None else scheduler_parameters,
         )
         self.node_per_instance = node_per_instance
         self.static_nodes = static_nodes

@@ -15,7 +15,8 @@ slurmctld refuses to delete a node in an active reservation) → ``stop_slurmd``
 state=future``) → ``destroy:G@S``/``create:G@S`` (the plan's instance changes, through the
 actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a fresh inventory) → ``register``
 (slurmd restarted with the new ``Gres=``, until slurmctld lists the node with those GRES) → ``credential_gap`` →
-``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen``. An instance node that leaves
+``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen`` → ``schedule`` (Slurm's scheduler
+queued, which a dynamic node's registration alone does not do). An instance node that leaves
 Slurm for good (``retire``, ``[slurm] node_per_instance``) ends after its instance is destroyed: ``retire`` (its
 gres.conf block and map removed) → ``reopen``.
 
@@ -342,6 +343,8 @@ class SlurmChange:
             await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
         await run.step("resume", {"node": node}, lambda: self._resume(node))
         await run.step("reopen", {"node": node}, lambda: self._reopen(node))
+        if unregistered is None:
+            await run.step("schedule", {"node": node}, lambda: self._schedule(node))
         if unregistered is not None:
             raise StepFailed(
                 f"{unregistered}; node {node} is not registered (the next round tries again), the jobs held for the "
@@ -519,6 +522,24 @@ class SlurmChange:
                     code="BACKFILL",
                 )
             await asyncio.sleep(self.settings.poll_s)
+
+    async def _schedule(self, node: str) -> dict[str, Any]:
+        """Have Slurm's scheduler run now, so that the jobs waiting for the node start within seconds.
+
+        The registration of a dynamic node does not run it: slurmctld makes a node that ``slurmd -Z`` registers
+        idle when it creates it, before it checks whether the node came into service, so it finds nothing new
+        (``newly_up`` in ``_slurm_rpc_node_registration``, 23.11-24.11 and 22.05). A job waiting for the node then
+        waited for the next job to be submitted or to end, the backfill cycle (``bf_interval``, 30 s by default) or
+        the full pass (``sched_interval``, 60 s). An update of a node does queue the scheduler, whatever it
+        updates: the node's comment is set to what it is, which changes nothing."""
+        try:
+            found = await self.client.node(node)
+            if found is None or not found.responding or found.drained:
+                return {"scheduled": False}
+            await self.client.update_node(node, {"comment": found.comment})
+        except SlurmError as exc:
+            raise StepFailed(str(exc), code="SLURM") from exc
+        return {"scheduled": True}
 
     async def _reopen(self, node: str) -> dict[str, Any]:
         """flexmig's reservation on ``node`` is gone (deleted if it is there)."""
