@@ -9,7 +9,11 @@ The model, step by step (``STEP_S``):
   limits, nothing whose limit reaches into flexmig's reservation): :func:`flexmig.plan.backfill.forecast` itself
   says which start *now* (Slurm knows only the running jobs' limits). The main scheduler starts jobs in priority
   order up to the first that cannot start; the backfill pass (every ``BF_INTERVAL_S``, the testbed's
-  ``bf_interval``) starts every job the rules allow;
+  ``bf_interval``; ``--bf-interval 30`` for Slurm's default) starts every job the rules allow. With one node per
+  MIG instance the same: the main scheduler stops at the first job whose profile has registered nodes, all taken
+  (Slurm's ``ESLURM_NODES_BUSY`` fails the partition for the jobs behind it), a job whose profile no node has
+  yet does not stop it; a node is served by the main scheduler as soon as it is registered (flexmig asks Slurm to
+  schedule then: a dynamic node's registration alone does not);
 * flexmig: a round of :class:`flexmig.slurm.agent.SlurmAgent` every ``ROUND_S`` (the testbed's ``interval_s``), or
   sooner, on one GPU, when the daemon's look every ``PROBE_S`` (``[slurm] probe_s``) sees Slurm's job counters
   move (a job submitted, started or ended: :class:`Rounds`, the loop of
@@ -629,9 +633,13 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
     waiting_time = waiting_busy = closed_slices = 0.0
     steps = 0
     total = MODEL.compute_slices * gpus
+    next_backfill = first
     while st.t < limit_s:
         registering = {w: u for w, u in registering.items() if u > st.t}
-        _slurm_instances(st, layouts, registering, hold)
+        backfill = st.t >= next_backfill
+        if backfill:
+            next_backfill = st.t + BF_INTERVAL_S
+        _slurm_instances(st, layouts, registering, hold, backfill=backfill)
         if rounds.due(st.t, st.jobs):
             running = st.running()
             busy = {j.where: j.start_s + j.limit_s - st.t for j in running if j.where is not None}
@@ -651,7 +659,7 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
                 st.log.append((st.t, r))
             hold = c.hold
             st.layouts = tuple(layouts)
-            _slurm_instances(st, layouts, registering, hold)
+            _slurm_instances(st, layouts, registering, hold, backfill=False)
         if all(j.end_s <= st.t for j in st.jobs):
             break
         used, closed = _account_instances(st, layouts, registering, hold)
@@ -665,12 +673,21 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
 
 
 def _slurm_instances(
-    st: State, layouts: Sequence[Layout], registering: Mapping[tuple[int, int], float], hold: Hold | None
-) -> None:
+    st: State, layouts: Sequence[Layout], registering: Mapping[tuple[int, int], float], hold: Hold | None,
+    *, backfill: bool = True,
+) -> None:  # fmt: skip
     """Slurm on one-instance nodes: each waiting job, in priority order, starts on the first free registered
-    instance of its profile (one in the held region only when its limit ends before the hold's time)."""
+    instance of its profile (one in the held region only when its limit ends before the hold's time). Its main
+    scheduler (not ``backfill``) stops at the first job that cannot start while a registered node of its profile
+    exists (busy, or reserved): Slurm's ``ESLURM_NODES_BUSY`` marks the partition failed for the jobs behind, which
+    only the backfill pass then starts."""
     taken = {j.where for j in st.running()}
     for job in st.pending():
+        if not backfill and job.where is None and any(
+            inst.profile.name == job.mix.profile and (g, inst.start) not in registering
+            for g, lay in enumerate(layouts) for inst in lay
+        ) and not _free_for(st, job, layouts, registering, hold, taken):  # fmt: skip
+            return
         for g, lay in enumerate(layouts):
             for inst in lay:
                 w = (g, inst.start)
@@ -686,6 +703,22 @@ def _slurm_instances(
                 break
             if job.where is not None:
                 break
+
+
+def _free_for(
+    st: State, job: Job, layouts: Sequence[Layout], registering: Mapping[tuple[int, int], float], hold: Hold | None,
+    taken: set[tuple[int, int] | None],
+) -> bool:
+    """True when a free registered instance of ``job``'s profile can take it now."""
+    for g, lay in enumerate(layouts):
+        for inst in lay:
+            w = (g, inst.start)
+            if inst.profile.name != job.mix.profile or w in taken or w in registering:
+                continue
+            fenced = hold is not None and hold.job != job.name and hold.covers(MODEL, g, inst)
+            if not (fenced and hold is not None and st.t + job.limit_s > hold.at_s):
+                return True
+    return False
 
 
 def _account_instances(
@@ -824,6 +857,8 @@ def main() -> int:
     ap.add_argument("--jitter", type=float, default=0.0, metavar="S",
                     help="each arrival later by up to S s, DRAWS draws a seed (default 0: the mix as it is)")
     ap.add_argument("--draws", type=int, default=20, help="draws a seed with --jitter (default 20)")
+    ap.add_argument("--bf-interval", type=float, default=BF_INTERVAL_S, metavar="S",
+                    help=f"Slurm's bf_interval (default {BF_INTERVAL_S:g}: the testbed's; Slurm's own is 30)")
     args = ap.parse_args()
     if args.gpus < 1:
         ap.error(f"--gpus must be at least 1, not {args.gpus}")
@@ -831,6 +866,9 @@ def main() -> int:
         ap.error(f"--jitter must be at least 0 and --draws at least 1, not {args.jitter} and {args.draws}")
     gpus = args.gpus
     n_jobs = JOBS * gpus
+    if args.bf_interval <= 0:
+        ap.error(f"--bf-interval must be above 0, not {args.bf_interval}")
+    _slurm(args.bf_interval)
     if args.ideal:
         _ideal()
     pols = policies()
@@ -860,7 +898,8 @@ def main() -> int:
     if args.parallel > 1:
         with ProcessPoolExecutor(args.parallel) as pool:
             futures = {
-                n: [pool.submit(_run, seed, n, n_jobs, gpus, args.ideal, args.jitter, draw) for seed, draw in cases]
+                n: [pool.submit(_run, seed, n, n_jobs, gpus, args.ideal, args.jitter, draw, args.bf_interval)
+                    for seed, draw in cases]
                 for n in names
             }
             for n in names:
@@ -944,11 +983,19 @@ def _ideal() -> None:
     ROUND_S = PROBE_S = STEP_S
 
 
+def _slurm(bf_interval_s: float) -> None:
+    """``--bf-interval``: Slurm's backfill every ``bf_interval_s``."""
+    global BF_INTERVAL_S  # noqa: PLW0603
+    BF_INTERVAL_S = bf_interval_s
+
+
 def _run(
-    seed: int, name: str, n_jobs: int, gpus: int, ideal: bool = False, jitter_s: float = 0.0, draw: int = 0
-) -> Result:
+    seed: int, name: str, n_jobs: int, gpus: int, ideal: bool = False, jitter_s: float = 0.0, draw: int = 0,
+    bf_interval_s: float = 1.0,
+) -> Result:  # fmt: skip
     """One run of ``--parallel``: seed ``seed``'s mix of ``n_jobs`` (its draw ``draw`` with ``--jitter``) under the
-    policy ``name``."""
+    policy ``name``, Slurm's backfill every ``bf_interval_s``."""
+    _slurm(bf_interval_s)
     if ideal:
         _ideal()
     return simulate(jittered(mix(seed, n_jobs), seed, draw, jitter_s), policies()[name], gpus=gpus)
