@@ -528,7 +528,7 @@ class SlurmChange:
 
         The registration of a dynamic node does not run it: slurmctld makes a node that ``slurmd -Z`` registers
         idle when it creates it, before it checks whether the node came into service, so it finds nothing new
-        (``newly_up`` in ``_slurm_rpc_node_registration``, 23.11-24.11 and 22.05). A job waiting for the node then
+        (``newly_up`` in ``_slurm_rpc_node_registration``; seen in 24.11.5's log). A job waiting for the node then
         waited for the next job to be submitted or to end, the backfill cycle (``bf_interval``, 30 s by default) or
         the full pass (``sched_interval``, 60 s). An update of a node does queue the scheduler, whatever it
         updates: the node's comment is set to what it is, which changes nothing."""
