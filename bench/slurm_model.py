@@ -12,8 +12,11 @@ The model, step by step (``STEP_S``):
   ``bf_interval``; ``--bf-interval 30`` for Slurm's default) starts every job the rules allow. With one node per
   MIG instance the same: the main scheduler stops at the first job whose profile has registered nodes, all taken
   (Slurm's ``ESLURM_NODES_BUSY`` fails the partition for the jobs behind it), a job whose profile no node has
-  yet does not stop it; a node is served by the main scheduler as soon as it is registered (flexmig asks Slurm to
-  schedule then: a dynamic node's registration alone does not);
+  yet does not stop it. With ``--sched-interval`` (Slurm's own is 60 s) its passes are Slurm's (:class:`MainPasses`):
+  at once when a job ends, every ``sched_interval``, and ``batch_sched_delay`` after the last pass at the soonest
+  when one was queued (a submission, a node deleted, flexmig's ``schedule`` step after a registration; a dynamic
+  node's registration alone queues none: the rival ``no-schedule-step`` is flexmig before that step); without it,
+  every step (the testbed's ``sched_interval=1``);
 * flexmig: a round of :class:`flexmig.slurm.agent.SlurmAgent` every ``ROUND_S`` (the testbed's ``interval_s``), or
   sooner, on one GPU, when the daemon's look every ``PROBE_S`` (``[slurm] probe_s``) sees Slurm's job counters
   move (a job submitted, started or ended: :class:`Rounds`, the loop of
@@ -121,6 +124,8 @@ RECENT_S = 900.0  # the agent's recent-demand window
 DRAIN_TIMEOUT_S = 900.0
 MODEL = H200
 BF_INTERVAL_S = 1.0  # the testbed's bf_interval
+SCHED_INTERVAL_S: float | None = None  # Slurm's sched_interval; None: the main scheduler every step (the testbed's 1 s)
+BATCH_SCHED_DELAY_S = 3.0  # Slurm's batch_sched_delay: a queued pass runs this long after the last at the soonest
 CAUSES = ("uncarved", "closed", "reserved", "window", "no taker")
 STATIC = (("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6))
 START = (("7g.141gb", 0),)
@@ -162,6 +167,7 @@ class Policy:
     per_gpu: bool = False  # one Slurm node per GPU (simulate_per_gpu)
     by_gpu: bool = False  # per_gpu: busy GPU nodes plan by GPU, not by when they are expected to be empty (before)
     hold_after_s: float = 0.0  # per_instance: a blocked job holds a region once it has waited this long
+    schedule_step: bool = True  # per_instance: a registration ends with flexmig's schedule step (a queued pass)
 
 
 @dataclass
@@ -549,6 +555,8 @@ def policies() -> dict[str, Policy]:
         "instances": Policy("instances", per_instance=True, hold_after_s=HOLD_AFTER_S),
         "hold-at-once": Policy("hold-at-once", per_instance=True, hold_after_s=0.0),
         "no-hold": Policy("no-hold", per_instance=True, hold_after_s=math.inf),
+        "no-schedule-step": Policy("no-schedule-step", per_instance=True, hold_after_s=HOLD_AFTER_S,
+                                   schedule_step=False),
     }
 
 
@@ -634,12 +642,17 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
     steps = 0
     total = MODEL.compute_slices * gpus
     next_backfill = first
+    passes = MainPasses(first)
     while st.t < limit_s:
+        done = [w for w, u in registering.items() if u <= st.t]
         registering = {w: u for w, u in registering.items() if u > st.t}
         backfill = st.t >= next_backfill
         if backfill:
             next_backfill = st.t + BF_INTERVAL_S
-        _slurm_instances(st, layouts, registering, hold, backfill=backfill)
+        if done and pol.schedule_step:
+            passes.queue()
+        if backfill or passes.due(st.t, st.jobs):
+            _slurm_instances(st, layouts, registering, hold, backfill=backfill)
         if rounds.due(st.t, st.jobs):
             running = st.running()
             busy = {j.where: j.start_s + j.limit_s - st.t for j in running if j.where is not None}
@@ -651,6 +664,7 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
                 if (g, s) in on:
                     raise RuntimeError(f"carve destroyed GPU {g}'s instance at {s}, where a job runs")
                 layouts[g] = layouts[g].remove(s)
+                passes.queue()  # scontrol delete queues a pass
             for g, inst, _ in c.create:
                 layouts[g] = layouts[g].place(inst.profile, inst.start)
                 registering[(g, inst.start)] = st.t + REREGISTER_S
@@ -659,7 +673,8 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
                 st.log.append((st.t, r))
             hold = c.hold
             st.layouts = tuple(layouts)
-            _slurm_instances(st, layouts, registering, hold, backfill=False)
+            if passes.due(st.t, st.jobs):
+                _slurm_instances(st, layouts, registering, hold, backfill=False)
         if all(j.end_s <= st.t for j in st.jobs):
             break
         used, closed = _account_instances(st, layouts, registering, hold)
@@ -670,6 +685,36 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
         closed_slices += closed / total
         st.t += STEP_S
     return _result(jobs, st, first, gpus, waiting_busy, waiting_time, closed_slices / steps if steps else 0.0)
+
+
+@dataclass
+class MainPasses:
+    """When Slurm's main scheduler runs (one node per instance): with ``SCHED_INTERVAL_S`` None, every step (the
+    testbed's ``sched_interval=1``); else every ``SCHED_INTERVAL_S``, at once when a job ends (its epilog), and
+    ``BATCH_SCHED_DELAY_S`` after the last pass at the soonest when one was queued (a submission, a node deleted,
+    or flexmig's ``schedule`` step after a registration: a dynamic node's registration alone queues none)."""
+
+    last: float
+    queued: bool = False
+    seen_ends: int = 0
+    seen_arrivals: int = 0
+
+    def queue(self) -> None:
+        self.queued = True
+
+    def due(self, t: float, jobs: Sequence[Job]) -> bool:
+        if SCHED_INTERVAL_S is None:
+            return True
+        ends = sum(1 for j in jobs if j.end_s <= t)
+        arrivals = sum(1 for j in jobs if j.submit_s <= t)
+        if arrivals > self.seen_arrivals:
+            self.queued = True
+        run = t - self.last >= SCHED_INTERVAL_S or ends > self.seen_ends
+        run = run or (self.queued and t - self.last >= BATCH_SCHED_DELAY_S)
+        self.seen_ends, self.seen_arrivals = ends, arrivals
+        if run:
+            self.last, self.queued = t, False
+        return run
 
 
 def _slurm_instances(
@@ -859,6 +904,9 @@ def main() -> int:
     ap.add_argument("--draws", type=int, default=20, help="draws a seed with --jitter (default 20)")
     ap.add_argument("--bf-interval", type=float, default=BF_INTERVAL_S, metavar="S",
                     help=f"Slurm's bf_interval (default {BF_INTERVAL_S:g}: the testbed's; Slurm's own is 30)")
+    ap.add_argument("--sched-interval", type=float, default=None, metavar="S",
+                    help="Slurm's sched_interval, per instance (default: every step, the testbed's 1 s; Slurm's own "
+                    "is 60)")
     args = ap.parse_args()
     if args.gpus < 1:
         ap.error(f"--gpus must be at least 1, not {args.gpus}")
@@ -868,7 +916,9 @@ def main() -> int:
     n_jobs = JOBS * gpus
     if args.bf_interval <= 0:
         ap.error(f"--bf-interval must be above 0, not {args.bf_interval}")
-    _slurm(args.bf_interval)
+    if args.sched_interval is not None and args.sched_interval <= 0:
+        ap.error(f"--sched-interval must be above 0, not {args.sched_interval}")
+    _slurm(args.bf_interval, args.sched_interval)
     if args.ideal:
         _ideal()
     pols = policies()
@@ -898,7 +948,8 @@ def main() -> int:
     if args.parallel > 1:
         with ProcessPoolExecutor(args.parallel) as pool:
             futures = {
-                n: [pool.submit(_run, seed, n, n_jobs, gpus, args.ideal, args.jitter, draw, args.bf_interval)
+                n: [pool.submit(_run, seed, n, n_jobs, gpus, args.ideal, args.jitter, draw, args.bf_interval,
+                                    args.sched_interval)
                     for seed, draw in cases]
                 for n in names
             }
@@ -983,19 +1034,20 @@ def _ideal() -> None:
     ROUND_S = PROBE_S = STEP_S
 
 
-def _slurm(bf_interval_s: float) -> None:
-    """``--bf-interval``: Slurm's backfill every ``bf_interval_s``."""
-    global BF_INTERVAL_S  # noqa: PLW0603
-    BF_INTERVAL_S = bf_interval_s
+def _slurm(bf_interval_s: float, sched_interval_s: float | None = None) -> None:
+    """``--bf-interval``, ``--sched-interval``: Slurm's backfill every ``bf_interval_s``, its main scheduler's full
+    pass every ``sched_interval_s``."""
+    global BF_INTERVAL_S, SCHED_INTERVAL_S
+    BF_INTERVAL_S, SCHED_INTERVAL_S = bf_interval_s, sched_interval_s
 
 
 def _run(
     seed: int, name: str, n_jobs: int, gpus: int, ideal: bool = False, jitter_s: float = 0.0, draw: int = 0,
-    bf_interval_s: float = 1.0,
+    bf_interval_s: float = 1.0, sched_interval_s: float | None = None,
 ) -> Result:  # fmt: skip
     """One run of ``--parallel``: seed ``seed``'s mix of ``n_jobs`` (its draw ``draw`` with ``--jitter``) under the
-    policy ``name``, Slurm's backfill every ``bf_interval_s``."""
-    _slurm(bf_interval_s)
+    policy ``name``, Slurm's backfill every ``bf_interval_s`` and full pass every ``sched_interval_s``."""
+    _slurm(bf_interval_s, sched_interval_s)
     if ideal:
         _ideal()
     return simulate(jittered(mix(seed, n_jobs), seed, draw, jitter_s), policies()[name], gpus=gpus)

@@ -123,3 +123,38 @@ def test_a_jittered_mix_is_the_same_jobs_each_arriving_up_to_the_jitter_later_an
         assert j.arrival_s <= k.arrival_s <= j.arrival_s + 1.0
     r = slurm_model.simulate(a, slurm_model.policies()["now"], gpus=1)
     _check(r, len(jobs), 1)
+
+
+def test_slurms_main_passes_come_when_a_job_ends_every_interval_and_a_queued_one_a_delay_after_the_last() -> None:
+    """``--sched-interval``: Slurm's main scheduler at once when a job ends, every ``sched_interval``, and a queued
+    pass (a submission, a node deleted, flexmig's ``schedule`` step) ``batch_sched_delay`` after the last."""
+    job = slurm_model.Job(mix(24)[0], 0.0, start_s=0.0, end_s=10.2)
+    slurm_model._slurm(30.0, 60.0)
+    try:
+        p = slurm_model.MainPasses(0.0, seen_arrivals=1)
+        assert not p.due(1.0, [job])  # nothing queued, no job ended, the interval not over
+        p.queue()
+        assert not p.due(2.5, [job]) and p.due(3.0, [job])  # queued: batch_sched_delay after the last pass
+        assert not p.due(5.0, [job])
+        assert p.due(10.5, [job])  # the job ended: at once
+        assert not p.due(11.0, [job]) and p.due(70.5, [job])  # sched_interval
+    finally:
+        slurm_model._slurm(1.0, None)
+    assert slurm_model.MainPasses(0.0).due(0.5, [job])  # the testbed's: every step
+
+
+def test_under_slurms_own_settings_the_schedule_step_starts_jobs_on_new_nodes_sooner() -> None:
+    """With Slurm's own ``sched_interval`` and ``bf_interval``, a job carved for without flexmig's ``schedule``
+    step waits for the next job event or pass: on held-out seeds the step gives more slices busy while jobs wait
+    (the model's median over seeds 81-160: +1.0 points); here over four seeds, every job still runs once."""
+    slurm_model._slurm(30.0, 60.0)
+    try:
+        gain = []
+        for seed in (81, 82, 83, 84):
+            with_step = slurm_model.simulate(mix(seed), slurm_model.policies()["instances"])
+            without = slurm_model.simulate(mix(seed), slurm_model.policies()["no-schedule-step"])
+            assert with_step.ran == without.ran == 45
+            gain.append(with_step.util_waiting - without.util_waiting)
+    finally:
+        slurm_model._slurm(1.0, None)
+    assert sum(gain) > 0, gain
