@@ -343,14 +343,13 @@ class SlurmChange:
             await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
         await run.step("resume", {"node": node}, lambda: self._resume(node))
         await run.step("reopen", {"node": node}, lambda: self._reopen(node))
-        if unregistered is None:
-            await run.step("schedule", {"node": node}, lambda: self._schedule(node))
         if unregistered is not None:
             raise StepFailed(
                 f"{unregistered}; node {node} is not registered (the next round tries again), the jobs held for the "
                 "change are released",
                 code=unregistered.code,
             )
+        await run.step("schedule", {"node": node}, lambda: self._schedule(node))
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
 
@@ -531,14 +530,16 @@ class SlurmChange:
         (``newly_up`` in ``_slurm_rpc_node_registration``; seen in 24.11.5's log). A job waiting for the node then
         waited for the next job to be submitted or to end, the backfill cycle (``bf_interval``, 30 s by default) or
         the full pass (``sched_interval``, 60 s). An update of a node does queue the scheduler, whatever it
-        updates: the node's comment is set to what it is, which changes nothing."""
+        updates: the node's comment is set to what it is, which changes nothing. Not a failure of the change when
+        Slurm refuses it: the node is registered, and the jobs start at Slurm's next pass."""
         try:
             found = await self.client.node(node)
             if found is None or not found.responding or found.drained:
                 return {"scheduled": False}
             await self.client.update_node(node, {"comment": found.comment})
         except SlurmError as exc:
-            raise StepFailed(str(exc), code="SLURM") from exc
+            log.warning("node %s is registered, but Slurm's scheduler could not be queued: %s", node, exc)
+            return {"scheduled": False, "error": str(exc)}
         return {"scheduled": True}
 
     async def _reopen(self, node: str) -> dict[str, Any]:
