@@ -728,33 +728,24 @@ def _slurm_instances(
     only the backfill pass then starts."""
     taken = {j.where for j in st.running()}
     for job in st.pending():
-        if not backfill and job.where is None and any(
-            inst.profile.name == job.mix.profile and (g, inst.start) not in registering
-            for g, lay in enumerate(layouts) for inst in lay
-        ) and not _free_for(st, job, layouts, registering, hold, taken):  # fmt: skip
-            return
-        for g, lay in enumerate(layouts):
-            for inst in lay:
-                w = (g, inst.start)
-                if inst.profile.name != job.mix.profile or w in taken or w in registering:
-                    continue
-                fenced = hold is not None and hold.job != job.name and hold.covers(MODEL, g, inst)
-                if fenced and hold is not None and st.t + job.limit_s > hold.at_s:
-                    continue
-                job.where = w
-                job.start_s = st.t + START_LATENCY_S
-                job.end_s = job.start_s + job.mix.runtime_s
-                taken.add(w)
-                break
-            if job.where is not None:
-                break
+        w = _free_for(st, job, layouts, registering, hold, taken)
+        if w is None:
+            if not backfill and any(inst.profile.name == job.mix.profile and (g, inst.start) not in registering
+                                    for g, lay in enumerate(layouts) for inst in lay):  # fmt: skip
+                return
+            continue
+        job.where = w
+        job.start_s = st.t + START_LATENCY_S
+        job.end_s = job.start_s + job.mix.runtime_s
+        taken.add(w)
 
 
 def _free_for(
     st: State, job: Job, layouts: Sequence[Layout], registering: Mapping[tuple[int, int], float], hold: Hold | None,
     taken: set[tuple[int, int] | None],
-) -> bool:
-    """True when a free registered instance of ``job``'s profile can take it now."""
+) -> tuple[int, int] | None:
+    """The first free registered instance of ``job``'s profile that may take it now (one in the held region only
+    when its limit ends before the hold's time), or None."""
     for g, lay in enumerate(layouts):
         for inst in lay:
             w = (g, inst.start)
@@ -762,8 +753,8 @@ def _free_for(
                 continue
             fenced = hold is not None and hold.job != job.name and hold.covers(MODEL, g, inst)
             if not (fenced and hold is not None and st.t + job.limit_s > hold.at_s):
-                return True
-    return False
+                return w
+    return None
 
 
 def _account_instances(
