@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from support.flexmigd import open_session, retirement_steps, sample
+from support.flexmigd import node_action_steps, open_session, sample
 from support.mosquitto import Mosquitto
 from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
 
@@ -105,7 +105,9 @@ def test_a_job_carved_for_runs_as_soon_as_its_node_registers_not_at_slurms_next_
         print(f"\nnode_per_instance, a job carved for: flexmigd on to the job running: {took:.1f} s")
         found = d.job(job)
         assert found is not None and found.nodes == ("fm-node-gpu0-4",), found
-        steps = retirement_steps(broker.port, d.node, "fm-node-gpu0-4", client_id="schedule-watcher", having="register")
+        steps = node_action_steps(
+            broker.port, d.node, "fm-node-gpu0-4", client_id="schedule-watcher", having="register"
+        )
         assert steps[-1] == "schedule", steps
         assert took < 10, took  # Slurm's batch_sched_delay (3 s) and flexmig's probe_s (1 s) make most of it
 
@@ -255,7 +257,7 @@ def test_with_slurms_default_backfill_interval_a_planned_node_is_retired_at_once
         took = time.monotonic() - submitted
         print(f"\nnode_per_instance, bf_interval=30, a planned idle node: submit to running: {took:.1f} s")
         assert d.slurm_node(idle) is None or d.slurm_node(idle).gpu_counts() != {"3g.71gb": 1}
-        steps = retirement_steps(broker.port, d.node, idle, client_id="backfill-watcher")
+        steps = node_action_steps(broker.port, d.node, idle, client_id="backfill-watcher")
         assert "backfill" not in steps, steps
         assert took < 30, took  # within one bf_interval (a figure, not a speed claim)
         before = asyncio.run(d.client().backfill_cycle_start())

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from flexmig.mqtt.events import Event
-from support.flexmigd import collect_events, open_session, retirement_steps, sample
+from support.flexmigd import collect_events, node_action_steps, open_session, sample
 from support.mosquitto import Mosquitto
 from support.schemas import validator
 from support.slurm import SlurmDaemon, skip_reason, slurm_version
@@ -141,6 +141,6 @@ def test_with_slurms_default_backfill_interval_a_retirement_waits_for_no_backfil
         d.wait_state(second, "RUNNING", timeout_s=90)
         took = time.monotonic() - submitted
         print(f"\nstatic instance nodes, bf_interval=30: submit to running on a carved instance: {took:.1f} s")
-        steps = retirement_steps(broker.port, d.node, idle, client_id="backfill-watcher")
+        steps = node_action_steps(broker.port, d.node, idle, client_id="backfill-watcher")
         assert "backfill" not in steps, steps
         assert took < 30, took  # within one bf_interval (a figure, not a speed claim)

@@ -332,17 +332,17 @@ def collect_events(
     return asyncio.run(go())
 
 
-def retirement_steps(
-    port: int, node: str, retired: str, *, client_id: str, limit_s: float = 30.0, having: str = "retire"
+def node_action_steps(
+    port: int, node: str, target: str, *, client_id: str, limit_s: float = 30.0, having: str = "retire"
 ) -> list[str]:
-    """The journalled steps of Slurm node ``retired``'s retirement (step ``having`` among them; ``register``: its
-    registration), from the first ``action_completed`` event of it queued for ``client_id``'s session (opened
-    before); AssertionError after ``limit_s``."""
+    """The journalled steps of the first action on Slurm node ``target`` with step ``having`` among them
+    (``retire``: its retirement; ``register``: its registration), from the ``action_completed`` events queued for
+    ``client_id``'s session (opened before); AssertionError after ``limit_s``."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         events = collect_events(port, node, client_id=client_id, quiet_s=1.0, limit_s=5.0)
-        done = [e for e in events if e.kind.value == "action_completed" and retired in str(e.payload.get("target"))]
+        done = [e for e in events if e.kind.value == "action_completed" and target in str(e.payload.get("target"))]
         for e in done:
             if having in (steps := [s["step"] for s in e.payload["steps"]]):
                 return steps
-    raise AssertionError(f"no action_completed event of {retired}'s {having} step within {limit_s:g} s")
+    raise AssertionError(f"no action_completed event of {target} with a {having} step within {limit_s:g} s")

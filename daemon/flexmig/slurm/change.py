@@ -15,10 +15,10 @@ slurmctld refuses to delete a node in an active reservation) → ``stop_slurmd``
 state=future``) → ``destroy:G@S``/``create:G@S`` (the plan's instance changes, through the
 actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from a fresh inventory) → ``register``
 (slurmd restarted with the new ``Gres=``, until slurmctld lists the node with those GRES) → ``credential_gap`` →
-``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen`` → ``schedule`` (Slurm's scheduler
-queued, which a dynamic node's registration alone does not do). An instance node that leaves
-Slurm for good (``retire``, ``[slurm] node_per_instance``) ends after its instance is destroyed: ``retire`` (its
-gres.conf block and map removed) → ``reopen``.
+``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen`` → ``schedule`` unless ``resume``
+resumed the node (Slurm's scheduler queued, which a dynamic node's registration alone does not do). An instance
+node that leaves Slurm for good (``retire``, ``[slurm] node_per_instance``) ends after its instance is destroyed:
+``retire`` (its gres.conf block and map removed) → ``reopen``.
 
 Safety rules kept here:
 
@@ -341,7 +341,7 @@ class SlurmChange:
         for job in jobs:
             job_id = int(job["job_id"])
             await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
-        await run.step("resume", {"node": node}, lambda: self._resume(node))
+        resumed = await run.step("resume", {"node": node}, lambda: self._resume(node))
         await run.step("reopen", {"node": node}, lambda: self._reopen(node))
         if unregistered is not None:
             raise StepFailed(
@@ -349,7 +349,8 @@ class SlurmChange:
                 "change are released",
                 code=unregistered.code,
             )
-        await run.step("schedule", {"node": node}, lambda: self._schedule(node))
+        if not resumed.get("resumed"):  # a resume is an update of the node: it queued the scheduler already
+            await run.step("schedule", {"node": node}, lambda: self._schedule(node))
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
 
