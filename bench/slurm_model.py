@@ -55,8 +55,10 @@ order and claims; on one GPU it is ``now``, figure for figure), ``per-gpu-by-gpu
 nodes of a round plan by GPU, not by when they are expected to be empty, as before), and the design for
 Slurm 23.11+ where every MIG instance is its own dynamic node: ``instances`` (:func:`flexmig.plan.carving.carve`
 each round; idle instances destroyed and new ones created while busy ones run on, a new instance serving jobs
-``REREGISTER_S`` later; no node ever closes as a whole) and ``hold-at-once`` (a rejected variant of it: a blocked
-job holds its region at once, not after ``HOLD_AFTER_S``) and ``no-hold`` (a bound, not a policy: a blocked job
+``REREGISTER_S`` later; no node ever closes as a whole; a blocked job holds its region after ``HOLD_AFTER_S``, or at
+once when no waiting job can use the idle slices, ``[slurm] hold_when_idle``), ``small-first`` (it before
+``hold_when_idle``: the hold only after ``HOLD_AFTER_S``), ``hold-at-once`` (a rejected variant of it: a blocked
+job holds its region at once, whatever idles) and ``no-hold`` (a bound, not a policy: a blocked job
 never holds a region, so a big job may wait for as long as small ones keep coming). ``--ideal`` takes the costs
 away (a change and a job's start take no time, flexmig decides every step): with ``no-hold``, what a greedy
 carving could reach on the mix were Slurm and the driver free. For those, "closed" is the share of the
@@ -167,6 +169,7 @@ class Policy:
     per_gpu: bool = False  # one Slurm node per GPU (simulate_per_gpu)
     by_gpu: bool = False  # per_gpu: busy GPU nodes plan by GPU, not by when they are expected to be empty (before)
     hold_after_s: float = 0.0  # per_instance: a blocked job holds a region once it has waited this long
+    hold_when_idle: bool = True  # per_instance: ... or at once when no waiting job can use the idle slices
     schedule_step: bool = True  # per_instance: a registration ends with flexmig's schedule step (a queued pass)
 
 
@@ -471,6 +474,11 @@ class Result:
     state: State
 
     @property
+    def waits(self) -> list[float]:
+        """Each job's wait from its submission to its start (those that ran)."""
+        return [j.start_s - j.submit_s for j in self.state.jobs if j.start_s < math.inf]
+
+    @property
     def per_change(self) -> float | None:
         """Slice-seconds idle while jobs wait because of flexmig's reservation and the node's closures (causes
         ``reserved`` and ``closed``) per re-registration: what one change costs (None: no change)."""
@@ -542,8 +550,9 @@ def policies() -> dict[str, Policy]:
     times), this tree's policy, a rejected variant (layouts that hold every profile asked), one Slurm node per GPU
     (Slurm 23.11+'s ``node_per_gpu``; :func:`simulate_per_gpu`; its busy GPU nodes planning by GPU, the order before,
     rejected), and one Slurm node per MIG instance (Slurm 23.11+;
-    :func:`simulate_instances`) with blocked jobs holding a region after :data:`flexmig.plan.carving.HOLD_AFTER_S`,
-    at once (rejected), or never (a bound: big jobs may starve)."""
+    :func:`simulate_instances`) with blocked jobs holding a region after :data:`flexmig.plan.carving.HOLD_AFTER_S`
+    or when nothing waiting can use the idle slices, only after it (``small-first``, the policy before), at once
+    (rejected), or never (a bound: big jobs may starve)."""
     cost = RegistrationCost(fixed_s=2.0)
     return {
         "static": Policy("static", agent=False, layout=STATIC),
@@ -554,9 +563,10 @@ def policies() -> dict[str, Policy]:
         "per-gpu-by-gpu": Policy("per-gpu-by-gpu", cost=cost, per_gpu=True, by_gpu=True),
         "instances": Policy("instances", per_instance=True, hold_after_s=HOLD_AFTER_S),
         "hold-at-once": Policy("hold-at-once", per_instance=True, hold_after_s=0.0),
-        "no-hold": Policy("no-hold", per_instance=True, hold_after_s=math.inf),
+        "no-hold": Policy("no-hold", per_instance=True, hold_after_s=math.inf, hold_when_idle=False),
         "no-schedule-step": Policy("no-schedule-step", per_instance=True, hold_after_s=HOLD_AFTER_S,
                                    schedule_step=False),
+        "small-first": Policy("small-first", per_instance=True, hold_after_s=HOLD_AFTER_S, hold_when_idle=False),
     }
 
 
@@ -658,7 +668,7 @@ def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, li
             busy = {j.where: j.start_s + j.limit_s - st.t for j in running if j.where is not None}
             queue = [Waiting(j.name, j.mix.profile, j.limit_s, st.t - j.submit_s) for j in st.pending()]
             c = carve(MODEL, layouts, busy, queue, now_s=st.t, hold=hold, registering=frozenset(registering),
-                      hold_after_s=pol.hold_after_s)  # fmt: skip
+                      hold_after_s=pol.hold_after_s, hold_when_idle=pol.hold_when_idle)  # fmt: skip
             on = {j.where for j in running}
             for g, s in c.destroy:
                 if (g, s) in on:
@@ -961,6 +971,8 @@ def main() -> int:
             ("makespan (s)", lambda r: f"{r.makespan:.0f}"),
             ("makespan / packing bound", lambda r: f"{r.ratio:.2f}x"),
             ("re-registrations per hour", lambda r: f"{r.reregs_per_h:.0f}"),
+            ("wait, mean (s)", lambda r: f"{statistics.mean(r.waits):.0f}"),
+            ("wait, longest (s)", lambda r: f"{max(r.waits):.0f}"),
         ]
         print(f"\n{'':36}" + "".join(f"{n:>14}" for n in names))
         for label, fn in rows:
@@ -973,6 +985,8 @@ def main() -> int:
         _summary("closed share of busy time", results, names, lambda r: 100 * r.closed_share, "%", worst=max)
         _summary("re-registrations per hour", results, names, lambda r: r.reregs_per_h, "", worst=max)
         _summary("jobs that ran", results, names, lambda r: r.ran, "", worst=min)
+        _summary("wait, mean (s)", results, names, lambda r: statistics.mean(r.waits), "", worst=max)
+        _summary("wait, longest (s)", results, names, lambda r: max(r.waits), "", worst=max)
         for n in names:  # the seeds to run for real beside the median (bench/slurm_mix.py --seed)
             rs = results[n]
             u = min(range(len(rs)), key=lambda k: rs[k].util_waiting)
@@ -997,12 +1011,12 @@ def main() -> int:
             cells.append(f"{statistics.median(xs):.0f} ({max(xs):.0f})" if xs else "no change")
         label = f"per change, {gpus} GPU{'s' if gpus > 1 else ''}"
         print(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
-    if "now" in names:
-        for n in (x for x in names if x != "now"):
-            gain = [100 * (a.util_waiting - b.util_waiting) for a, b in zip(results["now"], results[n], strict=True)]
-            ratio = [a.ratio / b.ratio for a, b in zip(results["now"], results[n], strict=True)]
-            print(f"now against {n}, seed by seed: utilisation while jobs wait {statistics.median(gain):+.1f} points "
-                  f"median ({min(gain):+.1f} worst), makespan x{statistics.median(ratio):.3f} median "
+    for base in (x for x in ("now", "instances") if x in names):
+        for n in (x for x in names if x != base and (base == "now" or x != "now")):
+            gain = [100 * (a.util_waiting - b.util_waiting) for a, b in zip(results[base], results[n], strict=True)]
+            ratio = [a.ratio / b.ratio for a, b in zip(results[base], results[n], strict=True)]
+            print(f"{base} against {n}, seed by seed: utilisation while jobs wait {statistics.median(gain):+.1f} "
+                  f"points median ({min(gain):+.1f} worst), makespan x{statistics.median(ratio):.3f} median "
                   f"(x{max(ratio):.3f} worst)")  # fmt: skip
     if args.timeline:
         for n in names:

@@ -231,3 +231,48 @@ def test_the_reasons_name_the_gpus_by_their_own_numbers() -> None:
     assert c.reasons == ("big: blocked; holds 7g.141gb@0 on GPU 3",)
     free = carve(H200, (one, Layout.empty(H200)), {}, queue[1:], now_s=0.0, numbers=(1, 3))
     assert free.reasons == ("small: 2g.35gb@4 carved on GPU 3",)
+
+
+BUSY_2G = Layout.of(H200, [("2g.35gb", 0), ("2g.35gb", 2), ("2g.35gb", 4), ("1g.18gb", 6)])
+"""Three busy 2g instances and a 1g one that no job runs on."""
+
+
+def test_a_job_that_fits_nowhere_holds_at_once_when_no_waiting_job_can_use_the_idle_slices() -> None:
+    """The 1g.18gb idles and no 1g job waits: the 7g job at the head holds the GPU at once (not after
+    ``hold_after_s``), so the 3g job behind it is not carved into the 2g instances as they end; with
+    ``hold_when_idle`` off it waits for its turn as before."""
+    busy = {(0, 0): 300.0, (0, 2): 200.0, (0, 4): 100.0}
+    queue = [Waiting("big", "7g.141gb", 600.0, 5.0), Waiting("mid", "3g.71gb", 600.0, 1.0)]
+    c = carve(H200, (BUSY_2G,), busy, queue, now_s=0.0)
+    assert c.hold == Hold("big", 0, 0, "7g.141gb", 300.0)
+    assert c.reasons == ("big: blocked; holds 7g.141gb@0 on GPU 0 (no waiting job can use the idle slices)",)
+    assert c.create == () and c.destroy == ()
+    assert carve(H200, (BUSY_2G,), busy, queue, now_s=0.0, hold_when_idle=False) == Carving((), (), None, ())
+
+
+def test_no_hold_at_once_while_a_waiting_job_can_be_served_or_no_slice_idles() -> None:
+    busy = {(0, 0): 300.0, (0, 2): 200.0, (0, 4): 100.0}
+    queue = [Waiting("big", "7g.141gb", 600.0, 5.0), Waiting("small", "1g.18gb", 60.0, 1.0)]
+    served = carve(H200, (BUSY_2G,), busy, queue, now_s=0.0)
+    assert served.hold is None and served.create == ()  # the small job takes the free 1g: nothing idles for want
+    full = carve(H200, (BUSY_2G,), {**busy, (0, 6): 50.0}, queue[:1], now_s=0.0)
+    assert full.hold is None  # every slice busy: a hold would idle what ends first
+
+
+@given(n=nodes())
+def test_a_hold_before_its_time_only_when_nothing_waiting_could_use_an_idle_slice(n: Case) -> None:
+    """A job that has not waited ``hold_after_s`` gets a new hold only in a round that, without the rule, would
+    serve no job and create nothing while some compute slice (not an administrator's) runs no job."""
+    c = run(n)
+    if c.hold is None or (n.hold is not None and n.hold.job == c.hold.job):
+        return
+    waited = next(j.waited_s for j in n.queue if j.name == c.hold.job)
+    if waited >= n.hold_after_s:
+        return
+    assert c.create == () and c.destroy == ()
+    plain = carve(H200, n.layouts, n.busy, n.queue, now_s=NOW, hold=n.hold, registering=n.registering,
+                  pinned=n.pinned, hold_after_s=n.hold_after_s, hold_when_idle=False)  # fmt: skip
+    assert plain.hold is None and plain.create == ()
+    used = sum(i.profile.compute_slices for g, lay in enumerate(n.layouts) for i in lay
+               if (g, i.start) in n.busy or (g, i.start) in n.pinned)  # fmt: skip
+    assert used < H200.compute_slices * len(n.layouts)

@@ -617,6 +617,13 @@ class SlurmConfig:
         lo=0.0,
         hi=86400.0,
     )
+    hold_when_idle: bool = _doc(
+        True,
+        "With node_per_instance: in a round where a compute slice idles and no waiting job can use it (no free "
+        "instance of its profile, nothing can be carved for it), the first waiting job that fits nowhere holds its "
+        "region at once instead of after hold_after_s: the jobs behind it no longer overtake it while it waits for "
+        "busy instances to end, as Slurm's own backfill would not let them (false: small jobs first, as before).",
+    )
     slurmd_port_base: int = _doc(
         6830,
         "With node_per_gpu: GPU K's slurmd listens on this port plus K (its --conf Port=); with node_per_instance, "

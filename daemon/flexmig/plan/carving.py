@@ -15,13 +15,20 @@ Each round, the waiting jobs are taken in Slurm's priority order:
   GPU as it goes, so that the low starts that only big profiles can use stay whole); instances another waiting job
   was given, instances still registering, instances an administrator closed (``pinned``) and the held region
   below are never destroyed;
-* otherwise the job is **blocked**. The first blocked job gets a **hold**: the placement of its profile (on any
-  GPU) whose busy instances are expected to end first (by their time limits). No instance is carved inside the
+* otherwise the job is **blocked**. The first blocked job gets a **hold** once it has waited ``hold_after_s``, or
+  at once in a round where a compute slice idles and no waiting job can use one (no free instance serves any of
+  them, nothing can be carved for any): the placement of its profile (on any GPU) whose busy instances are
+  expected to end first (by their time limits). No instance is carved inside the
   held region for other jobs, and the caller keeps the region's free instances to jobs whose time limit ends
   before the hold's time (a Slurm reservation on their nodes). As soon as the region's busy instances are gone,
   its idle instances are destroyed and the held job's instance is created there. Later blocked jobs wait, as they
   would behind a job Slurm plans to start: nothing starves, because the hold always serves the oldest blocked job
   and its region only empties.
+
+Why a hold at once when the node idles for want of a taker: those slices idle whether the region is held or not,
+and without a hold the small jobs that arrive next are carved into the region one by one, each with its own end,
+so that the blocked job's region empties only when the last of them happens to end (on the administrator's mix,
+``bench/slurm_model.py``, a 7g job waited 880 s while its GPU ran at 2 of 7 slices with nothing else waiting).
 
 A hold is dropped when its job no longer waits, or can be served elsewhere.
 
@@ -104,6 +111,7 @@ def carve(
     registering: frozenset[Where] = frozenset(),
     pinned: frozenset[Where] = frozenset(),
     hold_after_s: float = HOLD_AFTER_S,
+    hold_when_idle: bool = True,
     numbers: Sequence[int] = (),
 ) -> Carving:
     """The next carving of the node's GPUs ``layouts`` for the waiting ``queue`` (Slurm's priority order).
@@ -112,16 +120,51 @@ def carve(
     ``registering`` are instances whose nodes are not registered yet (they serve waiting jobs but are not
     destroyed); ``pinned`` are instances left alone (their node closed by an administrator: they serve nobody and
     are not destroyed). ``hold`` is the previous round's; a blocked job gets one once it has waited
-    ``hold_after_s``. ``numbers`` are the GPUs' own numbers (NVML's) that the reasons name, by default their
-    indices in ``layouts``.
+    ``hold_after_s``, or (``hold_when_idle``) at once when a compute slice idles and no waiting job can be served.
+    ``numbers`` are the GPUs' own numbers (NVML's) that the reasons name, by default their indices in ``layouts``.
     """
     for g, start in (*busy, *registering, *pinned):
         if not 0 <= g < len(layouts) or layouts[g].at(start) is None:
             raise ValueError(f"carve: no instance at GPU {g}, memory slice {start}")
-    node = _Node(model, list(layouts), busy, registering, pinned)
     if numbers and len(numbers) != len(layouts):
         raise ValueError(f"carve: {len(numbers)} GPU numbers for {len(layouts)} GPUs")
     number = list(numbers) or list(range(len(layouts)))
+    def once(after_s: float, *, early: bool = False) -> tuple[Carving, int]:
+        return _carve(model, layouts, busy, queue, now_s=now_s, hold=hold, registering=registering, pinned=pinned,
+                      hold_after_s=after_s, number=number, early=early)  # fmt: skip
+
+    c, served = once(hold_after_s)
+    if hold_when_idle and c.hold is None and not c.create and not served and _idles(model, layouts, busy, pinned):
+        c, _ = once(0.0, early=True)
+    return c
+
+
+def _idles(
+    model: GpuModel, layouts: Sequence[Layout], busy: Mapping[Where, float | None], pinned: frozenset[Where]
+) -> bool:
+    """True when a compute slice of the node runs no job (and is not an administrator's)."""
+    used = sum(i.profile.compute_slices for g, lay in enumerate(layouts) for i in lay
+               if (g, i.start) in busy or (g, i.start) in pinned)  # fmt: skip
+    return used < model.compute_slices * len(layouts)
+
+
+def _carve(
+    model: GpuModel,
+    layouts: Sequence[Layout],
+    busy: Mapping[Where, float | None],
+    queue: Sequence[Waiting],
+    *,
+    now_s: float,
+    hold: Hold | None,
+    registering: frozenset[Where],
+    pinned: frozenset[Where],
+    hold_after_s: float,
+    number: Sequence[int],
+    early: bool = False,
+) -> tuple[Carving, int]:
+    """One pass of :func:`carve` with ``hold_after_s``; and how many waiting jobs it served (a free instance or a
+    new one). ``early``: the hold is taken because nothing can use the idle slices (its reason says so)."""
+    node = _Node(model, list(layouts), busy, registering, pinned)
     reasons: list[str] = []
     names = {j.name for j in queue}
     fence = hold if hold is not None and hold.job in names else None
@@ -152,9 +195,12 @@ def carve(
             reasons.append(f"{job.name}: {profile.name} fits no GPU of this node")
             continue
         if not mine:
-            reasons.append(f"{job.name}: blocked; holds {profile.name}@{target.start} on GPU {number[target.gpu]}")
+            why = " (no waiting job can use the idle slices)" if early else ""
+            reasons.append(
+                f"{job.name}: blocked; holds {profile.name}@{target.start} on GPU {number[target.gpu]}{why}"
+            )
         kept = fence = target
-    return Carving(tuple(node.destroyed), tuple(node.created), kept, tuple(reasons))
+    return Carving(tuple(node.destroyed), tuple(node.created), kept, tuple(reasons)), len(given)
 
 
 class _Node:

@@ -98,7 +98,8 @@ class SlurmSettings:
     * ``node_per_instance``: one dynamic node per MIG instance (Slurm 23.11 and later), :func:`instance_node`;
       ``instance_nodes``: ``static`` for nodes slurm.conf lists in State=FUTURE instead (any Slurm from 22.05),
       :func:`slot_node`;
-      ``hold_after_s``: how long a job that fits nowhere waits before it holds a region of a GPU.
+      ``hold_after_s``: how long a job that fits nowhere waits before it holds a region of a GPU, ``hold_when_idle``:
+      at once when no waiting job can use the node's idle slices.
     """
 
     node: str = ""
@@ -135,6 +136,7 @@ class SlurmSettings:
     node_per_instance: bool = _DEFAULT.node_per_instance
     instance_nodes: str = _DEFAULT.instance_nodes
     hold_after_s: float = _DEFAULT.hold_after_s
+    hold_when_idle: bool = _DEFAULT.hold_when_idle
     slurmd_port_base: int = _DEFAULT.slurmd_port_base
 
     @property

@@ -153,6 +153,7 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         node_per_instance=cfg.node_per_instance,
         instance_nodes=cfg.instance_nodes,
         hold_after_s=cfg.hold_after_s,
+        hold_when_idle=cfg.hold_when_idle,
         slurmd_port_base=cfg.slurmd_port_base,
     )
 

@@ -205,7 +205,7 @@ class InstanceCarver:
         registering_c = frozenset(w for w in registering_c if hl.layouts[w[0]].at(w[1]) is not None)
         c = carve(
             model, hl.layouts, busy, queue, now_s=now, hold=self.hold, registering=registering_c, pinned=hl.pinned,
-            hold_after_s=settings.hold_after_s, numbers=hl.gpus,
+            hold_after_s=settings.hold_after_s, hold_when_idle=settings.hold_when_idle, numbers=hl.gpus,
         )  # fmt: skip
         self.hold = c.hold
         report = carving_report(self.name, hl, c, now_s=now)
