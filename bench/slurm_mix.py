@@ -39,6 +39,7 @@ Figures, from the jobs' own start and end stamps and a monitor that reads the no
 * utilisation while jobs wait: busy compute slices / (7 x GPUs) over the times some submitted job had not started;
 * makespan against the packing bound (the larger of all slice-seconds / 7 and the latest arrival plus run time);
 * re-registrations per hour (flexmig's journal) and each closed period's length (of any one Slurm node);
+* each job's wait from its submission to its start: the mean and the longest;
 * each job ran once, on one ``MIG-`` device of its own (no two jobs at once on one UUID).
 
 Run (root, Debian's ``slurmctld slurmd slurm-client munge``): ``.venv/bin/python bench/slurm_mix.py [--quick]``;
@@ -434,8 +435,11 @@ def figures(r: Run, jobs: list[MixJob], gpus: int = 1) -> dict[str, Any]:
     for ivs in devices.values():
         ivs.sort()
         own = own and all(b[0] >= a[1] - 0.01 for a, b in itertools.pairwise(ivs))
+    waits = [st - sub for sub, st in submits if st < math.inf]
     return {
         "ran": len(spans),
+        "wait_mean": statistics.mean(waits),
+        "wait_max": max(waits),
         "closed_share": (sum(closed) / len(closed)) if closed else float("nan"),
         "util_waiting": waiting_slices / (7 * gpus * waiting_time) if waiting_time else float("nan"),
         "makespan": makespan,
@@ -613,6 +617,8 @@ def main() -> int:
     row("closed periods (n)", lambda f: f"{len(f['closed_periods'])}")
     row("closed period median (s)", lambda f: f"{statistics.median(f['closed_periods']):.1f}")
     row("closed period worst (s)", lambda f: f"{max(f['closed_periods']):.1f}")
+    row("wait, mean (s)", lambda f: f"{f['wait_mean']:.0f}")
+    row("wait, longest (s)", lambda f: f"{f['wait_max']:.0f}")
     row("each job ran once", lambda f: "yes" if f["once"] else "NO")
     row("each on its own MIG device", lambda f: "yes" if f["own_device"] else "NO")
     for n in rivals:
