@@ -37,6 +37,7 @@ Figures, from the jobs' own start and end stamps and a monitor that reads the no
   ``per-instance``, the share of the instance nodes Slurm lists that are closed, and a closed period is one while
   any of them is);
 * utilisation while jobs wait: busy compute slices / (7 x GPUs) over the times some submitted job had not started;
+  and over the whole run (first submission to last end), where every idle slice counts;
 * makespan against the packing bound (the larger of all slice-seconds / 7 and the latest arrival plus run time);
 * re-registrations per hour (flexmig's journal) and each closed period's length (of any one Slurm node);
 * each job's wait from its submission to its start: the mean and the longest;
@@ -442,6 +443,7 @@ def figures(r: Run, jobs: list[MixJob], gpus: int = 1) -> dict[str, Any]:
         "wait_max": max(waits),
         "closed_share": (sum(closed) / len(closed)) if closed else float("nan"),
         "util_waiting": waiting_slices / (7 * gpus * waiting_time) if waiting_time else float("nan"),
+        "util_run": busy_total / (7 * gpus * makespan) if makespan else float("nan"),
         "makespan": makespan,
         "reregs_per_h": r.reregistrations / (makespan / 3600) if makespan else 0.0,
         "closed_periods": periods,
@@ -611,6 +613,7 @@ def main() -> int:
     row("jobs that ran", lambda f: f"{f['ran']}/{len(jobs)}")
     row("closed share of busy time", lambda f: f"{100 * f['closed_share']:.0f} %")
     row("slice utilisation while jobs wait", lambda f: f"{100 * f['util_waiting']:.0f} %")
+    row("slice utilisation, whole run", lambda f: f"{100 * f['util_run']:.0f} %")
     row("makespan (s)", lambda f: f"{f['makespan']:.0f}")
     row("makespan / packing bound", lambda f: f"{f['makespan'] / b:.2f}x")
     row("re-registrations per hour", lambda f: f"{f['reregs_per_h']:.0f}")

@@ -219,6 +219,46 @@ def test_a_big_job_that_fits_nowhere_holds_its_region_so_that_only_shorter_jobs_
         d.wait("the hold of the job behind", behind, timeout_s=30)
 
 
+@pytest.mark.skipif(not per_gpu_capable(), reason=NEWER)
+@pytest.mark.parametrize("when_idle", [True, False], ids=["hold_when_idle", "small_first"])
+def test_a_big_job_holds_at_once_when_no_waiting_job_can_use_the_idle_instance(when_idle: bool) -> None:
+    """``hold_after_s`` at its default (900 s): the 7g job behind a busy 3g holds the GPU within rounds of its
+    submission, because the free 3g idles with no 3g job waiting, and a 3g job that would outlast the busy one then
+    waits. With ``hold_when_idle = false`` there is no hold, and the same 3g job runs on the free instance at once."""
+    keys = "" if when_idle else "hold_when_idle = false\n"
+    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, slurm_keys=keys) as d:
+        busy, free = "fm-node-gpu0-0", "fm-node-gpu0-4"
+        first = d.testbed.sbatch("-w", busy, "--time=3", "--gres=gpu:3g.71gb:1", script=SLEEP)
+        d.wait_state(first, "RUNNING")
+        d.wait("flexmig saw the job run", lambda: sample(d.metrics(), "flexmig_slurm_running_jobs") == 1.0)
+        big = d.testbed.sbatch("--gres=gpu:7g.141gb:1", script=SLEEP)
+
+        def held() -> str | None:
+            text = _scontrol(d, "show", "reservation", "--oneliner")
+            return next((line for line in text.splitlines() if "flexmig-fm-node-hold" in line), None)
+
+        if when_idle:
+            line = d.wait("flexmig's hold on the region's nodes", held, timeout_s=30)
+            assert re.search(r"Nodes=fm-node-gpu0-\[0,4\]", line), line
+            why = f"slurm-{big}: blocked; holds 7g.141gb@0 on GPU 0 (no waiting job can use the idle slices)"
+            assert why in d.log()
+        else:
+            base = d.job_reads()
+            d.wait("three rounds", lambda: d.job_reads() >= base + 3)
+            assert held() is None
+        long = d.testbed.sbatch("--time=10", "--gres=gpu:3g.71gb:1", script=SLEEP)  # would outlast the busy 3g
+        if when_idle:
+            base = d.job_reads()
+            d.wait("three more rounds", lambda: d.job_reads() >= base + 3)
+            waiting = d.job(long)
+            assert waiting is not None and waiting.state == "PENDING", waiting
+        else:
+            running = d.wait_state(long, "RUNNING", timeout_s=30)
+            assert running.nodes == (free,), running
+        pending = d.job(big)
+        assert pending is not None and pending.state == "PENDING", pending
+
+
 @pytest.mark.skipif(per_gpu_capable(), reason=f"Slurm {slurm_version()} takes node_per_instance")
 def test_before_slurm_23_11_node_per_instance_is_refused_with_one_line() -> None:
     with SlurmDaemon("h200:7g.141gb@0", node_per_instance=True, wait_registered=False) as d:
