@@ -613,7 +613,8 @@ class SlurmConfig:
         900.0,
         "With node_per_instance: a waiting job that fits in no free or idle instance holds a region after waiting "
         "this long (seconds): nothing is carved there for later jobs, and its free instances take only jobs that "
-        "end before its busy ones, so a big job does not starve behind a stream of small ones.",
+        "end before its busy ones, so a big job does not starve behind a stream of small ones (sooner with "
+        "hold_when_idle).",
         lo=0.0,
         hi=86400.0,
     )
