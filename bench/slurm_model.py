@@ -186,6 +186,7 @@ class State:
     closed_at: float | None = None
     last_busy_change: float | None = None
     reregistrations: int = 0
+    pick: random.Random | None = None  # per instance: Slurm starts a job on any free node of its profile (a draw)
     log: list[tuple[float, str]] = field(default_factory=list)
     losses: dict[str, float] = field(default_factory=dict)
     timeline: list[tuple[float, str, bool, float, dict[str, int], dict[str, str]]] = field(default_factory=list)
@@ -487,12 +488,15 @@ class Result:
         return (self.losses.get("closed", 0.0) + self.losses.get("reserved", 0.0)) / self.state.reregistrations
 
 
-def simulate(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
-    """Run ``jobs`` on one model node of ``gpus`` GPUs under ``pol`` (every GPU starts with the policy's layout)."""
+def simulate(
+    jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0, pick: random.Random | None = None
+) -> Result:
+    """Run ``jobs`` on one model node of ``gpus`` GPUs under ``pol`` (every GPU starts with the policy's layout);
+    ``pick``: per instance, Slurm starts a job on a free node of its profile drawn from it, not the first."""
     if gpus < 1:
         raise ValueError(f"simulate: gpus must be at least 1, not {gpus!r}")
     if pol.per_instance:
-        return simulate_instances(jobs, pol, gpus=gpus, limit_s=limit_s)
+        return simulate_instances(jobs, pol, gpus=gpus, limit_s=limit_s, pick=pick)
     if pol.per_gpu:
         return simulate_per_gpu(jobs, pol, gpus=gpus, limit_s=limit_s)
     start = Layout.of(MODEL, list(pol.layout))
@@ -634,14 +638,16 @@ def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limi
     return _result(jobs, merged, first, gpus, waiting_busy, waiting_time, closed_steps / steps if steps else 0.0)
 
 
-def simulate_instances(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0) -> Result:
+def simulate_instances(
+    jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limit_s: float = 7200.0, pick: random.Random | None = None
+) -> Result:
     """Run ``jobs`` with one Slurm node per MIG instance (Slurm 23.11+ dynamic nodes): each round
     :func:`flexmig.plan.carving.carve` destroys idle instances and creates new ones while busy ones run on; a
     created instance serves jobs ``REREGISTER_S`` later (its node's slurmd starts and registers); Slurm starts the
     waiting jobs in priority order on free instances of their profile, keeping a held region's free instances to
     jobs whose limit ends before the hold's time (flexmig's reservation on their nodes)."""
     start = Layout.of(MODEL, list(pol.layout))
-    st = State((start,) * gpus, [Job(j, j.arrival_s) for j in jobs])
+    st = State((start,) * gpus, [Job(j, j.arrival_s) for j in jobs], pick=pick)
     layouts = [start] * gpus
     registering: dict[tuple[int, int], float] = {}
     hold: Hold | None = None
@@ -755,7 +761,9 @@ def _free_for(
     taken: set[tuple[int, int] | None],
 ) -> tuple[int, int] | None:
     """The first free registered instance of ``job``'s profile that may take it now (one in the held region only
-    when its limit ends before the hold's time), or None."""
+    when its limit ends before the hold's time), or None; with ``st.pick`` (``--any-node``) any one of them, drawn:
+    which of several idle nodes Slurm starts a job on is its own choice, and it decides which region frees first."""
+    ok = []
     for g, lay in enumerate(layouts):
         for inst in lay:
             w = (g, inst.start)
@@ -763,8 +771,10 @@ def _free_for(
                 continue
             fenced = hold is not None and hold.job != job.name and hold.covers(MODEL, g, inst)
             if not (fenced and hold is not None and st.t + job.limit_s > hold.at_s):
-                return w
-    return None
+                if st.pick is None:
+                    return w
+                ok.append(w)
+    return st.pick.choice(ok) if st.pick is not None and ok else None
 
 
 def _account_instances(
@@ -902,7 +912,9 @@ def main() -> int:
     ap.add_argument("--ideal", action="store_true", help="no costs: changes and starts take no time, a round a step")
     ap.add_argument("--jitter", type=float, default=0.0, metavar="S",
                     help="each arrival later by up to S s, DRAWS draws a seed (default 0: the mix as it is)")
-    ap.add_argument("--draws", type=int, default=20, help="draws a seed with --jitter (default 20)")
+    ap.add_argument("--draws", type=int, default=20, help="draws a seed with --jitter or --any-node (default 20)")
+    ap.add_argument("--any-node", action="store_true",
+                    help="per instance: Slurm starts a job on a free node of its profile, drawn, not the first")
     ap.add_argument("--bf-interval", type=float, default=BF_INTERVAL_S, metavar="S",
                     help=f"Slurm's bf_interval (default {BF_INTERVAL_S:g}: the testbed's; Slurm's own is 30)")
     ap.add_argument("--sched-interval", type=float, default=None, metavar="S",
@@ -925,7 +937,7 @@ def main() -> int:
     pols = policies()
     names = [n for n in args.policies.split(",") if n]
     seeds = seeds_of(args.seeds)
-    draws = range(1, args.draws + 1) if args.jitter > 0 else range(1)
+    draws = range(1, args.draws + 1) if args.jitter > 0 or args.any_node else range(1)
     cases = [(seed, draw) for seed in seeds for draw in draws]  # a run each, per policy
     print(
         "flexmig Slurm mix, offline: a model of one node under Slurm 22.05's rules (the per-instance rivals: 23.11's "
@@ -944,13 +956,16 @@ def main() -> int:
     if args.jitter > 0:
         print(f"--jitter {args.jitter:g}: {args.draws} runs a seed, each arrival later by a draw in "
               f"[0, {args.jitter:g}) s; figures over all runs")  # fmt: skip
+    if args.any_node:
+        print(f"--any-node: {args.draws} runs a seed, Slurm starting each job on a free node of its profile drawn at "
+              "random (which of several idle nodes it takes is Slurm's choice); figures over all runs")
     results: dict[str, list[Result]] = {n: [] for n in names}
     t0 = time.monotonic()
     if args.parallel > 1:
         with ProcessPoolExecutor(args.parallel) as pool:
             futures = {
                 n: [pool.submit(_run, seed, n, n_jobs, gpus, args.ideal, args.jitter, draw, args.bf_interval,
-                                    args.sched_interval)
+                                    args.sched_interval, args.any_node)
                     for seed, draw in cases]
                 for n in names
             }
@@ -960,7 +975,8 @@ def main() -> int:
         for seed, draw in cases:
             jobs = jittered(mix(seed, n_jobs), seed, draw, args.jitter)
             for n in names:
-                results[n].append(simulate(jobs, pols[n], gpus=gpus))
+                pick = _pick(seed, draw) if args.any_node else None
+                results[n].append(simulate(jobs, pols[n], gpus=gpus, pick=pick))
     wall = time.monotonic() - t0
     case_names = [f"{seed}" if args.jitter <= 0 else f"{seed} draw {draw}" for seed, draw in cases]
     if len(cases) == 1:
@@ -978,7 +994,7 @@ def main() -> int:
         for label, fn in rows:
             print(f"{label:36}" + "".join(f"{fn(results[n][0]):>14}" for n in names))
     else:
-        over = f"{len(seeds)} seeds" if args.jitter <= 0 else f"{len(cases)} runs"
+        over = f"{len(seeds)} seeds" if len(cases) == len(seeds) else f"{len(cases)} runs"
         print(f"\n{'median (worst) over ' + over:36}" + "".join(f"{n:>18}" for n in names))
         _summary("utilisation while jobs wait", results, names, lambda r: 100 * r.util_waiting, "%", worst=min)
         _summary("makespan / packing bound", results, names, lambda r: r.ratio, "x", worst=max)
@@ -1048,14 +1064,21 @@ def _slurm(bf_interval_s: float, sched_interval_s: float | None = None) -> None:
 
 def _run(
     seed: int, name: str, n_jobs: int, gpus: int, ideal: bool = False, jitter_s: float = 0.0, draw: int = 0,
-    bf_interval_s: float = 1.0, sched_interval_s: float | None = None,
+    bf_interval_s: float = 1.0, sched_interval_s: float | None = None, any_node: bool = False,
 ) -> Result:  # fmt: skip
     """One run of ``--parallel``: seed ``seed``'s mix of ``n_jobs`` (its draw ``draw`` with ``--jitter``) under the
-    policy ``name``, Slurm's backfill every ``bf_interval_s`` and full pass every ``sched_interval_s``."""
+    policy ``name``, Slurm's backfill every ``bf_interval_s`` and full pass every ``sched_interval_s``; ``any_node``:
+    the draw's node choices (``--any-node``)."""
     _slurm(bf_interval_s, sched_interval_s)
     if ideal:
         _ideal()
-    return simulate(jittered(mix(seed, n_jobs), seed, draw, jitter_s), policies()[name], gpus=gpus)
+    jobs = jittered(mix(seed, n_jobs), seed, draw, jitter_s)
+    return simulate(jobs, policies()[name], gpus=gpus, pick=_pick(seed, draw) if any_node else None)
+
+
+def _pick(seed: int, draw: int) -> random.Random:
+    """``--any-node``: the node choices of seed ``seed``'s draw ``draw`` (the same stream for every rival)."""
+    return random.Random(f"{seed}:{draw}:node")
 
 
 def _summary(label: str, results: dict[str, list[Result]], names: Sequence[str], fn: Callable[[Result], float],
