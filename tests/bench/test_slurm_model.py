@@ -82,6 +82,21 @@ def test_one_node_per_instance_runs_every_job_once_on_its_own_instance_of_its_pr
     assert r.state.reregistrations > 0
 
 
+def test_any_node_draws_which_free_instance_a_job_starts_on_and_still_runs_every_job_once() -> None:
+    """``--any-node``: the same seed and draw give the same run; other draws start some job on another instance of
+    its profile (Slurm's choice among idle nodes), and every job still runs once on an instance of its own."""
+    jobs = mix(24)
+    pol = slurm_model.policies()["instances"]
+    first = slurm_model.simulate(jobs, pol)
+    runs = [slurm_model.simulate(jobs, pol, pick=slurm_model._pick(24, d)) for d in range(1, 6)]
+    again = slurm_model.simulate(jobs, pol, pick=slurm_model._pick(24, 1))
+    assert [j.start_s for j in again.state.jobs] == [j.start_s for j in runs[0].state.jobs]
+    placed = {tuple(j.where for j in r.state.jobs) for r in runs}
+    assert len(placed | {tuple(j.where for j in first.state.jobs)}) > 1
+    for r in runs:
+        assert r.ran == len(jobs)
+
+
 def test_per_gpu_nodes_on_one_gpu_are_the_whole_node_model() -> None:
     """One GPU node per GPU on a one-GPU host is the whole-node model, figure for figure."""
     a = slurm_model.simulate(mix(24), slurm_model.policies()["now"], gpus=1)
