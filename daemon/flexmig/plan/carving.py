@@ -129,6 +129,7 @@ def carve(
     if numbers and len(numbers) != len(layouts):
         raise ValueError(f"carve: {len(numbers)} GPU numbers for {len(layouts)} GPUs")
     number = list(numbers) or list(range(len(layouts)))
+
     def once(after_s: float, *, early: bool = False) -> tuple[Carving, int]:
         return _carve(model, layouts, busy, queue, now_s=now_s, hold=hold, registering=registering, pinned=pinned,
                       hold_after_s=after_s, number=number, early=early)  # fmt: skip
