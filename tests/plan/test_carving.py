@@ -261,13 +261,11 @@ def test_no_hold_at_once_while_a_waiting_job_can_be_served_or_no_slice_idles() -
 
 @given(n=nodes())
 def test_a_hold_before_its_time_only_when_nothing_waiting_could_use_an_idle_slice(n: Case) -> None:
-    """A job that has not waited ``hold_after_s`` gets a new hold only in a round that, without the rule, would
-    serve no job and create nothing while some compute slice (not an administrator's) runs no job."""
+    """No job has waited ``hold_after_s`` (10,000 s here): a new hold comes only in a round that, without the rule,
+    would serve no job and create nothing while some compute slice (not an administrator's) runs no job."""
+    n = replace(n, hold_after_s=10_000.0)
     c = run(n)
     if c.hold is None or (n.hold is not None and n.hold.job == c.hold.job):
-        return
-    waited = next(j.waited_s for j in n.queue if j.name == c.hold.job)
-    if waited >= n.hold_after_s:
         return
     assert c.create == () and c.destroy == ()
     plain = carve(H200, n.layouts, n.busy, n.queue, now_s=NOW, hold=n.hold, registering=n.registering,
@@ -276,3 +274,21 @@ def test_a_hold_before_its_time_only_when_nothing_waiting_could_use_an_idle_slic
     used = sum(i.profile.compute_slices for g, lay in enumerate(n.layouts) for i in lay
                if (g, i.start) in n.busy or (g, i.start) in n.pinned)  # fmt: skip
     assert used < H200.compute_slices * len(n.layouts)
+
+
+@given(n=nodes())
+def test_a_7g_job_behind_busy_instances_holds_at_once_when_a_slice_idles(n: Case) -> None:
+    """Only 7g jobs wait and every GPU runs, registers or pins something: nothing can be served, so the first 7g job
+    holds at once when some slice idles and some GPU has no pinned instance, else nobody holds."""
+    if not all(any(w[0] == g for w in (*n.busy, *n.registering, *n.pinned)) for g in range(len(n.layouts))):
+        return
+    queue = [Waiting("big0", "7g.141gb", 600.0, 1.0), Waiting("big1", "7g.141gb", 600.0, 0.5)]
+    c = carve(H200, n.layouts, n.busy, queue, now_s=NOW, registering=n.registering, pinned=n.pinned,
+              hold_after_s=10_000.0)  # fmt: skip
+    assert c.create == () and c.destroy == ()
+    used = sum(i.profile.compute_slices for g, lay in enumerate(n.layouts) for i in lay
+               if (g, i.start) in n.busy or (g, i.start) in n.pinned)  # fmt: skip
+    idles = used < H200.compute_slices * len(n.layouts)
+    unpinned = any(not any(w[0] == g for w in n.pinned) for g in range(len(n.layouts)))
+    assert (c.hold is not None) == (idles and unpinned), (c, idles, unpinned)
+    assert c.hold is None or c.hold.job == "big0"

@@ -623,7 +623,8 @@ class SlurmConfig:
         "With node_per_instance: in a round where a compute slice idles and no waiting job can use it (no free "
         "instance of its profile, nothing can be carved for it), the first waiting job that fits nowhere holds its "
         "region at once instead of after hold_after_s: the jobs behind it no longer overtake it while it waits for "
-        "busy instances to end, as Slurm's own backfill would not let them (false: small jobs first, as before).",
+        "busy instances to end, as Slurm's own backfill would not let them (false: they do until it has waited "
+        "hold_after_s; shorter mean waits, less of the GPU busy while jobs wait).",
     )
     slurmd_port_base: int = _doc(
         6830,
