@@ -978,7 +978,7 @@ def main() -> int:
                 pick = _pick(seed, draw) if args.any_node else None
                 results[n].append(simulate(jobs, pols[n], gpus=gpus, pick=pick))
     wall = time.monotonic() - t0
-    case_names = [f"{seed}" if args.jitter <= 0 else f"{seed} draw {draw}" for seed, draw in cases]
+    case_names = [f"{seed}" if len(cases) == len(seeds) else f"{seed} draw {draw}" for seed, draw in cases]
     if len(cases) == 1:
         rows: list[tuple[str, Callable[[Result], str]]] = [
             ("jobs that ran", lambda r: f"{r.ran}/{n_jobs}"),
