@@ -278,10 +278,14 @@ def test_a_hold_before_its_time_only_when_nothing_waiting_could_use_an_idle_slic
 
 @given(n=nodes())
 def test_a_7g_job_behind_busy_instances_holds_at_once_when_a_slice_idles(n: Case) -> None:
-    """Only 7g jobs wait and every GPU runs, registers or pins something: nothing can be served, so the first 7g job
-    holds at once when some slice idles and some GPU has no pinned instance, else nobody holds."""
+    """Only 7g jobs wait, every GPU runs, registers or pins something, and no 7g instance is free or registering:
+    nothing can be served, so the first 7g job holds at once when some slice idles and some GPU has no pinned
+    instance, else nobody holds."""
     if not all(any(w[0] == g for w in (*n.busy, *n.registering, *n.pinned)) for g in range(len(n.layouts))):
         return
+    if any(i.profile.name == "7g.141gb" and (g, i.start) not in n.busy and (g, i.start) not in n.pinned
+           for g, lay in enumerate(n.layouts) for i in lay):  # fmt: skip
+        return  # a free (or registering) 7g serves the first job
     queue = [Waiting("big0", "7g.141gb", 600.0, 1.0), Waiting("big1", "7g.141gb", 600.0, 0.5)]
     c = carve(H200, n.layouts, n.busy, queue, now_s=NOW, registering=n.registering, pinned=n.pinned,
               hold_after_s=10_000.0)  # fmt: skip
