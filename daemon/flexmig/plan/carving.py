@@ -10,7 +10,9 @@ busy instances to end.
 
 Each round, the waiting jobs are taken in Slurm's priority order:
 
-* a free instance of the job's profile (one being registered counts) serves it (Slurm starts it there);
+* a free instance of the job's profile (one being registered counts) serves it (Slurm starts it there); a free
+  instance of more than one compute slice is given to the first job that asks for its profile before any job is
+  carved for, so it is never destroyed for an older job of another profile (:data:`KEEP_FREE_SLICES`);
 * otherwise the job's profile is **carved** where it destroys the fewest idle compute slices (then as high up the
   GPU as it goes, so that the low starts that only big profiles can use stay whole); instances another waiting job
   was given, instances still registering, instances an administrator closed (``pinned``) and the held region
@@ -30,6 +32,12 @@ and without a hold the small jobs that arrive next are carved into the region on
 so that the blocked job's region empties only when the last of them happens to end (on the administrator's mix,
 ``bench/slurm_model.py``, a 7g job waited 880 s while its GPU ran at 2 of 7 slices with nothing else waiting).
 
+Why a free instance is kept for a job of its profile: Slurm starts that job there the moment it looks, so
+destroying the instance for an older job of another profile is a race with Slurm, and when flexmig wins it the
+slices it took a drain to gather are scattered again (a free 7g carved into 3g and 2g instances while 7g jobs wait
+means draining the whole GPU once more for them). The smallest instances are re-made from any idle slice, so a
+free 1g is still carved into a bigger instance for an older job, as Slurm's priority order asks.
+
 A hold is dropped when its job no longer waits, or can be served elsewhere.
 
 Pure: time is passed in.
@@ -44,7 +52,7 @@ from dataclasses import dataclass
 from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.mig.layout import Layout, PlacedInstance
 
-__all__ = ["HOLD_AFTER_S", "Carving", "Hold", "Waiting", "Where", "carve"]
+__all__ = ["HOLD_AFTER_S", "KEEP_FREE_SLICES", "Carving", "Hold", "Waiting", "Where", "carve"]
 
 HOLD_AFTER_S = 900.0
 """How long a blocked job waits before it holds a region. A hold idles the region's free slices until its busy
@@ -52,6 +60,14 @@ instances end, so at once it costs more than it saves: on the administrator's mi
 1-20) holding at once gave 81 % (71 % worst) utilisation while jobs wait and 1.27x (1.40x) the packing bound,
 after 600 s 87 % (79 %) and 1.19x (1.33x), after 900 s 85 % (78 %) and 1.19x (1.28x), and later no better; the
 bound on waiting is what keeps a big job from starving behind a stream of small ones."""
+
+KEEP_FREE_SLICES = 2
+"""A free instance of at least this many compute slices is given to a waiting job of its profile before any carving
+of the round, so that it is not destroyed for an older job of another profile (outside a held region). On the
+administrator's mix (``bench/slurm_model.py --race``, where flexmig may act on a job's end before Slurm does, as it
+does in the real runs) keeping every free instance (1) and keeping only those of 2 or 3 slices gave the same median
+on seeds 1-80, but keeping a free 1g let new 1g jobs take freed 1g instances ahead of older bigger jobs (worst seed
+74 % against 79 %)."""
 
 Where = tuple[int, int]
 """An instance's place on the node: ``(gpu, start)``."""
@@ -112,6 +128,7 @@ def carve(
     pinned: frozenset[Where] = frozenset(),
     hold_after_s: float = HOLD_AFTER_S,
     hold_when_idle: bool = True,
+    keep_free: bool = True,
     numbers: Sequence[int] = (),
 ) -> Carving:
     """The next carving of the node's GPUs ``layouts`` for the waiting ``queue`` (Slurm's priority order).
@@ -121,6 +138,8 @@ def carve(
     destroyed); ``pinned`` are instances left alone (their node closed by an administrator: they serve nobody and
     are not destroyed). ``hold`` is the previous round's; a blocked job gets one once it has waited
     ``hold_after_s``, or (``hold_when_idle``) at once when a compute slice idles and no waiting job can be served.
+    ``keep_free``: free instances of :data:`KEEP_FREE_SLICES` or more go to jobs of their profile before any
+    carving (False: strictly in priority order, an older job's carving may destroy them).
     ``numbers`` are the GPUs' own numbers (NVML's) that the reasons name, by default their indices in ``layouts``.
     """
     for g, start in (*busy, *registering, *pinned):
@@ -132,7 +151,7 @@ def carve(
 
     def once(after_s: float, *, early: bool = False) -> tuple[Carving, int]:
         return _carve(model, layouts, busy, queue, now_s=now_s, hold=hold, registering=registering, pinned=pinned,
-                      hold_after_s=after_s, number=number, early=early)  # fmt: skip
+                      hold_after_s=after_s, number=number, early=early, keep_free=keep_free)  # fmt: skip
 
     c, served = once(hold_after_s)
     if hold_when_idle and c.hold is None and not c.create and not served and _idles(model, layouts, busy, pinned):
@@ -162,6 +181,7 @@ def _carve(
     hold_after_s: float,
     number: Sequence[int],
     early: bool = False,
+    keep_free: bool = True,
 ) -> tuple[Carving, int]:
     """One pass of :func:`carve` with ``hold_after_s``; and how many waiting jobs it served (a free instance or a
     new one). ``early``: the hold is taken because nothing can use the idle slices (its reason says so)."""
@@ -173,10 +193,24 @@ def _carve(
         reasons.append(f"{hold.job}: no longer waits; hold dropped")
     kept: Hold | None = None
     given: dict[Where, float | None] = {}
+    kept_free: set[str] = set()
+    for job in queue if keep_free else ():
+        profile = model.profile(job.profile)
+        if profile.compute_slices < KEEP_FREE_SLICES:
+            continue
+        mine = fence is not None and fence.job == job.name
+        w = node.free_instance(profile, given, None if mine else fence, job.limit_s, now_s, outside=not mine)
+        if w is not None:
+            given[w] = job.limit_s
+            kept_free.add(job.name)
+            if mine:
+                fence = None
     for job in queue:
         profile = model.profile(job.profile)
         mine = fence is not None and fence.job == job.name
         other = None if mine else fence
+        if job.name in kept_free:
+            continue
         free = node.free_instance(profile, given, other, job.limit_s, now_s)
         if free is None:
             spot = node.spot(profile, given, other)
@@ -228,17 +262,17 @@ class _Node:
 
     def free_instance(
         self, profile: Profile, given: Mapping[Where, float | None], fence: Hold | None, limit_s: float | None,
-        now_s: float,
+        now_s: float, *, outside: bool = False,
     ) -> Where | None:  # fmt: skip
         """A free instance of ``profile`` not given to another job (in the region ``fence`` holds only when the
-        job's limit ends before the hold's time)."""
+        job's limit ends before the hold's time; ``outside``: never there)."""
         for g, lay in enumerate(self.layouts):
             for inst in lay:
                 w = (g, inst.start)
                 if inst.profile != profile or w in self.busy or w in given or w in self.pinned:
                     continue
                 late = limit_s is None or now_s + limit_s > (fence.at_s if fence is not None else math.inf)
-                if fence is not None and fence.covers(self.model, g, inst) and late:
+                if fence is not None and fence.covers(self.model, g, inst) and (late or outside):
                     continue
                 return w
         return None
