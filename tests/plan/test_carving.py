@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from flexmig.mig import H200
 from flexmig.mig.layout import Layout
-from flexmig.plan.carving import Carving, Hold, Waiting, carve
+from flexmig.plan.carving import KEEP_FREE_SLICES, Carving, Hold, Waiting, carve
 
 PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
 NOW = 1000.0
@@ -176,8 +176,14 @@ def test_a_held_region_is_left_to_its_job(n: Case) -> None:
 @given(n=nodes())
 def test_the_head_of_an_idle_nodes_queue_is_served_in_the_round(n: Case) -> None:
     """No busy, registering or pinned instance and no hold: the first waiting job gets a free instance of its
-    profile or a new one at once (an idle node changes in seconds)."""
+    profile or a new one at once (an idle node changes in seconds), unless a free instance of
+    ``KEEP_FREE_SLICES`` or more goes to a job behind it that asks for its profile (see the tests of ``keep_free``
+    below)."""
     if not n.queue:
+        return
+    behind = {j.profile for j in n.queue[1:]}
+    kept = [i for lay in n.layouts for i in lay if i.profile.compute_slices >= KEEP_FREE_SLICES]
+    if any(i.profile.name in behind and i.profile.name != n.queue[0].profile for i in kept):
         return
     c = run(replace(n, busy={}, registering=frozenset(), pinned=frozenset(), hold=None))
     head = n.queue[0]
@@ -296,3 +302,47 @@ def test_a_7g_job_behind_busy_instances_holds_at_once_when_a_slice_idles(n: Case
     unpinned = any(not any(w[0] == g for w in n.pinned) for g in range(len(n.layouts)))
     assert (c.hold is not None) == (idles and unpinned), (c, idles, unpinned)
     assert c.hold is None or c.hold.job == "big0"
+
+
+WHOLE = Layout.of(H200, [("7g.141gb", 0)])
+"""A GPU of one 7g.141gb instance, free: its job just ended."""
+
+
+def test_a_free_7g_goes_to_a_waiting_7g_job_not_to_an_older_jobs_carving() -> None:
+    """The queue 3g, 2g, 7g (Slurm's order) on a GPU whose 7g instance just freed: the 7g job takes it (Slurm starts
+    it there the moment it looks) and the older jobs wait; strictly in priority order (``keep_free=False``) the 3g
+    and 2g jobs are carved out of it and the 7g job needs the whole GPU drained again."""
+    queue = [Waiting("mid", "3g.71gb", 600.0, 30.0), Waiting("two", "2g.35gb", 600.0, 20.0),
+             Waiting("big", "7g.141gb", 600.0, 10.0)]  # fmt: skip
+    assert carve(H200, (WHOLE,), {}, queue, now_s=0.0) == Carving((), (), None, ())
+    before = carve(H200, (WHOLE,), {}, queue, now_s=0.0, keep_free=False)
+    assert before.destroy == ((0, 0),)
+    assert [job for _, _, job in before.create] == ["mid", "two"]
+
+
+def test_a_free_1g_is_still_carved_into_a_bigger_instance_for_an_older_job() -> None:
+    """The smallest instances are re-made from any idle slice: two free 1g instances become the 2g an older job asks
+    for, though a 1g job waits behind it."""
+    ones = Layout.of(H200, [("1g.18gb", s) for s in range(7)])
+    busy = {(0, s): 300.0 for s in (0, 1, 2, 3, 6)}
+    queue = [Waiting("two", "2g.35gb", 600.0, 30.0), Waiting("one", "1g.18gb", 600.0, 10.0)]
+    c = carve(H200, (ones,), busy, queue, now_s=0.0)
+    assert sorted(c.destroy) == [(0, 4), (0, 5)]
+    assert [(i.spec(), job) for _, i, job in c.create] == [("2g.35gb@4", "two")]
+
+
+@given(n=nodes())
+def test_a_free_instance_of_two_or_more_slices_is_destroyed_only_when_no_job_waits_for_it(n: Case) -> None:
+    """Without a hold: of the free instances of a profile of ``KEEP_FREE_SLICES`` or more compute slices, no more are
+    destroyed than there are more of them than waiting jobs of that profile (the rest serve those jobs). The
+    property fails with ``keep_free=False`` (the policy before)."""
+    if n.hold is not None:
+        return
+    c = run(n)
+    for p in PROFILES:
+        if H200.profile(p).compute_slices < KEEP_FREE_SLICES:
+            continue
+        free = [(g, i.start) for g, lay in enumerate(n.layouts) for i in lay
+                if i.profile.name == p and (g, i.start) not in n.busy and (g, i.start) not in n.pinned]  # fmt: skip
+        waiting = sum(1 for j in n.queue if j.profile == p)
+        assert len(set(free) & set(c.destroy)) <= max(0, len(free) - waiting)

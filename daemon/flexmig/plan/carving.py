@@ -194,17 +194,8 @@ def _carve(
     kept: Hold | None = None
     given: dict[Where, float | None] = {}
     kept_free: set[str] = set()
-    for job in queue if keep_free else ():
-        profile = model.profile(job.profile)
-        if profile.compute_slices < KEEP_FREE_SLICES:
-            continue
-        mine = fence is not None and fence.job == job.name
-        w = node.free_instance(profile, given, None if mine else fence, job.limit_s, now_s, outside=not mine)
-        if w is not None:
-            given[w] = job.limit_s
-            kept_free.add(job.name)
-            if mine:
-                fence = None
+    if keep_free:
+        fence = _keep_free(node, queue, fence, now_s=now_s, given=given, kept_free=kept_free)
     for job in queue:
         profile = model.profile(job.profile)
         mine = fence is not None and fence.job == job.name
@@ -238,6 +229,25 @@ def _carve(
     return Carving(tuple(node.destroyed), tuple(node.created), kept, tuple(reasons)), len(given)
 
 
+def _keep_free(
+    node: _Node, queue: Sequence[Waiting], fence: Hold | None, *, now_s: float, given: dict[Where, float | None],
+    kept_free: set[str],
+) -> Hold | None:  # fmt: skip
+    """Give each free instance of :data:`KEEP_FREE_SLICES` or more outside the held region to the first waiting job
+    of its profile (into ``given`` and ``kept_free``); the hold that remains (None once its own job was served)."""
+    for job in queue:
+        profile = node.model.profile(job.profile)
+        if profile.compute_slices < KEEP_FREE_SLICES:
+            continue
+        w = node.free_instance(profile, given, fence, job.limit_s, now_s, outside=True)
+        if w is not None:
+            given[w] = job.limit_s
+            kept_free.add(job.name)
+            if fence is not None and fence.job == job.name:
+                fence = None
+    return fence
+
+
 class _Node:
     """The node's layouts as a round carves them."""
 
@@ -265,7 +275,8 @@ class _Node:
         now_s: float, *, outside: bool = False,
     ) -> Where | None:  # fmt: skip
         """A free instance of ``profile`` not given to another job (in the region ``fence`` holds only when the
-        job's limit ends before the hold's time; ``outside``: never there)."""
+        job's limit ends before the hold's time; ``outside``: never there, whose instances the priority order
+        gives)."""
         for g, lay in enumerate(self.layouts):
             for inst in lay:
                 w = (g, inst.start)
