@@ -231,6 +231,25 @@ SECTIONS: tuple[Section, ...] = (
         markdown=False,
     ),
     Section(
+        "slurm_model_race",
+        "Seeds keep_free was not found on, flexmig first on a job's end, modelled: one node per MIG instance",
+        "slurm_model.py",
+        # KEEP_FREE_SLICES was found on seeds 1-80 with --race (flexmig's round before Slurm's pass in a step, as in the
+        # real runs); 81-160 here, beside the policy before it (carve-free) and before hold_when_idle (small-first)
+        ("--seeds", "81-160", "--race", "--policies", "instances,carve-free,small-first", "--parallel", "2"),
+        quick=("--seeds", "81", "--race", "--policies", "instances"),
+        markdown=False,
+    ),
+    Section(
+        "slurm_model_race_slurm",
+        "The same under Slurm's own scheduler settings (sched_interval=60, bf_interval=30), modelled",
+        "slurm_model.py",
+        ("--seeds", "81-160", "--race", "--bf-interval", "30", "--sched-interval", "60", "--policies",
+         "instances,carve-free,small-first", "--parallel", "2"),
+        quick=("--seeds", "81", "--race", "--bf-interval", "30", "--sched-interval", "60", "--policies", "instances"),
+        markdown=False,
+    ),
+    Section(
         "slurm_model_instances_8gpu",
         "One Slurm node per MIG instance on 8 GPUs, modelled, beside one per GPU",
         "slurm_model.py",
