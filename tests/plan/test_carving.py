@@ -331,6 +331,19 @@ def test_a_free_1g_is_still_carved_into_a_bigger_instance_for_an_older_job() -> 
     assert [(i.spec(), job) for _, i, job in c.create] == [("2g.35gb@4", "two")]
 
 
+def test_a_part_of_a_job_of_several_nodes_keeps_no_free_instance() -> None:
+    """A job of two 3g nodes, one of them busy: Slurm does not start it on the free 3g alone, so the 1g job before it
+    is carved out of that 3g as the priority order says (the job of two waits for two 3g instances)."""
+    lay = Layout.of(H200, [("3g.71gb", 0), ("3g.71gb", 4)])
+    queue = [Waiting("one", "1g.18gb", 60.0, 5.0), Waiting("pair#1", "3g.71gb", 300.0, 9.0, alone=False),
+             Waiting("pair#2", "3g.71gb", 300.0, 9.0, alone=False)]  # fmt: skip
+    c = carve(H200, (lay,), {(0, 0): 600.0}, queue, now_s=0.0)
+    assert c.destroy == ((0, 4),)
+    assert [(i.spec(), job) for _, i, job in c.create] == [("1g.18gb@6", "one")]
+    alone = [queue[0], Waiting("three", "3g.71gb", 300.0, 9.0)]
+    assert carve(H200, (lay,), {(0, 0): 600.0}, alone, now_s=0.0).destroy == ()
+
+
 @given(n=nodes())
 def test_a_free_instance_of_two_or_more_slices_is_destroyed_only_when_no_job_waits_for_it(n: Case) -> None:
     """Without a hold: of the free instances of a profile of ``KEEP_FREE_SLICES`` or more compute slices, no more are

@@ -170,6 +170,7 @@ def test_a_job_of_n_nodes_waits_as_n_parts_each_carved_an_instance_node_of_its_o
     )
     queue, left = queue_of(SlurmDemand("n", reqs, (pair, one), (), {}), now_s=130.0)
     assert [w.name for w in queue] == ["slurm-7#1", "slurm-7#2", "slurm-8"] and left == {}
+    assert [w.alone for w in queue] == [False, False, True]  # a part is started only with the others
     c = carve(H200, [Layout.of(H200, [("7g.141gb", 0)])], {}, queue, now_s=130.0)
     assert sorted((i.profile.name, i.start, j) for _, i, j in c.create) == [
         ("3g.71gb", 0, "slurm-7#2"), ("3g.71gb", 4, "slurm-7#1"),

@@ -11,8 +11,9 @@ busy instances to end.
 Each round, the waiting jobs are taken in Slurm's priority order:
 
 * a free instance of the job's profile (one being registered counts) serves it (Slurm starts it there); a free
-  instance of more than one compute slice is given to the first job that asks for its profile before any job is
-  carved for, so it is never destroyed for an older job of another profile (:data:`KEEP_FREE_SLICES`);
+  instance of more than one compute slice is given to the first job that asks for its profile (and runs on one
+  node) before any job is carved for, so it is never destroyed for an older job of another profile
+  (:data:`KEEP_FREE_SLICES`);
 * otherwise the job's profile is **carved** where it destroys the fewest idle compute slices (then as high up the
   GPU as it goes, so that the low starts that only big profiles can use stay whole); instances another waiting job
   was given, instances still registering, instances an administrator closed (``pinned``) and the held region
@@ -76,12 +77,14 @@ Where = tuple[int, int]
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """A waiting job, in Slurm's priority order: its name, the profile it asks for, its time limit (seconds; None:
-    none) and how long it has waited."""
+    none), how long it has waited, and whether Slurm starts it on one instance alone (False: one part of a job of
+    several nodes, which starts only once every part has an instance)."""
 
     name: str
     profile: str
     limit_s: float | None = None
     waited_s: float = 0.0
+    alone: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,10 +237,12 @@ def _keep_free(
     kept_free: set[str],
 ) -> Hold | None:  # fmt: skip
     """Give each free instance of :data:`KEEP_FREE_SLICES` or more outside the held region to the first waiting job
-    of its profile (into ``given`` and ``kept_free``); the hold that remains (None once its own job was served)."""
+    of its profile that Slurm would start on it alone (into ``given`` and ``kept_free``); the hold that remains
+    (None once its own job was served). A part of a job of several nodes is left to the priority order: Slurm does
+    not start it on one free instance while its other parts have none."""
     for job in queue:
         profile = node.model.profile(job.profile)
-        if profile.compute_slices < KEEP_FREE_SLICES:
+        if profile.compute_slices < KEEP_FREE_SLICES or not job.alone:
             continue
         w = node.free_instance(profile, given, fence, job.limit_s, now_s, outside=True)
         if w is not None:

@@ -136,7 +136,7 @@ def queue_of(demand: SlurmDemand, now_s: float, *, most_parts: int = 56) -> tupl
         parts = min(nodes.get(job, 1) if job is not None else 1, max(1, most_parts))
         waited = max(0.0, now_s - req.submitted_s)
         names = [req.name] if parts == 1 else [f"{req.name}#{k}" for k in range(1, parts + 1)]
-        queue += [Waiting(name, profile, req.expected_runtime_s, waited) for name in names]
+        queue += [Waiting(name, profile, req.expected_runtime_s, waited, alone=parts == 1) for name in names]
     return queue, left
 
 
