@@ -200,11 +200,11 @@ def _carve(
     if keep_free:
         fence = _keep_free(node, queue, fence, now_s=now_s, given=given, kept_free=kept_free)
     for job in queue:
+        if job.name in kept_free:
+            continue
         profile = model.profile(job.profile)
         mine = fence is not None and fence.job == job.name
         other = None if mine else fence
-        if job.name in kept_free:
-            continue
         free = node.free_instance(profile, given, other, job.limit_s, now_s)
         if free is None:
             spot = node.spot(profile, given, other)
