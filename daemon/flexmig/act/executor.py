@@ -71,6 +71,7 @@ from flexmig.act.encoding import (
     reason_of,
 )
 from flexmig.act.events import ActEvent, EventSink
+from flexmig.act.genuine import genuine, rank_records
 from flexmig.act.journal import ActionRow, Journal, JournalError
 from flexmig.act.migops import MigOps, Offload
 from flexmig.act.nodeview import NodeView
@@ -521,7 +522,7 @@ class Executor:
         async def start() -> dict[str, Any]:
             await self._prepare_dirs(nxt)
             if run.resumed:  # standby ranks a previous daemon started here have no channel any more
-                await self._kill_found(rec.uid, lambda f: f.generation > rec.generation)
+                await self._kill_found(rec, lambda f: f.generation > rec.generation)
             try:
                 started = await self.supervisor.launch_standby(nxt, early)
             except OSError as exc:
@@ -562,12 +563,13 @@ class Executor:
         """A move that will not launch: end its standby ranks, and those a previous daemon started for it."""
         await self.supervisor.drop_standby(rec.name, self.term_grace_s)
         if run.resumed and rec.spec.hook.standby:
-            await self._kill_found(rec.uid, lambda f: f.generation > rec.generation)
+            await self._kill_found(rec, lambda f: f.generation > rec.generation)
 
-    async def _kill_found(self, uid: str, which: Callable[[FoundRank], bool]) -> list[FoundRank]:
-        """SIGKILL the process groups of job ``uid``'s rank processes that ``which`` selects, and wait (at most a
-        few seconds) until they are gone; returns them."""
-        found = [f for f in await asyncio.to_thread(self.scanner.find, uid) if which(f)]
+    async def _kill_found(self, rec: JobRecord, which: Callable[[FoundRank], bool]) -> list[FoundRank]:
+        """SIGKILL the process groups of job ``rec``'s rank processes that ``which`` selects (only what really is
+        the job's: :func:`~flexmig.act.genuine.genuine`), and wait (at most a few seconds) until they are gone;
+        returns them."""
+        found = [f for f in await self._genuine(rec) if which(f)]
         for f in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(f.pid, signal.SIGKILL)
@@ -575,6 +577,24 @@ class Executor:
         while any(process_alive(f.pid, f.create_time) for f in found) and time.monotonic() < deadline:  # noqa: ASYNC110 - not our children: no exit event to wait on
             await asyncio.sleep(0.02)
         return found
+
+    async def _genuine(self, rec: JobRecord) -> list[FoundRank]:
+        """The rank processes carrying ``rec``'s ID that really are its (its user's, in its cgroup, and those the
+        journal recorded for its generation): never a decoy of someone else carrying its markers."""
+        scanned = await asyncio.to_thread(self.scanner.find, rec.uid)
+        recorded = self.journal.recorded_ranks(rec.uid, rec.generation)
+        return genuine(scanned, rec, self.supervisor.cgroups, recorded)
+
+    def record_ranks(self, rec: JobRecord) -> None:
+        """Journal which processes are the running ranks of ``rec``'s generation (pid, start time, user), for a
+        restarted daemon to adopt those and nothing else. A write that fails is one warning: adoption then goes by
+        the job's user and cgroup alone."""
+        pids = {h.slot: h.proc.pid for h in self.supervisor.alive(rec.name)}
+        try:
+            self.journal.record_ranks(rec.uid, rec.generation, rank_records(pids))
+        except JournalError as exc:
+            log.warning("job %s: its ranks' pids and start times not journalled (%s): a restart adopts them by "
+                        "their user and cgroup alone", rec.name, exc)  # fmt: skip
 
     async def _stop(self, run: ActionRun, p: StopPayload) -> None:
         """Stop a job: after an acknowledged checkpoint, or (``force``) by SIGTERM/SIGKILL."""
@@ -660,8 +680,8 @@ class Executor:
             # which costs tens of milliseconds.
             found: list[FoundRank] = []
             if scan:  # an older generation still running would make the job run twice
-                found = await self._kill_found(new.uid, lambda f: f.generation != gen or f.standby)
-                found = [f for f in await asyncio.to_thread(self.scanner.find, new.uid) if f.generation == gen]
+                found = await self._kill_found(new, lambda f: f.generation != gen or f.standby)
+                found = [f for f in await self._genuine(new) if f.generation == gen]
             mine = [f for f in found if not f.standby]
             if not mine:
                 try:
@@ -677,6 +697,7 @@ class Executor:
                 await self.supervisor.launch(new, port=port, resume=resume, only=todo)
             except OSError as exc:
                 raise StepFailed(f"cannot launch job {new.name}: {exc}") from exc
+            self.record_ranks(new)
             return {"pids": {str(h.slot): h.proc.pid for h in self.supervisor.alive(new.name)}, "handed_over": handed}
 
         args = {

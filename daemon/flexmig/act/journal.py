@@ -15,7 +15,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +32,7 @@ from flexmig_hook.protocol import Ack
 _MAX_ROW_JSON = 4 * 1024 * 1024  # a spec's argv alone may hold 256 arguments of 4,096 characters
 _MAX_ROW_DEPTH = 32
 
-__all__ = ["ActionRow", "Journal", "JournalError", "StepEvent", "StepRow"]
+__all__ = ["ActionRow", "Journal", "JournalError", "RankRecord", "StepEvent", "StepRow"]
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS jobs(
     name TEXT PRIMARY KEY, uid TEXT NOT NULL, spec TEXT NOT NULL, source TEXT, state TEXT NOT NULL,
     generation INTEGER NOT NULL, slots TEXT NOT NULL, resume TEXT, last_ack TEXT, master_port INTEGER NOT NULL,
     error TEXT, submitted_s REAL NOT NULL, updated_s REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ranks(
+    job_uid TEXT NOT NULL, generation INTEGER NOT NULL, slot INTEGER NOT NULL, pid INTEGER NOT NULL,
+    started REAL NOT NULL, uid INTEGER NOT NULL, PRIMARY KEY(job_uid, generation, slot));
 CREATE INDEX IF NOT EXISTS actions_by_state ON actions(state);
 CREATE INDEX IF NOT EXISTS steps_by_action ON steps(action_id);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
@@ -85,6 +88,15 @@ class ActionRow:
     error: str | None
     started_s: float | None
     finished_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RankRecord:
+    """A rank as launched: its pid, when it started (psutil's ``create_time``) and its real user ID."""
+
+    pid: int
+    started: float
+    uid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,6 +481,30 @@ class Journal:
                 self.wall(),
             ),
         )
+
+    # --------------------------------------------------------------------------------------------- ranks
+    def record_ranks(self, job_uid: str, generation: int, ranks: Mapping[int, RankRecord]) -> None:
+        """Remember the processes launched (or handed over) as the ranks of generation ``generation`` of the job
+        ``job_uid``: what a restarted daemon adopts, whatever other process says it is that rank. Rows of the job's
+        earlier generations go. JournalError when the write fails."""
+        with self._tx(revise=False) as db:
+            db.execute("DELETE FROM ranks WHERE job_uid=? AND generation<>?", (job_uid, generation))
+            db.executemany(
+                "INSERT OR REPLACE INTO ranks(job_uid, generation, slot, pid, started, uid) VALUES (?, ?, ?, ?, ?, ?)",
+                [(job_uid, generation, slot, r.pid, r.started, r.uid) for slot, r in ranks.items()],
+            )
+
+    def recorded_ranks(self, job_uid: str, generation: int) -> dict[int, RankRecord]:
+        """The ranks :meth:`record_ranks` remembered for that generation, by slot (rows that do not decode as
+        numbers are left out: they vouch for nothing)."""
+        rows = self._read(
+            "SELECT slot, pid, started, uid FROM ranks WHERE job_uid=? AND generation=?", (job_uid, generation)
+        )
+        out = {}
+        for slot, pid, started, uid in rows:
+            if all(isinstance(v, int) for v in (slot, pid, uid)) and isinstance(started, (int, float)):
+                out[int(slot)] = RankRecord(int(pid), float(started), int(uid))
+        return out
 
     def get_job(self, name: str) -> JobRecord | None:
         """The record of job ``name``, if registered."""

@@ -322,6 +322,9 @@ class FoundRank:
     standby: bool = False
     """Started as a standby rank (``FLEXMIG_STANDBY_FD`` in its environment): whether it was handed over, only
     the journal can say."""
+    uid: int = -1
+    """The process's real user ID (-1: unknown): the markers are what the process says about itself, and anyone
+    may start a process with any environment; its user, its cgroup and its start time are what the kernel says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,24 +362,25 @@ class PsutilScanner:
         """See :class:`ProcessScanner`."""
         matches: dict[int, FoundRank] = {}
         parents: dict[int, int] = {}
-        for p, env in _readable_environments("create_time"):
+        for p, env in _readable_environments("create_time", "uids"):
             if env.get(ENV_JOB_ID) != job_uid:
                 continue
             gen, slot = _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT)
             standby = ENV_STANDBY_FD in env
-            matches[p.info["pid"]] = FoundRank(p.info["pid"], float(p.info["create_time"]), gen, slot, standby)
+            started = float(p.info["create_time"])
+            matches[p.info["pid"]] = FoundRank(p.info["pid"], started, gen, slot, standby, _real_uid(p))
             parents[p.info["pid"]] = int(p.info["ppid"])
         return sorted(_tops(matches, parents), key=lambda f: (f.generation, f.slot))
 
     def find_all(self, job_uid: str) -> list[FoundRank]:
         """See :class:`ProcessScanner`."""
         out = []
-        for p, env in _readable_environments("create_time"):
+        for p, env in _readable_environments("create_time", "uids"):
             if env.get(ENV_JOB_ID) != job_uid:
                 continue
             pid, started = int(p.info["pid"]), float(p.info["create_time"])
-            standby = ENV_STANDBY_FD in env
-            out.append(FoundRank(pid, started, _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT), standby))
+            gen, slot = _marker(env, ENV_GENERATION), _marker(env, ENV_SLOT)
+            out.append(FoundRank(pid, started, gen, slot, ENV_STANDBY_FD in env, _real_uid(p)))
         return sorted(out, key=lambda f: f.pid)
 
     def find_marked(self) -> list[MarkedRank]:
@@ -398,6 +402,12 @@ class PsutilScanner:
             )
             parents[p.info["pid"]] = int(p.info["ppid"])
         return sorted(_tops(found, parents), key=lambda r: r.pid)
+
+
+def _real_uid(p: psutil.Process) -> int:
+    """The real user ID among the ``uids`` psutil read for ``p`` (-1 when it could not)."""
+    uids = p.info.get("uids")
+    return int(uids.real) if uids is not None else -1
 
 
 def _marker(env: Mapping[str, str], name: str) -> int:

@@ -21,6 +21,7 @@ import psutil
 
 from flexmig.act.encoding import ACTION_KINDS, payload_of
 from flexmig.act.events import ActEvent
+from flexmig.act.genuine import genuine
 from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import InstanceView, NodeView
 from flexmig.act.records import JobRecord
@@ -48,7 +49,9 @@ async def reconcile(ex: Executor) -> dict[str, Any]:
         for rec in ex.journal.jobs():
             if rec.state != "running":
                 continue
-            found = await asyncio.to_thread(ex.scanner.find, rec.uid)
+            recorded = ex.journal.recorded_ranks(rec.uid, rec.generation)
+            scanned = await asyncio.to_thread(ex.scanner.find, rec.uid)
+            found = genuine(scanned, rec, ex.supervisor.cgroups, recorded)
             actions = [a for p in ex.journal.unfinished_plans() for a in ex.journal.actions(p)]
             moving = any(a.job == rec.name and a.state == "running" for a in actions)
             stale = [f for f in found if f.generation != rec.generation and not moving]
@@ -59,6 +62,8 @@ async def reconcile(ex: Executor) -> dict[str, Any]:
                 summary["killed_stale"][rec.name] = [f.pid for f in stale]
             adopted = await ex.supervisor.adopt(rec, found)
             summary["adopted"][rec.name] = [h.proc.pid for h in adopted]
+            if adopted and not recorded:  # a journal of an earlier release: remember them from now on
+                ex.record_ranks(rec)
         try:
             summary["unknown_ranks"] = unknown = await unknown_ranks(ex)
         except Exception as exc:  # a report: an NVML hiccup here must not stop the start

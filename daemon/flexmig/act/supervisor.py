@@ -40,6 +40,7 @@ import psutil
 
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import ActEvent, EventSink
+from flexmig.act.genuine import job_owner
 from flexmig.act.jobcgroups import JobCgroups, own_cgroup
 from flexmig.act.migops import Offload
 from flexmig.act.procs import (
@@ -270,6 +271,7 @@ class Supervisor:
         """One cgroup per job (:mod:`flexmig.act.jobcgroups`), where the system allows: its ranks are placed in it
         before ``exec``, and what is in it counts for the strays whatever its environment. None: not available."""
         self._uids: dict[str, str] = {}  # job name -> ID of the submission whose ranks run
+        self._owners: dict[str, int] = {}  # job name -> the real user ID its ranks run as
         self.on_exit: ExitCallback | None = None
         self._ranks: dict[str, dict[int, RankHandle]] = {}
         self._standby: dict[str, dict[int, RankHandle]] = {}
@@ -290,6 +292,7 @@ class Supervisor:
         )
         await asyncio.to_thread(prune_generations, self.logs_dir / rec.spec.name, rec.generation, limits.keep)
         self._uids[rec.name] = rec.uid
+        self._owners[rec.name] = job_owner(rec)
         wanted = sorted(set(range(len(reqs))) if only is None else set(only))
         started = await self._start_all(rec, {s: reqs[s] for s in wanted})
         ranks = self._ranks.setdefault(rec.name, {})
@@ -516,8 +519,10 @@ class Supervisor:
             h.channel = None
 
     async def adopt(self, rec: JobRecord, found: Iterable[FoundRank]) -> list[RankHandle]:
-        """Take over ranks of generation ``rec.generation`` that a previous daemon launched."""
+        """Take over ranks of generation ``rec.generation`` that a previous daemon launched (``found`` must hold
+        only processes that really are the job's: :func:`~flexmig.act.genuine.genuine`)."""
         self._uids[rec.name] = rec.uid
+        self._owners[rec.name] = job_owner(rec)
         out = []
         for f in found:
             if f.generation != rec.generation or not 0 <= f.slot < len(rec.slots):
@@ -671,6 +676,8 @@ class Supervisor:
         """Every process of the job with ID ``uid``: those carrying the ID in their environment, and those in its
         cgroup whatever their environment (as generation and slot -1)."""
         found = {f.pid: f for f in self.scanner.find_all(uid)} if self.scanner is not None else {}
+        owner = self._owners.get(self._job_of(uid))
+        found = {pid: f for pid, f in found.items() if f.uid == owner}  # markers alone prove nothing
         if self.cgroups is not None:
             for pid in self.cgroups.pids(uid):
                 if pid in found:
@@ -680,6 +687,10 @@ class Supervisor:
                 except psutil.Error:
                     continue  # it ended meanwhile
         return sorted(found.values(), key=lambda f: f.pid)
+
+    def _job_of(self, uid: str) -> str:
+        """The name of the job whose submission has ID ``uid`` ("" for none)."""
+        return next((name for name, u in self._uids.items() if u == uid), "")
 
     def forget(self, job: str) -> None:
         """Drop the handles of ``job``'s finished ranks (before a relaunch)."""
