@@ -35,10 +35,12 @@ import stat
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flexmig.act.deadline import Deadline, within
+from flexmig.act.peers import CURRENT_PEER, Peer
 from flexmig.errors import ConfigError, FlexmigError, RequestError, RequestExpiredError
 from flexmig_hook.boundedjson import JsonBoundsError
 from flexmig_hook.boundedjson import loads as bounded_loads
@@ -47,6 +49,7 @@ __all__ = [
     "MAX_CONNECTIONS",
     "MAX_DEADLINE_S",
     "MAX_JSON_DEPTH",
+    "MAX_PER_UID",
     "MAX_REQUEST_BYTES",
     "ControlServer",
     "Handler",
@@ -57,14 +60,32 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_CONNECTIONS = 32
-"""Control connections served at once; one more gets a ``BusyError`` answer and is closed (each idles at most
-``idle_timeout_s``, 300 s)."""
+"""Control connections served at once; one more gets a ``BusyError`` answer and is closed, unless an idle one
+(waiting for its next request) of a user other than root and the daemon's can make room: the longest idle of those
+is closed for it."""
+MAX_PER_UID = 8
+"""Connections one user other than root and the daemon's own may hold at once (a group member of a ``0660``
+socket); the ninth closes that user's longest idle one, or is refused when none is idle."""
+RESERVED_CONNECTIONS = 4
+"""Of :data:`MAX_CONNECTIONS`, those only root and the daemon's user may take: the operator's CLI always gets in."""
+FIRST_REQUEST_S = 10.0
+"""A connection must send its first request within this (the CLI sends it at once); one that does not is closed."""
 MAX_JSON_DEPTH = 32
 """Objects and arrays nest at most this deep in a request (the request object itself is level 1): no operation
 needs more, and a deeper one would only cost recursion in every layer that walks it."""
 MAX_DEADLINE_S = 86400.0
 """The longest ``deadline_s`` a request may state (a day; the daemon's ``max_wait_s`` caps it further)."""
 Handler = Callable[[Mapping[str, Any]], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class _Conn:
+    """An open control connection: whose, and since when it waits for its next request (None: one is running)."""
+
+    task: asyncio.Task[None]
+    uid: int
+    privileged: bool
+    idle_since: float | None
 
 
 class ControlServer:
@@ -80,6 +101,8 @@ class ControlServer:
         idle_timeout_s: float = 300.0,
         allowed_uids: frozenset[int] | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_uid: int = MAX_PER_UID,
+        first_request_s: float = FIRST_REQUEST_S,
         max_wait_s: float = 900.0,
         on_dropped: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -90,6 +113,8 @@ class ControlServer:
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
+        self.max_per_uid = max_per_uid
+        self.first_request_s = first_request_s
         self.max_wait_s = max_wait_s
         """Longest a request may wait to begin (``control.max_wait_s``): the cap of its ``deadline_s``, and the
         deadline of a request that states none."""
@@ -98,7 +123,7 @@ class ControlServer:
         self.clock = clock
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({0, os.geteuid()})
         self._server: asyncio.AbstractServer | None = None
-        self._conns: set[asyncio.Task[None]] = set()
+        self._conns: dict[asyncio.Task[None], _Conn] = {}
 
     def add(self, op: str, handler: Handler) -> None:
         """Register one more operation (tests stand in for the daemon's own with it)."""
@@ -165,34 +190,68 @@ class ControlServer:
             await self.close()
 
     # ------------------------------------------------------------------------------------------- clients
-    def _peer_ok(self, writer: asyncio.StreamWriter) -> bool:
+    def _peer(self, writer: asyncio.StreamWriter) -> Peer | None:
+        """The connecting process as the kernel saw it (SO_PEERCRED); None when that cannot be read (refused). A
+        socket without SO_PEERCRED (another OS, a test's stand-in) is taken as the daemon's own user."""
         sock = writer.get_extra_info("socket")
         if sock is None or not hasattr(socket, "SO_PEERCRED"):
-            return True
+            return Peer(0, os.geteuid(), os.getegid())
         try:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
+            return None
+        return Peer(*struct.unpack("3i", creds))
+
+    def _allowed(self, peer: Peer) -> bool:
+        return bool(self.mode & 0o060) or peer.uid in self.allowed_uids
+
+    def _admit(self, task: asyncio.Task[None], peer: Peer) -> bool:
+        """Take the connection on if there is room, closing idle ones of others to make it (see
+        :data:`MAX_PER_UID`, :data:`RESERVED_CONNECTIONS`); False when it must be refused as busy."""
+        privileged = peer.uid in self.allowed_uids
+        if not privileged:
+            mine = [c for c in self._conns.values() if c.uid == peer.uid]
+            if len(mine) >= self.max_per_uid and not self._evict(mine):
+                return False
+        limit = self.max_connections if privileged else max(1, self.max_connections - RESERVED_CONNECTIONS)
+        while len(self._conns) >= limit:
+            if not self._evict([c for c in self._conns.values() if not c.privileged]):  # root's are never cut
+                return False
+        self._conns[task] = _Conn(task, peer.uid, privileged, self.clock())
+        return True
+
+    def _evict(self, among: list[_Conn]) -> bool:
+        """Close the longest idle connection of ``among`` (one waiting for its next request); False when none is
+        idle (every one is running a request, which is never cut)."""
+        idle = [c for c in among if c.idle_since is not None]
+        if not idle:
             return False
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        group_access = bool(self.mode & 0o060)
-        return group_access or uid in self.allowed_uids
+        victim = min(idle, key=lambda c: c.idle_since or 0.0)
+        del self._conns[victim.task]
+        victim.task.cancel()
+        return True
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        busy = len(self._conns) >= self.max_connections
-        if task is not None and not busy:
-            self._conns.add(task)
+        assert task is not None
+        peer = self._peer(writer)
         try:
-            if busy:  # the descriptors are the daemon's: the journal, NVML and the jobs need them more
-                error = f"too many connections to the control socket ({self.max_connections}); try again"
-                await self._send(writer, {"ok": False, "error": error, "type": "BusyError"})
-                return
-            if not self._peer_ok(writer):
+            if peer is None or not self._allowed(peer):
                 await self._send(writer, {"ok": False, "error": "permission denied", "type": "PermissionError"})
                 return
+            if not self._admit(task, peer):  # the descriptors are the daemon's: the journal, NVML, the jobs
+                error = f"too many connections to the control socket ({self.max_connections}); try again"
+                if peer.uid not in self.allowed_uids:
+                    error += f" (at most {self.max_per_uid} a user, {RESERVED_CONNECTIONS} kept for root)"
+                await self._send(writer, {"ok": False, "error": error, "type": "BusyError"})
+                return
+            CURRENT_PEER.set(peer)  # this task's context: the handlers of its requests see who asked
+            conn = self._conns[task]
+            timeout_s = min(self.first_request_s, self.idle_timeout_s)
             while True:
+                conn.idle_since = self.clock()
                 try:
-                    async with asyncio.timeout(self.idle_timeout_s):  # wait_for may swallow a cancellation
+                    async with asyncio.timeout(timeout_s):  # wait_for may swallow a cancellation
                         line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
                     await self._send(
@@ -208,6 +267,8 @@ class ControlServer:
                     return
                 if not line:
                     return
+                conn.idle_since = None  # a request in flight is never evicted
+                timeout_s = self.idle_timeout_s
 
                 def began() -> None:  # the request is past its deadline's check: its client waits for the end
                     writer.write(b'{"begun": true}\n')
@@ -217,12 +278,11 @@ class ControlServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:
-            # close() ended the connection (the daemon is stopping). Ending quietly: asyncio's stream callback
-            # would log a cancelled connection task as an error with a traceback.
+            # close() ended the connection (the daemon is stopping), or it was evicted while idle. Ending quietly:
+            # asyncio's stream callback would log a cancelled connection task as an error with a traceback.
             return
         finally:
-            if task is not None:
-                self._conns.discard(task)
+            self._conns.pop(task, None)
             writer.close()
             # A cancelled connection ends here too: a cancellation that meets the close is the end it asked for.
             with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -20,6 +20,7 @@ from flexmig.act.encoding import StopPayload, encode
 from flexmig.act.executor import Executor, new_job_uid
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
+from flexmig.act.peers import CURRENT_PEER, refusal_for
 from flexmig.act.placement import choose_targets, make_room, move_plan, node_model, start_plan
 from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import PlanResult
@@ -112,6 +113,10 @@ class JobsApi:
             raise RequestError(f"job spec path must be absolute, not {path}")
         if self.ex.mode == "observe":
             self.ex.require_act()
+        # A group member of a 0660 socket has root read only what they could read themselves (flexmig.act.peers).
+        refused = await asyncio.to_thread(refusal_for, path, CURRENT_PEER.get(), "job spec")
+        if refused is not None:
+            raise JobSpecError(refused)
         spec = await asyncio.to_thread(load_job_spec, path, self.policy)  # file system I/O: off the loop
         view = await self.ex.view()
         model = node_model(view)
