@@ -3,23 +3,27 @@ environment, hold a pipe, open sockets. The real actuator runs in this process o
 the job and the attacker are real processes of two users made with ``useradd`` (removed after).
 
 Each test here failed on the code before issue #44's fixes: a decoy carrying a job's markers was adopted in place of
-its real rank (which was then killed as a stray).
+its real rank (which was then killed as a stray); root's log writer of a rank that handed its pipe to a process
+outside the job ran on after the job was stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flexmig.act.procs import process_alive
+from flexmig.act.ranklogs import LOGPUMP
 from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
-from support.hostile import Rig, base_dir, scratch_user
+from support.hostile import SYSTEM_PYTHON, Rig, base_dir, scratch_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -108,6 +112,74 @@ def test_a_process_of_the_jobs_own_user_posing_as_its_rank_is_not_adopted_in_pla
             finally:
                 decoy.kill()
                 decoy.wait(10)
+
+    with scratch_user("fmo") as owner:
+        asyncio.run(scenario(owner))
+
+
+# ------------------------------------------------------------------------------------------ log writers
+# The job's user, outside the job: take the rank's log pipe over a Unix socket and write into it without end.
+HOLDER = """
+import os, signal, socket, sys, time
+signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+srv = socket.socket(socket.AF_UNIX); srv.bind(sys.argv[1]); srv.listen(1)
+print("listening", flush=True)
+conn, _ = srv.accept()
+_, fds, _, _ = socket.recv_fds(conn, 16, 2)
+print("holding", flush=True)
+while True:
+    for fd in fds:
+        try:
+            os.write(fd, b"written from outside the job\\n" * 64)
+        except OSError:
+            pass
+    time.sleep(0.01)
+"""
+
+
+def log_writers() -> list[psutil.Process]:
+    """This process's rank log writers (the in-process actuator starts them as its children)."""
+    out = []
+    for c in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if str(LOGPUMP) in c.cmdline():
+                out.append(c)
+    return out
+
+
+@needs_root
+def test_a_rank_that_hands_its_log_pipe_to_an_outside_process_does_not_keep_roots_log_writer_after_the_stop(
+    base: Path,
+) -> None:
+    async def scenario(owner: pwd.struct_passwd) -> None:
+        home = base / "outside"
+        home.mkdir()
+        os.chown(home, owner.pw_uid, owner.pw_gid)
+        sock = home / "take.sock"
+        holder = await asyncio.create_subprocess_exec(
+            SYSTEM_PYTHON, "-I", "-c", HOLDER, str(sock), user=owner.pw_uid, group=owner.pw_gid, extra_groups=[],
+            stdout=subprocess.PIPE, cwd="/",
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None
+            assert await asyncio.wait_for(holder.stdout.readline(), 60) == b"listening\n"
+            async with Rig(base) as rig:
+                spec = rig.hostile("handoff", str(sock), user=owner.pw_name)
+                assert (await rig.call("jobs.submit", path=str(spec)))["ok"]
+                assert await asyncio.wait_for(holder.stdout.readline(), 60) == b"holding\n"
+                rec = rig.record()
+                (writer,) = log_writers()
+                cgroup = await asyncio.to_thread(Path(f"/proc/{writer.pid}/cgroup").read_text)
+                if rig.act.supervisor.cgroups is not None:
+                    assert f"/job-{rec.uid}" in cgroup, f"the log writer runs in the job's cgroup: {cgroup}"
+                await rig.call("jobs.stop", name="evil")
+                assert rig.record().state != "running"
+                await rig.until("the log writer ended", lambda: not process_alive(writer.pid))
+                assert rig.deaths == []
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                holder.kill()
+            await asyncio.wait_for(holder.wait(), 30)
 
     with scratch_user("fmo") as owner:
         asyncio.run(scenario(owner))

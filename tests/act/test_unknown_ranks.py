@@ -20,7 +20,9 @@ import psutil
 import pytest
 
 from flexmig.act.procs import PsutilScanner
+from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
 from support.flexmigd import act_node, collect_events, open_session, short_base
+from support.hostile import scratch_user
 from support.jobs import counter_spec, flexmig, job_uid, write_spec
 from support.mosquitto import Mosquitto, needs_mosquitto
 from support.wait import wait_until
@@ -82,3 +84,27 @@ def test_ranks_no_journal_knows_are_refused_for_an_empty_journal_and_reported_wi
     (reported,) = last.payload["unknown_ranks"]
     assert reported["pid"] == rank.pid and reported["job_id"] == uid
     assert "1 rank(s) of no journalled job" in last.payload["reason"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as a user made for the test")
+def test_a_marked_process_that_appears_after_the_start_is_reported_at_the_next_interval_though_none_was_before(
+    base: Path,
+) -> None:
+    """Unknown ranks are looked for every planning interval (and after every stop and move), not only while some are
+    already known: before, a list that was empty at the start stayed empty whatever appeared later."""
+    with scratch_user("fmx") as other, act_node(base, SIM, node_name="rescan-node") as node:
+        flexmig(node.sock, "submit", str(write_spec(base / "c.toml", counter_spec(base, "c"))))
+        uid = job_uid(node.journal, "c")
+        assert uid is not None
+        wait_until(lambda: PsutilScanner().find(uid), what="the rank")
+        assert node.cli_json("status")["unknown_ranks"] == []
+        env = {"PATH": "/usr/bin:/bin", ENV_JOB: "c", ENV_JOB_ID: uid, ENV_GENERATION: "99", ENV_SLOT: "0"}
+        decoy = subprocess.Popen(
+            ["/bin/sleep", "600"], user=other.pw_uid, group=other.pw_gid, extra_groups=[], env=env, cwd="/"
+        )
+        try:
+            (seen,) = wait_until(lambda: node.cli_json("status")["unknown_ranks"], 30, "the new process reported")
+            assert (seen["pid"], seen["job_id"], seen["user"]) == (decoy.pid, uid, other.pw_name)
+        finally:
+            decoy.kill()
+            decoy.wait(10)

@@ -12,6 +12,8 @@ steps a counter and answers the checkpoint signal (``FLEXMIG_CHECKPOINT_SIGNAL``
   ``$FLEXMIG_CHECKPOINT_DIR/../stray.pid``; then checkpoint and acknowledge properly when asked, and exit 0;
 * ``stray-clean``: the same, but the child then runs ``/bin/sleep`` with an empty environment (no job markers
   left to find it by);
+* ``handoff SOCKET``: hand its standard output and error (its log pipe) to the process listening on the Unix socket
+  SOCKET (``SCM_RIGHTS``), as any process may to another of its user's, then behave as ``finish``;
 * ``ack-and-rmdir``: checkpoint and acknowledge; when asked again (the acknowledgement has been read), remove its
   checkpoint directory and exit 0, so that the daemon makes it again for the next generation (the race test's job);
 * ``ack-and-swap-parent TARGET``: the same, and then it also puts a symlink to TARGET in place of the checkpoint
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -53,6 +56,11 @@ def main() -> int:
     if mode == "ack-bytes-exit":
         ack.write_bytes(Path(sys.argv[2]).read_bytes())
         return 0
+    if mode == "handoff":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(sys.argv[2])
+            socket.send_fds(s, [b"fds"], [1, 2])
+        mode = "finish"
     if mode in ("stray", "stray-clean"):
         pid = os.fork()
         if pid == 0:

@@ -85,6 +85,10 @@ class RankProcess(Protocol):
     def worker_pids(self) -> list[int]:
         """The processes that run the job's code: itself, or torchrun's workers under it."""
 
+    @property
+    def log_writer(self) -> int | None:
+        """The pid of the rank's log writer (:mod:`flexmig.act.logpump`) when this daemon started it, else None."""
+
 
 class LaunchedProcess:
     """A rank this daemon started (a ``subprocess.Popen``), its exit seen through a pidfd on the event loop.
@@ -93,8 +97,15 @@ class LaunchedProcess:
     subprocess support does not allow; the pidfd makes the exit an event of the loop without a waiting thread.
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes], launcher_kind: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        launcher_kind: str,
+        loop: asyncio.AbstractEventLoop,
+        log_writer: int | None = None,
+    ) -> None:
         self._proc = proc
+        self._writer = log_writer
         self._kind = launcher_kind
         self._loop = loop
         self._exited: asyncio.Future[int] = loop.create_future()
@@ -161,6 +172,11 @@ class LaunchedProcess:
         """The rank itself (plain) or torchrun's workers."""
         return _workers(self.pid, self._kind)
 
+    @property
+    def log_writer(self) -> int | None:
+        """The pid of the rank's log writer."""
+        return self._writer
+
 
 class AdoptedProcess:
     """A rank found after a daemon restart; watched by polling because it is not our child."""
@@ -208,6 +224,11 @@ class AdoptedProcess:
     def worker_pids(self) -> list[int]:
         """The rank itself (plain) or torchrun's workers."""
         return _workers(self._pid, self._kind)
+
+    @property
+    def log_writer(self) -> int | None:
+        """None: a previous daemon started it (it is in the job's cgroup, where the supervisor finds it)."""
+        return None
 
 
 def _workers(pid: int, kind: str) -> list[int]:
@@ -271,14 +292,17 @@ class SubprocessLauncher:
         program = await asyncio.to_thread(runnable_program, req.argv[0])  # judged before anything is started
         owner = (req.uid, req.gid if req.gid is not None else -1) if req.uid is not None else None
         try:
-            log_fd, _writer = await start_pump(req.log_path, req.log_limits, owner)  # reaped by start_pump's watch
+            log_fd, writer = await start_pump(req.log_path, req.log_limits, owner)  # reaped by start_pump's watch
         except FlexmigError as exc:  # the log directory is not what it must be
             raise OSError(f"rank log {req.log_path}: {exc}") from exc
+        if req.cgroup_fd is not None:  # the job's cgroup: its output's cost counts as the job's, and ends with it
+            with contextlib.suppress(OSError):  # it then ends when the rank's exit is settled (the supervisor)
+                os.write(req.cgroup_fd, str(writer.pid).encode())
         try:
             proc = await asyncio.to_thread(_start, req, log_fd, program)
         finally:
             os.close(log_fd)  # the rank holds it now (or, if it did not start, the writer sees its pipe end)
-        return LaunchedProcess(proc, req.launcher_kind, loop)
+        return LaunchedProcess(proc, req.launcher_kind, loop, writer.pid)
 
 
 def _start(req: LaunchRequest, log_fd: int, program: str) -> subprocess.Popen[bytes]:

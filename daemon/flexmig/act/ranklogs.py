@@ -21,9 +21,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from flexmig.act.userpaths import UserPathError, ensure_dir, opened_dir
 
-__all__ = ["DEFAULT_RANK_LOGS", "LOGPUMP", "RankLogs", "prune_generations", "start_pump"]
+__all__ = ["DEFAULT_RANK_LOGS", "LOGPUMP", "RankLogs", "log_writer_generation", "prune_generations", "start_pump"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,26 @@ def _reap_when_done(proc: subprocess.Popen[bytes]) -> None:
         proc.poll()
 
     loop.add_reader(pidfd, done)
+
+
+def log_writer_generation(pid: int) -> int | None:
+    """The generation whose rank log the process ``pid`` writes, when it is one of this daemon's log writers (run
+    as the daemon's user, from :data:`LOGPUMP`); None for any other process, or one that has ended. A job's log
+    writers run in its cgroup (its CPU and memory count there) and are no strays of it."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            if p.uids().real != os.geteuid():
+                return None
+            cmd = p.cmdline()
+    except psutil.Error:
+        return None
+    try:
+        name = cmd[cmd.index(str(LOGPUMP)) + 2]
+    except (ValueError, IndexError):
+        return None
+    m = _GENERATION.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def prune_generations(directory: Path, generation: int, keep: int) -> list[str]:

@@ -24,6 +24,7 @@ from flexmig.act.events import ActEvent
 from flexmig.act.genuine import genuine
 from flexmig.act.journal import JournalError
 from flexmig.act.nodeview import InstanceView, NodeView
+from flexmig.act.ranklogs import log_writer_generation
 from flexmig.act.records import JobRecord
 from flexmig.act.supervisor import mig_visible
 
@@ -154,7 +155,7 @@ def _escaped(
             continue
         own = ex.supervisor.all_pids(rec.name) if rec.state == "running" else set()
         for pid in pids:
-            if pid in own or pid in marked:
+            if pid in own or pid in marked or log_writer_generation(pid) is not None:  # its log writers are its own
                 continue
             try:
                 user = psutil.Process(pid).username()

@@ -52,7 +52,7 @@ from flexmig.act.procs import (
     RankProcess,
     process_alive,
 )
-from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, prune_generations
+from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, log_writer_generation, prune_generations
 from flexmig.act.records import AckPlacement, JobRecord, Slot
 from flexmig.tasks import cancel_and_wait, spawn
 from flexmig_hook.protocol import (
@@ -77,6 +77,9 @@ __all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_request
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+WRITER_DRAIN_S = 5.0
+"""How long a rank's log writer may go on after the rank ended (its last lines, a child's flush) before it is
+ended whatever still holds its pipe."""
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -552,6 +555,11 @@ class Supervisor:
 
     async def _wait_rank(self, job: str, h: RankHandle) -> None:
         code = await h.proc.wait()
+        writer = h.proc.log_writer
+        if writer is not None:
+            task = spawn(self._end_writer(job, h, writer), name=f"logwriter-{job}-{h.slot}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if h.standby:  # never handed over: no rank of the job yet, not on its device; the move decides
             self._close_channel(h)
             self.events.emit(
@@ -582,6 +590,18 @@ class Supervisor:
         )
         if self.on_exit is not None:
             self.on_exit(job, h.slot, code)
+
+    async def _end_writer(self, job: str, h: RankHandle, pid: int) -> None:
+        """Once rank ``h`` has exited, its log writer ends when the last holder of its pipe closes it; if something
+        outside the job still holds it (a rank can hand its output descriptor to any process of its user) after
+        :data:`WRITER_DRAIN_S`, the writer is ended anyway: no root process outlives the rank it writes for."""
+        if await _outlives([pid], WRITER_DRAIN_S):
+            _signal_pid(pid, signal.SIGKILL)
+            log.warning(
+                "job %s: the log writer (pid %d) of rank %d of generation %d still had its pipe held open by another "
+                "process %g s after the rank ended: ended (what that process writes there now goes nowhere)",
+                job, pid, h.slot, h.generation, WRITER_DRAIN_S,
+            )  # fmt: skip
 
     # -------------------------------------------------------------------------------------------- queries
     def ranks(self, job: str) -> list[RankHandle]:
@@ -643,34 +663,55 @@ class Supervisor:
         """Stop the processes of ``job`` that outlived its ranks: they left their rank's process group (``setsid``,
         a double fork), so neither the rank's exit nor a signal to its group reached them, and they would run on
         unreported, holding the job's MIG device and files. Found in the job's cgroup (whatever their environment)
-        and by the job's ID in their environment (which a child inherits), outside the process trees of the job's
-        ranks and standby ranks still running; SIGTERM, SIGKILL after ``grace_s``. One warning line naming them;
-        returns their pids. When nothing of the job runs any more, its cgroup is killed and removed."""
+        and by the job's ID in their environment (which a child inherits) when they run as the job's user, outside
+        the process trees of the job's ranks and standby ranks still running; SIGTERM, SIGKILL after ``grace_s``.
+        One warning line naming them; returns their pids. Then the log writers of generations that no longer run
+        end (:meth:`_end_old_writers`), and when nothing of the job runs any more its cgroup is killed and
+        removed."""
         uid = self._uids.get(job)
         if uid is None:
             return []
         found = await asyncio.to_thread(self._processes_of, uid)
         own = self.all_pids(job)
         strays = [f for f in found if f.pid not in own and f.pid != os.getpid()]
-        if not strays:
-            if not own and self.cgroups is not None:
-                await asyncio.to_thread(_clear_cgroup, self.cgroups, uid, 0.0)
-            return []
-        log.warning(
-            "job %s: %d process(es) left their rank's process group and outlived it (pids %s): stopped (SIGTERM, "
-            "SIGKILL after %g s)", job, len(strays), ", ".join(str(f.pid) for f in strays), grace_s,
-        )  # fmt: skip
-        for f in strays:
-            _signal_found(f, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
-        while any(process_alive(f.pid, f.create_time) for f in strays) and loop.time() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)  # no event tells the end of a process that is not our child
-        for f in strays:
-            _signal_found(f, signal.SIGKILL)
+        if strays:
+            log.warning(
+                "job %s: %d process(es) left their rank's process group and outlived it (pids %s): stopped (SIGTERM, "
+                "SIGKILL after %g s)", job, len(strays), ", ".join(str(f.pid) for f in strays), grace_s,
+            )  # fmt: skip
+            for f in strays:
+                _signal_found(f, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace_s
+            while any(process_alive(f.pid, f.create_time) for f in strays) and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # no event tells the end of a process that is not our child
+            for f in strays:
+                _signal_found(f, signal.SIGKILL)
+        await self._end_old_writers(job, uid)
         if not own and self.cgroups is not None:  # nothing of the job runs: whatever is still in its cgroup goes
-            await asyncio.to_thread(_clear_cgroup, self.cgroups, uid, 5.0)
+            await asyncio.to_thread(_clear_cgroup, self.cgroups, uid, 5.0 if strays else 0.0)
         return [f.pid for f in strays]
+
+    async def _end_old_writers(self, job: str, uid: str) -> None:
+        """The log writers in the job's cgroup (started by this daemon or a previous one) of generations that no
+        longer run: each is given :data:`WRITER_DRAIN_S` after the strays to write its rank's last lines, then
+        ended, whatever still holds its pipe (a writer that outlived its generation would re-create that
+        generation's logs after they were pruned, past the documented bound)."""
+        if self.cgroups is None:
+            return
+        running = {h.generation for h in self.alive(job)} | {h.generation for h in self.standby(job)}
+        writers = await asyncio.to_thread(_writers_in, self.cgroups, uid)
+        old = [pid for pid, gen in writers.items() if gen not in running]
+        if not old:
+            return
+        if await _outlives(old, WRITER_DRAIN_S):
+            left = [pid for pid in old if process_alive(pid)]
+            for pid in left:
+                _signal_pid(pid, signal.SIGKILL)
+            log.warning(
+                "job %s: %d log writer(s) of generations that no longer run still had their pipes held open by "
+                "another process (pids %s): ended", job, len(left), ", ".join(map(str, left)),
+            )  # fmt: skip
 
     def _processes_of(self, uid: str) -> list[FoundRank]:
         """Every process of the job with ID ``uid``: those carrying the ID in their environment, and those in its
@@ -680,7 +721,7 @@ class Supervisor:
         found = {pid: f for pid, f in found.items() if f.uid == owner}  # markers alone prove nothing
         if self.cgroups is not None:
             for pid in self.cgroups.pids(uid):
-                if pid in found:
+                if pid in found or log_writer_generation(pid) is not None:  # the job's log writers are no strays
                     continue
                 try:
                     found[pid] = FoundRank(pid, psutil.Process(pid).create_time(), -1, -1)
@@ -728,6 +769,32 @@ def _clear_cgroup(cgroups: JobCgroups, uid: str, wait_s: float) -> None:
             time.sleep(0.01)  # no event tells a worker thread that the kernel has finished the kill
     except (OSError, ValueError) as exc:
         log.warning("job cgroup %s: %s", uid, exc)
+
+
+def _writers_in(cgroups: JobCgroups, uid: str) -> dict[int, int]:
+    """The log writers in job ``uid``'s cgroup, with the generation each writes for."""
+    out = {}
+    for pid in cgroups.pids(uid):
+        gen = log_writer_generation(pid)
+        if gen is not None:
+            out[pid] = gen
+    return out
+
+
+async def _outlives(pids: list[int], grace_s: float) -> bool:
+    """Wait at most ``grace_s`` for ``pids`` to end; True when one of them still runs then."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while any(process_alive(p) for p in pids):  # no event tells the end of a process that is not our child
+        if loop.time() >= deadline:
+            return True
+        await asyncio.sleep(0.01)  # a writer whose pipe has ended exits within milliseconds: a move waits for it
+    return False
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _signal_found(found: FoundRank, sig: int) -> None:

@@ -149,6 +149,7 @@ class ActuatorComponent:
         self._stopping = False
         self._simulated = True  # until start() knows the backend
         self._wake = asyncio.Event()
+        self._rescan = asyncio.Event()  # set after each stop and move: look for unknown ranks again now
         self._last_signature: tuple[str, ...] | None = None
         self._translate = ActionEventTranslator(EventFactory(host.config.node(lambda: host.hostname)), self._facts)
         self._built: list[Callable[[Actuator], None]] = []
@@ -304,7 +305,25 @@ class ActuatorComponent:
         once every loop has ended: whether this one ran at all does not matter."""
         if self.act is None:
             await asyncio.Event().wait()
-        await self._plan_loop()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._plan_loop())
+            tg.create_task(self._unknown_loop())
+
+    async def _unknown_loop(self) -> None:
+        """Look for unknown ranks again every planning interval, and at once after each stop and move: a process
+        that escaped its job can appear at any time, not only while some are already known."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.planner.interval_s):
+                    await self._rescan.wait()
+            self._rescan.clear()
+            if self.act is None or self._stopping:
+                continue
+            try:
+                async with self.act.executor.action_lock:  # between actions: a move's two generations are no strays
+                    self.unknown_ranks = await recovery.unknown_ranks(self.act.executor)
+            except Exception as exc:  # a report only
+                log.warning("could not look for ranks of no journalled job again: %s", exc)
 
     async def _plan_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -323,11 +342,6 @@ class ActuatorComponent:
             last = loop.time()
             if self._stopping:  # wait for the daemon to cancel us: closing now would cut the action in flight
                 await asyncio.Event().wait()
-            if self.unknown_ranks and self.act is not None:  # look again until they are gone
-                try:
-                    self.unknown_ranks = await recovery.unknown_ranks(self.act.executor)
-                except Exception as exc:  # a report only
-                    log.warning("could not look for ranks of no journalled job again: %s", exc)
             if self.mode == "observe":
                 continue
             try:
@@ -496,6 +510,8 @@ class ActuatorComponent:
             self._touched.update(slots_of(row))
         downtime = None
         moved = event.kind in ("action_completed", "action_failed") and row is not None
+        if moved and row is not None and row.kind in ("stop", "migrate", "resplit", "restart"):
+            self._rescan.set()
         if moved and row is not None and row.kind in ("migrate", "resplit"):
             downtime = None if self.act is None else move_downtime(self.act.journal, event.action_id)
         self.action_metrics.record(event, downtime)
