@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from support.actuator import LiveNode
 from support.commands import NODE, Operator, RunningListener, anonymous_publish, password_file
-from support.mosquitto import WAIT, Brokers, needs_mosquitto, secured_config
-from support.wait import wait_until
+from support.mosquitto import WAIT, Brokers, Mosquitto, needs_mosquitto, secured_config
+from support.wait import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -103,3 +104,52 @@ def test_with_the_documented_acl_operators_command_and_anonymous_clients_cannot(
     finally:
         operator.close()
         listener.stop()
+
+
+def test_a_second_listener_that_lets_anonymous_clients_publish_keeps_commands_off_and_says_which(
+    node: LiveNode, mosquitto: Brokers, tmp_path: Path
+) -> None:
+    """With ``per_listener_settings true`` each listener has its own rules: the one flexmig uses has the documented
+    ACL and refuses anonymous clients, a second one lets them publish anywhere. Before, flexmig probed only its own
+    listener, logged that anonymous clients could not publish commands, and any local user force-stopped the job
+    through the second one."""
+    door = free_port()
+    anonymous = f"listener {door} 127.0.0.1\nallow_anonymous true\n"
+    broker = per_listener(tmp_path, secured_config(tmp_path / "s"), anonymous)
+    listener = RunningListener(node, broker, password_file(tmp_path))
+    try:
+        line = refusal(listener)
+        assert line.startswith(
+            f"MQTT commands refused: an anonymous client could publish to flexmig/v1/{NODE}/commands/"
+        ), line
+        assert f"through the broker's other listener 127.0.0.1:{door}" in line, line
+        anonymous_publish(SimpleNamespace(port=door), "stop", STOP)  # type: ignore[arg-type]  # the second door
+        assert job_runs(node), "an anonymous command through the other listener never runs"
+        assert listener.listener.stats().received == 0
+    finally:
+        listener.stop()
+        broker.stop()
+
+
+def test_commands_run_when_every_listener_of_the_broker_keeps_anonymous_clients_off(
+    node: LiveNode, mosquitto: Brokers, tmp_path: Path
+) -> None:
+    door = free_port()
+    secured = secured_config(tmp_path / "s")
+    broker = per_listener(tmp_path, secured, f"listener {door} 127.0.0.1\n" + secured)
+    listener = RunningListener(node, broker, password_file(tmp_path))
+    try:
+        listener.wait_connected()
+        assert listener.listener.stats().off is None
+        assert any("nor anonymous clients on its 1 other listener(s)" in x for x in listener.log.lines), listener.log
+    finally:
+        listener.stop()
+        broker.stop()
+
+
+def per_listener(tmp_path: Path, first: str, more: str) -> Mosquitto:
+    """A started mosquitto with ``per_listener_settings true`` (which must come before its first listener): its
+    first listener (flexmig's) with the lines ``first``, then the lines ``more`` (further listeners)."""
+    broker = Mosquitto(tmp_path / "per-listener", extra=first + more)
+    broker.conf.write_text("per_listener_settings true\n" + broker.conf.read_text())
+    return broker.start()

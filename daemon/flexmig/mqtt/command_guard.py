@@ -7,6 +7,12 @@ therefore tries what an intruder would:
 
 * an **anonymous** client (no user name, no password, no client certificate) publishes a probe on every verb's
   topic: it must be refused at login (or at the TLS handshake), or each probe must be refused;
+* an anonymous client does it again on **every other listener** of the broker, when the broker runs on this
+  machine (:mod:`flexmig.mqtt.listeners`): with ``per_listener_settings true`` each listener has its own login rules
+  and ACL, and a second listener that lets anonymous clients publish is as open a door as the first. Each is tried
+  as an intruder would: plain MQTT, TLS without checking the broker's certificate, WebSockets (plain and TLS) on a
+  TCP listener; a Unix socket as it is. A broker on another machine cannot be enumerated from here: one line says
+  that only the listener flexmig uses was proven;
 * a client logged in with **the node's own account** does the same: a node reads its commands and writes their
   results, it never sends itself commands, so a broker that lets it has no ACL that separates who commands from who
   is commanded (mosquitto with a password file but no ``acl_file`` lets every account publish everywhere).
@@ -38,6 +44,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from flexmig.config import HostPort
 from flexmig.errors import BrokerAclError, ConfigError
 from flexmig.mqtt.broker import ConnectionSettings, read_password, tls_context
+from flexmig.mqtt.listeners import Listener, broker_listeners
 
 __all__ = ["PROBE_MARK", "CommandGuard", "command_topics"]
 
@@ -68,6 +75,10 @@ class CommandGuard:
     _open: list[tuple[str, str]] = field(default_factory=list)
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
     _passed: bool = False
+    _connected: bool = False
+    other_listeners: list[Listener] | None = None
+    """The broker's other listeners the check probed (None: the broker is not on this machine, so none could be
+    seen)."""
 
     # ------------------------------------------------------------------------------------------ the listener
     def seen(self, topic: str, payload: bytes) -> bool:
@@ -77,7 +88,7 @@ class CommandGuard:
         if not payload.startswith(PROBE_MARK):
             return False
         who, _, token = payload[len(PROBE_MARK) :].decode("ascii", "replace").partition(" ")
-        if token != self._token or who not in ("anonymous", "account"):
+        if token != self._token or (who not in ("anonymous", "account") and not who.startswith("anonymous@")):
             return False
         self._open.append((who, topic))
         self._arrived.set()
@@ -104,11 +115,45 @@ class CommandGuard:
             self._open.extend((who, topic) for topic in taken)
             if self._open:
                 raise self._verdict()
+        listeners = await asyncio.to_thread(broker_listeners, self.broker)
+        self.other_listeners = None if listeners is None else [x for x in listeners if not self._is_ours(x)]
+        for door in self.other_listeners or ():
+            taken = await asyncio.to_thread(self._probe_door, door)
+            self._open.extend((f"anonymous@{door}", topic) for topic in taken)
+            if self._open:
+                raise self._verdict()
         self._passed = True
+
+    def _is_ours(self, door: Listener) -> bool:
+        """The listener flexmig connects to (probed above, with its own TLS settings)."""
+        return not door.path and door.port == self.broker.port
+
+    def _probe_door(self, door: Listener) -> list[str]:
+        """Probe another listener anonymously, over every transport an intruder could try there; the topics a
+        probe was taken on. A transport the listener does not speak refuses the connection and the next is tried;
+        a listener that answers none of them is closed to anonymous clients."""
+        tries: tuple[tuple[str, bool], ...] = (("unix", False),) if door.path else (
+            ("tcp", False), ("tcp", True), ("websockets", False), ("websockets", True)
+        )  # fmt: skip
+        for transport, tls in tries:
+            try:
+                taken = self._probe("anonymous", None, door=door, transport=transport, tls=tls)
+            except _Inconclusive:
+                continue  # it did not speak that: the next transport
+            if taken or self._connected:
+                return taken
+        return []
 
     def _verdict(self) -> BrokerAclError:
         who, topic = self._open[0]
-        if who == "anonymous":
+        if who.startswith("anonymous@"):
+            door = who.partition("@")[2]
+            why = (
+                f"an anonymous client could publish to {topic} through the broker's other listener {door} (flexmig "
+                f"uses {self.broker}): any local user could command this node there; give that listener "
+                "allow_anonymous false or an ACL that keeps its clients off the command topics, or remove it"
+            )
+        elif who == "anonymous":
             why = (
                 f"an anonymous client could publish to {topic}: any local user could command this node; set "
                 "allow_anonymous false, or give anonymous clients no write access in the ACL"
@@ -123,13 +168,56 @@ class CommandGuard:
             "docs/mqtt.md, 'The broker ACL') and flexmigd is restarted"
         )
 
-    def _probe(self, who: str, password: str | None) -> list[str]:
-        """Connect as ``who`` and publish a probe on every command topic; the topics the broker took it on."""
+    def _probe(
+        self, who: str, password: str | None, *, door: Listener | None = None, transport: str = "tcp", tls: bool = False
+    ) -> list[str]:
+        """Connect as ``who`` and publish a probe on every command topic; the topics the broker took it on. With
+        ``door``, to that other listener over ``transport`` (an intruder's TLS checks no certificate)."""
         events: queue.Queue[tuple[str, Any, int]] = queue.Queue()
+        self._connected = False
+        client = self._client(who, password, events, door=door, transport=transport, tls=tls)
+        where = str(door) if door is not None else str(self.broker)
+        keepalive = max(5, int(self.timeout_s * 2))
+        try:
+            if door is None:
+                client.connect(self.broker.host, self.broker.port, keepalive=keepalive)
+            else:  # a Unix socket's path goes where the host does (paho's "unix" transport)
+                client.connect(door.path or door.host, door.port or 1, keepalive=keepalive)
+        except (OSError, ValueError) as exc:
+            if who == "anonymous" and door is None and _tls_refused(exc):
+                return []  # no certificate, no connection (require_certificate true): kept out
+            raise _Inconclusive(f"the {who} probe could not connect to {where}: {exc}") from exc
+        client.loop_start()
+        try:
+            kind, _, code = self._next(events, f"the {who} probe's connection to {where}")
+            if kind != "connect" or code != 0:
+                if door is not None and code not in _KEPT_OUT:
+                    raise _Inconclusive(f"{where} did not take an MQTT {transport} connection (code {code})")
+                if code in _KEPT_OUT or (kind == "disconnect" and who == "anonymous"):
+                    return []  # refused at login: it can publish nothing
+                raise _Inconclusive(f"the broker refused the {who} probe's connection (reason code {code})")
+            self._connected = True
+            return self._publish_probes(client, events, who if door is None else f"anonymous@{door}")
+        finally:
+            client.disconnect()
+            client.loop_stop()
+
+    def _client(
+        self,
+        who: str,
+        password: str | None,
+        events: queue.Queue[tuple[str, Any, int]],
+        *,
+        door: Listener | None,
+        transport: str,
+        tls: bool,
+    ) -> paho.Client:
+        """A paho client for one probe, its events put on ``events``."""
         client = paho.Client(
             CallbackAPIVersion.VERSION2,
             client_id=f"{self.identifier}-probe-{secrets.token_hex(4)}",
             protocol=paho.MQTTv5,
+            transport=transport,  # type: ignore[arg-type]  # one of paho's three, chosen by the caller
         )
         client.connect_timeout = self.timeout_s
         client.on_connect = lambda _c, _u, _f, rc, _p: events.put(("connect", None, _code(rc)))
@@ -137,39 +225,30 @@ class CommandGuard:
         client.on_disconnect = lambda _c, _u, _f, rc, _p: events.put(("disconnect", None, _code(rc)))
         if who == "account":
             client.username_pw_set(self.settings.username, password)
-        if self.settings.tls:  # the same verification of the broker; a client certificate only for the account
+        if door is not None:
+            if tls:
+                client.tls_set_context(_unverified())
+        elif self.settings.tls:  # the same verification of the broker; a client certificate only for the account
             plain = ConnectionSettings(tls=True, tls_ca=self.settings.tls_ca)
             ctx = tls_context(self.settings if who == "account" else plain, "MQTT TLS files")
             if ctx is not None:
                 client.tls_set_context(ctx)
-        try:
-            client.connect(self.broker.host, self.broker.port, keepalive=max(5, int(self.timeout_s * 2)))
-        except OSError as exc:
-            if who == "anonymous" and _tls_refused(exc):
-                return []  # no certificate, no connection (require_certificate true): kept out
-            raise _Inconclusive(f"the {who} probe could not connect to {self.broker}: {exc}") from exc
-        client.loop_start()
-        try:
-            kind, _, code = self._next(events, f"the {who} probe's connection")
-            if kind != "connect" or code != 0:
-                if code in _KEPT_OUT or (kind == "disconnect" and who == "anonymous"):
-                    return []  # refused at login: it can publish nothing
-                raise _Inconclusive(f"the broker refused the {who} probe's connection (reason code {code})")
-            payload = PROBE_MARK + f"{who} {self._token}".encode()
-            mids = {client.publish(topic, payload, qos=1).mid: topic for topic in self.topics}
-            taken: list[str] = []
-            while mids:
-                kind, mid, code = self._next(events, f"the broker's answer to the {who} probe")
-                if kind == "disconnect":
-                    return taken  # dropped for publishing where it may not: those probes were refused
-                if kind == "publish" and mid in mids:
-                    topic = mids.pop(mid)
-                    if code in _TAKEN:
-                        taken.append(topic)
-            return taken
-        finally:
-            client.disconnect()
-            client.loop_stop()
+        return client
+
+    def _publish_probes(self, client: paho.Client, events: queue.Queue[tuple[str, Any, int]], who: str) -> list[str]:
+        """Publish the probe on every command topic (QoS 1); the topics the broker acknowledged taking it on."""
+        payload = PROBE_MARK + f"{who} {self._token}".encode()
+        mids = {client.publish(topic, payload, qos=1).mid: topic for topic in self.topics}
+        taken: list[str] = []
+        while mids:
+            kind, mid, code = self._next(events, f"the broker's answer to the {who} probe")
+            if kind == "disconnect":
+                return taken  # dropped for publishing where it may not: those probes were refused
+            if kind == "publish" and mid in mids:
+                topic = mids.pop(mid)
+                if code in _TAKEN:
+                    taken.append(topic)
+        return taken
 
     def _next(self, events: queue.Queue[tuple[str, Any, int]], what: str) -> tuple[str, Any, int]:
         try:
@@ -181,6 +260,14 @@ class CommandGuard:
 def _code(rc: Any) -> int:
     """A paho reason code (or a plain int) as its number."""
     return int(getattr(rc, "value", rc))
+
+
+def _unverified() -> ssl.SSLContext:
+    """TLS as an intruder speaks it: no certificate of the broker checked, none of its own offered."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def _tls_refused(exc: BaseException) -> bool:

@@ -301,12 +301,18 @@ class CommandListener:
         connected()
         self._last_failure = None
         s = self.settings
+        others = guard.other_listeners
+        if others is None:
+            doors = "the broker runs on another machine: only the listener flexmig uses was probed"
+        else:
+            doors = f"nor anonymous clients on its {len(others)} other listener(s)" if others else "no other listener"
         self._log.info(
             "MQTT commands: listening on %s as %s (results on %s; anonymous clients and the node's own account "
-            "cannot publish commands)",
+            "cannot publish commands; %s)",
             self.filter,
             s.identifier,
             self.result_topic,
+            doors,
         )
         await guard.watch()
 
