@@ -345,3 +345,27 @@ def test_jobs_submit_refuses_a_fifo_a_proc_file_and_a_huge_file_unread_and_keeps
     assert fifo_error.startswith(f"{fifo}: ") and "not a regular file" in fifo_error
     assert huge_error == f"{huge}: job spec larger than 65536 bytes (1099511627776 bytes)"
     assert proc_error.startswith(f"{proc_file}: refused: holds other than the 0 bytes")
+
+
+def test_a_request_naming_a_key_twice_is_refused_naming_the_key_and_runs_nothing(tmp_path: Path) -> None:
+    """JSON parsers disagree on which of two equal keys wins (Python's takes the last): a request that says
+    ``"name"`` twice could mean one job to a checker and another to the handler, so it is refused."""
+    calls: list[Mapping[str, Any]] = []
+
+    async def record(args: Mapping[str, Any]) -> Any:
+        calls.append(args)
+        return {}
+
+    async def scenario(server: ControlServer) -> list[dict[str, Any]]:
+        server.add("jobs.stop", record)
+        return await talk(
+            server.path,
+            b'{"op": "jobs.stop", "args": {"name": "theirs", "name": "mine"}}\n',
+            b'{"op": "jobs.stop", "op": "echo", "args": {}}\n',
+        )
+
+    twice, op_twice = serve(tmp_path / "c.sock", scenario)
+    assert twice["ok"] is False and twice["type"] == "RequestError", twice
+    assert "key 'name' appears twice" in twice["error"], twice
+    assert "key 'op' appears twice" in op_twice["error"], op_twice
+    assert calls == [], "nothing ran"

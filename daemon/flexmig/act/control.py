@@ -336,11 +336,13 @@ class ControlServer:
         if len(line) > self.max_request_bytes:
             raise RequestError(f"request longer than {self.max_request_bytes} bytes")
         try:  # bounded: a 5,000-digit number or 100,000 brackets are an error answer, never a traceback
-            req = bounded_loads(line, max_bytes=self.max_request_bytes, max_depth=MAX_JSON_DEPTH)
+            req = bounded_loads(line, max_bytes=self.max_request_bytes, max_depth=MAX_JSON_DEPTH, no_duplicates=True)
         except JsonBoundsError as exc:
             what = str(exc)
             if what.startswith("nests deeper"):
                 raise RequestError(f"request {what}") from None
+            if "appears twice" in what:  # parsers disagree on which one wins, so none does
+                raise RequestError(f"request refused: its {what}; name each field once") from None
             raise RequestError(f"request is not JSON: {what}") from None
         if not isinstance(req, dict):
             raise RequestError("request must be a JSON object")
