@@ -183,3 +183,41 @@ def test_a_rank_that_hands_its_log_pipe_to_an_outside_process_does_not_keep_root
 
     with scratch_user("fmo") as owner:
         asyncio.run(scenario(owner))
+
+
+# ------------------------------------------------------------------------------------------ standby ranks
+@needs_root
+def test_a_standby_rank_that_never_says_ready_holds_no_other_request_up_and_never_runs_without_its_world(
+    base: Path,
+) -> None:
+    """The job's user writes a program that, started as a standby rank, never says ready (nor reads its world):
+    before, the move held the action lock for the whole ``standby_timeout_s`` (other requests dropped at their
+    deadline) and then handed the world to the mute rank, so the job showed generation 2 running a rank that never
+    got it."""
+
+    async def scenario(owner: pwd.struct_passwd) -> None:
+        async with Rig(base) as rig:
+            spec = rig.hostile("mute-standby", user=owner.pw_name, name="mute")
+            spec.write_text(spec.read_text() + "standby = true\nstandby_timeout_s = 600\n")
+            assert (await rig.call("jobs.submit", path=str(spec)))["ok"]
+            assert (await rig.call("jobs.submit", path=str(rig.hostile("finish", name="other"))))["ok"]
+            move = asyncio.ensure_future(rig.call("jobs.migrate", name="mute"))
+            try:
+                (mute,) = await rig.until("the standby rank started", lambda: rig.act.supervisor.standby("mute"))
+                stop = await asyncio.wait_for(rig.call("jobs.stop", name="other", force=True), 60)
+                assert stop["ok"], stop
+                res = await asyncio.wait_for(move, 60)
+            finally:
+                move.cancel()
+            assert res["ok"], res
+            rec = rig.record("mute")
+            assert rec.state == "running" and rec.generation == 2
+            (rank,) = rig.alive("mute")
+            assert rank != mute.proc.pid, "the mute standby rank is not the job's rank"
+            await rig.until("the mute standby rank ended", lambda: not process_alive(mute.proc.pid))
+            env = psutil.Process(rank).environ()
+            assert env.get("MASTER_PORT") == str(rec.master_port) and env.get("RANK") == "0", "it has its world"
+            assert rig.deaths == []
+
+    with scratch_user("fmo") as owner:
+        asyncio.run(scenario(owner))

@@ -14,6 +14,8 @@ steps a counter and answers the checkpoint signal (``FLEXMIG_CHECKPOINT_SIGNAL``
   left to find it by);
 * ``handoff SOCKET``: hand its standard output and error (its log pipe) to the process listening on the Unix socket
   SOCKET (``SCM_RIGHTS``), as any process may to another of its user's, then behave as ``finish``;
+* ``mute-standby``: started as a standby rank (``FLEXMIG_STANDBY_FD``), never say ready nor read the world, and
+  sleep; as an ordinary rank, checkpoint and acknowledge when asked, and exit 0;
 * ``ack-and-rmdir``: checkpoint and acknowledge; when asked again (the acknowledgement has been read), remove its
   checkpoint directory and exit 0, so that the daemon makes it again for the next generation (the race test's job);
 * ``ack-and-swap-parent TARGET``: the same, and then it also puts a symlink to TARGET in place of the checkpoint
@@ -56,6 +58,11 @@ def main() -> int:
     if mode == "ack-bytes-exit":
         ack.write_bytes(Path(sys.argv[2]).read_bytes())
         return 0
+    if mode == "mute-standby":
+        if "FLEXMIG_STANDBY_FD" in os.environ:
+            while True:
+                signal.pause()
+        mode = "ack-exit"
     if mode == "handoff":
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(sys.argv[2])
@@ -103,7 +110,7 @@ def main() -> int:
                 ckpt.parent.rename(ckpt.parent.with_name(ckpt.parent.name + ".old"))
                 ckpt.parent.symlink_to(sys.argv[2])
             return 0
-        elif mode in ("stray", "stray-clean"):
+        elif mode in ("stray", "stray-clean", "ack-exit"):
             checkpoint(step)
             return 0
 

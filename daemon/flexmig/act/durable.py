@@ -97,6 +97,9 @@ class Durable:
         self.stalls = 0
         """Times a write had to wait since start."""
         self._stalling = asyncio.Event()
+        self._queued = 0
+        self.contended = asyncio.Event()
+        """Set while a request queues for the action lock (:meth:`hold`)."""
 
     async def write(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` (a journal write), tried again while the storage cannot take it; ``what`` names it in the log."""
@@ -159,9 +162,13 @@ class Durable:
             lock.release()
 
     async def _acquire_unless_stalled(self, lock: asyncio.Lock, what: str) -> None:
-        """Queue for ``lock``; give up (PlanRejectedError) if a journal write starts waiting first."""
+        """Queue for ``lock``; give up (PlanRejectedError) if a journal write starts waiting first. While any
+        request queues, :attr:`contended` is set (what the holder waits for at will, such as standby ranks that
+        take their time to be ready, it stops waiting for)."""
         acquire = asyncio.ensure_future(lock.acquire())
         stalling = asyncio.ensure_future(self._stalling.wait())
+        self._queued += 1
+        self.contended.set()
         try:
             await asyncio.wait({acquire, stalling}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled while queueing: never leave the lock taken behind us
@@ -169,6 +176,10 @@ class Durable:
             if not acquire.cancel() and not acquire.cancelled():
                 lock.release()
             raise
+        finally:
+            self._queued -= 1
+            if not self._queued:
+                self.contended.clear()
         stalling.cancel()
         if not acquire.done():
             acquire.cancel()

@@ -528,7 +528,7 @@ class Executor:
             except OSError as exc:
                 raise StepFailed(f"cannot start standby ranks of job {rec.name}: {exc}", outcome="cancelled") from exc
             t0 = time.monotonic()
-            dead = await self.supervisor.wait_standby_ready(rec.name, timeout_s)
+            dead = await self.supervisor.wait_standby_ready(rec.name, timeout_s, self.durable.contended)
             if dead:
                 await self.supervisor.drop_standby(rec.name, self.term_grace_s)
                 what = ", ".join(
@@ -545,10 +545,12 @@ class Executor:
             ready = [h.slot for h in self.supervisor.standby(rec.name) if h.ready is not None and h.ready.is_set()]
             if len(ready) < len(started):
                 log.warning(
-                    "job %s: standby ranks %s not ready after %g s; checkpointing anyway",
+                    "job %s: standby ranks %s not ready after %.1f s (%s); checkpointing anyway, and they start "
+                    "cold after it",
                     rec.name,
                     sorted(set(early) - set(ready)),
-                    timeout_s,
+                    time.monotonic() - t0,
+                    "another request waits" if self.durable.contended.is_set() else f"standby_timeout_s {timeout_s:g}",
                 )
             return {
                 "pids": {str(h.slot): h.proc.pid for h in started},
@@ -661,7 +663,11 @@ class Executor:
             gen, port = rec.generation + 1, free_port()
             if name == "launch":
                 live = self.supervisor.standby(rec.name)
-                handover = sorted(h.slot for h in live if h.generation == gen and not h.proc.finished())
+                handover = sorted(
+                    h.slot
+                    for h in live
+                    if h.generation == gen and not h.proc.finished() and h.ready is not None and h.ready.is_set()
+                )
         scan = prior is not None or (run.resumed and rec.spec.hook.standby)
         if resume is not None and not inside(Path(resume.checkpoint), rec.spec.checkpoint_dir):
             log.warning(
@@ -690,7 +696,12 @@ class Executor:
                     log.warning("job %s: stale acknowledgement not removed: %s", new.name, exc)
             self.supervisor.forget(new.name)
             await self.supervisor.adopt(new, mine)
-            handed = await self.supervisor.handover(new, port=port, resume=resume) if handover else []
+            # Standby ranks not handed over (never ready) are ended there before their slots start cold.
+            handed = (
+                await self.supervisor.handover(new, port=port, resume=resume)
+                if handover or self.supervisor.standby(new.name)
+                else []
+            )
             have = {h.slot for h in self.supervisor.alive(new.name)}
             todo = [i for i in range(len(slots)) if i not in have]
             try:

@@ -437,9 +437,12 @@ class Supervisor:
         not), in slot order."""
         return [h for _, h in sorted(self._standby.get(job, {}).items())]
 
-    async def wait_standby_ready(self, job: str, timeout_s: float) -> list[RankHandle]:
-        """Wait until every standby rank of ``job`` is ready or has exited, at most ``timeout_s``; returns those
-        that exited (before saying ready)."""
+    async def wait_standby_ready(
+        self, job: str, timeout_s: float, interrupt: asyncio.Event | None = None
+    ) -> list[RankHandle]:
+        """Wait until every standby rank of ``job`` is ready or has exited, at most ``timeout_s``, and no longer
+        once ``interrupt`` is set (another request waits for the action lock: a standby rank that never says ready
+        must not hold every other request up); returns those that exited (before saying ready)."""
 
         async def one(h: RankHandle) -> None:
             assert h.ready is not None
@@ -453,9 +456,15 @@ class Supervisor:
 
         hs = self.standby(job)
         if hs:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await asyncio.gather(*(one(h) for h in hs))
+            every = asyncio.ensure_future(asyncio.gather(*(one(h) for h in hs)))
+            waits = {every} | ({asyncio.ensure_future(interrupt.wait())} if interrupt is not None else set())
+            try:
+                await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await every
         return [h for h in hs if h.proc.finished() and not (h.ready and h.ready.is_set())]
 
     async def handover(self, rec: JobRecord, *, port: int, resume: Ack | None) -> list[int]:
@@ -468,7 +477,10 @@ class Supervisor:
         handed: list[RankHandle] = []
         mine = self._standby.pop(rec.name, {})
         for slot, h in sorted(mine.items()):
-            if h.generation != rec.generation or not 0 <= slot < len(rec.slots) or h.proc.finished():
+            ready = h.ready is not None and h.ready.is_set()
+            if h.generation != rec.generation or not 0 <= slot < len(rec.slots) or h.proc.finished() or not ready:
+                # Never ready: it may never read its world either. It goes, and its slot starts cold, with the world
+                # in its environment, so the job never shows a generation running whose rank has no world.
                 self._close_channel(h)
                 _kill_group(h.proc, signal.SIGKILL)
                 continue
