@@ -38,6 +38,7 @@ from flexmig.jobspec import JobPolicy
 from flexmig.nvml import Nvml, NvmlWorker
 from support.diskfull import Tmpfs
 from support.flexmigd import ActNode, act_node, short_base
+from support.hostile import scratch_user
 from support.jobs import counter_spec, kill_ranks, log_lines, write_spec
 from support.wait import until, wait_until
 
@@ -254,15 +255,53 @@ def test_a_job_exit_that_waits_for_space_never_makes_a_request_hang_behind_it() 
                 answer = await asyncio.wait_for(node.dispatch("jobs.stop", name="train"), 10)
             except TimeoutError:
                 raise AssertionError("jobs.stop hung behind a journal write waiting for space") from None
-            assert answer["ok"] is False and "cannot be written now" in answer["error"], answer
-            assert str(node.base / "state" / "journal.sqlite3") in answer["error"]
-            assert len(node.act.supervisor.alive("train")) == 1, "the other job runs on, untouched"
+            # A stop works all the same (issue #44): by force, recorded in the journal's reserve, and it says so.
+            assert answer["ok"] and answer["result"]["ok"], answer
+            (stop,) = answer["result"]["actions"]
+            assert "cannot be written now" in stop["error"] and "stopped without a checkpoint" in stop["error"]
+            assert str(node.base / "state" / "journal.sqlite3") in stop["error"]
+            assert node.act.supervisor.alive("train") == []
             node.fs.free()
             recorded = lambda: getattr(node.act.journal.get_job("quitter"), "state", None) == "failed"  # noqa: E731
             await until(recorded, what="the quitter's fate recorded")
-            assert (await node.dispatch("jobs.stop", name="train"))["result"]["ok"], "and stops once space is back"
+            assert getattr(node.act.journal.get_job("train"), "state", None) == "stopped"
 
     asyncio.run(scenario())
+
+
+def test_a_stop_works_when_a_job_has_filled_the_state_file_system_and_says_how() -> None:
+    """A job of an ordinary user prints without end into a state file system smaller than its log cap: every journal
+    write fails, and ``jobs stop`` failed with "journal write failed: database or disk is full" while the job went on
+    (issue #44). Now the stop ends the job by force, records it in the space the journal keeps in reserve, and says
+    so."""
+
+    async def scenario(user: pwd.struct_passwd) -> None:
+        with short_base("fm-full-") as base:
+            node = Node(base)
+            await node.start()
+            try:
+                spec = (
+                    f'name = "flood"\nargv = ["/usr/bin/yes"]\nuser = "{user.pw_name}"\nworking_dir = "{base}"\n'
+                    f'checkpoint_dir = "{base}/flood.ckpt"\n[need]\nprofile = "1g.18gb"\n'
+                )
+                answer = await node.dispatch("jobs.submit", path=str(write_spec(base / "flood.toml", spec)))
+                assert answer["ok"], answer
+                full = lambda: os.statvfs(node.fs.path).f_bavail == 0  # noqa: E731
+                await until(full, what="the job filled the state file system")
+                answer = await asyncio.wait_for(node.dispatch("jobs.stop", name="flood"), WAIT_S)
+                assert answer["ok"] and answer["result"]["ok"], answer
+                (stop,) = answer["result"]["actions"]
+                assert "database or disk is full" in stop["error"], stop
+                assert "stopped without a checkpoint" in stop["error"] and "recorded as stopped" in stop["error"]
+                rec = node.act.journal.get_job("flood")
+                assert rec is not None and rec.state == "stopped", rec
+                assert node.act.supervisor.alive("flood") == []
+                assert "in the space the journal keeps in reserve" in stop["error"], stop
+            finally:
+                await node.stop()
+
+    with scratch_user("fmf") as user:
+        asyncio.run(scenario(user))
 
 
 # ------------------------------------------------------------------------------------------ the daemon, whole

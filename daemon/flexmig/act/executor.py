@@ -767,6 +767,11 @@ class Executor:
         return await self._run_plan(plan_id)
 
     @property
+    def busy(self) -> set[str]:
+        """The jobs an action is working on now (their ranks' exits are the action's to judge, not the settler's)."""
+        return self._busy
+
+    @property
     def action_lock(self) -> asyncio.Lock:
         """Held while a plan runs or the journal is reconciled."""
         return self._lock

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,6 +35,10 @@ _MAX_ROW_JSON = 4 * 1024 * 1024  # a spec's argv alone may hold 256 arguments of
 _MAX_ROW_DEPTH = 32
 
 __all__ = ["ActionRow", "Journal", "JournalError", "RankRecord", "StepEvent", "StepRow"]
+
+RESERVE_BYTES = 2 * 1024 * 1024
+"""Space the journal keeps beside it (``journal.sqlite3.reserve``) for a stop on a full file system: far more than
+the few pages and WAL frames that recording a stopped job takes."""
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -171,6 +177,10 @@ class Journal:
         if problems:
             self.db.close()
             raise JournalError("\n".join(problems))
+        self.reserve = path.with_name(path.name + ".reserve")
+        """Space kept for the journal (:data:`RESERVE_BYTES`): a stop on a full file system frees it to record
+        itself (:meth:`release_reserve`)."""
+        self._reserved = self.restore_reserve()
 
     def _check_file(self, synchronous: str) -> None:
         """Integrity, then our tables and schema version, then the settings; JournalError for what is wrong."""
@@ -249,6 +259,36 @@ class Journal:
         """Close the database."""
         self.db.close()
 
+    # ------------------------------------------------------------------------------------------- reserve
+    def restore_reserve(self) -> bool:
+        """Make (or complete) the reserve file, :data:`RESERVE_BYTES` really allocated; False when the file
+        system has no room for it now (or the name is taken by something that is not the daemon's regular file,
+        which is left alone). Tried again after each write while it is missing."""
+        try:
+            fd = os.open(self.reserve, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                return False
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def release_reserve(self) -> bool:
+        """Give the reserve's space back to the file system (a write that must go through on a full disk: a stop);
+        True when there was one to give."""
+        had, self._reserved = self._reserved, False
+        try:
+            self.reserve.unlink()
+        except OSError:
+            return False
+        return had
+
     @contextmanager
     def _tx(self, *, revise: bool = True) -> Iterator[sqlite3.Connection]:
         try:
@@ -266,6 +306,8 @@ class Journal:
             if revise:  # also after a failed write: whether it took, what was read before may be stale
                 self.revision += 1
             written, self._written = self._written, set()
+        if not self._reserved:  # a write went through: there may be room for the reserve again
+            self._reserved = self.restore_reserve()
         if written and self._listing is not None:
             self._relist(written)
 

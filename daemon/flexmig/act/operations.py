@@ -16,15 +16,17 @@ from typing import Any
 
 from flexmig.act import deadline
 from flexmig.act.control import Handler, RequestError
+from flexmig.act.durable import storage_unavailable
 from flexmig.act.encoding import StopPayload, encode
 from flexmig.act.executor import Executor, new_job_uid
+from flexmig.act.fullstop import stop_on_full_storage
 from flexmig.act.nodeview import NodeView
 from flexmig.act.operation_table import Operation, bind
 from flexmig.act.peers import CURRENT_PEER, refusal_for
 from flexmig.act.placement import choose_targets, make_room, move_plan, node_model, start_plan
 from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import PlanResult
-from flexmig.errors import JobSpecError, PlanRejectedError
+from flexmig.errors import JobSpecError, JournalError, PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, JobSpec, load_job_spec
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
 from flexmig_hook.protocol import Ack
@@ -276,5 +278,16 @@ class JobsApi:
         self._running(name)
         if self.ex.mode == "advise":
             raise PlanRejectedError(f"mode is 'advise': would stop job {name}; nothing done")
-        res = await self.ex.execute_encoded([encode(StopPayload(force, "operator request"), name)], "control")
+        try:
+            res = await self.ex.execute_encoded([encode(StopPayload(force, "operator request"), name)], "control")
+        except (PlanRejectedError, JournalError) as exc:
+            if not self._storage_full(exc):
+                raise
+            return await stop_on_full_storage(self.ex, name, str(exc))  # flexmig.act.fullstop
         return res.to_json()
+
+    def _storage_full(self, exc: Exception) -> bool:
+        """The journal refused a plan for want of storage (it fails to write, or a write waits for space)."""
+        if isinstance(exc, JournalError):
+            return storage_unavailable(exc) is not None
+        return self.ex.durable.stalled is not None and "cannot be written now" in str(exc)
