@@ -86,8 +86,9 @@ class RankProcess(Protocol):
         """The processes that run the job's code: itself, or torchrun's workers under it."""
 
     @property
-    def log_writer(self) -> int | None:
-        """The pid of the rank's log writer (:mod:`flexmig.act.logpump`) when this daemon started it, else None."""
+    def log_writer(self) -> tuple[int, float] | None:
+        """The pid and start time (psutil's ``create_time``) of the rank's log writer (:mod:`flexmig.act.logpump`)
+        when this daemon started it, else None."""
 
 
 class LaunchedProcess:
@@ -102,7 +103,7 @@ class LaunchedProcess:
         proc: subprocess.Popen[bytes],
         launcher_kind: str,
         loop: asyncio.AbstractEventLoop,
-        log_writer: int | None = None,
+        log_writer: tuple[int, float] | None = None,
     ) -> None:
         self._proc = proc
         self._writer = log_writer
@@ -173,8 +174,8 @@ class LaunchedProcess:
         return _workers(self.pid, self._kind)
 
     @property
-    def log_writer(self) -> int | None:
-        """The pid of the rank's log writer."""
+    def log_writer(self) -> tuple[int, float] | None:
+        """The pid and start time of the rank's log writer."""
         return self._writer
 
 
@@ -226,7 +227,7 @@ class AdoptedProcess:
         return _workers(self._pid, self._kind)
 
     @property
-    def log_writer(self) -> int | None:
+    def log_writer(self) -> tuple[int, float] | None:
         """None: a previous daemon started it (it is in the job's cgroup, where the supervisor finds it)."""
         return None
 
@@ -302,7 +303,11 @@ class SubprocessLauncher:
             proc = await asyncio.to_thread(_start, req, log_fd, program)
         finally:
             os.close(log_fd)  # the rank holds it now (or, if it did not start, the writer sees its pipe end)
-        return LaunchedProcess(proc, req.launcher_kind, loop, writer.pid)
+        try:
+            writer_id: tuple[int, float] | None = (writer.pid, psutil.Process(writer.pid).create_time())
+        except psutil.Error:
+            writer_id = None  # it has ended already (the rank did not start): nothing of it to end later
+        return LaunchedProcess(proc, req.launcher_kind, loop, writer_id)
 
 
 def _start(req: LaunchRequest, log_fd: int, program: str) -> subprocess.Popen[bytes]:

@@ -603,12 +603,13 @@ class Supervisor:
         if self.on_exit is not None:
             self.on_exit(job, h.slot, code)
 
-    async def _end_writer(self, job: str, h: RankHandle, pid: int) -> None:
+    async def _end_writer(self, job: str, h: RankHandle, writer: tuple[int, float]) -> None:
         """Once rank ``h`` has exited, its log writer ends when the last holder of its pipe closes it; if something
         outside the job still holds it (a rank can hand its output descriptor to any process of its user) after
         :data:`WRITER_DRAIN_S`, the writer is ended anyway: no root process outlives the rank it writes for."""
-        if await _outlives([pid], WRITER_DRAIN_S):
-            _signal_pid(pid, signal.SIGKILL)
+        pid = writer[0]
+        if await _outlives([writer], WRITER_DRAIN_S):
+            _signal_pid(writer, signal.SIGKILL)
             log.warning(
                 "job %s: the log writer (pid %d) of rank %d of generation %d still had its pipe held open by another "
                 "process %g s after the rank ended: ended (what that process writes there now goes nowhere)",
@@ -713,16 +714,16 @@ class Supervisor:
             return
         running = {h.generation for h in self.alive(job)} | {h.generation for h in self.standby(job)}
         writers = await asyncio.to_thread(_writers_in, self.cgroups, uid)
-        old = [pid for pid, gen in writers.items() if gen not in running]
+        old = [w for w, gen in writers.items() if gen not in running]
         if not old:
             return
         if await _outlives(old, WRITER_DRAIN_S):
-            left = [pid for pid in old if process_alive(pid)]
-            for pid in left:
-                _signal_pid(pid, signal.SIGKILL)
+            left = [w for w in old if process_alive(*w)]
+            for w in left:
+                _signal_pid(w, signal.SIGKILL)
             log.warning(
                 "job %s: %d log writer(s) of generations that no longer run still had their pipes held open by "
-                "another process (pids %s): ended", job, len(left), ", ".join(map(str, left)),
+                "another process (pids %s): ended", job, len(left), ", ".join(str(w[0]) for w in left),
             )  # fmt: skip
 
     def _processes_of(self, uid: str) -> list[FoundRank]:
@@ -783,30 +784,34 @@ def _clear_cgroup(cgroups: JobCgroups, uid: str, wait_s: float) -> None:
         log.warning("job cgroup %s: %s", uid, exc)
 
 
-def _writers_in(cgroups: JobCgroups, uid: str) -> dict[int, int]:
-    """The log writers in job ``uid``'s cgroup, with the generation each writes for."""
+def _writers_in(cgroups: JobCgroups, uid: str) -> dict[tuple[int, float], int]:
+    """The log writers in job ``uid``'s cgroup (pid and start time), with the generation each writes for."""
     out = {}
     for pid in cgroups.pids(uid):
         gen = log_writer_generation(pid)
-        if gen is not None:
-            out[pid] = gen
+        if gen is None:
+            continue
+        with contextlib.suppress(psutil.Error):
+            out[(pid, psutil.Process(pid).create_time())] = gen
     return out
 
 
-async def _outlives(pids: list[int], grace_s: float) -> bool:
-    """Wait at most ``grace_s`` for ``pids`` to end; True when one of them still runs then."""
+async def _outlives(procs: list[tuple[int, float]], grace_s: float) -> bool:
+    """Wait at most ``grace_s`` for ``procs`` (pid, start time) to end; True when one of them still runs then."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
-    while any(process_alive(p) for p in pids):  # no event tells the end of a process that is not our child
+    while any(process_alive(*p) for p in procs):  # no event tells the end of a process that is not our child
         if loop.time() >= deadline:
             return True
         await asyncio.sleep(0.01)  # a writer whose pipe has ended exits within milliseconds: a move waits for it
     return False
 
 
-def _signal_pid(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+def _signal_pid(proc: tuple[int, float], sig: int) -> None:
+    """Signal process ``proc`` (pid, start time) if it is still that very process."""
+    if process_alive(*proc):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc[0], sig)
 
 
 def _signal_found(found: FoundRank, sig: int) -> None:
