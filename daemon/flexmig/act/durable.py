@@ -144,7 +144,7 @@ class Durable:
         )
 
     @contextlib.asynccontextmanager
-    async def hold(self, lock: asyncio.Lock, what: str) -> AsyncIterator[None]:
+    async def hold(self, lock: asyncio.Lock, what: str, *, contends: bool = True) -> AsyncIterator[None]:
         """``async with durable.hold(lock, "jobs.migrate"):`` hold ``lock`` for a request, unless a journal write
         waits for storage, now or while the request queues for the lock (it may be the holder's): then
         PlanRejectedError at once, and the request changed nothing. What waits for storage never makes a request
@@ -153,7 +153,7 @@ class Durable:
         if refused is not None:
             raise refused
         if lock.locked():
-            await self._acquire_unless_stalled(lock, what)
+            await self._acquire_unless_stalled(lock, what, contends)
         else:
             await lock.acquire()
         try:
@@ -161,14 +161,15 @@ class Durable:
         finally:
             lock.release()
 
-    async def _acquire_unless_stalled(self, lock: asyncio.Lock, what: str) -> None:
-        """Queue for ``lock``; give up (PlanRejectedError) if a journal write starts waiting first. While any
-        request queues, :attr:`contended` is set (what the holder waits for at will, such as standby ranks that
-        take their time to be ready, it stops waiting for)."""
+    async def _acquire_unless_stalled(self, lock: asyncio.Lock, what: str, contends: bool = True) -> None:
+        """Queue for ``lock``; give up (PlanRejectedError) if a journal write starts waiting first. While a
+        request that ``contends`` queues, :attr:`contended` is set (what the holder waits for at will, such as
+        standby ranks that take their time to be ready, it stops waiting for)."""
         acquire = asyncio.ensure_future(lock.acquire())
         stalling = asyncio.ensure_future(self._stalling.wait())
-        self._queued += 1
-        self.contended.set()
+        self._queued += contends
+        if self._queued:
+            self.contended.set()
         try:
             await asyncio.wait({acquire, stalling}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled while queueing: never leave the lock taken behind us
@@ -177,7 +178,7 @@ class Durable:
                 lock.release()
             raise
         finally:
-            self._queued -= 1
+            self._queued -= contends
             if not self._queued:
                 self.contended.clear()
         stalling.cancel()

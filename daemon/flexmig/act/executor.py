@@ -192,7 +192,8 @@ class Executor:
     ) -> PlanResult:
         """Like :meth:`execute` for already encoded actions (the control API's ``stop`` is not a plan action)."""
         self.require_act()
-        async with self.durable.hold(self._lock, f"plan from {origin}"):
+        # A request (not the planner's next round) cuts short what the action in flight waits for at will.
+        async with self.durable.hold(self._lock, f"plan from {origin}", contends=origin != "planner"):
             deadline.begin()  # a control request that waited here past its client's deadline is dropped now
             plan_id, _ = self.journal.begin_plan(origin, actions, notes)
             return await self._run_plan(plan_id)
