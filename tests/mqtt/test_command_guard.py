@@ -153,3 +153,17 @@ def per_listener(tmp_path: Path, first: str, more: str) -> Mosquitto:
     broker = Mosquitto(tmp_path / "per-listener", extra=first + more)
     broker.conf.write_text("per_listener_settings true\n" + broker.conf.read_text())
     return broker.start()
+
+
+def test_a_second_anonymous_listener_on_a_unix_socket_keeps_commands_off_too(
+    node: LiveNode, tmp_path: Path
+) -> None:
+    path = tmp_path / "mq.sock"
+    broker = per_listener(tmp_path, secured_config(tmp_path / "s"), f"listener 0 {path}\nallow_anonymous true\n")
+    listener = RunningListener(node, broker, password_file(tmp_path))
+    try:
+        line = refusal(listener)
+        assert f"through the broker's other listener unix:{path}" in line, line
+    finally:
+        listener.stop()
+        broker.stop()
