@@ -20,7 +20,7 @@ from flexmig.slurm.change import planned_delete_crashes
 from support.flexmigd import collect_events, open_session, sample
 from support.jobs import counter_spec, write_spec
 from support.mosquitto import Mosquitto
-from support.slurm import SlurmDaemon, skip_reason, slurm_version
+from support.slurm import SlurmDaemon, hook_command, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -90,11 +90,10 @@ def test_pending_slurm_jobs_get_their_instances_with_events_and_metrics(broker: 
 
 
 def test_a_hook_job_is_moved_by_checkpoint_with_job_events(broker: Mosquitto) -> None:
-    hook_job = Path(__file__).resolve().parents[2] / "examples" / "hook_minimal.py"
     with SlurmDaemon("h200:4g.71gb@0+3g.71gb@4", mqtt_port=broker.port) as d:
         open_session(broker.port, d.node, client_id="slurm-hook-watcher")
-        log = d.base / "hook.jsonl"
-        script = f'#!/bin/sh\nexec {sys.executable} {hook_job} --step-time 0.02 --log-every 50 --log "{log}"\n'
+        log = d.paths.jobs / "hook.jsonl"
+        script = f"#!/bin/sh\nexec {hook_command(log, '--step-time', '0.02')}\n"
         hook = d.testbed.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=script)
         d.wait_state(hook, "RUNNING")
         d.wait(  # the testbed's hook_settle_s is 5 s: flexmig counts the job as movable from then on

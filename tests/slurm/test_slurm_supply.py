@@ -127,6 +127,7 @@ def _map(tmp: Path) -> Path:
     path.write_text(
         json.dumps(gres_map("n1", recs, {"checkpoint_dir": str(tmp / "ck/{user}/{job_id}"), "ack_wait_s": 90}))
     )
+    assert taskprolog.prolog_lines(_env(tmp, ""), str(path)) == []  # the Prolog, as root: the user's base
     return path
 
 
