@@ -55,6 +55,10 @@ HOOK_SRC = ROOT / "hook" / "src"
 WAIT_S = 60.0
 T = TypeVar("T")
 
+UNIT_UMASK = int(re.search(r"^UMask=([0-7]+)$", (ROOT / "systemd" / "flexmigd.service").read_text(), re.M)[1], 8)
+"""The umask flexmigd's shipped unit gives it (0077): every flexmigd the tests start runs under it, so that what
+it makes for others (the GRES map the jobs' TaskProlog reads) is made as in production."""
+
 JOB_USERS: list[str] = []
 """The unprivileged users the Slurm tests' jobs run as (made for the run with useradd, removed after:
 ``tests/slurm/conftest.py``); the first is the rigs' job user, the second another user of the node."""
@@ -486,7 +490,9 @@ class SlurmDaemon:
             "--sim-state", str(self.paths.flexmig / "sim.json"), "--config", str(conf),
         ]  # fmt: skip
         with (self.paths.log / "flexmigd.log").open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env())
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env(), umask=UNIT_UMASK
+            )
         if not self.wait_registered:
             return
         names = [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
