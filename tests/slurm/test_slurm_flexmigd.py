@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from flexmig.slurm.change import planned_delete_crashes
 from support.flexmigd import collect_events, open_session, sample
 from support.jobs import counter_spec, write_spec
 from support.mosquitto import Mosquitto
-from support.slurm import SlurmDaemon, hook_command, skip_reason, slurm_version
+from support.slurm import JOB_USERS, UNIT_UMASK, SlurmDaemon, hook_command, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -141,13 +142,16 @@ def test_flexmigd_samples_on_with_one_line_while_slurmctld_is_down(broker: Mosqu
         assert kinds.count("slurm_unreachable") == 1 and kinds.count("slurm_reachable") == 1, kinds
 
 
-def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    """Started as flexmigd's unit starts it (``UMask=0077``); a job of an ordinary user gets its MIG device (its
+    TaskProlog's interpreter was the one that runs the testbed, which lay under /root: exit 127)."""
     root = Path("/tmp") / f"fm-tbcmd-{os.getpid()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "flexmig.cli.main", "slurm", "testbed", "--sim", "h200:7g.141gb@0", str(root)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        umask=UNIT_UMASK,
     )
     try:
         assert proc.stdout is not None
@@ -159,6 +163,18 @@ def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigt
             ["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True, timeout=30, check=False
         )
         assert out.stdout.split() == ["flexmig-sim", "gpu:7g.141gb:1"], out
+        user = pwd.getpwnam(JOB_USERS[0])
+        sub = subprocess.run(
+            ["sbatch", "--parsable", f"--uid={user.pw_name}", f"--gid={user.pw_gid}", "--gres=gpu:7g.141gb:1",
+             f"--output={root}/jobs/job-%j.out", "--wrap", 'echo "$(id -u) $CUDA_VISIBLE_DEVICES"'],
+            env=env, capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        output = root / "jobs" / f"job-{sub.stdout.strip()}.out"
+        deadline = time.monotonic() + 60
+        while not (output.exists() and output.read_text().endswith("\n")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        last = output.read_text().splitlines()[-1] if output.exists() else "(no output)"
+        assert last.startswith(f"{user.pw_uid} MIG-"), output.read_text() if output.exists() else last
         pids = [int((root / "run" / name).read_text()) for name in ("slurmctld.pid", "slurmd-flexmig-sim.pid")]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
@@ -167,8 +183,12 @@ def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigt
         )
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+            proc.send_signal(signal.SIGTERM)  # the command stops what it started (a kill would leave it running)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 

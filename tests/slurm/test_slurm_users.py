@@ -39,7 +39,8 @@ def test_under_the_units_umask_a_job_of_an_ordinary_user_gets_its_mig_device() -
     assert UNIT_UMASK == 0o077
     with SlurmDaemon("h200:7g.141gb@0") as d:
         job = d.testbed.sbatch("--gres=gpu:7g.141gb:1", script=PRINT)
-        line = d.wait(f"job {job} printed its device", lambda: d.output(job).strip())
+        d.wait(f"job {job} printed its device", lambda: d.output(job).strip())
+        line = d.output(job).strip().splitlines()[-1]  # after any line of the TaskProlog's
         uid, _, visible = line.partition(" ")
         assert int(uid) == pwd.getpwnam(JOB_USERS[0]).pw_uid != 0, line
         assert visible.startswith("MIG-"), (line, d.output(job))

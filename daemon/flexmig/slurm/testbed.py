@@ -441,6 +441,7 @@ class Testbed:
             *(p.root / "spool" / name for name in self.node_names()),
         ):
             d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)  # whatever the umask (flexmigd's unit has 0077): the jobs' users read etc/ and run/
         p.flexmig.chmod(0o700)
         p.jobs.mkdir(exist_ok=True)
         p.jobs.chmod(0o1777)
@@ -480,14 +481,17 @@ class Testbed:
             scheduler_parameters=self.scheduler_parameters,
         )
         p.slurm_conf.write_text(conf)
+        p.slurm_conf.chmod(0o644)  # every user's Slurm commands read it
         if not p.gres_conf.exists():
             p.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this node's block\n")
+            p.gres_conf.chmod(0o644)
         map_path = self.map_path
         p.taskprolog.write_text(taskprolog or render_taskprolog(map_path, interpreter))
         p.taskprolog.chmod(0o755)
         p.prolog.write_text(render_taskprolog(map_path, interpreter, prolog=True))
         p.prolog.chmod(0o755)
         p.mig_minors.write_text(render_mig_minors(self.gpus))
+        p.mig_minors.chmod(0o644)
 
     # ------------------------------------------------------------------------------------------ daemons
     def start(self) -> None:
