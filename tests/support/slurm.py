@@ -55,7 +55,13 @@ HOOK_SRC = ROOT / "hook" / "src"
 WAIT_S = 60.0
 T = TypeVar("T")
 
-UNIT_UMASK = int(re.search(r"^UMask=([0-7]+)$", (ROOT / "systemd" / "flexmigd.service").read_text(), re.M)[1], 8)
+def _unit_umask() -> int:
+    found = re.search(r"^UMask=([0-7]+)$", (ROOT / "systemd" / "flexmigd.service").read_text(), re.MULTILINE)
+    assert found is not None, "systemd/flexmigd.service sets no UMask="
+    return int(found[1], 8)
+
+
+UNIT_UMASK = _unit_umask()
 """The umask flexmigd's shipped unit gives it (0077): every flexmigd the tests start runs under it, so that what
 it makes for others (the GRES map the jobs' TaskProlog reads) is made as in production."""
 

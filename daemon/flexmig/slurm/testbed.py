@@ -424,27 +424,7 @@ class Testbed:
             munge_user = pwd.getpwnam("munge")
         except KeyError:
             raise SlurmError("there is no user 'munge' (the munge package creates it)") from None
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o755)
-        _check_reachable(self.root, "munge")
-        for d in (
-            p.etc,
-            p.log,
-            p.run,
-            p.dev,
-            p.dev / "nvidia-caps",
-            p.mig_minors.parent,
-            p.flexmig,
-            p.root / "ctld",
-            p.root / "spool",
-            p.root / "spool" / self.node,
-            *(p.root / "spool" / name for name in self.node_names()),
-        ):
-            d.mkdir(parents=True, exist_ok=True)
-            d.chmod(0o755)  # whatever the umask (flexmigd's unit has 0077): the jobs' users read etc/ and run/
-        p.flexmig.chmod(0o700)
-        p.jobs.mkdir(exist_ok=True)
-        p.jobs.chmod(0o1777)
+        self._make_dirs()
         interpreter = job_python()
         sock_dir = p.munge_socket.parent
         sock_dir.mkdir(parents=True, exist_ok=True)
@@ -492,6 +472,32 @@ class Testbed:
         p.prolog.chmod(0o755)
         p.mig_minors.write_text(render_mig_minors(self.gpus))
         p.mig_minors.chmod(0o644)
+
+    def _make_dirs(self) -> None:
+        """The testbed's directories, with their modes whatever the umask (flexmigd's unit has 0077): munged must
+        reach its socket, and the jobs' users read etc/ and run/ and write their output in jobs/."""
+        p = self.paths
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        _check_reachable(self.root, "munge")
+        for d in (
+            p.etc,
+            p.log,
+            p.run,
+            p.dev,
+            p.dev / "nvidia-caps",
+            p.mig_minors.parent,
+            p.flexmig,
+            p.root / "ctld",
+            p.root / "spool",
+            p.root / "spool" / self.node,
+            *(p.root / "spool" / name for name in self.node_names()),
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)
+        p.flexmig.chmod(0o700)
+        p.jobs.mkdir(exist_ok=True)
+        p.jobs.chmod(0o1777)
 
     # ------------------------------------------------------------------------------------------ daemons
     def start(self) -> None:
