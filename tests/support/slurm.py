@@ -395,6 +395,11 @@ class SlurmRig:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last round: {seen[0] if seen else '?'}") from None
 
+    async def started(self, job_id: int, timeout_s: float = WAIT_S) -> None:
+        """Until a sleeper job's script runs (it wrote what it sees): Slurm says RUNNING as soon as it started the
+        job, while slurmd may still be running the Prolog before the script starts."""
+        await until(lambda: (self.jobs / f"visible-{job_id}").exists(), timeout_s, f"job {job_id}'s script started")
+
     def visible(self, job_id: int) -> str:
         """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""
         path = self.jobs / f"visible-{job_id}"
