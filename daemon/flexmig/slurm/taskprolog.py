@@ -9,12 +9,23 @@ writes with the node's gres.conf lines (a map path with ``{node}`` in it is that
 sets:
 
 * ``CUDA_VISIBLE_DEVICES=MIG-<uuid>[,MIG-<uuid>...]`` (and ``FLEXMIG_SLURM_GPUS``, the indices it came from);
-* ``FLEXMIG_JOB=slurm-<job id>``, ``FLEXMIG_CHECKPOINT_DIR`` (created, mode 0700), ``FLEXMIG_ACK_PATH`` (in that
-  directory, so it travels with the checkpoint), ``FLEXMIG_CHECKPOINT_SIGNAL`` and ``FLEXMIG_ACK_WAIT_S`` (the
-  hook waits this long after acknowledging, for flexmig to requeue the job, instead of exiting and completing);
+* ``FLEXMIG_JOB=slurm-<job id>``, ``FLEXMIG_CHECKPOINT_DIR`` (created, mode 0700, below the user's base, with no
+  symlink followed), ``FLEXMIG_ACK_PATH`` (in that directory, so it travels with the checkpoint),
+  ``FLEXMIG_CHECKPOINT_SIGNAL`` and ``FLEXMIG_ACK_WAIT_S`` (the hook waits this long after acknowledging, for
+  flexmig to requeue the job, instead of exiting and completing); and it writes :data:`MARKER_NAME` there, which
+  tells flexmigd that the hook is on for this run of the job (:mod:`flexmig.slurm.hookcheck`): only then may the
+  job be checkpointed and requeued;
 * after a requeue, when the job acknowledged a checkpoint: ``FLEXMIG_RESUME`` and ``FLEXMIG_RESUME_STEP``, read
   from the acknowledgement kept in the job's own checkpoint directory (so the resume step is keyed by the Slurm
   job ID).
+
+The checkpoint directory is ``[slurm] checkpoint_dir`` cut in three (:func:`checkpoint_parts`): the directories
+before its first placeholder are root's, the first with one is the user's *base*, and the rest are the job's. No
+user may make a base, or another user could own it (or its parents) and turn off everyone's hook: the same script,
+as slurm.conf's ``Prolog=`` (:data:`ROLE` ``prolog``; slurmd runs it as root before the job's first task), makes
+the root part (0755) and the user's base (0700, the user's) with :func:`prepare_base`, taking back one another user
+planted in a directory anybody may write in (a sticky one such as /var/tmp). The TaskProlog then only checks that
+they are so, and makes the job's part.
 
 Standard library only, no flexmig import: any ``python3`` on the node runs it. It never fails the task: a problem
 is one ``print`` line in the job's output. Where there is no map at all (slurm.conf's TaskProlog runs on every node
@@ -38,6 +49,11 @@ from typing import Any
 
 MAP_PATH = "/run/flexmig/slurm/gres-map.json"
 """Where flexmigd writes the GRES map; ``flexmig slurm taskprolog --map`` writes another path into the copy."""
+
+ROLE = "task"
+"""What this copy is: ``task``, the TaskProlog (run as the job's user; prints ``export`` lines), or ``prolog``,
+slurm.conf's Prolog (run as root by slurmd; makes the user's checkpoint base). ``flexmig slurm taskprolog
+--prolog`` writes the copy with ``prolog`` here."""
 
 _MAP_MAX = 1024 * 1024
 _ACK_MAX = 64 * 1024
@@ -424,12 +440,6 @@ def _user_gid(uid: int) -> int:
     import pwd  # noqa: PLC0415 - only when Slurm did not say
 
     return pwd.getpwuid(uid).pw_gid
-
-
-ROLE = "task"
-"""What this copy is: ``task``, the TaskProlog (run as the job's user; prints ``export`` lines), or ``prolog``,
-slurm.conf's Prolog (run as root by slurmd; makes the user's checkpoint base). ``flexmig slurm taskprolog
---prolog`` writes the copy with ``prolog`` here."""
 
 
 def main(argv: list[str] | None = None) -> int:
