@@ -5,6 +5,7 @@ whose hook is off is never signalled. Real slurmctld and slurmd, jobs of users m
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import stat
@@ -91,6 +92,8 @@ def test_a_user_who_made_the_checkpoint_base_first_cannot_turn_off_anothers_hook
             assert starts[1]["step"] == ckpts[0]["step"] + 1, log
             job = await rig.job(hook)
             assert job is not None and job.restart_count == 1, job
+            marker = json.loads((scratch / "flexmig-slurm" / owner / str(hook) / MARKER_NAME).read_text())
+            assert marker == {"version": 1, "job_id": hook, "restart": 1}, marker  # the run under way: its hook is on
             fixed = scratch / "flexmig-slurm"
             st = fixed.lstat()
             assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and _mode(fixed) == 0o755

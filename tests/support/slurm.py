@@ -398,7 +398,7 @@ class SlurmRig:
     async def started(self, job_id: int, timeout_s: float = WAIT_S) -> None:
         """Until a sleeper job's script runs (it wrote what it sees): Slurm says RUNNING as soon as it started the
         job, while slurmd may still be running the Prolog before the script starts."""
-        await until(lambda: (self.jobs / f"visible-{job_id}").exists(), timeout_s, f"job {job_id}'s script started")
+        await until((self.jobs / f"visible-{job_id}").exists, timeout_s, f"job {job_id}'s script started")
 
     def visible(self, job_id: int) -> str:
         """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""
