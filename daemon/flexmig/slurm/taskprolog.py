@@ -76,6 +76,9 @@ def _read_json(path: Path, limit: int, *, roots: bool = False) -> Any:
         st = os.fstat(fd)
         if roots and (st.st_uid != 0 or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode)):
             raise ValueError(f"{path} is not a file of root's that only root may write")
+        for d in path.parents if roots else ():
+            if not _trusted_dir(d.stat()):
+                raise ValueError(f"{path}: directory {d} is not root's alone (others could put another map there)")
         data = os.read(fd, limit + 1)
     finally:
         os.close(fd)
