@@ -245,6 +245,35 @@ def test_a_gres_conf_others_can_write_is_refused_naming_it_and_left_as_it_is(tmp
     assert conf.read_text() == "Name=mps Count=100\n"
 
 
+def test_under_the_units_umask_the_map_and_the_directories_made_for_it_are_readable_by_all(tmp_path: Path) -> None:
+    """flexmigd's unit has ``UMask=0077``: the map's directories came out 0700 and no job user's TaskProlog could read
+    it. (The integration test with a job of a real user: tests/slurm/test_slurm_users.py.)"""
+    supply = _supply(tmp_path)
+    supply.map_path = tmp_path / "run" / "flexmig" / "slurm" / "map.json"
+    old = os.umask(0o077)
+    try:
+        supply.write(INV)
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE(p.stat().st_mode) for p in (supply.map_path, *supply.map_path.parents[:3])]
+    assert modes == [0o644, 0o755, 0o755, 0o755], [oct(m) for m in modes]
+
+
+def test_a_map_directory_others_may_not_search_is_one_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    supply = _supply(tmp_path)
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    supply.map_path = closed / "map.json"
+    supply.write(INV)
+    supply.write(INV)
+    warned = [r.getMessage() for r in caplog.records if "cannot be read by the jobs' users" in r.getMessage()]
+    assert len(warned) == 1 and f"directory {closed} is mode 0700" in warned[0], warned
+    assert stat.S_IMODE(closed.stat().st_mode) == 0o700  # an administrator's directory: left as it is
+
+
 # ------------------------------------------------------------------------------------- checkpoint bases
 OTHER_UID, OWNER_UID = 61234, 61235  # uids of no user: root may own files by them all the same
 
