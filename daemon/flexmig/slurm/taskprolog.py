@@ -166,7 +166,7 @@ def _walk_fixed(fixed: Path, take_back: bool, out: list[str]) -> int:
             except FileNotFoundError:
                 if not take_back:
                     raise ValueError(f"{where} does not exist (flexmig's Prolog makes it, as root)") from None
-                nxt = _make_dir(fd, name, 0, 0, 0o755)
+                nxt = _make_dir_or_open(fd, name)
             except OSError:  # a symlink or not a directory, planted after realpath
                 nxt = -1
             st = os.fstat(nxt) if nxt >= 0 else os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -210,6 +210,18 @@ def _make_dir(dir_fd: int, name: str, uid: int, gid: int, mode: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _make_dir_or_open(dir_fd: int, name: str) -> int:
+    """Make root's directory ``name`` (0755); where someone made it first (a race in a directory anybody may write
+    in), its descriptor, or -1 when it is not a directory, for the caller to judge."""
+    try:
+        return _make_dir(dir_fd, name, 0, 0, 0o755)
+    except FileExistsError:
+        try:
+            return _open_nofollow(name, dir_fd)
+        except OSError:
+            return -1
 
 
 _RENAME_EXCHANGE = 2
@@ -261,8 +273,11 @@ def prepare_base(template: str, job_id: int | str, user: str, uid: int, gid: int
         try:
             bfd = _open_nofollow(base, fd)
         except FileNotFoundError:
-            os.close(_make_dir(fd, base, uid, gid, 0o700))
-            return out
+            try:
+                os.close(_make_dir(fd, base, uid, gid, 0o700))
+                return out
+            except FileExistsError:  # someone made it in between: judged below like any other
+                bfd = -1
         except OSError:
             bfd = -1
         st = os.fstat(bfd) if bfd >= 0 else os.stat(base, dir_fd=fd, follow_symlinks=False)
