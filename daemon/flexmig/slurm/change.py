@@ -22,7 +22,8 @@ node that leaves Slurm for good (``retire``, ``[slurm] node_per_instance``) ends
 
 Safety rules kept here:
 
-* only jobs that opted in are ever signalled; a job that does not acknowledge within the timeout cancels the
+* only jobs that opted in, and whose TaskProlog set the hook up (:mod:`flexmig.slurm.hookcheck`: the agent counts
+  no other job as movable), are ever signalled; a job that does not acknowledge within the timeout cancels the
   change (code ``ACK_TIMEOUT``): the jobs already held are released and the node reopens; the agent never asks that
   job again while it runs;
 * an administrator's state wins: a node drained, downed or reserved by anyone else (checked again right before the
