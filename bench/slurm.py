@@ -47,10 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.mig.nodespec import parse_node_spec
-from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.nodes import parse_sinfo
 from flexmig.slurm.squeue import SlurmJob, parse_squeue
-from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python, stop_pid
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
 from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +118,7 @@ class Node:
 
     def __enter__(self) -> Node:
         try:
-            self.tb.prepare(render_taskprolog(self.tb.paths.flexmig / "gres-map.json", python()))
+            self.tb.prepare()
             self.tb.start()
             if self.with_flexmigd:
                 self.start_flexmigd()

@@ -79,12 +79,11 @@ from flexmig.errors import SlurmError
 from flexmig.mig import H200
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.slurm.client import SlurmClient, SlurmCommands
-from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.sitecheck import version_problem
-from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, python
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries
 from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,7 +165,7 @@ class Bed:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, code: Path | None, config: str) -> None:
-        self.tb.prepare(render_taskprolog(self.tb.map_path, python()))
+        self.tb.prepare()
         self.tb.start()
         f = self.tb.paths.flexmig
         conf = f / "flexmigd.toml"
@@ -323,7 +322,7 @@ def config_before(bed: Bed) -> str:
         "[control]", f"socket = {q(str(f / 'control.sock'))}", "[state]", f"directory = {q(str(f / 'state'))}",
         f"journal = {q(str(f / 'state' / 'journal.sqlite3'))}", "[slurm]", "enabled = true",
         f"node = {q(bed.tb.node)}", "interval_s = 2", f"conf = {q(str(p.slurm_conf))}",
-        f"gres_conf = {q(str(p.gres_conf))}", f"gres_map = {q(str(f / 'gres-map.json'))}", f"dev_dir = {q(str(p.dev))}",
+        f"gres_conf = {q(str(p.gres_conf))}", f"gres_map = {q(str(bed.tb.map_path))}", f"dev_dir = {q(str(p.dev))}",
         f"mig_minors = {q(str(p.mig_minors))}", f"slurmd_pid_file = {q(str(p.slurmd_pid(bed.tb.node)))}",
         f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={bed.tb.cpus}"',
         f"checkpoint_dir = {q(str(bed.base / 'ckpt' / '{user}' / '{job_id}'))}", "hook_settle_s = 5",

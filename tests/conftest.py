@@ -315,10 +315,33 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"fault injection seed: {value} (replay with {FAULT_SEED}={value})")
 
 
+_SLURM_USERS = contextlib.ExitStack()
+_SLURM_TESTS = str(Path(__file__).resolve().parent / "slurm") + os.sep
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The Slurm tests' jobs run as ordinary users, as on a cluster: before the first integration test of
+    tests/slurm, two unprivileged users are made for the run (useradd, in the chroot of a newer Slurm too), which
+    every rig submits as (:data:`support.slurm.JOB_USERS`); they are removed when the session ends (each xdist worker
+    has its own two). Made here rather than in a fixture, so that they count as that one test's processes (the
+    marker check), and removed where no test runs."""
+    if not str(item.path).startswith(_SLURM_TESTS) or item.get_closest_marker("integration") is None:
+        return
+    from support import slurm  # noqa: PLC0415 - only the Slurm tests need it
+
+    if slurm.JOB_USERS or slurm.skip_reason() is not None:
+        return
+    users = _SLURM_USERS.enter_context(slurm.scratch_users(2))
+    slurm.JOB_USERS[:] = [u.pw_name for u in users]
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Remove the empty job cgroups this run's daemons left (a test that kills its daemon or its ranks leaves the
-    job's cgroup behind, empty): once, in the process that ran the run (pytest-xdist's controller, after every
-    worker), and only those made since the run began, so that no other run's job loses its cgroup."""
+    """Remove the Slurm tests' job users (every testbed stopped by now: none of their processes is left), in each
+    process that made them. Then remove the empty job cgroups this run's daemons left (a test that kills its
+    daemon or its ranks leaves the job's cgroup behind, empty): once, in the process that ran the run
+    (pytest-xdist's controller, after every worker), and only those made since the run began, so that no other run's
+    job loses its cgroup."""
+    _SLURM_USERS.close()
     if hasattr(session.config, "workerinput"):
         return
     from flexmig.act.jobcgroups import BASE_NAME, cgroup2_root, own_cgroup  # noqa: PLC0415 - only here

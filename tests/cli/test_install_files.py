@@ -183,7 +183,7 @@ def test_install_files_from_the_wheel_gives_a_unit_that_verifies_in_both_modes(i
     assert not prefix.exists()
     done = run(flexmig, "install-files", "--prefix", prefix)
     assert done.returncode == 0, done.stderr
-    assert "22 file(s) written" in done.stdout, done.stdout
+    assert "23 file(s) written" in done.stdout, done.stdout
 
     config = prefix / "etc/flexmig/flexmig.toml"
     unit = prefix / "etc/systemd/system/flexmigd.service"

@@ -29,6 +29,7 @@ def test_slurmd_killed_with_two_jobs_running_comes_back_at_once_no_drain_no_job_
             jobs = [rig.sleeper(f"--gres=gpu:{p}:1", "--time=1", seconds=8) for p in ("4g.71gb", "3g.71gb")]
             for j in jobs:
                 await rig.wait_state(j, "RUNNING")
+                await rig.started(j)  # its script runs (not slurmd still in the Prolog)
             pid = int(rig.paths.slurmd_pid(rig.node).read_text())
             os.kill(pid, signal.SIGKILL)
             states: list[str] = []
@@ -254,6 +255,7 @@ def test_a_crashed_slurmd_on_a_drained_node_comes_back_its_job_completes_and_the
         async with SlurmRig("h200:4g.71gb@0+3g.71gb@4") as rig:
             job = rig.sleeper("--gres=gpu:3g.71gb:1", "--time=1", seconds=8)
             await rig.wait_state(job, "RUNNING")
+            await rig.started(job)  # its script runs (not slurmd still in the Prolog)
             rig.run("scontrol", "update", f"nodename={rig.node}", "state=drain", "reason=maint")
             os.kill(int(rig.paths.slurmd_pid(rig.node).read_text()), signal.SIGKILL)
             await until(lambda: _crashed(rig), what="slurmd seen crashed", not_yet=(Exception,))

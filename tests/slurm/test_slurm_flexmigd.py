@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from flexmig.slurm.change import planned_delete_crashes
 from support.flexmigd import collect_events, open_session, sample
 from support.jobs import counter_spec, write_spec
 from support.mosquitto import Mosquitto
-from support.slurm import SlurmDaemon, skip_reason, slurm_version
+from support.slurm import JOB_USERS, UNIT_UMASK, SlurmDaemon, hook_command, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -90,11 +91,10 @@ def test_pending_slurm_jobs_get_their_instances_with_events_and_metrics(broker: 
 
 
 def test_a_hook_job_is_moved_by_checkpoint_with_job_events(broker: Mosquitto) -> None:
-    hook_job = Path(__file__).resolve().parents[2] / "examples" / "hook_minimal.py"
     with SlurmDaemon("h200:4g.71gb@0+3g.71gb@4", mqtt_port=broker.port) as d:
         open_session(broker.port, d.node, client_id="slurm-hook-watcher")
-        log = d.base / "hook.jsonl"
-        script = f'#!/bin/sh\nexec {sys.executable} {hook_job} --step-time 0.02 --log-every 50 --log "{log}"\n'
+        log = d.paths.jobs / "hook.jsonl"
+        script = f"#!/bin/sh\nexec {hook_command(log, '--step-time', '0.02')}\n"
         hook = d.testbed.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=script)
         d.wait_state(hook, "RUNNING")
         d.wait(  # the testbed's hook_settle_s is 5 s: flexmig counts the job as movable from then on
@@ -142,13 +142,16 @@ def test_flexmigd_samples_on_with_one_line_while_slurmctld_is_down(broker: Mosqu
         assert kinds.count("slurm_unreachable") == 1 and kinds.count("slurm_reachable") == 1, kinds
 
 
-def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    """Started as flexmigd's unit starts it (``UMask=0077``); a job of an ordinary user gets its MIG device (its
+    TaskProlog's interpreter was the one that runs the testbed, which lay under /root: exit 127)."""
     root = Path("/tmp") / f"fm-tbcmd-{os.getpid()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "flexmig.cli.main", "slurm", "testbed", "--sim", "h200:7g.141gb@0", str(root)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        umask=UNIT_UMASK,
     )
     try:
         assert proc.stdout is not None
@@ -160,6 +163,18 @@ def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigt
             ["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True, timeout=30, check=False
         )
         assert out.stdout.split() == ["flexmig-sim", "gpu:7g.141gb:1"], out
+        user = pwd.getpwnam(JOB_USERS[0])
+        sub = subprocess.run(
+            ["sbatch", "--parsable", f"--uid={user.pw_name}", f"--gid={user.pw_gid}", "--gres=gpu:7g.141gb:1",
+             f"--output={root}/jobs/job-%j.out", "--wrap", 'echo "$(id -u) $CUDA_VISIBLE_DEVICES"'],
+            env=env, capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        output = root / "jobs" / f"job-{sub.stdout.strip()}.out"
+        deadline = time.monotonic() + 60
+        while not (output.exists() and output.read_text().endswith("\n")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        last = output.read_text().splitlines()[-1] if output.exists() else "(no output)"
+        assert last.startswith(f"{user.pw_uid} MIG-"), output.read_text() if output.exists() else last
         pids = [int((root / "run" / name).read_text()) for name in ("slurmctld.pid", "slurmd-flexmig-sim.pid")]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
@@ -168,8 +183,12 @@ def test_the_testbed_command_prints_its_export_line_and_stops_everything_on_sigt
         )
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+            proc.send_signal(signal.SIGTERM)  # the command stops what it started (a kill would leave it running)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 

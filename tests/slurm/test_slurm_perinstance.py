@@ -161,6 +161,7 @@ def test_a_killed_slurmd_of_a_busy_instance_node_comes_back_and_its_job_runs_on(
         node = "fm-node-gpu0-4"
         job = d.testbed.sbatch("-w", node, "--gres=gpu:3g.71gb:1", script=SLEEP)
         d.wait_state(job, "RUNNING")
+        d.wait("its script runs (slurmd is past the Prolog)", lambda: d.output(job).strip())
         before = d.slurmd_pid(node)
         assert before is not None
         os.kill(before, signal.SIGKILL)

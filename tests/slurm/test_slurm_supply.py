@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,11 @@ from flexmig.errors import SlurmError
 from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInfo
 from flexmig.slurm import taskprolog
 from flexmig.slurm.gresconf import block_markers, gres_map, gres_records, gres_string, merge_block
+from flexmig.slurm.hookcheck import hook_problem
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.slurmd import check_node_conf, dynamic_conf
+from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.supply import Supply
 
 MINORS = parse_mig_minors(render_mig_minors(2))
@@ -127,6 +130,7 @@ def _map(tmp: Path) -> Path:
     path.write_text(
         json.dumps(gres_map("n1", recs, {"checkpoint_dir": str(tmp / "ck/{user}/{job_id}"), "ack_wait_s": 90}))
     )
+    assert taskprolog.prolog_lines(_env(tmp, ""), str(path)) == []  # the Prolog, as root: the user's base
     return path
 
 
@@ -239,3 +243,119 @@ def test_a_gres_conf_others_can_write_is_refused_naming_it_and_left_as_it_is(tmp
     with pytest.raises(SlurmError, match=str(conf)):
         supply.write(INV)
     assert conf.read_text() == "Name=mps Count=100\n"
+
+
+def test_under_the_units_umask_the_map_and_the_directories_made_for_it_are_readable_by_all(tmp_path: Path) -> None:
+    """flexmigd's unit has ``UMask=0077``: the map's directories came out 0700 and no job user's TaskProlog could read
+    it. (The integration test with a job of a real user: tests/slurm/test_slurm_users.py.)"""
+    supply = _supply(tmp_path)
+    supply.map_path = tmp_path / "run" / "flexmig" / "slurm" / "map.json"
+    old = os.umask(0o077)
+    try:
+        supply.write(INV)
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE(p.stat().st_mode) for p in (supply.map_path, *supply.map_path.parents[:3])]
+    assert modes == [0o644, 0o755, 0o755, 0o755], [oct(m) for m in modes]
+
+
+def test_a_map_directory_others_may_not_search_is_one_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    supply = _supply(tmp_path)
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    supply.map_path = closed / "map.json"
+    supply.write(INV)
+    supply.write(INV)
+    warned = [r.getMessage() for r in caplog.records if "cannot be read by the jobs' users" in r.getMessage()]
+    assert len(warned) == 1 and f"directory {closed} is mode 0700" in warned[0], warned
+    assert stat.S_IMODE(closed.stat().st_mode) == 0o700  # an administrator's directory: left as it is
+
+
+# ------------------------------------------------------------------------------------- checkpoint bases
+OTHER_UID, OWNER_UID = 61234, 61235  # uids of no user: root may own files by them all the same
+
+
+def _scratch(tmp: Path) -> Path:
+    """A directory anybody may make entries in (sticky, like /var/tmp)."""
+    d = tmp / "scratch"
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+def test_the_prolog_takes_back_a_base_another_user_planted_where_anybody_may_write(tmp_path: Path) -> None:
+    scratch = _scratch(tmp_path)
+    planted = scratch / "fm"
+    planted.mkdir(mode=0o755)
+    (planted / "alice").mkdir()
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    said = taskprolog.prepare_base(str(planted / "{user}" / "{job_id}"), "7", "alice", OWNER_UID, OWNER_UID)
+    st = planted.lstat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+    base = (planted / "alice").lstat()
+    assert (base.st_uid, base.st_gid, stat.S_IMODE(base.st_mode)) == (OWNER_UID, OWNER_UID, 0o700)
+    (aside,) = [p for p in scratch.iterdir() if p.name != "fm"]
+    assert aside.lstat().st_uid == OTHER_UID and (aside / "alice").is_dir()  # kept, not deleted
+    assert len(said) == 1 and "put aside as" in said[0] and str(aside) in said[0], said
+
+
+def test_the_prolog_takes_back_a_planted_symlink_and_never_follows_it(tmp_path: Path) -> None:
+    scratch = _scratch(tmp_path)
+    target = tmp_path / "theirs"
+    target.mkdir()
+    (scratch / "fm").symlink_to(target)
+    os.lchown(scratch / "fm", OTHER_UID, OTHER_UID)
+    taskprolog.prepare_base(str(scratch / "fm" / "{user}" / "{job_id}"), "7", "alice", OWNER_UID, OWNER_UID)
+    assert (scratch / "fm").is_dir() and not (scratch / "fm").is_symlink()
+    assert list(target.iterdir()) == []  # nothing made where the link pointed
+
+
+def test_the_prolog_refuses_a_base_of_another_owner_where_only_root_may_write(tmp_path: Path) -> None:
+    root_part = tmp_path / "ck"
+    root_part.mkdir(mode=0o755)
+    theirs = root_part / "alice"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(ValueError, match=r"ck/alice is a directory of uid 61234.*not user alice's"):
+        taskprolog.prepare_base(str(root_part / "{user}" / "{job_id}"), "7", "alice", OWNER_UID, OWNER_UID)
+    assert theirs.stat().st_uid == OTHER_UID  # left as it is: an administrator's to fix
+
+
+def test_without_the_prologs_base_the_taskprolog_turns_the_hook_off_and_writes_no_marker(tmp_path: Path) -> None:
+    recs = gres_records(INV, MINORS)
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(gres_map("n1", recs, {"checkpoint_dir": str(tmp_path / "ck/{user}/{job_id}")})))
+    out = taskprolog.lines(_env(tmp_path, "0"), str(path))
+    assert "export CUDA_VISIBLE_DEVICES=MIG-0-0" in out  # the GPU all the same
+    assert not any(line.startswith("export FLEXMIG_") and "SLURM_GPUS" not in line for line in out), out
+    assert any("does not exist (flexmig's Prolog makes it" in line and "hook is off" in line for line in out), out
+    assert not (tmp_path / "ck").exists()
+
+
+def _job(uid: int, restarts: int = 0) -> SlurmJob:
+    return SlurmJob(
+        job_id=42, name="j", user_id=uid, user="alice", state="RUNNING", reason="None", partitions=("mig",),
+        nodes=("n1",), node_count=1, gpus_per_node=(), held=(), requeue=True, comment="flexmig:hook", priority=1,
+        submit_s=0.0, start_s=0.0, time_limit_s=None, restart_count=restarts,
+    )  # fmt: skip
+
+
+def test_flexmigd_counts_the_hook_on_only_for_the_run_the_taskprolog_set_up(tmp_path: Path) -> None:
+    template = str(tmp_path / "ck" / "{user}" / "{job_id}")
+    assert "does not exist" in (hook_problem(template, _job(os.geteuid())) or "")
+    path = _map(tmp_path)  # the Prolog made the base
+    (tmp_path / "ck" / "alice" / "42").mkdir(mode=0o700)  # the job's directory, but no TaskProlog's word in it
+    assert f"no {tmp_path}/ck/alice/42/flexmig-hook.json" in (hook_problem(template, _job(os.geteuid())) or "")
+    taskprolog.lines(_env(tmp_path, "0"), str(path))
+    assert hook_problem(template, _job(os.geteuid())) is None
+    assert "of run 0 of the job, not of run 1" in (hook_problem(template, _job(os.geteuid(), restarts=1)) or "")
+    assert "not the job user's" in (hook_problem(template, _job(OTHER_UID)) or "")
+    marker = tmp_path / "ck" / "alice" / "42" / taskprolog.MARKER_NAME
+    marker.write_text('{"job_id": 42, "restart": ' + "9" * 50 + "}")
+    assert "more than 20 digits" in (hook_problem(template, _job(os.geteuid())) or "")
+    marker.unlink()
+    marker.symlink_to(tmp_path / "map.json")
+    assert "flexmig-hook.json" in (hook_problem(template, _job(os.geteuid())) or "")

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -23,7 +24,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,17 +43,82 @@ from flexmig.plan.types import PlannerSettings
 from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent, SlurmRound
 from flexmig.slurm.client import SlurmClient, SlurmCommands
-from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.settings import SlurmSettings, slot_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.squeue import SlurmJob
-from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries, stop_pid
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, job_python, missing_binaries, stop_pid
 from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_JOB = ROOT / "examples" / "hook_minimal.py"
+HOOK_SRC = ROOT / "hook" / "src"
 WAIT_S = 60.0
 T = TypeVar("T")
+
+def _unit_umask() -> int:
+    found = re.search(r"^UMask=([0-7]+)$", (ROOT / "systemd" / "flexmigd.service").read_text(), re.MULTILINE)
+    assert found is not None, "systemd/flexmigd.service sets no UMask="
+    return int(found[1], 8)
+
+
+UNIT_UMASK = _unit_umask()
+"""The umask flexmigd's shipped unit gives it (0077): every flexmigd the tests start runs under it, so that what
+it makes for others (the GRES map the jobs' TaskProlog reads) is made as in production."""
+
+JOB_USERS: list[str] = []
+"""The unprivileged users the Slurm tests' jobs run as (made for the run with useradd, removed after:
+``tests/slurm/conftest.py``); the first is the rigs' job user, the second another user of the node."""
+
+
+def job_user() -> str:
+    """The user the rigs' jobs run as (AssertionError outside tests/slurm, whose conftest makes the users)."""
+    assert JOB_USERS, "the Slurm tests run their jobs as users made for the run: tests/slurm/conftest.py makes them"
+    return JOB_USERS[0]
+
+
+def hook_command(log: Path | str, *args: str) -> str:
+    """The command line of ``examples/hook_minimal.py`` as a job of an ordinary user: the system's Python (one under
+    /root cannot run as another user) with the hook package's source on its path."""
+    return f'env PYTHONPATH={HOOK_SRC} {job_python()} {HOOK_JOB} --log-every 1 --log "{log}" {" ".join(args)}'.rstrip()
+
+
+def chroot_root() -> Path | None:
+    """The chroot of the Slurm under test (``FLEXMIG_SLURM_BIN`` names its wrappers, ``ROOT.bin``), or None: its
+    daemons look users up in the chroot's own /etc/passwd."""
+    where = slurm_bin()
+    if where is None or not where.name.endswith(".bin"):
+        return None
+    root = where.with_name(where.name.removesuffix(".bin"))
+    return root if (root / "etc" / "passwd").is_file() else None
+
+
+@contextlib.contextmanager
+def scratch_users(count: int, prefix: str = "fmj") -> Iterator[list[pwd.struct_passwd]]:
+    """``count`` fresh unprivileged users (``useradd --system``, a group of their own, no home, no shell), in the
+    chroot of the Slurm under test too (same uid and gid), removed after."""
+    chroot = chroot_root()
+    made: list[pwd.struct_passwd] = []
+
+    def run(*argv: str) -> None:
+        subprocess.run(argv, check=True, capture_output=True, timeout=60)
+
+    try:
+        for _ in range(count):
+            name = f"{prefix}{uuid.uuid4().hex[:8]}"
+            run("useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name)
+            user = pwd.getpwnam(name)
+            made.append(user)
+            if chroot is not None:
+                run("groupadd", "--root", str(chroot), "--gid", str(user.pw_gid), name)
+                run("useradd", "--root", str(chroot), "--uid", str(user.pw_uid), "--gid", str(user.pw_gid),
+                    "--no-create-home", "--shell", "/usr/sbin/nologin", name)  # fmt: skip
+        yield made
+    finally:
+        for user in made:
+            subprocess.run(["userdel", user.pw_name], check=False, capture_output=True, timeout=60)
+            if chroot is not None:
+                subprocess.run(["userdel", "--root", str(chroot), user.pw_name], check=False, capture_output=True,
+                               timeout=60)  # fmt: skip
 
 
 def slurm_bin() -> Path | None:
@@ -107,7 +174,11 @@ class SlurmRig:
         node_spec = parse_node_spec(spec)
         self.base = Path(tempfile.mkdtemp(prefix="fm-slurm-", dir="/tmp"))
         self.base.chmod(0o755)
-        self.testbed = Testbed(self.base, node_spec.model, node_spec.count, node="fm-node", commands=commands())
+        self.testbed = Testbed(
+            self.base, node_spec.model, node_spec.count, node="fm-node", commands=commands(), job_user=job_user()
+        )
+        self.jobs = self.testbed.paths.jobs
+        """Where the jobs (their users') write: the testbed's sticky job directory."""
         self.paths = self.testbed.paths
         self.events = MemorySink()
         self.slurm_events: list[tuple[str, dict[str, Any]]] = []
@@ -130,7 +201,7 @@ class SlurmRig:
             "bin_dir": slurm_bin(),
             "command_timeout_s": 20.0,
             "gres_conf": p.gres_conf,
-            "gres_map": p.flexmig / "gres-map.json",
+            "gres_map": self.testbed.map_path,
             "dev_dir": p.dev,
             "mig_minors": p.mig_minors,
             "slurmd_pid_file": p.slurmd_pid(self.node),
@@ -138,7 +209,7 @@ class SlurmRig:
             "slurmd_control": "hook",
             "slurmd_hook": tuple(self.testbed.slurmd_hook()),
             "slurmd_env": p.flexmig / "slurmd.env",
-            "checkpoint_dir": str(self.base / "ckpt" / "{user}" / "{job_id}"),
+            "checkpoint_dir": str(p.checkpoints / "{user}" / "{job_id}"),
             "ack_timeout_s": 30.0,
             "drain_timeout_s": 120.0,
             "register_timeout_s": 30.0,
@@ -159,7 +230,7 @@ class SlurmRig:
 
     async def _start(self) -> None:
         tb = self.testbed
-        tb.prepare(render_taskprolog(self.paths.flexmig / "gres-map.json", sys.executable))
+        tb.prepare()
         await asyncio.to_thread(tb.start)
         await self.open_flexmig()
         if self.register_at_start:
@@ -251,11 +322,11 @@ class SlurmRig:
 
     def sleeper(self, *args: str, seconds: float = 600, trap: bool = True) -> int:
         """A job that sleeps (in slices, so a signal is seen) and notes any USR1 it gets in ``signalled-J``."""
-        trap_line = f"trap 'echo USR1 >> {self.base}/signalled-$SLURM_JOB_ID' USR1\n" if trap else ""
+        trap_line = f"trap 'echo USR1 >> {self.jobs}/signalled-$SLURM_JOB_ID' USR1\n" if trap else ""
         script = (
             "#!/bin/sh\n"
             f"{trap_line}"
-            f'echo "$CUDA_VISIBLE_DEVICES" > {self.base}/visible-$SLURM_JOB_ID\n'
+            f'echo "$CUDA_VISIBLE_DEVICES" > {self.jobs}/visible-$SLURM_JOB_ID\n'
             f"end=$(( $(date +%s) + {int(seconds)} ))\n"
             'while [ "$(date +%s)" -lt "$end" ]; do sleep 0.2; done\n'
         )
@@ -263,16 +334,13 @@ class SlurmRig:
 
     def hook_job(self, *args: str, steps: int = 1_000_000, step_time: float = 0.02) -> int:
         """``examples/hook_minimal.py`` as a Slurm hook job (``--requeue``, comment ``flexmig:hook``)."""
-        log = self.base / "hooklog-$SLURM_JOB_ID.jsonl"
-        script = (
-            "#!/bin/sh\n"
-            f'exec {sys.executable} {HOOK_JOB} --steps {steps} --step-time {step_time} --log-every 1 --log "{log}"\n'
-        )
+        log = self.jobs / "hooklog-$SLURM_JOB_ID.jsonl"
+        script = f"#!/bin/sh\nexec {hook_command(log, '--steps', str(steps), '--step-time', str(step_time))}\n"
         return self.sbatch("--requeue", "--comment=flexmig:hook", *args, script=script)
 
     def hook_log(self, job: int) -> list[dict[str, Any]]:
         """The JSON lines ``hook_minimal.py`` wrote for Slurm job ``job``."""
-        path = self.base / f"hooklog-{job}.jsonl"
+        path = self.jobs / f"hooklog-{job}.jsonl"
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -307,7 +375,7 @@ class SlurmRig:
             job: SlurmJob = await until(probe, timeout_s, f"Slurm job {job_id} {state}", not_yet=(Exception,))
             return job
         except AssertionError as exc:
-            out = self.paths.log / f"job-{job_id}.out"
+            out = self.paths.jobs / f"job-{job_id}.out"
             tail = out.read_text(errors="replace")[-2000:] if out.exists() else "(no output)"
             raise AssertionError(f"{exc}; it is {seen[0] if seen else '?'}; its output: {tail}") from None
 
@@ -327,9 +395,14 @@ class SlurmRig:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last round: {seen[0] if seen else '?'}") from None
 
+    async def started(self, job_id: int, timeout_s: float = WAIT_S) -> None:
+        """Until a sleeper job's script runs (it wrote what it sees): Slurm says RUNNING as soon as it started the
+        job, while slurmd may still be running the Prolog before the script starts."""
+        await until((self.jobs / f"visible-{job_id}").exists, timeout_s, f"job {job_id}'s script started")
+
     def visible(self, job_id: int) -> str:
         """The ``CUDA_VISIBLE_DEVICES`` a sleeper job saw."""
-        path = self.base / f"visible-{job_id}"
+        path = self.jobs / f"visible-{job_id}"
         return path.read_text().strip() if path.exists() else ""
 
     @property
@@ -339,12 +412,12 @@ class SlurmRig:
 
     def signals(self, job_id: int) -> int:
         """How many USR1 a sleeper job got."""
-        path = self.base / f"signalled-{job_id}"
+        path = self.jobs / f"signalled-{job_id}"
         return len(path.read_text().split()) if path.exists() else 0
 
     def signalled(self, job_id: int) -> bool:
         """True if a sleeper job ever got USR1."""
-        return (self.base / f"signalled-{job_id}").exists()
+        return (self.jobs / f"signalled-{job_id}").exists()
 
 
 class SlurmDaemon:
@@ -379,6 +452,7 @@ class SlurmDaemon:
             node_per_gpu=node_per_gpu,
             node_per_instance=node_per_instance,
             static_nodes=static_nodes,
+            job_user=job_user(),
             scheduler_parameters=Testbed.scheduler_parameters if scheduler_parameters is None else scheduler_parameters,
         )
         self.node_per_instance = node_per_instance
@@ -403,7 +477,7 @@ class SlurmDaemon:
     def start(self) -> None:
         """Prepare the testbed, start munged and slurmctld, then flexmigd (everything stopped again on failure)."""
         try:
-            self.testbed.prepare(render_taskprolog(self.testbed.map_path, sys.executable))
+            self.testbed.prepare()
             self.testbed.start()
             self.start_flexmigd()
         except BaseException:
@@ -427,7 +501,9 @@ class SlurmDaemon:
             "--sim-state", str(self.paths.flexmig / "sim.json"), "--config", str(conf),
         ]  # fmt: skip
         with (self.paths.log / "flexmigd.log").open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env())
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.testbed.env(), umask=UNIT_UMASK
+            )
         if not self.wait_registered:
             return
         names = [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
@@ -567,7 +643,7 @@ class SlurmDaemon:
 
     def output(self, job_id: int) -> str:
         """A job's output file."""
-        path = self.paths.log / f"job-{job_id}.out"
+        path = self.paths.jobs / f"job-{job_id}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop_ctld(self) -> None:

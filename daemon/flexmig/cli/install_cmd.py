@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from flexmig.cli.shipped_files import ShippedFilesMissing, shipped_files, shipped_root
 from flexmig.errors import FlexmigError
-from flexmig.slurm.install import TASKPROLOG, render_taskprolog
+from flexmig.slurm.install import PROLOG, TASKPROLOG, render_taskprolog
 from flexmig.slurm.taskprolog import MAP_PATH
 
 __all__ = ["Item", "destination", "plan_install", "register", "render_unit"]
@@ -149,6 +149,8 @@ def plan_install(
         items.append(Item(at(SHARE / name), data, "file", note))
     prolog = render_taskprolog(Path(MAP_PATH)).encode()
     items.append(Item(at(TASKPROLOG), prolog, "file", f"Slurm: TaskProlog={there(TASKPROLOG)}", mode=0o755))
+    root_prolog = render_taskprolog(Path(MAP_PATH), prolog=True).encode()
+    items.append(Item(at(PROLOG), root_prolog, "file", f"Slurm: Prolog={there(PROLOG)}", mode=0o755))
     return items
 
 

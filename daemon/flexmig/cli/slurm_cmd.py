@@ -29,9 +29,9 @@ from flexmig.mig.catalogue import GpuModel, model_by_key
 from flexmig.mig.nodespec import parse_node_spec
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.gresconf import check_node_name
-from flexmig.slurm.install import TASKPROLOG, render_taskprolog, write_taskprolog
+from flexmig.slurm.install import PROLOG, TASKPROLOG, render_taskprolog, write_taskprolog
 from flexmig.slurm.slots import slot_count, slot_lines
-from flexmig.slurm.testbed import Testbed, free_port, future_gres, python
+from flexmig.slurm.testbed import Testbed, free_port, future_gres
 
 __all__ = ["register"]
 
@@ -65,6 +65,12 @@ def register(sub: Any) -> None:
     tp.add_argument("--output", type=Path, help="write it here (mode 0755) instead of printing it")
     tp.add_argument("--map", type=Path, default=Path("/run/flexmig/slurm/gres-map.json"), help="[slurm] gres_map")
     tp.add_argument("--python", default="/usr/bin/python3", help="interpreter of its first line")
+    tp.add_argument(
+        "--prolog",
+        action="store_true",
+        help="the Prolog instead (slurm.conf Prolog=FILE; slurmd runs it as root): it makes each job user's "
+        "checkpoint base, which no user may make",
+    )
     tp.set_defaults(func=run_taskprolog)
     cf = actions.add_parser(
         "conf",
@@ -80,6 +86,11 @@ def register(sub: Any) -> None:
         "--taskprolog",
         default=f"/{TASKPROLOG}",
         help="the TaskProlog's path (default %(default)s, where flexmig install-files puts it)",
+    )
+    cf.add_argument(
+        "--prolog",
+        default=f"/{PROLOG}",
+        help="the Prolog's path (default %(default)s, where flexmig install-files puts it)",
     )
     cf.add_argument(
         "--node-per-gpu",
@@ -131,7 +142,8 @@ def run_conf(args: argparse.Namespace) -> int:
         print("SlurmdSpoolDir=/var/spool/slurmd/%n")
         print("SlurmdLogFile=/var/log/slurm/slurmd-%n.log")
         print(f"TaskProlog={args.taskprolog}")
-        print("# (rendered with: flexmig slurm taskprolog --map '/run/flexmig/slurm/gres-map-{node}.json')")
+        print(f"Prolog={args.prolog}")
+        print("# (rendered with: flexmig slurm taskprolog [--prolog] --map '/run/flexmig/slurm/gres-map-{node}.json')")
         print("# Jobs for MIG profiles no GPU node has yet pend against this placeholder (one GPU's worth)")
         # Per instance: a 7g instance's node offers seven slices' CPUs, and a job must fit the placeholder.
         print(f"NodeName={args.name} State=FUTURE CPUs={share * (7 if args.node_per_instance else 1)} "
@@ -146,6 +158,8 @@ def run_conf(args: argparse.Namespace) -> int:
     print("# flexmig: nodes re-registered as dynamic nodes (slurmd -Z) need room in the node table")
     print("MaxNodeCount=<the nodes slurm.conf names, placeholders included, + flexmig nodes>")
     print(f"TaskProlog={args.taskprolog}")
+    print("# as root before each job: makes the job user's checkpoint base (no user may make another's)")
+    print(f"Prolog={args.prolog}")
     print("# Jobs for MIG profiles no node has yet pend against this placeholder instead of being refused")
     print(f"NodeName={args.name} State=FUTURE CPUs={args.cpus} Gres={future_gres(model, args.gpus)}")
     print(f"# and add {args.name} to the partitions of the flexmig nodes (or use Nodes=ALL)")
@@ -178,7 +192,8 @@ def _static_conf(args: argparse.Namespace, model: GpuModel) -> int:
     print("SlurmdSpoolDir=/var/spool/slurmd/%n")
     print("SlurmdLogFile=/var/log/slurm/slurmd-%n.log")
     print(f"TaskProlog={args.taskprolog}")
-    print("# (rendered with: flexmig slurm taskprolog --map '/run/flexmig/slurm/gres-map-{node}.json')")
+    print(f"Prolog={args.prolog}")
+    print("# (rendered with: flexmig slurm taskprolog [--prolog] --map '/run/flexmig/slurm/gres-map-{node}.json')")
     lines = slot_lines(
         args.host, model, args.gpus, port_base=args.port_base, cpus_per_slice=share, hostname=args.host, addr=addr
     )
@@ -195,10 +210,10 @@ def run_taskprolog(args: argparse.Namespace) -> int:
     """Print or write the TaskProlog."""
     try:
         if args.output is None:
-            sys.stdout.write(render_taskprolog(args.map, args.python))
+            sys.stdout.write(render_taskprolog(args.map, args.python, prolog=args.prolog))
         else:
-            write_taskprolog(args.output, args.map, args.python)
-            print(f"wrote {args.output}; in slurm.conf: TaskProlog={args.output}")
+            write_taskprolog(args.output, args.map, args.python, prolog=args.prolog)
+            print(f"wrote {args.output}; in slurm.conf: {'Prolog' if args.prolog else 'TaskProlog'}={args.output}")
     except (ValueError, OSError) as exc:
         raise SlurmError(f"taskprolog: {exc}") from None
     return 0
@@ -215,7 +230,7 @@ def run_testbed(args: argparse.Namespace) -> int:
     daemon: subprocess.Popen[bytes] | None = None
     try:
         _say(f"preparing {root} (munge key, slurm.conf, stand-in devices of {args.sim})")
-        tb.prepare(render_taskprolog(tb.paths.flexmig / "gres-map.json", python()))
+        tb.prepare()
         tb.start()
         _say(f"slurmctld up on 127.0.0.1:{tb.ctld_port}; starting flexmigd (mode act) on {args.sim}")
         daemon = _start_flexmigd(tb, args)

@@ -649,9 +649,11 @@ class SlurmConfig:
         restart=True,
     )
     checkpoint_dir: str = _doc(
-        "/var/tmp/flexmig-slurm/{user}/{job_id}",  # noqa: S108 - the TaskProlog refuses a directory not the user's
-        "Each Slurm job's checkpoint directory, made by the TaskProlog as the job's user ({job_id}, {user}, {uid} "
-        "are filled in). Put it on a shared file system if a requeued job may resume on another node.",
+        "/var/lib/flexmig-slurm/{user}/{job_id}",
+        "Each Slurm job's checkpoint directory ({job_id}, {user}, {uid} are filled in): the directories before the "
+        "first placeholder are root's, the first with one is made for the user by flexmig's Prolog (as root), the "
+        "rest by the TaskProlog as the job's user. Not under /tmp or /var/tmp: flexmigd's unit has them private. Put "
+        "it on a shared file system if a requeued job may resume on another node.",
         pattern=r"/[^\n]*",
         restart=True,
     )

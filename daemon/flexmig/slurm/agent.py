@@ -62,8 +62,9 @@ from flexmig.plan.types import Plan, PlannerSettings
 from flexmig.plan.waiting import ENDING, Committed, next_step
 from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_down, admin_hold, encode_change
 from flexmig.slurm.client import SlurmClient, SlurmCommands
-from flexmig.slurm.demand import SlurmDemand, read_demand, request_name
+from flexmig.slurm.demand import SlurmDemand, SlurmRunning, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string
+from flexmig.slurm.hookcheck import hook_problem
 from flexmig.slurm.instances import CarvingReport
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import SlurmReservation, flexmig_name
@@ -268,6 +269,8 @@ class SlurmAgent:
         self._waiting = False
         self._layouts: dict[tuple[str, frozenset[str]], tuple[Layout, ...]] = {}
         self._seen: dict[str, tuple[float, str, float]] = {}
+        self._hook_off: dict[tuple[int, int], str] = {}
+        """(Slurm job, run) -> why its hook is off, as last seen (each is logged once)."""
         executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
 
     @staticmethod
@@ -306,8 +309,33 @@ class SlurmAgent:
             hook_token=self.settings.hook_token,
             hook_settle_s=self.settings.hook_settle_s,
         )
+        demand = self._hooks_on(demand)
         state = await self.slurmd.state()
         return SlurmRead(jobs, node, inventory, view, demand, model, registered, expected, reservations, state, now)
+
+    def _hooks_on(self, demand: SlurmDemand) -> SlurmDemand:
+        """``demand`` with the hook jobs whose TaskProlog did not set the hook up counted as jobs that run to their
+        end (:mod:`flexmig.slurm.hookcheck`): a checkpoint signal would kill such a job and lose its work. One
+        warning per job and run."""
+        running: list[SlurmRunning] = []
+        off: dict[tuple[int, int], str] = {}
+        for r in demand.running:
+            why = hook_problem(self.settings.checkpoint_dir, r.job) if r.movable else None
+            if why is None:
+                running.append(r)
+                continue
+            key = (r.job.job_id, r.job.restart_count)
+            off[key] = why
+            if key not in self._hook_off:
+                log.warning(
+                    "Slurm job %d asked for the checkpoint hook, but it is not on for it (%s): it is never signalled, "
+                    "and a change waits for it to end", r.job.job_id, why,
+                )  # fmt: skip
+            running.append(type(r)(r.job, r.instances, False, r.remaining_s, r.unknown_indices, r.elapsed_s))
+        self._hook_off = off
+        if all(a is b for a, b in zip(running, demand.running, strict=True)):
+            return demand
+        return SlurmDemand(demand.node, demand.pending, demand.pending_jobs, tuple(running), demand.ignored)
 
     async def setup_problem(self, read: SlurmRead) -> str | None:
         """One line when this node's Slurm setup is one flexmig refuses (:mod:`flexmig.slurm.sitecheck`)."""

@@ -22,7 +22,8 @@ node that leaves Slurm for good (``retire``, ``[slurm] node_per_instance``) ends
 
 Safety rules kept here:
 
-* only jobs that opted in are ever signalled; a job that does not acknowledge within the timeout cancels the
+* only jobs that opted in, and whose TaskProlog set the hook up (:mod:`flexmig.slurm.hookcheck`: the agent counts
+  no other job as movable), are ever signalled; a job that does not acknowledge within the timeout cancels the
   change (code ``ACK_TIMEOUT``): the jobs already held are released and the node reopens; the agent never asks that
   job again while it runs;
 * an administrator's state wins: a node drained, downed or reserved by anyone else (checked again right before the
@@ -60,12 +61,13 @@ from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.gresconf import gres_string
+from flexmig.slurm.hookcheck import job_checkpoint_dir
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import SlurmReservation, flexmig_name
 from flexmig.slurm.sitecheck import slurm_version
 from flexmig.slurm.slurmd import SlurmdControl
 from flexmig.slurm.supply import Supply
-from flexmig.slurm.taskprolog import ACK_NAME, checkpoint_dir
+from flexmig.slurm.taskprolog import ACK_NAME
 from flexmig_hook.protocol import Ack, AckError, read_ack
 
 __all__ = [
@@ -570,19 +572,16 @@ class SlurmChange:
         return True
 
     def _ack_path(self, job: dict[str, Any]) -> Path:
+        # The template's fixed part is the operator's (it may lie below a symlink such as /var/tmp -> /tmp): resolved
+        # there; the part a job's user owns is then walked with no symlink followed (flexmig.act.userpaths).
         try:
-            d = checkpoint_dir(self.settings.checkpoint_dir, job["job_id"], job.get("user", ""), job.get("user_id", ""))
+            d = job_checkpoint_dir(
+                self.settings.checkpoint_dir, job["job_id"], job.get("user", ""), job.get("user_id", "")
+            )
         except (ValueError, KeyError) as exc:
             raise StepFailed(
                 f"Slurm job {job.get('job_id')}: no checkpoint directory: {exc}", outcome="cancelled"
             ) from exc
-        # The template's fixed part is the operator's (it may lie below a symlink such as /var/tmp -> /tmp): resolved
-        # here; the part a job's user owns is then walked with no symlink followed (flexmig.act.userpaths).
-        template = self.settings.checkpoint_dir
-        if "{" in template:
-            fixed = Path(template.split("{", 1)[0]).parent
-            with contextlib.suppress(ValueError):
-                d = Path(os.path.realpath(fixed)) / d.relative_to(fixed)
         return d / ACK_NAME
 
     async def _baseline(self, ack_path: Path) -> dict[str, Any]:

@@ -13,7 +13,9 @@ throttle (``--array=1-20%2``) less its tasks already running. A request is aged 
 
 A job running on the node holds the instances its GRES indices name (through the map flexmig wrote at the last
 registration). It is *movable* only if it opted into the checkpoint hook (its comment carries the hook token,
-e.g. ``sbatch --comment=flexmig:hook``), may be requeued (``--requeue``), and runs on this node alone. Pure.
+e.g. ``sbatch --comment=flexmig:hook``), may be requeued (``--requeue``), and runs on this node alone; the agent
+then keeps it movable only if its TaskProlog set the hook up (:mod:`flexmig.slurm.hookcheck`, which reads files and
+so is not done here). Pure.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import stat
 from dataclasses import dataclass, field
@@ -24,9 +25,45 @@ from flexmig.plan.types import Instance
 from flexmig.slurm.gresconf import GresRecord, drop_block, gres_map, gres_records, merge_block, parse_gres_map
 from flexmig.slurm.minors import MigMinors, parse_mig_minors, render_mig_minors
 
-__all__ = ["Supply", "atomic_write"]
+__all__ = ["Supply", "atomic_write", "make_public_dirs", "unreadable_by_others"]
+
+log = logging.getLogger(__name__)
 
 _MAX_FILE = 4 * 1024 * 1024
+MAP_DIR_MODE = 0o755
+"""The mode of the directories flexmig makes for the GRES map: the TaskProlog runs as the job's user and must reach
+the map; nothing secret is in it (MIG UUIDs, GRES indices, the hook's settings). flexmigd's unit has ``UMask=0077``,
+so a plain ``mkdir`` would make them 0700 and every task of every ordinary user would get no GPU."""
+
+
+def make_public_dirs(path: Path, mode: int = MAP_DIR_MODE) -> None:
+    """Make ``path`` and its missing parents with exactly ``mode``, whatever the process's umask; directories that
+    exist are left as they are (an administrator's)."""
+    missing: list[Path] = []
+    for d in [path, *path.parents]:
+        if d.is_dir():
+            break
+        missing.append(d)
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode)
+            d.chmod(mode)  # mkdir's mode passes through the umask, chmod's does not
+
+
+def unreadable_by_others(path: Path) -> str | None:
+    """Why a user other than the owner cannot read ``path`` (a directory on the way others may not search, or the
+    file not readable by others), or None."""
+    try:
+        own = path.stat().st_mode
+        if not own & stat.S_IROTH:
+            return f"{path} is mode {stat.S_IMODE(own):04o}"
+        for d in path.parents:
+            mode = d.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                return f"directory {d} is mode {stat.S_IMODE(mode):04o}"
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    return None
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -96,6 +133,7 @@ class Supply:
     gpu: int | None = None
     start: int | None = None
     profile: str | None = None
+    _map_problem: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def minors(self, gpus: int) -> MigMinors:
         """The MIG minors table (the driver's; on a simulated node, ours, written once)."""
@@ -132,9 +170,18 @@ class Supply:
         if text != existing:
             self.gres_conf.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.gres_conf, text)
-        self.map_path.parent.mkdir(parents=True, exist_ok=True)
+        make_public_dirs(self.map_path.parent)
         doc = gres_map(self.node, records, self.hook)
         atomic_write(self.map_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        why = unreadable_by_others(self.map_path)
+        if why != self._map_problem:
+            self._map_problem = why
+            if why is not None:
+                log.warning(
+                    "the GRES map %s cannot be read by the jobs' users (%s): the TaskProlog runs as the job's user, "
+                    "so their tasks get no GPU; let others search every directory on the way (chmod o+x)",
+                    self.map_path, why,
+                )  # fmt: skip
         return records
 
     def retire(self) -> None:

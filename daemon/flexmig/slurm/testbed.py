@@ -27,6 +27,7 @@ What a real Slurm 22.05.8 needs here (verified on Debian 12, no GPU):
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import pwd
@@ -47,6 +48,7 @@ import psutil
 from flexmig.errors import SlurmError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
+from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.minors import render_mig_minors
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
@@ -57,6 +59,7 @@ __all__ = [
     "Testbed",
     "TestbedPaths",
     "future_gres",
+    "job_python",
     "missing_binaries",
     "render_slurm_conf",
 ]
@@ -154,9 +157,24 @@ class TestbedPaths:
         return self.etc / "taskprolog"
 
     @property
+    def prolog(self) -> Path:
+        """The Prolog slurm.conf names (slurmd runs it as root: it makes each job user's checkpoint base)."""
+        return self.etc / "prolog"
+
+    @property
     def log(self) -> Path:
-        """Daemon logs and job output."""
+        """Daemon logs."""
         return self.root / "log"
+
+    @property
+    def jobs(self) -> Path:
+        """Job output (``job-<id>.out``): sticky and open to all, like /tmp, since jobs run as their own users."""
+        return self.root / "jobs"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The fixed part of the testbed's ``[slurm] checkpoint_dir`` (``ckpt/{user}/{job_id}``): the Prolog's."""
+        return self.root / "ckpt"
 
     @property
     def run(self) -> Path:
@@ -183,8 +201,10 @@ class TestbedPaths:
         return self.run / f"slurmd-{node}.pid"
 
     def gres_map(self, node: str) -> Path:
-        """flexmigd's GRES map for ``node`` (``{node}``: one per GPU node, ``[slurm] node_per_gpu``)."""
-        return self.flexmig / ("gres-map.json" if node == "" else f"gres-map-{node}.json")
+        """flexmigd's GRES map for ``node`` (``{node}``: one per GPU node, ``[slurm] node_per_gpu``): where a node's
+        is, ``run/flexmig/slurm/`` (the TaskProlog runs as the job's user and reads it; flexmigd makes the
+        directories, under its unit's umask)."""
+        return self.run / "flexmig" / "slurm" / ("gres-map.json" if node == "" else f"gres-map-{node}.json")
 
 
 def future_gres(model: GpuModel, gpus: int) -> str:
@@ -261,6 +281,7 @@ def render_slurm_conf(
             "SlurmctldTimeout=30",
             "SlurmdTimeout=30",
             f"TaskProlog={p.taskprolog}",
+            f"Prolog={p.prolog}",
             *nodes,
             f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",
@@ -346,6 +367,8 @@ class Testbed:
     commands: SlurmCommands = field(default_factory=SlurmCommands)
     ctld_port: int = 0
     slurmd_port: int = 0
+    job_user: str | None = None
+    """Whose jobs :meth:`sbatch` submits (``sbatch --uid``; the tests' users made for the run), None: the caller's."""
     started: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -379,9 +402,11 @@ class Testbed:
         return {**os.environ, "SLURM_CONF": str(self.paths.slurm_conf)}
 
     # ------------------------------------------------------------------------------------------ prepare
-    def prepare(self, taskprolog: str) -> None:
-        """Write the directory tree, munge key, slurm.conf, an empty gres.conf, the TaskProlog and the simulated
-        node's MIG minors table. Refuses a non-root caller, missing binaries and unusable paths."""
+    def prepare(self, taskprolog: str | None = None) -> None:
+        """Write the directory tree, munge key, slurm.conf, an empty gres.conf, the TaskProlog (``taskprolog``'s
+        text, else flexmig's, run by :func:`job_python`) and the Prolog, and the simulated node's MIG minors table.
+        Refuses a non-root caller, missing binaries, unusable paths and a machine whose jobs' users could not run
+        the TaskProlog."""
         if os.geteuid() != 0:
             raise SlurmError("the Slurm testbed runs munged, slurmctld and slurmd as root: run it as root")
         missing = missing_binaries(self.commands)
@@ -399,24 +424,8 @@ class Testbed:
             munge_user = pwd.getpwnam("munge")
         except KeyError:
             raise SlurmError("there is no user 'munge' (the munge package creates it)") from None
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o755)
-        _check_reachable(self.root, "munge")
-        for d in (
-            p.etc,
-            p.log,
-            p.run,
-            p.dev,
-            p.dev / "nvidia-caps",
-            p.mig_minors.parent,
-            p.flexmig,
-            p.root / "ctld",
-            p.root / "spool",
-            p.root / "spool" / self.node,
-            *(p.root / "spool" / name for name in self.node_names()),
-        ):
-            d.mkdir(parents=True, exist_ok=True)
-        p.flexmig.chmod(0o700)
+        self._make_dirs()
+        interpreter = job_python()
         sock_dir = p.munge_socket.parent
         sock_dir.mkdir(parents=True, exist_ok=True)
         key = p.munge / "munge.key"
@@ -452,11 +461,43 @@ class Testbed:
             scheduler_parameters=self.scheduler_parameters,
         )
         p.slurm_conf.write_text(conf)
+        p.slurm_conf.chmod(0o644)  # every user's Slurm commands read it
         if not p.gres_conf.exists():
             p.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this node's block\n")
-        p.taskprolog.write_text(taskprolog)
+            p.gres_conf.chmod(0o644)
+        map_path = self.map_path
+        p.taskprolog.write_text(taskprolog or render_taskprolog(map_path, interpreter))
         p.taskprolog.chmod(0o755)
+        p.prolog.write_text(render_taskprolog(map_path, interpreter, prolog=True))
+        p.prolog.chmod(0o755)
         p.mig_minors.write_text(render_mig_minors(self.gpus))
+        p.mig_minors.chmod(0o644)
+
+    def _make_dirs(self) -> None:
+        """The testbed's directories, with their modes whatever the umask (flexmigd's unit has 0077): munged must
+        reach its socket, and the jobs' users read etc/ and run/ and write their output in jobs/."""
+        p = self.paths
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        _check_reachable(self.root, "munge")
+        for d in (
+            p.etc,
+            p.log,
+            p.run,
+            p.dev,
+            p.dev / "nvidia-caps",
+            p.mig_minors.parent,
+            p.flexmig,
+            p.root / "ctld",
+            p.root / "spool",
+            p.root / "spool" / self.node,
+            *(p.root / "spool" / name for name in self.node_names()),
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)
+        p.flexmig.chmod(0o700)
+        p.jobs.mkdir(exist_ok=True)
+        p.jobs.chmod(0o1777)
 
     # ------------------------------------------------------------------------------------------ daemons
     def start(self) -> None:
@@ -636,7 +677,7 @@ class Testbed:
                 f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
                 f"slurmd_env = {q(f / ('slurmd.env' if who == self.node else 'slurmd-{node}.env'))}",
                 *node_conf,
-                f"checkpoint_dir = {q(self.root / 'ckpt' / '{user}' / '{job_id}')}",
+                f"checkpoint_dir = {q(p.checkpoints / '{user}' / '{job_id}')}",
                 "hook_settle_s = 5",
                 "reregister_s = 2",
                 *per_gpu,
@@ -651,13 +692,17 @@ class Testbed:
         self.stop()
 
     # ------------------------------------------------------------------------------------------ helpers
-    def sbatch(self, *args: str, script: str) -> int:
-        """Submit ``script`` (its text) with ``args``; the job ID."""
+    def sbatch(self, *args: str, script: str, user: str | None = None) -> int:
+        """Submit ``script`` (its text) with ``args`` as ``user`` (default :attr:`job_user`); the job ID. Its output
+        goes to ``jobs/job-<id>.out``."""
         path = self.paths.flexmig / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
         path.chmod(0o755)
+        who = user or self.job_user
+        as_user = [f"--uid={who}", f"--gid={grp.getgrgid(pwd.getpwnam(who).pw_gid).gr_name}"] if who else []
         res = subprocess.run(
-            [self.commands.path("sbatch"), "--parsable", f"--output={self.paths.log}/job-%j.out", *args, str(path)],
+            [self.commands.path("sbatch"), "--parsable", *as_user, f"--output={self.paths.jobs}/job-%j.out", *args,
+             str(path)],
             env=self.env(),
             capture_output=True,
             text=True,
@@ -676,5 +721,34 @@ class Testbed:
 
 
 def python() -> str:
-    """The interpreter the testbed's TaskProlog runs with (this one)."""
+    """The interpreter the testbed's own commands run with (root's: this one)."""
     return sys.executable or shutil.which("python3") or "/usr/bin/python3"
+
+
+def _others_may_run(path: Path) -> bool:
+    """Any user may execute ``path``: every directory on the way searchable by others, the file executable by them."""
+    try:
+        if not path.stat().st_mode & stat.S_IXOTH:
+            return False
+        return all(d.stat().st_mode & stat.S_IXOTH for d in path.parents)
+    except OSError:
+        return False
+
+
+def job_python() -> str:
+    """An interpreter every job's user may run, for the TaskProlog (standard library only: any Python 3.8 or later
+    does): this one's own executable where others may run it (a virtual environment's link resolved), else the
+    system's ``python3``. A Python installed under /root (pyenv, a virtual environment) cannot run a job of another
+    user: the TaskProlog would exit 127 and every task of an ordinary user would start without its GPU."""
+    candidates = [Path(os.path.realpath(sys.executable))] if sys.executable else []
+    candidates += [Path("/usr/bin/python3"), Path("/usr/local/bin/python3")]
+    found = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+    candidates += [Path(os.path.realpath(found))] if found else []
+    for candidate in candidates:
+        if _others_may_run(candidate):
+            return str(candidate)
+    raise SlurmError(
+        f"no Python that the jobs' users may run for the TaskProlog (tried {', '.join(map(str, candidates))}: each "
+        "lies where others may not search or is not executable by them); install the system's python3 "
+        "(Debian: apt-get install python3-minimal)"
+    )
