@@ -298,7 +298,8 @@ class Supervisor:
         await asyncio.gather(*(self._attach(h) for h in started))
         for h in started:
             self._watch(rec.name, h)
-        self._emit_started(rec, started, resume)
+        if started:  # a move whose standby ranks were all handed over starts none here: nothing to tell twice
+            self._emit_started(rec, started, resume)
         return started
 
     async def _start_all(self, rec: JobRecord, reqs: Mapping[int, LaunchRequest]) -> list[RankHandle]:

@@ -25,11 +25,14 @@ from flexmig_hook.protocol import (
     READY_LINE,
     Ack,
     AckError,
+    FirstStep,
     HandoverError,
     decode_handover,
     encode_handover,
+    first_step_path,
     parse_signal,
     read_ack,
+    read_first_step,
 )
 
 __all__ = [
@@ -54,9 +57,12 @@ __all__ = [
     "READY_LINE",
     "Ack",
     "AckError",
+    "FirstStep",
     "HandoverError",
     "decode_handover",
     "encode_handover",
+    "first_step_path",
     "parse_signal",
     "read_ack",
+    "read_first_step",
 ]

@@ -49,13 +49,16 @@ from flexmig_hook.protocol import (
     ENV_ACK_WAIT,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_SIGNAL,
+    ENV_GENERATION,
     ENV_JOB,
     ENV_RESUME,
     ENV_RESUME_STEP,
     ENV_STANDBY_FD,
     Ack,
     AckError,
+    FirstStep,
     HandoverError,
+    first_step_path,
     parse_signal,
     read_ack,
 )
@@ -96,6 +99,8 @@ class HookEnv:
     ack_wait_s: float | None = None
     standby_wait_s: float | None = None
     """How long this rank waited as a standby for its handover (None: it was not started as a standby)."""
+    generation: int | None = None
+    """The generation flexmig launched this rank as (``FLEXMIG_GENERATION``), None outside flexmig."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookEnv:
@@ -118,7 +123,13 @@ class HookEnv:
             rank=_int("RANK", env.get("RANK", "0")),
             world_size=_int("WORLD_SIZE", env.get("WORLD_SIZE", "1")),
             ack_wait_s=_seconds(ENV_ACK_WAIT, env.get(ENV_ACK_WAIT) or None),
+            generation=_generation(env.get(ENV_GENERATION)),
         )
+
+
+def _generation(text: str | None) -> int | None:
+    """``FLEXMIG_GENERATION`` as a number; None when unset or not one (it is the daemon's, never worth failing on)."""
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def _seconds(name: str, text: str | None) -> float | None:
@@ -150,6 +161,9 @@ class Hook:
     def __init__(self, env: HookEnv) -> None:
         self.env = env
         self._requested = threading.Event()
+        self._boundary_s: float | None = None
+        """When the job last called :meth:`should_checkpoint`: the end of its latest step (wall clock)."""
+        self._first_reported = False
 
     # ---------------------------------------------------------------------------------------------- reading
     @property
@@ -185,8 +199,28 @@ class Hook:
         self._requested.set()
 
     def should_checkpoint(self) -> bool:
-        """True once a checkpoint was requested; call it at step boundaries. It stays true until :meth:`clear`."""
+        """True once a checkpoint was requested; call it at step boundaries. It stays true until :meth:`clear`.
+
+        Each call marks a step boundary: the acknowledgement carries the last one (``step_done_s``), and the first
+        one of a resumed generation is reported to flexmig (:meth:`report_first_step`), which tells from the two
+        how long the job itself was down in a move."""
+        self._boundary_s = time.time()
+        if not self._first_reported:
+            self.report_first_step()
         return self._requested.is_set()
+
+    def report_first_step(self) -> None:
+        """Tell flexmig this resumed generation completed its first step (done by the first
+        :meth:`should_checkpoint`; call it yourself only if the job checks for requests less than once a step).
+        Rank 0 of a generation that resumes under flexmig writes the report once; anything else does nothing. A
+        report that cannot be written is skipped: it only measures, the job goes on."""
+        self._first_reported = True
+        env = self.env
+        if env.rank != 0 or env.ack_path is None or env.resume is None or env.generation is None:
+            return
+        report = FirstStep(generation=env.generation, step_done_s=self._boundary_s or time.time())
+        with contextlib.suppress(OSError):
+            atomic_write_json(first_step_path(env.ack_path), report.to_json(), mode=0o644)
 
     def clear(self) -> None:
         """Forget a request (for jobs that checkpoint and carry on instead of exiting)."""
@@ -223,7 +257,7 @@ class Hook:
         """
         if self.env.rank != 0 or self.env.ack_path is None:
             return
-        ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()))
+        ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()), step_done_s=self._boundary_s)
         atomic_write_json(self.env.ack_path, ack.to_json(), mode=0o644)
         if self.env.ack_wait_s:
             threading.Event().wait(self.env.ack_wait_s)
