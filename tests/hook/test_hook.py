@@ -342,3 +342,32 @@ def test_a_first_step_report_is_read_within_the_acknowledgements_bounds(tmp_path
     with pytest.raises(AckError, match="symbolic link"):
         read_first_step(p)
     assert read_first_step(tmp_path / "none") is None
+
+
+def test_acknowledging_prunes_the_older_checkpoints_of_the_series_beyond_keep(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for step in (1, 2, 3, 4, 9):
+        for rank in (0, 1):
+            (ckpt / f"rank{rank}-step{step:09d}.json").write_text("{}")
+    (ckpt / "checkpoint-3").mkdir()
+    (ckpt / "checkpoint-3" / "model.bin").write_text("x")
+    (ckpt / "notes-1.txt").write_text("mine")
+    h = hook.install(env_for(tmp_path, FLEXMIG_CHECKPOINT_KEEP="2"), handler=False)
+    h.acknowledge(4, ckpt / "rank0-step000000004.json")
+    left = sorted(p.name for p in ckpt.iterdir())
+    assert left == sorted(
+        [
+            "checkpoint-3",  # another series
+            "notes-1.txt",
+            *[f"rank{r}-step{s:09d}.json" for s in (3, 4, 9) for r in (0, 1)],  # 4 acknowledged, 3 kept, 9 newer
+        ]
+    )
+    for step in (5, 10):
+        (ckpt / f"checkpoint-{step}").mkdir()
+    h.acknowledge(10, ckpt / "checkpoint-10")
+    assert not (ckpt / "checkpoint-3").exists(), "a directory of the series goes with its contents"
+    assert (ckpt / "checkpoint-5").exists() and (ckpt / "checkpoint-10").exists(), "keep 2: the acked one, one more"
+    unbounded = hook.install(env_for(tmp_path, FLEXMIG_CHECKPOINT_KEEP="0"), handler=False)
+    unbounded.acknowledge(9, ckpt / "rank0-step000000009.json")
+    assert (ckpt / "rank0-step000000003.json").exists(), "keep 0: every checkpoint stays"

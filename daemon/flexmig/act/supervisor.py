@@ -57,6 +57,7 @@ from flexmig.tasks import cancel_and_wait, spawn
 from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_SIGNAL,
     ENV_DIST_BACKEND,
     ENV_GENERATION,
@@ -173,6 +174,7 @@ def rank_requests(
         ENV_CHECKPOINT_DIR: str(spec.checkpoint_dir),
         ENV_ACK_PATH: str((acks or AckPlacement()).path(rec)),
         ENV_CHECKPOINT_SIGNAL: spec.hook.signal.name,
+        ENV_CHECKPOINT_KEEP: str(spec.hook.keep),
         ENV_DIST_BACKEND: "gloo",
         ENV_JOB_ID: rec.uid,
         ENV_GENERATION: str(rec.generation),

@@ -48,6 +48,7 @@ from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_ACK_WAIT,
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_SIGNAL,
     ENV_GENERATION,
     ENV_JOB,
@@ -62,6 +63,7 @@ from flexmig_hook.protocol import (
     parse_signal,
     read_ack,
 )
+from flexmig_hook.prune import prune_checkpoints
 
 __all__ = [
     "Ack",
@@ -101,6 +103,8 @@ class HookEnv:
     """How long this rank waited as a standby for its handover (None: it was not started as a standby)."""
     generation: int | None = None
     """The generation flexmig launched this rank as (``FLEXMIG_GENERATION``), None outside flexmig."""
+    keep: int = 0
+    """Checkpoints of a series to keep after an acknowledgement (``FLEXMIG_CHECKPOINT_KEEP``; 0: all)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookEnv:
@@ -124,6 +128,7 @@ class HookEnv:
             world_size=_int("WORLD_SIZE", env.get("WORLD_SIZE", "1")),
             ack_wait_s=_seconds(ENV_ACK_WAIT, env.get(ENV_ACK_WAIT) or None),
             generation=_generation(env.get(ENV_GENERATION)),
+            keep=_int(ENV_CHECKPOINT_KEEP, env.get(ENV_CHECKPOINT_KEEP) or "0"),
         )
 
 
@@ -250,15 +255,19 @@ class Hook:
     def acknowledge(self, step: int, checkpoint: str | os.PathLike[str]) -> None:
         """Tell the daemon the checkpoint of ``step`` is safely on disk. Only rank 0 writes; others return.
 
-        Call it after the checkpoint file is complete (written atomically), then exit 0. Outside flexmig
-        (no ``FLEXMIG_ACK_PATH``) it does nothing. Under Slurm (``FLEXMIG_ACK_WAIT_S`` set by flexmig's TaskProlog)
-        it then waits up to that long for flexmig to requeue the job, which ends this process; it returns only if
-        that does not happen in time.
+        Call it after the checkpoint file is complete (written atomically), then exit 0. With ``[hook] keep`` in
+        the job's spec (``FLEXMIG_CHECKPOINT_KEEP``) it then removes the older checkpoints of the same series
+        beyond that many (:func:`flexmig_hook.prune.prune_checkpoints`); the one acknowledged always stays.
+        Outside flexmig (no ``FLEXMIG_ACK_PATH``) it does nothing. Under Slurm (``FLEXMIG_ACK_WAIT_S`` set by
+        flexmig's TaskProlog) it then waits up to that long for flexmig to requeue the job, which ends this
+        process; it returns only if that does not happen in time.
         """
         if self.env.rank != 0 or self.env.ack_path is None:
             return
         ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()), step_done_s=self._boundary_s)
         atomic_write_json(self.env.ack_path, ack.to_json(), mode=0o644)
+        if self.env.keep > 0:
+            prune_checkpoints(Path(ack.checkpoint), ack.step, self.env.keep)
         if self.env.ack_wait_s:
             threading.Event().wait(self.env.ack_wait_s)
 

@@ -27,6 +27,7 @@ __all__ = [
     "ENV_ACK_PATH",
     "ENV_ACK_WAIT",
     "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_KEEP",
     "ENV_CHECKPOINT_SIGNAL",
     "ENV_DIST_BACKEND",
     "ENV_GENERATION",
@@ -57,6 +58,9 @@ ENV_ACK_PATH = "FLEXMIG_ACK_PATH"
 ENV_RESUME = "FLEXMIG_RESUME"
 ENV_RESUME_STEP = "FLEXMIG_RESUME_STEP"
 ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
+#: How many checkpoints of the acknowledged one's series to keep (``[hook] keep``; 0: all): rank 0 removes older
+#: ones after acknowledging (:mod:`flexmig_hook.prune`).
+ENV_CHECKPOINT_KEEP = "FLEXMIG_CHECKPOINT_KEEP"
 #: Set by flexmig's Slurm TaskProlog: after acknowledging, wait this many seconds to be requeued instead of
 #: returning (a batch job that exits on its own completes, and a completed job can no longer be requeued).
 ENV_ACK_WAIT = "FLEXMIG_ACK_WAIT_S"
