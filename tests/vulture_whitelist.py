@@ -170,6 +170,7 @@ _.batch_idx
 _.resume_from_checkpoint
 _.ckpt_path
 _.trainer_settings
+_.dataloader  # flexmig_hook.lightning: the resumable training loader (examples/train_lightning.py)
 _.from_standby
 _.FlexmigCallback  # flexmig_hook.transformers, flexmig_hook.lightning: one line in a job's callbacks=[...]
 _.load_model  # flexmig_hook.dcp: a sharded job's checkpoints (examples/train_fsdp.py, docs/jobs.md)
