@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    # bos/eos inside the tiny vocabulary (GPT-2's 50256 is not, and the config warns at every start)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
     data = Pattern(4096, 32, config.vocab_size, args.seed)
     t_built = time.time()

@@ -160,6 +160,7 @@ _.check_node_conf
 # --- The hook's framework integrations: methods the frameworks call by name (a Hugging Face TrainerCallback's
 # ``on_*``, a Lightning Callback's hooks) with the arguments their signatures fix, the ``control`` flag the Trainer
 # reads, and what job scripts (examples/, not scanned) read from the callbacks and the hook.
+_.on_init_end
 _.on_train_begin
 _.on_step_end
 _.on_save

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -39,8 +41,13 @@ def jobs(node: ActNode, *args: str) -> str:
     return out.stdout
 
 
-def state(node: ActNode, name: str) -> str:
-    return str({j["name"]: j["state"] for j in json.loads(jobs(node, "list", "--json"))}[name])
+def ended(node: ActNode, name: str) -> bool:
+    state = {j["name"]: j["state"] for j in json.loads(jobs(node, "list", "--json"))}[name]
+    return state in ("done", "stopped")
+
+
+def gone(path: Path) -> bool:
+    return not path.exists()
 
 
 def test_the_cgroups_of_ended_jobs_are_removed(node: ActNode) -> None:
@@ -52,10 +59,11 @@ def test_the_cgroups_of_ended_jobs_are_removed(node: ActNode) -> None:
         jobs(node, "submit", str(write_spec(node.base / f"{name}.toml", text)))
         uid = job_uid(node.journal, name)
         assert uid is not None
-        wait_until(lambda u=uid: CGROUPS.path(u).exists(), timeout_s=30, what=f"{name}'s cgroup")
+        cgroup = CGROUPS.path(uid)
+        wait_until(cgroup.exists, timeout_s=30, what=f"{name}'s cgroup")
         if name == "moved":
             jobs(node, "migrate", name)
         if name == "stopped":
             jobs(node, "stop", name)
-        wait_until(lambda n=name: state(node, n) in ("done", "stopped"), timeout_s=60, what=f"{name} ended")
-        wait_until(lambda u=uid: not CGROUPS.path(u).exists(), timeout_s=10, what=f"{name}'s cgroup removed")
+        wait_until(partial(ended, node, name), timeout_s=60, what=f"{name} ended")
+        wait_until(partial(gone, cgroup), timeout_s=10, what=f"{name}'s cgroup removed")
