@@ -105,7 +105,8 @@ g.add(
 g.add(
     timeseries(
         "Job downtime per move (p50, p95)",
-        "Time a job had no rank running during a migrate or resplit: old ranks stopped to new ranks started.",
+        "The job's own downtime in a migrate or resplit, as its hook reports it: its last step before the checkpoint "
+        "to its first step after the move (flexmig's share of it: flexmig_move_pause_seconds).",
         [
             Q(_quantile(0.5, "flexmig_job_downtime_seconds"), "p50 {{Hostname}} {{action}}"),
             Q(_quantile(0.95, "flexmig_job_downtime_seconds"), "p95 {{Hostname}} {{action}}"),

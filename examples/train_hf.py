@@ -47,8 +47,8 @@ class Pattern(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 class JsonLog(TrainerCallback):  # type: ignore[misc]
     """Rank 0's JSON-lines log of the run (``start``, and ``step`` with the loss)."""
 
-    def __init__(self, path: Path | None, times: dict[str, float], world: int) -> None:
-        self.path, self.times, self.world = path, times, world
+    def __init__(self, path: Path | None, times: dict[str, float], world: int, step_time: float = 0.0) -> None:
+        self.path, self.times, self.world, self.step_time = path, times, world, step_time
 
     def write(self, state: Any, **fields: Any) -> None:
         if self.path is not None and state.is_world_process_zero:
@@ -62,6 +62,10 @@ class JsonLog(TrainerCallback):  # type: ignore[misc]
         if logs and "loss" in logs:
             self.write(state, event="step", step=state.global_step, loss=float(logs["loss"]))
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.step_time > 0:
+            time.sleep(self.step_time)  # stands in for work, so that a run lasts long enough to be moved
+
 
 def main(argv: list[str] | None = None) -> int:
     t_imported = time.time()
@@ -70,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4, help="samples per rank and step")
     p.add_argument("--log", type=Path, default=None)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step (stands in for work)")
     args = p.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    # bos/eos inside the tiny vocabulary (GPT-2's 50256 is not, and the config warns at every start)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
     data = Pattern(4096, 32, config.vocab_size, args.seed)
     t_built = time.time()
@@ -97,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         model=model,
         args=training,
         train_dataset=data,
-        callbacks=[flexmig, JsonLog(args.log, times, flexmig.hook.env.world_size)],
+        callbacks=[flexmig, JsonLog(args.log, times, flexmig.hook.env.world_size, args.step_time)],
     )
     trainer.train(resume_from_checkpoint=flexmig.resume_from_checkpoint)
     return 0

@@ -3,8 +3,9 @@
 
 A small regression model (a fixed random teacher, like ``train_ddp.py``) trains on the CPU, under DDP over gloo
 when flexmig starts it on several instances. ``FlexmigCallback`` saves through Lightning's checkpointing when
-flexmig asks, acknowledges, and ends the ranks; the next generation resumes from that checkpoint mid-epoch,
-under any world size.
+flexmig asks, acknowledges, and ends the ranks; the next generation resumes from that checkpoint (loaded with
+``weights_only=True``) at the next global step, on exactly the batches an uninterrupted run trains on
+(``flexmig.dataloader``: the batches are defined per global step), under any world size.
 
 Rank 0 appends JSON lines to ``--log``: ``start`` (the step it resumes after, world size, times) and ``step``
 (the training loss at each optimizer step), each with its wall-clock time ``t``.
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--features", type=int, default=16)
-    p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
+    p.add_argument("--global-batch", type=int, default=32, help="samples per global step, split over the ranks")
     p.add_argument("--log", type=Path, default=None)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step (stands in for work)")
@@ -95,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         enable_model_summary=False,
         **flexmig.trainer_settings(),
     )
-    loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True)
-    trainer.fit(model, loader, ckpt_path=flexmig.ckpt_path)
+    loader = flexmig.dataloader(data, args.global_batch, seed=args.seed)  # resumes at the checkpoint's step
+    trainer.fit(model, loader, ckpt_path=flexmig.ckpt_path, weights_only=True)
     return 0
 
 

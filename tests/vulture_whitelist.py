@@ -160,6 +160,7 @@ _.check_node_conf
 # --- The hook's framework integrations: methods the frameworks call by name (a Hugging Face TrainerCallback's
 # ``on_*``, a Lightning Callback's hooks) with the arguments their signatures fix, the ``control`` flag the Trainer
 # reads, and what job scripts (examples/, not scanned) read from the callbacks and the hook.
+_.on_init_end
 _.on_train_begin
 _.on_step_end
 _.on_save
@@ -170,6 +171,7 @@ _.batch_idx
 _.resume_from_checkpoint
 _.ckpt_path
 _.trainer_settings
+_.dataloader  # flexmig_hook.lightning: the resumable training loader (examples/train_lightning.py)
 _.from_standby
 _.FlexmigCallback  # flexmig_hook.transformers, flexmig_hook.lightning: one line in a job's callbacks=[...]
 _.load_model  # flexmig_hook.dcp: a sharded job's checkpoints (examples/train_fsdp.py, docs/jobs.md)

@@ -263,13 +263,13 @@ def test_an_in_place_resplit_killed_between_destroy_and_create_recovers_its_inst
     base: Path, kill_at: str, standby: bool
 ) -> None:
     # 1g@2, 1g@3 and 3g@4 leave no room elsewhere, so 2g.35gb@0 must replace the job's own 1g@0 and 1g@1 (with
-    # standby too: no rank can start there before the job stops).
+    # standby too: no rank can start there before the job stops, so the request asks for it: in_place).
     node = Node(base, "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+3g.71gb@4")
     try:
         node.start(kill_at)
         assert node.call("jobs.submit", path=str(job_spec(base, ranks=2, standby=standby)))["ok"]
         node.wait_steps()
-        request_in_background(node, "jobs.resplit", name="counter", ranks=1, profile="2g.35gb")
+        request_in_background(node, "jobs.resplit", name="counter", ranks=1, profile="2g.35gb", in_place=True)
         node.wait_killed()
         node.start()
         check_runs_exactly_once_from_its_checkpoint(node, [(0, 0)])

@@ -179,13 +179,13 @@ def test_a_move_cancelled_while_its_standby_waits_ends_the_standby_ranks(base: P
 
 def test_an_in_place_resplit_of_a_standby_job_starts_its_rank_cold_after_the_create(base: Path) -> None:
     # No room elsewhere: 2g.35gb@0 can exist only once the job's own 1g@0 and 1g@1 are gone, so no rank can start
-    # there before the checkpoint; the move runs as it would without standby.
+    # there before the checkpoint; the move runs as it would without standby (asked for: in_place).
     node = Node(base, "h200:1g.18gb@0+1g.18gb@1+1g.18gb@2+1g.18gb@3+3g.71gb@4")
     try:
         node.start()
         assert node.call("jobs.submit", path=str(job_spec(base, ranks=2, standby=True)))["ok"]
         node.wait_steps()
-        assert node.call("jobs.resplit", name="counter", ranks=1, profile="2g.35gb")["ok"]
+        assert node.call("jobs.resplit", name="counter", ranks=1, profile="2g.35gb", in_place=True)["ok"]
         check_runs_exactly_once_from_its_checkpoint(node, [(0, 0)])
         steps = steps_of_last_move(node, "resplit")
         assert "standby" not in steps

@@ -111,7 +111,7 @@ def test_a_bad_argument_is_refused_with_the_sockets_message(op: str, args: dict[
 
 def test_absent_optional_arguments_get_their_defaults_so_handlers_never_guess() -> None:
     assert check("jobs.stop", {"name": "a"}) == {"name": "a", "force": False}
-    assert check("jobs.migrate", {"name": "a"}) == {"name": "a", "to": None}
+    assert check("jobs.migrate", {"name": "a"}) == {"name": "a", "to": None, "in_place": False}
     assert check("standdown", {}) == {"stop_jobs": False, "dry_run": False}
     assert check("plan", {"requests": ["2x1g.18gb"]}) == {"requests": ["2x1g.18gb"]}
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from flexmig.hook.protocol import (
     HandoverError,
     decode_handover,
     encode_handover,
+    first_step_path,
+    read_first_step,
 )
 
 
@@ -277,3 +280,94 @@ def test_exit_flushes_what_was_printed_and_skips_the_interpreters_teardown(tmp_p
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0 and out.stdout == "saved and acknowledged"
+
+
+def test_the_acknowledgement_says_when_the_last_step_before_it_ended(tmp_path: Path) -> None:
+    h = hook.install(env_for(tmp_path), handler=False)
+    h.request()
+    before = time.time()
+    assert h.should_checkpoint()  # the step boundary at which the job sees the request
+    after = time.time()
+    h.acknowledge(7, tmp_path / "ckpt" / "step-7.pt")
+    ack = read_ack(tmp_path / "ack.json")
+    assert ack is not None and ack.step_done_s is not None and before <= ack.step_done_s <= after
+
+
+def test_a_resumed_generation_reports_its_first_step_once_and_a_first_start_never(tmp_path: Path) -> None:
+    report = first_step_path(tmp_path / "ack.json")
+    first = hook.install(env_for(tmp_path, FLEXMIG_GENERATION="1"), handler=False)
+    first.should_checkpoint()
+    assert not report.exists(), "a first start resumes nothing: no move to measure"
+    resumed = hook.install(
+        env_for(tmp_path, FLEXMIG_GENERATION="3", FLEXMIG_RESUME=str(tmp_path / "c.pt")), handler=False
+    )
+    before = time.time()
+    resumed.should_checkpoint()
+    got = read_first_step(report)
+    assert got is not None and got.generation == 3 and before <= got.step_done_s <= time.time()
+    report.unlink()
+    resumed.should_checkpoint()
+    assert not report.exists(), "only the first step is reported"
+    other = hook.install(
+        env_for(tmp_path, FLEXMIG_GENERATION="3", FLEXMIG_RESUME=str(tmp_path / "c.pt"), RANK="1"), handler=False
+    )
+    other.should_checkpoint()
+    assert not report.exists(), "rank 0 reports for the job"
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b'{"step": 1, "checkpoint": "/x", "step_done_s": "soon"}', "'step_done_s' must be a time"),
+        (b'{"step": 1, "checkpoint": "/x", "step_done_s": -1}', "'step_done_s' must be a time"),
+        (b'{"step": 1, "checkpoint": "/x", "step_done_s": 1e300}', "'step_done_s' must be a time"),
+    ],
+)
+def test_a_bad_step_time_in_an_acknowledgement_is_refused(tmp_path: Path, content: bytes, why: str) -> None:
+    (tmp_path / "ack.json").write_bytes(content)
+    with pytest.raises(AckError, match=why):
+        read_ack(tmp_path / "ack.json")
+
+
+def test_a_first_step_report_is_read_within_the_acknowledgements_bounds(tmp_path: Path) -> None:
+    p = tmp_path / "r"
+    p.write_bytes(b'{"generation": true, "step_done_s": 5}')
+    with pytest.raises(AckError, match="'generation' must be a non-negative integer"):
+        read_first_step(p)
+    p.write_bytes(b'{"generation": 2}')
+    with pytest.raises(AckError, match="no 'step_done_s'"):
+        read_first_step(p)
+    p.unlink()
+    p.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(AckError, match="symbolic link"):
+        read_first_step(p)
+    assert read_first_step(tmp_path / "none") is None
+
+
+def test_acknowledging_prunes_the_older_checkpoints_of_the_series_beyond_keep(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for step in (1, 2, 3, 4, 9):
+        for rank in (0, 1):
+            (ckpt / f"rank{rank}-step{step:09d}.json").write_text("{}")
+    (ckpt / "checkpoint-3").mkdir()
+    (ckpt / "checkpoint-3" / "model.bin").write_text("x")
+    (ckpt / "notes-1.txt").write_text("mine")
+    h = hook.install(env_for(tmp_path, FLEXMIG_CHECKPOINT_KEEP="2"), handler=False)
+    h.acknowledge(4, ckpt / "rank0-step000000004.json")
+    left = sorted(p.name for p in ckpt.iterdir())
+    assert left == sorted(
+        [
+            "checkpoint-3",  # another series
+            "notes-1.txt",
+            *[f"rank{r}-step{s:09d}.json" for s in (3, 4, 9) for r in (0, 1)],  # 4 acknowledged, 3 kept, 9 newer
+        ]
+    )
+    for step in (5, 10):
+        (ckpt / f"checkpoint-{step}").mkdir()
+    h.acknowledge(10, ckpt / "checkpoint-10")
+    assert not (ckpt / "checkpoint-3").exists(), "a directory of the series goes with its contents"
+    assert (ckpt / "checkpoint-5").exists() and (ckpt / "checkpoint-10").exists(), "keep 2: the acked one, one more"
+    unbounded = hook.install(env_for(tmp_path, FLEXMIG_CHECKPOINT_KEEP="0"), handler=False)
+    unbounded.acknowledge(9, ckpt / "rank0-step000000009.json")
+    assert (ckpt / "rank0-step000000003.json").exists(), "keep 0: every checkpoint stays"

@@ -199,6 +199,8 @@ def test_a_key_in_an_inline_table_is_refused_with_its_line(tmp_path: Path, polic
         (("[ranks]\nmin = 1\nmax = 4\nstart = 2\n", "ranks = 3\n"), "ranks", "must be a table"),
         (("exit_timeout_s = 5", 'exit_timeout_s = 5\nstandby = "yes"'), "hook.standby", "must be true or false"),
         (("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby_timeout_s = 0"), "hook.standby_timeout_s", "must be in"),
+        (("exit_timeout_s = 5", "exit_timeout_s = 5\nkeep = -1"), "hook.keep", r"must be 0 \(keep every"),
+        (("exit_timeout_s = 5", 'exit_timeout_s = 5\nkeep = "2"'), "hook.keep", "must be an integer"),
         (("exit_timeout_s = 5", "exit_timeout_s = 5\nstandby = true"), "hook.standby", "needs launcher 'plain'"),
     ],
 )

@@ -143,8 +143,13 @@ def test_actions_are_counted_by_outcome_with_their_durations_and_move_downtimes(
     assert 'flexmig_actions_total{Hostname="node-1",action="destroy_instance",outcome="skipped"} 1.0' in text
     assert 'flexmig_action_duration_seconds_count{Hostname="node-1",action="migrate"} 2.0' in text
     assert 'flexmig_action_duration_seconds_sum{Hostname="node-1",action="migrate"} 32.2' in text
-    assert 'flexmig_job_downtime_seconds_bucket{Hostname="node-1",action="migrate",le="0.1"} 1.0' in text
-    assert 'flexmig_job_downtime_seconds_sum{Hostname="node-1",action="resplit"} 0.5' in text
+    assert 'flexmig_move_pause_seconds_bucket{Hostname="node-1",action="migrate",le="0.1"} 1.0' in text
+    assert 'flexmig_move_pause_seconds_sum{Hostname="node-1",action="resplit"} 0.5' in text
+    assert "flexmig_job_downtime_seconds_sum" not in text, "the job's own downtime comes from the job, not the move"
+    m.record_job_downtime("migrate", 0.18)
+    text = exposition(m)
+    assert 'flexmig_job_downtime_seconds_bucket{Hostname="node-1",action="migrate",le="0.25"} 1.0' in text
+    assert 'flexmig_job_downtime_seconds_count{Hostname="node-1",action="migrate"} 1.0' in text
     assert 'flexmig_jobs{Hostname="node-1",state="pending"} 1.0' in text
     # the started-but-unfinished migrate of action 2 finished; nothing runs now
     assert 'flexmig_actions_in_progress{Hostname="node-1"} 0.0' in text

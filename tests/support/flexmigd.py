@@ -68,6 +68,7 @@ class ActNode:
     nofile: int | None = None  # RLIMIT_NOFILE (soft and hard) of the daemon, as LimitNOFILE= would set it
     entry: tuple[str, ...] = ("-m", "flexmig.daemon")  # what the interpreter runs: a test's harness around main()
     env: dict[str, str] = field(default_factory=dict)  # more environment for the daemon
+    sim_workload: bool = True  # False: --no-sim-workload (the node runs only the jobs flexmigd launches)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -133,6 +134,8 @@ class ActNode:
             sys.executable, *self.entry, "--sim", self.spec, "--sim-state", str(self.sim_state),
             "--config", str(self.config), "--metrics-addr", f"127.0.0.1:{self.port}",
         ]  # fmt: skip
+        if not self.sim_workload:
+            argv.append("--no-sim-workload")
         if self.nofile is not None:  # prlimit sets the limit, then execs flexmigd (same pid)
             argv = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *argv]
         with self.log.open("wb") as log:

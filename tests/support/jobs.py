@@ -57,7 +57,8 @@ def ddp_spec(
     profile: str = "1g.18gb",
 ) -> str:
     """The torch DDP example (``examples/train_ddp.py``) as a job spec, logging to base/train.log (1g.18gb ranks
-    unless ``profile`` says otherwise); ``min_ranks`` below ``ranks`` makes it malleable."""
+    unless ``profile`` says otherwise); ``min_ranks`` below ``ranks`` makes it malleable. It keeps every checkpoint
+    (``keep = 0``): :meth:`Training.check_resumed_exactly` loads each one."""
     return f"""\
 name = "{name}"
 argv = ["{sys.executable}", "{ROOT}/examples/train_ddp.py", "--steps", "100000", "--step-time", "0.03",
@@ -76,6 +77,7 @@ profile = "{profile}"
 [hook]
 ack_timeout_s = 120
 exit_timeout_s = 60
+keep = 0
 """
 
 

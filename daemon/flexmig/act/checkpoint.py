@@ -20,6 +20,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -199,16 +200,16 @@ def validate_ack(rec: JobRecord, ack: Ack) -> Ack:
         why = f"job {rec.name} acknowledged a missing or empty checkpoint {named}"
         raise StepFailed(why, outcome="cancelled") from None
     if found is None:  # the daemon may not look inside: the job's word for it
-        return Ack(step=ack.step, checkpoint=str(named))
+        return replace(ack, checkpoint=str(named))
     real, st = found
     if stat.S_ISDIR(st.st_mode) and real != root:
         try:
             if has_entries(root, real):
-                return Ack(step=ack.step, checkpoint=str(real))
+                return replace(ack, checkpoint=str(real))
         except PermissionError:
-            return Ack(step=ack.step, checkpoint=str(real))
+            return replace(ack, checkpoint=str(real))
         except (OSError, UserPathError):
             pass
     elif stat.S_ISREG(st.st_mode) and st.st_size > 0:
-        return Ack(step=ack.step, checkpoint=str(real))
+        return replace(ack, checkpoint=str(real))
     raise StepFailed(f"job {rec.name} acknowledged a missing or empty checkpoint {named}", outcome="cancelled")

@@ -173,6 +173,12 @@ def _table(*rows: Operation) -> Mapping[str, Operation]:
 
 _FLAGS = "'stop_jobs' and 'dry_run' must be true or false"
 _JOB = Arg("string", "the job's name (as in its spec)", required=True, pattern=JOB_PATTERN)
+_IN_PLACE = Arg(
+    "boolean",
+    "allow the move to restart the job on (or over) the instances it runs on, cold, when nothing else fits; "
+    "without it such a move is refused and nothing is moved",
+    default=False,
+)
 
 OPERATIONS: Mapping[str, Operation] = _table(
     Operation(
@@ -198,7 +204,11 @@ OPERATIONS: Mapping[str, Operation] = _table(
         "jobs.migrate",
         "Checkpoint a running job, move its ranks to other instances (of profile 'to', default: the same) and "
         "resume it there.",
-        {"name": _JOB, "to": Arg("string", "MIG profile of the new instances", choices=_PROFILES)},
+        {
+            "name": _JOB,
+            "to": Arg("string", "MIG profile of the new instances", choices=_PROFILES),
+            "in_place": _IN_PLACE,
+        },
         acting=True,
         served_by="actuator",
         handler="migrate",
@@ -214,6 +224,7 @@ OPERATIONS: Mapping[str, Operation] = _table(
             "name": _JOB,
             "ranks": Arg("integer", "the new number of ranks", required=True, minimum=1, maximum=64),
             "profile": Arg("string", "MIG profile of each rank's instance", choices=_PROFILES),
+            "in_place": _IN_PLACE,
         },
         acting=True,
         served_by="actuator",

@@ -28,10 +28,11 @@ from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import PlanResult
 from flexmig.errors import JobSpecError, JournalError, PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, JobSpec, load_job_spec
+from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
 from flexmig_hook.protocol import Ack
 
-__all__ = ["JobsApi", "describe_plan", "own_checkpoint"]
+__all__ = ["JobsApi", "describe_plan", "own_checkpoint", "refuse_in_place"]
 
 _ACTING = {
     "start": "starting",
@@ -65,6 +66,32 @@ def own_checkpoint(old: JobRecord | None, spec: JobSpec) -> Ack | None:
     if old.spec.user != spec.user or not inside(Path(old.last_ack.checkpoint), spec.checkpoint_dir):
         return None
     return old.last_ack
+
+
+def refuse_in_place(model: GpuModel, rec: JobRecord, profile: str, targets: Sequence[Slot], kind: str) -> None:
+    """PlanRejectedError, in one line, when a move of ``rec`` would put a rank on (or over) an instance the job runs
+    on: nothing else of ``profile`` is free, so the "move" would stop the job and start it again where it was, cold
+    (no standby rank can start on an instance the running generation holds), at the price of a whole restart. An
+    operator who wants that asks for it (``in_place``)."""
+    landing = [t for t in targets if any(_overlap(model, t, s) for s in rec.slots)]
+    if not landing:
+        return
+    free = len(targets) - len(landing)
+    what = f"no free instance of {profile}" if not free else f"only {free} free instance(s) of {profile}"
+    where = ", ".join(s.spec() for s in rec.slots)
+    raise PlanRejectedError(
+        f"{what} for {len(targets)} rank(s) of job {rec.name}: the {kind} could only restart it, cold, where it "
+        f"runs ({where}); nothing moved (--in-place to do that anyway)"
+    )
+
+
+def _overlap(model: GpuModel, a: Slot, b: Slot) -> bool:
+    """Whether instances ``a`` and ``b`` share a memory slice."""
+    if a.gpu != b.gpu:
+        return False
+    ea = a.start + model.profile(a.profile).memory_slices
+    eb = b.start + model.profile(b.profile).memory_slices
+    return a.start < eb and b.start < ea
 
 
 class JobsApi:
@@ -209,7 +236,10 @@ class JobsApi:
         return rec
 
     async def migrate(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """``jobs.migrate``: move a running job to instances of profile ``to`` (default: its own)."""
+        """``jobs.migrate``: move a running job to instances of profile ``to`` (default: its own).
+
+        Refused (nothing moved) when some rank could only land on the instances the job runs on, unless
+        ``in_place``: that is a cold restart where it is, not a move (:func:`refuse_in_place`)."""
         rec = self._running(args["name"])
         view = await self.ex.view()
         model = node_model(view)
@@ -219,13 +249,19 @@ class JobsApi:
         except KeyError as exc:
             raise RequestError(str(exc.args[0])) from None
         targets, clear = self._place(view, profile, len(rec.slots), held=self.ex.held(exclude=rec.name), own=rec.slots)
+        if not args["in_place"]:
+            refuse_in_place(model, rec, profile, targets, "migrate")
         plan = move_plan(
             view, rec.name, rec.slots, targets, self.settings, resplit=False, reason="operator request", clear=clear
         )
         return await self._run(plan)
 
     async def resplit(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """``jobs.resplit``: relaunch a running job over ``ranks`` instances of ``profile`` (default: its own)."""
+        """``jobs.resplit``: relaunch a running job over ``ranks`` instances of ``profile`` (default: its own).
+
+        A job without standby ranks restarts cold whatever its targets, so it keeps its own instances first. A job
+        with standby ranks goes where there is room; when some rank could only land on the instances it runs on (it
+        would start cold there, after the checkpoint), the request is refused unless ``in_place``."""
         rec = self._running(args["name"])
         ranks: int = args["ranks"]
         if not rec.spec.ranks_min <= ranks <= rec.spec.ranks_max:
@@ -242,6 +278,8 @@ class JobsApi:
         keep = not rec.spec.hook.standby
         held = self.ex.held(exclude=rec.name)
         targets, clear = self._place(view, profile, ranks, held=held, own=rec.slots, keep_own=keep)
+        if rec.spec.hook.standby and not args["in_place"]:
+            refuse_in_place(model, rec, profile, targets, "resplit")
         plan = move_plan(
             view, rec.name, rec.slots, targets, self.settings, resplit=True, reason="operator request", clear=clear
         )

@@ -227,7 +227,15 @@ def move_plan(
     clear: Sequence[Slot] = (),
 ) -> Plan:
     """Destroy the idle instances in the way (``clear``, from :func:`make_room`), create free-standing targets,
-    move the job (migrate or re-split), then destroy the sources it left.
+    move the job (migrate or re-split), then destroy the sources it left: all of them after a re-split, as many
+    as it created targets after a migration.
+
+    A migration keeps the node's layout: one onto free instances that exist swaps them with the ones it leaves,
+    which stay as free instances (the next job of that profile starts at once, and the planner's own placement
+    destroys an idle instance when it needs the room, at the cost it would pay anyway); one that created its targets
+    destroys one source for each. Destroying every source instead thinned a node of seven 1g instances to one in
+    three migrations of a 2-rank job, each later 2-rank start then paying two creates. A re-split changes the job's
+    shape, so what it leaves is no swap: it is destroyed, and the planner lays the room out again.
 
     Targets that overlap the job's own sources are not created up front: the executor destroys those sources
     and creates the targets after the job has stopped (inside the move). Sources overlapped that way are gone
@@ -254,9 +262,11 @@ def move_plan(
     else:
         actions.append(MigrateJob(job, from_i, to_i, reason, cost))
     target_keys = {t.key for t in targets}
+    created = sum(isinstance(a, CreateInstance) for a in actions)  # the targets made before the move
     for s in src:
         if s.key in target_keys or any(_overlaps(model, s, t) for t in inside):
             continue
-        if s.key in src_keys:
+        if s.key in src_keys and (resplit or created > 0):
+            created -= 1
             actions.append(DestroyInstance(s.gpu, s.start, model.profile(s.profile), reason, settings.reconfigure_s))
     return Plan(tuple(actions))

@@ -58,6 +58,7 @@ from flexmig.tasks import cancel_and_wait, spawn
 from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_SIGNAL,
     ENV_DIST_BACKEND,
     ENV_GENERATION,
@@ -177,6 +178,7 @@ def rank_requests(
         ENV_CHECKPOINT_DIR: str(spec.checkpoint_dir),
         ENV_ACK_PATH: str((acks or AckPlacement()).path(rec)),
         ENV_CHECKPOINT_SIGNAL: spec.hook.signal.name,
+        ENV_CHECKPOINT_KEEP: str(spec.hook.keep),
         ENV_DIST_BACKEND: "gloo",
         ENV_JOB_ID: rec.uid,
         ENV_GENERATION: str(rec.generation),
@@ -304,7 +306,8 @@ class Supervisor:
         await asyncio.gather(*(self._attach(h) for h in started))
         for h in started:
             self._watch(rec.name, h)
-        self._emit_started(rec, started, resume)
+        if started:  # a move whose standby ranks were all handed over starts none here: nothing to tell twice
+            self._emit_started(rec, started, resume)
         return started
 
     async def _start_all(self, rec: JobRecord, reqs: Mapping[int, LaunchRequest]) -> list[RankHandle]:

@@ -63,7 +63,7 @@ _STOP_TIMEOUT_S = 40.0
 _MAX_ACTIVE = 6  # jobs running or queued at once in the stream after the first minute
 _LOG_LINE = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
 _METRICS_LINE = re.compile(r"metrics on (http://\S+/metrics)")
-_DOWNTIME = re.compile(r"^action_completed #(\d+) .*\(downtime ([0-9.]+) s\)")
+_DOWNTIME = re.compile(r"^action_completed #(\d+) .*\(flexmig's share of the pause ([0-9.]+) s")
 _ESTIMATE = re.compile(r"\(~([0-9.]+) s\)$")
 _PLAN_DONE = re.compile(r"^plan \d+ (completed|did not complete) in ")
 
@@ -479,7 +479,7 @@ class _Demo:
             if estimate is not None:
                 took += f" (estimated {estimate:.1f} s)"
             if aid in self._downtime:
-                took += f" (the job was down {self._downtime[aid]} s)"
+                took += f" (flexmig's share of the job's pause {self._downtime[aid]} s)"
             if reason.startswith("submitted from "):
                 reason = ""  # the submission was just told
             why = f" ({a['error']})" if a.get("error") else f": {reason}" if reason else ""

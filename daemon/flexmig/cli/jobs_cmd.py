@@ -15,6 +15,9 @@ from flexmig.cli.table import output_width
 __all__ = ["DEFAULT_SOCKET", "connection_options", "register"]
 
 DEFAULT_SOCKET = Path("/run/flexmig/control.sock")
+_IN_PLACE_HELP = (
+    "when no other instance is free, restart the job where it runs (cold); without it such a move is refused"
+)
 
 
 def register(sub: Any) -> None:
@@ -39,6 +42,7 @@ def register(sub: Any) -> None:
     connection_options(s, after_verb=True)
     s.add_argument("name")
     s.add_argument("--to", metavar="PROFILE", default=None, help="profile of the new instances (default: same)")
+    s.add_argument("--in-place", action="store_true", help=_IN_PLACE_HELP)
     s.set_defaults(func=_migrate)
 
     s = acts.add_parser("resplit", help="checkpoint a job and relaunch it with another number of ranks")
@@ -46,6 +50,7 @@ def register(sub: Any) -> None:
     s.add_argument("name")
     s.add_argument("--ranks", type=int, required=True, help="new number of ranks (one MIG instance each)")
     s.add_argument("--profile", default=None, help="profile of the instances (default: same)")
+    s.add_argument("--in-place", action="store_true", help=_IN_PLACE_HELP)
     s.set_defaults(func=_resplit)
 
     s = acts.add_parser("stop", help="checkpoint and stop a job (--force: SIGTERM without a checkpoint)")
@@ -115,12 +120,16 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    extra = {"to": args.to} if args.to else {}
+    extra: dict[str, Any] = {"to": args.to} if args.to else {}
+    if args.in_place:
+        extra["in_place"] = True
     return _report(_client(args).call("jobs.migrate", name=args.name, **extra))
 
 
 def _resplit(args: argparse.Namespace) -> int:
-    extra = {"profile": args.profile} if args.profile else {}
+    extra: dict[str, Any] = {"profile": args.profile} if args.profile else {}
+    if args.in_place:
+        extra["in_place"] = True
     return _report(_client(args).call("jobs.resplit", name=args.name, ranks=args.ranks, **extra))
 
 

@@ -11,6 +11,7 @@ from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_ACK_WAIT,
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_SIGNAL,
     ENV_DIST_BACKEND,
     ENV_GENERATION,
@@ -25,11 +26,14 @@ from flexmig_hook.protocol import (
     READY_LINE,
     Ack,
     AckError,
+    FirstStep,
     HandoverError,
     decode_handover,
     encode_handover,
+    first_step_path,
     parse_signal,
     read_ack,
+    read_first_step,
 )
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "ENV_ACK_PATH",
     "ENV_ACK_WAIT",
     "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_KEEP",
     "ENV_CHECKPOINT_SIGNAL",
     "ENV_DIST_BACKEND",
     "ENV_GENERATION",
@@ -54,9 +59,12 @@ __all__ = [
     "READY_LINE",
     "Ack",
     "AckError",
+    "FirstStep",
     "HandoverError",
     "decode_handover",
     "encode_handover",
+    "first_step_path",
     "parse_signal",
     "read_ack",
+    "read_first_step",
 ]

@@ -82,7 +82,7 @@ _MAX_RUNTIME_S = 366 * 86400.0
 _TABLES = {
     "ranks": frozenset({"min", "max", "start"}),
     "need": frozenset({"profile", "memory_gib", "compute_slices"}),
-    "hook": frozenset({"signal", "ack_timeout_s", "exit_timeout_s", "standby", "standby_timeout_s"}),
+    "hook": frozenset({"signal", "ack_timeout_s", "exit_timeout_s", "standby", "standby_timeout_s", "keep"}),
 }
 
 
@@ -156,6 +156,9 @@ class HookSettings:
     calls ``flexmig_hook.install()`` after its start-up; docs/jobs.md, "Standby ranks")."""
     standby_timeout_s: float = 120.0
     """How long a move waits for its standby ranks to be ready before it asks for the checkpoint anyway."""
+    keep: int = 2
+    """Checkpoints of a series rank 0 keeps after acknowledging one (the acknowledged one and the newest before it;
+    0: all): a job moved twice an hour would otherwise leave 48 a day."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +214,7 @@ class JobSpec:
                 "exit_timeout_s": self.hook.exit_timeout_s,
                 "standby": self.hook.standby,
                 "standby_timeout_s": self.hook.standby_timeout_s,
+                "keep": self.hook.keep,
             },
         }
         if self.group:
@@ -647,7 +651,12 @@ def _hook(c: _Ctx, hook: Mapping[str, Any], default_ack_s: float) -> HookSetting
     ready = _num(c, hook, "hook.standby_timeout_s", "standby_timeout_s", 120.0)
     if not 0 < ready <= 86400:
         raise c.fail("hook.standby_timeout_s", f"must be in (0, 86400] seconds, not {ready:g}")
-    return HookSettings(signal=sig, ack_timeout_s=ack, exit_timeout_s=ext, standby=standby, standby_timeout_s=ready)
+    keep = _int(c, hook, "hook.keep", "keep", 2)
+    if not 0 <= keep <= 1000:
+        raise c.fail("hook.keep", f"must be 0 (keep every checkpoint) to 1000, not {keep}")
+    return HookSettings(
+        signal=sig, ack_timeout_s=ack, exit_timeout_s=ext, standby=standby, standby_timeout_s=ready, keep=keep
+    )
 
 
 def _check_user(c: _Ctx, user: str, group: str | None) -> None:

@@ -6,8 +6,12 @@ the same names):
 * ``flexmig_actions_total{Hostname, action, outcome}``: actions finished; every known action and outcome is
   present from the start at 0, so a panel or an ``increase()`` has a series before the first action;
 * ``flexmig_action_duration_seconds{Hostname, action}`` (histogram): first journalled step to last;
-* ``flexmig_job_downtime_seconds{Hostname, action}`` (histogram, migrate and resplit): the job's old ranks
-  exited to its new ranks started; both histograms have a series per action once that action has run;
+* ``flexmig_move_pause_seconds{Hostname, action}`` (histogram, migrate and resplit): flexmig's share of a move's
+  pause, the job's old ranks exited to its new ranks started; both histograms have a series per action once that
+  action has run;
+* ``flexmig_job_downtime_seconds{Hostname, action}`` (histogram, migrate and resplit): the job's own downtime, its
+  last step before the checkpoint to its first step after the move, once a moved job reported it
+  (:mod:`flexmig.wiring.first_step`);
 * ``flexmig_actions_in_progress{Hostname}``: 1 while an action executes (they run one at a time);
 * ``flexmig_jobs{Hostname, state}``: registered jobs by state, every state present;
 * ``flexmig_planner_runs_total{Hostname}``, ``flexmig_planner_failures_total{Hostname}``,
@@ -103,6 +107,7 @@ class ActionMetrics:
         # ran would only be NaN on a dashboard.
         self._durations: dict[str, Histogram] = {}
         self._downtimes: dict[str, Histogram] = {}
+        self._pauses: dict[str, Histogram] = {}
         self._running: set[int] = set()
         self._jobs: dict[str, int] = dict.fromkeys(JOB_STATES, 0)
         self._planner_runs = 0
@@ -111,8 +116,8 @@ class ActionMetrics:
         self._plan_cost_s: float | None = None
 
     # ------------------------------------------------------------------------------------------ feeding
-    def record(self, event: ActEvent, downtime_s: float | None = None) -> None:
-        """Count an actuator event: an action starting or ending (with its downtime, for moves)."""
+    def record(self, event: ActEvent, pause_s: float | None = None) -> None:
+        """Count an actuator event: an action starting or ending (with flexmig's share of its pause, for moves)."""
         with self._lock:
             if event.kind == "action_started" and event.action_id is not None:
                 self._running.add(event.action_id)
@@ -126,9 +131,15 @@ class ActionMetrics:
             if outcome != "skipped" and event.duration_s is not None:
                 hist = self._durations.setdefault(event.action, Histogram(DURATION_BUCKETS_S))
                 hist.observe(max(0.0, event.duration_s))
-            if downtime_s is not None and event.action in MOVES:
-                hist = self._downtimes.setdefault(event.action, Histogram(DOWNTIME_BUCKETS_S))
-                hist.observe(max(0.0, downtime_s))
+            if pause_s is not None and event.action in MOVES:
+                hist = self._pauses.setdefault(event.action, Histogram(DOWNTIME_BUCKETS_S))
+                hist.observe(max(0.0, pause_s))
+
+    def record_job_downtime(self, action: str, downtime_s: float) -> None:
+        """A moved job's own downtime, as it reported it (its last step before the move to its first after)."""
+        with self._lock:
+            hist = self._downtimes.setdefault(action, Histogram(DOWNTIME_BUCKETS_S))
+            hist.observe(max(0.0, downtime_s))
 
     def set_jobs(self, counts: Mapping[str, int]) -> None:
         """Registered jobs by state (every known state is exported; missing ones as 0)."""
@@ -162,6 +173,7 @@ class ActionMetrics:
             actions = Counter(self._actions)
             durations = {a: h.copy() for a, h in self._durations.items()}
             downtimes = {a: h.copy() for a, h in self._downtimes.items()}
+            pauses = {a: h.copy() for a, h in self._pauses.items()}
             running = len(self._running)
             jobs = dict(self._jobs)
             runs, failures = self._planner_runs, self._planner_failures
@@ -182,6 +194,10 @@ class ActionMetrics:
         for action, hist in downtimes.items():
             d.add_metric([host, action], hist.cumulative(), hist.total)
         yield d
+        m = by_name("flexmig_move_pause_seconds").histogram()
+        for action, hist in pauses.items():
+            m.add_metric([host, action], hist.cumulative(), hist.total)
+        yield m
         g = by_name("flexmig_actions_in_progress").gauge()
         g.add_metric([host], running)
         yield g

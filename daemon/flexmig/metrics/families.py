@@ -419,7 +419,16 @@ FAMILIES: tuple[Family, ...] = (
         "flexmig_job_downtime_seconds",
         "histogram",
         (*_N, "action"),
-        "Time a moved job had no rank running: its old ranks exited to its new ranks started.",
+        "The job's own downtime in a move, as its hook reports it: from its last step before the checkpoint to its "
+        "first step after the move (the save, the exit, the start-up, the load and the first step included).",
+        "per action (migrate, resplit), once a moved job reported its first step",
+    ),
+    Family(
+        "flexmig_move_pause_seconds",
+        "histogram",
+        (*_N, "action"),
+        "flexmig's share of a move's pause: the job's old ranks had exited to its new ranks started (the job's own "
+        "downtime is flexmig_job_downtime_seconds).",
         "per action (migrate, resplit), once it ran",
     ),
     _g("flexmig_actions_in_progress", _N, "Actions executing now (they run one at a time)."),

@@ -125,9 +125,17 @@ def _job_started(event: ActEvent) -> dict[str, Any]:
         "instances": [str(i) for i in d.get("instances", ())],
         "pids": {str(k): int(v) for k, v in pids.items()},
         "resume_step": None if resume is None else int(resume),
-        "reason": f"generation {gen} on {where or 'no instance'}"
-        + (f", resuming after step {resume}" if resume is not None else ", first start"),
+        "reason": f"generation {gen} on {where or 'no instance'}" + _how_started(d, resume),
     }
+
+
+def _how_started(detail: Mapping[str, Any], resume: object) -> str:
+    """How a generation's ranks started: as standby ranks (they wait for a move's checkpoint), resuming, afresh."""
+    if detail.get("standby"):
+        return ", standby ranks waiting for the checkpoint to resume from"
+    if resume is not None:
+        return f", resuming after step {resume}" + (" (standby ranks handed over)" if detail.get("handed_over") else "")
+    return ", first start"
 
 
 def _job_exited(event: ActEvent) -> dict[str, Any]:

@@ -61,7 +61,8 @@ def action_facts(journal: Journal, action_id: int) -> ActionFacts:
 
 
 def move_downtime(journal: Journal, action_id: int | None) -> float | None:
-    """A move's downtime: its old ranks had exited (``await_exit`` done) to its new ranks started."""
+    """flexmig's share of a move's pause: its old ranks had exited (``await_exit`` done) to its new ranks started.
+    The job's own downtime is longer (its save, start-up, load and first step): :mod:`flexmig.wiring.first_step`."""
     if action_id is None:
         return None
     steps = {s.name: s for s in journal.steps(action_id)}
@@ -119,6 +120,6 @@ def log_event(event: Event) -> None:
     if "duration_s" in p:
         timing = f" in {p['duration_s']:.2f} s"
         if "downtime_s" in p:
-            timing += f" (downtime {p['downtime_s']:.2f} s)"
+            timing += f" (flexmig's share of the pause {p['downtime_s']:.2f} s; the job's downtime: job_resumed)"
     why = p.get("error") or p.get("reason") or ""
     log.log(level, "%s%s%s", head, timing, f": {why}" if why else "")

@@ -75,6 +75,7 @@ from flexmig.wiring.action_record import (
 from flexmig.wiring.actuator_host import ActuatorHost, ActuatorPaths
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.daemon_status import daemon_status
+from flexmig.wiring.first_step import FirstSteps
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.plan_now import PlanRound, plan_now
 from flexmig.wiring.planning import planner_settings
@@ -133,6 +134,8 @@ class ActuatorComponent:
         """How long ago each job last moved and first started, on the monotonic clock (the journal's stamps are wall
         time)."""
         self.action_metrics = ActionMetrics()
+        self.first_steps = FirstSteps(clock=clock)
+        """Moves whose job has yet to report its first step (the job's own downtime)."""
         self.paths: ActuatorPaths | None = None
         self.act: Actuator | None = None
         self.control: ControlServer | None = None
@@ -514,6 +517,8 @@ class ActuatorComponent:
             self._rescan.set()
         if moved and row is not None and row.kind in ("migrate", "resplit"):
             downtime = None if self.act is None else move_downtime(self.act.journal, event.action_id)
+            if event.kind == "action_completed" and row.job is not None and event.action_id is not None:
+                self._expect_first_step(row.job, row.kind, event.action_id, downtime)
         self.action_metrics.record(event, downtime)
         if act is not None:
             self.refresh()
@@ -527,6 +532,38 @@ class ActuatorComponent:
         if event.kind == "action_completed" and event.action == "stop":
             self.wake()
 
+    def _expect_first_step(self, job: str, action: str, action_id: int, pause_s: float | None) -> None:
+        """After a completed move: wait for the job's first-step report, if its acknowledgement said when its last
+        step before the move ended (a hook that says nothing gets no job-side figure)."""
+        act = self.act
+        rec = None if act is None else act.journal.get_job(job)
+        if act is None or rec is None or rec.state != "running" or rec.last_ack is None:
+            return
+        if rec.last_ack.step_done_s is None:
+            self.first_steps.forget(job)
+            return
+        self.first_steps.expect(
+            job,
+            action=action,
+            action_id=action_id,
+            generation=rec.generation,
+            step_done_s=rec.last_ack.step_done_s,
+            pause_s=pause_s,
+            ack_path=act.supervisor.acks.path(rec),
+        )
+
+    def _report_first_steps(self) -> None:
+        """The moved jobs that reported their first step: their own downtime, exported and logged beside
+        flexmig's share."""
+        for r in self.first_steps.poll():
+            self.action_metrics.record_job_downtime(r.action, r.downtime_s)
+            share = "unknown" if r.pause_s is None else f"{r.pause_s:.2f} s"
+            log.info(
+                "job_resumed job %s generation %d after %s #%d: job downtime %.2f s (its last step before the "
+                "checkpoint to its first step after the move; flexmig's share %s)",
+                r.job, r.generation, r.action, r.action_id, r.downtime_s, share,
+            )  # fmt: skip
+
     def _facts(self, action_id: int) -> ActionFacts:
         """What the fleet event of ``action_id`` says beyond the actuator's event (plan, origin, target, downtime)."""
         return ActionFacts() if self.act is None else action_facts(self.act.journal, action_id)
@@ -535,6 +572,8 @@ class ActuatorComponent:
         """Job counts for the metrics, and the instances the demo workload must leave alone."""
         if self.act is None:
             return
+        if self.first_steps.waiting():
+            self._report_first_steps()
         journal = self.act.journal  # runs at every sweep: counts and running jobs only, never the whole queue
         self.action_metrics.set_jobs(journal.job_counts())
         held = {s.key for rec in journal.jobs_in("running") for s in rec.slots}

@@ -48,17 +48,22 @@ from flexmig_hook.protocol import (
     ENV_ACK_PATH,
     ENV_ACK_WAIT,
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_SIGNAL,
+    ENV_GENERATION,
     ENV_JOB,
     ENV_RESUME,
     ENV_RESUME_STEP,
     ENV_STANDBY_FD,
     Ack,
     AckError,
+    FirstStep,
     HandoverError,
+    first_step_path,
     parse_signal,
     read_ack,
 )
+from flexmig_hook.prune import prune_checkpoints
 
 __all__ = [
     "Ack",
@@ -96,6 +101,10 @@ class HookEnv:
     ack_wait_s: float | None = None
     standby_wait_s: float | None = None
     """How long this rank waited as a standby for its handover (None: it was not started as a standby)."""
+    generation: int | None = None
+    """The generation flexmig launched this rank as (``FLEXMIG_GENERATION``), None outside flexmig."""
+    keep: int = 0
+    """Checkpoints of a series to keep after an acknowledgement (``FLEXMIG_CHECKPOINT_KEEP``; 0: all)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookEnv:
@@ -118,7 +127,14 @@ class HookEnv:
             rank=_int("RANK", env.get("RANK", "0")),
             world_size=_int("WORLD_SIZE", env.get("WORLD_SIZE", "1")),
             ack_wait_s=_seconds(ENV_ACK_WAIT, env.get(ENV_ACK_WAIT) or None),
+            generation=_generation(env.get(ENV_GENERATION)),
+            keep=_int(ENV_CHECKPOINT_KEEP, env.get(ENV_CHECKPOINT_KEEP) or "0"),
         )
+
+
+def _generation(text: str | None) -> int | None:
+    """``FLEXMIG_GENERATION`` as a number; None when unset or not one (it is the daemon's, never worth failing on)."""
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def _seconds(name: str, text: str | None) -> float | None:
@@ -150,6 +166,9 @@ class Hook:
     def __init__(self, env: HookEnv) -> None:
         self.env = env
         self._requested = threading.Event()
+        self._boundary_s: float | None = None
+        """When the job last called :meth:`should_checkpoint`: the end of its latest step (wall clock)."""
+        self._first_reported = False
 
     # ---------------------------------------------------------------------------------------------- reading
     @property
@@ -185,8 +204,28 @@ class Hook:
         self._requested.set()
 
     def should_checkpoint(self) -> bool:
-        """True once a checkpoint was requested; call it at step boundaries. It stays true until :meth:`clear`."""
+        """True once a checkpoint was requested; call it at step boundaries. It stays true until :meth:`clear`.
+
+        Each call marks a step boundary: the acknowledgement carries the last one (``step_done_s``), and the first
+        one of a resumed generation is reported to flexmig (:meth:`report_first_step`), which tells from the two
+        how long the job itself was down in a move."""
+        self._boundary_s = time.time()
+        if not self._first_reported:
+            self.report_first_step()
         return self._requested.is_set()
+
+    def report_first_step(self) -> None:
+        """Tell flexmig this resumed generation completed its first step (done by the first
+        :meth:`should_checkpoint`; call it yourself only if the job checks for requests less than once a step).
+        Rank 0 of a generation that resumes under flexmig writes the report once; anything else does nothing. A
+        report that cannot be written is skipped: it only measures, the job goes on."""
+        self._first_reported = True
+        env = self.env
+        if env.rank != 0 or env.ack_path is None or env.resume is None or env.generation is None:
+            return
+        report = FirstStep(generation=env.generation, step_done_s=self._boundary_s or time.time())
+        with contextlib.suppress(OSError):
+            atomic_write_json(first_step_path(env.ack_path), report.to_json(), mode=0o644)
 
     def clear(self) -> None:
         """Forget a request (for jobs that checkpoint and carry on instead of exiting)."""
@@ -216,15 +255,19 @@ class Hook:
     def acknowledge(self, step: int, checkpoint: str | os.PathLike[str]) -> None:
         """Tell the daemon the checkpoint of ``step`` is safely on disk. Only rank 0 writes; others return.
 
-        Call it after the checkpoint file is complete (written atomically), then exit 0. Outside flexmig
-        (no ``FLEXMIG_ACK_PATH``) it does nothing. Under Slurm (``FLEXMIG_ACK_WAIT_S`` set by flexmig's TaskProlog)
-        it then waits up to that long for flexmig to requeue the job, which ends this process; it returns only if
-        that does not happen in time.
+        Call it after the checkpoint file is complete (written atomically), then exit 0. With ``[hook] keep`` in
+        the job's spec (``FLEXMIG_CHECKPOINT_KEEP``) it then removes the older checkpoints of the same series
+        beyond that many (:func:`flexmig_hook.prune.prune_checkpoints`); the one acknowledged always stays.
+        Outside flexmig (no ``FLEXMIG_ACK_PATH``) it does nothing. Under Slurm (``FLEXMIG_ACK_WAIT_S`` set by
+        flexmig's TaskProlog) it then waits up to that long for flexmig to requeue the job, which ends this
+        process; it returns only if that does not happen in time.
         """
         if self.env.rank != 0 or self.env.ack_path is None:
             return
-        ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()))
+        ack = Ack(step=int(step), checkpoint=str(Path(checkpoint).absolute()), step_done_s=self._boundary_s)
         atomic_write_json(self.env.ack_path, ack.to_json(), mode=0o644)
+        if self.env.keep > 0:
+            prune_checkpoints(Path(ack.checkpoint), ack.step, self.env.keep)
         if self.env.ack_wait_s:
             threading.Event().wait(self.env.ack_wait_s)
 

@@ -8,12 +8,25 @@
     trainer = L.Trainer(callbacks=[flexmig], **flexmig.trainer_settings(), max_steps=...)
     trainer.fit(model, data, ckpt_path=flexmig.ckpt_path)
 
+    loader = flexmig.dataloader(dataset, global_batch=32, seed=1234)   # the data, resumable at any step
+    trainer.fit(model, loader, ckpt_path=flexmig.ckpt_path, weights_only=True)
+
 On a checkpoint request every rank stops after the same batch (the flag is all-reduced), the Trainer writes its
 own checkpoint (``Trainer.save_checkpoint``: model, optimizers, schedulers, loops' progress, callbacks' state),
 rank 0 flushes it to disk and acknowledges the global step with it, and every rank ends
-(:meth:`flexmig_hook.Hook.exit`). The next generation resumes with ``ckpt_path`` at the next step, mid-epoch,
-under whatever world size it was given. :meth:`FlexmigCallback.trainer_settings` tells Lightning that flexmig
-started the processes (torch elastic's variables) and which backend to use.
+(:meth:`flexmig_hook.Hook.exit`). The next generation resumes with ``ckpt_path`` at the next step, under whatever
+world size it was given. :meth:`FlexmigCallback.trainer_settings` tells Lightning that flexmig started the
+processes (torch elastic's variables) and which backend to use.
+
+**The data resumes at the right batch.** A shuffled ``DataLoader`` is not resumable: Lightning starts its epoch
+again from batch 0 after a mid-epoch checkpoint (and warns so), so some samples are trained twice and others never.
+:meth:`FlexmigCallback.dataloader` gives a loader whose batches are defined per global step
+(:class:`flexmig_hook.torch.StepBatchSampler`: one shuffled stream of epochs, each rank its share of every global
+batch), starting at the step the checkpoint holds: a moved job trains on exactly the batches an uninterrupted one
+would, at any world size. It is an endless iterable, so Lightning counts no epochs of its own (bound the run with
+``max_steps``) and injects no ``DistributedSampler``. ``weights_only=True`` loads the checkpoint without unpickling
+anything but tensors and plain containers (a Lightning checkpoint of a module without pickled hyperparameters holds
+nothing else).
 
 **SLURM auto-requeue.** Lightning's own requeue (``SLURMEnvironment(auto_requeue=True)``) also listens on SIGUSR1,
 saves an ``hpc_ckpt`` and calls ``scontrol requeue``. Under flexmig the hook's handler is installed first, when
@@ -28,18 +41,37 @@ Needs ``lightning`` (``pip install 'flexmig-hook[lightning]'``); imported only b
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sized
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.plugins.environments.torchelastic import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 import flexmig_hook
 from flexmig_hook.atomic import fsync_tree
-from flexmig_hook.torch import should_checkpoint
+from flexmig_hook.torch import StepBatchSampler, should_checkpoint
 
-__all__ = ["FlexmigCallback"]
+__all__ = ["FlexmigCallback", "StepBatches"]
+
+
+class StepBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """This rank's batches of ``dataset``, global step after global step from ``sampler``'s start, each collated
+    (``torch.utils.data.default_collate``). Load it with ``DataLoader(..., batch_size=None)`` and no workers: it is
+    already batched, and workers would each replay the whole stream."""
+
+    def __init__(self, dataset: Any, sampler: StepBatchSampler) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise RuntimeError("StepBatches must be loaded without worker processes (num_workers=0)")
+        for indices in self.sampler:
+            yield torch.utils.data.default_collate([self.dataset[i] for i in indices])
 
 
 class FlexmigCallback(pl.Callback):
@@ -69,6 +101,24 @@ class FlexmigCallback(pl.Callback):
             "plugins": [TorchElasticEnvironment()],
             "strategy": DDPStrategy(process_group_backend=backend),
         }
+
+    def dataloader(self, dataset: Sized, global_batch: int, *, seed: int = 0) -> torch.utils.data.DataLoader[Any]:
+        """A training loader of ``dataset`` that resumes at the right batch: ``global_batch`` samples per global
+        step over all ranks (this rank gets every world-size-th), shuffled per epoch with ``seed``, starting at the
+        step flexmig resumes after (``FLEXMIG_RESUME_STEP``, which is ``trainer.global_step`` at the checkpoint;
+        0 on a first start). Choose ``global_batch`` divisible by the world sizes the job may run at."""
+        world = self.hook.env.world_size
+        if global_batch < world:
+            raise ValueError(f"global_batch {global_batch} is smaller than the world size {world}")
+        sampler = StepBatchSampler(
+            len(dataset),
+            global_batch,
+            rank=self.hook.rank,
+            world_size=world,
+            seed=seed,
+            start_step=self.hook.env.resume_step or 0,
+        )
+        return torch.utils.data.DataLoader(StepBatches(dataset, sampler), batch_size=None)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         """After each batch: if any rank was asked to checkpoint, save, acknowledge and end every rank."""

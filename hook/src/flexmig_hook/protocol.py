@@ -27,6 +27,7 @@ __all__ = [
     "ENV_ACK_PATH",
     "ENV_ACK_WAIT",
     "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_KEEP",
     "ENV_CHECKPOINT_SIGNAL",
     "ENV_DIST_BACKEND",
     "ENV_GENERATION",
@@ -41,11 +42,14 @@ __all__ = [
     "READY_LINE",
     "Ack",
     "AckError",
+    "FirstStep",
     "HandoverError",
     "decode_handover",
     "encode_handover",
+    "first_step_path",
     "parse_signal",
     "read_ack",
+    "read_first_step",
 ]
 
 ENV_JOB = "FLEXMIG_JOB"
@@ -54,6 +58,9 @@ ENV_ACK_PATH = "FLEXMIG_ACK_PATH"
 ENV_RESUME = "FLEXMIG_RESUME"
 ENV_RESUME_STEP = "FLEXMIG_RESUME_STEP"
 ENV_CHECKPOINT_SIGNAL = "FLEXMIG_CHECKPOINT_SIGNAL"
+#: How many checkpoints of the acknowledged one's series to keep (``[hook] keep``; 0: all): rank 0 removes older
+#: ones after acknowledging (:mod:`flexmig_hook.prune`).
+ENV_CHECKPOINT_KEEP = "FLEXMIG_CHECKPOINT_KEEP"
 #: Set by flexmig's Slurm TaskProlog: after acknowledging, wait this many seconds to be requeued instead of
 #: returning (a batch job that exits on its own completes, and a completed job can no longer be requeued).
 ENV_ACK_WAIT = "FLEXMIG_ACK_WAIT_S"
@@ -154,16 +161,37 @@ def parse_signal(text: str) -> signal.Signals:
     return sig
 
 
+#: The latest wall-clock time a report may carry (year 2318): anything later is no time of this machine's.
+_MAX_TIME_S = 2.0**33
+
+
+def _time_or_none(data: dict[str, object], key: str, error: type[ValueError]) -> float | None:
+    """``data[key]`` as a wall-clock time (seconds since the epoch), None when absent; ``error`` when it is not one."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < _MAX_TIME_S:
+        raise error(f"'{key}' must be a time in seconds since the epoch, not {_short(value)}")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """What rank 0 writes to ``FLEXMIG_ACK_PATH``: the last step the checkpoint holds, and where it is."""
+    """What rank 0 writes to ``FLEXMIG_ACK_PATH``: the last step the checkpoint holds, and where it is.
+
+    ``step_done_s`` (optional): when that step ended (wall clock, ``time.time()``), the hook's last step boundary
+    before the acknowledgement; the job's own downtime in a move is counted from it."""
 
     step: int
     checkpoint: str
+    step_done_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         """The acknowledgement as written on disk."""
-        return {"step": self.step, "checkpoint": self.checkpoint}
+        out: dict[str, object] = {"step": self.step, "checkpoint": self.checkpoint}
+        if self.step_done_s is not None:
+            out["step_done_s"] = self.step_done_s
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> Ack:
@@ -180,7 +208,41 @@ class Ack:
                 f"acknowledgement 'checkpoint' must be a non-empty path of at most {ACK_MAX_PATH} characters, "
                 f"not {_short(ckpt)}"
             )
-        return cls(step=step, checkpoint=ckpt)
+        done = _time_or_none(data, "step_done_s", AckError)
+        return cls(step=step, checkpoint=ckpt, step_done_s=done)
+
+
+def first_step_path(ack_path: Path) -> Path:
+    """Where rank 0 of a resumed generation reports its first step (:class:`FirstStep`): beside the
+    acknowledgement, so it goes wherever the acknowledgement goes and needs no channel of its own."""
+    return ack_path.with_name(ack_path.name + ".first-step")
+
+
+@dataclass(frozen=True, slots=True)
+class FirstStep:
+    """What rank 0 of a resumed generation writes once its first step is done: its generation
+    (``FLEXMIG_GENERATION``) and when that step ended (wall clock). With the acknowledgement's ``step_done_s`` it
+    gives the job's own downtime in the move: its last step before the checkpoint to its first step after it."""
+
+    generation: int
+    step_done_s: float
+
+    def to_json(self) -> dict[str, object]:
+        """The report as written on disk."""
+        return {"generation": self.generation, "step_done_s": self.step_done_s}
+
+    @classmethod
+    def from_json(cls, data: object) -> FirstStep:
+        """Validate a decoded report; AckError names the bad field."""
+        if not isinstance(data, dict):
+            raise AckError("first-step report is not a JSON object")
+        gen = data.get("generation")
+        if not isinstance(gen, int) or isinstance(gen, bool) or not 0 <= gen <= ACK_MAX_STEP:
+            raise AckError(f"first-step report 'generation' must be a non-negative integer, not {_short(gen)}")
+        done = _time_or_none(data, "step_done_s", AckError)
+        if done is None:
+            raise AckError("first-step report has no 'step_done_s'")
+        return cls(generation=gen, step_done_s=done)
 
 
 def _short(value: object) -> str:
@@ -198,29 +260,44 @@ def read_ack(path: Path, *, dir_fd: int | None = None) -> Ack | None:
     :mod:`flexmig_hook.boundedjson`). Whatever else is wrong with it (a directory, a FIFO, a step of 5,000 digits,
     JSON nested 100,000 deep, an I/O error) raises AckError, never anything else.
     """
+    decoded = _read_bounded(path, dir_fd, "acknowledgement")
+    return None if decoded is _ABSENT else Ack.from_json(decoded)
+
+
+def read_first_step(path: Path, *, dir_fd: int | None = None) -> FirstStep | None:
+    """The first-step report at ``path`` (:func:`first_step_path`), or None when there is none; read as
+    :func:`read_ack` reads an acknowledgement, with the same refusals (AckError)."""
+    decoded = _read_bounded(path, dir_fd, "first-step report")
+    return None if decoded is _ABSENT else FirstStep.from_json(decoded)
+
+
+_ABSENT = object()
+
+
+def _read_bounded(path: Path, dir_fd: int | None, what: str) -> object:
+    """The JSON at ``path``, decoded within bounds, ``_ABSENT`` when there is no file; AckError otherwise."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
-        return None
+        return _ABSENT
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise AckError(f"{path}: acknowledgement is a symbolic link; refused") from None
-        raise AckError(f"{path}: cannot open acknowledgement: {exc.strerror}") from None
+            raise AckError(f"{path}: {what} is a symbolic link; refused") from None
+        raise AckError(f"{path}: cannot open {what}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise AckError(f"{path}: acknowledgement is {what}; refused")
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise AckError(f"{path}: {what} is {kind}; refused")
         if st.st_size > ACK_MAX_BYTES:
-            raise AckError(f"{path}: acknowledgement larger than {ACK_MAX_BYTES} bytes")
+            raise AckError(f"{path}: {what} larger than {ACK_MAX_BYTES} bytes")
         data = os.read(fd, ACK_MAX_BYTES + 1)
     except OSError as exc:
-        raise AckError(f"{path}: cannot read acknowledgement: {exc.strerror}") from None
+        raise AckError(f"{path}: cannot read {what}: {exc.strerror}") from None
     finally:
         os.close(fd)
     try:
-        decoded = bounded_loads(data, max_bytes=ACK_MAX_BYTES, max_depth=4)
+        return bounded_loads(data, max_bytes=ACK_MAX_BYTES, max_depth=4)
     except JsonBoundsError as exc:
-        raise AckError(f"{path}: acknowledgement is not valid: {exc}") from None
-    return Ack.from_json(decoded)
+        raise AckError(f"{path}: {what} is not valid: {exc}") from None

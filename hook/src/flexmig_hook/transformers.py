@@ -21,10 +21,13 @@ Needs ``transformers`` (``pip install 'flexmig-hook[transformers]'``); imported 
 
 from __future__ import annotations
 
+import ast
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -33,6 +36,35 @@ from flexmig_hook.atomic import fsync_tree
 from flexmig_hook.torch import should_checkpoint
 
 __all__ = ["FlexmigCallback"]
+
+
+_MISSING = "There were missing keys in the checkpoint model loaded: "
+
+
+def _tied_names(model: torch.nn.Module) -> frozenset[str]:
+    """The names of ``model``'s parameters that are the very tensor of another of its parameters (tied weights)."""
+    by_tensor: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_tensor.setdefault(id(param), []).append(name)
+    return frozenset(n for names in by_tensor.values() if len(names) > 1 for n in names)
+
+
+class _TiedKeysFilter(logging.Filter):
+    """Drops the Trainer's "missing keys" warning when every key it names is a tied weight."""
+
+    def __init__(self, tied: frozenset[str]) -> None:
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(_MISSING):
+            return True
+        try:
+            missing = ast.literal_eval(message[len(_MISSING) :].rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        return not (isinstance(missing, list) and missing and set(map(str, missing)) <= self.tied)
 
 
 class FlexmigCallback(TrainerCallback):
@@ -63,6 +95,17 @@ class FlexmigCallback(TrainerCallback):
         if self.hook.env.world_size <= 1:
             return None
         return os.environ.get("FLEXMIG_DIST_BACKEND", "gloo")
+
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Once the Trainer has its model: quiet its warning about missing keys when resuming, where the keys
+        missing are only tied weights (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``: the checkpoint
+        holds it once, and loading it loads both). Any other missing key is still warned about."""
+        model = kwargs.get("model")
+        if model is not None:
+            logging.getLogger("transformers.trainer").addFilter(_TiedKeysFilter(_tied_names(model)))
+        return control
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
