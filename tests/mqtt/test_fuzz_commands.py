@@ -57,6 +57,7 @@ arg_values = {
     "profile": st.one_of(st.sampled_from(PROFILES), anything),
     "ranks": st.one_of(numbers, st.booleans(), anything),
     "force": st.one_of(st.booleans(), anything),
+    "in_place": st.one_of(st.booleans(), anything),
 }
 
 
