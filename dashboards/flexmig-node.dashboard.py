@@ -28,8 +28,8 @@ g.row("Node")
 g.add(
     stat(
         "MIG GPUs",
-        "GPUs with MIG mode enabled (flexmig_gpu_mig_mode == 1).",
-        [Q(f"count by (Hostname) (flexmig_gpu_mig_mode{{{GPU}}} == 1)", "{{Hostname}}")],
+        "GPUs with MIG mode enabled (those with a count of free compute slices, at every detail).",
+        [Q(f"count by (Hostname) (flexmig_gpu_free_compute_slices{{{GPU}}})", "{{Hostname}}")],
     ),
     w=4,
     h=4,
@@ -86,7 +86,11 @@ g.add(
     h=4,
 )
 
-g.row("Layouts")
+g.row(
+    "Layouts",
+    "The slice map and the instances' placement come from each instance's placement figures.",
+    needs=("detail standard",),
+)
 _PROFILE_COLOURS = (
     ("0", "free", "#808080"),
     ("1", "1g", "green"),
@@ -135,16 +139,21 @@ g.add(
     h=16,
 )
 
-g.row("Free capacity per profile")
+g.row(
+    "Free capacity per profile",
+    "Creatable instances per profile, now and if repacked, and free memory slices.",
+    needs=("detail standard",),
+)
 g.add(
     table(
         "Creatable now vs if repacked",
         "Per GPU and profile: how many instances of that profile alone could be created now, how many if the "
-        "running instances were packed tightly, and the difference (capacity stranded by placement).",
+        "running instances were packed tightly, and the difference (capacity stranded by placement, what "
+        "flexmig_gpu_stranded_instances exports at full).",
         [
             Q(f"flexmig_gpu_creatable_instances{{{GPU}}}"),
             Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}}"),
-            Q(f"flexmig_gpu_stranded_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}} - flexmig_gpu_creatable_instances{{{GPU}}}"),
         ],
         rename={"Value #A": "creatable now", "Value #B": "if repacked", "Value #C": "stranded"},
     ),
@@ -175,7 +184,12 @@ g.add(
     h=8,
 )
 
-g.row("Fragmentation")
+g.row(
+    "Fragmentation",
+    "Detection's figures per GPU: external fragmentation, stranded and recoverable slices, the fragmentation "
+    "finding (0 judged absent, from standard on) and how long it has held.",
+    needs=("detail standard",),
+)
 g.add(
     timeseries(
         "External fragmentation per GPU",
@@ -221,8 +235,15 @@ g.add(
 g.add(
     timeseries(
         "Fragmented for",
-        "How long each GPU's active fragmentation finding has lasted (the alert FlexmigGpuFragmented waits 15 min).",
-        [Q(f'flexmig_gpu_finding_duration_seconds{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
+        "How long each GPU's active fragmentation finding has lasted (the alert FlexmigGpuFragmented waits 15 min); "
+        "0 while the GPU is not fragmented.",
+        [
+            Q(
+                f'flexmig_gpu_finding_duration_seconds{{{GPU}, finding="fragmentation"}} '
+                f'or 0 * flexmig_gpu_finding{{{GPU}, finding="fragmentation"}}',
+                _GPU_LEGEND,
+            )
+        ],
         "s",
         min_value=0,
     ),
@@ -230,7 +251,12 @@ g.add(
     h=6,
 )
 
-g.row("GPU health")
+g.row(
+    "GPU health",
+    "Temperature and power draw are there at every detail; the power limit (and so the share of it drawn) and "
+    "the clocks from standard on.",
+    needs=("detail standard",),
+)
 # NVIDIA's DCGM dashboard (grafana.com 12239) colours temperature yellow from 83 C and red from 87 C, and total power
 # yellow from 1800 W and red from 2200 W of 2400 W; power here is taken against each GPU's enforced limit instead
 # (an H200 draws up to 700 W), with the same proportions: 75 % and 92 %.

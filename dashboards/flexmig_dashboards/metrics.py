@@ -103,7 +103,6 @@ METRICS: tuple[MetricDef, ...] = (
             "flexmig_gpu_recoverable_compute_slices",
             "flexmig_gpu_instance_changes",
             "flexmig_gpu_creatable_repacked_instances",
-            "flexmig_gpu_stranded_instances",
             "flexmig_gpu_finding",
             "flexmig_gpu_finding_duration_seconds",
             # MIG instances

@@ -67,7 +67,7 @@ def dcgm_overlay(fields: Sequence[str], *, scale: Mapping[str, float] | None = N
         if field in factors:
             term = f"({term} * {factors[field]:g})"
         terms.append(term)
-    return f"({' or '.join(terms)}) and on({_INSTANCE_KEY}) flexmig_mig_memory_slices{{{match}}}"
+    return f"({' or '.join(terms)}) and on({_INSTANCE_KEY}) flexmig_mig_memory_total_bytes{{{match}}}"
 
 
 def slice_occupant(slice_index: int, match: str = GPU) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flexmig.metrics import families as catalogue
 from support.dashboards import (
     DASHBOARDS,
     RULES,
@@ -133,10 +134,13 @@ def test_every_dashboard_filters_by_host_and_the_instance_dashboard_by_gpu_and_i
 
 
 def test_the_mig_uuid_variable_lists_the_uuids_of_the_selected_gpu_instances() -> None:
+    # from a family every detail exports, so the variables list the instances at minimal too
     board = committed()["flexmig-instance.json"]
     (var,) = [v for v in board["templating"]["list"] if v["name"] == "mig_uuid"]
+    assert catalogue.by_name("flexmig_mig_memory_total_bytes").level == "minimal"
     assert var["query"] == (
-        'label_values(flexmig_mig_memory_slices{Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID=~"$GPU_I_ID"}, mig_uuid)'
+        "label_values(flexmig_mig_memory_total_bytes"
+        '{Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID=~"$GPU_I_ID"}, mig_uuid)'
     )
 
 

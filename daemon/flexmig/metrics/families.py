@@ -40,11 +40,13 @@ __all__ = [
     "LEVELS",
     "NODE_LABELS",
     "NODE_WIDE_SERIES",
+    "ZEROS_FROM",
     "Family",
     "FamilyKind",
     "Level",
     "budget_table",
     "by_name",
+    "levels_table",
     "markdown_table",
     "sample_names",
     "series_per_level",
@@ -550,31 +552,34 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 _DETAIL: Mapping[str, Level] = {
-    # per GPU, standard: the rest of the fragmentation summary
+    # per GPU, standard: what the node dashboard is for (free capacity per profile now and if repacked, the
+    # fragmentation summary, the fragmentation finding judged absent as 0), the power limit, MIG mode and clocks
+    "flexmig_gpu_power_limit_watts": "standard",
+    "flexmig_gpu_mig_mode": "standard",
+    "flexmig_gpu_sm_clock_hertz": "standard",
+    "flexmig_gpu_memory_clock_hertz": "standard",
     "flexmig_gpu_free_memory_slices": "standard",
+    "flexmig_gpu_creatable_instances": "standard",
+    "flexmig_gpu_creatable_repacked_instances": "standard",
     "flexmig_gpu_fragmentation_external_ratio": "standard",
+    "flexmig_gpu_fragmentation_external_slices": "standard",
     "flexmig_gpu_stranded_compute_slices": "standard",
     "flexmig_gpu_recoverable_ratio": "standard",
-    # per GPU, full: the power limit, MIG mode, clocks, per-profile capacities and the raw fragmentation figures
-    "flexmig_gpu_power_limit_watts": "full",
-    "flexmig_gpu_mig_mode": "full",
-    "flexmig_gpu_sm_clock_hertz": "full",
-    "flexmig_gpu_memory_clock_hertz": "full",
-    "flexmig_gpu_creatable_instances": "full",
-    "flexmig_gpu_creatable_repacked_instances": "full",
+    # per GPU, full: what PromQL computes from the standard figures (stranded instances are repacked - now; the
+    # stranded ratio is the stranded slices over 7)
     "flexmig_gpu_stranded_instances": "full",
-    "flexmig_gpu_fragmentation_external_slices": "full",
     "flexmig_gpu_stranded_ratio": "full",
     # per instance, standard: the window statistics PromQL cannot recompute from a 15 s scrape (SM activity's mean,
-    # min and p95, memory's peak), and the placement
+    # min and p95, memory's peak), and the placement (start, memory and compute slices: the slice map)
     "flexmig_mig_sm_active_mean_ratio": "standard",
     "flexmig_mig_sm_active_min_ratio": "standard",
     "flexmig_mig_sm_active_p95_ratio": "standard",
     "flexmig_mig_memory_used_max_bytes": "standard",
     "flexmig_mig_placement_start": "standard",
     "flexmig_mig_memory_slices": "standard",
+    "flexmig_mig_compute_slices": "standard",
     "flexmig_mig_suggested_profile": "standard",
-    # per instance, full: the other activity figures, host figures, compute size and internal fragmentation
+    # per instance, full: the other activity figures, host figures and internal fragmentation
     "flexmig_mig_memory_used_mean_bytes": "full",
     "flexmig_mig_memory_used_p95_bytes": "full",
     "flexmig_mig_sm_occupancy_ratio": "full",
@@ -584,7 +589,6 @@ _DETAIL: Mapping[str, Level] = {
     "flexmig_mig_activity_source": "full",
     "flexmig_mig_processes_cpu_ratio": "full",
     "flexmig_mig_processes_resident_memory_bytes": "full",
-    "flexmig_mig_compute_slices": "full",
     "flexmig_mig_internal_fragmentation_compute_slices": "full",
     "flexmig_mig_internal_fragmentation_memory_slices": "full",
 }
@@ -642,8 +646,10 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-_ZERO_ONE = ("flexmig_mig_finding", "flexmig_gpu_finding")
-"""0/1 finding families: below ``full`` only their active findings have a series."""
+ZEROS_FROM: Mapping[str, Level] = MappingProxyType({"flexmig_mig_finding": "full", "flexmig_gpu_finding": "standard"})
+"""0/1 finding families and the least detail at which they carry the findings judged absent (0) too; below it only
+active findings have a series. A GPU's is one series (the node dashboard's fragmentation timeline shows "ok" from
+``standard`` on); an instance's three would be a third of its series, so they wait for ``full``."""
 _ONLY_ACTIVE = (
     "flexmig_mig_finding_duration_seconds",
     "flexmig_mig_suggested_profile",
@@ -671,7 +677,7 @@ def series_per_level(labels: tuple[str, ...], profiles: int) -> dict[Level, tupl
             if rest and rest[0] in ("gpu", "GPU_I_ID"):
                 continue  # a family of a longer label set (instances, when counting GPUs)
             n = profiles if "profile" in rest else 2 if "change" in rest else kinds.get(f.name, 1)
-            if f.name in _ONLY_ACTIVE or (f.name in _ZERO_ONE and level != "full"):
+            if f.name in _ONLY_ACTIVE or (f.name in ZEROS_FROM and rank < LEVELS.index(ZEROS_FROM[f.name])):
                 high += n
             else:
                 low += n
@@ -726,6 +732,28 @@ def budget_table(profiles: int = 7, gpus: int = 8, per_gpu: int = 7, nodes: int 
     return "\n".join(lines) + "\n"
 
 
+def levels_table() -> str:
+    """The table of docs/metrics.md that names, per detail level, the per-instance and per-GPU families it adds to
+    the level before it (every node-wide family is exported at every level), and from which level a 0/1 finding
+    family carries the findings judged absent too (:data:`ZEROS_FROM`)."""
+    lines = ["| detail | adds per MIG instance | adds per GPU |", "|---|---|---|"]
+    for level in LEVELS:
+        cells = []
+        for labels in (INSTANCE_LABELS, GPU_LABELS):
+            names = [
+                f"`{f.name}`"
+                for f in FAMILIES
+                if f.level == level and f.labels[: len(labels)] == labels
+                and (labels == INSTANCE_LABELS or "GPU_I_ID" not in f.labels)
+            ]  # fmt: skip
+            names += [f"`{n}` = 0 (judged absent)" for n, z in ZEROS_FROM.items()
+                      if z == level and level != "minimal" and by_name(n).labels[: len(labels)] == labels
+                      and (labels == INSTANCE_LABELS or "GPU_I_ID" not in by_name(n).labels)]  # fmt: skip
+            cells.append(", ".join(names) or "nothing")
+        lines.append(f"| {level}{' (default)' if level == 'standard' else ''} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flexmig.metrics.families --markdown``: print the reference table."""
     parser = argparse.ArgumentParser(
@@ -733,8 +761,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", action="store_true", help="print the reference table of docs/metrics.md")
     parser.add_argument("--budget", action="store_true", help="print the series budget table of docs/metrics.md")
+    parser.add_argument("--levels", action="store_true", help="print the families each detail adds (docs/metrics.md)")
     args = parser.parse_args(argv)
-    if args.budget:
+    if args.levels:
+        sys.stdout.write(levels_table())
+    elif args.budget:
         sys.stdout.write(budget_table())
     elif args.markdown:
         sys.stdout.write(markdown_table())
