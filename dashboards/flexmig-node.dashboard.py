@@ -21,6 +21,7 @@ from flexmig_dashboards.panels import dashboard as make_dashboard
 from flexmig_dashboards.promql import GPU, HOST, SLICES, slice_occupant
 
 _GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
+_GPU_KEY = "Hostname, gpu"
 
 g = Grid()
 
@@ -141,19 +142,20 @@ g.add(
 
 g.row(
     "Free capacity per profile",
-    "Creatable instances per profile, now and if repacked, and free memory slices.",
+    "Creatable instances per profile on the node, now and if repacked, and free slices per GPU (memory slices "
+    "from standard on).",
     needs=("detail standard",),
 )
 g.add(
     table(
         "Creatable now vs if repacked",
-        "Per GPU and profile: how many instances of that profile alone could be created now, how many if the "
-        "running instances were packed tightly, and the difference (capacity stranded by placement, what "
-        "flexmig_gpu_stranded_instances exports at full).",
+        "Per node and profile, summed over its MIG GPUs: how many instances of that profile alone could be created "
+        "now, how many if each GPU's running instances were packed tightly, and the difference (capacity stranded "
+        "by placement). Per GPU: the row below, at detail full.",
         [
-            Q(f"flexmig_gpu_creatable_instances{{{GPU}}}"),
-            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}}"),
-            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}} - flexmig_gpu_creatable_instances{{{GPU}}}"),
+            Q(f"flexmig_node_creatable_instances{{{HOST}}}"),
+            Q(f"flexmig_node_creatable_repacked_instances{{{HOST}}}"),
+            Q(f"flexmig_node_creatable_repacked_instances{{{HOST}}} - flexmig_node_creatable_instances{{{HOST}}}"),
         ],
         rename={"Value #A": "creatable now", "Value #B": "if repacked", "Value #C": "stranded"},
     ),
@@ -162,10 +164,20 @@ g.add(
 )
 g.add(
     timeseries(
-        "Creatable now, node total per profile",
-        "Sum over the selected GPUs of flexmig_gpu_creatable_instances: what a scheduler could still place here.",
-        [Q(f"sum by (Hostname, profile) (flexmig_gpu_creatable_instances{{{GPU}}})", "{{Hostname}} {{profile}}")],
+        "Creatable now and if repacked, per profile",
+        "Instances of each profile a scheduler could still place on the node now (solid), and if its GPUs were "
+        "repacked (dashed): the gap is capacity stranded by placement.",
+        [
+            Q(f"flexmig_node_creatable_instances{{{HOST}}}", "{{Hostname}} {{profile}}"),
+            Q(f"flexmig_node_creatable_repacked_instances{{{HOST}}}", "{{Hostname}} {{profile}} if repacked"),
+        ],
         min_value=0,
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": ".* if repacked$"},
+                "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
+            }
+        ],
     ),
     w=12,
     h=10,
@@ -182,6 +194,27 @@ g.add(
     ),
     w=24,
     h=8,
+)
+
+g.row(
+    "Free capacity per GPU and profile",
+    "Per GPU and profile: 14 series a GPU, which the default detail leaves to the node totals above.",
+    needs=("detail full",),
+)
+g.add(
+    table(
+        "Creatable now vs if repacked, per GPU",
+        "Per GPU and profile: how many instances of that profile alone could be created now, how many if the "
+        "running instances were packed tightly, and the difference (capacity stranded by placement).",
+        [
+            Q(f"flexmig_gpu_creatable_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_stranded_instances{{{GPU}}}"),
+        ],
+        rename={"Value #A": "creatable now", "Value #B": "if repacked", "Value #C": "stranded"},
+    ),
+    w=24,
+    h=10,
 )
 
 g.row(
@@ -215,7 +248,11 @@ g.add(
         [
             Q(f"flexmig_gpu_recoverable_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} recoverable"),
             Q(f"flexmig_gpu_stranded_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} stranded"),
-            Q(f"flexmig_gpu_fragmentation_external_slices{{{GPU}}}", f"{_GPU_LEGEND} F (unusable free slices)"),
+            Q(
+                f"flexmig_gpu_fragmentation_external_ratio{{{GPU}}} * on({_GPU_KEY}) "
+                f"flexmig_gpu_free_compute_slices{{{GPU}}}",
+                f"{_GPU_LEGEND} F (unusable free slices)",
+            ),
         ],
         min_value=0,
     ),

@@ -209,10 +209,13 @@ def test_the_levels_table_in_docs_is_the_one_the_catalogue_generates() -> None:
     assert text.split(begin, 1)[1].split(end, 1)[0] == catalogue.levels_table(), (
         "docs/metrics.md's levels table is stale: regenerate with python -m flexmig.metrics.families --levels"
     )
-    # what the prose promises for the default: the power limit (and the node dashboard's figures) at standard
-    for name in ("flexmig_gpu_power_limit_watts", "flexmig_gpu_creatable_instances", "flexmig_mig_compute_slices",
-                 "flexmig_gpu_sm_clock_hertz", "flexmig_gpu_fragmentation_external_slices"):  # fmt: skip
+    # what the prose promises for the default: the power limit, MIG mode and clocks at standard, and what is
+    # creatable per profile now and if repacked at every level (node-wide)
+    for name in ("flexmig_gpu_power_limit_watts", "flexmig_gpu_mig_mode", "flexmig_gpu_sm_clock_hertz",
+                 "flexmig_gpu_memory_clock_hertz", "flexmig_gpu_fragmentation_external_ratio"):  # fmt: skip
         assert catalogue.by_name(name).level == "standard", name
+    for name in ("flexmig_node_creatable_instances", "flexmig_node_creatable_repacked_instances"):
+        assert catalogue.by_name(name).level == "minimal", name
 
 
 def test_the_budget_table_in_docs_is_the_one_the_catalogue_generates() -> None:

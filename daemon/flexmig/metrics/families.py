@@ -271,6 +271,19 @@ FAMILIES: tuple[Family, ...] = (
         _DETECT,
     ),
     _g(
+        "flexmig_node_creatable_instances",
+        (*_N, "profile"),
+        "Instances of this profile alone that could still be created now, summed over the node's MIG GPUs.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_creatable_repacked_instances",
+        (*_N, "profile"),
+        "Instances of this profile alone that could be created, summed over the node's MIG GPUs, if each GPU's "
+        "running instances were packed tightly (minus the now figure: capacity stranded by placement).",
+        _DETECT,
+    ),
+    _g(
         "flexmig_gpu_fragmentation_external_ratio",
         _G,
         "Demand-weighted external fragmentation, 0-1: the chance a request from the demand mix finds no place "
@@ -552,34 +565,36 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 _DETAIL: Mapping[str, Level] = {
-    # per GPU, standard: what the node dashboard is for (free capacity per profile now and if repacked, the
-    # fragmentation summary, the fragmentation finding judged absent as 0), the power limit, MIG mode and clocks
+    # per GPU, standard: the power limit, MIG mode and clocks, and the rest of the fragmentation summary (the
+    # fragmentation finding judged absent as 0 too: ZEROS_FROM); what is free per profile now and if repacked is
+    # node-wide at every level (14 series a node, where per GPU it would be 14 a GPU)
     "flexmig_gpu_power_limit_watts": "standard",
     "flexmig_gpu_mig_mode": "standard",
     "flexmig_gpu_sm_clock_hertz": "standard",
     "flexmig_gpu_memory_clock_hertz": "standard",
     "flexmig_gpu_free_memory_slices": "standard",
-    "flexmig_gpu_creatable_instances": "standard",
-    "flexmig_gpu_creatable_repacked_instances": "standard",
     "flexmig_gpu_fragmentation_external_ratio": "standard",
-    "flexmig_gpu_fragmentation_external_slices": "standard",
     "flexmig_gpu_stranded_compute_slices": "standard",
     "flexmig_gpu_recoverable_ratio": "standard",
-    # per GPU, full: what PromQL computes from the standard figures (stranded instances are repacked - now; the
-    # stranded ratio is the stranded slices over 7)
+    # per GPU, full: per-profile capacities, and the raw figures PromQL computes from standard's (F_g is the
+    # external ratio times the free compute slices, the stranded ratio the stranded slices over 7)
+    "flexmig_gpu_creatable_instances": "full",
+    "flexmig_gpu_creatable_repacked_instances": "full",
     "flexmig_gpu_stranded_instances": "full",
+    "flexmig_gpu_fragmentation_external_slices": "full",
     "flexmig_gpu_stranded_ratio": "full",
     # per instance, standard: the window statistics PromQL cannot recompute from a 15 s scrape (SM activity's mean,
-    # min and p95, memory's peak), and the placement (start, memory and compute slices: the slice map)
+    # min and p95, memory's peak), and the placement (start and memory slices; the compute slices are the
+    # GPU_I_PROFILE label's, which the slice map reads)
     "flexmig_mig_sm_active_mean_ratio": "standard",
     "flexmig_mig_sm_active_min_ratio": "standard",
     "flexmig_mig_sm_active_p95_ratio": "standard",
     "flexmig_mig_memory_used_max_bytes": "standard",
     "flexmig_mig_placement_start": "standard",
     "flexmig_mig_memory_slices": "standard",
-    "flexmig_mig_compute_slices": "standard",
     "flexmig_mig_suggested_profile": "standard",
-    # per instance, full: the other activity figures, host figures and internal fragmentation
+    # per instance, full: the other activity figures, host figures, compute size and internal fragmentation
+    "flexmig_mig_compute_slices": "full",
     "flexmig_mig_memory_used_mean_bytes": "full",
     "flexmig_mig_memory_used_p95_bytes": "full",
     "flexmig_mig_sm_occupancy_ratio": "full",
@@ -686,9 +701,10 @@ def series_per_level(labels: tuple[str, ...], profiles: int) -> dict[Level, tupl
     return out
 
 
-NODE_WIDE_SERIES = 100
+NODE_WIDE_SERIES = 115
 """About how many node-wide series a node in mode act exports at every level (the daemon's own health, detection's
-node figures, the actuator's counters and histograms, MQTT's): what bench/scrape.py measures, rounded up."""
+node figures, the actuator's counters and histograms, MQTT's): what bench/scrape.py measured (100, rounded up), and
+the 14 of the instances creatable per profile now and if repacked added since."""
 SERIES_RAM_BYTES = 2560
 """Prometheus 2.x head memory per active series with a dozen labels: about 732 B, 32 B per label pair and the
 name twice, doubled for Go's garbage collector (Robust Perception, "How much RAM does Prometheus 2.x need for

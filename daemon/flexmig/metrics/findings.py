@@ -100,6 +100,20 @@ def _node_families(snap: Snapshot, report: Report, out: Writer) -> None:
         fam = out.family(name)
         if fam is not None:
             fam.add(host, value)
+    now: dict[str, int] = {}
+    repacked: dict[str, int] = {}
+    for g in frag.gpus:
+        for c in g.capacity:
+            now[c.profile] = now.get(c.profile, 0) + c.creatable_now
+            repacked[c.profile] = repacked.get(c.profile, 0) + c.creatable_repacked
+    for name, totals in (
+        ("flexmig_node_creatable_instances", now),
+        ("flexmig_node_creatable_repacked_instances", repacked),
+    ):
+        fam = out.family(name)
+        if fam is not None:
+            for profile, n in totals.items():
+                fam.add(host.extend(("profile",), (profile,)), n)
 
 
 def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot], out: Writer) -> None:
