@@ -37,6 +37,7 @@ build = _load_build()
 
 __all__ = [
     "DASHBOARDS",
+    "NEEDS_SAID",
     "RULES",
     "RULES_TEST",
     "STATIC_VALUES",
@@ -125,7 +126,7 @@ def panel_queries() -> list[PanelQuery]:
 
 
 _NEEDS_TITLE = re.compile(r"\(needs ([^)]*)\)")
-_NEEDS_SAID = {
+NEEDS_SAID = {
     "detail standard": 'detail = "standard"',
     "detail full": 'detail = "full"',
     "MQTT": "[mqtt] enabled",
@@ -144,7 +145,7 @@ def declared_needs(title: str, description: str) -> frozenset[str]:
     if not m:
         return frozenset()
     named = {n.strip() for n in m.group(1).split(",")}
-    return frozenset(n for n in named if n in _NEEDS_SAID and _NEEDS_SAID[n] in description)
+    return frozenset(n for n in named if n in NEEDS_SAID and NEEDS_SAID[n] in description)
 
 
 def annotation_queries() -> list[PanelQuery]:
