@@ -60,6 +60,7 @@ from support.dashboards import (
     metrics,
     panel_queries,
     promql,
+    render,
     variable_queries,
 )
 from support.flexmigd import ActNode, JobCycler
@@ -592,3 +593,20 @@ def test_a_real_prometheus_scrapes_what_docs_metrics_promises_at_each_detail(sta
     assert got & above == set(), f"above {detail}, though scraped from a node at {detail}"
     if detail == "standard":
         assert "flexmig_gpu_power_limit_watts" in got
+
+
+def test_the_slice_map_renders_from_prometheus_without_grafana(stack: Stack, tmp_path: Path) -> None:
+    # dashboards/render.py, which drew the README's picture: one band per GPU and memory slice of the demo node
+    out = tmp_path / "slice-map.png"
+    title = "Slice map: memory slices 0-7 of each GPU"
+    board = DASHBOARDS / "flexmig-node.json"
+
+    def drawn() -> int:
+        n = int(render.render(f"http://127.0.0.1:{stack.prometheus}", board, title, out,
+                              variables={"Hostname": NODE}, minutes=1))  # fmt: skip
+        return n if n == 2 * 8 else 0
+
+    wait_until(drawn, DATA_S, "the slice map's 16 series", every_s=0.5)
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(ValueError, match="no panel 'Nope'"):
+        render.render(f"http://127.0.0.1:{stack.prometheus}", board, "Nope", out)

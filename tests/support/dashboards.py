@@ -35,6 +35,17 @@ def _load_build() -> ModuleType:
 
 build = _load_build()
 
+
+def _load_render() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("flexmig_dashboards_render", DASHBOARDS / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load_render()
+
 __all__ = [
     "DASHBOARDS",
     "NEEDS_SAID",
@@ -52,6 +63,7 @@ __all__ = [
     "panel_queries",
     "promql",
     "promtool_parse_errors",
+    "render",
     "variable_queries",
 ]
 
