@@ -79,6 +79,11 @@ def panel_series(
     return out
 
 
+def _natural(text: str) -> list[tuple[int, str]]:
+    """A sort key that puts ``gpu 2`` before ``gpu 10``."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", text)]
+
+
 def _colours(panel: Mapping[str, Any]) -> dict[float, tuple[str, str]]:
     """Value -> (text, colour) from the panel's value mappings."""
     out: dict[float, tuple[str, str]] = {}
@@ -95,7 +100,7 @@ def draw(panel: Mapping[str, Any], series: Sequence[Series], out: Path, step: fl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    ordered = sorted(series, key=lambda s: s[0])
+    ordered = sorted(series, key=lambda s: _natural(s[0]))
     t0 = min((p[0][0] for _, p in ordered if p), default=0.0)
     timeline = panel.get("type") == "state-timeline"
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(ordered) + 1.4 if timeline else 4.5), dpi=100)
