@@ -101,6 +101,14 @@ SECTIONS: tuple[Section, ...] = (
     Section("malleable", "Malleable jobs on traces they were not tuned on", "malleable.py"),
     Section("reference", "The baselines against an independent implementation", "reference.py", markdown=False),
     Section(
+        "reference_flex",
+        "flex against the independent ideal repacking, on the held-out trace",
+        "reference.py",
+        ("--flex",),  # seeds 0-2, about 1,500 jobs each, EASY and greedy: about 4 min of CPU
+        quick=("--flex", "--seeds", "0"),
+        markdown=False,
+    ),
+    Section(
         "migration",
         "Migration cost",
         "migration.py",

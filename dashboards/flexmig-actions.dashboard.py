@@ -85,7 +85,11 @@ g.add(
     w=8,
 )
 
-g.row("Migrations and re-splits")
+g.row(
+    "Migrations and re-splits",
+    "Downtime, durations and outcomes of actions that ran: a node that observes or advises shows none.",
+    needs=("mode act",),
+)
 g.add(
     timeseries(
         "Migrations and re-splits",

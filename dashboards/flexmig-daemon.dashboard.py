@@ -187,7 +187,7 @@ g.add(
     w=8,
 )
 
-g.row("MQTT publisher")
+g.row("MQTT publisher", "The publisher's session, outbox and events.", needs=("MQTT",))
 g.add(
     stat(
         "Broker session",
@@ -227,7 +227,7 @@ g.add(
     w=10,
 )
 
-g.row("dcgm-exporter source")
+g.row("dcgm-exporter source", "flexmigd's scrapes of dcgm-exporter.", needs=("dcgm-exporter",))
 g.add(
     stat(
         "dcgm-exporter scrape",

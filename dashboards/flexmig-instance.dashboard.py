@@ -43,7 +43,11 @@ def _activity(title: str, what: str, ours: str, dcgm: tuple[str, ...]) -> Any:
 
 g = Grid()
 
-g.row("Instances")
+g.row(
+    "Instances",
+    "Placement is there from standard on, where the activity figures come from at full.",
+    needs=("detail full",),
+)
 g.add(
     table(
         "Selected instances",
@@ -73,7 +77,12 @@ g.add(
     h=7,
 )
 
-g.row("Activity")
+g.row(
+    "Activity",
+    "SM activity is there at every detail, its window statistics from standard on, occupancy, DRAM and tensor "
+    "activity at full; the graphics engine and the DCGM_FI_PROF_* overlays come from dcgm-exporter.",
+    needs=("detail full", "dcgm-exporter"),
+)
 g.add(
     _activity(
         "SM active",
@@ -131,7 +140,12 @@ g.add(
     )
 )
 
-g.row("Memory")
+g.row(
+    "Memory",
+    "Memory used and size are there at every detail, the peak over the window from standard on, its mean and p95 "
+    "at full; the framebuffer overlay comes from dcgm-exporter.",
+    needs=("detail full", "dcgm-exporter"),
+)
 g.add(
     timeseries(
         "Memory used",
@@ -217,7 +231,12 @@ g.add(
     w=12,
 )
 
-g.row("Findings")
+g.row(
+    "Findings",
+    "Active findings and how long they have held are there at every detail; internal fragmentation, and the "
+    "findings judged absent (0), at full.",
+    needs=("detail full",),
+)
 g.add(
     timeseries(
         "Internal fragmentation",

@@ -21,6 +21,7 @@ from flexmig_dashboards.panels import dashboard as make_dashboard
 from flexmig_dashboards.promql import GPU, HOST, SLICES, slice_occupant
 
 _GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
+_GPU_KEY = "Hostname, gpu"
 
 g = Grid()
 
@@ -28,8 +29,8 @@ g.row("Node")
 g.add(
     stat(
         "MIG GPUs",
-        "GPUs with MIG mode enabled (flexmig_gpu_mig_mode == 1).",
-        [Q(f"count by (Hostname) (flexmig_gpu_mig_mode{{{GPU}}} == 1)", "{{Hostname}}")],
+        "GPUs with MIG mode enabled (those with a count of free compute slices, at every detail).",
+        [Q(f"count by (Hostname) (flexmig_gpu_free_compute_slices{{{GPU}}})", "{{Hostname}}")],
     ),
     w=4,
     h=4,
@@ -86,7 +87,11 @@ g.add(
     h=4,
 )
 
-g.row("Layouts")
+g.row(
+    "Layouts",
+    "The slice map and the instances' placement come from each instance's placement figures.",
+    needs=("detail standard",),
+)
 _PROFILE_COLOURS = (
     ("0", "free", "#808080"),
     ("1", "1g", "green"),
@@ -135,16 +140,22 @@ g.add(
     h=16,
 )
 
-g.row("Free capacity per profile")
+g.row(
+    "Free capacity per profile",
+    "Creatable instances per profile on the node, now and if repacked, and free slices per GPU (memory slices "
+    "from standard on).",
+    needs=("detail standard",),
+)
 g.add(
     table(
         "Creatable now vs if repacked",
-        "Per GPU and profile: how many instances of that profile alone could be created now, how many if the "
-        "running instances were packed tightly, and the difference (capacity stranded by placement).",
+        "Per node and profile, summed over its MIG GPUs: how many instances of that profile alone could be created "
+        "now, how many if each GPU's running instances were packed tightly, and the difference (capacity stranded "
+        "by placement). Per GPU: the row below, at detail full.",
         [
-            Q(f"flexmig_gpu_creatable_instances{{{GPU}}}"),
-            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}}"),
-            Q(f"flexmig_gpu_stranded_instances{{{GPU}}}"),
+            Q(f"flexmig_node_creatable_instances{{{HOST}}}"),
+            Q(f"flexmig_node_creatable_repacked_instances{{{HOST}}}"),
+            Q(f"flexmig_node_creatable_repacked_instances{{{HOST}}} - flexmig_node_creatable_instances{{{HOST}}}"),
         ],
         rename={"Value #A": "creatable now", "Value #B": "if repacked", "Value #C": "stranded"},
     ),
@@ -153,10 +164,20 @@ g.add(
 )
 g.add(
     timeseries(
-        "Creatable now, node total per profile",
-        "Sum over the selected GPUs of flexmig_gpu_creatable_instances: what a scheduler could still place here.",
-        [Q(f"sum by (Hostname, profile) (flexmig_gpu_creatable_instances{{{GPU}}})", "{{Hostname}} {{profile}}")],
+        "Creatable now and if repacked, per profile",
+        "Instances of each profile a scheduler could still place on the node now (solid), and if its GPUs were "
+        "repacked (dashed): the gap is capacity stranded by placement.",
+        [
+            Q(f"flexmig_node_creatable_instances{{{HOST}}}", "{{Hostname}} {{profile}}"),
+            Q(f"flexmig_node_creatable_repacked_instances{{{HOST}}}", "{{Hostname}} {{profile}} if repacked"),
+        ],
         min_value=0,
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": ".* if repacked$"},
+                "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
+            }
+        ],
     ),
     w=12,
     h=10,
@@ -175,7 +196,33 @@ g.add(
     h=8,
 )
 
-g.row("Fragmentation")
+g.row(
+    "Free capacity per GPU and profile",
+    "Per GPU and profile: 14 series a GPU, which the default detail leaves to the node totals above.",
+    needs=("detail full",),
+)
+g.add(
+    table(
+        "Creatable now vs if repacked, per GPU",
+        "Per GPU and profile: how many instances of that profile alone could be created now, how many if the "
+        "running instances were packed tightly, and the difference (capacity stranded by placement).",
+        [
+            Q(f"flexmig_gpu_creatable_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_creatable_repacked_instances{{{GPU}}}"),
+            Q(f"flexmig_gpu_stranded_instances{{{GPU}}}"),
+        ],
+        rename={"Value #A": "creatable now", "Value #B": "if repacked", "Value #C": "stranded"},
+    ),
+    w=24,
+    h=10,
+)
+
+g.row(
+    "Fragmentation",
+    "Detection's figures per GPU: external fragmentation, stranded and recoverable slices, the fragmentation "
+    "finding (0 judged absent, from standard on) and how long it has held.",
+    needs=("detail standard",),
+)
 g.add(
     timeseries(
         "External fragmentation per GPU",
@@ -201,7 +248,11 @@ g.add(
         [
             Q(f"flexmig_gpu_recoverable_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} recoverable"),
             Q(f"flexmig_gpu_stranded_compute_slices{{{GPU}}}", f"{_GPU_LEGEND} stranded"),
-            Q(f"flexmig_gpu_fragmentation_external_slices{{{GPU}}}", f"{_GPU_LEGEND} F (unusable free slices)"),
+            Q(
+                f"flexmig_gpu_fragmentation_external_ratio{{{GPU}}} * on({_GPU_KEY}) "
+                f"flexmig_gpu_free_compute_slices{{{GPU}}}",
+                f"{_GPU_LEGEND} F (unusable free slices)",
+            ),
         ],
         min_value=0,
     ),
@@ -221,8 +272,15 @@ g.add(
 g.add(
     timeseries(
         "Fragmented for",
-        "How long each GPU's active fragmentation finding has lasted (the alert FlexmigGpuFragmented waits 15 min).",
-        [Q(f'flexmig_gpu_finding_duration_seconds{{{GPU}, finding="fragmentation"}}', _GPU_LEGEND)],
+        "How long each GPU's active fragmentation finding has lasted (the alert FlexmigGpuFragmented waits 15 min); "
+        "0 while the GPU is not fragmented.",
+        [
+            Q(
+                f'flexmig_gpu_finding_duration_seconds{{{GPU}, finding="fragmentation"}} '
+                f'or 0 * flexmig_gpu_finding{{{GPU}, finding="fragmentation"}}',
+                _GPU_LEGEND,
+            )
+        ],
         "s",
         min_value=0,
     ),
@@ -230,7 +288,12 @@ g.add(
     h=6,
 )
 
-g.row("GPU health")
+g.row(
+    "GPU health",
+    "Temperature and power draw are there at every detail; the power limit (and so the share of it drawn) and "
+    "the clocks from standard on.",
+    needs=("detail standard",),
+)
 # NVIDIA's DCGM dashboard (grafana.com 12239) colours temperature yellow from 83 C and red from 87 C, and total power
 # yellow from 1800 W and red from 2200 W of 2400 W; power here is taken against each GPU's enforced limit instead
 # (an H200 draws up to 700 W), with the same proportions: 75 % and 92 %.

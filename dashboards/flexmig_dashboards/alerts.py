@@ -198,7 +198,8 @@ GROUPS: tuple[Group, ...] = (
                 "warning",
                 "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} is fragmented",
                 "Repacking the running instances would make {{ $value }} compute slices usable by a profile the "
-                "demand mix asks for (flexmig_gpu_stranded_instances says which); the fragmentation finding has "
+                "demand mix asks for (the node dashboard's creatable now vs if repacked says which); the fragmentation "
+                "finding has "
                 "held for its window plus 15 minutes. In act mode the planner migrates jobs to do so.",
                 _NODE_DASH,
             ),

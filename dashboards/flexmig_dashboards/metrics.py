@@ -97,8 +97,9 @@ METRICS: tuple[MetricDef, ...] = (
             # fragmentation (detection)
             "flexmig_node_fragmentation_external_ratio",
             "flexmig_node_recoverable_compute_slices",
+            "flexmig_node_creatable_instances",
+            "flexmig_node_creatable_repacked_instances",
             "flexmig_gpu_fragmentation_external_ratio",
-            "flexmig_gpu_fragmentation_external_slices",
             "flexmig_gpu_stranded_compute_slices",
             "flexmig_gpu_recoverable_compute_slices",
             "flexmig_gpu_instance_changes",
@@ -123,7 +124,6 @@ METRICS: tuple[MetricDef, ...] = (
             "flexmig_mig_activity_source",
             "flexmig_mig_processes",
             "flexmig_mig_idle_seconds",
-            "flexmig_mig_compute_slices",
             "flexmig_mig_memory_slices",
             "flexmig_mig_placement_start",
             "flexmig_mig_internal_fragmentation_compute_slices",

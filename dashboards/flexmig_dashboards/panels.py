@@ -34,6 +34,7 @@ from flexmig_dashboards.promql import GI, GPU, HOST
 
 __all__ = [
     "DS",
+    "NEEDS",
     "SCHEMA_VERSION",
     "Grid",
     "Q",
@@ -95,7 +96,10 @@ def instance_variable() -> Template:
     """``$GPU_I_ID``: GPU-instance IDs of the MIG instances on the selected GPUs (repeated on every GPU: the
     ``$mig_uuid`` variable picks one instance)."""
     return _query_variable(
-        "GPU_I_ID", "MIG instance (GI)", f"label_values(flexmig_mig_memory_slices{{{GPU}}}, GPU_I_ID)", SORT_NUMERIC_ASC
+        "GPU_I_ID",
+        "MIG instance (GI)",
+        f"label_values(flexmig_mig_memory_total_bytes{{{GPU}}}, GPU_I_ID)",
+        SORT_NUMERIC_ASC,
     )
 
 
@@ -103,7 +107,10 @@ def mig_uuid_variable() -> Template:
     """``$mig_uuid``: MIG device UUIDs of the selected instances; unlike the GPU instance ID, which repeats on every
     GPU and node, one UUID names one instance (what ``CUDA_VISIBLE_DEVICES`` takes)."""
     return _query_variable(
-        "mig_uuid", "MIG device (UUID)", f"label_values(flexmig_mig_memory_slices{{{GI}}}, mig_uuid)", SORT_ALPHA_ASC
+        "mig_uuid",
+        "MIG device (UUID)",
+        f"label_values(flexmig_mig_memory_total_bytes{{{GI}}}, mig_uuid)",
+        SORT_ALPHA_ASC,
     )
 
 
@@ -327,6 +334,34 @@ def value_mapping(pairs: Sequence[tuple[str, str, str]]) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------------------------- needs
+
+NEEDS: dict[str, str] = {
+    "detail standard": '`[prometheus] detail = "standard"` (the default) or "full"',
+    "detail full": '`[prometheus] detail = "full"`',
+    "MQTT": "MQTT (`[mqtt] enabled = true`)",
+    "dcgm-exporter": "dcgm-exporter on the node (scraped by Prometheus for the overlays; by flexmigd, with "
+    "`[dcgm] enabled = true`, for its own figures)",
+    "mode act": 'flexmig acting (`mode = "act"`)',
+    "Slurm": "Slurm (`[slurm] enabled = true`)",
+}
+"""What a row or a dashboard may need beyond flexmigd at ``[prometheus] detail = "minimal"``, and how its
+description says so. A row that needs something says it in its title, ``(needs detail full)``, and in its
+description, ``Needs `[prometheus] detail = "full"`.``: an operator sees why its panels say "No data", and
+tests/dashboards/test_dashboards_prometheus.py holds every empty panel at each detail to it."""
+
+
+def _needs(title: str, description: str, needs: Sequence[str]) -> tuple[str, str]:
+    """``title`` and ``description`` saying what ``needs`` names (keys of :data:`NEEDS`)."""
+    unknown = [n for n in needs if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"{title}: unknown needs {unknown}; expected some of {sorted(NEEDS)}")
+    if not needs:
+        return title, description
+    said = "; ".join(NEEDS[n] for n in needs)
+    return f"{title} (needs {', '.join(needs)})", f"Needs {said}. {description}".strip()
+
+
 # ----------------------------------------------------------------------------------------------- layout
 
 
@@ -339,10 +374,14 @@ class Grid:
     _y: int = 0
     _line_h: int = 0
 
-    def row(self, title: str) -> None:
-        """Start a (non-collapsed) row titled ``title`` on a new line."""
+    def row(self, title: str, description: str = "", needs: Sequence[str] = ()) -> None:
+        """Start a (non-collapsed) row titled ``title`` on a new line; ``needs`` (keys of :data:`NEEDS`) is what
+        its panels need to have data, said in its title and description."""
         self._newline()
-        self.panels.append(RowPanel(title=title, gridPos=GridPos(h=1, w=24, x=0, y=self._y)))
+        title, description = _needs(title, description, needs)
+        self.panels.append(
+            RowPanel(title=title, description=description or None, gridPos=GridPos(h=1, w=24, x=0, y=self._y))
+        )
         self._y += 1
 
     def add(self, panel: Any, w: int = 12, h: int = 8) -> None:
@@ -359,9 +398,12 @@ class Grid:
         self._line_h = 0
 
 
-def dashboard(title: str, uid: str, description: str, grid: Grid, variables: Sequence[Template]) -> Dashboard:
+def dashboard(
+    title: str, uid: str, description: str, grid: Grid, variables: Sequence[Template], *, needs: Sequence[str] = ()
+) -> Dashboard:
     """A flexmig dashboard: tagged ``flexmig``, linked to the others, last hour, refreshed every 30 s, with the
-action and layout-change annotations."""
+    action and layout-change annotations; ``needs`` (keys of :data:`NEEDS`) is what all its panels need."""
+    title, description = _needs(title, description, needs)
     return Dashboard(
         title=title,
         uid=uid,

@@ -17,11 +17,13 @@ import re
 from collections.abc import Mapping, Sequence
 
 __all__ = [
+    "COMPUTE_SIZES",
     "GI",
     "GPU",
     "HOST",
     "INST",
     "SLICES",
+    "compute_slices",
     "dcgm_overlay",
     "metric_names",
     "or_zero",
@@ -67,7 +69,19 @@ def dcgm_overlay(fields: Sequence[str], *, scale: Mapping[str, float] | None = N
         if field in factors:
             term = f"({term} * {factors[field]:g})"
         terms.append(term)
-    return f"({' or '.join(terms)}) and on({_INSTANCE_KEY}) flexmig_mig_memory_slices{{{match}}}"
+    return f"({' or '.join(terms)}) and on({_INSTANCE_KEY}) flexmig_mig_memory_total_bytes{{{match}}}"
+
+
+COMPUTE_SIZES = (1, 2, 3, 4, 7)
+"""Compute slices a MIG profile can have: the ``Ng`` its name starts with (``3g.71gb``, ``1g.18gb+me``)."""
+
+
+def compute_slices(match: str = GPU) -> str:
+    """Per instance: its compute slices, read from the ``GPU_I_PROFILE`` label of a family every detail from
+    ``standard`` on exports (``flexmig_mig_compute_slices`` itself is ``full``: the label says it already)."""
+    return " or ".join(
+        f'(0 * flexmig_mig_placement_start{{{match}, GPU_I_PROFILE=~"{n}g[.].*"}} + {n})' for n in COMPUTE_SIZES
+    )
 
 
 def slice_occupant(slice_index: int, match: str = GPU) -> str:
@@ -78,8 +92,7 @@ def slice_occupant(slice_index: int, match: str = GPU) -> str:
     """
     s = slice_index
     held = (
-        f"max by (Hostname, gpu) ("
-        f"flexmig_mig_compute_slices{{{match}}} "
+        f"max by (Hostname, gpu) (({compute_slices(match)}) "
         f"and on({_INSTANCE_KEY}) (flexmig_mig_placement_start{{{match}}} <= {s}) "
         f"and on({_INSTANCE_KEY}) "
         f"(flexmig_mig_placement_start{{{match}}} + flexmig_mig_memory_slices{{{match}}} > {s}))"

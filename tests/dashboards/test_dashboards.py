@@ -5,6 +5,7 @@ grid, and filtered by host, GPU and MIG instance. What they show against a live 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flexmig.metrics import families as catalogue
 from support.dashboards import (
     DASHBOARDS,
+    NEEDS_SAID,
     RULES,
     STATIC_VALUES,
     alerts,
@@ -24,6 +27,7 @@ from support.dashboards import (
     annotation_queries,
     build,
     committed,
+    declared_needs,
     metrics,
     panel_queries,
     promql,
@@ -133,10 +137,13 @@ def test_every_dashboard_filters_by_host_and_the_instance_dashboard_by_gpu_and_i
 
 
 def test_the_mig_uuid_variable_lists_the_uuids_of_the_selected_gpu_instances() -> None:
+    # from a family every detail exports, so the variables list the instances at minimal too
     board = committed()["flexmig-instance.json"]
     (var,) = [v for v in board["templating"]["list"] if v["name"] == "mig_uuid"]
+    assert catalogue.by_name("flexmig_mig_memory_total_bytes").level == "minimal"
     assert var["query"] == (
-        'label_values(flexmig_mig_memory_slices{Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID=~"$GPU_I_ID"}, mig_uuid)'
+        "label_values(flexmig_mig_memory_total_bytes"
+        '{Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID=~"$GPU_I_ID"}, mig_uuid)'
     )
 
 
@@ -366,3 +373,31 @@ def test_duration_and_downtime_panels_draw_a_gap_not_nan_for_an_action_that_did_
         [PROMTOOL, "test", "rules", str(path)], check=False, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_need_a_row_or_dashboard_names_is_known_and_said_in_its_description() -> None:
+    # a row that needs something says it in its title, (needs a, b), and in its description: the test at each detail
+    # (test_dashboards_prometheus.py) excuses an empty panel only by such a declaration
+    needs = importlib.import_module("flexmig_dashboards.panels").NEEDS  # grafanalib's module: untyped, not checked
+    assert set(needs) == set(NEEDS_SAID), "the generator's needs and the tests' vocabulary differ"
+    declared = 0
+    for name, board in committed().items():
+        places = [(board["title"], board.get("description") or "")]
+        places += [(p["title"], p.get("description") or "") for p in board["panels"] if p["type"] == "row"]
+        for title, description in places:
+            if "(needs " not in title:
+                assert not description.startswith("Needs "), f"{name}: {title!r} says a need its title does not"
+                continue
+            named = {n.strip() for n in title.split("(needs ", 1)[1].split(")", 1)[0].split(",")}
+            assert named <= set(needs), f"{name}: {title!r} names an unknown need"
+            assert declared_needs(title, description) == named, f"{name}: {title!r}: its description does not say it"
+            declared += 1
+    assert declared >= 5
+
+
+def test_a_need_counts_only_when_the_title_and_the_description_both_say_it() -> None:
+    said = 'Needs `[prometheus] detail = "full"`; dcgm-exporter on the node. Activity.'
+    assert declared_needs("Activity (needs detail full, dcgm-exporter)", said) == {"detail full", "dcgm-exporter"}
+    assert declared_needs("Activity (needs detail full)", "Activity.") == set()
+    assert declared_needs("Activity", said) == set()
+    assert declared_needs("Activity (needs detail standard)", said) == set()

@@ -17,6 +17,13 @@ GPU and MIG instance the variables' own queries return (the acting node's host f
 metrics), and must return data. The only queries excused would be those that read a metric nobody exports yet
 (``exported=False`` in the catalogue; none today); the test checks the catalogue against the live exposition in
 both directions, so such a query is excused only while its metric is really absent, and the skip names it.
+
+Beside them, three flexmigds on issue 45's node (``h200x2:3g.71gb@4+2g.35gb@0+1g.18gb@2+1g.18gb@3``), one per
+``[prometheus] detail`` (``minimal``, ``standard`` by default, ``full``) with every other setting at its default but
+detection's windows (no MQTT, no dcgm-exporter, observe mode): with the variables at *All* on each, a panel query
+that stays empty must sit in a row or dashboard whose title and description declare a need (dashboards/
+flexmig_dashboards/panels.py's NEEDS) that is why it is empty, and every per-GPU and per-instance family the
+catalogue (and so docs/metrics.md's levels table) promises at that detail must reach Prometheus.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ import pytest
 from prometheus_client.openmetrics import parser as om_parser
 
 from flexmig import sim
+from flexmig.metrics import families as catalogue
+from flexmig.metrics.families import Level
 from flexmig.nvml import Nvml
 from flexmig.sim.workload import SyntheticWorkload
 from support.dashboards import (
@@ -47,9 +56,11 @@ from support.dashboards import (
     RULES,
     PanelQuery,
     annotation_queries,
+    declared_needs,
     metrics,
     panel_queries,
     promql,
+    render,
     variable_queries,
 )
 from support.flexmigd import ActNode, JobCycler
@@ -69,6 +80,8 @@ NODE = "dash-node"
 NODE_2 = "dash-node-2"  # longer than NODE, so the $Hostname variable's first value stays NODE
 SPEC_2 = "h200x2:2g.35gb@4+1g.18gb@2"  # a repack makes room for a 4g: recoverable 4 of 7 compute slices per GPU
 ACT_NODE = "dash-node-act"  # longer than NODE, too
+LEVEL_SPEC = "h200x2:3g.71gb@4+2g.35gb@0+1g.18gb@2+1g.18gb@3"  # issue 45's node: every slice held, four sizes
+LEVEL_NODES = {level: f"{NODE}-{level}" for level in catalogue.LEVELS}  # longer than NODE, too
 WHILE_FRAGMENTED = {"flexmig_gpu_finding_duration_seconds"}  # series only while a GPU is fragmented
 DATA_S = 45.0  # the bound on waiting for one query's data (rate windows need a few scrapes)
 WINDOWS = {"__rate_interval": "5s", "__interval": "1s", "__range": "1m"}
@@ -217,6 +230,32 @@ def write_config(path: Path, broker: str, dcgm_port: int, outbox: Path, node: st
     return path
 
 
+def write_level_config(path: Path, level: Level) -> Path:
+    """A configuration that leaves everything at its default but the node's name, the detail (none written for
+    the default, ``standard``) and detection's windows (findings within seconds, as above)."""
+    detail = "" if level == "standard" else f'[prometheus]\ndetail = "{level}"\n'
+    path.write_text(
+        f'node_name = "{LEVEL_NODES[level]}"\n{detail}'
+        "[detect]\nunderuse_window_s = 1\nunderuse_exit_window_s = 1\noversize_window_s = 1\n"
+        "fragmentation_window_s = 0\n"
+    )
+    path.chmod(0o600)
+    return path
+
+
+@contextlib.contextmanager
+def level_nodes(work: Path) -> Iterator[dict[Level, Flexmigd]]:
+    """One flexmigd per detail level on issue 45's node, otherwise at the default configuration."""
+    with contextlib.ExitStack() as stack:
+        nodes = {}
+        for level in catalogue.LEVELS:
+            home = work / f"level-{level}"
+            home.mkdir()
+            config = write_level_config(home / "flexmig.toml", level)
+            nodes[level] = stack.enter_context(flexmigd(home, LEVEL_SPEC, config))
+        yield nodes
+
+
 @pytest.fixture(scope="module")
 def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("dashboards")
@@ -233,13 +272,15 @@ def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             flexmigd(work, SPEC, config) as daemon,
             flexmigd(second, SPEC_2, config_2) as daemon_2,
             acting_node(work / "act") as act,
+            level_nodes(work) as levels,
         ):
             dcgm_targets = [f"127.0.0.1:{dcgm_port}", f"127.0.0.1:{dcgm_port_2}"]
-            flexmig_targets = [f"127.0.0.1:{d.port}" for d in (daemon, daemon_2)] + [f"127.0.0.1:{act.port}"]
+            observed = (daemon, daemon_2, *levels.values())
+            flexmig_targets = [f"127.0.0.1:{d.port}" for d in observed] + [f"127.0.0.1:{act.port}"]
             jobs = {"flexmig": flexmig_targets, "dcgm-exporter": dcgm_targets}
             with prometheus(work, jobs, rule_files=[RULES]) as port:
                 wait_until(
-                    lambda: len(query(port, "up == 1")) == 5, 60, "all five targets up in Prometheus", every_s=0.2
+                    lambda: len(query(port, "up == 1")) == 8, 60, "all eight targets up in Prometheus", every_s=0.2
                 )
                 # the families flexmigd declares once detection, MQTT and DCGM have all reported
                 for d, node in ((daemon, NODE), (daemon_2, NODE_2)):
@@ -399,9 +440,9 @@ def test_every_scrape_of_flexmigd_is_healthy_and_negotiates_openmetrics(stack: S
     def scraped_twice() -> list[dict[str, Any]]:
         targets = api(stack.prometheus, "targets", state="active")["activeTargets"]
         ours = [t for t in targets if t["labels"]["job"] == "flexmig"]
-        return ours if len(ours) == 3 and all(t["lastScrape"].startswith("2") for t in ours) else []
+        return ours if len(ours) == 6 and all(t["lastScrape"].startswith("2") for t in ours) else []
 
-    targets = wait_until(scraped_twice, DATA_S, "three scraped flexmigd targets", every_s=0.2)
+    targets = wait_until(scraped_twice, DATA_S, "six scraped flexmigd targets", every_s=0.2)
     assert {(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets} == {
         (t["scrapeUrl"], "up", "") for t in targets
     }
@@ -470,3 +511,102 @@ def test_every_annotation_query_marks_what_happened_on_the_acting_node(
         lambda: query(stack.prometheus, promql_text), DATA_S, f"data for {q.id}: {promql_text}", every_s=0.2
     )
     assert all(float(r["value"][1]) > 0 for r in result), result
+
+
+# ------------------------------------------------------------------------------------------------ detail levels
+
+_LEVEL_OF = {n: f.level for f in catalogue.FAMILIES for n in f.samples}
+_WHEN_OF = {n: f.when for f in catalogue.FAMILIES for n in f.samples}
+_FEATURE_SAYS = {"MQTT": ("[mqtt]", "MQTT commands"), "Slurm": ("[slurm]",), "dcgm-exporter": ("[dcgm]",)}
+
+
+def need_explains(need: str, names: frozenset[str], detail: str) -> bool:
+    """Whether ``need`` (what a row or dashboard declares) is why a query reading ``names`` has no data on a node at
+    ``detail`` with every other setting at its default (no MQTT, no dcgm-exporter, observe mode, no Slurm)."""
+    if need.startswith("detail "):
+        rank = catalogue.LEVELS.index(detail)
+        above = {n for n in names if n in _LEVEL_OF and catalogue.LEVELS.index(_LEVEL_OF[n]) > rank}
+        zeros = catalogue.ZEROS_FROM  # a 0/1 finding family whose zeros wait for a higher level is empty here
+        above |= {n for n in names if n in zeros and catalogue.LEVELS.index(zeros[n]) > rank}
+        return catalogue.LEVELS.index(need.split()[1]) > rank and bool(above)
+    if need == "dcgm-exporter" and any(n.startswith("DCGM_") for n in names):
+        return True
+    if need == "mode act":
+        return bool(names & metrics.sample_names(source="actuator"))
+    return any(key in _WHEN_OF.get(n, "") for n in names for key in _FEATURE_SAYS.get(need, ()))
+
+
+def unexplained(q: PanelQuery, detail: str) -> str:
+    """Empty when ``q``'s row or dashboard declares a need that explains its having no data at ``detail``; else why
+    not (what they declare)."""
+    names = promql.metric_names(q.expr)
+    declared = declared_needs(q.row, q.row_description) | declared_needs(q.board, q.board_description)
+    if any(need_explains(n, names, detail) for n in declared):
+        return ""
+    return f"{q.id}: no data at detail {detail!r}; its row and dashboard declare {sorted(declared) or 'nothing'}"
+
+
+@pytest.mark.parametrize("detail", catalogue.LEVELS)
+def test_at_each_detail_every_panel_query_has_data_or_its_row_says_what_it_needs(stack: Stack, detail: Level) -> None:
+    # the node of issue 45 at each detail, every other setting at its default, the variables at All (as the
+    # dashboards open); a query that stays empty must sit in a row or dashboard whose title and description say
+    # what it needs, and that need must be why (a family above this detail, a feature that is off)
+    values = {**WINDOWS, "Hostname": LEVEL_NODES[detail], "gpu": ".*", "GPU_I_ID": ".*", "mig_uuid": ".*"}
+    todo = {q.id: (q, promql.substitute(q.expr, values)) for q in panel_queries()}
+    empty = set(todo)
+
+    def settled() -> bool:
+        empty.difference_update({i for i in empty if query(stack.prometheus, todo[i][1])})
+        return not [i for i in empty if unexplained(todo[i][0], detail)]
+
+    with contextlib.suppress(AssertionError):  # past the bound: the assertion below names what stayed empty
+        wait_until(settled, DATA_S, f"panel data at detail {detail}", every_s=0.5)
+    bad = [why for i in sorted(empty) if (why := unexplained(todo[i][0], detail))]
+    assert not bad, "\n".join(bad)
+
+
+_CONDITIONAL = ("with `", "while ", "for processes", "once an activity source")
+"""Families whose series wait for a feature that is off on the level nodes, or for a finding or process."""
+
+
+@pytest.mark.parametrize("detail", catalogue.LEVELS)
+def test_a_real_prometheus_scrapes_what_docs_metrics_promises_at_each_detail(stack: Stack, detail: Level) -> None:
+    # docs/metrics.md's levels table is the catalogue's (tests/metrics); here each level's families reach Prometheus
+    rank = catalogue.LEVELS.index(detail)
+    per_device = [f for f in catalogue.FAMILIES if f.labels[: len(catalogue.GPU_LABELS)] == catalogue.GPU_LABELS]
+    only_active = {n for n, z in catalogue.ZEROS_FROM.items() if catalogue.LEVELS.index(z) > rank}
+    promised = {n for f in per_device if catalogue.LEVELS.index(f.level) <= rank and f.name not in only_active
+                and not f.when.startswith(_CONDITIONAL) for n in f.samples}  # fmt: skip
+    above = {n for f in per_device if catalogue.LEVELS.index(f.level) > rank for n in f.samples}
+    selector = f'{{Hostname="{LEVEL_NODES[detail]}", __name__=~"flexmig_(gpu|mig)_.*"}}'
+
+    def scraped() -> set[str]:
+        got = {r["metric"]["__name__"] for r in query(stack.prometheus, f"count by (__name__) ({selector})")}
+        return got if promised <= got else set()
+
+    try:
+        got = wait_until(scraped, DATA_S, f"every family promised at {detail} in Prometheus", every_s=0.5)
+    except AssertionError:
+        series = query(stack.prometheus, f"count by (__name__) ({selector})")
+        missing = promised - {r["metric"]["__name__"] for r in series}
+        raise AssertionError(f"promised at {detail}, not in Prometheus: {sorted(missing)}") from None
+    assert got & above == set(), f"above {detail}, though scraped from a node at {detail}"
+    if detail == "standard":
+        assert "flexmig_gpu_power_limit_watts" in got
+
+
+def test_the_slice_map_renders_from_prometheus_without_grafana(stack: Stack, tmp_path: Path) -> None:
+    # dashboards/render.py, which drew the README's picture: one band per GPU and memory slice of the demo node
+    out = tmp_path / "slice-map.png"
+    title = "Slice map: memory slices 0-7 of each GPU"
+    board = DASHBOARDS / "flexmig-node.json"
+
+    def drawn() -> int:
+        n = int(render.render(f"http://127.0.0.1:{stack.prometheus}", board, title, out,
+                              variables={"Hostname": NODE}, minutes=1))  # fmt: skip
+        return n if n == 2 * 8 else 0
+
+    wait_until(drawn, DATA_S, "the slice map's 16 series", every_s=0.5)
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(ValueError, match="no panel 'Nope'"):
+        render.render(f"http://127.0.0.1:{stack.prometheus}", board, "Nope", out)

@@ -95,6 +95,16 @@ def test_four_free_slices_that_cannot_host_a_3g_export_detections_fragmentation_
     assert values(series, "flexmig_node_stranded_compute_slices") == [4.0]
     assert values(series, "flexmig_node_stranded_ratio") == [pytest.approx(4 / 14)]
 
+    # what is creatable per profile, now and if repacked, summed over the GPUs: node-wide, at every detail
+    for node, gpu in (
+        ("flexmig_node_creatable_instances", "flexmig_gpu_creatable_instances"),
+        ("flexmig_node_creatable_repacked_instances", "flexmig_gpu_creatable_repacked_instances"),
+    ):
+        per_gpu = [by_label(series, gpu, "profile", **g) for g in (g0, g1)]
+        assert by_label(series, node, "profile") == {p: per_gpu[0][p] + per_gpu[1][p] for p in per_gpu[0]}
+    assert by_label(series, "flexmig_node_creatable_instances", "profile")["3g.71gb"] == 2  # GPU 1's two
+    assert by_label(series, "flexmig_node_creatable_repacked_instances", "profile")["3g.71gb"] == 3
+
     # a repack would make room for a 4g on GPU 0 (recoverable 4 of 7 slices), for nothing on the empty GPU 1; the
     # node sums them
     assert values(series, "flexmig_gpu_recoverable_compute_slices", **g0) == [4.0]

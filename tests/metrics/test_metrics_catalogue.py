@@ -141,12 +141,18 @@ def test_each_detail_exports_exactly_the_catalogue_s_families_of_its_level_and_b
     assert wanted - seen == set(), f"the catalogue says {detail} or below, exported in no mode"
 
 
-def test_below_full_a_finding_family_carries_only_active_findings(snapshot: Snapshot) -> None:
-    full = parse_openmetrics(served(snapshot, "act"))
-    standard = parse_openmetrics(served(snapshot, "act", detail="standard"))
-    zeros = [s for f in full if f.name in ("flexmig_mig_finding", "flexmig_gpu_finding") for s in f.samples]
-    assert zeros and all(s.value == 0 for s in zeros), "the demo node has no finding active yet"
-    assert not [s for f in standard if f.name in ("flexmig_mig_finding", "flexmig_gpu_finding") for s in f.samples]
+def test_a_finding_family_carries_the_absent_findings_from_its_zeros_level_on(snapshot: Snapshot) -> None:
+    # the demo node has no finding active yet: every finding series there is a 0 judged absent
+    by_level = {d: parse_openmetrics(served(snapshot, "act", detail=d)) for d in catalogue.LEVELS}
+    for name, since in catalogue.ZEROS_FROM.items():
+        for detail, got in by_level.items():
+            zeros = [s for f in got if f.name == name for s in f.samples]
+            assert all(s.value == 0 for s in zeros), (name, detail)
+            if catalogue.LEVELS.index(detail) >= catalogue.LEVELS.index(since):
+                assert zeros, f"{name} at {detail}: no 0 for the findings judged absent"
+            else:
+                assert not zeros, f"{name} at {detail}: a 0, though only active findings have a series there"
+    assert catalogue.ZEROS_FROM["flexmig_gpu_finding"] == "standard"  # the node dashboard's "ok" at the default
 
 
 def test_a_family_without_series_on_an_active_node_is_one_the_catalogue_says_waits_for_something(
@@ -198,6 +204,22 @@ def test_the_reference_table_in_docs_is_the_one_the_catalogue_generates() -> Non
     )
 
 
+def test_the_levels_table_in_docs_is_the_one_the_catalogue_generates() -> None:
+    text = DOCS.read_text()
+    begin, end = "<!-- levels table: generated -->\n", "<!-- end of levels table -->\n"
+    assert begin in text and end in text, f"{DOCS}: the generated levels-table markers are missing"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == catalogue.levels_table(), (
+        "docs/metrics.md's levels table is stale: regenerate with python -m flexmig.metrics.families --levels"
+    )
+    # what the prose promises for the default: the power limit, MIG mode and clocks at standard, and what is
+    # creatable per profile now and if repacked at every level (node-wide)
+    for name in ("flexmig_gpu_power_limit_watts", "flexmig_gpu_mig_mode", "flexmig_gpu_sm_clock_hertz",
+                 "flexmig_gpu_memory_clock_hertz", "flexmig_gpu_fragmentation_external_ratio"):  # fmt: skip
+        assert catalogue.by_name(name).level == "standard", name
+    for name in ("flexmig_node_creatable_instances", "flexmig_node_creatable_repacked_instances"):
+        assert catalogue.by_name(name).level == "minimal", name
+
+
 def test_the_budget_table_in_docs_is_the_one_the_catalogue_generates() -> None:
     text = DOCS.read_text()
     begin, end = "<!-- budget table: generated -->\n", "<!-- end of budget table -->\n"
@@ -222,7 +244,11 @@ def test_the_budget_counts_the_series_an_instance_and_a_gpu_really_get(detail: L
 
 
 def test_the_catalogue_command_prints_the_tables() -> None:
-    for flag, table in (("--markdown", catalogue.markdown_table()), ("--budget", catalogue.budget_table())):
+    for flag, table in (
+        ("--markdown", catalogue.markdown_table()),
+        ("--budget", catalogue.budget_table()),
+        ("--levels", catalogue.levels_table()),
+    ):
         out = io.StringIO()
         with redirect_stdout(out):
             assert catalogue.main([flag]) == 0

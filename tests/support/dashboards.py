@@ -35,8 +35,20 @@ def _load_build() -> ModuleType:
 
 build = _load_build()
 
+
+def _load_render() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("flexmig_dashboards_render", DASHBOARDS / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load_render()
+
 __all__ = [
     "DASHBOARDS",
+    "NEEDS_SAID",
     "RULES",
     "RULES_TEST",
     "STATIC_VALUES",
@@ -46,10 +58,12 @@ __all__ = [
     "annotation_queries",
     "build",
     "committed",
+    "declared_needs",
     "metrics",
     "panel_queries",
     "promql",
     "promtool_parse_errors",
+    "render",
     "variable_queries",
 ]
 
@@ -77,6 +91,10 @@ class PanelQuery:
     ref: str
     expr: str
     instant: bool
+    row: str = ""  # the title of the row the panel sits in ("" before the first row)
+    row_description: str = ""
+    board: str = ""  # the dashboard's title
+    board_description: str = ""
 
     @property
     def id(self) -> str:
@@ -97,13 +115,49 @@ def all_panels(board: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def panel_queries() -> list[PanelQuery]:
-    """Every target of every panel of every committed dashboard."""
-    return [
-        PanelQuery(name, p["title"], t["refId"], t["expr"], bool(t.get("instant")))
-        for name, board in committed().items()
-        for p in all_panels(board)
-        for t in p.get("targets", [])
-    ]
+    """Every target of every panel of every committed dashboard, with the row and dashboard it sits in."""
+    out = []
+    for name, board in committed().items():
+        row: dict[str, Any] = {}
+        for top in board.get("panels", []):
+            if top.get("type") == "row":
+                row = top
+            for p in (top, *top.get("panels", [])):
+                inside = top if p is not top else row
+                context = (
+                    str(inside.get("title") or ""),
+                    str(inside.get("description") or ""),
+                    str(board.get("title") or ""),
+                    str(board.get("description") or ""),
+                )
+                out += [
+                    PanelQuery(name, p["title"], t["refId"], t["expr"], bool(t.get("instant")), *context)
+                    for t in p.get("targets", [])
+                ]
+    return out
+
+
+_NEEDS_TITLE = re.compile(r"\(needs ([^)]*)\)")
+NEEDS_SAID = {
+    "detail standard": 'detail = "standard"',
+    "detail full": 'detail = "full"',
+    "MQTT": "[mqtt] enabled",
+    "dcgm-exporter": "dcgm-exporter",
+    "mode act": 'mode = "act"',
+    "Slurm": "[slurm] enabled",
+}
+"""What a row or dashboard that needs something says in its description (dashboards/flexmig_dashboards/panels.py's
+NEEDS), by what its title's ``(needs ...)`` names."""
+
+
+def declared_needs(title: str, description: str) -> frozenset[str]:
+    """What a row or dashboard says, in its title's ``(needs a, b)`` AND in its description, that its panels need;
+    a need its title names and its description does not say is not declared."""
+    m = _NEEDS_TITLE.search(title)
+    if not m:
+        return frozenset()
+    named = {n.strip() for n in m.group(1).split(",")}
+    return frozenset(n for n in named if n in NEEDS_SAID and NEEDS_SAID[n] in description)
 
 
 def annotation_queries() -> list[PanelQuery]:

@@ -75,7 +75,7 @@ def _read() -> Inventory:
             f"{exc}.\nNo NVIDIA driver was found on this machine. To look at a simulated MIG node instead, run:\n"
             f"  flexmig inventory --sim {EXAMPLE_SPEC}\n"
             "(SPEC is MODEL[xCOUNT][@DRIVER][:LAYOUT] with MODEL one of a100-40, a100-80, h100-80, h200; "
-            "see the README)"
+            "see docs/simulator.md)"
         ) from exc
     with nvml:
         return nvml.inventory()

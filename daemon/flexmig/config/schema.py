@@ -151,8 +151,9 @@ class PrometheusConfig:
     detail: MetricsDetail = _doc(
         "standard",
         "Which families are exported (docs/metrics.md, Detail and series budget): minimal (per instance: memory "
-        "size and use, SM activity, processes, idle time, active findings), standard (also the window statistics "
-        "and the placement) or full (every family, 0 for findings judged absent).",
+        "size and use, SM activity, processes, idle time, active findings), standard (also the window statistics, "
+        "the placement, each GPU's power limit, MIG mode and clocks) or full (every family, 0 for every finding "
+        "judged absent).",
         restart=True,
     )
 

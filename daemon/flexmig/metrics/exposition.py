@@ -11,8 +11,9 @@ into prometheus_client families, which the tests use to hold the two to the same
 
 Detail: every family of the catalogue has a level (:data:`~flexmig.metrics.families.LEVELS`: ``minimal``,
 ``standard``, ``full``); a writer at one level writes the families of that level and below and ignores the rest
-(:meth:`Writer.family` gives None). Below ``full``, the 0/1 finding families carry only the findings that are
-active (:attr:`Writer.zeros` is False), which is what alerts compare and a third of the per-instance series.
+(:meth:`Writer.family` gives None). Below the level :data:`~flexmig.metrics.families.ZEROS_FROM` gives each, the 0/1
+finding families carry only the findings that are active (:meth:`Writer.zeros` is False), which is what alerts
+compare (an instance's zeros would be a third of its series).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from flexmig.metrics.families import LEVELS, Family, FamilyKind, Level, by_name
+from flexmig.metrics.families import LEVELS, ZEROS_FROM, Family, FamilyKind, Level, by_name
 
 __all__ = ["FamilyWriter", "LabelSet", "Writer", "label_set"]
 
@@ -127,10 +128,13 @@ class Writer:
         self.keep = keep
         """Whether the samples are kept as values too (for :meth:`metrics`), not only as lines."""
         self._rank = LEVELS.index(level)
-        self.zeros = level == "full"
-        """Whether 0/1 finding families also carry the findings judged absent (0), or only active ones."""
         self._families: dict[str, FamilyWriter] = {}
         self._labels: dict[Hashable, LabelSet] = {}
+
+    def zeros(self, name: str) -> bool:
+        """Whether the 0/1 finding family ``name`` also carries the findings judged absent (0) at this detail, or
+        only the active ones (:data:`~flexmig.metrics.families.ZEROS_FROM`)."""
+        return self._rank >= LEVELS.index(ZEROS_FROM[name])
 
     def labels(self, key: Hashable, make: Callable[[], LabelSet]) -> LabelSet:
         """The label set ``make()`` gives for ``key``, made once per writer (a GPU's or an instance's labels are

@@ -40,11 +40,13 @@ __all__ = [
     "LEVELS",
     "NODE_LABELS",
     "NODE_WIDE_SERIES",
+    "ZEROS_FROM",
     "Family",
     "FamilyKind",
     "Level",
     "budget_table",
     "by_name",
+    "levels_table",
     "markdown_table",
     "sample_names",
     "series_per_level",
@@ -266,6 +268,19 @@ FAMILIES: tuple[Family, ...] = (
         _N,
         "Recoverable compute slices summed over MIG GPUs: what repacking each GPU would make usable by a profile "
         "the demand mix asks for.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_creatable_instances",
+        (*_N, "profile"),
+        "Instances of this profile alone that could still be created now, summed over the node's MIG GPUs.",
+        _DETECT,
+    ),
+    _g(
+        "flexmig_node_creatable_repacked_instances",
+        (*_N, "profile"),
+        "Instances of this profile alone that could be created, summed over the node's MIG GPUs, if each GPU's "
+        "running instances were packed tightly (minus the now figure: capacity stranded by placement).",
         _DETECT,
     ),
     _g(
@@ -559,23 +574,27 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 _DETAIL: Mapping[str, Level] = {
-    # per GPU, standard: the rest of the fragmentation summary
+    # per GPU, standard: the power limit, MIG mode and clocks, and the rest of the fragmentation summary (the
+    # fragmentation finding judged absent as 0 too: ZEROS_FROM); what is free per profile now and if repacked is
+    # node-wide at every level (14 series a node, where per GPU it would be 14 a GPU)
+    "flexmig_gpu_power_limit_watts": "standard",
+    "flexmig_gpu_mig_mode": "standard",
+    "flexmig_gpu_sm_clock_hertz": "standard",
+    "flexmig_gpu_memory_clock_hertz": "standard",
     "flexmig_gpu_free_memory_slices": "standard",
     "flexmig_gpu_fragmentation_external_ratio": "standard",
     "flexmig_gpu_stranded_compute_slices": "standard",
     "flexmig_gpu_recoverable_ratio": "standard",
-    # per GPU, full: the power limit, MIG mode, clocks, per-profile capacities and the raw fragmentation figures
-    "flexmig_gpu_power_limit_watts": "full",
-    "flexmig_gpu_mig_mode": "full",
-    "flexmig_gpu_sm_clock_hertz": "full",
-    "flexmig_gpu_memory_clock_hertz": "full",
+    # per GPU, full: per-profile capacities, and the raw figures PromQL computes from standard's (F_g is the
+    # external ratio times the free compute slices, the stranded ratio the stranded slices over 7)
     "flexmig_gpu_creatable_instances": "full",
     "flexmig_gpu_creatable_repacked_instances": "full",
     "flexmig_gpu_stranded_instances": "full",
     "flexmig_gpu_fragmentation_external_slices": "full",
     "flexmig_gpu_stranded_ratio": "full",
     # per instance, standard: the window statistics PromQL cannot recompute from a 15 s scrape (SM activity's mean,
-    # min and p95, memory's peak), and the placement
+    # min and p95, memory's peak), and the placement (start and memory slices; the compute slices are the
+    # GPU_I_PROFILE label's, which the slice map reads)
     "flexmig_mig_sm_active_mean_ratio": "standard",
     "flexmig_mig_sm_active_min_ratio": "standard",
     "flexmig_mig_sm_active_p95_ratio": "standard",
@@ -584,6 +603,7 @@ _DETAIL: Mapping[str, Level] = {
     "flexmig_mig_memory_slices": "standard",
     "flexmig_mig_suggested_profile": "standard",
     # per instance, full: the other activity figures, host figures, compute size and internal fragmentation
+    "flexmig_mig_compute_slices": "full",
     "flexmig_mig_memory_used_mean_bytes": "full",
     "flexmig_mig_memory_used_p95_bytes": "full",
     "flexmig_mig_sm_occupancy_ratio": "full",
@@ -593,7 +613,6 @@ _DETAIL: Mapping[str, Level] = {
     "flexmig_mig_activity_source": "full",
     "flexmig_mig_processes_cpu_ratio": "full",
     "flexmig_mig_processes_resident_memory_bytes": "full",
-    "flexmig_mig_compute_slices": "full",
     "flexmig_mig_internal_fragmentation_compute_slices": "full",
     "flexmig_mig_internal_fragmentation_memory_slices": "full",
 }
@@ -651,8 +670,10 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-_ZERO_ONE = ("flexmig_mig_finding", "flexmig_gpu_finding")
-"""0/1 finding families: below ``full`` only their active findings have a series."""
+ZEROS_FROM: Mapping[str, Level] = MappingProxyType({"flexmig_mig_finding": "full", "flexmig_gpu_finding": "standard"})
+"""0/1 finding families and the least detail at which they carry the findings judged absent (0) too; below it only
+active findings have a series. A GPU's is one series (the node dashboard's fragmentation timeline shows "ok" from
+``standard`` on); an instance's three would be a third of its series, so they wait for ``full``."""
 _ONLY_ACTIVE = (
     "flexmig_mig_finding_duration_seconds",
     "flexmig_mig_suggested_profile",
@@ -680,7 +701,7 @@ def series_per_level(labels: tuple[str, ...], profiles: int) -> dict[Level, tupl
             if rest and rest[0] in ("gpu", "GPU_I_ID"):
                 continue  # a family of a longer label set (instances, when counting GPUs)
             n = profiles if "profile" in rest else 2 if "change" in rest else kinds.get(f.name, 1)
-            if f.name in _ONLY_ACTIVE or (f.name in _ZERO_ONE and level != "full"):
+            if f.name in _ONLY_ACTIVE or (f.name in ZEROS_FROM and rank < LEVELS.index(ZEROS_FROM[f.name])):
                 high += n
             else:
                 low += n
@@ -689,9 +710,10 @@ def series_per_level(labels: tuple[str, ...], profiles: int) -> dict[Level, tupl
     return out
 
 
-NODE_WIDE_SERIES = 100
+NODE_WIDE_SERIES = 115
 """About how many node-wide series a node in mode act exports at every level (the daemon's own health, detection's
-node figures, the actuator's counters and histograms, MQTT's): what bench/scrape.py measures, rounded up."""
+node figures, the actuator's counters and histograms, MQTT's): what bench/scrape.py measured (100, rounded up), and
+the 14 of the instances creatable per profile now and if repacked added since."""
 SERIES_RAM_BYTES = 2560
 """Prometheus 2.x head memory per active series with a dozen labels: about 732 B, 32 B per label pair and the
 name twice, doubled for Go's garbage collector (Robust Perception, "How much RAM does Prometheus 2.x need for
@@ -735,6 +757,28 @@ def budget_table(profiles: int = 7, gpus: int = 8, per_gpu: int = 7, nodes: int 
     return "\n".join(lines) + "\n"
 
 
+def levels_table() -> str:
+    """The table of docs/metrics.md that names, per detail level, the per-instance and per-GPU families it adds to
+    the level before it (every node-wide family is exported at every level), and from which level a 0/1 finding
+    family carries the findings judged absent too (:data:`ZEROS_FROM`)."""
+    lines = ["| detail | adds per MIG instance | adds per GPU |", "|---|---|---|"]
+    for level in LEVELS:
+        cells = []
+        for labels in (INSTANCE_LABELS, GPU_LABELS):
+            names = [
+                f"`{f.name}`"
+                for f in FAMILIES
+                if f.level == level and f.labels[: len(labels)] == labels
+                and (labels == INSTANCE_LABELS or "GPU_I_ID" not in f.labels)
+            ]  # fmt: skip
+            names += [f"`{n}` = 0 (judged absent)" for n, z in ZEROS_FROM.items()
+                      if z == level and level != "minimal" and by_name(n).labels[: len(labels)] == labels
+                      and (labels == INSTANCE_LABELS or "GPU_I_ID" not in by_name(n).labels)]  # fmt: skip
+            cells.append(", ".join(names) or "nothing")
+        lines.append(f"| {level}{' (default)' if level == 'standard' else ''} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flexmig.metrics.families --markdown``: print the reference table."""
     parser = argparse.ArgumentParser(
@@ -742,8 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", action="store_true", help="print the reference table of docs/metrics.md")
     parser.add_argument("--budget", action="store_true", help="print the series budget table of docs/metrics.md")
+    parser.add_argument("--levels", action="store_true", help="print the families each detail adds (docs/metrics.md)")
     args = parser.parse_args(argv)
-    if args.budget:
+    if args.levels:
+        sys.stdout.write(levels_table())
+    elif args.budget:
         sys.stdout.write(budget_table())
     elif args.markdown:
         sys.stdout.write(markdown_table())

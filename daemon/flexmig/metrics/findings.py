@@ -11,10 +11,10 @@ nobody knows is an absent series, never 0.
 * :class:`PublisherMetrics` reads :meth:`MqttPublisher.stats` (through a callable, so a test can pass any stats).
 
 Finding series: ``flexmig_mig_finding{finding="idle"|"underused"|"oversized"}`` and
-``flexmig_gpu_finding{finding="fragmentation"}`` are 1 while the finding is active and, at detail ``full``, 0 for
-the kinds detection judged and found absent (below ``full`` only active findings have a series: what alerts
-compare, and a third of an instance's series); an instance detection could not judge (no telemetry window yet, a
-lost GPU) has no series at all.
+``flexmig_gpu_finding{finding="fragmentation"}`` are 1 while the finding is active and 0 for the kinds detection
+judged and found absent: a GPU's from detail ``standard`` on, an instance's at ``full`` only (below, only active
+findings have a series: what alerts compare, and a third of an instance's series otherwise); an instance detection
+could not judge (no telemetry window yet, a lost GPU) has no series at all.
 
 Detection's families depend on the snapshot alone, so they are :class:`~flexmig.metrics.collector.SnapshotFamilies`
 written once per snapshot; the publisher's health changes between sweeps and is collected at every scrape.
@@ -100,6 +100,20 @@ def _node_families(snap: Snapshot, report: Report, out: Writer) -> None:
         fam = out.family(name)
         if fam is not None:
             fam.add(host, value)
+    now: dict[str, int] = {}
+    repacked: dict[str, int] = {}
+    for g in frag.gpus:
+        for c in g.capacity:
+            now[c.profile] = now.get(c.profile, 0) + c.creatable_now
+            repacked[c.profile] = repacked.get(c.profile, 0) + c.creatable_repacked
+    for name, totals in (
+        ("flexmig_node_creatable_instances", now),
+        ("flexmig_node_creatable_repacked_instances", repacked),
+    ):
+        fam = out.family(name)
+        if fam is not None:
+            for profile, n in totals.items():
+                fam.add(host.extend(("profile",), (profile,)), n)
 
 
 def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot], out: Writer) -> None:
@@ -140,7 +154,7 @@ def _gpu_families(snap: Snapshot, report: Report, gpus: Mapping[int, GpuSnapshot
     for g, labels in judged:
         f = active.get(g.gpu)
         kind = labels.extend(("finding",), ("fragmentation",))
-        if finding is not None and (f is not None or out.zeros):
+        if finding is not None and (f is not None or out.zeros("flexmig_gpu_finding")):
             finding.add(kind, 1.0 if f is not None else 0.0)
         if f is not None and finding_s is not None:
             finding_s.add(kind, max(0.0, report.now - f.since))
@@ -189,7 +203,7 @@ def _instance_findings(
     """One instance's findings: each kind active (1 and its age), or judged absent (0, at full detail only)."""
     for kind in INSTANCE_FINDINGS:
         hit = found.get(kind)
-        if hit is None and not out.zeros:
+        if hit is None and not out.zeros("flexmig_mig_finding"):
             continue
         which = labels.extend(("finding",), (kind,))
         if finding is not None:
