@@ -84,6 +84,7 @@ def test_window_statistics_match_a_direct_computation(values: list[float], cap: 
     now = float(len(values) - 1)
     kept = list(enumerate(values))[-cap:]
     inside = [v for t, v in kept if now - seconds < t <= now]
+    times = [t for t, _ in kept if now - seconds < t <= now]
     w = ring.window(now, seconds)
     if not inside:
         assert w is None
@@ -92,4 +93,6 @@ def test_window_statistics_match_a_direct_computation(values: list[float], cap: 
     assert w.count == len(inside)
     assert w.mean == pytest.approx(sum(inside) / len(inside))
     assert w.min == min(inside) <= w.p95 <= w.max == max(inside)
+    assert w.p95 == sorted(inside)[max(1, math.ceil(0.95 * len(inside))) - 1]
+    assert w.span_s == times[-1] - times[0]
     assert w.last == inside[-1]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
 
-from flexmig.detect.capacity import RepackKey
+from flexmig.detect.capacity import RepackKey, repack_key
 from flexmig.detect.demand import DemandMix
 from flexmig.detect.findings import (
     EndedFinding,
@@ -23,14 +23,20 @@ from flexmig.detect.findings import (
     OversizedFinding,
     UnderuseFinding,
 )
-from flexmig.detect.fragmentation import GpuFragmentation, NodeFragmentation, extend_memo, node_fragmentation
+from flexmig.detect.fragmentation import (
+    GpuFragmentation,
+    NodeFragmentation,
+    extend_memo,
+    gpu_fragmentation,
+    node_fragmentation,
+)
 from flexmig.detect.hysteresis import Signal, Switch, step
 from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile
 from flexmig.detect.settings import DetectSettings, FragmentationSettings, UnderuseSettings
 from flexmig.detect.usage import InstanceKey, InstanceUsage
 from flexmig.mig import Layout, Profile
 
-__all__ = ["DetectState", "Observation", "Report", "observe", "underuse_signal"]
+__all__ = ["DetectState", "LastSweep", "Observation", "Report", "observe", "underuse_signal"]
 
 _EMPTY: Mapping[object, object] = MappingProxyType({})
 
@@ -68,6 +74,25 @@ class DetectState:
     """The UUIDs of the instances of ``layouts``, so a destroyed instance is reported with its own."""
     instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
     """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``)."""
+    last: LastSweep | None = None
+    """The last sweep judged in full, and whether time alone can change its verdict (see :class:`LastSweep`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LastSweep:
+    """The last observation judged in full, what it was judged with, and its report.
+
+    ``settled``: no switch is on its way to flip (every one's ``pending_since`` is None) and every remembered
+    instance was seen in that sweep. Then an observation equal to ``observation`` but for the time (the same
+    layouts, UUIDs, lost GPUs and demand, and windows with the same figures) reads as the same signals, none of
+    which can flip a switch or forget an instance: :func:`observe` gives the same report at the new time without
+    judging again. Anything else, or a change of settings, is judged in full.
+    """
+
+    observation: Observation
+    settings: DetectSettings
+    report: Report
+    settled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,9 +293,16 @@ class _Sweep:
 
 
 def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> tuple[DetectState, Report]:
-    """Run detection on one observation; returns the state for the next sweep and this sweep's report."""
+    """Run detection on one observation; returns the state for the next sweep and this sweep's report.
+
+    An observation that differs from the last one only in time, while nothing was on its way to change, is not
+    judged again (:class:`LastSweep`): its report is the last one at the new time, with no transitions.
+    """
+    last = state.last
+    if last is not None and last.settled and last.settings == settings and _same_but_time(last.observation, obs):
+        return _unchanged(state, last, obs)
     memo = extend_memo(state.memo, obs.layouts)
-    frag = node_fragmentation(obs.layouts, obs.demand or DemandMix(settings.fragmentation.demand), memo)
+    frag = _node_fragmentation(state, obs, obs.demand or DemandMix(settings.fragmentation.demand), memo)
     sweep = _Sweep(state, obs.now)
     newly_lost = _lost_gpus(sweep, state, obs)  # 1. GPUs lost,
     destroyed, created = _instance_changes(sweep, state, obs)  # instances created and destroyed
@@ -291,7 +323,64 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         ignored=tuple(ignored),
         instance_changes=new_state.instance_changes,
     )
-    return new_state, report
+    settled = all(sw.pending_since is None for sw in sweep.switches.values()) and all(
+        seen == obs.now for seen in sweep.last_seen.values()
+    )
+    return replace(new_state, last=LastSweep(obs, settings, report, settled)), report
+
+
+def _usage_figures(u: InstanceUsage) -> tuple[object, ...]:
+    """What detection judges of a window, its time left out."""
+    return (
+        u.gpu, u.start, u.profile, u.activity_mean, u.activity_p95, u.memory_used_bytes, u.memory_total_bytes,
+        u.processes, u.uuid,
+    )  # fmt: skip
+
+
+def _same_but_time(a: Observation, b: Observation) -> bool:
+    """Whether two observations differ at most in time (``now``, and each window's end and length)."""
+    return (
+        a.layouts == b.layouts
+        and a.lost_gpus == b.lost_gpus
+        and a.demand == b.demand
+        and a.uuids == b.uuids
+        and len(a.usage) == len(b.usage)
+        and all(_usage_figures(x) == _usage_figures(y) for x, y in zip(a.usage, b.usage, strict=True))
+    )
+
+
+def _unchanged(state: DetectState, last: LastSweep, obs: Observation) -> tuple[DetectState, Report]:
+    """The state and report of an observation that reads as ``last`` did: the same findings at ``obs.now``.
+
+    Every switch keeps its state: with no run pending, a switch's ``last_at`` matters to no later step (a new run
+    starts at its own window whatever the gap). The instances are seen now.
+    """
+    report = replace(last.report, now=obs.now, started=(), ended=(), created=(), destroyed=(), lost=())
+    seen = MappingProxyType(dict.fromkeys(state.last_seen, obs.now))
+    return replace(state, last_seen=seen, last=replace(last, observation=obs, report=report)), report
+
+
+def _node_fragmentation(
+    state: DetectState,
+    obs: Observation,
+    demand: DemandMix,
+    memo: Mapping[RepackKey, Mapping[str, int]],
+) -> NodeFragmentation:
+    """The node's fragmentation; a GPU whose layout and demand mix are those of the last sweep keeps its figures."""
+    last = state.last
+    if last is None or (last.observation.demand or DemandMix(last.settings.fragmentation.demand)) != demand:
+        return node_fragmentation(obs.layouts, demand, memo)
+    before = {g.gpu: g for g in last.report.fragmentation.gpus}
+    old = last.observation.layouts
+    gpus = []
+    for index in sorted(obs.layouts):
+        layout = obs.layouts[index]
+        kept = before.get(index)
+        if kept is not None and old.get(index) == layout:
+            gpus.append(kept)
+        else:
+            gpus.append(gpu_fragmentation(index, layout, demand, memo.get(repack_key(layout))))
+    return NodeFragmentation(tuple(gpus))
 
 
 def _lost_gpus(sweep: _Sweep, state: DetectState, obs: Observation) -> tuple[int, ...]:

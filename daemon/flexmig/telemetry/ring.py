@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
 
 __all__ = ["RingBuffer", "WindowStats", "capacity_for"]
@@ -97,36 +98,38 @@ class RingBuffer:
         return self._times[i], self._values[i]
 
     def window(self, now: float, seconds: float) -> WindowStats | None:
-        """Mean, min, max, p95 (nearest rank) and last value over ``(now - seconds, now]``; None if empty."""
+        """Mean, min, max, p95 (nearest rank) and last value over ``(now - seconds, now]``; None if empty.
+
+        The times of a buffer never go down, so the window's points are found by bisection in the (at most two)
+        runs the ring holds, and the statistics are computed on array slices: no Python loop over the points.
+        """
         if seconds <= 0:
             raise ValueError(f"window must be positive, not {seconds}")
         start = now - seconds
-        times, values, cap = self._times, self._values, self._cap
-        vals: list[float] = []
-        newest_t = oldest_t = 0.0
-        i = self._head
-        for _ in range(self._size):
-            i = i - 1 if i else cap - 1
-            t = times[i]
-            if t > now:
-                continue  # points after `now` are not part of this window
-            if t <= start:
-                break
-            if not vals:
-                newest_t = t
-            oldest_t = t
-            vals.append(values[i])
+        times, values, cap, size, head = self._times, self._values, self._cap, self._size, self._head
+        runs = ((0, size),) if size < cap else ((head, cap), (0, head))  # oldest run first
+        vals = array("d")
+        oldest_t = newest_t = 0.0
+        for lo, hi in runs:
+            a = bisect_right(times, start, lo, hi)
+            b = bisect_right(times, now, a, hi)
+            if a < b:
+                if not vals:
+                    oldest_t = times[a]
+                newest_t = times[b - 1]
+                vals += values[a:b]
         if not vals:
             return None
         ordered = sorted(vals)
-        rank = max(1, math.ceil(0.95 * len(ordered)))
+        n = len(ordered)
+        rank = max(1, math.ceil(0.95 * n))
         return WindowStats(
             seconds=seconds,
-            count=len(vals),
+            count=n,
             span_s=newest_t - oldest_t,
-            mean=math.fsum(vals) / len(vals),
+            mean=math.fsum(vals) / n,
             min=ordered[0],
             max=ordered[-1],
             p95=ordered[rank - 1],
-            last=vals[0],
+            last=vals[-1],
         )
