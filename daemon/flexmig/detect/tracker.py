@@ -75,24 +75,28 @@ class DetectState:
     instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
     """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``)."""
     last: LastSweep | None = None
-    """The last sweep judged in full, and whether time alone can change its verdict (see :class:`LastSweep`)."""
+    """The last sweep judged, and until when time alone cannot change its verdict (see :class:`LastSweep`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class LastSweep:
-    """The last observation judged in full, what it was judged with, and its report.
+    """The last observation judged, what it was judged with, and its report; when time alone can change the verdict.
 
-    ``settled``: no switch is on its way to flip (every one's ``pending_since`` is None) and every remembered
-    instance was seen in that sweep. Then an observation equal to ``observation`` but for the time (the same
-    layouts, UUIDs, lost GPUs and demand, and windows with the same figures) reads as the same signals, none of
-    which can flip a switch or forget an instance: :func:`observe` gives the same report at the new time without
-    judging again. Anything else, or a change of settings, is judged in full.
+    An observation equal to ``observation`` but for the time (the same layouts, UUIDs, lost GPUs and demand, and
+    windows with the same figures) reads as the same signals. While every remembered instance is seen and no switch
+    has come to the end of its pending run (``until``: the earliest time one can flip; infinite when none is pending)
+    with no gap in the sweeps longer than a switch allows (``max_gap``), judging it again could only move the
+    switches' ``last_at``: :func:`observe` gives the same report at the new time instead. ``judged_at``: when the
+    switches were last stepped in full (a later full judgement first brings their ``last_at`` to the time of the
+    last sweep, as judging each sweep would have).
     """
 
     observation: Observation
     settings: DetectSettings
     report: Report
-    settled: bool
+    judged_at: float
+    until: float
+    max_gap: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,12 +299,20 @@ class _Sweep:
 def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> tuple[DetectState, Report]:
     """Run detection on one observation; returns the state for the next sweep and this sweep's report.
 
-    An observation that differs from the last one only in time, while nothing was on its way to change, is not
-    judged again (:class:`LastSweep`): its report is the last one at the new time, with no transitions.
+    An observation that differs from the last one only in time, before any pending switch can flip, is not judged
+    again (:class:`LastSweep`): its report is the last one at the new time, with no transitions.
     """
     last = state.last
-    if last is not None and last.settled and last.settings == settings and _same_but_time(last.observation, obs):
+    if (
+        last is not None
+        and obs.now < last.until
+        and obs.now - last.observation.now <= last.max_gap
+        and last.settings == settings
+        and _same_but_time(last.observation, obs)
+    ):
         return _unchanged(state, last, obs)
+    if last is not None and last.observation.now != last.judged_at:
+        state = _caught_up(state, last)
     memo = extend_memo(state.memo, obs.layouts)
     frag = _node_fragmentation(state, obs, obs.demand or DemandMix(settings.fragmentation.demand), memo)
     sweep = _Sweep(state, obs.now)
@@ -323,10 +335,36 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         ignored=tuple(ignored),
         instance_changes=new_state.instance_changes,
     )
-    settled = all(sw.pending_since is None for sw in sweep.switches.values()) and all(
-        seen == obs.now for seen in sweep.last_seen.values()
-    )
-    return replace(new_state, last=LastSweep(obs, settings, report, settled)), report
+    until, max_gap = _next_flip(sweep, settings)
+    return replace(new_state, last=LastSweep(obs, settings, report, obs.now, until, max_gap)), report
+
+
+def _next_flip(sweep: _Sweep, settings: DetectSettings) -> tuple[float, float]:
+    """(the earliest time a pending switch can flip, the shortest gap a pending switch allows): both infinite when
+    no switch is pending; ``-inf`` when an instance remembered was not seen (time alone may forget it)."""
+    if any(seen != sweep.now for seen in sweep.last_seen.values()):
+        return -math.inf, 0.0
+    us, fs = settings.underuse, settings.fragmentation
+    until = max_gap = math.inf
+    for key, sw in sweep.switches.items():
+        if sw.pending_since is None:
+            continue
+        if key[0] == "fragmentation":
+            after, gap = (fs.exit_after_s if sw.on else fs.enter_after_s), math.inf
+        else:
+            enter = us.oversize_after_s if key[0] == "oversized" else us.enter_after_s
+            after, gap = (us.exit_after_s if sw.on else enter), us.max_gap_s
+        until = min(until, sw.pending_since + after)
+        max_gap = min(max_gap, gap)
+    return until, max_gap
+
+
+def _caught_up(state: DetectState, last: LastSweep) -> DetectState:
+    """``state`` as if the sweeps answered without judging had been judged: the switches stepped then end their last
+    window at the last sweep's time."""
+    at, now = last.judged_at, last.observation.now
+    switches = {k: (replace(sw, last_at=now) if sw.last_at == at else sw) for k, sw in state.switches.items()}
+    return replace(state, switches=MappingProxyType(switches))
 
 
 def _usage_figures(u: InstanceUsage) -> tuple[object, ...]:
@@ -352,8 +390,8 @@ def _same_but_time(a: Observation, b: Observation) -> bool:
 def _unchanged(state: DetectState, last: LastSweep, obs: Observation) -> tuple[DetectState, Report]:
     """The state and report of an observation that reads as ``last`` did: the same findings at ``obs.now``.
 
-    Every switch keeps its state: with no run pending, a switch's ``last_at`` matters to no later step (a new run
-    starts at its own window whatever the gap). The instances are seen now.
+    Every switch keeps its state (its ``last_at`` is brought up to date by the next full judgement: ``_caught_up``);
+    the instances are seen now.
     """
     report = replace(last.report, now=obs.now, started=(), ended=(), created=(), destroyed=(), lost=())
     seen = MappingProxyType(dict.fromkeys(state.last_seen, obs.now))
