@@ -51,6 +51,7 @@ def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_mis
         new_uuid = repartition_reusing_the_handle_of(node, 0)
         node.start_process(new_uuid, memory_bytes=5 << 30)
         sample = nvml._mig_sample(g, stale, None, walk, set())
+        assert sample is not None  # enumerated in this sweep (confirmed): kept, its reads dropped
         assert N.nvmlDeviceGetUUID(stale.handle) == new_uuid  # the handle really was reused
         assert (sample.uuid, sample.memory_used_bytes, sample.processes) == (stale.uuid, None, None)
         assert [(i.name, i.target) for i in walk.take()] == [("HANDLE_REUSED", stale.uuid)]
