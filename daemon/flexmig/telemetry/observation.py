@@ -29,9 +29,7 @@ class NodeObservation:
     gpu_uuids: Mapping[int, str]
 
 
-LayoutCache = dict[tuple[str, int, tuple[tuple[int, int], ...]], tuple[object, Layout | None]]
-"""Layouts by (GPU name, identity of its offers, instances): the value keeps the offers alive, so their identity
-cannot be reused by other offers while the entry stands."""
+LayoutCache = dict[tuple[str, object, tuple[tuple[int, int], ...]], Layout | None]
 
 
 def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
@@ -40,19 +38,17 @@ def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
     GPU's driver offers, so detection and the planner consider no profile the driver would refuse.
 
     Keyed by what the layout is made of (the GPU's name and offers, the instances), so that the model and the layout
-    are worked out once, not at every sweep: the offers by identity (every snapshot of one inventory carries the same
-    tuple; hashing its values at every sweep would cost more than the rest)."""
+    are worked out once, not at every sweep nor at every inventory."""
     placed = {(i.start, i.profile_id) for i in gpu.instances} | {(g.start, g.profile_id) for g in gpu.gpu_instances}
     items = tuple(sorted(placed))
-    key = (gpu.model_name, id(gpu.offers), items)
-    hit = cache.get(key)
-    if hit is not None:
-        return hit[1]
+    key = (gpu.model_name, gpu.offers, items)
+    if key in cache:
+        return cache[key]
     model = model_for(gpu.model_name, gpu.offers)
     layout = None if model is None else _build_layout(model, items)
     if len(cache) > 256:  # layouts change rarely; a node that churns forever must not grow this
         cache.clear()
-    cache[key] = (gpu.offers, layout)
+    cache[key] = layout
     return layout
 
 
