@@ -384,7 +384,13 @@ def markdown(results: dict[str, Figures], started: datetime, cmd: str, seconds: 
             f"of one core (with the simulated library {f.total:.2f}%), {f.rss:.1f} MiB RSS | < {goal}%, "
             f"< {RSS_GOAL_MB:.0f} MB |"
         )
-    out += ["", "<!-- glance -->", *glance, "<!-- /glance -->"]
+    sims = "; ".join(
+        f"{name}: the library {1e3 * f.sim.library_s:.2f} ms a sweep ({f.sim.calls:.0f} NVML calls), the workload "
+        f"{1e3 * f.sim.workload_s:.2f} ms"
+        for name, f in results.items()
+    )
+    out += ["", f"The simulation, measured in the benchmark's process: {sims}.", ""]
+    out += ["<!-- glance -->", *glance, "<!-- /glance -->"]
     return "\n".join(out) + "\n"
 
 
