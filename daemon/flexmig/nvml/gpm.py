@@ -54,7 +54,7 @@ assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml cha
 
 def _ratio(m: _Metric) -> float:
     """A metric's percentage as a ratio, clamped to 0..1."""
-    return min(1.0, max(0.0, m.value / 100.0))
+    return min(1.0, max(0.0, float(m.value) / 100.0))
 
 
 @dataclass(slots=True)
