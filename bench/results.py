@@ -95,6 +95,7 @@ class Section:
 
 SECTIONS: tuple[Section, ...] = (
     Section("sampling", "Sampling cost", "sampling.py"),
+    Section("daemon", "Daemon cost", "daemon.py"),
     Section("scrape", "Scrape cost", "scrape.py"),
     Section("planner", "Planning time", "planner.py"),
     Section("replay", "Replay", "replay.py"),

@@ -50,7 +50,8 @@ def test_reads_through_a_handle_reused_since_the_enumeration_are_dropped_not_mis
         stale = next(m for m in g.mig_handles(walk) if m.uuid == node.gpu(0).mig_uuid_at(0))  # the 3g, before
         new_uuid = repartition_reusing_the_handle_of(node, 0)
         node.start_process(new_uuid, memory_bytes=5 << 30)
-        sample = nvml._mig_sample(g, stale, None, walk)
+        sample = nvml._mig_sample(g, stale, None, walk, set())
+        assert sample is not None  # enumerated in this sweep (confirmed): kept, its reads dropped
         assert N.nvmlDeviceGetUUID(stale.handle) == new_uuid  # the handle really was reused
         assert (sample.uuid, sample.memory_used_bytes, sample.processes) == (stale.uuid, None, None)
         assert [(i.name, i.target) for i in walk.take()] == [("HANDLE_REUSED", stale.uuid)]
@@ -61,7 +62,12 @@ def test_the_next_sweep_finds_the_new_device_under_its_own_uuid(node: SimNode) -
         old_3g = node.gpu(0).mig_uuid_at(0)
         assert old_3g in [d.uuid for g in nvml.sample() for d in g.mig_devices]
         new_uuid = repartition_reusing_the_handle_of(node, 0)
-        after = {d.uuid: d for g in nvml.sample() for d in g.mig_devices}
+        pid = node.start_process(new_uuid, memory_bytes=5 << 30)
+        swept = nvml.sample()
+        after = {d.uuid: d for g in swept for d in g.mig_devices}
         assert old_3g not in after
         assert after[new_uuid].gpu_instance_id == node.gpu(0).gi_id_at(0)
         assert after[new_uuid].memory_total_bytes == 33024 << 20
+        # Read as the new device in that very sweep (the handle kept from the last one is checked, not trusted).
+        assert [p.pid for p in after[new_uuid].processes or ()] == [pid]
+        assert swept[0].errors == ()

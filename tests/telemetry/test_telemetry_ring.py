@@ -78,12 +78,48 @@ def test_capacity_covers_the_window_at_the_interval() -> None:
     st.floats(min_value=0.5, max_value=400),
 )
 def test_window_statistics_match_a_direct_computation(values: list[float], cap: int, seconds: float) -> None:
+    check_windows(values, cap, seconds)
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=1, max_size=300),
+    st.integers(min_value=1, max_value=64),
+    st.floats(min_value=0.5, max_value=400),
+)
+def test_windows_of_readings_that_repeat_match_a_direct_computation(
+    values: list[float], cap: int, seconds: float
+) -> None:
+    check_windows(values, cap, seconds)
+
+
+def test_a_window_of_unchanging_readings_moves_with_time_and_sees_the_next_change() -> None:
+    ring = RingBuffer(100)
+    for t in range(10):
+        ring.append(float(t), 0.5)
+    first = ring.window(9.0, 5.0)
+    assert first is not None and (first.count, first.span_s, first.mean, first.p95) == (5, 4.0, 0.5, 0.5)
+    ring.append(10.0, 0.5)
+    assert ring.window(10.0, 5.0) == first  # the same figures a second later
+    ring.append(11.0, 0.9)
+    moved = ring.window(11.0, 5.0)
+    assert moved is not None and (moved.count, moved.max, moved.last) == (5, 0.9, 0.9)
+    assert moved.mean == (4 * 0.5 + 0.9) / 5
+
+
+def check_windows(values: list[float], cap: int, seconds: float) -> None:
+    """Every window of the buffer after each append, against a direct computation over the points kept."""
     ring = RingBuffer(cap)
     for i, v in enumerate(values):
         ring.append(float(i), v)
+        check_window(ring, values[: i + 1], cap, seconds)
+
+
+def check_window(ring: RingBuffer, values: list[float], cap: int, seconds: float) -> None:
+    """The window ending at the last point, against a direct computation."""
     now = float(len(values) - 1)
     kept = list(enumerate(values))[-cap:]
     inside = [v for t, v in kept if now - seconds < t <= now]
+    times = [t for t, _ in kept if now - seconds < t <= now]
     w = ring.window(now, seconds)
     if not inside:
         assert w is None
@@ -92,4 +128,6 @@ def test_window_statistics_match_a_direct_computation(values: list[float], cap: 
     assert w.count == len(inside)
     assert w.mean == pytest.approx(sum(inside) / len(inside))
     assert w.min == min(inside) <= w.p95 <= w.max == max(inside)
+    assert w.p95 == sorted(inside)[max(1, math.ceil(0.95 * len(inside))) - 1]
+    assert w.span_s == times[-1] - times[0]
     assert w.last == inside[-1]

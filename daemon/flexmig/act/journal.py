@@ -146,6 +146,7 @@ class Journal:
         self.wall = wall
         self.on_step = on_step
         self._count = 0
+        self._writes = 0  # every write this object made (or tried), queue_job's too
         self.revision = 0
         """Bumped by every write but :meth:`queue_job`'s: a plan worked out at one revision is stale at another."""
         self._decoded: dict[str, tuple[tuple[Any, ...], JobRecord]] = {}
@@ -303,6 +304,7 @@ class Journal:
             self._listing = self._sorted = None  # whether it took or not, read it all again
             raise JournalError(f"{self.path}: journal write failed: {exc}") from exc
         finally:
+            self._writes += 1
             if revise:  # also after a failed write: whether it took, what was read before may be stale
                 self.revision += 1
             written, self._written = self._written, set()
@@ -566,6 +568,11 @@ class Journal:
         if self._sorted is None:
             self._sorted = sorted(self._listing.values(), key=lambda rec: rec.name)
         return list(self._sorted)
+
+    def stamp(self) -> tuple[int, int]:
+        """Changes whenever the file may have: a write of this object, or a commit by another connection. What was
+        read at one stamp is still what the file holds while the stamp stays the same."""
+        return self._writes, self._data_version()
 
     def _data_version(self) -> int:
         """SQLite's count of commits by other connections to this file (ours do not change it)."""

@@ -10,7 +10,7 @@ never said to have held while nobody looked.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 __all__ = ["Signal", "Switch", "step"]
 
@@ -50,8 +50,8 @@ def step(
     gap = state.last_at is not None and window_from - state.last_at > max_gap
     wanted = Signal.OFF if state.on else Signal.ON
     if signal is not wanted:
-        return replace(state, pending_since=None, last_at=window_to), False
+        return Switch(state.on, state.since, None, window_to), False
     pending = window_from if state.pending_since is None or gap else state.pending_since
     if window_to - pending >= (off_after if state.on else on_after):
         return Switch(on=not state.on, since=window_to, pending_since=None, last_at=window_to), True
-    return replace(state, pending_since=pending, last_at=window_to), False
+    return Switch(state.on, state.since, pending, window_to), False

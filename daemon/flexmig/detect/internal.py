@@ -89,11 +89,12 @@ def smaller_profile(usage: InstanceUsage, model: GpuModel, profile: Profile, mar
     memory = usage.memory_used_bytes * (1 + margin)
     fits = [
         q
-        for q in model.plain_profiles
+        for q in model.profiles  # the plain ones (``model.plain_profiles``), asked last: the numbers rule most out
         if q.compute_slices <= profile.compute_slices
         and q.memory_slices <= profile.memory_slices
         and (q.compute_slices, q.memory_slices) != (profile.compute_slices, profile.memory_slices)
         and sms <= q.sm_count
         and memory <= q.memory_mib * _MIB
+        and not q.is_media_variant
     ]
     return min(fits, key=lambda q: (q.compute_slices, q.memory_slices, q.name), default=None)

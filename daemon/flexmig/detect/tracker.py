@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
 
-from flexmig.detect.capacity import RepackKey
+from flexmig.detect.capacity import RepackKey, repack_key
 from flexmig.detect.demand import DemandMix
 from flexmig.detect.findings import (
     EndedFinding,
@@ -23,14 +23,20 @@ from flexmig.detect.findings import (
     OversizedFinding,
     UnderuseFinding,
 )
-from flexmig.detect.fragmentation import GpuFragmentation, NodeFragmentation, extend_memo, node_fragmentation
+from flexmig.detect.fragmentation import (
+    GpuFragmentation,
+    NodeFragmentation,
+    extend_memo,
+    gpu_fragmentation,
+    node_fragmentation,
+)
 from flexmig.detect.hysteresis import Signal, Switch, step
 from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile
 from flexmig.detect.settings import DetectSettings, FragmentationSettings, UnderuseSettings
 from flexmig.detect.usage import InstanceKey, InstanceUsage
 from flexmig.mig import Layout, Profile
 
-__all__ = ["DetectState", "Observation", "Report", "observe", "underuse_signal"]
+__all__ = ["DetectState", "LastSweep", "Observation", "Report", "observe", "underuse_signal"]
 
 _EMPTY: Mapping[object, object] = MappingProxyType({})
 
@@ -68,6 +74,29 @@ class DetectState:
     """The UUIDs of the instances of ``layouts``, so a destroyed instance is reported with its own."""
     instance_changes: Mapping[tuple[int, str], int] = field(default_factory=lambda: MappingProxyType({}))
     """Instances created and destroyed since the first observation, by (GPU, ``created``/``destroyed``)."""
+    last: LastSweep | None = None
+    """The last sweep judged, and until when time alone cannot change its verdict (see :class:`LastSweep`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LastSweep:
+    """The last observation judged, what it was judged with, and its report; when time alone can change the verdict.
+
+    An observation equal to ``observation`` but for the time (the same layouts, UUIDs, lost GPUs and demand, and
+    windows with the same figures) reads as the same signals. While every remembered instance is seen and no switch
+    has come to the end of its pending run (``until``: the earliest time one can flip; infinite when none is pending)
+    with no gap in the sweeps longer than a switch allows (``max_gap``), judging it again could only move the
+    switches' ``last_at``: :func:`observe` gives the same report at the new time instead. ``judged_at``: when the
+    switches were last stepped in full (a later full judgement first brings their ``last_at`` to the time of the
+    last sweep, as judging each sweep would have).
+    """
+
+    observation: Observation
+    settings: DetectSettings
+    report: Report
+    judged_at: float
+    until: float
+    max_gap: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,9 +297,24 @@ class _Sweep:
 
 
 def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> tuple[DetectState, Report]:
-    """Run detection on one observation; returns the state for the next sweep and this sweep's report."""
+    """Run detection on one observation; returns the state for the next sweep and this sweep's report.
+
+    An observation that differs from the last one only in time, before any pending switch can flip, is not judged
+    again (:class:`LastSweep`): its report is the last one at the new time, with no transitions.
+    """
+    last = state.last
+    if (
+        last is not None
+        and obs.now < last.until
+        and obs.now - last.observation.now <= last.max_gap
+        and last.settings == settings
+        and _same_but_time(last.observation, obs)
+    ):
+        return _unchanged(state, last, obs)
+    if last is not None and last.observation.now != last.judged_at:
+        state = _caught_up(state, last)
     memo = extend_memo(state.memo, obs.layouts)
-    frag = node_fragmentation(obs.layouts, obs.demand or DemandMix(settings.fragmentation.demand), memo)
+    frag = _node_fragmentation(state, obs, obs.demand or DemandMix(settings.fragmentation.demand), memo)
     sweep = _Sweep(state, obs.now)
     newly_lost = _lost_gpus(sweep, state, obs)  # 1. GPUs lost,
     destroyed, created = _instance_changes(sweep, state, obs)  # instances created and destroyed
@@ -291,7 +335,90 @@ def observe(state: DetectState, obs: Observation, settings: DetectSettings) -> t
         ignored=tuple(ignored),
         instance_changes=new_state.instance_changes,
     )
-    return new_state, report
+    until, max_gap = _next_flip(sweep, settings)
+    return replace(new_state, last=LastSweep(obs, settings, report, obs.now, until, max_gap)), report
+
+
+def _next_flip(sweep: _Sweep, settings: DetectSettings) -> tuple[float, float]:
+    """(the earliest time a pending switch can flip, the shortest gap a pending switch allows): both infinite when
+    no switch is pending; ``-inf`` when an instance remembered was not seen (time alone may forget it)."""
+    if any(seen != sweep.now for seen in sweep.last_seen.values()):
+        return -math.inf, 0.0
+    us, fs = settings.underuse, settings.fragmentation
+    until = max_gap = math.inf
+    for key, sw in sweep.switches.items():
+        if sw.pending_since is None:
+            continue
+        if key[0] == "fragmentation":
+            after, gap = (fs.exit_after_s if sw.on else fs.enter_after_s), math.inf
+        else:
+            enter = us.oversize_after_s if key[0] == "oversized" else us.enter_after_s
+            after, gap = (us.exit_after_s if sw.on else enter), us.max_gap_s
+        until = min(until, sw.pending_since + after)
+        max_gap = min(max_gap, gap)
+    return until, max_gap
+
+
+def _caught_up(state: DetectState, last: LastSweep) -> DetectState:
+    """``state`` as if the sweeps answered without judging had been judged: the switches stepped then end their last
+    window at the last sweep's time."""
+    at, now = last.judged_at, last.observation.now
+    switches = {k: (replace(sw, last_at=now) if sw.last_at == at else sw) for k, sw in state.switches.items()}
+    return replace(state, switches=MappingProxyType(switches))
+
+
+def _usage_figures(u: InstanceUsage) -> tuple[object, ...]:
+    """What detection judges of a window, its time left out."""
+    return (
+        u.gpu, u.start, u.profile, u.activity_mean, u.activity_p95, u.memory_used_bytes, u.memory_total_bytes,
+        u.processes, u.uuid,
+    )  # fmt: skip
+
+
+def _same_but_time(a: Observation, b: Observation) -> bool:
+    """Whether two observations differ at most in time (``now``, and each window's end and length)."""
+    return (
+        a.layouts == b.layouts
+        and a.lost_gpus == b.lost_gpus
+        and a.demand == b.demand
+        and a.uuids == b.uuids
+        and len(a.usage) == len(b.usage)
+        and all(_usage_figures(x) == _usage_figures(y) for x, y in zip(a.usage, b.usage, strict=True))
+    )
+
+
+def _unchanged(state: DetectState, last: LastSweep, obs: Observation) -> tuple[DetectState, Report]:
+    """The state and report of an observation that reads as ``last`` did: the same findings at ``obs.now``.
+
+    Every switch keeps its state (its ``last_at`` is brought up to date by the next full judgement: ``_caught_up``);
+    the instances are seen now.
+    """
+    report = replace(last.report, now=obs.now, started=(), ended=(), created=(), destroyed=(), lost=())
+    seen = MappingProxyType(dict.fromkeys(state.last_seen, obs.now))
+    return replace(state, last_seen=seen, last=replace(last, observation=obs, report=report)), report
+
+
+def _node_fragmentation(
+    state: DetectState,
+    obs: Observation,
+    demand: DemandMix,
+    memo: Mapping[RepackKey, Mapping[str, int]],
+) -> NodeFragmentation:
+    """The node's fragmentation; a GPU whose layout and demand mix are those of the last sweep keeps its figures."""
+    last = state.last
+    if last is None or (last.observation.demand or DemandMix(last.settings.fragmentation.demand)) != demand:
+        return node_fragmentation(obs.layouts, demand, memo)
+    before = {g.gpu: g for g in last.report.fragmentation.gpus}
+    old = last.observation.layouts
+    gpus = []
+    for index in sorted(obs.layouts):
+        layout = obs.layouts[index]
+        kept = before.get(index)
+        if kept is not None and old.get(index) == layout:
+            gpus.append(kept)
+        else:
+            gpus.append(gpu_fragmentation(index, layout, demand, memo.get(repack_key(layout))))
+    return NodeFragmentation(tuple(gpus))
 
 
 def _lost_gpus(sweep: _Sweep, state: DetectState, obs: Observation) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ there: branch 470 has no ``nvmlDeviceGetComputeRunningProcesses_v3``, ``nvmlDevi
 
 from __future__ import annotations
 
-from ctypes import byref, c_uint
+from ctypes import byref, c_uint, c_void_p, cast
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,12 +89,15 @@ class MigStatic:
 
 @dataclass(frozen=True, slots=True)
 class MigHandle:
-    """A MIG device found by this sweep's enumeration."""
+    """A MIG device found by this sweep's enumeration. ``confirmed``: its UUID was read through this handle in this
+    enumeration; False when it is the UUID this handle answered at this index in the last one (still to be checked
+    after the reads, which every sweep does: ``flexmig.nvml.client``)."""
 
     index: int
     handle: Any
     uuid: str
     static: MigStatic
+    confirmed: bool = True
 
 
 @dataclass(slots=True)
@@ -113,6 +116,8 @@ class GpuCache:
     ci_profiles: dict[int, tuple[CiProfile, ...]] = field(default_factory=dict)
     mig_static: dict[str, MigStatic] = field(default_factory=dict)
     max_mig: int = 0  # nvmlDeviceGetMaxMigDeviceCount once MIG is on (0: not asked yet)
+    answered: dict[int, tuple[int | None, str]] = field(default_factory=dict)
+    """MIG index -> (handle address, UUID) as the last enumeration read them."""
 
     @property
     def target(self) -> str:
@@ -231,10 +236,12 @@ class GpuCache:
         self.ci_profiles[gi_profile_id] = result
         return result
 
-    def mig_handles(self, walk: Walk, taken: set[str] | None = None) -> list[MigHandle]:
+    def mig_handles(self, walk: Walk, taken: set[str] | None = None, *, recall: bool = False) -> list[MigHandle]:
         """This GPU's MIG devices now (``nvidia-smi -L``), by MIG index, skipping gaps instead of stopping.
 
-        Costs two calls per device (handle by index, UUID); GI and CI IDs come from the UUID-keyed cache.
+        Costs two calls per device (handle by index, UUID); GI and CI IDs come from the UUID-keyed cache. With
+        ``recall``, a device whose handle is the one the last enumeration found at its index is given the UUID read
+        then, unconfirmed (one call): the caller checks it after its reads, as a sweep does anyway.
 
         A UUID is one device's name everywhere downstream (series labels, GPM windows, ``CUDA_VISIBLE_DEVICES``):
         a device that reports a UUID already seen in this sweep (on this GPU, or in ``taken``, the UUIDs of the GPUs
@@ -245,44 +252,72 @@ class GpuCache:
         h = self.handle
         target = self.target
         seen: set[str] = set()
+        answered = self.answered
         if not self.max_mig:
             self.max_mig = int(walk.get(target, N.nvmlDeviceGetMaxMigDeviceCount, h) or 0)
         for idx in range(self.max_mig):
             try:
                 mh = N.nvmlDeviceGetMigDeviceHandleByIndex(h, idx)
             except N.NVMLError as exc:
+                answered.pop(idx, None)
                 if exc.value == NOT_FOUND:
                     continue
                 if exc.value == INVALID_ARGUMENT:
                     break  # past the GPU's maximum MIG device count (MIG was just turned off)
                 walk.note(f"{target} MIG {idx}", "nvmlDeviceGetMigDeviceHandleByIndex", exc)
                 continue
-            uuid = walk.get(f"{target} MIG {idx}", N.nvmlDeviceGetUUID, mh)  # fails if destroyed meanwhile
-            if uuid is None:
-                continue
-            if uuid in seen or (taken is not None and uuid in taken):
-                where = f"{target} MIG {idx}"
-                walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", OUT_OF_RANGE, "DUPLICATE_UUID", where))
-                continue
-            seen.add(uuid)
-            if taken is not None:
-                taken.add(uuid)
-            static = self.mig_static.get(uuid)
-            if static is None:
-                gi_id = walk.get(uuid, N.nvmlDeviceGetGpuInstanceId, mh)
-                ci_id = walk.get(uuid, N.nvmlDeviceGetComputeInstanceId, mh)
-                if gi_id is None or ci_id is None:
+            address = cast(mh, c_void_p).value
+            last = answered.get(idx)
+            recalled = recall and last is not None and last[0] == address
+            if recalled and last is not None:
+                uuid = last[1]
+            else:
+                read = walk.get(f"{target} MIG {idx}", N.nvmlDeviceGetUUID, mh)  # fails if destroyed meanwhile
+                if read is None:
+                    answered.pop(idx, None)
                     continue
-                static = self.mig_static[uuid] = MigStatic(int(gi_id), int(ci_id))
-            out.append(MigHandle(idx, mh, uuid, static))
+                uuid = read
+                answered[idx] = (address, read)
+            found = self.identify(walk, (idx, mh, uuid), seen, taken, confirmed=not recalled)
+            if found is not None:
+                out.append(found)
         if len(self.mig_static) > len(seen):
             for gone in [u for u in self.mig_static if u not in seen]:
                 del self.mig_static[gone]
         return out
 
+    def identify(
+        self,
+        walk: Walk,
+        device: tuple[int, Any, str],
+        seen: set[str],
+        taken: set[str] | None,
+        *,
+        confirmed: bool = True,
+    ) -> MigHandle | None:
+        """The MIG device ``(index, handle, UUID)``: None (recorded) when another device of the sweep has that UUID
+        (``seen`` on this GPU, ``taken`` on the GPUs before; both filled in), or its GI and CI IDs cannot be read."""
+        idx, mh, uuid = device
+        if uuid in seen or (taken is not None and uuid in taken):
+            where = f"{self.target} MIG {idx}"
+            walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", OUT_OF_RANGE, "DUPLICATE_UUID", where))
+            return None
+        seen.add(uuid)
+        if taken is not None:
+            taken.add(uuid)
+        static = self.mig_static.get(uuid)
+        if static is None:
+            gi_id = walk.get(uuid, N.nvmlDeviceGetGpuInstanceId, mh)
+            ci_id = walk.get(uuid, N.nvmlDeviceGetComputeInstanceId, mh)
+            if gi_id is None or ci_id is None:
+                return None
+            static = self.mig_static[uuid] = MigStatic(int(gi_id), int(ci_id))
+        return MigHandle(idx, mh, uuid, static, confirmed)
+
     def forget_mig(self) -> None:
         """Drop MIG-device facts after this process changed the GPU's instances."""
         self.mig_static.clear()
+        self.answered.clear()
 
 
 def memory_info(walk: Walk, target: str, handle: Any, missing: Missing) -> Any:

@@ -32,11 +32,10 @@ from flexmig.nvml.cache import (
     Missing,
     compute_instances,
     gpu_instances,
-    memory_info,
-    processes,
 )
 from flexmig.nvml.calls import INVALID_ARGUMENT, GpuLost, Walk, call_error, error_name, nvml_call
 from flexmig.nvml.gpm import GpmWindows
+from flexmig.nvml.reads import SweepReads
 from flexmig.nvml.types import (
     ComputeInstanceInfo,
     GpuInfo,
@@ -46,7 +45,6 @@ from flexmig.nvml.types import (
     MigDeviceInfo,
     MigDeviceSample,
     NvmlIssue,
-    ProcessInfo,
 )
 
 __all__ = ["Nvml"]
@@ -71,18 +69,13 @@ _UNAVAILABLE = {
 }
 
 
-def _procs(raw: tuple[Any, ...] | None) -> tuple[ProcessInfo, ...] | None:
-    if raw is None:
-        return None
-    return tuple(ProcessInfo(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in raw)
-
-
 class Nvml:
     """An initialised NVML session. Open with :meth:`open`, close with :meth:`close` (or use ``with``)."""
 
     def __init__(self, gpu_count: int) -> None:
         """Use :meth:`open`; this only sets up the caches for ``gpu_count`` GPUs."""
         self._missing = Missing()  # versioned entry points this driver lacks (one driver for every GPU)
+        self._reads = SweepReads(self._missing)
         self._gpus = [GpuCache(i, self._missing) for i in range(gpu_count)]
         self._driver: str | None = None
         self._nvml_version: str | None = None
@@ -224,18 +217,22 @@ class Nvml:
         return tuple(sorted(out, key=lambda i: i.id))
 
     def _mig_info(self, g: GpuCache, m: MigHandle, walk: Walk) -> MigDeviceInfo:
-        mem = memory_info(walk, m.uuid, m.handle, self._missing)
-        procs = processes(walk, m.uuid, m.handle, self._missing)
-        if not _still(walk, m):
+        reads = self._reads
+        mem = reads.memory(walk, m.uuid, m.handle)
+        procs = reads.processes(walk, m.uuid, m.handle)
+        now = _uuid_now(walk, m, reads)
+        if now != m.uuid:
+            if now is not None:
+                walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", INVALID_ARGUMENT, "HANDLE_REUSED", m.uuid))
             mem = procs = None
         return MigDeviceInfo(
             index=m.index,
             uuid=m.uuid,
             gpu_instance_id=m.static.gi_id,
             compute_instance_id=m.static.ci_id,
-            memory_total_bytes=None if mem is None else int(mem.total),
-            memory_used_bytes=None if mem is None else int(mem.used),
-            processes=_procs(procs),
+            memory_total_bytes=None if mem is None else mem[0],
+            memory_used_bytes=None if mem is None else mem[1],
+            processes=procs,
         )
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -274,8 +271,9 @@ class Nvml:
             devices: tuple[MigDeviceSample, ...] = ()
             if mig_on:
                 use_gpm = gpm is not None and g.gpm_supported(walk)
-                handles = g.mig_handles(walk, taken)
-                devices = tuple(self._mig_sample(g, m, gpm if use_gpm else None, walk) for m in handles)
+                handles = g.mig_handles(walk, taken, recall=True)
+                sampled = (self._mig_sample(g, m, gpm if use_gpm else None, walk, taken) for m in handles)
+                devices = tuple(d for d in sampled if d is not None)
         except GpuLost:
             g.handle = None
             self._keep_windows(g, gpm)
@@ -298,10 +296,24 @@ class Nvml:
             for uuid in g.mig_static:
                 gpm.keep(uuid)
 
-    def _mig_sample(self, g: GpuCache, m: MigHandle, gpm: GpmWindows | None, walk: Walk) -> MigDeviceSample:
-        mem = memory_info(walk, m.uuid, m.handle, self._missing)
-        procs = _procs(processes(walk, m.uuid, m.handle, self._missing))
-        if not _still(walk, m):
+    def _mig_sample(
+        self, g: GpuCache, m: MigHandle, gpm: GpmWindows | None, walk: Walk, taken: set[str]
+    ) -> MigDeviceSample | None:
+        reads = self._reads
+        mem = reads.memory(walk, m.uuid, m.handle)
+        procs = reads.processes(walk, m.uuid, m.handle)
+        now = _uuid_now(walk, m, reads)
+        if now != m.uuid:
+            if not m.confirmed and now is None:
+                return None  # as an enumeration that reads no UUID skips the device (destroyed since)
+            if not m.confirmed and now is not None:
+                # The handle names another device than at the last sweep: identify it as an enumeration would
+                # have, and read it again.
+                g.answered[m.index] = (g.answered.get(m.index, (None, ""))[0], now)
+                fresh = g.identify(walk, (m.index, m.handle, now), set(), taken)
+                return None if fresh is None else self._mig_sample(g, fresh, gpm, walk, taken)
+            if now is not None:
+                walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", INVALID_ARGUMENT, "HANDLE_REUSED", m.uuid))
             mem, procs = None, None
         activity = None if gpm is None else gpm.activity(walk, g.handle, m.static.gi_id, m.uuid)
         return MigDeviceSample(
@@ -309,8 +321,8 @@ class Nvml:
             gpu_index=g.index,
             gpu_instance_id=m.static.gi_id,
             compute_instance_id=m.static.ci_id,
-            memory_total_bytes=None if mem is None else int(mem.total),
-            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else mem[0],
+            memory_used_bytes=None if mem is None else mem[1],
             processes=procs,
             activity=activity,
         )
@@ -440,23 +452,20 @@ class Nvml:
             g.forget_mig()
 
 
-def _still(walk: Walk, m: MigHandle) -> bool:
-    """Whether ``m``'s handle still names the MIG device it was enumerated as.
+def _uuid_now(walk: Walk, m: MigHandle, reads: SweepReads) -> str | None:
+    """The UUID ``m``'s handle answers now (None, recorded, when it answers none), to check the reads made through it.
 
     nvml.h: a destroyed instance's handle "would remain invalid [...] Handles may be reused and their properties
     can change in the process". A repartition by anyone between the enumeration and the reads can hand the
-    handle to a new device, so the reads are kept only if the handle still answers with the same UUID; else
-    they are dropped and the issue recorded (the next sweep enumerates again).
+    handle to a new device, so the reads are kept only if the handle still answers with the UUID it was enumerated
+    as; else they are dropped and the issue recorded (the next sweep enumerates again). UUIDs are new for every
+    instance's life, so the same UUID before and after means the reads are that device's.
     """
     try:
-        now = N.nvmlDeviceGetUUID(m.handle)
+        return reads.uuid(m.handle)
     except N.NVMLError as exc:
         walk.note(m.uuid, "nvmlDeviceGetUUID", exc)
-        return False
-    if now == m.uuid:
-        return True
-    walk.issues.append(NvmlIssue("nvmlDeviceGetUUID", INVALID_ARGUMENT, "HANDLE_REUSED", m.uuid))
-    return False
+        return None
 
 
 @contextmanager

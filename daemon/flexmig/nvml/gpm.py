@@ -52,6 +52,11 @@ _METRICS_OFFSET: int = N.c_nvmlGpmMetricsGet_t.metrics.offset
 assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
 
 
+def _ratio(m: _Metric) -> float:
+    """A metric's percentage as a ratio, clamped to 0..1."""
+    return min(1.0, max(0.0, float(m.value) / 100.0))
+
+
 @dataclass(slots=True)
 class _Slot:
     gi_id: int
@@ -111,7 +116,6 @@ class GpmWindows:
         self._seen.add(uuid)
         now = self.clock()
         slot = self._slots.get(uuid)
-        target = f"{uuid} (GI {gi_id})"
         call = "nvmlGpmMigSampleGet"
         try:
             if slot is None or slot.gi_id != gi_id:
@@ -140,7 +144,7 @@ class GpmWindows:
             values = self._metrics(slot.prev, cur)
         except N.NVMLError as exc:
             self._drop(uuid)
-            walk.note(target, call, exc)
+            walk.note(f"{uuid} (GI {gi_id})", call, exc)
             return None
         slot.spare, slot.prev, slot.t_prev = slot.prev, cur, now
         slot.last = GpmActivity(
@@ -169,11 +173,7 @@ class GpmWindows:
         mg.sample1 = first
         mg.sample2 = second
         N.nvmlGpmMetricsGet(mg)
-        out: dict[int, float] = {}
-        for metric_id, m in zip(_METRICS, self._view, strict=True):
-            if m.nvmlReturn == 0:
-                out[metric_id] = min(1.0, max(0.0, m.value / 100.0))
-        return out
+        return {metric_id: _ratio(m) for metric_id, m in zip(_METRICS, self._view, strict=True) if m.nvmlReturn == 0}
 
     def _drop(self, uuid: str) -> None:
         slot = self._slots.pop(uuid, None)

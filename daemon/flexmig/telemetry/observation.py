@@ -29,22 +29,23 @@ class NodeObservation:
     gpu_uuids: Mapping[int, str]
 
 
-LayoutCache = dict[tuple[str, tuple[int, ...], tuple[tuple[int, int], ...]], Layout | None]
+LayoutCache = dict[tuple[str, object, tuple[tuple[int, int], ...]], Layout | None]
 
 
 def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
     """The GPU's layout from its GPU instances (profile and start), those without a MIG device included (they hold
     their slices all the same); None when our catalogue cannot model it. The model is cut down to the profiles the
-    GPU's driver offers, so detection and the planner consider no profile the driver would refuse."""
-    model = model_for(gpu.model_name, gpu.offers)
-    if model is None:
-        return None
+    GPU's driver offers, so detection and the planner consider no profile the driver would refuse.
+
+    Keyed by what the layout is made of (the GPU's name and offers, the instances), so that the model and the layout
+    are worked out once, not at every sweep nor at every inventory."""
     placed = {(i.start, i.profile_id) for i in gpu.instances} | {(g.start, g.profile_id) for g in gpu.gpu_instances}
     items = tuple(sorted(placed))
-    key = (model.key, tuple(p.profile_id for p in model.profiles), items)
+    key = (gpu.model_name, gpu.offers, items)
     if key in cache:
         return cache[key]
-    layout = _build_layout(model, items)
+    model = model_for(gpu.model_name, gpu.offers)
+    layout = None if model is None else _build_layout(model, items)
     if len(cache) > 256:  # layouts change rarely; a node that churns forever must not grow this
         cache.clear()
     cache[key] = layout

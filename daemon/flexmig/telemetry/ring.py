@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
 
 __all__ = ["RingBuffer", "WindowStats", "capacity_for"]
@@ -49,7 +50,7 @@ class RingBuffer:
     one-second history costs 56 KiB per quantity and instance, fixed at creation.
     """
 
-    __slots__ = ("_cap", "_head", "_size", "_times", "_values")
+    __slots__ = ("_cap", "_head", "_last", "_run_since", "_size", "_times", "_values")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -59,6 +60,8 @@ class RingBuffer:
         self._values = array("d", bytes(8 * capacity))
         self._head = 0  # where the next point goes
         self._size = 0
+        self._run_since = math.inf  # time of the first point of the run of equal values that ends the buffer
+        self._last: WindowStats | None = None  # the last window of such a run, given again while it still holds
 
     @property
     def capacity(self) -> int:
@@ -80,9 +83,13 @@ class RingBuffer:
             last = self._times[last_i]
             if t < last:
                 raise ValueError(f"sample time {t} is before the previous one ({last})")
+            if value != self._values[last_i]:
+                self._run_since = t  # a new run (a replaced point starts one too: shorter than it may be, never longer)
             if t == last:
                 self._values[last_i] = value
                 return
+        else:
+            self._run_since = t
         self._times[self._head] = t
         self._values[self._head] = value
         self._head = (self._head + 1) % self._cap
@@ -97,36 +104,58 @@ class RingBuffer:
         return self._times[i], self._values[i]
 
     def window(self, now: float, seconds: float) -> WindowStats | None:
-        """Mean, min, max, p95 (nearest rank) and last value over ``(now - seconds, now]``; None if empty."""
+        """Mean, min, max, p95 (nearest rank) and last value over ``(now - seconds, now]``; None if empty.
+
+        The times of a buffer never go down, so the window's points are found by bisection in the (at most two)
+        parts the ring holds, and the statistics are computed on array slices: no Python loop over the points. When
+        every point in the window has the newest value (a reading that does not change), the figures are that value,
+        and the same window as last time is given again while its count and span hold.
+        """
         if seconds <= 0:
             raise ValueError(f"window must be positive, not {seconds}")
         start = now - seconds
-        times, values, cap = self._times, self._values, self._cap
-        vals: list[float] = []
-        newest_t = oldest_t = 0.0
-        i = self._head
-        for _ in range(self._size):
-            i = i - 1 if i else cap - 1
-            t = times[i]
-            if t > now:
-                continue  # points after `now` are not part of this window
-            if t <= start:
-                break
-            if not vals:
-                newest_t = t
-            oldest_t = t
-            vals.append(values[i])
-        if not vals:
+        times, values, cap, size, head = self._times, self._values, self._cap, self._size, self._head
+        parts = ((0, size),) if size < cap else ((head, cap), (0, head))  # oldest part first
+        spans = []
+        for lo, hi in parts:
+            a = bisect_right(times, start, lo, hi)
+            b = bisect_right(times, now, a, hi)
+            if a < b:
+                spans.append((a, b))
+        if not spans:
             return None
+        oldest_t, newest_t = times[spans[0][0]], times[spans[-1][1] - 1]
+        count = sum(b - a for a, b in spans)
+        if oldest_t >= self._run_since and newest_t == times[(head - 1) % cap]:
+            return self._constant(seconds, count, newest_t - oldest_t, values[spans[-1][1] - 1])
+        vals = array("d")
+        for a, b in spans:
+            vals += values[a:b]
         ordered = sorted(vals)
-        rank = max(1, math.ceil(0.95 * len(ordered)))
+        n = len(ordered)
+        rank = max(1, math.ceil(0.95 * n))
         return WindowStats(
             seconds=seconds,
-            count=len(vals),
+            count=n,
             span_s=newest_t - oldest_t,
-            mean=math.fsum(vals) / len(vals),
+            mean=math.fsum(vals) / n,
             min=ordered[0],
             max=ordered[-1],
             p95=ordered[rank - 1],
-            last=vals[0],
+            last=vals[-1],
         )
+
+    def _constant(self, seconds: float, count: int, span: float, value: float) -> WindowStats:
+        """The window of ``count`` points all of ``value``, over ``span`` seconds."""
+        last = self._last
+        if (
+            last is not None
+            and last.last == value
+            and last.count == count
+            and last.span_s == span
+            and last.seconds == seconds
+            and last.mean == value
+        ):
+            return last
+        self._last = WindowStats(seconds, count, span, value, value, value, value, value)
+        return self._last

@@ -148,6 +148,8 @@ class ActuatorComponent:
         self.workload_exclude: frozenset[tuple[int, int]] = frozenset()
         """Instances the simulator's demo workload must leave alone: held by a job or touched by an action."""
         self._touched: set[tuple[int, int]] = set()
+        self._refreshed_at: tuple[int, int] | None = None  # the journal's stamp at the last refresh
+        self._refreshed_touched: set[tuple[int, int]] = set()
         self._busy = asyncio.Lock()
         self._stopping = False
         self._simulated = True  # until start() knows the backend
@@ -574,10 +576,14 @@ class ActuatorComponent:
             return
         if self.first_steps.waiting():
             self._report_first_steps()
-        journal = self.act.journal  # runs at every sweep: counts and running jobs only, never the whole queue
+        journal = self.act.journal  # runs at every sweep: read again only when the journal may have changed
+        stamp = journal.stamp()
+        if stamp == self._refreshed_at and self._touched == self._refreshed_touched:
+            return
         self.action_metrics.set_jobs(journal.job_counts())
         held = {s.key for rec in journal.jobs_in("running") for s in rec.slots}
         self.workload_exclude = frozenset(self._touched | held)
+        self._refreshed_at, self._refreshed_touched = stamp, set(self._touched)
 
     # ------------------------------------------------------------------------------------------ reload, stop
     def reload(self, config: Config) -> None:

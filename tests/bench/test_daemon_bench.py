@@ -1,0 +1,33 @@
+"""bench/daemon.py's split of the daemon's CPU: what it counts as the simulation, and what as flexmig's own."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from flexmig import sim
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+bench: Any = importlib.import_module("daemon")  # bench/daemon.py (mypy would take the name for the daemon/ folder)
+
+
+def test_the_simulation_is_timed_per_sweep_and_the_library_is_left_as_it_was() -> None:
+    cost = bench.sim_cost(True, 12)
+    # 8 GPUs x (5 readings + a MIG handle count) and 56 MIG devices x 6 calls, plus an inventory's share.
+    assert 380 <= cost.calls <= 420
+    assert cost.library_s > 0 and cost.workload_s > 0
+    assert not sim.installed()  # uninstalled, the timers gone with it
+
+
+def test_a_stack_inside_an_nvml_call_is_the_library_and_pynvml_s_own_python_is_flexmig_s() -> None:
+    sweep = "SamplingLoop.sweep (flexmig/telemetry/sampler.py:130);Nvml.sample (flexmig/nvml/client.py:250)"
+    call = f"{sweep};nvmlDeviceGetUUID (pynvml.py:3590)"
+    inside = f"{call};SimLibrary.nvmlDeviceGetUUID (flexmig/sim/library.py:264)"
+    assert bench.classify(inside) == "simulated library"
+    assert bench.classify(call) == "flexmig"
+    step = "demo_workload_loop.<locals>.step (flexmig/wiring/sampling.py:1);SimNode.step_workload (flexmig/sim/node.py)"
+    assert bench.classify(step) == "simulated workload"
+    assert bench.classify(sweep) == "flexmig"
