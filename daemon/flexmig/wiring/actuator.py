@@ -537,6 +537,10 @@ class ActuatorComponent:
     def _expect_first_step(self, job: str, action: str, action_id: int, pause_s: float | None) -> None:
         """After a completed move: wait for the job's first-step report, if its acknowledgement said when its last
         step before the move ended (a hook that says nothing gets no job-side figure)."""
+        if self.first_steps.waiting():
+            # The job's report of its previous move may be there already (a move right after a move, before the
+            # next sweep read it): take it before this move's wait replaces that one.
+            self._report_first_steps()
         act = self.act
         rec = None if act is None else act.journal.get_job(job)
         if act is None or rec is None or rec.state != "running" or rec.last_ack is None:
