@@ -41,6 +41,19 @@ def shared() -> list[Path]:
     return [Path("/proc"), Path("/sys"), Path("/dev"), Path("/tmp"), REPO, Path(sys.base_prefix).resolve()]
 
 
+def shadowing_prefix() -> str | None:
+    """Why the venv's Python cannot be shared with the chroot, or None. It is mounted at its own path: a Python of
+    the system (prefix /usr) would hide the chroot's /usr, its Slurm among it, and the tests would run the host's
+    Slurm again while they say they run the newer one."""
+    prefix = Path(sys.base_prefix).resolve()
+    if prefix in (Path("/"), Path("/usr"), Path("/bin"), Path("/etc"), Path("/var")):
+        return (
+            f"the venv's Python lives in {prefix}, which the chroot has its own of (its Slurm is in /usr): make the "
+            "venv from a Python installed elsewhere (pyenv, /opt, /usr/local) to run the tests against the newer Slurm"
+        )
+    return None
+
+
 def build(root: Path) -> None:
     """Make the chroot (if it is not made yet), one build at a time: a build under way is waited for."""
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -124,6 +137,10 @@ def main() -> int:
         return 2
     root = args.root.resolve()
     if args.verb == "up":
+        problem = shadowing_prefix()
+        if problem is not None:
+            print(f"slurm_newer.py: {problem}", file=sys.stderr)
+            return 2
         print(up(root))
     elif args.verb == "build":
         build_detached(root)
