@@ -24,7 +24,7 @@ the dynamic node ``<node>-gpu<K>`` with its own slurmd, reservation and journall
 finish at start). Before anything else, a Slurm older than 23.11 is refused with one line. The agents of one round
 run one after the other (GPU nodes with a waiting change first, then idle ones, then by GPU): the pending jobs an
 agent's change serves (carried out, committed or still waiting) are *claimed* for a while and left out of its
-siblings' queues, so two GPU nodes never change for the same job (:class:`Claims`).
+siblings' queues, so two GPU nodes never change for the same job (:class:`flexmig.slurm.claims.Claims`).
 
 With ``[slurm] node_per_instance`` (Slurm 23.11 and later, refused before in the same way) every MIG instance is
 its own dynamic node ``<node>-gpu<K>-<S>``, kept registered by an agent of its own, and the host is carved for
@@ -44,14 +44,12 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
-from flexmig.act.journal import ActionRow
 from flexmig.act.service import Actuator
 from flexmig.act.steps import ActionRun
 from flexmig.config import Config, SlurmConfig
-from flexmig.config.checks import per_slice_params
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
@@ -67,11 +65,11 @@ from flexmig.mqtt.slurm_events import (
     reachable_event,
     unreachable_event,
 )
-from flexmig.nvml.types import Inventory
-from flexmig.plan.reregistration import changes_instances
-from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_error, read_slurm
+from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error, read_slurm
 from flexmig.slurm.change import KIND
+from flexmig.slurm.claims import Claims, round_order
 from flexmig.slurm.client import SlurmClient, SlurmCommands
+from flexmig.slurm.config_settings import slurm_settings
 from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import (
@@ -82,26 +80,16 @@ from flexmig.slurm.settings import (
     parse_instance_node,
     slot_node,
 )
+from flexmig.slurm.shared_reads import SharedReads, read_spacing
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
 from flexmig.wiring.slurm_carving import InstanceCarver
 
-__all__ = ["READ_SHARE", "Claims", "SharedReads", "SlurmComponent", "read_spacing", "round_order", "slurm_settings"]
-
-READ_SHARE = 10.0
-"""Reads of the queue that sdiag's moving counters ask for are at least this many times what a read costs apart: at
-most a tenth of the node's time goes to reading and parsing Slurm's queue (2,000 jobs: 6.4 MB of JSON, 0.34 s on
-the testbed), and a slurmctld that answers slowly is asked less often."""
+__all__ = ["SlurmComponent"]
 
 log = logging.getLogger(__name__)
-
-
-def read_spacing(hosts: int, read_s: float, *, reads_per_s: float, probe_s: float) -> float:
-    """The least seconds between two reads of the queue that its moving counters ask for, on one of ``hosts``
-    machines sharing ``reads_per_s`` reads a second, when a read takes ``read_s``; at least ``probe_s``."""
-    return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s)
 
 
 AgentKey = int | tuple[int, int] | tuple[int, int, str] | None
@@ -114,183 +102,6 @@ class SlurmHost(Protocol):
 
     config: Config
     hostname: str
-
-
-def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
-    """The ``[slurm]`` table as the agent's settings (the one place this mapping lives)."""
-    return SlurmSettings(
-        node=cfg.node,
-        partitions=tuple(cfg.partitions),
-        interval_s=cfg.interval_s,
-        conf=cfg.conf,
-        bin_dir=cfg.bin_dir,
-        command_timeout_s=cfg.command_timeout_s,
-        gres_conf=cfg.gres_conf,
-        gres_map=cfg.gres_map,
-        dev_dir=cfg.dev_dir,
-        mig_minors=cfg.mig_minors,
-        slurmd_pid_file=cfg.slurmd_pid_file,
-        slurmd_conf=tuple(cfg.slurmd_conf.split()),
-        slurmd_conf_per_slice=per_slice_params(cfg.slurmd_conf_per_slice),
-        slurmd_env=cfg.slurmd_env,
-        slurmd_control=cfg.slurmd_control,
-        slurmd_unit=cfg.slurmd_unit,
-        slurmd_hook=tuple(cfg.slurmd_hook),
-        hook_token=cfg.hook_token,
-        hook_settle_s=cfg.hook_settle_s,
-        checkpoint_dir=cfg.checkpoint_dir,
-        checkpoint_signal=cfg.checkpoint_signal,
-        ack_wait_s=cfg.ack_wait_s,
-        ack_timeout_s=cfg.ack_timeout_s,
-        drain_timeout_s=cfg.drain_timeout_s,
-        register_timeout_s=cfg.register_timeout_s,
-        reregister_s=cfg.reregister_s,
-        min_interval_s=cfg.min_interval_s,
-        max_wait_s=cfg.max_wait_s,
-        probe_s=cfg.probe_s,
-        max_closed_nodes=cfg.max_closed_nodes,
-        node_per_gpu=cfg.node_per_gpu,
-        node_per_instance=cfg.node_per_instance,
-        instance_nodes=cfg.instance_nodes,
-        hold_after_s=cfg.hold_after_s,
-        hold_when_idle=cfg.hold_when_idle,
-        slurmd_port_base=cfg.slurmd_port_base,
-    )
-
-
-class Claims:
-    """Which GPU node's change serves which pending job (``[slurm] node_per_gpu``): a job one GPU node claimed is
-    left out of its siblings' queues until the claim lapses.
-
-    A node claims the jobs its verdict newly serves (:attr:`flexmig.plan.reregistration.Verdict.newly_served`) when
-    its round carried out a change, committed one, or keeps a committed one; the claim holds ``hold_s`` after the
-    last round that made it (the job then pends for a few seconds until Slurm starts it on the new instances), and
-    ends at once when the node abandons its change. Jobs no change claims are every GPU node's.
-    """
-
-    def __init__(self, hold_s: float, clock: Callable[[], float]) -> None:
-        self.hold_s = hold_s
-        self.clock = clock
-        self._by_job: dict[str, tuple[str, float]] = {}
-
-    def taken(self, node: str) -> frozenset[str]:
-        """The jobs another GPU node than ``node`` claims now."""
-        now = self.clock()
-        self._by_job = {job: c for job, c in self._by_job.items() if c[1] > now}
-        return frozenset(job for job, (owner, _) in self._by_job.items() if owner != node)
-
-    def update(self, node: str, served: Sequence[str], *, acting: bool, abandoned: bool = False) -> None:
-        """After ``node``'s round: claim the jobs its change serves (``served``) when it carried out, committed or
-        keeps a change (``acting``); drop its claims when it abandoned its change."""
-        if abandoned:
-            self._by_job = {job: c for job, c in self._by_job.items() if c[0] != node}
-            return
-        if acting:
-            until = self.clock() + self.hold_s
-            for job in served:
-                self._by_job[job] = (node, until)
-
-    def update_from(self, node: str, rnd: SlurmRound, *, advise: bool = False) -> None:
-        """:meth:`update` from what ``node``'s round did: a change carried out, committed (``change_waiting``) or
-        kept (flexmig's reservation exists and the verdict still goes), or abandoned (or cancelled: the node
-        reopened as it was). In mode advise (``advise``) a change the verdict goes for claims its jobs as mode act
-        would carry it out or commit it, so that the GPU nodes' published plans do not count the same job twice."""
-        v, read = rnd.verdict, rnd.read
-        cancelled = rnd.result is not None and any(r.outcome == "cancelled" for r in rnd.result.results)
-        abandoned = cancelled or any(what == "change_abandoned" for what, _ in rnd.events)
-        going = v is not None and read is not None and v.go and changes_instances(rnd.plan) and not cancelled
-        acting = going and (
-            advise
-            or rnd.result is not None
-            or (read is not None and read.mine is not None)
-            or any(what == "change_waiting" for what, _ in rnd.events)
-        )
-        self.update(node, v.newly_served if v is not None else (), acting=acting, abandoned=abandoned)
-
-    def owners(self) -> set[str]:
-        """The GPU nodes that hold a claim now."""
-        return {owner for owner, _ in self._by_job.values()}
-
-    def restore(self, rows: Sequence[ActionRow], now_wall: float) -> int:
-        """At start: the claims of the changes the journal shows carried out less than ``hold_s`` ago (wall time
-        ``now_wall``), so that a change made just before a restart keeps its jobs from the siblings while they pend
-        until Slurm starts them (a waiting change claims its jobs again in its first round). Returns how many
-        jobs were claimed."""
-        now = self.clock()
-        n = 0
-        for row in sorted(rows, key=lambda r: r.finished_s or 0.0):
-            serves = row.payload.get("serves")
-            node = row.payload.get("node")
-            if row.kind != KIND or row.state != "done" or not row.finished_s or not isinstance(node, str):
-                continue
-            if not isinstance(serves, list):
-                continue  # a journal written before changes named their jobs
-            left = self.hold_s - max(0.0, now_wall - row.finished_s)
-            if left <= 0:
-                continue
-            for job in serves:
-                if isinstance(job, str):
-                    self._by_job[job] = (node, now + left)
-                    n += 1
-        return n
-
-
-def round_order(
-    nodes: Sequence[tuple[str, int | None]], *, waiting: Collection[str], claiming: Collection[str],
-    busy: Collection[str], empty_at: Mapping[str, float] | None = None,
-) -> list[str]:  # fmt: skip
-    """The order in which the GPU nodes ``(node, gpu)`` of a host plan in a round (``node_per_gpu``): those whose
-    change waits in flexmig's reservation first (``waiting``: it claims its jobs again in its first round after a
-    restart), then those whose change has claimed jobs (they keep them), then those no job ran on at their last look
-    (an idle node changes at once, so it serves a waiting job soonest), then the busy ones by when they were expected
-    to be empty at their last look (``empty_at``, any one clock: the one that empties first closes for the shortest
-    while, so it claims the waiting jobs), then by GPU."""
-    soon = empty_at or {}
-
-    def key(ng: tuple[str, int | None]) -> tuple[bool, bool, bool, float, int]:
-        node, gpu = ng
-        idle = node not in busy
-        return (node not in waiting, node not in claiming, not idle, 0.0 if idle else soon.get(node, 0.0),
-                -1 if gpu is None else gpu)  # fmt: skip
-
-    return [node for node, _ in sorted(nodes, key=key)]
-
-
-class SharedReads:
-    """One look at slurmctld (jobs, nodes, reservations) and one at NVML (the inventory) shared by the GPU nodes'
-    agents of one round (``[slurm] node_per_gpu``), so that a host of eight GPU nodes asks slurmctld three questions
-    a round, not 24, and NVML once, not nine times: each read when first needed, and again after an agent's round
-    that did anything (carried out, committed, moved or abandoned a change, registered its node, restarted its
-    slurmd: any result or event), since what it did changed Slurm and maybe the GPUs."""
-
-    def __init__(
-        self, fetch: Callable[[], Awaitable[SlurmView]], inventory: Callable[[], Awaitable[Inventory]]
-    ) -> None:
-        self.fetch = fetch
-        self.fetch_inventory = inventory
-        self.reads = 0
-        """How many times Slurm was read (for the tests and the log)."""
-        self._view: SlurmView | None = None
-        self._inventory: Inventory | None = None
-
-    async def view(self) -> SlurmView:
-        """Slurm as last read this round (read now if nothing since changed it)."""
-        if self._view is None:
-            self._view = await self.fetch()
-            self.reads += 1
-        return self._view
-
-    async def inventory(self) -> Inventory:
-        """NVML's inventory as last read this round (read now if nothing since changed it)."""
-        if self._inventory is None:
-            self._inventory = await self.fetch_inventory()
-        return self._inventory
-
-    def after(self, rnd: SlurmRound) -> None:
-        """Forget both looks when ``rnd`` did anything."""
-        if rnd.result is not None or rnd.events:
-            self._view = None
-            self._inventory = None
 
 
 class SlurmComponent:

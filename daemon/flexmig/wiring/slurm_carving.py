@@ -1,6 +1,7 @@
 """The round of a host managed as one Slurm node per MIG instance (``[slurm] node_per_instance``, Slurm 23.11+).
 
-Each round, under the actuator's action lock and on one look at Slurm and NVML (:class:`SharedReads`):
+Each round, under the actuator's action lock and on one look at Slurm and NVML
+(:class:`flexmig.slurm.shared_reads.SharedReads`):
 
 1. every MIG instance's node is kept registered by its own agent (:meth:`flexmig.slurm.agent.SlurmAgent.round`
    with ``plan=False``: registered when missing, slurmd started again when it crashed, an administrator's node
@@ -17,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 from flexmig.act.executor import Executor
 from flexmig.act.nodeview import NodeView
@@ -42,28 +42,15 @@ from flexmig.slurm.instances import (
 )
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings, instance_node, parse_instance_node
+from flexmig.slurm.shared_reads import Reads
 
-__all__ = ["CARVING", "InstanceCarver", "Reads", "after_carving"]
+__all__ = ["CARVING", "InstanceCarver", "after_carving"]
 
 CARVING = "flexmig: carving new MIG instances"
 """The reason of flexmig's drain of the idle instance nodes a carving retires (resumed when one is not retired)."""
 
 log = logging.getLogger(__name__)
 
-
-
-class Reads(Protocol):
-    """What :class:`flexmig.wiring.slurm.SharedReads` offers: one look at Slurm and NVML, read again after a round
-    that changed something."""
-
-    async def view(self) -> SlurmView:
-        """Slurm's jobs, nodes and reservations."""
-
-    async def inventory(self) -> Inventory:
-        """NVML's inventory."""
-
-    def after(self, rnd: SlurmRound) -> None:
-        """Forget the looks when ``rnd`` did anything."""
 
 
 class InstanceCarver:
