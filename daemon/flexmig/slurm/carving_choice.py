@@ -1,6 +1,6 @@
 """What a round of a host managed as one Slurm node per MIG instance decides (``[slurm] node_per_instance``).
 
-Pure: the caller (:class:`flexmig.wiring.slurm_carving.InstanceCarver`) reads Slurm and NVML, passes the time in,
+Pure: the caller (:class:`flexmig.slurm.carver.InstanceCarver`) reads Slurm and NVML, passes the time in,
 and carries the decision out. :func:`stale_retirements` is which instance nodes leave Slurm because their instance
 is gone; :func:`carving_host` and :func:`choose_carving` are the host as the carving sees it and the carving of it
 for Slurm's waiting jobs (:func:`flexmig.plan.carving.carve`); :func:`after_carving` is the host after a carving.

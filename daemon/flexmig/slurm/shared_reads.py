@@ -3,7 +3,7 @@
 :func:`read_spacing` bounds the reads that sdiag's moving counters ask for (:data:`READ_SHARE`); :class:`SharedReads`
 is one look at slurmctld and one at NVML for the agents of one round (``[slurm] node_per_gpu`` and
 ``node_per_instance``), read again after a round that changed something. :class:`Reads` is what the instance
-carver (:class:`flexmig.wiring.slurm_carving.InstanceCarver`) needs of it.
+carver (:class:`flexmig.slurm.carver.InstanceCarver`) needs of it.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ siblings' queues, so two GPU nodes never change for the same job (:class:`flexmi
 
 With ``[slurm] node_per_instance`` (Slurm 23.11 and later, refused before in the same way) every MIG instance is
 its own dynamic node ``<node>-gpu<K>-<S>``, kept registered by an agent of its own, and the host is carved for
-Slurm's waiting jobs by :class:`flexmig.wiring.slurm_carving.InstanceCarver` (idle instances retired, new ones
+Slurm's waiting jobs by :class:`flexmig.slurm.carver.InstanceCarver` (idle instances retired, new ones
 registered, busy ones never touched); the journal's actions go to the agent of the instance node they name.
 
 On a simulated node the demo workload is off: the node runs Slurm's jobs, and synthetic processes would make the
@@ -66,6 +66,7 @@ from flexmig.mqtt.slurm_events import (
     unreachable_event,
 )
 from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error, read_slurm
+from flexmig.slurm.carver import InstanceCarver
 from flexmig.slurm.change import KIND
 from flexmig.slurm.claims import Claims, round_order
 from flexmig.slurm.client import SlurmClient, SlurmCommands
@@ -85,7 +86,6 @@ from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
-from flexmig.wiring.slurm_carving import InstanceCarver
 
 __all__ = ["SlurmComponent"]
 
@@ -344,9 +344,9 @@ class SlurmComponent:
     # ------------------------------------------------------------------------------------------ loop
     def read_spacing_s(self) -> float:
         """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
-        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least :data:`READ_SHARE` times what
-        a read of the queue costs (a big queue, or a slurmctld slow to answer, is read less often), and at least
-        ``probe_s``."""
+        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least
+        :data:`~flexmig.slurm.shared_reads.READ_SHARE` times what a read of the queue costs (a big queue, or a
+        slurmctld slow to answer, is read less often), and at least ``probe_s``."""
         cfg = self.config.slurm
         clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
         hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
