@@ -23,7 +23,7 @@ from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInf
 from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, Plan
 from flexmig.slurm import taskprolog
-from flexmig.slurm.agent import SlurmRead, SlurmRound, SlurmView
+from flexmig.slurm.agent_read import SlurmRead, SlurmRound, SlurmView
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.claims import Claims, round_order
 from flexmig.slurm.demand import SlurmDemand

@@ -23,7 +23,8 @@ from flexmig.act.executor import Executor
 from flexmig.act.nodeview import NodeView
 from flexmig.nvml.types import Inventory
 from flexmig.plan.carving import Carving, Hold
-from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent_read import SlurmRound, SlurmView
 from flexmig.slurm.carving_choice import after_carving, carving_host, choose_carving, profile_at, stale_retirements
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.instances import (

@@ -19,7 +19,7 @@ from flexmig.mig.catalogue import GpuModel
 from flexmig.nvml.types import Inventory
 from flexmig.plan.carving import Carving, Hold, Where, carve
 from flexmig.plan.types import Plan
-from flexmig.slurm.agent import SlurmView
+from flexmig.slurm.agent_read import SlurmView
 from flexmig.slurm.change import admin_hold, encode_change
 from flexmig.slurm.demand import SlurmRunning, read_demand
 from flexmig.slurm.instances import HostLayouts, busy_of, host_layouts, queue_of

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from flexmig.act.journal import ActionRow
 from flexmig.plan.reregistration import changes_instances
-from flexmig.slurm.agent import SlurmRound
+from flexmig.slurm.agent_read import SlurmRound
 from flexmig.slurm.change import KIND
 
 __all__ = ["Claims", "round_order"]

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from flexmig.nvml.types import Inventory
-from flexmig.slurm.agent import SlurmRound, SlurmView
+from flexmig.slurm.agent_read import SlurmRound, SlurmView
 
 __all__ = ["READ_SHARE", "Reads", "SharedReads", "read_spacing"]
 

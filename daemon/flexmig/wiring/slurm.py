@@ -65,7 +65,8 @@ from flexmig.mqtt.slurm_events import (
     reachable_event,
     unreachable_event,
 )
-from flexmig.slurm.agent import SlurmAgent, SlurmRound, describe_error, read_slurm
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent_read import SlurmRound, describe_error, read_slurm
 from flexmig.slurm.carver import InstanceCarver
 from flexmig.slurm.change import KIND
 from flexmig.slurm.claims import Claims, round_order
