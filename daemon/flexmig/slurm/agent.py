@@ -68,7 +68,8 @@ from flexmig.slurm.agent_read import (
     read_text,
     without_taken,
 )
-from flexmig.slurm.change import KIND, admin_down, admin_hold, encode_change
+from flexmig.slurm.change import KIND, encode_change
+from flexmig.slurm.change_admin import admin_down, admin_hold
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string

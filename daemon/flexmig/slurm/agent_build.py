@@ -11,7 +11,8 @@ from typing import Any
 from flexmig.act.executor import Executor
 from flexmig.act.records import Slot
 from flexmig.nvml.types import Inventory
-from flexmig.slurm.change import ChangeSettings, SlurmChange
+from flexmig.slurm.change import SlurmChange
+from flexmig.slurm.change_types import ChangeSettings
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.slurmd import HookSlurmd, SlurmdControl, SystemdSlurmd
@@ -21,7 +22,7 @@ __all__ = ["ExecutorMig", "make_change", "make_slurmd", "make_supply"]
 
 
 class ExecutorMig:
-    """The executor's own idempotent NVML steps, as :class:`~flexmig.slurm.change.MigSteps`."""
+    """The executor's own idempotent NVML steps, as :class:`~flexmig.slurm.change_types.MigSteps`."""
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor

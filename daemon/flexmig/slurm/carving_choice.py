@@ -20,7 +20,8 @@ from flexmig.nvml.types import Inventory
 from flexmig.plan.carving import Carving, Hold, Where, carve
 from flexmig.plan.types import Plan
 from flexmig.slurm.agent_read import SlurmView
-from flexmig.slurm.change import admin_hold, encode_change
+from flexmig.slurm.change import encode_change
+from flexmig.slurm.change_admin import admin_hold
 from flexmig.slurm.demand import SlurmRunning, read_demand
 from flexmig.slurm.instances import HostLayouts, busy_of, host_layouts, queue_of
 from flexmig.slurm.nodes import SlurmNode
