@@ -42,18 +42,16 @@ import contextlib
 import json
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from flexmig.act.service import Actuator
 from flexmig.act.steps import ActionRun
-from flexmig.config import Config, SlurmConfig
+from flexmig.config import Config
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
-from flexmig.mig.catalogue import MODELS
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.mqtt.slurm_events import (
     CarvingNews,
@@ -66,6 +64,7 @@ from flexmig.mqtt.slurm_events import (
     unreachable_event,
 )
 from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent_keys import AgentKey, agent_settings, example_node, gpu_of_action, instance_of_action
 from flexmig.slurm.agent_read import SlurmRound, describe_error, read_slurm
 from flexmig.slurm.carver import InstanceCarver
 from flexmig.slurm.change import KIND
@@ -75,12 +74,7 @@ from flexmig.slurm.config_settings import slurm_settings
 from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import (
-    SlurmSettings,
     gpu_node,
-    instance_node,
-    instance_port,
-    parse_instance_node,
-    slot_node,
 )
 from flexmig.slurm.shared_reads import SharedReads, read_spacing
 from flexmig.slurm.sitecheck import version_problem
@@ -91,11 +85,6 @@ from flexmig.wiring.planning import planner_settings
 __all__ = ["SlurmComponent"]
 
 log = logging.getLogger(__name__)
-
-
-AgentKey = int | tuple[int, int] | tuple[int, int, str] | None
-"""An agent's key: None (the one node), a GPU (``node_per_gpu``), ``(gpu, start)`` (``node_per_instance``), or
-``(gpu, start, profile)`` (``node_per_instance`` with ``instance_nodes = static``: a node per profile and place)."""
 
 
 class SlurmHost(Protocol):
@@ -194,7 +183,7 @@ class SlurmComponent:
             who = f"{self.node} (one dynamic node per MIG GPU: {gpu_node(self.node, 0)}, ...)"
         elif self.per_instance:
             kind = "static node of slurm.conf" if self.static else "dynamic node"
-            who = f"{self.node} (one {kind} per MIG instance: {self._example_node()}, ...)"
+            who = f"{self.node} (one {kind} per MIG instance: {example_node(self.node, static=self.static)}, ...)"
         log.info(
             "Slurm: node %s, %s, gres.conf block in %s, GRES map %s",
             who,
@@ -218,24 +207,8 @@ class SlurmComponent:
                     cfg.mode,
                 )
 
-    def _settings_for(self, key: AgentKey, slurm: SlurmConfig) -> tuple[str, SlurmSettings]:
-        """The node name and settings of the agent of GPU ``key`` (None: the one node's; ``(gpu, start)``: that
-        instance's)."""
-        settings = slurm_settings(slurm)
-        if key is None:
-            return self.node, settings.for_node(self.node)
-        if isinstance(key, tuple):
-            gpu, start = key[0], key[1]
-            if len(key) == 3:  # a static node: its Port= is slurm.conf's
-                node = slot_node(self.node, gpu, start, key[2])
-                return node, settings.for_node(node)
-            node = instance_node(self.node, gpu, start)
-            return node, settings.for_node(node, port=instance_port(slurm.slurmd_port_base, gpu, start))
-        node = gpu_node(self.node, key)
-        return node, settings.for_node(node, port=slurm.slurmd_port_base + key)
-
     def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
-        node, settings = self._settings_for(key, self.config.slurm)
+        node, settings = agent_settings(self.node, key, self.config.slurm)
         gpu = key[0] if isinstance(key, tuple) else key
         start = key[1] if isinstance(key, tuple) else None
         profile = key[2] if isinstance(key, tuple) and len(key) == 3 else None
@@ -275,53 +248,21 @@ class SlurmComponent:
             agent = self.agents[key] = self._make_agent(self._act, key)
         return agent
 
-    def _example_node(self) -> str:
-        """The name of the first instance node of the host, for messages."""
-        return f"{instance_node(self.node, 0, 0)}-<profile>" if self.static else instance_node(self.node, 0, 0)
-
-    def _slot_profile(self, name: str) -> str:
-        """The MIG profile of static node ``name`` of this host (:func:`flexmig.slurm.settings.slot_node`), or ""
-        when the name is no such node."""
-        where = parse_instance_node(self.node, name)
-        if where is None:
-            return ""
-        for model in MODELS:
-            for p in model.profiles:
-                if slot_node(self.node, *where, p.name) == name:
-                    return p.name
-        return ""
-
     async def _dispatch(self, run: ActionRun) -> None:
         """Run a ``slurm_reregister`` action with the agent of the GPU (or instance) node its payload names."""
         node = str(run.row.payload.get("node", ""))
         if self.per_instance:
-            where = parse_instance_node(self.node, node)
-            profile = self._slot_profile(node) if self.static else ""
-            ours = bool(profile) if self.static else where is not None and node == instance_node(self.node, *where)
-            if where is None or not ours:
-                kind = "static" if self.static else "dynamic"
-                raise SlurmError(
-                    f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_instance "
-                    f"and instance_nodes = {kind} flexmig manages {self._example_node()}, ...: finish it with the "
-                    "settings it was made with, or re-register that node by hand"
-                )
-            await self.agent_for_instance(*where, profile).change.run(run, run.row.payload)
+            where = instance_of_action(self.node, node, static=self.static)
+            await self.agent_for_instance(*where).change.run(run, run.row.payload)
             return
-        m = re.fullmatch(re.escape(self.node) + r"-gpu([0-9]{1,4})", node)
-        if m is None:
-            raise SlurmError(
-                f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_gpu flexmig "
-                f"manages {gpu_node(self.node, 0)}, {gpu_node(self.node, 1)}, ...: finish it with node_per_gpu = "
-                "false, or re-register that node by hand"
-            )
-        await self.agent_for_gpu(int(m.group(1))).change.run(run, run.row.payload)
+        await self.agent_for_gpu(gpu_of_action(self.node, node)).change.run(run, run.row.payload)
 
     def reload(self, config: Config) -> None:
         """New mode, planner settings and the reloadable ``[slurm]`` keys (the rest need a restart)."""
         self.config = config
         for gpu, agent in self.agents.items():
             agent.planner_settings = planner_settings(config.planner)
-            _, fresh = self._settings_for(gpu, config.slurm)
+            _, fresh = agent_settings(self.node, gpu, config.slurm)
             agent.settings = fresh
             agent.cost = agent.registration_cost(fresh)
         self._last_decision.clear()
