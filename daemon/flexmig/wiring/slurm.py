@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from flexmig.act.service import Actuator
 from flexmig.act.steps import ActionRun
@@ -52,20 +51,13 @@ from flexmig.config import Config
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
-from flexmig.mqtt.events import Event, EventFactory
+from flexmig.mqtt.events import EventFactory
 from flexmig.mqtt.slurm_events import (
     CarvingNews,
-    carving_event,
-    job_event,
-    node_event,
-    plan_changes,
-    plan_event,
-    reachable_event,
-    unreachable_event,
 )
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_keys import AgentKey, agent_settings, example_node, gpu_of_action, instance_of_action
-from flexmig.slurm.agent_read import SlurmRound, describe_error, read_slurm
+from flexmig.slurm.agent_read import SlurmRound, read_slurm
 from flexmig.slurm.carver import InstanceCarver
 from flexmig.slurm.change import KIND
 from flexmig.slurm.claims import Claims, round_order
@@ -81,6 +73,7 @@ from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
+from flexmig.wiring.slurm_reporting import SlurmReporting
 
 __all__ = ["SlurmComponent"]
 
@@ -94,7 +87,7 @@ class SlurmHost(Protocol):
     hostname: str
 
 
-class SlurmComponent:
+class SlurmComponent(SlurmReporting):
     """The Slurm agent of one daemon, on its actuator (:meth:`attach` is the actuator's ``on_built`` hook); with
     ``[slurm] node_per_gpu``, one agent per MIG GPU (:attr:`agents`)."""
 
@@ -446,109 +439,3 @@ class SlurmComponent:
         )
         by_node = {a.node: a for a in self.agents.values()}
         return [by_node[n] for n in order]
-
-    # ------------------------------------------------------------------------------------------ reporting
-    def _unreachable(self, exc: SlurmError) -> None:
-        self.slurm_metrics.read_failed()
-        text = str(exc)
-        if self._failing != text:
-            if self._failing is None:
-                self._failing_since = self.clock()
-            self._failing = text
-            log.warning("%s", describe_error(exc))
-            self._publish(unreachable_event(self.factory, self.node, text))
-
-    def _reachable(self) -> None:
-        if self._failing is None:
-            return
-        down = max(0.0, self.clock() - self._failing_since)
-        self._failing = None
-        log.info("Slurm answers again (after %.0f s)", down)
-        self._publish(reachable_event(self.factory, self.node, down))
-
-    def _account_reads(self, rounds: Sequence[SlurmRound]) -> None:
-        """The gauges of what the round's reads showed (every GPU node's together)."""
-        reads = [r.read for r in rounds if r.read is not None]
-        if not reads:
-            return
-        registered: dict[str, int] = {}
-        for read in reads:
-            for profile, n in read.registered_as.items():
-                registered[profile] = registered.get(profile, 0) + n
-        self.slurm_metrics.read_ok(
-            pending=len({j.job_id for read in reads for j in read.demand.pending_jobs}),
-            running=sum(len(read.demand.running) for read in reads),
-            movable=sum(len(read.demand.movable) for read in reads),
-            in_sync=all(read.in_sync for read in reads),
-            registered=registered,
-        )
-
-    def _account(self, node: str, rnd: SlurmRound, mode: str) -> None:
-        read = rnd.read
-        who = f"{node}: " if self.per_node else ""
-        if rnd.note and rnd.note != self._last_note.get(node):
-            log.info("Slurm: %s%s", who, rnd.note)
-        self._last_note[node] = rnd.note
-
-        if rnd.result is not None:
-            for a in rnd.result.results:
-                waited = dict(a.steps).get("await_idle")
-                if waited is not None:
-                    self.slurm_metrics.drained(waited)
-                log.info(
-                    "slurm_reregister #%d %s in %.2f s%s",
-                    a.action_id,
-                    a.outcome,
-                    a.duration_s,
-                    f": {a.error}" if a.error else "",
-                )
-        if rnd.carving is not None:
-            self._carving_event(node, rnd, mode)
-        v = rnd.verdict
-        if v is None or read is None:
-            return
-        self.slurm_metrics.decided(node, drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
-        changes = plan_changes(rnd.plan)
-        if not changes:
-            return
-        signature = json.dumps([v.go, changes, list(v.newly_served)])
-        if signature == self._last_decision.get(node) and rnd.result is None:
-            return
-        self._last_decision[node] = signature
-        log.info("Slurm plan (%s): %s%s; changes: %s", mode, who, v.reason, ", ".join(changes))
-        movable = [r.job.job_id for r in read.demand.movable]
-        self._publish(plan_event(self.factory, node, mode, v, rnd.plan, checkpoint=movable))
-
-    def _carving_event(self, node: str, rnd: SlurmRound, mode: str) -> None:
-        """A ``slurm_carving`` event for the host round ``rnd``'s carving, when it is news."""
-        report = rnd.carving
-        assert report is not None
-        if self._carvings.news(node, report, done=rnd.result is not None):
-            self._publish(carving_event(self.factory, node, mode, report))
-
-    def _job_event(self, kind: str, detail: dict[str, Any], node: str) -> None:
-        """From the agent of ``node``: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node
-        event."""
-        if kind.startswith("slurm_node:"):
-            self._node_event(kind.split(":", 1)[1], detail, node)
-            return
-        action = kind.removeprefix("slurm_job_")
-        self.slurm_metrics.job_action(action)
-        step = detail.get("step")
-        log.info("Slurm job %s %s%s", detail.get("slurm_job"), action, f" (checkpoint step {step})" if step else "")
-        self._publish(job_event(self.factory, node, kind, detail))
-
-    def _node_event(self, what: str, detail: dict[str, Any], node: str) -> None:
-        """A ``slurm_node`` event (the same one twice in a row is published once: a node left alone stays so)."""
-        key = (what, str(detail.get("reason", "")))
-        if key == self._last_node_event.get(node) and what in ("left_alone", "refused"):
-            return
-        self._last_node_event[node] = key
-        if what == "slurmd_restarted":
-            self.slurm_metrics.slurmd_restarted()
-        log.info("Slurm node %s: %s: %s", node, what, detail.get("reason", ""))
-        self._publish(node_event(self.factory, node, what, detail))
-
-    def _publish(self, event: Event) -> None:
-        if self.mqtt is not None:
-            self.mqtt.findings.emit(event)
