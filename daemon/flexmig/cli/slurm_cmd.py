@@ -44,6 +44,13 @@ def register(sub: Any) -> None:
         "slurm", help="Slurm: a private testbed, the TaskProlog, slurm.conf lines", description=__doc__
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _add_testbed(actions)
+    _add_taskprolog(actions)
+    _add_conf(actions)
+
+
+def _add_testbed(actions: Any) -> None:
+    """``flexmig slurm testbed``."""
     tb = actions.add_parser(
         "testbed",
         help="run a private single-node Slurm wired to flexmigd (mode act) on a simulated node",
@@ -56,6 +63,10 @@ def register(sub: Any) -> None:
     tb.add_argument("--cpus", type=int, default=16, help="CPUs the node advertises (default 16)")
     tb.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     tb.set_defaults(func=run_testbed)
+
+
+def _add_taskprolog(actions: Any) -> None:
+    """``flexmig slurm taskprolog``."""
     tp = actions.add_parser(
         "taskprolog",
         help="print (or write) flexmig's TaskProlog for slurm.conf",
@@ -72,6 +83,10 @@ def register(sub: Any) -> None:
         "checkpoint base, which no user may make",
     )
     tp.set_defaults(func=run_taskprolog)
+
+
+def _add_conf(actions: Any) -> None:
+    """``flexmig slurm conf``."""
     cf = actions.add_parser(
         "conf",
         help="print the slurm.conf lines a flexmig node needs (FUTURE placeholder, MaxNodeCount, TaskProlog)",

@@ -31,15 +31,9 @@ import grp
 import json
 import os
 import pwd
-import secrets
-import shutil
-import signal
-import socket
-import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,286 +47,34 @@ from flexmig.slurm.minors import render_mig_minors
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
+from flexmig.slurm.testbed_conf import TestbedPaths, future_gres, render_slurm_conf
+from flexmig.slurm.testbed_proc import (
+    DEBIAN_PACKAGES,
+    alive,
+    check_reachable,
+    free_port,
+    free_ports,
+    job_python,
+    missing_binaries,
+    pid_from,
+    python,
+    stop_pid,
+)
 
 __all__ = [
     "DEBIAN_PACKAGES",
     "Testbed",
     "TestbedPaths",
+    "free_port",
     "future_gres",
     "job_python",
     "missing_binaries",
     "render_slurm_conf",
+    "stop_pid",
 ]
 
-DEBIAN_PACKAGES = "slurmctld slurmd slurm-client munge"
-_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "squeue", "sinfo", "sbatch", "scancel")
 _SOCKET_MAX = 107
 _START_TIMEOUT_S = 30.0
-_STOP_TIMEOUT_S = 15.0
-
-
-def missing_binaries(commands: SlurmCommands | None = None) -> list[str]:
-    """The daemons and commands a testbed needs that are not installed."""
-    cmds = commands or SlurmCommands()
-    out = []
-    for name in _BINARIES:
-        try:
-            cmds.path(name)
-        except SlurmError:
-            out.append(name)
-    return out
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (where :func:`free_port` and outgoing connections get theirs)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_ports(count: int, tries: int = 50) -> int:
-    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (one slurmd per GPU or instance node).
-
-    Taken below the kernel's ephemeral range where it leaves room: the slurmds bind them only later, and a port of
-    that range could meanwhile be handed to another server's :func:`free_port` (a metrics endpoint, a broker)."""
-    low, high = 10000, _ephemeral_low() - count
-    for _ in range(tries):
-        base = low + secrets.randbelow(high - low) if high - low > 1000 else free_port()
-        if base + count > 65535:
-            continue
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise SlurmError(f"found no {count} consecutive free ports on 127.0.0.1")
-
-
-@dataclass(frozen=True, slots=True)
-class TestbedPaths:
-    """Where everything of a testbed rooted at ``root`` lives."""
-
-    root: Path
-
-    @property
-    def munge(self) -> Path:
-        """munged's directory (key, pid, log, seed), owned by user munge."""
-        return self.root / "munge"
-
-    @property
-    def munge_socket(self) -> Path:
-        """munged's socket (its directory must be mode 0755)."""
-        return self.root / "munge" / "sock" / "munge.socket"
-
-    @property
-    def etc(self) -> Path:
-        """slurm.conf, gres.conf, the TaskProlog."""
-        return self.root / "etc"
-
-    @property
-    def slurm_conf(self) -> Path:
-        """The testbed's slurm.conf (``export SLURM_CONF=...``)."""
-        return self.etc / "slurm.conf"
-
-    @property
-    def gres_conf(self) -> Path:
-        """gres.conf, next to slurm.conf as slurmd expects."""
-        return self.etc / "gres.conf"
-
-    @property
-    def taskprolog(self) -> Path:
-        """The TaskProlog slurm.conf names."""
-        return self.etc / "taskprolog"
-
-    @property
-    def prolog(self) -> Path:
-        """The Prolog slurm.conf names (slurmd runs it as root: it makes each job user's checkpoint base)."""
-        return self.etc / "prolog"
-
-    @property
-    def log(self) -> Path:
-        """Daemon logs."""
-        return self.root / "log"
-
-    @property
-    def jobs(self) -> Path:
-        """Job output (``job-<id>.out``): sticky and open to all, like /tmp, since jobs run as their own users."""
-        return self.root / "jobs"
-
-    @property
-    def checkpoints(self) -> Path:
-        """The fixed part of the testbed's ``[slurm] checkpoint_dir`` (``ckpt/{user}/{job_id}``): the Prolog's."""
-        return self.root / "ckpt"
-
-    @property
-    def run(self) -> Path:
-        """Pid files."""
-        return self.root / "run"
-
-    @property
-    def dev(self) -> Path:
-        """Stand-in device files of the simulated GPUs."""
-        return self.root / "dev"
-
-    @property
-    def mig_minors(self) -> Path:
-        """The simulated driver's MIG minors table."""
-        return self.root / "proc" / "mig-minors"
-
-    @property
-    def flexmig(self) -> Path:
-        """flexmigd's configuration, journal, simulated node state and control socket."""
-        return self.root / "flexmig"
-
-    def slurmd_pid(self, node: str) -> Path:
-        """slurmd's pid file for ``node`` (``SlurmdPidFile`` uses ``%n``; ``{node}``: flexmig's template of it)."""
-        return self.run / f"slurmd-{node}.pid"
-
-    def gres_map(self, node: str) -> Path:
-        """flexmigd's GRES map for ``node`` (``{node}``: one per GPU node, ``[slurm] node_per_gpu``): where a node's
-        is, ``run/flexmig/slurm/`` (the TaskProlog runs as the job's user and reads it; flexmigd makes the
-        directories, under its unit's umask)."""
-        return self.run / "flexmig" / "slurm" / ("gres-map.json" if node == "" else f"gres-map-{node}.json")
-
-
-def future_gres(model: GpuModel, gpus: int) -> str:
-    """The ``Gres=`` of the FUTURE placeholder: as many of every plain profile as the node could ever hold."""
-    return ",".join(f"gpu:{p.name}:{p.max_instances * gpus}" for p in model.plain_profiles)
-
-
-def render_slurm_conf(
-    paths: TestbedPaths,
-    *,
-    ctld_port: int,
-    slurmd_port: int,
-    future_node: str,
-    future_gres: str,
-    cpus: int,
-    partition: str = "mig",
-    dynamic_nodes: int = 1,
-    static_nodes: Sequence[str] = (),
-    scheduler_parameters: str = "sched_interval=1,bf_interval=1",
-) -> str:
-    """The testbed's slurm.conf; ``dynamic_nodes``: how many nodes flexmigd registers (one per GPU with
-    ``node_per_gpu``), which the node table must hold beside the FUTURE placeholder; ``static_nodes``: the
-    ``NodeName=`` lines of static instance nodes (``instance_nodes = static``), which replace the placeholder;
-    ``scheduler_parameters``: SchedulerParameters (the scheduler every second; Slurm's defaults are 60 s, and 30 s
-    for the backfill scheduler)."""
-    p = paths
-    if static_nodes:  # their CPUs are slurm.conf's (the testbed's, not this machine's): taken as they are
-        nodes = [
-            "SlurmdParameters=config_overrides",
-            "# flexmig's static instance nodes: one per place each MIG profile can take",
-            *static_nodes,
-        ]
-    else:
-        nodes = [
-            "# Demand for MIG profiles the node does not have yet pends against this placeholder instead of being",
-            "# refused at submission; it never registers.",
-            f"NodeName={future_node} State=FUTURE CPUs={cpus} Gres={future_gres}",
-        ]
-    return "\n".join(
-        [
-            "# A private single-node Slurm written by `flexmig slurm testbed`; everything lives under this directory.",
-            "ClusterName=flexmig",
-            "SlurmctldHost=localhost(127.0.0.1)",
-            f"SlurmctldPort={ctld_port}",
-            f"SlurmdPort={slurmd_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={p.munge_socket}",
-            "MpiDefault=none",
-            "MailProg=/bin/true",
-            f"StateSaveLocation={p.root / 'ctld'}",
-            f"SlurmdSpoolDir={p.root / 'spool'}/%n",
-            f"SlurmctldPidFile={p.run / 'slurmctld.pid'}",
-            f"SlurmdPidFile={p.run}/slurmd-%n.pid",
-            f"SlurmctldLogFile={p.log / 'slurmctld.log'}",
-            f"SlurmdLogFile={p.log}/slurmd-%n.log",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "GresTypes=gpu",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "ReturnToService=2",
-            f"MaxNodeCount={max(8, dynamic_nodes + 1)}",  # the placeholder is a node of the table too
-            "SchedulerType=sched/backfill",
-            *([f"SchedulerParameters={scheduler_parameters}"] if scheduler_parameters else []),
-            "JobRequeue=0",
-            "KillWait=5",
-            "MinJobAge=600",
-            "SlurmctldTimeout=30",
-            "SlurmdTimeout=30",
-            f"TaskProlog={p.taskprolog}",
-            f"Prolog={p.prolog}",
-            *nodes,
-            f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ]
-    )
-
-
-def _check_reachable(path: Path, user: str) -> None:
-    """Every directory above ``path`` must let ``user`` (munge) through."""
-    for parent in [path, *path.parents]:
-        st = parent.stat()
-        if not st.st_mode & stat.S_IXOTH:
-            raise SlurmError(
-                f"{parent} (mode {stat.S_IMODE(st.st_mode):o}) is not searchable by others: munged runs as "
-                f"user {user} and must reach {path}; use a directory under /tmp or /var/tmp"
-            )
-
-
-def _pid_from(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - a zombie still has a pid: read its state
-            state = f.read().rsplit(b")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != b"Z"
-
-
-def stop_pid(pid: int, timeout_s: float = _STOP_TIMEOUT_S) -> None:
-    """SIGTERM ``pid``, SIGKILL after ``timeout_s``; wait until it is gone (reaping it if it is our child)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        while _alive(pid) and time.monotonic() < deadline + 5:
-            time.sleep(0.05)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass
@@ -407,6 +149,19 @@ class Testbed:
         text, else flexmig's, run by :func:`job_python`) and the Prolog, and the simulated node's MIG minors table.
         Refuses a non-root caller, missing binaries, unusable paths and a machine whose jobs' users could not run
         the TaskProlog."""
+        munge_user = self._check_machine()
+        self._make_dirs()
+        interpreter = job_python()
+        self._write_munge_key(munge_user)
+        if not self.ctld_port:
+            self.ctld_port = free_port()
+        if not self.slurmd_port:
+            self.slurmd_port = free_port()
+        self._write_slurm_conf()
+        self._write_node_files(taskprolog, interpreter)
+
+    def _check_machine(self) -> pwd.struct_passwd:
+        """Root, the binaries, a socket path that fits, user munge (returned); SlurmError saying which is not."""
         if os.geteuid() != 0:
             raise SlurmError("the Slurm testbed runs munged, slurmctld and slurmd as root: run it as root")
         missing = missing_binaries(self.commands)
@@ -421,11 +176,13 @@ class Testbed:
                 f"{p.munge_socket}: longer than {_SOCKET_MAX} bytes, too long for a socket; use a shorter DIR"
             )
         try:
-            munge_user = pwd.getpwnam("munge")
+            return pwd.getpwnam("munge")
         except KeyError:
             raise SlurmError("there is no user 'munge' (the munge package creates it)") from None
-        self._make_dirs()
-        interpreter = job_python()
+
+    def _write_munge_key(self, munge_user: pwd.struct_passwd) -> None:
+        """munged's key (made once) and socket directory, owned by user munge."""
+        p = self.paths
         sock_dir = p.munge_socket.parent
         sock_dir.mkdir(parents=True, exist_ok=True)
         key = p.munge / "munge.key"
@@ -437,10 +194,10 @@ class Testbed:
             os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
         p.munge.chmod(0o755)
         sock_dir.chmod(0o755)
-        if not self.ctld_port:
-            self.ctld_port = free_port()
-        if not self.slurmd_port:
-            self.slurmd_port = free_port()
+
+    def _write_slurm_conf(self) -> None:
+        """slurm.conf, readable by every user's Slurm commands (static instance nodes' ports chosen now, then kept)."""
+        p = self.paths
         static: list[str] = []
         if self.node_per_instance and self.static_nodes:  # slurm.conf names the ports: chosen now, then kept
             self.gpu_port_base = self.gpu_port_base or free_ports(8 * self.gpus)
@@ -462,6 +219,10 @@ class Testbed:
         )
         p.slurm_conf.write_text(conf)
         p.slurm_conf.chmod(0o644)  # every user's Slurm commands read it
+
+    def _write_node_files(self, taskprolog: str | None, interpreter: str) -> None:
+        """An empty gres.conf (once), the TaskProlog and Prolog, the simulated driver's MIG minors table."""
+        p = self.paths
         if not p.gres_conf.exists():
             p.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this node's block\n")
             p.gres_conf.chmod(0o644)
@@ -479,7 +240,7 @@ class Testbed:
         p = self.paths
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
-        _check_reachable(self.root, "munge")
+        check_reachable(self.root, "munge")
         for d in (
             p.etc,
             p.log,
@@ -558,8 +319,8 @@ class Testbed:
         self.cancel_jobs()
         slurmds = sorted(p.run.glob("slurmd-*.pid")) if p.run.is_dir() else []  # one per GPU node, or the node's
         for pid_file in (*slurmds, p.run / "slurmctld.pid", p.munge / "munged.pid"):
-            pid = _pid_from(pid_file)
-            if pid is not None and _alive(pid):
+            pid = pid_from(pid_file)
+            if pid is not None and alive(pid):
                 stop_pid(pid)
         self.kill_jobs()
         self.started.clear()
@@ -567,8 +328,8 @@ class Testbed:
     def cancel_jobs(self, timeout_s: float = 10.0) -> None:
         """``scancel`` every job slurmctld still runs, and wait (bounded) until none is active; nothing when
         slurmctld is not running."""
-        pid = _pid_from(self.paths.run / "slurmctld.pid")
-        if pid is None or not _alive(pid):
+        pid = pid_from(self.paths.run / "slurmctld.pid")
+        if pid is None or not alive(pid):
             return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -718,37 +479,3 @@ class Testbed:
         for path in sorted(self.paths.log.glob("*.log")):
             with contextlib.suppress(OSError):
                 yield path.name, "\n".join(path.read_text(errors="replace").splitlines()[-15:])
-
-
-def python() -> str:
-    """The interpreter the testbed's own commands run with (root's: this one)."""
-    return sys.executable or shutil.which("python3") or "/usr/bin/python3"
-
-
-def _others_may_run(path: Path) -> bool:
-    """Any user may execute ``path``: every directory on the way searchable by others, the file executable by them."""
-    try:
-        if not path.stat().st_mode & stat.S_IXOTH:
-            return False
-        return all(d.stat().st_mode & stat.S_IXOTH for d in path.parents)
-    except OSError:
-        return False
-
-
-def job_python() -> str:
-    """An interpreter every job's user may run, for the TaskProlog (standard library only: any Python 3.8 or later
-    does): this one's own executable where others may run it (a virtual environment's link resolved), else the
-    system's ``python3``. A Python installed under /root (pyenv, a virtual environment) cannot run a job of another
-    user: the TaskProlog would exit 127 and every task of an ordinary user would start without its GPU."""
-    candidates = [Path(os.path.realpath(sys.executable))] if sys.executable else []
-    candidates += [Path("/usr/bin/python3"), Path("/usr/local/bin/python3")]
-    found = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
-    candidates += [Path(os.path.realpath(found))] if found else []
-    for candidate in candidates:
-        if _others_may_run(candidate):
-            return str(candidate)
-    raise SlurmError(
-        f"no Python that the jobs' users may run for the TaskProlog (tried {', '.join(map(str, candidates))}: each "
-        "lies where others may not search or is not executable by them); install the system's python3 "
-        "(Debian: apt-get install python3-minimal)"
-    )
