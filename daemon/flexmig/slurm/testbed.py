@@ -33,7 +33,7 @@ import os
 import pwd
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from flexmig.slurm.minors import render_mig_minors
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
-from flexmig.slurm.testbed_conf import TestbedPaths, future_gres, render_slurm_conf
+from flexmig.slurm.testbed_conf import HostPaths, TestbedPaths, future_gres, render_slurm_conf
 from flexmig.slurm.testbed_proc import (
     DEBIAN_PACKAGES,
     alive,
@@ -63,6 +63,8 @@ from flexmig.slurm.testbed_proc import (
 
 __all__ = [
     "DEBIAN_PACKAGES",
+    "MAX_HOSTS",
+    "HostPaths",
     "Testbed",
     "TestbedPaths",
     "free_port",
@@ -73,6 +75,8 @@ __all__ = [
     "stop_pid",
 ]
 
+MAX_HOSTS = 16
+"""The most simulated hosts a testbed runs (each a flexmigd; on one machine)."""
 _SOCKET_MAX = 107
 _START_TIMEOUT_S = 30.0
 
@@ -112,23 +116,59 @@ class Testbed:
     job_user: str | None = None
     """Whose jobs :meth:`sbatch` submits (``sbatch --uid``; the tests' users made for the run), None: the caller's."""
     started: list[str] = field(default_factory=list)
+    hosts: int = 1
+    """Simulated hosts under the one slurmctld and munged, each with its flexmigd, GPUs and slurmds (``--hosts N``):
+    host I's node is ``<node>-h<I>`` (:meth:`host_node`), reached at 127.0.0.I (:meth:`host_addr`). One host keeps
+    the name ``node`` and the paths of a single-node testbed."""
+    port_bases: dict[int, int] = field(default_factory=dict)
+    """The slurmd port base of each host but the first (whose is :attr:`gpu_port_base`), chosen once, then kept."""
 
     def __post_init__(self) -> None:
         self.root = self.root.absolute()
         self.paths = TestbedPaths(self.root)
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise SlurmError(f"--hosts {self.hosts}: must be 1-{MAX_HOSTS}")
+
+    def host_node(self, host: int = 0) -> str:
+        """The Slurm node name of host ``host`` (from 0): ``node`` on a testbed of one host, else ``<node>-h<I>``
+        (I from 1; instance and GPU nodes extend it, which Slurm's hostlists take as they are)."""
+        return self.node if self.hosts == 1 else f"{self.node}-h{host + 1}"
+
+    def host_addr(self, host: int = 0) -> str:
+        """Where slurmctld reaches host ``host``'s slurmds: 127.0.0.I (loopback, each host its own address, so that
+        flexmig counts the cluster's hosts as a real cluster's; the slurmds listen on every address, each on its
+        own port)."""
+        return f"127.0.0.{host + 1}"
+
+    def host_paths(self, host: int = 0) -> HostPaths:
+        """What host ``host`` has of its own (:class:`HostPaths`)."""
+        return HostPaths(self.root if self.hosts == 1 else self.root / "hosts" / f"h{host + 1}")
+
+    def port_base(self, host: int = 0) -> int:
+        """Host ``host``'s slurmd port base (its GPU or instance nodes' ports), chosen free once, then kept."""
+        count = 8 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1
+        if host == 0:
+            self.gpu_port_base = self.gpu_port_base or free_ports(count)
+            return self.gpu_port_base
+        if host not in self.port_bases:
+            self.port_bases[host] = free_ports(count)
+        return self.port_bases[host]
 
     @property
     def per_node(self) -> bool:
         """flexmigd runs several nodes on the host (``node_per_gpu`` or ``node_per_instance``)."""
         return self.node_per_gpu or self.node_per_instance
 
-    def node_names(self) -> list[str]:
-        """Every name flexmigd may give a node of this host."""
+    def node_names(self, host: int | None = None) -> list[str]:
+        """Every name flexmigd may give a node of host ``host`` (None: of every host)."""
+        if host is None:
+            return [name for h in range(self.hosts) for name in self.node_names(h)]
+        node = self.host_node(host)
         if self.node_per_instance and self.static_nodes:
-            return [slot_node(self.node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
+            return [slot_node(node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
         if self.node_per_instance:
-            return [f"{self.node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
-        return [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
+            return [f"{node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
+        return [f"{node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [node]
 
     @property
     def future_node(self) -> str:
@@ -139,9 +179,11 @@ class Testbed:
         """Commands that talk to this testbed."""
         return SlurmCommands(self.commands.bin_dir, self.paths.slurm_conf, self.commands.timeout_s)
 
-    def env(self) -> dict[str, str]:
-        """An environment whose Slurm commands talk to this testbed."""
-        return {**os.environ, "SLURM_CONF": str(self.paths.slurm_conf)}
+    def env(self, host: int | None = None) -> dict[str, str]:
+        """An environment whose Slurm commands talk to this testbed (as host ``host``'s daemons read slurm.conf,
+        beside its own gres.conf)."""
+        conf = self.paths.slurm_conf if host is None else self.host_paths(host).slurm_conf
+        return {**os.environ, "SLURM_CONF": str(conf)}
 
     # ------------------------------------------------------------------------------------------ prepare
     def prepare(self, taskprolog: str | None = None) -> None:
@@ -200,11 +242,11 @@ class Testbed:
         p = self.paths
         static: list[str] = []
         if self.node_per_instance and self.static_nodes:  # slurm.conf names the ports: chosen now, then kept
-            self.gpu_port_base = self.gpu_port_base or free_ports(8 * self.gpus)
-            static = slot_lines(
-                self.node, self.model, self.gpus, port_base=self.gpu_port_base,
-                cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr="127.0.0.1",
-            )  # fmt: skip
+            for host in range(self.hosts):
+                static += slot_lines(
+                    self.host_node(host), self.model, self.gpus, port_base=self.port_base(host),
+                    cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr=self.host_addr(host),
+                )  # fmt: skip
         conf = render_slurm_conf(
             p,
             ctld_port=self.ctld_port,
@@ -213,26 +255,36 @@ class Testbed:
             future_gres=future_gres(self.model, self.gpus),
             cpus=self.cpus,
             partition=self.partition,
-            dynamic_nodes=len(static) or (7 if self.node_per_instance else 1) * self.gpus if self.per_node else 1,
+            dynamic_nodes=len(static) or self._dynamic_nodes(),
             static_nodes=static,
             scheduler_parameters=self.scheduler_parameters,
         )
         p.slurm_conf.write_text(conf)
         p.slurm_conf.chmod(0o644)  # every user's Slurm commands read it
+        for host in range(self.hosts) if self.hosts > 1 else ():  # each host's etc/ sees the one slurm.conf
+            link = self.host_paths(host).slurm_conf
+            link.unlink(missing_ok=True)
+            os.link(p.slurm_conf, link)
+
+    def _dynamic_nodes(self) -> int:
+        """How many dynamic nodes the hosts' flexmigds may register at once."""
+        return ((7 if self.node_per_instance else 1) * self.gpus if self.per_node else 1) * self.hosts
 
     def _write_node_files(self, taskprolog: str | None, interpreter: str) -> None:
         """An empty gres.conf (once), the TaskProlog and Prolog, the simulated driver's MIG minors table."""
         p = self.paths
-        if not p.gres_conf.exists():
-            p.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this node's block\n")
-            p.gres_conf.chmod(0o644)
+        for host in range(self.hosts):
+            h = self.host_paths(host)
+            if not h.gres_conf.exists():
+                h.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this host's block\n")
+                h.gres_conf.chmod(0o644)
+            h.mig_minors.write_text(render_mig_minors(self.gpus))
+            h.mig_minors.chmod(0o644)
         map_path = self.map_path
         p.taskprolog.write_text(taskprolog or render_taskprolog(map_path, interpreter))
         p.taskprolog.chmod(0o755)
         p.prolog.write_text(render_taskprolog(map_path, interpreter, prolog=True))
         p.prolog.chmod(0o755)
-        p.mig_minors.write_text(render_mig_minors(self.gpus))
-        p.mig_minors.chmod(0o644)
 
     def _make_dirs(self) -> None:
         """The testbed's directories, with their modes whatever the umask (flexmigd's unit has 0077): munged must
@@ -241,14 +293,13 @@ class Testbed:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
         check_reachable(self.root, "munge")
+        hosts = [self.host_paths(host) for host in range(self.hosts)]
         for d in (
+            *((p.root / "hosts", *(h.root for h in hosts)) if self.hosts > 1 else ()),
             p.etc,
             p.log,
             p.run,
-            p.dev,
-            p.dev / "nvidia-caps",
-            p.mig_minors.parent,
-            p.flexmig,
+            *(d for h in hosts for d in (h.etc, h.dev, h.dev / "nvidia-caps", h.mig_minors.parent, h.flexmig)),
             p.root / "ctld",
             p.root / "spool",
             p.root / "spool" / self.node,
@@ -256,7 +307,8 @@ class Testbed:
         ):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)
-        p.flexmig.chmod(0o700)
+        for h in hosts:
+            h.flexmig.chmod(0o700)
         p.jobs.mkdir(exist_ok=True)
         p.jobs.chmod(0o1777)
 
@@ -360,6 +412,7 @@ class Testbed:
         the testbed's slurmd log open) and the processes of its jobs (``SLURM_JOB_ID`` set and this testbed's
         ``SLURM_CONF``); never a shell that merely exported ``SLURM_CONF``. Returns their pids."""
         root = str(self.root) + os.sep
+        confs = {str(self.paths.slurm_conf), *(str(self.host_paths(h).slurm_conf) for h in range(self.hosts))}
         found = []
         for proc in psutil.process_iter(["name"]):
             with contextlib.suppress(psutil.Error):
@@ -370,7 +423,7 @@ class Testbed:
                         found.append(proc)
                     continue
                 env = proc.environ()
-                if env.get("SLURM_CONF") == str(self.paths.slurm_conf) and "SLURM_JOB_ID" in env:
+                if env.get("SLURM_CONF") in confs and "SLURM_JOB_ID" in env:
                     found.append(proc)
         for proc in found:
             with contextlib.suppress(psutil.Error):
@@ -386,36 +439,32 @@ class Testbed:
 
     @property
     def map_path(self) -> Path:
-        """The GRES map flexmigd writes and the TaskProlog reads (``{node}`` in it with ``node_per_gpu``)."""
-        return self.paths.gres_map("{node}" if self.per_node else "")
+        """The GRES map flexmigd writes and the TaskProlog reads (``{node}`` in it with ``node_per_gpu``, or with
+        several hosts, each its node's)."""
+        return self.paths.gres_map("{node}" if self.per_node or self.hosts > 1 else "")
 
-    def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0) -> str:
-        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
-        (``interval_s`` None: the production default); with ``node_per_gpu`` GPU K's slurmd listens on
-        ``port_base + K`` (0: the first of as many free ports as GPUs)."""
-        p = self.paths
-        f = p.flexmig
-        who = "{node}" if self.per_node else self.node
-        if self.per_node and not port_base:
-            ports = 8 * self.gpus if self.node_per_instance else self.gpus
-            port_base = self.gpu_port_base = self.gpu_port_base or free_ports(ports)  # the same at a restart
-        mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
-        per_gpu = [f"{mode} = true", f"slurmd_port_base = {port_base}"] if self.per_node else []
-        node_conf = [f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"']
-        if self.node_per_instance:  # each instance node a compute slice's share of the host's CPUs
-            share = max(1, self.cpus // 7)
-            node_conf = ['slurmd_conf = "NodeAddr=127.0.0.1"', f'slurmd_conf_per_slice = "CPUs={share}"']
-        if self.node_per_instance and self.static_nodes:  # slurm.conf's lines say it all
-            node_conf = ['instance_nodes = "static"']
+    def _map_node(self, host: int) -> str:
+        """The node name in host ``host``'s GRES map's name, in the whole-node mode ('' with one host)."""
+        return "" if self.hosts == 1 else self.host_node(host)
+
+    def flexmigd_config(
+        self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0, host: int = 0
+    ) -> str:
+        """flexmigd's configuration for host ``host`` of this testbed: mode act, Slurm on, every path under the
+        directory (``interval_s`` None: the production default); with ``node_per_gpu`` GPU K's slurmd listens on
+        ``port_base + K`` (0: the host's :meth:`port_base`, the same at a restart)."""
+        f = self.host_paths(host).flexmig
+        node = self.host_node(host)
+        who = "{node}" if self.per_node else node
 
         def q(value: object) -> str:
             return json.dumps(str(value))
 
         return "\n".join(
             [
-                "# flexmigd on the testbed's simulated node, written by `flexmig slurm testbed`",
+                "# flexmigd on a simulated host of the testbed, written by `flexmig slurm testbed`",
                 'mode = "act"',
-                f"node_name = {q(self.node)}",
+                f"node_name = {q(node)}",
                 "[prometheus]",
                 f'listen = "127.0.0.1:{metrics_port}"',
                 "[control]",
@@ -425,26 +474,50 @@ class Testbed:
                 f"journal = {q(f / 'state' / 'journal.sqlite3')}",
                 "[slurm]",
                 "enabled = true",
-                f"node = {q(self.node)}",
+                f"node = {q(node)}",
                 *([f"interval_s = {interval_s:g}"] if interval_s is not None else []),
-                f"conf = {q(p.slurm_conf)}",
-                *([f"bin_dir = {q(self.commands.bin_dir)}"] if self.commands.bin_dir is not None else []),
-                f"gres_conf = {q(p.gres_conf)}",
-                f"gres_map = {q(self.map_path)}",
-                f"dev_dir = {q(p.dev)}",
-                f"mig_minors = {q(p.mig_minors)}",
-                f"slurmd_pid_file = {q(p.slurmd_pid(who))}",
+                *self._host_files(host, q),
                 'slurmd_control = "hook"',
                 f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
-                f"slurmd_env = {q(f / ('slurmd.env' if who == self.node else 'slurmd-{node}.env'))}",
-                *node_conf,
-                f"checkpoint_dir = {q(p.checkpoints / '{user}' / '{job_id}')}",
+                f"slurmd_env = {q(f / ('slurmd.env' if who == node else 'slurmd-{node}.env'))}",
+                *self._node_conf(host, port_base),
+                f"checkpoint_dir = {q(self.paths.checkpoints / '{user}' / '{job_id}')}",
                 "hook_settle_s = 5",
                 "reregister_s = 2",
-                *per_gpu,
                 "",
             ]
         )
+
+    def _host_files(self, host: int, q: Callable[[object], str]) -> list[str]:
+        """``[slurm]``'s paths of host ``host``: slurm.conf, gres.conf, map, devices, minors, slurmd's pid file."""
+        h = self.host_paths(host)
+        who = "{node}" if self.per_node else self.host_node(host)
+        return [
+            f"conf = {q(h.slurm_conf)}",
+            *([f"bin_dir = {q(self.commands.bin_dir)}"] if self.commands.bin_dir is not None else []),
+            f"gres_conf = {q(h.gres_conf)}",
+            f"gres_map = {q(self.map_path if self.per_node else self.paths.gres_map(self._map_node(host)))}",
+            f"dev_dir = {q(h.dev)}",
+            f"mig_minors = {q(h.mig_minors)}",
+            f"slurmd_pid_file = {q(self.paths.slurmd_pid(who))}",
+        ]
+
+    def _node_conf(self, host: int, port_base: int) -> list[str]:
+        """``[slurm]``'s keys of the mode and of the nodes host ``host`` registers."""
+        addr = self.host_addr(host)
+        if not self.per_node and self.hosts == 1:
+            return [f'slurmd_conf = "NodeAddr={addr} CPUs={self.cpus}"']
+        if not self.per_node:  # a whole host's dynamic node on its own port (Slurm 23.11 and later)
+            return [f'slurmd_conf = "NodeAddr={addr} Port={port_base or self.port_base(host)} CPUs={self.cpus}"']
+        base = port_base or self.port_base(host)
+        mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
+        per_node = [f"{mode} = true", f"slurmd_port_base = {base}"]
+        if self.node_per_instance and self.static_nodes:  # slurm.conf's lines say it all
+            return ['instance_nodes = "static"', *per_node]
+        if self.node_per_instance:  # each instance node a compute slice's share of the host's CPUs
+            share = max(1, self.cpus // 7)
+            return [f'slurmd_conf = "NodeAddr={addr}"', f'slurmd_conf_per_slice = "CPUs={share}"', *per_node]
+        return [f'slurmd_conf = "NodeAddr={addr} CPUs={self.cpus}"', *per_node]
 
     def __enter__(self) -> Testbed:
         return self
@@ -456,7 +529,7 @@ class Testbed:
     def sbatch(self, *args: str, script: str, user: str | None = None) -> int:
         """Submit ``script`` (its text) with ``args`` as ``user`` (default :attr:`job_user`); the job ID. Its output
         goes to ``jobs/job-<id>.out``."""
-        path = self.paths.flexmig / f"job-{time.monotonic_ns()}.sh"
+        path = self.host_paths(0).flexmig / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
         path.chmod(0o755)
         who = user or self.job_user

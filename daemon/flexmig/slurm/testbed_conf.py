@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flexmig.mig.catalogue import GpuModel
 
-__all__ = ["TestbedPaths", "future_gres", "render_slurm_conf"]
+__all__ = ["HostPaths", "TestbedPaths", "future_gres", "render_slurm_conf"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,48 @@ class TestbedPaths:
         is, ``run/flexmig/slurm/`` (the TaskProlog runs as the job's user and reads it; flexmigd makes the
         directories, under its unit's umask)."""
         return self.run / "flexmig" / "slurm" / ("gres-map.json" if node == "" else f"gres-map-{node}.json")
+
+
+
+@dataclass(frozen=True, slots=True)
+class HostPaths:
+    """What one simulated host of a testbed has of its own, as each machine of a cluster does: its ``etc/``
+    (gres.conf beside a link of the cluster's slurm.conf: slurmd reads gres.conf next to the slurm.conf it is given),
+    stand-in devices, MIG minors table, and flexmigd's configuration, journal, simulated state and control socket.
+    A testbed of one host keeps them where they always were, at the testbed's root; with ``--hosts N``, host I's
+    are under ``hosts/h<I>/``."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        """The host's gres.conf and its link of slurm.conf."""
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        """slurm.conf as this host's slurmds and flexmigd read it (its gres.conf is beside it)."""
+        return self.etc / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        """This host's gres.conf (flexmigd writes its nodes' block)."""
+        return self.etc / "gres.conf"
+
+    @property
+    def dev(self) -> Path:
+        """Stand-in device files of the host's simulated GPUs."""
+        return self.root / "dev"
+
+    @property
+    def mig_minors(self) -> Path:
+        """The host's simulated driver's MIG minors table."""
+        return self.root / "proc" / "mig-minors"
+
+    @property
+    def flexmig(self) -> Path:
+        """The host's flexmigd: configuration, journal, simulated node state, control socket, log."""
+        return self.root / "flexmig"
 
 
 def future_gres(model: GpuModel, gpus: int) -> str:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "missing_binaries",
     "pid_from",
     "python",
+    "slurmd_version",
     "stop_pid",
 ]
 
@@ -165,3 +167,18 @@ def job_python() -> str:
         "lies where others may not search or is not executable by them); install the system's python3 "
         "(Debian: apt-get install python3-minimal)"
     )
+
+
+def slurmd_version(commands: SlurmCommands) -> str:
+    """What ``slurmd -V`` prints (``slurm-wlm 22.05.8``; slurmd needs no slurm.conf for it); SlurmError when it
+    cannot run."""
+    try:
+        res = subprocess.run(
+            [commands.path("slurmd"), "-V"], capture_output=True, text=True, timeout=60, check=False,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"slurmd -V: {exc}") from None
+    if res.returncode != 0:
+        raise SlurmError(f"slurmd -V exited {res.returncode}: {(res.stderr or res.stdout).strip()[-200:]}")
+    return res.stdout.strip()
