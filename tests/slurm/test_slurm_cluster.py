@@ -94,14 +94,17 @@ def test_a_two_node_job_runs_one_rank_per_host_each_on_its_own_hosts_mig_device(
 
 
 GATE = """#!/bin/sh
-# Before the slurmd hook of host 1's 1g nodes: says it was reached, then waits (bounded) until the test opens it;
-# a hook whose flexmigd is gone by then (SIGKILLed) starts nothing.
-case "$FLEXMIG_SLURMD_NODE" in
-  fm-h1-gpu*-1g18gb)
-    touch {gate}/reached
-    i=0
-    while [ ! -e {gate}/open ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -0 $PPID 2>/dev/null || exit 1 ;;
+# Before the slurmd hook of host 1 (fm-h1-*): once the test armed it, a start says it was reached, then waits
+# (bounded) until the test opens it; a hook whose flexmigd is gone by then (SIGKILLed) starts nothing.
+for verb; do :; done
+case "$FLEXMIG_SLURMD_NODE:$verb" in
+  fm-h1-*:start|fm-h1-*:restart)
+    if [ -e {gate}/armed ]; then
+      touch {gate}/reached
+      i=0
+      while [ ! -e {gate}/open ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+      kill -0 $PPID 2>/dev/null || exit 1
+    fi ;;
 esac
 exec "$@"
 """
@@ -122,6 +125,7 @@ def test_sigkill_of_one_hosts_flexmigd_mid_carving_leaves_the_other_host_working
         others = [c.sbatch("-w", n, "--gres=gpu:3g.71gb:1", script=SLEEP) for n in h2]  # host 2: no room for a 1g
         for j in (busy, *others):
             c.wait_state(j, "RUNNING")
+        (gate / "armed").touch()  # from now on, a slurmd of host 1 started is the carving's
         small = c.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)
         c.wait("host 1 mid-carving (its 1g node's slurmd being started)", (gate / "reached").exists, timeout_s=90)
         c.kill_flexmigd(0)

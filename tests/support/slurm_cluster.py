@@ -250,3 +250,11 @@ class SlurmCluster:
         )  # fmt: skip
         assert res.returncode == 0, f"scontrol {' '.join(args)}: {res.stderr.strip() or res.stdout.strip()}"
         return res.stdout
+
+    def scancel(self, *jobs: int) -> None:
+        """Cancel ``jobs`` (as root, as an administrator would)."""
+        res = subprocess.run(
+            [self.testbed.commands.path("scancel"), *map(str, jobs)], env=self.testbed.env(), capture_output=True,
+            text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert res.returncode == 0, f"scancel: {res.stderr.strip()}"

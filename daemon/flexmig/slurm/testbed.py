@@ -431,10 +431,10 @@ class Testbed:
         psutil.wait_procs(found, timeout=timeout_s)
         return [proc.pid for proc in found]
 
-    def slurmd_hook(self) -> list[str]:
-        """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
+    def slurmd_hook(self, host: int = 0) -> list[str]:
+        """The hook command that restarts host ``host``'s slurmds (the stand-in for their systemd unit)."""
         slurmd = ["--slurmd", self.commands.path("slurmd")] if self.commands.bin_dir is not None else []
-        pid = self.paths.slurmd_pid("{node}" if self.per_node else self.node)
+        pid = self.paths.slurmd_pid("{node}" if self.per_node else self.host_node(host))
         return [*self.hook_prefix, python(), "-m", "flexmig.slurm.standin", "--pid-file", str(pid), *slurmd]
 
     @property
@@ -478,7 +478,7 @@ class Testbed:
                 *([f"interval_s = {interval_s:g}"] if interval_s is not None else []),
                 *self._host_files(host, q),
                 'slurmd_control = "hook"',
-                f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
+                f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook(host))}]",
                 f"slurmd_env = {q(f / ('slurmd.env' if who == node else 'slurmd-{node}.env'))}",
                 *self._node_conf(host, port_base),
                 f"checkpoint_dir = {q(self.paths.checkpoints / '{user}' / '{job_id}')}",
