@@ -58,8 +58,9 @@ def run_testbed(args: argparse.Namespace) -> int:
         for host in range(tb.hosts):
             daemons.append(_start_flexmigd(tb, args, host))
         registered = _wait_registered(tb, daemons, _expected_nodes(tb, args.sim), stop)
-        _ready(tb, args, registered)
-        _watch(tb, daemons, stop)
+        if not stop.is_set():  # a signal while starting: straight to stopping
+            _ready(tb, args, registered)
+            _watch(tb, daemons, stop)
     finally:
         _say("stopping flexmigd, slurmd, slurmctld, munged")
         _stop_all(daemons)
