@@ -1,9 +1,11 @@
-"""A private single-node Slurm on loopback: munged, slurmctld (and, through flexmigd, slurmd) under one directory.
+"""A private Slurm on loopback: munged, slurmctld (and, through flexmigd, the slurmds) under one directory, for one
+simulated host or several (``hosts``: a cluster on one machine, each host with its flexmigd, reached at 127.0.0.I).
 
 It backs ``flexmig slurm testbed`` and the integration tests. Everything lives under the directory it is given:
-the munge key and socket, slurm.conf and gres.conf, slurmctld's state, the spool, pid files and logs, the
-simulated node's stand-in device files and MIG minors table, and flexmigd's own configuration and journal.
-Nothing outside it is touched, and two testbeds on one machine use different ports.
+the munge key and socket, slurm.conf, slurmctld's state, the spool, pid files and logs, the jobs' output and
+checkpoints (one tree for every host), and each host's gres.conf, stand-in device files, MIG minors table and
+flexmigd's configuration and journal (:class:`~flexmig.slurm.testbed_conf.HostPaths`). Nothing outside it is
+touched, and two testbeds on one machine use different ports.
 
 What a real Slurm 22.05.8 needs here (verified on Debian 12, no GPU):
 
