@@ -162,7 +162,8 @@ def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything
         out = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True, timeout=30, check=False
         )
-        assert out.stdout.split() == ["flexmig-sim", "gpu:7g.141gb:1"], out
+        node, gres = out.stdout.split()  # one node a MIG instance by default: flexmig-sim-gpu0-0 (-7g141gb on 22.05)
+        assert node.startswith("flexmig-sim-gpu0-0") and gres == "gpu:7g.141gb:1", out
         user = pwd.getpwnam(JOB_USERS[0])
         sub = subprocess.run(
             ["sbatch", "--parsable", f"--uid={user.pw_name}", f"--gid={user.pw_gid}", "--gres=gpu:7g.141gb:1",
@@ -175,7 +176,7 @@ def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything
             time.sleep(0.2)
         last = output.read_text().splitlines()[-1] if output.exists() else "(no output)"
         assert last.startswith(f"{user.pw_uid} MIG-"), output.read_text() if output.exists() else last
-        pids = [int((root / "run" / name).read_text()) for name in ("slurmctld.pid", "slurmd-flexmig-sim.pid")]
+        pids = [int((root / "run" / name).read_text()) for name in ("slurmctld.pid", f"slurmd-{node}.pid")]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
         assert all(

@@ -1,9 +1,10 @@
 """``flexmig slurm``: try flexmig with a real Slurm on one machine, and the files a Slurm site needs.
 
-* ``flexmig slurm testbed --sim SPEC DIR``: a private single-node Slurm (munged, slurmctld, and slurmd as flexmig
-  registers it) on loopback under DIR, with flexmigd in mode act on the simulated node SPEC. It prints the
-  ``export SLURM_CONF=...`` line for ``sbatch``/``squeue``/``sinfo`` and runs until SIGINT or SIGTERM, then stops
-  everything it started. Needs root and Debian's ``slurmctld slurmd slurm-client munge``.
+* ``flexmig slurm testbed [--hosts N] [--layout instance|gpu|node] --sim SPEC DIR``: a private Slurm on loopback
+  under DIR (munged, slurmctld, and the slurmds flexmig registers), with one flexmigd in mode act on each of N
+  simulated hosts SPEC (:mod:`flexmig.cli.slurm_testbed`). It prints the ``export SLURM_CONF=...`` line for
+  ``sbatch``/``squeue``/``sinfo`` and runs until SIGINT or SIGTERM, then stops everything it started. Needs root and
+  Debian's ``slurmctld slurmd slurm-client munge``.
 * ``flexmig slurm taskprolog [--output FILE] [--map PATH]``: the TaskProlog to name in slurm.conf.
 * ``flexmig slurm conf --model MODEL --gpus N [--node-per-gpu | --node-per-instance]``: the slurm.conf lines a site
   adds for a flexmig node (with ``--node-per-gpu``, for one dynamic node per GPU; ``--node-per-instance``, per MIG
@@ -13,25 +14,19 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import re
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from flexmig.errors import FlexmigError, SlurmError
+from flexmig.cli.slurm_testbed import run_testbed
+from flexmig.errors import SlurmError
 from flexmig.mig.catalogue import GpuModel, model_by_key
-from flexmig.mig.nodespec import parse_node_spec
-from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.gresconf import check_node_name
 from flexmig.slurm.install import PROLOG, TASKPROLOG, render_taskprolog, write_taskprolog
 from flexmig.slurm.slots import slot_count, slot_lines
-from flexmig.slurm.testbed import Testbed, free_port, future_gres
+from flexmig.slurm.testbed import MAX_HOSTS, future_gres
+from flexmig.slurm.testbed_layout import LAYOUTS
 
 __all__ = ["register"]
 
@@ -44,18 +39,41 @@ def register(sub: Any) -> None:
         "slurm", help="Slurm: a private testbed, the TaskProlog, slurm.conf lines", description=__doc__
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _add_testbed(actions)
+    _add_taskprolog(actions)
+    _add_conf(actions)
+
+
+def _add_testbed(actions: Any) -> None:
+    """``flexmig slurm testbed``."""
     tb = actions.add_parser(
         "testbed",
-        help="run a private single-node Slurm wired to flexmigd (mode act) on a simulated node",
-        description="Starts munged, slurmctld and flexmigd (which registers the node, starting slurmd) under DIR, "
-        "prints the export line to use with sbatch, and stops everything on SIGINT or SIGTERM. Needs root.",
+        help="run a private Slurm cluster on this machine, each simulated host with its flexmigd (mode act)",
+        description="Starts munged, slurmctld and, for each simulated host, flexmigd (which registers its nodes, "
+        "starting their slurmds) under DIR, prints the export line to use with sbatch, and stops everything on "
+        "SIGINT or SIGTERM. Needs root. By default one Slurm node per MIG instance, as the Slurm on PATH (or in "
+        "FLEXMIG_SLURM_BIN) can have them: dynamic from 23.11, static State=FUTURE nodes of slurm.conf before.",
     )
-    tb.add_argument("--sim", metavar="SPEC", required=True, help="the simulated node, e.g. h200:7g.141gb@0")
+    tb.add_argument("--sim", metavar="SPEC", required=True, help="each host's simulated GPUs, e.g. h200:7g.141gb@0")
     tb.add_argument("dir", metavar="DIR", type=Path, help="directory for everything (created; keep it short)")
     tb.add_argument("--node", default="flexmig-sim", help="the Slurm node name (default flexmig-sim)")
-    tb.add_argument("--cpus", type=int, default=16, help="CPUs the node advertises (default 16)")
+    tb.add_argument("--cpus", type=int, default=16, help="CPUs each host advertises (default 16)")
+    tb.add_argument(
+        "--hosts", type=int, default=1, help=f"simulated hosts, each <node>-h<I> with its flexmigd (1-{MAX_HOSTS})"
+    )
+    tb.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="instance",
+        help="Slurm nodes: one per MIG instance (default; static nodes before Slurm 23.11), per GPU (23.11+), or "
+        "one per host (whole node, --hosts 1)",
+    )
     tb.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     tb.set_defaults(func=run_testbed)
+
+
+def _add_taskprolog(actions: Any) -> None:
+    """``flexmig slurm taskprolog``."""
     tp = actions.add_parser(
         "taskprolog",
         help="print (or write) flexmig's TaskProlog for slurm.conf",
@@ -72,6 +90,10 @@ def register(sub: Any) -> None:
         "checkpoint base, which no user may make",
     )
     tp.set_defaults(func=run_taskprolog)
+
+
+def _add_conf(actions: Any) -> None:
+    """``flexmig slurm conf``."""
     cf = actions.add_parser(
         "conf",
         help="print the slurm.conf lines a flexmig node needs (FUTURE placeholder, MaxNodeCount, TaskProlog)",
@@ -217,84 +239,3 @@ def run_taskprolog(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         raise SlurmError(f"taskprolog: {exc}") from None
     return 0
-
-
-# ---------------------------------------------------------------------------------------------- testbed
-def run_testbed(args: argparse.Namespace) -> int:
-    """Run the testbed until SIGINT or SIGTERM (see the module docstring)."""
-    spec = parse_node_spec(args.sim)
-    root: Path = args.dir.absolute()
-    tb = Testbed(root, spec.model, spec.count, node=args.node, cpus=args.cpus)
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    daemon: subprocess.Popen[bytes] | None = None
-    try:
-        _say(f"preparing {root} (munge key, slurm.conf, stand-in devices of {args.sim})")
-        tb.prepare()
-        tb.start()
-        _say(f"slurmctld up on 127.0.0.1:{tb.ctld_port}; starting flexmigd (mode act) on {args.sim}")
-        daemon = _start_flexmigd(tb, args)
-        _wait_registered(tb, daemon, stop)
-        print(f"export SLURM_CONF={tb.paths.slurm_conf}", flush=True)
-        _say(f"ready: node {tb.node} registered. In another shell:")
-        _say(f"  export SLURM_CONF={tb.paths.slurm_conf}")
-        _say("  sbatch --gres=gpu:1g.18gb:1 --wrap 'echo $CUDA_VISIBLE_DEVICES; sleep 60'; squeue")
-        _say(f"  flexmig inventory --sim {args.sim} --sim-state {tb.paths.flexmig / 'sim.json'}")
-        _say(f"logs in {tb.paths.log} (flexmigd.log, slurmctld.log, slurmd-{tb.node}.log); Ctrl-C stops everything")
-        while not stop.wait(0.5):
-            if daemon.poll() is not None:
-                raise SlurmError(
-                    f"flexmigd exited with status {daemon.returncode}; see {tb.paths.log / 'flexmigd.log'}"
-                )
-    finally:
-        _say("stopping flexmigd, slurmd, slurmctld, munged")
-        if daemon is not None and daemon.poll() is None:
-            daemon.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                daemon.wait(60)
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait(10)
-        tb.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    _say("stopped")
-    return 0
-
-
-def _say(text: str) -> None:
-    print(f"flexmig slurm testbed: {text}", file=sys.stderr, flush=True)
-
-
-def _start_flexmigd(tb: Testbed, args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    f = tb.paths.flexmig
-    conf = f / "flexmigd.toml"
-    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(tb.flexmigd_config(metrics_port=free_port()))
-    argv = [
-        sys.executable, "-m", "flexmig.daemon", "--sim", args.sim, "--sim-state", str(f / "sim.json"),
-        "--config", str(conf), "--log-level", args.log_level,
-    ]  # fmt: skip
-    log = (tb.paths.log / "flexmigd.log").open("ab")
-    try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=tb.env())
-    finally:
-        log.close()
-
-
-def _wait_registered(tb: Testbed, daemon: subprocess.Popen[bytes], stop: threading.Event) -> None:
-    import asyncio  # noqa: PLC0415 - only this path runs an event loop
-
-    client = SlurmClient(tb.slurm_commands())
-    deadline = time.monotonic() + _REGISTER_WAIT_S
-    while time.monotonic() < deadline and not stop.is_set():
-        if daemon.poll() is not None:
-            raise SlurmError(f"flexmigd exited with status {daemon.returncode}; see {tb.paths.log / 'flexmigd.log'}")
-        with contextlib.suppress(FlexmigError):
-            node = asyncio.run(client.node(tb.node))
-            if node is not None and node.responding:
-                return
-        time.sleep(0.3)
-    if not stop.is_set():
-        raise SlurmError(f"node {tb.node} did not register within {_REGISTER_WAIT_S:g} s; see {tb.paths.log}")

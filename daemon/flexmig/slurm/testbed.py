@@ -1,9 +1,11 @@
-"""A private single-node Slurm on loopback: munged, slurmctld (and, through flexmigd, slurmd) under one directory.
+"""A private Slurm on loopback: munged, slurmctld (and, through flexmigd, the slurmds) under one directory, for one
+simulated host or several (``hosts``: a cluster on one machine, each host with its flexmigd, reached at 127.0.0.I).
 
 It backs ``flexmig slurm testbed`` and the integration tests. Everything lives under the directory it is given:
-the munge key and socket, slurm.conf and gres.conf, slurmctld's state, the spool, pid files and logs, the
-simulated node's stand-in device files and MIG minors table, and flexmigd's own configuration and journal.
-Nothing outside it is touched, and two testbeds on one machine use different ports.
+the munge key and socket, slurm.conf, slurmctld's state, the spool, pid files and logs, the jobs' output and
+checkpoints (one tree for every host), and each host's gres.conf, stand-in device files, MIG minors table and
+flexmigd's configuration and journal (:class:`~flexmig.slurm.testbed_conf.HostPaths`). Nothing outside it is
+touched, and two testbeds on one machine use different ports.
 
 What a real Slurm 22.05.8 needs here (verified on Debian 12, no GPU):
 
@@ -31,15 +33,9 @@ import grp
 import json
 import os
 import pwd
-import secrets
-import shutil
-import signal
-import socket
-import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,286 +49,38 @@ from flexmig.slurm.minors import render_mig_minors
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
+from flexmig.slurm.testbed_conf import HostPaths, TestbedPaths, future_gres, render_slurm_conf
+from flexmig.slurm.testbed_proc import (
+    DEBIAN_PACKAGES,
+    alive,
+    check_reachable,
+    free_port,
+    free_ports,
+    job_python,
+    missing_binaries,
+    pid_from,
+    python,
+    stop_pid,
+)
 
 __all__ = [
     "DEBIAN_PACKAGES",
+    "MAX_HOSTS",
+    "HostPaths",
     "Testbed",
     "TestbedPaths",
+    "free_port",
     "future_gres",
     "job_python",
     "missing_binaries",
     "render_slurm_conf",
+    "stop_pid",
 ]
 
-DEBIAN_PACKAGES = "slurmctld slurmd slurm-client munge"
-_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "squeue", "sinfo", "sbatch", "scancel")
+MAX_HOSTS = 16
+"""The most simulated hosts a testbed runs (each a flexmigd; on one machine)."""
 _SOCKET_MAX = 107
 _START_TIMEOUT_S = 30.0
-_STOP_TIMEOUT_S = 15.0
-
-
-def missing_binaries(commands: SlurmCommands | None = None) -> list[str]:
-    """The daemons and commands a testbed needs that are not installed."""
-    cmds = commands or SlurmCommands()
-    out = []
-    for name in _BINARIES:
-        try:
-            cmds.path(name)
-        except SlurmError:
-            out.append(name)
-    return out
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (where :func:`free_port` and outgoing connections get theirs)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_ports(count: int, tries: int = 50) -> int:
-    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (one slurmd per GPU or instance node).
-
-    Taken below the kernel's ephemeral range where it leaves room: the slurmds bind them only later, and a port of
-    that range could meanwhile be handed to another server's :func:`free_port` (a metrics endpoint, a broker)."""
-    low, high = 10000, _ephemeral_low() - count
-    for _ in range(tries):
-        base = low + secrets.randbelow(high - low) if high - low > 1000 else free_port()
-        if base + count > 65535:
-            continue
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise SlurmError(f"found no {count} consecutive free ports on 127.0.0.1")
-
-
-@dataclass(frozen=True, slots=True)
-class TestbedPaths:
-    """Where everything of a testbed rooted at ``root`` lives."""
-
-    root: Path
-
-    @property
-    def munge(self) -> Path:
-        """munged's directory (key, pid, log, seed), owned by user munge."""
-        return self.root / "munge"
-
-    @property
-    def munge_socket(self) -> Path:
-        """munged's socket (its directory must be mode 0755)."""
-        return self.root / "munge" / "sock" / "munge.socket"
-
-    @property
-    def etc(self) -> Path:
-        """slurm.conf, gres.conf, the TaskProlog."""
-        return self.root / "etc"
-
-    @property
-    def slurm_conf(self) -> Path:
-        """The testbed's slurm.conf (``export SLURM_CONF=...``)."""
-        return self.etc / "slurm.conf"
-
-    @property
-    def gres_conf(self) -> Path:
-        """gres.conf, next to slurm.conf as slurmd expects."""
-        return self.etc / "gres.conf"
-
-    @property
-    def taskprolog(self) -> Path:
-        """The TaskProlog slurm.conf names."""
-        return self.etc / "taskprolog"
-
-    @property
-    def prolog(self) -> Path:
-        """The Prolog slurm.conf names (slurmd runs it as root: it makes each job user's checkpoint base)."""
-        return self.etc / "prolog"
-
-    @property
-    def log(self) -> Path:
-        """Daemon logs."""
-        return self.root / "log"
-
-    @property
-    def jobs(self) -> Path:
-        """Job output (``job-<id>.out``): sticky and open to all, like /tmp, since jobs run as their own users."""
-        return self.root / "jobs"
-
-    @property
-    def checkpoints(self) -> Path:
-        """The fixed part of the testbed's ``[slurm] checkpoint_dir`` (``ckpt/{user}/{job_id}``): the Prolog's."""
-        return self.root / "ckpt"
-
-    @property
-    def run(self) -> Path:
-        """Pid files."""
-        return self.root / "run"
-
-    @property
-    def dev(self) -> Path:
-        """Stand-in device files of the simulated GPUs."""
-        return self.root / "dev"
-
-    @property
-    def mig_minors(self) -> Path:
-        """The simulated driver's MIG minors table."""
-        return self.root / "proc" / "mig-minors"
-
-    @property
-    def flexmig(self) -> Path:
-        """flexmigd's configuration, journal, simulated node state and control socket."""
-        return self.root / "flexmig"
-
-    def slurmd_pid(self, node: str) -> Path:
-        """slurmd's pid file for ``node`` (``SlurmdPidFile`` uses ``%n``; ``{node}``: flexmig's template of it)."""
-        return self.run / f"slurmd-{node}.pid"
-
-    def gres_map(self, node: str) -> Path:
-        """flexmigd's GRES map for ``node`` (``{node}``: one per GPU node, ``[slurm] node_per_gpu``): where a node's
-        is, ``run/flexmig/slurm/`` (the TaskProlog runs as the job's user and reads it; flexmigd makes the
-        directories, under its unit's umask)."""
-        return self.run / "flexmig" / "slurm" / ("gres-map.json" if node == "" else f"gres-map-{node}.json")
-
-
-def future_gres(model: GpuModel, gpus: int) -> str:
-    """The ``Gres=`` of the FUTURE placeholder: as many of every plain profile as the node could ever hold."""
-    return ",".join(f"gpu:{p.name}:{p.max_instances * gpus}" for p in model.plain_profiles)
-
-
-def render_slurm_conf(
-    paths: TestbedPaths,
-    *,
-    ctld_port: int,
-    slurmd_port: int,
-    future_node: str,
-    future_gres: str,
-    cpus: int,
-    partition: str = "mig",
-    dynamic_nodes: int = 1,
-    static_nodes: Sequence[str] = (),
-    scheduler_parameters: str = "sched_interval=1,bf_interval=1",
-) -> str:
-    """The testbed's slurm.conf; ``dynamic_nodes``: how many nodes flexmigd registers (one per GPU with
-    ``node_per_gpu``), which the node table must hold beside the FUTURE placeholder; ``static_nodes``: the
-    ``NodeName=`` lines of static instance nodes (``instance_nodes = static``), which replace the placeholder;
-    ``scheduler_parameters``: SchedulerParameters (the scheduler every second; Slurm's defaults are 60 s, and 30 s
-    for the backfill scheduler)."""
-    p = paths
-    if static_nodes:  # their CPUs are slurm.conf's (the testbed's, not this machine's): taken as they are
-        nodes = [
-            "SlurmdParameters=config_overrides",
-            "# flexmig's static instance nodes: one per place each MIG profile can take",
-            *static_nodes,
-        ]
-    else:
-        nodes = [
-            "# Demand for MIG profiles the node does not have yet pends against this placeholder instead of being",
-            "# refused at submission; it never registers.",
-            f"NodeName={future_node} State=FUTURE CPUs={cpus} Gres={future_gres}",
-        ]
-    return "\n".join(
-        [
-            "# A private single-node Slurm written by `flexmig slurm testbed`; everything lives under this directory.",
-            "ClusterName=flexmig",
-            "SlurmctldHost=localhost(127.0.0.1)",
-            f"SlurmctldPort={ctld_port}",
-            f"SlurmdPort={slurmd_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={p.munge_socket}",
-            "MpiDefault=none",
-            "MailProg=/bin/true",
-            f"StateSaveLocation={p.root / 'ctld'}",
-            f"SlurmdSpoolDir={p.root / 'spool'}/%n",
-            f"SlurmctldPidFile={p.run / 'slurmctld.pid'}",
-            f"SlurmdPidFile={p.run}/slurmd-%n.pid",
-            f"SlurmctldLogFile={p.log / 'slurmctld.log'}",
-            f"SlurmdLogFile={p.log}/slurmd-%n.log",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "GresTypes=gpu",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "ReturnToService=2",
-            f"MaxNodeCount={max(8, dynamic_nodes + 1)}",  # the placeholder is a node of the table too
-            "SchedulerType=sched/backfill",
-            *([f"SchedulerParameters={scheduler_parameters}"] if scheduler_parameters else []),
-            "JobRequeue=0",
-            "KillWait=5",
-            "MinJobAge=600",
-            "SlurmctldTimeout=30",
-            "SlurmdTimeout=30",
-            f"TaskProlog={p.taskprolog}",
-            f"Prolog={p.prolog}",
-            *nodes,
-            f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ]
-    )
-
-
-def _check_reachable(path: Path, user: str) -> None:
-    """Every directory above ``path`` must let ``user`` (munge) through."""
-    for parent in [path, *path.parents]:
-        st = parent.stat()
-        if not st.st_mode & stat.S_IXOTH:
-            raise SlurmError(
-                f"{parent} (mode {stat.S_IMODE(st.st_mode):o}) is not searchable by others: munged runs as "
-                f"user {user} and must reach {path}; use a directory under /tmp or /var/tmp"
-            )
-
-
-def _pid_from(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - a zombie still has a pid: read its state
-            state = f.read().rsplit(b")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != b"Z"
-
-
-def stop_pid(pid: int, timeout_s: float = _STOP_TIMEOUT_S) -> None:
-    """SIGTERM ``pid``, SIGKILL after ``timeout_s``; wait until it is gone (reaping it if it is our child)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        while _alive(pid) and time.monotonic() < deadline + 5:
-            time.sleep(0.05)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass
@@ -370,23 +118,59 @@ class Testbed:
     job_user: str | None = None
     """Whose jobs :meth:`sbatch` submits (``sbatch --uid``; the tests' users made for the run), None: the caller's."""
     started: list[str] = field(default_factory=list)
+    hosts: int = 1
+    """Simulated hosts under the one slurmctld and munged, each with its flexmigd, GPUs and slurmds (``--hosts N``):
+    host I's node is ``<node>-h<I>`` (:meth:`host_node`), reached at 127.0.0.I (:meth:`host_addr`). One host keeps
+    the name ``node`` and the paths of a single-node testbed."""
+    port_bases: dict[int, int] = field(default_factory=dict)
+    """The slurmd port base of each host but the first (whose is :attr:`gpu_port_base`), chosen once, then kept."""
 
     def __post_init__(self) -> None:
         self.root = self.root.absolute()
         self.paths = TestbedPaths(self.root)
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise SlurmError(f"--hosts {self.hosts}: must be 1-{MAX_HOSTS}")
+
+    def host_node(self, host: int = 0) -> str:
+        """The Slurm node name of host ``host`` (from 0): ``node`` on a testbed of one host, else ``<node>-h<I>``
+        (I from 1; instance and GPU nodes extend it, which Slurm's hostlists take as they are)."""
+        return self.node if self.hosts == 1 else f"{self.node}-h{host + 1}"
+
+    def host_addr(self, host: int = 0) -> str:
+        """Where slurmctld reaches host ``host``'s slurmds: 127.0.0.I (loopback, each host its own address, so that
+        flexmig counts the cluster's hosts as a real cluster's; the slurmds listen on every address, each on its
+        own port)."""
+        return f"127.0.0.{host + 1}"
+
+    def host_paths(self, host: int = 0) -> HostPaths:
+        """What host ``host`` has of its own (:class:`HostPaths`)."""
+        return HostPaths(self.root if self.hosts == 1 else self.root / "hosts" / f"h{host + 1}")
+
+    def port_base(self, host: int = 0) -> int:
+        """Host ``host``'s slurmd port base (its GPU or instance nodes' ports), chosen free once, then kept."""
+        count = 8 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1
+        if host == 0:
+            self.gpu_port_base = self.gpu_port_base or free_ports(count)
+            return self.gpu_port_base
+        if host not in self.port_bases:
+            self.port_bases[host] = free_ports(count)
+        return self.port_bases[host]
 
     @property
     def per_node(self) -> bool:
         """flexmigd runs several nodes on the host (``node_per_gpu`` or ``node_per_instance``)."""
         return self.node_per_gpu or self.node_per_instance
 
-    def node_names(self) -> list[str]:
-        """Every name flexmigd may give a node of this host."""
+    def node_names(self, host: int | None = None) -> list[str]:
+        """Every name flexmigd may give a node of host ``host`` (None: of every host)."""
+        if host is None:
+            return [name for h in range(self.hosts) for name in self.node_names(h)]
+        node = self.host_node(host)
         if self.node_per_instance and self.static_nodes:
-            return [slot_node(self.node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
+            return [slot_node(node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
         if self.node_per_instance:
-            return [f"{self.node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
-        return [f"{self.node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [self.node]
+            return [f"{node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
+        return [f"{node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [node]
 
     @property
     def future_node(self) -> str:
@@ -397,9 +181,11 @@ class Testbed:
         """Commands that talk to this testbed."""
         return SlurmCommands(self.commands.bin_dir, self.paths.slurm_conf, self.commands.timeout_s)
 
-    def env(self) -> dict[str, str]:
-        """An environment whose Slurm commands talk to this testbed."""
-        return {**os.environ, "SLURM_CONF": str(self.paths.slurm_conf)}
+    def env(self, host: int | None = None) -> dict[str, str]:
+        """An environment whose Slurm commands talk to this testbed (as host ``host``'s daemons read slurm.conf,
+        beside its own gres.conf)."""
+        conf = self.paths.slurm_conf if host is None else self.host_paths(host).slurm_conf
+        return {**os.environ, "SLURM_CONF": str(conf)}
 
     # ------------------------------------------------------------------------------------------ prepare
     def prepare(self, taskprolog: str | None = None) -> None:
@@ -407,6 +193,19 @@ class Testbed:
         text, else flexmig's, run by :func:`job_python`) and the Prolog, and the simulated node's MIG minors table.
         Refuses a non-root caller, missing binaries, unusable paths and a machine whose jobs' users could not run
         the TaskProlog."""
+        munge_user = self._check_machine()
+        self._make_dirs()
+        interpreter = job_python()
+        self._write_munge_key(munge_user)
+        if not self.ctld_port:
+            self.ctld_port = free_port()
+        if not self.slurmd_port:
+            self.slurmd_port = free_port()
+        self._write_slurm_conf()
+        self._write_node_files(taskprolog, interpreter)
+
+    def _check_machine(self) -> pwd.struct_passwd:
+        """Root, the binaries, a socket path that fits, user munge (returned); SlurmError saying which is not."""
         if os.geteuid() != 0:
             raise SlurmError("the Slurm testbed runs munged, slurmctld and slurmd as root: run it as root")
         missing = missing_binaries(self.commands)
@@ -421,11 +220,13 @@ class Testbed:
                 f"{p.munge_socket}: longer than {_SOCKET_MAX} bytes, too long for a socket; use a shorter DIR"
             )
         try:
-            munge_user = pwd.getpwnam("munge")
+            return pwd.getpwnam("munge")
         except KeyError:
             raise SlurmError("there is no user 'munge' (the munge package creates it)") from None
-        self._make_dirs()
-        interpreter = job_python()
+
+    def _write_munge_key(self, munge_user: pwd.struct_passwd) -> None:
+        """munged's key (made once) and socket directory, owned by user munge."""
+        p = self.paths
         sock_dir = p.munge_socket.parent
         sock_dir.mkdir(parents=True, exist_ok=True)
         key = p.munge / "munge.key"
@@ -437,17 +238,17 @@ class Testbed:
             os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
         p.munge.chmod(0o755)
         sock_dir.chmod(0o755)
-        if not self.ctld_port:
-            self.ctld_port = free_port()
-        if not self.slurmd_port:
-            self.slurmd_port = free_port()
+
+    def _write_slurm_conf(self) -> None:
+        """slurm.conf, readable by every user's Slurm commands (static instance nodes' ports chosen now, then kept)."""
+        p = self.paths
         static: list[str] = []
         if self.node_per_instance and self.static_nodes:  # slurm.conf names the ports: chosen now, then kept
-            self.gpu_port_base = self.gpu_port_base or free_ports(8 * self.gpus)
-            static = slot_lines(
-                self.node, self.model, self.gpus, port_base=self.gpu_port_base,
-                cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr="127.0.0.1",
-            )  # fmt: skip
+            for host in range(self.hosts):
+                static += slot_lines(
+                    self.host_node(host), self.model, self.gpus, port_base=self.port_base(host),
+                    cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr=self.host_addr(host),
+                )  # fmt: skip
         conf = render_slurm_conf(
             p,
             ctld_port=self.ctld_port,
@@ -456,22 +257,36 @@ class Testbed:
             future_gres=future_gres(self.model, self.gpus),
             cpus=self.cpus,
             partition=self.partition,
-            dynamic_nodes=len(static) or (7 if self.node_per_instance else 1) * self.gpus if self.per_node else 1,
+            dynamic_nodes=len(static) or self._dynamic_nodes(),
             static_nodes=static,
             scheduler_parameters=self.scheduler_parameters,
         )
         p.slurm_conf.write_text(conf)
         p.slurm_conf.chmod(0o644)  # every user's Slurm commands read it
-        if not p.gres_conf.exists():
-            p.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this node's block\n")
-            p.gres_conf.chmod(0o644)
+        for host in range(self.hosts) if self.hosts > 1 else ():  # each host's etc/ sees the one slurm.conf
+            link = self.host_paths(host).slurm_conf
+            link.unlink(missing_ok=True)
+            os.link(p.slurm_conf, link)
+
+    def _dynamic_nodes(self) -> int:
+        """How many dynamic nodes the hosts' flexmigds may register at once."""
+        return ((7 if self.node_per_instance else 1) * self.gpus if self.per_node else 1) * self.hosts
+
+    def _write_node_files(self, taskprolog: str | None, interpreter: str) -> None:
+        """An empty gres.conf (once), the TaskProlog and Prolog, the simulated driver's MIG minors table."""
+        p = self.paths
+        for host in range(self.hosts):
+            h = self.host_paths(host)
+            if not h.gres_conf.exists():
+                h.gres_conf.write_text("# gres.conf of the flexmig testbed; flexmigd writes this host's block\n")
+                h.gres_conf.chmod(0o644)
+            h.mig_minors.write_text(render_mig_minors(self.gpus))
+            h.mig_minors.chmod(0o644)
         map_path = self.map_path
         p.taskprolog.write_text(taskprolog or render_taskprolog(map_path, interpreter))
         p.taskprolog.chmod(0o755)
         p.prolog.write_text(render_taskprolog(map_path, interpreter, prolog=True))
         p.prolog.chmod(0o755)
-        p.mig_minors.write_text(render_mig_minors(self.gpus))
-        p.mig_minors.chmod(0o644)
 
     def _make_dirs(self) -> None:
         """The testbed's directories, with their modes whatever the umask (flexmigd's unit has 0077): munged must
@@ -479,15 +294,14 @@ class Testbed:
         p = self.paths
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
-        _check_reachable(self.root, "munge")
+        check_reachable(self.root, "munge")
+        hosts = [self.host_paths(host) for host in range(self.hosts)]
         for d in (
+            *((p.root / "hosts", *(h.root for h in hosts)) if self.hosts > 1 else ()),
             p.etc,
             p.log,
             p.run,
-            p.dev,
-            p.dev / "nvidia-caps",
-            p.mig_minors.parent,
-            p.flexmig,
+            *(d for h in hosts for d in (h.etc, h.dev, h.dev / "nvidia-caps", h.mig_minors.parent, h.flexmig)),
             p.root / "ctld",
             p.root / "spool",
             p.root / "spool" / self.node,
@@ -495,7 +309,8 @@ class Testbed:
         ):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o755)
-        p.flexmig.chmod(0o700)
+        for h in hosts:
+            h.flexmig.chmod(0o700)
         p.jobs.mkdir(exist_ok=True)
         p.jobs.chmod(0o1777)
 
@@ -558,8 +373,8 @@ class Testbed:
         self.cancel_jobs()
         slurmds = sorted(p.run.glob("slurmd-*.pid")) if p.run.is_dir() else []  # one per GPU node, or the node's
         for pid_file in (*slurmds, p.run / "slurmctld.pid", p.munge / "munged.pid"):
-            pid = _pid_from(pid_file)
-            if pid is not None and _alive(pid):
+            pid = pid_from(pid_file)
+            if pid is not None and alive(pid):
                 stop_pid(pid)
         self.kill_jobs()
         self.started.clear()
@@ -567,8 +382,8 @@ class Testbed:
     def cancel_jobs(self, timeout_s: float = 10.0) -> None:
         """``scancel`` every job slurmctld still runs, and wait (bounded) until none is active; nothing when
         slurmctld is not running."""
-        pid = _pid_from(self.paths.run / "slurmctld.pid")
-        if pid is None or not _alive(pid):
+        pid = pid_from(self.paths.run / "slurmctld.pid")
+        if pid is None or not alive(pid):
             return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -599,6 +414,7 @@ class Testbed:
         the testbed's slurmd log open) and the processes of its jobs (``SLURM_JOB_ID`` set and this testbed's
         ``SLURM_CONF``); never a shell that merely exported ``SLURM_CONF``. Returns their pids."""
         root = str(self.root) + os.sep
+        confs = {str(self.paths.slurm_conf), *(str(self.host_paths(h).slurm_conf) for h in range(self.hosts))}
         found = []
         for proc in psutil.process_iter(["name"]):
             with contextlib.suppress(psutil.Error):
@@ -609,7 +425,7 @@ class Testbed:
                         found.append(proc)
                     continue
                 env = proc.environ()
-                if env.get("SLURM_CONF") == str(self.paths.slurm_conf) and "SLURM_JOB_ID" in env:
+                if env.get("SLURM_CONF") in confs and "SLURM_JOB_ID" in env:
                     found.append(proc)
         for proc in found:
             with contextlib.suppress(psutil.Error):
@@ -617,44 +433,40 @@ class Testbed:
         psutil.wait_procs(found, timeout=timeout_s)
         return [proc.pid for proc in found]
 
-    def slurmd_hook(self) -> list[str]:
-        """The hook command that restarts this testbed's slurmd (the stand-in for its systemd unit)."""
+    def slurmd_hook(self, host: int = 0) -> list[str]:
+        """The hook command that restarts host ``host``'s slurmds (the stand-in for their systemd unit)."""
         slurmd = ["--slurmd", self.commands.path("slurmd")] if self.commands.bin_dir is not None else []
-        pid = self.paths.slurmd_pid("{node}" if self.per_node else self.node)
+        pid = self.paths.slurmd_pid("{node}" if self.per_node else self.host_node(host))
         return [*self.hook_prefix, python(), "-m", "flexmig.slurm.standin", "--pid-file", str(pid), *slurmd]
 
     @property
     def map_path(self) -> Path:
-        """The GRES map flexmigd writes and the TaskProlog reads (``{node}`` in it with ``node_per_gpu``)."""
-        return self.paths.gres_map("{node}" if self.per_node else "")
+        """The GRES map flexmigd writes and the TaskProlog reads (``{node}`` in it with ``node_per_gpu``, or with
+        several hosts, each its node's)."""
+        return self.paths.gres_map("{node}" if self.per_node or self.hosts > 1 else "")
 
-    def flexmigd_config(self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0) -> str:
-        """flexmigd's configuration for this testbed: mode act, Slurm on, every path under the directory
-        (``interval_s`` None: the production default); with ``node_per_gpu`` GPU K's slurmd listens on
-        ``port_base + K`` (0: the first of as many free ports as GPUs)."""
-        p = self.paths
-        f = p.flexmig
-        who = "{node}" if self.per_node else self.node
-        if self.per_node and not port_base:
-            ports = 8 * self.gpus if self.node_per_instance else self.gpus
-            port_base = self.gpu_port_base = self.gpu_port_base or free_ports(ports)  # the same at a restart
-        mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
-        per_gpu = [f"{mode} = true", f"slurmd_port_base = {port_base}"] if self.per_node else []
-        node_conf = [f'slurmd_conf = "NodeAddr=127.0.0.1 CPUs={self.cpus}"']
-        if self.node_per_instance:  # each instance node a compute slice's share of the host's CPUs
-            share = max(1, self.cpus // 7)
-            node_conf = ['slurmd_conf = "NodeAddr=127.0.0.1"', f'slurmd_conf_per_slice = "CPUs={share}"']
-        if self.node_per_instance and self.static_nodes:  # slurm.conf's lines say it all
-            node_conf = ['instance_nodes = "static"']
+    def _map_node(self, host: int) -> str:
+        """The node name in host ``host``'s GRES map's name, in the whole-node mode ('' with one host)."""
+        return "" if self.hosts == 1 else self.host_node(host)
+
+    def flexmigd_config(
+        self, *, metrics_port: int, interval_s: float | None = 2.0, port_base: int = 0, host: int = 0
+    ) -> str:
+        """flexmigd's configuration for host ``host`` of this testbed: mode act, Slurm on, every path under the
+        directory (``interval_s`` None: the production default); with ``node_per_gpu`` GPU K's slurmd listens on
+        ``port_base + K`` (0: the host's :meth:`port_base`, the same at a restart)."""
+        f = self.host_paths(host).flexmig
+        node = self.host_node(host)
+        who = "{node}" if self.per_node else node
 
         def q(value: object) -> str:
             return json.dumps(str(value))
 
         return "\n".join(
             [
-                "# flexmigd on the testbed's simulated node, written by `flexmig slurm testbed`",
+                "# flexmigd on a simulated host of the testbed, written by `flexmig slurm testbed`",
                 'mode = "act"',
-                f"node_name = {q(self.node)}",
+                f"node_name = {q(node)}",
                 "[prometheus]",
                 f'listen = "127.0.0.1:{metrics_port}"',
                 "[control]",
@@ -664,26 +476,50 @@ class Testbed:
                 f"journal = {q(f / 'state' / 'journal.sqlite3')}",
                 "[slurm]",
                 "enabled = true",
-                f"node = {q(self.node)}",
+                f"node = {q(node)}",
                 *([f"interval_s = {interval_s:g}"] if interval_s is not None else []),
-                f"conf = {q(p.slurm_conf)}",
-                *([f"bin_dir = {q(self.commands.bin_dir)}"] if self.commands.bin_dir is not None else []),
-                f"gres_conf = {q(p.gres_conf)}",
-                f"gres_map = {q(self.map_path)}",
-                f"dev_dir = {q(p.dev)}",
-                f"mig_minors = {q(p.mig_minors)}",
-                f"slurmd_pid_file = {q(p.slurmd_pid(who))}",
+                *self._host_files(host, q),
                 'slurmd_control = "hook"',
-                f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook())}]",
-                f"slurmd_env = {q(f / ('slurmd.env' if who == self.node else 'slurmd-{node}.env'))}",
-                *node_conf,
-                f"checkpoint_dir = {q(p.checkpoints / '{user}' / '{job_id}')}",
+                f"slurmd_hook = [{', '.join(q(a) for a in self.slurmd_hook(host))}]",
+                f"slurmd_env = {q(f / ('slurmd.env' if who == node else 'slurmd-{node}.env'))}",
+                *self._node_conf(host, port_base),
+                f"checkpoint_dir = {q(self.paths.checkpoints / '{user}' / '{job_id}')}",
                 "hook_settle_s = 5",
                 "reregister_s = 2",
-                *per_gpu,
                 "",
             ]
         )
+
+    def _host_files(self, host: int, q: Callable[[object], str]) -> list[str]:
+        """``[slurm]``'s paths of host ``host``: slurm.conf, gres.conf, map, devices, minors, slurmd's pid file."""
+        h = self.host_paths(host)
+        who = "{node}" if self.per_node else self.host_node(host)
+        return [
+            f"conf = {q(h.slurm_conf)}",
+            *([f"bin_dir = {q(self.commands.bin_dir)}"] if self.commands.bin_dir is not None else []),
+            f"gres_conf = {q(h.gres_conf)}",
+            f"gres_map = {q(self.map_path if self.per_node else self.paths.gres_map(self._map_node(host)))}",
+            f"dev_dir = {q(h.dev)}",
+            f"mig_minors = {q(h.mig_minors)}",
+            f"slurmd_pid_file = {q(self.paths.slurmd_pid(who))}",
+        ]
+
+    def _node_conf(self, host: int, port_base: int) -> list[str]:
+        """``[slurm]``'s keys of the mode and of the nodes host ``host`` registers."""
+        addr = self.host_addr(host)
+        if not self.per_node and self.hosts == 1:
+            return [f'slurmd_conf = "NodeAddr={addr} CPUs={self.cpus}"']
+        if not self.per_node:  # a whole host's dynamic node on its own port (Slurm 23.11 and later)
+            return [f'slurmd_conf = "NodeAddr={addr} Port={port_base or self.port_base(host)} CPUs={self.cpus}"']
+        base = port_base or self.port_base(host)
+        mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
+        per_node = [f"{mode} = true", f"slurmd_port_base = {base}"]
+        if self.node_per_instance and self.static_nodes:  # slurm.conf's lines say it all
+            return ['instance_nodes = "static"', *per_node]
+        if self.node_per_instance:  # each instance node a compute slice's share of the host's CPUs
+            share = max(1, self.cpus // 7)
+            return [f'slurmd_conf = "NodeAddr={addr}"', f'slurmd_conf_per_slice = "CPUs={share}"', *per_node]
+        return [f'slurmd_conf = "NodeAddr={addr} CPUs={self.cpus}"', *per_node]
 
     def __enter__(self) -> Testbed:
         return self
@@ -695,7 +531,7 @@ class Testbed:
     def sbatch(self, *args: str, script: str, user: str | None = None) -> int:
         """Submit ``script`` (its text) with ``args`` as ``user`` (default :attr:`job_user`); the job ID. Its output
         goes to ``jobs/job-<id>.out``."""
-        path = self.paths.flexmig / f"job-{time.monotonic_ns()}.sh"
+        path = self.host_paths(0).flexmig / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
         path.chmod(0o755)
         who = user or self.job_user
@@ -718,37 +554,3 @@ class Testbed:
         for path in sorted(self.paths.log.glob("*.log")):
             with contextlib.suppress(OSError):
                 yield path.name, "\n".join(path.read_text(errors="replace").splitlines()[-15:])
-
-
-def python() -> str:
-    """The interpreter the testbed's own commands run with (root's: this one)."""
-    return sys.executable or shutil.which("python3") or "/usr/bin/python3"
-
-
-def _others_may_run(path: Path) -> bool:
-    """Any user may execute ``path``: every directory on the way searchable by others, the file executable by them."""
-    try:
-        if not path.stat().st_mode & stat.S_IXOTH:
-            return False
-        return all(d.stat().st_mode & stat.S_IXOTH for d in path.parents)
-    except OSError:
-        return False
-
-
-def job_python() -> str:
-    """An interpreter every job's user may run, for the TaskProlog (standard library only: any Python 3.8 or later
-    does): this one's own executable where others may run it (a virtual environment's link resolved), else the
-    system's ``python3``. A Python installed under /root (pyenv, a virtual environment) cannot run a job of another
-    user: the TaskProlog would exit 127 and every task of an ordinary user would start without its GPU."""
-    candidates = [Path(os.path.realpath(sys.executable))] if sys.executable else []
-    candidates += [Path("/usr/bin/python3"), Path("/usr/local/bin/python3")]
-    found = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
-    candidates += [Path(os.path.realpath(found))] if found else []
-    for candidate in candidates:
-        if _others_may_run(candidate):
-            return str(candidate)
-    raise SlurmError(
-        f"no Python that the jobs' users may run for the TaskProlog (tried {', '.join(map(str, candidates))}: each "
-        "lies where others may not search or is not executable by them); install the system's python3 "
-        "(Debian: apt-get install python3-minimal)"
-    )
