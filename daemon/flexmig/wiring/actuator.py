@@ -48,7 +48,7 @@ from flexmig.act import recovery
 from flexmig.act.control import ControlServer, Handler
 from flexmig.act.events import ActEvent
 from flexmig.act.journal import JournalError
-from flexmig.act.operation_table import Operation, bind
+from flexmig.act.operation_table import DAEMON_OPERATIONS, Operation, bind
 from flexmig.act.ranklogs import RankLogs
 from flexmig.act.service import Actuator
 from flexmig.clocks import Ages
@@ -440,10 +440,10 @@ class ActuatorComponent:
     def _handlers(self, act: Actuator) -> dict[str, Handler]:
         """Every operation of the table: the jobs API's and this component's, the acting ones serialized."""
 
-        def serialize(op: Operation, handler: Handler) -> Handler:
+        def serialize(op: Operation[Any], handler: Handler) -> Handler:
             return self._serialized(handler) if op.acting else handler
 
-        return {**act.jobs.handlers(serialize), **bind(self, "daemon", serialize)}
+        return {**act.jobs.handlers(serialize), **bind(DAEMON_OPERATIONS, self, serialize)}
 
     def _serialized(self, handler: Handler) -> Handler:
         """``handler`` (an acting operation's) run under the action lock (no plan runs meanwhile), refused while
