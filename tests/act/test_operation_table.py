@@ -20,12 +20,12 @@ from flexmig.cli.main import build_parser
 from flexmig.cli.operation_args import CLIENT_OPTIONS, add_operation_arguments, operation_request
 from flexmig.errors import RequestError
 from flexmig.mqtt.command_schema import VERBS
-from flexmig.wiring.actuator import ActuatorComponent
+from flexmig.service import DaemonControl
 
 CLI = Path(flexmig.__file__).resolve().parent / "cli"
 SERVERS: list[tuple[type, tuple[Operation[Any], ...]]] = [
     (JobsApi, JOBS_OPERATIONS),
-    (ActuatorComponent, DAEMON_OPERATIONS),
+    (DaemonControl, DAEMON_OPERATIONS),
 ]
 
 

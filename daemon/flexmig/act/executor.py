@@ -69,6 +69,7 @@ from flexmig.act.generations import Generations
 from flexmig.act.instances import Instances
 from flexmig.act.journal import ActionRow, Journal, JournalError
 from flexmig.act.migops import MigOps, Offload
+from flexmig.act.mode import RuntimeMode
 from flexmig.act.nodeview import NodeView
 from flexmig.act.preconditions import (
     check_destroy,
@@ -104,7 +105,7 @@ class Executor:
     def __init__(
         self,
         *,
-        mode: Mode,
+        mode: Mode | RuntimeMode,
         mig: MigOps,
         supervisor: Supervisor,
         journal: Journal,
@@ -117,7 +118,8 @@ class Executor:
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
     ) -> None:
-        self.mode: Mode = mode
+        self.runtime_mode = mode if isinstance(mode, RuntimeMode) else RuntimeMode(mode)
+        """The daemon's mode (shared with whoever else reads it: :mod:`flexmig.act.mode`)."""
         self.mig = mig
         self.supervisor = supervisor
         self.journal = journal
@@ -159,6 +161,15 @@ class Executor:
         supervisor.on_exit = self.settler.on_exit
         self.handlers: dict[str, Callable[[ActionRun], Awaitable[None]]] = {}
         """Runners of action kinds that live outside ``act/`` (``slurm_reregister``): see :meth:`add_handler`."""
+
+    @property
+    def mode(self) -> Mode:
+        """The mode now."""
+        return self.runtime_mode.value
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        self.runtime_mode.set(mode)
 
     def add_handler(self, kind: str, handler: Callable[[ActionRun], Awaitable[None]]) -> None:
         """Run journalled actions of ``kind`` with ``handler`` (given the action's step runner, whose ``row``

@@ -33,6 +33,7 @@ from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.executor import Executor
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
+from flexmig.act.mode import RuntimeMode
 from flexmig.act.operations import JobsApi
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
 from flexmig.act.ranklogs import RankLogs
@@ -66,7 +67,7 @@ class Actuator:
     def build(
         cls,
         *,
-        mode: Mode,
+        mode: Mode | RuntimeMode,
         nvml: NvmlLike,
         offload: Offload,
         devices: DeviceProcessTable,
