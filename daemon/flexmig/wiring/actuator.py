@@ -67,12 +67,18 @@ def _submit_refusal(config: Config) -> str | None:
     return "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not flexmig jobs submit"
 
 
-def _rank_logs(cfg: Config) -> RankLogs:
-    return RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep)
-
-
 def _policy(cfg: Config) -> JobPolicy:
     return JobPolicy(tuple(cfg.jobs.allowed_dirs), default_ack_timeout_s=cfg.jobs.ack_timeout_s)
+
+
+def _apply(act: Actuator, cfg: Config) -> None:
+    """Give ``act`` the job policy, planner settings, rank-log limits and queue bound of ``cfg``."""
+    act.apply(
+        policy=_policy(cfg),
+        settings=planner_settings(cfg.planner),
+        rank_logs=RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep),
+        max_pending=cfg.jobs.max_pending,
+    )
 
 
 class ActuatorComponent:
@@ -196,12 +202,10 @@ class ActuatorComponent:
         act = Actuator.build(
             mode=self.runtime_mode, nvml=backend.nvml, offload=self.host.worker.call, devices=backend.devices,
             journal_path=paths.journal, logs_dir=paths.logs, policy=_policy(cfg), events=events,
-            settings=planner_settings(cfg.planner), ack_dir=cfg.jobs.ack_dir, rank_logs=_rank_logs(cfg),
+            ack_dir=cfg.jobs.ack_dir,
         )  # fmt: skip
-        act.jobs.queue_when_full = True
-        act.jobs.max_pending = cfg.jobs.max_pending
-        act.jobs.refuse_submit = _submit_refusal(cfg)
-        act.executor.device_uuids_unique = not backend.simulated
+        _apply(act, cfg)
+        act.serve_daemon(real_node=not backend.simulated, refuse_submit=_submit_refusal(cfg))
         return act
 
     def _services(self, act: Actuator) -> DaemonControl:
@@ -324,10 +328,7 @@ class ActuatorComponent:
         self.config = config
         self.runtime_mode.set(config.mode)
         if self.act is not None:
-            self.act.set_policy(_policy(config))
-            self.act.jobs.settings = planner_settings(config.planner)
-            self.act.supervisor.rank_logs = _rank_logs(config)
-            self.act.jobs.max_pending = config.jobs.max_pending
+            _apply(self.act, config)
         if self.dispatcher is not None:
             self.dispatcher.max_wait_s = config.control.max_wait_s
         if old != config.mode:
@@ -346,8 +347,8 @@ class ActuatorComponent:
     async def drain(self) -> None:
         """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
         self.gate.stopping = True
-        if self.act is not None:  # a plan already running starts none of its actions not yet begun
-            self.act.executor.stopping = True
+        if self.act is not None:
+            self.act.begin_stop()
         self.wake()
         grace = self.config.jobs.shutdown_grace_s
         if self.gate.lock.locked():
@@ -372,7 +373,7 @@ class ActuatorComponent:
             await control.close()
         act, self.act = self.act, None
         if act is not None:
-            running = any(rec.state in ("running", "pending") for rec in act.journal.jobs())
+            running = act.holds_jobs()
             await act.close()
             paths = self.paths
             if paths is not None and paths.private is not None and not running:
@@ -383,7 +384,7 @@ class ActuatorComponent:
         """Actions, plans and jobs; the journal's writes; ranks of no journalled job."""
         return (
             self.action_metrics,
-            JournalWriteMetrics(lambda: self.act.executor.durable if self.act is not None else None),
+            JournalWriteMetrics(lambda: self.act.durable if self.act is not None else None),
             LossMetrics(unknown_ranks=self.unknown_rank_count),
         )
 
