@@ -27,7 +27,7 @@ from flexmig.act.client import ControlError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
 from support.actuatord import Actuatord
-from support.jobs import kill_ranks
+from support.jobs import job_toml, kill_ranks
 from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -105,25 +105,14 @@ class Node(Actuatord):
 
 
 def job_spec(base: Path, ranks: int, *, standby: bool = False) -> Path:
-    text = textwrap.dedent(
-        f"""\
-        name = "counter"
-        argv = ["{sys.executable}", "{ROOT}/examples/hook_minimal.py", "--log", "{base}/counter.ckpt/counter.log",
-                "--log-every", "1", "--step-time", "0.01"]
-        user = "root"
-        working_dir = "{base}"
-        checkpoint_dir = "{base}/counter.ckpt"
-        [ranks]
-        min = 1
-        max = 2
-        start = {ranks}
-        [need]
-        profile = "1g.18gb"
-        [hook]
-        ack_timeout_s = 20
-        exit_timeout_s = 10
-        standby = {"true" if standby else "false"}
-        """
+    argv = [sys.executable, f"{ROOT}/examples/hook_minimal.py", "--log", f"{base}/counter.ckpt/counter.log"]
+    text = job_toml(
+        "counter",
+        [*argv, "--log-every", "1", "--step-time", "0.01"],
+        base,
+        checkpoint_dir=base / "counter.ckpt",
+        ranks=(1, 2, ranks),
+        hook={"ack_timeout_s": 20, "exit_timeout_s": 10, "standby": standby},
     )
     p = base / "counter.toml"
     p.write_text(text)

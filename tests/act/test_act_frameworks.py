@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from support.actuatord import actuatord
-from support.jobs import ROOT, flexmig, log_lines, write_spec
+from support.jobs import ROOT, flexmig, job_toml, log_lines, write_spec
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(900)]
@@ -41,26 +41,19 @@ def base() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def spec(base: Path, script: str, args: list[str]) -> str:
-    argv = ", ".join(json.dumps(a) for a in [sys.executable, str(ROOT / "examples" / script), *args])
-    return f"""\
-name = "fw"
-argv = [{argv}, "--log", "{base}/train.log"]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt"
-env = {{ OMP_NUM_THREADS = "1", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }}
-[ranks]
-min = 1
-max = 2
-start = 2
-[need]
-profile = "1g.18gb"
-[hook]
-standby = true
-ack_timeout_s = 300
-exit_timeout_s = 60
-"""
+    return job_toml(
+        "fw",
+        [sys.executable, str(ROOT / "examples" / script), *args, "--log", f"{base}/train.log"],
+        base,
+        checkpoint_dir=base / "ckpt",
+        env=ENV,
+        ranks=(1, 2, 2),
+        hook={"standby": True, "ack_timeout_s": 300, "exit_timeout_s": 60},
+    )
 
 
 def wait_for(log: Path, n_starts: int, steps_after: int, timeout_s: float = 300) -> list[dict[str, Any]]:

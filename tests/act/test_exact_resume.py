@@ -11,7 +11,6 @@ bit. Tiny models on the CPU (gloo), a few dozen steps.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from support.actuatord import actuatord
-from support.jobs import ROOT, flexmig, log_lines, write_spec
+from support.jobs import ROOT, flexmig, job_toml, log_lines, write_spec
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(600)]
@@ -49,23 +48,9 @@ def base() -> Iterator[Path]:
 def spec(base: Path, name: str, script: str, args: list[str]) -> Path:
     script_path = str(ROOT / "examples" / script)
     argv = [sys.executable, script_path, *args, "--steps", str(STEPS), "--log", f"{base}/{name}.log"]
-    text = f"""\
-name = "{name}"
-argv = [{", ".join(json.dumps(a) for a in argv)}]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt-{name}"
-env = {{ OMP_NUM_THREADS = "1", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }}
-[ranks]
-min = 1
-max = 2
-start = 2
-[need]
-profile = "1g.18gb"
-[hook]
-ack_timeout_s = 300
-exit_timeout_s = 60
-"""
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    hook = {"ack_timeout_s": 300, "exit_timeout_s": 60}
+    text = job_toml(name, argv, base, env=env, ranks=(1, 2, 2), hook=hook)
     return write_spec(base / f"{name}.toml", text)
 
 
