@@ -186,7 +186,7 @@ class Actuator:
 
     def control_server(self, path: Path, mode: int = 0o600, *, max_wait_s: float = 900.0) -> ControlServer:
         """A control server with the ``jobs.*`` operations (the operation table's rows this actuator serves); the
-        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`). A request dropped at
+        daemon serves the other rows too (:class:`flexmig.service.control.DaemonControl`). A request dropped at
         its deadline (:mod:`flexmig.act.deadline`) becomes a ``request_dropped`` event."""
         ex = self.executor
 
