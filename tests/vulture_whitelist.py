@@ -124,18 +124,12 @@ _.renders  # metrics.scrape.Exposition: snapshot parts rendered (the tests and b
 _.receive
 _.sbatch
 
-# --- Control operation handlers: a row of flexmig.act.operation_table.OPERATIONS names each, and bind() looks it up
-# by that name (tests/act/test_operation_table.py checks that every row's handler exists).
-_.submit
-_.list_jobs
-_.status_request
-_.plan_request
-
 # --- Public names in a module's ``__all__`` that only tests, benchmarks, docs or job scripts use (vulture counts
 # ``__all__`` as a use; tests/repo/test_dead_code.py does not, so that an export nothing needs shows up).
 _.demand_from_requests  # flexmig.detect: the demand mix learnt from requests (docs/detection.md)
 _.installed  # flexmig.sim: is the simulator under pynvml (docs/simulator.md)
 _.simulate  # flexmig.replay.run: one replay (bench/, docs/replay.md)
+_.CLIENT_OPTIONS  # flexmig.cli.operation_args: the options the CLI keeps (tests/act/test_operation_table.py)
 _.MemorySink  # flexmig.act.events: an event sink that keeps them (bench/migration.py, tests)
 _.StepBatchSampler  # flexmig.hook.torch: the hook's torch helpers for job scripts (docs/jobs.md, examples/)
 _.load_checkpoint

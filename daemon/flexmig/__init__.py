@@ -7,6 +7,7 @@ layer and from the lines below its own, never from a sibling on its line or from
     cli daemon actuatord
     simenv
     wiring
+    service
     status
     metrics mqtt
     slurm

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -26,10 +23,11 @@ from typing import Any
 import pytest
 
 from flexmig import sim
-from flexmig.act.client import ControlClient, ControlError
+from flexmig.act.client import ControlError
 from flexmig.act.journal import Journal
 from flexmig.act.procs import PsutilScanner
-from support.jobs import kill_ranks
+from support.actuatord import Actuatord
+from support.jobs import job_toml, kill_ranks
 from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -50,57 +48,16 @@ HARNESS = textwrap.dedent(
 )
 
 
-class Node:
-    """One simulated node with the actuator as a child process that may be killed and restarted."""
+class Node(Actuatord):
+    """One simulated node with the actuator as a child process (:mod:`support.actuatord`, run through the harness
+    above) that may be killed and restarted."""
 
     def __init__(self, base: Path, spec: str) -> None:
-        self.base = base
-        self.spec = spec
-        self.sock = base / "control.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
         (base / "harness.py").write_text(HARNESS)
+        super().__init__(base, spec, harness=base / "harness.py")
 
-    def start(self, kill_at: str = "", extra_env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "TEST_KILL_AT": kill_at, **(extra_env or {})}
-        argv = [
-            sys.executable, str(self.base / "harness.py"), "--mode", "act", "--sim", self.spec,
-            "--sim-state", str(self.base / "sim.json"), "--state-dir", str(self.base),
-            "--allow-dir", str(self.base), "--log-level", "WARNING",
-        ]  # fmt: skip
-        log = (self.base / "service.log").open("ab")
-        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, cwd=self.base)
-        log.close()
-        proc = self.proc
-
-        def serving() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"actuator exited {proc.returncode}: {self._tail()}")
-            self.call("jobs.list")
-            return True
-
-        try:
-            wait_until(serving, 30, "the actuator's control socket", not_yet=(ControlError,))
-        except AssertionError:
-            raise AssertionError(f"actuator did not come up: {self._tail()}") from None
-
-    def _tail(self) -> str:
-        return (self.base / "service.log").read_text()[-3000:]
-
-    def call(self, op: str, **args: Any) -> Any:
-        return ControlClient(self.sock, timeout_s=60).call(op, **args)
-
-    def wait_killed(self) -> None:
-        assert self.proc is not None
-        assert self.proc.wait(timeout=60) == -signal.SIGKILL, self._tail()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+    def start(self, kill_at: str = "", extra_env: dict[str, str] | None = None) -> None:  # type: ignore[override]
+        super().start(env={"TEST_KILL_AT": kill_at, **(extra_env or {})})
 
     # ------------------------------------------------------------------------------------------- checks
     def record(self, name: str = "counter") -> Any:
@@ -129,7 +86,7 @@ class Node:
             start: dict[str, Any] = wait_until(progressed, timeout_s, f"{past} steps of the job's generation")
             return start
         except AssertionError:
-            raise AssertionError(f"job made no progress: {self.log()[-5:]} {self._tail()}") from None
+            raise AssertionError(f"job made no progress: {self.log()[-5:]} {self.tail()}") from None
 
     def layout(self) -> str:
         """The simulated driver's layout of GPU 0, read from a copy of its state file."""
@@ -148,25 +105,14 @@ class Node:
 
 
 def job_spec(base: Path, ranks: int, *, standby: bool = False) -> Path:
-    text = textwrap.dedent(
-        f"""\
-        name = "counter"
-        argv = ["{sys.executable}", "{ROOT}/examples/hook_minimal.py", "--log", "{base}/counter.ckpt/counter.log",
-                "--log-every", "1", "--step-time", "0.01"]
-        user = "root"
-        working_dir = "{base}"
-        checkpoint_dir = "{base}/counter.ckpt"
-        [ranks]
-        min = 1
-        max = 2
-        start = {ranks}
-        [need]
-        profile = "1g.18gb"
-        [hook]
-        ack_timeout_s = 20
-        exit_timeout_s = 10
-        standby = {"true" if standby else "false"}
-        """
+    argv = [sys.executable, f"{ROOT}/examples/hook_minimal.py", "--log", f"{base}/counter.ckpt/counter.log"]
+    text = job_toml(
+        "counter",
+        [*argv, "--log-every", "1", "--step-time", "0.01"],
+        base,
+        checkpoint_dir=base / "counter.ckpt",
+        ranks=(1, 2, ranks),
+        hook={"ack_timeout_s": 20, "exit_timeout_s": 10, "standby": standby},
     )
     p = base / "counter.toml"
     p.write_text(text)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.jobs import ROOT, flexmig, kill_ranks, log_lines, write_spec
+from support.actuatord import actuatord
+from support.jobs import ROOT, flexmig, job_toml, log_lines, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -42,39 +41,33 @@ def base() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def spec(base: Path, script: str, args: list[str]) -> str:
-    argv = ", ".join(json.dumps(a) for a in [sys.executable, str(ROOT / "examples" / script), *args])
-    return f"""\
-name = "fw"
-argv = [{argv}, "--log", "{base}/train.log"]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt"
-env = {{ OMP_NUM_THREADS = "1", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }}
-[ranks]
-min = 1
-max = 2
-start = 2
-[need]
-profile = "1g.18gb"
-[hook]
-standby = true
-ack_timeout_s = 300
-exit_timeout_s = 60
-"""
+    return job_toml(
+        "fw",
+        [sys.executable, str(ROOT / "examples" / script), *args, "--log", f"{base}/train.log"],
+        base,
+        checkpoint_dir=base / "ckpt",
+        env=ENV,
+        ranks=(1, 2, 2),
+        hook={"standby": True, "ack_timeout_s": 300, "exit_timeout_s": 60},
+    )
 
 
 def wait_for(log: Path, n_starts: int, steps_after: int, timeout_s: float = 300) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def started() -> list[dict[str, Any]] | None:
         events = log_lines(log)
         starts = [i for i, e in enumerate(events) if e["event"] == "start"]
         if len(starts) >= n_starts and sum(1 for e in events[starts[n_starts - 1] :] if e["event"] == "step") >= (
             steps_after
         ):
             return events
-        time.sleep(0.2)
-    raise AssertionError(f"no start {n_starts} with {steps_after} steps after it: {log_lines(log)[-3:]}")
+        return None
+
+    found: list[dict[str, Any]] = wait_until(started, timeout_s, f"start {n_starts} with {steps_after} steps after it")
+    return found
 
 
 def check_resumed(events: list[dict[str, Any]], n_start: int, acked: int, world: int) -> None:
@@ -97,43 +90,28 @@ def check_resumed(events: list[dict[str, Any]], n_start: int, acked: int, world:
 def test_a_framework_job_migrates_and_resplits_resuming_after_the_acknowledged_step(base: Path, framework: str) -> None:
     module, script, args = FRAMEWORKS[framework]
     pytest.importorskip(module)
-    sock = base / "control.sock"
     spec_path = write_spec(base / "fw.toml", spec(base, script, args))
-    service = subprocess.Popen(
-        [sys.executable, "-m", "flexmig.actuatord", "--mode", "act", "--sim", "h200",
-         "--sim-state", str(base / "sim.json"), "--state-dir", str(base), "--allow-dir", str(base),
-         "--log-level", "WARNING"],
-        stdout=(base / "service.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
     log = base / "train.log"
-    try:
-        deadline = time.monotonic() + 30
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        flexmig(sock, "submit", str(spec_path))
-        events = wait_for(log, 1, 8)
-        assert next(e for e in events if e["event"] == "start")["world"] == 2
-
-        flexmig(sock, "migrate", "fw")
-        (job,) = json.loads(flexmig(sock, "list", "--json"))
-        assert [(i["gpu"], i["start"]) for i in job["instances"]] == [(0, 2), (0, 3)]
-        check_resumed(wait_for(log, 2, 8), 2, job["resume"]["step"], world=2)
-
-        flexmig(sock, "resplit", "fw", "--ranks", "1")
-        (job,) = json.loads(flexmig(sock, "list", "--json"))
-        assert job["ranks"] == 1 and job["generation"] == 3
-        check_resumed(wait_for(log, 3, 8), 3, job["resume"]["step"], world=1)
-        assert Path(job["resume"]["checkpoint"]).parent == base / "ckpt"
-
-        assert "stop fw: completed" in flexmig(sock, "stop", "fw")
-    except AssertionError as exc:
-        logs = sorted((base / "logs" / "fw").glob("*.log")) if (base / "logs").exists() else []
-        tails = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs)
-        raise AssertionError(f"{exc}\n{(base / 'service.log').read_text()[-2000:]}\n{tails}") from None
-    finally:
-        service.send_signal(signal.SIGTERM)
+    with actuatord(base) as node:
+        sock = node.sock
         try:
-            service.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            service.kill()
-        kill_ranks(base / "journal.sqlite3", base=base)
+            flexmig(sock, "submit", str(spec_path))
+            events = wait_for(log, 1, 8)
+            assert next(e for e in events if e["event"] == "start")["world"] == 2
+
+            flexmig(sock, "migrate", "fw")
+            (job,) = json.loads(flexmig(sock, "list", "--json"))
+            assert [(i["gpu"], i["start"]) for i in job["instances"]] == [(0, 2), (0, 3)]
+            check_resumed(wait_for(log, 2, 8), 2, job["resume"]["step"], world=2)
+
+            flexmig(sock, "resplit", "fw", "--ranks", "1")
+            (job,) = json.loads(flexmig(sock, "list", "--json"))
+            assert job["ranks"] == 1 and job["generation"] == 3
+            check_resumed(wait_for(log, 3, 8), 3, job["resume"]["step"], world=1)
+            assert Path(job["resume"]["checkpoint"]).parent == base / "ckpt"
+
+            assert "stop fw: completed" in flexmig(sock, "stop", "fw")
+        except AssertionError as exc:
+            logs = sorted((base / "logs" / "fw").glob("*.log")) if (base / "logs").exists() else []
+            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs)
+            raise AssertionError(f"{exc}\n{(base / 'service.log').read_text()[-2000:]}\n{tails}") from None

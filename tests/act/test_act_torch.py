@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +19,8 @@ import pytest
 
 from flexmig.act.client import ControlClient
 from flexmig.act.procs import PsutilScanner
-from support.jobs import ROOT, Training, ddp_spec, flexmig, job_uid, kill_ranks, write_spec
+from support.actuatord import actuatord
+from support.jobs import ROOT, Training, ddp_spec, flexmig, job_uid, write_spec
 
 torch = pytest.importorskip("torch")
 
@@ -37,19 +36,10 @@ def base() -> Iterator[Path]:
 
 
 def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base: Path) -> None:
-    sock = base / "control.sock"
     spec = write_spec(base / "train.toml", ddp_spec(base))
-    service = subprocess.Popen(
-        [sys.executable, "-m", "flexmig.actuatord", "--mode", "act", "--sim", "h200",
-         "--sim-state", str(base / "sim.json"), "--state-dir", str(base), "--allow-dir", str(base),
-         "--log-level", "WARNING"],
-        stdout=(base / "service.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
     t = Training(base)
-    try:
-        deadline = time.monotonic() + 30
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with actuatord(base) as node:
+        sock = node.sock
         out = flexmig(sock, "submit", str(spec))
         assert "job ddp: running on gpu0:1g.18gb@0, gpu0:1g.18gb@1" in out
         first = t.wait_for(1, 15)
@@ -77,13 +67,6 @@ def test_ddp_job_migrates_and_resplits_resuming_exactly_with_falling_loss(base: 
 
         out = flexmig(sock, "stop", "ddp")
         assert "stop ddp: completed" in out
-    finally:
-        service.send_signal(signal.SIGTERM)
-        try:
-            service.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            service.kill()
-        kill_ranks(base / "journal.sqlite3", base=base)
 
 
 def test_the_example_runs_by_hand_without_flexmig(tmp_path: Path) -> None:
@@ -102,18 +85,10 @@ def test_the_example_runs_by_hand_without_flexmig(tmp_path: Path) -> None:
 def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base: Path) -> None:
     """launcher = "torchrun": c10d rendezvous on loopback; the checkpoint signal reaches the workers, not the
     agents, and the job resumes after a migration as with the plain launcher."""
-    sock = base / "control.sock"
     spec = write_spec(base / "tr.toml", ddp_spec(base, max_ranks=2, launcher="torchrun"))
-    service = subprocess.Popen(
-        [sys.executable, "-m", "flexmig.actuatord", "--mode", "act", "--sim", "h200", "--state-dir", str(base),
-         "--allow-dir", str(base), "--log-level", "WARNING"],
-        stdout=(base / "service.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
     t = Training(base)
-    try:
-        deadline = time.monotonic() + 30
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with actuatord(base, sim_state=False) as node:
+        sock = node.sock
         client = ControlClient(sock, timeout_s=300)
         assert client.call("jobs.submit", path=str(spec))["ok"]
         assert t.wait_for(1, 5)["world"] == 2
@@ -126,10 +101,3 @@ def test_torchrun_launcher_runs_one_elastic_agent_per_instance_and_migrates(base
         assert resumed["step"] == ckpt["step"] + 1 and resumed["params"] == ckpt["params"]
         assert resumed["world"] == 2
         assert client.call("jobs.stop", name="ddp")["ok"]
-    finally:
-        service.send_signal(signal.SIGTERM)
-        try:
-            service.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            service.kill()
-        kill_ranks(base / "journal.sqlite3", base=base)

@@ -11,20 +11,18 @@ bit. Tiny models on the CPU (gloo), a few dozen steps.
 
 from __future__ import annotations
 
-import json
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.jobs import ROOT, flexmig, kill_ranks, log_lines, write_spec
+from support.actuatord import actuatord
+from support.jobs import ROOT, flexmig, job_toml, log_lines, write_spec
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -50,23 +48,9 @@ def base() -> Iterator[Path]:
 def spec(base: Path, name: str, script: str, args: list[str]) -> Path:
     script_path = str(ROOT / "examples" / script)
     argv = [sys.executable, script_path, *args, "--steps", str(STEPS), "--log", f"{base}/{name}.log"]
-    text = f"""\
-name = "{name}"
-argv = [{", ".join(json.dumps(a) for a in argv)}]
-user = "root"
-working_dir = "{base}"
-checkpoint_dir = "{base}/ckpt-{name}"
-env = {{ OMP_NUM_THREADS = "1", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }}
-[ranks]
-min = 1
-max = 2
-start = 2
-[need]
-profile = "1g.18gb"
-[hook]
-ack_timeout_s = 300
-exit_timeout_s = 60
-"""
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    hook = {"ack_timeout_s": 300, "exit_timeout_s": 60}
+    text = job_toml(name, argv, base, env=env, ranks=(1, 2, 2), hook=hook)
     return write_spec(base / f"{name}.toml", text)
 
 
@@ -81,52 +65,33 @@ def losses(log: Path) -> dict[int, float]:
 
 
 def wait(what: str, predicate: Any, timeout_s: float = 300) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout_s, what, every_s=0.1)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_a_migrated_job_has_the_losses_of_an_uninterrupted_one(base: Path, example: str) -> None:
     module, script, args, last = EXAMPLES[example]
     pytest.importorskip(module)
-    sock = base / "control.sock"
-    service = subprocess.Popen(
-        [sys.executable, "-m", "flexmig.actuatord", "--mode", "act", "--sim", "h200",
-         "--sim-state", str(base / "sim.json"), "--state-dir", str(base), "--allow-dir", str(base),
-         "--log-level", "WARNING"],
-        stdout=(base / "service.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait("the control socket", sock.exists, 30)
-        flexmig(sock, "submit", str(spec(base, "alone", script, args)))
-        flexmig(sock, "submit", str(spec(base, "moved", script, args)))
-        wait("a few steps of the job to move", lambda: len(losses(base / "moved.log")) >= 3)
-        out = flexmig(sock, "migrate", "moved")
-        assert "migrate moved: completed" in out, out
-
-        def finished(name: str) -> bool:  # rank 0 logged its last step (the jobs' other ranks may still be ending)
-            return any(e["event"] == "step" and e["step"] >= last for e in log_lines(base / f"{name}.log"))
-
-        wait("both jobs' last step", lambda: finished("alone") and finished("moved"))
-        moved = [e for e in log_lines(base / "moved.log") if e["event"] == "start"]
-        assert len(moved) == 2 and moved[1]["world"] == 2, "moved once, resumed at the same world size"
-        alone, after = losses(base / "alone.log"), losses(base / "moved.log")
-        assert sorted(after) == sorted(alone), "the moved job ran every step once, as the uninterrupted one did"
-        differ = {s: (alone[s], after[s]) for s in alone if alone[s] != after[s]}
-        assert not differ, f"losses differ after the move at steps {sorted(differ)[:5]}: {differ}"
-    except AssertionError as exc:
-        logs = sorted((base / "logs").rglob("*.log")) if (base / "logs").exists() else []
-        tails = "\n".join(f"--- {p}\n{p.read_text()[-1200:]}" for p in logs[-4:])
-        raise AssertionError(f"{exc}\n{(base / 'service.log').read_text()[-2000:]}\n{tails}") from None
-    finally:
-        service.send_signal(signal.SIGTERM)
+    with actuatord(base) as node:
+        sock = node.sock
         try:
-            service.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            service.kill()
-        kill_ranks(base / "journal.sqlite3", base=base)
+            flexmig(sock, "submit", str(spec(base, "alone", script, args)))
+            flexmig(sock, "submit", str(spec(base, "moved", script, args)))
+            wait("a few steps of the job to move", lambda: len(losses(base / "moved.log")) >= 3)
+            out = flexmig(sock, "migrate", "moved")
+            assert "migrate moved: completed" in out, out
+
+            def finished(name: str) -> bool:  # rank 0 logged its last step (the jobs' other ranks may still be ending)
+                return any(e["event"] == "step" and e["step"] >= last for e in log_lines(base / f"{name}.log"))
+
+            wait("both jobs' last step", lambda: finished("alone") and finished("moved"))
+            moved = [e for e in log_lines(base / "moved.log") if e["event"] == "start"]
+            assert len(moved) == 2 and moved[1]["world"] == 2, "moved once, resumed at the same world size"
+            alone, after = losses(base / "alone.log"), losses(base / "moved.log")
+            assert sorted(after) == sorted(alone), "the moved job ran every step once, as the uninterrupted one did"
+            differ = {s: (alone[s], after[s]) for s in alone if alone[s] != after[s]}
+            assert not differ, f"losses differ after the move at steps {sorted(differ)[:5]}: {differ}"
+        except AssertionError as exc:
+            logs = sorted((base / "logs").rglob("*.log")) if (base / "logs").exists() else []
+            tails = "\n".join(f"--- {p}\n{p.read_text()[-1200:]}" for p in logs[-4:])
+            raise AssertionError(f"{exc}\n{(base / 'service.log').read_text()[-2000:]}\n{tails}") from None

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import psutil
 
 from flexmig.act.journal import Journal, JournalError
 from flexmig.hook.protocol import ENV_CHECKPOINT_DIR, ENV_JOB_ID
+from support.toml import toml_value
 from support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +46,45 @@ def write_spec(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o644)
     return path
+
+
+def job_toml(
+    name: str,
+    argv: Sequence[str],
+    base: Path,
+    *,
+    checkpoint_dir: Path | None = None,
+    ranks: tuple[int, int, int] = (1, 1, 1),
+    profile: str = "1g.18gb",
+    env: Mapping[str, str] | None = None,
+    hook: Mapping[str, Any] | None = None,
+    user: str = "root",
+    **top: Any,
+) -> str:
+    """A job spec's TOML: ``name`` running ``argv`` as ``user`` in ``base`` (its checkpoints in ``checkpoint_dir``,
+    ``base/ckpt-NAME`` by default), ``ranks`` as (min, max, start) of ``profile``, then ``[hook]`` (last, so a test
+    may append keys to it). ``top``: more top-level keys (``launcher = "torchrun"``)."""
+    lines = [
+        f"name = {toml_value(name)}",
+        f"argv = {toml_value(list(argv))}",
+        f"user = {toml_value(user)}",
+        f"working_dir = {toml_value(str(base))}",
+        f"checkpoint_dir = {toml_value(str(checkpoint_dir or base / f'ckpt-{name}'))}",
+        *(f"{key} = {toml_value(value)}" for key, value in top.items()),
+    ]
+    if env:
+        lines.append(f"env = {toml_value(dict(env))}")
+    low, high, start = ranks
+    lines += [
+        "[ranks]",
+        f"min = {low}",
+        f"max = {high}",
+        f"start = {start}",
+        "[need]",
+        f"profile = {toml_value(profile)}",
+    ]
+    lines += ["[hook]", *(f"{key} = {toml_value(value)}" for key, value in (hook or {}).items())]
+    return "\n".join(lines) + "\n"
 
 
 def ddp_spec(

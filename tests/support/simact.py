@@ -17,6 +17,7 @@ from typing import Any, Self
 from flexmig import sim
 from flexmig.act.events import MemorySink
 from flexmig.act.journal import StepEvent
+from flexmig.act.mode import RuntimeMode
 from flexmig.act.ranklogs import RankLogs
 from flexmig.act.service import Actuator
 from flexmig.config import Mode
@@ -37,7 +38,7 @@ class SimActuator:
         base: Path,
         spec: str = "h200",
         *,
-        mode: Mode = "act",
+        mode: Mode | RuntimeMode = "act",
         events: MemorySink | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         ack_dir: Path | None = None,

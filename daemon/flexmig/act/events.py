@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink"]
+__all__ = ["ActEvent", "EventSink", "LoggingSink", "MemorySink", "Relay"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +84,29 @@ class MemorySink:
     def emit(self, event: ActEvent) -> None:
         """Append the event."""
         self.events.append(event)
+
+
+class Relay:
+    """An event sink that passes events on to the sink connected later, keeping those that come before.
+
+    The actuator needs its sink when it is built; the daemon's sink (its service layer) needs the built actuator.
+    The relay stands between them: events come only once the actuator starts, after :meth:`connect`, but any that
+    came earlier would be handed on then, never lost."""
+
+    def __init__(self) -> None:
+        self._target: EventSink | None = None
+        self._early: list[ActEvent] = []
+
+    def connect(self, target: EventSink) -> None:
+        """Pass every event on to ``target`` from now on (those kept so far first)."""
+        self._target = target
+        early, self._early = self._early, []
+        for event in early:
+            target.emit(event)
+
+    def emit(self, event: ActEvent) -> None:
+        """Pass ``event`` on, or keep it until a sink is connected."""
+        if self._target is None:
+            self._early.append(event)
+        else:
+            self._target.emit(event)

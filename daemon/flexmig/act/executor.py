@@ -36,17 +36,11 @@ of its plan.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import grp
 import logging
-import os
-import pwd
-import signal
 import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.act import deadline
@@ -71,9 +65,11 @@ from flexmig.act.encoding import (
     reason_of,
 )
 from flexmig.act.events import ActEvent, EventSink
-from flexmig.act.genuine import genuine, rank_records
+from flexmig.act.generations import Generations
+from flexmig.act.instances import Instances
 from flexmig.act.journal import ActionRow, Journal, JournalError
 from flexmig.act.migops import MigOps, Offload
+from flexmig.act.mode import RuntimeMode
 from flexmig.act.nodeview import NodeView
 from flexmig.act.preconditions import (
     check_destroy,
@@ -81,17 +77,15 @@ from flexmig.act.preconditions import (
     check_move_targets,
     check_start_targets,
     check_startable,
-    layout_changes,
 )
-from flexmig.act.procs import FoundRank, ProcessScanner, process_alive
-from flexmig.act.records import JobRecord, Slot, inside
+from flexmig.act.procs import ProcessScanner
+from flexmig.act.records import JobRecord, Slot
 from flexmig.act.results import ActionResult, PlanResult, action_result
 from flexmig.act.settling import Settler
 from flexmig.act.steps import ActionRun, Refused, StepFailed
-from flexmig.act.supervisor import Supervisor, free_port
-from flexmig.act.userpaths import UserPathError, clear_ack, ensure_dir
+from flexmig.act.supervisor import Supervisor
 from flexmig.config import Mode
-from flexmig.errors import JobSpecError, LayoutError, NvmlCallError, PlanRejectedError
+from flexmig.errors import JobSpecError, PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, recheck_spec
 from flexmig.plan.types import Plan
 from flexmig_hook.protocol import Ack
@@ -111,7 +105,7 @@ class Executor:
     def __init__(
         self,
         *,
-        mode: Mode,
+        mode: Mode | RuntimeMode,
         mig: MigOps,
         supervisor: Supervisor,
         journal: Journal,
@@ -124,7 +118,8 @@ class Executor:
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
     ) -> None:
-        self.mode: Mode = mode
+        self.runtime_mode = mode if isinstance(mode, RuntimeMode) else RuntimeMode(mode)
+        """The daemon's mode (shared with whoever else reads it: :mod:`flexmig.act.mode`)."""
         self.mig = mig
         self.supervisor = supervisor
         self.journal = journal
@@ -150,23 +145,31 @@ class Executor:
         """The daemon is stopping (SIGTERM): the action in flight finishes (or rolls back), but no action of a plan
         that would start ranks (:data:`_NOT_AFTER_STOP`) is begun; it and the rest of its plan are skipped, saying
         so (instances the plan made are destroyed again), and the next start plans afresh."""
+        # The MIG instance steps (flexmig.act.instances) and the launch steps (flexmig.act.generations).
+        self.instances = Instances(mig=mig, devices=devices, offload=offload, journal=journal, supervisor=supervisor)
+        self.generations = Generations(
+            supervisor=supervisor, journal=journal, events=events, scanner=scanner, instances=self.instances,
+            durable=self.durable, policy_problem=self.policy_problem, wall=wall, term_grace_s=term_grace_s,
+        )  # fmt: skip
         self.checkpointer = Checkpointer(
             supervisor=supervisor, events=events, wall=wall, poll_s=poll_s, resend_s=resend_s, term_grace_s=term_grace_s
         )
         self.settler = Settler(
-            journal=journal,
-            supervisor=supervisor,
-            events=events,
-            lock=self._lock,
-            busy=self._busy,
-            restart=self._restart_in_place,
-            wall=wall,
-            term_grace_s=term_grace_s,
-            durable=self.durable,
-        )
+            journal=journal, supervisor=supervisor, events=events, lock=self._lock, busy=self._busy,
+            restart=self._restart_in_place, wall=wall, term_grace_s=term_grace_s, durable=self.durable,
+        )  # fmt: skip
         supervisor.on_exit = self.settler.on_exit
         self.handlers: dict[str, Callable[[ActionRun], Awaitable[None]]] = {}
         """Runners of action kinds that live outside ``act/`` (``slurm_reregister``): see :meth:`add_handler`."""
+
+    @property
+    def mode(self) -> Mode:
+        """The mode now."""
+        return self.runtime_mode.value
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        self.runtime_mode.set(mode)
 
     def add_handler(self, kind: str, handler: Callable[[ActionRun], Awaitable[None]]) -> None:
         """Run journalled actions of ``kind`` with ``handler`` (given the action's step runner, whose ``row``
@@ -329,20 +332,27 @@ class Executor:
             await self._restart(run)
 
     # ------------------------------------------------------------------------------------ node helpers
+    # ------------------------------------------------------------------------------------ node helpers
     async def view(self) -> NodeView:
-        """A fresh view of the node (after dropping exited processes from a simulated process table)."""
-        with contextlib.suppress(Exception):
-            await self.offload(self.devices.prune)
-        return NodeView.of(await self.mig.inventory())
+        """A fresh view of the node (:meth:`flexmig.act.instances.Instances.view`)."""
+        return await self.instances.view()
 
     def held(self, exclude: str | None = None) -> dict[tuple[int, int], str]:
         """Instances held by running jobs: ``(gpu, start) -> job``."""
-        out: dict[tuple[int, int], str] = {}
-        for rec in self.journal.jobs_in("running"):
-            if rec.name != exclude:
-                for s in rec.slots:
-                    out[s.key] = rec.name
-        return out
+        return self.instances.held(exclude)
+
+    async def _destroy_idle(self, slot: Slot) -> dict[str, Any]:
+        """The idempotent destroy step (:meth:`flexmig.act.instances.Instances.destroy_idle`)."""
+        return await self.instances.destroy_idle(slot)
+
+    async def _create_at(self, slot: Slot) -> dict[str, Any]:
+        """The idempotent create step (:meth:`flexmig.act.instances.Instances.create_at`)."""
+        return await self.instances.create_at(slot)
+
+    def record_ranks(self, rec: JobRecord) -> None:
+        """Journal which processes are the running ranks of ``rec``'s generation
+        (:meth:`flexmig.act.generations.Generations.record_ranks`)."""
+        self.generations.record_ranks(rec)
 
     def policy_problem(self, rec: JobRecord) -> str | None:
         """Why the current policy would refuse ``rec``'s spec were it submitted now (one line naming the journal
@@ -355,84 +365,16 @@ class Executor:
             return str(exc)
         return None
 
-    def _refuse_launch(self, rec: JobRecord) -> None:
-        """Mark ``rec`` failed and raise StepFailed when the current policy refuses its spec."""
-        problem = self.policy_problem(rec)
-        if problem is None:
-            return
-        why = f"not launched: {problem}"
-        self.journal.put_job((self.journal.get_job(rec.name) or rec).with_(state="failed", error=why))
-        self.events.emit(ActEvent(kind="job_failed", time_s=self.wall(), job=rec.name, error=why))
-        raise StepFailed(why)
-
-    async def _destroy_idle(self, slot: Slot) -> dict[str, Any]:
-        """Destroy the instance at ``slot`` if it exists, has the expected profile and runs no process."""
-        view = await self.view()
-        if slot.gpu in view.lost:
-            raise StepFailed(f"GPU {slot.gpu} is lost (GPU_IS_LOST)", code="GPU_IS_LOST")
-        inst = view.instance(slot.gpu, slot.start)
-        if inst is None:
-            return {"absent": True}
-        if inst.profile != slot.profile:
-            raise StepFailed(f"{inst.spec()} is not the expected {slot.profile}; not destroyed")
-        if inst.pids is None and inst.uuid is not None:
-            raise StepFailed(f"NVML does not list the processes of {inst.spec()}; not destroyed")
-        if inst.pids:  # a GI without compute instance (no MIG device) runs nothing and may go
-            owner = {p: r.name for r in self.journal.jobs() for p in self.supervisor.pids(r.name)}
-            who = ", ".join(f"{p} ({owner.get(p, 'no registered job')})" for p in sorted(inst.pids))
-            raise StepFailed(f"{inst.spec()} still runs processes {who}; not destroyed", code="IN_USE")
-        try:
-            await self.mig.destroy(slot.gpu, inst.gi_id)
-        except NvmlCallError as exc:
-            raise StepFailed(str(exc), code=exc.name) from exc
-        return {"gi_id": inst.gi_id}
-
-    async def _create_at(self, slot: Slot) -> dict[str, Any]:
-        """Create ``slot``'s instance unless an identical one already sits there; returns its UUID."""
-        view = await self.view()
-        if slot.gpu in view.lost:
-            raise StepFailed(f"GPU {slot.gpu} is lost (GPU_IS_LOST)", code="GPU_IS_LOST")
-        inst = view.instance(slot.gpu, slot.start)
-        if inst is not None:
-            if inst.profile == slot.profile and inst.uuid:
-                return {"uuid": inst.uuid, "gi_id": inst.gi_id}
-            if inst.profile != slot.profile or inst.uuid is not None:
-                raise StepFailed(f"memory slice {slot.start} of GPU {slot.gpu} is held by {inst.spec()}")
-            # A GPU instance without its compute instance: a destroy that failed half-way (NVML destroys the
-            # compute instances first). Nothing can run on it; remove it and create the pair afresh.
-            try:
-                await self.mig.destroy(slot.gpu, inst.gi_id)
-            except NvmlCallError as exc:
-                raise StepFailed(str(exc), code=exc.name) from exc
-        try:
-            dev = await self.mig.create(slot.gpu, slot.profile, slot.start)
-        except (NvmlCallError, LayoutError) as exc:
-            raise StepFailed(str(exc), code=getattr(exc, "name", None)) from exc
-        return {"uuid": dev.uuid, "gi_id": dev.gpu_instance_id}
-
-    async def _with_uuids(self, slots: Sequence[Slot]) -> list[Slot]:
-        return self._uuids_in(await self.view(), slots)
-
-    @staticmethod
-    def _uuids_in(view: NodeView, slots: Sequence[Slot]) -> list[Slot]:
-        out = []
-        for s in slots:
-            inst = view.instance(s.gpu, s.start)
-            if inst is None or inst.profile != s.profile or not inst.uuid:
-                raise StepFailed(f"instance {s.spec()} does not exist (any more)")
-            out.append(Slot(s.gpu, s.start, s.profile, inst.uuid))
-        return out
-
     # ------------------------------------------------------------------------------- standalone actions
     async def _create_instance(self, run: ActionRun, p: CreateInstancePayload) -> None:
         slot = p.slot
-        await run.step(f"create:{slot.gpu}@{slot.start}", slot.to_json(), lambda: self._create_at(slot))
+        await run.step(f"create:{slot.gpu}@{slot.start}", slot.to_json(), lambda: self.instances.create_at(slot))
 
     async def _destroy_instance(self, run: ActionRun, p: DestroyInstancePayload) -> None:
         slot = p.slot
         if not run.resumed:
             check_destroy(slot, self.held())
-        await run.step(f"destroy:{slot.gpu}@{slot.start}", slot.to_json(), lambda: self._destroy_idle(slot))
+        await run.step(f"destroy:{slot.gpu}@{slot.start}", slot.to_json(), lambda: self.instances.destroy_idle(slot))
 
     # ------------------------------------------------------------------------------------ job actions
     async def _start(self, run: ActionRun, p: StartPayload) -> None:
@@ -442,8 +384,8 @@ class Executor:
             check_start_targets(rec, p.to, await self.view(), self.held(exclude=rec.name))
         self._busy.add(rec.name)
         try:
-            placed = await self._with_uuids(p.to)
-            await self._launch(run, "launch", rec, placed, rec.last_ack)
+            placed = await self.instances.with_uuids(p.to)
+            await self.generations.launch(run, "launch", rec, placed, rec.last_ack)
         finally:
             self._busy.discard(rec.name)
 
@@ -452,8 +394,8 @@ class Executor:
         rec = run.job(run.row.job)
         self._busy.add(rec.name)
         try:
-            placed = await self._with_uuids(rec.slots)
-            await self._launch(run, "launch", rec, placed, rec.last_ack)
+            placed = await self.instances.with_uuids(rec.slots)
+            await self.generations.launch(run, "launch", rec, placed, rec.last_ack)
         finally:
             self._busy.discard(rec.name)
 
@@ -481,16 +423,16 @@ class Executor:
         self._busy.add(rec.name)
         try:
             if rec.spec.hook.standby:
-                await self._start_standby(run, rec, src, dst)
+                await self.generations.start_standby(run, rec, src, dst)
             try:
                 ack = await self.checkpointer.checkpoint(run, rec)
             except StepFailed:
-                await self._drop_standby(run, rec)
+                await self.generations.drop_standby(run, rec)
                 raise
             rec = run.job(rec.name)
             try:
-                placed = await self._reconfigure(run, src, dst)
-                await self._launch(run, "launch", rec, placed, ack)
+                placed = await self.instances.reconfigure(run, src, dst)
+                await self.generations.launch(run, "launch", rec, placed, ack)
             except StepFailed as exc:
                 await self.supervisor.drop_standby(rec.name, self.term_grace_s)
                 await self._roll_back(run, rec, src, ack, exc)
@@ -498,106 +440,6 @@ class Executor:
         finally:
             await self.supervisor.drop_standby(rec.name, self.term_grace_s)  # none left after a handover
             self._busy.discard(rec.name)
-
-    async def _start_standby(self, run: ActionRun, rec: JobRecord, src: Sequence[Slot], dst: Sequence[Slot]) -> None:
-        """The ``standby`` step: start the next generation on the targets that exist now and are not the job's
-        own, and wait until those ranks are ready (at most ``standby_timeout_s``). Targets the move must create
-        in place of the job's own instances cannot host a rank yet (a rank's device is fixed when it starts):
-        their ranks start cold at ``launch``. A standby rank that exits before it is ready cancels the move."""
-        own = {s.key for s in src}
-        view = await self.view()
-        slots: list[Slot] = []
-        early: list[int] = []
-        for i, d in enumerate(dst):
-            inst = view.instance(d.gpu, d.start)
-            uuid = inst.uuid if inst is not None and inst.profile == d.profile and d.key not in own else None
-            slots.append(Slot(d.gpu, d.start, d.profile, uuid or ""))
-            if uuid:
-                early.append(i)
-        if not early:
-            return
-        gen = rec.generation + 1
-        nxt = rec.with_(generation=gen, slots=tuple(slots))
-        timeout_s = rec.spec.hook.standby_timeout_s
-
-        async def start() -> dict[str, Any]:
-            await self._prepare_dirs(nxt)
-            if run.resumed:  # standby ranks a previous daemon started here have no channel any more
-                await self._kill_found(rec, lambda f: f.generation > rec.generation)
-            try:
-                started = await self.supervisor.launch_standby(nxt, early)
-            except OSError as exc:
-                raise StepFailed(f"cannot start standby ranks of job {rec.name}: {exc}", outcome="cancelled") from exc
-            t0 = time.monotonic()
-            dead = await self.supervisor.wait_standby_ready(rec.name, timeout_s, self.durable.contended)
-            if dead:
-                await self.supervisor.drop_standby(rec.name, self.term_grace_s)
-                what = ", ".join(
-                    f"rank {h.slot} exited with status {h.proc.returncode} "
-                    f"(its log: {self.supervisor.logs_dir / rec.name / f'g{gen:04d}-r{h.slot}.log'})"
-                    for h in dead
-                )
-                raise StepFailed(
-                    f"standby of job {rec.name} failed before it was ready: {what}; move cancelled, the job keeps "
-                    "running",
-                    outcome="cancelled",
-                    code="STANDBY_FAILED",
-                )
-            ready = [h.slot for h in self.supervisor.standby(rec.name) if h.ready is not None and h.ready.is_set()]
-            if len(ready) < len(started):
-                log.warning(
-                    "job %s: standby ranks %s not ready after %.1f s (%s); checkpointing anyway, and they start "
-                    "cold after it",
-                    rec.name,
-                    sorted(set(early) - set(ready)),
-                    time.monotonic() - t0,
-                    "another request waits" if self.durable.contended.is_set() else f"standby_timeout_s {timeout_s:g}",
-                )
-            return {
-                "pids": {str(h.slot): h.proc.pid for h in started},
-                "ready": ready,
-                "ready_s": round(time.monotonic() - t0, 3),
-            }
-
-        args = {"generation": gen, "slots": [s.to_json() for s in slots], "early": early}
-        await run.step("standby", args, start)
-
-    async def _drop_standby(self, run: ActionRun, rec: JobRecord) -> None:
-        """A move that will not launch: end its standby ranks, and those a previous daemon started for it."""
-        await self.supervisor.drop_standby(rec.name, self.term_grace_s)
-        if run.resumed and rec.spec.hook.standby:
-            await self._kill_found(rec, lambda f: f.generation > rec.generation)
-
-    async def _kill_found(self, rec: JobRecord, which: Callable[[FoundRank], bool]) -> list[FoundRank]:
-        """SIGKILL the process groups of job ``rec``'s rank processes that ``which`` selects (only what really is
-        the job's: :func:`~flexmig.act.genuine.genuine`), and wait (at most a few seconds) until they are gone;
-        returns them."""
-        found = [f for f in await self._genuine(rec) if which(f)]
-        for f in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(f.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while any(process_alive(f.pid, f.create_time) for f in found) and time.monotonic() < deadline:  # noqa: ASYNC110 - not our children: no exit event to wait on
-            await asyncio.sleep(0.02)
-        return found
-
-    async def _genuine(self, rec: JobRecord) -> list[FoundRank]:
-        """The rank processes carrying ``rec``'s ID that really are its (its user's, in its cgroup, and those the
-        journal recorded for its generation): never a decoy of someone else carrying its markers."""
-        scanned = await asyncio.to_thread(self.scanner.find, rec.uid)
-        recorded = self.journal.recorded_ranks(rec.uid, rec.generation)
-        return genuine(scanned, rec, self.supervisor.cgroups, recorded)
-
-    def record_ranks(self, rec: JobRecord) -> None:
-        """Journal which processes are the running ranks of ``rec``'s generation (pid, start time, user), for a
-        restarted daemon to adopt those and nothing else. A write that fails is one warning: adoption then goes by
-        the job's user and cgroup alone."""
-        pids = {h.slot: h.proc.pid for h in self.supervisor.alive(rec.name)}
-        try:
-            self.journal.record_ranks(rec.uid, rec.generation, rank_records(pids))
-        except JournalError as exc:
-            log.warning("job %s: its ranks' pids and start times not journalled (%s): a restart adopts them by "
-                        "their user and cgroup alone", rec.name, exc)  # fmt: skip
 
     async def _stop(self, run: ActionRun, p: StopPayload) -> None:
         """Stop a job: after an acknowledged checkpoint, or (``force``) by SIGTERM/SIGKILL."""
@@ -625,121 +467,6 @@ class Executor:
             self._busy.discard(rec.name)
 
     # ------------------------------------------------------------------------------------ move phases
-    async def _reconfigure(self, run: ActionRun, src: Sequence[Slot], dst: Sequence[Slot]) -> list[Slot]:
-        """Destroy the job's sources that overlap missing targets, create the missing targets; returns targets."""
-
-        seen: list[NodeView] = []
-
-        async def decide() -> dict[str, Any]:
-            seen.append(await self.view())
-            destroy, create = layout_changes(seen[0], src, dst)
-            return {"destroy": [s.to_json() for s in destroy], "create": [d.to_json() for d in create]}
-
-        res = await run.step("layout", {}, decide)
-        if seen and not res["destroy"] and not res["create"]:
-            return self._uuids_in(seen[0], dst)  # nothing changed since that view: one NVML inventory, not two
-        for s in (Slot.from_json(d) for d in res["destroy"]):
-            await run.step(f"destroy:{s.gpu}@{s.start}", s.to_json(), lambda s=s: self._destroy_idle(s))  # type: ignore[misc]
-        for d in (Slot.from_json(x) for x in res["create"]):
-            await run.step(f"create:{d.gpu}@{d.start}", d.to_json(), lambda d=d: self._create_at(d))  # type: ignore[misc]
-        return await self._with_uuids(dst)
-
-    async def _launch(
-        self, run: ActionRun, name: str, rec: JobRecord, slots: Sequence[Slot], resume: Ack | None
-    ) -> None:
-        """Launch generation N+1 of ``rec`` on ``slots``: hand over to its standby ranks where it has some, start
-        the others; after a crash, adopt what already started."""
-        self._refuse_launch(rec)  # a resumed launch too: the journal, not a checked file, says what to run
-        prior = run.args_of(name)
-        handover: list[int] = []
-        if prior is not None:
-            gen, port = int(prior["generation"]), int(prior["port"])
-            slots = [Slot.from_json(s) for s in prior["slots"]]
-            resume = Ack.from_json(prior["resume"]) if prior.get("resume") else None
-            if prior.get("handover"):
-                # The previous daemon may have handed some standby ranks over before it died, and their
-                # channels died with it: start every rank afresh, as a generation of its own.
-                gen, port = gen + 1, free_port()
-        else:
-            gen, port = rec.generation + 1, free_port()
-            if name == "launch":
-                live = self.supervisor.standby(rec.name)
-                handover = sorted(
-                    h.slot
-                    for h in live
-                    if h.generation == gen and not h.proc.finished() and h.ready is not None and h.ready.is_set()
-                )
-        scan = prior is not None or (run.resumed and rec.spec.hook.standby)
-        if resume is not None and not inside(Path(resume.checkpoint), rec.spec.checkpoint_dir):
-            log.warning(
-                "job %s: checkpoint %s lies outside its checkpoint_dir %s: not resumed from it",
-                rec.name, resume.checkpoint, rec.spec.checkpoint_dir,
-            )  # fmt: skip
-            resume = None
-        new = run.job(rec.name).with_(
-            state="running", generation=gen, slots=tuple(slots), resume=resume, master_port=port, error=None
-        )
-
-        async def launch() -> dict[str, Any]:
-            await self._prepare_dirs(new)
-            # Only a re-run after a crash can find ranks of this generation already started (or an older one
-            # still running, or standby ranks of a previous daemon); a first run skips the process-table scan,
-            # which costs tens of milliseconds.
-            found: list[FoundRank] = []
-            if scan:  # an older generation still running would make the job run twice
-                found = await self._kill_found(new, lambda f: f.generation != gen or f.standby)
-                found = [f for f in await self._genuine(new) if f.generation == gen]
-            mine = [f for f in found if not f.standby]
-            if not mine:
-                try:
-                    clear_ack(self.supervisor.acks.path(new))
-                except UserPathError as exc:  # the job's next checkpoint will be refused for it; launch it anyway
-                    log.warning("job %s: stale acknowledgement not removed: %s", new.name, exc)
-            self.supervisor.forget(new.name)
-            await self.supervisor.adopt(new, mine)
-            # Standby ranks not handed over (never ready) are ended there before their slots start cold.
-            handed = (
-                await self.supervisor.handover(new, port=port, resume=resume)
-                if handover or self.supervisor.standby(new.name)
-                else []
-            )
-            have = {h.slot for h in self.supervisor.alive(new.name)}
-            todo = [i for i in range(len(slots)) if i not in have]
-            try:
-                await self.supervisor.launch(new, port=port, resume=resume, only=todo)
-            except OSError as exc:
-                raise StepFailed(f"cannot launch job {new.name}: {exc}") from exc
-            self.record_ranks(new)
-            return {"pids": {str(h.slot): h.proc.pid for h in self.supervisor.alive(new.name)}, "handed_over": handed}
-
-        args = {
-            "generation": gen,
-            "port": port,
-            "slots": [s.to_json() for s in slots],
-            "resume": resume.to_json() if resume else None,
-            "handover": handover,
-        }
-        await run.step(name, args, launch, job_before=new, job_failed=new.with_(state="failed"))
-
-    async def _prepare_dirs(self, rec: JobRecord) -> None:
-        """Create the checkpoint directory if missing, owned by the job's user, mode 0700, with no window in which
-        the user could make root change another file (:func:`~flexmig.act.userpaths.ensure_dir`)."""
-        d = rec.spec.checkpoint_dir
-        try:
-            uid: int | None = None
-            gid: int | None = None
-            if os.geteuid() == 0:
-                pw = pwd.getpwnam(rec.spec.user)
-                uid = pw.pw_uid
-                gid = grp.getgrnam(rec.spec.group).gr_gid if rec.spec.group else pw.pw_gid
-            await asyncio.to_thread(ensure_dir, d, uid, gid, 0o700)
-        except UserPathError as exc:
-            raise StepFailed(f"cannot prepare checkpoint_dir of job {rec.name}: {exc}") from exc
-        except (OSError, KeyError) as exc:
-            raise StepFailed(
-                f"cannot create checkpoint_dir {d} for user {rec.spec.user} ({exc}); create it, owned by that user"
-            ) from exc
-
     async def _roll_back(
         self, run: ActionRun, rec: JobRecord, src: Sequence[Slot], ack: Ack, cause: StepFailed
     ) -> None:
@@ -748,12 +475,12 @@ class Executor:
             await self.supervisor.terminate(rec.name, self.term_grace_s)
             for name in reversed(run.names("create:")):
                 s = Slot.from_json(run.prior[name].args)
-                await run.step(f"undo_{name}", s.to_json(), lambda s=s: self._destroy_idle(s))  # type: ignore[misc]
+                await run.step(f"undo_{name}", s.to_json(), lambda s=s: self.instances.destroy_idle(s))  # type: ignore[misc]
             for name in run.names("destroy:"):
                 s = Slot.from_json(run.prior[name].args)
-                await run.step(f"undo_{name}", s.to_json(), lambda s=s: self._create_at(s))  # type: ignore[misc]
-            placed = await self._with_uuids(src)
-            await self._launch(run, "relaunch", run.job(rec.name), placed, ack)
+                await run.step(f"undo_{name}", s.to_json(), lambda s=s: self.instances.create_at(s))  # type: ignore[misc]
+            placed = await self.instances.with_uuids(src)
+            await self.generations.launch(run, "relaunch", run.job(rec.name), placed, ack)
         except StepFailed as exc:
             msg = f"{cause}; roll-back failed too: {exc}; job stopped with checkpoint step {ack.step} kept"
             failed = run.job(rec.name).with_(state="failed", error=msg, last_ack=ack)

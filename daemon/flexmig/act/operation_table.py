@@ -10,10 +10,16 @@ Every control request, whoever sends it, names one operation of :data:`OPERATION
   this table, and forwards a valid command to the same dispatcher as the socket.
 
 An **acting** operation changes the node: the daemon runs it under its action lock (no planning round meanwhile) and
-refuses it while stopping. ``served_by`` says whose method ``handler`` names: ``actuator`` for
-:class:`flexmig.act.operations.JobsApi` (what ``python -m flexmig.actuatord`` serves too), ``daemon`` for
-:class:`flexmig.wiring.actuator.ActuatorComponent` (operations that need the running daemon: its snapshot, its
-planner, its mode).
+refuses it while stopping. Each row's ``handler`` picks the method that runs it from the object serving its family,
+typed by one Protocol per family: :class:`JobsOps` for the rows of :data:`JOBS_OPERATIONS` (the jobs API,
+:class:`flexmig.act.operations.JobsApi`, which ``python -m flexmig.actuatord`` serves too), :class:`DaemonOps` for
+those of :data:`DAEMON_OPERATIONS` (operations that need the running daemon: its snapshot, its planner, its mode;
+served by the service layer above ``act``). mypy holds each server to its family's Protocol, and an editor follows a
+row's ``handler`` to the Protocol's method and from there to its implementations.
+
+The CLI's arguments for an operation are generated from its row (``flexmig.cli.operation_args``): a required
+string is a positional argument, every other argument an option named after it (``in_place``: ``--in-place``),
+unless the row's :attr:`Arg.cli` says otherwise.
 
 ``python -m flexmig.act.operation_table --markdown`` prints the table for ``docs/architecture.md`` (a test keeps
 them equal).
@@ -25,28 +31,79 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from flexmig.act.control import Handler
 from flexmig.errors import RequestError
 from flexmig.mig.catalogue import MODELS
 
 __all__ = [
+    "DAEMON_OPERATIONS",
     "ID_PATTERN",
+    "JOBS_OPERATIONS",
     "JOB_PATTERN",
     "OPERATIONS",
     "Arg",
     "ArgKind",
+    "CliForm",
+    "DaemonOps",
+    "JobsOps",
     "Operation",
-    "ServedBy",
     "bind",
+    "handler_name",
     "markdown",
 ]
 
 ArgKind = Literal["string", "integer", "boolean", "strings"]
 """An argument's JSON type: a string, an integer, true/false, or a list of strings."""
-ServedBy = Literal["actuator", "daemon"]
-"""Whose method runs an operation: the actuator's jobs API, or the daemon's actuator component."""
+Args = Mapping[str, Any]
+"""An operation's arguments, checked against its row (defaults filled in)."""
+
+
+class JobsOps(Protocol):
+    """The jobs API's operations (:class:`flexmig.act.operations.JobsApi`): one method per row of
+    :data:`JOBS_OPERATIONS`."""
+
+    async def submit(self, args: Args) -> dict[str, Any]:
+        """``jobs.submit``."""
+        ...
+
+    async def list_jobs(self, args: Args) -> list[dict[str, Any]]:
+        """``jobs.list``."""
+        ...
+
+    async def migrate(self, args: Args) -> dict[str, Any]:
+        """``jobs.migrate``."""
+        ...
+
+    async def resplit(self, args: Args) -> dict[str, Any]:
+        """``jobs.resplit``."""
+        ...
+
+    async def stop(self, args: Args) -> dict[str, Any]:
+        """``jobs.stop``."""
+        ...
+
+
+class DaemonOps(Protocol):
+    """The running daemon's operations: one method per row of :data:`DAEMON_OPERATIONS` (served by the service
+    layer above ``act``, which holds the snapshot, the planner and the mode)."""
+
+    async def status_request(self, args: Args) -> dict[str, Any]:
+        """``status``."""
+        ...
+
+    async def plan_request(self, args: Args) -> dict[str, Any]:
+        """``plan``."""
+        ...
+
+    async def standdown_request(self, args: Args) -> dict[str, Any]:
+        """``standdown``."""
+        ...
+
+
+F = TypeVar("F")
+"""A handler family: the Protocol of the object that serves some rows."""
 
 # Patterns are anchored at both ends; ``(?!\n)`` keeps ``$`` from matching before a trailing newline (which Python
 # and PCRE allow), so every JSON Schema implementation and the checks agree on every string.
@@ -57,6 +114,19 @@ JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$(?!\n)"
 _PROFILES = tuple(sorted({p.name for m in MODELS for p in m.profiles}))
 _MAX_STR = 4096
 _MAX_REQUESTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class CliForm:
+    """How the ``flexmig`` command takes an argument, beside the default form.
+
+    ``flag``: the option's name (``--request`` for a list given once per item); ``metavar``: what its help calls the
+    value; ``local_path``: a file named on the caller's side, sent as an absolute path.
+    """
+
+    flag: str | None = None
+    metavar: str | None = None
+    local_path: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +154,8 @@ class Arg:
     max_items: int | None = None
     invalid: str | None = None
     invalid_item: str | None = None
+    cli: CliForm | None = None
+    """How the ``flexmig`` command takes it, where the default form (see the module docstring) will not do."""
 
     def schema(self) -> dict[str, Any]:
         """This argument as JSON Schema (what an MQTT command must meet)."""
@@ -122,17 +194,17 @@ class Arg:
         return isinstance(value, str) and 0 < len(value) <= self.max_len and "\x00" not in value
 
 
-@dataclass(frozen=True, slots=True)
-class Operation:
+@dataclass(frozen=True)  # not slots: typing sets __orig_class__ on Operation[F](...), which slots refuse
+class Operation(Generic[F]):
     """One control operation: one row of :data:`OPERATIONS` (see the module docstring for each column)."""
 
     name: str
     doc: str
     args: Mapping[str, Arg]
     acting: bool
-    served_by: ServedBy
-    handler: str
-    """The method of the ``served_by`` object that runs it (given the checked arguments)."""
+    handler: Callable[[F], Handler]
+    """The method of the object serving the row's family (:class:`JobsOps`, :class:`DaemonOps`) that runs it,
+    given the checked arguments."""
     cli: str | None = None
     """The ``flexmig`` command that calls it (None: no command does)."""
     verb: str | None = None
@@ -167,11 +239,12 @@ class Operation:
         return out
 
 
-def _table(*rows: Operation) -> Mapping[str, Operation]:
+def _table(*rows: Operation[Any]) -> Mapping[str, Operation[Any]]:
     return MappingProxyType({op.name: op for op in rows})
 
 
 _FLAGS = "'stop_jobs' and 'dry_run' must be true or false"
+_PROFILE = CliForm(metavar="PROFILE")
 _JOB = Arg("string", "the job's name (as in its spec)", required=True, pattern=JOB_PATTERN)
 _IN_PLACE = Arg(
     "boolean",
@@ -180,82 +253,90 @@ _IN_PLACE = Arg(
     default=False,
 )
 
-OPERATIONS: Mapping[str, Operation] = _table(
-    Operation(
+JOBS_OPERATIONS: tuple[Operation[JobsOps], ...] = (
+    Operation[JobsOps](
         "jobs.submit",
         "Register a job spec (the absolute path of a TOML file the daemon reads) and start it, or queue it until it "
         "fits.",
-        {"path": Arg("string", "absolute path of the job spec", required=True, mqtt=False)},
+        {
+            "path": Arg(
+                "string",
+                "absolute path of the job spec",
+                required=True,
+                mqtt=False,
+                cli=CliForm(metavar="FILE", local_path=True),
+            )
+        },
         acting=True,
-        served_by="actuator",
-        handler="submit",
+        handler=lambda jobs: jobs.submit,
         cli="flexmig jobs submit",
     ),
-    Operation(
+    Operation[JobsOps](
         "jobs.list",
         "The journalled jobs, with what is true now laid over each (state, ranks, instances, last checkpoint).",
         {},
         acting=False,
-        served_by="actuator",
-        handler="list_jobs",
+        handler=lambda jobs: jobs.list_jobs,
         cli="flexmig jobs list",
     ),
-    Operation(
+    Operation[JobsOps](
         "jobs.migrate",
         "Checkpoint a running job, move its ranks to other instances (of profile 'to', default: the same) and "
         "resume it there.",
         {
             "name": _JOB,
-            "to": Arg("string", "MIG profile of the new instances", choices=_PROFILES),
+            "to": Arg("string", "MIG profile of the new instances", choices=_PROFILES, cli=_PROFILE),
             "in_place": _IN_PLACE,
         },
         acting=True,
-        served_by="actuator",
-        handler="migrate",
+        handler=lambda jobs: jobs.migrate,
         cli="flexmig jobs migrate",
         verb="migrate",
         example={"id": "op-42", "args": {"name": "train", "to": "2g.35gb"}},
     ),
-    Operation(
+    Operation[JobsOps](
         "jobs.resplit",
         "Checkpoint a running job and restart it over another number of instances (a new world size), within "
         "its spec's ranks.min..ranks.max.",
         {
             "name": _JOB,
-            "ranks": Arg("integer", "the new number of ranks", required=True, minimum=1, maximum=64),
-            "profile": Arg("string", "MIG profile of each rank's instance", choices=_PROFILES),
+            "ranks": Arg(
+                "integer", "the new number of ranks", required=True, minimum=1, maximum=64, cli=CliForm(metavar="N")
+            ),
+            "profile": Arg("string", "MIG profile of each rank's instance", choices=_PROFILES, cli=_PROFILE),
             "in_place": _IN_PLACE,
         },
         acting=True,
-        served_by="actuator",
-        handler="resplit",
+        handler=lambda jobs: jobs.resplit,
         cli="flexmig jobs resplit",
         verb="resplit",
         example={"id": "op-43", "args": {"name": "train", "ranks": 4}},
     ),
-    Operation(
+    Operation[JobsOps](
         "jobs.stop",
         "Stop a running job (it is asked to checkpoint first unless force is true).",
         {"name": _JOB, "force": Arg("boolean", "stop without waiting for a checkpoint", default=False)},
         acting=True,
-        served_by="actuator",
-        handler="stop",
+        handler=lambda jobs: jobs.stop,
         cli="flexmig jobs stop",
         verb="stop",
         example={"id": "op-44", "args": {"name": "train"}},
     ),
-    Operation(
+)
+"""The jobs API's rows (:class:`JobsOps`), in the order ``docs/architecture.md`` lists them."""
+
+DAEMON_OPERATIONS: tuple[Operation[DaemonOps], ...] = (
+    Operation[DaemonOps](
         "status",
         "The status document: GPUs, instances, activity, jobs, fragmentation and findings, from the latest sweep "
         "and the journal (no NVML call).",
         {},
         acting=False,
-        served_by="daemon",
-        handler="status_request",
+        handler=lambda daemon: daemon.status_request,
         cli="flexmig status",
         unknown="status takes no arguments, got {names}",
     ),
-    Operation(
+    Operation[DaemonOps](
         "plan",
         "What the planner would do now, with its reasons (the daemon's plan operation); changes nothing.",
         {
@@ -268,16 +349,16 @@ OPERATIONS: Mapping[str, Operation] = _table(
                 max_items=_MAX_REQUESTS,
                 invalid=f"'requests' must be a list of at most {_MAX_REQUESTS} strings",
                 invalid_item="each request must be a string like 3g.71gb or 2x1g.18gb",
+                cli=CliForm(flag="--request", metavar="[Nx]PROFILE"),
             )
         },
         acting=False,
-        served_by="daemon",
-        handler="plan_request",
+        handler=lambda daemon: daemon.plan_request,
         cli="flexmig plan",
         verb="plan-now",
         example={"id": "op-45"},
     ),
-    Operation(
+    Operation[DaemonOps](
         "standdown",
         "Give every GPU back its baseline layout (a mig-parted configuration), then switch to mode observe; "
         "dry_run only says what it would do.",
@@ -288,37 +369,51 @@ OPERATIONS: Mapping[str, Operation] = _table(
             ),
         },
         acting=True,
-        served_by="daemon",
-        handler="standdown_request",
+        handler=lambda daemon: daemon.standdown_request,
         cli="flexmig standdown",
     ),
 )
+"""The running daemon's rows (:class:`DaemonOps`)."""
+
+OPERATIONS: Mapping[str, Operation[Any]] = _table(*JOBS_OPERATIONS, *DAEMON_OPERATIONS)
 """Every control operation, in the order ``docs/architecture.md`` lists them."""
 
 
 def bind(
-    target: object,
-    served_by: ServedBy,
-    wrap: Callable[[Operation, Handler], Handler] | None = None,
+    rows: Sequence[Operation[F]],
+    target: F,
+    wrap: Callable[[Operation[F], Handler], Handler] | None = None,
 ) -> dict[str, Handler]:
-    """The handlers of the operations ``served_by`` runs: ``target``'s method named by each row (``wrap(op,
+    """The handlers of ``rows`` (one family's): ``target``'s method each row's ``handler`` picks (``wrap(op,
     method)`` in its place when given: the daemon serializes the acting ones), behind the row's argument checks.
 
-    AttributeError if ``target`` lacks one: a row without its handler is a bug found at start, not a refusal at the
-    first request."""
+    AttributeError if ``target`` lacks one (mypy says so first): a row without its handler is a bug found at start,
+    not a refusal at the first request."""
     out: dict[str, Handler] = {}
-    for op in OPERATIONS.values():
-        if op.served_by == served_by:
-            method: Handler = getattr(target, op.handler)
-            out[op.name] = _checked(op, method if wrap is None else wrap(op, method))
+    for op in rows:
+        method = op.handler(target)
+        out[op.name] = _checked(op, method if wrap is None else wrap(op, method))
     return out
 
 
-def _checked(op: Operation, handler: Handler) -> Handler:
+def _checked(op: Operation[Any], handler: Handler) -> Handler:
     async def run(args: Mapping[str, Any]) -> Any:
         return await handler(op.check(args))
 
     return run
+
+
+class _Names:
+    """Stands in for a family's server to read which method a row's ``handler`` picks."""
+
+    def __getattr__(self, name: str) -> str:
+        return name
+
+
+def handler_name(op: Operation[Any]) -> str:
+    """``Protocol.method`` of the handler of ``op`` (for the table in ``docs/architecture.md``)."""
+    family = "JobsOps" if op in JOBS_OPERATIONS else "DaemonOps"
+    return f"{family}.{op.handler(_Names())}"
 
 
 def markdown() -> str:
@@ -327,13 +422,11 @@ def markdown() -> str:
         "| operation | arguments | callers | acts | handler |",
         "|---|---|---|---|---|",
     ]
-    owner = {"actuator": "JobsApi", "daemon": "ActuatorComponent"}
     for op in OPERATIONS.values():
         args = ", ".join(f"`{k}`" if a.required else f"`{k}`?" for k, a in op.args.items()) or "none"
         who = [f"`{op.cli}`" if c == "cli" else f"MQTT `{op.verb}`" if c == "mqtt" else c for c in op.callers]
         lines.append(
-            f"| `{op.name}` | {args} | {', '.join(who)} | {'yes' if op.acting else 'no'} "
-            f"| `{owner[op.served_by]}.{op.handler}` |"
+            f"| `{op.name}` | {args} | {', '.join(who)} | {'yes' if op.acting else 'no'} | `{handler_name(op)}` |"
         )
     return "\n".join(lines) + "\n"
 

@@ -21,7 +21,7 @@ from flexmig.act.encoding import StopPayload, encode
 from flexmig.act.executor import Executor, new_job_uid
 from flexmig.act.fullstop import stop_on_full_storage
 from flexmig.act.nodeview import NodeView
-from flexmig.act.operation_table import Operation, bind
+from flexmig.act.operation_table import JOBS_OPERATIONS, JobsOps, Operation, bind
 from flexmig.act.peers import CURRENT_PEER, refusal_for
 from flexmig.act.placement import choose_targets, make_room, move_plan, node_model, start_plan
 from flexmig.act.records import JobRecord, Slot, inside
@@ -119,10 +119,10 @@ class JobsApi:
         self.refuse_submit: str | None = None
         """Why ``jobs.submit`` is refused on this node, if it is (its jobs come from Slurm)."""
 
-    def handlers(self, wrap: Callable[[Operation, Handler], Handler] | None = None) -> dict[str, Handler]:
+    def handlers(self, wrap: Callable[[Operation[JobsOps], Handler], Handler] | None = None) -> dict[str, Handler]:
         """``{"jobs.submit": ..., "jobs.list": ..., ...}``, each behind its row's argument checks (``wrap``: see
         :func:`flexmig.act.operation_table.bind`)."""
-        return bind(self, "actuator", wrap)
+        return bind(JOBS_OPERATIONS, self, wrap)
 
     async def _run(self, plan: Plan) -> dict[str, Any]:
         if self.ex.mode == "advise":

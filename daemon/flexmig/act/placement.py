@@ -14,9 +14,9 @@ never touched).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 
-from flexmig.act.nodeview import NodeView
+from flexmig.act.nodeview import InstanceView, NodeView
 from flexmig.act.records import Slot
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel, Profile
@@ -77,16 +77,8 @@ def choose_targets(
         for s in own:
             if s.profile == profile and take(Slot(s.gpu, s.start, s.profile)):
                 return chosen
-    for inst in view.instances:
-        if (
-            inst.profile == profile
-            and inst.key not in held
-            and inst.key not in own_keys
-            and inst.gpu not in view.lost
-            and inst.pids is not None
-            and not inst.pids
-            and take(Slot(inst.gpu, inst.start, profile))
-        ):
+    for inst in _idle(view, profile, held.keys() | own_keys):
+        if take(Slot(inst.gpu, inst.start, profile)):
             return chosen
 
     def fill(without: frozenset[tuple[int, int]]) -> bool:
@@ -115,6 +107,14 @@ def choose_targets(
     raise PlanRejectedError(
         f"no room for {count} x {profile}: found {len(chosen)} (free instances and free memory slices included)"
     )
+
+
+def _idle(view: NodeView, profile: str, taken: Set[tuple[int, int]]) -> Iterator[InstanceView]:
+    """The instances of ``profile`` not in ``taken`` that run nothing, on GPUs not lost."""
+    for inst in view.instances:
+        free = inst.pids is not None and not inst.pids
+        if free and inst.profile == profile and inst.key not in taken and inst.gpu not in view.lost:
+            yield inst
 
 
 def make_room(

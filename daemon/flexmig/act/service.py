@@ -29,10 +29,12 @@ from typing import Any, Literal
 from flexmig.act import jobcgroups, recovery
 from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
+from flexmig.act.durable import Durable
 from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.executor import Executor
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
+from flexmig.act.mode import RuntimeMode
 from flexmig.act.operations import JobsApi
 from flexmig.act.procs import Launcher, ProcessScanner, PsutilScanner, SubprocessLauncher
 from flexmig.act.ranklogs import RankLogs
@@ -66,7 +68,7 @@ class Actuator:
     def build(
         cls,
         *,
-        mode: Mode,
+        mode: Mode | RuntimeMode,
         nvml: NvmlLike,
         offload: Offload,
         devices: DeviceProcessTable,
@@ -152,9 +154,39 @@ class Actuator:
         self.jobs.policy = policy
         self.executor.policy = policy
 
+    def apply(self, *, policy: JobPolicy, settings: PlannerSettings, rank_logs: RankLogs, max_pending: int) -> None:
+        """Apply a (re)loaded configuration's ``[jobs]`` and ``[planner]``: the job policy (:meth:`set_policy`), the
+        planner settings of the jobs API, what is kept of each rank's output for later launches, and the most jobs
+        that may wait."""
+        self.set_policy(policy)
+        self.jobs.settings = settings
+        self.supervisor.rank_logs = rank_logs
+        self.jobs.max_pending = max_pending
+
+    def serve_daemon(self, *, real_node: bool, refuse_submit: str | None) -> None:
+        """Set up for the daemon (rather than ``actuatord``): a submission that finds no room now is queued for its
+        planner, ``refuse_submit`` (if any) refuses submissions, and on a real node MIG device UUIDs name its
+        instances alone."""
+        self.jobs.queue_when_full = True
+        self.jobs.refuse_submit = refuse_submit
+        self.executor.device_uuids_unique = real_node
+
+    def begin_stop(self) -> None:
+        """The daemon stops: a plan already running starts none of its actions not yet begun."""
+        self.executor.stopping = True
+
+    def holds_jobs(self) -> bool:
+        """Whether the journal holds a job running or waiting (a simulated node's directory then stays)."""
+        return any(rec.state in ("running", "pending") for rec in self.journal.jobs())
+
+    @property
+    def durable(self) -> Durable:
+        """The journal writes of actions in flight (:mod:`flexmig.act.durable`), for their metrics."""
+        return self.executor.durable
+
     def control_server(self, path: Path, mode: int = 0o600, *, max_wait_s: float = 900.0) -> ControlServer:
         """A control server with the ``jobs.*`` operations (the operation table's rows this actuator serves); the
-        daemon serves the other rows too (:class:`flexmig.wiring.actuator.ActuatorComponent`). A request dropped at
+        daemon serves the other rows too (:class:`flexmig.service.control.DaemonControl`). A request dropped at
         its deadline (:mod:`flexmig.act.deadline`) becomes a ``request_dropped`` event."""
         ex = self.executor
 

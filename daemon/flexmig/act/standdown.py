@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flexmig.act.encoding import EncodedAction, StopPayload, encode, encode_action
-from flexmig.act.nodeview import NodeView
+from flexmig.act.nodeview import InstanceView, NodeView
 from flexmig.act.records import JobRecord
 from flexmig.act.results import PlanResult
 from flexmig.errors import ConfigError
@@ -129,9 +129,7 @@ class _Rules:
         self, view: NodeView, gpu: int, mig: bool | None
     ) -> tuple[GpuVerdict, list[EncodedAction], list[EncodedAction]]:
         """The verdict on GPU ``gpu``, with its destroy and create actions when it is to be restored."""
-        entries, holder, ours, stop_jobs, reconfigure_s = (
-            self.entries, self.holder, self.ours, self.stop_jobs, self.reconfigure_s
-        )  # fmt: skip
+        entries, reconfigure_s = self.entries, self.reconfigure_s
         model = view.model(gpu)
         base = baseline_for(entries, gpu, model)
         if base is None:
@@ -163,22 +161,7 @@ class _Rules:
             return GpuVerdict(gpu, "at baseline", base.describe(), target=current.spec()), [], []
         keep = {(i.profile.name, i.start) for i in target}
         leave = [i for i in instances if (i.profile, i.start) not in keep]
-        blockers = []
-        stop: list[str] = []
-        for inst in leave:
-            job = holder.get(inst.key)
-            if inst.uuid is None:
-                blockers.append(f"{inst.spec()} is a GPU instance without a compute instance")
-            elif inst.pids is None:
-                blockers.append(f"NVML does not list the processes of {inst.spec()}")
-            elif inst.pids - ours:
-                foreign = ", ".join(str(p) for p in sorted(inst.pids - ours))
-                blockers.append(f"{inst.spec()} runs processes flexmig cannot account for ({foreign})")
-            elif job is not None:
-                if stop_jobs:
-                    stop.append(job)
-                else:
-                    blockers.append(f"job {job} runs on {inst.spec()} (--stop-jobs checkpoints and stops it first)")
+        blockers, stop = self._blockers(leave)
         destroy = tuple(i.spec() for i in leave)
         made = [i for i in target if current.at(i.start) is None or current.at(i.start) != i]
         create = tuple(f"gpu{gpu}:{i.spec()}" for i in made)
@@ -191,6 +174,26 @@ class _Rules:
         jobs = tuple(dict.fromkeys(stop))
         verdict = GpuVerdict(gpu, "restore", base.describe(), target.spec(), destroy, create, jobs)
         return verdict, destroys, creates
+
+    def _blockers(self, leave: Sequence[InstanceView]) -> tuple[list[str], list[str]]:
+        """Why the instances ``leave`` cannot go now, and the jobs to stop first (``stop_jobs``) so they can."""
+        blockers = []
+        stop: list[str] = []
+        for inst in leave:
+            job = self.holder.get(inst.key)
+            if inst.uuid is None:
+                blockers.append(f"{inst.spec()} is a GPU instance without a compute instance")
+            elif inst.pids is None:
+                blockers.append(f"NVML does not list the processes of {inst.spec()}")
+            elif inst.pids - self.ours:
+                foreign = ", ".join(str(p) for p in sorted(inst.pids - self.ours))
+                blockers.append(f"{inst.spec()} runs processes flexmig cannot account for ({foreign})")
+            elif job is not None:
+                if self.stop_jobs:
+                    stop.append(job)
+                else:
+                    blockers.append(f"job {job} runs on {inst.spec()} (--stop-jobs checkpoints and stops it first)")
+        return blockers, stop
 
 
 def standdown_document(

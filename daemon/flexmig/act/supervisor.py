@@ -25,10 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import grp
 import logging
 import os
-import pwd
 import signal
 import socket
 import time
@@ -41,7 +39,7 @@ import psutil
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.genuine import job_owner
-from flexmig.act.jobcgroups import JobCgroups, own_cgroup
+from flexmig.act.jobcgroups import JobCgroups
 from flexmig.act.migops import Offload
 from flexmig.act.procs import (
     AdoptedProcess,
@@ -52,43 +50,34 @@ from flexmig.act.procs import (
     RankProcess,
     process_alive,
 )
+from flexmig.act.rankenv import LOOPBACK, free_port, mig_visible, rank_requests, rank_world
 from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, log_writer_generation, prune_generations
+from flexmig.act.reaping import (
+    check_placed,
+    clear_cgroup,
+    kill_group,
+    open_procs,
+    outlives,
+    signal_found,
+    signal_pid,
+    trees,
+    writers_in,
+)
 from flexmig.act.records import AckPlacement, JobRecord, Slot
 from flexmig.tasks import cancel_and_wait, spawn
 from flexmig_hook.protocol import (
-    ENV_ACK_PATH,
-    ENV_CHECKPOINT_DIR,
-    ENV_CHECKPOINT_KEEP,
-    ENV_CHECKPOINT_SIGNAL,
-    ENV_DIST_BACKEND,
-    ENV_GENERATION,
-    ENV_JOB,
-    ENV_JOB_ID,
-    ENV_RESUME,
-    ENV_RESUME_STEP,
-    ENV_SLOT,
-    ENV_STANDBY_FD,
     READY_LINE,
     Ack,
     encode_handover,
 )
 
-__all__ = ["RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
+__all__ = ["LOOPBACK", "RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 WRITER_DRAIN_S = 5.0
 """How long a rank's log writer may go on after the rank ended (its last lines, a child's flush) before it is
 ended whatever still holds its pipe."""
-_BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free on ``host`` right now (for a job's rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(slots=True)
@@ -106,135 +95,6 @@ class RankHandle:
     standby: bool = False
     channel: socket.socket | None = None
     ready: asyncio.Event | None = None
-
-
-def _identity(user: str, group: str | None) -> tuple[int | None, int | None, tuple[int, ...] | None, str]:
-    """(uid, gid, groups, home) to switch to, or Nones when no switch is needed (or possible)."""
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise OSError(f"no such user {user!r}") from None
-    home = pw.pw_dir or "/"
-    if os.geteuid() != 0:
-        return None, None, None, home
-    gid = grp.getgrnam(group).gr_gid if group else pw.pw_gid
-    if pw.pw_uid == 0 and gid == 0:
-        return None, None, None, home
-    return pw.pw_uid, gid, tuple(os.getgrouplist(user, gid)), home
-
-
-def mig_visible(uuid: str) -> str:
-    """The ``CUDA_VISIBLE_DEVICES`` value for a MIG device UUID (NVML's UUIDs already start with ``MIG-``)."""
-    return uuid if uuid.startswith("MIG-") else f"MIG-{uuid}"
-
-
-def rank_world(rec: JobRecord, slot: int, *, port: int, resume: Ack | None, host: str = LOOPBACK) -> dict[str, str]:
-    """The variables that place slot ``slot`` of ``rec`` in its world: the checkpoint to resume from and, with the
-    ``plain`` launcher, torch.distributed's ``RANK``, ``WORLD_SIZE``, ``LOCAL_*``, ``MASTER_*`` (torchrun sets
-    those itself). In a rank's environment from the start, or handed to a standby rank when its move comes."""
-    env: dict[str, str] = {}
-    if resume is not None:
-        env[ENV_RESUME] = resume.checkpoint
-        env[ENV_RESUME_STEP] = str(resume.step)
-    if rec.spec.launcher == "plain":
-        env.update(
-            RANK=str(slot),
-            WORLD_SIZE=str(len(rec.slots)),
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR=host,
-            MASTER_PORT=str(port),
-        )
-    return env
-
-
-def rank_requests(
-    rec: JobRecord,
-    logs_dir: Path,
-    *,
-    port: int,
-    resume: Ack | None,
-    host: str = LOOPBACK,
-    acks: AckPlacement | None = None,
-    log_limits: RankLogs = DEFAULT_RANK_LOGS,
-    standby: Mapping[int, int] | None = None,
-) -> list[LaunchRequest]:
-    """The launch requests of every rank of ``rec`` (its ``slots``, ``generation`` and spec), in slot order.
-
-    ``standby`` maps slots to start as standby ranks to the descriptor of their channel: those get
-    ``FLEXMIG_STANDBY_FD`` and inherit it, and get their world only at the handover (:func:`rank_world`).
-    """
-    spec = rec.spec
-    uid, gid, groups, home = _identity(spec.user, spec.group)
-    n = len(rec.slots)
-    base = {
-        "PATH": _BASE_PATH,
-        "HOME": home,
-        "USER": spec.user,
-        "LOGNAME": spec.user,
-        "LANG": "C.UTF-8",
-        **dict(spec.env),
-        ENV_JOB: spec.name,
-        ENV_CHECKPOINT_DIR: str(spec.checkpoint_dir),
-        ENV_ACK_PATH: str((acks or AckPlacement()).path(rec)),
-        ENV_CHECKPOINT_SIGNAL: spec.hook.signal.name,
-        ENV_CHECKPOINT_KEEP: str(spec.hook.keep),
-        ENV_DIST_BACKEND: "gloo",
-        ENV_JOB_ID: rec.uid,
-        ENV_GENERATION: str(rec.generation),
-    }
-    out = []
-    for slot, place in enumerate(rec.slots):
-        env = dict(base)
-        env["CUDA_VISIBLE_DEVICES"] = mig_visible(place.uuid)
-        env[ENV_SLOT] = str(slot)
-        fd = (standby or {}).get(slot)
-        if fd is not None:
-            env[ENV_STANDBY_FD] = str(fd)
-        else:
-            env.update(rank_world(rec, slot, port=port, resume=resume, host=host))
-        if spec.launcher == "plain":
-            argv = spec.argv
-        else:
-            argv = (
-                spec.argv[0],
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                f"{n}:{n}",
-                "--nproc-per-node",
-                "1",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"{host}:{port}",
-                "--rdzv-id",
-                f"{rec.uid}-g{rec.generation}",
-                "--rdzv-conf",
-                f"is_host={'true' if slot == 0 else 'false'}",
-                "--local-addr",
-                host,
-                "--max-restarts",
-                "0",
-                "--",  # the script's own options must not be read as (abbreviated) torchrun options
-                *spec.argv[1:],
-            )
-        out.append(
-            LaunchRequest(
-                argv=tuple(argv),
-                env=env,
-                cwd=spec.working_dir,
-                log_path=logs_dir / spec.name / f"g{rec.generation:04d}-r{slot}.log",
-                uid=uid,
-                gid=gid,
-                groups=groups,
-                ignore_signal=int(spec.hook.signal),
-                launcher_kind=spec.launcher,
-                log_limits=log_limits,
-                pass_fds=(fd,) if fd is not None else (),
-            )
-        )
-    return out
 
 
 ExitCallback = Callable[[str, int, int | None], None]
@@ -312,7 +172,7 @@ class Supervisor:
 
     async def _start_all(self, rec: JobRecord, reqs: Mapping[int, LaunchRequest]) -> list[RankHandle]:
         """Start every request at once; if one fails, kill the others and raise its error."""
-        cgroup_fd = self._open_cgroup(rec)
+        cgroup_fd = None if self.cgroups is None else open_procs(self.cgroups, rec)
         if cgroup_fd is not None:
             reqs = {slot: dataclasses.replace(r, cgroup_fd=cgroup_fd) for slot, r in reqs.items()}
         try:
@@ -328,41 +188,11 @@ class Supervisor:
         errors = [res for res in results if isinstance(res, BaseException)]
         if errors:
             for h in started:
-                _kill_group(h.proc, signal.SIGKILL)
+                kill_group(h.proc, signal.SIGKILL)
             raise errors[0]
         if cgroup_fd is not None and self.cgroups is not None:
-            self._check_cgroup(rec, self.cgroups, started)
+            check_placed(rec, self.cgroups, [(h.slot, h.proc.pid) for h in started])
         return started
-
-    def _open_cgroup(self, rec: JobRecord) -> int | None:
-        """The job's ``cgroup.procs`` open for writing, or None without job cgroups (one warning if it fails)."""
-        if self.cgroups is None:
-            return None
-        try:
-            return self.cgroups.open_procs(rec.uid)
-        except (OSError, ValueError) as exc:
-            log.warning(
-                "job %s: no cgroup of its own (%s): processes that leave its ranks' process groups are found by "
-                "their environment only", rec.name, exc,
-            )  # fmt: skip
-            return None
-
-    @staticmethod
-    def _check_cgroup(rec: JobRecord, cgroups: JobCgroups, started: Iterable[RankHandle]) -> None:
-        """Warn about a rank that did not land in its job's cgroup (its write before ``exec`` failed)."""
-        want = "/" + cgroups.path(rec.uid).name
-        for h in started:
-            try:
-                text = Path(f"/proc/{h.proc.pid}/cgroup").read_text()
-            except OSError:
-                continue  # it has exited already; its exit is reported as usual
-            where = own_cgroup(text)
-            if where is not None and not where.endswith(want):
-                log.warning(
-                    "job %s: rank %d (pid %d) is in cgroup %s, not in its job's (%s): processes it starts and that "
-                    "leave its process group are found by their environment only",
-                    rec.name, h.slot, h.proc.pid, where, cgroups.path(rec.uid),
-                )  # fmt: skip
 
     def _emit_started(self, rec: JobRecord, started: Iterable[RankHandle], resume: Ack | None, **extra: object) -> None:
         self.events.emit(
@@ -485,7 +315,7 @@ class Supervisor:
                 # Never ready: it may never read its world either. It goes, and its slot starts cold, with the world
                 # in its environment, so the job never shows a generation running whose rank has no world.
                 self._close_channel(h)
-                _kill_group(h.proc, signal.SIGKILL)
+                kill_group(h.proc, signal.SIGKILL)
                 continue
             msg = encode_handover(rank_world(rec, slot, port=port, resume=resume, host=self.host))
             try:
@@ -495,7 +325,7 @@ class Supervisor:
             except (OSError, TimeoutError) as exc:
                 log.warning("standby rank %d of job %s not handed over (%s); started afresh", slot, rec.name, exc)
                 self._close_channel(h)
-                _kill_group(h.proc, signal.SIGKILL)
+                kill_group(h.proc, signal.SIGKILL)
                 continue
             self._close_channel(h)
             h.standby = False
@@ -516,7 +346,7 @@ class Supervisor:
         hs = list(self._standby.pop(job, {}).values())
         for h in hs:
             self._close_channel(h)
-            _kill_group(h.proc, signal.SIGTERM)
+            kill_group(h.proc, signal.SIGTERM)
         alive = [h for h in hs if not h.proc.finished()]
         if not alive:
             return
@@ -525,7 +355,7 @@ class Supervisor:
                 await asyncio.gather(*(h.proc.wait() for h in alive))
         except TimeoutError:
             for h in alive:
-                _kill_group(h.proc, signal.SIGKILL)
+                kill_group(h.proc, signal.SIGKILL)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
                     await asyncio.gather(*(h.proc.wait() for h in alive))
@@ -611,8 +441,8 @@ class Supervisor:
         outside the job still holds it (a rank can hand its output descriptor to any process of its user) after
         :data:`WRITER_DRAIN_S`, the writer is ended anyway: no root process outlives the rank it writes for."""
         pid = writer[0]
-        if await _outlives([writer], WRITER_DRAIN_S):
-            _signal_pid(writer, signal.SIGKILL)
+        if await outlives([writer], WRITER_DRAIN_S):
+            signal_pid(writer, signal.SIGKILL)
             log.warning(
                 "job %s: the log writer (pid %d) of rank %d of generation %d still had its pipe held open by another "
                 "process %g s after the rank ended: ended (what that process writes there now goes nowhere)",
@@ -640,7 +470,7 @@ class Supervisor:
     def all_pids(self, job: str) -> set[int]:
         """:meth:`pids`, and the pids of ``job``'s standby ranks still running and their descendants (the job's
         next ranks, not strays)."""
-        return self.pids(job) | _trees(h.proc.pid for h in self.standby(job) if not h.proc.finished())
+        return self.pids(job) | trees(h.proc.pid for h in self.standby(job) if not h.proc.finished())
 
     # ------------------------------------------------------------------------------------------- control
     def signal_workers(self, job: str, sig: int) -> list[int]:
@@ -668,10 +498,10 @@ class Supervisor:
     async def terminate(self, job: str, grace_s: float = 10.0) -> None:
         """SIGTERM every rank's process group, then SIGKILL what is left after ``grace_s``; then the strays."""
         for h in self.alive(job):
-            _kill_group(h.proc, signal.SIGTERM)
+            kill_group(h.proc, signal.SIGTERM)
         if not await self.wait_exited(job, grace_s):
             for h in self.alive(job):
-                _kill_group(h.proc, signal.SIGKILL)
+                kill_group(h.proc, signal.SIGKILL)
             await self.wait_exited(job, 5.0)
         await self.end_strays(job, grace_s)
 
@@ -696,16 +526,16 @@ class Supervisor:
                 "SIGKILL after %g s)", job, len(strays), ", ".join(str(f.pid) for f in strays), grace_s,
             )  # fmt: skip
             for f in strays:
-                _signal_found(f, signal.SIGTERM)
+                signal_found(f, signal.SIGTERM)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace_s
             while any(process_alive(f.pid, f.create_time) for f in strays) and loop.time() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)  # no event tells the end of a process that is not our child
             for f in strays:
-                _signal_found(f, signal.SIGKILL)
+                signal_found(f, signal.SIGKILL)
         await self._end_old_writers(job, uid)
         if not own and self.cgroups is not None:  # nothing of the job runs: whatever is still in its cgroup goes
-            await asyncio.to_thread(_clear_cgroup, self.cgroups, uid, 5.0 if strays else 0.0)
+            await asyncio.to_thread(clear_cgroup, self.cgroups, uid, 5.0 if strays else 0.0)
         return [f.pid for f in strays]
 
     async def _end_old_writers(self, job: str, uid: str) -> None:
@@ -716,14 +546,14 @@ class Supervisor:
         if self.cgroups is None:
             return
         running = {h.generation for h in self.alive(job)} | {h.generation for h in self.standby(job)}
-        writers = await asyncio.to_thread(_writers_in, self.cgroups, uid)
+        writers = await asyncio.to_thread(writers_in, self.cgroups, uid)
         old = [w for w, gen in writers.items() if gen not in running]
         if not old:
             return
-        if await _outlives(old, WRITER_DRAIN_S):
+        if await outlives(old, WRITER_DRAIN_S):
             left = [w for w in old if process_alive(*w)]
             for w in left:
-                _signal_pid(w, signal.SIGKILL)
+                signal_pid(w, signal.SIGKILL)
             log.warning(
                 "job %s: %d log writer(s) of generations that no longer run still had their pipes held open by "
                 "another process (pids %s): ended", job, len(left), ", ".join(str(w[0]) for w in left),
@@ -762,74 +592,3 @@ class Supervisor:
             for h in hs.values():
                 self._close_channel(h)
         await cancel_and_wait(self._tasks)
-
-
-def _trees(pids: Iterable[int]) -> set[int]:
-    """``pids`` and all their descendants (a standby generation's ranks are the job's next ranks, not strays)."""
-    out: set[int] = set()
-    for pid in pids:
-        out.add(pid)
-        with contextlib.suppress(psutil.Error):
-            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-    return out
-
-
-def _clear_cgroup(cgroups: JobCgroups, uid: str, wait_s: float) -> None:
-    """End what is left in the job's cgroup (``cgroup.kill``) and remove it, waiting at most ``wait_s`` for its
-    processes to be gone; a cgroup not yet empty then stays (the next start's reconciliation removes it)."""
-    try:
-        if cgroups.pids(uid):
-            cgroups.kill(uid)
-        deadline = time.monotonic() + wait_s
-        while not cgroups.remove(uid) and time.monotonic() < deadline:
-            time.sleep(0.01)  # no event tells a worker thread that the kernel has finished the kill
-    except (OSError, ValueError) as exc:
-        log.warning("job cgroup %s: %s", uid, exc)
-
-
-def _writers_in(cgroups: JobCgroups, uid: str) -> dict[tuple[int, float], int]:
-    """The log writers in job ``uid``'s cgroup (pid and start time), with the generation each writes for."""
-    out = {}
-    for pid in cgroups.pids(uid):
-        gen = log_writer_generation(pid)
-        if gen is None:
-            continue
-        with contextlib.suppress(psutil.Error):
-            out[(pid, psutil.Process(pid).create_time())] = gen
-    return out
-
-
-async def _outlives(procs: list[tuple[int, float]], grace_s: float) -> bool:
-    """Wait at most ``grace_s`` for ``procs`` (pid, start time) to end; True when one of them still runs then."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    while any(process_alive(*p) for p in procs):  # no event tells the end of a process that is not our child
-        if loop.time() >= deadline:
-            return True
-        await asyncio.sleep(0.01)  # a writer whose pipe has ended exits within milliseconds: a move waits for it
-    return False
-
-
-def _signal_pid(proc: tuple[int, float], sig: int) -> None:
-    """Signal process ``proc`` (pid, start time) if it is still that very process."""
-    if process_alive(*proc):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc[0], sig)
-
-
-def _signal_found(found: FoundRank, sig: int) -> None:
-    """Signal a process found by scanning, if it is still that very process (not a later one with its pid)."""
-    if process_alive(found.pid, found.create_time):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(found.pid, sig)
-
-
-def _kill_group(proc: RankProcess, sig: int) -> None:
-    """Signal the rank's process group (its session: the rank and whatever it started)."""
-    if proc.finished():
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, sig)

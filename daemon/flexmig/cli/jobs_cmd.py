@@ -10,14 +10,20 @@ from typing import Any
 
 from flexmig.act.client import ControlClient
 from flexmig.cli.job_table import render_jobs, where
+from flexmig.cli.operation_args import add_operation_arguments, operation_request
 from flexmig.cli.table import output_width
 
 __all__ = ["DEFAULT_SOCKET", "connection_options", "register"]
 
 DEFAULT_SOCKET = Path("/run/flexmig/control.sock")
-_IN_PLACE_HELP = (
-    "when no other instance is free, restart the job where it runs (cold); without it such a move is refused"
+_COMMANDS = (
+    ("submit", "jobs.submit", "register a job spec (TOML) and start it"),
+    ("list", "jobs.list", "list jobs"),
+    ("migrate", "jobs.migrate", "checkpoint a job and move it to other MIG instances"),
+    ("resplit", "jobs.resplit", "checkpoint a job and relaunch it with another number of ranks"),
+    ("stop", "jobs.stop", "checkpoint and stop a job (--force: SIGTERM without a checkpoint)"),
 )
+"""``flexmig jobs`` verbs: the verb, its operation (whose row declares its arguments), its help."""
 
 
 def register(sub: Any) -> None:
@@ -28,36 +34,13 @@ def register(sub: Any) -> None:
     connection_options(p)
     acts = p.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
 
-    s = acts.add_parser("submit", help="register a job spec (TOML) and start it")
-    connection_options(s, after_verb=True)
-    s.add_argument("file", type=Path, help="job spec file")
-    s.set_defaults(func=_submit)
-
-    s = acts.add_parser("list", help="list jobs")
-    connection_options(s, after_verb=True)
-    s.add_argument("--json", action="store_true", help="print JSON for programs")
-    s.set_defaults(func=_list)
-
-    s = acts.add_parser("migrate", help="checkpoint a job and move it to other MIG instances")
-    connection_options(s, after_verb=True)
-    s.add_argument("name")
-    s.add_argument("--to", metavar="PROFILE", default=None, help="profile of the new instances (default: same)")
-    s.add_argument("--in-place", action="store_true", help=_IN_PLACE_HELP)
-    s.set_defaults(func=_migrate)
-
-    s = acts.add_parser("resplit", help="checkpoint a job and relaunch it with another number of ranks")
-    connection_options(s, after_verb=True)
-    s.add_argument("name")
-    s.add_argument("--ranks", type=int, required=True, help="new number of ranks (one MIG instance each)")
-    s.add_argument("--profile", default=None, help="profile of the instances (default: same)")
-    s.add_argument("--in-place", action="store_true", help=_IN_PLACE_HELP)
-    s.set_defaults(func=_resplit)
-
-    s = acts.add_parser("stop", help="checkpoint and stop a job (--force: SIGTERM without a checkpoint)")
-    connection_options(s, after_verb=True)
-    s.add_argument("name")
-    s.add_argument("--force", action="store_true", help="terminate without waiting for a checkpoint")
-    s.set_defaults(func=_stop)
+    for verb, op, what in _COMMANDS:
+        s = acts.add_parser(verb, help=what)
+        connection_options(s, after_verb=True)
+        add_operation_arguments(s, op)
+        if op == "jobs.list":
+            s.add_argument("--json", action="store_true", help="print JSON for programs")
+        s.set_defaults(func=_RUN[op])
 
 
 def connection_options(p: argparse.ArgumentParser, *, after_verb: bool = False) -> None:
@@ -96,7 +79,7 @@ def _report(result: dict[str, Any]) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    res = _client(args).call("jobs.submit", path=str(args.file.absolute()))
+    res = _client(args).call("jobs.submit", **operation_request("jobs.submit", args))
     status = _report(res)
     if res.get("queued"):
         print(f"queued: {res['queued']}; the planner starts it when it fits")
@@ -120,18 +103,21 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    extra: dict[str, Any] = {"to": args.to} if args.to else {}
-    if args.in_place:
-        extra["in_place"] = True
-    return _report(_client(args).call("jobs.migrate", name=args.name, **extra))
+    return _report(_client(args).call("jobs.migrate", **operation_request("jobs.migrate", args)))
 
 
 def _resplit(args: argparse.Namespace) -> int:
-    extra: dict[str, Any] = {"profile": args.profile} if args.profile else {}
-    if args.in_place:
-        extra["in_place"] = True
-    return _report(_client(args).call("jobs.resplit", name=args.name, ranks=args.ranks, **extra))
+    return _report(_client(args).call("jobs.resplit", **operation_request("jobs.resplit", args)))
 
 
 def _stop(args: argparse.Namespace) -> int:
-    return _report(_client(args).call("jobs.stop", name=args.name, force=args.force))
+    return _report(_client(args).call("jobs.stop", **operation_request("jobs.stop", args)))
+
+
+_RUN = {
+    "jobs.submit": _submit,
+    "jobs.list": _list,
+    "jobs.migrate": _migrate,
+    "jobs.resplit": _resplit,
+    "jobs.stop": _stop,
+}

@@ -16,6 +16,7 @@ from typing import Any
 from rich.text import Text
 
 from flexmig.act.client import ControlClient
+from flexmig.cli.operation_args import add_operation_arguments, operation_request
 from flexmig.cli.status_cmd import add_source_arguments, console
 from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.config import Config
@@ -33,22 +34,16 @@ def register(sub: Any) -> None:
         "plan", help="what the planner would do now, with reasons and costs (changes nothing)", description=__doc__
     )
     add_source_arguments(p)
-    p.add_argument(
-        "--request",
-        metavar="[Nx]PROFILE",
-        action="append",
-        default=[],
-        help="plan as if a job of N ranks of PROFILE were queued too (repeatable), e.g. 3g.71gb or 2x1g.18gb",
-    )
+    add_operation_arguments(p, "plan")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Ask the daemon (or plan for ``--sim``) and print the plan."""
     if args.sim:
-        doc = sim_plan(args.sim, args.request)
+        doc = sim_plan(args.sim, args.requests)
     else:
-        doc = ControlClient(args.socket, timeout_s=args.timeout).call("plan", requests=args.request)
+        doc = ControlClient(args.socket, timeout_s=args.timeout).call("plan", **operation_request("plan", args))
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

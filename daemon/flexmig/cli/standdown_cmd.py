@@ -18,6 +18,7 @@ from typing import Any
 
 from flexmig.act.client import ControlClient
 from flexmig.cli.jobs_cmd import connection_options
+from flexmig.cli.operation_args import add_operation_arguments, operation_request
 
 __all__ = ["register", "render", "run"]
 
@@ -29,17 +30,14 @@ def register(sub: Any) -> None:
         description=__doc__,
     )  # fmt: skip
     connection_options(p)
-    p.add_argument("--stop-jobs", action="store_true", help="checkpoint and stop flexmig's jobs in the way")
-    p.add_argument("--dry-run", action="store_true", help="say what a stand-down would do; change nothing")
+    add_operation_arguments(p, "standdown")
     p.add_argument("--json", action="store_true", help="print JSON for programs")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Ask the daemon to stand down (or what it would do) and print each GPU's outcome."""
-    doc = ControlClient(args.socket, timeout_s=args.timeout).call(
-        "standdown", stop_jobs=args.stop_jobs, dry_run=args.dry_run
-    )
+    doc = ControlClient(args.socket, timeout_s=args.timeout).call("standdown", **operation_request("standdown", args))
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -71,7 +69,7 @@ def render(doc: dict[str, Any]) -> list[str]:
         lines.append(line)
     if not doc["dry_run"]:
         lines.append(
-            f"mode {doc['mode']}: the daemon no longer plans; set mode = \"observe\" in its configuration to keep it "
+            f'mode {doc["mode"]}: the daemon no longer plans; set mode = "observe" in its configuration to keep it '
             "so after a restart"
         )
     return lines

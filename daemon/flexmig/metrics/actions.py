@@ -11,7 +11,7 @@ the same names):
   action has run;
 * ``flexmig_job_downtime_seconds{Hostname, action}`` (histogram, migrate and resplit): the job's own downtime, its
   last step before the checkpoint to its first step after the move, once a moved job reported it
-  (:mod:`flexmig.wiring.first_step`);
+  (:mod:`flexmig.service.first_step`);
 * ``flexmig_actions_in_progress{Hostname}``: 1 while an action executes (they run one at a time);
 * ``flexmig_jobs{Hostname, state}``: registered jobs by state, every state present;
 * ``flexmig_planner_runs_total{Hostname}``, ``flexmig_planner_failures_total{Hostname}``,

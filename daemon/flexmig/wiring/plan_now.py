@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from flexmig.act.control import RequestError
 from flexmig.act.journal import Journal
@@ -22,18 +20,10 @@ from flexmig.config import Mode, PlannerConfig
 from flexmig.errors import PlanRejectedError
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
+from flexmig.service.planning_loop import PlanRound
 from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 
 __all__ = ["PlanRound", "first_started", "last_moved", "plan_now"]
-
-
-@dataclass(frozen=True, slots=True)
-class PlanRound:
-    """One planning round: the plan, the document ``flexmig plan`` shows, and why it could not plan (if so)."""
-
-    plan: Plan
-    document: dict[str, Any]
-    error: str | None = None
 
 
 async def plan_now(

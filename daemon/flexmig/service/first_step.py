@@ -1,7 +1,7 @@
 """The job's own downtime in a move: from its last step before the checkpoint to its first step after the move.
 
 flexmig sees only its share of a move's pause (the old ranks had exited to the new ranks started,
-:func:`flexmig.wiring.action_record.move_downtime`); the job loses more: the save, the exit, its start-up, the load,
+:func:`flexmig.service.action_record.move_downtime`); the job loses more: the save, the exit, its start-up, the load,
 the rendezvous and its first step. The hook tells both ends over the acknowledgement's channel: the
 acknowledgement carries when the last step before it ended (``step_done_s``), and rank 0 of the resumed generation
 writes a first-step report beside it once its first step is done (:class:`flexmig_hook.protocol.FirstStep`).

@@ -9,9 +9,9 @@ from typing import Any
 
 from flexmig.act.service import Actuator
 from flexmig.metrics.findings import report_of
+from flexmig.service.action_record import action_json
 from flexmig.status import status_document
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.wiring.action_record import action_json
 
 __all__ = ["daemon_status"]
 

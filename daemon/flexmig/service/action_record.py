@@ -62,7 +62,7 @@ def action_facts(journal: Journal, action_id: int) -> ActionFacts:
 
 def move_downtime(journal: Journal, action_id: int | None) -> float | None:
     """flexmig's share of a move's pause: its old ranks had exited (``await_exit`` done) to its new ranks started.
-    The job's own downtime is longer (its save, start-up, load and first step): :mod:`flexmig.wiring.first_step`."""
+    The job's own downtime is longer (its save, start-up, load and first step): :mod:`flexmig.service.first_step`."""
     if action_id is None:
         return None
     steps = {s.name: s for s in journal.steps(action_id)}

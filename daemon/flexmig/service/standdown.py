@@ -4,7 +4,7 @@ The rules (which GPU is re-laid, to what, and what may be stopped) are :mod:`fle
 module reads the baseline, works the stand-down out on a fresh inventory, runs it as one journalled plan in mode
 ``act`` and reports before and after. ``dry_run`` only says what it would do, in any mode. Its arguments are
 checked by its row of :data:`flexmig.act.operation_table.OPERATIONS`, and the daemon runs it under its action lock,
-as every acting operation (:meth:`flexmig.wiring.actuator.ActuatorComponent.standdown_request`).
+as every acting operation (:meth:`flexmig.service.control.DaemonControl.standdown_request`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ __all__ = ["StandDownHost", "standdown_request"]
 
 
 class StandDownHost(Protocol):
-    """What a stand-down needs of the actuator component (:class:`flexmig.wiring.actuator.ActuatorComponent`)."""
+    """What a stand-down needs of the daemon's control (:class:`flexmig.service.control.DaemonControl`)."""
 
-    config: Config
-    mode: Mode
-    act: Actuator | None
-    unavailable: str | None
+    @property
+    def config(self) -> Config:
+        """The configuration now."""
+        ...
+
+    @property
+    def mode(self) -> Mode:
+        """The mode now."""
+        ...
+
+    act: Actuator
 
     def set_mode(self, mode: Mode, why: str) -> None:
         """Switch the running daemon's mode."""
@@ -51,8 +58,6 @@ async def standdown_request(host: StandDownHost, args: Mapping[str, Any]) -> dic
             "no baseline layout is configured: set [baseline] mig_parted_file (and mig_parted_config)"
         )
     act = host.act
-    if act is None:
-        raise PlanRejectedError(host.unavailable or "the actuator is not running")
     if not dry_run and host.mode != "act":
         raise PlanRejectedError(
             f"mode is {host.mode!r}: flexmig changes nothing outside mode 'act' (--dry-run shows what a "

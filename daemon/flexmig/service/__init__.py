@@ -1,0 +1,24 @@
+"""The service layer of the running daemon, below the wiring: what the daemon does with its actuator, each part built
+with what it needs through its constructor once the actuator is open.
+
+* :class:`~flexmig.act.mode.RuntimeMode` (one object, made by the wiring, read by every part and by ``act``);
+* :class:`~flexmig.service.gate.ActionGate`: the action lock and the stop;
+* :class:`~flexmig.service.planning_loop.PlanningLoop`: plan, publish, execute, round after round;
+* :class:`~flexmig.service.strays.StrayWatch`: ranks of no journalled job;
+* :class:`~flexmig.service.action_sink.ActionSink`: the actuator's events into metrics, log lines, fleet events;
+* :class:`~flexmig.service.control.DaemonControl`: the control operations (``DaemonOps``) and the handlers of every
+  row of the operation table, the acting ones under the gate;
+* :mod:`~flexmig.service.standdown`, :mod:`~flexmig.service.daemon_status`, :mod:`~flexmig.service.action_record`
+  and :mod:`~flexmig.service.first_step`: what those use.
+
+The wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` opens the actuator, builds these and runs their
+loops; it holds no policy of its own.
+"""
+
+from flexmig.service.action_sink import ActionSink
+from flexmig.service.control import DaemonControl
+from flexmig.service.gate import ActionGate
+from flexmig.service.planning_loop import PlanningLoop, PlanNow, PlanRound
+from flexmig.service.strays import StrayWatch
+
+__all__ = ["ActionGate", "ActionSink", "DaemonControl", "PlanNow", "PlanRound", "PlanningLoop", "StrayWatch"]
