@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import flexmig
-import flexmig_hook
+from flexmig import hook
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.sim import follow as following
 from flexmig.sim import smi
@@ -93,7 +93,7 @@ def sim_environment(state: Path) -> Iterator[dict[str, str]]:
             f'exec {shlex.quote(sys.executable)} -m flexmig.cli.sim_cmd nvidia-smi "$@"\n'
         )
         smi_path.chmod(0o755)
-        files = [m.__file__ for m in (flexmig, flexmig_hook) if m.__file__ is not None]  # None: a namespace package
+        files = [f for f in (flexmig.__file__, hook.PACKAGE_FILE) if f is not None]  # None: a namespace package
         roots = list(dict.fromkeys(str(Path(f).resolve().parents[1]) for f in files))
         (py_dir / "sitecustomize.py").write_text(SHIM.format(roots=roots))
         env = dict(os.environ)

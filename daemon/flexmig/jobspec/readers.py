@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.config.problems import type_name
+from flexmig.hook import ALLOWED_SIGNALS, parse_signal
 from flexmig.jobspec.context import SpecContext
 from flexmig.jobspec.types import HookSettings, NeedSpec
 from flexmig.mig.catalogue import MODELS
-from flexmig_hook.protocol import ALLOWED_SIGNALS, parse_signal
 
 __all__ = [
     "RESERVED_ENV",

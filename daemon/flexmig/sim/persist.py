@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.errors import LayoutError, SimError
+from flexmig.hook import JsonBoundsError, bounded_loads
 from flexmig.mig import GpuModel, Layout, model_by_key
 from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.gi_ids import GiIdPolicy
 from flexmig.sim.model import Activity
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
-from flexmig_hook.boundedjson import JsonBoundsError
-from flexmig_hook.boundedjson import loads as bounded_loads
 
 __all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_from_dict", "state_to_dict"]
 
