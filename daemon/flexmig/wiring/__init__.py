@@ -8,7 +8,7 @@ The order (:class:`Components`, ``docs/architecture.md`` lists it), each a :clas
 ``mqtt``           the outbox, the publisher and its subscriber on the hub (``[mqtt] enabled``)
 ``sampling``       the sampling loop; its start is the first inventory and sweep
 ``dcgm``           the dcgm-exporter scrape (``[dcgm] enabled``)
-``metrics``        the ``/metrics`` endpoint, with every component's families (``[prometheus] enabled``)
+``metrics``        the ``/metrics`` endpoint, with each component's families from its start (``[prometheus] enabled``)
 ``actuator``       the journal, the control socket and the planner
 ``slurm``          the Slurm agent, on the actuator (``[slurm] enabled``)
 ``mqtt-commands``  the MQTT command listener, forwarding to the actuator (``commands_enabled``)
@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from flexmig.config import ConfigProblem, HostPort
-from flexmig.metrics.collector import Extension
 from flexmig.metrics.runtime import TaskMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
@@ -45,7 +44,7 @@ from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.commands import CommandsComponent
 from flexmig.wiring.component import Component, Loop
 from flexmig.wiring.detection import DetectionComponent, Detector, detect_settings
-from flexmig.wiring.metrics_endpoint import MetricsEndpoint
+from flexmig.wiring.metrics_endpoint import MetricsEndpoint, MetricsRegistry
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
 from flexmig.wiring.sampling import SamplerComponent, demo_workload_loop, watchdog_loop
 from flexmig.wiring.slurm import SlurmComponent
@@ -76,6 +75,8 @@ class Components:
     detection: DetectionComponent
     sampler: SamplerComponent
     actuator: ActuatorComponent
+    registry: MetricsRegistry
+    """The families ``/metrics`` exports beside the snapshot's: the daemon's, then each component's as it starts."""
     mqtt: MqttComponent | None = None
     metrics: MetricsEndpoint | None = None
     slurm: SlurmComponent | None = None
@@ -117,82 +118,105 @@ class WiredDaemon(ActuatorHost, Protocol):
 def wire(daemon: WiredDaemon) -> Components:
     """The components of ``daemon``, in the order they start (see the module docstring), built and not started.
 
-    Raises ConfigError or OutboxError when MQTT cannot be set up (the outbox is opened here: the daemon refuses to
-    start rather than lose events), StateInUseError when another daemon holds the outbox's directory."""
-    config = daemon.config
-    settings = daemon.settings
-    hostname = daemon.hostname
-    node_name = config.node(lambda: hostname)
-    sim_workload = daemon.sim_workload
-    if config.slurm.enabled and daemon.sim_spec is not None and sim_workload:
-        log.info("simulated node with [slurm] enabled: no demo workload, the node runs Slurm's jobs")
-        sim_workload = False
+    Touches no file, socket or process: each component opens what it needs in its ``start`` (the outbox, the
+    journal, the control socket, the metrics port), so a configuration that cannot run fails there, and
+    :class:`flexmig.daemon.Daemon` closes what the components before it opened. The optional parts are built when
+    their switch is on, and left out of the list when it is off."""
+    config, settings = daemon.config, daemon.settings
+    node_name = config.node(lambda: daemon.hostname)
     node = NodeComponent(
         daemon.worker,
         daemon.sim_spec,
         gpm=settings.gpm,
         clock=daemon.clock,
         sim_state=daemon.sim_state,
-        sim_workload=sim_workload,
+        sim_workload=_sim_workload(daemon),
     )
     detector = Detector(detect_settings(config.detect))
     detection = DetectionComponent(detector, daemon.hub)
     locks = LockSet()  # the state directories this daemon holds (journal's, outbox's), shared by its components
-    broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
-    mqtt: MqttComponent | None = None
-    if config.mqtt.enabled:
-        mqtt = MqttComponent(
-            config.mqtt, node_name, detector, daemon.hub, mode=config.mode, broker_problem=broker_problem, locks=locks
-        )
-    elif broker_problem is not None:
-        log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
-    dcgm = None
-    if settings.dcgm_url is not None:
-        dcgm = DcgmSource(
-            settings.dcgm_url, timeout_s=settings.dcgm_timeout_s, max_age_s=settings.dcgm_max_age_s, clock=daemon.clock
-        )
+    mqtt = _mqtt(daemon, node_name, detector, locks)
+    dcgm = _dcgm(daemon)
     sampler = SamplerComponent(
-        node, daemon.worker, settings, daemon.hub, daemon.heartbeat, hostname=hostname, dcgm=dcgm, clock=daemon.clock
-    )
+        node, daemon.worker, settings, daemon.hub, daemon.heartbeat, hostname=daemon.hostname, dcgm=dcgm,
+        clock=daemon.clock,
+    )  # fmt: skip
     actuator = ActuatorComponent(daemon, node, mqtt=mqtt, locks=locks, wall=daemon.wall, clock=daemon.clock)
-    slurm = None
-    if config.slurm.enabled:
-        simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
-        slurm = SlurmComponent(
-            daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock
-        )
-        actuator.on_built(slurm.attach)
-    listener = command_listener(config, node_name, actuator.dispatch)
-    commands = None if listener is None else CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
-    order: list[Component] = [node, detection, *_some(mqtt), sampler]
-    if dcgm is not None:
-        order.append(Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True))
+    slurm = _slurm(daemon, node, actuator, mqtt)
+    listener = None if mqtt is None else command_listener(config, node_name, actuator.dispatch)
+    commands = None
+    if mqtt is not None and listener is not None:
+        commands = CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
+    registry = MetricsRegistry()
+    registry.register("daemon", (TaskMetrics(daemon.restarts),))  # the daemon's own families come first
     endpoint = None
     if daemon.metrics_addr is not None:
-        endpoint = MetricsEndpoint(
-            daemon.metrics_addr, daemon.hub.latest, lambda: _families(daemon, order), detail=config.prometheus.detail
+        endpoint = MetricsEndpoint(daemon.metrics_addr, daemon.hub.latest, registry, detail=config.prometheus.detail)
+    parts: tuple[Component | None, ...] = (
+        node, detection, mqtt, sampler, _dcgm_loop(dcgm, settings), endpoint, actuator, slurm, commands,
+        _workload(daemon, node, actuator),
+        Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)),
+    )  # fmt: skip
+    order = tuple(part for part in parts if part is not None)
+    return Components(order, node, detection, sampler, actuator, registry, mqtt, endpoint, slurm, commands)
+
+
+def _sim_workload(daemon: WiredDaemon) -> bool:
+    """Whether a simulated node runs the demo's workload (not with Slurm: the node runs Slurm's jobs)."""
+    if daemon.config.slurm.enabled and daemon.sim_spec is not None and daemon.sim_workload:
+        log.info("simulated node with [slurm] enabled: no demo workload, the node runs Slurm's jobs")
+        return False
+    return daemon.sim_workload
+
+
+def _mqtt(daemon: WiredDaemon, node_name: str, detector: Detector, locks: LockSet) -> MqttComponent | None:
+    """The MQTT component (``[mqtt] enabled``); a malformed broker address left at its default is reported."""
+    config = daemon.config
+    broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
+    if config.mqtt.enabled:
+        return MqttComponent(
+            config.mqtt, node_name, detector, daemon.hub, mode=config.mode, broker_problem=broker_problem, locks=locks
         )
-        order.append(endpoint)
-    order += [actuator, *_some(slurm), *_some(commands)]
-    if daemon.sim_spec is not None:  # the demo's synthetic load (unless turned off) and the jobs' own footprint
-        exclude = lambda: actuator.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
-        order.append(
-            Loop(
-                "workload",
-                lambda: demo_workload_loop(node, daemon.worker, exclude, settings.interval_s, daemon.clock),
-                restart=True,
-            )
-        )
-    order.append(Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)))
-    return Components(tuple(order), node, detection, sampler, actuator, mqtt, endpoint, slurm, commands)
+    if broker_problem is not None:
+        log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
+    return None
 
 
-def _some(component: Component | None) -> list[Component]:
-    return [] if component is None else [component]
+def _dcgm(daemon: WiredDaemon) -> DcgmSource | None:
+    """dcgm-exporter's scrape source (``[dcgm] enabled``)."""
+    s = daemon.settings
+    if s.dcgm_url is None:
+        return None
+    return DcgmSource(s.dcgm_url, timeout_s=s.dcgm_timeout_s, max_age_s=s.dcgm_max_age_s, clock=daemon.clock)
 
 
-def _families(daemon: WiredDaemon, order: Sequence[Component]) -> list[Extension]:
-    """What ``/metrics`` exports beside the snapshot's own families: the daemon's task restarts, then each
-    component's families, in the components' order."""
-    return [TaskMetrics(daemon.restarts), *(m for c in order for m in c.metrics())]
+def _dcgm_loop(dcgm: DcgmSource | None, settings: TelemetrySettings) -> Component | None:
+    """The loop that scrapes ``dcgm`` (restarted after a failure)."""
+    if dcgm is None:
+        return None
+    return Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True)
 
+
+def _slurm(
+    daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent, mqtt: MqttComponent | None
+) -> SlurmComponent | None:
+    """The Slurm agent on the actuator (``[slurm] enabled``)."""
+    if not daemon.config.slurm.enabled:
+        return None
+    simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
+    slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock)
+    actuator.on_built(slurm.attach)
+    return slurm
+
+
+def _workload(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent) -> Component | None:
+    """A simulated node's load: the demo's synthetic one (unless turned off) and the jobs' own footprint."""
+    if daemon.sim_spec is None:
+        return None
+    exclude = lambda: actuator.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
+    interval_s = daemon.settings.interval_s
+    return Loop(
+        "workload",
+        lambda: demo_workload_loop(node, daemon.worker, exclude, interval_s, daemon.clock),
+        restart=True,
+    )

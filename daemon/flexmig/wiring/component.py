@@ -13,7 +13,8 @@ the list (:class:`flexmig.daemon.Daemon`):
   start-up): let go of what it holds; it must cope with a start that never happened or stopped half-way;
 * **reload**, in list order, with each configuration a SIGHUP accepted: apply what it can of it (the schema marks
   the keys it cannot: ``restart``);
-* **metrics**: the Prometheus families it adds to ``/metrics``, asked once, when the metrics endpoint starts.
+* **metrics**: the Prometheus families it adds to ``/metrics``, asked once, right after its own start, and
+  registered then (:class:`~flexmig.wiring.metrics_endpoint.MetricsRegistry`): exported from then on.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class Component(Protocol):
         ...
 
     def metrics(self) -> Sequence[Extension]:
-        """The metric families it exports (written once per snapshot, or collected at every scrape)."""
+        """The metric families it exports (written once per snapshot, or collected at every scrape), asked once
+        its start is done."""
         ...
 
 
