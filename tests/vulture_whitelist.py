@@ -124,6 +124,21 @@ _.renders  # metrics.scrape.Exposition: snapshot parts rendered (the tests and b
 _.receive
 _.sbatch
 
+# --- Configuration keys read by name: flexmig.config.settings.build_settings reads each key of a table with
+# getattr and sets the settings field its schema entry names (``to``), so a key that only a component's settings
+# object carries is read nowhere else.
+_.underuse_activity
+_.underuse_activity_exit
+_.underuse_memory
+_.underuse_memory_exit
+_.underuse_window_s
+_.underuse_exit_window_s
+_.oversize_window_s
+_.fragmentation_window_s
+_.migrate_enabled
+_.resplit_enabled
+_.malleable_enabled
+
 # --- Control operation handlers: a row of flexmig.act.operation_table.OPERATIONS names each, and bind() looks it up
 # by that name (tests/act/test_operation_table.py checks that every row's handler exists).
 _.submit

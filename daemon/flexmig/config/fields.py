@@ -27,6 +27,7 @@ def doc_field(
     toml: str | None = None,
     octal: bool = False,
     restart: bool = False,
+    to: str | tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field with the schema metadata that validation and the example file use.
 
@@ -36,7 +37,10 @@ def doc_field(
     ``octal`` prints the default as ``0o600``, and ``restart`` marks keys that a reload cannot apply (the daemon
     must be restarted; on a table's field of :class:`Config`, every key of that table). The flag is the only rule
     for what a reload changes: each component applies the other keys at once, and a reload names the restart keys
-    that changed (``tests/daemon/test_reload_keys.py`` holds every key to its flag).
+    that changed (``tests/daemon/test_reload_keys.py`` holds every key to its flag). ``to`` names the field (dotted
+    into nested settings; several for a key that sets several) of the component's settings object that the key
+    sets, when it is not the field of the key's own name; ``()``: the key sets none
+    (:func:`flexmig.config.settings.build_settings`).
     """
     meta = {
         "doc": doc,
@@ -49,6 +53,7 @@ def doc_field(
         "toml": toml,
         "octal": octal,
         "restart": restart,
+        "to": to,
     }
     if factory is not None:
         return field(default_factory=factory, metadata=meta)

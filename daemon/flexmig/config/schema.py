@@ -228,6 +228,10 @@ class DemandMixConfig:
         """Compute-slice count -> weight, for the detection layer."""
         return {1: self.g1, 2: self.g2, 3: self.g3, 4: self.g4, 7: self.g7}
 
+    def setting(self) -> tuple[tuple[str, float], ...]:
+        """The table as detection's setting (``fragmentation.demand``): (``1g``, weight) pairs by size."""
+        return tuple((f"{g}g", w) for g, w in sorted(self.weights().items()))
+
 
 @dataclass(frozen=True)
 class DetectConfig:
@@ -240,36 +244,56 @@ class DetectConfig:
         "or below underuse_memory, for underuse_window_s is underused (idle when it runs no process).",
         lo=0,
         hi=1,
+        to="underuse.activity_enter",
     )
     underuse_activity_exit: float = _doc(
         _UNDERUSE.activity_exit,
         "The finding ends once activity stays above this ratio for underuse_exit_window_s.",
         lo=0,
         hi=1,
+        to="underuse.activity_exit",
     )
     underuse_memory: float = _doc(
-        _UNDERUSE.memory_enter, "Memory used, as a ratio of the instance's memory, that counts as low.", lo=0, hi=1
+        _UNDERUSE.memory_enter,
+        "Memory used, as a ratio of the instance's memory, that counts as low.",
+        lo=0,
+        hi=1,
+        to="underuse.memory_enter",
     )
     underuse_memory_exit: float = _doc(
-        _UNDERUSE.memory_exit, "... or once memory used stays above this ratio for underuse_exit_window_s.", lo=0, hi=1
+        _UNDERUSE.memory_exit,
+        "... or once memory used stays above this ratio for underuse_exit_window_s.",
+        lo=0,
+        hi=1,
+        to="underuse.memory_exit",
     )
     underuse_window_s: float = _doc(
-        _UNDERUSE.enter_after_s, "How long low use must hold before it is a finding, in seconds.", lo=1, hi=86400
+        _UNDERUSE.enter_after_s,
+        "How long low use must hold before it is a finding, in seconds.",
+        lo=1,
+        hi=86400,
+        to="underuse.enter_after_s",
     )
     underuse_exit_window_s: float = _doc(
         _UNDERUSE.exit_after_s,
         "How long high use must hold before an underuse finding ends, in seconds.",
         lo=0,
         hi=86400,
+        to="underuse.exit_after_s",
     )
     oversize_margin: float = _doc(
         _UNDERUSE.oversize_margin,
         "A job is oversized when a smaller profile holds its p95 SMs and memory with this headroom.",
         lo=0,
         hi=10,
+        to="underuse.oversize_margin",
     )
     oversize_window_s: float = _doc(
-        _UNDERUSE.oversize_after_s, "How long a job must fit a smaller profile to be oversized.", lo=1, hi=86400
+        _UNDERUSE.oversize_after_s,
+        "How long a job must fit a smaller profile to be oversized.",
+        lo=1,
+        hi=86400,
+        to="underuse.oversize_after_s",
     )
     fragmentation_threshold: float = _doc(
         _FRAGMENTATION.enter,
@@ -277,20 +301,25 @@ class DetectConfig:
         "profile of the demand mix (its recoverable score, 0-1) stays at or above this (0.25: 2 of 7 slices).",
         lo=0,
         hi=1,
+        to="fragmentation.enter",
     )
     fragmentation_exit: float = _doc(
         _FRAGMENTATION.exit,
         "The fragmentation finding ends once the recoverable score stays at or below this (0.15: 1 of 7 slices).",
         lo=0,
         hi=1,
+        to="fragmentation.exit",
     )
     fragmentation_window_s: float = _doc(
         _FRAGMENTATION.enter_after_s,
         "How long fragmentation (or its end) must persist before it is reported, in seconds.",
         lo=0,
         hi=86400,
+        to=("fragmentation.enter_after_s", "fragmentation.exit_after_s"),
     )
-    demand_mix: DemandMixConfig = _doc(factory=DemandMixConfig, doc=DemandMixConfig.__doc__ or "")
+    demand_mix: DemandMixConfig = _doc(
+        factory=DemandMixConfig, doc=DemandMixConfig.__doc__ or "", to="fragmentation.demand"
+    )
 
 
 @dataclass(frozen=True)
@@ -299,7 +328,8 @@ class PlannerConfig:
 
     # Every key PlannerSettings also has takes its default from there (the one set of planner defaults), so a
     # daemon without a [planner] table plans exactly as the planner documents; its docstring gives the figures.
-    interval_s: float = _doc(60.0, "Seconds between two planning rounds.", lo=1, hi=86400)
+    # The actuator's round interval, no planner setting.
+    interval_s: float = _doc(60.0, "Seconds between two planning rounds.", lo=1, hi=86400, to=())
     settling_s: float = _doc(
         _PLANNER.settling_s,
         "A job started, migrated or re-split is not moved again for this long, in seconds.",
@@ -348,14 +378,17 @@ class PlannerConfig:
         lo=0,
         hi=10,
     )
-    migrate_enabled: bool = _doc(_PLANNER.migrate, "Plan migrations of jobs between instances.")
+    migrate_enabled: bool = _doc(_PLANNER.migrate, "Plan migrations of jobs between instances.", to="migrate")
     resplit_enabled: bool = _doc(
-        _PLANNER.resplit, "Plan re-splits of distributed jobs over another number of instances."
+        _PLANNER.resplit,
+        "Plan re-splits of distributed jobs over another number of instances.",
+        to="resplit",
     )
     malleable_enabled: bool = _doc(
         _PLANNER.malleable,
         "Let a job whose spec allows fewer ranks than it starts with (ranks.min below ranks.start) start or keep "
         "running on fewer ranks, at lower speed, when that beats waiting, and grow it back when room frees.",
+        to="malleable",
     )
 
 
