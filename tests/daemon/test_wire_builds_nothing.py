@@ -16,18 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from flexmig.config import (
-    Config,
-    ControlConfig,
-    DcgmConfig,
-    HostPort,
-    JobsConfig,
-    MqttConfig,
-    PrometheusConfig,
-    SlurmConfig,
-    StateConfig,
-)
+from flexmig.config import Config, StateConfig
 from flexmig.daemon import Daemon
+from support.configs import EVERY_PART, every_part_on
 
 # What building may not do. ``open`` is also raised when an import reads a module: those are left out below.
 _WATCHED = frozenset(
@@ -76,43 +67,18 @@ def _recording() -> Iterator[list[tuple[str, str]]]:
         _seen = None
 
 
-def _everything_on(d: Path) -> Config:
-    """Every optional part on, in mode act, each path inside ``d``."""
-    state = d / "state"
-    return Config(
-        mode="act",
-        node_name="node-1",
-        prometheus=PrometheusConfig(enabled=True, listen=HostPort("127.0.0.1", 0)),
-        mqtt=MqttConfig(
-            enabled=True,
-            outbox=state / "outbox.sqlite3",
-            commands_enabled=True,
-            username="flexmig",
-            password_file=d / "mqtt.password",
-        ),
-        dcgm=DcgmConfig(enabled=True),
-        control=ControlConfig(enabled=True, socket=d / "control.sock"),
-        state=StateConfig(directory=state, journal=state / "journal.sqlite3"),
-        jobs=JobsConfig(directory=d / "jobs", allowed_dirs=(d / "work",)),
-        slurm=SlurmConfig(enabled=True, gres_conf=d / "gres.conf", gres_map=d / "gres-map.json"),
-    )
-
-
 @pytest.mark.parametrize("everything", [False, True], ids=["defaults", "everything-on"])
 def test_wire_builds_a_whole_daemon_without_touching_anything(tmp_path: Path, everything: bool) -> None:
     d = tmp_path / "empty"
     d.mkdir()
     d.chmod(0o555)  # read-only for anyone but root: a daemon that wrote here while built would fail for a user
-    config = _everything_on(d) if everything else Config(state=StateConfig(directory=d, journal=d / "journal.sqlite3"))
+    config = every_part_on(d) if everything else Config(state=StateConfig(directory=d, journal=d / "journal.sqlite3"))
     with _recording() as seen:
         daemon = Daemon(config, sim_spec="h200", sim_state=d / "sim.json", hostname="node-1")
     assert seen == [], "building the daemon touched the system"
     assert list(d.iterdir()) == []
     names = daemon.components.names
     if everything:
-        assert names == (
-            "nvml", "detection", "mqtt", "sampling", "dcgm", "metrics", "actuator", "slurm", "mqtt-commands",
-            "workload", "watchdog",
-        )  # fmt: skip
+        assert names == EVERY_PART
     else:
         assert names == ("nvml", "detection", "sampling", "metrics", "actuator", "workload", "watchdog")
