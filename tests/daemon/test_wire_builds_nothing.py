@@ -18,6 +18,7 @@ import pytest
 
 from flexmig.config import Config, StateConfig
 from flexmig.daemon import Daemon
+from flexmig.wiring.component import Off
 from support.configs import EVERY_PART, every_part_on
 
 # What building may not do. ``open`` is also raised when an import reads a module: those are left out below.
@@ -82,3 +83,6 @@ def test_wire_builds_a_whole_daemon_without_touching_anything(tmp_path: Path, ev
         assert names == EVERY_PART
     else:
         assert names == ("nvml", "detection", "sampling", "metrics", "actuator", "workload", "watchdog")
+        off = [part.name for part in daemon.components.parts if isinstance(part, Off)]
+        assert off == ["mqtt", "dcgm", "slurm", "mqtt-commands"], "the parts that are off are null parts"
+        assert daemon.components.mqtt is None and daemon.components.slurm is None

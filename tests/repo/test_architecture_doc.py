@@ -11,6 +11,7 @@ import flexmig
 from flexmig.act.operation_table import markdown
 from flexmig.config import Config
 from flexmig.daemon import Daemon
+from flexmig.wiring import SWITCHES
 from support.configs import every_part_on
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,15 @@ def test_the_layer_table_is_the_one_the_layer_test_enforces() -> None:
     shown = re.search(r"```text\n(.*?)```", section("Layers"), re.S)
     assert shown, "no ```text block in the Layers section"
     assert [line.split() for line in shown.group(1).splitlines()] == enforced
+
+
+def test_the_optional_components_are_those_with_a_switch() -> None:
+    """A row not present "always" is an optional part: it has a switch in wiring.SWITCHES (an Off when it is off)."""
+    rows = re.findall(
+        r"^\| \d+ \| `([^`]+)` \| [^|]+ \| [^|]+ \| ([^|]+) \|", section("The components of flexmigd, in order"), re.M
+    )
+    optional = {name for name, present in rows if not present.strip().startswith("always")}
+    assert optional == set(SWITCHES)
 
 
 def test_the_component_list_is_the_order_wire_builds(tmp_path: Path) -> None:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
-from flexmig.config import ConfigProblem, HostPort
+from flexmig.config import Config, ConfigProblem, HostPort
 from flexmig.metrics.runtime import TaskMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
@@ -42,7 +43,7 @@ from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.actuator_host import ActuatorHost
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.commands import CommandsComponent
-from flexmig.wiring.component import Component, Loop
+from flexmig.wiring.component import Component, Loop, Off
 from flexmig.wiring.detection import DetectionComponent, Detector, detect_settings
 from flexmig.wiring.metrics_endpoint import MetricsEndpoint, MetricsRegistry
 from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
@@ -50,6 +51,7 @@ from flexmig.wiring.sampling import SamplerComponent, demo_workload_loop, watchd
 from flexmig.wiring.slurm import SlurmComponent
 
 __all__ = [
+    "SWITCHES",
     "ActuatorComponent",
     "Component",
     "Components",
@@ -67,26 +69,52 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Components:
-    """What :func:`wire` built: :attr:`order`, the list the daemon walks, and the components by name for those who
-    reach one (the tests, the demo workload's exclusions)."""
+    """What :func:`wire` built: every part, in the order they start (an optional part that is off an
+    :class:`~flexmig.wiring.component.Off`), :attr:`order`, the list the daemon walks (the parts that are on), and
+    the components by name for those who reach one (the tests, the demo workload's exclusions)."""
 
-    order: tuple[Component, ...]
+    parts: tuple[Component, ...]
     node: NodeComponent
     detection: DetectionComponent
     sampler: SamplerComponent
     actuator: ActuatorComponent
     registry: MetricsRegistry
     """The families ``/metrics`` exports beside the snapshot's: the daemon's, then each component's as it starts."""
-    mqtt: MqttComponent | None = None
-    metrics: MetricsEndpoint | None = None
-    slurm: SlurmComponent | None = None
-    """The Slurm agent (``[slurm] enabled``): demand from Slurm, re-registrations in mode act."""
-    commands: CommandsComponent | None = None
-    """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
+    order: tuple[Component, ...] = field(init=False)
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "names", tuple(c.name for c in self.order))
+        order = tuple(c for c in self.parts if not isinstance(c, Off))
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "names", tuple(c.name for c in order))
+
+    def part(self, name: str) -> Component:
+        """The part called ``name`` (an Off when its switch is off)."""
+        return next(c for c in self.parts if c.name == name)
+
+    @property
+    def mqtt(self) -> MqttComponent | None:
+        """The outbox and publisher (``[mqtt] enabled``), for the tests that look at them."""
+        part = self.part("mqtt")
+        return part if isinstance(part, MqttComponent) else None
+
+    @property
+    def metrics(self) -> MetricsEndpoint | None:
+        """The ``/metrics`` endpoint (``[prometheus] enabled``)."""
+        part = self.part("metrics")
+        return part if isinstance(part, MetricsEndpoint) else None
+
+    @property
+    def slurm(self) -> SlurmComponent | None:
+        """The Slurm agent (``[slurm] enabled``): demand from Slurm, re-registrations in mode act."""
+        part = self.part("slurm")
+        return part if isinstance(part, SlurmComponent) else None
+
+    @property
+    def commands(self) -> CommandsComponent | None:
+        """The MQTT command listener (``[mqtt] enabled`` and ``commands_enabled``), forwarding to the actuator."""
+        part = self.part("mqtt-commands")
+        return part if isinstance(part, CommandsComponent) else None
 
     @property
     def detector(self) -> Detector:
@@ -115,13 +143,27 @@ class WiredDaemon(ActuatorHost, Protocol):
     sim_workload: bool
 
 
+#: The optional parts and the switch that turns each on (docs/architecture.md's "present when"). A part whose switch
+#: is off is an :class:`~flexmig.wiring.component.Off` in :attr:`Components.parts`, left out of the order.
+SWITCHES: Mapping[str, Callable[[WiredDaemon], bool]] = MappingProxyType(
+    {
+        "mqtt": lambda d: d.config.mqtt.enabled,
+        "dcgm": lambda d: d.settings.dcgm_url is not None,
+        "metrics": lambda d: d.metrics_addr is not None,
+        "slurm": lambda d: d.config.slurm.enabled,
+        "mqtt-commands": lambda d: d.config.mqtt.enabled and d.config.mqtt.commands_enabled,
+        "workload": lambda d: d.sim_spec is not None,
+    }
+)
+
+
 def wire(daemon: WiredDaemon) -> Components:
     """The components of ``daemon``, in the order they start (see the module docstring), built and not started.
 
     Touches no file, socket or process: each component opens what it needs in its ``start`` (the outbox, the
     journal, the control socket, the metrics port), so a configuration that cannot run fails there, and
-    :class:`flexmig.daemon.Daemon` closes what the components before it opened. The optional parts are built when
-    their switch is on, and left out of the list when it is off."""
+    :class:`flexmig.daemon.Daemon` closes what the components before it opened. An optional part is built when
+    its switch (:data:`SWITCHES`) is on, and is an :class:`~flexmig.wiring.component.Off` when it is off."""
     config, settings = daemon.config, daemon.settings
     node_name = config.node(lambda: daemon.hostname)
     node = NodeComponent(
@@ -141,24 +183,22 @@ def wire(daemon: WiredDaemon) -> Components:
         node, daemon.worker, settings, daemon.hub, daemon.heartbeat, hostname=daemon.hostname, dcgm=dcgm,
         clock=daemon.clock,
     )  # fmt: skip
-    actuator = ActuatorComponent(daemon, node, mqtt=mqtt, locks=locks, wall=daemon.wall, clock=daemon.clock)
-    slurm = _slurm(daemon, node, actuator, mqtt)
-    listener = None if mqtt is None else command_listener(config, node_name, actuator.dispatch)
-    commands = None
-    if mqtt is not None and listener is not None:
-        commands = CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
+    publisher = mqtt if isinstance(mqtt, MqttComponent) else None  # the actuator's and Slurm's event sink
+    actuator = ActuatorComponent(daemon, node, mqtt=publisher, locks=locks, wall=daemon.wall, clock=daemon.clock)
     registry = MetricsRegistry()
     registry.register("daemon", (TaskMetrics(daemon.restarts),))  # the daemon's own families come first
-    endpoint = None
-    if daemon.metrics_addr is not None:
-        endpoint = MetricsEndpoint(daemon.metrics_addr, daemon.hub.latest, registry, detail=config.prometheus.detail)
-    parts: tuple[Component | None, ...] = (
-        node, detection, mqtt, sampler, _dcgm_loop(dcgm, settings), endpoint, actuator, slurm, commands,
-        _workload(daemon, node, actuator),
+    on = {name: switch(daemon) for name, switch in SWITCHES.items()}
+    parts: tuple[Component, ...] = (
+        node, detection, mqtt, sampler,
+        Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True) if dcgm else Off("dcgm"),
+        _endpoint(daemon, registry) if on["metrics"] else Off("metrics"),
+        actuator,
+        _slurm(daemon, node, actuator, publisher) if on["slurm"] else Off("slurm"),
+        _commands(config, node_name, actuator, publisher) if on["mqtt-commands"] else Off("mqtt-commands"),
+        _workload(daemon, node, actuator) if on["workload"] else Off("workload"),
         Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)),
     )  # fmt: skip
-    order = tuple(part for part in parts if part is not None)
-    return Components(order, node, detection, sampler, actuator, registry, mqtt, endpoint, slurm, commands)
+    return Components(parts, node, detection, sampler, actuator, registry)
 
 
 def _sim_workload(daemon: WiredDaemon) -> bool:
@@ -169,17 +209,17 @@ def _sim_workload(daemon: WiredDaemon) -> bool:
     return daemon.sim_workload
 
 
-def _mqtt(daemon: WiredDaemon, node_name: str, detector: Detector, locks: LockSet) -> MqttComponent | None:
+def _mqtt(daemon: WiredDaemon, node_name: str, detector: Detector, locks: LockSet) -> MqttComponent | Off:
     """The MQTT component (``[mqtt] enabled``); a malformed broker address left at its default is reported."""
     config = daemon.config
     broker_problem = next((str(p) for p in daemon.deferred_problems if p.key == "mqtt.broker"), None)
-    if config.mqtt.enabled:
+    if SWITCHES["mqtt"](daemon):
         return MqttComponent(
             config.mqtt, node_name, detector, daemon.hub, mode=config.mode, broker_problem=broker_problem, locks=locks
         )
     if broker_problem is not None:
         log.warning("%s; ignored while [mqtt] enabled = false (fix it before enabling MQTT)", broker_problem)
-    return None
+    return Off("mqtt")
 
 
 def _dcgm(daemon: WiredDaemon) -> DcgmSource | None:
@@ -190,29 +230,34 @@ def _dcgm(daemon: WiredDaemon) -> DcgmSource | None:
     return DcgmSource(s.dcgm_url, timeout_s=s.dcgm_timeout_s, max_age_s=s.dcgm_max_age_s, clock=daemon.clock)
 
 
-def _dcgm_loop(dcgm: DcgmSource | None, settings: TelemetrySettings) -> Component | None:
-    """The loop that scrapes ``dcgm`` (restarted after a failure)."""
-    if dcgm is None:
-        return None
-    return Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True)
+def _endpoint(daemon: WiredDaemon, registry: MetricsRegistry) -> MetricsEndpoint:
+    """``/metrics`` on the daemon's metrics address, with the registry's families."""
+    assert daemon.metrics_addr is not None  # its switch is on
+    return MetricsEndpoint(daemon.metrics_addr, daemon.hub.latest, registry, detail=daemon.config.prometheus.detail)
+
+
+def _commands(
+    config: Config, node_name: str, actuator: ActuatorComponent, mqtt: MqttComponent | None
+) -> CommandsComponent:
+    """The MQTT command listener (``commands_enabled``, on the MQTT component); ConfigError when the configuration
+    cannot make one (credentials, TLS)."""
+    listener = command_listener(config, node_name, actuator.dispatch)
+    assert mqtt is not None and listener is not None  # its switch is on: so is MQTT's
+    return CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
 
 
 def _slurm(
     daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent, mqtt: MqttComponent | None
-) -> SlurmComponent | None:
+) -> SlurmComponent:
     """The Slurm agent on the actuator (``[slurm] enabled``)."""
-    if not daemon.config.slurm.enabled:
-        return None
     simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
     slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock)
     actuator.on_built(slurm.attach)
     return slurm
 
 
-def _workload(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent) -> Component | None:
+def _workload(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent) -> Component:
     """A simulated node's load: the demo's synthetic one (unless turned off) and the jobs' own footprint."""
-    if daemon.sim_spec is None:
-        return None
     exclude = lambda: actuator.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
     interval_s = daemon.settings.interval_s
     return Loop(

@@ -26,7 +26,7 @@ from typing import Protocol
 from flexmig.config import Config
 from flexmig.metrics.collector import Extension
 
-__all__ = ["Component", "Loop", "idle"]
+__all__ = ["Component", "Loop", "Off", "idle"]
 
 
 class Component(Protocol):
@@ -100,4 +100,36 @@ class Loop:
 
     def metrics(self) -> Sequence[Extension]:
         """No families of its own."""
+        return ()
+
+
+class Off:
+    """An optional part that the configuration turns off (uvicorn's ``LifespanOff``): it opens, runs, drains,
+    closes, reloads and exports nothing. :func:`flexmig.wiring.wire` puts one where a part's switch is off
+    (``flexmig.wiring.SWITCHES``) and leaves it out of the list the daemon walks, so an off part has no task and no
+    name in the logs or metrics, and nothing asks whether it is there."""
+
+    restart = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def start(self) -> None:
+        """Nothing to open."""
+
+    async def run(self) -> None:
+        """Nothing to run: wait to be cancelled."""
+        await idle()
+
+    async def drain(self) -> None:
+        """Nothing in flight."""
+
+    async def close(self) -> None:
+        """Nothing held."""
+
+    def reload(self, config: Config) -> None:
+        """Nothing to apply (the switches are restart keys)."""
+
+    def metrics(self) -> Sequence[Extension]:
+        """No families."""
         return ()
