@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from ctypes import byref
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from flexmig.telemetry.ring import WindowStats
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, SamplingStats, Snapshot
 from flexmig.wiring import Detector, detect_settings
 from support.daemon import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
+from support.wait import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,10 +144,11 @@ def test_a_gpu_instance_without_a_compute_instance_holds_its_slices_in_every_fig
             before = daemon.latest()
             assert before is not None
             await daemon.worker.call(_gpu_instance_without_compute_instance, 0, 4)
-            deadline = time.monotonic() + 20
-            while (snap := daemon.latest()) is None or snap.stats.inventories <= before.stats.inventories:
-                assert time.monotonic() < deadline, "no re-inventory within 20 s"
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: (snap := daemon.latest()) is not None and snap.stats.inventories > before.stats.inventories,
+                20,
+                "a re-inventory",
+            )
             await sweeps(daemon, 2)
             snap = daemon.latest()
             assert snap is not None

@@ -341,11 +341,16 @@ def node_action_steps(
     """The journalled steps of the first action on Slurm node ``target`` with step ``having`` among them
     (``retire``: its retirement; ``register``: its registration), from the ``action_completed`` events queued for
     ``client_id``'s session (opened before); AssertionError after ``limit_s``."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+
+    def steps_having() -> list[str] | None:
         events = collect_events(port, node, client_id=client_id, quiet_s=1.0, limit_s=5.0)
         done = [e for e in events if e.kind.value == "action_completed" and target in str(e.payload.get("target"))]
         for e in done:
             if having in (steps := [s["step"] for s in e.payload["steps"]]):
                 return steps
-    raise AssertionError(f"no action_completed event of {target} with a {having} step within {limit_s:g} s")
+        return None
+
+    found: list[str] = wait_until(
+        steps_having, limit_s, f"an action_completed event of {target} with a {having} step", every_s=0.0
+    )
+    return found
