@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.config.problems import type_name
-from flexmig.hook import ALLOWED_SIGNALS, parse_signal
+from flexmig.hook.protocol import ALLOWED_SIGNALS, parse_signal
 from flexmig.jobspec.context import SpecContext
 from flexmig.jobspec.types import HookSettings, NeedSpec
 from flexmig.mig.catalogue import MODELS

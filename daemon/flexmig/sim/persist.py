@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.errors import LayoutError, SimError
-from flexmig.hook import JsonBoundsError, bounded_loads
+from flexmig.hook.boundedjson import JsonBoundsError
+from flexmig.hook.boundedjson import loads as bounded_loads
 from flexmig.mig import GpuModel, Layout, model_by_key
 from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.gi_ids import GiIdPolicy
