@@ -11,7 +11,8 @@
 #   make check  the fast suite: every test not marked integration, i.e. none that starts a process or binds a
 #               socket (no mosquitto, Prometheus, flexmigd, job or CLI subprocess, no server of the daemon's own;
 #               tests/conftest.py fails a test that does and is not marked), the layer table among them
-#               (tests/repo/test_layers.py), and ruff's function-size rules (pyproject.toml); no other lint, no Debian
+#               (tests/repo/test_layers.py) and the size rule (tests/repo/test_sizes.py: no module over 600 lines, no
+#               function over 60), and ruff's function-size rules (pyproject.toml); no other lint, no Debian
 #               packages
 #   make ids    the whole suite but the fault-injection tests with GPU-instance IDs handed out adversarially
 #               (FLEXMIG_SIM_IDS, see docs/simulator.md: any legal ID, reused after a destroy), so that no test and

@@ -124,6 +124,22 @@ _.renders  # metrics.scrape.Exposition: snapshot parts rendered (the tests and b
 _.receive
 _.sbatch
 
+# --- Configuration keys read by name: flexmig.config.settings.build_settings reads each key of a table with
+# getattr and sets the settings field its schema entry names (``to``), so a key that only a component's settings
+# object carries is read nowhere else.
+_.underuse_activity
+_.underuse_activity_exit
+_.underuse_memory
+_.underuse_memory_exit
+_.underuse_window_s
+_.underuse_exit_window_s
+_.oversize_window_s
+_.fragmentation_window_s
+_.migrate_enabled
+_.resplit_enabled
+_.malleable_enabled
+
+
 # --- Public names in a module's ``__all__`` that only tests, benchmarks, docs or job scripts use (vulture counts
 # ``__all__`` as a use; tests/repo/test_dead_code.py does not, so that an export nothing needs shows up).
 _.demand_from_requests  # flexmig.detect: the demand mix learnt from requests (docs/detection.md)

@@ -223,6 +223,8 @@ class Daemon:
         """Each component's start, in order; then the line that says the daemon is up, and READY."""
         for component in self._order:
             await component.start()
+            # Its families from now on, asked once it started: they read what its start made.
+            self.components.registry.register(component.name, component.metrics())
         first = self.components.sampler.first
         gpus, instances = (len(first.gpus), len(first.instances())) if first is not None else (0, 0)
         log.info(

@@ -290,15 +290,22 @@ def test_a_restarted_mqtt_loop_still_has_its_outbox(tmp_path: Path) -> None:
     daemon.restart_backoff_s = (0.05, 0.2)
     mqtt = daemon.components.mqtt
     assert mqtt is not None
-    real_run, runs = mqtt.publisher.run, []
+    runs: list[int] = []
+    real_start = mqtt.start
 
-    async def fails_once() -> None:
-        runs.append(1)
-        if len(runs) == 1:
-            raise RuntimeError("publisher bug")
-        await real_run()
+    async def start_with_a_failing_publisher() -> None:
+        await real_start()  # the publisher exists from the component's start on
+        real_run = mqtt.publisher.run
 
-    mqtt.publisher.run = fails_once  # type: ignore[method-assign]
+        async def fails_once() -> None:
+            runs.append(1)
+            if len(runs) == 1:
+                raise RuntimeError("publisher bug")
+            await real_run()
+
+        mqtt.publisher.run = fails_once  # type: ignore[method-assign]
+
+    mqtt.start = start_with_a_failing_publisher  # type: ignore[method-assign]
 
     async def scenario() -> tuple[list[float], list[str]]:
         stop = asyncio.Event()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from ctypes import byref
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from flexmig.act.nodeview import NodeView
 from flexmig.config import Config, DetectConfig, PrometheusConfig, SamplingConfig, load_config, parse_config
 from flexmig.daemon import Daemon
-from flexmig.detect import DetectSettings, Report
+from flexmig.detect import DetectSettings, FragmentationFinding, Report
 from flexmig.metrics.findings import report_of
 from flexmig.status import status_document
 from flexmig.telemetry import TelemetrySettings
@@ -24,7 +23,20 @@ from flexmig.telemetry.observation import usage_of
 from flexmig.telemetry.ring import WindowStats
 from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, SamplingStats, Snapshot
 from flexmig.wiring import Detector, detect_settings
-from support.daemon import LOOPBACK_ANY, Series, by_label, nvml_of, running, scrape, sim_node, started, sweeps, values
+from support.daemon import (
+    LOOPBACK_ANY,
+    Series,
+    by_label,
+    nvml_of,
+    running,
+    scrape,
+    sim_node,
+    started,
+    sweeps,
+    until_snapshot,
+    values,
+)
+from support.wait import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,16 +81,31 @@ fragmentation_window_s = 11
     assert dict(f.demand) == {"1g": 1.0, "2g": 0.0, "3g": 0.0, "4g": 0.0, "7g": 3.0}
 
 
+@pytest.mark.integration
 def test_a_reload_applies_new_detection_thresholds_at_once(tmp_path: Path) -> None:
+    """Read as a user would: the node's fragmentation (a 2g and a 1g leaving no room for a 4g, score 0.57) is no
+    finding under a threshold of 0.9, and is one from the first sweep after a reload lowers it to 0.35."""
     path = tmp_path / "flexmig.toml"
-    path.write_text("[detect]\nfragmentation_threshold = 0.5\n")
+    detect = "[detect]\nfragmentation_window_s = 0\nfragmentation_exit = 0.3\nfragmentation_threshold = {}\n"
+    path.write_text("[sampling]\ninterval_s = 0.1\nstall_s = 30\n" + detect.format(0.9))
     path.chmod(0o600)
-    daemon = Daemon(load_config(path), sim_spec="h200", config_path=path)
-    assert daemon.components.detector.settings.fragmentation.enter == 0.5
-    path.write_text("[detect]\nfragmentation_threshold = 0.8\nunderuse_window_s = 30\n")
-    assert daemon.reload()
-    assert daemon.components.detector.settings.fragmentation.enter == 0.8
-    assert daemon.components.detector.settings.underuse.enter_after_s == 30
+
+    def fragmented(snap: Snapshot) -> bool:
+        report = report_of(snap)
+        return report is not None and any(isinstance(f, FragmentationFinding) for f in report.active)
+
+    async def scenario() -> bool:
+        daemon = Daemon(load_config(path), sim_spec="h200:2g.35gb@0+1g.18gb@4", config_path=path,
+                        sim_workload=False, metrics_addr=LOOPBACK_ANY)  # fmt: skip
+        async with started(daemon):
+            await sweeps(daemon, 3)
+            before = fragmented(daemon.latest())  # type: ignore[arg-type]  # a sweep was published
+            path.write_text("[sampling]\ninterval_s = 0.1\nstall_s = 30\n" + detect.format(0.35))
+            assert daemon.reload()
+            await until_snapshot(daemon, fragmented, "a fragmentation finding after the reload")
+            return before
+
+    assert not asyncio.run(scenario()), "no finding under a threshold above the 0.57 of this layout"
 
 
 # ------------------------------------------------------------------------------------------ in the daemon
@@ -144,10 +171,11 @@ def test_a_gpu_instance_without_a_compute_instance_holds_its_slices_in_every_fig
             before = daemon.latest()
             assert before is not None
             await daemon.worker.call(_gpu_instance_without_compute_instance, 0, 4)
-            deadline = time.monotonic() + 20
-            while (snap := daemon.latest()) is None or snap.stats.inventories <= before.stats.inventories:
-                assert time.monotonic() < deadline, "no re-inventory within 20 s"
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: (snap := daemon.latest()) is not None and snap.stats.inventories > before.stats.inventories,
+                20,
+                "a re-inventory",
+            )
             await sweeps(daemon, 2)
             snap = daemon.latest()
             assert snap is not None

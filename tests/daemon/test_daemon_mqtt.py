@@ -483,9 +483,13 @@ def test_a_reload_says_mqtt_changes_wait_for_the_next_start(tmp_path: Path, capl
     path.write_text(daemon_config("127.0.0.1:1883", tmp_path / "outbox.sqlite3"))
     path.chmod(0o600)
     daemon = Daemon(load_config(path), sim_spec="h200", config_path=path)
-    path.write_text(daemon_config("127.0.0.1:1884", tmp_path / "outbox.sqlite3"))
-    assert daemon.reload()
-    assert any("at next restart: mqtt.broker" in r.getMessage() for r in caplog.records)
-    assert daemon.components.mqtt is not None
-    assert daemon.components.mqtt.publisher.settings.broker == "127.0.0.1:1883"  # the running publisher is kept
-    daemon.components.mqtt.outbox.close()
+    mqtt = daemon.components.mqtt
+    assert mqtt is not None
+    asyncio.run(mqtt.start())  # the publisher exists once its component started
+    try:
+        path.write_text(daemon_config("127.0.0.1:1884", tmp_path / "outbox.sqlite3"))
+        assert daemon.reload()
+        assert any("at next restart: mqtt.broker" in r.getMessage() for r in caplog.records)
+        assert mqtt.publisher.settings.broker == "127.0.0.1:1883"  # the running publisher is kept
+    finally:
+        asyncio.run(mqtt.close())

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from prometheus_client.openmetrics import parser as om_parser
 
+from support.flexmigd import running_daemon
 from support.prometheus import (
     PROMETHEUS,
     PROMTOOL,
     SPEC,
     api,
-    flexmigd,
     ground_truth,
     http_get,
     query,
@@ -42,7 +42,7 @@ PROMETHEUS_ACCEPT = (
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    with flexmigd(tmp_path, SPEC) as d:
+    with running_daemon(tmp_path, SPEC) as d:
         yield d.proc, d.port
 
 

@@ -63,10 +63,10 @@ from support.dashboards import (
     render,
     variable_queries,
 )
-from support.flexmigd import ActNode, JobCycler
+from support.flexmigd import ActNode, JobCycler, RunningDaemon, running_daemon
 from support.jobs import kill_ranks
 from support.mosquitto import MOSQUITTO, Mosquitto
-from support.prometheus import PROMETHEUS, SPEC, Flexmigd, api, flexmigd, http_get, prometheus, query
+from support.prometheus import PROMETHEUS, SPEC, api, http_get, prometheus, query
 from support.wait import wait_until
 
 pytestmark = [
@@ -193,8 +193,8 @@ class Stack:
     """The running stack: Prometheus's port, the flexmigds, and the metric families each exporter exposes."""
 
     prometheus: int
-    daemon: Flexmigd
-    second: Flexmigd
+    daemon: RunningDaemon
+    second: RunningDaemon
     flexmigd_families: frozenset[str]
     dcgm_names: frozenset[str]
     act: ActNode
@@ -244,7 +244,7 @@ def write_level_config(path: Path, level: Level) -> Path:
 
 
 @contextlib.contextmanager
-def level_nodes(work: Path) -> Iterator[dict[Level, Flexmigd]]:
+def level_nodes(work: Path) -> Iterator[dict[Level, RunningDaemon]]:
     """One flexmigd per detail level on issue 45's node, otherwise at the default configuration."""
     with contextlib.ExitStack() as stack:
         nodes = {}
@@ -252,7 +252,7 @@ def level_nodes(work: Path) -> Iterator[dict[Level, Flexmigd]]:
             home = work / f"level-{level}"
             home.mkdir()
             config = write_level_config(home / "flexmig.toml", level)
-            nodes[level] = stack.enter_context(flexmigd(home, LEVEL_SPEC, config))
+            nodes[level] = stack.enter_context(running_daemon(home, LEVEL_SPEC, config))
         yield nodes
 
 
@@ -269,8 +269,8 @@ def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         second.mkdir()
         config_2 = write_config(second / "flexmig.toml", broker.address, dcgm_port_2, second / "outbox.sqlite3", NODE_2)
         with (
-            flexmigd(work, SPEC, config) as daemon,
-            flexmigd(second, SPEC_2, config_2) as daemon_2,
+            running_daemon(work, SPEC, config) as daemon,
+            running_daemon(second, SPEC_2, config_2) as daemon_2,
             acting_node(work / "act") as act,
             level_nodes(work) as levels,
         ):
@@ -302,7 +302,7 @@ def stack(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 )
 
 
-def reported(daemon: Flexmigd, node: str) -> bool:
+def reported(daemon: RunningDaemon, node: str) -> bool:
     """True once ``daemon`` exports detection's, the MQTT publisher's and the DCGM source's series."""
     text = daemon.metrics()
     wanted = ("flexmig_mig_finding{", f'flexmig_mqtt_connected{{Hostname="{node}"}} 1.0', "flexmig_dcgm_up{")

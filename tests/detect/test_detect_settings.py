@@ -3,7 +3,8 @@
 import pytest
 
 from flexmig.config import DetectConfig, parse_config
-from flexmig.detect import DEFAULT_DEMAND, DetectSettings, settings_from_thresholds
+from flexmig.config.settings import build_settings
+from flexmig.detect import DEFAULT_DEMAND, DetectSettings
 from flexmig.detect.settings import FragmentationSettings
 
 
@@ -21,14 +22,7 @@ def test_the_default_demand_mix_sums_to_one_and_favours_small_instances() -> Non
 
 
 def _from_table(d: DetectConfig) -> DetectSettings:
-    return settings_from_thresholds(
-        activity=d.underuse_activity, activity_exit=d.underuse_activity_exit,
-        memory=d.underuse_memory, memory_exit=d.underuse_memory_exit,
-        window_s=d.underuse_window_s, exit_window_s=d.underuse_exit_window_s,
-        oversize_margin=d.oversize_margin, oversize_window_s=d.oversize_window_s,
-        fragmentation=d.fragmentation_threshold, fragmentation_exit=d.fragmentation_exit,
-        fragmentation_window_s=d.fragmentation_window_s, demand=d.demand_mix.weights(),
-    )  # fmt: skip
+    return build_settings(DetectSettings, d)
 
 
 def test_a_daemon_without_a_detect_table_uses_the_documented_detection_defaults() -> None:

@@ -11,7 +11,6 @@ from flexmig.detect import (
     DetectSettings,
     DetectState,
     FragmentationFinding,
-    FragmentationSettings,
     InstanceUsage,
     Observation,
     Report,
@@ -20,15 +19,12 @@ from flexmig.detect import (
     observe,
 )
 from flexmig.detect import tracker as tracker_module
-from flexmig.mig import H200, Layout
+from flexmig.mig import Layout
+from support.layouts import FRAGMENTATION, FRAGMENTED, PACKED
 
-LAYOUTS = (
-    Layout.of(H200, [("2g.35gb", 0), ("1g.18gb", 4)]),  # fragmented: a finding after its window
-    Layout.of(H200, [("2g.35gb", 4), ("1g.18gb", 6)]),
-)
+LAYOUTS = (FRAGMENTED, PACKED)  # the first fragmented: a finding after its window
 US = UnderuseSettings(enter_after_s=30, exit_after_s=20, oversize_after_s=40, max_gap_s=10)
-S = DetectSettings(fragmentation=FragmentationSettings(enter=0.35, exit=0.25, enter_after_s=20, exit_after_s=20))
-S = replace(S, underuse=US)
+S = DetectSettings(fragmentation=FRAGMENTATION, underuse=US)
 GiB = 2**30
 
 

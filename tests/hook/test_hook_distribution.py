@@ -21,9 +21,11 @@ import pytest
 import flexmig
 import flexmig.hook
 import flexmig.hook.atomic
+import flexmig.hook.boundedjson
 import flexmig.hook.protocol
 import flexmig_hook
 import flexmig_hook.atomic
+import flexmig_hook.boundedjson
 import flexmig_hook.protocol
 from support.flexmigd import act_node, short_base
 from support.jobs import counter_spec, log_lines, write_spec
@@ -38,6 +40,7 @@ def test_flexmig_hook_is_the_hook_distribution_under_the_daemon_packages_name() 
     for ours, theirs in (
         (flexmig.hook, flexmig_hook),
         (flexmig.hook.atomic, flexmig_hook.atomic),
+        (flexmig.hook.boundedjson, flexmig_hook.boundedjson),
         (flexmig.hook.protocol, flexmig_hook.protocol),
     ):
         assert ours.__all__ == theirs.__all__

@@ -7,6 +7,7 @@ with one line.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +29,19 @@ def node() -> Iterator[LiveNode]:
         yield n
 
 
+@contextmanager
+def listening(node: LiveNode, broker: Mosquitto, tmp_path: Path, *, own: bool = False) -> Iterator[RunningListener]:
+    """The node's command listener on ``broker`` for the body of a ``with``; stopped after it (and ``broker`` too
+    when the test started it itself: ``own``)."""
+    listener = RunningListener(node, broker, password_file(tmp_path))
+    try:
+        yield listener
+    finally:
+        listener.stop()
+        if own:
+            broker.stop()
+
+
 def refusal(listener: RunningListener) -> str:
     """The listener's refusal line, once it is logged (bounded wait)."""
     wait_until(lambda: listener.listener.stats().off is not None, WAIT, "the refusal line")
@@ -44,8 +58,7 @@ def test_a_broker_that_lets_anonymous_clients_publish_is_refused_at_start_with_o
     node: LiveNode, mosquitto: Brokers, tmp_path: Path
 ) -> None:
     broker = mosquitto("allow_anonymous true\n")  # mosquitto's out-of-the-box trust: anyone, anywhere
-    listener = RunningListener(node, broker, password_file(tmp_path))
-    try:
+    with listening(node, broker, tmp_path) as listener:
         line = refusal(listener)
         assert line.startswith(
             f"MQTT commands refused: an anonymous client could publish to flexmig/v1/{NODE}/commands/"
@@ -56,8 +69,6 @@ def test_a_broker_that_lets_anonymous_clients_publish_is_refused_at_start_with_o
         assert job_runs(node), "an anonymous command never runs"
         assert listener.listener.stats().received == 0
         assert listener.log.lines == [line], "one line, and nothing more as it stays off"
-    finally:
-        listener.stop()
 
 
 def test_a_broker_with_passwords_but_no_acl_is_refused_at_start_with_one_line(
@@ -66,8 +77,7 @@ def test_a_broker_with_passwords_but_no_acl_is_refused_at_start_with_one_line(
     """Every account may publish everywhere there, so the node's own account probes its command topics."""
     conf = "".join(line + "\n" for line in secured_config(tmp_path / "s").splitlines() if "acl_file" not in line)
     broker = mosquitto(conf)
-    listener = RunningListener(node, broker, password_file(tmp_path))
-    try:
+    with listening(node, broker, tmp_path) as listener:
         line = refusal(listener)
         assert line.startswith(
             f"MQTT commands refused: the node's own account '{NODE}' could publish to flexmig/v1/{NODE}/commands/"
@@ -80,8 +90,6 @@ def test_a_broker_with_passwords_but_no_acl_is_refused_at_start_with_one_line(
             viewer.close()
         assert job_runs(node)
         assert listener.listener.stats().received == 0
-    finally:
-        listener.stop()
 
 
 def test_with_the_documented_acl_operators_command_and_anonymous_clients_cannot(
@@ -90,20 +98,19 @@ def test_with_the_documented_acl_operators_command_and_anonymous_clients_cannot(
     """Anonymous clients may even connect (to read nothing): the ACL, not the login, keeps the topics closed."""
     conf = secured_config(tmp_path / "s").replace("allow_anonymous false", "allow_anonymous true")
     broker = mosquitto(conf)
-    listener = RunningListener(node, broker, password_file(tmp_path))
-    operator = Operator(broker)
-    try:
-        listener.wait_connected()
-        assert listener.listener.stats().off is None
-        assert any("anonymous clients and the node's own account cannot publish" in x for x in listener.log.lines)
-        anonymous_publish(broker, "stop", STOP)
-        answer = operator.ask("stop", {"id": "op-1", "args": {"name": "nosuch"}})
-        assert answer["id"] == "op-1", "the anonymous command never reached the node: the operator's is the first"
-        assert answer["type"] == "RequestError" and "no job named 'nosuch'" in answer["error"]
-        assert job_runs(node)
-    finally:
-        operator.close()
-        listener.stop()
+    with listening(node, broker, tmp_path) as listener:
+        operator = Operator(broker)
+        try:
+            listener.wait_connected()
+            assert listener.listener.stats().off is None
+            assert any("anonymous clients and the node's own account cannot publish" in x for x in listener.log.lines)
+            anonymous_publish(broker, "stop", STOP)
+            answer = operator.ask("stop", {"id": "op-1", "args": {"name": "nosuch"}})
+            assert answer["id"] == "op-1", "the anonymous command never reached the node: the operator's is the first"
+            assert answer["type"] == "RequestError" and "no job named 'nosuch'" in answer["error"]
+            assert job_runs(node)
+        finally:
+            operator.close()
 
 
 def test_a_second_listener_that_lets_anonymous_clients_publish_keeps_commands_off_and_says_which(
@@ -116,8 +123,7 @@ def test_a_second_listener_that_lets_anonymous_clients_publish_keeps_commands_of
     door = free_port()
     anonymous = f"listener {door} 127.0.0.1\nallow_anonymous true\n"
     broker = per_listener(tmp_path, secured_config(tmp_path / "s"), anonymous)
-    listener = RunningListener(node, broker, password_file(tmp_path))
-    try:
+    with listening(node, broker, tmp_path, own=True) as listener:
         line = refusal(listener)
         assert line.startswith(
             f"MQTT commands refused: an anonymous client could publish to flexmig/v1/{NODE}/commands/"
@@ -126,9 +132,6 @@ def test_a_second_listener_that_lets_anonymous_clients_publish_keeps_commands_of
         anonymous_publish(SimpleNamespace(port=door), "stop", STOP)  # type: ignore[arg-type]  # the second door
         assert job_runs(node), "an anonymous command through the other listener never runs"
         assert listener.listener.stats().received == 0
-    finally:
-        listener.stop()
-        broker.stop()
 
 
 def test_commands_run_when_every_listener_of_the_broker_keeps_anonymous_clients_off(
@@ -137,14 +140,10 @@ def test_commands_run_when_every_listener_of_the_broker_keeps_anonymous_clients_
     door = free_port()
     secured = secured_config(tmp_path / "s")
     broker = per_listener(tmp_path, secured, f"listener {door} 127.0.0.1\n" + secured)
-    listener = RunningListener(node, broker, password_file(tmp_path))
-    try:
+    with listening(node, broker, tmp_path, own=True) as listener:
         listener.wait_connected()
         assert listener.listener.stats().off is None
         assert any("nor anonymous clients on its 1 other listener(s)" in x for x in listener.log.lines), listener.log
-    finally:
-        listener.stop()
-        broker.stop()
 
 
 def per_listener(tmp_path: Path, first: str, more: str) -> Mosquitto:
@@ -155,15 +154,9 @@ def per_listener(tmp_path: Path, first: str, more: str) -> Mosquitto:
     return broker.start()
 
 
-def test_a_second_anonymous_listener_on_a_unix_socket_keeps_commands_off_too(
-    node: LiveNode, tmp_path: Path
-) -> None:
+def test_a_second_anonymous_listener_on_a_unix_socket_keeps_commands_off_too(node: LiveNode, tmp_path: Path) -> None:
     path = tmp_path / "mq.sock"
     broker = per_listener(tmp_path, secured_config(tmp_path / "s"), f"listener 0 {path}\nallow_anonymous true\n")
-    listener = RunningListener(node, broker, password_file(tmp_path))
-    try:
+    with listening(node, broker, tmp_path, own=True) as listener:
         line = refusal(listener)
         assert f"through the broker's other listener unix:{path}" in line, line
-    finally:
-        listener.stop()
-        broker.stop()

@@ -22,9 +22,8 @@ from flexmig.sim import SimNode, install, uninstall
 
 
 @pytest.fixture
-def node() -> Iterator[SimNode]:
-    yield install("h200x2:3g.71gb@0+2g.35gb@4")
-    uninstall()
+def node() -> SimNode:
+    return install("h200x2:3g.71gb@0+2g.35gb@4")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ process." The simulator reuses them deterministically, so these tests make the r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from ctypes import byref
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
@@ -14,15 +13,14 @@ import pytest
 
 from flexmig.nvml import Nvml
 from flexmig.nvml.calls import Walk
-from flexmig.sim import SimNode, install, uninstall
+from flexmig.sim import SimNode, install
 
 SPEC = "h200:3g.71gb@0+1g.18gb@6"
 
 
 @pytest.fixture
-def node() -> Iterator[SimNode]:
-    yield install(SPEC)
-    uninstall()
+def node() -> SimNode:
+    return install(SPEC)
 
 
 def repartition_reusing_the_handle_of(node: SimNode, start: int) -> str:

@@ -18,9 +18,8 @@ SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 
 @pytest.fixture
-def node() -> Iterator[SimNode]:
-    yield install(SPEC)
-    uninstall()
+def node() -> SimNode:
+    return install(SPEC)
 
 
 @pytest.fixture

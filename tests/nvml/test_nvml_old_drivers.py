@@ -4,23 +4,20 @@ or GPM, so every read falls back to the version the driver has, and says nothing
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from flexmig.detect.internal import internal_fragmentation
 from flexmig.detect.usage import InstanceUsage
 from flexmig.mig import A100_40
 from flexmig.nvml import GpmWindows, Nvml
-from flexmig.sim import SimNode, install, uninstall
+from flexmig.sim import SimNode, install
 
 SPEC = "a100-40x2@470.82.01:3g.20gb@4+2g.10gb@0+1g.5gb@2"
 
 
 @pytest.fixture
-def node() -> Iterator[SimNode]:
-    yield install(SPEC)
-    uninstall()
+def node() -> SimNode:
+    return install(SPEC)
 
 
 def test_inventory_on_driver_470_names_profiles_lists_processes_and_records_no_error(node: SimNode) -> None:

@@ -6,7 +6,6 @@ says which, and what was assumed)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
@@ -24,10 +23,8 @@ GUIDE = DATA / "a100-40-mig-user-guide.json"
 
 
 @pytest.fixture
-def recorded(request: pytest.FixtureRequest) -> Iterator[SimNode]:
-    node = install(f"recording:{request.param}")
-    yield node
-    uninstall()
+def recorded(request: pytest.FixtureRequest) -> SimNode:
+    return install(f"recording:{request.param}")
 
 
 def inventory_json(capsys: CaptureFixture[str], path: Path) -> dict[str, object]:

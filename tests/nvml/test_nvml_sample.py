@@ -10,28 +10,20 @@ import pytest
 from flexmig.nvml import GpmWindows, Nvml
 from flexmig.nvml.types import GpuSample, MigDeviceSample
 from flexmig.sim import SimNode, install, uninstall
+from support.simnode import HandClock
 
-
-class Clock:
-    """One hand-moved clock shared by the simulator's GPM counters and the windows."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+Clock = HandClock  # one hand-moved clock shared by the simulator's GPM counters and the windows
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1000.0)
 
 
 @pytest.fixture
-def node(clock: Clock, request: pytest.FixtureRequest) -> Iterator[SimNode]:
+def node(clock: Clock, request: pytest.FixtureRequest) -> SimNode:
     """The node; ``parametrize("node", ["driver"], indirect=True)`` pins how GI IDs are handed out."""
-    yield install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock, ids=getattr(request, "param", None))
-    uninstall()
+    return install("h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock, ids=getattr(request, "param", None))
 
 
 @pytest.fixture

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import flexmig
 from flexmig.act.operation_table import markdown
-from flexmig.config import Config, ControlConfig, DcgmConfig, MqttConfig, PrometheusConfig, SlurmConfig
+from flexmig.config import Config
 from flexmig.daemon import Daemon
+from flexmig.wiring import SWITCHES
+from support.configs import every_part_on
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
@@ -33,23 +35,18 @@ def test_the_layer_table_is_the_one_the_layer_test_enforces() -> None:
     assert [line.split() for line in shown.group(1).splitlines()] == enforced
 
 
+def test_the_optional_components_are_those_with_a_switch() -> None:
+    """A row not present "always" is an optional part: it has a switch in wiring.SWITCHES (an Off when it is off)."""
+    rows = re.findall(
+        r"^\| \d+ \| `([^`]+)` \| [^|]+ \| [^|]+ \| ([^|]+) \|", section("The components of flexmigd, in order"), re.M
+    )
+    optional = {name for name, present in rows if not present.strip().startswith("always")}
+    assert optional == set(SWITCHES)
+
+
 def test_the_component_list_is_the_order_wire_builds(tmp_path: Path) -> None:
     """A daemon with every optional component on (built, not started): the doc's rows, in the doc's order."""
-    (tmp_path / "password").write_text("pw\n")
-    (tmp_path / "password").chmod(0o600)
-    config = Config(
-        mqtt=MqttConfig(
-            enabled=True,
-            outbox=tmp_path / "outbox.sqlite3",
-            commands_enabled=True,
-            username="node",
-            password_file=tmp_path / "password",
-        ),
-        dcgm=DcgmConfig(enabled=True),
-        prometheus=PrometheusConfig(enabled=True),
-        control=ControlConfig(enabled=False),
-        slurm=SlurmConfig(enabled=True),
-    )
+    config = every_part_on(tmp_path)
     daemon = Daemon(config, sim_spec="h200")
     plain = Daemon(Config(), sim_spec="h200")
     try:

@@ -1,6 +1,9 @@
-"""Small modules, short functions: in the rooms already brought to size (the actuator's ``act``, the service layer, the
-actuator component), no module is over 600 lines and no function over 60. The other rooms join the list as they are
-split (issue 43); declarative tables that are long by nature go on the commented allow-list below."""
+"""The size rule: no module of the daemon or the hook over 600 lines, no function over 60 (``make check`` runs it).
+
+A long module holds more than one idea and a long function more than one step; both are where changes collide.
+Lines are counted as they stand in the file (docstrings and comments included): a module's reader reads those too.
+The one exception is a declarative table (data laid out as code, read as a whole), named in :data:`TABLES` with why.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +11,61 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import flexmig
-
-PACKAGE = Path(flexmig.__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = (ROOT / "daemon" / "flexmig", ROOT / "hook" / "src" / "flexmig_hook")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
-ROOMS = ("act", "service", "wiring/actuator.py", "wiring/actuator_host.py", "wiring/plan_now.py")
-ALLOWED: dict[str, str] = {
-    # module or module:function -> why it may be longer
-}
+
+# Declarative tables: data laid out as code, which a split would only scatter. Module or "module:function" -> why.
+TABLES: dict[str, str] = {}
+
+# PENDING: being split on another branch; the lead empties this at merge (the CPU-cost room's metrics/families.py
+# and telemetry/store.py).
+PENDING: frozenset[str] = frozenset(
+    {
+        "flexmig/metrics/families.py",
+        "flexmig/telemetry/store.py:_instance",
+        "flexmig/telemetry/store.py:build",
+    }
+)
 
 
-def modules() -> Iterator[Path]:
-    for room in ROOMS:
-        path = PACKAGE / room
-        yield from sorted(path.rglob("*.py")) if path.is_dir() else [path]
+def oversized(sources: tuple[Path, ...] = SOURCES) -> Iterator[tuple[str, int, int]]:
+    """(name, lines, limit) of every module and function over its limit (functions as ``module:function``)."""
+    for base in sources:
+        for path in sorted(base.rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            name = str(path.relative_to(base.parent))  # flexmig/act/executor.py, flexmig_hook/...
+            lines = len(text.splitlines())
+            if lines > MAX_MODULE_LINES:
+                yield name, lines, MAX_MODULE_LINES
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        yield f"{name}:{node.name}", length, MAX_FUNCTION_LINES
 
 
-def too_long(path: Path, name: str) -> list[str]:
-    """What in ``path`` (``name`` in the package) is over the limits: ``name (N lines)``, ``name:function (N
-    lines)``."""
-    text = path.read_text(encoding="utf-8")
-    found = []
-    lines = len(text.splitlines())
-    if lines > MAX_MODULE_LINES and name not in ALLOWED:
-        found.append(f"{name} ({lines} lines)")
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
-            length = node.end_lineno - node.lineno + 1
-            if length > MAX_FUNCTION_LINES and f"{name}:{node.name}" not in ALLOWED:
-                found.append(f"{name}:{node.name} ({length} lines)")
-    return found
+def test_no_module_over_600_lines_and_no_function_over_60() -> None:
+    over = [
+        f"{name}: {lines} lines (at most {limit})"
+        for name, lines, limit in oversized()
+        if name not in TABLES and name not in PENDING
+    ]
+    assert over == [], "split these (or name a declarative table in TABLES, with why):\n" + "\n".join(over)
 
 
-def test_no_module_or_function_of_the_rooms_brought_to_size_is_too_long() -> None:
-    assert [x for p in modules() for x in too_long(p, p.relative_to(PACKAGE).as_posix())] == []
+def test_every_exception_still_needs_to_be_one() -> None:
+    """An entry of TABLES or PENDING that is within the limits now (or gone) leaves its list."""
+    still = {name for name, _, _ in oversized()}
+    stale = sorted((TABLES.keys() | PENDING) - still)
+    assert stale == [], "within the limits now: take them off the list"
 
 
-def test_the_check_finds_a_long_function(tmp_path: Path) -> None:
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
-    long = tmp_path / "long.py"
-    long.write_text(f"def f() -> None:\n{body}\n")
-    assert too_long(long, "act/long.py") == [f"act/long.py:f ({MAX_FUNCTION_LINES + 1} lines)"]
+def test_a_long_function_and_a_long_module_are_found(tmp_path: Path) -> None:
+    base = tmp_path / "flexmig"
+    base.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # with its def line: one too many
+    (base / "long.py").write_text("def step():\n" + body + "\n" * (MAX_MODULE_LINES - MAX_FUNCTION_LINES))
+    (base / "short.py").write_text("def step():\n" + body[: -len(f"    x{MAX_FUNCTION_LINES - 1} = 59\n")])
+    assert sorted(oversized((base,))) == [("flexmig/long.py", 601, 600), ("flexmig/long.py:step", 61, 60)]

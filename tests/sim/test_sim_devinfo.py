@@ -5,31 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from ctypes import byref, c_uint
-from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
-from flexmig.sim import SimNode, install, uninstall
+from flexmig.sim import SimNode
+from support.simnode import gpu, mig, nvml_session
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 
 @pytest.fixture
 def node() -> Iterator[SimNode]:
-    node = install(SPEC)
-    N.nvmlInit()
-    yield node
-    N.nvmlShutdown()
-    uninstall()
-
-
-def gpu(i: int = 0) -> Any:
-    return N.nvmlDeviceGetHandleByIndex(i)
-
-
-def mig(node: SimNode, i: int = 0, g: int = 0) -> Any:
-    return N.nvmlDeviceGetHandleByUUID(node.mig_uuids(g)[i])
+    yield from nvml_session(SPEC)
 
 
 def test_pci_info_gives_each_gpu_its_bus_id_and_a_mig_device_its_parents(node: SimNode) -> None:

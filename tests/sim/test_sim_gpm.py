@@ -9,21 +9,14 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 import pytest
 
 from flexmig.sim import SimNode, install, uninstall
+from support.simnode import HandClock
 
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+Clock = HandClock
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(100.0)
 
 
 @pytest.fixture
@@ -31,7 +24,6 @@ def h200(clock: Clock) -> Iterator[SimNode]:
     node = install("h200:3g.71gb@0+2g.35gb@4+1g.18gb@6", clock=clock)
     N.nvmlInit()
     yield node
-    uninstall()
 
 
 def metrics(first: Any, second: Any, ids: list[int]) -> dict[int, tuple[int, Any]]:

@@ -4,17 +4,15 @@ keeps its instance busy, so status, metrics, nvitop and nvidia-smi show a traini
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
-from flexmig.sim import JobLoad, SimNode, install, uninstall
+from flexmig.sim import JobLoad, SimNode, install
 
 
 @pytest.fixture
-def node() -> Iterator[SimNode]:
-    yield install("h200:3g.71gb@0+2g.35gb@4+1g.18gb@6")
-    uninstall()
+def node() -> SimNode:
+    return install("h200:3g.71gb@0+2g.35gb@4+1g.18gb@6")
 
 
 def test_a_registered_rank_holds_most_of_its_instance_and_keeps_its_sms_busy(node: SimNode) -> None:

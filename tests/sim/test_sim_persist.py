@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,6 @@ from flexmig.nvml import Nvml
 from flexmig.sim import install, uninstall
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4"
-
-
-@pytest.fixture(autouse=True)
-def _uninstall() -> Iterator[None]:
-    yield
-    uninstall()
 
 
 def dead_pid() -> int:

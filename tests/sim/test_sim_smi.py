@@ -14,18 +14,9 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator
-
-import pytest
 
 from flexmig.sim import install, uninstall
 from flexmig.sim.smi import main
-
-
-@pytest.fixture(autouse=True)
-def _uninstall() -> Iterator[None]:
-    yield
-    uninstall()
 
 
 def smi(*argv: str) -> tuple[int, str, str]:

@@ -9,31 +9,19 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator
-from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
 
 from flexmig.sim import SimNode, install, uninstall
+from support.simnode import gpu, mig, nvml_session
 
 SPEC = "h200x8:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 
 
 @pytest.fixture
 def node() -> Iterator[SimNode]:
-    node = install(SPEC)
-    N.nvmlInit()
-    yield node
-    N.nvmlShutdown()
-    uninstall()
-
-
-def gpu(i: int = 0) -> Any:
-    return N.nvmlDeviceGetHandleByIndex(i)
-
-
-def mig(node: SimNode) -> Any:
-    return N.nvmlDeviceGetHandleByUUID(node.mig_uuids(0)[0])
+    yield from nvml_session(SPEC)
 
 
 def test_p2p_goes_over_nvlink_between_every_pair_of_gpus_in_mig_mode_too(node: SimNode) -> None:

@@ -1,4 +1,6 @@
-"""flexmigd with its actuator as a subprocess on a simulated node, for integration tests (not a test module).
+"""flexmigd as a subprocess on a simulated node, for integration tests (not a test module).
+
+:func:`running_daemon`: ``flexmigd --sim SPEC`` serving metrics on a free port, for the body of a ``with``.
 
 :class:`ActNode` writes a configuration under the test's directory (mode, control socket, journal, job
 directories, optionally MQTT), starts ``flexmigd --sim SPEC --sim-state FILE`` on a free metrics port, and gives
@@ -20,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,56 @@ from flexmig.errors import FlexmigError
 from flexmig.mqtt.events import Event
 from flexmig.sim.truth import GpuTruth
 from support.jobs import counter_spec, kill_ranks, write_spec
-from support.prometheus import http_get
+from support.prometheus import SPEC, http_get, stop
 from support.wait import free_port, wait_until
 
 WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RunningDaemon:
+    """A running flexmigd: its process, metrics port and log file."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def metrics(self) -> str:
+        """The current exposition."""
+        return http_get(f"http://127.0.0.1:{self.port}/metrics").decode()
+
+
+@contextlib.contextmanager
+def running_daemon(
+    workdir: Path, spec: str = SPEC, config: Path | None = None, *, env: Mapping[str, str] | None = None
+) -> Iterator[RunningDaemon]:
+    """``flexmigd --sim spec [--config config]`` as a process, serving metrics on a free loopback port, for the
+    body of a ``with``; stopped with SIGTERM (then SIGKILL) on exit. Its log is ``workdir/flexmigd-PORT.log``; ``env``
+    adds to its environment (``NOTIFY_SOCKET`` is empty unless given). The one way tests start flexmigd as a
+    process (:class:`ActNode` sets up an acting node around the same command; :mod:`support.daemon` runs one in
+    the test's own process).
+
+    Fails at once (with the log) if the daemon exits before serving."""
+    port = free_port()
+    log_path = workdir / f"flexmigd-{port}.log"
+    argv = [sys.executable, "-m", "flexmig.daemon", "--sim", spec, "--metrics-addr", f"127.0.0.1:{port}"]
+    if config is not None:
+        argv += ["--config", str(config)]
+    environment = {**os.environ, "NOTIFY_SOCKET": "", **(env or {})}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment)
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"flexmigd exited with {proc.returncode}: {log_path.read_text()}")
+            return b"flexmig_mig_memory_total_bytes" in http_get(f"http://127.0.0.1:{port}/metrics")
+
+        try:
+            wait_until(serving, WAIT_S, f"flexmigd metrics (log: {log_path})", every_s=0.2)
+            yield RunningDaemon(proc, port, log_path)
+        finally:
+            stop(proc)
+
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -341,11 +389,16 @@ def node_action_steps(
     """The journalled steps of the first action on Slurm node ``target`` with step ``having`` among them
     (``retire``: its retirement; ``register``: its registration), from the ``action_completed`` events queued for
     ``client_id``'s session (opened before); AssertionError after ``limit_s``."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+
+    def steps_having() -> list[str] | None:
         events = collect_events(port, node, client_id=client_id, quiet_s=1.0, limit_s=5.0)
         done = [e for e in events if e.kind.value == "action_completed" and target in str(e.payload.get("target"))]
         for e in done:
             if having in (steps := [s["step"] for s in e.payload["steps"]]):
                 return steps
-    raise AssertionError(f"no action_completed event of {target} with a {having} step within {limit_s:g} s")
+        return None
+
+    found: list[str] = wait_until(
+        steps_having, limit_s, f"an action_completed event of {target} with a {having} step", every_s=0.0
+    )
+    return found

@@ -1,7 +1,8 @@
-"""flexmigd as a subprocess and a real Prometheus scraping it, for integration tests (not a test module).
+"""A real Prometheus scraping flexmigd (started with :func:`support.flexmigd.running_daemon`), for integration tests
+(not a test module).
 
-Both listen on loopback at free ports, keep their files under the test's directory, and are stopped by the
-context managers that start them; every wait is bounded. Used by ``test_daemon_prometheus.py`` and
+It listens on loopback at a free port, keeps its files under the test's directory, and is stopped by the context
+manager that starts it; every wait is bounded. Used by ``test_daemon_prometheus.py`` and
 ``test_dashboards_prometheus.py``.
 """
 
@@ -9,15 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,44 +57,6 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: fl
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-
-
-@dataclass(frozen=True)
-class Flexmigd:
-    """A running flexmigd: its process, metrics port and log file."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def metrics(self) -> str:
-        """The current exposition."""
-        return http_get(f"http://127.0.0.1:{self.port}/metrics").decode()
-
-
-@contextlib.contextmanager
-def flexmigd(workdir: Path, spec: str = SPEC, config: Path | None = None) -> Iterator[Flexmigd]:
-    """``flexmigd --sim spec`` serving metrics on a free loopback port; stopped with SIGTERM on exit.
-
-    Fails at once (with the log) if the daemon exits before serving."""
-    port = free_port()
-    log_path = workdir / f"flexmigd-{port}.log"
-    argv = [sys.executable, "-m", "flexmig.daemon", "--sim", spec, "--metrics-addr", f"127.0.0.1:{port}"]
-    if config is not None:
-        argv += ["--config", str(config)]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": ""})
-
-        def serving() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"flexmigd exited with {proc.returncode}: {log_path.read_text()}")
-            return b"flexmig_mig_memory_total_bytes" in http_get(f"http://127.0.0.1:{port}/metrics")
-
-        try:
-            wait_until(serving, START_S, f"flexmigd metrics (log: {log_path})", every_s=0.2)
-            yield Flexmigd(proc, port, log_path)
-        finally:
-            stop(proc)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from flexmig.act.records import JobRecord
 from flexmig.act.steps import ActionRun, StepFailed
 from flexmig.act.supervisor import Supervisor
 from flexmig.act.userpaths import UserPathError, clear_ack, has_entries, read_ack_in, resolve_beneath
-from flexmig_hook.protocol import Ack, AckError
+from flexmig.hook.protocol import Ack, AckError
 
 __all__ = ["Checkpointer", "validate_ack"]
 

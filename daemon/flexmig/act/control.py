@@ -42,8 +42,8 @@ from typing import Any
 from flexmig.act.deadline import Deadline, within
 from flexmig.act.peers import CURRENT_PEER, Peer
 from flexmig.errors import ConfigError, FlexmigError, RequestError, RequestExpiredError
-from flexmig_hook.boundedjson import JsonBoundsError
-from flexmig_hook.boundedjson import loads as bounded_loads
+from flexmig.hook.boundedjson import JsonBoundsError
+from flexmig.hook.boundedjson import loads as bounded_loads
 
 __all__ = [
     "MAX_CONNECTIONS",

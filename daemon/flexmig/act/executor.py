@@ -86,9 +86,9 @@ from flexmig.act.steps import ActionRun, Refused, StepFailed
 from flexmig.act.supervisor import Supervisor
 from flexmig.config import Mode
 from flexmig.errors import JobSpecError, PlanRejectedError
+from flexmig.hook.protocol import Ack
 from flexmig.jobspec.spec import JobPolicy, recheck_spec
 from flexmig.plan.types import Plan
-from flexmig_hook.protocol import Ack
 
 __all__ = ["Executor", "new_job_uid"]
 

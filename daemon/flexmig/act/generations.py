@@ -34,7 +34,7 @@ from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.steps import ActionRun, StepFailed
 from flexmig.act.supervisor import RankHandle, Supervisor
 from flexmig.act.userpaths import UserPathError, clear_ack, ensure_dir
-from flexmig_hook.protocol import Ack
+from flexmig.hook.protocol import Ack
 
 __all__ = ["Generations"]
 

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from flexmig.act.records import JOB_STATES, JobRecord, Slot
 from flexmig.errors import JobSpecError, JournalError
+from flexmig.hook.boundedjson import JsonBoundsError
+from flexmig.hook.boundedjson import loads as bounded_loads
+from flexmig.hook.protocol import Ack
 from flexmig.jobspec.spec import JobSpec
-from flexmig_hook.boundedjson import JsonBoundsError
-from flexmig_hook.boundedjson import loads as bounded_loads
-from flexmig_hook.protocol import Ack
 
 __all__ = [
     "ACTION_SELECT",

@@ -27,10 +27,10 @@ from flexmig.act.placement import choose_targets, make_room, move_plan, node_mod
 from flexmig.act.records import JobRecord, Slot, inside
 from flexmig.act.results import PlanResult
 from flexmig.errors import JobSpecError, JournalError, PlanRejectedError
+from flexmig.hook.protocol import Ack
 from flexmig.jobspec.spec import JobPolicy, JobSpec, load_job_spec
 from flexmig.mig.catalogue import GpuModel
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan, PlannerSettings, StartJob
-from flexmig_hook.protocol import Ack
 
 __all__ = ["JobsApi", "describe_plan", "own_checkpoint", "refuse_in_place"]
 

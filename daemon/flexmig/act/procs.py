@@ -27,8 +27,8 @@ import psutil
 
 from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs, start_pump
 from flexmig.errors import FlexmigError
+from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT, ENV_STANDBY_FD
 from flexmig.jobspec.programs import runnable_program
-from flexmig_hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT, ENV_STANDBY_FD
 
 __all__ = [
     "AdoptedProcess",

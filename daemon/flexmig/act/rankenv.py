@@ -18,8 +18,7 @@ from pathlib import Path
 from flexmig.act.procs import LaunchRequest
 from flexmig.act.ranklogs import DEFAULT_RANK_LOGS, RankLogs
 from flexmig.act.records import AckPlacement, JobRecord
-from flexmig.jobspec.spec import JobSpec
-from flexmig_hook.protocol import (
+from flexmig.hook.protocol import (
     ENV_ACK_PATH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_KEEP,
@@ -34,6 +33,7 @@ from flexmig_hook.protocol import (
     ENV_STANDBY_FD,
     Ack,
 )
+from flexmig.jobspec.spec import JobSpec
 
 __all__ = ["LOOPBACK", "free_port", "mig_visible", "rank_requests", "rank_world"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flexmig.act.userpaths import UserPathError, ensure_dir, opened_dir
+from flexmig.hook.protocol import Ack
 from flexmig.jobspec.spec import JobSpec
-from flexmig_hook.protocol import Ack
 
 __all__ = ["AckPlacement", "JobRecord", "JobState", "Slot", "inside"]
 

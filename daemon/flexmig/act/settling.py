@@ -25,8 +25,8 @@ from flexmig.act.records import JobRecord
 from flexmig.act.steps import StepFailed
 from flexmig.act.supervisor import Supervisor
 from flexmig.act.userpaths import read_ack_in
+from flexmig.hook.protocol import AckError
 from flexmig.tasks import cancel_and_wait, spawn
-from flexmig_hook.protocol import AckError
 
 __all__ = ["Settler"]
 

@@ -64,12 +64,12 @@ from flexmig.act.reaping import (
     writers_in,
 )
 from flexmig.act.records import AckPlacement, JobRecord, Slot
-from flexmig.tasks import cancel_and_wait, spawn
-from flexmig_hook.protocol import (
+from flexmig.hook.protocol import (
     READY_LINE,
     Ack,
     encode_handover,
 )
+from flexmig.tasks import cancel_and_wait, spawn
 
 __all__ = ["LOOPBACK", "RankHandle", "Supervisor", "free_port", "mig_visible", "rank_requests"]
 

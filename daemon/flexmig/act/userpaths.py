@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.errors import UserPathError
-from flexmig_hook.protocol import Ack, AckError, read_ack
+from flexmig.hook.protocol import Ack, AckError, read_ack
 
 __all__ = [
     "UserPathError",

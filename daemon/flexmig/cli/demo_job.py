@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-import flexmig_hook as hook
+from flexmig import hook
 
 __all__ = ["main", "shard"]
 

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.errors import ConfigError, NvmlUnavailableError
-from flexmig.nvml import Inventory, Nvml
+from flexmig.nvml import GpuInfo, Inventory, Nvml
 from flexmig.sim import install, uninstall
 
 __all__ = ["register", "render_table", "render_text", "run"]
@@ -115,35 +115,7 @@ def render_text(inventory: Inventory, width: int | None) -> Text:
                 mig += f" (pending {'on' if gpu.mig_pending else 'off'})"
         line(f"GPU {gpu.index}: {gpu.name or 'n/a'}  {_gib(gpu.memory_total_bytes)} GiB  {mig}", "bold")
         line(f"  {gpu.uuid or 'uuid n/a'}")
-        gis = {gi.id: gi for gi in gpu.gpu_instances}
-        shown: set[int] = set()
-        rows = []
-        for dev in gpu.mig_devices:
-            gi = gis.get(dev.gpu_instance_id)
-            shown.add(dev.gpu_instance_id)
-            procs = (
-                "n/a"
-                if dev.processes is None
-                else ", ".join(f"{p.pid} ({_gib(p.used_memory_bytes)} GiB)" for p in dev.processes) or "-"
-            )
-            rows.append(
-                Row(
-                    (
-                        str(dev.index),
-                        str(dev.gpu_instance_id),
-                        str(dev.compute_instance_id),
-                        gi.profile_name or str(gi.profile_id) if gi else "?",
-                        f"{gi.start}:{gi.size}" if gi else "?",
-                        f"{_gib(dev.memory_used_bytes)}/{_gib(dev.memory_total_bytes)}",
-                        procs,
-                    ),
-                    [dev.uuid],
-                )
-            )
-        for gi in gpu.gpu_instances:
-            if gi.id not in shown:  # a GI without compute instances is no MIG device
-                name = gi.profile_name or str(gi.profile_id)
-                rows.append(Row(("-", str(gi.id), "-", name, f"{gi.start}:{gi.size}", "-", "-"), ["(no MIG device)"]))
+        rows = _mig_rows(gpu)
         if rows:
             headers = ("MIG", "GI", "CI", "profile", "slices", "memory GiB", "processes")
             for text in render_rows(headers, rows, width):
@@ -152,3 +124,37 @@ def render_text(inventory: Inventory, width: int | None) -> Text:
             line(f"  ! {issue.call} on {issue.target}: {issue.name} ({issue.code})", "yellow")
     out.rstrip()
     return out
+
+
+def _mig_rows(gpu: GpuInfo) -> list[Row]:
+    """One row per MIG device, and one per GPU instance without compute instances (no MIG device)."""
+    gis = {gi.id: gi for gi in gpu.gpu_instances}
+    shown: set[int] = set()
+    rows = []
+    for dev in gpu.mig_devices:
+        gi = gis.get(dev.gpu_instance_id)
+        shown.add(dev.gpu_instance_id)
+        procs = (
+            "n/a"
+            if dev.processes is None
+            else ", ".join(f"{p.pid} ({_gib(p.used_memory_bytes)} GiB)" for p in dev.processes) or "-"
+        )
+        rows.append(
+            Row(
+                (
+                    str(dev.index),
+                    str(dev.gpu_instance_id),
+                    str(dev.compute_instance_id),
+                    gi.profile_name or str(gi.profile_id) if gi else "?",
+                    f"{gi.start}:{gi.size}" if gi else "?",
+                    f"{_gib(dev.memory_used_bytes)}/{_gib(dev.memory_total_bytes)}",
+                    procs,
+                ),
+                [dev.uuid],
+            )
+        )
+    for gi in gpu.gpu_instances:
+        if gi.id not in shown:  # a GI without compute instances is no MIG device
+            name = gi.profile_name or str(gi.profile_id)
+            rows.append(Row(("-", str(gi.id), "-", name, f"{gi.start}:{gi.size}", "-", "-"), ["(no MIG device)"]))
+    return rows

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import shlex
 import shutil
@@ -31,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import flexmig
-import flexmig_hook
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.sim import follow as following
 from flexmig.sim import smi
@@ -93,7 +93,10 @@ def sim_environment(state: Path) -> Iterator[dict[str, str]]:
             f'exec {shlex.quote(sys.executable)} -m flexmig.cli.sim_cmd nvidia-smi "$@"\n'
         )
         smi_path.chmod(0o755)
-        files = [m.__file__ for m in (flexmig, flexmig_hook) if m.__file__ is not None]  # None: a namespace package
+        # Where the hook's distribution is installed (found, not imported: the daemon imports it as flexmig.hook).
+        # None: a namespace package.
+        hook_spec = importlib.util.find_spec("flexmig_hook")
+        files = [f for f in (flexmig.__file__, hook_spec.origin if hook_spec else None) if f is not None]
         roots = list(dict.fromkeys(str(Path(f).resolve().parents[1]) for f in files))
         (py_dir / "sitecustomize.py").write_text(SHIM.format(roots=roots))
         env = dict(os.environ)

@@ -95,6 +95,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-gap", type=_positive, default=1800.0, metavar="S", help="with --load: longest gap between arrivals"
     )
+    _add_cost_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_cost_options(p: argparse.ArgumentParser) -> None:
+    """The action costs the replay starts from, and the options that override single ones."""
     replay_costs = REPLAY_SETTINGS
     p.add_argument(
         "--costs",
@@ -120,7 +126,6 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (there is none unless stderr is a terminal)"
     )
-    p.set_defaults(func=run)
 
 
 def _check_plot(path: Path | None) -> None:

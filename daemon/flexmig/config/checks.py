@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from flexmig.config.address import HostPort
 from flexmig.config.keys import join_key
 from flexmig.config.problems import show, type_name
-from flexmig.config.schema import Config, SlurmConfig, toml_name
+from flexmig.config.schema import Config, DetectConfig, MqttConfig, SlurmConfig, toml_name
 
 __all__ = ["PER_SLICE_KEYS", "Checker", "cross_check_problems", "cross_checks", "per_slice_params"]
 
@@ -88,6 +88,12 @@ class Checker:
                 return _INVALID
             items = [self.value(item_tp, item, f"{key}[{i}]", meta) for i, item in enumerate(raw)]
             return _INVALID if any(i is _INVALID for i in items) else tuple(items)
+        if tp in (bool, int, float):
+            return self.scalar(tp, raw, key, meta)
+        return self.text(tp, raw, key, meta)
+
+    def scalar(self, tp: Any, raw: object, key: str, meta: Any) -> Any:
+        """``raw`` as a bool, an int or a finite float within the field's range, or the invalid marker."""
         if tp is bool:
             if not isinstance(raw, bool):
                 self.fail(key, f"expected true or false, got {type_name(raw)}")
@@ -98,14 +104,17 @@ class Checker:
                 self.fail(key, f"expected an integer, got {type_name(raw)}")
                 return _INVALID
             return raw if self.in_range(raw, key, meta) else _INVALID
-        if tp is float:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-                self.fail(key, f"expected a number, got {type_name(raw)}")
-                return _INVALID
-            if not math.isfinite(raw):
-                self.fail(key, f"expected a finite number, got {raw}")
-                return _INVALID
-            return float(raw) if self.in_range(raw, key, meta) else _INVALID
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):  # a float
+            self.fail(key, f"expected a number, got {type_name(raw)}")
+            return _INVALID
+        if not math.isfinite(raw):
+            self.fail(key, f"expected a finite number, got {raw}")
+            return _INVALID
+        return float(raw) if self.in_range(raw, key, meta) else _INVALID
+
+    def text(self, tp: Any, raw: object, key: str, meta: Any) -> Any:
+        """``raw`` as a string (matching the field's pattern), an absolute path or a host:port, or the invalid
+        marker."""
         if not isinstance(raw, str):
             self.fail(key, f"expected a string, got {type_name(raw)}")
             return _INVALID
@@ -190,6 +199,19 @@ def _related(a: str, b: str) -> bool:
 def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     """Rules between keys; yields (keys, message): the problem is reported at the first of ``keys`` that the
     file sets (the others may be defaults). Only runs when every key's own value was valid."""
+    yield from _sampling_checks(cfg)
+    yield from _detect_checks(cfg.detect)
+    yield from _endpoint_checks(cfg)
+    yield from _mqtt_checks(cfg.mqtt)
+    url_problem = _check_url(cfg.dcgm.url)
+    if url_problem:
+        yield ("dcgm.url",), url_problem
+    yield from _local_checks(cfg)
+    yield from _slurm_checks(cfg)
+
+
+def _sampling_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The sampler's interval, stall limit and retention against each other and detection's windows."""
     s, d = cfg.sampling, cfg.detect
     if s.stall_s < 2 * s.interval_s:
         yield (
@@ -207,6 +229,10 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
             ("sampling.retention_s", "sampling.interval_s"),
             f"sampling.retention_s ({s.retention_s:g}) must hold two sweeps of sampling.interval_s ({s.interval_s:g})",
         )
+
+
+def _detect_checks(d: DetectConfig) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Detection's enter and exit thresholds, and its demand mix."""
     for enter, leave in (("underuse_activity", "underuse_activity_exit"), ("underuse_memory", "underuse_memory_exit")):
         if getattr(d, enter) > getattr(d, leave):
             yield ((f"detect.{leave}", f"detect.{enter}"), f"detect.{leave} must be at least detect.{enter}")
@@ -217,6 +243,10 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         )
     if sum(d.demand_mix.weights().values()) <= 0:
         yield ("detect.demand_mix",), "at least one weight must be positive"
+
+
+def _endpoint_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The metrics endpoint's address, and dcgm-exporter's not being it."""
     p = cfg.prometheus
     if p.enabled and not p.allow_remote and not p.listen.is_loopback():
         yield (
@@ -232,7 +262,10 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
                 f"dcgm.url {dc.url} is flexmigd's own metrics address (prometheus.listen {p.listen}); flexmigd "
                 "would scrape itself: point dcgm.url at dcgm-exporter (port 9400 by default) or move prometheus.listen",
             )
-    m = cfg.mqtt
+
+
+def _mqtt_checks(m: MqttConfig) -> Iterator[tuple[tuple[str, ...], str]]:
+    """MQTT's TLS files, credentials and commands."""
     if (m.tls_cert is None) != (m.tls_key is None):
         yield ("mqtt.tls_cert", "mqtt.tls_key"), "tls_cert and tls_key go together"
     for name in ("tls_ca", "tls_cert", "tls_key"):
@@ -251,9 +284,10 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
             ("mqtt.commands_enabled",),
             "commands need broker credentials: set mqtt.username and mqtt.password_file",
         )
-    url_problem = _check_url(cfg.dcgm.url)
-    if url_problem:
-        yield ("dcgm.url",), url_problem
+
+
+def _local_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The control socket, the baseline file and the jobs' directories."""
     c = cfg.control
     if c.socket_mode & 0o600 != 0o600 or c.socket_mode & 0o007 or c.socket_mode & ~0o777:
         yield (
@@ -271,7 +305,6 @@ def cross_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     for i, allowed in enumerate(cfg.jobs.allowed_dirs):
         if allowed == Path("/"):
             yield (f"jobs.allowed_dirs[{i}]",), "'/' would let a job write anywhere"
-    yield from _slurm_checks(cfg)
 
 
 _CHECKPOINT_FIELDS = {"job_id", "user", "uid"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 from flexmig.config.problems import ConfigFileError, ConfigProblem
@@ -39,73 +40,93 @@ def read_trusted_text(
     and the current user by default); ``check_permissions`` False skips the owner and mode rules (never the
     others), for files the caller vouches for. Blocks on the file system.
     """
-
-    via = ""  # "symlink to TARGET: " once the path turns out to be a symlink
-
-    def refuse(message: str, line: int | None = None) -> ConfigFileError:
-        return ConfigFileError([ConfigProblem(str(path), "", line, via + message)])
-
-    try:
-        if check_permissions:
-            where = resolve_trusted(path, trusted_uids)
-            target, linked = where.target, bool(where.links)
-        else:
-            target = Path(os.path.realpath(path))
-            linked = target != Path(os.path.normpath(Path(path).absolute()))
-        if linked:
-            via = f"symlink to {target}: "
-        st = target.stat()
-    except UnsafePathError as exc:
-        raise refuse(f"refused: {exc.why}") from None
-    except FileNotFoundError:
-        raise refuse("no such file") from None
-    except OSError as exc:
-        raise refuse(f"cannot read: {exc.strerror or exc}") from None
-
-    def check(st: os.stat_result) -> None:
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(f"refused: not a regular file ({_kind(st.st_mode)})")
-        if check_permissions:
-            try:
-                check_stat_permissions(target, st, "config", trusted_uids)
-            except ConfigError as exc:
-                raise refuse(_without_path(str(exc), target)) from None
-        if st.st_size > max_bytes:
-            raise refuse(f"{what} larger than {max_bytes} bytes ({st.st_size} bytes)")
-
-    check(st)
+    rules = _Rules(path, what, max_bytes, trusted_uids, check_permissions)
+    target, st = rules.locate()
+    rules.check(target, st)
     try:
         # O_NOFOLLOW: the target was resolved above; a symlink put in its place since is refused, not followed.
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
-        raise refuse(f"cannot read: {exc.strerror or exc}") from None
+        raise rules.refuse(f"cannot read: {exc.strerror or exc}") from None
     try:
         opened = os.fstat(fd)
         if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-            raise refuse("refused: the file was replaced while it was being opened")
-        check(opened)
-        chunks: list[bytes] = []
-        left = opened.st_size + 1  # one byte more than stated tells a file that holds more than it says
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+            raise rules.refuse("refused: the file was replaced while it was being opened")
+        rules.check(target, opened)
+        raw = _read_at_most(fd, opened.st_size + 1)  # one byte more than stated tells a file that holds more
     except OSError as exc:
-        raise refuse(f"cannot read: {exc.strerror or exc}") from None
+        raise rules.refuse(f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    raw = b"".join(chunks)
     if len(raw) != opened.st_size:
-        raise refuse(
+        raise rules.refuse(
             f"refused: holds other than the {opened.st_size} bytes its size says "
             "(a /proc or /sys file, or one being written)"
         )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise refuse("not UTF-8 text", raw[: exc.start].count(b"\n") + 1) from None
+        raise rules.refuse("not UTF-8 text", raw[: exc.start].count(b"\n") + 1) from None
+
+
+@dataclass(slots=True)
+class _Rules:
+    """One read's rules, and its refusals: each names the file, and the symlink's target once the path turned out
+    to be one."""
+
+    path: Path
+    what: str
+    max_bytes: int
+    trusted_uids: Collection[int] | None
+    check_permissions: bool
+    via: str = ""  # "symlink to TARGET: " once the path turns out to be a symlink
+
+    def refuse(self, message: str, line: int | None = None) -> ConfigFileError:
+        return ConfigFileError([ConfigProblem(str(self.path), "", line, self.via + message)])
+
+    def locate(self) -> tuple[Path, os.stat_result]:
+        """The file the path leads to (through trusted directories and links) and its status."""
+        try:
+            if self.check_permissions:
+                where = resolve_trusted(self.path, self.trusted_uids)
+                target, linked = where.target, bool(where.links)
+            else:
+                target = Path(os.path.realpath(self.path))
+                linked = target != Path(os.path.normpath(Path(self.path).absolute()))
+            if linked:
+                self.via = f"symlink to {target}: "
+            return target, target.stat()
+        except UnsafePathError as exc:
+            raise self.refuse(f"refused: {exc.why}") from None
+        except FileNotFoundError:
+            raise self.refuse("no such file") from None
+        except OSError as exc:
+            raise self.refuse(f"cannot read: {exc.strerror or exc}") from None
+
+    def check(self, target: Path, st: os.stat_result) -> None:
+        """A regular file, owned and moded as trusted (unless the caller vouches for it), within the size limit."""
+        if not stat.S_ISREG(st.st_mode):
+            raise self.refuse(f"refused: not a regular file ({_kind(st.st_mode)})")
+        if self.check_permissions:
+            try:
+                check_stat_permissions(target, st, "config", self.trusted_uids)
+            except ConfigError as exc:
+                raise self.refuse(_without_path(str(exc), target)) from None
+        if st.st_size > self.max_bytes:
+            raise self.refuse(f"{self.what} larger than {self.max_bytes} bytes ({st.st_size} bytes)")
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``fd``, until its end."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _without_path(message: str, path: Path) -> str:

@@ -22,7 +22,6 @@ from flexmig.detect.settings import (
     DetectSettings,
     FragmentationSettings,
     UnderuseSettings,
-    settings_from_thresholds,
 )
 from flexmig.detect.tracker import DetectState, Observation, Report, observe, underuse_signal
 from flexmig.detect.usage import InstanceKey, InstanceUsage
@@ -57,7 +56,6 @@ __all__ = [
     "node_fragmentation",
     "observe",
     "repacked_capacity",
-    "settings_from_thresholds",
     "smaller_profile",
     "stranded_capacity",
     "underuse_signal",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -10,7 +9,6 @@ __all__ = [
     "DetectSettings",
     "FragmentationSettings",
     "UnderuseSettings",
-    "settings_from_thresholds",
 ]
 
 DEFAULT_DEMAND: tuple[tuple[str, float], ...] = (
@@ -97,43 +95,3 @@ class DetectSettings:
 
     underuse: UnderuseSettings = field(default_factory=UnderuseSettings)
     fragmentation: FragmentationSettings = field(default_factory=FragmentationSettings)
-
-
-def settings_from_thresholds(
-    *,
-    activity: float,
-    activity_exit: float,
-    memory: float,
-    memory_exit: float,
-    window_s: float,
-    exit_window_s: float,
-    oversize_margin: float,
-    oversize_window_s: float,
-    fragmentation: float,
-    fragmentation_exit: float,
-    fragmentation_window_s: float,
-    demand: Mapping[int, float],
-) -> DetectSettings:
-    """Settings from the daemon's ``[detect]`` table (flat keys; ``demand`` maps compute slices to weights).
-
-    The table's defaults equal :class:`DetectSettings`'s, so a daemon without a ``[detect]`` table detects exactly
-    what docs/detection.md documents (a test keeps the two equal).
-    """
-    underuse = UnderuseSettings(
-        activity_enter=activity,
-        activity_exit=activity_exit,
-        memory_enter=memory,
-        memory_exit=memory_exit,
-        enter_after_s=window_s,
-        exit_after_s=exit_window_s,
-        oversize_margin=oversize_margin,
-        oversize_after_s=oversize_window_s,
-    )
-    frag = FragmentationSettings(
-        enter=fragmentation,
-        exit=fragmentation_exit,
-        enter_after_s=fragmentation_window_s,
-        exit_after_s=fragmentation_window_s,
-        demand=tuple((f"{g}g", w) for g, w in sorted(demand.items())),
-    )
-    return DetectSettings(underuse=underuse, fragmentation=frag)

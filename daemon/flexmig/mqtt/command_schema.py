@@ -92,8 +92,13 @@ def schema_documents() -> dict[str, dict[str, Any]]:
     ``command.v1.schema.json``: the payload on ``commands/<verb>`` must validate against ``#/$defs/<verb>``
     (the top level states the envelope every verb shares). ``command-result.v1.schema.json``: results.
     """
+    return {"command.v1.schema.json": _command_schema(), "command-result.v1.schema.json": _result_schema()}
+
+
+def _command_schema() -> dict[str, Any]:
+    """The command envelope, with one ``$defs`` entry per verb."""
     verbs = ", ".join(VERBS)
-    command = {
+    return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://flexmig.invalid/schemas/command.v1.schema.json",
         "title": "flexmig MQTT command, schema version 1",
@@ -116,7 +121,11 @@ def schema_documents() -> dict[str, dict[str, Any]]:
             **{name: verb.schema() for name, verb in VERBS.items()},
         },
     }
-    result = {
+
+
+def _result_schema() -> dict[str, Any]:
+    """A command's result: ``result`` when ok, ``error`` and ``type`` when not."""
+    return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://flexmig.invalid/schemas/command-result.v1.schema.json",
         "title": "flexmig MQTT command result, schema version 1",
@@ -158,7 +167,6 @@ def schema_documents() -> dict[str, dict[str, Any]]:
         "then": {"required": ["result"], "not": {"required": ["error"]}},
         "else": {"required": ["error", "type"], "not": {"required": ["result"]}},
     }
-    return {"command.v1.schema.json": command, "command-result.v1.schema.json": result}
 
 
 # --------------------------------------------------------------------------------------------------- parsing

@@ -28,8 +28,8 @@ from flexmig.detect import (
     Report,
     UnderuseFinding,
 )
-from flexmig_hook.boundedjson import JsonBoundsError
-from flexmig_hook.boundedjson import loads as bounded_loads
+from flexmig.hook.boundedjson import JsonBoundsError
+from flexmig.hook.boundedjson import loads as bounded_loads
 
 _MAX_EVENT_BYTES = 8 * 1024 * 1024  # an event read back (the outbox, the wire) is JSON of at most this
 _MAX_EVENT_DEPTH = 32

@@ -282,15 +282,9 @@ def choose(
     horizon = horizon_of(node, floor, cost.horizon_runs)
     changeable = [g for g in range(len(node.layouts)) if g not in node.fixed_gpus]
     today = node.layouts
-    busy = any(not h.movable for h in node.running)
     pending = _asks(node, horizon, requeued=False)
     stay = forecast(_seats(node, today, horizon, floor), pending, horizon)
-    # The change: closed when the immovable jobs are expected to have ended; hook jobs checkpointed and requeued.
-    close = close_in_s(node, floor) if busy else 0.0
-    drained = forecast(_seats(node, today, horizon, floor, checkpointed=True), pending, horizon, close_s=close)
-    moved = any(h.movable for h in node.running)
-    empty = max(close if busy else 0.0, drained.empty_s if busy else 0.0) + (settings.checkpoint_s if moved else 0.0)
-    ready = empty + floor
+    drained, ready = _drained(node, pending, horizon=horizon, floor=floor, checkpoint_s=settings.checkpoint_s)
     queue = (*_asks(node, horizon, requeued=True), *pending)
     rest = tuple(a for a in queue if a.name not in set(drained.started))
     total = sum(lay.model.compute_slices for g, lay in enumerate(today) if g in changeable)
@@ -320,6 +314,19 @@ def choose(
         last_change_s=last_change_s, committed=committed, today=today, target=target,
     )  # fmt: skip
     return Choice(v, target, plan)
+
+
+def _drained(
+    node: NodeNow, pending: Sequence[Ask], *, horizon: float, floor: float, checkpoint_s: float
+) -> tuple[Forecast, float]:
+    """The change's forecast and when the node is ready for it: closed when the immovable jobs are expected to
+    have ended, hook jobs checkpointed and requeued."""
+    busy = any(not h.movable for h in node.running)
+    close = close_in_s(node, floor) if busy else 0.0
+    drained = forecast(_seats(node, node.layouts, horizon, floor, checkpointed=True), pending, horizon, close_s=close)
+    moved = any(h.movable for h in node.running)
+    empty = max(close if busy else 0.0, drained.empty_s if busy else 0.0) + (checkpoint_s if moved else 0.0)
+    return drained, empty + floor
 
 
 def _fixed_busy(node: NodeNow, today: Sequence[Layout], horizon: float, floor: float) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexmig.act.userpaths import UserPathError, open_dir, remove_in
-from flexmig_hook.protocol import AckError, FirstStep, first_step_path, read_first_step
+from flexmig.hook.protocol import AckError, FirstStep, first_step_path, read_first_step
 
 __all__ = ["FirstSteps", "Resumed"]
 

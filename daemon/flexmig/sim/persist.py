@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from flexmig.errors import LayoutError, SimError
+from flexmig.hook.boundedjson import JsonBoundsError
+from flexmig.hook.boundedjson import loads as bounded_loads
 from flexmig.mig import GpuModel, Layout, model_by_key
 from flexmig.sim.drivers import DriverRelease, driver_release
 from flexmig.sim.gi_ids import GiIdPolicy
 from flexmig.sim.model import Activity
 from flexmig.sim.state import SimComputeInstance, SimGpu, SimNodeState, SimProcess, pid_alive
-from flexmig_hook.boundedjson import JsonBoundsError
-from flexmig_hook.boundedjson import loads as bounded_loads
 
 __all__ = ["SCHEMA_VERSION", "load_state", "save_state", "state_from_dict", "state_to_dict"]
 
@@ -159,21 +159,7 @@ def _build(
     ids: GiIdPolicy | None,
     driver: DriverRelease | None,
 ) -> SimNodeState:
-    if raw.get("schema") != SCHEMA_VERSION:
-        raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
-    file_model = model_by_key(str(raw["model"]))
-    if file_model is not model or int(raw["count"]) != count:
-        raise SimError(
-            f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
-            "use the same spec or delete the file"
-        )
-    release = driver_release(None) if driver is None else driver
-    saved = str(raw.get("driver", release.version))
-    if saved != release.version:
-        raise SimError(
-            f"simulator state file {path} holds a node on driver {saved}, not {release.version}; "
-            "use the same spec or delete the file"
-        )
+    release = _check_header(raw, model, count, path=path, driver=driver)
     node_id = uuidlib.UUID(str(raw["node_id"]))
     state = SimNodeState(model, count, node_id=node_id, clock=clock, is_alive=is_alive, ids=ids, driver=release)
     state.serial = int(raw["serial"])
@@ -190,30 +176,59 @@ def _build(
         for p in g["processes"]:
             _restore_proc(state, gpu.processes, p, (gpu, None), is_alive)
         for gi_raw in g["gpu_instances"]:
-            if not gpu.mig_current:
-                raise SimError(f"simulator state file {path}: GPU {gpu.index} has MIG disabled but GPU instances")
-            gi = state.restore_gi(
-                gpu,
-                model.profile_by_id(int(gi_raw["profile_id"])),
-                int(gi_raw["start"]),
-                int(gi_raw["id"]),
-                int(gi_raw["serial"]),
-            )
-            for c in gi_raw["cis"]:
-                ci = state.restore_ci(
-                    gi,
-                    int(c["id"]),
-                    profile_id=_ci_profile(c),
-                    start=int(c["start"]),
-                    uuid=str(c["uuid"]),
-                    serial=int(c["serial"]),
-                )
-                for p in c["processes"]:
-                    _restore_proc(state, ci.processes, p, (gpu, ci), is_alive)
-                if c.get("activity") is not None and ci.processes:  # files written before it was kept have none
-                    ci.activity = _activity(c["activity"], path)
+            _restore_gi(state, gpu, gi_raw, path=path, is_alive=is_alive)
         state.refresh_rates(gpu)
     return state
+
+
+def _check_header(
+    raw: dict[str, Any], model: GpuModel, count: int, *, path: Path, driver: DriverRelease | None
+) -> DriverRelease:
+    """The driver release to restore on; SimError when the file holds another schema, node shape or driver."""
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise SimError(f"simulator state file {path} has schema {raw.get('schema')!r}, expected {SCHEMA_VERSION}")
+    file_model = model_by_key(str(raw["model"]))
+    if file_model is not model or int(raw["count"]) != count:
+        raise SimError(
+            f"simulator state file {path} holds a {raw['model']}x{raw['count']} node, not {model.key}x{count}; "
+            "use the same spec or delete the file"
+        )
+    release = driver_release(None) if driver is None else driver
+    saved = str(raw.get("driver", release.version))
+    if saved != release.version:
+        raise SimError(
+            f"simulator state file {path} holds a node on driver {saved}, not {release.version}; "
+            "use the same spec or delete the file"
+        )
+    return release
+
+
+def _restore_gi(
+    state: SimNodeState, gpu: SimGpu, gi_raw: dict[str, Any], *, path: Path, is_alive: Callable[[int], bool]
+) -> None:
+    """One saved GPU instance of ``gpu``, its compute instances and their processes."""
+    if not gpu.mig_current:
+        raise SimError(f"simulator state file {path}: GPU {gpu.index} has MIG disabled but GPU instances")
+    gi = state.restore_gi(
+        gpu,
+        state.model.profile_by_id(int(gi_raw["profile_id"])),
+        int(gi_raw["start"]),
+        int(gi_raw["id"]),
+        int(gi_raw["serial"]),
+    )
+    for c in gi_raw["cis"]:
+        ci = state.restore_ci(
+            gi,
+            int(c["id"]),
+            profile_id=_ci_profile(c),
+            start=int(c["start"]),
+            uuid=str(c["uuid"]),
+            serial=int(c["serial"]),
+        )
+        for p in c["processes"]:
+            _restore_proc(state, ci.processes, p, (gpu, ci), is_alive)
+        if c.get("activity") is not None and ci.processes:  # files written before it was kept have none
+            ci.activity = _activity(c["activity"], path)
 
 
 def _ci_profile(raw: dict[str, Any]) -> int:

@@ -21,21 +21,30 @@ summary table from DataDog/datadog-agent pull request #33120 (A100-SXM4-80GB, dr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from ctypes import byref, c_uint
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.errors import ConfigError
 from flexmig.sim.install import installed
+from flexmig.sim.smi_devices import (
+    MIB,
+    Gpu,
+    Mig,
+    compute_instances,
+    gi_profiles,
+    gpu_instances,
+    memory_info,
+    nvml_text,
+    read_gpus,
+    try_nvml,
+)
+from flexmig.sim.smi_query import APP_FIELDS, GPU_FIELDS, process_name, query_apps, query_gpu
 
 __all__ = ["APP_FIELDS", "GPU_FIELDS", "main"]
 
-_MIB = 1 << 20
-_NA = "[N/A]"
 _USAGE = """\
 flexmig sim nvidia-smi: the simulated node's nvidia-smi (flexmig's simulator; not NVIDIA's tool)
 
@@ -48,98 +57,6 @@ flexmig sim nvidia-smi: the simulated node's nvidia-smi (flexmig's simulator; no
 --query-gpu fields: {gpu}
 --query-compute-apps fields: {apps}
 """
-
-
-# ------------------------------------------------------------------------------------------- NVML reads
-def _text(raw: object) -> str:
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _try(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, or None where NVML answers with an error (the real tool prints [N/A] there)."""
-    try:
-        return fn(*args)
-    except N.NVMLError:
-        return None
-
-
-@dataclass(slots=True)
-class _Mig:
-    index: int
-    handle: Any
-    uuid: str
-    name: str
-    gi: int | None
-    ci: int | None
-
-
-@dataclass(slots=True)
-class _Gpu:
-    index: int
-    handle: Any
-    name: str
-    uuid: str
-    mig: bool
-    migs: list[_Mig] = field(default_factory=list)
-
-
-def _gpus(wanted: set[int] | None) -> list[_Gpu]:
-    out = []
-    for i in range(N.nvmlDeviceGetCount()):
-        if wanted is not None and i not in wanted:
-            continue
-        h = N.nvmlDeviceGetHandleByIndex(i)
-        mode = _try(N.nvmlDeviceGetMigMode, h)
-        gpu = _Gpu(i, h, _text(N.nvmlDeviceGetName(h)), _text(N.nvmlDeviceGetUUID(h)), bool(mode and mode[0]))
-        if gpu.mig:
-            for m in range(_try(N.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
-                mh = _try(N.nvmlDeviceGetMigDeviceHandleByIndex, h, m)
-                if mh is None:
-                    continue  # a gap in the MIG indices: skip it, as nvidia-smi does
-                name = _text(N.nvmlDeviceGetName(mh)).removeprefix(gpu.name).strip()
-                gi, ci = _try(N.nvmlDeviceGetGpuInstanceId, mh), _try(N.nvmlDeviceGetComputeInstanceId, mh)
-                gpu.migs.append(_Mig(len(gpu.migs), mh, _text(N.nvmlDeviceGetUUID(mh)), name, gi, ci))
-        out.append(gpu)
-    if wanted is not None and len(out) != len(wanted):
-        raise ConfigError(f"No devices were found with index {sorted(wanted - {g.index for g in out})}")
-    return out
-
-
-def _gi_profiles(h: Any) -> list[Any]:
-    """The GPU's GPU-instance profiles in the order nvidia-smi lists them: by memory, then slices, then ID."""
-    profiles = []
-    for index in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        info = _try(N.nvmlDeviceGetGpuInstanceProfileInfo, h, index)
-        if info is not None and info.instanceCount > 0:
-            profiles.append(info)
-    return sorted(profiles, key=lambda p: (p.memorySizeMB, p.sliceCount, p.id))
-
-
-def _gpu_instances(h: Any, profile: Any) -> list[Any]:
-    arr = (N.c_nvmlGpuInstance_t * max(1, profile.instanceCount))()
-    count = c_uint(0)
-    try:
-        N.nvmlDeviceGetGpuInstances(h, profile.id, arr, byref(count))
-    except N.NVMLError:
-        return []
-    return [arr[i] for i in range(count.value)]
-
-
-def _compute_instances(gi: Any) -> list[tuple[Any, Any]]:
-    """(CI profile info, CI info) of every compute instance of ``gi``."""
-    out = []
-    for index in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-        prof = _try(N.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, index, 0)
-        if prof is None or prof.instanceCount == 0:
-            continue
-        arr = (N.c_nvmlComputeInstance_t * max(1, prof.instanceCount))()
-        count = c_uint(0)
-        try:
-            N.nvmlGpuInstanceGetComputeInstances(gi, prof.id, arr, byref(count))
-        except N.NVMLError:
-            continue
-        out += [(prof, N.nvmlComputeInstanceGetInfo(arr[i])) for i in range(count.value)]
-    return out
 
 
 # ------------------------------------------------------------------------------------------- mig tables
@@ -171,24 +88,24 @@ def _first(pair: tuple[int, Any]) -> int:
     return pair[0]
 
 
-def _no_mig(gpus: list[_Gpu], out: IO[str]) -> bool:
+def _no_mig(gpus: list[Gpu], out: IO[str]) -> bool:
     if any(g.mig for g in gpus):
         return False
     out.write("No MIG-enabled devices found.\n")
     return True
 
 
-def lgip(gpus: list[_Gpu], out: IO[str]) -> int:
+def lgip(gpus: list[Gpu], out: IO[str]) -> int:
     """``nvidia-smi mig -lgip``: each MIG-enabled GPU's GPU-instance profiles, free and total."""
     if _no_mig(gpus, out):
         return 6
     out.write("\n".join(_LGIP_HEAD) + "\n")
     rule = _LGIP_HEAD[0]
     for g in (g for g in gpus if g.mig):
-        for p in _gi_profiles(g.handle):
-            free = _try(N.nvmlDeviceGetGpuInstanceRemainingCapacity, g.handle, p.id)
+        for p in gi_profiles(g.handle):
+            free = try_nvml(N.nvmlDeviceGetGpuInstanceRemainingCapacity, g.handle, p.id)
             inst = f"{'?' if free is None else free}/{p.instanceCount}"
-            name = _text(p.name) if _text(p.name) else f"MIG {p.sliceCount}g"
+            name = nvml_text(p.name) if nvml_text(p.name) else f"MIG {p.sliceCount}g"
             p2p = "Yes" if p.isP2pSupported else "No"
             mem = f"{p.memorySizeMB / 1024:.2f}"
             out.write(
@@ -200,12 +117,12 @@ def lgip(gpus: list[_Gpu], out: IO[str]) -> int:
     return 0
 
 
-def lgipp(gpus: list[_Gpu], out: IO[str]) -> int:
+def lgipp(gpus: list[Gpu], out: IO[str]) -> int:
     """``nvidia-smi mig -lgipp``: where each GPU-instance profile may be placed (memory slices)."""
     if _no_mig(gpus, out):
         return 6
     for g in (g for g in gpus if g.mig):
-        for p in _gi_profiles(g.handle):
+        for p in gi_profiles(g.handle):
             arr = (N.c_nvmlGpuInstancePlacement_t * 8)()
             count = c_uint(8)
             try:
@@ -215,21 +132,23 @@ def lgipp(gpus: list[_Gpu], out: IO[str]) -> int:
             starts = ",".join(str(arr[i].start) for i in range(count.value))
             size = arr[0].size if count.value else 0
             label = "Placements" if count.value > 1 else "Placement "
-            name = _text(p.name) or f"MIG {p.sliceCount}g"
+            name = nvml_text(p.name) or f"MIG {p.sliceCount}g"
             out.write(f"GPU {g.index:>2} Profile ID {p.id:>2} {label}: {{{starts}}}:{size}  ({name})\n")
     return 0
 
 
-def lgi(gpus: list[_Gpu], out: IO[str]) -> int:
+def lgi(gpus: list[Gpu], out: IO[str]) -> int:
     """``nvidia-smi mig -lgi``: the GPU instances, with profile, ID and placement."""
     if _no_mig(gpus, out):
         return 6
     rows = []
     for g in (g for g in gpus if g.mig):
-        for p in _gi_profiles(g.handle):
-            infos = sorted((N.nvmlGpuInstanceGetInfo(gi) for gi in _gpu_instances(g.handle, p)), key=lambda i: i.id)
+        for p in gi_profiles(g.handle):
+            infos = sorted((N.nvmlGpuInstanceGetInfo(gi) for gi in gpu_instances(g.handle, p)), key=lambda i: i.id)
             for info in infos:
-                rows.append((g.index, info.id, _text(p.name), p.id, f"{info.placement.start}:{info.placement.size}"))
+                rows.append(
+                    (g.index, info.id, nvml_text(p.name), p.id, f"{info.placement.start}:{info.placement.size}")
+                )
     if not rows:
         out.write("No GPU instances found: Not Found\n")
         return 6
@@ -240,18 +159,18 @@ def lgi(gpus: list[_Gpu], out: IO[str]) -> int:
     return 0
 
 
-def lci(gpus: list[_Gpu], out: IO[str]) -> int:
+def lci(gpus: list[Gpu], out: IO[str]) -> int:
     """``nvidia-smi mig -lci``: the compute instances of every GPU instance."""
     if _no_mig(gpus, out):
         return 6
     rows = []
     for g in (g for g in gpus if g.mig):
-        for p in _gi_profiles(g.handle):
-            gis = sorted(((N.nvmlGpuInstanceGetInfo(gi).id, gi) for gi in _gpu_instances(g.handle, p)), key=_first)
+        for p in gi_profiles(g.handle):
+            gis = sorted(((N.nvmlGpuInstanceGetInfo(gi).id, gi) for gi in gpu_instances(g.handle, p)), key=_first)
             for gi_id, gi in gis:
-                for prof, info in sorted(_compute_instances(gi), key=lambda c: c[1].id):
+                for prof, info in sorted(compute_instances(gi), key=lambda c: c[1].id):
                     placement = f"{info.placement.start}:{info.placement.size}"
-                    rows.append((g.index, gi_id, info.id, _text(prof.name), prof.id, placement))
+                    rows.append((g.index, gi_id, info.id, nvml_text(prof.name), prof.id, placement))
     if not rows:
         out.write("No compute instances found: Not Found\n")
         return 6
@@ -263,178 +182,12 @@ def lci(gpus: list[_Gpu], out: IO[str]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ -L
-def list_gpus(gpus: list[_Gpu], out: IO[str]) -> int:
+def list_gpus(gpus: list[Gpu], out: IO[str]) -> int:
     """``nvidia-smi -L``."""
     for g in gpus:
         out.write(f"GPU {g.index}: {g.name} (UUID: {g.uuid})\n")
         for m in g.migs:
             out.write(f"  {m.name:<16}Device {m.index:>2}: (UUID: {m.uuid})\n")
-    return 0
-
-
-# ------------------------------------------------------------------------------------------- queries
-def _memory(h: Any) -> Any:
-    return _try(N.nvmlDeviceGetMemoryInfo, h)
-
-
-def _mib(value: int | None) -> tuple[str, str] | None:
-    return None if value is None else (str(value // _MIB), "MiB")
-
-
-def _utilization(g: _Gpu, which: str) -> tuple[str, str] | None:
-    if g.mig:
-        return None  # NVML has no utilization rates with MIG enabled; nvidia-smi prints [N/A]
-    rates = _try(N.nvmlDeviceGetUtilizationRates, g.handle)
-    return None if rates is None else (str(getattr(rates, which)), "%")
-
-
-def _clock(g: _Gpu, kind: int) -> tuple[str, str] | None:
-    mhz = _try(N.nvmlDeviceGetClockInfo, g.handle, kind)
-    return None if mhz is None else (str(mhz), "MHz")
-
-
-def _mig_mode(g: _Gpu, which: int) -> tuple[str, str] | None:
-    mode = _try(N.nvmlDeviceGetMigMode, g.handle)
-    return None if mode is None else ("Enabled" if mode[which] else "Disabled", "")
-
-
-def _power(g: _Gpu, fn: Callable[[Any], Any]) -> tuple[str, str] | None:
-    mw = _try(fn, g.handle)
-    return None if mw is None else (f"{mw / 1000:.2f}", "W")
-
-
-def _plain(value: object) -> tuple[str, str] | None:
-    return None if value is None else (str(value), "")
-
-
-def _persistence(g: _Gpu) -> tuple[str, str] | None:
-    mode = _try(N.nvmlDeviceGetPersistenceMode, g.handle)
-    return None if mode is None else ("Enabled" if mode else "Disabled", "")
-
-
-def _pstate(g: _Gpu) -> tuple[str, str] | None:
-    state = _try(N.nvmlDeviceGetPerformanceState, g.handle)
-    return None if state is None else (f"P{state}", "")
-
-
-def _fan(g: _Gpu) -> tuple[str, str] | None:
-    speed = _try(N.nvmlDeviceGetFanSpeed, g.handle)
-    return None if speed is None else (str(speed), "%")
-
-
-def _mem_field(g: _Gpu, which: str) -> tuple[str, str] | None:
-    info = _memory(g.handle)
-    return _mib(None if info is None else getattr(info, which))
-
-
-#: ``--query-gpu`` fields: name -> (unit shown in the header, value and unit of one GPU, or None for [N/A]).
-GPU_FIELDS: dict[str, tuple[str, Callable[[_Gpu, int], tuple[str, str] | None]]] = {
-    "timestamp": ("", lambda g, n: (time.strftime("%Y/%m/%d %H:%M:%S.000"), "")),
-    "driver_version": ("", lambda g, n: _plain(_text(N.nvmlSystemGetDriverVersion()))),
-    "count": ("", lambda g, n: (str(n), "")),
-    "index": ("", lambda g, n: (str(g.index), "")),
-    "name": ("", lambda g, n: (g.name, "")),
-    "uuid": ("", lambda g, n: (g.uuid, "")),
-    "gpu_uuid": ("", lambda g, n: (g.uuid, "")),
-    "serial": ("", lambda g, n: _plain(_try(N.nvmlDeviceGetSerial, g.handle))),
-    "gpu_serial": ("", lambda g, n: _plain(_try(N.nvmlDeviceGetSerial, g.handle))),
-    "pci.bus_id": ("", lambda g, n: _plain(_try(lambda h: _text(N.nvmlDeviceGetPciInfo(h).busId), g.handle))),
-    "gpu_bus_id": ("", lambda g, n: _plain(_try(lambda h: _text(N.nvmlDeviceGetPciInfo(h).busId), g.handle))),
-    "display_mode": ("", lambda g, n: ("Disabled", "")),
-    "display_active": ("", lambda g, n: ("Disabled", "")),
-    "persistence_mode": ("", lambda g, n: _persistence(g)),
-    "pstate": ("", lambda g, n: _pstate(g)),
-    "fan.speed": ("%", lambda g, n: _fan(g)),
-    "temperature.gpu": ("", lambda g, n: _plain(_try(N.nvmlDeviceGetTemperature, g.handle, N.NVML_TEMPERATURE_GPU))),
-    "utilization.gpu": ("%", lambda g, n: _utilization(g, "gpu")),
-    "utilization.memory": ("%", lambda g, n: _utilization(g, "memory")),
-    "memory.total": ("MiB", lambda g, n: _mem_field(g, "total")),
-    "memory.used": ("MiB", lambda g, n: _mem_field(g, "used")),
-    "memory.free": ("MiB", lambda g, n: _mem_field(g, "free")),
-    "power.draw": ("W", lambda g, n: _power(g, N.nvmlDeviceGetPowerUsage)),
-    "power.limit": ("W", lambda g, n: _power(g, N.nvmlDeviceGetPowerManagementLimit)),
-    "clocks.sm": ("MHz", lambda g, n: _clock(g, N.NVML_CLOCK_SM)),
-    "clocks.mem": ("MHz", lambda g, n: _clock(g, N.NVML_CLOCK_MEM)),
-    "clocks.gr": ("MHz", lambda g, n: _clock(g, N.NVML_CLOCK_GRAPHICS)),
-    "mig.mode.current": ("", lambda g, n: _mig_mode(g, 0)),
-    "mig.mode.pending": ("", lambda g, n: _mig_mode(g, 1)),
-}
-
-#: ``--query-compute-apps`` fields.
-APP_FIELDS = ("timestamp", "gpu_name", "gpu_bus_id", "gpu_serial", "gpu_uuid", "pid", "process_name", "used_memory")
-
-
-def _csv(values: list[tuple[str, str] | None], nounits: bool) -> str:
-    shown = []
-    for v in values:
-        if v is None:
-            shown.append(_NA)
-        else:
-            text, unit = v
-            shown.append(text if nounits or not unit else f"{text} {unit}")
-    return ", ".join(shown)
-
-
-def _header(names: list[str], units: list[str]) -> str:
-    return ", ".join(f"{n} [{u}]" if u else n for n, u in zip(names, units, strict=True))
-
-
-def _format(spec: str | None) -> tuple[bool, bool]:
-    """``--format=csv[,noheader][,nounits]`` -> (noheader, nounits)."""
-    if spec is None:
-        raise ConfigError('"--format" is required with a query; "csv" is the only format')
-    parts = [p.strip() for p in spec.split(",")]
-    if parts[0] != "csv" or any(p not in ("csv", "noheader", "nounits") for p in parts):
-        raise ConfigError(f'"{spec}" is not a valid format: csv[,noheader][,nounits]')
-    return "noheader" in parts, "nounits" in parts
-
-
-def query_gpu(gpus: list[_Gpu], fields: str, fmt: str | None, out: IO[str]) -> int:
-    """``--query-gpu=...``."""
-    noheader, nounits = _format(fmt)
-    names = [f.strip() for f in fields.split(",") if f.strip()]
-    for name in names:
-        if name not in GPU_FIELDS:
-            raise ConfigError(f'Field "{name}" is not a valid field to query.')
-    if not noheader:
-        out.write(_header(names, [GPU_FIELDS[n][0] for n in names]) + "\n")
-    count = len(gpus)
-    for g in gpus:
-        out.write(_csv([GPU_FIELDS[n][1](g, count) for n in names], nounits) + "\n")
-    return 0
-
-
-def _process_name(pid: int) -> str:
-    try:
-        with Path(f"/proc/{pid}/cmdline").open("rb") as f:
-            argv = f.read(4096).split(b"\0")
-    except OSError:
-        return _NA
-    return argv[0].decode(errors="replace") if argv and argv[0] else _NA
-
-
-def query_apps(gpus: list[_Gpu], fields: str, fmt: str | None, out: IO[str]) -> int:
-    """``--query-compute-apps=...``: every compute process, on its GPU (MIG devices' processes included)."""
-    noheader, nounits = _format(fmt)
-    names = [f.strip() for f in fields.split(",") if f.strip()]
-    for name in names:
-        if name not in APP_FIELDS:
-            raise ConfigError(f'Field "{name}" is not a valid field to query.')
-    if not noheader:
-        out.write(_header(names, ["MiB" if n == "used_memory" else "" for n in names]) + "\n")
-    for g in gpus:
-        for p in _try(N.nvmlDeviceGetComputeRunningProcesses, g.handle) or ():
-            row: dict[str, tuple[str, str] | None] = {
-                "timestamp": (time.strftime("%Y/%m/%d %H:%M:%S.000"), ""),
-                "gpu_name": (g.name, ""),
-                "gpu_bus_id": GPU_FIELDS["pci.bus_id"][1](g, 0),
-                "gpu_serial": GPU_FIELDS["serial"][1](g, 0),
-                "gpu_uuid": (g.uuid, ""),
-                "pid": (str(p.pid), ""),
-                "process_name": (_process_name(p.pid), ""),
-                "used_memory": _mib(p.usedGpuMemory),
-            }
-            out.write(_csv([row[n] for n in names], nounits) + "\n")
     return 0
 
 
@@ -469,18 +222,18 @@ _PROC_HEAD = (
 
 
 def _usage(used: int | None, total: int | None) -> str:
-    return "N/A" if used is None or total is None else f"{used // _MIB}MiB / {total // _MIB}MiB"
+    return "N/A" if used is None or total is None else f"{used // MIB}MiB / {total // MIB}MiB"
 
 
-def _gpu_rows(g: _Gpu) -> list[str]:
+def _gpu_rows(g: Gpu) -> list[str]:
     h = g.handle
-    persist = "On" if _try(N.nvmlDeviceGetPersistenceMode, h) else "Off"
-    bus = _try(lambda x: _text(N.nvmlDeviceGetPciInfo(x).busId), h) or "N/A"
-    temp = _try(N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
-    pstate = _try(N.nvmlDeviceGetPerformanceState, h)
-    power, cap = _try(N.nvmlDeviceGetPowerUsage, h), _try(N.nvmlDeviceGetPowerManagementLimit, h)
-    mem = _memory(h)
-    rates = None if g.mig else _try(N.nvmlDeviceGetUtilizationRates, h)
+    persist = "On" if try_nvml(N.nvmlDeviceGetPersistenceMode, h) else "Off"
+    bus = try_nvml(lambda x: nvml_text(N.nvmlDeviceGetPciInfo(x).busId), h) or "N/A"
+    temp = try_nvml(N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
+    pstate = try_nvml(N.nvmlDeviceGetPerformanceState, h)
+    power, cap = try_nvml(N.nvmlDeviceGetPowerUsage, h), try_nvml(N.nvmlDeviceGetPowerManagementLimit, h)
+    mem = memory_info(h)
+    rates = None if g.mig else try_nvml(N.nvmlDeviceGetUtilizationRates, h)
     temp_text = "N/A" if temp is None else f"{temp}C"
     perf = "N/A" if pstate is None else f"P{pstate}"
     pwr = "N/A" if power is None or cap is None else f"{power // 1000}W / {cap // 1000}W"
@@ -494,10 +247,10 @@ def _gpu_rows(g: _Gpu) -> list[str]:
     ]
 
 
-def _mig_rows(g: _Gpu, m: _Mig) -> list[str]:
-    mem = _memory(m.handle)
-    bar1 = _try(N.nvmlDeviceGetBAR1MemoryInfo, m.handle)
-    attrs = _try(N.nvmlDeviceGetAttributes, m.handle)
+def _mig_rows(g: Gpu, m: Mig) -> list[str]:
+    mem = memory_info(m.handle)
+    bar1 = try_nvml(N.nvmlDeviceGetBAR1MemoryInfo, m.handle)
+    attrs = try_nvml(N.nvmlDeviceGetAttributes, m.handle)
     sm = "N/A" if attrs is None else str(attrs.multiprocessorCount)
     shared = "  N/A                 "
     if attrs is not None:
@@ -515,29 +268,29 @@ def _mig_rows(g: _Gpu, m: _Mig) -> list[str]:
     ]
 
 
-def _process_rows(gpus: list[_Gpu]) -> list[str]:
+def _process_rows(gpus: list[Gpu]) -> list[str]:
     rows = []
     for g in gpus:
-        owners: list[tuple[_Mig | None, Any]] = [
-            (m, _try(N.nvmlDeviceGetComputeRunningProcesses, m.handle) or []) for m in g.migs
+        owners: list[tuple[Mig | None, Any]] = [
+            (m, try_nvml(N.nvmlDeviceGetComputeRunningProcesses, m.handle) or []) for m in g.migs
         ]
         if not g.mig:
-            owners = [(None, _try(N.nvmlDeviceGetComputeRunningProcesses, g.handle) or [])]
+            owners = [(None, try_nvml(N.nvmlDeviceGetComputeRunningProcesses, g.handle) or [])]
         for m, procs in owners:
             for p in procs:
                 gi = "N/A" if m is None or m.gi is None else str(m.gi)
                 ci = "N/A" if m is None or m.ci is None else str(m.ci)
-                name = _process_name(p.pid)
+                name = process_name(p.pid)
                 name = name if len(name) <= 38 else "..." + name[-35:]
-                mem = "N/A" if p.usedGpuMemory is None else f"{p.usedGpuMemory // _MIB}MiB"
+                mem = "N/A" if p.usedGpuMemory is None else f"{p.usedGpuMemory // MIB}MiB"
                 rows.append(f"|{g.index:>5}{gi:>6}{ci:>5}{p.pid:>10}{'C':>7}   {name:<40}{mem:>10} |")
     return rows or ["|  No running processes found                                                           |"]
 
 
-def summary(gpus: list[_Gpu], out: IO[str]) -> int:
+def summary(gpus: list[Gpu], out: IO[str]) -> int:
     """``nvidia-smi``: the GPUs, then their MIG devices, then the processes (the layout of driver 535)."""
-    driver = _text(N.nvmlSystemGetDriverVersion())
-    cuda = _try(N.nvmlSystemGetCudaDriverVersion)
+    driver = nvml_text(N.nvmlSystemGetDriverVersion())
+    cuda = try_nvml(N.nvmlSystemGetCudaDriverVersion)
     cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "N/A"
     lines = [time.strftime("%a %b %d %H:%M:%S %Y") + "       ", _RULE]
     lines.append(f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<13}CUDA Version: {cuda_text:<9}|")
@@ -640,7 +393,7 @@ def main(argv: Sequence[str], out: IO[str], err: IO[str]) -> int:
         err.write(f"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver: {exc}\n")
         return 9
     try:
-        gpus = _gpus(_gpu_ids(opts.get("id")))
+        gpus = read_gpus(_gpu_ids(opts.get("id")))
         if action == "list":
             return list_gpus(gpus, out)
         if action == "query-gpu":

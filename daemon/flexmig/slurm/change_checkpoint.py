@@ -19,11 +19,11 @@ from typing import Any
 from flexmig.act.steps import StepFailed
 from flexmig.act.userpaths import UserPathError, open_dir, resolve_beneath
 from flexmig.errors import SlurmError
+from flexmig.hook.protocol import Ack, AckError, read_ack
 from flexmig.slurm.change_types import ChangeSettings, StepRunner
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.hookcheck import job_checkpoint_dir
 from flexmig.slurm.taskprolog import ACK_NAME
-from flexmig_hook.protocol import Ack, AckError, read_ack
 
 __all__ = ["CheckpointSteps"]
 

@@ -21,9 +21,9 @@ import stat
 from pathlib import Path
 
 from flexmig.act.userpaths import UserPathError, open_dir
+from flexmig.hook.boundedjson import JsonBoundsError, loads
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.taskprolog import MARKER_NAME, checkpoint_parts, resolve_fixed
-from flexmig_hook.boundedjson import JsonBoundsError, loads
 
 __all__ = ["hook_problem", "job_checkpoint_dir"]
 

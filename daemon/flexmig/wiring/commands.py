@@ -33,7 +33,7 @@ class CommandsComponent:
     restart = True
 
     def __init__(
-        self, listener: CommandListener, config: Config, node: str, dispatch: Dispatch, mqtt: MqttComponent | None
+        self, listener: CommandListener, config: Config, node: str, dispatch: Dispatch, mqtt: MqttComponent
     ) -> None:
         self.listener = listener
         """The listener made from the start's configuration (it checked the credentials and TLS rules)."""
@@ -41,7 +41,7 @@ class CommandsComponent:
         self.node = node
         self.dispatch = dispatch
         self.mqtt = mqtt
-        self._deferred = mqtt is not None and mqtt.publisher.off is not None
+        self._deferred = mqtt.broker_problem is not None
         """The broker address was malformed at start: listen once a reload fixed it."""
 
     async def start(self) -> None:
@@ -52,7 +52,6 @@ class CommandsComponent:
         if not self._deferred:
             await self.listener.run()
             return
-        assert self.mqtt is not None
         await self.mqtt.publisher.wait_on()
         try:
             listener = command_listener(self.config, self.node, self.dispatch)

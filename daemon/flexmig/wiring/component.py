@@ -13,7 +13,8 @@ the list (:class:`flexmig.daemon.Daemon`):
   start-up): let go of what it holds; it must cope with a start that never happened or stopped half-way;
 * **reload**, in list order, with each configuration a SIGHUP accepted: apply what it can of it (the schema marks
   the keys it cannot: ``restart``);
-* **metrics**: the Prometheus families it adds to ``/metrics``, asked once, when the metrics endpoint starts.
+* **metrics**: the Prometheus families it adds to ``/metrics``, asked once, right after its own start, and
+  registered then (:class:`~flexmig.wiring.metrics_endpoint.MetricsRegistry`): exported from then on.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Protocol
 from flexmig.config import Config
 from flexmig.metrics.collector import Extension
 
-__all__ = ["Component", "Loop", "idle"]
+__all__ = ["Component", "Loop", "Off", "idle"]
 
 
 class Component(Protocol):
@@ -62,7 +63,8 @@ class Component(Protocol):
         ...
 
     def metrics(self) -> Sequence[Extension]:
-        """The metric families it exports (written once per snapshot, or collected at every scrape)."""
+        """The metric families it exports (written once per snapshot, or collected at every scrape), asked once
+        its start is done."""
         ...
 
 
@@ -98,4 +100,36 @@ class Loop:
 
     def metrics(self) -> Sequence[Extension]:
         """No families of its own."""
+        return ()
+
+
+class Off:
+    """An optional part that the configuration turns off (uvicorn's ``LifespanOff``): it opens, runs, drains,
+    closes, reloads and exports nothing. :func:`flexmig.wiring.wire` puts one where a part's switch is off
+    (``flexmig.wiring.SWITCHES``) and leaves it out of the list the daemon walks, so an off part has no task and no
+    name in the logs or metrics, and nothing asks whether it is there."""
+
+    restart = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def start(self) -> None:
+        """Nothing to open."""
+
+    async def run(self) -> None:
+        """Nothing to run: wait to be cancelled."""
+        await idle()
+
+    async def drain(self) -> None:
+        """Nothing in flight."""
+
+    async def close(self) -> None:
+        """Nothing held."""
+
+    def reload(self, config: Config) -> None:
+        """Nothing to apply (the switches are restart keys)."""
+
+    def metrics(self) -> Sequence[Extension]:
+        """No families."""
         return ()

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from flexmig.config import Config, DetectConfig
-from flexmig.detect import DetectSettings, DetectState, observe, settings_from_thresholds
+from flexmig.config.settings import build_settings
+from flexmig.detect import DetectSettings, DetectState, observe
 from flexmig.metrics.collector import Extension
 from flexmig.metrics.findings import FindingsMetrics
 from flexmig.telemetry.observation import LayoutCache, NodeObservation, observation_of
@@ -34,21 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def detect_settings(cfg: DetectConfig) -> DetectSettings:
-    """The daemon's ``[detect]`` table as detection settings: the one place this mapping lives."""
-    return settings_from_thresholds(
-        activity=cfg.underuse_activity,
-        activity_exit=cfg.underuse_activity_exit,
-        memory=cfg.underuse_memory,
-        memory_exit=cfg.underuse_memory_exit,
-        window_s=cfg.underuse_window_s,
-        exit_window_s=cfg.underuse_exit_window_s,
-        oversize_margin=cfg.oversize_margin,
-        oversize_window_s=cfg.oversize_window_s,
-        fragmentation=cfg.fragmentation_threshold,
-        fragmentation_exit=cfg.fragmentation_exit,
-        fragmentation_window_s=cfg.fragmentation_window_s,
-        demand=cfg.demand_mix.weights(),
-    )
+    """The ``[detect]`` table as detection's settings, built from the schema (each key's ``to`` names the field it
+    sets: :func:`~flexmig.config.settings.build_settings`)."""
+    return build_settings(DetectSettings, cfg)
 
 
 class Detector:

@@ -3,18 +3,24 @@
 :class:`MetricsEndpoint` (component ``metrics``) serves one exposition
 (:class:`~flexmig.metrics.scrape.Exposition`): the families of the latest snapshot, rendered once per snapshot at
 the ``[prometheus] detail`` level and shared by every scraper (it reads the hub and never calls NVML in a scrape),
-and those every component adds (:meth:`~flexmig.wiring.component.Component.metrics`), asked once, at start. The
-HTTP server runs on its own thread (:class:`~flexmig.metrics.server.MetricsServer`), so a slow scraper never holds
-up the event loop.
+and those of the :class:`MetricsRegistry`: each component's families
+(:meth:`~flexmig.wiring.component.Component.metrics`), registered as it starts (:class:`flexmig.daemon.Daemon`
+asks a component for them once its start is done, so they read state that exists), the daemon's own first. A
+component that starts after the endpoint is exported from its start on, with no placeholder before. The HTTP
+server runs on its own thread (:class:`~flexmig.metrics.server.MetricsServer`), so a slow scraper never holds up
+the event loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client.core import Metric
 
 from flexmig.config import Config, HostPort
-from flexmig.metrics.collector import Extension
+from flexmig.metrics.collector import Extension, SnapshotFamilies, live_metrics
+from flexmig.metrics.exposition import Writer
 from flexmig.metrics.families import Level
 from flexmig.metrics.runtime import ServerMetrics
 from flexmig.metrics.scrape import Exposition
@@ -22,9 +28,57 @@ from flexmig.metrics.server import MetricsServer, ServerStats
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.component import idle
 
-__all__ = ["MetricsEndpoint"]
+__all__ = ["MetricsEndpoint", "MetricsRegistry"]
 
 log = logging.getLogger(__name__)
+
+
+class MetricsRegistry:
+    """The families ``/metrics`` exports beside the snapshot's own, in the order they were registered: the daemon's
+    (its task restarts) at :func:`~flexmig.wiring.wire`, then each component's as it starts."""
+
+    def __init__(self) -> None:
+        self._owners: list[tuple[str, tuple[Extension, ...]]] = []
+
+    def register(self, owner: str, extensions: Sequence[Extension]) -> None:
+        """Export ``extensions`` (``owner`` names them: a component) from now on, after those registered before."""
+        if extensions:
+            self._owners.append((owner, tuple(extensions)))
+
+    def extensions(self) -> tuple[Extension, ...]:
+        """Every registered family source, in order."""
+        return tuple(e for _, exts in self._owners for e in exts)
+
+    def exported(self) -> tuple[Extension, ...]:
+        """What the exposition is built with: two views that read the registry at each render, so a component that
+        registers later is exported from then on (one for the cached snapshot part, one for the live part)."""
+        return (_RegisteredFamilies(self), _RegisteredMetrics(self))
+
+
+class _RegisteredFamilies:
+    """The registered :class:`~flexmig.metrics.collector.SnapshotFamilies`, written once per snapshot."""
+
+    def __init__(self, registry: MetricsRegistry) -> None:
+        self._registry = registry
+
+    def write(self, snapshot: Snapshot, out: Writer) -> None:
+        for ext in self._registry.extensions():
+            if not isinstance(ext, SnapshotFamilies):
+                continue
+            try:
+                ext.write(snapshot, out)
+            except Exception:  # one broken extension must not take every other series down with it
+                log.exception("metrics extension %r failed; its series are missing from this scrape", ext)
+
+
+class _RegisteredMetrics:
+    """The registered families collected at every scrape."""
+
+    def __init__(self, registry: MetricsRegistry) -> None:
+        self._registry = registry
+
+    def collect(self, snapshot: Snapshot) -> Iterator[Metric]:
+        yield from live_metrics(snapshot, self._registry.extensions())
 
 
 class MetricsEndpoint:
@@ -37,14 +91,14 @@ class MetricsEndpoint:
         self,
         listen: HostPort,
         latest: Callable[[], Snapshot | None],
-        families: Callable[[], Sequence[Extension]],
+        registry: MetricsRegistry,
         *,
         detail: Level = "standard",
     ) -> None:
         self.listen = listen
         self.latest = latest
-        self.families = families
-        """Every component's metric families (asked at start, when all of them exist)."""
+        self.registry = registry
+        """The daemon's and the components' families, registered as each component starts."""
         self.detail: Level = detail
         """The families' detail level (``[prometheus] detail``, a restart key)."""
         self.server: MetricsServer | None = None
@@ -55,7 +109,7 @@ class MetricsEndpoint:
 
     async def start(self) -> None:
         """Bind and serve (a FlexmigError naming the address when it is taken)."""
-        exposition = Exposition(self.latest, self.families(), detail=self.detail)
+        exposition = Exposition(self.latest, self.registry.exported(), detail=self.detail)
         server = MetricsServer(exposition, self.listen.host, self.listen.port)
         self.stats = server.stats
         _, self.port = server.start()

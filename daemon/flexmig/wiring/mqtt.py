@@ -54,14 +54,16 @@ class FindingsPublisher:
 
     def __init__(
         self,
-        publisher: MqttPublisher,
+        publisher: MqttPublisher | None,
         detector: Detector,
         node: str,
         *,
         mode: str | None = None,
         state_refresh_s: float = 60.0,
     ) -> None:
-        self.publisher = publisher
+        """``publisher`` None: it is :meth:`attach`-ed at start (the daemon's outbox is opened then, not while the
+        components are built)."""
+        self._publisher = publisher
         self.detector = detector
         self.node = node
         self.mode = mode
@@ -71,6 +73,18 @@ class FindingsPublisher:
         self._emitted: Counter[str] = Counter()
         self._state_key: str | None = None
         self._state_at: float | None = None
+
+    def attach(self, publisher: MqttPublisher) -> None:
+        """Publish through ``publisher`` from now on (:class:`MqttComponent` attaches its own at start)."""
+        self._publisher = publisher
+
+    @property
+    def publisher(self) -> MqttPublisher:
+        """The publisher events go to; RuntimeError before one is attached (an event emitted before the MQTT
+        component started is a bug of the component order)."""
+        if self._publisher is None:
+            raise RuntimeError("MQTT event emitted before the mqtt component started")
+        return self._publisher
 
     def emitted(self) -> Mapping[str, int]:
         """Events handed to the publisher since start, by kind."""
@@ -126,8 +140,9 @@ class FindingsPublisher:
 class MqttComponent:
     """The outbox, the publisher and the detection-to-MQTT subscriber of one daemon (``[mqtt] enabled = true``).
 
-    Construction opens the outbox (OutboxError: the daemon refuses to start rather than lose events); the broker
-    address and credentials are only used by :meth:`run`, which never raises for network or broker trouble.
+    Construction only keeps the settings; :meth:`start` takes the outbox's directory, opens the outbox (OutboxError:
+    the daemon refuses to start rather than lose events) and subscribes to the hub. The broker address and
+    credentials are only used by :meth:`run`, which never raises for network or broker trouble.
 
     ``broker_problem`` (flexmigd started with a malformed ``mqtt.broker``, see
     :func:`flexmig.config.load_config_deferring`): one error line says so, naming the file, line and key;
@@ -148,30 +163,51 @@ class MqttComponent:
         broker_problem: str | None = None,
         locks: LockSet | None = None,
     ) -> None:
-        settings = PublisherSettings.from_config(cfg, node)
+        self.cfg = cfg
         self.node = node
         self.hub = hub
+        self.broker_problem = broker_problem
+        """Why publishing starts off (a malformed broker address), until a reload fixes it; None: it starts on."""
         self.locks = locks or LockSet()
+        self.findings = FindingsPublisher(None, detector, node, mode=mode)
         self._lock: Path | None = None
+        self._outbox: Outbox | None = None
+        self._reloaded: Config | None = None  # a reload accepted before start (SIGHUP during start-up)
+
+    @property
+    def outbox(self) -> Outbox:
+        """The open outbox (from :meth:`start` to :meth:`close`)."""
+        if self._outbox is None:
+            raise RuntimeError("the mqtt component has not started")
+        return self._outbox
+
+    @property
+    def publisher(self) -> MqttPublisher:
+        """The publisher (from :meth:`start` on)."""
+        return self.findings.publisher
+
+    async def start(self) -> None:
+        """Take the outbox's directory, open the outbox, and publish what detection finds on every sweep from the
+        first on."""
+        cfg = self.cfg
         if cfg.outbox.parent.is_dir():  # a missing directory: the outbox says so, naming itself
             # Before the outbox is opened: another daemon's outbox is neither read nor, if corrupt, moved aside.
             self._lock = self.locks.take_dir(cfg.outbox.parent, "state directory")
         try:
-            self.outbox = Outbox(cfg.outbox, max_bytes=cfg.outbox_max_bytes)
+            self._outbox = Outbox(cfg.outbox, max_bytes=cfg.outbox_max_bytes)
         except BaseException:
             self._release()
             raise
-        self.publisher = MqttPublisher(settings, self.outbox, off=broker_problem)
-        self.findings = FindingsPublisher(self.publisher, detector, node, mode=mode)
-        if broker_problem is not None:
+        settings = PublisherSettings.from_config(cfg, self.node)
+        self.findings.attach(MqttPublisher(settings, self._outbox, off=self.broker_problem))
+        if self.broker_problem is not None:
             log.error(
                 "%s; MQTT publishing is off until it is fixed (SIGHUP after fixing); events wait in the outbox %s",
-                broker_problem,
-                self.outbox.path,
+                self.broker_problem,
+                self._outbox.path,
             )
-
-    async def start(self) -> None:
-        """Publish what detection finds on every sweep from the first on."""
+        if self._reloaded is not None:
+            self.reload(self._reloaded)
         self.hub.subscribe(self.findings)
 
     async def drain(self) -> None:
@@ -185,6 +221,9 @@ class MqttComponent:
     def reload(self, config: Config) -> None:
         """An accepted reload: if publishing was off for a malformed broker address, publish to the new one (the
         reload validated it). Otherwise ``[mqtt]`` changes wait for the next start."""
+        if self._outbox is None:
+            self._reloaded = config  # applied at start
+            return
         if config.mqtt.enabled and self.publisher.resume(PublisherSettings.from_config(config.mqtt, self.node)):
             log.info(
                 "MQTT broker address fixed by the reload: publishing to %s; %d event(s) queued",
@@ -198,8 +237,11 @@ class MqttComponent:
         await self.publisher.run()
 
     async def close(self) -> None:
-        """Close the outbox and let its directory go (after every loop has ended, however it ended)."""
-        self.outbox.close()
+        """Close the outbox and let its directory go (after every loop has ended, however it ended, or a start
+        that never happened)."""
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            outbox.close()
         self._release()
 
     def _release(self) -> None:

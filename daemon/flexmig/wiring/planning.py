@@ -10,9 +10,9 @@
   cannot model is a *blocked GPU*;
 * a running job whose instances are not all there as recorded is left out of the plan and its instances blocked.
 
-:func:`planner_settings` maps the ``[planner]`` table onto :class:`~flexmig.plan.types.PlannerSettings` (the one
-place this mapping lives). :func:`parse_request` reads the ``[Nx]PROFILE`` what-if requests of ``flexmig plan``.
-Nothing here does I/O.
+:func:`planner_settings` builds :class:`~flexmig.plan.types.PlannerSettings` from the ``[planner]`` table, as the
+schema says (no key is mapped by hand). :func:`parse_request` reads the ``[Nx]PROFILE`` what-if requests of
+``flexmig plan``. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from flexmig.act.placement import node_model
 from flexmig.act.planview import pending_requests, running_jobs
 from flexmig.act.records import JobRecord
 from flexmig.config import PlannerConfig
+from flexmig.config.settings import build_settings
 from flexmig.mig.catalogue import GpuModel
 from flexmig.mig.layout import Layout
 from flexmig.mqtt.action_events import plan_actions, plan_summary
@@ -44,21 +45,10 @@ _REQUEST = re.compile(r"(?:(?P<n>[1-9][0-9]?)x)?(?P<profile>[1-7]g\.[0-9]+gb(?:\
 
 
 def planner_settings(cfg: PlannerConfig) -> PlannerSettings:
-    """The ``[planner]`` table as planner settings: the same names with the same meanings (the table's defaults are
-    :class:`PlannerSettings`'s), ``migrate_enabled``/``resplit_enabled``/``malleable_enabled`` as
-    ``migrate``/``resplit``/``malleable``."""
-    return PlannerSettings(
-        checkpoint_s=cfg.checkpoint_s,
-        restart_s=cfg.restart_s,
-        standby_restart_s=cfg.standby_restart_s,
-        reconfigure_s=cfg.reconfigure_s,
-        spread_efficiency=cfg.spread_efficiency,
-        settling_s=cfg.settling_s,
-        gain_margin=cfg.gain_margin,
-        migrate=cfg.migrate_enabled,
-        resplit=cfg.resplit_enabled,
-        malleable=cfg.malleable_enabled,
-    )
+    """The ``[planner]`` table as the planner's settings, built from the schema
+    (:func:`~flexmig.config.settings.build_settings`: each key sets the field of its name or the one its ``to``
+    names, ``migrate_enabled`` ``migrate`` and so on)."""
+    return build_settings(PlannerSettings, cfg)
 
 
 def parse_request(text: str, index: int, model: GpuModel, now_s: float) -> JobRequest:
