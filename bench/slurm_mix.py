@@ -310,7 +310,9 @@ class Bed:
 
 
 def config_now(bed: Bed) -> str:
-    return bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
+    """flexmigd's configuration for rival ``bed`` (the whole-node rivals name that mode, no longer the default)."""
+    text = bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
+    return text if bed.tb.per_node else text + 'layout = "node"\n'
 
 
 def config_before(bed: Bed) -> str:

@@ -488,6 +488,8 @@ class SlurmDaemon:
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
         text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=self.interval_s)
+        if not (self.node_per_gpu or self.node_per_instance):  # the whole-node mode, no longer the default
+            text += 'layout = "node"\n'
         text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (
