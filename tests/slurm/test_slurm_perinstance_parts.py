@@ -103,7 +103,7 @@ def test_an_instance_node_offers_its_compute_slices_share_of_what_is_given_per_s
 @pytest.mark.parametrize(
     ("keys", "why"),
     [
-        ('slurmd_conf_per_slice = "CPUs=8"\nnode_per_instance = false\nlayout = "node"\n', "only with node_per_instance"),
+        ('slurmd_conf_per_slice = "CPUs=8"\nnode_per_instance = false\nlayout = "node"\n', "only with node_per_"),
         ('slurmd_conf_per_slice = "Weight=8"\n', "only CPUs=, RealMemory= and TmpDisk= scale"),
         ('slurmd_conf_per_slice = "CPUs=8 cpus=4"\n', "CPUs= is given twice"),
         ('slurmd_conf_per_slice = "CPUs=8"\nslurmd_conf = "CPUs=64"\n', "CPUs= is in slurmd_conf too"),
