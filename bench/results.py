@@ -176,6 +176,16 @@ SECTIONS: tuple[Section, ...] = (
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
     ),
     Section(
+        "slurm_mix_default",
+        "The administrator's mix on Slurm 22.05 with the default layout (no mode named)",
+        "slurm_mix.py",
+        # [slurm] enabled = true alone on a testbed whose slurm.conf has the static instance lines (about 27 min)
+        ("--rivals", "default"),
+        quick=("--quick", "--rivals", "default"),
+        markdown=False,
+        needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
+    ),
+    Section(
         "slurm_model",
         "A busy node, modelled: seeds the policy was not chosen on",
         "slurm_model.py",

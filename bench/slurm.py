@@ -130,7 +130,8 @@ class Node:
     def start_flexmigd(self) -> None:
         f = self.tb.paths.flexmig
         conf = f / "flexmigd.toml"
-        conf.write_text(self.tb.flexmigd_config(metrics_port=free_port(), interval_s=INTERVAL_S))
+        text = self.tb.flexmigd_config(metrics_port=free_port(), interval_s=INTERVAL_S)
+        conf.write_text(text + 'layout = "node"\n')  # the whole-node mode this benchmark measures
         conf.chmod(0o600)
         argv = [
             sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(f / "sim.json"),

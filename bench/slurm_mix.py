@@ -25,6 +25,9 @@ Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one aft
   idle instances carved for the waiting jobs while busy ones run on (Slurm 23.11 or later, as ``per-gpu``);
 * ``per-inst-static``: ``per-instance`` with ``instance_nodes = "static"``: the instance nodes are State=FUTURE
   nodes of slurm.conf, one per place each MIG profile can take (any Slurm from 22.05: Debian 12's runs it).
+* ``default``: the testbed of ``per-inst-static`` (slurm.conf with the host's State=FUTURE instance lines) and a
+  flexmigd whose ``[slurm]`` table names no mode: ``layout = "auto"``, the default, chooses (static instance nodes
+  here; with no such lines, dynamic ones on 23.11 or later).
 
 ``--gpus N`` puts N simulated H200s on the node (each laid out as the rival's one-GPU layout) and N times the jobs
 over the same window (the offline model's ``--gpus`` mix): with ``now`` and ``static`` one Slurm node of N GPUs,
@@ -310,7 +313,15 @@ class Bed:
 
 
 def config_now(bed: Bed) -> str:
-    return bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
+    """flexmigd's configuration for rival ``bed`` (the whole-node rivals name that mode, no longer the default)."""
+    text = bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
+    return text if bed.tb.per_node else text + 'layout = "node"\n'
+
+
+def config_default(bed: Bed) -> str:
+    """flexmigd's configuration with no mode named (``[slurm] layout``'s default chooses), the testbed's paths kept."""
+    dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ")
+    return "\n".join(line for line in config_now(bed).split("\n") if not line.startswith(dropped))
 
 
 def config_before(bed: Bed) -> str:
@@ -337,14 +348,15 @@ def run(
     out = Run(name)
     layout = (STATIC if name == "static" else START).split(":", 1)[1]
     bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu",
-              per_instance=name in ("per-instance", "per-inst-static"), static=name == "per-inst-static",
+              per_instance=name in ("per-instance", "per-inst-static", "default"),
+              static=name in ("per-inst-static", "default"),
               scheduler=SCHEDULER[scheduler])  # fmt: skip
     stop = threading.Event()
     try:
         if name == "before":
             bed.start(before, config_before(bed))
         else:
-            bed.start(None, config_now(bed))
+            bed.start(None, config_default(bed) if name == "default" else config_now(bed))
         if name == "static":
             bed.stop_flexmigd()  # the node stays registered (slurmd runs on): Slurm alone from here
 

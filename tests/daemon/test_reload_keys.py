@@ -41,6 +41,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
         "slurm.slurmd_env": Path("/run/flexmig/slurm/slurmd-{node}.env"),
         "slurm.gres_map": Path("/run/flexmig/slurm/gres-map-{node}.json"),
         "slurm.slurmd_unit": "slurmd@{node}.service",
+        "slurm.layout": "auto",  # the base is the whole-node layout, which these switches contradict
     },
 }
 COMPANIONS["slurm.node_per_instance"] = COMPANIONS["slurm.node_per_gpu"]  # the same rule
@@ -51,6 +52,7 @@ OTHER_VALUES: dict[str, list[Any]] = {
     "baseline.mig_parted_config": ["all-enabled"],
     "slurm.slurmd_control": ["hook"],
     "slurm.instance_nodes": ["static"],
+    "slurm.layout": ["auto", "instance"],
     "prometheus.detail": ["full"],
 }
 
@@ -261,5 +263,6 @@ def base_config(tmp: Path) -> Config:
         f'tls_key = "{tmp / "key.pem"}"\nusername = "node"\npassword_file = "{tmp / "password"}"\n'
         f'[baseline]\nmig_parted_file = "{tmp / "mig.yaml"}"\nmig_parted_config = "all-disabled"\n'
         f'[slurm]\nenabled = true\nbin_dir = "{tmp / "bin"}"\ncommand_timeout_s = 1\ninterval_s = 3600\n'
+        'layout = "node"\n'  # the whole-node agent, whose settings a reload changes
     )
     return load_config(path)

@@ -103,7 +103,7 @@ def test_an_instance_node_offers_its_compute_slices_share_of_what_is_given_per_s
 @pytest.mark.parametrize(
     ("keys", "why"),
     [
-        ('slurmd_conf_per_slice = "CPUs=8"\nnode_per_instance = false\n', "only with node_per_instance"),
+        ('slurmd_conf_per_slice = "CPUs=8"\nnode_per_instance = false\nlayout = "node"\n', "only with node_per_"),
         ('slurmd_conf_per_slice = "Weight=8"\n', "only CPUs=, RealMemory= and TmpDisk= scale"),
         ('slurmd_conf_per_slice = "CPUs=8 cpus=4"\n', "CPUs= is given twice"),
         ('slurmd_conf_per_slice = "CPUs=8"\nslurmd_conf = "CPUs=64"\n', "CPUs= is in slurmd_conf too"),
@@ -239,8 +239,8 @@ def test_a_static_node_is_named_by_its_gpu_first_slice_and_profile() -> None:
 
 def test_static_instance_nodes_go_with_node_per_instance_and_take_nothing_from_slurmd_conf() -> None:
     assert parse_config(PER_INSTANCE + 'instance_nodes = "static"\n').slurm.instance_nodes == "static"
-    with pytest.raises(ConfigError, match=r"slurm\.instance_nodes.*need node_per_instance = true"):
-        parse_config('[slurm]\nenabled = true\ninstance_nodes = "static"\n')
+    with pytest.raises(ConfigError, match=r"slurm\.instance_nodes.*for layout = auto or instance"):
+        parse_config('[slurm]\nenabled = true\nlayout = "node"\ninstance_nodes = "static"\n')
     for key, value in (("slurmd_conf", "CPUs=8"), ("slurmd_conf_per_slice", "CPUs=2")):
         with pytest.raises(ConfigError, match=rf"slurm\.{key}.*leave it empty with instance_nodes = static"):
             parse_config(PER_INSTANCE + f'instance_nodes = "static"\n{key} = "{value}"\n')

@@ -439,6 +439,7 @@ class SlurmDaemon:
         wait_registered: bool = True,
         start: bool = True,
         scheduler_parameters: str | None = None,
+        default_layout: bool = False,
     ) -> None:
         node_spec = parse_node_spec(spec)
         self.spec = spec
@@ -458,6 +459,9 @@ class SlurmDaemon:
         )
         self.node_per_instance = node_per_instance
         self.static_nodes = static_nodes
+        self.default_layout = default_layout
+        """flexmigd's configuration names no mode (``[slurm] layout``'s default, ``auto``, chooses): the testbed's
+        switches (``node_per_instance``, ``instance_nodes``) are left out, what the testbed writes for Slurm stays."""
         self.gpus = node_spec.count
         self.node_per_gpu = node_per_gpu
         self.wait_registered = wait_registered
@@ -488,6 +492,11 @@ class SlurmDaemon:
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
         text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=self.interval_s)
+        if self.default_layout:
+            dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ")
+            text = "\n".join(line for line in text.split("\n") if not line.startswith(dropped))
+        elif not (self.node_per_gpu or self.node_per_instance):  # the whole-node mode, no longer the default
+            text += 'layout = "node"\n'
         text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (

@@ -27,7 +27,7 @@ from flexmig.config.keys import join_key
 from flexmig.config.problems import show, type_name
 from flexmig.config.schema import Config, DetectConfig, MqttConfig, SlurmConfig, toml_name
 
-__all__ = ["PER_SLICE_KEYS", "Checker", "cross_check_problems", "cross_checks", "per_slice_params"]
+__all__ = ["PER_SLICE_KEYS", "Checker", "cross_check_problems", "cross_checks", "per_instance", "per_slice_params"]
 
 _T = TypeVar("_T")
 
@@ -330,13 +330,12 @@ def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
         yield ("slurm.gres_map",), "put the map in a directory of its own, not in /"
     if any(w.split("=", 1)[0].lower() == "port" for w in words) and sl.node_per_gpu:
         yield ("slurm.slurmd_conf",), "leave Port= out with node_per_gpu: each GPU node's is slurmd_port_base + K"
-    if any(w.split("=", 1)[0].lower() == "port" for w in words) and sl.node_per_instance:
+    if any(w.split("=", 1)[0].lower() == "port" for w in words) and per_instance(sl):
         yield ("slurm.slurmd_conf",), "leave Port= out with node_per_instance: each node's is slurmd_port_base + 8K + S"
     if sl.node_per_gpu and sl.node_per_instance:
         yield ("slurm.node_per_instance",), "set node_per_gpu or node_per_instance, not both"
-    if sl.instance_nodes == "static" and not sl.node_per_instance:
-        yield ("slurm.instance_nodes",), "static instance nodes need node_per_instance = true"
-    if sl.instance_nodes == "static" and sl.node_per_instance:
+    yield from _layout_checks(sl)
+    if sl.instance_nodes == "static" and per_instance(sl):
         for key in ("slurmd_conf", "slurmd_conf_per_slice"):
             if getattr(sl, key).split():
                 yield (f"slurm.{key}",), (
@@ -346,6 +345,23 @@ def _slurm_checks(cfg: Config) -> Iterator[tuple[tuple[str, ...], str]]:
     yield from _per_slice_checks(sl, {w.split("=", 1)[0].lower() for w in words})
     if sl.node_per_gpu or sl.node_per_instance:
         yield from _per_gpu_checks(sl)
+
+
+def per_instance(sl: SlurmConfig) -> bool:
+    """True when the host is one Slurm node per MIG instance: ``node_per_instance``, ``layout = instance``, or
+    ``layout = auto`` (which chooses that mode, static or dynamic, or refuses) without ``node_per_gpu``."""
+    return sl.node_per_instance or (sl.layout in ("auto", "instance") and not sl.node_per_gpu)
+
+
+def _layout_checks(sl: SlurmConfig) -> Iterator[tuple[tuple[str, ...], str]]:
+    """``layout`` against the older switches: ``node_per_gpu`` and ``node_per_instance`` are explicit choices too
+    (with ``layout = auto`` or their own layout), and ``instance_nodes = static`` is one of the per-instance mode."""
+    chosen = "gpu" if sl.node_per_gpu else "instance" if sl.node_per_instance else None
+    if chosen is not None and sl.layout not in ("auto", chosen):
+        key = "node_per_gpu" if sl.node_per_gpu else "node_per_instance"
+        yield ("slurm.layout",), f"layout = {sl.layout!r} contradicts {key} = true: set one of them"
+    if sl.instance_nodes == "static" and (sl.node_per_gpu or sl.layout in ("gpu", "node")):
+        yield ("slurm.instance_nodes",), "static instance nodes are for layout = auto or instance (node_per_instance)"
 
 
 PER_SLICE_KEYS = {"cpus": ("CPUs", 9000), "realmemory": ("RealMemory", 10**9), "tmpdisk": ("TmpDisk", 600_000_000)}
@@ -368,7 +384,7 @@ def _per_slice_checks(sl: SlurmConfig, fixed: set[str]) -> Iterator[tuple[tuple[
     and within Slurm's range, and none that ``slurmd_conf`` (whose lower-case keys are ``fixed``) sets as well."""
     where = ("slurm.slurmd_conf_per_slice",)
     words = sl.slurmd_conf_per_slice.split()
-    if words and not sl.node_per_instance:
+    if words and not per_instance(sl):
         yield where, "only with node_per_instance: a node of several MIG instances registers slurmd_conf as it is"
         return
     seen: set[str] = set()

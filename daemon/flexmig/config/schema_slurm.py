@@ -32,6 +32,15 @@ class SlurmConfig:
         "then refused). In mode act flexmig also re-registers the node with Slurm after changing its instances.",
         restart=True,
     )
+    layout: str = _doc(
+        "auto",
+        "How the host is Slurm nodes: auto (one node per MIG instance, static nodes where slurm.conf declares this "
+        "host's, else dynamic ones from Slurm 23.11; refused with one line otherwise), instance, gpu (node_per_gpu) "
+        "or node (the whole host one node, changed as a whole). node_per_gpu/node_per_instance choose too.",
+        pattern=r"auto|instance|gpu|node",
+        allowed="auto, instance, gpu or node",
+        restart=True,
+    )
     node: str = _doc(
         "", "This node's Slurm node name; empty: node_name, else the host name.", pattern=_SLURM_NAME, restart=True
     )

@@ -507,10 +507,11 @@ class Testbed:
     def _node_conf(self, host: int, port_base: int) -> list[str]:
         """``[slurm]``'s keys of the mode and of the nodes host ``host`` registers."""
         addr = self.host_addr(host)
-        if not self.per_node and self.hosts == 1:
-            return [f'slurmd_conf = "NodeAddr={addr} CPUs={self.cpus}"']
+        if not self.per_node and self.hosts == 1:  # named: the default layout is one node per MIG instance
+            return ['layout = "node"', f'slurmd_conf = "NodeAddr={addr} CPUs={self.cpus}"']
         if not self.per_node:  # a whole host's dynamic node on its own port (Slurm 23.11 and later)
-            return [f'slurmd_conf = "NodeAddr={addr} Port={port_base or self.port_base(host)} CPUs={self.cpus}"']
+            port = port_base or self.port_base(host)
+            return ['layout = "node"', f'slurmd_conf = "NodeAddr={addr} Port={port} CPUs={self.cpus}"']
         base = port_base or self.port_base(host)
         mode = "node_per_instance" if self.node_per_instance else "node_per_gpu"
         per_node = [f"{mode} = true", f"slurmd_port_base = {base}"]

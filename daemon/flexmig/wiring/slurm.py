@@ -18,6 +18,11 @@
   ``slurm_carving`` (one node per MIG instance: each carving done, or in mode advise proposed, and each hold taken
   or dropped); the re-registrations themselves are actions, with the actuator's action events and metrics.
 
+Which nodes the host is comes first, at :meth:`SlurmComponent.attach` (:mod:`flexmig.slurm.layout`, ``[slurm]
+layout``): by default one node per MIG instance in the form the node's Slurm supports (static nodes where slurm.conf
+declares this host's, else dynamic ones from 23.11), said in one line; where neither can work, one WARNING line and a
+``slurm_node`` event ``refused``, and the component changes nothing.
+
 With ``[slurm] node_per_gpu`` (Slurm 23.11 and later) the component runs one agent per MIG GPU, each managing
 the dynamic node ``<node>-gpu<K>`` with its own slurmd, reservation and journalled changes; the journal's
 ``slurm_reregister`` actions go to the agent of the node their payload names (also when a crash left one to
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -52,9 +58,7 @@ from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.events import EventFactory
-from flexmig.mqtt.slurm_events import (
-    CarvingNews,
-)
+from flexmig.mqtt.slurm_events import CarvingNews, node_event
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_keys import AgentKey, agent_settings, example_node, gpu_of_action, instance_of_action
 from flexmig.slurm.agent_read import SlurmRound, read_slurm
@@ -63,6 +67,7 @@ from flexmig.slurm.change import KIND
 from flexmig.slurm.claims import Claims, round_order
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.config_settings import slurm_settings
+from flexmig.slurm.layout import SlurmLayout, choose_layout, configured_layout, read_inputs, with_layout
 from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import (
@@ -114,12 +119,11 @@ class SlurmComponent(SlurmReporting):
         self.slurm_metrics = SlurmMetrics()
         self.node = host.config.slurm.node or host.config.node(lambda: host.hostname)
         self.factory = EventFactory(host.config.node(lambda: host.hostname))
-        self.per_gpu = host.config.slurm.node_per_gpu
-        self.per_instance = host.config.slurm.node_per_instance and not self.per_gpu
-        self.per_node = self.per_gpu or self.per_instance
-        """Several nodes on the host, each its own agent (``node_per_gpu`` or ``node_per_instance``)."""
-        self.static = self.per_instance and host.config.slurm.instance_nodes == "static"
-        """Instance nodes are slurm.conf's static State=FUTURE nodes, one per MIG profile and place."""
+        self.layout: SlurmLayout | None = None
+        """The host's layout (``[slurm] layout``), chosen at :meth:`attach`; None before, or when it was refused."""
+        self.per_gpu = self.per_instance = self.per_node = self.static = False
+        """One node per GPU, per MIG instance (either: several nodes, each its own agent); instance nodes that are
+        slurm.conf's static State=FUTURE nodes, one per MIG profile and place (set by :meth:`attach`)."""
         self.agents: dict[AgentKey, SlurmAgent] = {}
         """The agents by GPU (``node_per_gpu``: made as MIG GPUs are seen), by ``(gpu, start)``
         (``node_per_instance``: made as instances are seen), else one, under None."""
@@ -153,6 +157,8 @@ class SlurmComponent(SlurmReporting):
     def attach(self, act: Actuator) -> None:
         """Make the agent on the actuator's executor (before the journal is reconciled); with ``node_per_gpu``,
         route ``slurm_reregister`` actions to the agent of their node (made when first needed)."""
+        if not self._choose_layout():
+            return
         cfg = self.config
         settings = slurm_settings(cfg.slurm)
         self._act = act
@@ -199,6 +205,35 @@ class SlurmComponent(SlurmReporting):
                     pending[0],
                     cfg.mode,
                 )
+
+    def _choose_layout(self) -> bool:
+        """Choose the host's layout (:mod:`flexmig.slurm.layout`; ``auto`` reads slurmd's version and slurm.conf)
+        and say it in one line; False, after one WARNING line and a ``slurm_node`` event ``refused``, when it
+        cannot work: the component then changes nothing."""
+        cfg = self.config.slurm
+        try:
+            inputs = read_inputs(cfg, self.node) if configured_layout(cfg) == "auto" else ("", 0, "slurm.conf")
+            version, declared, conf = inputs
+            layout = choose_layout(cfg, version, declared, host=self.node, conf=conf)
+            with_layout(cfg, layout)
+        except SlurmError as exc:
+            log.warning("Slurm: %s", exc)
+            self._publish(node_event(self.factory, self.node, "refused", {"reason": str(exc)}))
+            return False
+        self.layout = layout
+        self.config = self._laid_out(self.config)
+        self.per_gpu = layout.kind == "gpu"
+        self.per_instance = layout.kind == "instance"
+        self.per_node = self.per_gpu or self.per_instance
+        self.static = self.per_instance and layout.static
+        log.info("Slurm layout: %s", layout.line)
+        return True
+
+    def _laid_out(self, config: Config) -> Config:
+        """``config`` with its ``[slurm]`` table as the chosen layout runs it (:func:`with_layout`)."""
+        if self.layout is None:
+            return config
+        return dataclasses.replace(config, slurm=with_layout(config.slurm, self.layout))
 
     def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
         node, settings = agent_settings(self.node, key, self.config.slurm)
@@ -252,7 +287,11 @@ class SlurmComponent(SlurmReporting):
 
     def reload(self, config: Config) -> None:
         """New mode, planner settings and the reloadable ``[slurm]`` keys (the rest need a restart)."""
-        self.config = config
+        try:
+            self.config = config = self._laid_out(config)
+        except SlurmError as exc:  # layout's keys need a restart; a new path without {node} is kept for it
+            log.warning("Slurm: reload: %s; the [slurm] table stays as it was until a restart", exc)
+            self.config = config = dataclasses.replace(config, slurm=self.config.slurm)
         for gpu, agent in self.agents.items():
             agent.planner_settings = planner_settings(config.planner)
             _, fresh = agent_settings(self.node, gpu, config.slurm)
