@@ -118,6 +118,38 @@ def test_a_region_another_job_holds_is_left_to_it() -> None:
     assert plan.moves[0].target[1] == 2  # not into the held GPU 0
 
 
+def test_the_hook_jobs_that_would_hold_the_region_longest_are_moved_and_the_rest_left_to_end() -> None:
+    two = Layout.of(H200, [("1g.18gb", 5), ("1g.18gb", 6)])
+    full = Layout.of(H200, [("4g.71gb", 0), ("3g.71gb", 4)])
+    hosts = {"n1": [two, full], "n2": [Layout.of(H200, [("4g.71gb", 0)])]}
+    running = [
+        Running("long", ("n1", 0, 6), "1g.18gb", hook=True, moves=0, remaining_s=3000.0, cost_s=15.0),
+        Running("short", ("n1", 0, 5), "1g.18gb", hook=False, moves=0, remaining_s=60.0, cost_s=15.0),
+        Running("c", ("n1", 1, 0), "4g.71gb", hook=False, moves=0, remaining_s=3000.0, cost_s=15.0),
+        Running("d", ("n1", 1, 4), "3g.71gb", hook=False, moves=0, remaining_s=3000.0, cost_s=15.0),
+        Running("e", ("n2", 0, 0), "4g.71gb", hook=False, moves=0, remaining_s=3000.0, cost_s=15.0),
+    ]
+    full_n2 = {**hosts, "n2": [Layout.of(H200, [("4g.71gb", 0), ("3g.71gb", 4)])]}
+    busy_n2 = [*running, Running("f", ("n2", 0, 4), "3g.71gb", hook=False, moves=0, remaining_s=9.0, cost_s=1.0)]
+    assert plan_moves(H200, full_n2, busy_n2, [Blocked("big", "7g.141gb")]).moves == ()  # no room: every GPU full
+    plan = plan_moves(H200, hosts, running, [Blocked("big", "7g.141gb")])
+    assert [m.job for m in plan.moves] == ["long"]
+    assert plan.free_in_s == 60.0  # when the job that stays ends, not in 3000 s
+    assert plan.region == Region("n1", 0, 0, "7g.141gb")
+    assert plan.moves[0].target[0] == "n2"
+
+
+def test_a_job_that_holds_a_region_is_planned_for_there_alone() -> None:
+    hosts = _one_1g_each({"n1": 3})
+    running = [
+        Running(n, ("n1", g, 6), "1g.18gb", hook=True, moves=0, remaining_s=3000.0 - g, cost_s=15.0)
+        for g, n in enumerate(("a", "b", "c"))
+    ]
+    held = [("big", Region("n1", 1, 0, "7g.141gb"))]
+    plan = plan_moves(H200, hosts, running, [Blocked("big", "7g.141gb")], held=held)
+    assert [m.job for m in plan.moves] == ["b"]
+
+
 def test_a_job_on_an_instance_that_is_not_there_is_refused_by_name() -> None:
     running = [Running("ghost", ("n1", 0, 3), "1g.18gb", hook=True, moves=0, remaining_s=1.0, cost_s=1.0)]
     with pytest.raises(ValueError, match="ghost"):
@@ -206,7 +238,7 @@ def test_never_moves_a_job_past_the_bound(c: Cluster) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(clusters())
-def test_the_freed_region_fits_the_waiting_job_and_the_moved_jobs_fit_elsewhere(c: Cluster) -> None:
+def test_the_region_fits_the_waiting_job_once_free_and_the_moved_jobs_fit_elsewhere_now(c: Cluster) -> None:
     plan = _plan(c)
     if not plan.moves:
         return
@@ -221,7 +253,9 @@ def test_the_freed_region_fits_the_waiting_job_and_the_moved_jobs_fit_elsewhere(
         if region.covers(H200, region.host, region.gpu, inst):
             place = (region.host, region.gpu, inst.start)
             assert place not in c.closed
-            assert place not in on or place in moved  # only moved jobs and idle instances leave the region
+            if place in on and place not in moved:  # a job that stays ends before the region is said to be free
+                left = on[place].remaining_s
+                assert left is not None and left <= plan.free_in_s
             lay = lay.remove(inst.start)
     lays[region.host][region.gpu] = lay.place(profile, region.start)
     for m in plan.moves:

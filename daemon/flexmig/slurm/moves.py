@@ -9,20 +9,28 @@ any host, where it resumes right after its acknowledged step, and the room it le
 The decision, for the waiting jobs in Slurm's priority order, the first that no free instance serves and no carving
 of idle slices can serve (a blocked job):
 
-* a **region** is a placement of its profile (host, GPU, start) whose busy instances all run jobs that opted into
-  the hook and were moved fewer than ``max_moves_per_job`` times, and that holds no closed instance (registering,
-  an administrator's, or inside another job's held region);
-* each job to move needs a **target** outside the region, now: a free instance of its profile or one that can be
-  carved from free slices and idle instances (on any host); the targets are chosen one after the other, so that
-  two moved jobs never count on the same slices;
+* a **region** is a placement of its profile (host, GPU, start) that holds no closed instance (registering, an
+  administrator's, or inside another job's held region); a job that holds a region already is planned for there
+  alone, so that the moves of earlier rounds are not wasted;
+* the jobs to move are the region's hook jobs (those that opted in and were moved fewer than ``max_moves_per_job``
+  times) that would end later than the jobs that stay (by the time limits), the longest-running first, each as long
+  as it finds a **target** outside the region now: a free instance of its profile or one carved from free slices
+  and idle instances, on any host; the targets are chosen one after the other, so that two moved jobs never count
+  on the same slices. The region is then free once the jobs that stay have ended (at once when none stays), and
+  the caller holds it for the waiting job;
 * the move is worth it when the waiting job's **gain**, the time it would otherwise wait (the earliest any of its
-  placements empties, by the running jobs' time limits) times its compute slices, exceeds what the moved jobs
-  **lose**, each one's checkpoint, requeue and cold start times its compute slices;
-* among the regions worth it, the one that moves the fewest jobs, then loses the least.
+  placements empties, by the running jobs' time limits) less the time until the region is free, times its compute
+  slices, exceeds what the moved jobs **lose**: each one's checkpoint, requeue and cold start times its compute
+  slices;
+* among the regions worth it, the one that gains the most over what it loses, then the one that moves the fewest.
 
-Why the fewest jobs and not the least loss alone: a move is the one step that can go wrong for a running job (its
-checkpoint may time out, it may find its target taken), so two long 1g jobs on two GPUs and a 7g arriving is one
-move, the job whose GPU then empties, never both.
+Why a region may keep jobs that stay: on a busy cluster a whole region of hook jobs with room elsewhere for all of
+them at once is rare; moving the ones that would hold the region longest, as room appears, brings its end forward
+round by round, and the hold keeps new work out of it meanwhile.
+
+Why the fewest jobs: a move is the one step that can go wrong for a running job (its checkpoint may time out, it
+may find its target taken), so two long 1g jobs on two GPUs and a 7g arriving is one move, the job whose GPU then
+empties, never both.
 
 Pure: no I/O; the expected remaining times are computed by the caller at its own clock.
 """
@@ -100,7 +108,8 @@ class Move:
 @dataclass(frozen=True, slots=True)
 class MovePlan:
     """A round's decision: the moves (none: nothing worth moving), the waiting job they make room for and its
-    region, the gain and loss in slice-seconds, and why, in words."""
+    region, the gain and loss in slice-seconds, why, in words, and when the region is free (seconds from now by
+    the time limits of the jobs that stay there; 0: once the moved jobs left)."""
 
     moves: tuple[Move, ...]
     waiting: str | None
@@ -108,6 +117,7 @@ class MovePlan:
     gain: float
     loss: float
     reason: str
+    free_in_s: float = 0.0
 
 
 _NONE = MovePlan((), None, None, 0.0, 0.0, "no waiting job is blocked")
@@ -209,53 +219,50 @@ class _Cluster:
             rest = rest.remove(i.start)
         return rest.place(profile, start) if rest.can_place(profile, start) else None
 
-    def natural_wait(self, profile: Profile) -> float:
-        """How long the job would wait with no move: the earliest any placement of ``profile`` empties (closed
-        instances never do)."""
-        best = math.inf
-        empty = Layout.empty(self.model)
-        for host, lays in self.hosts.items():
-            for g, lay in enumerate(lays):
-                for start in profile.starts:
-                    if not empty.can_place(profile, start):
-                        continue
-                    left = 0.0
-                    for i in self._overlap(lay, profile, start):
-                        place = (host, g, i.start)
-                        if place in self.closed:
-                            left = math.inf
-                        elif place in self.on:
-                            r = self.on[place].remaining_s
-                            left = max(left, math.inf if r is None else max(r, 0.0))
-                    best = min(best, left)
-        return best
-
     def best(self, job: Blocked, profile: Profile, max_moves: int) -> MovePlan:
-        """The cheapest worthwhile move plan for the blocked ``job``, or an empty one saying why."""
-        wait = self.natural_wait(profile)
-        gain = wait * profile.compute_slices
-        empty = Layout.empty(self.model)
-        found: tuple[tuple[int, float, int], MovePlan] | None = None
-        why = f"{job.name}: {profile.name} has no region of hook jobs that may move"
-        for order, (host, lays) in enumerate(self.hosts.items()):
-            for g in range(len(lays)):
-                for start in profile.starts:
-                    if not empty.can_place(profile, start) or self._fenced_at(job.name, host, g, profile, start):
-                        continue
-                    plan = self._region(job, profile, Region(host, g, start, profile.name), max_moves, gain)
-                    if isinstance(plan, str):
-                        if plan:
-                            why = plan
-                        continue
-                    key = (len(plan.moves), plan.loss, order)
-                    if found is None or key < found[0]:
-                        found = (key, plan)
-        return found[1] if found is not None else MovePlan((), job.name, None, gain, 0.0, why)
+        """The most worthwhile move plan for the blocked ``job``, or an empty one saying why. A job that holds a
+        region already is planned for there alone (the moves of earlier rounds emptied it in part)."""
+        own = [r for owner, r in self.held if owner == job.name and r.profile == profile.name]
+        regions = own[:1] or [
+            Region(host, g, start, profile.name)
+            for host, lays in self.hosts.items()
+            for g in range(len(lays))
+            for start in profile.starts
+            if Layout.empty(self.model).can_place(profile, start)
+            and not self._fenced_at(job.name, host, g, profile, start)
+        ]
+        wait = min((self._empties_in(profile, r) for r in regions), default=math.inf)
+        found: tuple[tuple[float, int, int], MovePlan] | None = None
+        why = f"{job.name}: {profile.name} has no region whose hook jobs may move"
+        for order, region in enumerate(regions):
+            plan = self._region(job, profile, region, max_moves, wait)
+            if isinstance(plan, str):
+                why = plan or why
+                continue
+            key = (plan.loss - plan.gain, len(plan.moves), order)
+            if found is None or key < found[0]:
+                found = (key, plan)
+        return found[1] if found is not None else MovePlan((), job.name, None, 0.0, 0.0, why)
 
-    def _region(self, job: Blocked, profile: Profile, region: Region, max_moves: int, gain: float) -> MovePlan | str:
-        """The plan that frees ``region`` for ``job``, or why not (empty: the region holds nothing movable)."""
+    def _empties_in(self, profile: Profile, region: Region) -> float:
+        """Seconds until ``region`` is free of busy instances by their limits (closed ones never are)."""
+        left = 0.0
+        for i in self._overlap(self.hosts[region.host][region.gpu], profile, region.start):
+            place = (region.host, region.gpu, i.start)
+            if place in self.closed:
+                return math.inf
+            if place in self.on:
+                r = self.on[place].remaining_s
+                left = max(left, math.inf if r is None else max(r, 0.0))
+        return left
+
+    def _region(self, job: Blocked, profile: Profile, region: Region, max_moves: int, wait: float) -> MovePlan | str:
+        """The plan that empties ``region`` for ``job`` soonest: its hook jobs that may move and end later than the
+        jobs that stay, the longest-running first, as long as each finds a target elsewhere; or why not (empty:
+        nothing there to move). The region is then free once the jobs that stay end (by their limits)."""
         lay = self.hosts[region.host][region.gpu]
-        movers: list[Running] = []
+        stay = 0.0
+        movable: list[Running] = []
         for i in self._overlap(lay, profile, region.start):
             place = (region.host, region.gpu, i.start)
             if place in self.closed:
@@ -263,27 +270,34 @@ class _Cluster:
             r = self.on.get(place)
             if r is None:
                 continue
-            if not r.hook or r.moves >= max_moves:
-                return ""
-            movers.append(r)
+            left = math.inf if r.remaining_s is None else max(r.remaining_s, 0.0)
+            if r.hook and r.moves < max_moves:
+                movable.append(r)
+            else:
+                stay = max(stay, left)
+        movable.sort(key=lambda r: -(math.inf if r.remaining_s is None else r.remaining_s))
+        movers = [r for r in movable if (math.inf if r.remaining_s is None else r.remaining_s) > stay]
         if not movers:
-            return ""  # nothing to move: carving serves it, or a closed instance blocks it
-        loss = sum(r.cost_s * self.model.profile(r.profile).compute_slices for r in movers)
-        if gain <= loss:
-            return (f"{job.name}: moving {', '.join(r.name for r in movers)} loses {loss:.0f} slice-s, more than "
-                    f"the {gain:.0f} it gains")  # fmt: skip
-        moves = self._targets(job, profile, region, movers)
-        if moves is None:
-            return f"{job.name}: no room elsewhere for {', '.join(r.name for r in movers)}"
-        names = ", ".join(f"{m.job} to {m.target[0]} GPU {m.target[1]} @{m.target[2]}" for m in moves)
-        reason = (f"{job.name}: {profile.name}@{region.start} on {region.host} GPU {region.gpu}, moving {names} "
-                  f"(gains {gain:.0f} slice-s, loses {loss:.0f})")  # fmt: skip
-        return MovePlan(moves, job.name, region, gain, loss, reason)
+            return ""
+        moves, stay = self._targets(job, profile, region, movers, stay)
+        if not moves:
+            return f"{job.name}: no room elsewhere for {movers[0].name}"
+        gain = (wait - stay) * profile.compute_slices
+        loss = sum(self.on[m.source].cost_s * self.model.profile(m.profile).compute_slices for m in moves)
+        names = ", ".join(m.job for m in moves)
+        if not gain > loss:
+            return f"{job.name}: moving {names} loses {loss:.0f} slice-s, more than the {gain:.0f} it gains"
+        to = ", ".join(f"{m.job} to {m.target[0]} GPU {m.target[1]} @{m.target[2]}" for m in moves)
+        after = "at once" if stay == 0 else f"in {stay:.0f} s, when the jobs that stay end"
+        reason = (f"{job.name}: {profile.name}@{region.start} on {region.host} GPU {region.gpu} free {after}, "
+                  f"moving {to} (gains {gain:.0f} slice-s, loses {loss:.0f})")  # fmt: skip
+        return MovePlan(moves, job.name, region, gain, loss, reason, stay)
 
     def _targets(
-        self, job: Blocked, profile: Profile, region: Region, movers: Sequence[Running]
-    ) -> tuple[Move, ...] | None:
-        """A target outside ``region`` for each of ``movers`` (biggest first), none sharing slices, or None."""
+        self, job: Blocked, profile: Profile, region: Region, movers: Sequence[Running], stay: float
+    ) -> tuple[tuple[Move, ...], float]:
+        """A target outside ``region`` for each of ``movers`` (the longest-running first) up to the first that
+        finds none, none sharing slices; and when the region is then free (the latest end of what stays)."""
         lays = {h: list(ls) for h, ls in self.hosts.items()}
         g_lay = lays[region.host][region.gpu]
         for i in self._overlap(g_lay, profile, region.start):
@@ -291,12 +305,12 @@ class _Cluster:
         lays[region.host][region.gpu] = g_lay.place(profile, region.start)
         taken: set[Place] = {(region.host, region.gpu, region.start)}
         out: list[Move] = []
-        for r in sorted(movers, key=lambda m: -self.model.profile(m.profile).compute_slices):
+        for r in movers:
             got = self._target(job, r, lays, taken)
             if got is None:
-                return None
+                return tuple(out), max(stay, math.inf if r.remaining_s is None else r.remaining_s)
             out.append(got)
-        return tuple(out)
+        return tuple(out), stay
 
     def _target(self, job: Blocked, r: Running, lays: dict[str, list[Layout]], taken: set[Place]) -> Move | None:
         """A free instance of ``r``'s profile, else the carving that destroys the fewest idle compute slices (then
