@@ -302,6 +302,14 @@ SECTIONS: tuple[Section, ...] = (
         markdown=False,
     ),
     Section(
+        "slurm_load",
+        "The load of a cluster on slurmctld, modelled: 100 and 1,000 hosts",
+        "slurm_load.py",
+        ("--seeds", "161-163"),
+        quick=("--seeds", "161", "--hosts", "1,100"),
+        markdown=False,
+    ),
+    Section(
         "submit",
         "Submitting to a long queue",
         "submit.py",
