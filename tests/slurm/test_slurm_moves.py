@@ -218,26 +218,58 @@ def clusters(draw: st.DrawFn) -> Cluster:
     return Cluster(hosts, running, waiting, frozenset(closed), draw(st.sampled_from((0, 1, 2, 2, 2, 3))))
 
 
+@st.composite
+def spread_clusters(draw: st.DrawFn) -> Cluster:
+    """Small hook jobs spread over the GPUs of one or two hosts (one or two each), a big job waiting: the case moves
+    are for, so that most examples move a job."""
+    hosts: dict[str, list[Layout]] = {}
+    running: list[Running] = []
+    for h in range(draw(st.integers(1, 2))):
+        lays = []
+        for g in range(draw(st.integers(1, 3))):
+            lay = Layout.empty(H200)
+            for name in draw(st.lists(st.sampled_from(("1g.18gb", "2g.35gb", "3g.71gb")), min_size=1, max_size=2)):
+                starts = lay.placements(H200.profile(name))
+                if starts:
+                    start = draw(st.sampled_from(starts))
+                    lay = lay.place(H200.profile(name), start)
+                    running.append(
+                        Running(
+                            f"j{len(running)}",
+                            (f"h{h}", g, start),
+                            name,
+                            hook=draw(st.sampled_from((True,) * 5 + (False,))),
+                            moves=draw(st.integers(0, 2)),
+                            remaining_s=draw(st.floats(1.0, 5000.0)),
+                            cost_s=draw(st.floats(0.0, 60.0)),
+                        )
+                    )
+            lays.append(lay)
+        hosts[f"h{h}"] = lays
+    waiting = [Blocked("w0", draw(st.sampled_from(("4g.71gb", "7g.141gb"))), 0.0)]
+    return Cluster(hosts, running, waiting, frozenset(), 2)
+
+
 def _plan(c: Cluster) -> MovePlan:
     return plan_moves(H200, c.hosts, c.running, c.waiting, max_moves_per_job=c.max_moves, closed=c.closed)
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters())
+@given(st.one_of(clusters(), spread_clusters()))
 def test_never_moves_a_job_that_did_not_opt_in(c: Cluster) -> None:
     hook = {r.name for r in c.running if r.hook}
     assert all(m.job in hook for m in _plan(c).moves)
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters())
+@given(st.one_of(clusters(), spread_clusters()))
 def test_never_moves_a_job_past_the_bound(c: Cluster) -> None:
     moved = {r.name: r.moves for r in c.running}
     assert all(moved[m.job] < c.max_moves for m in _plan(c).moves)
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters())
+@given(st.one_of(clusters(), spread_clusters()))
 def test_the_region_fits_the_waiting_job_once_free_and_the_moved_jobs_fit_elsewhere_now(c: Cluster) -> None:
     plan = _plan(c)
     if not plan.moves:
@@ -277,7 +309,7 @@ def test_the_region_fits_the_waiting_job_once_free_and_the_moved_jobs_fit_elsewh
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters())
+@given(st.one_of(clusters(), spread_clusters()))
 def test_a_move_is_taken_only_when_the_gain_exceeds_the_loss(c: Cluster) -> None:
     plan = _plan(c)
     if plan.moves:
