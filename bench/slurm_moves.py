@@ -87,6 +87,15 @@ class Outcome:
         return max(waits, default=0.0)
 
     @property
+    def others_longest(self) -> float:
+        """The longest wait of a job of another profile than 7g (the queue's own wait, which moves cannot shorten)."""
+        return max((w for j, w in self._waits() if j.mix.profile != SEVEN), default=0.0)
+
+    def _waits(self) -> list[tuple[sm.Job, float]]:
+        return [(j, self.moves.first_start[j.name] - j.submit_s) for j in self.result.state.jobs
+                if j.name in self.moves.first_start]  # fmt: skip
+
+    @property
     def waits(self) -> list[float]:
         """Each job's wait from its submission to its first start."""
         return [self.moves.first_start[j.name] - j.submit_s for j in self.result.state.jobs
@@ -310,6 +319,7 @@ def _table(rows: dict[str, list[Outcome]]) -> None:
         ("utilisation while jobs wait (%)", lambda o: 100 * o.result.util_waiting, ".1f", min),
         ("makespan / packing bound", lambda o: o.result.ratio, ".3f", max),
         ("7g jobs' longest wait (s)", lambda o: o.seven_longest, ".0f", max),
+        ("other jobs' longest wait (s)", lambda o: o.others_longest, ".0f", max),
         ("wait, mean (s)", lambda o: statistics.mean(o.waits), ".0f", max),
         ("moves", lambda o: o.moved, ".0f", max),
         ("most moves of one job", lambda o: o.most, ".0f", max),
