@@ -123,7 +123,7 @@ from flexmig.plan.reregistration import (
 )
 from flexmig.plan.types import JobRequest, PlannerSettings, RankNeed
 from flexmig.plan.waiting import Committed, next_step
-from flexmig.wiring.slurm import Claims, round_order
+from flexmig.slurm.claims import Claims, round_order
 from machine import machine
 from slurm_mix import SLICES, WINDOW_S, MixJob, Run, bound, figures, mix
 
@@ -591,7 +591,7 @@ def simulate_per_gpu(jobs: Sequence[MixJob], pol: Policy, *, gpus: int = 1, limi
     """Run ``jobs`` with one Slurm node per GPU (``[slurm] node_per_gpu``, Slurm 23.11+): each GPU node is the
     one-GPU model of :func:`simulate` (its own layout, reservation and closures), the queue is shared; Slurm's passes
     take the GPU nodes in turn; flexmig's round runs one agent per GPU node in the daemon's order
-    (:func:`flexmig.wiring.slurm.round_order`) with its claims (:class:`flexmig.wiring.slurm.Claims`: the jobs a
+    (:func:`flexmig.slurm.claims.round_order`) with its claims (:class:`flexmig.slurm.claims.Claims`: the jobs a
     change serves are left out of the other GPU nodes' queues for 60 s, or until it is abandoned)."""
     start = Layout.of(MODEL, list(pol.layout))
     shared = [Job(j, j.arrival_s) for j in jobs]

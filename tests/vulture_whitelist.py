@@ -109,7 +109,7 @@ _.tightened_from  # DatabaseCheck: the mode a database file had before it was ti
 _.fb_free_bytes  # DCGM row
 _.resume_step  # flexmig_hook.HookEnv: the step a job resumes from (the hook's public API for job scripts)
 _.close_by_s  # reregistration Verdict: the latest the node is surely empty by its jobs' limits (the agent reads the
-# reservation's start from the same rule, slurm.agent._close_at)
+# reservation's start from the same rule, slurm.agent_read.close_at)
 
 # --- Read by tests to observe state that the daemon itself only keeps bounded or acts on (kept: the tests assert the
 # bound or the behaviour through them; reading private attributes instead would tie the tests to the internals).

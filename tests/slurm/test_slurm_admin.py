@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from flexmig.act.journal import StepEvent
-from flexmig.slurm.agent import SlurmRead, SlurmRound
+from flexmig.slurm.agent_read import SlurmRead, SlurmRound
 from flexmig.slurm.reservations import PREFIX, flexmig_name
 from support.slurm import SlurmRig, skip_reason
 from support.wait import until

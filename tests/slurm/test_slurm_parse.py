@@ -18,8 +18,8 @@ from flexmig.slurm.gres import GresCount, parse_gres, parse_index_list
 from flexmig.slurm.hostlist import expand_hostlist
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.nodes import SlurmNode, gpu_hosts, parse_scontrol_nodes, parse_sinfo
+from flexmig.slurm.shared_reads import read_spacing
 from flexmig.slurm.squeue import parse_squeue
-from flexmig.wiring.slurm import read_spacing
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 SQUEUE = (DATA / "squeue-22.05.8.json").read_text()

@@ -23,15 +23,16 @@ from flexmig.nvml.types import GpuInfo, GpuInstanceInfo, Inventory, MigDeviceInf
 from flexmig.plan.reregistration import Verdict
 from flexmig.plan.types import CreateInstance, Plan
 from flexmig.slurm import taskprolog
-from flexmig.slurm.agent import SlurmRead, SlurmRound, SlurmView
+from flexmig.slurm.agent_read import SlurmRead, SlurmRound, SlurmView
 from flexmig.slurm.change import encode_change
+from flexmig.slurm.claims import Claims, round_order
 from flexmig.slurm.demand import SlurmDemand
 from flexmig.slurm.gresconf import gres_map, gres_records
 from flexmig.slurm.minors import parse_mig_minors, render_mig_minors
 from flexmig.slurm.settings import SlurmSettings, gpu_node
+from flexmig.slurm.shared_reads import SharedReads
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.supply import Supply
-from flexmig.wiring.slurm import Claims, SharedReads, round_order
 
 
 def _gpu(index: int, items: list[tuple[str, int, int, int]]) -> GpuInfo:

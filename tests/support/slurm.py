@@ -41,7 +41,8 @@ from flexmig.mig.nodespec import parse_node_spec
 from flexmig.nvml import Nvml, NvmlWorker
 from flexmig.plan.types import PlannerSettings
 from flexmig.sim import SimProcessTable
-from flexmig.slurm.agent import SlurmAgent, SlurmRound
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent_read import SlurmRound
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.settings import SlurmSettings, slot_node
 from flexmig.slurm.sitecheck import version_problem

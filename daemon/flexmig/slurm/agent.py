@@ -32,7 +32,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -40,7 +39,6 @@ from flexmig.act.executor import Executor
 from flexmig.act.journal import ActionRow
 from flexmig.act.nodeview import NodeView
 from flexmig.act.placement import node_model
-from flexmig.act.records import Slot
 from flexmig.act.results import PlanResult
 from flexmig.clocks import Ages
 from flexmig.errors import FlexmigError, PlanRejectedError, SlurmError
@@ -49,25 +47,33 @@ from flexmig.mig.enumerate import maximal_layouts
 from flexmig.mig.layout import Layout
 from flexmig.nvml.types import Inventory
 from flexmig.plan.reregistration import (
-    DrainHolder,
     NodeNow,
     RegistrationCost,
     Verdict,
     changes_instances,
     choose,
-    close_by_s,
-    close_in_s,
 )
 from flexmig.plan.types import Plan, PlannerSettings
-from flexmig.plan.waiting import ENDING, Committed, next_step
-from flexmig.slurm.change import KIND, ChangeSettings, SlurmChange, admin_down, admin_hold, encode_change
+from flexmig.plan.waiting import next_step
+from flexmig.slurm.agent_build import make_change, make_slurmd, make_supply
+from flexmig.slurm.agent_commit import CommitSteps
+from flexmig.slurm.agent_read import (
+    SlurmRead,
+    SlurmRound,
+    SlurmView,
+    close_at,
+    close_by,
+    holders,
+    read_slurm,
+    read_text,
+    without_taken,
+)
+from flexmig.slurm.change import KIND, encode_change
+from flexmig.slurm.change_admin import admin_down, admin_hold
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning, read_demand, request_name
 from flexmig.slurm.gresconf import check_node_name, gres_string
 from flexmig.slurm.hookcheck import hook_problem
-from flexmig.slurm.instances import CarvingReport
-from flexmig.slurm.nodes import SlurmNode
-from flexmig.slurm.reservations import SlurmReservation, flexmig_name
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.sitecheck import (
     cgroup_problem,
@@ -79,105 +85,20 @@ from flexmig.slurm.sitecheck import (
     slot_problem,
     tres_problem,
 )
-from flexmig.slurm.slurmd import HookSlurmd, SlurmdControl, SlurmdState, SystemdSlurmd
-from flexmig.slurm.squeue import SlurmJob
-from flexmig.slurm.supply import Supply
+from flexmig.slurm.slurmd import SlurmdControl
 
-__all__ = ["ExecutorMig", "SlurmAgent", "SlurmRead", "SlurmRound", "SlurmView", "make_slurmd", "read_slurm"]
+__all__ = ["SlurmAgent"]
 
 log = logging.getLogger(__name__)
 
 _CONFIG_TTL_S = 300.0
 _NOT_RESPONDING_GRACE_S = 30.0  # slurmd runs but slurmctld does not hear it: wait this long, then restart it
-_MAX_FILE = 4 * 1024 * 1024
 _RECENT_S = 900.0  # the recent demand the layout choice matches: jobs submitted in the last 15 minutes
 _MAX_SEEN = 10_000
 _UNKNOWN_RUN_S = 60.0  # the run time a job without a time limit counts for in the recent demand
 
 
-class ExecutorMig:
-    """The executor's own idempotent NVML steps, as :class:`~flexmig.slurm.change.MigSteps`."""
-
-    def __init__(self, executor: Executor) -> None:
-        self.executor = executor
-
-    async def destroy(self, slot: Slot) -> dict[str, Any]:
-        """Destroy the idle instance at ``slot`` (absent is fine)."""
-        return await self.executor._destroy_idle(slot)  # the executor's own idempotent step
-
-    async def create(self, slot: Slot) -> dict[str, Any]:
-        """Create ``slot``'s instance (an identical one already there is fine)."""
-        return await self.executor._create_at(slot)
-
-    async def inventory(self) -> Inventory:
-        """A fresh inventory through the NVML worker."""
-        return await self.executor.mig.inventory()
-
-
-def make_slurmd(settings: SlurmSettings, node: str, commands: SlurmCommands) -> SlurmdControl:
-    """The node's slurmd as ``[slurm] slurmd_control`` says: its systemd unit, or the site's hook command."""
-    common: dict[str, Any] = {
-        "node": node,
-        "env_file": settings.slurmd_env,
-        "pid_file": settings.slurmd_pid_file,
-        "commands": commands,
-        "extra": settings.slurmd_conf,
-        "per_slice": settings.slurmd_conf_per_slice,
-        "static": settings.static_nodes,
-    }
-    if settings.slurmd_control == "hook":
-        return HookSlurmd(**common, hook=settings.slurmd_hook)
-    return SystemdSlurmd(**common, unit=settings.slurmd_unit)
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmRead:
-    """One look at Slurm and NVML (and the node's slurmd)."""
-
-    jobs: tuple[SlurmJob, ...]
-    node: SlurmNode | None
-    inventory: Inventory
-    view: NodeView
-    demand: SlurmDemand
-    model: GpuModel
-    registered_as: dict[str, int]
-    expected: dict[str, int]
-    reservations: tuple[SlurmReservation, ...] = ()
-    slurmd: SlurmdState = "running"
-    now_s: float = 0.0
-
-    @property
-    def in_sync(self) -> bool:
-        """Slurm lists the node, responding, with exactly the instances NVML shows."""
-        return self.node is not None and self.node.responding and self.registered_as == self.expected
-
-    @property
-    def mine(self) -> SlurmReservation | None:
-        """flexmig's reservation on this node (a change is committed), if any."""
-        name = flexmig_name(self.demand.node)
-        return next((r for r in self.reservations if r.name == name), None)
-
-    @property
-    def busy(self) -> bool:
-        """Jobs that are no hook jobs run on the node (a change must wait for them to end)."""
-        return any(not r.movable for r in self.demand.running)
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmRound:
-    """What one round saw, planned and did; ``events`` are ``(kind, detail)`` for the fleet; ``carving``: a host
-    round's carving (one node per MIG instance)."""
-
-    read: SlurmRead | None
-    plan: Plan = field(default_factory=Plan)
-    verdict: Verdict | None = None
-    result: PlanResult | None = None
-    note: str = ""
-    events: tuple[tuple[str, dict[str, Any]], ...] = ()
-    carving: CarvingReport | None = None
-
-
-class SlurmAgent:
+class SlurmAgent(CommitSteps):
     """Reads node ``node``'s demand from Slurm and gives it the layout, through ``executor``'s journal."""
 
     def __init__(
@@ -230,37 +151,18 @@ class SlurmAgent:
         commands = SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s)
         self.client = SlurmClient(commands)
         self.slurmd = slurmd or make_slurmd(settings, node, commands)
-        hook = {
-            "checkpoint_dir": settings.checkpoint_dir,
-            "signal": f"SIG{settings.checkpoint_signal}",
-            "ack_wait_s": settings.ack_wait_s,
-        }
-        self.supply = Supply(
-            node,
-            settings.gres_conf,
-            settings.gres_map,
-            settings.dev_dir,
-            settings.mig_minors,
-            simulated=simulated,
-            hook=hook,
-            gpu=gpu,
-            start=start,
-            profile=profile,
-        )
-        change = ChangeSettings(
-            node,
-            settings.checkpoint_dir,
-            ack_timeout_s=settings.ack_timeout_s,
-            close_s=settings.drain_timeout_s,
-            register_timeout_s=settings.register_timeout_s,
-            signal=settings.checkpoint_signal,
-            static=settings.static_nodes,
-        )
-        self.change = SlurmChange(
-            self.client, self.slurmd, self.supply, ExecutorMig(executor), change, on_event=on_event
-        )
+        self.supply = make_supply(settings, node, simulated=simulated, gpu=gpu, start=start, profile=profile)
+        self.change = make_change(
+            settings, node, client=self.client, slurmd=self.slurmd, supply=self.supply, executor=executor,
+            on_event=on_event,
+        )  # fmt: skip
         self.on_event = on_event or (lambda kind, detail: None)
         self.cost = self.registration_cost(settings)
+        self._init_memory()
+        executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
+
+    def _init_memory(self) -> None:
+        """What the agent remembers from round to round (all empty at first)."""
         self._closed_at: float | None = None
         """When (monotonic) a reservation of flexmig's last ended without its change (the node never emptied)."""
         self._config: dict[str, str] = {}
@@ -271,7 +173,6 @@ class SlurmAgent:
         self._seen: dict[str, tuple[float, str, float]] = {}
         self._hook_off: dict[tuple[int, int], str] = {}
         """(Slurm job, run) -> why its hook is off, as last seen (each is logged once)."""
-        executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
 
     @staticmethod
     def registration_cost(settings: SlurmSettings) -> RegistrationCost:
@@ -353,9 +254,9 @@ class SlurmAgent:
             else:
                 why = gres_conf_problem(text, self.node, str(self.settings.gres_conf))
         if why is None:
-            why = shared_fs_problem(PurePosixPath(self.settings.gres_conf.absolute()), _read_text(self.mountinfo))
+            why = shared_fs_problem(PurePosixPath(self.settings.gres_conf.absolute()), read_text(self.mountinfo))
         if why is None:
-            cgroup = parse_cgroup_conf(_read_text(conf.parent / "cgroup.conf"))
+            cgroup = parse_cgroup_conf(read_text(conf.parent / "cgroup.conf"))
             why = cgroup_problem(cfg.get("TaskPlugin", ""), cgroup, simulated=self.simulated)
         if why is None:
             why = tres_problem(cfg.get("AccountingStorageTRES", ""), (p.name for p in read.model.plain_profiles))
@@ -397,7 +298,7 @@ class SlurmAgent:
         return NodeNow(
             model=model,
             layouts=tuple(layouts),
-            running=_holders(read),
+            running=holders(read),
             queue=(*requeued, *read.demand.pending),
             fixed_gpus=frozenset(fixed),
             requeued=frozenset(r.name for r in requeued),
@@ -503,7 +404,7 @@ class SlurmAgent:
         if self._waiting and read.mine is None:  # flexmig's reservation ended without its change
             self._closed_at = self.clock()
         self._waiting = read.mine is not None
-        read = self._without_missed(_without_taken(read, self.taken))
+        read = self._without_missed(without_taken(read, self.taken))
         self._remember(read)
         problem = await self.setup_problem(read)
         if problem is not None:
@@ -532,7 +433,7 @@ class SlurmAgent:
             return SlurmRound(read, plan, v)
         step = next_step(
             None, changes=changes_instances(plan), go=v.go, busy=read.busy, now_s=read.now_s,
-            close_in_s=_close_at(read, self.cost.fixed_s),
+            close_in_s=close_at(read, self.cost.fixed_s),
         )  # fmt: skip
         if step.kind == "change":
             return await self._change(read, plan, v)
@@ -576,7 +477,7 @@ class SlurmAgent:
     def empty_in_s(self, read: SlurmRead) -> float:
         """Seconds until the node is expected to be empty of its jobs, as ``read`` shows them: where a change's
         reservation would start (``node_per_gpu``: the sibling that empties first plans first)."""
-        return _close_at(read, self.cost.fixed_s)
+        return close_at(read, self.cost.fixed_s)
 
     def _without_missed(self, read: SlurmRead) -> SlurmRead:
         """The read with hook jobs that missed an acknowledgement counted as immovable."""
@@ -610,15 +511,6 @@ class SlurmAgent:
         self._not_responding_since = None
         return SlurmRound(read, note=note, events=(("slurmd_restarted", {"reason": why, "gres": gres}),))
 
-    async def _leave_alone(self, read: SlurmRead, mode: str, why: str) -> SlurmRound:
-        """An administrator holds the node: abandon flexmig's own waiting change, change nothing else."""
-        events: list[tuple[str, dict[str, Any]]] = []
-        if read.mine is not None and mode == "act":
-            await self.client.delete_reservation(flexmig_name(self.node))
-            self._waiting = False
-            events.append(("change_abandoned", {"reason": why}))
-        return SlurmRound(read, note=why, events=(*events, ("left_alone", {"reason": why})))
-
     async def _resync(self, read: SlurmRead, mode: str) -> SlurmRound:
         """Slurm's view of the node differs from NVML's: register it again, without fighting anyone."""
         node = read.node
@@ -643,104 +535,12 @@ class SlurmAgent:
             return SlurmRound(read, note=f"{why}; mode {mode} changes nothing")
         if node is not None and read.demand.running:
             # Registered with other GRES while jobs run: wait for them like any change.
-            v = Verdict(True, 0.0, 0.0, 0.0, why, (), _close_by(read), forced=True)
+            v = Verdict(True, 0.0, 0.0, 0.0, why, (), close_by(read), forced=True)
             if read.mine is None:
                 return await self._commit(read, Plan(), v)
             return SlurmRound(read, note=f"{why}; waiting for its jobs to end")
         res = await self.register(why)
         return SlurmRound(read, result=res, note=why)
-
-    async def _committed(
-        self, read: SlurmRead, mode: str, plan: Plan, v: Verdict, mine: SlurmReservation
-    ) -> SlurmRound:
-        """A change waits (flexmig's reservation exists): abandon it, move it earlier, or carry it out."""
-        if mode != "act":
-            return SlurmRound(read, plan, v, note=f"a change waits in reservation {mine.name}; mode {mode} leaves it")
-        step = next_step(
-            Committed(mine.start_s, mine.end_s, started=mine.active(read.now_s)),
-            changes=changes_instances(plan), go=v.go, busy=read.busy, now_s=read.now_s,
-            close_in_s=_close_at(read, self.cost.fixed_s),
-        )  # fmt: skip
-        if step.kind == "abandon":
-            await self.client.delete_reservation(mine.name)
-            self._waiting = False
-            why = f"its demand is gone: {v.reason}"
-            return SlurmRound(
-                read, plan, v, note=f"change abandoned: {why}", events=(("change_abandoned", {"reason": why}),)
-            )
-        if step.kind == "change":
-            return await self._change(read, plan, v)
-        if step.kind == "earlier":
-            start_in = step.start_in_s
-            await self.client.move_reservation(mine.name, start_in, self.settings.drain_timeout_s)
-            earlier = mine.start_s - read.now_s - start_in
-            return SlurmRound(
-                read, plan, v, note=f"jobs ended early: the change moves {earlier:.0f} s earlier",
-                events=(("change_waiting", {"reason": v.reason, "start_in_s": round(start_in, 1)}),),
-            )  # fmt: skip
-        if step.reason == ENDING:
-            return SlurmRound(read, plan, v, note="flexmig's reservation is ending")
-        return SlurmRound(read, plan, v, note=f"a change waits for the node's jobs (reservation {mine.name})")
-
-    async def _commit(self, read: SlurmRead, plan: Plan, v: Verdict, start_in: float | None = None) -> SlurmRound:
-        """Commit a change on a busy node: flexmig's reservation from ``start_in`` seconds from now (by default
-        :func:`_close_at`: when the node is expected to be empty), unless the site-wide limit is reached."""
-        if start_in is None:
-            start_in = _close_at(read, self.cost.fixed_s)
-        duration = self.settings.drain_timeout_s
-        limit = self.settings.max_closed_nodes
-        if limit > 0:
-            start, end = read.now_s + start_in, read.now_s + start_in + duration
-            others = [r for r in read.reservations if r.flexmig and r.overlaps(start, end)]
-            if len(others) >= limit:
-                return SlurmRound(
-                    read, plan, v,
-                    note=f"site limit: {len(others)} node(s) closed for flexmig then (max_closed_nodes = {limit})",
-                )  # fmt: skip
-        name = flexmig_name(self.node)
-        await self.client.create_reservation(name, self.node, start_in, duration)
-        self._waiting = True
-        if limit > 0 and await self._over_limit(name, limit):
-            await self.client.delete_reservation(name)
-            return SlurmRound(
-                read, plan, v, note=f"site limit: another node took the last slot (max_closed_nodes = {limit})"
-            )
-        when = "now" if start_in <= 0 else f"in {start_in:.0f} s, when its jobs are expected to have ended"
-        return SlurmRound(
-            read, plan, v,
-            note=f"change committed: reservation {name} closes the node {when} (at most {duration:g} s)",
-            events=(("change_waiting", {"reason": v.reason, "start_in_s": round(start_in, 1)}),),
-        )  # fmt: skip
-
-    async def _over_limit(self, name: str, limit: int) -> bool:
-        """After making ``name``: whether it is beyond the site limit among overlapping flexmig reservations (the
-        earliest, then by name, keep their slots: every node decides the same)."""
-        res = [r for r in await self.client.reservations() if r.flexmig]
-        mine = next((r for r in res if r.name == name), None)
-        if mine is None:
-            return False
-        peers = sorted((r for r in res if r.overlaps(mine.start_s, mine.end_s)), key=lambda r: (r.start_s, r.name))
-        return [r.name for r in peers].index(name) >= limit
-
-    async def _change(self, read: SlurmRead, plan: Plan, v: Verdict) -> SlurmRound:
-        """Carry out a change now (only hook jobs, or none, run)."""
-        busy = bool(read.demand.running) or read.mine is not None
-        action = encode_change(
-            self.node, plan, read.demand.movable, v.reason, v.drain_s, busy=busy, serves=v.newly_served
-        )
-        res = await self.executor.execute_encoded([action], "slurm", (*plan.notes, v.reason))
-        self._waiting = False
-        events: list[tuple[str, dict[str, Any]]] = []
-        for a in res.results:
-            if a.outcome == "cancelled" and a.error and "did not acknowledge" in a.error:
-                for job in read.demand.movable:
-                    if f"Slurm job {job.job.job_id} did not acknowledge" in a.error:
-                        events.append(("ack_missed", {
-                            "slurm_job": job.job.job_id,
-                            "reason": "missed its checkpoint acknowledgement: not asked again while it runs; the "
-                                      "change waits for its end",
-                        }))  # fmt: skip
-        return SlurmRound(read, plan, v, res, events=tuple(events))
 
     def _out_of_sync(self, read: SlurmRead) -> str:
         node = read.node
@@ -752,58 +552,3 @@ class SlurmAgent:
         return f"Slurm lists node {self.node} with GPUs {read.registered_as or 'none'}, NVML shows {read.expected}"
 
 
-SlurmView = tuple[tuple[SlurmJob, ...], tuple[SlurmNode, ...], tuple[SlurmReservation, ...]]
-"""What one look at slurmctld returns: its jobs, nodes and reservations."""
-
-
-async def read_slurm(client: SlurmClient) -> SlurmView:
-    """Slurm's jobs, nodes and reservations (three commands); SlurmError when Slurm cannot be read."""
-    return await client.jobs(), await client.nodes(), await client.reservations()
-
-
-def _without_taken(read: SlurmRead, taken: frozenset[str]) -> SlurmRead:
-    """The read without the pending jobs in ``taken`` (a sibling GPU node's change serves them)."""
-    d = read.demand
-    if not taken or not any(r.name in taken for r in d.pending):
-        return read
-    pending = tuple(r for r in d.pending if r.name not in taken)
-    jobs = tuple(j for j in d.pending_jobs if request_name(j.job_id) not in taken)
-    return replace(read, demand=SlurmDemand(d.node, pending, jobs, d.running, d.ignored))
-
-
-def _holders(read: SlurmRead) -> tuple[DrainHolder, ...]:
-    """The node's running Slurm jobs as the layout choice sees them."""
-    return tuple(
-        DrainHolder(
-            request_name(r.job.job_id), r.compute_slices, r.remaining_s, r.movable, r.elapsed_s,
-            tuple(i.key for i in r.instances),
-        )
-        for r in read.demand.running
-    )  # fmt: skip
-
-
-def _close_by(read: SlurmRead) -> float | None:
-    """Seconds until the node is surely empty by its immovable jobs' limits (None: one has no limit):
-    :func:`~flexmig.plan.reregistration.close_by_s` of its running jobs."""
-    return close_by_s(NodeNow(read.model, (), _holders(read), ()))
-
-
-def _close_at(read: SlurmRead, floor_s: float) -> float:
-    """Seconds until the node is expected to be empty, never later than the limits say: where flexmig's reservation
-    starts (:func:`~flexmig.plan.reregistration.close_in_s` of its running jobs). Jobs that end before it still
-    start; the few that run past it close the node for the rest of their run."""
-    return close_in_s(NodeNow(read.model, (), _holders(read), ()), floor_s)
-
-
-def _read_text(path: Path) -> str:
-    """A small local file's text ('' when it is missing or unreadable)."""
-    try:
-        with open(path, "rb") as f:  # noqa: PTH123 - bounded read
-            return f.read(_MAX_FILE).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def describe_error(exc: SlurmError) -> str:
-    """One line for the log when Slurm cannot be read."""
-    return f"Slurm cannot be read ({exc}); flexmig samples on and changes nothing until it answers"

@@ -44,46 +44,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from flexmig.act.records import Slot
 from flexmig.act.steps import StepFailed
-from flexmig.act.userpaths import UserPathError, open_dir, resolve_beneath
 from flexmig.errors import SlurmError
-from flexmig.nvml.types import Inventory
 from flexmig.plan.types import CreateInstance, DestroyInstance, Plan
+from flexmig.slurm.change_admin import admin_attributes, admin_hold
+from flexmig.slurm.change_checkpoint import CheckpointSteps
+from flexmig.slurm.change_types import ChangeSettings, MigSteps, StepRunner
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.gresconf import gres_string
-from flexmig.slurm.hookcheck import job_checkpoint_dir
-from flexmig.slurm.nodes import SlurmNode
-from flexmig.slurm.reservations import SlurmReservation, flexmig_name
+from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.sitecheck import slurm_version
 from flexmig.slurm.slurmd import SlurmdControl
 from flexmig.slurm.supply import Supply
-from flexmig.slurm.taskprolog import ACK_NAME
-from flexmig_hook.protocol import Ack, AckError, read_ack
 
-__all__ = [
-    "ADMIN_FLAGS",
-    "KIND",
-    "PLANNED_DELETE_SAFE_SINCE",
-    "ChangeSettings",
-    "MigSteps",
-    "SlurmChange",
-    "StepRunner",
-    "admin_attributes",
-    "admin_down",
-    "admin_hold",
-    "encode_change",
-    "planned_delete_crashes",
-]
+__all__ = ["KIND", "PLANNED_DELETE_SAFE_SINCE", "SlurmChange", "encode_change", "planned_delete_crashes"]
 
 log = logging.getLogger(__name__)
 
@@ -108,51 +88,6 @@ def planned_delete_crashes(version: str) -> bool:
     return found is None or found < PLANNED_DELETE_SAFE_SINCE
 
 
-class StepRunner(Protocol):
-    """The executor's journalled step runner for one action (``flexmig.act``)."""
-
-    resumed: bool
-
-    async def step(
-        self, name: str, args: dict[str, Any], fn: Callable[[], Awaitable[dict[str, Any]]]
-    ) -> dict[str, Any]:
-        """Run ``fn`` as step ``name`` unless the journal says it is done; raise StepFailed if it failed before."""
-        ...
-
-
-class MigSteps(Protocol):
-    """The actuator's idempotent instance changes (they check the node before acting)."""
-
-    async def destroy(self, slot: Slot) -> dict[str, Any]:
-        """Destroy the idle instance at ``slot`` if it is there."""
-        ...
-
-    async def create(self, slot: Slot) -> dict[str, Any]:
-        """Create ``slot``'s instance unless an identical one is there."""
-        ...
-
-    async def inventory(self) -> Inventory:
-        """A fresh NVML inventory."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeSettings:
-    """Timeouts and the hook's conventions of one node's re-registrations."""
-
-    node: str
-    checkpoint_dir: str
-    ack_timeout_s: float = 120.0
-    close_s: float = 900.0
-    idle_timeout_s: float = 60.0
-    register_timeout_s: float = 60.0
-    poll_s: float = 0.25
-    signal: str = "USR1"
-    static: bool = False
-    """The node is a static one of slurm.conf (``[slurm] instance_nodes = static``): it leaves Slurm by returning to
-    State=FUTURE, not by ``scontrol delete``."""
-
-
 def encode_change(
     node: str,
     plan: Plan,
@@ -167,7 +102,7 @@ def encode_change(
     """The journal's form of a re-registration carrying ``plan``'s instance changes (in plan order); ``busy``: the
     change had to wait for jobs (it counts for the batching of such changes); ``serves``: the pending jobs (request
     names) the change newly serves, which a restarted daemon's sibling GPU nodes leave to it for a while
-    (:class:`flexmig.wiring.slurm.Claims`); ``retire``: the node leaves Slurm for good after the changes, which
+    (:class:`flexmig.slurm.claims.Claims`); ``retire``: the node leaves Slurm for good after the changes, which
     destroy its only instance (``[slurm] node_per_instance``), and is not registered again."""
     changes: list[dict[str, Any]] = []
     for a in plan.actions:
@@ -184,82 +119,6 @@ def encode_change(
     }  # fmt: skip
 
 
-ADMIN_FLAGS = frozenset(
-    {"FAIL", "REBOOT_REQUESTED", "REBOOT_ISSUED", "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP",
-     "POWER_DRAIN", "MAINTENANCE"}
-)  # fmt: skip
-"""Node state flags that only an administrator (``scontrol update state=fail``, ``scontrol reboot``, power saving,
-a maintenance reservation) puts on a node: flexmig leaves such a node alone. A re-registration would lose them
-(``scontrol delete`` forgets a pending reboot), and a slurmd started again would answer a reboot or power-down
-Slurm is waiting for."""
-
-
-def admin_down(node: SlurmNode | None) -> str | None:
-    """Why node ``node`` is down, failing, rebooting or powered by an administrator's (or Slurm's power saving's)
-    decision, or None. slurmd must not be started on such a node even when it crashed: with
-    ``ReturnToService=2`` a DOWN node that registers comes back into service (verified on 22.05.8), which would undo
-    the administrator's ``state=down``."""
-    if node is None:
-        return None
-    reason = node.reason or "no reason given"
-    if node.state == "down" and node.reason and not node.reason.startswith(("Not responding", "flexmig")):
-        return f"node {node.name} is down ({reason}); flexmig leaves it as it is"
-    flags = sorted(node.flags & ADMIN_FLAGS)
-    if flags:
-        return f"node {node.name} is {'+'.join(flags)} ({reason}); flexmig leaves it as it is"
-    return None
-
-
-def admin_hold(node: SlurmNode | None, reservations: Sequence[SlurmReservation], name: str) -> str | None:
-    """Why an administrator holds node ``name`` (flexmig then changes nothing about it), or None.
-
-    Held: drained by anyone but flexmig (its reasons start with ``flexmig``), down for any reason but Slurm's own
-    ``Not responding`` (slurmd is flexmig's to bring back), failing, rebooting or powered down or up
-    (:data:`ADMIN_FLAGS`), or named by any reservation but flexmig's, whenever it starts (a re-registration would
-    take the node out of it, and slurmctld deletes a reservation left without nodes).
-    """
-    if node is not None:
-        reason = node.reason or "no reason given"
-        if node.drained and not node.reason.startswith("flexmig"):
-            return f"node {name} is drained ({reason}); flexmig leaves it as it is"
-        down = admin_down(node)
-        if down is not None:
-            return down
-    for r in reservations:
-        if name in r.nodes and r.name != flexmig_name(name):
-            return f"node {name} is in reservation {r.name}; flexmig leaves it as it is (no re-registration)"
-    return None
-
-
-def admin_attributes(node: SlurmNode, conf: str | None) -> dict[str, str]:
-    """What someone set on ``node`` with ``scontrol update`` (features, active features, weight, comment, extra)
-    beyond what its registration's ``--conf`` (``conf``: ``Feature=mig Weight=1 ...``) gave it: the attributes a
-    re-registration must set again. A dynamic node that is deleted and registered again gets ``--conf`` only."""
-    given: dict[str, str] = {}
-    for word in (conf or "").split():
-        key, _, value = word.partition("=")
-        given[key.lower()] = value
-    registered = {
-        "features": given.get("features", given.get("feature", "")),
-        "weight": given.get("weight", "1"),
-        "comment": "",
-        "extra": "",
-    }
-    now = node.attributes()
-    out = {k: v for k, v in now.items() if k in registered and v != registered[k]}
-    if now["activefeatures"] != now["features"]:
-        out["activefeatures"] = now["activefeatures"]
-    return out
-
-
-def _ack_stamp(path: Path) -> dict[str, Any] | None:
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "ino": st.st_ino}
-
-
 def _drained_at(drained: dict[str, Any], payload: dict[str, Any]) -> float:
     """When the node was drained, at the latest: the ``drain`` step's time, or the caller's (a carving drains the
     nodes it retires together, ``drained_at``) when the node was drained already."""
@@ -269,7 +128,7 @@ def _drained_at(drained: dict[str, Any], payload: dict[str, Any]) -> float:
     return at
 
 
-class SlurmChange:
+class SlurmChange(CheckpointSteps):
     """Runs ``slurm_reregister`` actions for one node."""
 
     def __init__(
@@ -314,15 +173,7 @@ class SlurmChange:
             raise StepFailed(f"{exc}; the change is cancelled, the node reopened", outcome="cancelled",
                              code=exc.code) from exc  # fmt: skip
         seen = await self._leave_slurm(run, node, jobs, held=bool(held), drained_at=_drained_at(drained, payload))
-        failure: StepFailed | None = None
-        for op, slot in changes:
-            name = f"{op}:{slot.gpu}@{slot.start}"
-            fn = (lambda s=slot: self.mig.create(s)) if op == "create" else (lambda s=slot: self.mig.destroy(s))
-            try:
-                await run.step(name, slot.to_json(), fn)
-            except StepFailed as exc:
-                failure = exc
-                break
+        failure = await self._change_instances(run, changes)
         if payload.get("retire"):  # an instance node gone for good (node_per_instance): nothing to register
             await run.step("retire", {"node": node}, self._retire)
             await run.step("reopen", {"node": node}, lambda: self._reopen(node))
@@ -355,6 +206,20 @@ class SlurmChange:
             await run.step("schedule", {"node": node}, lambda: self._schedule(node))
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
+
+    async def _change_instances(self, run: StepRunner, changes: list[tuple[str, Slot]]) -> StepFailed | None:
+        """The plan's instance changes, one step each, in order; the first that failed (the rest are not tried), or
+        None."""
+        failure: StepFailed | None = None
+        for op, slot in changes:
+            name = f"{op}:{slot.gpu}@{slot.start}"
+            fn = (lambda s=slot: self.mig.create(s)) if op == "create" else (lambda s=slot: self.mig.destroy(s))
+            try:
+                await run.step(name, slot.to_json(), fn)
+            except StepFailed as exc:
+                failure = exc
+                break
+        return failure
 
     async def _leave_slurm(
         self, run: StepRunner, node: str, jobs: list[dict[str, Any]], *, held: bool, drained_at: float
@@ -552,142 +417,6 @@ class SlurmChange:
         except SlurmError as exc:
             raise StepFailed(str(exc), code="SLURM") from exc
 
-    async def _checkpoint(self, run: StepRunner, job: dict[str, Any]) -> bool:
-        """Signal job ``job``, wait for its acknowledgement, requeue it held. False if it ended by itself."""
-        job_id = int(job["job_id"])
-        ack_path = self._ack_path(job)
-        base = await run.step(f"baseline:{job_id}", {"ack": str(ack_path)}, lambda: self._baseline(ack_path))
-        sent = await run.step(f"signal:{job_id}", {"signal": self.settings.signal}, lambda: self._signal(job_id))
-        if sent.get("ended"):
-            return False
-        got = await run.step(
-            f"await_ack:{job_id}",
-            {"timeout_s": self.settings.ack_timeout_s},
-            lambda: self._await_ack(job, ack_path, base.get("stamp")),
-        )
-        if got.get("ended"):
-            return False
-        await run.step(f"hold:{job_id}", {"job_id": job_id}, lambda: self._hold(job_id))
-        self.on_event("slurm_job_requeued", {"slurm_job": job_id, "step": got.get("ack", {}).get("step")})
-        return True
-
-    def _ack_path(self, job: dict[str, Any]) -> Path:
-        # The template's fixed part is the operator's (it may lie below a symlink such as /var/tmp -> /tmp): resolved
-        # there; the part a job's user owns is then walked with no symlink followed (flexmig.act.userpaths).
-        try:
-            d = job_checkpoint_dir(
-                self.settings.checkpoint_dir, job["job_id"], job.get("user", ""), job.get("user_id", "")
-            )
-        except (ValueError, KeyError) as exc:
-            raise StepFailed(
-                f"Slurm job {job.get('job_id')}: no checkpoint directory: {exc}", outcome="cancelled"
-            ) from exc
-        return d / ACK_NAME
-
-    async def _baseline(self, ack_path: Path) -> dict[str, Any]:
-        return {"stamp": _ack_stamp(ack_path)}
-
-    async def _job_state(self, job_id: int) -> str | None:
-        try:
-            jobs = await self.client.jobs()
-        except SlurmError as exc:
-            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
-        found = next((j for j in jobs if j.job_id == job_id), None)
-        return found.state if found is not None else None
-
-    async def _signal(self, job_id: int) -> dict[str, Any]:
-        state = await self._job_state(job_id)
-        if state != "RUNNING":
-            return {"ended": True, "state": state}
-        try:
-            await self.client.signal_batch(job_id, self.settings.signal)
-        except SlurmError as exc:
-            raise StepFailed(str(exc), outcome="cancelled", code="SLURM") from exc
-        self.on_event("slurm_job_signalled", {"slurm_job": job_id, "signal": self.settings.signal})
-        return {"signalled": True}
-
-    async def _await_ack(self, job: dict[str, Any], ack_path: Path, before: dict[str, Any] | None) -> dict[str, Any]:
-        job_id = int(job["job_id"])
-        deadline = self.clock() + self.settings.ack_timeout_s
-        next_state = self.clock()
-        while True:
-            stamp = _ack_stamp(ack_path)
-            if stamp is not None and stamp != before:
-                ack = self._validate(job, ack_path)
-                if ack is not None:
-                    return {"ack": ack.to_json()}
-            if self.clock() >= next_state:
-                state = await self._job_state(job_id)
-                if state not in ("RUNNING", "COMPLETING"):
-                    return {"ended": True, "state": state}
-                next_state = self.clock() + 2.0
-            if self.clock() >= deadline:
-                raise StepFailed(
-                    f"Slurm job {job_id} did not acknowledge the checkpoint within {self.settings.ack_timeout_s:g} s",
-                    outcome="cancelled",
-                    code="ACK_TIMEOUT",
-                )
-            await asyncio.sleep(self.settings.poll_s)
-
-    def _validate(self, job: dict[str, Any], ack_path: Path) -> Ack | None:
-        """The acknowledgement if it is the job's own and names a checkpoint in its directory; None if not yet.
-
-        The directory is the job user's: it is opened with no symlink followed and everything in it is read
-        relative to it (:mod:`flexmig.act.userpaths`). An acknowledgement that is not valid (a symlink, a
-        directory, another user's file, a step of 5,000 digits, a checkpoint outside the directory) cancels the
-        move with one line, StepFailed; the job is left running and nothing is requeued."""
-        job_id = job.get("job_id")
-
-        def cancel(why: str) -> StepFailed:
-            text = f"Slurm job {job_id}: acknowledgement {ack_path}: {why}; move cancelled"
-            return StepFailed(text, outcome="cancelled")
-
-        try:
-            fd = open_dir(ack_path.parent)
-        except FileNotFoundError:
-            return None
-        except (UserPathError, PermissionError) as exc:
-            raise cancel(str(exc)) from exc
-        try:
-            try:
-                st = os.stat(ack_path.name, dir_fd=fd, follow_symlinks=False)
-                ack = read_ack(Path(ack_path.name), dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            except (OSError, AckError) as exc:
-                raise cancel(str(exc)) from exc
-        finally:
-            os.close(fd)
-        if ack is None:
-            return None
-        uid = job.get("user_id")
-        if isinstance(uid, int) and st.st_uid != uid:
-            raise cancel(f"it belongs to uid {st.st_uid}, not the job's {uid}")
-        root = ack_path.parent
-        named = Path(os.path.normpath(root / ack.checkpoint))
-        try:
-            found = resolve_beneath(root, named)
-        except UserPathError as exc:
-            raise cancel(str(exc)) from exc
-        except OSError:
-            return None
-        if found is None or not stat.S_ISREG(found[1].st_mode) or found[1].st_size == 0:
-            return None
-        return Ack(ack.step, str(found[0]))
-
-    async def _hold(self, job_id: int) -> dict[str, Any]:
-        try:
-            jobs = await self.client.jobs()
-            found = next((j for j in jobs if j.job_id == job_id), None)
-            if found is not None and found.pending:
-                return {"already": found.reason}
-            if found is None or not found.active:
-                return {"ended": True}
-            await self.client.requeue_hold(job_id)
-        except SlurmError as exc:
-            raise StepFailed(str(exc), code="SLURM") from exc
-        return {"held": True}
-
     async def _await_idle(self, node: str, moved: frozenset[int]) -> dict[str, Any]:
         """Until no job runs on the closed node: the jobs the change moves (``moved``: requeued, ended) and jobs
         ending (completing) are waited for, at most ``idle_timeout_s``. A change starts only on a node no other job
@@ -801,18 +530,6 @@ class SlurmChange:
         wait = min(REQUEUE_GAP_S, max(0.0, since + REQUEUE_GAP_S - time.time()))
         await asyncio.sleep(wait)
         return {"waited_s": round(wait, 3)}
-
-    async def _release(self, job_id: int) -> dict[str, Any]:
-        try:
-            jobs = await self.client.jobs()
-            found = next((j for j in jobs if j.job_id == job_id), None)
-            if found is None or not found.pending or not found.reason.startswith("JobHeld"):
-                return {"not_held": found.state if found else None}
-            await self.client.release(job_id)
-        except SlurmError as exc:
-            raise StepFailed(str(exc), code="SLURM") from exc
-        self.on_event("slurm_job_released", {"slurm_job": job_id})
-        return {"released": True}
 
     async def _resume(self, node: str) -> dict[str, Any]:
         try:

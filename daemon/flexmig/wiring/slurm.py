@@ -24,11 +24,11 @@ the dynamic node ``<node>-gpu<K>`` with its own slurmd, reservation and journall
 finish at start). Before anything else, a Slurm older than 23.11 is refused with one line. The agents of one round
 run one after the other (GPU nodes with a waiting change first, then idle ones, then by GPU): the pending jobs an
 agent's change serves (carried out, committed or still waiting) are *claimed* for a while and left out of its
-siblings' queues, so two GPU nodes never change for the same job (:class:`Claims`).
+siblings' queues, so two GPU nodes never change for the same job (:class:`flexmig.slurm.claims.Claims`).
 
 With ``[slurm] node_per_instance`` (Slurm 23.11 and later, refused before in the same way) every MIG instance is
 its own dynamic node ``<node>-gpu<K>-<S>``, kept registered by an agent of its own, and the host is carved for
-Slurm's waiting jobs by :class:`flexmig.wiring.slurm_carving.InstanceCarver` (idle instances retired, new ones
+Slurm's waiting jobs by :class:`flexmig.slurm.carver.InstanceCarver` (idle instances retired, new ones
 registered, busy ones never touched); the journal's actions go to the agent of the instance node they name.
 
 On a simulated node the demo workload is off: the node runs Slurm's jobs, and synthetic processes would make the
@@ -39,74 +39,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
-import re
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
-from flexmig.act.journal import ActionRow
 from flexmig.act.service import Actuator
 from flexmig.act.steps import ActionRun
-from flexmig.config import Config, SlurmConfig
-from flexmig.config.checks import per_slice_params
+from flexmig.config import Config
 from flexmig.errors import FlexmigError, SlurmError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.slurm import SlurmMetrics
-from flexmig.mig.catalogue import MODELS
-from flexmig.mqtt.events import Event, EventFactory
+from flexmig.mqtt.events import EventFactory
 from flexmig.mqtt.slurm_events import (
     CarvingNews,
-    carving_event,
-    job_event,
-    node_event,
-    plan_changes,
-    plan_event,
-    reachable_event,
-    unreachable_event,
 )
-from flexmig.nvml.types import Inventory
-from flexmig.plan.reregistration import changes_instances
-from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView, describe_error, read_slurm
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent_keys import AgentKey, agent_settings, example_node, gpu_of_action, instance_of_action
+from flexmig.slurm.agent_read import SlurmRound, read_slurm
+from flexmig.slurm.carver import InstanceCarver
 from flexmig.slurm.change import KIND
+from flexmig.slurm.claims import Claims, round_order
 from flexmig.slurm.client import SlurmClient, SlurmCommands
+from flexmig.slurm.config_settings import slurm_settings
 from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import (
-    SlurmSettings,
     gpu_node,
-    instance_node,
-    instance_port,
-    parse_instance_node,
-    slot_node,
 )
+from flexmig.slurm.shared_reads import SharedReads, read_spacing
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.planning import planner_settings
-from flexmig.wiring.slurm_carving import InstanceCarver
+from flexmig.wiring.slurm_reporting import SlurmReporting
 
-__all__ = ["READ_SHARE", "Claims", "SharedReads", "SlurmComponent", "read_spacing", "round_order", "slurm_settings"]
-
-READ_SHARE = 10.0
-"""Reads of the queue that sdiag's moving counters ask for are at least this many times what a read costs apart: at
-most a tenth of the node's time goes to reading and parsing Slurm's queue (2,000 jobs: 6.4 MB of JSON, 0.34 s on
-the testbed), and a slurmctld that answers slowly is asked less often."""
+__all__ = ["SlurmComponent"]
 
 log = logging.getLogger(__name__)
-
-
-def read_spacing(hosts: int, read_s: float, *, reads_per_s: float, probe_s: float) -> float:
-    """The least seconds between two reads of the queue that its moving counters ask for, on one of ``hosts``
-    machines sharing ``reads_per_s`` reads a second, when a read takes ``read_s``; at least ``probe_s``."""
-    return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s)
-
-
-AgentKey = int | tuple[int, int] | tuple[int, int, str] | None
-"""An agent's key: None (the one node), a GPU (``node_per_gpu``), ``(gpu, start)`` (``node_per_instance``), or
-``(gpu, start, profile)`` (``node_per_instance`` with ``instance_nodes = static``: a node per profile and place)."""
 
 
 class SlurmHost(Protocol):
@@ -116,184 +87,7 @@ class SlurmHost(Protocol):
     hostname: str
 
 
-def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
-    """The ``[slurm]`` table as the agent's settings (the one place this mapping lives)."""
-    return SlurmSettings(
-        node=cfg.node,
-        partitions=tuple(cfg.partitions),
-        interval_s=cfg.interval_s,
-        conf=cfg.conf,
-        bin_dir=cfg.bin_dir,
-        command_timeout_s=cfg.command_timeout_s,
-        gres_conf=cfg.gres_conf,
-        gres_map=cfg.gres_map,
-        dev_dir=cfg.dev_dir,
-        mig_minors=cfg.mig_minors,
-        slurmd_pid_file=cfg.slurmd_pid_file,
-        slurmd_conf=tuple(cfg.slurmd_conf.split()),
-        slurmd_conf_per_slice=per_slice_params(cfg.slurmd_conf_per_slice),
-        slurmd_env=cfg.slurmd_env,
-        slurmd_control=cfg.slurmd_control,
-        slurmd_unit=cfg.slurmd_unit,
-        slurmd_hook=tuple(cfg.slurmd_hook),
-        hook_token=cfg.hook_token,
-        hook_settle_s=cfg.hook_settle_s,
-        checkpoint_dir=cfg.checkpoint_dir,
-        checkpoint_signal=cfg.checkpoint_signal,
-        ack_wait_s=cfg.ack_wait_s,
-        ack_timeout_s=cfg.ack_timeout_s,
-        drain_timeout_s=cfg.drain_timeout_s,
-        register_timeout_s=cfg.register_timeout_s,
-        reregister_s=cfg.reregister_s,
-        min_interval_s=cfg.min_interval_s,
-        max_wait_s=cfg.max_wait_s,
-        probe_s=cfg.probe_s,
-        max_closed_nodes=cfg.max_closed_nodes,
-        node_per_gpu=cfg.node_per_gpu,
-        node_per_instance=cfg.node_per_instance,
-        instance_nodes=cfg.instance_nodes,
-        hold_after_s=cfg.hold_after_s,
-        hold_when_idle=cfg.hold_when_idle,
-        slurmd_port_base=cfg.slurmd_port_base,
-    )
-
-
-class Claims:
-    """Which GPU node's change serves which pending job (``[slurm] node_per_gpu``): a job one GPU node claimed is
-    left out of its siblings' queues until the claim lapses.
-
-    A node claims the jobs its verdict newly serves (:attr:`flexmig.plan.reregistration.Verdict.newly_served`) when
-    its round carried out a change, committed one, or keeps a committed one; the claim holds ``hold_s`` after the
-    last round that made it (the job then pends for a few seconds until Slurm starts it on the new instances), and
-    ends at once when the node abandons its change. Jobs no change claims are every GPU node's.
-    """
-
-    def __init__(self, hold_s: float, clock: Callable[[], float]) -> None:
-        self.hold_s = hold_s
-        self.clock = clock
-        self._by_job: dict[str, tuple[str, float]] = {}
-
-    def taken(self, node: str) -> frozenset[str]:
-        """The jobs another GPU node than ``node`` claims now."""
-        now = self.clock()
-        self._by_job = {job: c for job, c in self._by_job.items() if c[1] > now}
-        return frozenset(job for job, (owner, _) in self._by_job.items() if owner != node)
-
-    def update(self, node: str, served: Sequence[str], *, acting: bool, abandoned: bool = False) -> None:
-        """After ``node``'s round: claim the jobs its change serves (``served``) when it carried out, committed or
-        keeps a change (``acting``); drop its claims when it abandoned its change."""
-        if abandoned:
-            self._by_job = {job: c for job, c in self._by_job.items() if c[0] != node}
-            return
-        if acting:
-            until = self.clock() + self.hold_s
-            for job in served:
-                self._by_job[job] = (node, until)
-
-    def update_from(self, node: str, rnd: SlurmRound, *, advise: bool = False) -> None:
-        """:meth:`update` from what ``node``'s round did: a change carried out, committed (``change_waiting``) or
-        kept (flexmig's reservation exists and the verdict still goes), or abandoned (or cancelled: the node
-        reopened as it was). In mode advise (``advise``) a change the verdict goes for claims its jobs as mode act
-        would carry it out or commit it, so that the GPU nodes' published plans do not count the same job twice."""
-        v, read = rnd.verdict, rnd.read
-        cancelled = rnd.result is not None and any(r.outcome == "cancelled" for r in rnd.result.results)
-        abandoned = cancelled or any(what == "change_abandoned" for what, _ in rnd.events)
-        going = v is not None and read is not None and v.go and changes_instances(rnd.plan) and not cancelled
-        acting = going and (
-            advise
-            or rnd.result is not None
-            or (read is not None and read.mine is not None)
-            or any(what == "change_waiting" for what, _ in rnd.events)
-        )
-        self.update(node, v.newly_served if v is not None else (), acting=acting, abandoned=abandoned)
-
-    def owners(self) -> set[str]:
-        """The GPU nodes that hold a claim now."""
-        return {owner for owner, _ in self._by_job.values()}
-
-    def restore(self, rows: Sequence[ActionRow], now_wall: float) -> int:
-        """At start: the claims of the changes the journal shows carried out less than ``hold_s`` ago (wall time
-        ``now_wall``), so that a change made just before a restart keeps its jobs from the siblings while they pend
-        until Slurm starts them (a waiting change claims its jobs again in its first round). Returns how many
-        jobs were claimed."""
-        now = self.clock()
-        n = 0
-        for row in sorted(rows, key=lambda r: r.finished_s or 0.0):
-            serves = row.payload.get("serves")
-            node = row.payload.get("node")
-            if row.kind != KIND or row.state != "done" or not row.finished_s or not isinstance(node, str):
-                continue
-            if not isinstance(serves, list):
-                continue  # a journal written before changes named their jobs
-            left = self.hold_s - max(0.0, now_wall - row.finished_s)
-            if left <= 0:
-                continue
-            for job in serves:
-                if isinstance(job, str):
-                    self._by_job[job] = (node, now + left)
-                    n += 1
-        return n
-
-
-def round_order(
-    nodes: Sequence[tuple[str, int | None]], *, waiting: Collection[str], claiming: Collection[str],
-    busy: Collection[str], empty_at: Mapping[str, float] | None = None,
-) -> list[str]:  # fmt: skip
-    """The order in which the GPU nodes ``(node, gpu)`` of a host plan in a round (``node_per_gpu``): those whose
-    change waits in flexmig's reservation first (``waiting``: it claims its jobs again in its first round after a
-    restart), then those whose change has claimed jobs (they keep them), then those no job ran on at their last look
-    (an idle node changes at once, so it serves a waiting job soonest), then the busy ones by when they were expected
-    to be empty at their last look (``empty_at``, any one clock: the one that empties first closes for the shortest
-    while, so it claims the waiting jobs), then by GPU."""
-    soon = empty_at or {}
-
-    def key(ng: tuple[str, int | None]) -> tuple[bool, bool, bool, float, int]:
-        node, gpu = ng
-        idle = node not in busy
-        return (node not in waiting, node not in claiming, not idle, 0.0 if idle else soon.get(node, 0.0),
-                -1 if gpu is None else gpu)  # fmt: skip
-
-    return [node for node, _ in sorted(nodes, key=key)]
-
-
-class SharedReads:
-    """One look at slurmctld (jobs, nodes, reservations) and one at NVML (the inventory) shared by the GPU nodes'
-    agents of one round (``[slurm] node_per_gpu``), so that a host of eight GPU nodes asks slurmctld three questions
-    a round, not 24, and NVML once, not nine times: each read when first needed, and again after an agent's round
-    that did anything (carried out, committed, moved or abandoned a change, registered its node, restarted its
-    slurmd: any result or event), since what it did changed Slurm and maybe the GPUs."""
-
-    def __init__(
-        self, fetch: Callable[[], Awaitable[SlurmView]], inventory: Callable[[], Awaitable[Inventory]]
-    ) -> None:
-        self.fetch = fetch
-        self.fetch_inventory = inventory
-        self.reads = 0
-        """How many times Slurm was read (for the tests and the log)."""
-        self._view: SlurmView | None = None
-        self._inventory: Inventory | None = None
-
-    async def view(self) -> SlurmView:
-        """Slurm as last read this round (read now if nothing since changed it)."""
-        if self._view is None:
-            self._view = await self.fetch()
-            self.reads += 1
-        return self._view
-
-    async def inventory(self) -> Inventory:
-        """NVML's inventory as last read this round (read now if nothing since changed it)."""
-        if self._inventory is None:
-            self._inventory = await self.fetch_inventory()
-        return self._inventory
-
-    def after(self, rnd: SlurmRound) -> None:
-        """Forget both looks when ``rnd`` did anything."""
-        if rnd.result is not None or rnd.events:
-            self._view = None
-            self._inventory = None
-
-
-class SlurmComponent:
+class SlurmComponent(SlurmReporting):
     """The Slurm agent of one daemon, on its actuator (:meth:`attach` is the actuator's ``on_built`` hook); with
     ``[slurm] node_per_gpu``, one agent per MIG GPU (:attr:`agents`)."""
 
@@ -382,7 +176,7 @@ class SlurmComponent:
             who = f"{self.node} (one dynamic node per MIG GPU: {gpu_node(self.node, 0)}, ...)"
         elif self.per_instance:
             kind = "static node of slurm.conf" if self.static else "dynamic node"
-            who = f"{self.node} (one {kind} per MIG instance: {self._example_node()}, ...)"
+            who = f"{self.node} (one {kind} per MIG instance: {example_node(self.node, static=self.static)}, ...)"
         log.info(
             "Slurm: node %s, %s, gres.conf block in %s, GRES map %s",
             who,
@@ -406,24 +200,8 @@ class SlurmComponent:
                     cfg.mode,
                 )
 
-    def _settings_for(self, key: AgentKey, slurm: SlurmConfig) -> tuple[str, SlurmSettings]:
-        """The node name and settings of the agent of GPU ``key`` (None: the one node's; ``(gpu, start)``: that
-        instance's)."""
-        settings = slurm_settings(slurm)
-        if key is None:
-            return self.node, settings.for_node(self.node)
-        if isinstance(key, tuple):
-            gpu, start = key[0], key[1]
-            if len(key) == 3:  # a static node: its Port= is slurm.conf's
-                node = slot_node(self.node, gpu, start, key[2])
-                return node, settings.for_node(node)
-            node = instance_node(self.node, gpu, start)
-            return node, settings.for_node(node, port=instance_port(slurm.slurmd_port_base, gpu, start))
-        node = gpu_node(self.node, key)
-        return node, settings.for_node(node, port=slurm.slurmd_port_base + key)
-
     def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
-        node, settings = self._settings_for(key, self.config.slurm)
+        node, settings = agent_settings(self.node, key, self.config.slurm)
         gpu = key[0] if isinstance(key, tuple) else key
         start = key[1] if isinstance(key, tuple) else None
         profile = key[2] if isinstance(key, tuple) and len(key) == 3 else None
@@ -463,53 +241,21 @@ class SlurmComponent:
             agent = self.agents[key] = self._make_agent(self._act, key)
         return agent
 
-    def _example_node(self) -> str:
-        """The name of the first instance node of the host, for messages."""
-        return f"{instance_node(self.node, 0, 0)}-<profile>" if self.static else instance_node(self.node, 0, 0)
-
-    def _slot_profile(self, name: str) -> str:
-        """The MIG profile of static node ``name`` of this host (:func:`flexmig.slurm.settings.slot_node`), or ""
-        when the name is no such node."""
-        where = parse_instance_node(self.node, name)
-        if where is None:
-            return ""
-        for model in MODELS:
-            for p in model.profiles:
-                if slot_node(self.node, *where, p.name) == name:
-                    return p.name
-        return ""
-
     async def _dispatch(self, run: ActionRun) -> None:
         """Run a ``slurm_reregister`` action with the agent of the GPU (or instance) node its payload names."""
         node = str(run.row.payload.get("node", ""))
         if self.per_instance:
-            where = parse_instance_node(self.node, node)
-            profile = self._slot_profile(node) if self.static else ""
-            ours = bool(profile) if self.static else where is not None and node == instance_node(self.node, *where)
-            if where is None or not ours:
-                kind = "static" if self.static else "dynamic"
-                raise SlurmError(
-                    f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_instance "
-                    f"and instance_nodes = {kind} flexmig manages {self._example_node()}, ...: finish it with the "
-                    "settings it was made with, or re-register that node by hand"
-                )
-            await self.agent_for_instance(*where, profile).change.run(run, run.row.payload)
+            where = instance_of_action(self.node, node, static=self.static)
+            await self.agent_for_instance(*where).change.run(run, run.row.payload)
             return
-        m = re.fullmatch(re.escape(self.node) + r"-gpu([0-9]{1,4})", node)
-        if m is None:
-            raise SlurmError(
-                f"a re-registration of node {node!r} is in the journal, but with [slurm] node_per_gpu flexmig "
-                f"manages {gpu_node(self.node, 0)}, {gpu_node(self.node, 1)}, ...: finish it with node_per_gpu = "
-                "false, or re-register that node by hand"
-            )
-        await self.agent_for_gpu(int(m.group(1))).change.run(run, run.row.payload)
+        await self.agent_for_gpu(gpu_of_action(self.node, node)).change.run(run, run.row.payload)
 
     def reload(self, config: Config) -> None:
         """New mode, planner settings and the reloadable ``[slurm]`` keys (the rest need a restart)."""
         self.config = config
         for gpu, agent in self.agents.items():
             agent.planner_settings = planner_settings(config.planner)
-            _, fresh = self._settings_for(gpu, config.slurm)
+            _, fresh = agent_settings(self.node, gpu, config.slurm)
             agent.settings = fresh
             agent.cost = agent.registration_cost(fresh)
         self._last_decision.clear()
@@ -533,9 +279,9 @@ class SlurmComponent:
     # ------------------------------------------------------------------------------------------ loop
     def read_spacing_s(self) -> float:
         """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
-        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least :data:`READ_SHARE` times what
-        a read of the queue costs (a big queue, or a slurmctld slow to answer, is read less often), and at least
-        ``probe_s``."""
+        the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least
+        :data:`~flexmig.slurm.shared_reads.READ_SHARE` times what a read of the queue costs (a big queue, or a
+        slurmctld slow to answer, is read less often), and at least ``probe_s``."""
         cfg = self.config.slurm
         clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
         hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
@@ -693,109 +439,3 @@ class SlurmComponent:
         )
         by_node = {a.node: a for a in self.agents.values()}
         return [by_node[n] for n in order]
-
-    # ------------------------------------------------------------------------------------------ reporting
-    def _unreachable(self, exc: SlurmError) -> None:
-        self.slurm_metrics.read_failed()
-        text = str(exc)
-        if self._failing != text:
-            if self._failing is None:
-                self._failing_since = self.clock()
-            self._failing = text
-            log.warning("%s", describe_error(exc))
-            self._publish(unreachable_event(self.factory, self.node, text))
-
-    def _reachable(self) -> None:
-        if self._failing is None:
-            return
-        down = max(0.0, self.clock() - self._failing_since)
-        self._failing = None
-        log.info("Slurm answers again (after %.0f s)", down)
-        self._publish(reachable_event(self.factory, self.node, down))
-
-    def _account_reads(self, rounds: Sequence[SlurmRound]) -> None:
-        """The gauges of what the round's reads showed (every GPU node's together)."""
-        reads = [r.read for r in rounds if r.read is not None]
-        if not reads:
-            return
-        registered: dict[str, int] = {}
-        for read in reads:
-            for profile, n in read.registered_as.items():
-                registered[profile] = registered.get(profile, 0) + n
-        self.slurm_metrics.read_ok(
-            pending=len({j.job_id for read in reads for j in read.demand.pending_jobs}),
-            running=sum(len(read.demand.running) for read in reads),
-            movable=sum(len(read.demand.movable) for read in reads),
-            in_sync=all(read.in_sync for read in reads),
-            registered=registered,
-        )
-
-    def _account(self, node: str, rnd: SlurmRound, mode: str) -> None:
-        read = rnd.read
-        who = f"{node}: " if self.per_node else ""
-        if rnd.note and rnd.note != self._last_note.get(node):
-            log.info("Slurm: %s%s", who, rnd.note)
-        self._last_note[node] = rnd.note
-
-        if rnd.result is not None:
-            for a in rnd.result.results:
-                waited = dict(a.steps).get("await_idle")
-                if waited is not None:
-                    self.slurm_metrics.drained(waited)
-                log.info(
-                    "slurm_reregister #%d %s in %.2f s%s",
-                    a.action_id,
-                    a.outcome,
-                    a.duration_s,
-                    f": {a.error}" if a.error else "",
-                )
-        if rnd.carving is not None:
-            self._carving_event(node, rnd, mode)
-        v = rnd.verdict
-        if v is None or read is None:
-            return
-        self.slurm_metrics.decided(node, drain_s=v.drain_s, gain=v.gain, cost=v.cost, go=v.go)
-        changes = plan_changes(rnd.plan)
-        if not changes:
-            return
-        signature = json.dumps([v.go, changes, list(v.newly_served)])
-        if signature == self._last_decision.get(node) and rnd.result is None:
-            return
-        self._last_decision[node] = signature
-        log.info("Slurm plan (%s): %s%s; changes: %s", mode, who, v.reason, ", ".join(changes))
-        movable = [r.job.job_id for r in read.demand.movable]
-        self._publish(plan_event(self.factory, node, mode, v, rnd.plan, checkpoint=movable))
-
-    def _carving_event(self, node: str, rnd: SlurmRound, mode: str) -> None:
-        """A ``slurm_carving`` event for the host round ``rnd``'s carving, when it is news."""
-        report = rnd.carving
-        assert report is not None
-        if self._carvings.news(node, report, done=rnd.result is not None):
-            self._publish(carving_event(self.factory, node, mode, report))
-
-    def _job_event(self, kind: str, detail: dict[str, Any], node: str) -> None:
-        """From the agent of ``node``: a Slurm job signalled, requeued or released, or (``slurm_node:WHAT``) a node
-        event."""
-        if kind.startswith("slurm_node:"):
-            self._node_event(kind.split(":", 1)[1], detail, node)
-            return
-        action = kind.removeprefix("slurm_job_")
-        self.slurm_metrics.job_action(action)
-        step = detail.get("step")
-        log.info("Slurm job %s %s%s", detail.get("slurm_job"), action, f" (checkpoint step {step})" if step else "")
-        self._publish(job_event(self.factory, node, kind, detail))
-
-    def _node_event(self, what: str, detail: dict[str, Any], node: str) -> None:
-        """A ``slurm_node`` event (the same one twice in a row is published once: a node left alone stays so)."""
-        key = (what, str(detail.get("reason", "")))
-        if key == self._last_node_event.get(node) and what in ("left_alone", "refused"):
-            return
-        self._last_node_event[node] = key
-        if what == "slurmd_restarted":
-            self.slurm_metrics.slurmd_restarted()
-        log.info("Slurm node %s: %s: %s", node, what, detail.get("reason", ""))
-        self._publish(node_event(self.factory, node, what, detail))
-
-    def _publish(self, event: Event) -> None:
-        if self.mqtt is not None:
-            self.mqtt.findings.emit(event)

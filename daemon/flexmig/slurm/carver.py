@@ -1,6 +1,7 @@
 """The round of a host managed as one Slurm node per MIG instance (``[slurm] node_per_instance``, Slurm 23.11+).
 
-Each round, under the actuator's action lock and on one look at Slurm and NVML (:class:`SharedReads`):
+Each round, under the actuator's action lock and on one look at Slurm and NVML
+(:class:`flexmig.slurm.shared_reads.SharedReads`):
 
 1. every MIG instance's node is kept registered by its own agent (:meth:`flexmig.slurm.agent.SlurmAgent.round`
    with ``plan=False``: registered when missing, slurmd started again when it crashed, an administrator's node
@@ -17,53 +18,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 from flexmig.act.executor import Executor
 from flexmig.act.nodeview import NodeView
-from flexmig.act.placement import node_model
-from flexmig.errors import PlanRejectedError
 from flexmig.nvml.types import Inventory
-from flexmig.plan.carving import Carving, Hold, Where, carve
-from flexmig.plan.types import Plan
-from flexmig.slurm.agent import SlurmAgent, SlurmRound, SlurmView
-from flexmig.slurm.change import admin_hold, encode_change
+from flexmig.plan.carving import Carving, Hold
+from flexmig.slurm.agent import SlurmAgent
+from flexmig.slurm.agent_read import SlurmRound, SlurmView
+from flexmig.slurm.carving_choice import after_carving, carving_host, choose_carving, profile_at, stale_retirements
 from flexmig.slurm.client import SlurmClient
-from flexmig.slurm.demand import read_demand
 from flexmig.slurm.instances import (
     HostLayouts,
-    busy_of,
     carving_actions,
     carving_report,
     describe,
     hold_name,
-    host_layouts,
-    queue_of,
 )
 from flexmig.slurm.nodes import SlurmNode
-from flexmig.slurm.settings import SlurmSettings, instance_node, parse_instance_node
+from flexmig.slurm.settings import SlurmSettings
+from flexmig.slurm.shared_reads import Reads
 
-__all__ = ["CARVING", "InstanceCarver", "Reads", "after_carving"]
+__all__ = ["CARVING", "InstanceCarver"]
 
 CARVING = "flexmig: carving new MIG instances"
 """The reason of flexmig's drain of the idle instance nodes a carving retires (resumed when one is not retired)."""
 
 log = logging.getLogger(__name__)
 
-
-
-class Reads(Protocol):
-    """What :class:`flexmig.wiring.slurm.SharedReads` offers: one look at Slurm and NVML, read again after a round
-    that changed something."""
-
-    async def view(self) -> SlurmView:
-        """Slurm's jobs, nodes and reservations."""
-
-    async def inventory(self) -> Inventory:
-        """NVML's inventory."""
-
-    def after(self, rnd: SlurmRound) -> None:
-        """Forget the looks when ``rnd`` did anything."""
 
 
 class InstanceCarver:
@@ -135,17 +116,8 @@ class InstanceCarver:
     async def _retire_stale(self, mode: str, look: SlurmView, live: set[str]) -> tuple[None, SlurmRound] | None:
         """Nodes of this host whose instance NVML no longer shows (``live``: the nodes of the instances it shows)
         leave Slurm (mode act), unless in use or held."""
-        jobs, nodes, reservations = look
-        others = [r for r in reservations if r.name != self.hold_reservation]
-        actions = []
         static = self.settings().static_nodes
-        for n in nodes:
-            where = parse_instance_node(self.node, n.name)
-            if where is None or n.name in live or (n.name != instance_node(self.node, *where)) != static:
-                continue  # not an instance node of this host in this mode (dynamic or static), or its instance lives
-            if admin_hold(n, others, n.name) is not None or any(j.active and n.name in j.nodes for j in jobs):
-                continue
-            actions.append(encode_change(n.name, Plan(), (), "its MIG instance is gone", 0.0, retire=True))
+        actions = stale_retirements(self.node, look, live, hold_reservation=self.hold_reservation, static=static)
         if not actions:
             return None
         if mode != "act":
@@ -157,63 +129,21 @@ class InstanceCarver:
     async def _carve(
         self, mode: str, look: SlurmView, inventory: Inventory, done: Sequence[tuple[SlurmAgent | None, SlurmRound]]
     ) -> tuple[None, SlurmRound] | None:
-        jobs, nodes, reservations = look
-        view = NodeView.of(inventory)
-        try:
-            model = node_model(view)
-        except PlanRejectedError:
-            return None
-        by_name = {n.name: n for n in nodes}
-        others = [r for r in reservations if r.name != self.hold_reservation]
-        held: set[Where] = set()
-        registering: set[Where] = set()
-        in_use: dict[Where, bool] = {}
-        ours: list[SlurmNode] = []
-        for i in view.instances:
-            if i.uuid is None:
-                continue
-            name = self.name(i.gpu, i.start, i.profile)
-            n = by_name.get(name)
-            if n is None or not n.responding:
-                registering.add(i.key)
-                continue
-            ours.append(n)
-            if admin_hold(n, others, name) is not None:
-                held.add(i.key)
-            in_use[i.key] = not n.idle
-        mig_on = {g.index: bool(g.mig_current) for g in inventory.gpus}
         running = [r for _, rnd in done if rnd.read is not None for r in rnd.read.demand.running]
-        busy_nvml = busy_of(running, in_use)
-        outside = {i.key for i in view.instances if i.pids and i.key not in busy_nvml}  # used, not by a Slurm job
-        hl = host_layouts(view, model, mig_on, held | outside)
-        if not hl.layouts:
+        ch = carving_host(look, inventory, running, name=self.name, hold_reservation=self.hold_reservation)
+        if ch is None:
             return None
-        busy: dict[Where, float | None] = {}
-        for (gpu, start), left in busy_nvml.items():
-            k = hl.index(gpu)
-            if k is not None and hl.layouts[k].at(start) is not None:
-                busy[(k, start)] = left
+        hl, by_name = ch.layouts, ch.by_name
         settings = self.settings()
-        partitions = settings.partitions or tuple(sorted({p for n in ours for p in n.partitions}))
         now = self.wall()
-        demand = read_demand(
-            jobs, None, instance_node(self.node, hl.gpus[0], 0), model, index_map={}, now_s=now,
-            partitions=partitions, hook_token=settings.hook_token,
-        )  # fmt: skip
-        queue, self.left_out = queue_of(demand, now, most_parts=len(hl.layouts) * model.compute_slices)
-        registering_c = hl.to_carving(registering) - busy.keys()
-        registering_c = frozenset(w for w in registering_c if hl.layouts[w[0]].at(w[1]) is not None)
-        c = carve(
-            model, hl.layouts, busy, queue, now_s=now, hold=self.hold, registering=registering_c, pinned=hl.pinned,
-            hold_after_s=settings.hold_after_s, hold_when_idle=settings.hold_when_idle, numbers=hl.gpus,
-        )  # fmt: skip
+        c, self.left_out = choose_carving(self.node, ch, look[0], settings, now_s=now, hold=self.hold)
         self.hold = c.hold
         report = carving_report(self.name, hl, c, now_s=now)
         if mode != "act":
             words = describe(hl, c)
             note = f"carving (mode {mode}): {', '.join(words)}" if words else ""
             return None, SlurmRound(None, note=note, carving=report)
-        mine = any(r.name == self.hold_reservation for r in reservations)
+        mine = any(r.name == self.hold_reservation for r in look[2])
         _, rnd = await self._execute(hl, c, by_name, now=now, settings=settings, hold_listed=mine)
         return None, replace(rnd, carving=report)
 
@@ -231,7 +161,7 @@ class InstanceCarver:
         (``hold_listed``: the round's look at Slurm lists it)."""
         stale = [n.name for n in by_name.values() if n.drained and n.reason == CARVING]
         await self._reopen(stale)  # a carving cut short by a crash drained them: nothing retires them now
-        retiring = [self.name(hl.gpus[i], start, _profile_at(hl, i, start)) for i, start in c.destroy]
+        retiring = [self.name(hl.gpus[i], start, profile_at(hl, i, start)) for i, start in c.destroy]
         for name in retiring:  # closed to new jobs all at once: the later ones wait while the first ones retire
             n = by_name.get(name)
             if n is not None and not n.drained:
@@ -304,18 +234,3 @@ class InstanceCarver:
         self._held = hold
         log.info("Slurm: held %s for %s from %.0f s on (reservation %s)", ",".join(nodes), hold.job, start_in, name)
 
-
-def _profile_at(hl: HostLayouts, i: int, start: int) -> str:
-    inst = hl.layouts[i].at(start)
-    assert inst is not None, "carve destroys only instances of the layouts it was given"
-    return inst.profile.name
-
-
-def after_carving(hl: HostLayouts, carving: Carving) -> HostLayouts:
-    """``hl`` with ``carving``'s instances destroyed and created."""
-    layouts = list(hl.layouts)
-    for i, start in carving.destroy:
-        layouts[i] = layouts[i].remove(start)
-    for i, placed, _ in carving.create:
-        layouts[i] = layouts[i].place(placed.profile, placed.start)
-    return HostLayouts(hl.model, hl.gpus, tuple(layouts), hl.pinned)
