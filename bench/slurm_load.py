@@ -5,7 +5,7 @@ Per host, one flexmigd with ``[slurm] node_per_instance`` on 8 H200s, at the def
 case: every probe asks for a read). What each host asks of slurmctld:
 
 * a **probe** every ``probe_s``: ``sdiag``'s job counters (one RPC, no job lock);
-* a **read** when the counters moved, at most every :func:`flexmig.wiring.slurm.read_spacing` (the GPU hosts over
+* a **read** when the counters moved, at most every :func:`flexmig.slurm.shared_reads.read_spacing` (the GPU hosts over
   ``cluster_reads_per_s``, times 1 to 1.5 at random, at least ``probe_s``), and every ``interval_s`` whatever the
   budget: the jobs waiting or running (``squeue --json``, under the job lock: 0.29 ms a read with a short queue,
   5.2 ms with 2,000 held jobs, measured on 22.05.8, ``docs/slurm-node.md``; here linear in the queue), every node
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import slurm_model as sm
 from flexmig.mig import H200
-from flexmig.wiring.slurm import read_spacing
+from flexmig.slurm.shared_reads import read_spacing
 from machine import machine
 from slurm_mix import mix
 
