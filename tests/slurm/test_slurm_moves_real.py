@@ -1,0 +1,63 @@
+"""Moves of running hook jobs under one Slurm node per MIG instance, for real: two long 1g hook jobs of an ordinary
+user on two GPUs, one on each, and a 7g job arrives. flexmigd moves exactly one of them (checkpoint, requeue,
+its instance node retired, release), the job resumes right after its acknowledged step on the other GPU, and the 7g
+job starts on the GPU it emptied. Real slurmctld and slurmd (22.05: static instance nodes; ``make slurm-newer``
+runs it against 24.11), flexmigd as a subprocess, ``examples/hook_minimal.py`` as the hook jobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.flexmigd import sample
+from support.slurm import SlurmDaemon, hook_command, skip_reason
+
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+SLEEP = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 600\n'
+
+
+def test_two_long_1g_hook_jobs_on_two_gpus_a_7g_arrives_one_is_moved_and_resumes_and_the_7g_starts() -> None:
+    with SlurmDaemon("h200x2:1g.18gb@6", node_per_instance=True, static_nodes=True) as d:
+        logs = {}
+        hooks = []
+        for gpu in (0, 1):
+            log = d.paths.jobs / f"hook-{gpu}.jsonl"
+            script = f"#!/bin/sh\nexec {hook_command(log, '--step-time', '0.02')}\n"
+            job = d.testbed.sbatch(
+                "--requeue", "--comment=flexmig:hook", "--time=30", "--gres=gpu:1g.18gb:1", script=script
+            )  # fmt: skip (no -w: a requeued job keeps its node list, and its node is gone after the move)
+            hooks.append(job)
+            logs[job] = log
+        on = sorted(d.wait_state(job, "RUNNING").nodes for job in hooks)
+        assert on == [("fm-node-gpu0-6-1g18gb",), ("fm-node-gpu1-6-1g18gb",)], on  # one on each GPU
+        d.wait(  # the testbed's hook_settle_s is 5 s: flexmig counts them as movable from then on
+            "both hook jobs movable", lambda: sample(d.metrics(), "flexmig_slurm_movable_jobs") == 2.0, timeout_s=60
+        )
+        big = d.testbed.sbatch("--gres=gpu:7g.141gb:1", "--time=5", script=SLEEP)
+        ran = d.wait_state(big, "RUNNING", timeout_s=120)
+        (node,) = ran.nodes
+        moved = [j for j in hooks if (rec := d.job(j)) is not None and rec.restart_count > 0]
+        assert len(moved) == 1, [d.job(j) for j in hooks]  # one, not both
+        (mover,) = moved
+        (stayer,) = [j for j in hooks if j != mover]
+        rec = d.job(stayer)
+        assert rec is not None and rec.state == "RUNNING" and rec.restart_count == 0, rec
+        d.wait_state(mover, "RUNNING", timeout_s=60)
+
+        def resumed() -> list[dict[str, object]] | None:
+            lines = [json.loads(x) for x in logs[mover].read_text().splitlines() if x.strip()]
+            return lines if sum(x["event"] == "start" for x in lines) >= 2 else None
+
+        lines = d.wait("the moved job resumed", resumed, timeout_s=60)
+        starts = [x for x in lines if x["event"] == "start"]
+        ckpts = [x for x in lines if x["event"] == "checkpoint"]
+        assert len(starts) == 2 and len(ckpts) == 1, lines  # resumed once
+        assert starts[1]["step"] == ckpts[0]["step"] + 1  # right after its acknowledged step
+        assert str(starts[1]["visible"]).startswith("MIG-")
+        again = d.job(mover)
+        assert again is not None and again.restart_count == 1, again
+        gpu_of_mover = again.nodes[0].split("-")[2]
+        assert node.startswith("fm-node-gpu") and node.split("-")[2] != gpu_of_mover, (node, again.nodes)
+        assert "moving running hook job(s) to make room" in d.log()
