@@ -61,3 +61,25 @@ def test_two_long_1g_hook_jobs_on_two_gpus_a_7g_arrives_one_is_moved_and_resumes
         gpu_of_mover = again.nodes[0].split("-")[2]
         assert node.startswith("fm-node-gpu") and node.split("-")[2] != gpu_of_mover, (node, again.nodes)
         assert "moving running hook job(s) to make room" in d.log()
+
+
+def test_with_max_moves_per_job_0_no_hook_job_is_moved_and_the_7g_waits() -> None:
+    with SlurmDaemon(
+        "h200x2:1g.18gb@6", node_per_instance=True, static_nodes=True, slurm_keys="max_moves_per_job = 0\n"
+    ) as d:
+        hooks = []
+        for gpu in (0, 1):
+            script = f"#!/bin/sh\nexec {hook_command(d.paths.jobs / f'hook-{gpu}.jsonl', '--step-time', '0.02')}\n"
+            hooks.append(d.testbed.sbatch("--requeue", "--comment=flexmig:hook", "--time=30",
+                                          "--gres=gpu:1g.18gb:1", script=script))  # fmt: skip
+        for job in hooks:
+            d.wait_state(job, "RUNNING")
+        d.wait("both hook jobs movable", lambda: sample(d.metrics(), "flexmig_slurm_movable_jobs") == 2.0, 60)
+        big = d.testbed.sbatch("--gres=gpu:7g.141gb:1", "--time=5", script=SLEEP)
+        d.wait("the 7g job's region held", lambda: "holds 7g.141gb" in d.log(), timeout_s=60)
+        for job in hooks:
+            rec = d.job(job)
+            assert rec is not None and rec.state == "RUNNING" and rec.restart_count == 0, rec
+        rec = d.job(big)
+        assert rec is not None and rec.state == "PENDING", rec
+        assert "moving running hook job" not in d.log()

@@ -43,7 +43,6 @@ from flexmig.slurm.instances import (
     describe,
     hold_name,
 )
-from flexmig.slurm.moves import MAX_MOVES_PER_JOB
 from flexmig.slurm.moving import choose_moves, move_actions, move_hold
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings
@@ -170,7 +169,7 @@ class InstanceCarver:
         (:mod:`flexmig.slurm.moving`), carried out instead of this round's carving, and the region held for that
         job; None when nothing is worth moving."""
         queue, _ = waiting_of(self.node, ch, jobs, settings, now_s=now)
-        plan = choose_moves(self.node, ch, running, queue, hold=hold, max_moves_per_job=MAX_MOVES_PER_JOB)
+        plan = choose_moves(self.node, ch, running, queue, hold=hold, max_moves_per_job=settings.max_moves_per_job)
         kept = move_hold(plan, now)
         if not plan.moves or kept is None:
             return None
