@@ -146,8 +146,6 @@ _.SnapshotCollector  # flexmig.metrics.collector: the served families as prometh
 _.build_registry
 _.load_pools  # flexmig.replay.synth: synthetic traces (bench/malleable.py, docs/replay.md)
 _.carve  # flexmig.plan.carving: the design for one Slurm node per MIG instance, run by bench/slurm_model.py (tests)
-_.plan_moves  # flexmig.slurm.moves: moves of hook jobs per MIG instance, run by bench/slurm_moves.py (tests)
-_.free_in_s
 _.scenario
 _.synthesize
 _.write_pod_list
