@@ -6,19 +6,22 @@ flexmig's rounds and :func:`flexmig.plan.carving.carve`, a created instance serv
 with the GPUs of several hosts (``--hosts H --gpus G``: H x G GPUs, host ``h<k>`` holding GPUs ``k*G`` to
 ``k*G+G-1``; Slurm sees every instance node, as slurmctld does). The carving is one decision over every GPU of the
 cluster: each host's flexmigd carves its own GPUs for Slurm's one queue, and the model lets them decide as one (the
-claims that keep two hosts from carving for one job are not modelled). With ``moves``, each round after the carving:
+claims that keep two hosts from carving for one job are not modelled). With ``moves``, each round:
 
 * :func:`~flexmig.slurm.moves.plan_moves` on the cluster's layouts, the running jobs (a hook job or not, how often
-  moved, the seconds to its limit, its cost ``ACK_S + REQUEUE_S + COLD_START_S``), the waiting jobs in priority
+  moved, the seconds to its limit, its cost as flexmigd weighs it, :data:`flexmig.slurm.moving.MOVE_COST_S`), the
+  waiting jobs in priority
   order, the registering instances closed, the round's hold;
 * each chosen job acknowledges its checkpoint ``ACK_S`` later and leaves its instance; it is requeued and held, and
   released ``REQUEUE_S`` after that (slurmd refuses a job restarted within the second it was killed: flexmig's
   credential gap of 1.5 s, plus ``scontrol requeuehold`` and ``release``); it waits in its old place in the queue,
   and when Slurm starts it again it runs what it had left plus ``COLD_START_S`` (imports, its model built, its
   checkpoint loaded): the jobs of the mix sleep, a real job pays this;
-* a target the policy creates is created at once (registering ``REREGISTER_S``, as any carved instance), and the
-  waiting job's region becomes the round's hold, due when the moved jobs leave: the carving destroys its idle
-  instances and creates the waiting job's instance there as soon as they are gone.
+* the waiting job's region becomes the hold, due when the jobs that stay there end (at once when none does): the
+  carving destroys its idle instances and creates the waiting job's instance there as soon as they are gone;
+* as flexmigd does (:meth:`flexmig.slurm.carver.InstanceCarver._carve`): the carving is chosen first and the moves
+  are planned with its hold; a round that moves does not carve (the next round carves for the moved job, which
+  waits again, and for the waiting one), and no target is made ahead.
 
 Which jobs are hook jobs: half of the mix, drawn per seed (``--hook-share``, a ``random.Random(f"{seed}:hook")``).
 
@@ -50,13 +53,16 @@ import slurm_model as sm
 from flexmig.mig.layout import Layout
 from flexmig.plan.carving import HOLD_AFTER_S, Hold, Waiting, carve
 from flexmig.slurm.moves import MAX_MOVES_PER_JOB, Blocked, MovePlan, Region, Running, plan_moves
+from flexmig.slurm.moving import MOVE_COST_S as MOVE_COST_ESTIMATE_S
 from machine import machine
 from slurm_mix import MixJob, bound, mix
 
 ACK_S = 0.5  # signal to acknowledgement (bench/slurm.py: 0.26 s for a step-boundary save)
 REQUEUE_S = 2.0  # requeuehold, the credential gap (1.5 s), release
 COLD_START_S = 10.0  # a real job's imports, model build and checkpoint load before its next step
-MOVE_COST_S = ACK_S + REQUEUE_S + COLD_START_S
+MOVE_COST_S = (
+    MOVE_COST_ESTIMATE_S  # the policy's estimate of a move's cost, as flexmigd weighs it (ACK + REQUEUE + COLD)
+)
 SEVEN = "7g.141gb"
 
 
@@ -211,17 +217,19 @@ def _round(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     passes: sm.MainPasses, mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
 ) -> Hold | None:  # fmt: skip
-    """flexmig's round: the moves (before the carving: the blocked job is older than those the carving would give
-    the idle room to), then the carving (``slurm_model``'s); the hold it leaves."""
-    if hook and st.pending():
-        queue = [Waiting(j.name, j.mix.profile, j.limit_s, st.t - j.submit_s) for j in st.pending()]
-        hold = _moves(st, layouts, registering, hold, queue, mv, hook=hook, hosts=hosts, gpus=gpus,
-                      max_moves=max_moves)  # fmt: skip
+    """flexmig's round, as :meth:`flexmig.slurm.carver.InstanceCarver._carve` runs it: the carving
+    (``slurm_model``'s) is chosen, then the moves with its hold; a round that moves carries out the moves and holds
+    the waiting job's region instead of carving, any other carries out the carving. The hold it leaves."""
     running = st.running()
     busy = {j.where: j.start_s + j.limit_s - st.t for j in running if j.where is not None}
     queue = [Waiting(j.name, j.mix.profile, j.limit_s, st.t - j.submit_s) for j in st.pending()]
     c = carve(sm.MODEL, layouts, busy, queue, now_s=st.t, hold=hold, registering=frozenset(registering),
               hold_after_s=HOLD_AFTER_S)  # fmt: skip
+    if hook and queue:
+        moved = _moves(st, layouts, registering, c.hold, queue, mv, hook=hook, hosts=hosts, gpus=gpus,
+                       max_moves=max_moves)  # fmt: skip
+        if moved is not None:
+            return moved
     for g, s in c.destroy:
         layouts[g] = layouts[g].remove(s)
         passes.queue()
@@ -238,7 +246,8 @@ def _moves(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     queue: Sequence[Waiting], mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
 ) -> Hold | None:  # fmt: skip
-    """The moves the policy chooses, carried out; the hold it leaves (the waiting job's region, if any)."""
+    """The moves the policy chooses, carried out (no target is made ahead: the moved job's instance is carved once
+    it waits again); the hold of the waiting job's region, or None when nothing is moved."""
     leaving = {j.name for _, j, _ in mv.requeue}
     running = [
         Running(j.name, (f"h{j.where[0] // gpus}", j.where[0] % gpus, j.where[1]), j.mix.profile,
@@ -253,7 +262,7 @@ def _moves(
     asks = [Blocked(w.name, w.profile, w.waited_s) for w in queue]
     plan = plan_moves(sm.MODEL, cluster, running, asks, max_moves_per_job=max_moves, closed=closed, held=held)
     if not plan.moves or plan.region is None or plan.waiting is None:
-        return hold
+        return None
     mv.plans.append((st.t, plan))
     st.log.append((st.t, f"move: {plan.reason}"))
     by_name = {j.name: j for j in st.jobs}
@@ -263,17 +272,6 @@ def _moves(
         job.end_s = st.t + ACK_S
         mv.count[m.job] = mv.count.get(m.job, 0) + 1
         mv.requeue.append((st.t + ACK_S + REQUEUE_S, job, left))
-        if m.create:
-            host, g, start = m.target
-            flat = int(host[1:]) * gpus + g
-            lay = layouts[flat]
-            profile = sm.MODEL.profile(m.profile)
-            for inst in list(lay):
-                if inst.start < start + profile.memory_slices and start < inst.end:
-                    lay = lay.remove(inst.start)
-            layouts[flat] = lay.place(profile, start)
-            registering[(flat, start)] = st.t + sm.REREGISTER_S
-            st.reregistrations += 1
     st.layouts = tuple(layouts)
     r = plan.region
     return Hold(plan.waiting, int(r.host[1:]) * gpus + r.gpu, r.start, r.profile, st.t + max(ACK_S, plan.free_in_s))
