@@ -10,8 +10,7 @@ claims that keep two hosts from carving for one job are not modelled). With ``mo
 
 * :func:`~flexmig.slurm.moves.plan_moves` on the cluster's layouts, the running jobs (a hook job or not, how often
   moved, the seconds to its limit, its cost as flexmigd weighs it, :data:`flexmig.slurm.moving.MOVE_COST_S`), the
-  waiting jobs in priority
-  order, the registering instances closed, the round's hold;
+  waiting jobs in priority order, the registering instances closed, the round's hold;
 * each chosen job acknowledges its checkpoint ``ACK_S`` later and leaves its instance; it is requeued and held, and
   released ``REQUEUE_S`` after that (slurmd refuses a job restarted within the second it was killed: flexmig's
   credential gap of 1.5 s, plus ``scontrol requeuehold`` and ``release``); it waits in its old place in the queue,
