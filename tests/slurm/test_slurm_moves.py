@@ -139,15 +139,27 @@ def test_the_hook_jobs_that_would_hold_the_region_longest_are_moved_and_the_rest
     assert plan.moves[0].target[0] == "n2"
 
 
-def test_a_job_that_holds_a_region_is_planned_for_there_alone() -> None:
+def test_of_two_regions_as_good_the_one_the_job_holds_is_taken() -> None:
     hosts = _one_1g_each({"n1": 3})
     running = [
-        Running(n, ("n1", g, 6), "1g.18gb", hook=True, moves=0, remaining_s=3000.0 - g, cost_s=15.0)
+        Running(n, ("n1", g, 6), "1g.18gb", hook=True, moves=0, remaining_s=3000.0, cost_s=15.0)
         for g, n in enumerate(("a", "b", "c"))
     ]
     held = [("big", Region("n1", 1, 0, "7g.141gb"))]
     plan = plan_moves(H200, hosts, running, [Blocked("big", "7g.141gb")], held=held)
     assert [m.job for m in plan.moves] == ["b"]
+
+
+def test_a_hold_on_a_region_of_jobs_that_may_not_move_does_not_keep_the_moves_from_another() -> None:
+    hosts = _one_1g_each({"n1": 2})
+    running = [
+        Running("deaf", ("n1", 0, 6), "1g.18gb", hook=True, moves=0, remaining_s=1800.0, cost_s=15.0),
+        Running("plain", ("n1", 1, 6), "1g.18gb", hook=False, moves=0, remaining_s=1800.0, cost_s=15.0),
+    ]
+    held = [("big", Region("n1", 1, 0, "7g.141gb"))]  # the carving's hold, by the time limits alone
+    plan = plan_moves(H200, hosts, running, [Blocked("big", "7g.141gb")], held=held)
+    assert [m.job for m in plan.moves] == ["deaf"]
+    assert plan.region == Region("n1", 0, 0, "7g.141gb")
 
 
 def test_a_job_on_an_instance_that_is_not_there_is_refused_by_name() -> None:

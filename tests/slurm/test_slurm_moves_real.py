@@ -83,3 +83,30 @@ def test_with_max_moves_per_job_0_no_hook_job_is_moved_and_the_7g_waits() -> Non
         rec = d.job(big)
         assert rec is not None and rec.state == "PENDING", rec
         assert "moving running hook job" not in d.log()
+
+
+def test_a_hook_job_that_ignores_its_signal_is_asked_once_and_runs_on() -> None:
+    with SlurmDaemon(
+        "h200x2:1g.18gb@6", node_per_instance=True, static_nodes=True, slurm_keys="ack_timeout_s = 3.0\n"
+    ) as d:
+        noted = d.paths.jobs / "deaf-signals"
+        deaf_script = (  # opted in, hook set up by the TaskProlog, but never acknowledges
+            f"#!/bin/sh\ntrap 'echo USR1 >> {noted}' USR1\n"
+            'end=$(( $(date +%s) + 600 ))\nwhile [ "$(date +%s)" -lt "$end" ]; do sleep 0.2; done\n'
+        )
+        deaf = d.testbed.sbatch("--requeue", "--comment=flexmig:hook", "--time=30", "--gres=gpu:1g.18gb:1",
+                                script=deaf_script)  # fmt: skip
+        plain = d.testbed.sbatch("--time=30", "--gres=gpu:1g.18gb:1", script=SLEEP)
+        on = sorted(d.wait_state(job, "RUNNING").nodes for job in (deaf, plain))
+        assert on == [("fm-node-gpu0-6-1g18gb",), ("fm-node-gpu1-6-1g18gb",)], on
+        d.wait("the hook job movable", lambda: sample(d.metrics(), "flexmig_slurm_movable_jobs") == 1.0, 60)
+        big = d.testbed.sbatch("--gres=gpu:7g.141gb:1", "--time=5", script=SLEEP)
+        d.wait("the move cancelled", lambda: "action_cancelled" in d.log(), timeout_s=60)
+        reads = sample(d.metrics(), "flexmig_slurm_queue_reads_total") or 0.0
+        d.wait("three more rounds", lambda: (sample(d.metrics(), "flexmig_slurm_queue_reads_total") or 0) >= reads + 3)
+        assert noted.read_text().splitlines() == ["USR1"]  # asked once, never again
+        for job in (deaf, plain):
+            rec = d.job(job)
+            assert rec is not None and rec.state == "RUNNING" and rec.restart_count == 0, rec
+        rec = d.job(big)
+        assert rec is not None and rec.state == "PENDING", rec

@@ -82,6 +82,9 @@ class InstanceCarver:
         """The hold flexmig's reservation was made for, or None."""
         self.left_out: dict[str, str] = {}
         """The waiting jobs the last round left out of the carving, and why."""
+        self.unmovable: set[int] = set()
+        """Jobs whose move did not complete (their acknowledgement timed out, say): never asked again while they
+        run, as the agent of a whole node never asks such a job twice."""
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
@@ -168,13 +171,17 @@ class InstanceCarver:
         """Mode act: the moves of running hook jobs that give the first blocked waiting job its region
         (:mod:`flexmig.slurm.moving`), carried out instead of this round's carving, and the region held for that
         job; None when nothing is worth moving."""
+        self.unmovable &= {r.job.job_id for r in running}
+        candidates = [r if r.job.job_id not in self.unmovable else replace(r, movable=False) for r in running]
         queue, _ = waiting_of(self.node, ch, jobs, settings, now_s=now)
-        plan = choose_moves(self.node, ch, running, queue, hold=hold, max_moves_per_job=settings.max_moves_per_job)
+        plan = choose_moves(self.node, ch, candidates, queue, hold=hold, max_moves_per_job=settings.max_moves_per_job)
         kept = move_hold(plan, now)
         if not plan.moves or kept is None:
             return None
         log.info("Slurm: moving running hook job(s) to make room: %s", plan.reason)
         res = await self.executor.execute_encoded(move_actions(plan, ch, running, self.name), "slurm", (plan.reason,))
+        done = [a.outcome == "completed" for a in res.results]
+        self.unmovable |= {int(m.job) for k, m in enumerate(plan.moves) if k >= len(done) or not done[k]}
         self.hold = kept
         await self._keep_hold(ch.layouts, kept, now, settings)  # the region's nodes that remain, from its time
         return None, SlurmRound(None, result=res, note=f"moved: {plan.reason}")

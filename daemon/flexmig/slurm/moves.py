@@ -10,8 +10,7 @@ The decision, for the waiting jobs in Slurm's priority order, the first that no 
 of idle slices can serve (a blocked job):
 
 * a **region** is a placement of its profile (host, GPU, start) that holds no closed instance (registering, an
-  administrator's, or inside another job's held region); a job that holds a region already is planned for there
-  alone, so that the moves of earlier rounds are not wasted;
+  administrator's, or inside another job's held region);
 * the jobs to move are the region's hook jobs (those that opted in and were moved fewer than ``max_moves_per_job``
   times) that would end later than the jobs that stay (by the time limits), the longest-running first, each as long
   as it finds a **target** outside the region now: a free instance of its profile or one carved from free slices
@@ -22,7 +21,11 @@ of idle slices can serve (a blocked job):
   placements empties, by the running jobs' time limits) less the time until the region is free, times its compute
   slices, exceeds what the moved jobs **lose**: each one's checkpoint, requeue and cold start times its compute
   slices;
-* among the regions worth it, the one that gains the most over what it loses, then the one that moves the fewest.
+* among the regions worth it, the one that gains the most over what it loses, then the one that moves the fewest,
+  then the one the job holds already. The moves of earlier rounds are not wasted by it: they brought the held
+  region's end forward, so the job's wait (the earliest any placement empties) is short, and another region gains
+  over it only when its own end comes sooner still. A hold the carving took without a move (by the time limits
+  alone, blind to which jobs may move) does not keep the moves from another region.
 
 Why a region may keep jobs that stay: on a busy cluster a whole region of hook jobs with room elsewhere for all of
 them at once is rare; moving the ones that would hold the region longest, as room appears, brings its end forward
@@ -220,10 +223,10 @@ class _Cluster:
         return rest.place(profile, start) if rest.can_place(profile, start) else None
 
     def best(self, job: Blocked, profile: Profile, max_moves: int) -> MovePlan:
-        """The most worthwhile move plan for the blocked ``job``, or an empty one saying why. A job that holds a
-        region already is planned for there alone (the moves of earlier rounds emptied it in part)."""
+        """The most worthwhile move plan for the blocked ``job``, or an empty one saying why; of two as good, the
+        one in the region the job holds already."""
         own = [r for owner, r in self.held if owner == job.name and r.profile == profile.name]
-        regions = own[:1] or [
+        regions = [
             Region(host, g, start, profile.name)
             for host, lays in self.hosts.items()
             for g in range(len(lays))
@@ -232,14 +235,14 @@ class _Cluster:
             and not self._fenced_at(job.name, host, g, profile, start)
         ]
         wait = min((self._empties_in(profile, r) for r in regions), default=math.inf)
-        found: tuple[tuple[float, int, int], MovePlan] | None = None
+        found: tuple[tuple[float, int, bool, int], MovePlan] | None = None
         why = f"{job.name}: {profile.name} has no region whose hook jobs may move"
         for order, region in enumerate(regions):
             plan = self._region(job, profile, region, max_moves, wait)
             if isinstance(plan, str):
                 why = plan or why
                 continue
-            key = (plan.loss - plan.gain, len(plan.moves), order)
+            key = (plan.loss - plan.gain, len(plan.moves), region not in own, order)
             if found is None or key < found[0]:
                 found = (key, plan)
         return found[1] if found is not None else MovePlan((), job.name, None, 0.0, 0.0, why)
