@@ -2,7 +2,8 @@
 user on two GPUs, one on each, and a 7g job arrives. flexmigd moves exactly one of them (checkpoint, requeue,
 its instance node retired, release), the job resumes right after its acknowledged step on the other GPU, and the 7g
 job starts on the GPU it emptied. Real slurmctld and slurmd (22.05: static instance nodes; ``make slurm-newer``
-runs it against 24.11), flexmigd as a subprocess, ``examples/hook_minimal.py`` as the hook jobs."""
+runs it against 24.11, with dynamic instance nodes too), flexmigd as a subprocess, ``examples/hook_minimal.py`` as
+the hook jobs."""
 
 from __future__ import annotations
 
@@ -11,15 +12,23 @@ import json
 import pytest
 
 from support.flexmigd import sample
-from support.slurm import SlurmDaemon, hook_command, skip_reason
+from support.slurm import SlurmDaemon, hook_command, per_gpu_capable, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
 SLEEP = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 600\n'
+NEWER = f"one dynamic node per MIG instance needs Slurm 23.11+ ({slurm_version()})"
 
 
-def test_two_long_1g_hook_jobs_on_two_gpus_a_7g_arrives_one_is_moved_and_resumes_and_the_7g_starts() -> None:
-    with SlurmDaemon("h200x2:1g.18gb@6", node_per_instance=True, static_nodes=True) as d:
+@pytest.mark.parametrize(
+    "static",
+    [True, pytest.param(False, marks=pytest.mark.skipif(not per_gpu_capable(), reason=NEWER))],
+    ids=["static", "dynamic"],
+)
+def test_two_long_1g_hook_jobs_on_two_gpus_a_7g_arrives_one_is_moved_and_resumes_and_the_7g_starts(
+    static: bool,
+) -> None:
+    with SlurmDaemon("h200x2:1g.18gb@6", node_per_instance=True, static_nodes=static) as d:
         logs = {}
         hooks = []
         for gpu in (0, 1):
@@ -31,7 +40,8 @@ def test_two_long_1g_hook_jobs_on_two_gpus_a_7g_arrives_one_is_moved_and_resumes
             hooks.append(job)
             logs[job] = log
         on = sorted(d.wait_state(job, "RUNNING").nodes for job in hooks)
-        assert on == [("fm-node-gpu0-6-1g18gb",), ("fm-node-gpu1-6-1g18gb",)], on  # one on each GPU
+        suffix = "-1g18gb" if static else ""
+        assert on == [(f"fm-node-gpu0-6{suffix}",), (f"fm-node-gpu1-6{suffix}",)], on  # one on each GPU
         d.wait(  # the testbed's hook_settle_s is 5 s: flexmig counts them as movable from then on
             "both hook jobs movable", lambda: sample(d.metrics(), "flexmig_slurm_movable_jobs") == 2.0, timeout_s=60
         )
