@@ -177,6 +177,14 @@ class SlurmConfig:
         "busy instances to end, as Slurm's own backfill would not let them (false: they do until it has waited "
         "hold_after_s; shorter mean waits, less of the GPU busy while jobs wait).",
     )
+    max_moves_per_job: int = _doc(
+        2,
+        "With node_per_instance: how often one running hook job may be moved at most (checkpointed, requeued and "
+        "restarted on room elsewhere) so that a waiting job that fits nowhere gets the region it needs; counted by "
+        "the job's restarts. 0: no job is ever moved.",
+        lo=0,
+        hi=100,
+    )
     slurmd_port_base: int = _doc(
         6830,
         "With node_per_gpu: GPU K's slurmd listens on this port plus K (its --conf Port=); with node_per_instance, "

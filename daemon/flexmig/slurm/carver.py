@@ -25,8 +25,17 @@ from flexmig.nvml.types import Inventory
 from flexmig.plan.carving import Carving, Hold
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_read import SlurmRound, SlurmView
-from flexmig.slurm.carving_choice import after_carving, carving_host, choose_carving, profile_at, stale_retirements
+from flexmig.slurm.carving_choice import (
+    CarvingHost,
+    after_carving,
+    carving_host,
+    choose_carving,
+    profile_at,
+    stale_retirements,
+    waiting_of,
+)
 from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.instances import (
     HostLayouts,
     carving_actions,
@@ -34,9 +43,11 @@ from flexmig.slurm.instances import (
     describe,
     hold_name,
 )
+from flexmig.slurm.moving import choose_moves, move_actions, move_hold
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.shared_reads import Reads
+from flexmig.slurm.squeue import SlurmJob
 
 __all__ = ["CARVING", "InstanceCarver"]
 
@@ -44,7 +55,6 @@ CARVING = "flexmig: carving new MIG instances"
 """The reason of flexmig's drain of the idle instance nodes a carving retires (resumed when one is not retired)."""
 
 log = logging.getLogger(__name__)
-
 
 
 class InstanceCarver:
@@ -72,6 +82,9 @@ class InstanceCarver:
         """The hold flexmig's reservation was made for, or None."""
         self.left_out: dict[str, str] = {}
         """The waiting jobs the last round left out of the carving, and why."""
+        self.unmovable: set[int] = set()
+        """Jobs whose move did not complete (their acknowledgement timed out, say): never asked again while they
+        run, as the agent of a whole node never asks such a job twice."""
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
@@ -137,6 +150,10 @@ class InstanceCarver:
         settings = self.settings()
         now = self.wall()
         c, self.left_out = choose_carving(self.node, ch, look[0], settings, now_s=now, hold=self.hold)
+        if mode == "act":
+            moved = await self._move(ch, running, look[0], settings, now=now, hold=c.hold)
+            if moved is not None:
+                return moved
         self.hold = c.hold
         report = carving_report(self.name, hl, c, now_s=now)
         if mode != "act":
@@ -146,6 +163,28 @@ class InstanceCarver:
         mine = any(r.name == self.hold_reservation for r in look[2])
         _, rnd = await self._execute(hl, c, by_name, now=now, settings=settings, hold_listed=mine)
         return None, replace(rnd, carving=report)
+
+    async def _move(
+        self, ch: CarvingHost, running: Sequence[SlurmRunning], jobs: Sequence[SlurmJob], settings: SlurmSettings,
+        *, now: float, hold: Hold | None,
+    ) -> tuple[None, SlurmRound] | None:  # fmt: skip
+        """Mode act: the moves of running hook jobs that give the first blocked waiting job its region
+        (:mod:`flexmig.slurm.moving`), carried out instead of this round's carving, and the region held for that
+        job; None when nothing is worth moving."""
+        self.unmovable &= {r.job.job_id for r in running}
+        candidates = [r if r.job.job_id not in self.unmovable else replace(r, movable=False) for r in running]
+        queue, _ = waiting_of(self.node, ch, jobs, settings, now_s=now)
+        plan = choose_moves(self.node, ch, candidates, queue, hold=hold, max_moves_per_job=settings.max_moves_per_job)
+        kept = move_hold(plan, now)
+        if not plan.moves or kept is None:
+            return None
+        log.info("Slurm: moving running hook job(s) to make room: %s", plan.reason)
+        res = await self.executor.execute_encoded(move_actions(plan, ch, running, self.name), "slurm", (plan.reason,))
+        done = [a.outcome == "completed" for a in res.results]
+        self.unmovable |= {int(m.job) for k, m in enumerate(plan.moves) if k >= len(done) or not done[k]}
+        self.hold = kept
+        await self._keep_hold(ch.layouts, kept, now, settings)  # the region's nodes that remain, from its time
+        return None, SlurmRound(None, result=res, note=f"moved: {plan.reason}")
 
     async def _execute(
         self,
@@ -233,4 +272,3 @@ class InstanceCarver:
         await self.client.create_reservation(name, ",".join(nodes), start_in, duration)
         self._held = hold
         log.info("Slurm: held %s for %s from %.0f s on (reservation %s)", ",".join(nodes), hold.job, start_in, name)
-

@@ -17,7 +17,7 @@ from flexmig.act.placement import node_model
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.nvml.types import Inventory
-from flexmig.plan.carving import Carving, Hold, Where, carve
+from flexmig.plan.carving import Carving, Hold, Waiting, Where, carve
 from flexmig.plan.types import Plan
 from flexmig.slurm.agent_read import SlurmView
 from flexmig.slurm.change import encode_change
@@ -28,7 +28,15 @@ from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings, instance_node, parse_instance_node
 from flexmig.slurm.squeue import SlurmJob
 
-__all__ = ["CarvingHost", "after_carving", "carving_host", "choose_carving", "profile_at", "stale_retirements"]
+__all__ = [
+    "CarvingHost",
+    "after_carving",
+    "carving_host",
+    "choose_carving",
+    "profile_at",
+    "stale_retirements",
+    "waiting_of",
+]
 
 NodeName = Callable[[int, int, str], str]
 """The Slurm node of the instance of a profile at a start of a GPU (``(gpu, start, profile)``)."""
@@ -117,17 +125,26 @@ def choose_carving(
     """The carving of host node ``host`` (seen as ``ch``) for Slurm's waiting jobs at ``now_s`` (``hold``: the
     region held at the last round), and the waiting jobs it left out, with why."""
     model, hl = ch.model, ch.layouts
-    partitions = settings.partitions or tuple(sorted({p for n in ch.ours for p in n.partitions}))
-    demand = read_demand(
-        jobs, None, instance_node(host, hl.gpus[0], 0), model, index_map={}, now_s=now_s,
-        partitions=partitions, hook_token=settings.hook_token,
-    )  # fmt: skip
-    queue, left_out = queue_of(demand, now_s, most_parts=len(hl.layouts) * model.compute_slices)
+    queue, left_out = waiting_of(host, ch, jobs, settings, now_s=now_s)
     c = carve(
         model, hl.layouts, ch.busy, queue, now_s=now_s, hold=hold, registering=ch.registering, pinned=hl.pinned,
         hold_after_s=settings.hold_after_s, hold_when_idle=settings.hold_when_idle, numbers=hl.gpus,
     )  # fmt: skip
     return c, left_out
+
+
+def waiting_of(
+    host: str, ch: CarvingHost, jobs: Sequence[SlurmJob], settings: SlurmSettings, *, now_s: float
+) -> tuple[list[Waiting], dict[str, str]]:
+    """Slurm's waiting jobs for host node ``host`` (seen as ``ch``) in priority order, as the carving and the moves
+    take them, and those left out, with why."""
+    model, hl = ch.model, ch.layouts
+    partitions = settings.partitions or tuple(sorted({p for n in ch.ours for p in n.partitions}))
+    demand = read_demand(
+        jobs, None, instance_node(host, hl.gpus[0], 0), model, index_map={}, now_s=now_s,
+        partitions=partitions, hook_token=settings.hook_token,
+    )  # fmt: skip
+    return queue_of(demand, now_s, most_parts=len(hl.layouts) * model.compute_slices)
 
 
 def profile_at(hl: HostLayouts, i: int, start: int) -> str:

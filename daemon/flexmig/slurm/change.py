@@ -18,7 +18,8 @@ actuator's own NVML steps) → ``gres`` (gres.conf block and TaskProlog map from
 ``release:J`` (``scontrol release``, ``StartTime=now``) → ``resume`` → ``reopen`` → ``schedule`` unless ``resume``
 resumed the node (Slurm's scheduler queued, which a dynamic node's registration alone does not do). An instance
 node that leaves Slurm for good (``retire``, ``[slurm] node_per_instance``) ends after its instance is destroyed:
-``retire`` (its gres.conf block and map removed) → ``reopen``.
+``retire`` (its gres.conf block and map removed) → ``credential_gap`` → ``release:J`` (a job moved off it to make room,
+:mod:`flexmig.slurm.moving`) → ``reopen``.
 
 Safety rules kept here:
 
@@ -176,6 +177,7 @@ class SlurmChange(CheckpointSteps):
         failure = await self._change_instances(run, changes)
         if payload.get("retire"):  # an instance node gone for good (node_per_instance): nothing to register
             await run.step("retire", {"node": node}, self._retire)
+            await self._release_all(run, jobs, held=bool(held), since=float(idle.get("at", 0.0)))  # a move's job
             await run.step("reopen", {"node": node}, lambda: self._reopen(node))
             if failure is not None:
                 raise StepFailed(f"{failure}; node {node} was deleted from Slurm", code=failure.code)
@@ -188,12 +190,7 @@ class SlurmChange(CheckpointSteps):
             await run.step("attributes", {"node": node, **attrs}, lambda: self._restore_attributes(node, attrs))
         except StepFailed as exc:  # the held jobs are released all the same: they pend, or run elsewhere
             unregistered = exc
-        if held:
-            since = float(idle.get("at", 0.0))
-            await run.step("credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(since))
-        for job in jobs:
-            job_id = int(job["job_id"])
-            await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
+        await self._release_all(run, jobs, held=bool(held), since=float(idle.get("at", 0.0)))
         resumed = await run.step("resume", {"node": node}, lambda: self._resume(node))
         await run.step("reopen", {"node": node}, lambda: self._reopen(node))
         if unregistered is not None:
@@ -206,6 +203,15 @@ class SlurmChange(CheckpointSteps):
             await run.step("schedule", {"node": node}, lambda: self._schedule(node))
         if failure is not None:
             raise StepFailed(f"{failure}; the node was registered with the instances NVML shows", code=failure.code)
+
+    async def _release_all(self, run: StepRunner, jobs: list[dict[str, Any]], *, held: bool, since: float) -> None:
+        """Release the jobs the change requeued held, once the credential gap since ``since`` (wall time they were
+        gone) has passed: they wait again and start where Slurm finds room (on another node after a move)."""
+        if held:
+            await run.step("credential_gap", {"s": REQUEUE_GAP_S}, lambda: self._credential_gap(since))
+        for job in jobs:
+            job_id = int(job["job_id"])
+            await run.step(f"release:{job_id}", {"job_id": job_id}, lambda j=job_id: self._release(j))  # type: ignore[misc]
 
     async def _change_instances(self, run: StepRunner, changes: list[tuple[str, Slot]]) -> StepFailed | None:
         """The plan's instance changes, one step each, in order; the first that failed (the rest are not tried), or

@@ -51,5 +51,6 @@ def slurm_settings(cfg: SlurmConfig) -> SlurmSettings:
         instance_nodes=cfg.instance_nodes,
         hold_after_s=cfg.hold_after_s,
         hold_when_idle=cfg.hold_when_idle,
+        max_moves_per_job=cfg.max_moves_per_job,
         slurmd_port_base=cfg.slurmd_port_base,
     )

@@ -99,7 +99,8 @@ class SlurmSettings:
       ``instance_nodes``: ``static`` for nodes slurm.conf lists in State=FUTURE instead (any Slurm from 22.05),
       :func:`slot_node`;
       ``hold_after_s``: how long a job that fits nowhere waits before it holds a region of a GPU, ``hold_when_idle``:
-      at once when no waiting job can use the node's idle slices.
+      at once when no waiting job can use the node's idle slices; ``max_moves_per_job``: how often a running hook
+      job may be moved for a waiting one (:mod:`flexmig.slurm.moving`).
     """
 
     node: str = ""
@@ -137,6 +138,7 @@ class SlurmSettings:
     instance_nodes: str = _DEFAULT.instance_nodes
     hold_after_s: float = _DEFAULT.hold_after_s
     hold_when_idle: bool = _DEFAULT.hold_when_idle
+    max_moves_per_job: int = _DEFAULT.max_moves_per_job
     slurmd_port_base: int = _DEFAULT.slurmd_port_base
 
     @property
