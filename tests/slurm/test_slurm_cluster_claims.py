@@ -56,7 +56,8 @@ def test_two_idle_hosts_carve_three_1g_instances_in_all_for_three_waiting_1g_job
             proc.send_signal(signal.SIGSTOP)
         try:
             c.scontrol("release", ",".join(map(str, jobs)))
-            c.wait("three jobs waiting", lambda: all((j := c.job(k)) and j.pending and "Held" not in j.reason for k in jobs))
+            released = [c.job(k) for k in jobs]
+            assert all(j is not None and j.pending and "Held" not in j.reason for j in released), released
         finally:
             for proc in paused:
                 proc.send_signal(signal.SIGCONT)

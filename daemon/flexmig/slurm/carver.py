@@ -27,6 +27,7 @@ from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_read import SlurmRound, SlurmView
 from flexmig.slurm.carving_choice import after_carving, carving_host, choose_carving, profile_at, stale_retirements
 from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.cluster_claims import Seen
 from flexmig.slurm.instances import (
     HostLayouts,
     carving_actions,
@@ -72,6 +73,8 @@ class InstanceCarver:
         """The hold flexmig's reservation was made for, or None."""
         self.left_out: dict[str, str] = {}
         """The waiting jobs the last round left out of the carving, and why."""
+        self.seen = Seen()
+        """What the cluster's assignment of waiting jobs to hosts remembers from the last round."""
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
@@ -136,7 +139,9 @@ class InstanceCarver:
         hl, by_name = ch.layouts, ch.by_name
         settings = self.settings()
         now = self.wall()
-        c, self.left_out = choose_carving(self.node, ch, look[0], settings, now_s=now, hold=self.hold)
+        c, self.left_out, self.seen = choose_carving(
+            self.node, ch, look[0], settings, now_s=now, hold=self.hold, seen=self.seen
+        )
         self.hold = c.hold
         report = carving_report(self.name, hl, c, now_s=now)
         if mode != "act":
