@@ -36,8 +36,12 @@ from flexmig.slurm.settings import slot_tag
 from flexmig.slurm.squeue import SlurmJob
 
 __all__ = [
+    "BUSY",
+    "CLOSED",
     "FREE_AFTER_MIN_S",
     "FREE_AFTER_ROUNDS",
+    "IDLE",
+    "RETIRING",
     "ClusterHost",
     "Seen",
     "aged",
