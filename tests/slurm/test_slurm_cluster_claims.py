@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -61,7 +62,9 @@ def test_two_idle_hosts_carve_three_1g_instances_in_all_for_three_waiting_1g_job
         finally:
             for proc in paused:
                 proc.send_signal(signal.SIGCONT)
+        released_at = time.monotonic()
         ran = [c.wait_state(j, "RUNNING", timeout_s=120) for j in jobs]
+        took = time.monotonic() - released_at
         c.wait("every host's carving finished (each instance's node registered)", lambda: _settled(c), timeout_s=60)
         made = {h: _instances(c, h) for h in range(c.hosts)}
         small = {h: [i for i in made[h] if i[2] == "1g.18gb"] for h in made}
@@ -72,4 +75,6 @@ def test_two_idle_hosts_carve_three_1g_instances_in_all_for_three_waiting_1g_job
             host = c.host_of(node)
             assert host is not None and node in {_node_of(c, host, *i) for i in small[host]}, (job, made)
             assert job.user in users and job.user != "root", job
-        print(f"\ncluster claims: 1g instances by host {[len(small[h]) for h in sorted(small)]} ({slurm_version()})")
+        by_host = [len(small[h]) for h in sorted(small)]
+        print(f"\ncluster claims: 1g instances by host {by_host}, all three running {took:.1f} s after their release "
+              f"({slurm_version()})")  # fmt: skip
