@@ -143,6 +143,9 @@ class _Host:
     layouts: dict[int, Layout] = field(default_factory=dict)
     what: dict[tuple[int, int], str] = field(default_factory=dict)
     given: set[tuple[int, int]] = field(default_factory=set)
+    costs: dict[str, tuple[tuple[int, int, int, int], tuple[int, int]] | None] = field(default_factory=dict)
+    """:meth:`cost` by profile name since the host last changed (a cluster of 100 hosts and 1,000 waiting jobs
+    would otherwise search every host for every job)."""
 
     @classmethod
     def of(cls, model: GpuModel, host: ClusterHost) -> _Host:
@@ -156,6 +159,8 @@ class _Host:
         """The least carving that serves a job of ``profile`` here, as ``((destroyed compute slices, instances
         created, -start, gpu), (gpu, start))``: an idle instance of the profile costs nothing, and a retiring one is
         not counted as destroyed (its host destroys it anyway); None when none fits."""
+        if profile.name in self.costs:
+            return self.costs[profile.name]
         best: tuple[tuple[int, int, int, int], tuple[int, int]] | None = None
         for gpu in sorted(self.layouts):
             lay = self.layouts[gpu]
@@ -175,11 +180,13 @@ class _Host:
                     lost = sum(i.profile.compute_slices for i in over if self.what[(gpu, i.start)] == IDLE)
                     key = (lost, 1, -start, gpu)
                     best = min(best, (key, (gpu, start))) if best is not None else (key, (gpu, start))
+        self.costs[profile.name] = best
         return best
 
     def take(self, profile: Profile, where: tuple[int, int], carved: bool) -> None:
         """Give ``where`` to a job of ``profile``: the idle instance there, or (``carved``) a new one."""
         gpu, start = where
+        self.costs.clear()
         if carved:
             lay = self.layouts[gpu]
             for i in [i for i in lay if i.start < start + profile.memory_slices and start < i.end]:
