@@ -4,7 +4,8 @@ the Slurm under test; ``make slurm-newer`` runs this module on 24.11), three wai
 
 Before the cluster's assignment both hosts' flexmigds carved for every waiting job (three 1g instances on each, six in
 all); now each job is carved for on one host only: exactly three 1g instances in the whole cluster, every job running
-on its own.
+on its own. A job assigned to a host whose flexmigd is down does not starve: the other host carves for it once it has
+waited so assigned for the bound.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 import pytest
 
 from flexmig.mig.nodespec import parse_node_spec
+from flexmig.plan.carving import Waiting
+from flexmig.slurm.cluster_claims import FREE_AFTER_MIN_S, assign, cluster_hosts
 from flexmig.slurm.settings import instance_node, slot_node
 from support.slurm import JOB_USERS, skip_reason, slurm_version
 from support.slurm_cluster import SlurmCluster
@@ -78,3 +81,28 @@ def test_two_idle_hosts_carve_three_1g_instances_in_all_for_three_waiting_1g_job
         by_host = [len(small[h]) for h in sorted(small)]
         print(f"\ncluster claims: 1g instances by host {by_host}, all three running {took:.1f} s after their release "
               f"({slurm_version()})")  # fmt: skip
+
+
+def test_a_job_assigned_to_a_host_whose_flexmigd_is_down_is_carved_for_by_another_after_the_bound() -> None:
+    """The host a waiting job is assigned to cannot carve (its flexmigd was SIGKILLed; its nodes still answer, so the
+    view still offers its room): the other host leaves the job to it at first (its log says so), and once the job has
+    waited so assigned for the bound (``FREE_AFTER_MIN_S``) carves for it itself, so the job runs there."""
+    model = parse_node_spec(SPEC).model
+    with SlurmCluster(SPEC, hosts=2) as c:
+        job = c.sbatch("--hold", "--gres=gpu:1g.18gb:1", script=SLEEP)
+        hosts = cluster_hosts(c.slurm_nodes(), model, reserved=())
+        assert sorted(hosts) == sorted(c.node(h) for h in range(2)), hosts
+        owner_name = assign([Waiting(f"slurm-{job}", "1g.18gb")], hosts, model, partitions={})[f"slurm-{job}"]
+        owner = next(h for h in range(2) if c.node(h) == owner_name)
+        other = 1 - owner
+        c.kill_flexmigd(owner)
+        c.scontrol("release", str(job))
+        released_at = time.monotonic()
+        deferred = f"slurm-{job} left out: host {owner_name} carves for it (the cluster's assignment)"
+        c.wait(f"host {c.node(other)} leaves the job to {owner_name}", lambda: deferred in c.log(other))
+        ran = c.wait_state(job, "RUNNING", timeout_s=FREE_AFTER_MIN_S + 90)
+        took = time.monotonic() - released_at
+        assert ran.nodes and c.host_of(ran.nodes[0]) == other, ran
+        assert not [i for i in _instances(c, owner) if i[2] == "1g.18gb"], _instances(c, owner)
+        print(f"\ncluster claims: a job left to a host whose flexmigd is down ran on the other {took:.1f} s after "
+              f"its release ({slurm_version()})")  # fmt: skip
