@@ -35,6 +35,7 @@ from flexmig.slurm.carving_choice import (
     waiting_of,
 )
 from flexmig.slurm.client import SlurmClient
+from flexmig.slurm.cluster_claims import Seen
 from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.instances import (
     HostLayouts,
@@ -85,6 +86,8 @@ class InstanceCarver:
         self.unmovable: set[int] = set()
         """Jobs whose move did not complete (their acknowledgement timed out, say): never asked again while they
         run, as the agent of a whole node never asks such a job twice."""
+        self.seen = Seen()
+        """What the cluster's assignment of waiting jobs to hosts remembers from the last round."""
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
@@ -149,7 +152,9 @@ class InstanceCarver:
         hl, by_name = ch.layouts, ch.by_name
         settings = self.settings()
         now = self.wall()
-        c, self.left_out = choose_carving(self.node, ch, look[0], settings, now_s=now, hold=self.hold)
+        c, self.left_out, self.seen = choose_carving(
+            self.node, ch, look[0], settings, now_s=now, hold=self.hold, seen=self.seen
+        )
         if mode == "act":
             moved = await self._move(ch, running, look[0], settings, now=now, hold=c.hold)
             if moved is not None:

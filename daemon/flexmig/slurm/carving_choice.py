@@ -22,6 +22,7 @@ from flexmig.plan.types import Plan
 from flexmig.slurm.agent_read import SlurmView
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.change_admin import admin_hold
+from flexmig.slurm.cluster_claims import FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS, Seen, host_queue
 from flexmig.slurm.demand import SlurmRunning, read_demand
 from flexmig.slurm.instances import HostLayouts, busy_of, host_layouts, queue_of
 from flexmig.slurm.nodes import SlurmNode
@@ -64,7 +65,9 @@ def stale_retirements(
 @dataclass(frozen=True, slots=True)
 class CarvingHost:
     """The host as a carving sees it: its GPUs' layouts (``layouts``), the busy instances (carving indices, and
-    when each is expected to end), those still registering, Slurm's nodes by name and the host's own nodes."""
+    when each is expected to end), those still registering, Slurm's nodes by name, the host's own nodes, and the
+    nodes any reservation names (``reserved``: what the cluster's assignment, :mod:`flexmig.slurm.cluster_claims`,
+    gives no job)."""
 
     model: GpuModel
     layouts: HostLayouts
@@ -72,6 +75,7 @@ class CarvingHost:
     registering: frozenset[Where]
     by_name: dict[str, SlurmNode]
     ours: tuple[SlurmNode, ...]
+    reserved: frozenset[str] = frozenset()
 
 
 def carving_host(
@@ -116,21 +120,31 @@ def carving_host(
             busy[(k, start)] = left
     registering_c = hl.to_carving(registering) - busy.keys()
     registering_c = frozenset(w for w in registering_c if hl.layouts[w[0]].at(w[1]) is not None)
-    return CarvingHost(model, hl, busy, registering_c, by_name, tuple(ours))
+    reserved = frozenset(n for r in reservations for n in r.nodes)
+    return CarvingHost(model, hl, busy, registering_c, by_name, tuple(ours), reserved)
 
 
 def choose_carving(
-    host: str, ch: CarvingHost, jobs: Sequence[SlurmJob], settings: SlurmSettings, *, now_s: float, hold: Hold | None
-) -> tuple[Carving, dict[str, str]]:
+    host: str, ch: CarvingHost, jobs: Sequence[SlurmJob], settings: SlurmSettings, *, now_s: float, hold: Hold | None,
+    seen: Seen | None = None,
+) -> tuple[Carving, dict[str, str], Seen]:  # fmt: skip
     """The carving of host node ``host`` (seen as ``ch``) for Slurm's waiting jobs at ``now_s`` (``hold``: the
-    region held at the last round), and the waiting jobs it left out, with why."""
+    region held at the last round), the waiting jobs it left out, with why, and what the cluster's assignment
+    remembers for the next round (``seen``: the last round's): of a cluster's waiting jobs, the host carves only
+    for those assigned to it, those no host was assigned, and those another host left waiting too long
+    (:mod:`flexmig.slurm.cluster_claims`)."""
     model, hl = ch.model, ch.layouts
     queue, left_out = waiting_of(host, ch, jobs, settings, now_s=now_s)
+    queue, left, seen = host_queue(
+        host, queue, ch.by_name.values(), jobs, model, reserved=ch.reserved, seen=seen or Seen(), now_s=now_s,
+        hook_token=settings.hook_token, free_after_s=max(FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS * settings.interval_s),
+    )  # fmt: skip
+    left_out.update(left)
     c = carve(
         model, hl.layouts, ch.busy, queue, now_s=now_s, hold=hold, registering=ch.registering, pinned=hl.pinned,
         hold_after_s=settings.hold_after_s, hold_when_idle=settings.hold_when_idle, numbers=hl.gpus,
     )  # fmt: skip
-    return c, left_out
+    return c, left_out, seen
 
 
 def waiting_of(

@@ -1,0 +1,310 @@
+"""Which host of a cluster carves for which waiting job (``[slurm] node_per_instance`` on several hosts).
+
+Every host's flexmigd sees the whole cluster's instance nodes in one look at Slurm (``sinfo``/``scontrol``), so each
+computes the same assignment from it, with no lock and no message (as the site-wide ``max_closed_nodes`` does with
+Slurm's reservations):
+
+* :func:`cluster_hosts` reads each host's GPUs from the instance nodes of every host (``<host>-gpu<K>-<S>``, a static
+  one ``<host>-gpu<K>-<S>-<profile>``): the instances that exist (busy, idle, being retired by their host's carving,
+  or closed by an administrator) and so the places that are free; a FUTURE node that Slurm lists adds its GPU;
+* :func:`assign` takes the waiting jobs in Slurm's priority order and gives each to the host where it needs the least
+  carving: an idle instance of its profile (Slurm starts it there: no carving anywhere), else free slices, else the
+  fewest idle compute slices destroyed; ties go by a rotation on the job's ID (so that equal hosts share the work),
+  then by host name. A job no host can serve now stays unassigned;
+* :func:`aged` and :func:`queue_for` give a host its queue: the jobs assigned to it, the unassigned ones, and those
+  assigned to another host that still wait ``free_after_s`` after the assignment was first seen (that host cannot
+  see or do what the others think: its flexmigd is down, older, or its view differs), which become anyone's again,
+  as every job was before.
+
+Pure: the caller reads Slurm, passes the time in and keeps :class:`Seen` from round to round.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from flexmig.errors import LayoutError
+from flexmig.mig.catalogue import GpuModel, Profile
+from flexmig.mig.layout import Layout
+from flexmig.plan.carving import Waiting
+from flexmig.slurm.demand import job_id_of, read_demand
+from flexmig.slurm.instances import queue_of
+from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.settings import slot_tag
+from flexmig.slurm.squeue import SlurmJob
+
+__all__ = [
+    "BUSY",
+    "CLOSED",
+    "FREE_AFTER_MIN_S",
+    "FREE_AFTER_ROUNDS",
+    "IDLE",
+    "RETIRING",
+    "ClusterHost",
+    "Seen",
+    "aged",
+    "assign",
+    "cluster_hosts",
+    "cluster_queue",
+    "host_queue",
+    "queue_for",
+]
+
+FREE_AFTER_ROUNDS = 3
+FREE_AFTER_MIN_S = 60.0
+"""A job assigned to another host becomes anyone's once it has waited so assigned for ``FREE_AFTER_ROUNDS``
+rounds (``interval_s``), and at least ``FREE_AFTER_MIN_S``: as long as a claim of the per-GPU mode holds
+(:class:`flexmig.slurm.claims.Claims`), long enough for its host to carve (a few seconds) and for Slurm to start
+the job on the new instance (its scheduler may take up to a ``sched_interval``, 60 s by default)."""
+
+_NAME = re.compile(r"(.+)-gpu([0-9]{1,3})-([0-9])(?:-([0-9a-z]{1,32}))?")
+
+IDLE, BUSY, RETIRING, CLOSED = "idle", "busy", "retiring", "closed"
+"""What an instance is to the assignment: it serves a job of its profile and may be destroyed (idle); it runs a
+job (busy); its host's carving is destroying it (retiring: its place is as good as free); an administrator or a
+reservation holds it, or its slurmd does not answer (closed: neither serves nor is destroyed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterHost:
+    """One host as the cluster's view shows it: its partitions and, per GPU number, its instances ``start ->
+    (profile, what)`` (``what``: :data:`IDLE`, :data:`BUSY`, :data:`RETIRING` or :data:`CLOSED`)."""
+
+    name: str
+    partitions: frozenset[str]
+    gpus: Mapping[int, Mapping[int, tuple[str, str]]]
+
+
+def _instance(n: SlurmNode, model: GpuModel) -> tuple[str, int, int, str | None] | None:
+    """``(host, gpu, start, profile)`` of an instance node of ``model`` (profile None: a FUTURE node, which has no
+    instance), or None when ``n`` is no instance node."""
+    m = _NAME.fullmatch(n.name)
+    if m is None:
+        return None
+    counts = [(g.type, g.count) for g in n.gres if g.name == "gpu"]
+    if len(counts) != 1 or counts[0][1] != 1 or counts[0][0] is None:
+        return None
+    try:
+        profile = model.profile(counts[0][0])
+    except KeyError:
+        return None
+    if int(m.group(3)) not in profile.starts or (m.group(4) is not None and m.group(4) != slot_tag(profile.name)):
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3)), None if n.state == "future" else profile.name
+
+
+def _what(n: SlurmNode, reserved: Collection[str]) -> str:
+    if n.drained and n.reason.startswith("flexmig") and n.idle:  # flexmig drains an idle instance node to retire it
+        return RETIRING
+    if n.drained or not n.responding or n.name in reserved:
+        return CLOSED
+    return IDLE if n.idle else BUSY
+
+
+def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Collection[str]) -> dict[str, ClusterHost]:
+    """Every host with instance nodes of ``model`` in Slurm's ``nodes``, by name. ``reserved``: the nodes any
+    reservation names. A host whose instances overlap
+    (a view caught between two looks) is left out: it is assigned nothing, its jobs stay anyone's."""
+    gpus: dict[str, dict[int, dict[int, tuple[str, str]]]] = {}
+    parts: dict[str, set[str]] = {}
+    bad: set[str] = set()
+    for n in nodes:
+        got = _instance(n, model)
+        if got is None:
+            continue
+        host, gpu, start, profile = got
+        on_gpu = gpus.setdefault(host, {}).setdefault(gpu, {})
+        parts.setdefault(host, set()).update(n.partitions)
+        if profile is None:
+            continue
+        if start in on_gpu:
+            bad.add(host)
+        on_gpu[start] = (profile, _what(n, reserved))
+    out = {}
+    for host, by_gpu in gpus.items():
+        try:
+            for on_gpu in by_gpu.values():
+                Layout.of(model, [(p, s) for s, (p, _) in on_gpu.items()])
+        except LayoutError:
+            bad.add(host)
+        if host not in bad:
+            out[host] = ClusterHost(host, frozenset(parts[host]), by_gpu)
+    return out
+
+
+@dataclass
+class _Host:
+    """A host as the assignment fills it: its layouts, what each instance is, and the instances given to jobs."""
+
+    model: GpuModel
+    host: ClusterHost
+    layouts: dict[int, Layout] = field(default_factory=dict)
+    what: dict[tuple[int, int], str] = field(default_factory=dict)
+    given: set[tuple[int, int]] = field(default_factory=set)
+    costs: dict[str, tuple[tuple[int, int, int, int], tuple[int, int]] | None] = field(default_factory=dict)
+    """:meth:`cost` by profile name since the host last changed (a cluster of 100 hosts and 1,000 waiting jobs
+    would otherwise search every host for every job)."""
+
+    @classmethod
+    def of(cls, model: GpuModel, host: ClusterHost) -> _Host:
+        h = cls(model, host)
+        for gpu, on_gpu in host.gpus.items():
+            h.layouts[gpu] = Layout.of(model, [(p, s) for s, (p, _) in on_gpu.items()])
+            h.what.update({(gpu, s): what for s, (_, what) in on_gpu.items()})
+        return h
+
+    def cost(self, profile: Profile) -> tuple[tuple[int, int, int, int], tuple[int, int]] | None:
+        """The least carving that serves a job of ``profile`` here, as ``((destroyed compute slices, instances
+        created, -start, gpu), (gpu, start))``: an idle instance of the profile costs nothing, and a retiring one is
+        not counted as destroyed (its host destroys it anyway); None when none fits."""
+        if profile.name in self.costs:
+            return self.costs[profile.name]
+        best: tuple[tuple[int, int, int, int], tuple[int, int]] | None = None
+        for gpu in sorted(self.layouts):
+            lay = self.layouts[gpu]
+            for inst in lay:
+                w = (gpu, inst.start)
+                if inst.profile == profile and self.what[w] == IDLE and w not in self.given:
+                    key = (0, 0, -inst.start, gpu)
+                    best = min(best, (key, w)) if best is not None else (key, w)
+            for start in profile.starts:
+                over = [i for i in lay if i.start < start + profile.memory_slices and start < i.end]
+                if any(self.what[(gpu, i.start)] not in (IDLE, RETIRING) or (gpu, i.start) in self.given for i in over):
+                    continue
+                rest = lay
+                for i in over:
+                    rest = rest.remove(i.start)
+                if rest.can_place(profile, start):
+                    lost = sum(i.profile.compute_slices for i in over if self.what[(gpu, i.start)] == IDLE)
+                    key = (lost, 1, -start, gpu)
+                    best = min(best, (key, (gpu, start))) if best is not None else (key, (gpu, start))
+        self.costs[profile.name] = best
+        return best
+
+    def take(self, profile: Profile, where: tuple[int, int], carved: bool) -> None:
+        """Give ``where`` to a job of ``profile``: the idle instance there, or (``carved``) a new one."""
+        gpu, start = where
+        self.costs.clear()
+        if carved:
+            lay = self.layouts[gpu]
+            for i in [i for i in lay if i.start < start + profile.memory_slices and start < i.end]:
+                lay = lay.remove(i.start)
+                self.what.pop((gpu, i.start), None)
+            self.layouts[gpu] = lay.place(profile, start)
+            self.what[where] = IDLE
+        self.given.add(where)
+
+
+def assign(
+    queue: Sequence[Waiting], hosts: Mapping[str, ClusterHost], model: GpuModel, *,
+    partitions: Mapping[str, Collection[str]],
+) -> dict[str, str]:  # fmt: skip
+    """Waiting job (the carving's name, :class:`flexmig.plan.carving.Waiting`) -> the host that carves for it, for
+    the jobs of ``queue`` (Slurm's priority order) some host can serve now; ``partitions``: each job's partitions
+    by name (a job with none listed may go to any host). Every host that computes it from the same view gets the
+    same answer (nothing here depends on which host asks)."""
+    names = sorted(hosts)
+    filled = {h: _Host.of(model, hosts[h]) for h in names}
+    out: dict[str, str] = {}
+    for job in queue:
+        try:
+            profile = model.profile(job.profile)
+        except KeyError:
+            continue
+        wanted = frozenset(partitions.get(job.name, ()))
+        job_id = job_id_of(job.name) or 0
+        best: tuple[tuple[int, int, int, str], tuple[int, int]] | None = None
+        for k, h in enumerate(names):
+            if wanted and not wanted & hosts[h].partitions:
+                continue
+            got = filled[h].cost(profile)
+            if got is None:
+                continue
+            (lost, created, _, _), where = got
+            key = (lost, created, (k - job_id) % len(names), h)  # the least carving, then the rotation, the name
+            if best is None or key < best[0]:
+                best = (key, where)
+        if best is None:
+            continue
+        host = best[0][3]
+        filled[host].take(profile, best[1], carved=best[0][1] > 0)
+        out[job.name] = host
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What a host remembers between rounds: since when (its clock) each waiting job has been assigned to the host
+    it is assigned to now."""
+
+    since: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+
+
+def aged(seen: Seen, assignment: Mapping[str, str], now_s: float) -> Seen:
+    """``seen`` after a round that found ``assignment`` at ``now_s``: a job keeps its time while its host stays
+    the same, starts again when another host gets it, and is forgotten once it no longer waits or is unassigned."""
+    since = {}
+    for job, host in assignment.items():
+        prev = seen.since.get(job)
+        since[job] = prev if prev is not None and prev[0] == host else (host, now_s)
+    return Seen(since)
+
+
+def queue_for(
+    host: str, queue: Sequence[Waiting], assignment: Mapping[str, str], seen: Seen, *, now_s: float,
+    free_after_s: float,
+) -> tuple[list[Waiting], dict[str, str]]:  # fmt: skip
+    """Host ``host``'s queue for its carving: the jobs of ``queue`` assigned to it, those no host was assigned, and
+    those another host was assigned ``free_after_s`` or longer ago (by ``seen``) that still wait; and the jobs left
+    to other hosts, with why."""
+    mine: list[Waiting] = []
+    left: dict[str, str] = {}
+    for job in queue:
+        other = assignment.get(job.name)
+        since = seen.since.get(job.name)
+        stuck = since is not None and since[0] == other and now_s - since[1] >= free_after_s
+        if other is None or other == host or stuck:
+            mine.append(job)
+        else:
+            left[job.name] = f"host {other} carves for it (the cluster's assignment)"
+    return mine, left
+
+
+def cluster_queue(
+    jobs: Sequence[SlurmJob], model: GpuModel, *, now_s: float, hook_token: str, most_parts: int
+) -> tuple[list[Waiting], dict[str, frozenset[str]]]:
+    """The whole cluster's waiting jobs for :func:`assign` (Slurm's priority order, whatever their partitions),
+    and each one's partitions. A job that names nodes to run on or to avoid is left out (it stays anyone's: the
+    hosts cannot tell from names alone where Slurm may start it)."""
+    demand = read_demand(jobs, None, "", model, index_map={}, now_s=now_s, hook_token=hook_token)
+    queue, _ = queue_of(demand, now_s, most_parts=most_parts)
+    by_id = {j.job_id: j for j in demand.pending_jobs}
+    out: list[Waiting] = []
+    partitions: dict[str, frozenset[str]] = {}
+    for w in queue:
+        job = by_id.get(job_id_of(w.name) or -1)
+        if job is None or job.required_nodes or job.excluded_nodes:
+            continue
+        out.append(w)
+        partitions[w.name] = frozenset(job.partitions)
+    return out, partitions
+
+
+def host_queue(
+    host: str, queue: Sequence[Waiting], nodes: Iterable[SlurmNode], jobs: Sequence[SlurmJob], model: GpuModel, *,
+    reserved: Collection[str], seen: Seen, now_s: float, hook_token: str, free_after_s: float,
+) -> tuple[list[Waiting], dict[str, str], Seen]:  # fmt: skip
+    """Host ``host``'s ``queue`` (its own waiting jobs, :func:`flexmig.slurm.instances.queue_of`) less the jobs the
+    cluster's assignment gives other hosts (:func:`assign` on Slurm's ``nodes`` and ``jobs``), the jobs left to
+    them with why, and what to remember for the next round. With no other host in the view the queue is as it is."""
+    hosts = cluster_hosts(nodes, model, reserved=reserved)
+    if not any(h != host for h in hosts):
+        return list(queue), {}, Seen()
+    most = sum(len(h.gpus) for h in hosts.values()) * model.compute_slices
+    everyone, partitions = cluster_queue(jobs, model, now_s=now_s, hook_token=hook_token, most_parts=most)
+    assignment = assign(everyone, hosts, model, partitions=partitions)
+    seen = aged(seen, assignment, now_s)
+    mine, left = queue_for(host, queue, assignment, seen, now_s=now_s, free_after_s=free_after_s)
+    return mine, left, seen
