@@ -313,14 +313,14 @@ class Bed:
 
 
 def config_now(bed: Bed) -> str:
-    """flexmigd's configuration for rival ``bed`` (the whole-node rivals name that mode, no longer the default)."""
-    text = bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
-    return text if bed.tb.per_node else text + 'layout = "node"\n'
+    """flexmigd's configuration for rival ``bed`` (the testbed names the whole-node rivals' layout, no longer the
+    default)."""
+    return bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
 
 
 def config_default(bed: Bed) -> str:
     """flexmigd's configuration with no mode named (``[slurm] layout``'s default chooses), the testbed's paths kept."""
-    dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ")
+    dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ", "layout = ")
     return "\n".join(line for line in config_now(bed).split("\n") if not line.startswith(dropped))
 
 

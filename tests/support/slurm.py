@@ -492,11 +492,9 @@ class SlurmDaemon:
     def start_flexmigd(self) -> None:
         """Write flexmigd's configuration and start it; wait until the node is registered (bounded)."""
         text = self.testbed.flexmigd_config(metrics_port=self.metrics_port, interval_s=self.interval_s)
-        if self.default_layout:
-            dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ")
+        if self.default_layout:  # the testbed names its layout (layout = "node" for the whole-node mode): drop it
+            dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ", "layout = ")
             text = "\n".join(line for line in text.split("\n") if not line.startswith(dropped))
-        elif not (self.node_per_gpu or self.node_per_instance):  # the whole-node mode, no longer the default
-            text += 'layout = "node"\n'
         text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (
