@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type
 from flexmig import sim
 from flexmig.nvml import GpmWindows, Nvml
 from machine import machine
+from procstat import free_port, proc_cpu_s, proc_status_bytes
 
 BIG = "h200x8:" + "+".join(f"1g.18gb@{i}" for i in range(7))
 WORKLOADS = {"simulated workload": (), "nothing changes (--no-sim-workload)": ("--no-sim-workload",)}
@@ -171,24 +171,6 @@ def _counted(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
     return counted
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_status_mib(pid: int, key: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(key)
-
-
 def load_average() -> str:
     """The load average now, as /proc/loadavg gives it."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -233,7 +215,7 @@ def parse_profile(text: str) -> tuple[Counter[str], Counter[str]]:
 
 
 def _start(extra: tuple[str, ...], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     config = workdir / "flexmig.toml"
     config.write_text("")
@@ -274,7 +256,7 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )  # fmt: skip
-            cpu0, t0 = _proc_cpu_s(proc.pid), time.monotonic()
+            cpu0, t0 = proc_cpu_s(proc.pid), time.monotonic()
             next_scrape = t0
             while (now := time.monotonic()) < t0 + seconds:
                 if now >= next_scrape:
@@ -282,8 +264,8 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                         resp.read()
                     next_scrape += 15.0
                 time.sleep(min(1.0, t0 + seconds - now))
-            cpu1, t1 = _proc_cpu_s(proc.pid), time.monotonic()
-            rss, peak = _proc_status_mib(proc.pid, "VmRSS"), _proc_status_mib(proc.pid, "VmHWM")
+            cpu1, t1 = proc_cpu_s(proc.pid), time.monotonic()
+            rss, peak = proc_status_bytes(proc.pid, "VmRSS") / 2**20, proc_status_bytes(proc.pid, "VmHWM") / 2**20
             sites: Counter[str] = Counter()
             if spy is not None:
                 spy.wait(seconds + 60)
