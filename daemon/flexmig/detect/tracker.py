@@ -31,7 +31,7 @@ from flexmig.detect.fragmentation import (
     node_fragmentation,
 )
 from flexmig.detect.hysteresis import Signal, Switch, step
-from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile
+from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profiles
 from flexmig.detect.settings import DetectSettings, FragmentationSettings, UnderuseSettings
 from flexmig.detect.usage import InstanceKey, InstanceUsage
 from flexmig.mig import Layout, Profile
@@ -475,10 +475,10 @@ def _windows(sweep: _Sweep, obs: Observation, us: UnderuseSettings) -> tuple[lis
             start=partial(_underuse_finding, u, s=us),
             ended=partial(_in_use_again, u),
         )
-        smaller = smaller_profile(u, layout.model, inst.profile, us.oversize_margin)
+        smaller, fits_smaller = smaller_profiles(u, layout.model, inst.profile, us.oversize_margin)
         if smaller is not None:
             signal = Signal.ON
-        elif smaller_profile(u, layout.model, inst.profile, 0.0) is not None:
+        elif fits_smaller is not None:
             signal = Signal.HOLD
         else:
             signal = Signal.OFF
