@@ -29,7 +29,7 @@ from flexmig.nvml.types import GpmActivity
 
 __all__ = ["GpmWindows"]
 
-_METRICS = (
+_METRICS = (  # in the order of GpmActivity's fields
     N.NVML_GPM_METRIC_SM_UTIL,
     N.NVML_GPM_METRIC_SM_OCCUPANCY,
     N.NVML_GPM_METRIC_DRAM_BW_UTIL,
@@ -141,23 +141,18 @@ class GpmWindows:
             call = "nvmlGpmMigSampleGet"
             N.nvmlGpmMigSampleGet(parent, gi_id, cur)
             call = "nvmlGpmMetricsGet"
-            values = self._metrics(slot.prev, cur)
+            sm_active, sm_occupancy, dram_bw, tensor_active = self._metrics(slot.prev, cur)
         except N.NVMLError as exc:
             self._drop(uuid)
             walk.note(f"{uuid} (GI {gi_id})", call, exc)
             return None
         slot.spare, slot.prev, slot.t_prev = slot.prev, cur, now
-        slot.last = GpmActivity(
-            window_s=elapsed,
-            sm_active=values.get(N.NVML_GPM_METRIC_SM_UTIL),
-            sm_occupancy=values.get(N.NVML_GPM_METRIC_SM_OCCUPANCY),
-            dram_bw=values.get(N.NVML_GPM_METRIC_DRAM_BW_UTIL),
-            tensor_active=values.get(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
-        )
+        slot.last = GpmActivity(elapsed, sm_active, sm_occupancy, dram_bw, tensor_active)
         return slot.last
 
-    def _metrics(self, first: Any, second: Any) -> dict[int, float]:
-        """Ratios 0..1 of the metrics NVML could compute between two samples (``nvmlGpmMetricsGet``).
+    def _metrics(self, first: Any, second: Any) -> list[float | None]:
+        """Ratios 0..1 of :data:`_METRICS`, in that order, between two samples (``nvmlGpmMetricsGet``); None for a
+        metric NVML could not compute.
 
         One request struct is reused: its metric IDs are written once (NVML only writes results), and the results
         are read through a plain ctypes view of the same memory, which skips pynvml's per-field formatting.
@@ -173,7 +168,7 @@ class GpmWindows:
         mg.sample1 = first
         mg.sample2 = second
         N.nvmlGpmMetricsGet(mg)
-        return {metric_id: _ratio(m) for metric_id, m in zip(_METRICS, self._view, strict=True) if m.nvmlReturn == 0}
+        return [_ratio(m) if m.nvmlReturn == 0 else None for m in self._view]
 
     def _drop(self, uuid: str) -> None:
         slot = self._slots.pop(uuid, None)
