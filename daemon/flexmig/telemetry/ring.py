@@ -115,9 +115,10 @@ class RingBuffer:
             raise ValueError(f"window must be positive, not {seconds}")
         start = now - seconds
         times, values, cap, size, head = self._times, self._values, self._cap, self._size, self._head
-        if size < cap or head == 0:  # the points lie in order in one part: [0, size)
-            a = bisect_right(times, start, 0, size)
-            b = bisect_right(times, now, a, size)
+        one = size if size < cap or head == 0 else head if times[cap - 1] <= start else 0
+        if one:  # the window's points lie in [0, one): the ring has not wrapped, or they are all past the wrap
+            a = bisect_right(times, start, 0, one)
+            b = bisect_right(times, now, a, one)
             if a >= b:
                 return None
             oldest_t, newest_t, count, last = times[a], times[b - 1], b - a, values[b - 1]
