@@ -14,6 +14,7 @@ Beside it, three plain loops (:class:`~flexmig.wiring.component.Loop`): ``dcgm``
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections.abc import Callable, Collection, Sequence
 
@@ -81,6 +82,10 @@ class SamplerComponent:
             clock=self.clock,
         )
         self.first = await self.loop.start()
+        # What start-up made (modules, the configuration, the first inventory and sweep) lives as long as the daemon:
+        # moved out of the collector's generations, it is not walked again by every full collection the sweeps'
+        # garbage triggers (a third of the collector's CPU at 56 MIG devices and one sweep a second).
+        gc.freeze()
 
     async def run(self) -> None:
         """Sweep until cancelled."""
