@@ -226,6 +226,13 @@ def _changes(
 ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """(destroyed, created) ``(start, profile)`` pairs of one GPU: an instance whose start or profile changed, or
     whose UUID changed where both observations know it (destroyed and created again in between)."""
+    if before is not None and before is after:  # the same layout (observations share unchanged ones): UUIDs alone
+        renewed = []
+        for inst in before:
+            ua, ub = old.get((gpu, inst.start)), new.get((gpu, inst.start))
+            if ua is not None and ub is not None and ua != ub:
+                renewed.append((inst.start, inst.profile.name))
+        return renewed, list(renewed)
     was, now = _instances(before), _instances(after)
     destroyed, created = [], []
     for start in sorted(set(was) | set(now)):
