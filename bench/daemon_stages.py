@@ -4,11 +4,12 @@
 ``--profile``) says where, but on a shared machine it also samples threads that wait for a core or for the GIL. This
 runs what one sweep of ``flexmigd --sim`` runs, with the same classes wired the same way: the sampling loop
 (``SamplingLoop.sweep``: the NVML thread's sweep, host facts, the snapshot), the snapshot hub with detection as its
-enricher (``Detector.enrich``), the demo workload stepped on the NVML thread before each sweep, and one ``/metrics``
-render (``Exposition``, gzip, as Prometheus asks) every 15 sweeps; on the simulator's clock, one second a sweep.
-Each area's CPU is taken with ``time.thread_time`` around its call (a wrapper set on the instance here, nothing in
-the product), the simulated library's inside NVML calls taken off as ``sim_cost`` does, and *the rest* is the
-process's CPU less the areas and the simulation: the sampler's bookkeeping, the thread hop, asyncio.
+enricher (``Detector.enrich``), the demo workload stepped on the NVML thread before each sweep, the garbage
+collector set up as ``SamplerComponent.start`` sets it, and one ``/metrics`` render (``Exposition``, gzip, as
+Prometheus asks) every 15 sweeps; on the simulator's clock, one second a sweep. Each area's CPU is taken with
+``time.thread_time`` around its call (a wrapper set on the instance here, nothing in the product), the simulated
+library's inside NVML calls taken off as ``sim_cost`` does, and *the rest* is the process's CPU less the areas and
+the simulation: the sampler's bookkeeping, the thread hop, asyncio.
 
 Garbage collection runs inside whichever area allocates when a generation fills, so it is shown apart, as a share
 of the same total, and is not added to the areas.
@@ -36,6 +37,7 @@ from flexmig.telemetry.reader import NvmlReader
 from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.wiring.detection import Detector, detect_settings
+from flexmig.wiring.sampling import GC_THRESHOLD
 
 __all__ = ["AREAS", "stages"]
 
@@ -128,6 +130,9 @@ async def _run(spec: str, workload: bool, sweeps: int) -> dict[str, float]:
             jobs(now)
 
         await loop.start()
+        gc.freeze()  # as SamplerComponent.start does once the first sweep is out
+        threshold = gc.get_threshold()
+        gc.set_threshold(GC_THRESHOLD, *threshold[1:])
         for _ in range(20):  # windows filled a little, every entry point resolved
             clock.t += 1.0
             await worker.call(step, clock.t)
@@ -167,6 +172,8 @@ async def _run(spec: str, workload: bool, sweeps: int) -> dict[str, float]:
             acc["total"] = time.process_time() - cpu0
         finally:
             gc.callbacks.remove(on_gc)
+            gc.set_threshold(*threshold)
+            gc.unfreeze()
             detection_wiring.observation_of, detection_wiring.observe = observation_of, observe
             cache.update(saved)
         inside, extra = _wrapper_costs()
