@@ -285,8 +285,9 @@ class _Sweep:
         """One window of the switch ``key`` (``limits``: on after, off after, longest gap): when it turns on, the
         finding ``start(since)`` starts (None: none does); when it turns off, the active one ends for ``ended()``."""
         on_after, off_after, max_gap = limits
+        sw = self.switches.get(key)
         sw, flipped = step(
-            self.switches.get(key, Switch()),
+            Switch() if sw is None else sw,  # a new one only for a switch never stepped
             signal,
             *window,
             on_after=on_after,
