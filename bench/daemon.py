@@ -412,7 +412,9 @@ def markdown(
             "the simulator's clock), each area's CPU timed around its call, the simulated library and workload taken "
             "off; *the rest* is the process's CPU less the areas. Garbage collection runs inside the areas and is "
             "shown apart. A sampling profiler (`--profile`, py-spy) agrees on the order but not on the shares on a "
-            "shared machine: it also samples threads that wait for a core or for the GIL.",
+            "shared machine: it also samples threads that wait for a core or for the GIL. The daemon's other "
+            "components (the actuator's rounds, the metrics server, the workload loop) are outside the table: the "
+            "difference between its total and the daemon's own share above.",
             "",
             *stage_table(where),
             "",
