@@ -22,6 +22,9 @@ Flexmig's own = total (exact, from /proc) - (library + workload per sweep) x swe
 which wraps the real C library too, stays flexmig's. Subtracting is sound where the in-process calls cost what the
 daemon's do: same code, same node state, same machine; a loaded machine slows both alike (CPU time, not wall).
 
+Where flexmig's own time goes, by area (NVML reads, the snapshot, detection, host facts, the ``/metrics`` render, the
+rest), is measured apart, in this process (``bench/daemon_stages.py``): the same sweep path, each area timed.
+
 ``--profile`` also attaches ``py-spy record --nonblocking --gil`` to each run (it reads the process's memory, never
 stops it) and prints where flexmig's own samples fall (by innermost flexmig function): on a busy machine a thread
 holding the GIL while it waits for a core is sampled too, so these shares say where, not how much.
@@ -39,7 +42,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,9 +57,11 @@ from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
+from daemon_stages import AREAS, GC, stages
 from flexmig import sim
 from flexmig.nvml import GpmWindows, Nvml
 from machine import machine
+from procstat import free_port, proc_cpu_s, proc_status_bytes
 
 BIG = "h200x8:" + "+".join(f"1g.18gb@{i}" for i in range(7))
 WORKLOADS = {"simulated workload": (), "nothing changes (--no-sim-workload)": ("--no-sim-workload",)}
@@ -171,24 +175,6 @@ def _counted(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
     return counted
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_status_mib(pid: int, key: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(key)
-
-
 def load_average() -> str:
     """The load average now, as /proc/loadavg gives it."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -233,7 +219,7 @@ def parse_profile(text: str) -> tuple[Counter[str], Counter[str]]:
 
 
 def _start(extra: tuple[str, ...], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     config = workdir / "flexmig.toml"
     config.write_text("")
@@ -274,7 +260,7 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )  # fmt: skip
-            cpu0, t0 = _proc_cpu_s(proc.pid), time.monotonic()
+            cpu0, t0 = proc_cpu_s(proc.pid), time.monotonic()
             next_scrape = t0
             while (now := time.monotonic()) < t0 + seconds:
                 if now >= next_scrape:
@@ -282,8 +268,8 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                         resp.read()
                     next_scrape += 15.0
                 time.sleep(min(1.0, t0 + seconds - now))
-            cpu1, t1 = _proc_cpu_s(proc.pid), time.monotonic()
-            rss, peak = _proc_status_mib(proc.pid, "VmRSS"), _proc_status_mib(proc.pid, "VmHWM")
+            cpu1, t1 = proc_cpu_s(proc.pid), time.monotonic()
+            rss, peak = proc_status_bytes(proc.pid, "VmRSS") / 2**20, proc_status_bytes(proc.pid, "VmHWM") / 2**20
             sites: Counter[str] = Counter()
             if spy is not None:
                 spy.wait(seconds + 60)
@@ -355,8 +341,37 @@ def report(name: str, runs: list[Run], f: Figures) -> None:
             print(f"    {100 * count / n:5.1f}%  {site}")
 
 
-def markdown(results: dict[str, Figures], started: datetime, cmd: str, seconds: float, runs: int) -> str:
-    """The "Daemon cost" section of docs/results.md."""
+def stage_table(where: dict[str, dict[str, float]]) -> list[str]:
+    """Markdown lines: flexmig's own CPU per sweep by area (``bench/daemon_stages.py``), one column per workload."""
+    names = list(where)
+    out = [
+        "| area | " + " | ".join(f"{n}: ms a sweep (share)" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for area in (*AREAS, GC, "own"):
+        label = "flexmig's own, in all" if area == "own" else area
+        cells = [f"{1e3 * where[n][area]:.2f} ({100 * where[n][area] / where[n]['own']:.0f}%)" for n in names]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return out
+
+
+def print_stages(where: dict[str, dict[str, float]]) -> None:
+    """Print where flexmig's own CPU goes, per workload."""
+    for name, got in where.items():
+        print(f"\n{name}, in this process (bench/daemon_stages.py): flexmig's own {1e3 * got['own']:.2f} ms a sweep")
+        for area in (*AREAS, GC):
+            print(f"  {1e3 * got[area]:6.3f} ms {100 * got[area] / got['own']:5.1f}%  {area}")
+
+
+def markdown(
+    results: dict[str, Figures],
+    started: datetime,
+    cmd: str,
+    seconds: float,
+    runs: int,
+    where: dict[str, dict[str, float]] | None = None,
+) -> str:
+    """The "Daemon cost" section of docs/results.md (``where``: the areas of ``stage_table``, when measured)."""
     out = [
         "## Daemon cost",
         "",
@@ -390,6 +405,20 @@ def markdown(results: dict[str, Figures], started: datetime, cmd: str, seconds: 
         for name, f in results.items()
     )
     out += ["", f"The simulation, measured in the benchmark's process: {sims}.", ""]
+    if where:
+        out += [
+            "Where flexmig's own time goes: one sweep's path run in the benchmark's process (`bench/daemon_stages.py`: "
+            "the sampling loop, the hub with detection, the NVML thread, one `/metrics` render every 15 sweeps, on "
+            "the simulator's clock), each area's CPU timed around its call, the simulated library and workload taken "
+            "off; *the rest* is the process's CPU less the areas. Garbage collection runs inside the areas and is "
+            "shown apart. A sampling profiler (`--profile`, py-spy) agrees on the order but not on the shares on a "
+            "shared machine: it also samples threads that wait for a core or for the GIL. The daemon's other "
+            "components (the actuator's rounds, the metrics server, the workload loop) are outside the table: the "
+            "difference between its total and the daemon's own share above.",
+            "",
+            *stage_table(where),
+            "",
+        ]
     out += ["<!-- glance -->", *glance, "<!-- /glance -->"]
     return "\n".join(out) + "\n"
 
@@ -412,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"load average before: {load_average()}")
     costs = {name: sim_cost(not extra, sweeps) for name, extra in WORKLOADS.items()}
+    where = {name: stages(BIG, not extra, sweeps) for name, extra in WORKLOADS.items()}
     got: dict[str, list[Run]] = {name: [] for name in WORKLOADS}
     for _ in range(runs):  # the workloads alternate, so both see the same machine
         for name, extra in WORKLOADS.items():
@@ -421,10 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, f in results.items():
         report(name, got[name], f)
         missed |= f.own >= OWN_GOAL[name] or f.rss * 2**20 >= RSS_GOAL_MB * 1e6
+    print_stages(where)
     print(f"\nload average after: {load_average()}")
     if args.markdown:
         cmd = ".venv/bin/python bench/daemon.py" + (" --quick" if args.quick else "")
-        args.markdown.write_text(markdown(results, started, cmd, seconds, runs))
+        args.markdown.write_text(markdown(results, started, cmd, seconds, runs, where))
     return 1 if missed else 0
 
 

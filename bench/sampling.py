@@ -35,7 +35,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import SamplingStats
 from flexmig.telemetry.store import TelemetryStore
 from machine import machine
+from procstat import free_port, proc_cpu_s, proc_status_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,24 +151,6 @@ def bench_sweeps(sweeps: int) -> dict[str, float]:
         sim.uninstall()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_status(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def _env(tree: Path | None) -> dict[str, str]:
     """The environment of a daemon run from ``tree`` (a checkout; None: this one, as installed)."""
     env = {**os.environ, "NOTIFY_SOCKET": ""}
@@ -179,7 +161,7 @@ def _env(tree: Path | None) -> dict[str, str]:
 
 def _start(spec: str, tree: Path | None, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``flexmigd --sim spec`` from ``tree`` with an empty configuration, serving on a free port; (process, URL)."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     config = workdir / "flexmig.toml"
     config.write_text("")
@@ -220,7 +202,7 @@ def bench_daemon(spec: str, seconds: float, tree: Path | None = None) -> tuple[f
         proc, url = _start(spec, tree, Path(tmp))
         try:
             time.sleep(5.0)  # settle: windows filling, first GPM samples
-            cpu0, t0 = _proc_cpu_s(proc.pid), time.monotonic()
+            cpu0, t0 = proc_cpu_s(proc.pid), time.monotonic()
             next_scrape = t0
             while (now := time.monotonic()) < t0 + seconds:
                 if now >= next_scrape:
@@ -228,8 +210,12 @@ def bench_daemon(spec: str, seconds: float, tree: Path | None = None) -> tuple[f
                         resp.read()
                     next_scrape += 15.0
                 time.sleep(min(1.0, t0 + seconds - now))
-            cpu1, t1 = _proc_cpu_s(proc.pid), time.monotonic()
-            return 100.0 * (cpu1 - cpu0) / (t1 - t0), _proc_status(proc.pid, "VmRSS"), _proc_status(proc.pid, "VmHWM")
+            cpu1, t1 = proc_cpu_s(proc.pid), time.monotonic()
+            return (
+                100.0 * (cpu1 - cpu0) / (t1 - t0),
+                proc_status_bytes(proc.pid, "VmRSS"),
+                proc_status_bytes(proc.pid, "VmHWM"),
+            )
         finally:
             proc.terminate()
             proc.wait(20)

@@ -152,6 +152,7 @@ _.load_checkpoint
 _.save_checkpoint
 _.schema_documents  # flexmig.mqtt.command_schema: generates schemas/command*.json (a test keeps them equal)
 _.sample_names  # flexmig.metrics.families: the PromQL names of the catalogue (tests check dashboards and rules)
+_.smaller_profile  # flexmig.detect: the smallest profile that fits at one margin (the tests state the rule with it)
 _.SnapshotCollector  # flexmig.metrics.collector: the served families as prometheus_client's (tests, bench/scrape.py)
 _.build_registry
 _.load_pools  # flexmig.replay.synth: synthetic traces (bench/malleable.py, docs/replay.md)

@@ -39,6 +39,18 @@ def test_created_and_destroyed_instances_are_reported_once() -> None:
     assert report.created == () and report.destroyed == ()
 
 
+def test_an_instance_recreated_in_place_is_reported_even_when_the_layout_object_is_shared() -> None:
+    # The daemon hands detection the same Layout object while the GPU's instances keep their places (its layout
+    # cache); a destroy and create in place between two sweeps changes only the UUID at that start.
+    layout = Layout.of(H200, [("3g.71gb", 0), ("1g.18gb", 4)])
+    state, _ = sweep(DetectState(), 0, {0: layout}, uuids={(0, 0): "MIG-a", (0, 4): "MIG-b"})
+    state, report = sweep(state, 1, {0: layout}, uuids={(0, 0): "MIG-a", (0, 4): "MIG-c"})
+    assert [(c.start, c.profile, c.uuid) for c in report.destroyed] == [(4, "1g.18gb", "MIG-b")]
+    assert [(c.start, c.profile, c.uuid) for c in report.created] == [(4, "1g.18gb", "MIG-c")]
+    _, report = sweep(state, 2, {0: layout}, uuids={(0, 0): "MIG-a", (0, 4): "MIG-c"})
+    assert report.created == () and report.destroyed == ()
+
+
 def test_a_lost_gpu_is_reported_once_and_its_instances_are_not_called_destroyed() -> None:
     state, _ = sweep(DetectState(), 0, {0: FRAGMENTED, 1: PACKED})
     state, report = sweep(state, 1, {1: PACKED}, lost_gpus=frozenset({0}))

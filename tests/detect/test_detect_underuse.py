@@ -20,6 +20,7 @@ from flexmig.detect import (
     internal_fragmentation,
     observe,
     smaller_profile,
+    smaller_profiles,
     underuse_signal,
 )
 from flexmig.detect.hysteresis import step
@@ -251,6 +252,32 @@ def test_needed_slices_never_exceed_held_slices(
 def test_a_job_using_little_of_a_3g_fits_a_2g_with_headroom() -> None:
     smaller = smaller_profile(usage(0, activity=0.40, used_gib=20.0), H200, P3G, 0.25)
     assert smaller is not None and smaller.name == "2g.35gb"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    activity=st.floats(0.0, 1.0),
+    used_gib=st.floats(0.0, 140.0),
+    margin=st.floats(0.0, 1.0),
+    profile=st.sampled_from([p.name for p in H200.profiles]),
+)
+def test_both_answers_of_one_pass_are_the_smallest_profiles_that_fit(
+    activity: float, used_gib: float, margin: float, profile: str
+) -> None:
+    held = H200.profile(profile)
+    u = usage(0, activity=activity, used_gib=used_gib, profile=profile)
+
+    def smallest(m: float) -> Profile | None:  # the rule, written out: smaller in both dimensions, fits with m
+        fits = [
+            q for q in H200.profiles
+            if q.compute_slices <= held.compute_slices and q.memory_slices <= held.memory_slices
+            and (q.compute_slices, q.memory_slices) != (held.compute_slices, held.memory_slices)
+            and activity * held.sm_count * (1 + m) <= q.sm_count
+            and int(used_gib * GIB) * (1 + m) <= q.memory_mib * 2**20 and not q.is_media_variant
+        ]  # fmt: skip
+        return min(fits, key=lambda q: (q.compute_slices, q.memory_slices, q.name), default=None)
+
+    assert smaller_profiles(u, H200, held, margin) == (smallest(margin), smallest(0.0))
 
 
 def test_the_margin_can_refuse_a_tight_fit() -> None:

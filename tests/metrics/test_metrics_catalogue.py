@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from prometheus_client.registry import CollectorRegistry
 
 from flexmig.metrics import families as catalogue
+from flexmig.metrics import reference
 from flexmig.metrics.collector import SnapshotCollector, build_registry
 from flexmig.metrics.families import Level
 from flexmig.metrics.scrape import Exposition
@@ -199,8 +200,8 @@ def test_the_reference_table_in_docs_is_the_one_the_catalogue_generates() -> Non
     begin, end = "<!-- metric table: generated -->\n", "<!-- end of metric table -->\n"
     assert begin in text and end in text, f"{DOCS}: the generated-table markers are missing"
     table = text.split(begin, 1)[1].split(end, 1)[0]
-    assert table == catalogue.markdown_table(), (
-        "docs/metrics.md's metric table is stale: regenerate with python -m flexmig.metrics.families --markdown"
+    assert table == reference.markdown_table(), (
+        "docs/metrics.md's metric table is stale: regenerate with python -m flexmig.metrics.reference --markdown"
     )
 
 
@@ -208,8 +209,8 @@ def test_the_levels_table_in_docs_is_the_one_the_catalogue_generates() -> None:
     text = DOCS.read_text()
     begin, end = "<!-- levels table: generated -->\n", "<!-- end of levels table -->\n"
     assert begin in text and end in text, f"{DOCS}: the generated levels-table markers are missing"
-    assert text.split(begin, 1)[1].split(end, 1)[0] == catalogue.levels_table(), (
-        "docs/metrics.md's levels table is stale: regenerate with python -m flexmig.metrics.families --levels"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == reference.levels_table(), (
+        "docs/metrics.md's levels table is stale: regenerate with python -m flexmig.metrics.reference --levels"
     )
     # what the prose promises for the default: the power limit, MIG mode and clocks at standard, and what is
     # creatable per profile now and if repacked at every level (node-wide)
@@ -224,8 +225,8 @@ def test_the_budget_table_in_docs_is_the_one_the_catalogue_generates() -> None:
     text = DOCS.read_text()
     begin, end = "<!-- budget table: generated -->\n", "<!-- end of budget table -->\n"
     assert begin in text and end in text, f"{DOCS}: the generated budget-table markers are missing"
-    assert text.split(begin, 1)[1].split(end, 1)[0] == catalogue.budget_table(), (
-        "docs/metrics.md's budget table is stale: regenerate with python -m flexmig.metrics.families --budget"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == reference.budget_table(), (
+        "docs/metrics.md's budget table is stale: regenerate with python -m flexmig.metrics.reference --budget"
     )
 
 
@@ -239,19 +240,19 @@ def test_the_budget_counts_the_series_an_instance_and_a_gpu_really_get(detail: L
     gpu = [s for f in got for s in f.samples if s.labels.get("UUID") == gpu_uuid and "mig_uuid" not in s.labels]
     profiles = len(snap.gpus[0].creatable)
     unseen = 2 if detail == "full" else 0  # the simulator's processes are no host processes: no CPU, no RSS
-    assert len(one) == catalogue.series_per_level(catalogue.INSTANCE_LABELS, profiles)[detail][0] - unseen
-    assert len(gpu) == catalogue.series_per_level(catalogue.GPU_LABELS, profiles)[detail][0]
+    assert len(one) == reference.series_per_level(catalogue.INSTANCE_LABELS, profiles)[detail][0] - unseen
+    assert len(gpu) == reference.series_per_level(catalogue.GPU_LABELS, profiles)[detail][0]
 
 
 def test_the_catalogue_command_prints_the_tables() -> None:
     for flag, table in (
-        ("--markdown", catalogue.markdown_table()),
-        ("--budget", catalogue.budget_table()),
-        ("--levels", catalogue.levels_table()),
+        ("--markdown", reference.markdown_table()),
+        ("--budget", reference.budget_table()),
+        ("--levels", reference.levels_table()),
     ):
         out = io.StringIO()
         with redirect_stdout(out):
-            assert catalogue.main([flag]) == 0
+            assert reference.main([flag]) == 0
         assert out.getvalue() == table
 
 

@@ -16,7 +16,7 @@ from flexmig.detect.findings import (
 )
 from flexmig.detect.fragmentation import GpuFragmentation, NodeFragmentation, gpu_fragmentation, node_fragmentation
 from flexmig.detect.hysteresis import Signal, Switch
-from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile
+from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile, smaller_profiles
 from flexmig.detect.settings import (
     DEFAULT_DEMAND,
     DetectSettings,
@@ -57,6 +57,7 @@ __all__ = [
     "observe",
     "repacked_capacity",
     "smaller_profile",
+    "smaller_profiles",
     "stranded_capacity",
     "underuse_signal",
 ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from flexmig.detect.usage import InstanceUsage
 from flexmig.mig import GpuModel, Profile
 
-__all__ = ["InternalFragmentation", "internal_fragmentation", "smaller_profile"]
+__all__ = ["InternalFragmentation", "internal_fragmentation", "smaller_profile", "smaller_profiles"]
 
 _MIB = 1024 * 1024
 
@@ -82,19 +82,33 @@ def internal_fragmentation(usage: InstanceUsage, profile: Profile) -> InternalFr
 def smaller_profile(usage: InstanceUsage, model: GpuModel, profile: Profile, margin: float) -> Profile | None:
     """The smallest plain profile smaller than ``profile`` that holds the job of ``usage`` with ``margin`` headroom,
     or None (no job, unknown figures, or nothing smaller fits)."""
+    return smaller_profiles(usage, model, profile, margin)[0]
+
+
+def smaller_profiles(
+    usage: InstanceUsage, model: GpuModel, profile: Profile, margin: float
+) -> tuple[Profile | None, Profile | None]:
+    """:func:`smaller_profile` with ``margin`` and with none, in one pass over the model's profiles (detection asks
+    both of every instance at every sweep)."""
     activity = usage.activity
     if not usage.processes or activity is None or usage.memory_used_bytes is None:
-        return None
-    sms = activity * profile.sm_count * (1 + margin)
-    memory = usage.memory_used_bytes * (1 + margin)
-    fits = [
-        q
-        for q in model.profiles  # the plain ones (``model.plain_profiles``), asked last: the numbers rule most out
-        if q.compute_slices <= profile.compute_slices
-        and q.memory_slices <= profile.memory_slices
-        and (q.compute_slices, q.memory_slices) != (profile.compute_slices, profile.memory_slices)
-        and sms <= q.sm_count
-        and memory <= q.memory_mib * _MIB
-        and not q.is_media_variant
-    ]
-    return min(fits, key=lambda q: (q.compute_slices, q.memory_slices, q.name), default=None)
+        return None, None
+    sms, used = activity * profile.sm_count, usage.memory_used_bytes
+    sms_m, memory_m = sms * (1 + margin), used * (1 + margin)
+    sms, memory = sms * (1 + 0.0), used * (1 + 0.0)  # the same products at margin 0, to the last bit
+    with_margin: list[Profile] = []
+    without: list[Profile] = []
+    size = (profile.compute_slices, profile.memory_slices)
+    for q in model.profiles:  # the plain ones (``model.plain_profiles``), asked last: the numbers rule most out
+        if q.compute_slices > size[0] or q.memory_slices > size[1] or (q.compute_slices, q.memory_slices) == size:
+            continue
+        room = q.memory_mib * _MIB
+        if sms_m <= q.sm_count and memory_m <= room and not q.is_media_variant:
+            with_margin.append(q)
+        if sms <= q.sm_count and memory <= room and not q.is_media_variant:
+            without.append(q)
+    return min(with_margin, key=_size, default=None), min(without, key=_size, default=None)
+
+
+def _size(q: Profile) -> tuple[int, int, str]:
+    return q.compute_slices, q.memory_slices, q.name

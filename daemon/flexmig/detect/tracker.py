@@ -31,7 +31,7 @@ from flexmig.detect.fragmentation import (
     node_fragmentation,
 )
 from flexmig.detect.hysteresis import Signal, Switch, step
-from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profile
+from flexmig.detect.internal import InternalFragmentation, internal_fragmentation, smaller_profiles
 from flexmig.detect.settings import DetectSettings, FragmentationSettings, UnderuseSettings
 from flexmig.detect.usage import InstanceKey, InstanceUsage
 from flexmig.mig import Layout, Profile
@@ -226,6 +226,13 @@ def _changes(
 ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """(destroyed, created) ``(start, profile)`` pairs of one GPU: an instance whose start or profile changed, or
     whose UUID changed where both observations know it (destroyed and created again in between)."""
+    if before is not None and before is after:  # the same layout (observations share unchanged ones): UUIDs alone
+        renewed = []
+        for inst in before:
+            ua, ub = old.get((gpu, inst.start)), new.get((gpu, inst.start))
+            if ua is not None and ub is not None and ua != ub:
+                renewed.append((inst.start, inst.profile.name))
+        return renewed, list(renewed)
     was, now = _instances(before), _instances(after)
     destroyed, created = [], []
     for start in sorted(set(was) | set(now)):
@@ -278,8 +285,9 @@ class _Sweep:
         """One window of the switch ``key`` (``limits``: on after, off after, longest gap): when it turns on, the
         finding ``start(since)`` starts (None: none does); when it turns off, the active one ends for ``ended()``."""
         on_after, off_after, max_gap = limits
+        sw = self.switches.get(key)
         sw, flipped = step(
-            self.switches.get(key, Switch()),
+            Switch() if sw is None else sw,  # a new one only for a switch never stepped
             signal,
             *window,
             on_after=on_after,
@@ -475,10 +483,10 @@ def _windows(sweep: _Sweep, obs: Observation, us: UnderuseSettings) -> tuple[lis
             start=partial(_underuse_finding, u, s=us),
             ended=partial(_in_use_again, u),
         )
-        smaller = smaller_profile(u, layout.model, inst.profile, us.oversize_margin)
+        smaller, fits_smaller = smaller_profiles(u, layout.model, inst.profile, us.oversize_margin)
         if smaller is not None:
             signal = Signal.ON
-        elif smaller_profile(u, layout.model, inst.profile, 0.0) is not None:
+        elif fits_smaller is not None:
             signal = Signal.HOLD
         else:
             signal = Signal.OFF

@@ -2,7 +2,7 @@
 
 The collectors (``metrics.collector``, ``metrics.findings``, ``metrics.actions``) build each family
 from its entry here, the metric reference of docs/metrics.md is generated from these entries
-(``python -m flexmig.metrics.families --markdown``), and tests hold the live exposition of every mode to them in
+(``python -m flexmig.metrics.reference --markdown``), and tests hold the live exposition of every mode to them in
 both directions, so code, exposition and documentation cannot drift apart.
 
 Every family has a *detail* level (:data:`LEVELS`): ``minimal``, ``standard`` (the default, ``[prometheus]
@@ -19,19 +19,21 @@ join key.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Literal
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
+from flexmig.metrics.family import (
+    GPU_LABELS,
+    INSTANCE_LABELS,
+    LEVELS,
+    NODE_LABELS,
+    Family,
+    FamilyKind,
+    Level,
 )
+from flexmig.metrics.family import counter as _c
+from flexmig.metrics.family import gauge as _g
 
 __all__ = [
     "FAMILIES",
@@ -39,27 +41,13 @@ __all__ = [
     "INSTANCE_LABELS",
     "LEVELS",
     "NODE_LABELS",
-    "NODE_WIDE_SERIES",
     "ZEROS_FROM",
     "Family",
     "FamilyKind",
     "Level",
-    "budget_table",
     "by_name",
-    "levels_table",
-    "markdown_table",
     "sample_names",
-    "series_per_level",
 ]
-
-FamilyKind = Literal["gauge", "counter", "info", "histogram"]
-Level = Literal["minimal", "standard", "full"]
-LEVELS: tuple[Level, ...] = ("minimal", "standard", "full")
-"""Detail levels, least first: a node exports the families of its level and of every level before it."""
-
-NODE_LABELS: tuple[str, ...] = ("Hostname",)
-GPU_LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "model_name", "Hostname")
-INSTANCE_LABELS: tuple[str, ...] = (*GPU_LABELS, "GPU_I_ID", "GPU_I_PROFILE", "GPU_CI_ID", "mig_uuid")
 
 _MQTT = "with `[mqtt] enabled = true`"
 _DCGM = "with `[dcgm] enabled = true`"
@@ -67,69 +55,6 @@ _DETECT = "once detection has judged the node (from the first sweep on)"
 _HOST = "for processes the host can see (psutil)"
 _SLURM = "with `[slurm] enabled = true`"
 _SLURM_READ = "with `[slurm] enabled = true`, once Slurm was read"
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """One metric family: its name as ``# TYPE`` writes it, its kind, labels in order, and what it means.
-
-    ``help`` is the exposition's ``# HELP`` text and the meaning column of the reference; ``when`` says when the
-    family has series at all (empty: always, on every node with a sweep); ``info_labels`` are the labels an info
-    family's value carries (beside ``labels``); ``extern`` marks families another library exports for us
-    (prometheus_client's ``process_*``); ``level`` is the least detail at which it is exported (:data:`LEVELS`).
-    """
-
-    name: str
-    kind: FamilyKind
-    labels: tuple[str, ...]
-    help: str
-    when: str = ""
-    info_labels: tuple[str, ...] = ()
-    extern: bool = False
-    level: Level = "minimal"
-
-    @property
-    def samples(self) -> tuple[str, ...]:
-        """The sample names PromQL uses for this family (``_total`` for counters, ``_info``, histogram parts)."""
-        if self.kind == "counter":
-            return (f"{self.name}_total",)
-        if self.kind == "info":
-            return (f"{self.name}_info",)
-        if self.kind == "histogram":
-            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
-        return (self.name,)
-
-    def _check(self, kind: FamilyKind) -> None:
-        if self.kind != kind:
-            raise TypeError(f"{self.name} is a {self.kind}, not a {kind}")
-
-    def gauge(self) -> GaugeMetricFamily:
-        """An empty gauge family with this entry's name, help and labels."""
-        self._check("gauge")
-        return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
-
-    def counter(self) -> CounterMetricFamily:
-        """An empty counter family (samples ``<name>_total``)."""
-        self._check("counter")
-        return CounterMetricFamily(self.name, self.help, labels=list(self.labels))
-
-    def info(self) -> InfoMetricFamily:
-        """An empty info family (samples ``<name>_info``, value 1, the information in labels)."""
-        self._check("info")
-        return InfoMetricFamily(self.name, self.help, labels=list(self.labels))
-
-    def histogram(self) -> HistogramMetricFamily:
-        """An empty histogram family (``_bucket``, ``_sum``, ``_count``)."""
-        self._check("histogram")
-        return HistogramMetricFamily(self.name, self.help, labels=list(self.labels))
-
-
-def _g(name: str, labels: tuple[str, ...], doc: str, when: str = "") -> Family:
-    return Family(name, "gauge", labels, doc, when)
-
-
-def _c(name: str, labels: tuple[str, ...], doc: str, when: str = "") -> Family:
-    return Family(name, "counter", labels, doc, when)
 
 
 _N, _G, _I = NODE_LABELS, GPU_LABELS, INSTANCE_LABELS
@@ -642,163 +567,7 @@ def sample_names(families: Iterable[Family] = FAMILIES) -> frozenset[str]:
     return frozenset(n for f in families for n in f.samples)
 
 
-# ------------------------------------------------------------------------------------------------ the reference
-
-
-def _labels_cell(f: Family) -> str:
-    labels, head = list(f.labels), ""
-    for prefix, word in ((INSTANCE_LABELS, "instance"), (GPU_LABELS, "GPU")):
-        if tuple(labels[: len(prefix)]) == prefix:
-            head, labels = word, labels[len(prefix) :]
-            break
-    parts = ([head] if head else []) + [f"`{x}`" for x in (*labels, *f.info_labels)]
-    return ", ".join(parts) if parts else "(target labels only)"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def markdown_table() -> str:
-    """The metric reference table of docs/metrics.md (between its generated-table markers), one row per family."""
-    lines = ["| metric | type | labels | meaning | series | detail |", "|---|---|---|---|---|---|"]
-    for f in FAMILIES:
-        names = " ".join(f"`{n}`" for n in f.samples)
-        kind = "gauge (info)" if f.kind == "info" else f.kind
-        when = _cell(f.when) or "always"
-        lines.append(f"| {names} | {kind} | {_labels_cell(f)} | {_cell(f.help)} | {when} | {f.level} |")
-    return "\n".join(lines) + "\n"
-
-
 ZEROS_FROM: Mapping[str, Level] = MappingProxyType({"flexmig_mig_finding": "full", "flexmig_gpu_finding": "standard"})
 """0/1 finding families and the least detail at which they carry the findings judged absent (0) too; below it only
 active findings have a series. A GPU's is one series (the node dashboard's fragmentation timeline shows "ok" from
 ``standard`` on); an instance's three would be a third of its series, so they wait for ``full``."""
-_ONLY_ACTIVE = (
-    "flexmig_mig_finding_duration_seconds",
-    "flexmig_mig_suggested_profile",
-    "flexmig_gpu_finding_duration_seconds",
-)
-"""Families with a series only while a finding is active, at every level."""
-
-
-def series_per_level(labels: tuple[str, ...], profiles: int) -> dict[Level, tuple[int, int]]:
-    """Series each detail level costs per thing labelled ``labels`` (an instance or a GPU): (fewest, most).
-
-    The fewest is with no finding active; the most with every finding active. A family labelled per profile
-    counts ``profiles`` series; per finding kind, one series per kind (at ``full``, where the absent ones are 0);
-    per layout change, two (created, destroyed).
-    """
-    kinds = {"flexmig_mig_finding": 3, "flexmig_gpu_finding": 1, "flexmig_mig_finding_duration_seconds": 3,
-             "flexmig_gpu_finding_duration_seconds": 1}  # fmt: skip
-    out: dict[Level, tuple[int, int]] = {}
-    for rank, level in enumerate(LEVELS):
-        low = high = 0
-        for f in FAMILIES:
-            if f.labels[: len(labels)] != labels or LEVELS.index(f.level) > rank or f.when.startswith("with `"):
-                continue
-            rest = f.labels[len(labels) :]
-            if rest and rest[0] in ("gpu", "GPU_I_ID"):
-                continue  # a family of a longer label set (instances, when counting GPUs)
-            n = profiles if "profile" in rest else 2 if "change" in rest else kinds.get(f.name, 1)
-            if f.name in _ONLY_ACTIVE or (f.name in ZEROS_FROM and rank < LEVELS.index(ZEROS_FROM[f.name])):
-                high += n
-            else:
-                low += n
-                high += n
-        out[level] = (low, high)
-    return out
-
-
-NODE_WIDE_SERIES = 115
-"""About how many node-wide series a node in mode act exports at every level (the daemon's own health, detection's
-node figures, the actuator's counters and histograms, MQTT's): what bench/scrape.py measured (100, rounded up), and
-the 14 of the instances creatable per profile now and if repacked added since."""
-SERIES_RAM_BYTES = 2560
-"""Prometheus 2.x head memory per active series with a dozen labels: about 732 B, 32 B per label pair and the
-name twice, doubled for Go's garbage collector (Robust Perception, "How much RAM does Prometheus 2.x need for
-cardinality and ingestion?", https://www.robustperception.io/how-much-ram-does-prometheus-2-x-need-for-cardinality-and-ingestion/),
-rounded to 2.5 KiB."""
-SAMPLE_DISK_BYTES = 1.5
-"""Bytes per sample on disk after compaction (Prometheus's storage documentation: 1-2 bytes per sample,
-https://prometheus.io/docs/prometheus/latest/storage/)."""
-
-
-def budget_table(profiles: int = 7, gpus: int = 8, per_gpu: int = 7, nodes: int = 1000, scrape_s: int = 15) -> str:
-    """The budget tables of docs/metrics.md: series per MIG instance, per GPU and per node of ``gpus`` GPUs with
-    ``per_gpu`` instances each at every detail level (a range: from no finding active to every finding active),
-    and what ``nodes`` such nodes cost a Prometheus scraping every ``scrape_s`` seconds. ``profiles``: how many
-    profiles a GPU lists (7 on an H200)."""
-    inst = series_per_level(INSTANCE_LABELS, profiles)
-    gpu = series_per_level(GPU_LABELS, profiles)
-    devices = gpus * per_gpu
-    lines = [
-        f"| detail | series per MIG instance | series per GPU | series per node ({gpus} GPUs x {per_gpu} instances) |",
-        "|---|---|---|---|",
-    ]
-    per_node: dict[str, int] = {}
-    for level in LEVELS:
-        lo = devices * inst[level][0] + gpus * gpu[level][0] + NODE_WIDE_SERIES
-        hi = devices * inst[level][1] + gpus * gpu[level][1] + NODE_WIDE_SERIES
-        per_node[level] = lo
-        cells = [f"{a}" if a == b else f"{a}-{b}" for a, b in (inst[level], gpu[level], (lo, hi))]
-        lines.append(f"| {level}{' (default)' if level == 'standard' else ''} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"| detail | {nodes:,} nodes: active series | head memory | samples per second | disk per day |",
-        "|---|---|---|---|---|",
-    ]
-    for level in LEVELS:
-        series = per_node[level] * nodes
-        ram = series * SERIES_RAM_BYTES / 2**30
-        rate = series / scrape_s
-        disk = rate * 86400 * SAMPLE_DISK_BYTES / 1e9
-        lines.append(f"| {level} | {series / 1e6:.2f} M | {ram:.1f} GiB | {rate / 1000:.0f} k | {disk:.1f} GB |")
-    return "\n".join(lines) + "\n"
-
-
-def levels_table() -> str:
-    """The table of docs/metrics.md that names, per detail level, the per-instance and per-GPU families it adds to
-    the level before it (every node-wide family is exported at every level), and from which level a 0/1 finding
-    family carries the findings judged absent too (:data:`ZEROS_FROM`)."""
-    lines = ["| detail | adds per MIG instance | adds per GPU |", "|---|---|---|"]
-    for level in LEVELS:
-        cells = []
-        for labels in (INSTANCE_LABELS, GPU_LABELS):
-            names = [
-                f"`{f.name}`"
-                for f in FAMILIES
-                if f.level == level and f.labels[: len(labels)] == labels
-                and (labels == INSTANCE_LABELS or "GPU_I_ID" not in f.labels)
-            ]  # fmt: skip
-            names += [f"`{n}` = 0 (judged absent)" for n, z in ZEROS_FROM.items()
-                      if z == level and level != "minimal" and by_name(n).labels[: len(labels)] == labels
-                      and (labels == INSTANCE_LABELS or "GPU_I_ID" not in by_name(n).labels)]  # fmt: skip
-            cells.append(", ".join(names) or "nothing")
-        lines.append(f"| {level}{' (default)' if level == 'standard' else ''} | {cells[0]} | {cells[1]} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flexmig.metrics.families --markdown``: print the reference table."""
-    parser = argparse.ArgumentParser(
-        prog="python -m flexmig.metrics.families", description="flexmigd's metric families."
-    )
-    parser.add_argument("--markdown", action="store_true", help="print the reference table of docs/metrics.md")
-    parser.add_argument("--budget", action="store_true", help="print the series budget table of docs/metrics.md")
-    parser.add_argument("--levels", action="store_true", help="print the families each detail adds (docs/metrics.md)")
-    args = parser.parse_args(argv)
-    if args.levels:
-        sys.stdout.write(levels_table())
-    elif args.budget:
-        sys.stdout.write(budget_table())
-    elif args.markdown:
-        sys.stdout.write(markdown_table())
-    else:
-        for f in FAMILIES:
-            print(f"{f.name} {f.kind} {','.join(f.labels)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,7 @@ from flexmig.nvml.types import GpmActivity
 
 __all__ = ["GpmWindows"]
 
-_METRICS = (
+_METRICS = (  # in the order of GpmActivity's fields
     N.NVML_GPM_METRIC_SM_UTIL,
     N.NVML_GPM_METRIC_SM_OCCUPANCY,
     N.NVML_GPM_METRIC_DRAM_BW_UTIL,
@@ -48,8 +48,33 @@ class _Metric(ctypes.Structure):
     ]
 
 
+class _Head(ctypes.Structure):
+    """The head of ``c_nvmlGpmMetricsGet_t`` (version, count, the two samples) as a plain ctypes struct: pynvml's
+    structs run a Python ``__setattr__`` for every field written, and a sweep writes two per MIG device."""
+
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("version", ctypes.c_uint),
+        ("numMetrics", ctypes.c_uint),
+        ("sample1", N.c_nvmlGpmSample_t),
+        ("sample2", N.c_nvmlGpmSample_t),
+    ]
+
+
 _METRICS_OFFSET: int = N.c_nvmlGpmMetricsGet_t.metrics.offset
+_SUCCESS = N.NVML_SUCCESS
 assert ctypes.sizeof(_Metric) == ctypes.sizeof(N.c_nvmlGpmMetric_t), "pynvml changed c_nvmlGpmMetric_t"
+assert (_Head.sample1.offset, _Head.sample2.offset) == (
+    N.c_nvmlGpmMetricsGet_t.sample1.offset,
+    N.c_nvmlGpmMetricsGet_t.sample2.offset,
+), "pynvml changed c_nvmlGpmMetricsGet_t"
+
+
+def _mig_sample_get(parent: Any, gi_id: int, sample: Any) -> None:
+    """``nvmlGpmMigSampleGet`` through the C entry point pynvml resolved, as pynvml's wrapper calls it (NVMLError on
+    failure), without the wrapper's own Python."""
+    ret = N._nvmlGetFunctionPointer("nvmlGpmMigSampleGet")(parent, gi_id, sample)
+    if ret != _SUCCESS:
+        raise N.NVMLError(ret)
 
 
 def _ratio(m: _Metric) -> float:
@@ -88,6 +113,8 @@ class GpmWindows:
         self._slots: dict[str, _Slot] = {}
         self._seen: set[str] = set()
         self._mg: Any = None
+        self._head: Any = None
+        self._ref: Any = None
         self._view: Any = None
 
     def __len__(self) -> int:
@@ -139,28 +166,24 @@ class GpmWindows:
                 slot.spare = N.nvmlGpmSampleAlloc()
             cur = slot.spare
             call = "nvmlGpmMigSampleGet"
-            N.nvmlGpmMigSampleGet(parent, gi_id, cur)
+            _mig_sample_get(parent, gi_id, cur)
             call = "nvmlGpmMetricsGet"
-            values = self._metrics(slot.prev, cur)
+            sm_active, sm_occupancy, dram_bw, tensor_active = self._metrics(slot.prev, cur)
         except N.NVMLError as exc:
             self._drop(uuid)
             walk.note(f"{uuid} (GI {gi_id})", call, exc)
             return None
         slot.spare, slot.prev, slot.t_prev = slot.prev, cur, now
-        slot.last = GpmActivity(
-            window_s=elapsed,
-            sm_active=values.get(N.NVML_GPM_METRIC_SM_UTIL),
-            sm_occupancy=values.get(N.NVML_GPM_METRIC_SM_OCCUPANCY),
-            dram_bw=values.get(N.NVML_GPM_METRIC_DRAM_BW_UTIL),
-            tensor_active=values.get(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
-        )
+        slot.last = GpmActivity(elapsed, sm_active, sm_occupancy, dram_bw, tensor_active)
         return slot.last
 
-    def _metrics(self, first: Any, second: Any) -> dict[int, float]:
-        """Ratios 0..1 of the metrics NVML could compute between two samples (``nvmlGpmMetricsGet``).
+    def _metrics(self, first: Any, second: Any) -> list[float | None]:
+        """Ratios 0..1 of :data:`_METRICS`, in that order, between two samples (``nvmlGpmMetricsGet``); None for a
+        metric NVML could not compute.
 
-        One request struct is reused: its metric IDs are written once (NVML only writes results), and the results
-        are read through a plain ctypes view of the same memory, which skips pynvml's per-field formatting.
+        One request struct is reused: its metric IDs are written once (NVML only writes results), the samples are
+        written and the results read through plain ctypes views of the same memory, which skip pynvml's per-field
+        hooks, and the C entry point is called as pynvml's wrapper calls it.
         """
         mg = self._mg
         if mg is None:
@@ -169,11 +192,16 @@ class GpmWindows:
             mg.numMetrics = len(_METRICS)
             for i, metric_id in enumerate(_METRICS):
                 mg.metrics[i].metricId = metric_id
+            self._head = _Head.from_address(ctypes.addressof(mg))
+            self._ref = ctypes.byref(mg)
             self._view = (_Metric * len(_METRICS)).from_address(ctypes.addressof(mg) + _METRICS_OFFSET)
-        mg.sample1 = first
-        mg.sample2 = second
-        N.nvmlGpmMetricsGet(mg)
-        return {metric_id: _ratio(m) for metric_id, m in zip(_METRICS, self._view, strict=True) if m.nvmlReturn == 0}
+        head = self._head
+        head.sample1 = first
+        head.sample2 = second
+        ret = N._nvmlGetFunctionPointer("nvmlGpmMetricsGet")(self._ref)
+        if ret != _SUCCESS:
+            raise N.NVMLError(ret)
+        return [_ratio(m) if m.nvmlReturn == 0 else None for m in self._view]
 
     def _drop(self, uuid: str) -> None:
         slot = self._slots.pop(uuid, None)

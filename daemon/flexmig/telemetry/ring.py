@@ -115,34 +115,42 @@ class RingBuffer:
             raise ValueError(f"window must be positive, not {seconds}")
         start = now - seconds
         times, values, cap, size, head = self._times, self._values, self._cap, self._size, self._head
-        parts = ((0, size),) if size < cap else ((head, cap), (0, head))  # oldest part first
-        spans = []
-        for lo, hi in parts:
-            a = bisect_right(times, start, lo, hi)
-            b = bisect_right(times, now, a, hi)
-            if a < b:
-                spans.append((a, b))
-        if not spans:
-            return None
-        oldest_t, newest_t = times[spans[0][0]], times[spans[-1][1] - 1]
-        count = sum(b - a for a, b in spans)
-        if oldest_t >= self._run_since and newest_t == times[(head - 1) % cap]:
-            return self._constant(seconds, count, newest_t - oldest_t, values[spans[-1][1] - 1])
-        vals = array("d")
-        for a, b in spans:
-            vals += values[a:b]
+        one = size if size < cap or head == 0 else head if times[cap - 1] <= start else 0
+        if one:  # the window's points lie in [0, one): the ring has not wrapped, or they are all past the wrap
+            a = bisect_right(times, start, 0, one)
+            b = bisect_right(times, now, a, one)
+            if a >= b:
+                return None
+            oldest_t, newest_t, count, last = times[a], times[b - 1], b - a, values[b - 1]
+            if oldest_t >= self._run_since and newest_t == times[(head - 1) % cap]:
+                return self._constant(seconds, count, newest_t - oldest_t, last)
+            vals = values[a:b]
+        else:
+            spans = []
+            for lo, hi in ((head, cap), (0, head)):  # oldest part first
+                a = bisect_right(times, start, lo, hi)
+                b = bisect_right(times, now, a, hi)
+                if a < b:
+                    spans.append((a, b))
+            if not spans:
+                return None
+            oldest_t, newest_t = times[spans[0][0]], times[spans[-1][1] - 1]
+            count, last = sum(b - a for a, b in spans), values[spans[-1][1] - 1]
+            if oldest_t >= self._run_since and newest_t == times[(head - 1) % cap]:
+                return self._constant(seconds, count, newest_t - oldest_t, last)
+            vals = values[spans[0][0] : spans[0][1]]
+            if len(spans) > 1:
+                vals += values[spans[1][0] : spans[1][1]]
         ordered = sorted(vals)
-        n = len(ordered)
-        rank = max(1, math.ceil(0.95 * n))
         return WindowStats(
-            seconds=seconds,
-            count=n,
-            span_s=newest_t - oldest_t,
-            mean=math.fsum(vals) / n,
-            min=ordered[0],
-            max=ordered[-1],
-            p95=ordered[rank - 1],
-            last=vals[-1],
+            seconds,
+            count,
+            newest_t - oldest_t,
+            math.fsum(vals) / count,
+            ordered[0],
+            ordered[-1],
+            ordered[max(1, math.ceil(0.95 * count)) - 1],
+            last,
         )
 
     def _constant(self, seconds: float, count: int, span: float, value: float) -> WindowStats:

@@ -151,32 +151,8 @@ class TelemetryStore:
                     inst = self._instance(info, static, dev, now=now, dcgm=dcgm, host=host, live=live)
                     if inst is not None:
                         instances.append(inst)
-            lost = info.lost or (sample is not None and sample.lost)
-            gpus.append(
-                GpuSnapshot(
-                    index=info.index,
-                    uuid=info.uuid,
-                    model_name=static.model_name,
-                    memory_total_bytes=info.memory_total_bytes,
-                    power_w=None if sample is None else sample.power_w,
-                    temperature_c=None if sample is None else sample.temperature_c,
-                    sm_clock_mhz=None if sample is None else sample.sm_clock_mhz,
-                    mem_clock_mhz=None if sample is None else sample.mem_clock_mhz,
-                    mig_current=info.mig_current if sample is None else sample.mig_current,
-                    lost=lost,
-                    free_compute_slices=None if lost else static.free_compute,
-                    free_memory_slices=None if lost else static.free_memory,
-                    creatable={} if lost else static.creatable,
-                    instances=tuple(instances),
-                    gpu_instances=() if lost else static.gpu_instances,
-                    pci_bus_id=info.pci_bus_id,
-                    power_limit_w=info.power_limit_w,
-                    offers=info.offers,
-                )
-            )
-        keep_after = now - settings.window_s
-        for key in [k for k, h in self._history.items() if k not in live and h.last_seen < keep_after]:
-            del self._history[key]
+            gpus.append(_gpu_snapshot(info, static, sample, tuple(instances)))
+        self._forget(now - settings.window_s, live)
         return Snapshot(
             taken_at=wall,
             monotonic=now,
@@ -188,6 +164,21 @@ class TelemetryStore:
             stats=stats,
             dcgm=dcgm_status,
         )
+
+    def _forget(self, keep_after: float, live: set[HistoryKey]) -> None:
+        """Drop the history of instances not seen in this sweep nor since ``keep_after``."""
+        for key in [k for k, h in self._history.items() if k not in live and h.last_seen < keep_after]:
+            del self._history[key]
+
+    def _history_of(self, key: HistoryKey, now: float, live: set[HistoryKey]) -> _History:
+        """The history of instance ``key`` (a fresh one for an instance seen for the first time), marked seen now."""
+        hist = self._history.get(key)
+        if hist is None:
+            hist = _History(now, None, now, RingBuffer(self._capacity), RingBuffer(self._capacity))
+            self._history[key] = hist
+        hist.last_seen = now
+        live.add(key)
+        return hist
 
     def _instance(
         self,
@@ -205,13 +196,7 @@ class TelemetryStore:
         if gi is None or known is None:
             return None  # created after the inventory; the loop re-inventories and it shows next sweep
         key: HistoryKey = (info.uuid, dev.gpu_instance_id, dev.compute_instance_id, dev.uuid, gi.profile_id, gi.start)
-        hist = self._history.get(key)
-        if hist is None:
-            hist = _History(now, None, now, RingBuffer(self._capacity), RingBuffer(self._capacity))
-            self._history[key] = hist
-        hist.last_seen = now
-        live.add(key)
-
+        hist = self._history_of(key, now, live)
         profile_name = static.profile_names[gi.id]
         row = None if dcgm is None else _joinable(dcgm, info, dev.gpu_instance_id, profile_name, hist.first_seen)
         activity = _activity(dev, row)
@@ -227,21 +212,8 @@ class TelemetryStore:
             hist.sm_active.append(now, sm)
         if mem_used is not None:
             hist.memory_used.append(now, float(mem_used))
-        processes: tuple[ProcessSnapshot, ...] | None = None
-        if dev.processes is not None:
-            processes = tuple(
-                ProcessSnapshot(p.pid, p.used_memory_bytes, None if host is None else host.get(p.pid))
-                for p in dev.processes
-            )
-        busy = bool(processes) or (sm is not None and sm > settings.idle_threshold)
-        if busy:
-            hist.last_busy = now
-        known_state = processes is not None or sm is not None
-        idle: float | None
-        if not known_state:
-            idle = None
-        else:
-            idle = 0.0 if busy else now - (hist.last_busy if hist.last_busy is not None else hist.first_seen)
+        processes = _processes(dev, host)
+        idle = _idle_seconds(hist, processes, sm, settings.idle_threshold, now)
         return InstanceSnapshot(
             gpu_index=info.index,
             gpu_uuid=info.uuid,
@@ -265,6 +237,55 @@ class TelemetryStore:
             first_seen=hist.first_seen,
             pci_bus_id=info.pci_bus_id,
         )
+
+
+def _processes(dev: MigDeviceSample, host: Mapping[int, HostProcess] | None) -> tuple[ProcessSnapshot, ...] | None:
+    """The device's processes with the host's facts joined (None: NVML would not list them)."""
+    if dev.processes is None:
+        return None
+    return tuple(
+        ProcessSnapshot(p.pid, p.used_memory_bytes, None if host is None else host.get(p.pid)) for p in dev.processes
+    )
+
+
+def _idle_seconds(
+    hist: _History, processes: tuple[ProcessSnapshot, ...] | None, sm: float | None, threshold: float, now: float
+) -> float | None:
+    """Seconds since the instance last ran a process or showed activity above ``threshold`` (0 while it does; None
+    when neither is known); records ``now`` as its last busy time when it is busy."""
+    busy = bool(processes) or (sm is not None and sm > threshold)
+    if busy:
+        hist.last_busy = now
+    if processes is None and sm is None:
+        return None
+    return 0.0 if busy else now - (hist.last_busy if hist.last_busy is not None else hist.first_seen)
+
+
+def _gpu_snapshot(
+    info: GpuInfo, static: _GpuStatic, sample: GpuSample | None, instances: tuple[InstanceSnapshot, ...]
+) -> GpuSnapshot:
+    """One GPU of the snapshot: the inventory's facts, this sweep's readings (none when it was not sampled)."""
+    lost = info.lost or (sample is not None and sample.lost)
+    return GpuSnapshot(
+        index=info.index,
+        uuid=info.uuid,
+        model_name=static.model_name,
+        memory_total_bytes=info.memory_total_bytes,
+        power_w=None if sample is None else sample.power_w,
+        temperature_c=None if sample is None else sample.temperature_c,
+        sm_clock_mhz=None if sample is None else sample.sm_clock_mhz,
+        mem_clock_mhz=None if sample is None else sample.mem_clock_mhz,
+        mig_current=info.mig_current if sample is None else sample.mig_current,
+        lost=lost,
+        free_compute_slices=None if lost else static.free_compute,
+        free_memory_slices=None if lost else static.free_memory,
+        creatable={} if lost else static.creatable,
+        instances=instances,
+        gpu_instances=() if lost else static.gpu_instances,
+        pci_bus_id=info.pci_bus_id,
+        power_limit_w=info.power_limit_w,
+        offers=info.offers,
+    )
 
 
 def _joinable(

@@ -1,0 +1,32 @@
+"""What the benchmarks that start a daemon read of it: a free loopback port to serve on, and the process's CPU time
+and memory from /proc (shared by ``daemon.py`` and ``sampling.py``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+__all__ = ["free_port", "proc_cpu_s", "proc_status_bytes"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's choice), for a daemon's ``--metrics-addr``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, every thread included (``/proc/PID/stat``, in clock
+    ticks: threads that ended are still counted there, which the per-thread schedstat files would lose)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_status_bytes(pid: int, key: str) -> int:
+    """One ``kB`` field of ``/proc/PID/status`` in bytes (``VmRSS``: resident memory now, ``VmHWM``: its peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(f"{key} is not in /proc/{pid}/status")
