@@ -177,11 +177,12 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "slurm_mix_default",
-        "The administrator's mix on Slurm 22.05 with the default layout (no mode named)",
+        "A mix the policy was not tuned on, Slurm 22.05: the default layout (no mode named) beside the whole node",
         "slurm_mix.py",
-        # [slurm] enabled = true alone on a testbed whose slurm.conf has the static instance lines (about 27 min)
-        ("--rivals", "default"),
-        quick=("--quick", "--rivals", "default"),
+        # [slurm] enabled = true alone on a testbed whose slurm.conf has the static instance lines, beside the
+        # whole-node layout (the default before), side by side on seed 57 (the policies were tuned on 24; ~30 min)
+        ("--rivals", "default,now", "--parallel", "--seed", "57"),
+        quick=("--quick", "--rivals", "default,now", "--parallel", "--seed", "57"),
         markdown=False,
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
     ),
