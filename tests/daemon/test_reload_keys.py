@@ -24,9 +24,9 @@ from flexmig.config.schema import toml_name
 from flexmig.daemon import Daemon
 from flexmig.errors import ConfigError
 from flexmig.jobspec import JobPolicy
+from flexmig.service.planning import planner_settings
 from flexmig.slurm.config_settings import slurm_settings
 from flexmig.wiring import detect_settings
-from flexmig.wiring.planning import planner_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

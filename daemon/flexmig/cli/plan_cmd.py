@@ -22,8 +22,8 @@ from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.config import Config
 from flexmig.errors import ConfigError, PlanRejectedError
 from flexmig.plan import Plan, Planner, validate_plan
+from flexmig.service.planning import plan_document, planner_settings
 from flexmig.wiring.oneshot import sim_plan_input
-from flexmig.wiring.planning import plan_document, planner_settings
 
 __all__ = ["register", "render", "render_text", "run"]
 

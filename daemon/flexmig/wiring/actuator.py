@@ -47,12 +47,12 @@ from flexmig.metrics.runtime import JournalWriteMetrics
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.service import ActionGate, ActionSink, DaemonControl, PlanningLoop, PlanRound, StrayWatch
 from flexmig.service.first_step import FirstSteps
+from flexmig.service.plan_now import plan_now
+from flexmig.service.planning import planner_settings
 from flexmig.storage import LockSet
 from flexmig.wiring.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
-from flexmig.wiring.plan_now import plan_now
-from flexmig.wiring.planning import planner_settings
 from flexmig.wiring.privileges import act_privilege_warning
 
 __all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "PlanRound"]
@@ -284,7 +284,7 @@ class ActuatorComponent:
         )
 
     async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
-        """What the planner would do now (:func:`flexmig.wiring.plan_now.plan_now`); changes nothing."""
+        """What the planner would do now (:func:`flexmig.service.plan_now.plan_now`); changes nothing."""
         return await self._plan_now(source, requests)
 
     async def round(self) -> PlanRound:
