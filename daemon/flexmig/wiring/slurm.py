@@ -60,6 +60,7 @@ from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.events import EventFactory
 from flexmig.mqtt.slurm_events import CarvingNews, node_event
 from flexmig.service.planning import planner_settings
+from flexmig.service.slurm_reporting import SlurmReporting
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_keys import AgentKey, agent_settings, example_node, gpu_of_action, instance_of_action
 from flexmig.slurm.agent_read import SlurmRound, read_slurm
@@ -78,7 +79,6 @@ from flexmig.slurm.shared_reads import SharedReads, read_spacing
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.mqtt import MqttComponent
-from flexmig.wiring.slurm_reporting import SlurmReporting
 
 __all__ = ["SlurmComponent"]
 
