@@ -495,8 +495,6 @@ class SlurmDaemon:
         if self.default_layout:
             dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ")
             text = "\n".join(line for line in text.split("\n") if not line.startswith(dropped))
-        elif not (self.node_per_gpu or self.node_per_instance):  # the whole-node mode, no longer the default
-            text += 'layout = "node"\n'
         text += self.slurm_keys  # more keys of the [slurm] table, the configuration's last
         if self.mqtt_port is not None:
             text += (
