@@ -46,11 +46,11 @@ from flexmig.metrics.losses import LossMetrics
 from flexmig.metrics.runtime import JournalWriteMetrics
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.service import ActionGate, ActionSink, DaemonControl, PlanningLoop, PlanRound, StrayWatch
+from flexmig.service.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
 from flexmig.service.first_step import FirstSteps
 from flexmig.service.plan_now import plan_now
 from flexmig.service.planning import planner_settings
 from flexmig.storage import LockSet
-from flexmig.wiring.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.privileges import act_privilege_warning
