@@ -48,10 +48,10 @@ from flexmig.service.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorL
 from flexmig.service.assembly import apply_config, build_services, job_policy, submit_refusal
 from flexmig.service.first_step import FirstSteps
 from flexmig.service.plan_now import plan_now
+from flexmig.service.privileges import act_privilege_warning
 from flexmig.storage import LockSet
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
-from flexmig.wiring.privileges import act_privilege_warning
 
 __all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "PlanRound"]
 
