@@ -19,7 +19,7 @@ from flexmig.act.nodeview import NodeView
 from flexmig.config import Config
 from flexmig.plan import Planner
 from flexmig.plan.types import CreateInstance, DestroyInstance
-from flexmig.wiring.planning import parse_request, planner_settings, planning_state
+from flexmig.service.planning import parse_request, planner_settings, planning_state
 from support.actuator import LiveNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -19,8 +19,8 @@ from flexmig.config import Config
 from flexmig.nvml import Nvml
 from flexmig.plan import Planner
 from flexmig.plan.types import CreateInstance, JobRequest, RankNeed
+from flexmig.service.planning import planner_settings, planning_state
 from flexmig.sim import install, uninstall
-from flexmig.wiring.planning import planner_settings, planning_state
 
 JOB = JobRequest(name="small", need=RankNeed(memory_mib=15 << 10), rank_memory_mib=15 << 10, submitted_s=0.0)
 

@@ -22,9 +22,9 @@ from flexmig.errors import PlanRejectedError
 from flexmig.jobspec.spec import JobPolicy, load_job_spec
 from flexmig.mig import A100_40, H200, GpuModel
 from flexmig.plan import Planner, PlannerSettings, validate_plan
+from flexmig.service.actuator_host import ActuatorPaths
+from flexmig.service.planning import parse_request, planner_settings, planning_state
 from flexmig.sim.workload import SyntheticWorkload
-from flexmig.wiring.actuator_host import ActuatorPaths
-from flexmig.wiring.planning import parse_request, planner_settings, planning_state
 from support.jobs import counter_spec, write_spec
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"

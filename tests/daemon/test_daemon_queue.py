@@ -23,7 +23,7 @@ from flexmig.config import Config, parse_config
 from flexmig.daemon import Daemon
 from flexmig.plan import Planner
 from flexmig.plan.types import NodeState, Plan
-from flexmig.wiring import plan_now as plan_now_module
+from flexmig.service import plan_now as plan_now_module
 from support.daemon import running, sim_node
 from support.flexmigd import short_base
 from support.jobs import ROOT

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flexmig.wiring.simdirs import PID_FILE, PREFIX, make_private_dir, remove_stale_private_dirs
+from flexmig.service.simdirs import PID_FILE, PREFIX, make_private_dir, remove_stale_private_dirs
 from support.flexmigd import short_base
 from support.wait import wait_until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flexmig.wiring.privileges import ACT_CAPABILITIES, act_privilege_warning, effective_capabilities, missing_for_act
+from flexmig.service.privileges import ACT_CAPABILITIES, act_privilege_warning, effective_capabilities, missing_for_act
 
 ACT_CONF = Path(__file__).resolve().parents[2] / "systemd" / "flexmigd.service.d" / "act.conf"
 
@@ -51,7 +51,7 @@ def test_the_check_reads_this_processs_real_capability_set() -> None:
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.fail("setpriv not found: apt-get install util-linux")
-    code = "import json; from flexmig.wiring.privileges import missing_for_act; print(json.dumps(missing_for_act()))"
+    code = "import json; from flexmig.service.privileges import missing_for_act; print(json.dumps(missing_for_act()))"
     act = "-all,+sys_admin,+setuid,+setgid,+kill,+dac_read_search"
     for bounding, missing in ((act, []), ("-all,+kill", [n for n in ACT_CAPABILITIES if n != "CAP_KILL"])):
         done = subprocess.run(

@@ -24,9 +24,10 @@ from flexmig.config.schema import toml_name
 from flexmig.daemon import Daemon
 from flexmig.errors import ConfigError
 from flexmig.jobspec import JobPolicy
+from flexmig.service.planning import planner_settings
+from flexmig.service.slurm_rounds import SlurmRounds
 from flexmig.slurm.config_settings import slurm_settings
 from flexmig.wiring import detect_settings
-from flexmig.wiring.planning import planner_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -75,11 +76,17 @@ def _policy(d: Daemon, c: Config) -> tuple[Any, Any]:
     return (act.jobs.policy, act.executor.policy), (policy, policy)
 
 
+def _slurm_rounds(d: Daemon) -> SlurmRounds:
+    slurm = d.components.slurm
+    assert slurm is not None and slurm.rounds is not None, "the Slurm part is built with the actuator"
+    return slurm.rounds
+
+
 def _slurm(d: Daemon, c: Config) -> tuple[Any, Any]:
     slurm = d.components.slurm
-    assert slurm is not None and slurm.agent is not None, "the Slurm agent is attached"
+    assert slurm is not None and slurm.rounds is not None and slurm.agent is not None, "the Slurm agent is attached"
     cost = slurm.agent.cost
-    return (slurm.agent.settings, cost.fixed_s, cost.min_interval_s, slurm.config.slurm.interval_s), (
+    return (slurm.agent.settings, cost.fixed_s, cost.min_interval_s, slurm.rounds.config.slurm.interval_s), (
         slurm_settings(c.slurm),
         c.slurm.reregister_s,
         c.slurm.min_interval_s,
@@ -113,7 +120,7 @@ PROBES: dict[str, Probe] = {
     "baseline.": lambda d, c: (d.components.actuator.config.baseline, c.baseline),
     "slurm.": _slurm,
     "slurm.cluster_reads_per_s": lambda d, c: (
-        d.components.slurm.config.slurm.cluster_reads_per_s if d.components.slurm else None,
+        _slurm_rounds(d).config.slurm.cluster_reads_per_s,
         c.slurm.cluster_reads_per_s,
     ),
 }

@@ -132,7 +132,7 @@ def make_room(
 
     ``held``: instances other jobs hold; ``own``: the job's current instances (kept, not destroyed: a move leaves
     them after its ranks have stopped). Idle means held by no job, running no process, with a MIG device whose
-    processes NVML lists: what the planner may destroy (:func:`flexmig.wiring.planning.planning_state` blocks the
+    processes NVML lists: what the planner may destroy (:func:`flexmig.service.planning.planning_state` blocks the
     rest). Among the placements that fit, the one that keeps the most capacity for ``profile`` wins.
     """
     model = node_model(view)

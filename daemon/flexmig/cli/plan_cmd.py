@@ -16,14 +16,14 @@ from typing import Any
 from rich.text import Text
 
 from flexmig.act.client import ControlClient
+from flexmig.cli.oneshot import sim_plan_input
 from flexmig.cli.operation_args import add_operation_arguments, operation_request
 from flexmig.cli.status_cmd import add_source_arguments, console
 from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.config import Config
 from flexmig.errors import ConfigError, PlanRejectedError
 from flexmig.plan import Plan, Planner, validate_plan
-from flexmig.wiring.oneshot import sim_plan_input
-from flexmig.wiring.planning import plan_document, planner_settings
+from flexmig.service.planning import plan_document, planner_settings
 
 __all__ = ["register", "render", "render_text", "run"]
 

@@ -27,11 +27,11 @@ from rich.text import Text
 from flexmig.act.client import ControlClient
 from flexmig.cli.job_table import render_jobs
 from flexmig.cli.jobs_cmd import DEFAULT_SOCKET
+from flexmig.cli.oneshot import sim_snapshot
 from flexmig.cli.table import Row, output_width, render_rows, wrap
 from flexmig.detect.findings import finding_docs
 from flexmig.errors import ConfigError, FlexmigError
 from flexmig.status import status_document
-from flexmig.wiring.oneshot import sim_snapshot
 
 __all__ = ["add_source_arguments", "console", "fetch", "register", "render", "render_text", "run", "watch"]
 

@@ -9,10 +9,17 @@ with what it needs through its constructor once the actuator is open.
 * :class:`~flexmig.service.control.DaemonControl`: the control operations (``DaemonOps``) and the handlers of every
   row of the operation table, the acting ones under the gate;
 * :mod:`~flexmig.service.standdown`, :mod:`~flexmig.service.daemon_status`, :mod:`~flexmig.service.action_record`
-  and :mod:`~flexmig.service.first_step`: what those use.
+  and :mod:`~flexmig.service.first_step`: what those use;
+* :mod:`~flexmig.service.assembly` (the parts put together on the open actuator, and what a configuration gives it),
+  :mod:`~flexmig.service.planning` and :mod:`~flexmig.service.plan_now` (what the planner sees, one look now),
+  :mod:`~flexmig.service.actuator_host` and :mod:`~flexmig.service.simdirs` (the actuator's paths and locks),
+  :mod:`~flexmig.service.privileges` (mode act's capabilities);
+* the Slurm part, built with the actuator: :class:`~flexmig.service.slurm_agents.SlurmAgents` (layout, agents, the
+  runner of ``slurm_reregister`` routing by node), :class:`~flexmig.service.slurm_rounds.SlurmRounds` (the probe loop
+  and the rounds) and :class:`~flexmig.service.slurm_reporting.SlurmReporting` (log lines, metrics, events).
 
 The wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` opens the actuator, builds these and runs their
-loops; it holds no policy of its own.
+loops, and :class:`flexmig.wiring.slurm.SlurmComponent` runs the Slurm part's; they hold no policy of their own.
 """
 
 from flexmig.service.action_sink import ActionSink

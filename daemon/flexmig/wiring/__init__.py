@@ -35,12 +35,12 @@ from flexmig.config import Config, ConfigProblem, HostPort
 from flexmig.metrics.runtime import TaskMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
+from flexmig.service.actuator_host import ActuatorHost
 from flexmig.storage import LockSet
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.sampler import dcgm_loop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.wiring.actuator import ActuatorComponent
-from flexmig.wiring.actuator_host import ActuatorHost
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.commands import CommandsComponent
 from flexmig.wiring.component import Component, Loop, Off

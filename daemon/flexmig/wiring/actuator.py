@@ -34,51 +34,28 @@ from typing import Any
 from flexmig.act.control import ControlServer
 from flexmig.act.events import ActEvent, Relay
 from flexmig.act.mode import RuntimeMode
-from flexmig.act.ranklogs import RankLogs
 from flexmig.act.service import Actuator
 from flexmig.clocks import Ages
 from flexmig.config import Config, Mode
 from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError
-from flexmig.jobspec.spec import JobPolicy
 from flexmig.metrics.actions import ActionMetrics
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.losses import LossMetrics
 from flexmig.metrics.runtime import JournalWriteMetrics
 from flexmig.mqtt.events import Event, EventFactory
-from flexmig.service import ActionGate, ActionSink, DaemonControl, PlanningLoop, PlanRound, StrayWatch
+from flexmig.service import ActionGate, DaemonControl, PlanRound
+from flexmig.service.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
+from flexmig.service.assembly import apply_config, build_services, job_policy, submit_refusal
 from flexmig.service.first_step import FirstSteps
+from flexmig.service.plan_now import plan_now
+from flexmig.service.privileges import act_privilege_warning
 from flexmig.storage import LockSet
-from flexmig.wiring.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
-from flexmig.wiring.plan_now import plan_now
-from flexmig.wiring.planning import planner_settings
-from flexmig.wiring.privileges import act_privilege_warning
 
 __all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "PlanRound"]
 
 log = logging.getLogger(__name__)
-
-
-def _submit_refusal(config: Config) -> str | None:
-    """Why ``jobs.submit`` is refused under ``config``: a node whose jobs come from Slurm takes none of its own."""
-    if not config.slurm.enabled:
-        return None
-    return "this node's jobs come from Slurm ([slurm] enabled = true): submit them with sbatch, not flexmig jobs submit"
-
-
-def _policy(cfg: Config) -> JobPolicy:
-    return JobPolicy(tuple(cfg.jobs.allowed_dirs), default_ack_timeout_s=cfg.jobs.ack_timeout_s)
-
-
-def _apply(act: Actuator, cfg: Config) -> None:
-    """Give ``act`` the job policy, planner settings, rank-log limits and queue bound of ``cfg``."""
-    act.apply(
-        policy=_policy(cfg),
-        settings=planner_settings(cfg.planner),
-        rank_logs=RankLogs(max_bytes=cfg.jobs.rank_log_max_bytes, keep=cfg.jobs.rank_log_keep),
-        max_pending=cfg.jobs.max_pending,
-    )
 
 
 class ActuatorComponent:
@@ -201,28 +178,19 @@ class ActuatorComponent:
             self.held.take_node(self.host.latest())
         act = Actuator.build(
             mode=self.runtime_mode, nvml=backend.nvml, offload=self.host.worker.call, devices=backend.devices,
-            journal_path=paths.journal, logs_dir=paths.logs, policy=_policy(cfg), events=events,
+            journal_path=paths.journal, logs_dir=paths.logs, policy=job_policy(cfg), events=events,
             ack_dir=cfg.jobs.ack_dir,
         )  # fmt: skip
-        _apply(act, cfg)
-        act.serve_daemon(real_node=not backend.simulated, refuse_submit=_submit_refusal(cfg))
+        apply_config(act, cfg)
+        act.serve_daemon(real_node=not backend.simulated, refuse_submit=submit_refusal(cfg))
         return act
 
     def _services(self, act: Actuator) -> DaemonControl:
-        """The service layer on ``act``, each part given what it needs."""
-        interval = lambda: self.config.planner.interval_s  # noqa: E731 - read at each round: a reload changes it
-        loop = PlanningLoop(
-            act, mode=self.runtime_mode, gate=self.gate, plan_now=self._plan_now, interval_s=interval,
-            metrics=self.action_metrics, factory=self.factory, fleet=self._fleet, wall=self.wall,
-        )  # fmt: skip
-        strays = StrayWatch(act, gate=self.gate, interval_s=interval)
-        sink = ActionSink(
-            act, mode=self.runtime_mode, metrics=self.action_metrics, first_steps=self.first_steps,
-            factory=self.factory, fleet=self._fleet, wake=loop.wake, rescan=strays.rescan,
-        )  # fmt: skip
-        self.services = DaemonControl(
+        """The service layer on ``act`` (:func:`flexmig.service.assembly.build_services`)."""
+        self.services = build_services(
             act, mode=self.runtime_mode, gate=self.gate, config=lambda: self.config, latest=self.host.latest,
-            loop=loop, sink=sink, strays=strays, metrics=self.action_metrics,
+            plan_now=self._plan_now, metrics=self.action_metrics, first_steps=self.first_steps, factory=self.factory,
+            fleet=self._fleet, wall=self.wall,
         )  # fmt: skip
         return self.services
 
@@ -284,7 +252,7 @@ class ActuatorComponent:
         )
 
     async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
-        """What the planner would do now (:func:`flexmig.wiring.plan_now.plan_now`); changes nothing."""
+        """What the planner would do now (:func:`flexmig.service.plan_now.plan_now`); changes nothing."""
         return await self._plan_now(source, requests)
 
     async def round(self) -> PlanRound:
@@ -328,7 +296,7 @@ class ActuatorComponent:
         self.config = config
         self.runtime_mode.set(config.mode)
         if self.act is not None:
-            _apply(self.act, config)
+            apply_config(self.act, config)
         if self.dispatcher is not None:
             self.dispatcher.max_wait_s = config.control.max_wait_s
         if old != config.mode:

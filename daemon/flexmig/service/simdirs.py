@@ -2,7 +2,7 @@
 those of daemons that are gone removed at the next start.
 
 A simulated node that was given no ``[state]`` and ``[control]`` paths keeps its journal, rank logs and control
-socket in a fresh private directory (see :class:`~flexmig.wiring.actuator_host.ActuatorPaths`), removed at a clean
+socket in a fresh private directory (see :class:`~flexmig.service.actuator_host.ActuatorPaths`), removed at a clean
 stop. A daemon killed with SIGKILL cannot remove it, so each start removes the ones left behind, only when all
 of these hold:
 

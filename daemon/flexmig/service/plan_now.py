@@ -20,8 +20,8 @@ from flexmig.config import Mode, PlannerConfig
 from flexmig.errors import PlanRejectedError
 from flexmig.plan import Planner, validate_plan
 from flexmig.plan.types import Plan
+from flexmig.service.planning import parse_request, plan_document, planner_settings, planning_state
 from flexmig.service.planning_loop import PlanRound
-from flexmig.wiring.planning import parse_request, plan_document, planner_settings, planning_state
 
 __all__ = ["PlanRound", "first_started", "last_moved", "plan_now"]
 

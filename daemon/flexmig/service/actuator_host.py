@@ -15,10 +15,10 @@ from typing import Protocol
 from flexmig.config import Config, ControlConfig, StateConfig
 from flexmig.errors import JournalError, StorageError
 from flexmig.nvml.worker import NvmlWorker
+from flexmig.service.simdirs import make_private_dir, remove_stale_private_dirs
 from flexmig.storage import LockSet, prepare_dir
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.snapshot import Snapshot
-from flexmig.wiring.simdirs import make_private_dir, remove_stale_private_dirs
 
 __all__ = ["NODE_LOCK_DIR", "ActuatorHost", "ActuatorLocks", "ActuatorPaths"]
 
@@ -59,7 +59,7 @@ class ActuatorPaths:
     def of(cls, config: Config, *, simulated: bool, tmp: Path | None = None) -> ActuatorPaths:
         """The paths of ``config``; for a simulated node, defaults replaced by a fresh private directory under
         ``tmp`` (the temporary directory by default), after removing those of simulated daemons that are gone
-        (:mod:`flexmig.wiring.simdirs`: a SIGKILL leaves them behind)."""
+        (:mod:`flexmig.service.simdirs`: a SIGKILL leaves them behind)."""
         state, control = config.state, config.control
         default_state = state == StateConfig()
         default_socket = control.socket == ControlConfig().socket

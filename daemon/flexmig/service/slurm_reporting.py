@@ -3,7 +3,8 @@
 rounds its agents ran.
 
 :class:`SlurmReporting` is a part of :class:`flexmig.wiring.slurm.SlurmComponent` (its base), kept apart so that
-the component's module holds its lifecycle and its loop.
+the component's module holds its lifecycle and its loop. Events go to whatever holds an event emitter as
+``findings`` (:class:`FindingsOwner`: the MQTT component), so this module needs nothing of the wiring.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from flexmig.errors import SlurmError
 from flexmig.metrics.slurm import SlurmMetrics
@@ -27,9 +28,23 @@ from flexmig.mqtt.slurm_events import (
     unreachable_event,
 )
 from flexmig.slurm.agent_read import SlurmRound, describe_error
-from flexmig.wiring.mqtt import MqttComponent
 
-__all__ = ["SlurmReporting"]
+__all__ = ["EventEmitter", "FindingsOwner", "SlurmReporting"]
+
+
+class EventEmitter(Protocol):
+    """Publishes one event of the daemon (the MQTT component's findings publisher)."""
+
+    def emit(self, event: Event) -> None:
+        """Store, count and log ``event``."""
+
+
+class FindingsOwner(Protocol):
+    """What the Slurm reporting needs of the MQTT component: its emitter of events."""
+
+    @property
+    def findings(self) -> EventEmitter:
+        """The emitter events go to."""
 
 log = logging.getLogger("flexmig.wiring.slurm")
 
@@ -42,7 +57,7 @@ class SlurmReporting:
     per_node: bool
     clock: Callable[[], float]
     factory: EventFactory
-    mqtt: MqttComponent | None
+    mqtt: FindingsOwner | None
     slurm_metrics: SlurmMetrics
     _failing: str | None
     _failing_since: float
