@@ -206,8 +206,12 @@ def test_switched_off_mechanisms_stay_off(state: NodeState, cfg: PlannerSettings
     plan = Planner(H200, cfg).plan(state)
     if not cfg.migrate:
         assert not any(isinstance(a, MigrateJob) for a in plan.actions)
-    if not cfg.resplit:
-        assert not any(isinstance(a, ResplitJob) for a in plan.actions)
+    if not cfg.resplit:  # a malleable job's own ranks taken or given back, its profile kept: malleability
+        running = {j.name: j for j in state.running}
+        for a in plan.actions:
+            if isinstance(a, ResplitJob):
+                job = running[a.job]
+                assert cfg.malleable and job.nominal.malleable and a.profile == job.profile, a
 
 
 @SETTINGS
