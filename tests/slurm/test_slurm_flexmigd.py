@@ -22,6 +22,7 @@ from support.flexmigd import collect_events, open_session, sample
 from support.jobs import counter_spec, write_spec
 from support.mosquitto import Mosquitto
 from support.slurm import JOB_USERS, UNIT_UMASK, SlurmDaemon, hook_command, skip_reason, slurm_version
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -159,10 +160,15 @@ def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything
         assert line.startswith("export SLURM_CONF="), (line, proc.poll())
         conf = line.strip().split("=", 1)[1]
         env = {**os.environ, "SLURM_CONF": conf}
-        out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True, timeout=30, check=False
-        )
-        node, gres = out.stdout.split()  # one node a MIG instance by default: flexmig-sim-gpu0-0 (-7g141gb on 22.05)
+
+        def listed() -> str:  # the export line comes before the node registers (a dynamic node: not listed until then)
+            return subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True, timeout=30, check=False
+            ).stdout.strip()
+
+        out = wait_until(lambda: proc.poll() is None and listed(), 60, "the testbed's node listed by sinfo")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
+        node, gres = out.split()  # one node a MIG instance by default: flexmig-sim-gpu0-0 (-7g141gb on 22.05)
         assert node.startswith("flexmig-sim-gpu0-0") and gres == "gpu:7g.141gb:1", out
         user = pwd.getpwnam(JOB_USERS[0])
         sub = subprocess.run(
