@@ -21,7 +21,15 @@ from flexmig.slurm.change import planned_delete_crashes
 from support.flexmigd import collect_events, open_session, sample
 from support.jobs import counter_spec, write_spec
 from support.mosquitto import Mosquitto
-from support.slurm import JOB_USERS, UNIT_UMASK, SlurmDaemon, hook_command, skip_reason, slurm_version
+from support.slurm import (
+    JOB_USERS,
+    UNIT_UMASK,
+    SlurmDaemon,
+    hook_command,
+    skip_reason,
+    slurm_bin,
+    slurm_version,
+)
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -160,11 +168,14 @@ def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything
         assert line.startswith("export SLURM_CONF="), (line, proc.poll())
         conf = line.strip().split("=", 1)[1]
         env = {**os.environ, "SLURM_CONF": conf}
+        bins = slurm_bin()  # the Slurm under test's commands (24.11's in make slurm-newer), as the testbed's own
+
+        def cmd(name: str) -> str:
+            return str(bins / name) if bins is not None else name
 
         def listed() -> str:  # the export line comes before the node registers (a dynamic node: not listed until then)
-            return subprocess.run(
-                ["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True, timeout=30, check=False
-            ).stdout.strip()
+            argv = [cmd("sinfo"), "-h", "-N", "-o", "%N %G"]
+            return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
 
         out = wait_until(lambda: proc.poll() is None and listed(), 60, "the testbed's node listed by sinfo")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
@@ -172,7 +183,7 @@ def test_the_testbed_command_runs_a_job_of_an_ordinary_user_and_stops_everything
         assert node.startswith("flexmig-sim-gpu0-0") and gres == "gpu:7g.141gb:1", out
         user = pwd.getpwnam(JOB_USERS[0])
         sub = subprocess.run(
-            ["sbatch", "--parsable", f"--uid={user.pw_name}", f"--gid={user.pw_gid}", "--gres=gpu:7g.141gb:1",
+            [cmd("sbatch"), "--parsable", f"--uid={user.pw_name}", f"--gid={user.pw_gid}", "--gres=gpu:7g.141gb:1",
              f"--output={root}/jobs/job-%j.out", "--wrap", 'echo "$(id -u) $CUDA_VISIBLE_DEVICES"'],
             env=env, capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
