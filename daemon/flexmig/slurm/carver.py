@@ -48,7 +48,6 @@ from flexmig.slurm.moving import choose_moves, move_actions, move_hold
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.shared_reads import Reads
-from flexmig.slurm.squeue import SlurmJob
 
 __all__ = ["CARVING", "InstanceCarver"]
 
@@ -156,7 +155,7 @@ class InstanceCarver:
             self.node, ch, look[0], settings, now_s=now, hold=self.hold, seen=self.seen
         )
         if mode == "act":
-            moved = await self._move(ch, running, look[0], settings, now=now, hold=c.hold)
+            moved = await self._move(ch, running, look, settings, now=now, hold=c.hold)
             if moved is not None:
                 return moved
         self.hold = c.hold
@@ -170,7 +169,7 @@ class InstanceCarver:
         return None, replace(rnd, carving=report)
 
     async def _move(
-        self, ch: CarvingHost, running: Sequence[SlurmRunning], jobs: Sequence[SlurmJob], settings: SlurmSettings,
+        self, ch: CarvingHost, running: Sequence[SlurmRunning], look: SlurmView, settings: SlurmSettings,
         *, now: float, hold: Hold | None,
     ) -> tuple[None, SlurmRound] | None:  # fmt: skip
         """Mode act: the moves of running hook jobs that give the first blocked waiting job its region
@@ -178,8 +177,10 @@ class InstanceCarver:
         job; None when nothing is worth moving."""
         self.unmovable &= {r.job.job_id for r in running}
         candidates = [r if r.job.job_id not in self.unmovable else replace(r, movable=False) for r in running]
+        jobs, _, reservations = look
         queue, _ = waiting_of(self.node, ch, jobs, settings, now_s=now)
-        plan = choose_moves(self.node, ch, candidates, queue, hold=hold, max_moves_per_job=settings.max_moves_per_job)
+        plan = choose_moves(self.node, ch, candidates, queue, hold=hold, max_moves_per_job=settings.max_moves_per_job,
+                            jobs=jobs, reservations=reservations, hook_token=settings.hook_token)  # fmt: skip
         kept = move_hold(plan, now)
         if not plan.moves or kept is None:
             return None

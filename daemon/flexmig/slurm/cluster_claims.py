@@ -14,13 +14,23 @@ Slurm's reservations):
 * :func:`aged` and :func:`queue_for` give a host its queue: the jobs assigned to it, the unassigned ones, and those
   assigned to another host that still wait ``free_after_s`` after the assignment was first seen (that host cannot
   see or do what the others think: its flexmigd is down, older, or its view differs), which become anyone's again,
-  as every job was before.
+  as every job was before;
+* :func:`move_owner` names the one host that may move running hook jobs for a waiting job that no host can serve
+  (:mod:`flexmig.slurm.moving`): unassigned, such a job is in every host's queue, and without an owner each host
+  would checkpoint and requeue its own jobs for it, so that two GPUs drain for one job. The owner is the host whose
+  best region for the job's profile is free soonest once its hook jobs leave (the latest time limit of the jobs
+  there that may not move, read from Slurm's jobs), then the one that moves the fewest. A host with room for the
+  job's instance now (no busy instance in the way) comes first, as no move is needed at all; then a host that holds
+  a region already (its reservation ``flexmig-<host>-hold``), so that a host that moved jobs keeps the job it moved
+  them for when another host's jobs end early. A job whose owner's flexmigd is down gets no move (it waits as it
+  would without moves: a move is the one step that must never happen twice for one job).
 
 Pure: the caller reads Slurm, passes the time in and keeps :class:`Seen` from round to round.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +40,9 @@ from flexmig.mig.catalogue import GpuModel, Profile
 from flexmig.mig.layout import Layout
 from flexmig.plan.carving import Waiting
 from flexmig.slurm.demand import job_id_of, read_demand
-from flexmig.slurm.instances import queue_of
+from flexmig.slurm.instances import hold_name, queue_of
 from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.reservations import SlurmReservation
 from flexmig.slurm.settings import slot_tag
 from flexmig.slurm.squeue import SlurmJob
 
@@ -49,7 +60,9 @@ __all__ = [
     "cluster_hosts",
     "cluster_queue",
     "host_queue",
+    "move_owner",
     "queue_for",
+    "running_places",
 ]
 
 FREE_AFTER_ROUNDS = 3
@@ -308,3 +321,87 @@ def host_queue(
     seen = aged(seen, assignment, now_s)
     mine, left = queue_for(host, queue, assignment, seen, now_s=now_s, free_after_s=free_after_s)
     return mine, left, seen
+
+
+Spot = tuple[str, int, int]
+"""An instance in the cluster's view: ``(host, GPU number, start)``."""
+
+
+def running_places(
+    jobs: Sequence[SlurmJob], model: GpuModel, *, hook_token: str, max_moves: int
+) -> dict[Spot, tuple[bool, float]]:
+    """The instances Slurm's running ``jobs`` hold, each with whether its job may be moved as Slurm shows it (it
+    opted into the hook and ``--requeue``, runs on one instance node alone, and was restarted fewer than
+    ``max_moves`` times) and when its time limit ends it (epoch seconds; inf: no limit)."""
+    out: dict[Spot, tuple[bool, float]] = {}
+    for j in jobs:
+        if not j.active or j.pending:
+            continue
+        opted = hook_token in re.split(r"[\s,;]+", j.comment)
+        movable = j.requeue and opted and j.node_count == 1 and len(j.nodes) == 1 and j.restart_count < max_moves
+        end = math.inf if j.start_s is None or j.time_limit_s is None else j.start_s + j.time_limit_s
+        for node in j.nodes:
+            m = _NAME.fullmatch(node)
+            if m is not None:
+                out[(m.group(1), int(m.group(2)), int(m.group(3)))] = (movable, end)
+    return out
+
+
+def _region_key(
+    host: ClusterHost, model: GpuModel, profile: Profile, places: Mapping[Spot, tuple[bool, float]]
+) -> tuple[float, int] | None:
+    """The best region of ``profile`` on ``host`` for moves: ``(when the jobs that may not move there end, how many
+    may move)``, the soonest then the fewest; None when every placement holds a closed instance."""
+    best: tuple[float, int] | None = None
+    for gpu, on_gpu in sorted(host.gpus.items()):
+        for start in profile.starts:
+            if not Layout.empty(model).can_place(profile, start):
+                continue
+            stay, moving = 0.0, 0
+            for s, (name, what) in on_gpu.items():
+                if not (s < start + profile.memory_slices and start < s + model.profile(name).memory_slices):
+                    continue
+                if what == CLOSED:
+                    break
+                if what == BUSY:
+                    movable, end = places.get((host.name, gpu, s), (False, math.inf))
+                    if movable:
+                        moving += 1
+                    else:
+                        stay = max(stay, end)
+            else:
+                key = (stay, moving)
+                best = key if best is None or key < best else best
+    return best
+
+
+def move_owner(
+    job: Waiting, nodes: Iterable[SlurmNode], jobs: Sequence[SlurmJob], reservations: Sequence[SlurmReservation],
+    model: GpuModel, *, hook_token: str, max_moves: int, partitions: Collection[str] = (),
+) -> str | None:  # fmt: skip
+    """The one host that may move running jobs for the waiting ``job`` (see the module docstring), from Slurm's
+    ``nodes``, ``jobs`` and ``reservations``; ``partitions``: the job's (none: any host). Every host that computes
+    it from the same view gets the same answer. None when no host has a region of its profile."""
+    try:
+        profile = model.profile(job.profile)
+    except KeyError:
+        return None
+    others = {n for r in reservations if not r.flexmig for n in r.nodes}  # flexmig's own holds are no closure here
+    hosts = cluster_hosts(nodes, model, reserved=others)
+    holding = {r.name for r in reservations if r.flexmig}
+    places = running_places(jobs, model, hook_token=hook_token, max_moves=max_moves)
+    names = sorted(hosts)
+    job_id = job_id_of(job.name) or 0
+    wanted = frozenset(partitions)
+    best: tuple[tuple[bool, bool, float, int, int, str], str] | None = None
+    for k, h in enumerate(names):
+        if wanted and not wanted & hosts[h].partitions:
+            continue
+        region = _region_key(hosts[h], model, profile, places)
+        if region is None:
+            continue
+        free_now = region == (0.0, 0)  # the job's instance can be carved there without a move: no host moves
+        key = (not free_now, hold_name(h) not in holding, *region, (k - job_id) % len(names), h)
+        if best is None or key < best[0]:
+            best = (key, h)
+    return None if best is None else best[1]

@@ -8,22 +8,30 @@ free instance of its profile (the next carving makes one where the plan found ro
 its acknowledged step. The region it left is held for the waiting job (the carver's hold and its reservation), so
 nothing else takes it, and the next carving creates the waiting job's instance there.
 
+On a cluster, a blocked job no host can serve is in every host's queue; only the host that owns its moves
+(:func:`flexmig.slurm.cluster_claims.move_owner`, which every host computes alike from Slurm's view) moves jobs for
+it, so that one blocked job never drains two GPUs.
+
 Pure: the caller reads Slurm and NVML and passes the time in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from flexmig.plan.carving import Hold, Waiting
 from flexmig.plan.types import DestroyInstance, Plan
 from flexmig.slurm.carving_choice import CarvingHost
 from flexmig.slurm.change import encode_change
-from flexmig.slurm.demand import SlurmRunning
+from flexmig.slurm.cluster_claims import move_owner
+from flexmig.slurm.demand import SlurmRunning, job_id_of
 from flexmig.slurm.moves import Blocked, MovePlan, Region, Running, plan_moves
+from flexmig.slurm.reservations import SlurmReservation
+from flexmig.slurm.squeue import SlurmJob
 
-__all__ = ["MOVE_COST_S", "choose_moves", "move_actions", "move_hold"]
+__all__ = ["MOVE_COST_S", "OWNER_TRIES", "choose_moves", "move_actions", "move_hold"]
 
 MOVE_COST_S = 12.5
 """What a move costs a job, in seconds, as the policy weighs it: its acknowledgement (about 0.3 s for a save at a
@@ -31,13 +39,46 @@ step boundary, ``bench/slurm.py``), the requeue and the credential gap before it
 start (imports, model, checkpoint load: about 10 s for a small torch job)."""
 
 
+OWNER_TRIES = 4
+"""How many blocked jobs one round passes over because another host owns their moves before it gives up (each is a
+search of the host's regions)."""
+
+
 def choose_moves(
     host: str, ch: CarvingHost, running: Sequence[SlurmRunning], queue: Sequence[Waiting], *, hold: Hold | None,
-    max_moves_per_job: int,
+    max_moves_per_job: int, jobs: Sequence[SlurmJob], reservations: Sequence[SlurmReservation], hook_token: str,
 ) -> MovePlan:  # fmt: skip
     """The moves for host node ``host`` (seen as ``ch``: carving indices), its jobs ``running`` (those the instance
     agents saw; a job counts as moved as often as Slurm restarted it) and Slurm's waiting ``queue``; ``hold``: the
-    region the carving holds."""
+    region the carving holds. Only for a blocked job this host owns the moves of (:func:`move_owner` on Slurm's
+    ``jobs``, ``reservations`` and nodes): a blocked job another host owns is passed over (its owner moves for it),
+    and one no host owns gets no move."""
+    plan = _plan(host, ch, running, queue, hold=hold, max_moves_per_job=max_moves_per_job)
+    by_id = {j.job_id: j for j in jobs}
+    passed: list[str] = []
+    for _ in range(OWNER_TRIES):
+        if not plan.moves or plan.waiting is None:
+            break
+        slurm_job = by_id.get(job_id_of(plan.waiting) or -1)
+        wanted = () if slurm_job is None else slurm_job.partitions
+        ask = next(w for w in queue if w.name == plan.waiting)
+        owner = move_owner(ask, ch.by_name.values(), jobs, reservations, ch.model, hook_token=hook_token,
+                           max_moves=max_moves_per_job, partitions=wanted)  # fmt: skip
+        if owner == host:
+            return plan
+        passed.append(f"{plan.waiting}: " + (f"host {owner} moves for it" if owner else "no host owns its moves"))
+        queue = [w for w in queue if w.name != plan.waiting]
+        plan = _plan(host, ch, running, queue, hold=hold, max_moves_per_job=max_moves_per_job)
+    if plan.moves:
+        plan = MovePlan((), plan.waiting, None, 0.0, 0.0, f"{plan.waiting}: its owner was not found in time")
+    return replace(plan, reason="; ".join([*passed, plan.reason])) if passed else plan
+
+
+def _plan(
+    host: str, ch: CarvingHost, running: Sequence[SlurmRunning], queue: Sequence[Waiting], *, hold: Hold | None,
+    max_moves_per_job: int,
+) -> MovePlan:  # fmt: skip
+    """:func:`plan_moves` on this host's GPUs, jobs and ``queue``, whoever owns the blocked job's moves."""
     hl = ch.layouts
     jobs: list[Running] = []
     for r in running:
