@@ -54,6 +54,27 @@ def test_the_two_gpus_on_two_hosts_move_one_job_to_the_other_host() -> None:
     assert plan.moves[0].target[0] == "n2"
 
 
+def test_a_moved_job_waits_behind_the_waiting_jobs_of_its_profile_so_their_room_is_not_its_target() -> None:
+    # GPU 1 has room for one 1g (slice 5); a 1g job waits: requeued, the moved 1g would wait behind it (Slurm gives
+    # a requeued job the requeue's submit time), so that room is the waiting job's, and the move has no target
+    hosts = {"n1": [Layout.of(H200, [("1g.18gb", 6)]),
+                    Layout.of(H200, [("3g.71gb", 0), ("1g.18gb", 4), ("1g.18gb", 6)])]}  # fmt: skip
+    running = [
+        Running("a", ("n1", 0, 6), "1g.18gb", hook=True, moves=0, remaining_s=3000.0, cost_s=15.0),
+        *(Running(n, ("n1", 1, s), p, hook=False, moves=0, remaining_s=3000.0, cost_s=15.0)
+          for n, s, p in (("b", 0, "3g.71gb"), ("c", 4, "1g.18gb"), ("d", 6, "1g.18gb"))),
+    ]  # fmt: skip
+    big = Blocked("big", "7g.141gb", 5.0)
+    alone = plan_moves(H200, hosts, running, [big])
+    assert [(m.job, m.target) for m in alone.moves] == [("a", ("n1", 1, 5))]
+    behind = plan_moves(H200, hosts, running, [Blocked("small", "1g.18gb", 9.0), big])
+    assert not behind.moves and behind.waiting == "big", behind
+    assert "no room elsewhere for a" in behind.reason
+    # the policy before (the moved job back in its old place) took that room for it
+    before = plan_moves(H200, hosts, running, [Blocked("small", "1g.18gb", 9.0), big], requeue_behind=False)
+    assert [m.job for m in before.moves] == ["a"]
+
+
 def test_a_job_that_did_not_opt_in_is_never_moved() -> None:
     hosts = _one_1g_each({"n1": 2})
     running = [

@@ -15,8 +15,10 @@ of idle slices can serve (a blocked job):
   times) that would end later than the jobs that stay (by the time limits), the longest-running first, each as long
   as it finds a **target** outside the region now: a free instance of its profile or one carved from free slices
   and idle instances, on any host; the targets are chosen one after the other, so that two moved jobs never count
-  on the same slices. The region is then free once the jobs that stay have ended (at once when none stays), and
-  the caller holds it for the waiting job;
+  on the same slices, and after the room of the waiting jobs of the moved job's profile: requeued, a job waits
+  behind every job already waiting (Slurm's ``batch_requeue_fini`` gives it the requeue's submit time and restarts
+  its age), so they take any room of its profile first. The region is then free once the jobs that stay have
+  ended (at once when none stays), and the caller holds it for the waiting job;
 * the move is worth it when the waiting job's **gain**, the time it would otherwise wait (the earliest any of its
   placements empties, by the running jobs' time limits) less the time until the region is free, times its compute
   slices, exceeds what the moved jobs **lose**: each one's checkpoint, requeue and cold start times its compute
@@ -135,16 +137,18 @@ def plan_moves(
     max_moves_per_job: int = MAX_MOVES_PER_JOB,
     closed: frozenset[Place] = frozenset(),
     held: Sequence[tuple[str, Region]] = (),
+    requeue_behind: bool = True,
 ) -> MovePlan:
     """The moves that give the first blocked job of ``waiting`` its room, or an empty plan saying why not.
 
     ``hosts`` maps each host to its GPUs' layouts; ``running`` are the jobs on instances of them; ``closed`` are
     instances neither destroyed nor used as a target (registering, an administrator's); ``held`` are regions kept
-    for waiting jobs (job, region): no move takes room there for another job.
+    for waiting jobs (job, region): no move takes room there for another job. ``requeue_behind``: a moved job waits
+    again behind every waiting job (Slurm's), so the waiting jobs of its profile take room before its target.
     """
     if max_moves_per_job < 0:
         raise ValueError(f"plan_moves: max_moves_per_job must be at least 0, not {max_moves_per_job}")
-    cluster = _Cluster(model, hosts, running, closed, held)
+    cluster = _Cluster(model, hosts, running, closed, held, ahead=waiting if requeue_behind else ())
     for job in waiting:
         profile = model.profile(job.profile)
         if cluster.served(profile, job.name):
@@ -158,9 +162,10 @@ class _Cluster:
 
     def __init__(
         self, model: GpuModel, hosts: Mapping[str, Sequence[Layout]], running: Sequence[Running],
-        closed: frozenset[Place], held: Sequence[tuple[str, Region]],
+        closed: frozenset[Place], held: Sequence[tuple[str, Region]], *, ahead: Sequence[Blocked] = (),
     ) -> None:  # fmt: skip
         self.model = model
+        self.ahead = ahead
         self.hosts = {h: list(lays) for h, lays in hosts.items()}
         self.on: dict[Place, Running] = {}
         for r in running:
@@ -308,12 +313,30 @@ class _Cluster:
         lays[region.host][region.gpu] = g_lay.place(profile, region.start)
         taken: set[Place] = {(region.host, region.gpu, region.start)}
         out: list[Move] = []
+        behind: set[str] = set()
         for r in movers:
-            got = self._target(job, r, lays, taken)
+            got = self._target(job, r, lays, taken) if self._behind(job, r.profile, lays, taken, behind) else None
             if got is None:
                 return tuple(out), max(stay, math.inf if r.remaining_s is None else r.remaining_s)
             out.append(got)
         return tuple(out), stay
+
+    def _behind(
+        self, job: Blocked, profile: str, lays: dict[str, list[Layout]], taken: set[Place], done: set[str]
+    ) -> bool:
+        """Room taken first (in ``lays`` and ``taken``) for the waiting jobs of ``profile`` other than ``job``: a
+        moved job waits again behind them, as Slurm gives a requeued job the requeue's submit time. False when they
+        take all the room there is (a job of the profile moved now would not restart until one of them ends);
+        ``done``: the profiles whose waiting jobs have their room already."""
+        if profile in done:
+            return True
+        done.add(profile)
+        for w in self.ahead:
+            if w.profile == profile and w.name != job.name:
+                got = self._target(job, Running(w.name, ("", -1, -1), profile, False, 0, None, 0.0), lays, taken)
+                if got is None:
+                    return False
+        return True
 
     def _target(self, job: Blocked, r: Running, lays: dict[str, list[Layout]], taken: set[Place]) -> Move | None:
         """A free instance of ``r``'s profile, else the carving that destroys the fewest idle compute slices (then
