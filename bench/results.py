@@ -300,8 +300,17 @@ SECTIONS: tuple[Section, ...] = (
         "slurm_moves_mix",
         "Moves of running hook jobs, modelled: 2 hosts x 2 GPUs, half the jobs hook jobs",
         "slurm_moves.py",
-        ("--hosts", "2", "--gpus", "2", "--seeds", "161-200", "--parallel", "2"),
+        ("--hosts", "2", "--gpus", "2", "--seeds", "161-200", "--rivals", "instances,reserve,moves", "--parallel", "2"),
         quick=("--hosts", "2", "--gpus", "2", "--seeds", "161"),
+        markdown=False,
+    ),
+    Section(
+        "slurm_moves_light",
+        "Moves of running hook jobs, modelled: 2 hosts x 2 GPUs, the issue's mix as it is (45 jobs)",
+        "slurm_moves.py",
+        ("--hosts", "2", "--gpus", "2", "--jobs", "45", "--seeds", "161-200", "--rivals", "instances,reserve,moves",
+         "--parallel", "2"),
+        quick=("--hosts", "2", "--gpus", "2", "--jobs", "45", "--seeds", "161"),
         markdown=False,
     ),
     Section(

@@ -13,9 +13,11 @@ claims that keep two hosts from carving for one job are not modelled). With ``mo
   waiting jobs in priority order, the registering instances closed, the round's hold;
 * each chosen job acknowledges its checkpoint ``ACK_S`` later and leaves its instance; it is requeued and held, and
   released ``REQUEUE_S`` after that (slurmd refuses a job restarted within the second it was killed: flexmig's
-  credential gap of 1.5 s, plus ``scontrol requeuehold`` and ``release``); it waits in its old place in the queue,
-  and when Slurm starts it again it runs what it had left plus ``COLD_START_S`` (imports, its model built, its
-  checkpoint loaded): the jobs of the mix sleep, a real job pays this;
+  credential gap of 1.5 s, plus ``scontrol requeuehold`` and ``release``); it waits behind every job already
+  waiting, as in Slurm, whose ``batch_requeue_fini`` gives a requeued job the requeue's submit time and restarts
+  its age (``--requeue kept``: in its old place, as the model had it before), and when Slurm starts it again it
+  runs what it had left plus ``COLD_START_S`` (imports, its model built, its checkpoint loaded): the jobs of the
+  mix sleep, a real job pays this;
 * the waiting job's region becomes the hold, due when the jobs that stay there end (at once when none does): the
   carving destroys its idle instances and creates the waiting job's instance there as soon as they are gone;
 * as flexmigd does (:meth:`flexmig.slurm.carver.InstanceCarver._carve`): the carving is chosen first and the moves
@@ -23,6 +25,17 @@ claims that keep two hosts from carving for one job are not modelled). With ``mo
   waits again, and for the waiting one), and no target is made ahead.
 
 Which jobs are hook jobs: half of the mix, drawn per seed (``--hook-share``, a ``random.Random(f"{seed}:hook")``).
+
+Rivals (``--rivals``): ``instances`` (the per-instance policy, no moves: a blocked job holds a region after
+``HOLD_AFTER_S`` or when nothing waiting can use the idle slices), ``reserve`` (the strongest rival without moves,
+what Slurm's backfill does with a reservation for its top job: the first blocked job holds the region that empties
+first at once, "drain one GPU for the big job"), ``moves`` (this tree's), ``moves-before`` (moves counting a moved
+job's target as if it kept its place in the queue, the policy before) and ``moves-reserve`` (moves with the hold at
+once).
+
+Where the 7g jobs' longest wait goes: the table splits it into the seconds the job waited while a job submitted
+before it had not started yet (it waits behind older jobs in Slurm's priority order, which neither a hold nor a move
+changes: a move only empties a region once the job is the first that is blocked) and the seconds after.
 
 Cases (``--case``):
 
@@ -88,8 +101,21 @@ class Outcome:
     def seven_longest(self) -> float:
         """The longest wait of a 7g job from its submission to its first start (0: no 7g job)."""
         st = self.result.state
-        waits = [self.moves.first_start[j.name] - j.submit_s for j in st.jobs if j.mix.profile == SEVEN]
+        waits = [self.moves.first_start[j.name] - j.mix.arrival_s for j in st.jobs if j.mix.profile == SEVEN]
         return max(waits, default=0.0)
+
+    @property
+    def seven_behind(self) -> float:
+        """Of the longest-waiting 7g job's wait, the seconds while a job submitted before it had not started yet
+        (it waited behind older jobs, in Slurm's priority order; 0: no 7g job)."""
+        fs = self.moves.first_start
+        jobs = self.result.state.jobs
+        sevens = [j for j in jobs if j.mix.profile == SEVEN and j.name in fs]
+        if not sevens:
+            return 0.0
+        j = max(sevens, key=lambda k: fs[k.name] - k.mix.arrival_s)
+        older = [min(fs.get(k.name, math.inf), fs[j.name]) for k in jobs if k.mix.arrival_s < j.mix.arrival_s]
+        return max([j.mix.arrival_s, *older]) - j.mix.arrival_s
 
     @property
     def others_longest(self) -> float:
@@ -97,13 +123,13 @@ class Outcome:
         return max((w for j, w in self._waits() if j.mix.profile != SEVEN), default=0.0)
 
     def _waits(self) -> list[tuple[sm.Job, float]]:
-        return [(j, self.moves.first_start[j.name] - j.submit_s) for j in self.result.state.jobs
+        return [(j, self.moves.first_start[j.name] - j.mix.arrival_s) for j in self.result.state.jobs
                 if j.name in self.moves.first_start]  # fmt: skip
 
     @property
     def waits(self) -> list[float]:
         """Each job's wait from its submission to its first start."""
-        return [self.moves.first_start[j.name] - j.submit_s for j in self.result.state.jobs
+        return [self.moves.first_start[j.name] - j.mix.arrival_s for j in self.result.state.jobs
                 if j.name in self.moves.first_start]  # fmt: skip
 
     @property
@@ -144,8 +170,11 @@ def two_gpu_case() -> list[MixJob]:
 def simulate(
     jobs: Sequence[MixJob], *, hosts: int, gpus: int, hook: frozenset[str], moves: bool,
     layout: tuple[tuple[str, int], ...] = sm.START, max_moves: int = MAX_MOVES_PER_JOB, limit_s: float = 7200.0,
+    hold_after_s: float = HOLD_AFTER_S, requeue_back: bool = True, behind: bool = True,
 ) -> Outcome:  # fmt: skip
-    """``jobs`` on ``hosts`` hosts of ``gpus`` GPUs each, one Slurm node per MIG instance, with or without moves."""
+    """``jobs`` on ``hosts`` hosts of ``gpus`` GPUs each, one Slurm node per MIG instance, with or without moves;
+    a blocked job holds a region after ``hold_after_s``; ``requeue_back``: a moved job waits again behind every job
+    submitted before its requeue (Slurm's), not in its old place."""
     n = hosts * gpus
     start = Layout.of(sm.MODEL, list(layout))
     st = sm.State((start,) * n, [sm.Job(j, j.arrival_s) for j in jobs])
@@ -161,7 +190,7 @@ def simulate(
     steps = 0
     next_backfill = first
     while st.t < limit_s:
-        _release(st, mv)
+        _release(st, mv, back=requeue_back)
         done = [w for w, u in registering.items() if u <= st.t]
         registering = {w: u for w, u in registering.items() if u > st.t}
         backfill = st.t >= next_backfill
@@ -173,7 +202,8 @@ def simulate(
             _slurm(st, layouts, registering, hold, mv, backfill=backfill)
         if rounds.due(st.t, st.jobs):
             hold = _round(st, layouts, registering, hold, passes, mv, hook=hook if moves else frozenset(),
-                          hosts=hosts, gpus=gpus, max_moves=max_moves)  # fmt: skip
+                          hosts=hosts, gpus=gpus, max_moves=max_moves, hold_after_s=hold_after_s,
+                          behind=behind)  # fmt: skip
             if passes.due(st.t, st.jobs):
                 _slurm(st, layouts, registering, hold, mv, backfill=False)
         if not mv.requeue and all(j.end_s <= st.t for j in st.jobs):
@@ -202,19 +232,26 @@ def _slurm(
             mv.first_start.setdefault(j.name, j.start_s)
 
 
-def _release(st: sm.State, mv: Moves) -> None:
-    """Requeued jobs whose time came wait again, with what they had left plus a cold start to run."""
+def _release(st: sm.State, mv: Moves, *, back: bool) -> None:
+    """Requeued jobs whose time came wait again, with what they had left plus a cold start to run; ``back``: as
+    if submitted now, behind every job waiting (Slurm's ``batch_requeue_fini`` sets a requeued job's submit time to
+    the requeue's and restarts its age), else in their old place."""
     due = [x for x in mv.requeue if x[0] <= st.t]
     mv.requeue = [x for x in mv.requeue if x[0] > st.t]
     for _, job, left in due:
         job.start_s = job.end_s = math.inf
         job.where = None
         job.mix = replace(job.mix, runtime_s=left + COLD_START_S)
+        if back:
+            job.submit_s = st.t
+            st.jobs.remove(job)
+            st.jobs.append(job)
 
 
 def _round(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     passes: sm.MainPasses, mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
+    hold_after_s: float = HOLD_AFTER_S, behind: bool = True,
 ) -> Hold | None:  # fmt: skip
     """flexmig's round, as :meth:`flexmig.slurm.carver.InstanceCarver._carve` runs it: the carving
     (``slurm_model``'s) is chosen, then the moves with its hold; a round that moves carries out the moves and holds
@@ -223,10 +260,10 @@ def _round(
     busy = {j.where: j.start_s + j.limit_s - st.t for j in running if j.where is not None}
     queue = [Waiting(j.name, j.mix.profile, j.limit_s, st.t - j.submit_s) for j in st.pending()]
     c = carve(sm.MODEL, layouts, busy, queue, now_s=st.t, hold=hold, registering=frozenset(registering),
-              hold_after_s=HOLD_AFTER_S)  # fmt: skip
+              hold_after_s=hold_after_s)  # fmt: skip
     if hook and queue:
         moved = _moves(st, layouts, registering, c.hold, queue, mv, hook=hook, hosts=hosts, gpus=gpus,
-                       max_moves=max_moves)  # fmt: skip
+                       max_moves=max_moves, behind=behind)  # fmt: skip
         if moved is not None:
             return moved
     for g, s in c.destroy:
@@ -244,6 +281,7 @@ def _round(
 def _moves(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     queue: Sequence[Waiting], mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
+    behind: bool = True,
 ) -> Hold | None:  # fmt: skip
     """The moves the policy chooses, carried out (no target is made ahead: the moved job's instance is carved once
     it waits again); the hold of the waiting job's region, or None when nothing is moved."""
@@ -259,7 +297,8 @@ def _moves(
     held = [] if hold is None else [(hold.job, Region(f"h{hold.gpu // gpus}", hold.gpu % gpus, hold.start,
                                                       hold.profile))]  # fmt: skip
     asks = [Blocked(w.name, w.profile, w.waited_s) for w in queue]
-    plan = plan_moves(sm.MODEL, cluster, running, asks, max_moves_per_job=max_moves, closed=closed, held=held)
+    plan = plan_moves(sm.MODEL, cluster, running, asks, max_moves_per_job=max_moves, closed=closed, held=held,
+                      requeue_behind=behind)
     if not plan.moves or plan.region is None or plan.waiting is None:
         return None
     mv.plans.append((st.t, plan))
@@ -291,6 +330,19 @@ class Case:
     share: float
     max_moves: int
     jobs: int = 0  # jobs in the mix; 0: 45 a GPU
+    hold_after_s: float = HOLD_AFTER_S
+    requeue_back: bool = True
+    behind: bool = True
+
+
+RIVALS = {
+    "instances": (False, HOLD_AFTER_S, True),
+    "reserve": (False, 0.0, True),
+    "moves": (True, HOLD_AFTER_S, True),
+    "moves-before": (True, HOLD_AFTER_S, False),
+    "moves-reserve": (True, 0.0, True),
+}
+"""Rivals: (moves, hold_after_s, a moved job's target counted only when no waiting job asks for its profile)."""
 
 
 def run_case(c: Case) -> Outcome:
@@ -299,10 +351,12 @@ def run_case(c: Case) -> Outcome:
         jobs = two_gpu_case()
         hook = frozenset({"job0", "job1"})
         return simulate(jobs, hosts=c.hosts, gpus=c.gpus, hook=hook, moves=c.moves, layout=(("1g.18gb", 6),),
-                        max_moves=c.max_moves)  # fmt: skip
+                        max_moves=c.max_moves, hold_after_s=c.hold_after_s, requeue_back=c.requeue_back,
+                        behind=c.behind)  # fmt: skip
     jobs = mix(c.seed, c.jobs or sm.JOBS * c.hosts * c.gpus)
     return simulate(jobs, hosts=c.hosts, gpus=c.gpus, hook=hook_jobs(jobs, c.seed, c.share), moves=c.moves,
-                    max_moves=c.max_moves)  # fmt: skip
+                    max_moves=c.max_moves, hold_after_s=c.hold_after_s, requeue_back=c.requeue_back,
+                    behind=c.behind)  # fmt: skip
 
 
 def _cell(xs: Sequence[float], fmt: str, worst: Callable[[Sequence[float]], float]) -> str:
@@ -316,6 +370,8 @@ def _table(rows: dict[str, list[Outcome]]) -> None:
         ("utilisation while jobs wait (%)", lambda o: 100 * o.result.util_waiting, ".1f", min),
         ("makespan / packing bound", lambda o: o.result.ratio, ".3f", max),
         ("7g jobs' longest wait (s)", lambda o: o.seven_longest, ".0f", max),
+        ("  of it behind older jobs (s)", lambda o: o.seven_behind, ".0f", max),
+        ("  of it after them (s)", lambda o: o.seven_longest - o.seven_behind, ".0f", max),
         ("other jobs' longest wait (s)", lambda o: o.others_longest, ".0f", max),
         ("wait, mean (s)", lambda o: statistics.mean(o.waits), ".0f", max),
         ("moves", lambda o: o.moved, ".0f", max),
@@ -341,6 +397,9 @@ def main() -> int:
     ap.add_argument("--rivals", default="instances,moves", help="instances (no moves), moves (default both)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once, in that many processes (default 1)")
     ap.add_argument("--log", action="store_true", help="print each move of the first seed's moves run")
+    ap.add_argument("--requeue", choices=("back", "kept"), default="back",
+                    help="where a moved job waits again: behind the jobs already waiting (back, Slurm's: its submit "
+                    "time becomes the requeue's) or in its old place (kept)")
     args = ap.parse_args()
     if args.hosts is None:
         args.hosts = 1 if args.case == "two" else 2
@@ -351,8 +410,8 @@ def main() -> int:
     if args.max_moves < 0:
         ap.error(f"--max-moves must be at least 0, not {args.max_moves}")
     rivals = [r for r in args.rivals.split(",") if r]
-    if bad := [r for r in rivals if r not in ("instances", "moves")]:
-        ap.error(f"--rivals: unknown {', '.join(bad)} (instances, moves)")
+    if bad := [r for r in rivals if r not in RIVALS]:
+        ap.error(f"--rivals: unknown {', '.join(bad)} ({', '.join(RIVALS)})")
     seeds = [0] if args.case == "two" else sm.seeds_of(args.seeds)
     gpus = args.hosts * args.gpus
     print("flexmig Slurm cluster, offline: one Slurm node per MIG instance, moves of running hook jobs "
@@ -365,8 +424,8 @@ def main() -> int:
         f"{100 * args.hook_share:.0f} % of them hook jobs")  # fmt: skip
     print(f"{args.hosts} host(s) x {args.gpus} GPU(s); {what}; a move costs the job {ACK_S} s to acknowledge, "
           f"{REQUEUE_S} s requeued, {COLD_START_S} s cold start; at most {args.max_moves} moves a job")  # fmt: skip
-    cases = {r: [Case(args.case, s, args.hosts, args.gpus, r == "moves", args.hook_share, args.max_moves, args.jobs)
-                 for s in seeds] for r in rivals}  # fmt: skip
+    cases = {r: [Case(args.case, s, args.hosts, args.gpus, RIVALS[r][0], args.hook_share, args.max_moves, args.jobs,
+                      RIVALS[r][1], args.requeue == "back", RIVALS[r][2]) for s in seeds] for r in rivals}  # fmt: skip
     t0 = time.monotonic()
     if args.parallel > 1:
         with ProcessPoolExecutor(args.parallel) as pool:
@@ -396,7 +455,7 @@ def _two(rows: dict[str, list[Outcome]]) -> None:
     for name, (o,) in rows.items():
         st = o.result.state
         seven = next(j for j in st.jobs if j.mix.profile == SEVEN)
-        print(f"{name}: the 7g waited {o.moves.first_start[seven.name] - seven.submit_s:.1f} s; moved: "
+        print(f"{name}: the 7g waited {o.moves.first_start[seven.name] - seven.mix.arrival_s:.1f} s; moved: "
               f"{', '.join(f'{j} ({n}x)' for j, n in sorted(o.moves.count.items())) or 'none'}; starts: "
               f"{', '.join(f'{j} {n}' for j, n in sorted(o.moves.starts.items()))}; every moved job started again "
               f"once and ended: {o.resumed_once}; makespan {o.result.makespan:.0f} s (bound "
