@@ -29,9 +29,9 @@ Which jobs are hook jobs: half of the mix, drawn per seed (``--hook-share``, a `
 Rivals (``--rivals``): ``instances`` (the per-instance policy, no moves: a blocked job holds a region after
 ``HOLD_AFTER_S`` or when nothing waiting can use the idle slices), ``reserve`` (the strongest rival without moves,
 what Slurm's backfill does with a reservation for its top job: the first blocked job holds the region that empties
-first at once, "drain one GPU for the big job"), ``moves`` (this tree's), ``moves-before`` (moves counting a moved
-job's target as if it kept its place in the queue, the policy before) and ``moves-reserve`` (moves with the hold at
-once).
+first at once, "drain one GPU for the big job"), ``moves`` (this tree's), ``moves-room`` (a rejected variant: a
+moved job's target counted only after room for the waiting jobs of its profile, which it waits behind once
+requeued) and ``moves-reserve`` (moves with the hold at once).
 
 Where the 7g jobs' longest wait goes: the table splits it into the seconds the job waited while a job submitted
 before it had not started yet (it waits behind older jobs in Slurm's priority order, which neither a hold nor a move
@@ -170,7 +170,7 @@ def two_gpu_case() -> list[MixJob]:
 def simulate(
     jobs: Sequence[MixJob], *, hosts: int, gpus: int, hook: frozenset[str], moves: bool,
     layout: tuple[tuple[str, int], ...] = sm.START, max_moves: int = MAX_MOVES_PER_JOB, limit_s: float = 7200.0,
-    hold_after_s: float = HOLD_AFTER_S, requeue_back: bool = True, behind: bool = True,
+    hold_after_s: float = HOLD_AFTER_S, requeue_back: bool = True, behind: bool = False,
 ) -> Outcome:  # fmt: skip
     """``jobs`` on ``hosts`` hosts of ``gpus`` GPUs each, one Slurm node per MIG instance, with or without moves;
     a blocked job holds a region after ``hold_after_s``; ``requeue_back``: a moved job waits again behind every job
@@ -251,7 +251,7 @@ def _release(st: sm.State, mv: Moves, *, back: bool) -> None:
 def _round(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     passes: sm.MainPasses, mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
-    hold_after_s: float = HOLD_AFTER_S, behind: bool = True,
+    hold_after_s: float = HOLD_AFTER_S, behind: bool = False,
 ) -> Hold | None:  # fmt: skip
     """flexmig's round, as :meth:`flexmig.slurm.carver.InstanceCarver._carve` runs it: the carving
     (``slurm_model``'s) is chosen, then the moves with its hold; a round that moves carries out the moves and holds
@@ -281,7 +281,7 @@ def _round(
 def _moves(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     queue: Sequence[Waiting], mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
-    behind: bool = True,
+    behind: bool = False,
 ) -> Hold | None:  # fmt: skip
     """The moves the policy chooses, carried out (no target is made ahead: the moved job's instance is carved once
     it waits again); the hold of the waiting job's region, or None when nothing is moved."""
@@ -332,17 +332,17 @@ class Case:
     jobs: int = 0  # jobs in the mix; 0: 45 a GPU
     hold_after_s: float = HOLD_AFTER_S
     requeue_back: bool = True
-    behind: bool = True
+    behind: bool = False
 
 
 RIVALS = {
-    "instances": (False, HOLD_AFTER_S, True),
-    "reserve": (False, 0.0, True),
-    "moves": (True, HOLD_AFTER_S, True),
-    "moves-before": (True, HOLD_AFTER_S, False),
-    "moves-reserve": (True, 0.0, True),
+    "instances": (False, HOLD_AFTER_S, False),
+    "reserve": (False, 0.0, False),
+    "moves": (True, HOLD_AFTER_S, False),
+    "moves-room": (True, HOLD_AFTER_S, True),
+    "moves-reserve": (True, 0.0, False),
 }
-"""Rivals: (moves, hold_after_s, a moved job's target counted only when no waiting job asks for its profile)."""
+"""Rivals: (moves, hold_after_s, a moved job's target only after room for the waiting jobs of its profile)."""
 
 
 def run_case(c: Case) -> Outcome:

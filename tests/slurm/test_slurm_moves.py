@@ -54,9 +54,10 @@ def test_the_two_gpus_on_two_hosts_move_one_job_to_the_other_host() -> None:
     assert plan.moves[0].target[0] == "n2"
 
 
-def test_a_moved_job_waits_behind_the_waiting_jobs_of_its_profile_so_their_room_is_not_its_target() -> None:
-    # GPU 1 has room for one 1g (slice 5); a 1g job waits: requeued, the moved 1g would wait behind it (Slurm gives
-    # a requeued job the requeue's submit time), so that room is the waiting job's, and the move has no target
+def test_with_requeue_behind_the_room_of_the_waiting_jobs_of_its_profile_is_not_a_moved_job_s_target() -> None:
+    # GPU 1 has room for one 1g (slice 5) and a 1g job waits: requeued, the moved 1g would wait behind it (Slurm
+    # gives a requeued job the requeue's submit time). The default counts that room as its target (the 7g gains its
+    # slices either way); requeue_behind (a rejected variant) leaves it to the waiting job, and moves nothing
     hosts = {"n1": [Layout.of(H200, [("1g.18gb", 6)]),
                     Layout.of(H200, [("3g.71gb", 0), ("1g.18gb", 4), ("1g.18gb", 6)])]}  # fmt: skip
     running = [
@@ -65,14 +66,12 @@ def test_a_moved_job_waits_behind_the_waiting_jobs_of_its_profile_so_their_room_
           for n, s, p in (("b", 0, "3g.71gb"), ("c", 4, "1g.18gb"), ("d", 6, "1g.18gb"))),
     ]  # fmt: skip
     big = Blocked("big", "7g.141gb", 5.0)
-    alone = plan_moves(H200, hosts, running, [big])
-    assert [(m.job, m.target) for m in alone.moves] == [("a", ("n1", 1, 5))]
-    behind = plan_moves(H200, hosts, running, [Blocked("small", "1g.18gb", 9.0), big])
+    queue = [Blocked("small", "1g.18gb", 9.0), big]
+    assert [(m.job, m.target) for m in plan_moves(H200, hosts, running, [big]).moves] == [("a", ("n1", 1, 5))]
+    assert [m.job for m in plan_moves(H200, hosts, running, queue).moves] == ["a"]
+    behind = plan_moves(H200, hosts, running, queue, requeue_behind=True)
     assert not behind.moves and behind.waiting == "big", behind
     assert "no room elsewhere for a" in behind.reason
-    # the policy before (the moved job back in its old place) took that room for it
-    before = plan_moves(H200, hosts, running, [Blocked("small", "1g.18gb", 9.0), big], requeue_behind=False)
-    assert [m.job for m in before.moves] == ["a"]
 
 
 def test_a_job_that_did_not_opt_in_is_never_moved() -> None:

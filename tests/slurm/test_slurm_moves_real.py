@@ -47,6 +47,8 @@ def test_two_long_1g_hook_jobs_on_two_gpus_a_7g_arrives_one_is_moved_and_resumes
         )
         big = d.testbed.sbatch("--gres=gpu:7g.141gb:1", "--time=5", script=SLEEP)
         ran = d.wait_state(big, "RUNNING", timeout_s=120)
+        if ran.start_s is not None:  # the figure docs/slurm-node.md quotes (pytest -s shows it)
+            print(f"the 7g job started {ran.start_s - ran.submit_s:.0f} s after its submission")
         (node,) = ran.nodes
         moved = [j for j in hooks if (rec := d.job(j)) is not None and rec.restart_count > 0]
         assert len(moved) == 1, [d.job(j) for j in hooks]  # one, not both
