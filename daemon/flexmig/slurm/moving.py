@@ -70,7 +70,8 @@ def choose_moves(
         queue = [w for w in queue if w.name != plan.waiting]
         plan = _plan(host, ch, running, queue, hold=hold, max_moves_per_job=max_moves_per_job)
     if plan.moves:
-        plan = MovePlan((), plan.waiting, None, 0.0, 0.0, f"{plan.waiting}: its owner was not found in time")
+        why = f"{plan.waiting}: not moved this round ({OWNER_TRIES} blocked jobs before it are other hosts' to move)"
+        plan = MovePlan((), plan.waiting, None, 0.0, 0.0, why)
     return replace(plan, reason="; ".join([*passed, plan.reason])) if passed else plan
 
 
