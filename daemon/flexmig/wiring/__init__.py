@@ -36,6 +36,7 @@ from flexmig.metrics.runtime import TaskMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
 from flexmig.service.actuator_host import ActuatorHost
+from flexmig.service.detection import Detector, detect_settings
 from flexmig.storage import LockSet
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.sampler import dcgm_loop
@@ -44,9 +45,9 @@ from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.commands import CommandsComponent
 from flexmig.wiring.component import Component, Loop, Off
-from flexmig.wiring.detection import DetectionComponent, Detector, detect_settings
+from flexmig.wiring.detection import DetectionComponent
 from flexmig.wiring.metrics_endpoint import MetricsEndpoint, MetricsRegistry
-from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
+from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.sampling import SamplerComponent, demo_workload_loop, watchdog_loop
 from flexmig.wiring.slurm import SlurmComponent
 
@@ -56,7 +57,6 @@ __all__ = [
     "Component",
     "Components",
     "Detector",
-    "FindingsPublisher",
     "MqttComponent",
     "SlurmComponent",
     "WiredDaemon",
