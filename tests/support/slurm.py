@@ -43,6 +43,7 @@ from flexmig.plan.types import PlannerSettings
 from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_read import SlurmRound
+from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.settings import SlurmSettings, slot_node
 from flexmig.slurm.sitecheck import version_problem
@@ -255,6 +256,7 @@ class SlurmRig:
             events=self.events,
             poll_s=0.01,
             on_step=self.on_step,
+            runners={KIND: lambda run: self.agent.change.run(run, run.row.payload)},  # as flexmigd's, for one node
         )
         self.agent = SlurmAgent(
             self.settings(),

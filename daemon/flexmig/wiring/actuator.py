@@ -22,11 +22,13 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 from flexmig.act.control import ControlServer
 from flexmig.act.events import Relay
+from flexmig.act.executor import ActionRunner
 from flexmig.act.service import Actuator
 from flexmig.errors import FlexmigError, StateInUseError
 from flexmig.metrics.collector import SnapshotMetrics
@@ -62,16 +64,15 @@ class ActuatorComponent(ActuatorRuntime):
         clock: Callable[[], float] = time.monotonic,
         locks: LockSet | None = None,
         node_lock_dir: Path = NODE_LOCK_DIR,
+        runners: Mapping[str, ActionRunner] | None = None,
     ) -> None:
+        """``runners``: the runners of journalled action kinds that live outside ``act/`` (the Slurm part's
+        ``slurm_reregister``), given to the executor when :meth:`start` builds it, before the journal is
+        reconciled."""
         findings = None if mqtt is None else mqtt.findings
         super().__init__(host, findings=findings, wall=wall, clock=clock, locks=locks, node_lock_dir=node_lock_dir)
         self.node = node
-        self._built: list[Callable[[Actuator], None]] = []
-
-    def on_built(self, hook: Callable[[Actuator], None]) -> None:
-        """Call ``hook`` with the actuator once it is built, before the journal is reconciled (the Slurm component
-        adds its action runner so: ``wiring/slurm.py``'s ``attach``, the one seam kept)."""
-        self._built.append(hook)
+        self.runners: Mapping[str, ActionRunner] = MappingProxyType(dict(runners or {}))
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -94,8 +95,6 @@ class ActuatorComponent(ActuatorRuntime):
             return
         self.act = act
         try:
-            for hook in self._built:  # before reconciling: a hook may add the runner of actions in the journal
-                hook(act)
             services = self._services(act)
             relay.connect(services.sink)
             await self._serve(act, services)
@@ -117,7 +116,7 @@ class ActuatorComponent(ActuatorRuntime):
         act = Actuator.build(
             mode=self.runtime_mode, nvml=backend.nvml, offload=self.host.worker.call, devices=backend.devices,
             journal_path=paths.journal, logs_dir=paths.logs, policy=job_policy(cfg), events=events,
-            ack_dir=cfg.jobs.ack_dir,
+            ack_dir=cfg.jobs.ack_dir, runners=self.runners,
         )  # fmt: skip
         apply_config(act, cfg)
         act.serve_daemon(real_node=not backend.simulated, refuse_submit=submit_refusal(cfg))
