@@ -25,19 +25,19 @@ from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
-import flexmig.wiring.detection as detection_wiring
+import flexmig.service.detection as detection_wiring
 from flexmig import sim
 from flexmig.config import Config
+from flexmig.daemon import GC_THRESHOLD
 from flexmig.metrics.findings import FindingsMetrics
 from flexmig.metrics.scrape import Exposition
 from flexmig.nvml import GpmWindows, Nvml, NvmlWorker
+from flexmig.service.detection import Detector, detect_settings
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.publish import SnapshotHub
 from flexmig.telemetry.reader import NvmlReader
 from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
-from flexmig.wiring.detection import Detector, detect_settings
-from flexmig.wiring.sampling import GC_THRESHOLD
 
 __all__ = ["AREAS", "stages"]
 
@@ -130,7 +130,7 @@ async def _run(spec: str, workload: bool, sweeps: int) -> dict[str, float]:
             jobs(now)
 
         await loop.start()
-        gc.freeze()  # as SamplerComponent.start does once the first sweep is out
+        gc.freeze()  # as flexmig.daemon.settle_gc does once every component started
         threshold = gc.get_threshold()
         gc.set_threshold(GC_THRESHOLD, *threshold[1:])
         for _ in range(20):  # windows filled a little, every entry point resolved

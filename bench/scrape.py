@@ -15,7 +15,8 @@ and the body per MIG instance, plain and gzipped. Goals (issue 23): at most 0.05
 scrape, and at most 4 KB of body per MIG instance at the default detail (standard).
 
 Part 2: ``flexmigd --sim`` (8 H200s x 7 x 1g.18gb, 56 MIG devices, the demo workload, the default detail) as a
-process; its CPU (every thread's, from /proc/PID/task/*/schedstat, in nanoseconds) is read with no scraper for
+process; its CPU (every thread's, ended ones included: ``procstat.proc_cpu_s``, /proc/PID/stat in clock ticks, over
+windows of ``--seconds``) is read with no scraper for
 ``--seconds``, then with 1, 4 and 16 concurrent scrapers
 each scraping once per sweep (1 s) as Prometheus does (OpenMetrics, gzip); the CPU a scrape adds is the difference
 over the scrapes made.
@@ -30,7 +31,6 @@ import argparse
 import dataclasses
 import gzip
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +49,7 @@ from flexmig.metrics.collector import SnapshotCollector, build_registry
 from flexmig.metrics.families import LEVELS, Level
 from flexmig.metrics.scrape import Exposition
 from machine import machine
+from procstat import free_port, proc_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -123,27 +124,9 @@ def in_process(repeat: int) -> tuple[int, list[Row]]:
     return devices, rows
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds of every thread of ``pid`` so far, to the nanosecond (the scheduler's own count per thread in
-    /proc/PID/task/*/schedstat; /proc/PID/stat counts in clock ticks of 10 ms, coarser than a scrape)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile
-    return total / 1e9
-
-
 def daemon(seconds: float) -> tuple[int, list[tuple[int, int, float, int]]]:
     """Part 2: (MIG devices, rows of (scrapers, scrapes, CPU ms added per scrape, body bytes))."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     headers = {"Accept": PROMETHEUS["HTTP_ACCEPT"], "Accept-Encoding": "gzip"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,9 +149,9 @@ def daemon(seconds: float) -> tuple[int, list[tuple[int, int, float, int]]]:
             body = _wait_up(url, headers, proc)
             time.sleep(3.0)  # windows filling, first GPM samples
             rows: list[tuple[int, int, float, int]] = []
-            t0, c0 = time.monotonic(), _proc_cpu_s(proc.pid)
+            t0, c0 = time.monotonic(), proc_cpu_s(proc.pid)
             time.sleep(seconds)
-            idle_rate = (_proc_cpu_s(proc.pid) - c0) / (time.monotonic() - t0)
+            idle_rate = (proc_cpu_s(proc.pid) - c0) / (time.monotonic() - t0)
             for k in SCRAPERS:
                 done = [0]
                 stop = threading.Event()
@@ -183,14 +166,14 @@ def daemon(seconds: float) -> tuple[int, list[tuple[int, int, float, int]]]:
                         stop.wait(1.0)
 
                 threads = [threading.Thread(target=scraper, args=(i / k,), daemon=True) for i in range(k)]
-                t0, c0 = time.monotonic(), _proc_cpu_s(proc.pid)
+                t0, c0 = time.monotonic(), proc_cpu_s(proc.pid)
                 for t in threads:
                     t.start()
                 time.sleep(seconds)
                 stop.set()
                 for t in threads:
                     t.join(15)
-                spent = _proc_cpu_s(proc.pid) - c0 - idle_rate * (time.monotonic() - t0)
+                spent = proc_cpu_s(proc.pid) - c0 - idle_rate * (time.monotonic() - t0)
                 rows.append((k, done[0], 1000.0 * spent / max(1, done[0]), len(body)))
             return 56, rows
         finally:

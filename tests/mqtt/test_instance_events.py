@@ -17,15 +17,15 @@ import pytest
 from flexmig.detect import DetectSettings, DetectState, Observation, observe
 from flexmig.mig import H200, Layout
 from flexmig.mqtt.events import EventFactory, EventKind, events_from_report
+from flexmig.mqtt.findings import FindingsPublisher
 from flexmig.mqtt.outbox import Outbox
 from flexmig.mqtt.publisher import MqttPublisher, PublisherSettings
 from flexmig.nvml import Nvml
+from flexmig.service.detection import Detector
 from flexmig.sim import SimNode, install, uninstall
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import SamplingStats, Snapshot
 from flexmig.telemetry.store import TelemetryStore
-from flexmig.wiring.detection import Detector
-from flexmig.wiring.mqtt import FindingsPublisher
 
 S = DetectSettings()
 THREE_G = Layout.of(H200, [("3g.71gb", 0)])

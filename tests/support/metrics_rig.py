@@ -21,11 +21,11 @@ from flexmig.metrics.runtime import JournalWriteMetrics, ServerMetrics, TaskMetr
 from flexmig.metrics.server import ServerStats
 from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.nvml import GpmWindows, Nvml
+from flexmig.service.detection import Detector
 from flexmig.sim import install, uninstall
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import DcgmStatus, SamplingStats, Snapshot
 from flexmig.telemetry.store import TelemetryStore
-from flexmig.wiring.detection import Detector
 from support.event_samples import act_events, facts
 
 __all__ = ["DEMO", "MODES", "extensions", "sampled_node"]

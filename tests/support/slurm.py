@@ -43,11 +43,13 @@ from flexmig.plan.types import PlannerSettings
 from flexmig.sim import SimProcessTable
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_read import SlurmRound
+from flexmig.slurm.change import KIND
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.settings import SlurmSettings, slot_node
 from flexmig.slurm.sitecheck import version_problem
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, job_python, missing_binaries, stop_pid
+from support.processes import stop_process
 from support.wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,6 +257,7 @@ class SlurmRig:
             events=self.events,
             poll_s=0.01,
             on_step=self.on_step,
+            runners={KIND: lambda run: self.agent.change.run(run, run.row.payload)},  # as flexmigd's, for one node
         )
         self.agent = SlurmAgent(
             self.settings(),
@@ -538,16 +541,7 @@ class SlurmDaemon:
     def stop_flexmigd(self) -> int | None:
         """SIGTERM flexmigd and wait (bounded); its exit status."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        return proc.returncode
+        return stop_process(proc, WAIT_S)
 
     def __exit__(self, *exc: object) -> None:
         self.stop_flexmigd()

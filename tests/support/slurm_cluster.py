@@ -34,6 +34,7 @@ from flexmig.slurm.settings import instance_node, slot_node
 from flexmig.slurm.squeue import SlurmJob
 from flexmig.slurm.testbed import Testbed, free_port, stop_pid
 from flexmig.slurm.testbed_layout import choose_layout
+from support.processes import stop_process
 from support.slurm import UNIT_UMASK, WAIT_S, commands, hook_command, job_user, slurm_version
 
 
@@ -146,16 +147,7 @@ class SlurmCluster:
     def stop_flexmigd(self, host: int) -> int | None:
         """SIGTERM host ``host``'s flexmigd and wait (bounded); its exit status."""
         proc, self.procs[host] = self.procs[host], None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        return proc.returncode
+        return stop_process(proc, WAIT_S)
 
     def stop_ctld(self) -> None:
         """Stop slurmctld (as a crash or an administrator would)."""

@@ -221,7 +221,8 @@ def payload_of(row: ActionRow) -> Payload:
 def reason_of(row: ActionRow) -> str:
     """Why the action was planned, for events and listings (empty, never an error, when the payload is broken).
 
-    An action of a kind run by an added handler (``Executor.add_handler``) gives its payload's ``reason`` string.
+    An action of a kind whose runner was given to the executor (``Executor(runners=...)``) gives its payload's
+    ``reason`` string.
     """
     with contextlib.suppress(JournalError):
         return payload_of(row).reason

@@ -39,8 +39,9 @@ import asyncio
 import logging
 import time
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Literal
 
 from flexmig.act import deadline
@@ -90,13 +91,27 @@ from flexmig.hook.protocol import Ack
 from flexmig.jobspec.spec import JobPolicy, recheck_spec
 from flexmig.plan.types import Plan
 
-__all__ = ["Executor", "new_job_uid"]
+__all__ = ["ActionRunner", "Executor", "new_job_uid"]
+
+ActionRunner = Callable[[ActionRun], Awaitable[None]]
+"""Runs one journalled action of a kind that lives outside ``act/`` (``slurm_reregister``), given its step runner
+(whose ``row`` holds the payload)."""
 
 _NOT_AFTER_STOP = frozenset({"start", "migrate", "resplit", "create_instance"})
 """Actions a plan does not begin once the daemon is stopping: they would start ranks (or make room for some) after
 it said it stops. The rest (destroying what a finished move left, a stop, a restart in place) still run."""
 
 log = logging.getLogger(__name__)
+
+
+def outside_runners(runners: Mapping[str, ActionRunner] | None) -> Mapping[str, ActionRunner]:
+    """The runners of action kinds that live outside ``act/``, by kind, fixed when the executor is built so that
+    they are there before :func:`flexmig.act.recovery.reconcile` finishes such an action a crash cut short;
+    ValueError for a kind of the executor's own."""
+    own = sorted(set(runners or {}) & ACTION_KINDS)
+    if own:
+        raise ValueError(f"action kind {own[0]!r} is the executor's own")
+    return MappingProxyType(dict(runners or {}))
 
 
 class Executor:
@@ -117,6 +132,7 @@ class Executor:
         poll_s: float = 0.005,
         resend_s: float = 1.0,
         term_grace_s: float = 10.0,
+        runners: Mapping[str, ActionRunner] | None = None,
     ) -> None:
         self.runtime_mode = mode if isinstance(mode, RuntimeMode) else RuntimeMode(mode)
         """The daemon's mode (shared with whoever else reads it: :mod:`flexmig.act.mode`)."""
@@ -159,8 +175,8 @@ class Executor:
             restart=self._restart_in_place, wall=wall, term_grace_s=term_grace_s, durable=self.durable,
         )  # fmt: skip
         supervisor.on_exit = self.settler.on_exit
-        self.handlers: dict[str, Callable[[ActionRun], Awaitable[None]]] = {}
-        """Runners of action kinds that live outside ``act/`` (``slurm_reregister``): see :meth:`add_handler`."""
+        self.handlers = outside_runners(runners)
+        """Runners of action kinds that live outside ``act/`` (``slurm_reregister``), given at construction."""
 
     @property
     def mode(self) -> Mode:
@@ -170,13 +186,6 @@ class Executor:
     @mode.setter
     def mode(self, mode: Mode) -> None:
         self.runtime_mode.set(mode)
-
-    def add_handler(self, kind: str, handler: Callable[[ActionRun], Awaitable[None]]) -> None:
-        """Run journalled actions of ``kind`` with ``handler`` (given the action's step runner, whose ``row``
-        holds the payload), also when :meth:`reconcile` finishes them after a crash; add it before that."""
-        if kind in ACTION_KINDS:
-            raise ValueError(f"action kind {kind!r} is the executor's own")
-        self.handlers[kind] = handler
 
     # ------------------------------------------------------------------------------------------ entry
     def require_act(self) -> None:

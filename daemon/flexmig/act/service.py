@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +31,7 @@ from flexmig.act.control import ControlServer
 from flexmig.act.devices import DeviceProcessTable
 from flexmig.act.durable import Durable
 from flexmig.act.events import ActEvent, EventSink
-from flexmig.act.executor import Executor
+from flexmig.act.executor import ActionRunner, Executor
 from flexmig.act.journal import Journal, StepEvent
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
 from flexmig.act.mode import RuntimeMode
@@ -87,26 +87,21 @@ class Actuator:
         journal_synchronous: Literal["FULL", "NORMAL", "OFF"] = "FULL",
         ack_dir: Path | None = None,
         rank_logs: RankLogs | None = None,
+        runners: Mapping[str, ActionRunner] | None = None,
     ) -> Actuator:
         """Wire the parts; nothing runs until :meth:`start`.
 
         ``ack_dir``: where jobs acknowledge (see :class:`~flexmig.act.records.AckPlacement`); None puts each
         acknowledgement in the job's checkpoint directory. Under the shipped systemd unit (no CAP_DAC_OVERRIDE)
-        pass a directory the daemon owns that job users can reach, e.g. ``/run/flexmig/acks``.
+        pass a directory the daemon owns that job users can reach, e.g. ``/run/flexmig/acks``. ``runners``: the
+        executor's, for kinds outside ``act/`` (Slurm's), there before :meth:`start` reconciles the journal.
         """
         journal = Journal(journal_path, wall=wall, on_step=on_step, synchronous=journal_synchronous)
         scanner = scanner or PsutilScanner()
         supervisor = Supervisor(
-            launcher=launcher or SubprocessLauncher(),
-            devices=devices,
-            offload=offload,
-            logs_dir=logs_dir,
-            events=events,
-            wall=wall,
-            acks=AckPlacement(ack_dir),
-            rank_logs=rank_logs,
-            scanner=scanner,
-        )
+            launcher=launcher or SubprocessLauncher(), devices=devices, offload=offload, logs_dir=logs_dir,
+            events=events, wall=wall, acks=AckPlacement(ack_dir), rank_logs=rank_logs, scanner=scanner,
+        )  # fmt: skip
         executor = Executor(
             mode=mode,
             mig=NvmlMigOps(nvml, offload),
@@ -120,6 +115,7 @@ class Actuator:
             poll_s=poll_s,
             resend_s=resend_s,
             term_grace_s=term_grace_s,
+            runners=runners,
         )
         executor.policy = policy
         return cls(journal, supervisor, executor, JobsApi(executor, policy, settings, wall))

@@ -23,13 +23,13 @@ from flexmig.detect import Report
 from flexmig.metrics.findings import report_of
 from flexmig.nvml.worker import NvmlWorker
 from flexmig.plan.types import JobRequest
+from flexmig.service.detection import Detector, detect_settings
 from flexmig.service.planning import PlanningInput, parse_request, planning_state
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.backend import Backend, DemoWorkload, open_backend
-from flexmig.wiring.detection import Detector, detect_settings
 
 __all__ = ["instant_detection", "sim_plan_input", "sim_snapshot"]
 

@@ -1,6 +1,8 @@
 """The service layer of the running daemon, below the wiring: what the daemon does with its actuator, each part built
 with what it needs through its constructor once the actuator is open.
 
+* :class:`~flexmig.service.actuator_runtime.ActuatorRuntime`: what the actuator component holds and answers while
+  it runs (requests, the mode switch at reload, the drain);
 * :class:`~flexmig.act.mode.RuntimeMode` (one object, made by the wiring, read by every part and by ``act``);
 * :class:`~flexmig.service.gate.ActionGate`: the action lock and the stop;
 * :class:`~flexmig.service.planning_loop.PlanningLoop`: plan, publish, execute, round after round;
@@ -14,9 +16,12 @@ with what it needs through its constructor once the actuator is open.
   :mod:`~flexmig.service.planning` and :mod:`~flexmig.service.plan_now` (what the planner sees, one look now),
   :mod:`~flexmig.service.actuator_host` and :mod:`~flexmig.service.simdirs` (the actuator's paths and locks),
   :mod:`~flexmig.service.privileges` (mode act's capabilities);
-* the Slurm part, built with the actuator: :class:`~flexmig.service.slurm_agents.SlurmAgents` (layout, agents, the
-  runner of ``slurm_reregister`` routing by node), :class:`~flexmig.service.slurm_rounds.SlurmRounds` (the probe loop
-  and the rounds) and :class:`~flexmig.service.slurm_reporting.SlurmReporting` (log lines, metrics, events).
+* :class:`~flexmig.service.detection.Detector`: detection's step on each published snapshot;
+* the Slurm part, built before the actuator: :class:`~flexmig.service.slurm_agents.SlurmAgents` (the one runner of
+  ``slurm_reregister``, routing by node and handed to the actuator's constructor; the layout, read without blocking
+  by :mod:`~flexmig.service.slurm_layout`; the agents), :class:`~flexmig.service.slurm_rounds.SlurmRounds` (the
+  probe loop and the rounds) and :class:`~flexmig.service.slurm_reporting.SlurmReporting` (log lines, metrics,
+  events).
 
 The wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` opens the actuator, builds these and runs their
 loops, and :class:`flexmig.wiring.slurm.SlurmComponent` runs the Slurm part's; they hold no policy of their own.

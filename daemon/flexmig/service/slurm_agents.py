@@ -1,8 +1,12 @@
 """The Slurm part of the running daemon, first half: the host's layout, its agents and the runner of its actions.
 
-:class:`SlurmAgents` chooses the host's layout (:mod:`flexmig.slurm.layout`) when the actuator is built
-(:meth:`SlurmAgents.prepare`), makes the agent of each Slurm node the host is (one, or one per MIG GPU, or one per
-MIG instance), and routes the journal's ``slurm_reregister`` actions to the agent of the node their payload names.
+:class:`SlurmAgents` is the one runner of the journal's ``slurm_reregister`` actions (:meth:`SlurmAgents.run_action`,
+handed to the actuator's executor when it is built, before its journal is reconciled: a re-registration a crash cut
+short is finished at the next start). It chooses the host's layout (:mod:`flexmig.slurm.layout`, its inputs read
+without blocking the event loop: :mod:`flexmig.service.slurm_layout`) at :meth:`SlurmAgents.prepare`, the Slurm
+component's start or the first action the journal hands it, whichever comes first; makes the agent of each Slurm
+node the host is (one, or one per MIG GPU, or one per MIG instance); and routes each action to the agent of the node
+its payload names.
 :class:`flexmig.service.slurm_rounds.SlurmRounds` adds the probe loop and the rounds; the wiring's
 :class:`flexmig.wiring.slurm.SlurmComponent` is the lifecycle adapter over them. Log lines keep the logger
 ``flexmig.wiring.slurm`` (operators' filters and the docs' examples name it).
@@ -19,23 +23,23 @@ from collections.abc import Callable
 from typing import Protocol
 
 from flexmig.act.service import Actuator
-from flexmig.act.steps import ActionRun
+from flexmig.act.steps import ActionRun, Refused
 from flexmig.config import Config
 from flexmig.errors import SlurmError
 from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.events import EventFactory
 from flexmig.mqtt.slurm_events import CarvingNews, node_event
 from flexmig.service.planning import planner_settings
+from flexmig.service.slurm_layout import read_layout_inputs
 from flexmig.service.slurm_reporting import FindingsOwner, SlurmReporting
 from flexmig.slurm.agent import SlurmAgent
 from flexmig.slurm.agent_keys import AgentKey, agent_settings, example_node, gpu_of_action, instance_of_action
 from flexmig.slurm.agent_read import SlurmRound
 from flexmig.slurm.carver import InstanceCarver
-from flexmig.slurm.change import KIND
 from flexmig.slurm.claims import Claims
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.config_settings import slurm_settings
-from flexmig.slurm.layout import SlurmLayout, choose_layout, configured_layout, read_inputs, with_layout
+from flexmig.slurm.layout import SlurmLayout, choose_layout, configured_layout, with_layout
 from flexmig.slurm.settings import gpu_node
 
 __all__ = ["ActuatorView", "SlurmAgents", "SlurmHost"]
@@ -51,7 +55,8 @@ class SlurmHost(Protocol):
 
 
 class ActuatorView(Protocol):
-    """What the Slurm part needs of the actuator's component: the open actuator, its action lock and the stop."""
+    """What the Slurm part needs of the actuator's component: the open actuator (read when the Slurm part prepares
+    and at each round), its action lock and the stop."""
 
     @property
     def act(self) -> Actuator | None:
@@ -74,7 +79,6 @@ class SlurmAgents(SlurmReporting):
         self,
         host: SlurmHost,
         actuator: ActuatorView,
-        act: Actuator,
         *,
         slurm_metrics: SlurmMetrics,
         mqtt: FindingsOwner | None = None,
@@ -105,8 +109,8 @@ class SlurmAgents(SlurmReporting):
         self.claims = Claims(max(60.0, 3 * host.config.slurm.interval_s), clock)
         self._claims_restored = False
         self.last: SlurmRound | None = None
-        self._act: Actuator | None = act
-        """The built actuator, before its journal is reconciled: the agents run their actions on its executor."""
+        self._prepared = False
+        self._preparing = asyncio.Lock()
         self._client: SlurmClient | None = None
         self._version_ok = False
         self._empty_at: dict[str, float] = {}
@@ -127,20 +131,43 @@ class SlurmAgents(SlurmReporting):
         """The node's agent (``node_per_gpu``: the first GPU node's), or None before it is made."""
         return self.agents.get(None) or next(iter(self.agents.values()), None)
 
-    def prepare(self) -> None:
-        """Choose the layout and make the agent on the actuator's executor (before the journal is reconciled); with
-        ``node_per_gpu``, route ``slurm_reregister`` actions to the agent of their node (made when first needed)."""
-        if not self._choose_layout():
+    @property
+    def _act(self) -> Actuator | None:
+        """The open actuator (None before its start, or when it could not start)."""
+        return self.actuator.act
+
+    async def run_action(self, run: ActionRun) -> None:
+        """Run a journalled ``slurm_reregister`` action (the executor's runner of that kind, also when the journal's
+        reconciliation finishes one at start): with the agent of the node the payload names. Refused when the layout
+        was refused (or the actuator is not open): the action fails, saying so, and nothing is changed."""
+        await self.prepare()
+        if self.per_node:
+            await self._dispatch(run)
             return
+        agent = self.agents.get(None)
+        if agent is None:
+            raise Refused(f"the Slurm part of node {self.node} runs no agent (its layout was refused; see the log)")
+        await agent.change.run(run, run.row.payload)
+
+    async def prepare(self) -> None:
+        """Once the actuator is open (nothing before): choose the layout and make the agents on its executor (with
+        one node per GPU or instance, the agent of each node when it is first needed). Done once, at the Slurm
+        component's start or at the first action the journal's reconciliation hands over, whichever comes first."""
+        async with self._preparing:
+            act = self._act
+            if self._prepared or act is None:
+                return
+            self._prepared = True
+            if await self._choose_layout():
+                self._make_agents(act)
+
+    def _make_agents(self, act: Actuator) -> None:
+        """The client, the agent (or, with several nodes, the carver), and one line saying what the host is."""
         cfg = self.config
         settings = slurm_settings(cfg.slurm)
-        act = self._act
-        assert act is not None
         self._client = SlurmClient(SlurmCommands(settings.bin_dir, settings.conf, settings.command_timeout_s))
         self._client.on_jobs_read = self.slurm_metrics.queue_read
-        if self.per_node:
-            act.executor.add_handler(KIND, self._dispatch)
-        else:
+        if not self.per_node:
             self.agents[None] = self._make_agent(act, None)
         if self.per_instance:
             self.carver = InstanceCarver(
@@ -180,13 +207,14 @@ class SlurmAgents(SlurmReporting):
                     cfg.mode,
                 )
 
-    def _choose_layout(self) -> bool:
+    async def _choose_layout(self) -> bool:
         """Choose the host's layout (:mod:`flexmig.slurm.layout`; ``auto`` reads slurmd's version and slurm.conf)
         and say it in one line; False, after one WARNING line and a ``slurm_node`` event ``refused``, when it
         cannot work: the component then changes nothing."""
         cfg = self.config.slurm
         try:
-            inputs = read_inputs(cfg, self.node) if configured_layout(cfg) == "auto" else ("", 0, "slurm.conf")
+            auto = configured_layout(cfg) == "auto"
+            inputs = await read_layout_inputs(cfg, self.node) if auto else ("", 0, "slurm.conf")
             version, declared, conf = inputs
             layout = choose_layout(cfg, version, declared, host=self.node, conf=conf)
             with_layout(cfg, layout)
@@ -228,8 +256,6 @@ class SlurmAgents(SlurmReporting):
             profile=profile,
         )
         agent.client.on_jobs_read = self.slurm_metrics.queue_read
-        if self.per_node:  # the agent added its own runner: the journal's actions go by their node instead
-            act.executor.add_handler(KIND, self._dispatch)
         return agent
 
     def agent_for_gpu(self, gpu: int) -> SlurmAgent:

@@ -3,10 +3,11 @@
 :class:`SlurmRounds` (on :class:`~flexmig.service.slurm_agents.SlurmAgents`) is what the daemon's ``slurm``
 component (:class:`flexmig.wiring.slurm.SlurmComponent`, its lifecycle adapter) runs, on the actuator's:
 
-* **built** (:meth:`~flexmig.wiring.actuator.ActuatorComponent.on_built`): the agent is made on the actuator's
-  executor and adds the runner of ``slurm_reregister`` actions before the journal is reconciled, so a
-  re-registration cut short by a crash is finished at start (in mode ``act``; in the other modes the node stays as
-  the crash left it, and the log says so);
+* **runner** of ``slurm_reregister`` actions (:meth:`~flexmig.service.slurm_agents.SlurmAgents.run_action`): given to
+  the actuator's executor when it is built, before the journal is reconciled, so a re-registration cut short by a
+  crash is finished at start (in mode ``act``; in the other modes the node stays as the crash left it, and the log
+  says so);
+* **prepare** (the component's start): the layout and the agents, once the actuator is open;
 * **loop** ``slurm``: every ``[slurm] probe_s`` a cheap look (``sdiag``'s job counters, slurmd's pid file), and a
   :meth:`~flexmig.slurm.agent.SlurmAgent.round` when it shows a change (a job submitted, started or ended; slurmd
   crashed) or every ``[slurm] interval_s``, under the actuator's action lock (a stop waits for a re-registration
@@ -20,9 +21,10 @@ component (:class:`flexmig.wiring.slurm.SlurmComponent`, its lifecycle adapter) 
   or dropped); the re-registrations themselves are actions, with the actuator's action events and metrics.
 
 Which nodes the host is comes first, at :meth:`~flexmig.service.slurm_agents.SlurmAgents.prepare`
-(:mod:`flexmig.slurm.layout`, ``[slurm] layout``): by default one node per MIG instance in the form the node's Slurm
-supports (static nodes where slurm.conf declares this host's, else dynamic ones from 23.11), said in one line; where
-neither can work, one WARNING line and a ``slurm_node`` event ``refused``, and the component changes nothing.
+(:mod:`flexmig.slurm.layout`, ``[slurm] layout``; slurmd's version read without blocking the event loop): by default
+one node per MIG instance in the form the node's Slurm supports (static nodes where slurm.conf declares this host's,
+else dynamic ones from 23.11), said in one line; where neither can work, one WARNING line and a ``slurm_node`` event
+``refused``, and the component changes nothing.
 
 With ``[slurm] node_per_gpu`` (Slurm 23.11 and later) the component runs one agent per MIG GPU, each managing
 the dynamic node ``<node>-gpu<K>`` with its own slurmd, reservation and journalled changes; the journal's

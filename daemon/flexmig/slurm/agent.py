@@ -159,7 +159,6 @@ class SlurmAgent(CommitSteps):
         self.on_event = on_event or (lambda kind, detail: None)
         self.cost = self.registration_cost(settings)
         self._init_memory()
-        executor.add_handler(KIND, lambda run: self.change.run(run, run.row.payload))
 
     def _init_memory(self) -> None:
         """What the agent remembers from round to round (all empty at first)."""

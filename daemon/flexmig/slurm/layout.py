@@ -7,21 +7,19 @@ own ``Port=``). Where neither can work (Slurm before 23.11 and no instance nodes
 line naming the lines to add and the command that prints them, and nothing is changed. ``instance``, ``gpu`` and
 ``node`` (and the older switches ``node_per_gpu``, ``node_per_instance``) are explicit choices, taken as they are.
 
-:func:`choose_layout` and :func:`with_layout` are pure; :func:`read_inputs` reads what they need (slurmd's version
-as ``slurmd -V`` prints it, which needs no slurmctld, and slurm.conf).
+:func:`choose_layout` and :func:`with_layout` are pure; what they need (slurmd's version as ``slurmd -V`` prints it,
+which needs no slurmctld, and slurm.conf) is read by the daemon's Slurm part, without blocking its event loop.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flexmig.config import SlurmConfig
 from flexmig.errors import SlurmError
-from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.hostlist import expand_hostlist
 from flexmig.slurm.settings import NODE_FIELD
 from flexmig.slurm.sitecheck import PER_GPU_SINCE, slurm_version
@@ -32,7 +30,6 @@ __all__ = [
     "choose_layout",
     "configured_layout",
     "declared_instance_nodes",
-    "read_inputs",
     "with_layout",
 ]
 
@@ -167,25 +164,3 @@ def slurm_conf_path(cfg: SlurmConfig) -> Path:
         return cfg.conf
     env = os.environ.get("SLURM_CONF")
     return Path(env) if env else DEFAULT_SLURM_CONF
-
-
-def read_inputs(cfg: SlurmConfig, host: str) -> tuple[str, int, str]:
-    """What ``auto`` chooses by: slurmd's version (``slurmd -V``; "" when it cannot be run), the number of this
-    host's static instance nodes slurm.conf declares, and slurm.conf's path. Only for ``auto``: an explicit layout
-    reads nothing."""
-    conf = slurm_conf_path(cfg)
-    try:
-        with conf.open("rb") as f:
-            text = f.read(16 * 1024 * 1024).decode("utf-8", "replace")
-    except OSError:
-        text = ""
-    commands = SlurmCommands(cfg.bin_dir, cfg.conf, cfg.command_timeout_s)
-    try:
-        done = subprocess.run(  # slurmd from bin_dir or the sbin directories, no shell
-            [commands.path("slurmd"), "-V"],
-            capture_output=True, timeout=cfg.command_timeout_s, env=commands.env(), check=False,
-        )  # fmt: skip
-        version = done.stdout.decode("utf-8", "replace").strip().splitlines()[0] if done.returncode == 0 else ""
-    except (OSError, SlurmError, subprocess.TimeoutExpired, IndexError):
-        version = ""
-    return version, len(declared_instance_nodes(text, host)), str(conf)

@@ -10,7 +10,7 @@ The order (:class:`Components`, ``docs/architecture.md`` lists it), each a :clas
 ``dcgm``           the dcgm-exporter scrape (``[dcgm] enabled``)
 ``metrics``        the ``/metrics`` endpoint, with each component's families from its start (``[prometheus] enabled``)
 ``actuator``       the journal, the control socket and the planner
-``slurm``          the Slurm agent, on the actuator (``[slurm] enabled``)
+``slurm``          the Slurm part, on the actuator (``[slurm] enabled``); its action runner is the actuator's
 ``mqtt-commands``  the MQTT command listener, forwarding to the actuator (``commands_enabled``)
 ``workload``       a simulated node's load: the demo's (not with ``--no-sim-workload`` or Slurm), the jobs' own
 ``watchdog``       systemd's watchdog, fed while sampling is healthy
@@ -23,6 +23,7 @@ the heartbeat, the notifier, the count of restarts.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -31,11 +32,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from flexmig.act.service import Actuator
 from flexmig.config import Config, ConfigProblem, HostPort
 from flexmig.metrics.runtime import TaskMetrics
+from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
 from flexmig.service.actuator_host import ActuatorHost
+from flexmig.service.detection import Detector, detect_settings
+from flexmig.service.slurm_agents import ActuatorView
+from flexmig.service.slurm_rounds import SlurmRounds
+from flexmig.slurm.change import KIND
 from flexmig.storage import LockSet
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.sampler import dcgm_loop
@@ -44,9 +51,9 @@ from flexmig.wiring.actuator import ActuatorComponent
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.commands import CommandsComponent
 from flexmig.wiring.component import Component, Loop, Off
-from flexmig.wiring.detection import DetectionComponent, Detector, detect_settings
+from flexmig.wiring.detection import DetectionComponent
 from flexmig.wiring.metrics_endpoint import MetricsEndpoint, MetricsRegistry
-from flexmig.wiring.mqtt import FindingsPublisher, MqttComponent
+from flexmig.wiring.mqtt import MqttComponent
 from flexmig.wiring.sampling import SamplerComponent, demo_workload_loop, watchdog_loop
 from flexmig.wiring.slurm import SlurmComponent
 
@@ -56,7 +63,6 @@ __all__ = [
     "Component",
     "Components",
     "Detector",
-    "FindingsPublisher",
     "MqttComponent",
     "SlurmComponent",
     "WiredDaemon",
@@ -184,16 +190,22 @@ def wire(daemon: WiredDaemon) -> Components:
         clock=daemon.clock,
     )  # fmt: skip
     publisher = mqtt if isinstance(mqtt, MqttComponent) else None  # the actuator's and Slurm's event sink
-    actuator = ActuatorComponent(daemon, node, mqtt=publisher, locks=locks, wall=daemon.wall, clock=daemon.clock)
+    on = {name: switch(daemon) for name, switch in SWITCHES.items()}
+    view = _ActuatorSlot()
+    slurm = _slurm(daemon, node, view, publisher) if on["slurm"] else None
+    runners = {} if slurm is None else {KIND: slurm.run_action}  # on the executor before the journal's reconcile
+    actuator = ActuatorComponent(
+        daemon, node, mqtt=publisher, locks=locks, wall=daemon.wall, clock=daemon.clock, runners=runners
+    )
+    view.actuator = actuator
     registry = MetricsRegistry()
     registry.register("daemon", (TaskMetrics(daemon.restarts),))  # the daemon's own families come first
-    on = {name: switch(daemon) for name, switch in SWITCHES.items()}
     parts: tuple[Component, ...] = (
         node, detection, mqtt, sampler,
         Loop("dcgm", lambda: dcgm_loop(dcgm, settings.dcgm_interval_s), restart=True) if dcgm else Off("dcgm"),
         _endpoint(daemon, registry) if on["metrics"] else Off("metrics"),
         actuator,
-        _slurm(daemon, node, actuator, publisher) if on["slurm"] else Off("slurm"),
+        SlurmComponent(slurm) if slurm is not None else Off("slurm"),
         _commands(config, node_name, actuator, publisher) if on["mqtt-commands"] else Off("mqtt-commands"),
         _workload(daemon, node, actuator) if on["workload"] else Off("workload"),
         Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)),
@@ -246,14 +258,40 @@ def _commands(
     return CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
 
 
-def _slurm(
-    daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent, mqtt: MqttComponent | None
-) -> SlurmComponent:
-    """The Slurm agent on the actuator (``[slurm] enabled``)."""
+def _slurm(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorView, mqtt: MqttComponent | None) -> SlurmRounds:
+    """The Slurm part (``[slurm] enabled``), on the actuator ``actuator`` will hold once it started."""
     simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
-    slurm = SlurmComponent(daemon, actuator, mqtt=mqtt, simulated=simulated, wall=daemon.wall, clock=daemon.clock)
-    actuator.on_built(slurm.attach)
-    return slurm
+    return SlurmRounds(
+        daemon, actuator, slurm_metrics=SlurmMetrics(), mqtt=mqtt, simulated=simulated, wall=daemon.wall,
+        clock=daemon.clock,
+    )  # fmt: skip
+
+
+class _ActuatorSlot:
+    """The actuator component as the Slurm part sees it (:class:`~flexmig.service.slurm_agents.ActuatorView`). The
+    Slurm part is built first, so that its runner of ``slurm_reregister`` actions goes into the actuator's
+    constructor; :func:`wire` puts the actuator here right after, and the Slurm part reads it from its start on."""
+
+    actuator: ActuatorComponent | None = None
+
+    def _it(self) -> ActuatorComponent:
+        assert self.actuator is not None, "wire() sets the actuator before anything starts"
+        return self.actuator
+
+    @property
+    def act(self) -> Actuator | None:
+        """The open actuator."""
+        return self._it().act
+
+    @property
+    def action_lock(self) -> asyncio.Lock:
+        """The actuator's action lock."""
+        return self._it().action_lock
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked."""
+        return self._it().stopping
 
 
 def _workload(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent) -> Component:

@@ -7,15 +7,11 @@ adapter over the service layer (:mod:`flexmig.service`).
   still running are adopted; unfinished actions are finished or rolled back only in mode ``act``). In mode ``act`` a
   state directory or socket that cannot be used stops the start; in ``observe`` and ``advise`` it is logged and the
   daemon samples on without jobs, ``flexmig status`` or ``flexmig plan``;
-* **dispatch**: :meth:`ActuatorComponent.dispatch` runs one control request line for the MQTT command listener,
-  through the same operations and checks as the socket, whether or not ``[control]`` binds the socket;
 * **loop** ``actuator``: serve the control socket, plan (:class:`~flexmig.service.planning_loop.PlanningLoop`) and
   look for ranks of no job (:class:`~flexmig.service.strays.StrayWatch`);
-* **drain** (SIGTERM): refuse new actions, let the one in flight finish or roll back for up to
-  ``jobs.shutdown_grace_s``; past that the journal has the next start finish it;
+* **dispatch**, **reload** (SIGHUP), **drain** (SIGTERM): the service layer's
+  :class:`~flexmig.service.actuator_runtime.ActuatorRuntime`;
 * **close**: the control socket, the journal, the locks (and a simulated node's private directory);
-* **reload** (SIGHUP): the new mode (the one :class:`~flexmig.act.mode.RuntimeMode`), planner settings and job
-  policy at once;
 * **metrics**: actions and plans (:mod:`flexmig.metrics.actions`), the journal's writes, ranks of no job.
 """
 
@@ -26,29 +22,22 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
 
 from flexmig.act.control import ControlServer
-from flexmig.act.events import ActEvent, Relay
-from flexmig.act.mode import RuntimeMode
+from flexmig.act.events import Relay
+from flexmig.act.executor import ActionRunner
 from flexmig.act.service import Actuator
-from flexmig.clocks import Ages
-from flexmig.config import Config, Mode
-from flexmig.errors import FlexmigError, PlanRejectedError, StateInUseError
-from flexmig.metrics.actions import ActionMetrics
+from flexmig.errors import FlexmigError, StateInUseError
 from flexmig.metrics.collector import SnapshotMetrics
 from flexmig.metrics.losses import LossMetrics
 from flexmig.metrics.runtime import JournalWriteMetrics
-from flexmig.mqtt.events import Event, EventFactory
-from flexmig.service import ActionGate, DaemonControl, PlanRound
-from flexmig.service.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
+from flexmig.service import DaemonControl, PlanRound
+from flexmig.service.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorPaths
+from flexmig.service.actuator_runtime import ActuatorRuntime
 from flexmig.service.assembly import apply_config, build_services, job_policy, submit_refusal
-from flexmig.service.first_step import FirstSteps
-from flexmig.service.plan_now import plan_now
-from flexmig.service.privileges import act_privilege_warning
 from flexmig.storage import LockSet
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.mqtt import MqttComponent
@@ -58,8 +47,9 @@ __all__ = ["NODE_LOCK_DIR", "ActuatorComponent", "PlanRound"]
 log = logging.getLogger(__name__)
 
 
-class ActuatorComponent:
-    """The actuator, control socket and planner of one daemon (see the module docstring)."""
+class ActuatorComponent(ActuatorRuntime):
+    """The actuator, control socket and planner of one daemon (see the module docstring): the lifecycle over the
+    service layer's :class:`~flexmig.service.actuator_runtime.ActuatorRuntime`."""
 
     name = "actuator"
     restart = False  # its journal and the jobs it watches: a restart of the whole daemon reconciles them
@@ -74,66 +64,15 @@ class ActuatorComponent:
         clock: Callable[[], float] = time.monotonic,
         locks: LockSet | None = None,
         node_lock_dir: Path = NODE_LOCK_DIR,
+        runners: Mapping[str, ActionRunner] | None = None,
     ) -> None:
-        self.host = host
+        """``runners``: the runners of journalled action kinds that live outside ``act/`` (the Slurm part's
+        ``slurm_reregister``), given to the executor when :meth:`start` builds it, before the journal is
+        reconciled."""
+        findings = None if mqtt is None else mqtt.findings
+        super().__init__(host, findings=findings, wall=wall, clock=clock, locks=locks, node_lock_dir=node_lock_dir)
         self.node = node
-        self.config = host.config
-        self.mqtt = mqtt
-        self.wall = wall
-        self.held = ActuatorLocks(locks or LockSet(), node_lock_dir)
-        self.runtime_mode = RuntimeMode(host.config.mode)
-        """The daemon's mode: the one object every part reads (:mod:`flexmig.act.mode`)."""
-        if mqtt is not None:
-            self.runtime_mode.on_change(lambda _old, new: setattr(mqtt.findings, "mode", new))
-        self.gate = ActionGate()
-        self.ages = Ages(wall, clock)
-        """How long ago each job last moved and first started, on the monotonic clock (the journal's stamps are wall
-        time)."""
-        self.action_metrics = ActionMetrics()
-        self.first_steps = FirstSteps(clock=clock)
-        self.factory = EventFactory(host.config.node(lambda: host.hostname))
-        self.paths: ActuatorPaths | None = None
-        self.act: Actuator | None = None
-        self.services: DaemonControl | None = None
-        """The service layer on the open actuator (None until it started, or when it could not)."""
-        self.control: ControlServer | None = None
-        """The control socket's server, while it listens (``[control] enabled``)."""
-        self.dispatcher: ControlServer | None = None
-        """Runs control requests (the socket's, and MQTT commands') while the actuator runs, bound or not."""
-        self.unavailable: str | None = None  # why the actuator could not start (observe/advise only)
-        self._simulated = True  # until start() knows the backend
-        self._built: list[Callable[[Actuator], None]] = []
-
-    @property
-    def mode(self) -> Mode:
-        """The mode now."""
-        return self.runtime_mode.value
-
-    @property
-    def action_lock(self) -> asyncio.Lock:
-        """Held while a plan or a mutating request runs; whoever else changes the node takes it too, so that a stop
-        (:meth:`drain`) waits for them the same way."""
-        return self.gate.lock
-
-    @property
-    def stopping(self) -> bool:
-        """True once a stop was asked: start nothing new."""
-        return self.gate.stopping
-
-    @property
-    def workload_exclude(self) -> frozenset[tuple[int, int]]:
-        """Instances the simulator's demo workload must leave alone (:class:`~flexmig.service.ActionSink`)."""
-        return frozenset() if self.services is None else self.services.sink.workload_exclude
-
-    def on_built(self, hook: Callable[[Actuator], None]) -> None:
-        """Call ``hook`` with the actuator once it is built, before the journal is reconciled (the Slurm component
-        adds its action runner so: ``wiring/slurm.py``'s ``attach``, the one seam kept)."""
-        self._built.append(hook)
-
-    def _fleet(self, event: Event) -> None:
-        """Publish ``event`` to the fleet (nothing without ``[mqtt]``)."""
-        if self.mqtt is not None:
-            self.mqtt.findings.emit(event)
+        self.runners: Mapping[str, ActionRunner] = MappingProxyType(dict(runners or {}))
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -156,8 +95,6 @@ class ActuatorComponent:
             return
         self.act = act
         try:
-            for hook in self._built:  # before reconciling: a hook may add the runner of actions in the journal
-                hook(act)
             services = self._services(act)
             relay.connect(services.sink)
             await self._serve(act, services)
@@ -179,7 +116,7 @@ class ActuatorComponent:
         act = Actuator.build(
             mode=self.runtime_mode, nvml=backend.nvml, offload=self.host.worker.call, devices=backend.devices,
             journal_path=paths.journal, logs_dir=paths.logs, policy=job_policy(cfg), events=events,
-            ack_dir=cfg.jobs.ack_dir,
+            ack_dir=cfg.jobs.ack_dir, runners=self.runners,
         )  # fmt: skip
         apply_config(act, cfg)
         act.serve_daemon(real_node=not backend.simulated, refuse_submit=submit_refusal(cfg))
@@ -218,59 +155,6 @@ class ActuatorComponent:
         services.strays.unknown_ranks = list(summary.get("unknown_ranks", []))
         log.info("journal reconciled (mode %s): %s", self.mode, json.dumps(summary, default=str))
 
-    def _dropped(self, op: str, why: str) -> None:
-        """A control request dropped at its deadline (:mod:`flexmig.act.deadline`): the ``request_dropped`` event."""
-        event = ActEvent(kind="request_dropped", time_s=self.wall(), reason=why, detail={"op": op})
-        if self.services is not None:
-            self.services.sink.emit(event)
-
-    def _give_up(self, why: str) -> None:
-        if self.mode == "act":
-            raise FlexmigError(why)
-        self.unavailable = why
-        log.error("%s; in mode %s the daemon samples on without jobs and without the control socket", why, self.mode)
-
-    # ------------------------------------------------------------------------------------------ requests
-    async def dispatch(self, line: bytes) -> dict[str, Any]:
-        """Run one control request line (an MQTT command's) as the control socket would; never raises.
-
-        Works with ``[control] enabled = false`` too (nothing is bound for it); while the actuator is not running
-        (it could not start in observe/advise, or the daemon stopped) the answer is a PlanRejectedError.
-        """
-        dispatcher = self.dispatcher
-        if dispatcher is None:
-            why = self.unavailable or ("the daemon is stopping" if self.gate.stopping else "not started yet")
-            return {"ok": False, "error": f"the actuator is not running: {why}", "type": "PlanRejectedError"}
-        return await dispatcher.dispatch(line)
-
-    async def _plan_now(self, source: str, requests: tuple[str, ...]) -> PlanRound:
-        act = self.act
-        if act is None:
-            raise PlanRejectedError(self.unavailable or "the actuator is not running")
-        return await plan_now(
-            act, self.config.planner, mode=self.mode, ages=self.ages, wall=self.wall, source=source, requests=requests
-        )
-
-    async def plan_now(self, *, source: str, requests: tuple[str, ...] = ()) -> PlanRound:
-        """What the planner would do now (:func:`flexmig.service.plan_now.plan_now`); changes nothing."""
-        return await self._plan_now(source, requests)
-
-    async def round(self) -> PlanRound:
-        """One planning round now (:meth:`flexmig.service.planning_loop.PlanningLoop.round`)."""
-        if self.services is None:
-            raise PlanRejectedError(self.unavailable or "the actuator is not running")
-        return await self.services.loop.round()
-
-    def wake(self) -> None:
-        """Plan soon (a job was queued, or one ended and freed instances)."""
-        if self.services is not None:
-            self.services.loop.wake()
-
-    def refresh(self) -> None:
-        """Job counts for the metrics, and the instances the demo workload must leave alone (at every sweep)."""
-        if self.services is not None:
-            self.services.sink.refresh()
-
     # ------------------------------------------------------------------------------------------ running
     async def run(self) -> None:
         """The planning loop and the watch for ranks of no job, until cancelled. The socket and journal are closed
@@ -282,54 +166,6 @@ class ActuatorComponent:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(services.loop.run())
             tg.create_task(services.strays.run())
-
-    # ------------------------------------------------------------------------------------------ reload, stop
-    def reload(self, config: Config) -> None:
-        """Apply a reloaded configuration: mode, planner settings, job policy (socket and state paths: at restart)."""
-        old = self.mode
-        if config.mode == "act" and old != "act" and self.act is not None and not self._simulated:
-            try:
-                self.held.take_node(self.host.latest())
-            except FlexmigError as exc:
-                log.error("configuration reload: mode stays %s, not act: %s", old, exc)
-                config = replace(config, mode=old)
-        self.config = config
-        self.runtime_mode.set(config.mode)
-        if self.act is not None:
-            apply_config(self.act, config)
-        if self.dispatcher is not None:
-            self.dispatcher.max_wait_s = config.control.max_wait_s
-        if old != config.mode:
-            log.info("mode %s -> %s", old, config.mode)
-            self._check_privileges()
-            self.wake()
-
-    def _check_privileges(self) -> None:
-        """In mode act on a real node, warn once per start or switch when act's capabilities are missing."""
-        if self.mode != "act" or self._simulated:
-            return
-        warning = act_privilege_warning()
-        if warning is not None:
-            log.warning("%s", warning)
-
-    async def drain(self) -> None:
-        """SIGTERM: no new actions; the one in flight may finish (or roll back) for ``jobs.shutdown_grace_s``."""
-        self.gate.stopping = True
-        if self.act is not None:
-            self.act.begin_stop()
-        self.wake()
-        grace = self.config.jobs.shutdown_grace_s
-        if self.gate.lock.locked():
-            log.info("stopping: waiting up to %.0f s for the action in flight", grace)
-        try:
-            async with asyncio.timeout(grace):
-                await self.gate.lock.acquire()
-        except TimeoutError:
-            log.warning(
-                "stopping: an action is still running after %.0f s; the journal has the next start finish or "
-                "roll it back (jobs keep running)",
-                grace,
-            )
 
     async def close(self) -> None:
         """Close the control socket and the journal (ranks keep running), let go of the locks, and remove a simulated
@@ -355,7 +191,3 @@ class ActuatorComponent:
             JournalWriteMetrics(lambda: self.act.durable if self.act is not None else None),
             LossMetrics(unknown_ranks=self.unknown_rank_count),
         )
-
-    def unknown_rank_count(self) -> int | None:
-        """How many ranks of no journalled job run on this node (None while the actuator has not looked)."""
-        return None if self.services is None else self.services.strays.count()

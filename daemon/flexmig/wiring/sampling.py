@@ -14,7 +14,6 @@ Beside it, three plain loops (:class:`~flexmig.wiring.component.Loop`): ``dcgm``
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from collections.abc import Callable, Collection, Sequence
 
@@ -33,11 +32,6 @@ from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.component import idle
 
 __all__ = ["SamplerComponent", "demo_workload_loop", "watchdog_loop"]
-
-GC_THRESHOLD = 10_000
-"""Net container allocations between two young collections of the garbage collector, once the daemon has started
-(Python's default is 700; see :meth:`SamplerComponent.start`)."""
-
 
 class SamplerComponent:
     """The sampling loop of one daemon, on the node of its ``nvml`` component."""
@@ -86,13 +80,6 @@ class SamplerComponent:
             clock=self.clock,
         )
         self.first = await self.loop.start()
-        # What start-up made (modules, the configuration, the first inventory and sweep) lives as long as the daemon:
-        # moved out of the collector's generations, it is not walked again by every full collection. And a sweep
-        # allocates thousands of containers that reference counting frees again: at Python's default threshold (700)
-        # they start a young collection every sweep or so, which finds nothing; at GC_THRESHOLD the collector runs
-        # when garbage with cycles has really piled up (about 0.15 ms a sweep less at 56 MIG devices).
-        gc.freeze()
-        gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
 
     async def run(self) -> None:
         """Sweep until cancelled."""
