@@ -46,6 +46,7 @@ from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.minors import render_mig_minors
+from flexmig.slurm.pool import pool_lines, pool_places
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
@@ -104,6 +105,10 @@ class Testbed:
     static_nodes: bool = False
     """With ``node_per_instance``: the instance nodes are static ones of slurm.conf (``<node>-gpu<K>-<S>-<profile>``,
     State=FUTURE, any Slurm from 22.05): flexmigd's ``[slurm] instance_nodes = "static"``."""
+    pool_nodes: bool = False
+    """With static instance nodes: slurm.conf also lists the host's pool nodes (:func:`flexmig.slurm.pool.pool_lines`,
+    State=FUTURE), so that a job asking for several devices of one profile pends instead of being refused. Off by
+    default: flexmigd does not register pool nodes yet, and such a job would pend for ever."""
     gpu_port_base: int = 0
     """With ``node_per_gpu``: GPU K's slurmd port less K; with ``node_per_instance``: the instance at S of GPU K's
     port less 8K + S (0: chosen free by :meth:`flexmigd_config`, then kept)."""
@@ -149,6 +154,8 @@ class Testbed:
     def port_base(self, host: int = 0) -> int:
         """Host ``host``'s slurmd port base (its GPU or instance nodes' ports), chosen free once, then kept."""
         count = 8 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1
+        if self.node_per_instance and self.static_nodes and self.pool_nodes:  # the pool nodes' ports follow
+            count += sum(1 for _ in pool_places(self.model, self.gpus))
         if host == 0:
             self.gpu_port_base = self.gpu_port_base or free_ports(count)
             return self.gpu_port_base
@@ -249,6 +256,11 @@ class Testbed:
                     self.host_node(host), self.model, self.gpus, port_base=self.port_base(host),
                     cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr=self.host_addr(host),
                 )  # fmt: skip
+                if self.pool_nodes:
+                    static += pool_lines(
+                        self.host_node(host), self.model, self.gpus, port_base=self.port_base(host),
+                        cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr=self.host_addr(host),
+                    )  # fmt: skip
         conf = render_slurm_conf(
             p,
             ctld_port=self.ctld_port,
