@@ -168,14 +168,6 @@ _.arm  # flexmig.simenv: what flexmig-sim.pth and flexmig sim exec's sitecustomi
 # load today (a behaviour change this clean-up does not make).
 _.check_node_conf
 
-# --- Not wired in yet, kept for the pool node's carrying out (issue 47, docs/slurm-node.md "Jobs that want several
-# MIG devices on one host"): flexmig.slurm.pool's decisions, tested in tests/slurm/test_slurm_multidevice_pool.py;
-# the carver will call them once flexmigd can register a node over several instances.
-_.pool_asks
-_.choose_pool
-_.pool_retires
-_.parse_pool_node
-
 # --- The hook's framework integrations: methods the frameworks call by name (a Hugging Face TrainerCallback's
 # ``on_*``, a Lightning Callback's hooks) with the arguments their signatures fix, the ``control`` flag the Trainer
 # reads, and what job scripts (examples/, not scanned) read from the callbacks and the hook.

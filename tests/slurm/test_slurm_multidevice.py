@@ -18,17 +18,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not N
 PRINT = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 60\n'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flexmigd registers no pool node yet (no agent serves several instances, no journalled move of instances "
-    "from their nodes to a pool node), so the testbed writes no pool lines by default and sbatch refuses the job: "
-    "each instance node has one device",
-)
 def test_a_job_asking_two_1g_devices_on_one_host_runs_with_two_distinct_mig_uuids() -> None:
     with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, default_layout=True) as d:
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)  # as the rig's ordinary user
         running = d.wait_state(job, "RUNNING", timeout_s=30)
-        assert len(running.nodes) == 1, running
+        assert running.nodes == ("fm-node-gpu0-x2-1g18gb",), running  # the pool node over two 1g instances
         out = d.wait("the job printed its devices", lambda: d.output(job).strip(), timeout_s=30)
         uuids = out.split(",")
         assert len(uuids) == 2 and len(set(uuids)) == 2 and all(u.startswith("MIG-") for u in uuids), out
@@ -51,3 +45,29 @@ def test_with_the_pool_lines_a_two_device_job_pends_and_one_device_jobs_stay_on_
         assert running.nodes in (("fm-node-gpu0-0-3g71gb",), ("fm-node-gpu0-4-3g71gb",)), running
         waiting = d.job(pair)
         assert waiting is not None and waiting.state == "PENDING", waiting
+
+
+def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_device_jobs_again() -> None:
+    """Step 4: once the two-device job has ended, the pool node leaves Slurm (back to FUTURE) and its two MIG
+    instances, kept, get their own instance nodes again: two one-device jobs run there on the very same devices."""
+    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, default_layout=True) as d:
+        pool = "fm-node-gpu0-x2-1g18gb"
+        pair = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script='#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 2\n')
+        assert d.wait_state(pair, "RUNNING", timeout_s=30).nodes == (pool,)
+        d.wait_state(pair, "COMPLETED", timeout_s=30)
+        lent = set(d.output(pair).strip().split(","))
+        assert len(lent) == 2, lent
+        d.wait("the pool node left Slurm", lambda: d.slurm_node(pool) is None, timeout_s=30)
+        ones = [d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=PRINT) for _ in range(2)]
+        for job in ones:
+            assert d.wait_state(job, "RUNNING", timeout_s=30).nodes[0].endswith("-1g18gb"), d.job(job)
+        seen = {printed(d, job) for job in ones}
+        assert seen == lent, (seen, lent)
+        log = d.log()
+        assert f"pool node {pool} over gpu0@" in log and f"pool node {pool} idle" in log, log[-3000:]
+
+
+def printed(d: SlurmDaemon, job: int) -> str:
+    """The first line job ``job`` printed (its ``CUDA_VISIBLE_DEVICES``), once it has."""
+    out: str = d.wait(f"job {job} printed its devices", lambda: d.output(job).strip(), timeout_s=30)
+    return out

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 
 from flexmig.mig.catalogue import model_by_key
 from flexmig.plan.types import JobRequest, RankNeed
+from flexmig.slurm.demand import SlurmDemand
+from flexmig.slurm.gres import GresCount
+from flexmig.slurm.instances import queue_of
 from flexmig.slurm.pool import (
     POOL_WEIGHT,
     Pool,
@@ -24,6 +27,7 @@ from flexmig.slurm.pool import (
 )
 from flexmig.slurm.settings import instance_port, parse_instance_node
 from flexmig.slurm.slots import slot_places
+from flexmig.slurm.squeue import SlurmJob
 
 H200 = model_by_key("h200")
 
@@ -142,3 +146,27 @@ def test_an_idle_pool_with_no_job_asking_for_its_gres_retires_after_a_round() ->
     assert pool_retires(pool, idle_rounds=1, held=False, asks=[PoolAsk("slurm-2", "1g.18gb", 3)])
     assert not pool_retires(pool, idle_rounds=5, held=False, asks=[PoolAsk("slurm-2", "1g.18gb", 2)])
     assert not pool_retires(pool, idle_rounds=5, held=True, asks=[])
+
+
+# ------------------------------------------------------------------------------------------- the carving's queue
+def test_with_pool_nodes_a_job_of_two_devices_on_one_node_waits_as_two_parts_and_without_them_is_left_out() -> None:
+    """Static instance nodes (whose host registers pool nodes) carve a job of N devices on one node as N parts, the
+    instances its pool node is then made of; dynamic ones leave it out, saying why; a job of several devices on
+    each of several nodes is left out either way (a pool node is one host's)."""
+    pair = JobRequest("slurm-1", RankNeed("1g.18gb"), ranks=2, min_ranks=2, max_ranks=2, submitted_s=100.0)
+    demand = SlurmDemand("n", (pair,), (), (), {})
+    queue, left = queue_of(demand, 130.0, pools=True)
+    assert [(w.name, w.profile, w.alone) for w in queue] == [
+        ("slurm-1#1", "1g.18gb", False),
+        ("slurm-1#2", "1g.18gb", False),
+    ]
+    assert left == {}
+    queue, left = queue_of(demand, 130.0)
+    assert queue == [] and "--nodes=2 --gres=gpu:1g.18gb:1" in left["slurm-1"]
+    job = SlurmJob(
+        job_id=1, name="j", user_id=1000, user="alice", state="PENDING", reason="Resources", partitions=("mig",),
+        nodes=(), node_count=2, gpus_per_node=(GresCount("gpu", "1g.18gb", 2),), held=(), requeue=False, comment="",
+        priority=100, submit_s=100.0, start_s=None, time_limit_s=None, restart_count=0,
+    )  # fmt: skip
+    queue, left = queue_of(SlurmDemand("n", (pair,), (job,), (), {}), 130.0, pools=True)
+    assert queue == [] and "(2 nodes here)" in left["slurm-1"]

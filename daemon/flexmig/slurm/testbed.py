@@ -105,10 +105,10 @@ class Testbed:
     static_nodes: bool = False
     """With ``node_per_instance``: the instance nodes are static ones of slurm.conf (``<node>-gpu<K>-<S>-<profile>``,
     State=FUTURE, any Slurm from 22.05): flexmigd's ``[slurm] instance_nodes = "static"``."""
-    pool_nodes: bool = False
+    pool_nodes: bool = True
     """With static instance nodes: slurm.conf also lists the host's pool nodes (:func:`flexmig.slurm.pool.pool_lines`,
-    State=FUTURE), so that a job asking for several devices of one profile pends instead of being refused. Off by
-    default: flexmigd does not register pool nodes yet, and such a job would pend for ever."""
+    State=FUTURE), so that a job asking for several devices of one profile pends until flexmigd registers its pool
+    node (:mod:`flexmig.slurm.pool_nodes`) instead of being refused at submission."""
     gpu_port_base: int = 0
     """With ``node_per_gpu``: GPU K's slurmd port less K; with ``node_per_instance``: the instance at S of GPU K's
     port less 8K + S (0: chosen free by :meth:`flexmigd_config`, then kept)."""
