@@ -9,6 +9,10 @@ lines by default and the first test is marked xfail(strict=True): it turns into 
 
 from __future__ import annotations
 
+import functools
+import re
+import subprocess
+
 import pytest
 
 from support.slurm import SlurmDaemon, skip_reason
@@ -65,6 +69,38 @@ def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_d
         assert seen == lent, (seen, lent)
         log = d.log()
         assert f"pool node {pool} over gpu0@" in log and f"pool node {pool} idle" in log, log[-3000:]
+
+
+def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_and_lends_its_instances_to_nobody() -> (
+    None
+):
+    """SIGKILL of flexmigd while the two-device job runs on its pool node: the restarted flexmigd reads the pool back
+    from its GRES map, so the pool's instances do not get their own nodes again under the running job (a one-device
+    job gets another instance, carved), the job runs on, unrequeued, and once it ends the pool is given back."""
+    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, default_layout=True) as d:
+        pool = "fm-node-gpu0-x2-1g18gb"
+        pair = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)
+        assert d.wait_state(pair, "RUNNING", timeout_s=30).nodes == (pool,)
+        lent = set(printed(d, pair).split(","))
+        starts = [int(s) for s in re.findall(r"gpu0@(\d)", d.wait("the pool in the log", lambda: re.search(
+            rf"pool node {pool} over (gpu0@\d, gpu0@\d) for", d.log())).group(1))]  # fmt: skip
+        assert d.proc is not None
+        d.proc.kill()  # SIGKILL: nothing of flexmigd's memory survives
+        d.proc.wait(30)
+        d.proc, d.wait_registered = None, False  # the spec's first layout is gone: nothing to wait for
+        d.start_flexmigd()
+        one = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=PRINT)
+        d.wait_state(one, "RUNNING", timeout_s=30)
+        assert printed(d, one) not in lent  # a new instance, not one of the pool's
+        for start in starts:
+            assert d.slurm_node(f"fm-node-gpu0-{start}-1g18gb") is None  # still the pool's
+        again = d.job(pair)
+        assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
+        subprocess.run([d.testbed.commands.path("scancel"), str(pair)], env=d.testbed.env(), check=True, timeout=30)
+        d.wait("the pool node left Slurm", lambda: d.slurm_node(pool) is None, timeout_s=30)
+        for start in starts:
+            d.wait(f"instance {start}'s own node back", functools.partial(d.responding, f"fm-node-gpu0-{start}-1g18gb"))
+        assert f"pool node {pool} over gpu0@{starts[0]}, gpu0@{starts[1]}, read back from its GRES map" in d.log()
 
 
 def printed(d: SlurmDaemon, job: int) -> str:
