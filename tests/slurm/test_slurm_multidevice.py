@@ -1,10 +1,8 @@
-"""A job that asks for several MIG devices on one host (``sbatch --gres=gpu:1g.18gb:2``) under the default layout, on
-real Slurm daemons, as an ordinary user: it should run with two distinct MIG UUIDs in ``CUDA_VISIBLE_DEVICES``.
-
-Partly built (docs/slurm-node.md, "Jobs that want several MIG devices on one host"): the pool node's pure decisions
-(:mod:`flexmig.slurm.pool`) and its static slurm.conf lines, which real slurmctld accepts so that such a job pends
-instead of being refused (the second test). flexmigd does not register pool nodes yet, so the testbed writes no pool
-lines by default and the first test is marked xfail(strict=True): it turns into a failure the day it passes.
+"""A job that asks for several MIG devices on one host (``sbatch --gres=gpu:1g.18gb:2``) under the default layout
+(one Slurm node per MIG instance), on real Slurm daemons, as an ordinary user: it runs on a pool node over two 1g
+instances (:mod:`flexmig.slurm.pool_nodes`) with two distinct MIG UUIDs in ``CUDA_VISIBLE_DEVICES``, and the pool
+node is given back after it. Static instance nodes on any Slurm from 22.05 (slurm.conf's State=FUTURE pool lines),
+dynamic ones from 23.11 (``make slurm-newer``; skipped on an older Slurm).
 """
 
 from __future__ import annotations
@@ -15,18 +13,35 @@ import subprocess
 
 import pytest
 
-from support.slurm import SlurmDaemon, skip_reason
+from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+SPEC = "h200:3g.71gb@0+3g.71gb@4"
+POOL = "fm-node-gpu0-x2-1g18gb"
+FORMS = [
+    pytest.param(True, id="static"),
+    pytest.param(
+        False, id="dynamic",
+        marks=pytest.mark.skipif(not per_gpu_capable(), reason=f"dynamic nodes need Slurm 23.11+ ({slurm_version()})"),
+    ),
+]  # fmt: skip
+
+
+def instance(static: bool, start: int) -> str:
+    """The instance node of the 1g.18gb instance at ``start`` of GPU 0 (static or dynamic)."""
+    return f"fm-node-gpu0-{start}-1g18gb" if static else f"fm-node-gpu0-{start}"
+
 
 PRINT = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 60\n'
 
 
-def test_a_job_asking_two_1g_devices_on_one_host_runs_with_two_distinct_mig_uuids() -> None:
-    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, default_layout=True) as d:
+@pytest.mark.parametrize("static", FORMS)
+def test_a_job_asking_two_1g_devices_on_one_host_runs_with_two_distinct_mig_uuids(static: bool) -> None:
+    with SlurmDaemon(SPEC, node_per_instance=True, static_nodes=static, default_layout=True) as d:
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)  # as the rig's ordinary user
         running = d.wait_state(job, "RUNNING", timeout_s=30)
-        assert running.nodes == ("fm-node-gpu0-x2-1g18gb",), running  # the pool node over two 1g instances
+        assert running.nodes == (POOL,), running  # the pool node over two 1g instances
         out = d.wait("the job printed its devices", lambda: d.output(job).strip(), timeout_s=30)
         uuids = out.split(",")
         assert len(uuids) == 2 and len(set(uuids)) == 2 and all(u.startswith("MIG-") for u in uuids), out
@@ -51,11 +66,12 @@ def test_with_the_pool_lines_a_two_device_job_pends_and_one_device_jobs_stay_on_
         assert waiting is not None and waiting.state == "PENDING", waiting
 
 
-def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_device_jobs_again() -> None:
+@pytest.mark.parametrize("static", FORMS)
+def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_device_jobs_again(static: bool) -> None:
     """Step 4: once the two-device job has ended, the pool node leaves Slurm (back to FUTURE) and its two MIG
     instances, kept, get their own instance nodes again: two one-device jobs run there on the very same devices."""
-    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, default_layout=True) as d:
-        pool = "fm-node-gpu0-x2-1g18gb"
+    with SlurmDaemon(SPEC, node_per_instance=True, static_nodes=static, default_layout=True) as d:
+        pool = POOL
         pair = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script='#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 2\n')
         assert d.wait_state(pair, "RUNNING", timeout_s=30).nodes == (pool,)
         d.wait_state(pair, "COMPLETED", timeout_s=30)
@@ -64,21 +80,23 @@ def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_d
         d.wait("the pool node left Slurm", lambda: d.slurm_node(pool) is None, timeout_s=30)
         ones = [d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=PRINT) for _ in range(2)]
         for job in ones:
-            assert d.wait_state(job, "RUNNING", timeout_s=30).nodes[0].endswith("-1g18gb"), d.job(job)
+            node = d.wait_state(job, "RUNNING", timeout_s=30).nodes[0]
+            assert re.fullmatch(r"fm-node-gpu0-[0-6]" + ("-1g18gb" if static else ""), node), node  # an instance's
         seen = {printed(d, job) for job in ones}
         assert seen == lent, (seen, lent)
         log = d.log()
         assert f"pool node {pool} over gpu0@" in log and f"pool node {pool} idle" in log, log[-3000:]
 
 
-def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_and_lends_its_instances_to_nobody() -> (
-    None
-):
+@pytest.mark.parametrize("static", FORMS)
+def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_and_lends_its_instances_to_nobody(
+    static: bool,
+) -> None:
     """SIGKILL of flexmigd while the two-device job runs on its pool node: the restarted flexmigd reads the pool back
     from its GRES map, so the pool's instances do not get their own nodes again under the running job (a one-device
     job gets another instance, carved), the job runs on, unrequeued, and once it ends the pool is given back."""
-    with SlurmDaemon("h200:3g.71gb@0+3g.71gb@4", node_per_instance=True, static_nodes=True, default_layout=True) as d:
-        pool = "fm-node-gpu0-x2-1g18gb"
+    with SlurmDaemon(SPEC, node_per_instance=True, static_nodes=static, default_layout=True) as d:
+        pool = POOL
         pair = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)
         assert d.wait_state(pair, "RUNNING", timeout_s=30).nodes == (pool,)
         lent = set(printed(d, pair).split(","))
@@ -93,13 +111,13 @@ def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_an
         d.wait_state(one, "RUNNING", timeout_s=30)
         assert printed(d, one) not in lent  # a new instance, not one of the pool's
         for start in starts:
-            assert d.slurm_node(f"fm-node-gpu0-{start}-1g18gb") is None  # still the pool's
+            assert d.slurm_node(instance(static, start)) is None  # still the pool's
         again = d.job(pair)
         assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
         subprocess.run([d.testbed.commands.path("scancel"), str(pair)], env=d.testbed.env(), check=True, timeout=30)
         d.wait("the pool node left Slurm", lambda: d.slurm_node(pool) is None, timeout_s=30)
         for start in starts:
-            d.wait(f"instance {start}'s own node back", functools.partial(d.responding, f"fm-node-gpu0-{start}-1g18gb"))
+            d.wait(f"instance {start}'s own node back", functools.partial(d.responding, instance(static, start)))
         assert f"pool node {pool} over gpu0@{starts[0]}, gpu0@{starts[1]}, read back from its GRES map" in d.log()
 
 

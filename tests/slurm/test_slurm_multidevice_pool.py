@@ -150,9 +150,9 @@ def test_an_idle_pool_with_no_job_asking_for_its_gres_retires_after_a_round() ->
 
 # ------------------------------------------------------------------------------------------- the carving's queue
 def test_with_pool_nodes_a_job_of_two_devices_on_one_node_waits_as_two_parts_and_without_them_is_left_out() -> None:
-    """Static instance nodes (whose host registers pool nodes) carve a job of N devices on one node as N parts, the
-    instances its pool node is then made of; dynamic ones leave it out, saying why; a job of several devices on
-    each of several nodes is left out either way (a pool node is one host's)."""
+    """A host that registers pool nodes carves a job of N devices on one node as N parts, the instances its pool node
+    is then made of; without pool nodes (the cluster's assignment) it is left out, saying why; a job of several
+    devices on each of several nodes is left out either way (a pool node is one host's)."""
     pair = JobRequest("slurm-1", RankNeed("1g.18gb"), ranks=2, min_ranks=2, max_ranks=2, submitted_s=100.0)
     demand = SlurmDemand("n", (pair,), (), (), {})
     queue, left = queue_of(demand, 130.0, pools=True)
@@ -169,4 +169,4 @@ def test_with_pool_nodes_a_job_of_two_devices_on_one_node_waits_as_two_parts_and
         priority=100, submit_s=100.0, start_s=None, time_limit_s=None, restart_count=0,
     )  # fmt: skip
     queue, left = queue_of(SlurmDemand("n", (pair,), (job,), (), {}), 130.0, pools=True)
-    assert queue == [] and "(2 nodes here)" in left["slurm-1"]
+    assert queue == [] and "not 2 nodes of 2 devices" in left["slurm-1"]

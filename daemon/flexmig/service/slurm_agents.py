@@ -152,7 +152,7 @@ class SlurmAgents(SlurmReporting):
                 executor=act.executor,
                 agent_for=self.agent_for_instance,
                 wall=self.wall,
-                pool_agent_for=self.agent_for_pool if self.static else None,
+                pool_agent_for=self.agent_for_pool,
             )
         who = self.node
         if self.per_gpu:
@@ -212,8 +212,8 @@ class SlurmAgents(SlurmReporting):
             return config
         return dataclasses.replace(config, slurm=with_layout(config.slurm, self.layout))
 
-    def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
-        node, settings = agent_settings(self.node, key, self.config.slurm)
+    def _make_agent(self, act: Actuator, key: AgentKey, port: int | None = None) -> SlurmAgent:
+        node, settings = agent_settings(self.node, key, self.config.slurm, port=port)
         gpu = key[0] if isinstance(key, tuple) else None if isinstance(key, str) else key
         start = key[1] if isinstance(key, tuple) else None
         profile = key[2] if isinstance(key, tuple) and len(key) == 3 else None
@@ -253,13 +253,15 @@ class SlurmAgents(SlurmReporting):
             agent = self.agents[key] = self._make_agent(self._act, key)
         return agent
 
-    def agent_for_pool(self, name: str, devices: frozenset[tuple[int, int]] | None) -> SlurmAgent:
+    def agent_for_pool(
+        self, name: str, devices: frozenset[tuple[int, int]] | None, port: int | None = None
+    ) -> SlurmAgent:
         """The agent of pool node ``name`` (``node_per_instance``: a node over the instances ``devices``, ``(gpu,
-        start)``; None: as its GRES map says), made the first time."""
+        start)``; None: as its GRES map says; ``port``: a dynamic node's slurmd port), made the first time."""
         agent = self.agents.get(name)
         if agent is None:
             assert self._act is not None
-            agent = self.agents[name] = self._make_agent(self._act, name)
+            agent = self.agents[name] = self._make_agent(self._act, name, port)
         keep_places(agent.supply, devices)
         return agent
 
@@ -267,8 +269,8 @@ class SlurmAgents(SlurmReporting):
         """Run a ``slurm_reregister`` action with the agent of the GPU, instance or pool node its payload names."""
         node = str(run.row.payload.get("node", ""))
         if self.per_instance and parse_pool_node(self.node, node) is not None:
-            pool = run.row.payload.get("pool")
-            agent = self.agent_for_pool(node, None if pool is None else frozenset((g, s) for g, s in pool))
+            pool, port = run.row.payload.get("pool"), run.row.payload.get("port")
+            agent = self.agent_for_pool(node, None if pool is None else frozenset((g, s) for g, s in pool), port)
             await agent.change.run(run, run.row.payload)
             return
         if self.per_instance:
@@ -292,4 +294,3 @@ class SlurmAgents(SlurmReporting):
         self._last_decision.clear()
         self._carvings = CarvingNews()
         self._wake.set()
-

@@ -120,8 +120,8 @@ def queue_of(
     A job of N nodes (``--nodes=N --gres=gpu:P:1``, what a job of several devices is told to ask for) needs N
     instance nodes: it waits as N parts, ``slurm-42#1`` ... ``slurm-42#N``, each carved for like a job of its own
     (at most ``most_parts``, as many instance nodes as the host can hold; a bigger job spans hosts). With ``pools``
-    (static instance nodes, whose host registers pool nodes: :mod:`flexmig.slurm.pool_nodes`), a job of N devices on
-    one node waits as N parts the same way: the instances its pool node will be made of."""
+    (the host registers pool nodes: :mod:`flexmig.slurm.pool_nodes`), a job of N devices on one node waits as N parts
+    the same way: the instances its pool node will be made of."""
     nodes = {j.job_id: max(1, j.node_count) for j in demand.pending_jobs}
     queue: list[Waiting] = []
     left: dict[str, str] = {}
@@ -136,7 +136,7 @@ def queue_of(
             left[req.name] = (
                 f"asks for {req.ranks} MIG devices; one node per instance runs a job of N devices as N nodes "
                 f"(--nodes={req.ranks} --gres=gpu:{profile}:1)"
-                + (", or on one node with static instance nodes" if not pools else f" ({parts} nodes here)")
+                + (f", not {parts} nodes of {req.ranks} devices" if pools else "")
             )
             continue
         parts = max(parts, min(req.ranks, max(1, most_parts)))  # several devices: a pool node's, carved as parts

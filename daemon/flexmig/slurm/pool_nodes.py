@@ -43,6 +43,7 @@ from flexmig.slurm.pool import (
     pool_asks,
     pool_node,
     pool_places,
+    pool_port,
     pool_retires,
 )
 from flexmig.slurm.settings import SlurmSettings, instance_node
@@ -53,8 +54,9 @@ __all__ = ["PoolAgentFor", "PoolNodes", "keep_places"]
 
 log = logging.getLogger(__name__)
 
-PoolAgentFor = Callable[[str, frozenset[tuple[int, int]] | None], SlurmAgent]
-"""The agent of a pool node by name, over the instances given (``(gpu, start)``; None: as its GRES map says)."""
+PoolAgentFor = Callable[[str, frozenset[tuple[int, int]] | None, int | None], SlurmAgent]
+"""The agent of a pool node by name, over the instances given (``(gpu, start)``; None: as its GRES map says), with
+its slurmd's port (a dynamic node's; None: a static one's, slurm.conf's)."""
 
 
 def keep_places(supply: Supply, devices: frozenset[tuple[int, int]] | None) -> None:
@@ -91,6 +93,19 @@ class PoolNodes:
         """The waiting jobs (request names) a pool node has the exact GRES for, as of the last step: the carving
         leaves them out."""
         self._recovered = False
+        self._ports: dict[str, int] = {}
+
+    def port(self, name: str) -> int | None:
+        """The slurmd port of dynamic pool node ``name`` (:func:`flexmig.slurm.pool.pool_port`, by its place among
+        the host's pool places); None with static nodes (slurm.conf's line has it)."""
+        return None if self.settings().static_nodes else self._ports.get(name)
+
+    def _learn(self, model: GpuModel, gpus: int) -> None:
+        """The ports of the host's pool places (``gpus`` GPUs of ``model``), once."""
+        if not self._ports:
+            base = self.settings().slurmd_port_base
+            for k, (gpu, profile, count) in enumerate(pool_places(model, gpus)):
+                self._ports[pool_node(self.host, gpu, count, profile.name)] = pool_port(base, gpus, k)
 
     def pooled(self) -> frozenset[tuple[int, int]]:
         """The instances, ``(gpu, start)``, that belong to a pool node now (their own nodes are out of Slurm)."""
@@ -105,6 +120,7 @@ class PoolNodes:
         if self._recovered:
             return
         self._recovered = True
+        self._learn(model, gpus)
         settings = self.settings()
         for gpu, profile, count in pool_places(model, gpus):
             name = pool_node(self.host, gpu, count, profile.name)
@@ -123,7 +139,7 @@ class PoolNodes:
         """Each pool node's agent's round (``plan=False``: kept registered with its instances)."""
         done: list[tuple[SlurmAgent | None, SlurmRound]] = []
         for name, pool in list(self.pools.items()):
-            agent = self.agent_for(name, frozenset(pool.devices))
+            agent = self.agent_for(name, frozenset(pool.devices), self.port(name))
             try:
                 agent.shared = await shared.view()
                 agent.shared_inventory = await shared.inventory()
@@ -143,6 +159,7 @@ class PoolNodes:
             model = node_model(view)
         except PlanRejectedError:
             return None
+        self._learn(model, len(inventory.gpus))
         asks = pool_asks(self._waiting(look, model, view))
         done = await self._give_back(look, asks)
         if done is None:
@@ -234,7 +251,7 @@ class PoolNodes:
             for gpu, start in pool.devices
         ]
         actions.append(self._encode(name, pool, why, serves=(ask.job,)))
-        self.agent_for(name, frozenset(pool.devices))
+        self.agent_for(name, frozenset(pool.devices), self.port(name))
         res = await self.executor.execute_encoded(actions, "slurm", (why,))
         retired = all(r.outcome == "completed" for r in res.results[:-1]) and len(res.results) == len(actions)
         if retired:  # registered, or its agent registers it at the next round
@@ -243,12 +260,15 @@ class PoolNodes:
         log.info("Slurm: %s (%s)", why, "done" if res.ok else "did not complete")
         return None, SlurmRound(None, result=res, note=why)
 
-    @staticmethod
     def _encode(
-        name: str, pool: Pool, why: str, *, retire: bool = False, serves: Sequence[str] = ()
+        self, name: str, pool: Pool, why: str, *, retire: bool = False, serves: Sequence[str] = ()
     ) -> tuple[str, str | None, dict[str, Any]]:
+        """The pool node's ``slurm_reregister``, with its devices (and a dynamic node's port) for a restart."""
         kind, target, payload = encode_change(name, Plan(), (), why, 0.0, serves=serves, retire=retire)
         payload["pool"] = [list(d) for d in pool.devices]
+        port = self.port(name)
+        if port is not None:
+            payload["port"] = port
         return kind, target, payload
 
 

@@ -106,9 +106,10 @@ class Testbed:
     """With ``node_per_instance``: the instance nodes are static ones of slurm.conf (``<node>-gpu<K>-<S>-<profile>``,
     State=FUTURE, any Slurm from 22.05): flexmigd's ``[slurm] instance_nodes = "static"``."""
     pool_nodes: bool = True
-    """With static instance nodes: slurm.conf also lists the host's pool nodes (:func:`flexmig.slurm.pool.pool_lines`,
-    State=FUTURE), so that a job asking for several devices of one profile pends until flexmigd registers its pool
-    node (:mod:`flexmig.slurm.pool_nodes`) instead of being refused at submission."""
+    """With ``node_per_instance``: the host's pool nodes (:mod:`flexmig.slurm.pool_nodes`) get their slurmd ports
+    after the instance nodes'; with static instance nodes slurm.conf also lists them
+    (:func:`flexmig.slurm.pool.pool_lines`, State=FUTURE), so that a job asking for several devices of one profile
+    pends until flexmigd registers its pool node instead of being refused at submission."""
     gpu_port_base: int = 0
     """With ``node_per_gpu``: GPU K's slurmd port less K; with ``node_per_instance``: the instance at S of GPU K's
     port less 8K + S (0: chosen free by :meth:`flexmigd_config`, then kept)."""
@@ -154,7 +155,7 @@ class Testbed:
     def port_base(self, host: int = 0) -> int:
         """Host ``host``'s slurmd port base (its GPU or instance nodes' ports), chosen free once, then kept."""
         count = 8 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1
-        if self.node_per_instance and self.static_nodes and self.pool_nodes:  # the pool nodes' ports follow
+        if self.node_per_instance and self.pool_nodes:  # the pool nodes' ports follow (static or dynamic)
             count += sum(1 for _ in pool_places(self.model, self.gpus))
         if host == 0:
             self.gpu_port_base = self.gpu_port_base or free_ports(count)
