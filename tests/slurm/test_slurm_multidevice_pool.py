@@ -24,6 +24,7 @@ from flexmig.slurm.pool import (
     pool_node,
     pool_places,
     pool_retires,
+    split_asks,
 )
 from flexmig.slurm.settings import instance_port, parse_instance_node
 from flexmig.slurm.slots import slot_places
@@ -170,3 +171,13 @@ def test_with_pool_nodes_a_job_of_two_devices_on_one_node_waits_as_two_parts_and
     )  # fmt: skip
     queue, left = queue_of(SlurmDemand("n", (pair,), (job,), (), {}), 130.0, pools=True)
     assert queue == [] and "not 2 nodes of 2 devices" in left["slurm-1"]
+
+
+def test_an_idle_pool_node_serves_as_many_waiting_jobs_of_its_exact_gres_as_there_are_such_pools() -> None:
+    """In Slurm's priority order: a second job of the same GRES wants a pool node of its own, another GRES too."""
+    asks = [PoolAsk("slurm-1", "1g.18gb", 2), PoolAsk("slurm-2", "1g.18gb", 2), PoolAsk("slurm-3", "1g.18gb", 3)]
+    pool = Pool("1g.18gb", ((0, 0), (0, 1)), 0)
+    assert split_asks(asks, [pool]) == (frozenset({"slurm-1"}), asks[1:])
+    assert split_asks(asks, []) == (frozenset(), asks)
+    other = Pool("1g.18gb", ((1, 0), (1, 1)), 1)
+    assert split_asks(asks, [pool, other]) == (frozenset({"slurm-1", "slurm-2"}), asks[2:])

@@ -13,6 +13,7 @@ devices on one host"). This module holds the pure decisions; the caller reads Sl
   the ``x`` keeps them apart from the instance nodes (:func:`flexmig.slurm.settings.parse_instance_node` never
   reads a pool node as one), and a high ``Weight=`` keeps one-device jobs on instance nodes while both fit;
 * :func:`choose_pool`: which free instances a pool takes (all on one GPU, or whole GPUs across the host);
+* :func:`split_asks`: which waiting jobs the registered pool nodes serve, and which want pool nodes of their own;
 * :func:`pool_retires`: when a pool node leaves Slurm and gives its instances back.
 
 Pure: no I/O, no clock (a pool's idleness is counted in rounds by the caller).
@@ -41,6 +42,7 @@ __all__ = [
     "pool_places",
     "pool_port",
     "pool_retires",
+    "split_asks",
 ]
 
 POOL_WEIGHT = 1000
@@ -191,6 +193,23 @@ def choose_pool(ask: PoolAsk, devices: Sequence[PoolDevice], model: GpuModel) ->
         return None
     _, gpu = min(fits)
     return Pool(profile.name, tuple(by_gpu[gpu][: ask.count]), gpu)
+
+
+def split_asks(asks: Iterable[PoolAsk], pools: Iterable[Pool]) -> tuple[frozenset[str], list[PoolAsk]]:
+    """The waiting jobs the registered ``pools`` serve (in ``asks``' order, Slurm's priority order: as many jobs of a
+    ``Gres=`` as there are pool nodes of it) and the asks left, which want pool nodes of their own."""
+    have: dict[str, int] = {}
+    for p in pools:
+        have[p.gres] = have.get(p.gres, 0) + 1
+    served: set[str] = set()
+    left: list[PoolAsk] = []
+    for a in asks:
+        if have.get(a.gres, 0) > 0:
+            have[a.gres] -= 1
+            served.add(a.job)
+        else:
+            left.append(a)
+    return frozenset(served), left
 
 
 def pool_retires(pool: Pool, *, idle_rounds: int, held: bool, asks: Iterable[PoolAsk]) -> bool:

@@ -45,6 +45,7 @@ from flexmig.slurm.pool import (
     pool_places,
     pool_port,
     pool_retires,
+    split_asks,
 )
 from flexmig.slurm.settings import SlurmSettings, instance_node
 from flexmig.slurm.shared_reads import Reads
@@ -111,10 +112,6 @@ class PoolNodes:
         """The instances, ``(gpu, start)``, that belong to a pool node now (their own nodes are out of Slurm)."""
         return frozenset(d for p in self.pools.values() for d in p.devices)
 
-    def served(self) -> frozenset[str]:
-        """The GRES (``gpu:<profile>:<n>``) the pool nodes have: a waiting job asking for one runs there."""
-        return frozenset(p.gres for p in self.pools.values())
-
     def recover(self, model: GpuModel, gpus: int) -> None:
         """Once, at the first round: the pool nodes whose GRES maps exist (registered before a restart)."""
         if self._recovered:
@@ -161,10 +158,11 @@ class PoolNodes:
             return None
         self._learn(model, len(inventory.gpus))
         asks = pool_asks(self._waiting(look, model, view))
+        served, wanting = split_asks(asks, [p for name, p in self.pools.items() if not _busy(look, name)])
         done = await self._give_back(look, asks)
         if done is None:
-            done = await self._make(look, view, model, asks)
-        self.serving = frozenset(a.job for a in asks if a.gres in self.served())
+            done = await self._make(look, view, model, wanting)
+        self.serving = served
         return done
 
     def _waiting(self, look: SlurmView, model: GpuModel, view: NodeView) -> Sequence[JobRequest]:
@@ -181,7 +179,8 @@ class PoolNodes:
         return demand.pending
 
     async def _give_back(self, look: SlurmView, asks: Iterable[PoolAsk]) -> tuple[None, SlurmRound] | None:
-        jobs, nodes, reservations = look
+        """The first pool node :func:`~flexmig.slurm.pool.pool_retires` lets go leaves Slurm, its instances kept."""
+        _, nodes, reservations = look
         by_name = {n.name: n for n in nodes}
         asks = list(asks)
         for name, pool in sorted(self.pools.items()):
@@ -189,8 +188,7 @@ class PoolNodes:
             if node is None:  # registering, or back in FUTURE after a slurmctld restart: its agent registers it
                 self.idle_rounds[name] = 0
                 continue
-            busy = not node.idle or any(j.active and name in j.nodes for j in jobs)
-            self.idle_rounds[name] = 0 if busy else self.idle_rounds.get(name, -1) + 1
+            self.idle_rounds[name] = 0 if _busy(look, name) else self.idle_rounds.get(name, -1) + 1
             held = admin_hold(node, reservations, name) is not None
             if not pool_retires(pool, idle_rounds=self.idle_rounds[name], held=held, asks=asks):
                 continue
@@ -207,11 +205,9 @@ class PoolNodes:
     async def _make(
         self, look: SlurmView, view: NodeView, model: GpuModel, asks: Sequence[PoolAsk]
     ) -> tuple[None, SlurmRound] | None:
-        served = self.served()
+        """A pool node for the first of ``asks`` (those no pool node serves) whose instances are free."""
         devices = self._devices(look, view)
         for ask in asks:
-            if ask.gres in served:
-                continue
             try:
                 pool = choose_pool(ask, devices, model)
             except KeyError:
@@ -270,6 +266,13 @@ class PoolNodes:
         if port is not None:
             payload["port"] = port
         return kind, target, payload
+
+
+def _busy(look: SlurmView, name: str) -> bool:
+    """Whether a job runs on pool node ``name`` (or is about to: Slurm lists the node not idle)."""
+    jobs, nodes, _ = look
+    node = next((n for n in nodes if n.name == name), None)
+    return (node is not None and not node.idle) or any(j.active and name in j.nodes for j in jobs)
 
 
 def _where(devices: Iterable[tuple[int, int]]) -> str:
