@@ -78,10 +78,12 @@ def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_d
         lent = set(d.output(pair).strip().split(","))
         assert len(lent) == 2, lent
         d.wait("the pool node left Slurm", lambda: d.slurm_node(pool) is None, timeout_s=30)
+        starts = pool_starts(d)
+        for start in starts:  # at the next round
+            d.wait(f"instance {start}'s own node back", functools.partial(d.responding, instance(static, start)))
         ones = [d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=PRINT) for _ in range(2)]
-        for job in ones:
-            node = d.wait_state(job, "RUNNING", timeout_s=30).nodes[0]
-            assert re.fullmatch(r"fm-node-gpu0-[0-6]" + ("-1g18gb" if static else ""), node), node  # an instance's
+        nodes = {d.wait_state(job, "RUNNING", timeout_s=30).nodes[0] for job in ones}
+        assert nodes == {instance(static, start) for start in starts}, nodes
         seen = {printed(d, job) for job in ones}
         assert seen == lent, (seen, lent)
         log = d.log()
@@ -100,8 +102,7 @@ def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_an
         pair = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)
         assert d.wait_state(pair, "RUNNING", timeout_s=30).nodes == (pool,)
         lent = set(printed(d, pair).split(","))
-        starts = [int(s) for s in re.findall(r"gpu0@(\d)", d.wait("the pool in the log", lambda: re.search(
-            rf"pool node {pool} over (gpu0@\d, gpu0@\d) for", d.log())).group(1))]  # fmt: skip
+        starts = pool_starts(d)
         assert d.proc is not None
         d.proc.kill()  # SIGKILL: nothing of flexmigd's memory survives
         d.proc.wait(30)
@@ -125,3 +126,11 @@ def printed(d: SlurmDaemon, job: int) -> str:
     """The first line job ``job`` printed (its ``CUDA_VISIBLE_DEVICES``), once it has."""
     out: str = d.wait(f"job {job} printed its devices", lambda: d.output(job).strip(), timeout_s=30)
     return out
+
+
+def pool_starts(d: SlurmDaemon) -> list[int]:
+    """The first memory slices of the instances of pool node ``POOL``, as flexmigd's log names them."""
+    found = d.wait(
+        "the pool node in the log", lambda: re.search(rf"pool node {POOL} over (gpu0@\d, gpu0@\d) for", d.log())
+    )
+    return [int(s) for s in re.findall(r"gpu0@(\d)", found.group(1))]

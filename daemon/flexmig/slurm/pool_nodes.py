@@ -158,12 +158,15 @@ class PoolNodes:
             return None
         self._learn(model, len(inventory.gpus))
         asks = pool_asks(self._waiting(look, model, view))
-        served, wanting = split_asks(asks, [p for name, p in self.pools.items() if not _busy(look, name)])
         done = await self._give_back(look, asks)
         if done is None:
-            done = await self._make(look, view, model, wanting)
-        self.serving = served
+            done = await self._make(look, view, model, split_asks(asks, self._open(look))[1])
+        self.serving = split_asks(asks, self._open(look))[0]  # a pool made just now serves its job at once
         return done
+
+    def _open(self, look: SlurmView) -> list[Pool]:
+        """The pool nodes no job runs on (as ``look`` shows them; one made since is open)."""
+        return [p for name, p in self.pools.items() if not _busy(look, name)]
 
     def _waiting(self, look: SlurmView, model: GpuModel, view: NodeView) -> Sequence[JobRequest]:
         """Slurm's waiting jobs for this host's partitions (the host's instance nodes' own, or ``partitions``)."""
