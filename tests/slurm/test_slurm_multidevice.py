@@ -122,6 +122,26 @@ def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_an
         assert f"pool node {pool} over gpu0@{starts[0]}, gpu0@{starts[1]}, read back from its GRES map" in d.log()
 
 
+@pytest.mark.parametrize("static", FORMS)
+def test_after_a_slurmctld_restart_the_pool_node_is_registered_again_with_its_job_running(static: bool) -> None:
+    """slurmctld starts again while the two-device job runs: a static pool node is back in slurm.conf's FUTURE (a
+    dynamic one stays), its slurmd runs on; flexmig registers it again, the job runs on unrequeued, and its
+    instances get no node of their own meanwhile."""
+    with SlurmDaemon(SPEC, node_per_instance=True, static_nodes=static, default_layout=True) as d:
+        pair = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)
+        assert d.wait_state(pair, "RUNNING", timeout_s=30).nodes == (POOL,)
+        printed(d, pair)
+        starts = pool_starts(d)
+        d.stop_ctld()
+        d.start_ctld()
+        d.wait("the pool node registered again", functools.partial(d.responding, POOL), timeout_s=60)
+        again = d.job(pair)
+        assert again is not None and again.state == "RUNNING" and again.restart_count == 0, again
+        assert again.nodes == (POOL,), again
+        for start in starts:
+            assert d.slurm_node(instance(static, start)) is None  # still the pool's
+
+
 def printed(d: SlurmDaemon, job: int) -> str:
     """The first line job ``job`` printed (its ``CUDA_VISIBLE_DEVICES``), once it has."""
     out: str = d.wait(f"job {job} printed its devices", lambda: d.output(job).strip(), timeout_s=30)
