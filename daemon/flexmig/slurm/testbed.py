@@ -46,7 +46,7 @@ from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.minors import render_mig_minors
-from flexmig.slurm.pool import pool_lines, pool_places
+from flexmig.slurm.pool import pool_lines, pool_node, pool_places
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
@@ -174,10 +174,12 @@ class Testbed:
         if host is None:
             return [name for h in range(self.hosts) for name in self.node_names(h)]
         node = self.host_node(host)
+        pools = [pool_node(node, k, n, p.name) for k, p, n in pool_places(self.model, self.gpus)]
+        pools = pools if self.node_per_instance and self.pool_nodes else []
         if self.node_per_instance and self.static_nodes:
-            return [slot_node(node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
+            return [slot_node(node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)] + pools
         if self.node_per_instance:
-            return [f"{node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
+            return [f"{node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)] + pools
         return [f"{node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [node]
 
     @property
