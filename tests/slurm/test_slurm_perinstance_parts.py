@@ -262,8 +262,13 @@ def test_slurm_conf_for_static_nodes_lists_every_place_of_every_profile(capsys: 
     argv = ["slurm", "conf", "--node-per-instance", "--static", "--host", "h1", "--gpus", "2", "--cpus", "28"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
-    lines = [x for x in out.splitlines() if x.startswith("NodeName=")]
+    lines = [x for x in out.splitlines() if x.startswith("NodeName=") and "Weight=" not in x]
     assert len(lines) == slot_count(H200, 2) == 2 * 18  # 7 + 4 + 3 + 2 + 1 + 1 places on an H200
+    pools = [x for x in out.splitlines() if x.startswith("NodeName=") and "Weight=1000" in x]
+    assert len(pools) == 2 * 12 + 1  # per GPU 1g.18gb x2-x7, 1g.35gb x2-x4, 2g.35gb x2-x3, 3g.71gb x2; 7g.141gb x2
+    assert ("NodeName=h1-gpu1-x2-1g18gb NodeHostname=h1 NodeAddr=h1 Port=6858 CPUs=4 Gres=gpu:1g.18gb:2 Weight=1000 "
+            "State=FUTURE") in pools  # fmt: skip
+    assert f"{len(lines)} instance nodes and {len(pools)} pool nodes" in out
     assert len({x.split()[0] for x in lines}) == len(lines)
     assert ("NodeName=h1-gpu1-4-3g71gb NodeHostname=h1 NodeAddr=h1 Port=6842 CPUs=6 Gres=gpu:3g.71gb:1 State=FUTURE"
             in lines)  # fmt: skip

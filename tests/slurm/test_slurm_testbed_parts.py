@@ -46,7 +46,8 @@ def test_each_host_has_its_name_address_files_and_flexmigd_configuration(tmp_pat
     assert [tb.host_addr(h) for h in range(2)] == ["127.0.0.1", "127.0.0.2"]
     assert tb.host_paths(1).gres_conf == tmp_path / "hosts" / "h2" / "etc" / "gres.conf"
     names = tb.node_names()
-    assert len(names) == 2 * 18 and names[0] == "fm-h1-gpu0-0-1g18gb" and names[-1].startswith("fm-h2-gpu0-0-7g")
+    assert len(names) == 2 * (18 + 12) and names[0] == "fm-h1-gpu0-0-1g18gb" and "fm-h2-gpu0-0-7g141gb" in names
+    assert names[-1] == "fm-h2-gpu0-x2-3g71gb"  # and each host's pool nodes (12 a GPU on an H200)
     conf = tomllib.loads(tb.flexmigd_config(metrics_port=9400, host=1))
     slurm = conf["slurm"]
     assert conf["node_name"] == slurm["node"] == "fm-h2"

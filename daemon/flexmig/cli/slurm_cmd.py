@@ -24,6 +24,7 @@ from flexmig.errors import SlurmError
 from flexmig.mig.catalogue import GpuModel, model_by_key
 from flexmig.slurm.gresconf import check_node_name
 from flexmig.slurm.install import PROLOG, TASKPROLOG, render_taskprolog, write_taskprolog
+from flexmig.slurm.pool import pool_lines, pool_places, pool_port
 from flexmig.slurm.slots import slot_count, slot_lines
 from flexmig.slurm.testbed import MAX_HOSTS, future_gres
 from flexmig.slurm.testbed_layout import LAYOUTS
@@ -198,15 +199,18 @@ def _static_conf(args: argparse.Namespace, model: GpuModel) -> int:
     addr = args.addr or args.host
     if not re.fullmatch(r"[A-Za-z0-9_.:\-]{1,255}", addr):
         raise SlurmError(f"--addr {addr!r}: not a host name or address")
-    top = args.port_base + 8 * (args.gpus - 1) + 7
+    top = pool_port(args.port_base, args.gpus, sum(1 for _ in pool_places(model, args.gpus)) - 1)  # the last
     if args.port_base < 1 or top > 65535:
         raise SlurmError(f"--port-base {args.port_base}: the host's ports would reach {top} (at most 65535)")
     share = args.cpus // (args.gpus * 7)
     if share < 1:
         raise SlurmError(f"--cpus {args.cpus}: fewer than the {args.gpus * 7} compute slices of the host")
     count = slot_count(model, args.gpus)
+    pools = pool_lines(
+        args.host, model, args.gpus, port_base=args.port_base, cpus_per_slice=share, hostname=args.host, addr=addr
+    )
     print(f"# flexmig, node_per_instance with instance_nodes = static (any Slurm from 22.05): host {args.host}, "
-          f"{args.gpus} x {model.name}: {count} nodes,")  # fmt: skip
+          f"{args.gpus} x {model.name}: {count} instance nodes and {len(pools)} pool nodes,")  # fmt: skip
     print("# one per place each MIG profile can take; only those whose instances exist leave State=FUTURE (each")
     print("# with its own slurmd, systemd/slurmd-static@.service). A node's CPUs: a compute slice's share of the")
     print("# host's, times its profile's slices. Add the nodes to the flexmig partitions (or use Nodes=ALL).")
@@ -220,6 +224,9 @@ def _static_conf(args: argparse.Namespace, model: GpuModel) -> int:
         args.host, model, args.gpus, port_base=args.port_base, cpus_per_slice=share, hostname=args.host, addr=addr
     )
     print("\n".join(lines))
+    print("# Pool nodes: a job asking for several devices of one profile on one node (--gres=gpu:1g.18gb:2) runs on")
+    print("# one, registered over that many idle instances while it needs them (their own nodes wait in FUTURE).")
+    print("\n".join(pools))
     print(f'# flexmig.toml [slurm]: node = "{args.host}", node_per_instance = true, instance_nodes = "static", '
           f"slurmd_port_base = {args.port_base},")  # fmt: skip
     print('#   slurmd_unit = "slurmd-static@{node}.service", slurmd_env = "/run/flexmig/slurm/slurmd-{node}.env",')

@@ -40,6 +40,8 @@ from flexmig.slurm.claims import Claims
 from flexmig.slurm.client import SlurmClient, SlurmCommands
 from flexmig.slurm.config_settings import slurm_settings
 from flexmig.slurm.layout import SlurmLayout, choose_layout, configured_layout, with_layout
+from flexmig.slurm.pool import parse_pool_node
+from flexmig.slurm.pool_nodes import keep_places
 from flexmig.slurm.settings import gpu_node
 
 __all__ = ["ActuatorView", "SlurmAgents", "SlurmHost"]
@@ -177,6 +179,7 @@ class SlurmAgents(SlurmReporting):
                 executor=act.executor,
                 agent_for=self.agent_for_instance,
                 wall=self.wall,
+                pool_agent_for=self.agent_for_pool,
             )
         who = self.node
         if self.per_gpu:
@@ -237,9 +240,9 @@ class SlurmAgents(SlurmReporting):
             return config
         return dataclasses.replace(config, slurm=with_layout(config.slurm, self.layout))
 
-    def _make_agent(self, act: Actuator, key: AgentKey) -> SlurmAgent:
-        node, settings = agent_settings(self.node, key, self.config.slurm)
-        gpu = key[0] if isinstance(key, tuple) else key
+    def _make_agent(self, act: Actuator, key: AgentKey, port: int | None = None) -> SlurmAgent:
+        node, settings = agent_settings(self.node, key, self.config.slurm, port=port)
+        gpu = key[0] if isinstance(key, tuple) else None if isinstance(key, str) else key
         start = key[1] if isinstance(key, tuple) else None
         profile = key[2] if isinstance(key, tuple) and len(key) == 3 else None
         agent = SlurmAgent(
@@ -276,9 +279,26 @@ class SlurmAgents(SlurmReporting):
             agent = self.agents[key] = self._make_agent(self._act, key)
         return agent
 
+    def agent_for_pool(
+        self, name: str, devices: frozenset[tuple[int, int]] | None, port: int | None = None
+    ) -> SlurmAgent:
+        """The agent of pool node ``name`` (``node_per_instance``: a node over the instances ``devices``, ``(gpu,
+        start)``; None: as its GRES map says; ``port``: a dynamic node's slurmd port), made the first time."""
+        agent = self.agents.get(name)
+        if agent is None:
+            assert self._act is not None
+            agent = self.agents[name] = self._make_agent(self._act, name, port)
+        keep_places(agent.supply, devices)
+        return agent
+
     async def _dispatch(self, run: ActionRun) -> None:
-        """Run a ``slurm_reregister`` action with the agent of the GPU (or instance) node its payload names."""
+        """Run a ``slurm_reregister`` action with the agent of the GPU, instance or pool node its payload names."""
         node = str(run.row.payload.get("node", ""))
+        if self.per_instance and parse_pool_node(self.node, node) is not None:
+            pool, port = run.row.payload.get("pool"), run.row.payload.get("port")
+            agent = self.agent_for_pool(node, None if pool is None else frozenset((g, s) for g, s in pool), port)
+            await agent.change.run(run, run.row.payload)
+            return
         if self.per_instance:
             where = instance_of_action(self.node, node, static=self.static)
             await self.agent_for_instance(*where).change.run(run, run.row.payload)
@@ -300,4 +320,3 @@ class SlurmAgents(SlurmReporting):
         self._last_decision.clear()
         self._carvings = CarvingNews()
         self._wake.set()
-

@@ -19,17 +19,23 @@ from flexmig.slurm.settings import SlurmSettings, gpu_node, instance_node, insta
 
 __all__ = ["AgentKey", "agent_settings", "example_node", "gpu_of_action", "instance_of_action", "slot_profile"]
 
-AgentKey = int | tuple[int, int] | tuple[int, int, str] | None
-"""An agent's key: None (the one node), a GPU (``node_per_gpu``), ``(gpu, start)`` (``node_per_instance``), or
-``(gpu, start, profile)`` (``node_per_instance`` with ``instance_nodes = static``: a node per profile and place)."""
+AgentKey = int | tuple[int, int] | tuple[int, int, str] | str | None
+"""An agent's key: None (the one node), a GPU (``node_per_gpu``), ``(gpu, start)`` (``node_per_instance``),
+``(gpu, start, profile)`` (``node_per_instance`` with ``instance_nodes = static``: a node per profile and place), or
+a pool node's name (``node_per_instance``: a node over several instances, :mod:`flexmig.slurm.pool`)."""
 
 
-def agent_settings(host: str, key: AgentKey, slurm: SlurmConfig) -> tuple[str, SlurmSettings]:
+def agent_settings(
+    host: str, key: AgentKey, slurm: SlurmConfig, *, port: int | None = None
+) -> tuple[str, SlurmSettings]:
     """The node name and settings of the agent of GPU ``key`` of host node ``host`` (None: the one node's;
-    ``(gpu, start)``: that instance's)."""
+    ``(gpu, start)``: that instance's; a name: that pool node's, with its slurmd's ``port`` when it is a dynamic
+    node)."""
     settings = slurm_settings(slurm)
     if key is None:
         return host, settings.for_node(host)
+    if isinstance(key, str):  # a pool node: a static one's Port= is slurm.conf's
+        return key, settings.for_node(key, port=port)
     if isinstance(key, tuple):
         gpu, start = key[0], key[1]
         if len(key) == 3:  # a static node: its Port= is slurm.conf's

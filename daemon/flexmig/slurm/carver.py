@@ -15,12 +15,15 @@ Each round, under the actuator's action lock and on one look at Slurm and NVML
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from flexmig.act.executor import Executor
 from flexmig.act.nodeview import NodeView
+from flexmig.act.placement import node_model
+from flexmig.errors import PlanRejectedError
 from flexmig.nvml.types import Inventory
 from flexmig.plan.carving import Carving, Hold
 from flexmig.slurm.agent import SlurmAgent
@@ -46,6 +49,7 @@ from flexmig.slurm.instances import (
 )
 from flexmig.slurm.moving import choose_moves, move_actions, move_hold
 from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.pool_nodes import PoolAgentFor, PoolNodes
 from flexmig.slurm.settings import SlurmSettings
 from flexmig.slurm.shared_reads import Reads
 
@@ -69,6 +73,7 @@ class InstanceCarver:
         executor: Executor,
         agent_for: Callable[[int, int, str], SlurmAgent],
         wall: Callable[[], float],
+        pool_agent_for: PoolAgentFor | None = None,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -87,6 +92,12 @@ class InstanceCarver:
         run, as the agent of a whole node never asks such a job twice."""
         self.seen = Seen()
         """What the cluster's assignment of waiting jobs to hosts remembers from the last round."""
+        self.pools = (
+            None
+            if pool_agent_for is None
+            else PoolNodes(node, settings=settings, executor=executor, agent_for=pool_agent_for, name=self.name)
+        )
+        """The host's pool nodes, for jobs of several devices (None: not made for this carver)."""
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
@@ -103,8 +114,9 @@ class InstanceCarver:
         inventory = await shared.inventory()
         view = NodeView.of(inventory)
         live = sorted((i.gpu, i.start, i.profile) for i in view.instances if i.uuid is not None)
+        pooled = self._recover_pools(view, len(inventory.gpus))
         done: list[tuple[SlurmAgent | None, SlurmRound]] = []
-        for gpu, start, profile in live:
+        for gpu, start, profile in (i for i in live if (i[0], i[1]) not in pooled):  # a pool's node serves those
             agent = self.agent_for(gpu, start, profile)
             agent.own_reservations = frozenset({self.hold_reservation})
             try:
@@ -116,16 +128,31 @@ class InstanceCarver:
                 agent.shared_inventory = None
             shared.after(rnd)
             done.append((agent, rnd))
+        if self.pools is not None:
+            done += await self.pools.keep(mode, shared)
         if mode == "observe":
             return done
         retired = await self._retire_stale(mode, await shared.view(), {self.name(*i) for i in live})
         if retired is not None:
             done.append(retired)
             shared.after(retired[1])
+        if self.pools is not None and mode == "act":
+            pooling = await self.pools.step(await shared.view(), await shared.inventory())
+            if pooling is not None:
+                done.append(pooling)
+                shared.after(pooling[1])
         carved = await self._carve(mode, await shared.view(), await shared.inventory(), done)
         if carved is not None:
             done.append(carved)
         return done
+
+    def _recover_pools(self, view: NodeView, gpus: int) -> frozenset[tuple[int, int]]:
+        """The instances of the host's pool nodes, read back from their GRES maps at the first round."""
+        if self.pools is None:
+            return frozenset()
+        with contextlib.suppress(PlanRejectedError):
+            self.pools.recover(node_model(view), gpus)
+        return self.pools.pooled()
 
     # ------------------------------------------------------------------------------------------ stale nodes
     async def _retire_stale(self, mode: str, look: SlurmView, live: set[str]) -> tuple[None, SlurmRound] | None:
@@ -145,14 +172,17 @@ class InstanceCarver:
         self, mode: str, look: SlurmView, inventory: Inventory, done: Sequence[tuple[SlurmAgent | None, SlurmRound]]
     ) -> tuple[None, SlurmRound] | None:
         running = [r for _, rnd in done if rnd.read is not None for r in rnd.read.demand.running]
-        ch = carving_host(look, inventory, running, name=self.name, hold_reservation=self.hold_reservation)
+        pooled, served = (frozenset(), frozenset()) if self.pools is None else (self.pools.pooled(), self.pools.serving)
+        ch = carving_host(
+            look, inventory, running, name=self.name, hold_reservation=self.hold_reservation, pooled=pooled
+        )
         if ch is None:
             return None
         hl, by_name = ch.layouts, ch.by_name
         settings = self.settings()
         now = self.wall()
         c, self.left_out, self.seen = choose_carving(
-            self.node, ch, look[0], settings, now_s=now, hold=self.hold, seen=self.seen
+            self.node, ch, look[0], settings, now_s=now, hold=self.hold, seen=self.seen, served=served
         )
         if mode == "act":
             moved = await self._move(ch, running, look, settings, now=now, hold=c.hold)

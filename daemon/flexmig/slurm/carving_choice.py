@@ -79,10 +79,12 @@ class CarvingHost:
 
 
 def carving_host(
-    look: SlurmView, inventory: Inventory, running: Sequence[SlurmRunning], *, name: NodeName, hold_reservation: str
-) -> CarvingHost | None:
+    look: SlurmView, inventory: Inventory, running: Sequence[SlurmRunning], *, name: NodeName, hold_reservation: str,
+    pooled: frozenset[Where] = frozenset(),
+) -> CarvingHost | None:  # fmt: skip
     """The host as a carving sees it, from one look at Slurm and NVML and the jobs the instance agents saw running
-    (``running``); None when there is nothing to carve (no MIG model flexmig plans for, no layout left free)."""
+    (``running``); None when there is nothing to carve (no MIG model flexmig plans for, no layout left free).
+    ``pooled``: instances, ``(gpu, start)``, of a pool node (:mod:`flexmig.slurm.pool_nodes`): never carved."""
     _, nodes, reservations = look
     view = NodeView.of(inventory)
     try:
@@ -97,6 +99,9 @@ def carving_host(
     ours: list[SlurmNode] = []
     for i in view.instances:
         if i.uuid is None:
+            continue
+        if i.key in pooled:
+            held.add(i.key)
             continue
         node_name = name(i.gpu, i.start, i.profile)
         n = by_name.get(node_name)
@@ -126,15 +131,16 @@ def carving_host(
 
 def choose_carving(
     host: str, ch: CarvingHost, jobs: Sequence[SlurmJob], settings: SlurmSettings, *, now_s: float, hold: Hold | None,
-    seen: Seen | None = None,
+    seen: Seen | None = None, served: frozenset[str] = frozenset(),
 ) -> tuple[Carving, dict[str, str], Seen]:  # fmt: skip
     """The carving of host node ``host`` (seen as ``ch``) for Slurm's waiting jobs at ``now_s`` (``hold``: the
     region held at the last round), the waiting jobs it left out, with why, and what the cluster's assignment
     remembers for the next round (``seen``: the last round's): of a cluster's waiting jobs, the host carves only
     for those assigned to it, those no host was assigned, and those another host left waiting too long
-    (:mod:`flexmig.slurm.cluster_claims`)."""
+    (:mod:`flexmig.slurm.cluster_claims`). ``served``: waiting jobs (request names) a pool node runs, left out."""
     model, hl = ch.model, ch.layouts
     queue, left_out = waiting_of(host, ch, jobs, settings, now_s=now_s)
+    queue = [w for w in queue if w.name.split("#", 1)[0] not in served]
     queue, left, seen = host_queue(
         host, queue, ch.by_name.values(), jobs, model, reserved=ch.reserved, seen=seen or Seen(), now_s=now_s,
         hook_token=settings.hook_token, free_after_s=max(FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS * settings.interval_s),
@@ -158,7 +164,7 @@ def waiting_of(
         jobs, None, instance_node(host, hl.gpus[0], 0), model, index_map={}, now_s=now_s,
         partitions=partitions, hook_token=settings.hook_token,
     )  # fmt: skip
-    return queue_of(demand, now_s, most_parts=len(hl.layouts) * model.compute_slices)
+    return queue_of(demand, now_s, most_parts=len(hl.layouts) * model.compute_slices, pools=True)
 
 
 def profile_at(hl: HostLayouts, i: int, start: int) -> str:

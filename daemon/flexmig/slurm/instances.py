@@ -112,12 +112,16 @@ def busy_of(running: Iterable[SlurmRunning], on_nodes: Mapping[Where, bool]) -> 
     return busy
 
 
-def queue_of(demand: SlurmDemand, now_s: float, *, most_parts: int = 56) -> tuple[list[Waiting], dict[str, str]]:
+def queue_of(
+    demand: SlurmDemand, now_s: float, *, most_parts: int = 56, pools: bool = False
+) -> tuple[list[Waiting], dict[str, str]]:
     """The waiting jobs for the carving, in Slurm's priority order, and the ones left out (name -> why).
 
     A job of N nodes (``--nodes=N --gres=gpu:P:1``, what a job of several devices is told to ask for) needs N
     instance nodes: it waits as N parts, ``slurm-42#1`` ... ``slurm-42#N``, each carved for like a job of its own
-    (at most ``most_parts``, as many instance nodes as the host can hold; a bigger job spans hosts)."""
+    (at most ``most_parts``, as many instance nodes as the host can hold; a bigger job spans hosts). With ``pools``
+    (the host registers pool nodes: :mod:`flexmig.slurm.pool_nodes`), a job of N devices on one node waits as N parts
+    the same way: the instances its pool node will be made of."""
     nodes = {j.job_id: max(1, j.node_count) for j in demand.pending_jobs}
     queue: list[Waiting] = []
     left: dict[str, str] = {}
@@ -126,14 +130,16 @@ def queue_of(demand: SlurmDemand, now_s: float, *, most_parts: int = 56) -> tupl
         if profile is None:
             left[req.name] = "asks for no MIG profile"
             continue
-        if req.ranks > 1:
+        job = job_id_of(req.name)
+        parts = min(nodes.get(job, 1) if job is not None else 1, max(1, most_parts))
+        if req.ranks > 1 and (parts > 1 or not pools):
             left[req.name] = (
                 f"asks for {req.ranks} MIG devices; one node per instance runs a job of N devices as N nodes "
                 f"(--nodes={req.ranks} --gres=gpu:{profile}:1)"
+                + (f", not {parts} nodes of {req.ranks} devices" if pools else "")
             )
             continue
-        job = job_id_of(req.name)
-        parts = min(nodes.get(job, 1) if job is not None else 1, max(1, most_parts))
+        parts = max(parts, min(req.ranks, max(1, most_parts)))  # several devices: a pool node's, carved as parts
         waited = max(0.0, now_s - req.submitted_s)
         names = [req.name] if parts == 1 else [f"{req.name}#{k}" for k in range(1, parts + 1)]
         queue += [Waiting(name, profile, req.expected_runtime_s, waited, alone=parts == 1) for name in names]

@@ -120,7 +120,8 @@ class Supply:
     not exist yet) and stand-in devices are made under ``dev_dir``. ``gpu``: the node is that one GPU's (``[slurm]
     node_per_gpu``): only its MIG devices are the node's; None: every GPU's. ``start`` (with ``gpu``): the node is
     the one MIG instance at that memory slice (``[slurm] node_per_instance``); ``profile`` (with ``start``): only an
-    instance of that MIG profile (a static node's, ``[slurm] instance_nodes = static``).
+    instance of that MIG profile (a static node's, ``[slurm] instance_nodes = static``). ``places``: the node is
+    these MIG instances, ``(gpu, start)``, of the host (a pool node, :mod:`flexmig.slurm.pool`; set by its maker).
     """
 
     node: str
@@ -133,6 +134,7 @@ class Supply:
     gpu: int | None = None
     start: int | None = None
     profile: str | None = None
+    places: frozenset[tuple[int, int]] | None = None
     _map_problem: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def minors(self, gpus: int) -> MigMinors:
@@ -148,6 +150,8 @@ class Supply:
     def records(self, inv: Inventory) -> tuple[GresRecord, ...]:
         """The node's MIG devices as gres records (GRES index order)."""
         records = gres_records(inv, self.minors(len(inv.gpus)), str(self.dev_dir))
+        if self.places is not None:
+            return tuple(r for r in records if (r.gpu, r.start) in self.places)
         if self.gpu is None:
             return records
         return tuple(

@@ -46,6 +46,7 @@ from flexmig.mig.catalogue import GpuModel
 from flexmig.slurm.client import SlurmCommands
 from flexmig.slurm.install import render_taskprolog
 from flexmig.slurm.minors import render_mig_minors
+from flexmig.slurm.pool import pool_lines, pool_node, pool_places
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.slots import slot_lines, slot_places
 from flexmig.slurm.squeue import parse_squeue
@@ -104,6 +105,11 @@ class Testbed:
     static_nodes: bool = False
     """With ``node_per_instance``: the instance nodes are static ones of slurm.conf (``<node>-gpu<K>-<S>-<profile>``,
     State=FUTURE, any Slurm from 22.05): flexmigd's ``[slurm] instance_nodes = "static"``."""
+    pool_nodes: bool = True
+    """With ``node_per_instance``: the host's pool nodes (:mod:`flexmig.slurm.pool_nodes`) get their slurmd ports
+    after the instance nodes'; with static instance nodes slurm.conf also lists them
+    (:func:`flexmig.slurm.pool.pool_lines`, State=FUTURE), so that a job asking for several devices of one profile
+    pends until flexmigd registers its pool node instead of being refused at submission."""
     gpu_port_base: int = 0
     """With ``node_per_gpu``: GPU K's slurmd port less K; with ``node_per_instance``: the instance at S of GPU K's
     port less 8K + S (0: chosen free by :meth:`flexmigd_config`, then kept)."""
@@ -149,6 +155,8 @@ class Testbed:
     def port_base(self, host: int = 0) -> int:
         """Host ``host``'s slurmd port base (its GPU or instance nodes' ports), chosen free once, then kept."""
         count = 8 * self.gpus if self.node_per_instance else self.gpus if self.node_per_gpu else 1
+        if self.node_per_instance and self.pool_nodes:  # the pool nodes' ports follow (static or dynamic)
+            count += sum(1 for _ in pool_places(self.model, self.gpus))
         if host == 0:
             self.gpu_port_base = self.gpu_port_base or free_ports(count)
             return self.gpu_port_base
@@ -166,10 +174,12 @@ class Testbed:
         if host is None:
             return [name for h in range(self.hosts) for name in self.node_names(h)]
         node = self.host_node(host)
+        pools = [pool_node(node, k, n, p.name) for k, p, n in pool_places(self.model, self.gpus)]
+        pools = pools if self.node_per_instance and self.pool_nodes else []
         if self.node_per_instance and self.static_nodes:
-            return [slot_node(node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)]
+            return [slot_node(node, k, s, p.name) for k, p, s in slot_places(self.model, self.gpus)] + pools
         if self.node_per_instance:
-            return [f"{node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)]
+            return [f"{node}-gpu{k}-{s}" for k in range(self.gpus) for s in range(8)] + pools
         return [f"{node}-gpu{k}" for k in range(self.gpus)] if self.node_per_gpu else [node]
 
     @property
@@ -249,6 +259,11 @@ class Testbed:
                     self.host_node(host), self.model, self.gpus, port_base=self.port_base(host),
                     cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr=self.host_addr(host),
                 )  # fmt: skip
+                if self.pool_nodes:
+                    static += pool_lines(
+                        self.host_node(host), self.model, self.gpus, port_base=self.port_base(host),
+                        cpus_per_slice=max(1, self.cpus // 7), hostname="localhost", addr=self.host_addr(host),
+                    )  # fmt: skip
         conf = render_slurm_conf(
             p,
             ctld_port=self.ctld_port,
