@@ -45,7 +45,9 @@ class InstanceUsage:
         # field by field, not in a loop over names: every sweep builds one of these per instance.
         mean, p95 = self.activity_mean, self.activity_p95
         if mean is not None and not 0.0 <= mean <= 1.5:
-            raise ValueError(f"InstanceUsage for GPU {self.gpu} slice {self.start}: activity_mean={mean} is not a ratio")
+            raise ValueError(
+                f"InstanceUsage for GPU {self.gpu} slice {self.start}: activity_mean={mean} is not a ratio"
+            )
         if p95 is not None and not 0.0 <= p95 <= 1.5:
             raise ValueError(f"InstanceUsage for GPU {self.gpu} slice {self.start}: activity_p95={p95} is not a ratio")
 
