@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from ctypes import byref
 from pathlib import Path
+from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
@@ -256,12 +257,12 @@ def test_an_instance_window_is_the_longer_of_its_two_windows_and_either_alone_co
 
 @pytest.mark.parametrize("field", ["activity_mean", "activity_p95"])
 def test_a_usage_window_refuses_an_activity_that_is_no_ratio_and_names_it(field: str) -> None:
-    good = {"gpu": 3, "start": 4, "profile": "3g.71gb", "at": 1.0, "window_s": 1.0, "activity_mean": 0.5,
-            "activity_p95": 0.5, "memory_used_bytes": None, "memory_total_bytes": None, "processes": None}  # fmt: skip
-    assert InstanceUsage(**{**good, field: 1.5}).activity is not None  # DCGM reads a little above 1.0 (DCGM #152)
+    good = InstanceUsage(3, 4, "3g.71gb", 1.0, 1.0, 0.5, 0.5, None, None, None)
+    ratio: dict[str, Any] = {field: 1.5}
+    assert dataclasses.replace(good, **ratio).activity is not None  # DCGM reads a little above 1.0 (#152)
     for bad in (-0.01, 1.51, 150.0):
         with pytest.raises(ValueError, match=f"GPU 3 slice 4: {field}={bad} is not a ratio"):
-            InstanceUsage(**{**good, field: bad})
+            dataclasses.replace(good, **{**ratio, field: bad})
 
 
 def test_detection_time_follows_the_monotonic_clock_when_the_wall_clock_steps_back() -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from flexmig.mig.fastinit import fast_init
+
 __all__ = ["Signal", "Switch", "step"]
 
 
@@ -23,6 +25,7 @@ class Signal(enum.Enum):
     HOLD = "hold"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Switch:
     """State of one switch: whether it is on, since when, and since when the opposite condition has held."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flexmig.mig.fastinit import fast_init
+
 __all__ = ["InstanceKey", "InstanceUsage"]
 
 InstanceKey = tuple[int, int]
 """(GPU index, start memory slice): what identifies a GPU instance across sweeps (GI IDs belong to the driver)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InstanceUsage:
     """What one MIG instance did during the window ``(at - window_s, at]``.
