@@ -423,6 +423,20 @@ def markdown(
     return "\n".join(out) + "\n"
 
 
+def _shown(argv: list[str]) -> list[str]:
+    """The arguments a run was given, as its section shows them: all but ``--markdown FILE`` (where it was written)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--markdown":
+            skip = True
+        elif not a.startswith("--markdown="):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure both workloads and print the figures; exit status 1 when a goal is missed."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -454,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     print_stages(where)
     print(f"\nload average after: {load_average()}")
     if args.markdown:
-        cmd = ".venv/bin/python bench/daemon.py" + (" --quick" if args.quick else "")
+        cmd = " ".join([".venv/bin/python bench/daemon.py", *_shown(sys.argv[1:] if argv is None else argv)])
         args.markdown.write_text(markdown(results, started, cmd, seconds, runs, where))
     return 1 if missed else 0
 
