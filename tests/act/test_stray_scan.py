@@ -13,7 +13,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psutil
 import pytest
 
 from flexmig.act.procs import PsutilScanner
@@ -49,9 +48,9 @@ def test_a_new_marked_process_is_found_at_the_next_scan_and_an_exited_one_is_for
     read: list[int] = []
     inner_read = scan._read
 
-    def counted(p: psutil.Process) -> object:
-        read.append(p.pid)
-        return inner_read(p)
+    def counted(pid: int) -> object:
+        read.append(pid)
+        return inner_read(pid)
 
     monkeypatch.setattr(scan, "_read", counted)
     job_id = f"stray-scan-{os.getpid()}"

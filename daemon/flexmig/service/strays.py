@@ -31,8 +31,12 @@ __all__ = ["MarkedScan", "StrayWatch"]
 
 log = logging.getLogger(__name__)
 
-_Key = tuple[float, str]
-"""What tells one process from the next under the same PID: its start time and its name (``exec`` changes it)."""
+_Key = tuple[str, str]
+"""What tells one process from the next under the same PID: its start time (clock ticks since boot, as
+``/proc/PID/stat`` writes it) and its name (``exec`` changes it)."""
+_PROC = "/proc"
+_STARTTIME = 19  # field 22 of /proc/PID/stat, counted from the state (field 3), the first after the name
+_ENVIRON_MAX = 1 << 20  # more than any environment the kernel lets a process start with (ARG_MAX is 2 MiB with argv)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,36 +75,62 @@ class MarkedScan:
         seen: dict[int, tuple[_Key, _Markers | None]] = {}
         found: dict[int, MarkedRank] = {}
         parents: dict[int, int] = {}
-        for p in psutil.process_iter(["pid", "ppid", "status", "create_time", "name", "username"]):
-            info = p.info
-            if info["status"] == psutil.STATUS_ZOMBIE or info["create_time"] is None:
-                continue
-            pid = int(info["pid"])
-            key = (float(info["create_time"]), str(info["name"]))
+        for pid in psutil.pids():
+            stat = _stat(pid)
+            if stat is None:
+                continue  # exited meanwhile, or a zombie
+            key, ppid = stat
             known = self._seen.get(pid)
-            markers = known[1] if known is not None and known[0] == key else self._read(p)
+            markers = known[1] if known is not None and known[0] == key else self._read(pid)
             seen[pid] = (key, markers)
-            if markers is None:
-                continue
-            found[pid] = MarkedRank(pid, markers.job_id, markers.job, markers.generation, markers.slot,
-                                    markers.device, str(info.get("username") or ""))  # fmt: skip
-            parents[pid] = int(info["ppid"])
+            if markers is not None:
+                found[pid] = MarkedRank(pid, markers.job_id, markers.job, markers.generation, markers.slot,
+                                        markers.device, _username(pid))  # fmt: skip
+                parents[pid] = ppid
         self._seen = seen  # exited processes are forgotten
         tops = [r for pid, r in found.items() if parents[pid] not in found]  # a job's children inherit its markers
         return sorted(tops, key=lambda r: r.pid)
 
-    def _read(self, p: psutil.Process) -> _Markers | None:
-        """The markers of ``p``'s environment (None: it has none, or it may not be read: another user's without
-        root, a kernel thread's, one that exited; the last is forgotten at the next scan, as it is not listed)."""
+    def _read(self, pid: int) -> _Markers | None:
+        """The markers of process ``pid``'s environment (None: it has none, or it may not be read: another user's
+        without root, one that exited; the last is forgotten at the next scan, as it is no longer listed)."""
         try:
-            env = p.environ()
-        except (psutil.Error, OSError):
+            with open(f"{_PROC}/{pid}/environ", "rb") as f:  # noqa: PTH123 - /proc, read as psutil does
+                data = f.read(_ENVIRON_MAX)
+        except OSError:
             return None
+        env = {}
+        for entry in data.decode("utf-8", "surrogateescape").split("\0"):
+            k, sep, v = entry.partition("=")
+            if sep:
+                env[k] = v
         job_id = env.get(ENV_JOB_ID)
         if not job_id:
             return None
         return _Markers(job_id[:64], env.get(ENV_JOB, "")[:64], _marker(env.get(ENV_GENERATION, "")),
                         _marker(env.get(ENV_SLOT, "")), env.get("CUDA_VISIBLE_DEVICES", "")[:128])  # fmt: skip
+
+
+def _stat(pid: int) -> tuple[_Key, int] | None:
+    """``((start time, name), parent)`` of process ``pid`` from ``/proc/PID/stat`` (None: gone, or a zombie)."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:  # noqa: PTH123 - /proc, one read
+            text = f.read().decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(")")  # the name may hold spaces and parentheses: it ends at the last ")"
+    fields = rest.split()
+    if len(fields) < _STARTTIME + 1 or fields[0] == "Z":
+        return None
+    return (fields[_STARTTIME], head.partition("(")[2]), int(fields[1])
+
+
+def _username(pid: int) -> str:
+    """The user of a marked process, read every scan (a process may change it); empty when it cannot be read."""
+    try:
+        return str(psutil.Process(pid).username() or "")
+    except (psutil.Error, OSError, KeyError):
+        return ""
 
 
 def _marker(text: str) -> int:
