@@ -31,3 +31,11 @@ def test_a_stack_inside_an_nvml_call_is_the_library_and_pynvml_s_own_python_is_f
     step = "demo_workload_loop.<locals>.step (flexmig/wiring/sampling.py:1);SimNode.step_workload (flexmig/sim/node.py)"
     assert bench.classify(step) == "simulated workload"
     assert bench.classify(sweep) == "flexmig"
+
+
+def test_a_section_shows_the_arguments_it_was_run_with_but_not_where_it_was_written() -> None:
+    assert bench._shown(["--runs", "5", "--seconds", "20", "--markdown", "/tmp/section.md"]) == [
+        "--runs", "5", "--seconds", "20",
+    ]  # fmt: skip
+    assert bench._shown(["--markdown=/tmp/section.md", "--quick"]) == ["--quick"]
+    assert bench._shown([]) == []

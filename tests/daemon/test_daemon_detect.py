@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from ctypes import byref
 from pathlib import Path
+from typing import Any
 
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from flexmig.act.nodeview import NodeView
 from flexmig.config import Config, DetectConfig, PrometheusConfig, SamplingConfig, load_config, parse_config
 from flexmig.daemon import Daemon
-from flexmig.detect import DetectSettings, FragmentationFinding, Report
+from flexmig.detect import DetectSettings, FragmentationFinding, InstanceUsage, Report
 from flexmig.metrics.findings import report_of
 from flexmig.status import status_document
 from flexmig.telemetry import TelemetrySettings
@@ -240,6 +241,28 @@ def test_an_instance_is_judged_by_its_peak_memory_and_p95_activity() -> None:
     assert usage.memory_used_bytes == 20 * GIB  # the window's peak, not its mean (5 GiB) nor the last reading (0)
     assert usage.window_s == 59.0  # what the readings cover
     assert usage.processes is None  # unknown stays unknown
+
+
+def test_an_instance_window_is_the_longer_of_its_two_windows_and_either_alone_counts() -> None:
+    sm, mem = WindowStats(60.0, 30, 29.0, 0.5, 0.0, 1.0, 0.9, 0.5), WindowStats(60.0, 60, 59.0, GIB, 0.0, GIB, GIB, 0.0)
+    busy = {"processes": None, "idle_seconds": None}
+    assert usage_of(_instance(sm_active_window=sm, memory_used_window=mem, **busy), at=100.0).window_s == 59.0
+    assert usage_of(_instance(sm_active_window=mem, memory_used_window=sm, **busy), at=100.0).window_s == 59.0
+    assert usage_of(_instance(sm_active_window=sm, memory_used_window=None, **busy), at=100.0).window_s == 29.0
+    only_memory = usage_of(_instance(sm_active_window=None, memory_used_window=sm, **busy), at=100.0)
+    assert only_memory.window_s == 29.0 and only_memory.activity is None
+    # neither window yet (the first sweep): an instant, never zero (InstanceUsage refuses a window of 0)
+    assert usage_of(_instance(sm_active_window=None, memory_used_window=None, **busy), at=100.0).window_s == 1e-3
+
+
+@pytest.mark.parametrize("field", ["activity_mean", "activity_p95"])
+def test_a_usage_window_refuses_an_activity_that_is_no_ratio_and_names_it(field: str) -> None:
+    good = InstanceUsage(3, 4, "3g.71gb", 1.0, 1.0, 0.5, 0.5, None, None, None)
+    ratio: dict[str, Any] = {field: 1.5}
+    assert dataclasses.replace(good, **ratio).activity is not None  # DCGM reads a little above 1.0 (#152)
+    for bad in (-0.01, 1.51, 150.0):
+        with pytest.raises(ValueError, match=f"GPU 3 slice 4: {field}={bad} is not a ratio"):
+            dataclasses.replace(good, **{**ratio, field: bad})
 
 
 def test_detection_time_follows_the_monotonic_clock_when_the_wall_clock_steps_back() -> None:

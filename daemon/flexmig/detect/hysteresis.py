@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from flexmig.mig.fastinit import fast_init
+
 __all__ = ["Signal", "Switch", "step"]
 
 
@@ -23,6 +25,7 @@ class Signal(enum.Enum):
     HOLD = "hold"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Switch:
     """State of one switch: whether it is on, since when, and since when the opposite condition has held."""
@@ -53,5 +56,5 @@ def step(
         return Switch(state.on, state.since, None, window_to), False
     pending = window_from if state.pending_since is None or gap else state.pending_since
     if window_to - pending >= (off_after if state.on else on_after):
-        return Switch(on=not state.on, since=window_to, pending_since=None, last_at=window_to), True
+        return Switch(not state.on, window_to, None, window_to), True  # on, since, pending_since, last_at
     return Switch(state.on, state.since, pending, window_to), False

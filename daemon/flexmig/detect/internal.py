@@ -25,12 +25,14 @@ from dataclasses import dataclass
 
 from flexmig.detect.usage import InstanceUsage
 from flexmig.mig import GpuModel, Profile
+from flexmig.mig.fastinit import fast_init
 
 __all__ = ["InternalFragmentation", "internal_fragmentation", "smaller_profile", "smaller_profiles"]
 
 _MIB = 1024 * 1024
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InternalFragmentation:
     """Slices one instance holds and what its job needs of them, over one window (None: unknown)."""

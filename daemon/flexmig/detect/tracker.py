@@ -191,10 +191,6 @@ def _fragmentation_finding(g: GpuFragmentation, since: float, s: FragmentationSe
     )
 
 
-def _no_finding(_since: float) -> None:
-    """No finding starts (a switch turned on while the finding's condition no longer says what it would be)."""
-
-
 def _in_use_again(u: InstanceUsage) -> str:
     return (
         f"{u.profile} at GPU {u.gpu} slice {u.start} is in use again "
@@ -272,18 +268,12 @@ class _Sweep:
             self.end((kind, *key), reason)
         self.last_seen.pop(key, None)
 
-    def step(
-        self,
-        key: FindingKey,
-        signal: Signal,
-        window: tuple[float, float],
-        *,
-        limits: tuple[float, float, float],
-        start: Callable[[float], Finding | None],
-        ended: Callable[[], str],
-    ) -> None:
-        """One window of the switch ``key`` (``limits``: on after, off after, longest gap): when it turns on, the
-        finding ``start(since)`` starts (None: none does); when it turns off, the active one ends for ``ended()``."""
+    def flip(
+        self, key: FindingKey, signal: Signal, window: tuple[float, float], limits: tuple[float, float, float]
+    ) -> Switch | None:
+        """One window of the switch ``key`` (``limits``: on after, off after, longest gap); the switch when it
+        flipped, else None. What a flip starts or ends is the caller's (see :meth:`begin`, :meth:`end`): built only
+        when it happens, not at every window."""
         on_after, off_after, max_gap = limits
         sw = self.switches.get(key)
         sw, flipped = step(
@@ -295,12 +285,30 @@ class _Sweep:
             max_gap=max_gap,
         )
         self.switches[key] = sw
-        if flipped and sw.on:
-            finding = start(sw.since or window[1])
-            if finding is not None:
-                self.active[key] = finding
-                self.started.append(finding)
-        elif flipped:
+        return sw if flipped else None
+
+    def begin(self, key: FindingKey, finding: Finding | None) -> None:
+        """The finding of the switch ``key``, which just turned on, starts (None: none does)."""
+        if finding is not None:
+            self.active[key] = finding
+            self.started.append(finding)
+
+    def step(
+        self,
+        key: FindingKey,
+        signal: Signal,
+        window: tuple[float, float],
+        *,
+        limits: tuple[float, float, float],
+        start: Callable[[float], Finding | None],
+        ended: Callable[[], str],
+    ) -> None:
+        """:meth:`flip`, then: when it turns on, the finding ``start(since)`` starts (None: none does); when it
+        turns off, the active one ends for ``ended()``."""
+        sw = self.flip(key, signal, window, limits)
+        if sw is not None and sw.on:
+            self.begin(key, start(sw.since or window[1]))
+        elif sw is not None:
             self.end(key, ended())
 
 
@@ -466,6 +474,8 @@ def _windows(sweep: _Sweep, obs: Observation, us: UnderuseSettings) -> tuple[lis
     oversize switches. Returns the internal fragmentation and the windows ignored, in words."""
     internal: list[InternalFragmentation] = []
     ignored: list[str] = []
+    under = (us.enter_after_s, us.exit_after_s, us.max_gap_s)
+    oversize = (us.oversize_after_s, us.exit_after_s, us.max_gap_s)
     for u in sorted(obs.usage, key=lambda w: w.key):
         layout = obs.layouts.get(u.gpu)
         inst = layout.at(u.start) if layout is not None and u.gpu not in obs.lost_gpus else None
@@ -475,14 +485,12 @@ def _windows(sweep: _Sweep, obs: Observation, us: UnderuseSettings) -> tuple[lis
         internal.append(internal_fragmentation(u, inst.profile))
         sweep.last_seen[u.key] = u.at
         window = (u.since, u.at)
-        sweep.step(
-            ("underuse", u.gpu, u.start),
-            underuse_signal(u, us),
-            window,
-            limits=(us.enter_after_s, us.exit_after_s, us.max_gap_s),
-            start=partial(_underuse_finding, u, s=us),
-            ended=partial(_in_use_again, u),
-        )
+        key: FindingKey = ("underuse", u.gpu, u.start)
+        sw = sweep.flip(key, underuse_signal(u, us), window, under)
+        if sw is not None and sw.on:
+            sweep.begin(key, _underuse_finding(u, sw.since or window[1], s=us))
+        elif sw is not None:
+            sweep.end(key, _in_use_again(u))
         smaller, fits_smaller = smaller_profiles(u, layout.model, inst.profile, us.oversize_margin)
         if smaller is not None:
             signal = Signal.ON
@@ -490,14 +498,12 @@ def _windows(sweep: _Sweep, obs: Observation, us: UnderuseSettings) -> tuple[lis
             signal = Signal.HOLD
         else:
             signal = Signal.OFF
-        sweep.step(
-            ("oversized", u.gpu, u.start),
-            signal,
-            window,
-            limits=(us.oversize_after_s, us.exit_after_s, us.max_gap_s),
-            start=_no_finding if smaller is None else partial(_oversized_finding, u, smaller, s=us),
-            ended=partial(_fits_no_smaller, u),
-        )
+        key = ("oversized", u.gpu, u.start)
+        sw = sweep.flip(key, signal, window, oversize)
+        if sw is not None and sw.on:  # a switch turned on while nothing smaller fits starts no finding
+            sweep.begin(key, None if smaller is None else _oversized_finding(u, smaller, sw.since or window[1], s=us))
+        elif sw is not None:
+            sweep.end(key, _fits_no_smaller(u))
     return internal, ignored
 
 

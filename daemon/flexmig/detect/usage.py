@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flexmig.mig.fastinit import fast_init
+
 __all__ = ["InstanceKey", "InstanceUsage"]
 
 InstanceKey = tuple[int, int]
 """(GPU index, start memory slice): what identifies a GPU instance across sweeps (GI IDs belong to the driver)."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InstanceUsage:
     """What one MIG instance did during the window ``(at - window_s, at]``.
@@ -41,11 +44,15 @@ class InstanceUsage:
     def __post_init__(self) -> None:
         if self.window_s <= 0:
             raise ValueError(f"InstanceUsage for GPU {self.gpu} slice {self.start}: window_s must be > 0")
-        for name in ("activity_mean", "activity_p95"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.5:
-                # DCGM's SM_ACTIVE can read a little above 1.0 on a GPU instance (DCGM #152); more is a unit mix-up.
-                raise ValueError(f"InstanceUsage for GPU {self.gpu} slice {self.start}: {name}={value} is not a ratio")
+        # DCGM's SM_ACTIVE can read a little above 1.0 on a GPU instance (DCGM #152); more is a unit mix-up. Checked
+        # field by field, not in a loop over names: every sweep builds one of these per instance.
+        mean, p95 = self.activity_mean, self.activity_p95
+        if mean is not None and not 0.0 <= mean <= 1.5:
+            raise ValueError(
+                f"InstanceUsage for GPU {self.gpu} slice {self.start}: activity_mean={mean} is not a ratio"
+            )
+        if p95 is not None and not 0.0 <= p95 <= 1.5:
+            raise ValueError(f"InstanceUsage for GPU {self.gpu} slice {self.start}: activity_p95={p95} is not a ratio")
 
     @property
     def key(self) -> InstanceKey:

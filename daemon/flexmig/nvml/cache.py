@@ -21,6 +21,7 @@ from typing import Any
 import pynvml as N  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
 
 from flexmig.mig import model_by_name
+from flexmig.mig.fastinit import fast_init
 from flexmig.nvml.calls import (
     GPU_IS_LOST,
     INVALID_ARGUMENT,
@@ -87,6 +88,7 @@ class MigStatic:
     ci_id: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MigHandle:
     """A MIG device found by this sweep's enumeration. ``confirmed``: its UUID was read through this handle in this

@@ -77,11 +77,6 @@ def _mig_sample_get(parent: Any, gi_id: int, sample: Any) -> None:
         raise N.NVMLError(ret)
 
 
-def _ratio(m: _Metric) -> float:
-    """A metric's percentage as a ratio, clamped to 0..1."""
-    return min(1.0, max(0.0, float(m.value) / 100.0))
-
-
 @dataclass(slots=True)
 class _Slot:
     gi_id: int
@@ -201,7 +196,8 @@ class GpmWindows:
         ret = N._nvmlGetFunctionPointer("nvmlGpmMetricsGet")(self._ref)
         if ret != _SUCCESS:
             raise N.NVMLError(ret)
-        return [_ratio(m) if m.nvmlReturn == 0 else None for m in self._view]
+        # Each metric's percentage as a ratio clamped to 0..1, inline: four metrics of every MIG device every sweep.
+        return [min(1.0, max(0.0, float(m.value) / 100.0)) if m.nvmlReturn == 0 else None for m in self._view]
 
     def _drop(self, uuid: str) -> None:
         slot = self._slots.pop(uuid, None)

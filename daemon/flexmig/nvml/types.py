@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flexmig.mig import Offer
+from flexmig.mig.fastinit import fast_init
 
 __all__ = [
     "ComputeInstanceInfo",
@@ -38,6 +39,7 @@ class NvmlIssue:
     target: str  # "GPU 0", "GPU 0 GI 7", "MIG-...": what an operator would look up
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     """A compute process on a MIG device (``nvidia-smi``'s process table). Memory None when NVML hides it."""
@@ -116,6 +118,7 @@ class Inventory:
         return [(g, d) for g in self.gpus for d in g.mig_devices]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpmActivity:
     """GPM metrics of one GPU instance over one window, as ratios 0..1 (NVML gives percent; we divide)."""
@@ -127,6 +130,7 @@ class GpmActivity:
     tensor_active: float | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MigDeviceSample:
     """What one sweep read for one MIG device."""
@@ -141,6 +145,7 @@ class MigDeviceSample:
     activity: GpmActivity | None  # None on Ampere, on the first sweep after (re)creation, or when GPM failed
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """What one sweep read for one GPU (``nvidia-smi -q -d POWER,TEMPERATURE,CLOCK``)."""

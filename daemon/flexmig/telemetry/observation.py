@@ -68,8 +68,10 @@ def usage_of(inst: InstanceSnapshot, at: float) -> InstanceUsage:
     just exited is not called idle for the whole window.
     """
     sm, mem = inst.sm_active_window, inst.memory_used_window
-    spans = [w.span_s for w in (sm, mem) if w is not None]
-    window = max(spans, default=0.0)
+    if sm is None:
+        window = 0.0 if mem is None else mem.span_s
+    else:
+        window = sm.span_s if mem is None or sm.span_s >= mem.span_s else mem.span_s
     processes = None if inst.processes is None else len(inst.processes)
     if processes == 0 and inst.idle_seconds is not None:
         window = min(window, inst.idle_seconds)

@@ -15,9 +15,12 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from flexmig.mig.fastinit import fast_init
+
 __all__ = ["RingBuffer", "WindowStats", "capacity_for"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WindowStats:
     """Statistics of the points of one ring buffer that fall in the last ``seconds`` before ``now``.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from flexmig.mig import Offer
+from flexmig.mig.fastinit import fast_init
 from flexmig.telemetry.ring import WindowStats
 
 __all__ = [
@@ -50,6 +51,7 @@ class HostProcess:
     rss_bytes: int | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessSnapshot:
     """A compute process on a MIG instance: NVML's view (PID, GPU memory) joined with the host's.
@@ -63,6 +65,7 @@ class ProcessSnapshot:
     host: HostProcess | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InstanceActivity:
     """Activity of one GPU instance over the last window, as ratios 0..1, and where it came from.
@@ -81,6 +84,7 @@ class InstanceActivity:
     gr_engine_active: float | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InstanceSnapshot:
     """One MIG instance (a GPU instance with one of its compute instances) as the sweep saw it."""
@@ -126,6 +130,7 @@ class GpuInstanceSnapshot:
     compute_instances: int  # 0: no MIG device (nothing can run on it yet)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     """One physical GPU: its sensors, MIG state, free capacity and instances."""
