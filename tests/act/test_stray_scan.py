@@ -15,9 +15,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from flexmig.act.marked_scan import MarkedScan
 from flexmig.act.procs import PsutilScanner
 from flexmig.hook.protocol import ENV_GENERATION, ENV_JOB, ENV_JOB_ID, ENV_SLOT
-from flexmig.service.strays import MarkedScan
 from support.wait import wait_until
 
 pytestmark = pytest.mark.integration

@@ -33,6 +33,7 @@ from flexmig.act.durable import Durable
 from flexmig.act.events import ActEvent, EventSink
 from flexmig.act.executor import ActionRunner, Executor
 from flexmig.act.journal import Journal, StepEvent
+from flexmig.act.marked_scan import MarkedScan
 from flexmig.act.migops import NvmlLike, NvmlMigOps, Offload
 from flexmig.act.mode import RuntimeMode
 from flexmig.act.operations import JobsApi
@@ -97,7 +98,7 @@ class Actuator:
         executor's, for kinds outside ``act/`` (Slurm's), there before :meth:`start` reconciles the journal.
         """
         journal = Journal(journal_path, wall=wall, on_step=on_step, synchronous=journal_synchronous)
-        scanner = scanner or PsutilScanner()
+        scanner = scanner or MarkedScan(PsutilScanner())
         supervisor = Supervisor(
             launcher=launcher or SubprocessLauncher(), devices=devices, offload=offload, logs_dir=logs_dir,
             events=events, wall=wall, acks=AckPlacement(ack_dir), rank_logs=rank_logs, scanner=scanner,
