@@ -42,6 +42,21 @@ def test_reads_of_a_moving_queue_are_spaced_by_the_cluster_budget_and_a_new_job_
         assert d.slurm_node().gpu_counts().get("1g.18gb", 0) >= 1
 
 
+def test_the_timed_read_waits_for_the_cluster_budget_too() -> None:
+    """On 1,000 hosts the timed read every ``interval_s`` alone was 100 reads a second: it now waits for the spacing
+    as the reads a moving queue asks for do. One host at 0.2 reads a second for the cluster, ``interval_s`` 1: a read
+    every 5 s (to 7.5 s), not every second."""
+    with SlurmDaemon("h200:7g.141gb@0", interval_s=1, slurm_keys="cluster_reads_per_s = 0.2\n") as d:
+        said = "this node reads the queue when it moved at most every 5.0 s"
+        d.wait("the spacing is logged", lambda: said in d.log())
+        before = d.job_reads()
+        started = time.monotonic()
+        d.wait("three timed reads", lambda: d.job_reads() - before >= 3, timeout_s=60)
+        took = time.monotonic() - started
+        # the first and the third are two spacings (at least 5 s each) apart; every interval_s: about 2 s
+        assert took >= 9.5, took
+
+
 def test_the_queue_read_leaves_out_finished_jobs_where_slurm_can() -> None:
     """flexmig decides on waiting and running jobs only; the finished ones slurmctld keeps for ``MinJobAge`` (300 s
     by default, most of a busy cluster's queue) are left out of its read from 23.02 on, where ``squeue --json``

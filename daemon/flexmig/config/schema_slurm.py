@@ -279,8 +279,9 @@ class SlurmConfig:
         "Site-wide: how many reads of Slurm's queue a second the flexmig daemons of the whole cluster may make "
         "together when they see it move (sdiag's counters), so that a busy cluster's slurmctld is not asked for "
         "every job by every node every probe_s: each node leaves at least (GPU hosts slurmctld lists / this) "
-        "seconds between two such reads, and at least probe_s. Its own slurmd's crash and the timed read every "
-        "interval_s are not held back. Give every node the same value.",
+        "seconds between two reads, the timed read every interval_s included, and at least probe_s (and fewer "
+        "where a long queue would hold slurmctld's job lock more than a tenth of the time). Its own slurmd's "
+        "crash is not held back. Give every node the same value.",
         lo=0.01,
         hi=100000,
     )
