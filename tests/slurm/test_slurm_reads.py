@@ -13,6 +13,7 @@ import pytest
 from flexmig.slurm.sitecheck import slurm_version as parse_version
 from support.flexmigd import sample
 from support.slurm import SlurmDaemon, skip_reason, slurm_version
+from support.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -55,6 +56,16 @@ def test_the_timed_read_waits_for_the_cluster_budget_too() -> None:
         took = time.monotonic() - started
         # the first and the third are two spacings (at least 5 s each) apart; every interval_s: about 2 s
         assert took >= 9.5, took
+
+
+def test_every_host_counts_the_clusters_hosts_by_their_node_names() -> None:
+    """Two hosts, each with its flexmigd, at 0.5 reads a second for the cluster: each reads at most every 4 s (2
+    hosts / 0.5). A dynamic node (24.11) takes the address its slurmd registered from, 127.0.0.1 for both testbed
+    hosts, so counting by address saw one host and read every 2 s."""
+    with SlurmCluster("h200:7g.141gb@0", hosts=2, slurm_keys="cluster_reads_per_s = 0.5\n") as c:
+        said = "this node reads the queue when it moved at most every 4.0 s (GPU hosts in the cluster: 2,"
+        for host in range(2):
+            c.wait(f"host {host + 1} counting both hosts", lambda host=host: said in c.log(host))
 
 
 def test_the_queue_read_leaves_out_finished_jobs_where_slurm_can() -> None:
