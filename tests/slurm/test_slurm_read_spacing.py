@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexmig.slurm.gres import parse_gres
@@ -37,6 +37,10 @@ def test_a_long_queue_on_many_hosts_is_read_within_the_job_lock_share() -> None:
     assert read_spacing(0, 0.0, reads_per_s=20.0, probe_s=1.0, jobs=5000) == 1.0
 
 
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a shared, loaded machine
+
+
+@SETTINGS
 @given(
     hosts=st.integers(1, 5000),
     jobs=st.integers(0, 200_000),
@@ -64,6 +68,7 @@ def test_the_timed_read_waits_for_the_spacing_too() -> None:
     assert round_due(float("inf"), spacing_s=0.0, interval_s=10.0)  # the first round
 
 
+@SETTINGS
 @given(since=st.floats(0.0, 1e6), spacing=st.floats(0.0, 1e4), interval=st.floats(0.1, 1e4), moved=st.booleans())
 def test_no_read_comes_before_the_spacing_and_none_later_than_both(
     since: float, spacing: float, interval: float, moved: bool
@@ -98,3 +103,11 @@ def test_nodes_without_a_flexmig_name_count_by_address_then_name() -> None:
     ]
     assert gpu_hosts(nodes) == 4
     assert host_of(node("a-gpu1234-0", "10.0.0.5")) == "10.0.0.5"  # GPU numbers have three digits at most
+
+
+def test_the_operators_lock_share_is_honoured() -> None:
+    """``[slurm] cluster_job_lock_share = 1`` leaves 1,000 hosts with 20,000 jobs to cluster_reads_per_s (50 s each)."""
+    assert read_spacing(1000, 0.02, reads_per_s=20.0, probe_s=1.0, jobs=20_000, lock_share=1.0) == 50.0
+    assert read_spacing(1000, 0.02, reads_per_s=20.0, probe_s=1.0, jobs=20_000, lock_share=0.01) == pytest.approx(
+        1000 * job_lock_s(20_000) / 0.01
+    )

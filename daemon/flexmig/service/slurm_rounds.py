@@ -67,15 +67,17 @@ class SlurmRounds(SlurmAgents):
         """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
         the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least
         :data:`~flexmig.slurm.shared_reads.READ_SHARE` times what a read of the queue costs (a big queue, or a
-        slurmctld slow to answer, is read less often), within the cluster's share of slurmctld's job lock
-        (:data:`~flexmig.slurm.shared_reads.JOB_LOCK_SHARE`, by the jobs the last read listed), and at least
-        ``probe_s``."""
+        slurmctld slow to answer, is read less often), within ``[slurm] cluster_job_lock_share`` of slurmctld's job
+        lock (by the jobs the last read listed), and at least ``probe_s``."""
         cfg = self.config.slurm
         clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
         hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
         read_s = max((c.jobs_read_s for c in clients), default=0.0)
         jobs = max((c.last_job_count for c in clients), default=0)
-        spacing = read_spacing(hosts, read_s, reads_per_s=cfg.cluster_reads_per_s, probe_s=cfg.probe_s, jobs=jobs)
+        spacing = read_spacing(
+            hosts, read_s, reads_per_s=cfg.cluster_reads_per_s, probe_s=cfg.probe_s, jobs=jobs,
+            lock_share=cfg.cluster_job_lock_share,
+        )  # fmt: skip
         if abs(spacing - self._spacing) > 0.1 * max(spacing, self._spacing):  # said again when it moved by a tenth
             if spacing > cfg.probe_s:
                 log.info(

@@ -23,11 +23,11 @@ the testbed), and a slurmctld that answers slowly is asked less often."""
 
 
 JOB_LOCK_SHARE = 0.1
-"""All the cluster's flexmig hosts together hold slurmctld's job lock at most this share of its time by their reads of
-the queue. Slurm packs every job it keeps under that lock for each ``squeue`` (REQUEST_JOB_INFO; ``-w``/``--nodelist``
-and ``--states`` filter in the client, after the packing, and 22.05's ``--json`` ignores them), so a read costs in
-proportion to the cluster's queue, not to the host's jobs: a cluster of many hosts with a long queue is read less
-often."""
+"""By default (``[slurm] cluster_job_lock_share``) all the cluster's flexmig hosts together hold slurmctld's job lock
+at most this share of its time by their reads of the queue. Slurm packs every job it keeps under that lock for each
+``squeue`` (REQUEST_JOB_INFO; ``-w``/``--nodelist`` and ``--states`` filter in the client, after the packing, and
+22.05's ``--json`` ignores them), so a read costs in proportion to the cluster's queue, not to the host's jobs: a
+cluster of many hosts with a long queue is read less often."""
 
 JOB_LOCK_BASE_S = 0.29e-3
 JOB_LOCK_PER_JOB_S = (5.2e-3 - 0.29e-3) / 2000
@@ -40,12 +40,14 @@ def job_lock_s(jobs: int) -> float:
     return JOB_LOCK_BASE_S + JOB_LOCK_PER_JOB_S * max(0, jobs)
 
 
-def read_spacing(hosts: int, read_s: float, *, reads_per_s: float, probe_s: float, jobs: int = 0) -> float:
+def read_spacing(
+    hosts: int, read_s: float, *, reads_per_s: float, probe_s: float, jobs: int = 0, lock_share: float = JOB_LOCK_SHARE
+) -> float:
     """The least seconds between two reads of the queue on one of ``hosts`` machines sharing ``reads_per_s`` reads a
     second, when a read takes ``read_s`` and the queue holds ``jobs`` jobs: the hosts over ``reads_per_s``, at least
-    :data:`READ_SHARE` times a read, at least what keeps the hosts' reads within :data:`JOB_LOCK_SHARE` of
-    slurmctld's job lock, and at least ``probe_s``."""
-    lock = hosts * job_lock_s(jobs) / JOB_LOCK_SHARE if hosts else 0.0
+    :data:`READ_SHARE` times a read, at least what keeps the hosts' reads within ``lock_share`` of slurmctld's job
+    lock (``[slurm] cluster_job_lock_share``, :data:`JOB_LOCK_SHARE` by default), and at least ``probe_s``."""
+    lock = hosts * job_lock_s(jobs) / lock_share if hosts else 0.0
     return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s, lock)
 
 
