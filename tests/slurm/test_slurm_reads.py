@@ -6,6 +6,7 @@ by the cluster's GPU hosts; the node still serves a new job, a read later."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import pytest
@@ -65,7 +66,11 @@ def test_every_host_counts_the_clusters_hosts_by_their_node_names() -> None:
     with SlurmCluster("h200:7g.141gb@0", hosts=2, slurm_keys="cluster_reads_per_s = 0.5\n") as c:
         said = "this node reads the queue when it moved at most every 4.0 s (GPU hosts in the cluster: 2,"
         for host in range(2):
-            c.wait(f"host {host + 1} counting both hosts", lambda host=host: said in c.log(host))
+            c.wait(f"host {host + 1} counting both hosts", functools.partial(_logged, c, host, said))
+
+
+def _logged(c: SlurmCluster, host: int, said: str) -> bool:
+    return said in c.log(host)
 
 
 def test_the_queue_read_leaves_out_finished_jobs_where_slurm_can() -> None:
