@@ -187,6 +187,17 @@ SECTIONS: tuple[Section, ...] = (
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
     ),
     Section(
+        "slurm_mix_cluster",
+        "A cluster: 4 hosts x 2 GPUs under one slurmctld, the default layout, the mix times eight (Slurm 22.05)",
+        "slurm_mix.py",
+        # four testbed hosts, each with its flexmigd, on seed 57 (nothing was tuned on it), 360 jobs; scale 0.8 keeps
+        # it to about 25 minutes on a 2-core machine
+        ("--hosts", "4", "--gpus", "2", "--rivals", "default", "--seed", "57", "--scale", "0.8"),
+        quick=("--hosts", "2", "--gpus", "1", "--rivals", "default", "--quick"),
+        markdown=False,
+        needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
+    ),
+    Section(
         "slurm_model",
         "A busy node, modelled: seeds the policy was not chosen on",
         "slurm_model.py",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import slurm_model as sm
 from flexmig.mig import H200
-from flexmig.slurm.shared_reads import read_spacing
+from flexmig.slurm.shared_reads import JOB_LOCK_SHARE, READ_SHARE, job_lock_s, read_spacing
 from machine import machine
 from slurm_mix import mix
 
@@ -43,8 +43,6 @@ PROBE_S = 1.0  # [slurm] probe_s
 INTERVAL_S = 10.0  # [slurm] interval_s
 READS_PER_S = 20.0  # [slurm] cluster_reads_per_s
 JITTER = 1.25  # the spacing's mean factor (1 to 1.5 at random)
-LOCK_SHORT_MS = 0.29  # squeue --json under the job lock, a short queue (measured, 22.05.8)
-LOCK_2000_MS = 5.2  # ... with 2,000 held jobs
 READ_S = 0.014  # a read's wall time on the node with a short queue (docs/slurm-node.md: 14 ms)
 READ_2000_S = 0.34  # ... with 2,000 jobs (6.4 MB of JSON asked for and parsed)
 RPCS_A_READ = 4  # job info, node info, partition info, reservation info
@@ -82,7 +80,7 @@ def static_nodes_per_gpu() -> int:
 
 @dataclass(frozen=True)
 class Row:
-    """What a cluster of ``hosts`` asks of slurmctld a second."""
+    """What a cluster of ``hosts`` asks of slurmctld a second, and how often each host reads."""
 
     hosts: int
     reads_per_s: float
@@ -91,22 +89,37 @@ class Row:
     node_mb_per_s: float
     nodes: float
     slurmds: float
+    every_s: float
 
 
-def row(hosts: int, host: Host, jobs_per_host: float, interval_s: float = INTERVAL_S) -> Row:
-    """The cluster of ``hosts`` such hosts, ``jobs_per_host`` jobs in the queue each, on a busy cluster, the timed
-    read every ``interval_s``."""
-    jobs = hosts * jobs_per_host
-    lock_ms = LOCK_SHORT_MS + (LOCK_2000_MS - LOCK_SHORT_MS) * jobs / 2000
+def spacing_before(hosts: int, read_s: float) -> float:
+    """The spacing before the job-lock share (commit e92b2a5 and earlier): the read budget and a tenth of the
+    node's time only."""
+    return max(PROBE_S, hosts / READS_PER_S, READ_SHARE * read_s)
+
+
+def row(hosts: int, host: Host, jobs_per_host: float, *, before: bool = False) -> Row:
+    """The cluster of ``hosts`` such hosts, ``jobs_per_host`` jobs in the queue each, on a busy cluster (the counters
+    move every second). ``before``: the timed read every ``interval_s`` came whatever the spacing, and the spacing
+    did not count the job lock. A host probes (``sdiag``) only once its spacing has passed, so on a busy cluster one
+    probe comes before each read that the counters ask for, and none before a timed read."""
+    jobs = round(hosts * jobs_per_host)
+    lock_ms = job_lock_s(jobs) * 1000  # every read packs every job of the cluster, whatever the host needs of it
     read_s = READ_S + (READ_2000_S - READ_S) * jobs / 2000  # a big queue is read less often (READ_SHARE)
-    spacing = read_spacing(hosts, read_s, reads_per_s=READS_PER_S, probe_s=PROBE_S)
+    if before:
+        spacing = spacing_before(hosts, read_s)
+    else:
+        spacing = read_spacing(hosts, read_s, reads_per_s=READS_PER_S, probe_s=PROBE_S, jobs=jobs)
     if spacing > PROBE_S:
         spacing *= JITTER
-    every = min(interval_s, spacing)  # the timed read comes whatever the budget
+    every = min(INTERVAL_S, spacing) if before else spacing  # now the timed read waits for the spacing too
     reads = hosts / every
+    probes = reads if spacing < INTERVAL_S else 0.0
     nodes = hosts * host.mean_nodes
-    rpcs = hosts / PROBE_S + reads * RPCS_A_READ + nodes / PING_S + hosts * host.changes_per_h * RPCS_A_CHANGE / 3600
-    return Row(hosts, reads, rpcs, reads * lock_ms, reads * nodes * NODE_JSON_BYTES / 1e6, nodes, host.mean_nodes)
+    rpcs = probes + reads * RPCS_A_READ + nodes / PING_S + hosts * host.changes_per_h * RPCS_A_CHANGE / 3600
+    return Row(
+        hosts, reads, rpcs, reads * lock_ms, reads * nodes * NODE_JSON_BYTES / 1e6, nodes, host.mean_nodes, every
+    )
 
 
 def main() -> int:
@@ -126,31 +139,33 @@ def main() -> int:
           f"average, {host.most_nodes} at most (7 a GPU: {7 * GPUS}), {host.changes_per_h:.0f} instances created an "
           f"hour; on 22.05 {static_nodes_per_gpu() * GPUS} static instance nodes declared "
           f"({static_nodes_per_gpu()} a GPU)")  # fmt: skip
-    print(f"defaults: probe_s {PROBE_S:g}, interval_s {INTERVAL_S:g}, cluster_reads_per_s {READS_PER_S:g}; the queue "
-          f"{args.jobs_per_host:g} jobs a host; counters moving every second (a busy cluster)\n")  # fmt: skip
-    _table(sizes, host, args.jobs_per_host, None)
-    print(
-        "\nthe same with interval_s = hosts / cluster_reads_per_s where that is more than 10 s (the budget then bounds "
-        "every read):"
-    )
-    _table(sizes, host, args.jobs_per_host, READS_PER_S)
+    print(f"defaults: probe_s {PROBE_S:g}, interval_s {INTERVAL_S:g}, cluster_reads_per_s {READS_PER_S:g}, the "
+          f"hosts' reads within {JOB_LOCK_SHARE:.0%} of the job lock; the queue {args.jobs_per_host:g} jobs a host; "
+          f"counters moving every second (a busy cluster)\n")  # fmt: skip
+    print("before: the timed read every interval_s not held back, the spacing blind to the queue's length")
+    _table(sizes, host, args.jobs_per_host, before=True)
+    print("\nnow: every read waits for the spacing, which keeps the hosts' reads within the job-lock share")
+    _table(sizes, host, args.jobs_per_host, before=False)
     return 0
 
 
-def _table(sizes: list[int], host: Host, jobs_per_host: float, budget: float | None) -> None:
-    head = ("hosts", "interval_s", "reads/s", "RPCs/s", "job lock ms/s", "node lists MB/s", "instance nodes",
-            "slurmds/host")  # fmt: skip
-    print("".join(f"{h:>17}" for h in head))
+def _table(sizes: list[int], host: Host, jobs_per_host: float, *, before: bool) -> None:
+    head = ("hosts", "reads/s", "a host reads every", "RPCs/s", "job lock ms/s", "node lists MB/s",
+            "instance nodes", "slurmds/host")  # fmt: skip
+    print("".join(f"{h:>19}" for h in head))
     for h in sizes:
-        interval = INTERVAL_S if budget is None else max(INTERVAL_S, h / budget)
-        r = row(h, host, jobs_per_host, interval)
-        cells = (f"{r.hosts}", f"{interval:g}", f"{r.reads_per_s:.1f}", f"{r.rpcs_per_s:.0f}",
+        r = row(h, host, jobs_per_host, before=before)
+        cells = (f"{r.hosts}", f"{r.reads_per_s:.1f}", f"{r.every_s:.1f} s", f"{r.rpcs_per_s:.0f}",
                  f"{r.lock_ms_per_s:.0f}", f"{r.node_mb_per_s:.1f}", f"{r.nodes:.0f} (<={r.hosts * host.most_nodes})",
                  f"{r.slurmds:.1f}")  # fmt: skip
-        print("".join(f"{c:>17}" for c in cells))
+        print("".join(f"{c:>19}" for c in cells))
+        if not before and r.every_s > 60:
+            shared = JOB_LOCK_SHARE / job_lock_s(round(h * jobs_per_host))
+            print(f"{'':19}{h} hosts: each host's view of the queue up to {r.every_s / 60:.0f} min old; one view "
+                  f"shared by all hosts (not built) read {shared:.1f} times a second in the same share")  # fmt: skip
         if r.lock_ms_per_s > 500:
-            print(f"{'':17}{h} hosts: the job lock held {r.lock_ms_per_s / 1000:.1f} s a second by flexmig's reads "
-                  f"alone ({h * jobs_per_host:.0f} jobs in the queue, each read listing all of them)")  # fmt: skip
+            print(f"{'':19}{h} hosts: the job lock held {r.lock_ms_per_s / 1000:.1f} s a second by flexmig's reads "
+                  f"alone ({h * jobs_per_host:.0f} jobs in the queue, each read packing all of them)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -33,6 +33,13 @@ Rivals, each on a fresh private testbed (``flexmig.slurm.testbed``), run one aft
 over the same window (the offline model's ``--gpus`` mix): with ``now`` and ``static`` one Slurm node of N GPUs,
 with ``per-gpu`` N nodes.
 
+``--hosts H`` runs the mix on a cluster: H simulated hosts of ``--gpus`` GPUs each under one slurmctld and munged
+(``flexmig slurm testbed --hosts``), each with its own flexmigd, GPUs of their own UUIDs and slurmds, in the
+one-node-per-instance rivals (``default``, ``per-instance``, ``per-inst-static``), with H x N times the jobs over the
+same window. Every figure then counts every host: the instance nodes Slurm lists of any host, the slices of all
+H x N GPUs (utilisation and the packing bound), each job once on a MIG device of its own (the UUIDs differ from host
+to host), and the re-registrations of every host's journal.
+
 Figures, from the jobs' own start and end stamps and a monitor that reads the node's state every 0.5 s:
 
 * closed: share of the busy time (first submission to last end) the node was closed to new jobs: drained, inside
@@ -78,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexmig.cli.slurm_testbed import seed_sim_state
 from flexmig.errors import SlurmError
 from flexmig.mig import H200
 from flexmig.mig.nodespec import parse_node_spec
@@ -86,7 +94,7 @@ from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.settings import slot_node
 from flexmig.slurm.sitecheck import version_problem
-from flexmig.slurm.testbed import DEBIAN_PACKAGES, Testbed, free_port, missing_binaries
+from flexmig.slurm.testbed import DEBIAN_PACKAGES, MAX_HOSTS, Testbed, free_port, missing_binaries
 from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +109,8 @@ SCHEDULER = {"testbed": Testbed.scheduler_parameters, "slurm": ""}
 defaults (none given: the main scheduler every 60 s besides its events, the backfill scheduler every 30 s), as a
 cluster runs them."""
 WINDOW_S = 720.0  # the issue's "12-minute mix": arrivals over 12 minutes
+PER_INSTANCE = ("per-instance", "per-inst-static", "default")
+"""The rivals with one Slurm node per MIG instance: the ones that run on several hosts (``--hosts``)."""
 
 
 @dataclass(frozen=True)
@@ -147,40 +157,51 @@ class Bed:
 
     def __init__(
         self, spec: str, name: str, per_gpu: bool = False, per_instance: bool = False, static: bool = False,
-        scheduler: str = Testbed.scheduler_parameters,
+        scheduler: str = Testbed.scheduler_parameters, hosts: int = 1,
     ) -> None:
         ns = parse_node_spec(spec)
         self.per_instance = per_instance
         self.spec = spec
+        self.hosts = hosts
         self.base = Path(tempfile.mkdtemp(prefix=f"fm-mix-{name}-", dir="/tmp"))
         self.base.chmod(0o755)
         where = os.environ.get("FLEXMIG_SLURM_BIN")
         self.tb = Testbed(self.base, ns.model, ns.count, node="mix", node_per_gpu=per_gpu,
                           node_per_instance=per_instance, static_nodes=static, scheduler_parameters=scheduler,
-                          commands=SlurmCommands(Path(where) if where else None))  # fmt: skip
+                          commands=SlurmCommands(Path(where) if where else None), hosts=hosts)  # fmt: skip
         self.names = [f"mix-gpu{k}" for k in range(ns.count)] if per_gpu else ["mix"]
         if per_instance:  # the nodes of the first layout; later, whichever instance nodes Slurm lists
-            self.names = [f"mix-gpu{k}-{i.start}" for k in range(ns.count) for i in (ns.layout or ())]
+            self.names = [f"{self.tb.host_node(h)}-gpu{k}-{i.start}" for h in range(hosts) for k in range(ns.count)
+                          for i in (ns.layout or ())]  # fmt: skip
             if static:
-                self.names = [slot_node("mix", k, i.start, i.profile.name) for k in range(ns.count)
-                              for i in (ns.layout or ())]  # fmt: skip
+                self.names = [slot_node(self.tb.host_node(h), k, i.start, i.profile.name) for h in range(hosts)
+                              for k in range(ns.count) for i in (ns.layout or ())]  # fmt: skip
         self.client = SlurmClient(self.tb.slurm_commands())
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, code: Path | None, config: str) -> None:
+    def log_path(self, host: int) -> Path:
+        """Host ``host``'s flexmigd log (``flexmigd.log`` on one host, ``flexmigd-h<I>.log`` on several)."""
+        return self.tb.paths.log / ("flexmigd.log" if self.hosts == 1 else f"flexmigd-h{host + 1}.log")
+
+    def start(self, code: Path | None, config: Any) -> None:
+        """Start the testbed, then each host's flexmigd (``config(host)``: its configuration's text), with the GPUs of
+        its own UUIDs; until the first nodes respond."""
         self.tb.prepare()
         self.tb.start()
-        f = self.tb.paths.flexmig
-        conf = f / "flexmigd.toml"
-        conf.write_text(config)
-        conf.chmod(0o600)
-        env = self.tb.env()
-        if code is not None:
-            env["PYTHONPATH"] = str(code)
-        argv = [sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(f / "sim.json"),
-                "--config", str(conf)]  # fmt: skip
-        with (self.tb.paths.log / "flexmigd.log").open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        for host in range(self.hosts):
+            f = self.tb.host_paths(host).flexmig
+            if host > 0:
+                seed_sim_state(self.spec, f / "sim.json", host)
+            conf = f / "flexmigd.toml"
+            conf.write_text(config(host))
+            conf.chmod(0o600)
+            env = self.tb.env(host)
+            if code is not None:
+                env["PYTHONPATH"] = str(code)
+            argv = [sys.executable, "-m", "flexmig.daemon", "--sim", self.spec, "--sim-state", str(f / "sim.json"),
+                    "--config", str(conf)]  # fmt: skip
+            with self.log_path(host).open("ab") as log:
+                self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env))
         deadline = time.monotonic() + 90
         while not (nodes := self.nodes()) or not all(n.responding for n in nodes):
             if time.monotonic() > deadline:
@@ -188,9 +209,11 @@ class Bed:
             time.sleep(0.3)
 
     def stop_flexmigd(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
             try:
                 proc.wait(90)
             except subprocess.TimeoutExpired:
@@ -212,14 +235,14 @@ class Bed:
             by_name = {n.name: n for n in asyncio.run(self.client.nodes())}
         except (SlurmError, subprocess.TimeoutExpired):
             return None
-        if self.per_instance and self.proc is not None and any(self.instance_names(by_name)):
+        if self.per_instance and self.procs and any(self.instance_names(by_name)):
             self.names = self.instance_names(by_name)
         return [by_name.get(name) for name in self.names]
 
     @staticmethod
     def instance_names(by_name: dict[str, SlurmNode]) -> list[str]:
-        """The instance nodes Slurm lists (``node_per_instance``)."""
-        return sorted(n for n in by_name if re.fullmatch(r"mix-gpu[0-9]+-[0-9](-[0-9a-z]+)?", n))
+        """The instance nodes Slurm lists (``node_per_instance``), every host's."""
+        return sorted(n for n in by_name if re.fullmatch(r"mix(-h[0-9]+)?-gpu[0-9]+-[0-9](-[0-9a-z]+)?", n))
 
     def nodes(self) -> list[SlurmNode] | None:
         """The bed's Slurm nodes, in GPU order; None when Slurm does not answer or one is not registered."""
@@ -290,38 +313,47 @@ class Bed:
         return {"starts": starts, "ends": ends, "devices": devices}
 
     def slurm_log(self) -> list[str]:
-        """flexmigd's log lines about Slurm (notes, plans, re-registrations)."""
-        path = self.tb.paths.log / "flexmigd.log"
-        if not path.exists():
-            return []
+        """flexmigd's log lines about Slurm (notes, plans, re-registrations), every host's (``h<I>`` before each line
+        on several hosts), in time order."""
         keep = ("Slurm", "slurm_reregister")
-        return [line for line in path.read_text(errors="replace").splitlines() if any(k in line for k in keep)]
+        out = []
+        for host in range(self.hosts):
+            path = self.log_path(host)
+            if path.exists():
+                tag = "" if self.hosts == 1 else f" h{host + 1}"
+                out += [line[:23] + tag + line[23:] for line in path.read_text(errors="replace").splitlines()
+                        if any(k in line for k in keep)]  # fmt: skip
+        return sorted(out, key=lambda line: line[:23])
 
     def reregistrations(self) -> int:
-        path = self.tb.paths.flexmig / "state" / "journal.sqlite3"
-        if not path.exists():
-            return 0
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
-            n = 0
-            for (payload,) in db.execute("SELECT payload FROM actions WHERE kind='slurm_reregister' AND state='done'"):
-                doc = json.loads(payload)
-                n += bool(doc.get("changes")) and not doc.get("retire")  # per instance: the instances created
-            return n
-        finally:
-            db.close()
+        """The re-registrations that created instances, over every host's journal."""
+        n = 0
+        for host in range(self.hosts):
+            path = self.tb.host_paths(host).flexmig / "state" / "journal.sqlite3"
+            if not path.exists():
+                continue
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+            try:
+                for (payload,) in db.execute(
+                    "SELECT payload FROM actions WHERE kind='slurm_reregister' AND state='done'"
+                ):
+                    doc = json.loads(payload)
+                    n += bool(doc.get("changes")) and not doc.get("retire")  # per instance: the instances created
+            finally:
+                db.close()
+        return n
 
 
-def config_now(bed: Bed) -> str:
-    """flexmigd's configuration for rival ``bed`` (the testbed names the whole-node rivals' layout, no longer the
-    default)."""
-    return bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0)
+def config_now(bed: Bed, host: int = 0) -> str:
+    """flexmigd's configuration for rival ``bed``'s host ``host`` (the testbed names the whole-node rivals' layout,
+    no longer the default)."""
+    return bed.tb.flexmigd_config(metrics_port=free_port(), interval_s=2.0, host=host)
 
 
-def config_default(bed: Bed) -> str:
+def config_default(bed: Bed, host: int = 0) -> str:
     """flexmigd's configuration with no mode named (``[slurm] layout``'s default chooses), the testbed's paths kept."""
     dropped = ("node_per_instance = ", "instance_nodes = ", "node_per_gpu = ", "layout = ")
-    return "\n".join(line for line in config_now(bed).split("\n") if not line.startswith(dropped))
+    return "\n".join(line for line in config_now(bed, host).split("\n") if not line.startswith(dropped))
 
 
 def config_before(bed: Bed) -> str:
@@ -342,21 +374,22 @@ def config_before(bed: Bed) -> str:
 
 
 def run(
-    name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpus: int = 1, scheduler: str = "testbed"
+    name: str, jobs: list[MixJob], before: Path | None, budget_s: float, gpus: int = 1, scheduler: str = "testbed",
+    hosts: int = 1,
 ) -> Run:
-    """One rival's run of the mix on a node of ``gpus`` GPUs, with ``scheduler``'s SchedulerParameters."""
+    """One rival's run of the mix on ``hosts`` hosts of ``gpus`` GPUs each, with ``scheduler``'s
+    SchedulerParameters."""
     out = Run(name)
     layout = (STATIC if name == "static" else START).split(":", 1)[1]
     bed = Bed(f"h200x{gpus}:{layout}" if gpus > 1 else f"h200:{layout}", name, per_gpu=name == "per-gpu",
-              per_instance=name in ("per-instance", "per-inst-static", "default"),
-              static=name in ("per-inst-static", "default"),
-              scheduler=SCHEDULER[scheduler])  # fmt: skip
+              per_instance=name in PER_INSTANCE, static=name in ("per-inst-static", "default"),
+              scheduler=SCHEDULER[scheduler], hosts=hosts)  # fmt: skip
     stop = threading.Event()
     try:
         if name == "before":
-            bed.start(before, config_before(bed))
+            bed.start(before, lambda _host: config_before(bed))
         else:
-            bed.start(None, config_default(bed) if name == "default" else config_now(bed))
+            bed.start(None, lambda host: config_default(bed, host) if name == "default" else config_now(bed, host))
         if name == "static":
             bed.stop_flexmigd()  # the node stays registered (slurmd runs on): Slurm alone from here
 
@@ -545,6 +578,11 @@ def main() -> int:
     ap.add_argument("--load", type=Path, help="report the raw runs of an earlier --save instead of running")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs on the node (default 1); the mix scales with them")
     ap.add_argument(
+        "--hosts", type=int, default=1,
+        help=f"simulated hosts of --gpus GPUs each under one slurmctld, each with its flexmigd (1-{MAX_HOSTS}; "
+        "rivals default, per-instance, per-inst-static); the mix scales with all their GPUs",
+    )  # fmt: skip
+    ap.add_argument(
         "--scheduler", choices=sorted(SCHEDULER), default="testbed",
         help="SchedulerParameters: the testbed's (scheduler and backfill every second) or Slurm's own defaults",
     )  # fmt: skip
@@ -557,9 +595,14 @@ def main() -> int:
         return 2
     if not 1 <= args.gpus <= 8:
         ap.error(f"--gpus must be 1 to 8, not {args.gpus}")
-    gpus = args.gpus
-    jobs = mix(args.seed, n=45 * gpus, scale=scale)
+    if not 1 <= args.hosts <= MAX_HOSTS:
+        ap.error(f"--hosts must be 1 to {MAX_HOSTS}, not {args.hosts}")
+    gpus, hosts = args.gpus, args.hosts
+    total = gpus * hosts  # the GPUs of every host: the mix, the slices and the bound count them all
+    jobs = mix(args.seed, n=45 * total, scale=scale)
     rivals = [x for x in args.rivals.split(",") if x]
+    if hosts > 1 and any(r not in PER_INSTANCE for r in rivals):
+        ap.error(f"--hosts {hosts} runs the rivals {', '.join(PER_INSTANCE)} only, not {args.rivals}")
     where = os.environ.get("FLEXMIG_SLURM_BIN")
     version = slurm_version(where) if args.load is None else ""
     newer = [r for r in rivals if r in ("per-gpu", "per-instance")]
@@ -567,14 +610,14 @@ def main() -> int:
         print(f"the {newer[0]} rival needs Slurm 23.11 or later, this is {version or 'unknown'}: set FLEXMIG_SLURM_BIN "
               "(tests/support/slurm_newer.py up DIR makes one)", file=sys.stderr)  # fmt: skip
         return 2
-    print("flexmig Slurm mix benchmark (a busy node)")
+    print("flexmig Slurm mix benchmark (a busy node)" if hosts == 1 else f"flexmig Slurm mix benchmark ({hosts} hosts)")
     print(f"machine: {machine()}; load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     if version:
         print(f"slurm: {version}" + (f" (FLEXMIG_SLURM_BIN={where})" if where else " (the distribution's)"))
     counts = {p: sum(j.profile == p for j in jobs) for p in WEIGHTS}
     print(f"mix (seed {args.seed}): {len(jobs)} jobs ({', '.join(f'{n} x {p}' for p, n in counts.items())}), "
-          f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, {gpus} GPU(s), packing bound "
-          f"{bound(jobs, gpus):.0f} s; "
+          f"scale {scale:g}, arrivals over {jobs[-1].arrival_s:.0f} s, {hosts} host(s) x {gpus} GPU(s), packing "
+          f"bound {bound(jobs, total):.0f} s; "
           f"rivals: {', '.join(rivals)}{' (side by side)' if args.parallel else ''}; SchedulerParameters: "
           f"{SCHEDULER[args.scheduler] or 'none (Slurm defaults: sched_interval=60, bf_interval=30)'}")  # fmt: skip
     before = extract(args.before) if "before" in rivals and args.load is None else None
@@ -592,7 +635,9 @@ def main() -> int:
         elif args.parallel:
             sched = args.scheduler
             threads = [
-                threading.Thread(target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget, gpus, sched)))
+                threading.Thread(
+                    target=lambda n=n: results.__setitem__(n, run(n, jobs, before, budget, gpus, sched, hosts))
+                )
                 for n in rivals
             ]
             for t in threads:
@@ -601,15 +646,15 @@ def main() -> int:
                 t.join()
         else:
             for n in rivals:
-                results[n] = run(n, jobs, before, budget, gpus, args.scheduler)
+                results[n] = run(n, jobs, before, budget, gpus, args.scheduler, hosts)
     finally:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
     if args.save is not None and args.load is None:
         args.save.write_text(json.dumps({n: r.__dict__ for n, r in results.items()}))
-    b = bound(jobs, gpus)
+    b = bound(jobs, total)
     print(f"\n{'':34}" + "".join(f"{n:>16}" for n in rivals))
-    figs = {n: figures(results[n], jobs, gpus) for n in rivals}
+    figs = {n: figures(results[n], jobs, total) for n in rivals}
 
     def row(label: str, fn: Any) -> None:
         cells = []
@@ -643,7 +688,7 @@ def main() -> int:
     if args.timeline:
         for n in rivals:
             print(f"\ntimeline of {n}:")
-            print("\n".join(timeline(results[n], jobs, gpus=gpus)))
+            print("\n".join(timeline(results[n], jobs, gpus=total)))
     print(f"load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

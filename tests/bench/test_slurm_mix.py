@@ -66,3 +66,33 @@ def test_the_per_gpu_rival_on_a_slurm_older_than_23_11_is_refused_before_anythin
     assert done.returncode == 2, done
     assert f"the per-gpu rival needs Slurm 23.11 or later, this is {version}: " in done.stderr, done.stderr
     assert "set FLEXMIG_SLURM_BIN" in done.stderr and done.stdout == "", done
+
+
+def test_every_hosts_instance_nodes_are_counted() -> None:
+    """``--hosts``: the instance nodes of every host (``mix-h<I>-gpu<K>-<S>``, static ones with their profile) are
+    the bed's, another node is not."""
+    from slurm_mix import Bed  # noqa: PLC0415
+
+    names = ["mix-h1-gpu0-0", "mix-h2-gpu1-4-3g71gb", "mix-gpu0-6", "mix-h1", "other-gpu0-0", "mix-h1-gpu0"]
+    assert Bed.instance_names(dict.fromkeys(names)) == ["mix-gpu0-6", "mix-h1-gpu0-0", "mix-h2-gpu1-4-3g71gb"]
+
+
+def test_two_hosts_utilisation_counts_both_hosts_slices() -> None:
+    """Two jobs of 7g on two hosts of one GPU each, side by side: every slice busy, against 14 slices."""
+    r, jobs = _run(("MIG-a", "MIG-b"))
+    r.jobs[1]["starts"] = [100.0]
+    r.jobs[1]["ends"] = [110.0]
+    r.jobs[0]["submit"] = r.jobs[1]["submit"] = 99.0  # waiting from 99 s, both started at 100 s
+    f = figures(r, jobs, gpus=2)
+    assert f["util_run"] == pytest.approx(2 * 7 * 10 / (14 * 11))
+    assert f["own_device"] and f["once"]
+
+
+@pytest.mark.integration
+def test_a_whole_node_rival_on_several_hosts_is_refused_before_anything_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "slurm_mix.py"), "--hosts", "2", "--rivals", "now"],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(ROOT / "bench")},
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "--hosts" in done.stderr or "needs root" in done.stderr, done.stderr

@@ -123,6 +123,10 @@ PROBES: dict[str, Probe] = {
         _slurm_rounds(d).config.slurm.cluster_reads_per_s,
         c.slurm.cluster_reads_per_s,
     ),
+    "slurm.cluster_job_lock_share": lambda d, c: (
+        _slurm_rounds(d).config.slurm.cluster_job_lock_share,
+        c.slurm.cluster_job_lock_share,
+    ),
 }
 
 

@@ -279,10 +279,20 @@ class SlurmConfig:
         "Site-wide: how many reads of Slurm's queue a second the flexmig daemons of the whole cluster may make "
         "together when they see it move (sdiag's counters), so that a busy cluster's slurmctld is not asked for "
         "every job by every node every probe_s: each node leaves at least (GPU hosts slurmctld lists / this) "
-        "seconds between two such reads, and at least probe_s. Its own slurmd's crash and the timed read every "
-        "interval_s are not held back. Give every node the same value.",
+        "seconds between two reads, the timed read every interval_s included, and at least probe_s (and fewer "
+        "where a long queue would hold slurmctld's job lock longer than cluster_job_lock_share). Its own slurmd's "
+        "crash is not held back. Give every node the same value.",
         lo=0.01,
         hi=100000,
+    )
+    cluster_job_lock_share: float = _doc(
+        0.1,
+        "Site-wide: the share of slurmctld's time the flexmig daemons of the whole cluster may hold its job lock "
+        "by their reads of the queue together (slurmctld packs every job for each read: about 0.29 ms plus 2.5 us "
+        "a job): each node leaves at least (GPU hosts x what a read of the last queue's length holds / this) "
+        "seconds between two reads. 1 leaves the bound to cluster_reads_per_s. Give every node the same value.",
+        lo=0.001,
+        hi=1,
     )
     max_closed_nodes: int = _doc(
         0,

@@ -56,7 +56,7 @@ from flexmig.slurm.agent_read import SlurmRound, read_slurm
 from flexmig.slurm.claims import round_order
 from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
-from flexmig.slurm.shared_reads import SharedReads, read_spacing
+from flexmig.slurm.shared_reads import SharedReads, read_spacing, round_due
 from flexmig.slurm.sitecheck import version_problem
 
 __all__ = ["SlurmRounds"]
@@ -69,12 +69,17 @@ class SlurmRounds(SlurmAgents):
         """The least time between two rounds that sdiag's counters moving asks for: the cluster's GPU hosts (as
         the last answer listed them) over ``[slurm] cluster_reads_per_s``, at least
         :data:`~flexmig.slurm.shared_reads.READ_SHARE` times what a read of the queue costs (a big queue, or a
-        slurmctld slow to answer, is read less often), and at least ``probe_s``."""
+        slurmctld slow to answer, is read less often), within ``[slurm] cluster_job_lock_share`` of slurmctld's job
+        lock (by the jobs the last read listed), and at least ``probe_s``."""
         cfg = self.config.slurm
         clients = [c for c in (self._client, *(a.client for a in self.agents.values())) if c is not None]
         hosts = max((gpu_hosts(c.last_nodes) for c in clients), default=0)
         read_s = max((c.jobs_read_s for c in clients), default=0.0)
-        spacing = read_spacing(hosts, read_s, reads_per_s=cfg.cluster_reads_per_s, probe_s=cfg.probe_s)
+        jobs = max((c.last_job_count for c in clients), default=0)
+        spacing = read_spacing(
+            hosts, read_s, reads_per_s=cfg.cluster_reads_per_s, probe_s=cfg.probe_s, jobs=jobs,
+            lock_share=cfg.cluster_job_lock_share,
+        )  # fmt: skip
         if abs(spacing - self._spacing) > 0.1 * max(spacing, self._spacing):  # said again when it moved by a tenth
             if spacing > cfg.probe_s:
                 log.info(
@@ -89,7 +94,8 @@ class SlurmRounds(SlurmAgents):
     async def run(self) -> None:
         """A cheap probe every ``[slurm] probe_s``; a round when it saw something move (at most every
         :meth:`read_spacing_s`, times 1 to 1.5 at random where that is more than ``probe_s``, so that the nodes
-        that saw the same move do not all read again together), when slurmd crashed, or every ``interval_s``."""
+        that saw the same move do not all read again together), when slurmd crashed, or every ``interval_s`` (but
+        no sooner than the spacing: :func:`~flexmig.slurm.shared_reads.round_due`)."""
         loop = asyncio.get_running_loop()
         last_round = -float("inf")
         spacing = 0.0
@@ -106,7 +112,8 @@ class SlurmRounds(SlurmAgents):
                 continue
             if self.actuator.act is None or self.actuator.stopping:
                 continue
-            due = woke or loop.time() - last_round >= self.config.slurm.interval_s
+            timed = self.config.slurm.interval_s
+            due = woke or round_due(loop.time() - last_round, spacing_s=spacing, interval_s=timed)
             if not due:
                 try:
                     if loop.time() - last_round >= spacing:
@@ -115,7 +122,7 @@ class SlurmRounds(SlurmAgents):
                         counters = seen
                     due = due or await self._slurmd_crashed()
                 except SlurmError:
-                    due = loop.time() - last_round >= self.config.slurm.interval_s
+                    due = round_due(loop.time() - last_round, spacing_s=spacing, interval_s=timed)
                 except Exception:  # a probe is a hint only; the timed round still comes
                     log.debug("Slurm probe failed", exc_info=True)
             if not due:

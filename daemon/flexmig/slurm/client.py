@@ -92,6 +92,8 @@ class SlurmClient:
         """The nodes of the last :meth:`nodes` answer (empty before the first)."""
         self._jobs_s: deque[float] = deque(maxlen=5)
         self.on_jobs_read: Callable[[float], None] | None = None
+        self.last_job_count = 0
+        """How many jobs the last :meth:`jobs` listed (what a read of the queue costs slurmctld grows with it)."""
         """Told how long each :meth:`jobs` took (the metrics)."""
 
     async def run(self, name: str, args: Sequence[str], *, timeout_s: float | None = None) -> bytes:
@@ -140,6 +142,7 @@ class SlurmClient:
         jobs = parse_squeue(await self.run("squeue", ["--json", "--states=all"] if finished else ["--json"]))
         took = time.monotonic() - started
         self._jobs_s.append(took)
+        self.last_job_count = len(jobs)
         if self.on_jobs_read is not None:
             self.on_jobs_read(took)
         return jobs

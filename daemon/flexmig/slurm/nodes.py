@@ -10,6 +10,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from flexmig.slurm.dataparser import is_data_parser, node_record
 from flexmig.slurm.envelope import decode, field, records
 from flexmig.slurm.gres import GresCount, parse_gres
 
-__all__ = ["SlurmNode", "gpu_hosts", "parse_scontrol_nodes", "parse_sinfo"]
+__all__ = ["SlurmNode", "gpu_hosts", "host_of", "parse_scontrol_nodes", "parse_sinfo"]
 
 COMMAND = "sinfo --json"
 SCONTROL_COMMAND = "scontrol --json show nodes"
@@ -140,7 +141,21 @@ def parse_scontrol_nodes(text: str | bytes) -> tuple[SlurmNode, ...]:
     return tuple(_node(node_record(rec), i) for i, rec in enumerate(recs))
 
 
+_FLEXMIG_NODE = re.compile(r"(.+)-gpu[0-9]{1,3}(?:-[0-9](?:-[0-9a-z]{1,32})?)?")
+"""The names flexmig gives a host's nodes: ``<host>-gpu<K>`` (one node per GPU), ``<host>-gpu<K>-<S>`` (one per MIG
+instance) and ``<host>-gpu<K>-<S>-<profile>`` (a static instance node of slurm.conf)."""
+
+
+def host_of(node: SlurmNode) -> str:
+    """The machine a node runs on: the host its flexmig name begins with (``<host>-gpu<K>...``), else its address,
+    else its name. A flexmig node's name comes first because a dynamic node takes the address its slurmd registered
+    from, which on machines that share one (the testbed's hosts on 127.0.0.1, or hosts behind one NAT) is not the
+    host's own."""
+    m = _FLEXMIG_NODE.fullmatch(node.name)
+    return m.group(1) if m else node.address or node.name
+
+
 def gpu_hosts(nodes: Iterable[SlurmNode]) -> int:
-    """How many machines the nodes with GPU GRES run on (their addresses, else their names): what the cluster's
-    flexmig daemons are, whether each machine is one node or one node per GPU or MIG instance."""
-    return len({n.address or n.name for n in nodes if any(g.name == "gpu" for g in n.gres)})
+    """How many machines the nodes with GPU GRES run on (:func:`host_of`): what the cluster's flexmig daemons are,
+    whether each machine is one node or one node per GPU or MIG instance."""
+    return len({host_of(n) for n in nodes if any(g.name == "gpu" for g in n.gres)})

@@ -14,7 +14,7 @@ from typing import Protocol
 from flexmig.nvml.types import Inventory
 from flexmig.slurm.agent_read import SlurmRound, SlurmView
 
-__all__ = ["READ_SHARE", "Reads", "SharedReads", "read_spacing"]
+__all__ = ["JOB_LOCK_SHARE", "READ_SHARE", "Reads", "SharedReads", "job_lock_s", "read_spacing", "round_due"]
 
 READ_SHARE = 10.0
 """Reads of the queue that sdiag's moving counters ask for are at least this many times what a read costs apart: at
@@ -22,10 +22,43 @@ most a tenth of the node's time goes to reading and parsing Slurm's queue (2,000
 the testbed), and a slurmctld that answers slowly is asked less often."""
 
 
-def read_spacing(hosts: int, read_s: float, *, reads_per_s: float, probe_s: float) -> float:
-    """The least seconds between two reads of the queue that its moving counters ask for, on one of ``hosts``
-    machines sharing ``reads_per_s`` reads a second, when a read takes ``read_s``; at least ``probe_s``."""
-    return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s)
+JOB_LOCK_SHARE = 0.1
+"""By default (``[slurm] cluster_job_lock_share``) all the cluster's flexmig hosts together hold slurmctld's job lock
+at most this share of its time by their reads of the queue. Slurm packs every job it keeps under that lock for each
+``squeue`` (REQUEST_JOB_INFO; ``-w``/``--nodelist`` and ``--states`` filter in the client, after the packing, and
+22.05's ``--json`` ignores them), so a read costs in proportion to the cluster's queue, not to the host's jobs: a
+cluster of many hosts with a long queue is read less often."""
+
+JOB_LOCK_BASE_S = 0.29e-3
+JOB_LOCK_PER_JOB_S = (5.2e-3 - 0.29e-3) / 2000
+"""What a read of the queue holds slurmctld's job lock: 0.29 ms with a short queue, 5.2 ms with 2,000 jobs (measured
+on Slurm 22.05.8, the testbed's slurmctld), linear in between and beyond."""
+
+
+def job_lock_s(jobs: int) -> float:
+    """Seconds of slurmctld's job lock that one read of a queue of ``jobs`` jobs holds (measured, linear)."""
+    return JOB_LOCK_BASE_S + JOB_LOCK_PER_JOB_S * max(0, jobs)
+
+
+def read_spacing(
+    hosts: int, read_s: float, *, reads_per_s: float, probe_s: float, jobs: int = 0, lock_share: float = JOB_LOCK_SHARE
+) -> float:
+    """The least seconds between two reads of the queue on one of ``hosts`` machines sharing ``reads_per_s`` reads a
+    second, when a read takes ``read_s`` and the queue holds ``jobs`` jobs: the hosts over ``reads_per_s``, at least
+    :data:`READ_SHARE` times a read, at least what keeps the hosts' reads within ``lock_share`` of slurmctld's job
+    lock (``[slurm] cluster_job_lock_share``, :data:`JOB_LOCK_SHARE` by default), and at least ``probe_s``."""
+    lock = hosts * job_lock_s(jobs) / lock_share if hosts else 0.0
+    return max(probe_s, hosts / reads_per_s, READ_SHARE * read_s, lock)
+
+
+def round_due(since_s: float, *, spacing_s: float, interval_s: float, moved: bool = False) -> bool:
+    """Whether a node reads the queue now, ``since_s`` seconds after its last read: when the probe saw it ``moved``
+    and the spacing has passed, and at the latest every ``interval_s`` (the timed read), but never before the spacing
+    either: on a cluster of many hosts the timed reads alone would otherwise exceed the budget (1,000 hosts every
+    10 s: 100 reads a second)."""
+    if since_s < spacing_s:
+        return False
+    return moved or since_s >= interval_s
 
 
 class Reads(Protocol):
