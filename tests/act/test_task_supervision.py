@@ -270,10 +270,10 @@ def test_the_actuator_stopped_right_after_start_up_closes_its_journal_and_remove
 
     daemon.add(Hooks("stopper", start=stop_at_once))  # after the actuator's start: its socket and journal are open
     asyncio.run(asyncio.wait_for(daemon.run(stop), 60))
-    paths = daemon.components.actuator.paths
+    paths = daemon.components.actuator.runtime.paths
     assert paths is not None and paths.private is not None and paths.private.parent == tmp_path
     assert not paths.private.exists(), "a clean stop removes the simulated node's private directory"
-    assert daemon.components.actuator.act is None, "the journal is closed"
+    assert daemon.components.actuator.runtime.act is None, "the journal is closed"
 
 
 def test_a_restarted_mqtt_loop_still_has_its_outbox(tmp_path: Path) -> None:

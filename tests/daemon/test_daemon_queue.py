@@ -85,7 +85,7 @@ def test_past_jobs_max_pending_a_submission_is_refused_naming_the_key_and_change
                 "changed: submit it again once some have started, or raise jobs.max_pending"
             )
             assert (await submit(base, "a"))["queued"], "a job already waiting may be submitted again"
-            act = daemon.components.actuator.act
+            act = daemon.components.actuator.runtime.act
             assert act is not None
             assert {rec.name: rec.state for rec in act.journal.jobs()} == {"a": "pending", "b": "pending"}
 

@@ -65,7 +65,7 @@ Probe = Callable[[Daemon, Config], tuple[Any, Any]]
 
 
 def _actuator(d: Daemon) -> Any:
-    act = d.components.actuator.act
+    act = d.components.actuator.runtime.act
     assert act is not None, "the actuator runs"
     return act
 
@@ -96,15 +96,15 @@ def _slurm(d: Daemon, c: Config) -> tuple[Any, Any]:
 
 #: Where each key that a reload applies takes effect (longest prefix wins).
 PROBES: dict[str, Probe] = {
-    "mode": lambda d, c: ((d.components.actuator.mode, _actuator(d).executor.mode), (c.mode, c.mode)),
+    "mode": lambda d, c: ((d.components.actuator.runtime.mode, _actuator(d).executor.mode), (c.mode, c.mode)),
     "sampling.interval_s": lambda d, c: (d.sampler.interval_s if d.sampler else None, c.sampling.interval_s),
     "detect.": lambda d, c: (d.components.detector.settings, detect_settings(c.detect)),
     "planner.": lambda d, c: (_actuator(d).jobs.settings, planner_settings(c.planner)),
-    "planner.interval_s": lambda d, c: (d.components.actuator.config.planner.interval_s, c.planner.interval_s),
+    "planner.interval_s": lambda d, c: (d.components.actuator.runtime.config.planner.interval_s, c.planner.interval_s),
     "jobs.ack_timeout_s": _policy,
     "jobs.allowed_dirs": _policy,
     "jobs.shutdown_grace_s": lambda d, c: (
-        d.components.actuator.config.jobs.shutdown_grace_s,
+        d.components.actuator.runtime.config.jobs.shutdown_grace_s,
         c.jobs.shutdown_grace_s,
     ),
     "jobs.max_pending": lambda d, c: (_actuator(d).jobs.max_pending, c.jobs.max_pending),
@@ -114,10 +114,10 @@ PROBES: dict[str, Probe] = {
     ),
     "jobs.rank_log_keep": lambda d, c: (_actuator(d).supervisor.rank_logs.keep, c.jobs.rank_log_keep),
     "control.max_wait_s": lambda d, c: (
-        d.components.actuator.dispatcher.max_wait_s if d.components.actuator.dispatcher else None,
+        d.components.actuator.runtime.dispatcher.max_wait_s if d.components.actuator.runtime.dispatcher else None,
         c.control.max_wait_s,
     ),
-    "baseline.": lambda d, c: (d.components.actuator.config.baseline, c.baseline),
+    "baseline.": lambda d, c: (d.components.actuator.runtime.config.baseline, c.baseline),
     "slurm.": _slurm,
     "slurm.cluster_reads_per_s": lambda d, c: (
         _slurm_rounds(d).config.slurm.cluster_reads_per_s,
@@ -231,7 +231,7 @@ def test_a_reload_applies_each_key_at_once_or_names_it_for_the_next_restart(
                 if meta.get("restart"):
                     if key not in later:
                         unreported.append(f"{key}: {line}")
-                    held = value_of(daemon.components.actuator.config, key)
+                    held = value_of(daemon.components.actuator.runtime.config, key)
                     if held != value_of(base, key):
                         wrong.append(f"{key}: a restart key, yet the components hold the new {held!r}")
                 else:

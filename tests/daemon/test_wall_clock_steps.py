@@ -53,7 +53,7 @@ def test_a_wall_clock_set_back_an_hour_neither_stretches_the_settling_time_nor_g
         )
         daemon = Daemon(config, sim_spec="h200", sim_workload=False, metrics_addr=LOOPBACK_ANY, wall=wall)
         async with started(daemon):
-            actuator = daemon.components.actuator
+            actuator = daemon.components.actuator.runtime
             spec = base / "job.toml"
             spec.write_text(
                 f'name = "steady"\nargv = ["{sys.executable}", "{ROOT}/examples/hook_minimal.py"]\n'

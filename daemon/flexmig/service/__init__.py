@@ -1,9 +1,11 @@
 """The service layer of the running daemon, below the wiring: what the daemon does with its actuator, each part built
 with what it needs through its constructor once the actuator is open.
 
-* :class:`~flexmig.service.actuator_runtime.ActuatorRuntime`: what the actuator component holds and answers while
-  it runs (requests, the mode switch at reload, the drain);
-* :class:`~flexmig.act.mode.RuntimeMode` (one object, made by the wiring, read by every part and by ``act``);
+* :class:`~flexmig.service.actuator_runtime.ActuatorRuntime`: the actuator's state from start to close and what it
+  answers while it runs (requests, the mode switch at reload, the drain); :func:`flexmig.wiring.wire` builds one and
+  gives it to the actuator component (which keeps it as ``runtime`` and runs its lifecycle), the Slurm part and the
+  MQTT commands;
+* :class:`~flexmig.act.mode.RuntimeMode` (one object, made by the runtime, read by every part and by ``act``);
 * :class:`~flexmig.service.gate.ActionGate`: the action lock and the stop;
 * :class:`~flexmig.service.planning_loop.PlanningLoop`: plan, publish, execute, round after round;
 * :class:`~flexmig.service.strays.StrayWatch`: ranks of no journalled job;
@@ -23,8 +25,9 @@ with what it needs through its constructor once the actuator is open.
   probe loop and the rounds) and :class:`~flexmig.service.slurm_reporting.SlurmReporting` (log lines, metrics,
   events).
 
-The wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` opens the actuator, builds these and runs their
-loops, and :class:`flexmig.wiring.slurm.SlurmComponent` runs the Slurm part's; they hold no policy of their own.
+The wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` opens the actuator, has its runtime build these on it
+(:meth:`~flexmig.service.actuator_runtime.ActuatorRuntime.services_on`) and runs their loops, and
+:class:`flexmig.wiring.slurm.SlurmComponent` runs the Slurm part's; they hold no policy of their own.
 """
 
 from flexmig.service.action_sink import ActionSink

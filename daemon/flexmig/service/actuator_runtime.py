@@ -1,5 +1,8 @@
 """The actuator's runtime in the running daemon, below the wiring's ``actuator`` component: what it holds from start
-to close and what it answers, apart from opening and closing (the component's :meth:`start` and :meth:`close`).
+to close and what it answers, apart from opening and closing. The component (``flexmig.wiring.actuator``) is given
+one :class:`ActuatorRuntime` and keeps it as its ``runtime``: its ``start`` and ``close`` open and close the actuator
+and set what they opened here; everyone else who reads the actuator's state (the Slurm part, the MQTT commands, the
+demo workload) is handed this object, not the component.
 
 :class:`ActuatorRuntime` holds the mode (the one :class:`~flexmig.act.mode.RuntimeMode`), the action gate, the
 open actuator and its service layer, and does what the daemon asks of them while it runs:
@@ -35,7 +38,7 @@ from flexmig.metrics.actions import ActionMetrics
 from flexmig.mqtt.events import Event, EventFactory
 from flexmig.mqtt.findings import FindingsPublisher
 from flexmig.service.actuator_host import NODE_LOCK_DIR, ActuatorHost, ActuatorLocks, ActuatorPaths
-from flexmig.service.assembly import apply_config
+from flexmig.service.assembly import apply_config, build_services
 from flexmig.service.control import DaemonControl
 from flexmig.service.first_step import FirstSteps
 from flexmig.service.gate import ActionGate
@@ -51,7 +54,7 @@ log = logging.getLogger("flexmig.wiring.actuator")
 
 class ActuatorRuntime:
     """The actuator's state and requests while the daemon runs (see the module docstring); the wiring's
-    ``ActuatorComponent`` adds the lifecycle (open, serve, close) on it."""
+    ``ActuatorComponent`` runs the lifecycle (open, serve, close) of one."""
 
     def __init__(
         self,
@@ -89,7 +92,9 @@ class ActuatorRuntime:
         self.dispatcher: ControlServer | None = None
         """Runs control requests (the socket's, and MQTT commands') while the actuator runs, bound or not."""
         self.unavailable: str | None = None  # why the actuator could not start (observe/advise only)
-        self._simulated = True  # until start() knows the backend
+        self.simulated = True
+        """Whether the node is simulated (no node lock, no privilege warning); the component's start sets it once it
+        knows the backend."""
 
     @property
     def mode(self) -> Mode:
@@ -117,17 +122,29 @@ class ActuatorRuntime:
         if self.findings is not None:
             self.findings.emit(event)
 
-    def _dropped(self, op: str, why: str) -> None:
+    def request_dropped(self, op: str, why: str) -> None:
         """A control request dropped at its deadline (:mod:`flexmig.act.deadline`): the ``request_dropped`` event."""
         event = ActEvent(kind="request_dropped", time_s=self.wall(), reason=why, detail={"op": op})
         if self.services is not None:
             self.services.sink.emit(event)
 
-    def _give_up(self, why: str) -> None:
+    def give_up(self, why: str) -> None:
+        """The actuator could not start: in mode act that stops the daemon (FlexmigError); in observe and advise the
+        daemon samples on without it, and ``why`` is what requests are answered."""
         if self.mode == "act":
             raise FlexmigError(why)
         self.unavailable = why
         log.error("%s; in mode %s the daemon samples on without jobs and without the control socket", why, self.mode)
+
+    def services_on(self, act: Actuator) -> DaemonControl:
+        """Build the service layer on the open actuator ``act`` (:func:`flexmig.service.assembly.build_services`) and
+        keep it as :attr:`services`."""
+        self.services = build_services(
+            act, mode=self.runtime_mode, gate=self.gate, config=lambda: self.config, latest=self.host.latest,
+            plan_now=self._plan_now, metrics=self.action_metrics, first_steps=self.first_steps, factory=self.factory,
+            fleet=self._fleet, wall=self.wall,
+        )  # fmt: skip
+        return self.services
 
     async def dispatch(self, line: bytes) -> dict[str, Any]:
         """Run one control request line (an MQTT command's) as the control socket would; never raises.
@@ -172,7 +189,7 @@ class ActuatorRuntime:
     def reload(self, config: Config) -> None:
         """Apply a reloaded configuration: mode, planner settings, job policy (socket and state paths: at restart)."""
         old = self.mode
-        if config.mode == "act" and old != "act" and self.act is not None and not self._simulated:
+        if config.mode == "act" and old != "act" and self.act is not None and not self.simulated:
             try:
                 self.held.take_node(self.host.latest())
             except FlexmigError as exc:
@@ -186,12 +203,12 @@ class ActuatorRuntime:
             self.dispatcher.max_wait_s = config.control.max_wait_s
         if old != config.mode:
             log.info("mode %s -> %s", old, config.mode)
-            self._check_privileges()
+            self.check_privileges()
             self.wake()
 
-    def _check_privileges(self) -> None:
+    def check_privileges(self) -> None:
         """In mode act on a real node, warn once per start or switch when act's capabilities are missing."""
-        if self.mode != "act" or self._simulated:
+        if self.mode != "act" or self.simulated:
             return
         warning = act_privilege_warning()
         if warning is not None:

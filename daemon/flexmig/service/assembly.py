@@ -5,7 +5,8 @@
 :class:`~flexmig.service.control.DaemonControl`), each given what it needs through its constructor;
 :func:`apply_config` gives the actuator the job policy, planner settings, rank-log limits and queue bound of a
 configuration (at start and at each reload); :func:`submit_refusal` says why ``jobs.submit`` is refused.
-The wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` calls them.
+The actuator's runtime (:class:`~flexmig.service.actuator_runtime.ActuatorRuntime`: ``services_on``, ``reload``)
+and the wiring's :class:`flexmig.wiring.actuator.ActuatorComponent` (its start) call them.
 """
 
 from __future__ import annotations

@@ -57,8 +57,8 @@ class SlurmHost(Protocol):
 
 
 class ActuatorView(Protocol):
-    """What the Slurm part needs of the actuator's component: the open actuator (read when the Slurm part prepares
-    and at each round), its action lock and the stop."""
+    """What the Slurm part needs of the actuator's runtime (:class:`~flexmig.service.actuator_runtime.ActuatorRuntime`):
+    the open actuator (read when the Slurm part prepares and at each round), its action lock and the stop."""
 
     @property
     def act(self) -> Actuator | None:

@@ -23,7 +23,6 @@ the heartbeat, the notifier, the count of restarts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -32,13 +31,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
-from flexmig.act.service import Actuator
 from flexmig.config import Config, ConfigProblem, HostPort
 from flexmig.metrics.runtime import TaskMetrics
 from flexmig.metrics.slurm import SlurmMetrics
 from flexmig.mqtt.commands import command_listener
 from flexmig.sdnotify import Heartbeat, Notifier
 from flexmig.service.actuator_host import ActuatorHost
+from flexmig.service.actuator_runtime import ActuatorRuntime
 from flexmig.service.detection import Detector, detect_settings
 from flexmig.service.slurm_agents import ActuatorView
 from flexmig.service.slurm_rounds import SlurmRounds
@@ -191,13 +190,11 @@ def wire(daemon: WiredDaemon) -> Components:
     )  # fmt: skip
     publisher = mqtt if isinstance(mqtt, MqttComponent) else None  # the actuator's and Slurm's event sink
     on = {name: switch(daemon) for name, switch in SWITCHES.items()}
-    view = _ActuatorSlot()
-    slurm = _slurm(daemon, node, view, publisher) if on["slurm"] else None
+    findings = None if publisher is None else publisher.findings
+    runtime = ActuatorRuntime(daemon, findings=findings, locks=locks, wall=daemon.wall, clock=daemon.clock)
+    slurm = _slurm(daemon, node, runtime, publisher) if on["slurm"] else None
     runners = {} if slurm is None else {KIND: slurm.run_action}  # on the executor before the journal's reconcile
-    actuator = ActuatorComponent(
-        daemon, node, mqtt=publisher, locks=locks, wall=daemon.wall, clock=daemon.clock, runners=runners
-    )
-    view.actuator = actuator
+    actuator = ActuatorComponent(runtime, node, runners=runners)
     registry = MetricsRegistry()
     registry.register("daemon", (TaskMetrics(daemon.restarts),))  # the daemon's own families come first
     parts: tuple[Component, ...] = (
@@ -206,8 +203,8 @@ def wire(daemon: WiredDaemon) -> Components:
         _endpoint(daemon, registry) if on["metrics"] else Off("metrics"),
         actuator,
         SlurmComponent(slurm) if slurm is not None else Off("slurm"),
-        _commands(config, node_name, actuator, publisher) if on["mqtt-commands"] else Off("mqtt-commands"),
-        _workload(daemon, node, actuator) if on["workload"] else Off("workload"),
+        _commands(config, node_name, runtime, publisher) if on["mqtt-commands"] else Off("mqtt-commands"),
+        _workload(daemon, node, runtime) if on["workload"] else Off("workload"),
         Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)),
     )  # fmt: skip
     return Components(parts, node, detection, sampler, actuator, registry)
@@ -249,17 +246,17 @@ def _endpoint(daemon: WiredDaemon, registry: MetricsRegistry) -> MetricsEndpoint
 
 
 def _commands(
-    config: Config, node_name: str, actuator: ActuatorComponent, mqtt: MqttComponent | None
+    config: Config, node_name: str, runtime: ActuatorRuntime, mqtt: MqttComponent | None
 ) -> CommandsComponent:
     """The MQTT command listener (``commands_enabled``, on the MQTT component); ConfigError when the configuration
     cannot make one (credentials, TLS)."""
-    listener = command_listener(config, node_name, actuator.dispatch)
+    listener = command_listener(config, node_name, runtime.dispatch)
     assert mqtt is not None and listener is not None  # its switch is on: so is MQTT's
-    return CommandsComponent(listener, config, node_name, actuator.dispatch, mqtt)
+    return CommandsComponent(listener, config, node_name, runtime.dispatch, mqtt)
 
 
 def _slurm(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorView, mqtt: MqttComponent | None) -> SlurmRounds:
-    """The Slurm part (``[slurm] enabled``), on the actuator ``actuator`` will hold once it started."""
+    """The Slurm part (``[slurm] enabled``), on the actuator ``actuator`` holds once its component started."""
     simulated = lambda: node.backend is not None and node.backend.simulated  # noqa: E731 - asked once it is open
     return SlurmRounds(
         daemon, actuator, slurm_metrics=SlurmMetrics(), mqtt=mqtt, simulated=simulated, wall=daemon.wall,
@@ -267,36 +264,9 @@ def _slurm(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorView, mqt
     )  # fmt: skip
 
 
-class _ActuatorSlot:
-    """The actuator component as the Slurm part sees it (:class:`~flexmig.service.slurm_agents.ActuatorView`). The
-    Slurm part is built first, so that its runner of ``slurm_reregister`` actions goes into the actuator's
-    constructor; :func:`wire` puts the actuator here right after, and the Slurm part reads it from its start on."""
-
-    actuator: ActuatorComponent | None = None
-
-    def _it(self) -> ActuatorComponent:
-        assert self.actuator is not None, "wire() sets the actuator before anything starts"
-        return self.actuator
-
-    @property
-    def act(self) -> Actuator | None:
-        """The open actuator."""
-        return self._it().act
-
-    @property
-    def action_lock(self) -> asyncio.Lock:
-        """The actuator's action lock."""
-        return self._it().action_lock
-
-    @property
-    def stopping(self) -> bool:
-        """True once a stop was asked."""
-        return self._it().stopping
-
-
-def _workload(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorComponent) -> Component:
+def _workload(daemon: WiredDaemon, node: NodeComponent, runtime: ActuatorRuntime) -> Component:
     """A simulated node's load: the demo's synthetic one (unless turned off) and the jobs' own footprint."""
-    exclude = lambda: actuator.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
+    exclude = lambda: runtime.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
     interval_s = daemon.settings.interval_s
     return Loop(
         "workload",

@@ -1,8 +1,9 @@
 """MQTT commands in the running daemon (``[mqtt] enabled`` and ``commands_enabled``): component ``mqtt-commands``.
 
 The listener (:mod:`flexmig.mqtt.commands`) forwards each valid command, as a control request line, to the
-actuator's dispatcher (:meth:`flexmig.wiring.actuator.ActuatorComponent.dispatch`): the same operations, checks and
-mode rules as the control socket. Its loop is restarted after a failure (it holds nothing worth keeping).
+actuator's dispatcher (:meth:`flexmig.service.actuator_runtime.ActuatorRuntime.dispatch`, of the runtime that
+:func:`flexmig.wiring.wire` hands it): the same operations, checks and mode rules as the control socket. Its loop is
+restarted after a failure (it holds nothing worth keeping).
 
 A daemon that started with a malformed ``mqtt.broker`` (publishing off, see :class:`~flexmig.wiring.mqtt.
 MqttComponent`) listens only once a reload fixed the address: then with the reloaded configuration.
