@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 import flexmig
+from flexmig.service.actuator_runtime import ActuatorRuntime
+from flexmig.wiring.actuator import ActuatorComponent
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(flexmig.__file__).resolve().parent
@@ -56,3 +58,11 @@ def test_no_service_part_takes_a_callback_after_it_is_built() -> None:
             n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)
         }
         assert not {n for n in names if n.startswith(("on_built", "attach"))}, path.name
+
+
+def test_the_actuator_component_is_given_its_runtime_and_is_not_one() -> None:
+    """Composition, not inheritance: the component keeps the runtime it is given and forwards nothing by name."""
+    assert not issubclass(ActuatorComponent, ActuatorRuntime)
+    assert "__getattr__" not in vars(ActuatorComponent)
+    assert [n for n, v in vars(ActuatorComponent).items() if isinstance(v, property)] == []
+    assert inspect.signature(ActuatorComponent).parameters["runtime"].annotation in {ActuatorRuntime, "ActuatorRuntime"}
