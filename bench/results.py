@@ -187,6 +187,17 @@ SECTIONS: tuple[Section, ...] = (
         needs=_root_and("slurmctld", "slurmd", "sbatch", "munged"),
     ),
     Section(
+        "slurm_mix_default_newer",
+        "The same unseen mix on Slurm 24.11: the default layout (no mode named)",
+        "slurm_mix.py",
+        # slurm_mix_default's mix (seed 57, full scale) on Debian 13's Slurm 24.11.5 (FLEXMIG_SLURM_BIN, make
+        # slurm-newer's chroot): the issue's defaults goal on both Slurms (~27 min)
+        ("--rivals", "default", "--seed", "57"),
+        quick=("--quick", "--rivals", "default", "--seed", "57"),
+        markdown=False,
+        needs=_newer_slurm(),
+    ),
+    Section(
         "slurm_mix_cluster",
         "A cluster: 4 hosts x 2 GPUs under one slurmctld, the default layout, the mix times eight (Slurm 22.05)",
         "slurm_mix.py",
