@@ -56,7 +56,7 @@ from flexmig.slurm.agent_read import SlurmRound, read_slurm
 from flexmig.slurm.claims import round_order
 from flexmig.slurm.nodes import gpu_hosts
 from flexmig.slurm.reservations import flexmig_name
-from flexmig.slurm.shared_reads import SharedReads, read_spacing, round_due
+from flexmig.slurm.shared_reads import SharedReads, read_spacing, round_due, shared_round
 from flexmig.slurm.sitecheck import version_problem
 
 __all__ = ["SlurmRounds"]
@@ -167,15 +167,7 @@ class SlurmRounds(SlurmAgents):
                 waiting = {r.name for r in (await shared.view())[2]} if shared is not None else set()
                 for agent in [] if self.per_instance else self._ordered(waiting):
                     agent.taken = self.claims.taken(agent.node) if self.per_gpu else frozenset()
-                    try:
-                        agent.shared = None if shared is None else await shared.view()
-                        agent.shared_inventory = None if shared is None else await shared.inventory()
-                        rnd = await agent.round(mode)
-                    finally:
-                        agent.shared = None
-                        agent.shared_inventory = None
-                    if shared is not None:
-                        shared.after(rnd)
+                    rnd = await shared_round(agent, mode, shared)
                     self.claims.update_from(agent.node, rnd, advise=mode == "advise")
                     done.append((agent, rnd))
                     if rnd.read is not None and rnd.read.demand.running:

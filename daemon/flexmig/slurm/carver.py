@@ -51,7 +51,7 @@ from flexmig.slurm.moving import choose_moves, move_actions, move_hold
 from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.pool_nodes import PoolAgentFor, PoolNodes
 from flexmig.slurm.settings import SlurmSettings
-from flexmig.slurm.shared_reads import Reads
+from flexmig.slurm.shared_reads import Reads, shared_round
 
 __all__ = ["CARVING", "InstanceCarver"]
 
@@ -119,15 +119,7 @@ class InstanceCarver:
         for gpu, start, profile in (i for i in live if (i[0], i[1]) not in pooled):  # a pool's node serves those
             agent = self.agent_for(gpu, start, profile)
             agent.own_reservations = frozenset({self.hold_reservation})
-            try:
-                agent.shared = await shared.view()
-                agent.shared_inventory = await shared.inventory()
-                rnd = await agent.round(mode, plan=False)
-            finally:
-                agent.shared = None
-                agent.shared_inventory = None
-            shared.after(rnd)
-            done.append((agent, rnd))
+            done.append((agent, await shared_round(agent, mode, shared, plan=False)))
         if self.pools is not None:
             done += await self.pools.keep(mode, shared)
         if mode == "observe":

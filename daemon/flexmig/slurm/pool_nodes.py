@@ -48,7 +48,7 @@ from flexmig.slurm.pool import (
     split_asks,
 )
 from flexmig.slurm.settings import SlurmSettings, instance_node
-from flexmig.slurm.shared_reads import Reads
+from flexmig.slurm.shared_reads import Reads, shared_round
 from flexmig.slurm.supply import Supply
 
 __all__ = ["PoolAgentFor", "PoolNodes", "keep_places"]
@@ -137,15 +137,7 @@ class PoolNodes:
         done: list[tuple[SlurmAgent | None, SlurmRound]] = []
         for name, pool in list(self.pools.items()):
             agent = self.agent_for(name, frozenset(pool.devices), self.port(name))
-            try:
-                agent.shared = await shared.view()
-                agent.shared_inventory = await shared.inventory()
-                rnd = await agent.round(mode, plan=False)
-            finally:
-                agent.shared = None
-                agent.shared_inventory = None
-            shared.after(rnd)
-            done.append((agent, rnd))
+            done.append((agent, await shared_round(agent, mode, shared, plan=False)))
         return done
 
     async def step(self, look: SlurmView, inventory: Inventory) -> tuple[None, SlurmRound] | None:

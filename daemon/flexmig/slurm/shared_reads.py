@@ -9,12 +9,24 @@ carver (:class:`flexmig.slurm.carver.InstanceCarver`) needs of it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flexmig.nvml.types import Inventory
 from flexmig.slurm.agent_read import SlurmRound, SlurmView
 
-__all__ = ["JOB_LOCK_SHARE", "READ_SHARE", "Reads", "SharedReads", "job_lock_s", "read_spacing", "round_due"]
+if TYPE_CHECKING:
+    from flexmig.slurm.agent import SlurmAgent
+
+__all__ = [
+    "JOB_LOCK_SHARE",
+    "READ_SHARE",
+    "Reads",
+    "SharedReads",
+    "job_lock_s",
+    "read_spacing",
+    "round_due",
+    "shared_round",
+]
 
 READ_SHARE = 10.0
 """Reads of the queue that sdiag's moving counters ask for are at least this many times what a read costs apart: at
@@ -110,3 +122,19 @@ class SharedReads:
         if rnd.result is not None or rnd.events:
             self._view = None
             self._inventory = None
+
+
+async def shared_round(agent: SlurmAgent, mode: str, shared: Reads | None, *, plan: bool = True) -> SlurmRound:
+    """``agent``'s round on the round's shared looks at Slurm and NVML (its own reads without them), which it holds
+    only while the round runs; the looks are forgotten after a round that changed something."""
+    if shared is None:
+        return await agent.round(mode, plan=plan)
+    try:
+        agent.shared = await shared.view()
+        agent.shared_inventory = await shared.inventory()
+        rnd = await agent.round(mode, plan=plan)
+    finally:
+        agent.shared = None
+        agent.shared_inventory = None
+    shared.after(rnd)
+    return rnd
