@@ -31,7 +31,17 @@ Rivals (``--rivals``): ``instances`` (the per-instance policy, no moves: a block
 what Slurm's backfill does with a reservation for its top job: the first blocked job holds the region that empties
 first at once, "drain one GPU for the big job"), ``moves`` (this tree's), ``moves-room`` (a rejected variant: a
 moved job's target counted only after room for the waiting jobs of its profile, which it waits behind once
-requeued) and ``moves-reserve`` (moves with the hold at once).
+requeued), ``moves-own`` (a moved job's target only on the host of the room it leaves: each host plans on its own
+GPUs, as ``flexmig.slurm.moving`` does, where ``moves`` counts free room on every host, as Slurm restarts a requeued
+job on any) and ``moves-reserve`` (moves with the hold at once).
+
+Yardsticks (the mix, ``bench/slurm_ideal.py``), per seed: a tighter lower bound on the makespan than the packing
+bound (arrivals, and 7g work on whole GPUs), and an idealised rival, the mix with free, instant repacking of every
+running job across all GPUs and hosts and exact run times, each job in submission order at the earliest it fits
+beside the jobs before it: each rival's makespan against both, and, when the ideal's 7g jobs' longest wait is above
+half of ``instances``' (no moves), the line saying that no mover halves it under the site's order. The model's
+Slurm is not that strict (its backfill starts a job on a free instance ahead of older waiting ones, a held region
+aside), so a rival can wait less than the ideal on a seed.
 
 Where the 7g jobs' longest wait goes: the table splits it into the seconds the job waited while a job submitted
 before it had not started yet (it waits behind older jobs in Slurm's priority order, which neither a hold nor a move
@@ -67,6 +77,7 @@ from flexmig.plan.carving import HOLD_AFTER_S, Hold, Waiting, carve
 from flexmig.slurm.moves import MAX_MOVES_PER_JOB, Blocked, MovePlan, Region, Running, plan_moves
 from flexmig.slurm.moving import MOVE_COST_S as MOVE_COST_ESTIMATE_S
 from machine import machine
+from slurm_ideal import Ideal, ideal, lower_bound
 from slurm_mix import MixJob, bound, mix
 
 ACK_S = 0.5  # signal to acknowledgement (bench/slurm.py: 0.26 s for a step-boundary save)
@@ -170,7 +181,7 @@ def two_gpu_case() -> list[MixJob]:
 def simulate(
     jobs: Sequence[MixJob], *, hosts: int, gpus: int, hook: frozenset[str], moves: bool,
     layout: tuple[tuple[str, int], ...] = sm.START, max_moves: int = MAX_MOVES_PER_JOB, limit_s: float = 7200.0,
-    hold_after_s: float = HOLD_AFTER_S, requeue_back: bool = True, behind: bool = False,
+    hold_after_s: float = HOLD_AFTER_S, requeue_back: bool = True, behind: bool = False, own_host: bool = False,
 ) -> Outcome:  # fmt: skip
     """``jobs`` on ``hosts`` hosts of ``gpus`` GPUs each, one Slurm node per MIG instance, with or without moves;
     a blocked job holds a region after ``hold_after_s``; ``requeue_back``: a moved job waits again behind every job
@@ -203,7 +214,7 @@ def simulate(
         if rounds.due(st.t, st.jobs):
             hold = _round(st, layouts, registering, hold, passes, mv, hook=hook if moves else frozenset(),
                           hosts=hosts, gpus=gpus, max_moves=max_moves, hold_after_s=hold_after_s,
-                          behind=behind)  # fmt: skip
+                          behind=behind, own_host=own_host)  # fmt: skip
             if passes.due(st.t, st.jobs):
                 _slurm(st, layouts, registering, hold, mv, backfill=False)
         if not mv.requeue and all(j.end_s <= st.t for j in st.jobs):
@@ -251,7 +262,7 @@ def _release(st: sm.State, mv: Moves, *, back: bool) -> None:
 def _round(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     passes: sm.MainPasses, mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
-    hold_after_s: float = HOLD_AFTER_S, behind: bool = False,
+    hold_after_s: float = HOLD_AFTER_S, behind: bool = False, own_host: bool = False,
 ) -> Hold | None:  # fmt: skip
     """flexmig's round, as :meth:`flexmig.slurm.carver.InstanceCarver._carve` runs it: the carving
     (``slurm_model``'s) is chosen, then the moves with its hold; a round that moves carries out the moves and holds
@@ -263,7 +274,7 @@ def _round(
               hold_after_s=hold_after_s)  # fmt: skip
     if hook and queue:
         moved = _moves(st, layouts, registering, c.hold, queue, mv, hook=hook, hosts=hosts, gpus=gpus,
-                       max_moves=max_moves, behind=behind)  # fmt: skip
+                       max_moves=max_moves, behind=behind, own_host=own_host)  # fmt: skip
         if moved is not None:
             return moved
     for g, s in c.destroy:
@@ -281,10 +292,12 @@ def _round(
 def _moves(
     st: sm.State, layouts: list[Layout], registering: dict[tuple[int, int], float], hold: Hold | None,
     queue: Sequence[Waiting], mv: Moves, *, hook: frozenset[str], hosts: int, gpus: int, max_moves: int,
-    behind: bool = False,
+    behind: bool = False, own_host: bool = False,
 ) -> Hold | None:  # fmt: skip
     """The moves the policy chooses, carried out (no target is made ahead: the moved job's instance is carved once
-    it waits again); the hold of the waiting job's region, or None when nothing is moved."""
+    it waits again); the hold of the waiting job's region, or None when nothing is moved. ``own_host``: a moved job's
+    target only on the host of the room it leaves (each host plans on its own GPUs, as ``flexmig.slurm.moving``
+    does today), not on any host."""
     leaving = {j.name for _, j, _ in mv.requeue}
     running = [
         Running(j.name, (f"h{j.where[0] // gpus}", j.where[0] % gpus, j.where[1]), j.mix.profile,
@@ -299,6 +312,8 @@ def _moves(
     asks = [Blocked(w.name, w.profile, w.waited_s) for w in queue]
     plan = plan_moves(sm.MODEL, cluster, running, asks, max_moves_per_job=max_moves, closed=closed, held=held,
                       requeue_behind=behind)
+    if own_host and plan.waiting is not None:
+        plan = _own_host(plan.waiting, cluster, running, asks, closed, held, max_moves=max_moves)
     if not plan.moves or plan.region is None or plan.waiting is None:
         return None
     mv.plans.append((st.t, plan))
@@ -313,6 +328,28 @@ def _moves(
     st.layouts = tuple(layouts)
     r = plan.region
     return Hold(plan.waiting, int(r.host[1:]) * gpus + r.gpu, r.start, r.profile, st.t + max(ACK_S, plan.free_in_s))
+
+
+def _own_host(
+    waiting: str, cluster: dict[str, list[Layout]], running: Sequence[Running], asks: Sequence[Blocked],
+    closed: frozenset[tuple[str, int, int]], held: Sequence[tuple[str, Region]], *, max_moves: int,
+) -> MovePlan:  # fmt: skip
+    """The moves for the blocked job ``waiting`` when each host plans on its own GPUs only (a region's moved jobs
+    find their targets on its host): the best of the hosts' plans, as the host owning the job's moves would pick."""
+    ask = [a for a in asks if a.name == waiting]
+    best: tuple[tuple[float, int], MovePlan] | None = None
+    last = MovePlan((), waiting, None, 0.0, 0.0, f"{waiting}: no host has room for its region's hook jobs")
+    for h, lays in cluster.items():
+        plan = plan_moves(sm.MODEL, {h: lays}, [r for r in running if r.place[0] == h], ask,
+                          max_moves_per_job=max_moves, closed=frozenset(c for c in closed if c[0] == h),
+                          held=[x for x in held if x[1].host == h])  # fmt: skip
+        if not plan.moves:
+            last = plan
+            continue
+        key = (plan.loss - plan.gain, len(plan.moves))
+        if best is None or key < best[0]:
+            best = (key, plan)
+    return best[1] if best is not None else last
 
 
 # ------------------------------------------------------------------------------------------------- the command
@@ -333,16 +370,19 @@ class Case:
     hold_after_s: float = HOLD_AFTER_S
     requeue_back: bool = True
     behind: bool = False
+    own_host: bool = False
 
 
 RIVALS = {
-    "instances": (False, HOLD_AFTER_S, False),
-    "reserve": (False, 0.0, False),
-    "moves": (True, HOLD_AFTER_S, False),
-    "moves-room": (True, HOLD_AFTER_S, True),
-    "moves-reserve": (True, 0.0, False),
+    "instances": (False, HOLD_AFTER_S, False, False),
+    "reserve": (False, 0.0, False, False),
+    "moves": (True, HOLD_AFTER_S, False, False),
+    "moves-own": (True, HOLD_AFTER_S, False, True),
+    "moves-room": (True, HOLD_AFTER_S, True, False),
+    "moves-reserve": (True, 0.0, False, False),
 }
-"""Rivals: (moves, hold_after_s, a moved job's target only after room for the waiting jobs of its profile)."""
+"""Rivals: (moves, hold_after_s, a moved job's target only after room for the waiting jobs of its profile, a moved
+job's target only on the host it leaves)."""
 
 
 def run_case(c: Case) -> Outcome:
@@ -352,11 +392,72 @@ def run_case(c: Case) -> Outcome:
         hook = frozenset({"job0", "job1"})
         return simulate(jobs, hosts=c.hosts, gpus=c.gpus, hook=hook, moves=c.moves, layout=(("1g.18gb", 6),),
                         max_moves=c.max_moves, hold_after_s=c.hold_after_s, requeue_back=c.requeue_back,
-                        behind=c.behind)  # fmt: skip
+                        behind=c.behind, own_host=c.own_host)  # fmt: skip
     jobs = mix(c.seed, c.jobs or sm.JOBS * c.hosts * c.gpus)
     return simulate(jobs, hosts=c.hosts, gpus=c.gpus, hook=hook_jobs(jobs, c.seed, c.share), moves=c.moves,
                     max_moves=c.max_moves, hold_after_s=c.hold_after_s, requeue_back=c.requeue_back,
-                    behind=c.behind)  # fmt: skip
+                    behind=c.behind, own_host=c.own_host)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Yard:
+    """A seed's yardsticks (``bench/slurm_ideal.py``): the packing bound, the tighter lower bound, the ideal rival."""
+
+    seed: int
+    packing: float
+    tight: float
+    ideal: Ideal
+
+
+def yardstick(c: Case) -> Yard:
+    """The yardsticks of ``c``'s mix on its cluster."""
+    jobs = mix(c.seed, c.jobs or sm.JOBS * c.hosts * c.gpus)
+    n = c.hosts * c.gpus
+    return Yard(c.seed, bound(jobs, n), max(lower_bound(jobs, n), bound(jobs, n)), ideal(jobs, n))
+
+
+def _yardsticks(rows: dict[str, list[Outcome]], yards: Sequence[Yard]) -> None:
+    """The makespans against the tighter bound and the ideal rival, and whether halving the 7g jobs' longest wait
+    is within reach of any mover under the site's order."""
+    med = statistics.median
+    print("\nyardsticks, median (worst) over seeds: the tighter lower bound (arrivals, 7g work on whole GPUs) and the "
+          "ideal rival (free, instant repacking of every running job across all GPUs and hosts, exact run times, "
+          "each job in submission order at the earliest it fits beside the jobs before it)")  # fmt: skip
+    sticks: list[tuple[str, Callable[[Yard], float], str]] = [
+        ("tighter bound / packing bound", lambda y: y.tight / y.packing, ".3f"),
+        ("ideal makespan / packing bound", lambda y: y.ideal.makespan / y.packing, ".3f"),
+        ("ideal makespan / tighter bound", lambda y: y.ideal.makespan / y.tight, ".3f"),
+        ("ideal 7g jobs' longest wait (s)", lambda y: y.ideal.seven_longest, ".0f"),
+    ]
+    for label, stick, fmt in sticks:
+        print(f"{label:36}{_cell([stick(y) for y in yards], fmt, max):>20}")
+    names = list(rows)
+    print(f"\n{'':36}" + "".join(f"{n:>20}" for n in names))
+    lines: list[tuple[str, Callable[[Outcome, Yard], float], str]] = [
+        ("makespan / tighter bound", lambda o, y: o.result.makespan / y.tight, ".3f"),
+        ("makespan / ideal's", lambda o, y: o.result.makespan / y.ideal.makespan, ".3f"),
+        ("7g longest wait / ideal's", lambda o, y: o.seven_longest / max(y.ideal.seven_longest, 1.0), ".2f"),
+    ]
+    for label, fn, fmt in lines:
+        print(f"{label:36}" + "".join(f"{_cell([fn(o, y) for o, y in zip(rows[n], yards, strict=True)], fmt, max):>20}"
+                                      for n in names))  # fmt: skip
+    for n in names:
+        o = rows[n]
+        k = max(range(len(o)), key=lambda i: o[i].result.ratio)
+        y = yards[k]
+        print(f"{n}: worst makespan on seed {y.seed}: the packing bound {y.packing:.0f} s, the tighter bound "
+              f"{y.tight:.0f} s ({y.tight / y.packing:.3f}x), ideal repacking {y.ideal.makespan:.0f} s "
+              f"({y.ideal.makespan / y.packing:.3f}x the packing bound); {n} {o[k].result.makespan:.0f} s, "
+              f"{o[k].result.makespan / y.ideal.makespan:.3f}x the ideal's")  # fmt: skip
+    base = "instances" if "instances" in rows else names[0]
+    half = [o.seven_longest / 2 for o in rows[base]]
+    ideal7 = [y.ideal.seven_longest for y in yards]
+    out = sum(i > h for i, h in zip(ideal7, half, strict=True))
+    verdict = "out of reach" if med(ideal7) > med(half) and max(ideal7) > max(half) else "not ruled out"
+    print(f"halving the 7g jobs' longest wait of {base} under the site's order: {verdict}: half of {base}'s is "
+          f"{med(half):.0f} s ({max(half):.0f} s worst), ideal repacking's own is {med(ideal7):.0f} s "
+          f"({max(ideal7):.0f} s worst); on {out} of {len(yards)} seeds even ideal repacking waits longer than "
+          f"half of {base}'s")  # fmt: skip
 
 
 def _cell(xs: Sequence[float], fmt: str, worst: Callable[[Sequence[float]], float]) -> str:
@@ -424,19 +525,23 @@ def main() -> int:
         f"{100 * args.hook_share:.0f} % of them hook jobs")  # fmt: skip
     print(f"{args.hosts} host(s) x {args.gpus} GPU(s); {what}; a move costs the job {ACK_S} s to acknowledge, "
           f"{REQUEUE_S} s requeued, {COLD_START_S} s cold start; at most {args.max_moves} moves a job")  # fmt: skip
+    back = args.requeue == "back"
     cases = {r: [Case(args.case, s, args.hosts, args.gpus, RIVALS[r][0], args.hook_share, args.max_moves, args.jobs,
-                      RIVALS[r][1], args.requeue == "back", RIVALS[r][2]) for s in seeds] for r in rivals}  # fmt: skip
+                      RIVALS[r][1], back, *RIVALS[r][2:]) for s in seeds] for r in rivals}  # fmt: skip
     t0 = time.monotonic()
     if args.parallel > 1:
         with ProcessPoolExecutor(args.parallel) as pool:
             rows = {r: list(pool.map(run_case, cs)) for r, cs in cases.items()}
+            yards = list(pool.map(yardstick, next(iter(cases.values())))) if args.case == "mix" else []
     else:
         rows = {r: [run_case(c) for c in cs] for r, cs in cases.items()}
+        yards = [yardstick(c) for c in next(iter(cases.values()))] if args.case == "mix" else []
     wall = time.monotonic() - t0
     if args.case == "two":
         _two(rows)
     else:
         _table(rows)
+        _yardsticks(rows, yards)
         for r in rivals:
             o = rows[r]
             print(f"{r}: worst seeds: utilisation {seeds[min(range(len(o)), key=lambda k: o[k].result.util_waiting)]}"
