@@ -144,6 +144,7 @@ def plan_moves(
     closed: frozenset[Place] = frozenset(),
     held: Sequence[tuple[str, Region]] = (),
     requeue_behind: bool = False,
+    regions_on: str | None = None,
 ) -> MovePlan:
     """The moves that give the first blocked job of ``waiting`` its room, or an empty plan saying why not.
 
@@ -151,10 +152,14 @@ def plan_moves(
     instances neither destroyed nor used as a target (registering, an administrator's); ``held`` are regions kept
     for waiting jobs (job, region): no move takes room there for another job. ``requeue_behind``: a target only
     after room for every waiting job of the moved job's profile (a rejected variant, see the module docstring).
+    ``regions_on``: the waiting job's region only on that host (the host that moves: it can requeue only its own
+    jobs), the moved jobs' targets on any host (Slurm restarts a requeued job on any); None: regions on any host.
     """
     if max_moves_per_job < 0:
         raise ValueError(f"plan_moves: max_moves_per_job must be at least 0, not {max_moves_per_job}")
-    cluster = _Cluster(model, hosts, running, closed, held, ahead=waiting if requeue_behind else ())
+    if regions_on is not None and regions_on not in hosts:
+        raise ValueError(f"plan_moves: regions_on names host {regions_on!r}, which is not among the hosts")
+    cluster = _Cluster(model, hosts, running, closed, held, ahead=waiting if requeue_behind else (), on_host=regions_on)
     for job in waiting:
         profile = model.profile(job.profile)
         if cluster.served(profile, job.name):
@@ -169,9 +174,11 @@ class _Cluster:
     def __init__(
         self, model: GpuModel, hosts: Mapping[str, Sequence[Layout]], running: Sequence[Running],
         closed: frozenset[Place], held: Sequence[tuple[str, Region]], *, ahead: Sequence[Blocked] = (),
+        on_host: str | None = None,
     ) -> None:  # fmt: skip
         self.model = model
         self.ahead = ahead
+        self.on_host = on_host
         self.hosts = {h: list(lays) for h, lays in hosts.items()}
         self.on: dict[Place, Running] = {}
         for r in running:
@@ -240,6 +247,7 @@ class _Cluster:
         regions = [
             Region(host, g, start, profile.name)
             for host, lays in self.hosts.items()
+            if self.on_host is None or host == self.on_host
             for g in range(len(lays))
             for start in profile.starts
             if Layout.empty(self.model).can_place(profile, start)
