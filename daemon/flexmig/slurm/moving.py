@@ -46,6 +46,9 @@ step boundary, ``bench/slurm.py``), the requeue and the credential gap before it
 start (imports, model, checkpoint load: about 10 s for a small torch job)."""
 
 
+_Others = tuple[dict[str, list[Layout]], list[Running], frozenset[Place]]
+"""The other hosts as :func:`other_hosts` reads them: their layouts, their busy instances, their closed ones."""
+
 OWNER_TRIES = 4
 """How many blocked jobs one round passes over because another host owns their moves before it gives up (each is a
 search of the host's regions)."""
@@ -60,7 +63,8 @@ def choose_moves(
     region the carving holds. Only for a blocked job this host owns the moves of (:func:`move_owner` on Slurm's
     ``jobs``, ``reservations`` and nodes): a blocked job another host owns is passed over (its owner moves for it),
     and one no host owns gets no move."""
-    plan = _plan(host, ch, running, queue, hold=hold, max_moves_per_job=max_moves_per_job)
+    others = other_hosts(host, ch.by_name.values(), ch.model, reserved=ch.reserved)
+    plan = _plan(host, ch, running, queue, others, hold=hold, max_moves_per_job=max_moves_per_job)
     by_id = {j.job_id: j for j in jobs}
     passed: list[str] = []
     for _ in range(OWNER_TRIES):
@@ -75,7 +79,7 @@ def choose_moves(
             return plan
         passed.append(f"{plan.waiting}: " + (f"host {owner} moves for it" if owner else "no host owns its moves"))
         queue = [w for w in queue if w.name != plan.waiting]
-        plan = _plan(host, ch, running, queue, hold=hold, max_moves_per_job=max_moves_per_job)
+        plan = _plan(host, ch, running, queue, others, hold=hold, max_moves_per_job=max_moves_per_job)
     if plan.moves:
         why = f"{plan.waiting}: not moved this round ({OWNER_TRIES} blocked jobs before it are other hosts' to move)"
         plan = MovePlan((), plan.waiting, None, 0.0, 0.0, why)
@@ -83,10 +87,11 @@ def choose_moves(
 
 
 def _plan(
-    host: str, ch: CarvingHost, running: Sequence[SlurmRunning], queue: Sequence[Waiting], *, hold: Hold | None,
-    max_moves_per_job: int,
+    host: str, ch: CarvingHost, running: Sequence[SlurmRunning], queue: Sequence[Waiting], others: _Others, *,
+    hold: Hold | None, max_moves_per_job: int,
 ) -> MovePlan:  # fmt: skip
-    """:func:`plan_moves` on this host's GPUs, jobs and ``queue``, whoever owns the blocked job's moves."""
+    """:func:`plan_moves` on this host's GPUs, jobs and ``queue``, whoever owns the blocked job's moves, the moved
+    jobs' targets on any host (``others``: :func:`other_hosts`)."""
     hl = ch.layouts
     jobs: list[Running] = []
     for r in running:
@@ -105,14 +110,14 @@ def _plan(
     closed = frozenset((host, k, s) for k, s in ch.registering | hl.pinned)
     held = [] if hold is None else [(hold.job, Region(host, hold.gpu, hold.start, hold.profile))]
     asks = [Blocked(w.name, w.profile, w.waited_s) for w in queue if w.alone]
-    lays, busy, shut = other_hosts(host, ch.by_name.values(), ch.model, reserved=ch.reserved)
+    lays, busy, shut = others
     return plan_moves(ch.model, {**lays, host: hl.layouts}, [*jobs, *busy], asks, max_moves_per_job=max_moves_per_job,
                       closed=closed | shut, held=held, regions_on=host)  # fmt: skip
 
 
 def other_hosts(
     host: str, nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Collection[str]
-) -> tuple[dict[str, list[Layout]], list[Running], frozenset[Place]]:
+) -> _Others:
     """The hosts other than ``host`` as Slurm's ``nodes`` show them, for the targets of a move: each one's GPUs'
     layouts (its instance nodes, a GPU by the number in their names, in that order; an instance its host is
     retiring left out, its place as good as free), its busy instances as jobs that never move (what runs there is
