@@ -12,9 +12,10 @@ sorts every job that starts more than a second later under flex than under the r
 * **b, placement**: the reference started it without moving anything, and at that time flex's running jobs plus
   this one fit as whole instances on the GPUs, but not around where flex's running jobs sat: a different placement
   of the same jobs would have had room.
-* **c-room, order or price**: flex's layout had room for it among its busy instances at that time (idle instances
-  may be destroyed) and flex still did not start it: its queue discipline (an EASY reservation), the price of
-  reconfiguring, or a settling time.
+* **c-taken, order**: flex's layout had room for it among its busy instances at that time (idle instances may be
+  destroyed), and flex's pass then started other jobs (ahead of it in flex's queue, or backfilled) that took it.
+* **c-room, discipline**: flex's layout had room and flex's pass started nothing: its queue discipline (an EASY
+  reservation it would delay), or a rule of the planner (which instances it may create, and where).
 * **price**: flex had room and started it in its first pass at or after the reference's start: it is late only by
   the time that pass's reconfiguration takes (the reference's repacking creates instances for nothing) or by the
   time to flex's next event.
@@ -58,7 +59,7 @@ from support.heldout import heldout_trace  # noqa: E402
 from support.refcheck import ref_jobs  # noqa: E402
 from support.refsim import PROFILES, RefJob, RefResult, _can_add, simulate  # noqa: E402
 
-CLASSES = ("a", "b", "c-room", "c-full", "price", "unknown")
+CLASSES = ("a", "b", "c-taken", "c-room", "c-full", "price", "unknown")
 Inst = tuple[int, str]  # (start, profile), as the reference names an instance
 
 
@@ -180,7 +181,7 @@ class Probe:
     due: list[tuple[float, str]]  # (reference start, job), in order
     profiles: Mapping[str, list[str]]
     gpus: int
-    room: dict[str, str] = field(default_factory=dict)  # job -> "room" | "price" | "placement" | "full"
+    room: dict[str, str] = field(default_factory=dict)  # job -> "room" | "taken" | "price" | "placement" | "full"
     i: int = 0
 
 
@@ -203,8 +204,8 @@ class ProbedManager(LayoutManager):
         grants = super().schedule(now_s, queue, running)
         started = {g.job for g in grants if g.kind == "start"}
         for name in looked:
-            if name in started and p.room[name] == "room":
-                p.room[name] = "price"
+            if p.room[name] == "room":
+                p.room[name] = "price" if name in started else "taken" if started else "room"
         return grants
 
     def _look(self, name: str, running: Mapping[str, RunView]) -> str:
@@ -277,7 +278,7 @@ def classify(
         elif name in moved:
             cls = "a"
         else:
-            cls = {"room": "c-room", "placement": "b", "full": "c-full", "price": "price"}.get(
+            cls = {"room": "c-room", "taken": "c-taken", "placement": "b", "full": "c-full", "price": "price"}.get(
                 room.get(name, ""), "unknown"
             )
         by_class[cls] += diff

@@ -57,4 +57,4 @@ def test_the_classes_add_up_to_the_difference_in_mean_jct(tmp_path: Path) -> Non
     assert sum(gap.count.values()) == gap.n
     late = [n for n in flex if flex[n][0] > ref.start[n] + 1.0]
     assert sum(gap.count.get(c, 0) for c in plan_gap.CLASSES) == len(late)
-    assert all(room.get(n) in {"room", "price", "placement", "full", "unknown"} for n in late)
+    assert all(room.get(n) in {"room", "taken", "price", "placement", "full", "unknown"} for n in late)
