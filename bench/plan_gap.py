@@ -21,6 +21,7 @@ sorts every job that starts more than a second later under flex than under the r
   time to flex's next event.
 * **c-full, order**: flex's running jobs at that time left no room even if re-packed: flex had started other jobs
   (or was still running jobs it had started later), so the GPUs were busy with different work.
+* **unknown**: the exhaustive search for room in flex's layout ran past its budget (a handful of jobs a run).
 
 Each class's figure is its jobs' JCT difference (end under flex - end under the reference) summed and divided by
 the number of jobs: the classes and ``earlier`` (jobs flex starts no later; their difference is mostly negative)
