@@ -110,6 +110,14 @@ SECTIONS: tuple[Section, ...] = (
         markdown=False,
     ),
     Section(
+        "plan_gap",
+        "Where flex's gap to the ideal repacking comes from, job by job",
+        "plan_gap.py",
+        ("--free",),  # seeds 0-2, about 1,500 jobs each, EASY and greedy, flex and free moves: about 10 min of CPU
+        quick=("--seeds", "0", "--disciplines", "greedy", "--tasks", "900"),
+        markdown=False,
+    ),
+    Section(
         "migration",
         "Migration cost",
         "migration.py",
