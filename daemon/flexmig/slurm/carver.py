@@ -92,12 +92,11 @@ class InstanceCarver:
         run, as the agent of a whole node never asks such a job twice."""
         self.seen = Seen()
         """What the cluster's assignment of waiting jobs to hosts remembers from the last round."""
-        self.pools = (
-            None
-            if pool_agent_for is None
-            else PoolNodes(node, settings=settings, executor=executor, agent_for=pool_agent_for, name=self.name)
-        )
+        self.pools: PoolNodes | None = None
         """The host's pool nodes, for jobs of several devices (None: not made for this carver)."""
+        if pool_agent_for is not None:
+            self.pools = PoolNodes(node, settings=settings, executor=executor, agent_for=pool_agent_for,
+                                   name=self.name, wall=wall, seen=lambda: self.seen)  # fmt: skip
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
