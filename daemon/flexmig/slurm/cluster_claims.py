@@ -64,6 +64,7 @@ __all__ = [
     "cluster_queue",
     "host_queue",
     "move_owner",
+    "pool_gpu",
     "pool_jobs",
     "queue_for",
     "running_places",
@@ -220,6 +221,19 @@ class _Host:
             self.layouts[gpu] = lay.place(profile, start)
             self.what[where] = IDLE
         self.given.add(where)
+
+
+def pool_gpu(host: ClusterHost, model: GpuModel, profile: Profile, count: int) -> int | None:
+    """The GPU of ``host`` where ``count`` instances of ``profile`` (smaller than a GPU) for one pool node cost the
+    least carving now (its idle instances of the profile first), the lowest on a tie; None when no GPU has room for
+    them all now."""
+    best: tuple[tuple[int, int], int] | None = None
+    h = _Host.of(model, host)
+    for gpu in sorted(host.gpus):
+        got = _pool_fill(_Host(model, host, {gpu: h.layouts[gpu]}, dict(h.what)), profile, count)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = (got[0], gpu)
+    return None if best is None else best[1]
 
 
 def _pool_fill(h: _Host, profile: Profile, count: int) -> tuple[tuple[int, int], _Host] | None:
