@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from flexmig.mig import H200
 from flexmig.mig.layout import Layout
-from flexmig.plan.carving import Waiting, carve
+from flexmig.plan.carving import Carving, Waiting, carve
 from flexmig.slurm.pool_carving import carve_pools, first_pool
 
 BUSY_3G_2G = Layout.of(H200, [("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)])
@@ -21,9 +21,9 @@ def parts(n: int, job: int = 42, profile: str = "1g.18gb") -> list[Waiting]:
     return [Waiting(f"slurm-{job}#{k}", profile, alone=False) for k in range(1, n + 1)]
 
 
-def served_on(c: object, layouts: list[Layout], busy: dict[tuple[int, int], float | None], job: str) -> set[int]:
+def served_on(c: Carving, job: str) -> set[int]:
     """The GPUs the carving ``c`` makes instances on for ``job``'s parts."""
-    return {g for g, _, name in c.create if name.partition("#")[0] == job}  # type: ignore[attr-defined]
+    return {g for g, _, name in c.create if name.partition("#")[0] == job}
 
 
 def test_an_idle_1g_on_each_gpu_does_not_serve_a_two_part_pool_the_gpu_with_room_is_carved() -> None:
@@ -83,7 +83,7 @@ def test_a_pool_jobs_parts_are_never_carved_on_two_gpus_and_the_carving_stays_va
     queue = [Waiting("slurm-3", "1g.18gb"), *parts(n, 42, profile), Waiting("slurm-50", "2g.35gb")]
     kw = {**KW, "numbers": tuple(range(len(layouts)))}
     c = carve_pools(H200, layouts, busy, queue, pools={"slurm-42"}, **kw)  # type: ignore[arg-type]
-    assert len(served_on(c, layouts, busy, "slurm-42")) <= 1, c
+    assert len(served_on(c, "slurm-42")) <= 1, c
     after = list(layouts)
     for g, start in c.destroy:  # only idle instances destroyed, and every creation fits what is left
         assert (g, start) not in busy
