@@ -4,6 +4,8 @@ an idle 1g on each GPU and the pool waited for ever). Pure."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,8 +15,8 @@ from flexmig.plan.carving import Carving, Waiting, carve
 from flexmig.slurm.pool_carving import carve_pools, first_pool
 
 BUSY_3G_2G = Layout.of(H200, [("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)])
-KW = {"now_s": 100.0, "hold": None, "registering": frozenset(), "pinned": frozenset(), "hold_after_s": 900.0,
-      "hold_when_idle": True, "numbers": (0, 1)}  # fmt: skip
+KW: dict[str, Any] = {"now_s": 100.0, "hold": None, "registering": frozenset(), "pinned": frozenset(),
+                      "hold_after_s": 900.0, "hold_when_idle": True, "numbers": (0, 1)}  # fmt: skip
 
 
 def parts(n: int, job: int = 42, profile: str = "1g.18gb") -> list[Waiting]:
@@ -32,9 +34,9 @@ def test_an_idle_1g_on_each_gpu_does_not_serve_a_two_part_pool_the_gpu_with_room
     GPU 1's idle 1g and a 1g carved from its idle 3g."""
     layouts = [BUSY_3G_2G, BUSY_3G_2G]
     busy = {(0, 0): 3600.0, (0, 4): 3600.0, (1, 4): 3600.0}
-    plain = carve(H200, layouts, busy, parts(2), **KW)  # type: ignore[arg-type]
+    plain = carve(H200, layouts, busy, parts(2), **KW)
     assert not plain.create and not plain.destroy  # the old behaviour: both parts "served", across two GPUs
-    c = carve_pools(H200, layouts, busy, parts(2), pools={"slurm-42"}, **KW)  # type: ignore[arg-type]
+    c = carve_pools(H200, layouts, busy, parts(2), pools={"slurm-42"}, **KW)
     assert c.destroy == ((1, 0),) and [(g, p.profile.name) for g, p, _ in c.create] == [(1, "1g.18gb")], c
     # the job's other part is GPU 1's idle 1g: both of its instances on GPU 1
 
@@ -43,10 +45,10 @@ def test_a_one_device_job_and_a_host_of_one_gpu_carve_as_before() -> None:
     layouts = [BUSY_3G_2G, BUSY_3G_2G]
     busy = {(0, 0): 3600.0, (0, 4): 3600.0, (1, 4): 3600.0}
     one = [Waiting("slurm-7", "1g.18gb")]
-    assert carve_pools(H200, layouts, busy, one, pools=(), **KW) == carve(H200, layouts, busy, one, **KW)  # type: ignore[arg-type]
+    assert carve_pools(H200, layouts, busy, one, pools=(), **KW) == carve(H200, layouts, busy, one, **KW)
     single = {**KW, "numbers": (0,)}
-    got = carve_pools(H200, [BUSY_3G_2G], {}, parts(2), pools={"slurm-42"}, **single)  # type: ignore[arg-type]
-    assert got == carve(H200, [BUSY_3G_2G], {}, parts(2), **single)  # type: ignore[arg-type]
+    got = carve_pools(H200, [BUSY_3G_2G], {}, parts(2), pools={"slurm-42"}, **single)
+    assert got == carve(H200, [BUSY_3G_2G], {}, parts(2), **single)
 
 
 def test_the_first_pool_job_is_found_with_its_parts_and_a_job_of_several_nodes_is_none() -> None:
@@ -82,7 +84,7 @@ def test_a_pool_jobs_parts_are_never_carved_on_two_gpus_and_the_carving_stays_va
                 busy[(g, i.start)] = 600.0
     queue = [Waiting("slurm-3", "1g.18gb"), *parts(n, 42, profile), Waiting("slurm-50", "2g.35gb")]
     kw = {**KW, "numbers": tuple(range(len(layouts)))}
-    c = carve_pools(H200, layouts, busy, queue, pools={"slurm-42"}, **kw)  # type: ignore[arg-type]
+    c = carve_pools(H200, layouts, busy, queue, pools={"slurm-42"}, **kw)
     assert len(served_on(c, "slurm-42")) <= 1, c
     after = list(layouts)
     for g, start in c.destroy:  # only idle instances destroyed, and every creation fits what is left
