@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flexmig.errors import SlurmError
+from flexmig.slurm.node_brief import brief_format, parse_brief
 from flexmig.slurm.nodes import SlurmNode, parse_scontrol_nodes, parse_sinfo
 from flexmig.slurm.reservations import SlurmReservation, parse_reservations
 from flexmig.slurm.squeue import SlurmJob, parse_squeue
@@ -166,6 +167,12 @@ class SlurmClient:
             found = parse_scontrol_nodes(await self.run("scontrol", ["--json", "show", "nodes"]))
         self.last_nodes = found
         return found
+
+    async def node_brief(self, name: str) -> SlurmNode | None:
+        """Node ``name`` as ``sinfo -N -h -n NAME -O ...`` shows it, asking slurmctld for that node alone (its state,
+        GRES, partitions, CPUs and reason; None when sinfo lists it in no partition): what a change's polls read
+        (:mod:`flexmig.slurm.node_brief`)."""
+        return parse_brief(await self.run("sinfo", ["-N", "-h", "-n", name, "-O", brief_format()]), name)
 
     async def node_records(self) -> int:
         """How many nodes slurmctld's node table holds, FUTURE placeholders included (``scontrol --future -o show
