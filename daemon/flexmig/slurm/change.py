@@ -265,12 +265,19 @@ class SlurmChange(CheckpointSteps):
                 return brief
         return await self.client.node(node)
 
+    async def _look(self, node: str) -> SlurmNode | None:
+        """Node ``node`` for a step that reads only whether it is there, drained and why: Slurm's brief answer for
+        that node alone, or the full record when the brief one does not list it (a node in no partition, a FUTURE
+        one, or none)."""
+        brief = await self.client.node_brief(node)
+        return brief if brief is not None else await self.client.node(node)
+
     # ------------------------------------------------------------------------------------------- phases
     async def _close(self, node: str) -> dict[str, Any]:
         """flexmig's reservation on ``node`` starts now (made, or moved to now), for ``close_s`` at most."""
         name = flexmig_name(node)
         try:
-            found = await self.client.node(node)
+            found = await self._look(node)
             if found is None:
                 return {"absent": True}
             mine = next((r for r in await self.client.reservations() if r.name == name), None)
@@ -344,7 +351,7 @@ class SlurmChange(CheckpointSteps):
         """flexmig's drain of the empty node (its reservation must go before the node can be deleted); ``at``: when
         it was drained, at the latest (the backfill scheduler is waited for from then on)."""
         try:
-            found = await self.client.node(node)
+            found = await self._look(node)
             if found is None:
                 return {"absent": True, "at": time.time()}
             if found.drained:
@@ -553,7 +560,7 @@ class SlurmChange(CheckpointSteps):
 
     async def _resume(self, node: str) -> dict[str, Any]:
         try:
-            found = await self.client.node(node)
+            found = await self._look(node)
             if found is None or not found.drained or not found.reason.startswith("flexmig"):
                 return {"drained": bool(found and found.drained)}
             await self.client.resume(node)
