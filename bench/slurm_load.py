@@ -19,6 +19,15 @@ case: every probe asks for a read). What each host asks of slurmctld:
   8 GPUs (``bench/slurm_model.py --gpus 8 --policies instances``; run here on seeds ``--seeds``), together with the
   instances a host holds (the mean and the most over the run).
 
+A change's own node reads are printed apart (they were never in the figures above): each instance created or
+destroyed reads the full node list in its steps (counted in ``flexmig/slurm/change.py``: before, close, check, drain,
+recheck and delete of a retired instance's node, 5, and close, idle, check, drain, register, attributes, resume and
+schedule of a new one, 7; now the steps that only ask whether the node is there, drained and why read that node
+alone, ``sinfo -n NAME``, and the full list only when it is not listed: 3 and 7), and it polls its node while it
+waits for it to empty, leave Slurm or register (``POLLS_A_CHANGE``: 3-4 polls a carving of one instance destroyed
+and one created, sdiag's count on 22.05.8 and 24.11.5, ``tests/slurm/test_slurm_node_brief.py``), every poll a full
+node list before, one node (``REQUEST_NODE_INFO_SINGLE``) now.
+
 The queue grows with the cluster: ``--jobs-per-host`` jobs waiting or running a host (default 20: 2.5 a GPU).
 The table prints, for each cluster size, what slurmctld serves a second, the job-lock time a second, the bytes of
 node lists it writes a second, and the instance nodes and slurmds; the last line says what ``interval_s`` keeps the
@@ -48,6 +57,9 @@ READ_2000_S = 0.34  # ... with 2,000 jobs (6.4 MB of JSON asked for and parsed)
 RPCS_A_READ = 4  # job info, node info, partition info, reservation info
 RPCS_A_CHANGE = 2.5  # an instance destroyed (drain, delete) or created (create, register, schedule): 5 a pair
 NODE_JSON_BYTES = 1600  # one node in sinfo --json (22.05.8: 1,634 bytes; 24.11.5's scontrol --json: 3,127)
+LISTS_BEFORE = 6.0  # full node lists an instance's change read in its steps (5 retiring it, 7 making it)
+LISTS_A_CHANGE = 5.0  # ... now (3 retiring, 7 making: a step that asks only "there, drained, why" reads one node)
+POLLS_A_CHANGE = 2  # its waits' node polls (measured: 3-4 a carving of one destroy and one create)
 PING_S = 100.0  # slurmctld pings each node every SlurmdTimeout/3 (300 s by default)
 GPUS = 8
 
@@ -146,7 +158,25 @@ def main() -> int:
     _table(sizes, host, args.jobs_per_host, before=True)
     print("\nnow: every read waits for the spacing, which keeps the hosts' reads within the job-lock share")
     _table(sizes, host, args.jobs_per_host, before=False)
+    _change_reads(sizes, host)
     return 0
+
+
+def _change_reads(sizes: list[int], host: Host) -> None:
+    """What the changes' own node reads write a second (not in the tables above): their steps' full node lists, and
+    their waits' polls, a full list each before and one node each now."""
+    print(f"\na change's own node reads (not in the tables above): {LISTS_BEFORE:g} node lists an instance created "
+          f"or destroyed before, {LISTS_A_CHANGE:g} now, and {POLLS_A_CHANGE} polls of its node")  # fmt: skip
+    head = ("hosts", "changes/s", "step lists before", "step lists now", "polls before", "polls now")
+    print("".join(f"{h:>19}" for h in head) + "   (MB/s)")
+    for h in sizes:
+        changes = h * host.changes_per_h * 2 / 3600  # each instance created is destroyed again
+        cluster = h * host.mean_nodes * NODE_JSON_BYTES / 1e6  # one full node list, MB
+        one = NODE_JSON_BYTES / 1e6
+        cells = (f"{h}", f"{changes:.2f}", f"{changes * LISTS_BEFORE * cluster:.1f}",
+                 f"{changes * LISTS_A_CHANGE * cluster:.1f}", f"{changes * POLLS_A_CHANGE * cluster:.1f}",
+                 f"{changes * POLLS_A_CHANGE * one:.3f}")  # fmt: skip
+        print("".join(f"{c:>19}" for c in cells))
 
 
 def _table(sizes: list[int], host: Host, jobs_per_host: float, *, before: bool) -> None:

@@ -39,8 +39,9 @@ from flexmig.slurm.carving_choice import (
 )
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.cluster_claims import Seen
-from flexmig.slurm.demand import SlurmRunning
+from flexmig.slurm.demand import SlurmRunning, job_id_of
 from flexmig.slurm.instances import (
+    MIXED,
     HostLayouts,
     carving_actions,
     carving_report,
@@ -90,14 +91,15 @@ class InstanceCarver:
         self.unmovable: set[int] = set()
         """Jobs whose move did not complete (their acknowledgement timed out, say): never asked again while they
         run, as the agent of a whole node never asks such a job twice."""
+        self.refused: set[int] = set()
+        """The waiting jobs already told to be refused (:meth:`_tell_refused`)."""
         self.seen = Seen()
         """What the cluster's assignment of waiting jobs to hosts remembers from the last round."""
-        self.pools = (
-            None
-            if pool_agent_for is None
-            else PoolNodes(node, settings=settings, executor=executor, agent_for=pool_agent_for, name=self.name)
-        )
+        self.pools: PoolNodes | None = None
         """The host's pool nodes, for jobs of several devices (None: not made for this carver)."""
+        if pool_agent_for is not None:
+            self.pools = PoolNodes(node, settings=settings, executor=executor, agent_for=pool_agent_for,
+                                   name=self.name, wall=wall, seen=lambda: self.seen)  # fmt: skip
 
     def name(self, gpu: int, start: int, profile: str) -> str:
         """The Slurm node of the instance of ``profile`` at ``start`` of GPU ``gpu`` (dynamic or static)."""
@@ -176,6 +178,7 @@ class InstanceCarver:
         c, self.left_out, self.seen = choose_carving(
             self.node, ch, look[0], settings, now_s=now, hold=self.hold, seen=self.seen, served=served
         )
+        self._tell_refused()
         if mode == "act":
             moved = await self._move(ch, running, look, settings, now=now, hold=c.hold)
             if moved is not None:
@@ -189,6 +192,14 @@ class InstanceCarver:
         mine = any(r.name == self.hold_reservation for r in look[2])
         _, rnd = await self._execute(hl, c, by_name, now=now, settings=settings, hold_listed=mine)
         return None, replace(rnd, carving=report)
+
+    def _tell_refused(self) -> None:
+        """One warning per waiting job that no layout of this mode can ever serve (:data:`MIXED`: devices of several
+        profiles on one node), when it is first left out: the job pends in Slurm, and this line says why."""
+        refused = {job_id_of(name): why for name, why in self.left_out.items() if why.startswith(MIXED)}
+        for job, why in sorted((j, w) for j, w in refused.items() if j is not None and j not in self.refused):
+            log.warning("Slurm: job %d %s", job, why)
+        self.refused = {j for j in refused if j is not None}
 
     async def _move(
         self, ch: CarvingHost, running: Sequence[SlurmRunning], look: SlurmView, settings: SlurmSettings,

@@ -17,15 +17,16 @@ from flexmig.act.placement import node_model
 from flexmig.errors import PlanRejectedError
 from flexmig.mig.catalogue import GpuModel
 from flexmig.nvml.types import Inventory
-from flexmig.plan.carving import Carving, Hold, Waiting, Where, carve
+from flexmig.plan.carving import Carving, Hold, Waiting, Where
 from flexmig.plan.types import Plan
 from flexmig.slurm.agent_read import SlurmView
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.change_admin import admin_hold
-from flexmig.slurm.cluster_claims import FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS, Seen, host_queue
+from flexmig.slurm.cluster_claims import FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS, Seen, host_queue, pool_jobs
 from flexmig.slurm.demand import SlurmRunning, read_demand
 from flexmig.slurm.instances import HostLayouts, busy_of, host_layouts, queue_of
 from flexmig.slurm.nodes import SlurmNode
+from flexmig.slurm.pool_carving import carve_pools
 from flexmig.slurm.settings import SlurmSettings, instance_node, parse_instance_node
 from flexmig.slurm.squeue import SlurmJob
 
@@ -137,7 +138,8 @@ def choose_carving(
     region held at the last round), the waiting jobs it left out, with why, and what the cluster's assignment
     remembers for the next round (``seen``: the last round's): of a cluster's waiting jobs, the host carves only
     for those assigned to it, those no host was assigned, and those another host left waiting too long
-    (:mod:`flexmig.slurm.cluster_claims`). ``served``: waiting jobs (request names) a pool node runs, left out."""
+    (:mod:`flexmig.slurm.cluster_claims`); a pool job's parts on one GPU (:mod:`flexmig.slurm.pool_carving`).
+    ``served``: waiting jobs (request names) a pool node runs, left out."""
     model, hl = ch.model, ch.layouts
     queue, left_out = waiting_of(host, ch, jobs, settings, now_s=now_s)
     queue = [w for w in queue if w.name.split("#", 1)[0] not in served]
@@ -146,9 +148,10 @@ def choose_carving(
         hook_token=settings.hook_token, free_after_s=max(FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS * settings.interval_s),
     )  # fmt: skip
     left_out.update(left)
-    c = carve(
-        model, hl.layouts, ch.busy, queue, now_s=now_s, hold=hold, registering=ch.registering, pinned=hl.pinned,
-        hold_after_s=settings.hold_after_s, hold_when_idle=settings.hold_when_idle, numbers=hl.gpus,
+    c = carve_pools(
+        model, hl.layouts, ch.busy, queue, pools=pool_jobs(queue, jobs), now_s=now_s, hold=hold,
+        registering=ch.registering, pinned=hl.pinned, hold_after_s=settings.hold_after_s,
+        hold_when_idle=settings.hold_when_idle, numbers=hl.gpus,
     )  # fmt: skip
     return c, left_out, seen
 

@@ -59,6 +59,8 @@ from flexmig.slurm.change_types import ChangeSettings, MigSteps, StepRunner
 from flexmig.slurm.client import SlurmClient
 from flexmig.slurm.demand import SlurmRunning
 from flexmig.slurm.gresconf import gres_string
+from flexmig.slurm.node_brief import FULL_EVERY
+from flexmig.slurm.nodes import SlurmNode
 from flexmig.slurm.reservations import flexmig_name
 from flexmig.slurm.sitecheck import slurm_version
 from flexmig.slurm.slurmd import SlurmdControl
@@ -150,6 +152,7 @@ class SlurmChange(CheckpointSteps):
         self.settings = settings
         self.on_event = on_event or (lambda kind, detail: None)
         self.clock = clock
+        self._polls = 0
 
     # ------------------------------------------------------------------------------------------- entry
     async def run(self, run: StepRunner, payload: dict[str, Any]) -> None:
@@ -251,12 +254,30 @@ class SlurmChange(CheckpointSteps):
         await run.step("delete", {"node": node}, lambda: self._delete(node))
         return seen
 
+    async def _poll(self, node: str, ready: Callable[[SlurmNode | None], bool]) -> SlurmNode | None:
+        """Node ``node`` for a wait's poll: Slurm's brief answer for that node alone while it says the wait goes on
+        (``ready`` False), the full record once it says the wait may end, and every :data:`FULL_EVERY` polls
+        (:mod:`flexmig.slurm.node_brief`: on a big cluster each poll otherwise packs every node)."""
+        self._polls += 1
+        if self._polls % FULL_EVERY:
+            brief = await self.client.node_brief(node)
+            if not ready(brief):
+                return brief
+        return await self.client.node(node)
+
+    async def _look(self, node: str) -> SlurmNode | None:
+        """Node ``node`` for a step that reads only whether it is there, drained and why: Slurm's brief answer for
+        that node alone, or the full record when the brief one does not list it (a node in no partition, a FUTURE
+        one, or none)."""
+        brief = await self.client.node_brief(node)
+        return brief if brief is not None else await self.client.node(node)
+
     # ------------------------------------------------------------------------------------------- phases
     async def _close(self, node: str) -> dict[str, Any]:
         """flexmig's reservation on ``node`` starts now (made, or moved to now), for ``close_s`` at most."""
         name = flexmig_name(node)
         try:
-            found = await self.client.node(node)
+            found = await self._look(node)
             if found is None:
                 return {"absent": True}
             mine = next((r for r in await self.client.reservations() if r.name == name), None)
@@ -299,7 +320,7 @@ class SlurmChange(CheckpointSteps):
         start = self.clock()
         while self.clock() - start < self.settings.register_timeout_s:
             with contextlib.suppress(SlurmError):
-                found = await self.client.node(node)
+                found = await self._poll(node, lambda n: n is not None and n.responding)
                 if found is not None and found.responding and found.slurmd_start_s >= since:
                     return {"gres": gres, "waited_s": round(self.clock() - start, 3)}
             await asyncio.sleep(self.settings.poll_s)
@@ -330,7 +351,7 @@ class SlurmChange(CheckpointSteps):
         """flexmig's drain of the empty node (its reservation must go before the node can be deleted); ``at``: when
         it was drained, at the latest (the backfill scheduler is waited for from then on)."""
         try:
-            found = await self.client.node(node)
+            found = await self._look(node)
             if found is None:
                 return {"absent": True, "at": time.time()}
             if found.drained:
@@ -380,7 +401,7 @@ class SlurmChange(CheckpointSteps):
         start = self.clock()
         while True:
             with contextlib.suppress(SlurmError):
-                if await self.client.node(node) is None:
+                if await self._poll(node, lambda n: n is None) is None:
                     return {"absent": True}
                 began = await self.client.backfill_cycle_start()
                 if began is not None and began >= since + 1.0:  # whole seconds
@@ -433,7 +454,7 @@ class SlurmChange(CheckpointSteps):
         deadline = start + self.settings.idle_timeout_s
         while True:
             try:
-                found = await self.client.node(node)
+                found = await self._poll(node, lambda n: n is None or n.idle)
                 jobs = await self.client.jobs()
             except SlurmError as exc:
                 log.warning("waiting for node %s to drain: %s", node, exc)
@@ -516,7 +537,7 @@ class SlurmChange(CheckpointSteps):
         start = self.clock()
         while True:
             try:
-                found = await self.client.node(node)
+                found = await self._poll(node, lambda n: n is not None and n.responding)
             except SlurmError as exc:
                 log.warning("waiting for node %s to register: %s", node, exc)
                 found = None
@@ -539,7 +560,7 @@ class SlurmChange(CheckpointSteps):
 
     async def _resume(self, node: str) -> dict[str, Any]:
         try:
-            found = await self.client.node(node)
+            found = await self._look(node)
             if found is None or not found.drained or not found.reason.startswith("flexmig"):
                 return {"drained": bool(found and found.drained)}
             await self.client.resume(node)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flexmig.errors import SlurmError
+from flexmig.slurm.node_brief import brief_format, parse_brief
 from flexmig.slurm.nodes import SlurmNode, parse_scontrol_nodes, parse_sinfo
 from flexmig.slurm.reservations import SlurmReservation, parse_reservations
 from flexmig.slurm.squeue import SlurmJob, parse_squeue
@@ -167,6 +168,12 @@ class SlurmClient:
         self.last_nodes = found
         return found
 
+    async def node_brief(self, name: str) -> SlurmNode | None:
+        """Node ``name`` as ``sinfo --all -N -h -n NAME -O ...`` shows it (hidden partitions too), asking slurmctld
+        for that node alone: its state, GRES, partitions, CPUs and reason; None when sinfo lists it in no partition.
+        What a change's polls and simple checks read (:mod:`flexmig.slurm.node_brief`)."""
+        return parse_brief(await self.run("sinfo", ["--all", "-N", "-h", "-n", name, "-O", brief_format()]), name)
+
     async def node_records(self) -> int:
         """How many nodes slurmctld's node table holds, FUTURE placeholders included (``scontrol --future -o show
         nodes``, one line a node): what slurm.conf's ``MaxNodeCount`` bounds."""
@@ -195,7 +202,7 @@ class SlurmClient:
 
         22.05.8 says only "failed to delete nodes N" for a node it does not know, so absence is checked first.
         """
-        if await self.node(node) is None:
+        if await self.node_brief(node) is None and await self.node(node) is None:
             return False
         await self.run("scontrol", ["delete", f"nodename={node}"])
         return True
@@ -204,7 +211,7 @@ class SlurmClient:
         """``scontrol update nodename=N state=future``: a static node of slurm.conf leaves service (hidden, no longer
         pinged) until its slurmd registers again; False when N was not listed anyway. Slurm refuses it while a job
         runs on N ("Invalid node state transition", verified on 22.05.8 and 24.11.5)."""
-        if await self.node(node) is None:
+        if await self.node_brief(node) is None and await self.node(node) is None:
             return False
         await self.run("scontrol", ["update", f"nodename={node}", "state=future"])
         return True

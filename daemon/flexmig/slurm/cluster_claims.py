@@ -10,7 +10,10 @@ Slurm's reservations):
 * :func:`assign` takes the waiting jobs in Slurm's priority order and gives each to the host where it needs the least
   carving: an idle instance of its profile (Slurm starts it there: no carving anywhere), else free slices, else the
   fewest idle compute slices destroyed; ties go by a rotation on the job's ID (so that equal hosts share the work),
-  then by host name. A job no host can serve now stays unassigned;
+  then by host name. A job no host can serve now stays unassigned. A job of several devices on one node
+  (``--gres=gpu:1g.18gb:2``, a pool node's: :mod:`flexmig.slurm.pool`) counts as its parts, all given to one host
+  and, for a profile smaller than a GPU, to one GPU of it (where they cost the least carving), so that exactly one
+  host carves and makes a pool node for it;
 * :func:`aged` and :func:`queue_for` give a host its queue: the jobs assigned to it, the unassigned ones, and those
   assigned to another host that still wait ``free_after_s`` after the assignment was first seen (that host cannot
   see or do what the others think: its flexmigd is down, older, or its view differs), which become anyone's again,
@@ -61,6 +64,8 @@ __all__ = [
     "cluster_queue",
     "host_queue",
     "move_owner",
+    "pool_gpu",
+    "pool_jobs",
     "queue_for",
     "running_places",
 ]
@@ -168,14 +173,21 @@ class _Host:
             h.what.update({(gpu, s): what for s, (_, what) in on_gpu.items()})
         return h
 
-    def cost(self, profile: Profile) -> tuple[tuple[int, int, int, int], tuple[int, int]] | None:
-        """The least carving that serves a job of ``profile`` here, as ``((destroyed compute slices, instances
-        created, -start, gpu), (gpu, start))``: an idle instance of the profile costs nothing, and a retiring one is
-        not counted as destroyed (its host destroys it anyway); None when none fits."""
-        if profile.name in self.costs:
+    def copy(self) -> _Host:
+        """This host as filled so far, to try a pool job's parts on without changing it."""
+        return _Host(self.model, self.host, dict(self.layouts), dict(self.what), set(self.given))
+
+    def cost(
+        self, profile: Profile, gpu_only: int | None = None
+    ) -> tuple[tuple[int, int, int, int], tuple[int, int]] | None:
+        """The least carving that serves a job of ``profile`` here (``gpu_only``: on that GPU alone), as
+        ``((destroyed compute slices, instances created, -start, gpu), (gpu, start))``: an idle instance of the
+        profile costs nothing, and a retiring one is not counted as destroyed (its host destroys it anyway); None
+        when none fits."""
+        if gpu_only is None and profile.name in self.costs:
             return self.costs[profile.name]
         best: tuple[tuple[int, int, int, int], tuple[int, int]] | None = None
-        for gpu in sorted(self.layouts):
+        for gpu in sorted(self.layouts) if gpu_only is None else [g for g in self.layouts if g == gpu_only]:
             lay = self.layouts[gpu]
             for inst in lay:
                 w = (gpu, inst.start)
@@ -193,7 +205,8 @@ class _Host:
                     lost = sum(i.profile.compute_slices for i in over if self.what[(gpu, i.start)] == IDLE)
                     key = (lost, 1, -start, gpu)
                     best = min(best, (key, (gpu, start))) if best is not None else (key, (gpu, start))
-        self.costs[profile.name] = best
+        if gpu_only is None:
+            self.costs[profile.name] = best
         return best
 
     def take(self, profile: Profile, where: tuple[int, int], carved: bool) -> None:
@@ -210,41 +223,112 @@ class _Host:
         self.given.add(where)
 
 
+def pool_gpu(host: ClusterHost, model: GpuModel, profile: Profile, count: int) -> int | None:
+    """The GPU of ``host`` where ``count`` instances of ``profile`` (smaller than a GPU) for one pool node cost the
+    least carving now (its idle instances of the profile first), the lowest on a tie; None when no GPU has room for
+    them all now."""
+    best: tuple[tuple[int, int], int] | None = None
+    h = _Host.of(model, host)
+    for gpu in sorted(host.gpus):
+        got = _pool_fill(_Host(model, host, {gpu: h.layouts[gpu]}, dict(h.what)), profile, count)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = (got[0], gpu)
+    return None if best is None else best[1]
+
+
+def _pool_fill(h: _Host, profile: Profile, count: int) -> tuple[tuple[int, int], _Host] | None:
+    """A pool job's ``count`` parts of ``profile`` on host ``h``: all on one GPU (a profile smaller than a GPU: a
+    pool node's instances share a GPU), the GPU where they cost the least carving (then the lowest), or on whole
+    GPUs across the host; ``((destroyed compute slices, instances created), the host with them taken)``, or None
+    when they do not all fit now."""
+    gpus: list[int | None] = [None] if profile.compute_slices >= h.model.compute_slices else [*sorted(h.layouts)]
+    best: tuple[tuple[int, int], _Host] | None = None
+    for gpu in gpus:
+        trial, lost, created = h.copy(), 0, 0
+        for _ in range(count):
+            got = trial.cost(profile, gpu)
+            if got is None:
+                break
+            (k_lost, k_created, _, _), where = got
+            trial.take(profile, where, carved=k_created > 0)
+            lost, created = lost + k_lost, created + k_created
+        else:
+            if best is None or (lost, created) < best[0]:
+                best = ((lost, created), trial)
+    return best
+
+
+def _groups(queue: Sequence[Waiting], pools: Collection[str]) -> list[list[Waiting]]:
+    """``queue`` in order as the assignment takes it: a pool job's parts (``slurm-42#1`` ... of a job named in
+    ``pools``) together, at its first part's place; every other job (or part of a job of several nodes) alone."""
+    out: list[list[Waiting]] = []
+    at: dict[str, list[Waiting]] = {}
+    for job in queue:
+        base = job.name.split("#", 1)[0]
+        if "#" not in job.name or base not in pools:
+            out.append([job])
+        elif base in at:
+            at[base].append(job)
+        else:
+            at[base] = [job]
+            out.append(at[base])
+    return out
+
+
 def assign(
     queue: Sequence[Waiting], hosts: Mapping[str, ClusterHost], model: GpuModel, *,
-    partitions: Mapping[str, Collection[str]],
+    partitions: Mapping[str, Collection[str]], pools: Collection[str] = (),
 ) -> dict[str, str]:  # fmt: skip
     """Waiting job (the carving's name, :class:`flexmig.plan.carving.Waiting`) -> the host that carves for it, for
     the jobs of ``queue`` (Slurm's priority order) some host can serve now; ``partitions``: each job's partitions
-    by name (a job with none listed may go to any host). Every host that computes it from the same view gets the
+    by name (a job with none listed may go to any host). ``pools``: the jobs (``slurm-<id>``) of several devices on
+    one node, whose parts (``slurm-<id>#k``) are one pool node's: all go to one host, where they fit on one GPU
+    (:func:`flexmig.slurm.pool.choose_pool`), or to none. Every host that computes it from the same view gets the
     same answer (nothing here depends on which host asks)."""
     names = sorted(hosts)
     filled = {h: _Host.of(model, hosts[h]) for h in names}
     out: dict[str, str] = {}
-    for job in queue:
+    for group in _groups(queue, pools):
+        job = group[0]
         try:
             profile = model.profile(job.profile)
         except KeyError:
             continue
         wanted = frozenset(partitions.get(job.name, ()))
         job_id = job_id_of(job.name) or 0
-        best: tuple[tuple[int, int, int, str], tuple[int, int]] | None = None
+        best: tuple[tuple[int, int, int, str], _Host | tuple[int, int]] | None = None
         for k, h in enumerate(names):
             if wanted and not wanted & hosts[h].partitions:
                 continue
-            got = filled[h].cost(profile)
+            got = _fill(filled[h], profile, len(group))
             if got is None:
                 continue
-            (lost, created, _, _), where = got
+            (lost, created), taken = got
             key = (lost, created, (k - job_id) % len(names), h)  # the least carving, then the rotation, the name
             if best is None or key < best[0]:
-                best = (key, where)
+                best = (key, taken)
         if best is None:
             continue
-        host = best[0][3]
-        filled[host].take(profile, best[1], carved=best[0][1] > 0)
-        out[job.name] = host
+        (_, created, _, host), taken = best
+        if isinstance(taken, _Host):
+            filled[host] = taken
+        else:
+            filled[host].take(profile, taken, carved=created > 0)
+        out.update({part.name: host for part in group})
     return out
+
+
+def _fill(h: _Host, profile: Profile, count: int) -> tuple[tuple[int, int], _Host | tuple[int, int]] | None:
+    """One job's ``count`` instances of ``profile`` on host ``h``: their cost ``(destroyed compute slices,
+    instances created)`` and where the one instance goes (``(gpu, start)``), or a pool job's (``count`` > 1,
+    :func:`_pool_fill`) host with them taken; None when they do not fit now."""
+    if count > 1:
+        return _pool_fill(h, profile, count)
+    got = h.cost(profile)
+    if got is None:
+        return None
+    (lost, created, _, _), where = got
+    return (lost, created), where
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,11 +372,12 @@ def queue_for(
 def cluster_queue(
     jobs: Sequence[SlurmJob], model: GpuModel, *, now_s: float, hook_token: str, most_parts: int
 ) -> tuple[list[Waiting], dict[str, frozenset[str]]]:
-    """The whole cluster's waiting jobs for :func:`assign` (Slurm's priority order, whatever their partitions),
-    and each one's partitions. A job that names nodes to run on or to avoid is left out (it stays anyone's: the
+    """The whole cluster's waiting jobs for :func:`assign` (Slurm's priority order, whatever their partitions; a
+    job of several devices on one node as the parts of its pool node, :func:`pool_jobs`), and each one's
+    partitions. A job that names nodes to run on or to avoid is left out (it stays anyone's: the
     hosts cannot tell from names alone where Slurm may start it)."""
     demand = read_demand(jobs, None, "", model, index_map={}, now_s=now_s, hook_token=hook_token)
-    queue, _ = queue_of(demand, now_s, most_parts=most_parts)
+    queue, _ = queue_of(demand, now_s, most_parts=most_parts, pools=True)
     by_id = {j.job_id: j for j in demand.pending_jobs}
     out: list[Waiting] = []
     partitions: dict[str, frozenset[str]] = {}
@@ -303,6 +388,18 @@ def cluster_queue(
         out.append(w)
         partitions[w.name] = frozenset(job.partitions)
     return out, partitions
+
+
+def pool_jobs(queue: Iterable[Waiting], jobs: Sequence[SlurmJob]) -> frozenset[str]:
+    """The jobs of ``queue`` (their names without the part, ``slurm-42``) that wait as the parts of one pool node:
+    several devices on one node of Slurm's ``jobs`` (a job of several nodes waits as parts too, one a node)."""
+    nodes = {j.job_id: j.node_count for j in jobs}
+    out = set()
+    for w in queue:
+        base, part, _ = w.name.partition("#")
+        if part and nodes.get(job_id_of(base) or -1, 2) <= 1:
+            out.add(base)
+    return frozenset(out)
 
 
 def host_queue(
@@ -317,7 +414,7 @@ def host_queue(
         return list(queue), {}, Seen()
     most = sum(len(h.gpus) for h in hosts.values()) * model.compute_slices
     everyone, partitions = cluster_queue(jobs, model, now_s=now_s, hook_token=hook_token, most_parts=most)
-    assignment = assign(everyone, hosts, model, partitions=partitions)
+    assignment = assign(everyone, hosts, model, partitions=partitions, pools=pool_jobs(everyone, jobs))
     seen = aged(seen, assignment, now_s)
     mine, left = queue_for(host, queue, assignment, seen, now_s=now_s, free_after_s=free_after_s)
     return mine, left, seen

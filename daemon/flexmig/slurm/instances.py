@@ -18,9 +18,12 @@ instance nodes get flexmig's reservation ``flexmig-<node>-hold``, starting when 
 expected to end (by their limits; the jobs running there run on), so Slurm starts there only jobs that end before;
 nothing is carved inside for other jobs, and once the region is idle it is carved for the held job.
 
-Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run on one instance node: they are
-left out of the carving with that reason (ask for ``--nodes=N --gres=gpu:P:1``, a job the carving counts as N
-waiting parts, one instance node each). Pure: the caller reads Slurm and NVML and runs the actions.
+Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run on one instance node: they wait as
+the parts of a pool node (:mod:`flexmig.slurm.pool_nodes`), or, without pool nodes, are left out of the carving with
+that reason (ask for ``--nodes=N --gres=gpu:P:1``, a job the carving counts as N waiting parts, one instance node
+each). A job asking for devices of several profiles on one node (``--gres=gpu:1g.18gb:1,gpu:2g.35gb:1``) is left
+out at once (:data:`MIXED`): no node of this layout has two profiles, so carving for it would only idle instances.
+Pure: the caller reads Slurm and NVML and runs the actions.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from flexmig.slurm.change import encode_change
 from flexmig.slurm.demand import SlurmDemand, SlurmRunning, job_id_of
 
 __all__ = [
+    "MIXED",
     "CarvingReport",
     "HostLayouts",
     "busy_of",
@@ -50,6 +54,10 @@ __all__ = [
     "host_layouts",
     "queue_of",
 ]
+
+
+MIXED = "asks for MIG devices of several profiles on one node"
+"""The start of the reason a job of several GPU types on one node is left out with (:func:`queue_of`)."""
 
 
 def hold_name(node: str) -> str:
@@ -123,14 +131,23 @@ def queue_of(
     (the host registers pool nodes: :mod:`flexmig.slurm.pool_nodes`), a job of N devices on one node waits as N parts
     the same way: the instances its pool node will be made of."""
     nodes = {j.job_id: max(1, j.node_count) for j in demand.pending_jobs}
+    mixed = {j.job_id: j for j in demand.pending_jobs if len([g for g in j.gpus_per_node if g.count > 0]) > 1}
     queue: list[Waiting] = []
     left: dict[str, str] = {}
     for req in demand.pending:
         profile = req.need.profile
+        job = job_id_of(req.name)
+        if job is not None and job in mixed:
+            asked = ",".join(f"gpu:{g.type or ''}:{g.count}".replace("::", ":") for g in mixed[job].gpus_per_node)
+            left[req.name] = (
+                f"{MIXED} ({asked}); one node per MIG instance gives a node devices of one profile, so Slurm "
+                "would never start it: ask for one profile (the bigger one for every device) or submit one job a "
+                "profile"
+            )
+            continue
         if profile is None:
             left[req.name] = "asks for no MIG profile"
             continue
-        job = job_id_of(req.name)
         parts = min(nodes.get(job, 1) if job is not None else 1, max(1, most_parts))
         if req.ranks > 1 and (parts > 1 or not pools):
             left[req.name] = (

@@ -7,8 +7,9 @@ several MIG devices of one profile on one node. Each round, under the actuator's
    its gres.conf block and GRES map hold its devices, its slurmd is started as an instance node's);
 2. (mode act) a pool node idle for a round that no waiting job asks for leaves Slurm (static: back to FUTURE; its
    gres.conf block and map removed) and its instances get their own nodes again at the next round;
-3. (mode act) for the first waiting job that asks for several devices no pool node has, and whose instances exist
-   and are idle on one GPU, one journalled plan retires those instances' nodes without destroying the instances
+3. (mode act) for the first waiting job that asks for several devices no pool node has, that the cluster's
+   assignment gives this host (:mod:`flexmig.slurm.cluster_claims`), and whose instances exist and are idle on one
+   GPU, one journalled plan retires those instances' nodes without destroying the instances
    and registers the pool node (each a ``slurm_reregister``; the pool's carries its devices, so that a restarted
    flexmigd finishes it with the same ones).
 
@@ -19,6 +20,7 @@ returns to FUTURE when slurmctld restarts while its job runs on, and its agent r
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -34,7 +36,9 @@ from flexmig.slurm.agent_build import make_supply
 from flexmig.slurm.agent_read import SlurmRound, SlurmView
 from flexmig.slurm.change import encode_change
 from flexmig.slurm.change_admin import admin_hold
+from flexmig.slurm.cluster_claims import FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS, Seen, host_queue
 from flexmig.slurm.demand import read_demand
+from flexmig.slurm.instances import queue_of
 from flexmig.slurm.pool import (
     Pool,
     PoolAsk,
@@ -81,8 +85,14 @@ class PoolNodes:
         executor: Executor,
         agent_for: PoolAgentFor,
         name: Callable[[int, int, str], str],
+        wall: Callable[[], float] = time.time,
+        seen: Callable[[], Seen] = Seen,
     ) -> None:
         self.host = host
+        self.wall = wall
+        self.seen = seen
+        """What the carver's cluster assignment remembers (:class:`flexmig.slurm.cluster_claims.Seen`): a pool is
+        made only for a job the cluster gives this host (or nobody, or a host that left it waiting too long)."""
         self.settings = settings
         self.executor = executor
         self.agent_for = agent_for
@@ -161,17 +171,28 @@ class PoolNodes:
         return [p for name, p in self.pools.items() if not _busy(look, name)]
 
     def _waiting(self, look: SlurmView, model: GpuModel, view: NodeView) -> Sequence[JobRequest]:
-        """Slurm's waiting jobs for this host's partitions (the host's instance nodes' own, or ``partitions``)."""
-        jobs, nodes, _ = look
+        """Slurm's waiting jobs for this host's partitions (the host's instance nodes' own, or ``partitions``), less
+        the jobs of several devices the cluster's assignment gives another host (:mod:`flexmig.slurm.cluster_claims`:
+        on several hosts, one alone makes the pool node)."""
+        jobs, nodes, reservations = look
         settings = self.settings()
         parts = settings.partitions or tuple(sorted({p for n in nodes if n.name.startswith(f"{self.host}-")
                                                      for p in n.partitions}))  # fmt: skip
         first = min((i.gpu for i in view.instances), default=0)
+        now = self.wall()
         demand = read_demand(
-            jobs, None, instance_node(self.host, first, 0), model, index_map={}, now_s=0.0, partitions=parts,
+            jobs, None, instance_node(self.host, first, 0), model, index_map={}, now_s=now, partitions=parts,
             hook_token=settings.hook_token,
         )  # fmt: skip
-        return demand.pending
+        gpus = len({i.gpu for i in view.instances}) or 1
+        queue, _ = queue_of(demand, now, most_parts=gpus * model.compute_slices, pools=True)
+        mine, _, _ = host_queue(
+            self.host, queue, nodes, jobs, model, reserved=frozenset(n for r in reservations for n in r.nodes),
+            seen=self.seen(), now_s=now, hook_token=settings.hook_token,
+            free_after_s=max(FREE_AFTER_MIN_S, FREE_AFTER_ROUNDS * settings.interval_s),
+        )  # fmt: skip
+        kept = {w.name.split("#", 1)[0] for w in mine}
+        return [r for r in demand.pending if r.ranks <= 1 or r.name in kept]
 
     async def _give_back(self, look: SlurmView, asks: Iterable[PoolAsk]) -> tuple[None, SlurmRound] | None:
         """The first pool node :func:`~flexmig.slurm.pool.pool_retires` lets go leaves Slurm, its instances kept."""
