@@ -64,7 +64,7 @@ from daemon_stages import AREAS, GC, stages
 from flexmig import sim
 from flexmig.nvml import GpmWindows, Nvml
 from machine import machine
-from procstat import free_port, proc_cpu_s, proc_status_bytes
+from procstat import free_port, proc_cpu_s, proc_status_bytes, thread_cpu_s
 
 BIG = "h200x8:" + "+".join(f"1g.18gb@{i}" for i in range(7))
 WORKLOADS = {"simulated workload": (), "nothing changes (--no-sim-workload)": ("--no-sim-workload",)}
@@ -79,6 +79,7 @@ class Run:
     """One measured window of one daemon."""
 
     cpu_pct: float  # % of one core, from /proc
+    main_pct: float  # of which the main thread's (the event loop: snapshot, detection, /metrics, timers), schedstat
     rss_mib: float
     peak_mib: float
     load: str
@@ -263,7 +264,7 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )  # fmt: skip
-            cpu0, t0 = proc_cpu_s(proc.pid), time.monotonic()
+            cpu0, main0, t0 = proc_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid), time.monotonic()
             next_scrape = t0
             while (now := time.monotonic()) < t0 + seconds:
                 if now >= next_scrape:
@@ -271,13 +272,14 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                         resp.read()
                     next_scrape += 15.0
                 time.sleep(min(1.0, t0 + seconds - now))
-            cpu1, t1 = proc_cpu_s(proc.pid), time.monotonic()
+            cpu1, main1, t1 = proc_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid), time.monotonic()
             rss, peak = proc_status_bytes(proc.pid, "VmRSS") / 2**20, proc_status_bytes(proc.pid, "VmHWM") / 2**20
             sites: Counter[str] = Counter()
             if spy is not None:
                 spy.wait(seconds + 60)
                 sites = parse_profile(raw.read_text())[1] if raw.exists() else Counter()
-            return Run(100.0 * (cpu1 - cpu0) / (t1 - t0), rss, peak, load_average(), sites)
+            span = t1 - t0
+            return Run(100.0 * (cpu1 - cpu0) / span, 100.0 * (main1 - main0) / span, rss, peak, load_average(), sites)
         finally:
             if spy is not None and spy.poll() is None:
                 spy.kill()
@@ -300,6 +302,7 @@ class Figures:
 
     own: float
     total: float
+    main: float  # the main thread's share of ``total`` (the rest: the NVML thread with the simulation, HTTP)
     sim: SimCost
     rss: float
     peak: float
@@ -311,6 +314,7 @@ def figures(runs: list[Run], cost: SimCost) -> Figures:
     return Figures(
         own=statistics.median(r.cpu_pct - cost.pct() for r in runs),
         total=statistics.median(r.cpu_pct for r in runs),
+        main=statistics.median(r.main_pct for r in runs),
         sim=cost,
         rss=statistics.median(r.rss_mib for r in runs),
         peak=statistics.median(r.peak_mib for r in runs),
@@ -329,7 +333,8 @@ def report(name: str, runs: list[Run], f: Figures) -> None:
           f"({f.sim.calls:.0f} NVML calls), workload {f.sim.workload_s * 1e3:.2f} ms: "
           f"{f.sim.pct():.2f}% of a core")  # fmt: skip
     for i, r in enumerate(runs, 1):
-        print(f"  run {i}: total {r.cpu_pct:.2f}% of a core, flexmig's own {r.cpu_pct - f.sim.pct():.2f}%, "
+        print(f"  run {i}: total {r.cpu_pct:.2f}% of a core (main thread {r.main_pct:.2f}%), flexmig's own "
+              f"{r.cpu_pct - f.sim.pct():.2f}%, "
               f"RSS {r.rss_mib:.1f} MiB (peak {r.peak_mib:.1f}); load {r.load}")  # fmt: skip
     goal = OWN_GOAL[name]
     print(f"  median: flexmig's own {f.own:.2f}% (goal < {goal}%: {_met(f.own < goal)}), total {f.total:.2f}%; "
@@ -407,7 +412,21 @@ def markdown(
         f"{1e3 * f.sim.workload_s:.2f} ms"
         for name, f in results.items()
     )
-    out += ["", f"The simulation, measured in the benchmark's process: {sims}.", ""]
+    threads = "; ".join(
+        f"{name}: the main thread {f.main:.2f}%, the others {f.total - f.main:.2f}% (the simulation "
+        f"{f.sim.pct():.2f}% of it)"
+        for name, f in results.items()
+    )
+    out += [
+        "",
+        f"The simulation, measured in the benchmark's process: {sims}.",
+        "",
+        "By thread (`/proc/PID/task/TID/schedstat`, medians, % of one core): the main thread runs the event loop, and "
+        "with it the snapshot, detection, the `/metrics` render and every timer of the daemon; the others are the "
+        "NVML thread (flexmig's NVML reads, the simulated library, the workload's steps) and the metrics server's "
+        f"thread. {threads}.",
+        "",
+    ]
     if where:
         out += [
             "Where flexmig's own time goes: one sweep's path run in the benchmark's process (`bench/daemon_stages.py`: "

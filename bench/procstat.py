@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["free_port", "proc_cpu_s", "proc_status_bytes"]
+__all__ = ["free_port", "proc_cpu_s", "proc_status_bytes", "thread_cpu_s"]
 
 
 def free_port() -> int:
@@ -22,6 +22,12 @@ def proc_cpu_s(pid: int) -> float:
     ticks: threads that ended are still counted there, which the per-thread schedstat files would lose)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU seconds thread ``tid`` of process ``pid`` has run so far (``/proc/PID/task/TID/schedstat``, in ns: exact
+    where ``/proc/PID/stat``'s clock ticks would be 10 ms coarse); the main thread's TID is the process's PID."""
+    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
 
 
 def proc_status_bytes(pid: int, key: str) -> int:
