@@ -16,10 +16,8 @@ workload that moves the simulated node is Python too. Flexmig's own share is the
   the planning round's every 60 s); the library is deterministic given the node's state, so its cost here is its
   cost in the daemon.
 * **simulated workload**: one step of the demo workload and of the jobs' footprint (``--no-sim-workload``: the
-  jobs' only), timed the same way. The step runs on the NVML thread, a second executor hop a second beside the
-  sweep's: that hop is the simulator's own (on real hardware the workload loop waits, idle, and a sweep is the only
-  hop), but its dispatch (about 40 us of CPU a step, 0.004 % of a core) is not in the step's timing and so stays in
-  flexmig's own figure here.
+  jobs' only), timed the same way. The sampler steps it on the NVML thread right before each sweep's reads, in the
+  sweep's own trip there (on real hardware there is no step, and the trip is the same).
 
 Flexmig's own = total (exact, from /proc) - (library + workload per sweep) x sweeps a second. pynvml's own Python,
 which wraps the real C library too, stays flexmig's. Subtracting is sound where the in-process calls cost what the
