@@ -54,3 +54,12 @@ def test_a_thread_s_cpu_is_read_exactly_from_its_schedstat() -> None:
     got = procstat.thread_cpu_s(pid, tid) - before
     assert burnt - 0.002 <= got <= burnt + 0.05  # ns-exact where /proc/PID/stat would say 0, 40 or 50 ms
     assert procstat.thread_cpu_s(pid, pid) > 0  # the main thread's TID is the PID
+
+
+def test_a_window_sums_every_thread_and_refuses_one_that_ended() -> None:
+    procstat: Any = importlib.import_module("procstat")
+    before = {1: 1.0, 2: 0.5}
+    assert procstat.window_cpu_s(before, {1: 1.25, 2: 0.75, 3: 0.125}) == 0.625  # a new thread counts from 0
+    assert procstat.window_cpu_s(before, {1: 1.25}) is None  # thread 2's last slice would be lost
+    here = procstat.threads_cpu_s(os.getpid())
+    assert threading.get_native_id() in here and os.getpid() in here
