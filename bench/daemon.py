@@ -79,7 +79,7 @@ class Run:
     """One measured window of one daemon."""
 
     cpu_pct: float  # % of one core: every thread's schedstat (ns), /proc/PID/stat (10 ms ticks) if one ended
-    main_pct: float  # of which the main thread's (the event loop: snapshot, detection, /metrics, timers), schedstat
+    main_pct: float  # of which the main thread's (the event loop: snapshot, detection, timers), schedstat
     rss_mib: float
     peak_mib: float
     load: str
@@ -426,9 +426,9 @@ def markdown(
         f"The simulation, measured in the benchmark's process: {sims}.",
         "",
         "By thread (`/proc/PID/task/TID/schedstat`, medians, % of one core): the main thread runs the event loop, and "
-        "with it the snapshot, detection, the `/metrics` render and every timer of the daemon; the others are the "
-        "NVML thread (flexmig's NVML reads, the simulated library, the workload's steps) and the metrics server's "
-        f"thread. {threads}.",
+        "with it the snapshot, detection and every timer of the daemon; the others are the NVML thread (flexmig's "
+        "NVML reads, the simulated library, the workload's steps) and the metrics server's thread (the `/metrics` "
+        f"render). {threads}.",
         "",
     ]
     if where:
@@ -439,7 +439,7 @@ def markdown(
             "off; *the rest* is the process's CPU less the areas. Garbage collection runs inside the areas and is "
             "shown apart. A sampling profiler (`--profile`, py-spy) agrees on the order but not on the shares on a "
             "shared machine: it also samples threads that wait for a core or for the GIL. The daemon's other "
-            "components (the actuator's rounds, the metrics server, the workload loop) are outside the table: the "
+            "components (the actuator's rounds and timers, the metrics server's thread) are outside the table: the "
             "difference between its total and the daemon's own share above.",
             "",
             *stage_table(where),
