@@ -2,7 +2,9 @@
 
 Each run starts ``flexmigd --sim h200x8:1g.18gb@0+...+1g.18gb@6`` (8 H200s, 7 x 1g.18gb each: 56 MIG devices) at its
 default 1 s interval with an empty configuration, lets it settle, and measures it for ``--seconds``: its CPU time
-(user + system, from ``/proc/PID/stat``) over the window, its resident memory at the end and at its peak, with a
+over the window (every thread's ``/proc/PID/task/TID/schedstat``, in ns: ``/proc/PID/stat``'s 10 ms clock ticks are
+0.05 % of a core over 20 s, a quarter of the goal; the ticks are used only if a thread ended in the window), its
+resident memory at the end and at its peak, with a
 scrape of ``/metrics`` every 15 s as Prometheus would. Two workloads: the simulated demo workload (instances' load
 and processes change every second), and ``--no-sim-workload`` (nothing on the node changes at all).
 
@@ -16,10 +18,8 @@ workload that moves the simulated node is Python too. Flexmig's own share is the
   the planning round's every 60 s); the library is deterministic given the node's state, so its cost here is its
   cost in the daemon.
 * **simulated workload**: one step of the demo workload and of the jobs' footprint (``--no-sim-workload``: the
-  jobs' only), timed the same way. The step runs on the NVML thread, a second executor hop a second beside the
-  sweep's: that hop is the simulator's own (on real hardware the workload loop waits, idle, and a sweep is the only
-  hop), but its dispatch (about 40 us of CPU a step, 0.004 % of a core) is not in the step's timing and so stays in
-  flexmig's own figure here.
+  jobs' only), timed the same way. The sampler steps it on the NVML thread right before each sweep's reads, in the
+  sweep's own trip there (on real hardware there is no step, and the trip is the same).
 
 Flexmig's own = total (exact, from /proc) - (library + workload per sweep) x sweeps a second. pynvml's own Python,
 which wraps the real C library too, stays flexmig's. Subtracting is sound where the in-process calls cost what the
@@ -64,7 +64,7 @@ from daemon_stages import AREAS, GC, stages
 from flexmig import sim
 from flexmig.nvml import GpmWindows, Nvml
 from machine import machine
-from procstat import free_port, proc_cpu_s, proc_status_bytes
+from procstat import free_port, proc_cpu_s, proc_status_bytes, threads_cpu_s, window_cpu_s
 
 BIG = "h200x8:" + "+".join(f"1g.18gb@{i}" for i in range(7))
 WORKLOADS = {"simulated workload": (), "nothing changes (--no-sim-workload)": ("--no-sim-workload",)}
@@ -78,7 +78,8 @@ INVENTORY_EVERY = 30  # sweeps: the sampler's inventory every 60 s and the plann
 class Run:
     """One measured window of one daemon."""
 
-    cpu_pct: float  # % of one core, from /proc
+    cpu_pct: float  # % of one core: every thread's schedstat (ns), /proc/PID/stat (10 ms ticks) if one ended
+    main_pct: float  # of which the main thread's (the event loop: snapshot, detection, timers), schedstat
     rss_mib: float
     peak_mib: float
     load: str
@@ -263,7 +264,7 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )  # fmt: skip
-            cpu0, t0 = proc_cpu_s(proc.pid), time.monotonic()
+            cpu0, threads0, t0 = proc_cpu_s(proc.pid), threads_cpu_s(proc.pid), time.monotonic()
             next_scrape = t0
             while (now := time.monotonic()) < t0 + seconds:
                 if now >= next_scrape:
@@ -271,13 +272,17 @@ def measure(extra: tuple[str, ...], seconds: float, rate: int | None) -> Run:
                         resp.read()
                     next_scrape += 15.0
                 time.sleep(min(1.0, t0 + seconds - now))
-            cpu1, t1 = proc_cpu_s(proc.pid), time.monotonic()
+            cpu1, threads1, t1 = proc_cpu_s(proc.pid), threads_cpu_s(proc.pid), time.monotonic()
             rss, peak = proc_status_bytes(proc.pid, "VmRSS") / 2**20, proc_status_bytes(proc.pid, "VmHWM") / 2**20
             sites: Counter[str] = Counter()
             if spy is not None:
                 spy.wait(seconds + 60)
                 sites = parse_profile(raw.read_text())[1] if raw.exists() else Counter()
-            return Run(100.0 * (cpu1 - cpu0) / (t1 - t0), rss, peak, load_average(), sites)
+            span = t1 - t0
+            exact = window_cpu_s(threads0, threads1)  # /proc/PID/stat's 10 ms ticks are 0.05 % of 20 s
+            cpu = cpu1 - cpu0 if exact is None else exact
+            main = threads1[proc.pid] - threads0[proc.pid]
+            return Run(100.0 * cpu / span, 100.0 * main / span, rss, peak, load_average(), sites)
         finally:
             if spy is not None and spy.poll() is None:
                 spy.kill()
@@ -300,6 +305,7 @@ class Figures:
 
     own: float
     total: float
+    main: float  # the main thread's share of ``total`` (the rest: the NVML thread with the simulation, HTTP)
     sim: SimCost
     rss: float
     peak: float
@@ -311,6 +317,7 @@ def figures(runs: list[Run], cost: SimCost) -> Figures:
     return Figures(
         own=statistics.median(r.cpu_pct - cost.pct() for r in runs),
         total=statistics.median(r.cpu_pct for r in runs),
+        main=statistics.median(r.main_pct for r in runs),
         sim=cost,
         rss=statistics.median(r.rss_mib for r in runs),
         peak=statistics.median(r.peak_mib for r in runs),
@@ -329,7 +336,8 @@ def report(name: str, runs: list[Run], f: Figures) -> None:
           f"({f.sim.calls:.0f} NVML calls), workload {f.sim.workload_s * 1e3:.2f} ms: "
           f"{f.sim.pct():.2f}% of a core")  # fmt: skip
     for i, r in enumerate(runs, 1):
-        print(f"  run {i}: total {r.cpu_pct:.2f}% of a core, flexmig's own {r.cpu_pct - f.sim.pct():.2f}%, "
+        print(f"  run {i}: total {r.cpu_pct:.2f}% of a core (main thread {r.main_pct:.2f}%), flexmig's own "
+              f"{r.cpu_pct - f.sim.pct():.2f}%, "
               f"RSS {r.rss_mib:.1f} MiB (peak {r.peak_mib:.1f}); load {r.load}")  # fmt: skip
     goal = OWN_GOAL[name]
     print(f"  median: flexmig's own {f.own:.2f}% (goal < {goal}%: {_met(f.own < goal)}), total {f.total:.2f}%; "
@@ -379,7 +387,8 @@ def markdown(
         "## Daemon cost",
         "",
         f"`{cmd}` ({started:%Y-%m-%d %H:%M} UTC; {machine()}). `flexmigd --sim` on 8 H200s with 7 x 1g.18gb each "
-        "(56 MIG devices), its default 1 s interval, an empty configuration, scraped every 15 s; CPU from /proc over "
+        "(56 MIG devices), its default 1 s interval, an empty configuration, scraped every 15 s; CPU from each "
+        "thread's /proc schedstat (ns) over "
         f"{seconds:.0f} s after a settle, median of {runs} run(s), the load average at the end of each beside it. "
         "*Flexmig's own* is the total less the simulation: the simulated libnvidia-ml's CPU inside NVML calls "
         "(C on a real node) and the demo workload's steps, both measured in the benchmark's process on the same "
@@ -407,7 +416,21 @@ def markdown(
         f"{1e3 * f.sim.workload_s:.2f} ms"
         for name, f in results.items()
     )
-    out += ["", f"The simulation, measured in the benchmark's process: {sims}.", ""]
+    threads = "; ".join(
+        f"{name}: the main thread {f.main:.2f}%, the others {f.total - f.main:.2f}% (the simulation "
+        f"{f.sim.pct():.2f}% of it)"
+        for name, f in results.items()
+    )
+    out += [
+        "",
+        f"The simulation, measured in the benchmark's process: {sims}.",
+        "",
+        "By thread (`/proc/PID/task/TID/schedstat`, medians, % of one core): the main thread runs the event loop, and "
+        "with it the snapshot, detection and every timer of the daemon; the others are the NVML thread (flexmig's "
+        "NVML reads, the simulated library, the workload's steps) and the metrics server's thread (the `/metrics` "
+        f"render). {threads}.",
+        "",
+    ]
     if where:
         out += [
             "Where flexmig's own time goes: one sweep's path run in the benchmark's process (`bench/daemon_stages.py`: "
@@ -416,7 +439,7 @@ def markdown(
             "off; *the rest* is the process's CPU less the areas. Garbage collection runs inside the areas and is "
             "shown apart. A sampling profiler (`--profile`, py-spy) agrees on the order but not on the shares on a "
             "shared machine: it also samples threads that wait for a core or for the GIL. The daemon's other "
-            "components (the actuator's rounds, the metrics server, the workload loop) are outside the table: the "
+            "components (the actuator's rounds and timers, the metrics server's thread) are outside the table: the "
             "difference between its total and the daemon's own share above.",
             "",
             *stage_table(where),

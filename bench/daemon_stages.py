@@ -4,7 +4,7 @@
 ``--profile``) says where, but on a shared machine it also samples threads that wait for a core or for the GIL. This
 runs what one sweep of ``flexmigd --sim`` runs, with the same classes wired the same way: the sampling loop
 (``SamplingLoop.sweep``: the NVML thread's sweep, host facts, the snapshot), the snapshot hub with detection as its
-enricher (``Detector.enrich``), the demo workload stepped on the NVML thread before each sweep, the garbage
+enricher (``Detector.enrich``), the demo workload stepped in the sweep's trip to the NVML thread, the garbage
 collector set up as ``SamplerComponent.start`` sets it, and one ``/metrics`` render (``Exposition``, gzip, as
 Prometheus asks) every 15 sweeps; on the simulator's clock, one second a sweep. Each area's CPU is taken with
 ``time.thread_time`` around its call (a wrapper set on the instance here, nothing in the product), the simulated
@@ -133,9 +133,9 @@ async def _run(spec: str, workload: bool, sweeps: int) -> dict[str, float]:
         gc.freeze()  # as flexmig.daemon.settle_gc does once every component started
         threshold = gc.get_threshold()
         gc.set_threshold(GC_THRESHOLD, *threshold[1:])
+        loop.step = step  # as the daemon's workload loop has it: stepped in the sweep's own trip to the NVML thread
         for _ in range(20):  # windows filled a little, every entry point resolved
             clock.t += 1.0
-            await worker.call(step, clock.t)
             await loop.sweep()
         acc = dict.fromkeys((*AREAS, GC, "library", "library calls", "workload", "total"), 0.0)
         cache = N._nvmlGetFunctionPointer_cache
@@ -149,7 +149,7 @@ async def _run(spec: str, workload: bool, sweeps: int) -> dict[str, float]:
         observation_of, observe = detection_wiring.observation_of, detection_wiring.observe
         detection_wiring.observation_of = _timed(observation_of, acc, AREAS[2])
         detection_wiring.observe = _timed(observe, acc, AREAS[3])
-        timed_step = _timed(step, acc, "workload")
+        loop.step = _timed(step, acc, "workload")
         gc_start = [0.0]
 
         def on_gc(phase: str, _info: dict[str, Any]) -> None:
@@ -163,7 +163,6 @@ async def _run(spec: str, workload: bool, sweeps: int) -> dict[str, float]:
             cpu0 = time.process_time()
             for i in range(sweeps):
                 clock.t += 1.0
-                await worker.call(timed_step, clock.t)
                 await loop.sweep()
                 if i % SCRAPE_EVERY == 0:
                     t0 = time.thread_time()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +42,24 @@ def test_a_section_shows_the_arguments_it_was_run_with_but_not_where_it_was_writ
     ]  # fmt: skip
     assert bench._shown(["--markdown=/tmp/section.md", "--quick"]) == ["--quick"]
     assert bench._shown([]) == []
+
+
+def test_a_thread_s_cpu_is_read_exactly_from_its_schedstat() -> None:
+    procstat: Any = importlib.import_module("procstat")
+    pid, tid = os.getpid(), threading.get_native_id()
+    before, cpu0 = procstat.thread_cpu_s(pid, tid), time.thread_time()
+    while time.thread_time() - cpu0 < 0.05:  # burn 50 ms of this thread's CPU
+        pass
+    burnt = time.thread_time() - cpu0
+    got = procstat.thread_cpu_s(pid, tid) - before
+    assert burnt - 0.002 <= got <= burnt + 0.05  # ns-exact where /proc/PID/stat would say 0, 40 or 50 ms
+    assert procstat.thread_cpu_s(pid, pid) > 0  # the main thread's TID is the PID
+
+
+def test_a_window_sums_every_thread_and_refuses_one_that_ended() -> None:
+    procstat: Any = importlib.import_module("procstat")
+    before = {1: 1.0, 2: 0.5}
+    assert procstat.window_cpu_s(before, {1: 1.25, 2: 0.75, 3: 0.125}) == 0.625  # a new thread counts from 0
+    assert procstat.window_cpu_s(before, {1: 1.25}) is None  # thread 2's last slice would be lost
+    here = procstat.threads_cpu_s(os.getpid())
+    assert threading.get_native_id() in here and os.getpid() in here

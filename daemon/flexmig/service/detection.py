@@ -49,7 +49,7 @@ class Detector:
         self.settings = settings
         self._state = DetectState()
         self._offset: float | None = None
-        self._cache: LayoutCache = {}
+        self._cache = LayoutCache()
         self._clock = cpu_clock
         self.last: NodeObservation | None = None
         self.last_duration_s: float | None = None

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from flexmig.detect import InstanceUsage, Observation
 from flexmig.errors import LayoutError
 from flexmig.mig import GpuModel, Layout, model_for
-from flexmig.telemetry.snapshot import GpuSnapshot, InstanceSnapshot, Snapshot
+from flexmig.telemetry.snapshot import GpuInstanceSnapshot, GpuSnapshot, InstanceSnapshot, Snapshot
 
 __all__ = ["LayoutCache", "NodeObservation", "observation_of", "usage_of"]
 
@@ -29,7 +29,34 @@ class NodeObservation:
     gpu_uuids: Mapping[int, str]
 
 
-LayoutCache = dict[tuple[str, object, tuple[tuple[int, int], ...]], Layout | None]
+_Items = tuple[tuple[int, int], ...]
+
+
+class LayoutCache(dict[tuple[str, object, _Items], Layout | None]):
+    """Layouts already worked out, keyed by what a layout is made of (the GPU's name and offers, the instances), and
+    per GPU the inputs of its last one, so that a sweep whose GPU is made as at the last sweep gets its layout back
+    without hashing its offers nor sorting its instances again (see :func:`_layout_of`)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: dict[int, _LastLayout] = {}
+        """Per GPU index: the inputs of its last layout, and the layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LastLayout:
+    """The inputs of one GPU's last layout: its name, its offers and GPU instances (the very objects, held here so
+    that they cannot be freed and another take their place), the placements only its MIG devices added, and the
+    layout."""
+
+    model_name: str
+    offers: object
+    gpu_instances: tuple[GpuInstanceSnapshot, ...]
+    placed: frozenset[tuple[int, int]]  # (start, profile ID) of the GPU instances
+    extra: frozenset[tuple[int, int]]  # of MIG devices whose GPU instance is not among them
+    layout: Layout | None
 
 
 def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
@@ -38,17 +65,28 @@ def _layout_of(gpu: GpuSnapshot, cache: LayoutCache) -> Layout | None:
     GPU's driver offers, so detection and the planner consider no profile the driver would refuse.
 
     Keyed by what the layout is made of (the GPU's name and offers, the instances), so that the model and the layout
-    are worked out once, not at every sweep nor at every inventory."""
-    placed = {(i.start, i.profile_id) for i in gpu.instances} | {(g.start, g.profile_id) for g in gpu.gpu_instances}
-    items = tuple(sorted(placed))
+    are worked out once, not at every sweep nor at every inventory. A GPU whose offers and GPU instances are the
+    very objects of its last sweep (one inventory's) and whose MIG devices add the same placements gets its last
+    layout at once: the same inputs, so the same key."""
+    last = cache.last.get(gpu.index)
+    if last is not None and last.offers is gpu.offers and last.gpu_instances is gpu.gpu_instances:
+        placed = last.placed
+        extra = frozenset(p for i in gpu.instances if (p := (i.start, i.profile_id)) not in placed)
+        if extra == last.extra and gpu.model_name == last.model_name:
+            return last.layout
+    gis = frozenset((g.start, g.profile_id) for g in gpu.gpu_instances)
+    extra = frozenset(p for i in gpu.instances if (p := (i.start, i.profile_id)) not in gis)
+    items = tuple(sorted(gis | extra))
     key = (gpu.model_name, gpu.offers, items)
     if key in cache:
-        return cache[key]
-    model = model_for(gpu.model_name, gpu.offers)
-    layout = None if model is None else _build_layout(model, items)
-    if len(cache) > 256:  # layouts change rarely; a node that churns forever must not grow this
-        cache.clear()
-    cache[key] = layout
+        layout = cache[key]
+    else:
+        model = model_for(gpu.model_name, gpu.offers)
+        layout = None if model is None else _build_layout(model, items)
+        if len(cache) > 256:  # layouts change rarely; a node that churns forever must not grow this
+            cache.clear()
+        cache[key] = layout
+    cache.last[gpu.index] = _LastLayout(gpu.model_name, gpu.offers, gpu.gpu_instances, gis, extra, layout)
     return layout
 
 
@@ -98,7 +136,7 @@ def _ratio(x: float) -> float:
 def observation_of(snapshot: Snapshot, now: float, cache: LayoutCache | None = None) -> NodeObservation:
     """Detection's inputs from one snapshot: layouts of MIG GPUs our catalogue models, one usage window per GI
     (its first compute instance), lost GPUs; ``now`` is the detection time of the sweep."""
-    cache = {} if cache is None else cache
+    cache = LayoutCache() if cache is None else cache
     layouts: dict[int, Layout] = {}
     usage: list[InstanceUsage] = []
     uuids: dict[tuple[int, int], str] = {}

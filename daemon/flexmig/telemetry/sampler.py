@@ -3,7 +3,9 @@
 One sweep is: read every GPU and MIG device (``NodeReader.sample``, on the NVML thread); if the set of MIG
 devices differs from the inventory's (an instance was created or destroyed), or the inventory is older than
 ``inventory_interval_s``, take a new inventory in the same sweep; read host facts for the GPU processes; join the
-last fresh dcgm-exporter scrape; build the next :class:`Snapshot` and hand it to ``publish``.
+last fresh dcgm-exporter scrape; build the next :class:`Snapshot` and hand it to ``publish``. On a simulated node,
+the simulator's workload (:attr:`SamplingLoop.step`) is stepped on the NVML thread right before the reads, in the
+sweep's own trip to that thread: a second trip a second beside the sweep's cost more than the step itself.
 
 Nothing a sweep meets may stop the loop: an NVML error on one GPU or instance is already recorded by ``nvml`` on
 that object (and counted here, by call and error name); a sweep that fails outright is counted under
@@ -32,7 +34,7 @@ from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import DcgmStatus, SamplingStats, Snapshot
 from flexmig.telemetry.store import TelemetryStore, pids_of
 
-__all__ = ["NodeReader", "SamplingLoop", "dcgm_loop", "periodic_step"]
+__all__ = ["NodeReader", "SamplingLoop", "dcgm_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,10 @@ class SamplingLoop:
         self._lost: dict[str, None] = {}  # insertion-ordered set of lost GPU UUIDs
         self._last_failure: str | None = None
         self._streaks: dict[tuple[str, str, str], int] = {}  # (call, error, target) -> sweeps in a row it failed
+        self.step: Callable[[float], None] | None = None
+        """A simulated node's workload, stepped with the sweep's time on the NVML thread right before each sweep's
+        reads (None: none; real hardware). A failing step is logged, and the sweep goes on."""
+        self._step_failure: str | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> Snapshot:
@@ -123,7 +129,10 @@ class SamplingLoop:
         t0 = time.perf_counter()
         cpu0 = time.thread_time()
         try:
-            samples, nvml_cpu = await self._worker.call_timed(self._reader.sample)
+            if self.step is None:
+                samples, nvml_cpu = await self._worker.call_timed(self._reader.sample)
+            else:
+                samples, nvml_cpu = await self._worker.call(self._stepped_sample, self.step)
             if self._needs_inventory(samples):
                 nvml_cpu += await self._take_inventory()
         except FlexmigError as exc:
@@ -170,6 +179,21 @@ class SamplingLoop:
             log.info("sampling recovered after: %s", self._last_failure)
             self._last_failure = None
         return snap
+
+    def _stepped_sample(self, step: Callable[[float], None]) -> tuple[tuple[GpuSample, ...], float]:
+        """On the NVML thread: ``step`` the simulated workload, then sample; the sample's CPU seconds beside it (the
+        step's are the simulator's, not the sweep's)."""
+        try:
+            step(self._clock())
+        except Exception as exc:  # the demo's load must never cost a sweep; logged once per kind of failure
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._step_failure:
+                log.warning("workload step failed: %s", text, exc_info=not isinstance(exc, FlexmigError))
+                self._step_failure = text
+        else:
+            self._step_failure = None
+        start = time.thread_time()
+        return self._reader.sample(), time.thread_time() - start
 
     def _needs_inventory(self, samples: tuple[GpuSample, ...]) -> bool:
         if self._inventory_at is None or not self.store.matches(samples):
@@ -240,21 +264,6 @@ class SamplingLoop:
         if text != self._last_failure:
             log.warning("sampling sweep failed (%s); keeping the last snapshot: %s", source, text)
         self._last_failure = text
-
-
-async def periodic_step(
-    worker: NvmlWorker, step: Callable[[float], None], interval_s: float, clock: Callable[[], float] = time.monotonic
-) -> None:
-    """Call ``step(now)`` on the NVML thread every ``interval_s`` until cancelled (the simulator's demo workload).
-
-    On the NVML thread, because the step changes the simulated driver's state that sweeps read.
-    """
-    while True:
-        try:
-            await worker.call(step, clock())
-        except FlexmigError as exc:
-            log.warning("workload step failed: %s", exc)
-        await asyncio.sleep(interval_s)
 
 
 async def dcgm_loop(source: DcgmSource, interval_s: float) -> None:

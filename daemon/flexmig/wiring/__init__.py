@@ -204,7 +204,7 @@ def wire(daemon: WiredDaemon) -> Components:
         actuator,
         SlurmComponent(slurm) if slurm is not None else Off("slurm"),
         _commands(config, node_name, runtime, publisher) if on["mqtt-commands"] else Off("mqtt-commands"),
-        _workload(daemon, node, runtime) if on["workload"] else Off("workload"),
+        _workload(node, runtime, sampler) if on["workload"] else Off("workload"),
         Loop("watchdog", lambda: watchdog_loop(daemon.notifier, daemon.heartbeat, config.sampling.stall_s)),
     )  # fmt: skip
     return Components(parts, node, detection, sampler, actuator, registry)
@@ -264,12 +264,12 @@ def _slurm(daemon: WiredDaemon, node: NodeComponent, actuator: ActuatorView, mqt
     )  # fmt: skip
 
 
-def _workload(daemon: WiredDaemon, node: NodeComponent, runtime: ActuatorRuntime) -> Component:
-    """A simulated node's load: the demo's synthetic one (unless turned off) and the jobs' own footprint."""
+def _workload(node: NodeComponent, runtime: ActuatorRuntime, sampler: SamplerComponent) -> Component:
+    """A simulated node's load: the demo's synthetic one (unless turned off) and the jobs' own footprint, stepped by
+    the sampler before each sweep's reads."""
     exclude = lambda: runtime.workload_exclude  # noqa: E731 - read at each step, on the NVML thread
-    interval_s = daemon.settings.interval_s
     return Loop(
         "workload",
-        lambda: demo_workload_loop(node, daemon.worker, exclude, interval_s, daemon.clock),
+        lambda: demo_workload_loop(node, sampler, exclude),
         restart=True,
     )

@@ -6,9 +6,9 @@ with detection's report on it: the detection component registered its enricher b
 ``sampling.interval_s``. Each published snapshot beats the heartbeat the watchdog reads.
 
 Beside it, three plain loops (:class:`~flexmig.wiring.component.Loop`): ``dcgm`` scrapes dcgm-exporter
-(:func:`flexmig.telemetry.sampler.dcgm_loop`), ``workload`` steps a simulated node's demo workload
-(:func:`demo_workload_loop`), and ``watchdog`` feeds systemd's watchdog while the heartbeat is fresh
-(:func:`watchdog_loop`).
+(:func:`flexmig.telemetry.sampler.dcgm_loop`), ``workload`` has the sampler step a simulated node's demo workload
+before each sweep's reads (:func:`demo_workload_loop`), and ``watchdog`` feeds systemd's watchdog while the
+heartbeat is fresh (:func:`watchdog_loop`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from flexmig.sdnotify import Heartbeat, Notifier, Watchdog, watchdog_timeout_s
 from flexmig.telemetry.dcgm import DcgmSource
 from flexmig.telemetry.host import HostSource
 from flexmig.telemetry.publish import SnapshotHub
-from flexmig.telemetry.sampler import SamplingLoop, periodic_step
+from flexmig.telemetry.sampler import SamplingLoop
 from flexmig.telemetry.settings import TelemetrySettings
 from flexmig.telemetry.snapshot import Snapshot
 from flexmig.wiring.backend import NodeComponent
 from flexmig.wiring.component import idle
 
 __all__ = ["SamplerComponent", "demo_workload_loop", "watchdog_loop"]
+
 
 class SamplerComponent:
     """The sampling loop of one daemon, on the node of its ``nvml`` component."""
@@ -63,6 +64,8 @@ class SamplerComponent:
         """The sampling loop, once started."""
         self.first: Snapshot | None = None
         """The first sweep's snapshot."""
+        self.workload: Callable[[float], None] | None = None
+        """The simulated node's workload step, once the ``workload`` loop set it (:func:`demo_workload_loop`)."""
 
     async def start(self) -> None:
         """Build the loop on the open node; the first inventory and sweep (a FlexmigError if NVML cannot be read)."""
@@ -79,6 +82,7 @@ class SamplerComponent:
             dcgm=self.dcgm,
             clock=self.clock,
         )
+        self.loop.step = self.workload
         self.first = await self.loop.start()
 
     async def run(self) -> None:
@@ -103,6 +107,12 @@ class SamplerComponent:
         """None beside the snapshot's own families (the collector exports the sampling stats of every snapshot)."""
         return ()
 
+    def set_workload(self, step: Callable[[float], None] | None) -> None:
+        """Step a simulated node's workload with ``step`` before each sweep's reads from now on (None: no more)."""
+        self.workload = step
+        if self.loop is not None:
+            self.loop.step = step
+
     def _published(self, snapshot: Snapshot) -> Snapshot:
         snapshot = self.hub.publish(snapshot)
         self.heartbeat.beat(snapshot.monotonic)
@@ -110,15 +120,14 @@ class SamplerComponent:
 
 
 async def demo_workload_loop(
-    node: NodeComponent,
-    worker: NvmlWorker,
-    exclude: Callable[[], Collection[tuple[int, int]]],
-    interval_s: float,
-    clock: Callable[[], float] = time.monotonic,
+    node: NodeComponent, sampler: SamplerComponent, exclude: Callable[[], Collection[tuple[int, int]]]
 ) -> None:
-    """Step the simulated node's workload (the demo's synthetic load and the jobs' own footprint) every ``interval_s``
-    on the NVML thread, leaving the demo's load off the instances ``exclude()`` names (those the actuator uses); waits
-    to be cancelled when the node has none (real hardware)."""
+    """Have ``sampler`` step the simulated node's workload (the demo's synthetic load and the jobs' own footprint) on
+    the NVML thread before each sweep's reads, leaving the demo's load off the instances ``exclude()`` names (those
+    the actuator uses), until cancelled; waits to be cancelled when the node has none (real hardware).
+
+    In the sweep's own trip to the NVML thread, not on a timer of its own: a second trip each second, beside the
+    sweep's, cost the daemon more CPU than the step itself (the thread hand-over, both ways)."""
     backend = node.backend
     workload = None if backend is None else backend.workload
     if workload is None:
@@ -128,7 +137,11 @@ async def demo_workload_loop(
     def step(now: float) -> None:
         workload(now, exclude=exclude())
 
-    await periodic_step(worker, step, interval_s, clock)
+    sampler.set_workload(step)
+    try:
+        await idle()
+    finally:
+        sampler.set_workload(None)
 
 
 async def watchdog_loop(notifier: Notifier, heartbeat: Heartbeat, max_age_s: float) -> None:
