@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from flexmig.slurm.change import encode_change, planned_delete_crashes
+from flexmig.slurm.hookcheck import hook_problem
 from support.hostile import HOSTILE, SYSTEM_PYTHON
 from support.slurm import SlurmRig, skip_reason
 from support.wait import until
@@ -163,6 +164,12 @@ async def _starts(rig: SlurmRig, job: int, n: int) -> bool:
     return sum(1 for e in rig.hook_log(job) if e["event"] == "start") >= n
 
 
+async def _hook_on(rig: SlurmRig, job_id: int) -> bool:
+    """Whether the job's TaskProlog has set up its checkpoint hook (its marker read as flexmigd reads it)."""
+    job = await rig.job(job_id)
+    return job is not None and hook_problem(str(rig.paths.checkpoints / "{user}" / "{job_id}"), job) is None
+
+
 def test_observe_reads_slurm_only_and_advise_plans_without_changing_anything() -> None:
     async def scenario() -> None:
         async with SlurmRig("h200:7g.141gb@0") as rig:
@@ -196,6 +203,9 @@ def test_a_hook_job_whose_acknowledgement_has_a_5000_digit_step_cancels_the_move
             script = f"#!/bin/sh\nexec {SYSTEM_PYTHON} {HOSTILE} ack-bytes {payload}\n"
             hook = rig.sbatch("--requeue", "--comment=flexmig:hook", "--gres=gpu:3g.71gb:1", script=script)
             await rig.wait_state(hook, "RUNNING")
+            # RUNNING is Slurm's word; the hook is on only once the job's TaskProlog has left its marker (under load
+            # that comes later, and a round before it sees a job that cannot be moved and asks it nothing)
+            await until(lambda: _hook_on(rig, hook), what="the hook job's TaskProlog marker")
             small = [rig.sleeper("--gres=gpu:1g.18gb:1") for _ in range(4)]
             for j in small:
                 await rig.wait_state(j, "PENDING")
