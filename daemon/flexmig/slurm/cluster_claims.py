@@ -122,13 +122,31 @@ def _what(n: SlurmNode, reserved: Collection[str]) -> str:
 
 
 def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Collection[str]) -> dict[str, ClusterHost]:
-    """Every host with instance nodes of ``model`` in Slurm's ``nodes``, by name. ``reserved``: the nodes any
-    reservation names. A host whose instances overlap
-    (a view caught between two looks) is left out: it is assigned nothing, its jobs stay anyone's."""
+    """Every host with instance nodes (or pool nodes) of ``model`` in Slurm's ``nodes``, by name. ``reserved``: the
+    nodes any reservation names. A host whose instances overlap, or whose pool does not fit beside them (a view
+    caught between two looks), is left out: it is assigned nothing, its jobs stay anyone's.
+
+    A registered pool node (:mod:`flexmig.slurm.pool`) holds instances whose own nodes left Slurm: without it their
+    slices would look free to every host (assigned to a waiting job, counted as a moved job's target) until the pool
+    is given back. Its name gives its host, GPU, count and profile but not its instances' starts, so
+    :func:`_pool_places` puts them on the first starts where they fit beside the GPU's instance nodes (a whole-GPU
+    pool, ``<host>-x<n>-<profile>``: the host's first ``n`` GPUs with no instance node). That is the exact count of
+    slices, and the exact places whenever the pool took its GPU's lowest free instances of the profile (what
+    :func:`flexmig.slurm.pool.choose_pool` does on a GPU carved from its lowest slice); elsewhere the GPU's free slices
+    are as many as there are, at other starts. Its instances are :data:`BUSY` while a
+    job holds the pool node, else :data:`CLOSED` (kept for the pool's job: neither serving a one-device job, nor
+    destroyed, nor a move's target)."""
     gpus: dict[str, dict[int, dict[int, tuple[str, str]]]] = {}
     parts: dict[str, set[str]] = {}
     bad: set[str] = set()
+    pools: list[_PoolSeen] = []
     for n in nodes:
+        pool = _pool(n, model, reserved)
+        if pool is not None:
+            pools.append(pool)
+            gpus.setdefault(pool[0], {})
+            parts.setdefault(pool[0], set()).update(n.partitions)
+            continue
         got = _instance(n, model)
         if got is None:
             continue
@@ -140,6 +158,9 @@ def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Coll
         if start in on_gpu:
             bad.add(host)
         on_gpu[start] = (profile, _what(n, reserved))
+    for seen in pools:
+        if not _pool_places(model, gpus[seen[0]], seen):
+            bad.add(seen[0])
     out = {}
     for host, by_gpu in gpus.items():
         try:
@@ -147,9 +168,67 @@ def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Coll
                 Layout.of(model, [(p, s) for s, (p, _) in on_gpu.items()])
         except LayoutError:
             bad.add(host)
-        if host not in bad:
+        if host not in bad and by_gpu:
             out[host] = ClusterHost(host, frozenset(parts[host]), by_gpu)
     return out
+
+
+_PoolSeen = tuple[str, int | None, Profile, int, str]
+"""A registered pool node as :func:`_pool` reads it: ``(host, gpu or None, profile, count, what)``."""
+
+_POOL_GPU = re.compile(r"(.+)-gpu([0-9]{1,3})-x([0-9]{1,3})-([0-9a-z]{1,32})")
+_POOL_HOST = re.compile(r"(.+)-x([0-9]{1,3})-([0-9a-z]{1,32})")
+
+
+def _pool(n: SlurmNode, model: GpuModel, reserved: Collection[str]) -> _PoolSeen | None:
+    """``(host, gpu or None, profile, count, what)`` of a registered pool node of ``model`` (its name
+    :func:`flexmig.slurm.pool.pool_node`'s, its ``Gres=`` that many devices of that profile; ``what``: its
+    instances', :data:`BUSY` or :data:`CLOSED`), or None for any other node, and for a pool node in FUTURE (no
+    pool: its instances have their own nodes)."""
+    m = _POOL_GPU.fullmatch(n.name)
+    host, gpu, count, tag = (m.group(1), int(m.group(2)), m.group(3), m.group(4)) if m else (None, None, "", "")
+    if m is None:
+        m = _POOL_HOST.fullmatch(n.name)
+        if m is None:
+            return None
+        host, count, tag = m.group(1), m.group(2), m.group(3)
+    counts = [(g.type, g.count) for g in n.gres if g.name == "gpu"]
+    if host is None or n.state == "future" or len(counts) != 1 or counts[0][0] is None:
+        return None
+    try:
+        profile = model.profile(counts[0][0])
+    except KeyError:
+        return None
+    if counts[0][1] != int(count) or int(count) < 2 or slot_tag(profile.name) != tag:
+        return None
+    if (gpu is None) != (profile.compute_slices >= model.compute_slices):
+        return None
+    held = n.drained or not n.responding or n.name in reserved
+    return host, gpu, profile, int(count), CLOSED if n.idle or held else BUSY
+
+
+def _pool_places(model: GpuModel, by_gpu: dict[int, dict[int, tuple[str, str]]], pool: _PoolSeen) -> bool:
+    """Put a ``pool``'s ``count`` instances of ``profile`` (as ``what``) into its host's GPUs ``by_gpu`` (see
+    :func:`cluster_hosts`): on GPU ``gpu`` at the first starts where they fit beside its instances, or (``gpu``
+    None: a whole-GPU profile) on the first ``count`` GPUs with none (fewer when fewer are listed: a GPU with no
+    node in the view is no room to anyone already). False when they do not fit."""
+    _, gpu, profile, count, what = pool
+    if gpu is None:
+        for k in [k for k in sorted(by_gpu) if not by_gpu[k]][:count]:
+            by_gpu[k][profile.starts[0]] = (profile.name, what)
+        return True
+    on_gpu = by_gpu.setdefault(gpu, {})
+    try:
+        lay = Layout.of(model, [(p, s) for s, (p, _) in on_gpu.items()])
+    except LayoutError:
+        return False
+    for _ in range(count):
+        start = next((s for s in profile.starts if lay.can_place(profile, s)), None)
+        if start is None:
+            return False
+        lay = lay.place(profile, start)
+        on_gpu[start] = (profile.name, what)
+    return True
 
 
 @dataclass
