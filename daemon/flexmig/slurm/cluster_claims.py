@@ -456,7 +456,7 @@ def cluster_queue(
     partitions. A job that names nodes to run on or to avoid is left out (it stays anyone's: the
     hosts cannot tell from names alone where Slurm may start it)."""
     demand = read_demand(jobs, None, "", model, index_map={}, now_s=now_s, hook_token=hook_token)
-    queue, _ = queue_of(demand, now_s, most_parts=most_parts, pools=True)
+    queue, _ = queue_of(demand, now_s, most_parts=most_parts, pools=True, model=model)
     by_id = {j.job_id: j for j in demand.pending_jobs}
     out: list[Waiting] = []
     partitions: dict[str, frozenset[str]] = {}
