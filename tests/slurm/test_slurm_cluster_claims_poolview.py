@@ -76,6 +76,28 @@ def test_an_idle_or_drained_pool_is_closed_and_a_future_one_is_no_pool() -> None
     assert hosts["fm-h1"].gpus[0] == {4: ("3g.71gb", BUSY)}
 
 
+def test_a_pool_job_goes_to_the_host_whose_open_pool_node_serves_it() -> None:
+    """fm-h1 made an idle pool node of two 1g for the job (Slurm starts it there at its next pass); fm-h2 has two idle
+    1g instances (no carving). Fails without the open pool: the job was assigned to fm-h2 (the pool's slices closed,
+    or, before the view saw pools, free but to be carved), so fm-h1 left it to fm-h2, which carved for it, and gave
+    its pool back as no job it served asked for it."""
+    nodes = [*POOLED, pool("fm-h1", 0, 2, "1g.18gb", IDLE), node("fm-h2", 0, 0, "1g.18gb"),
+             node("fm-h2", 0, 1, "1g.18gb"), node("fm-h2", 0, 4, "3g.71gb", BUSY)]  # fmt: skip
+    hosts = cluster_hosts(nodes, H200, reserved=())
+    assert hosts["fm-h1"].pools == (("1g.18gb", 2),) and hosts["fm-h2"].pools == ()
+    for first in (10, 11):  # whatever the rotation says
+        pair = [Waiting(f"slurm-{first}#{k}", "1g.18gb", alone=False) for k in (1, 2)]
+        later = [Waiting(f"slurm-{first + 2}#{k}", "1g.18gb", alone=False) for k in (1, 2)]
+        got = assign([*pair, *later], hosts, H200, partitions={}, pools={f"slurm-{first}", f"slurm-{first + 2}"})
+        # the first in priority order takes the pool; the next one is carved for where there is room
+        assert got == {**{w.name: "fm-h1" for w in pair}, **{w.name: "fm-h2" for w in later}}, got
+        # three 1g: not that pool's job
+        three = [Waiting(f"slurm-{first}#{k}", "1g.18gb", alone=False) for k in (1, 2, 3)]
+        assert "fm-h1" not in assign(three, hosts, H200, partitions={}, pools={f"slurm-{first}"}).values()
+    drained = cluster_hosts([*POOLED, pool("fm-h1", 0, 2, "1g.18gb", CLOSED)], H200, reserved=())
+    assert drained["fm-h1"].pools == ()
+
+
 def test_a_pool_on_a_gpu_with_no_instance_node_adds_the_gpu_full() -> None:
     """Dynamic instance nodes: a GPU whose instances are all a pool's has no node but the pool's."""
     hosts = cluster_hosts([pool("fm-h1", 0, 7, "1g.18gb")], H200, reserved=())

@@ -88,11 +88,14 @@ reservation holds it, or its slurmd does not answer (closed: neither serves nor 
 @dataclass(frozen=True, slots=True)
 class ClusterHost:
     """One host as the cluster's view shows it: its partitions and, per GPU number, its instances ``start ->
-    (profile, what)`` (``what``: :data:`IDLE`, :data:`BUSY`, :data:`RETIRING` or :data:`CLOSED`)."""
+    (profile, what)`` (``what``: :data:`IDLE`, :data:`BUSY`, :data:`RETIRING` or :data:`CLOSED`); ``pools``: its
+    open pool nodes (registered, idle, not held), each as ``(profile, count)``, which serve a waiting job of exactly
+    that many devices of that profile at once."""
 
     name: str
     partitions: frozenset[str]
     gpus: Mapping[int, Mapping[int, tuple[str, str]]]
+    pools: tuple[tuple[str, int], ...] = ()
 
 
 def _instance(n: SlurmNode, model: GpuModel) -> tuple[str, int, int, str | None] | None:
@@ -126,16 +129,14 @@ def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Coll
     nodes any reservation names. A host whose instances overlap, or whose pool does not fit beside them (a view
     caught between two looks), is left out: it is assigned nothing, its jobs stay anyone's.
 
-    A registered pool node (:mod:`flexmig.slurm.pool`) holds instances whose own nodes left Slurm: without it their
-    slices would look free to every host (assigned to a waiting job, counted as a moved job's target) until the pool
-    is given back. Its name gives its host, GPU, count and profile but not its instances' starts, so
-    :func:`_pool_places` puts them on the first starts where they fit beside the GPU's instance nodes (a whole-GPU
-    pool, ``<host>-x<n>-<profile>``: the host's first ``n`` GPUs with no instance node). That is the exact count of
-    slices, and the exact places whenever the pool took its GPU's lowest free instances of the profile (what
-    :func:`flexmig.slurm.pool.choose_pool` does on a GPU carved from its lowest slice); elsewhere the GPU's free slices
-    are as many as there are, at other starts. Its instances are :data:`BUSY` while a
-    job holds the pool node, else :data:`CLOSED` (kept for the pool's job: neither serving a one-device job, nor
-    destroyed, nor a move's target)."""
+    A registered pool node (:mod:`flexmig.slurm.pool`) holds instances whose own nodes left Slurm, which would
+    otherwise look free to every host (assigned, a move's target) until the pool is given back. Its name gives its
+    host, GPU, count and profile, not its instances' starts: :func:`_pool_places` puts them on the first starts where
+    they fit beside the GPU's instance nodes (a whole-GPU pool: the host's first ``n`` GPUs with no instance node),
+    the exact places when the pool took its GPU's lowest free instances of the profile (as
+    :func:`flexmig.slurm.pool.choose_pool` does on a GPU carved from its lowest slice), else as many free slices at
+    other starts. They are :data:`BUSY` while a job holds the pool node, else :data:`CLOSED` (kept for its job:
+    neither serving a one-device job, nor destroyed, nor a move's target)."""
     gpus: dict[str, dict[int, dict[int, tuple[str, str]]]] = {}
     parts: dict[str, set[str]] = {}
     bad: set[str] = set()
@@ -169,42 +170,36 @@ def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Coll
         except LayoutError:
             bad.add(host)
         if host not in bad and by_gpu:
-            out[host] = ClusterHost(host, frozenset(parts[host]), by_gpu)
+            open_pools = tuple(sorted((p.name, c) for h, _, p, c, what, free in pools if h == host and free))
+            out[host] = ClusterHost(host, frozenset(parts[host]), by_gpu, open_pools)
     return out
 
 
-_PoolSeen = tuple[str, int | None, Profile, int, str]
-"""A registered pool node as :func:`_pool` reads it: ``(host, gpu or None, profile, count, what)``."""
+_PoolSeen = tuple[str, int | None, Profile, int, str, bool]
+"""A registered pool node as :func:`_pool` reads it: ``(host, gpu or None, profile, count, what, open)``."""
 
-_POOL_GPU = re.compile(r"(.+)-gpu([0-9]{1,3})-x([0-9]{1,3})-([0-9a-z]{1,32})")
-_POOL_HOST = re.compile(r"(.+)-x([0-9]{1,3})-([0-9a-z]{1,32})")
+_POOL = re.compile(r"(.+?)(?:-gpu([0-9]{1,3}))?-x([0-9]{1,3})-([0-9a-z]{1,32})")
 
 
 def _pool(n: SlurmNode, model: GpuModel, reserved: Collection[str]) -> _PoolSeen | None:
-    """``(host, gpu or None, profile, count, what)`` of a registered pool node of ``model`` (its name
+    """``(host, gpu or None, profile, count, what, open)`` of a registered pool node of ``model`` (its name
     :func:`flexmig.slurm.pool.pool_node`'s, its ``Gres=`` that many devices of that profile; ``what``: its
-    instances', :data:`BUSY` or :data:`CLOSED`), or None for any other node, and for a pool node in FUTURE (no
-    pool: its instances have their own nodes)."""
-    m = _POOL_GPU.fullmatch(n.name)
-    host, gpu, count, tag = (m.group(1), int(m.group(2)), m.group(3), m.group(4)) if m else (None, None, "", "")
-    if m is None:
-        m = _POOL_HOST.fullmatch(n.name)
-        if m is None:
-            return None
-        host, count, tag = m.group(1), m.group(2), m.group(3)
+    instances', :data:`BUSY` or :data:`CLOSED`; ``open``: idle and not held, its job may start there), or None
+    for any other node, and for a pool node in FUTURE (no pool: its instances have their own nodes)."""
+    m = _POOL.fullmatch(n.name)
     counts = [(g.type, g.count) for g in n.gres if g.name == "gpu"]
-    if host is None or n.state == "future" or len(counts) != 1 or counts[0][0] is None:
+    if m is None or n.state == "future" or len(counts) != 1 or counts[0][0] is None:
         return None
     try:
         profile = model.profile(counts[0][0])
     except KeyError:
         return None
-    if counts[0][1] != int(count) or int(count) < 2 or slot_tag(profile.name) != tag:
-        return None
-    if (gpu is None) != (profile.compute_slices >= model.compute_slices):
+    host, gpu, count = m.group(1), None if m.group(2) is None else int(m.group(2)), int(m.group(3))
+    whole = profile.compute_slices >= model.compute_slices
+    if counts[0][1] != count or count < 2 or slot_tag(profile.name) != m.group(4) or (gpu is None) != whole:
         return None
     held = n.drained or not n.responding or n.name in reserved
-    return host, gpu, profile, int(count), CLOSED if n.idle or held else BUSY
+    return host, gpu, profile, count, CLOSED if n.idle or held else BUSY, n.idle and not held
 
 
 def _pool_places(model: GpuModel, by_gpu: dict[int, dict[int, tuple[str, str]]], pool: _PoolSeen) -> bool:
@@ -212,7 +207,7 @@ def _pool_places(model: GpuModel, by_gpu: dict[int, dict[int, tuple[str, str]]],
     :func:`cluster_hosts`): on GPU ``gpu`` at the first starts where they fit beside its instances, or (``gpu``
     None: a whole-GPU profile) on the first ``count`` GPUs with none (fewer when fewer are listed: a GPU with no
     node in the view is no room to anyone already). False when they do not fit."""
-    _, gpu, profile, count, what = pool
+    _, gpu, profile, count, what, _ = pool
     if gpu is None:
         for k in [k for k in sorted(by_gpu) if not by_gpu[k]][:count]:
             by_gpu[k][profile.starts[0]] = (profile.name, what)
@@ -362,10 +357,13 @@ def assign(
     the jobs of ``queue`` (Slurm's priority order) some host can serve now; ``partitions``: each job's partitions
     by name (a job with none listed may go to any host). ``pools``: the jobs (``slurm-<id>``) of several devices on
     one node, whose parts (``slurm-<id>#k``) are one pool node's: all go to one host, where they fit on one GPU
-    (:func:`flexmig.slurm.pool.choose_pool`), or to none. Every host that computes it from the same view gets the
+    (:func:`flexmig.slurm.pool.choose_pool`), or to none; a host with an open pool node of exactly that profile and
+    count (:attr:`ClusterHost.pools`) comes first, as that host serves the job with it (Slurm starts it there), the
+    first such job in priority order a pool node. Every host that computes it from the same view gets the
     same answer (nothing here depends on which host asks)."""
     names = sorted(hosts)
     filled = {h: _Host.of(model, hosts[h]) for h in names}
+    open_pools = {h: list(hosts[h].pools) for h in names}
     out: dict[str, str] = {}
     for group in _groups(queue, pools):
         job = group[0]
@@ -374,6 +372,10 @@ def assign(
         except KeyError:
             continue
         wanted = frozenset(partitions.get(job.name, ()))
+        served = _open_pool(group, open_pools, hosts, wanted)
+        if served is not None:
+            out.update({part.name: served for part in group})
+            continue
         job_id = job_id_of(job.name) or 0
         best: tuple[tuple[int, int, int, str], _Host | tuple[int, int]] | None = None
         for k, h in enumerate(names):
@@ -395,6 +397,20 @@ def assign(
             filled[host].take(profile, taken, carved=created > 0)
         out.update({part.name: host for part in group})
     return out
+
+
+def _open_pool(
+    group: Sequence[Waiting], open_pools: Mapping[str, list[tuple[str, int]]], hosts: Mapping[str, ClusterHost],
+    wanted: Collection[str],
+) -> str | None:  # fmt: skip
+    """The first host by name (of the partitions ``wanted``; none: any) whose open pool node serves the pool job of
+    parts ``group`` (its profile and count), the pool then taken from ``open_pools``; else None."""
+    key = (group[0].profile, len(group))
+    fits = [h for h in sorted(open_pools) if key in open_pools[h] and (not wanted or set(wanted) & hosts[h].partitions)]
+    if len(group) < 2 or not fits:
+        return None
+    open_pools[fits[0]].remove(key)
+    return fits[0]
 
 
 def _fill(h: _Host, profile: Profile, count: int) -> tuple[tuple[int, int], _Host | tuple[int, int]] | None:
