@@ -6,7 +6,8 @@ Slurm's reservations):
 
 * :func:`cluster_hosts` reads each host's GPUs from the instance nodes of every host (``<host>-gpu<K>-<S>``, a static
   one ``<host>-gpu<K>-<S>-<profile>``): the instances that exist (busy, idle, being retired by their host's carving,
-  or closed by an administrator) and so the places that are free; a FUTURE node that Slurm lists adds its GPU;
+  or closed by an administrator) and so the places that are free; a FUTURE node that Slurm lists adds its GPU, a
+  registered pool node its instances (:mod:`flexmig.slurm.pool`: busy, or closed and serving its job alone);
 * :func:`assign` takes the waiting jobs in Slurm's priority order and gives each to the host where it needs the least
   carving: an idle instance of its profile (Slurm starts it there: no carving anywhere), else free slices, else the
   fewest idle compute slices destroyed; ties go by a rotation on the job's ID (so that equal hosts share the work),
