@@ -42,6 +42,7 @@ from flexmig.slurm.cluster_claims import Seen
 from flexmig.slurm.demand import SlurmRunning, job_id_of
 from flexmig.slurm.instances import (
     MIXED,
+    TOO_MANY,
     HostLayouts,
     carving_actions,
     carving_report,
@@ -195,8 +196,9 @@ class InstanceCarver:
 
     def _tell_refused(self) -> None:
         """One warning per waiting job that no layout of this mode can ever serve (:data:`MIXED`: devices of several
-        profiles on one node), when it is first left out: the job pends in Slurm, and this line says why."""
-        refused = {job_id_of(name): why for name, why in self.left_out.items() if why.startswith(MIXED)}
+        profiles on one node; :data:`TOO_MANY`: more devices of one profile on one node than a GPU holds), when it
+        is first left out: the job pends in Slurm, and this line says why."""
+        refused = {job_id_of(name): why for name, why in self.left_out.items() if why.startswith((MIXED, TOO_MANY))}
         for job, why in sorted((j, w) for j, w in refused.items() if j is not None and j not in self.refused):
             log.warning("Slurm: job %d %s", job, why)
         self.refused = {j for j in refused if j is not None}

@@ -167,7 +167,7 @@ def waiting_of(
         jobs, None, instance_node(host, hl.gpus[0], 0), model, index_map={}, now_s=now_s,
         partitions=partitions, hook_token=settings.hook_token,
     )  # fmt: skip
-    return queue_of(demand, now_s, most_parts=len(hl.layouts) * model.compute_slices, pools=True)
+    return queue_of(demand, now_s, most_parts=len(hl.layouts) * model.compute_slices, pools=True, model=model)
 
 
 def profile_at(hl: HostLayouts, i: int, start: int) -> str:

@@ -6,7 +6,8 @@ Slurm's reservations):
 
 * :func:`cluster_hosts` reads each host's GPUs from the instance nodes of every host (``<host>-gpu<K>-<S>``, a static
   one ``<host>-gpu<K>-<S>-<profile>``): the instances that exist (busy, idle, being retired by their host's carving,
-  or closed by an administrator) and so the places that are free; a FUTURE node that Slurm lists adds its GPU;
+  or closed by an administrator) and so the places that are free; a FUTURE node that Slurm lists adds its GPU, a
+  registered pool node its instances (:mod:`flexmig.slurm.pool`: busy, or closed and serving its job alone);
 * :func:`assign` takes the waiting jobs in Slurm's priority order and gives each to the host where it needs the least
   carving: an idle instance of its profile (Slurm starts it there: no carving anywhere), else free slices, else the
   fewest idle compute slices destroyed; ties go by a rotation on the job's ID (so that equal hosts share the work),
@@ -88,11 +89,14 @@ reservation holds it, or its slurmd does not answer (closed: neither serves nor 
 @dataclass(frozen=True, slots=True)
 class ClusterHost:
     """One host as the cluster's view shows it: its partitions and, per GPU number, its instances ``start ->
-    (profile, what)`` (``what``: :data:`IDLE`, :data:`BUSY`, :data:`RETIRING` or :data:`CLOSED`)."""
+    (profile, what)`` (``what``: :data:`IDLE`, :data:`BUSY`, :data:`RETIRING` or :data:`CLOSED`); ``pools``: its
+    open pool nodes (registered, idle, not held), each as ``(profile, count)``, which serve a waiting job of exactly
+    that many devices of that profile at once."""
 
     name: str
     partitions: frozenset[str]
     gpus: Mapping[int, Mapping[int, tuple[str, str]]]
+    pools: tuple[tuple[str, int], ...] = ()
 
 
 def _instance(n: SlurmNode, model: GpuModel) -> tuple[str, int, int, str | None] | None:
@@ -122,13 +126,29 @@ def _what(n: SlurmNode, reserved: Collection[str]) -> str:
 
 
 def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Collection[str]) -> dict[str, ClusterHost]:
-    """Every host with instance nodes of ``model`` in Slurm's ``nodes``, by name. ``reserved``: the nodes any
-    reservation names. A host whose instances overlap
-    (a view caught between two looks) is left out: it is assigned nothing, its jobs stay anyone's."""
+    """Every host with instance nodes (or pool nodes) of ``model`` in Slurm's ``nodes``, by name. ``reserved``: the
+    nodes any reservation names. A host whose instances overlap, or whose pool does not fit beside them (a view
+    caught between two looks), is left out: it is assigned nothing, its jobs stay anyone's.
+
+    A registered pool node (:mod:`flexmig.slurm.pool`) holds instances whose own nodes left Slurm, which would
+    otherwise look free to every host (assigned, a move's target) until the pool is given back. Its name gives its
+    host, GPU, count and profile, not its instances' starts: :func:`_pool_places` puts them on the first starts where
+    they fit beside the GPU's instance nodes (a whole-GPU pool: the host's first ``n`` GPUs with no instance node),
+    the exact places when the pool took its GPU's lowest free instances of the profile (as
+    :func:`flexmig.slurm.pool.choose_pool` does on a GPU carved from its lowest slice), else as many free slices at
+    other starts. They are :data:`BUSY` while a job holds the pool node, else :data:`CLOSED` (kept for its job:
+    neither serving a one-device job, nor destroyed, nor a move's target)."""
     gpus: dict[str, dict[int, dict[int, tuple[str, str]]]] = {}
     parts: dict[str, set[str]] = {}
     bad: set[str] = set()
+    pools: list[_PoolSeen] = []
     for n in nodes:
+        pool = _pool(n, model, reserved)
+        if pool is not None:
+            pools.append(pool)
+            gpus.setdefault(pool[0], {})
+            parts.setdefault(pool[0], set()).update(n.partitions)
+            continue
         got = _instance(n, model)
         if got is None:
             continue
@@ -140,6 +160,9 @@ def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Coll
         if start in on_gpu:
             bad.add(host)
         on_gpu[start] = (profile, _what(n, reserved))
+    for seen in pools:
+        if not _pool_places(model, gpus[seen[0]], seen):
+            bad.add(seen[0])
     out = {}
     for host, by_gpu in gpus.items():
         try:
@@ -147,9 +170,61 @@ def cluster_hosts(nodes: Iterable[SlurmNode], model: GpuModel, *, reserved: Coll
                 Layout.of(model, [(p, s) for s, (p, _) in on_gpu.items()])
         except LayoutError:
             bad.add(host)
-        if host not in bad:
-            out[host] = ClusterHost(host, frozenset(parts[host]), by_gpu)
+        if host not in bad and by_gpu:
+            open_pools = tuple(sorted((p.name, c) for h, _, p, c, what, free in pools if h == host and free))
+            out[host] = ClusterHost(host, frozenset(parts[host]), by_gpu, open_pools)
     return out
+
+
+_PoolSeen = tuple[str, int | None, Profile, int, str, bool]
+"""A registered pool node as :func:`_pool` reads it: ``(host, gpu or None, profile, count, what, open)``."""
+
+_POOL = re.compile(r"(.+?)(?:-gpu([0-9]{1,3}))?-x([0-9]{1,3})-([0-9a-z]{1,32})")
+
+
+def _pool(n: SlurmNode, model: GpuModel, reserved: Collection[str]) -> _PoolSeen | None:
+    """``(host, gpu or None, profile, count, what, open)`` of a registered pool node of ``model`` (its name
+    :func:`flexmig.slurm.pool.pool_node`'s, its ``Gres=`` that many devices of that profile; ``what``: its
+    instances', :data:`BUSY` or :data:`CLOSED`; ``open``: idle and not held, its job may start there), or None
+    for any other node, and for a pool node in FUTURE (no pool: its instances have their own nodes)."""
+    m = _POOL.fullmatch(n.name)
+    counts = [(g.type, g.count) for g in n.gres if g.name == "gpu"]
+    if m is None or n.state == "future" or len(counts) != 1 or counts[0][0] is None:
+        return None
+    try:
+        profile = model.profile(counts[0][0])
+    except KeyError:
+        return None
+    host, gpu, count = m.group(1), None if m.group(2) is None else int(m.group(2)), int(m.group(3))
+    whole = profile.compute_slices >= model.compute_slices
+    if counts[0][1] != count or count < 2 or slot_tag(profile.name) != m.group(4) or (gpu is None) != whole:
+        return None
+    held = n.drained or not n.responding or n.name in reserved
+    return host, gpu, profile, count, CLOSED if n.idle or held else BUSY, n.idle and not held
+
+
+def _pool_places(model: GpuModel, by_gpu: dict[int, dict[int, tuple[str, str]]], pool: _PoolSeen) -> bool:
+    """Put a ``pool``'s ``count`` instances of ``profile`` (as ``what``) into its host's GPUs ``by_gpu`` (see
+    :func:`cluster_hosts`): on GPU ``gpu`` at the first starts where they fit beside its instances, or (``gpu``
+    None: a whole-GPU profile) on the first ``count`` GPUs with none (fewer when fewer are listed: a GPU with no
+    node in the view is no room to anyone already). False when they do not fit."""
+    _, gpu, profile, count, what, _ = pool
+    if gpu is None:
+        for k in [k for k in sorted(by_gpu) if not by_gpu[k]][:count]:
+            by_gpu[k][profile.starts[0]] = (profile.name, what)
+        return True
+    on_gpu = by_gpu.setdefault(gpu, {})
+    try:
+        lay = Layout.of(model, [(p, s) for s, (p, _) in on_gpu.items()])
+    except LayoutError:
+        return False
+    for _ in range(count):
+        start = next((s for s in profile.starts if lay.can_place(profile, s)), None)
+        if start is None:
+            return False
+        lay = lay.place(profile, start)
+        on_gpu[start] = (profile.name, what)
+    return True
 
 
 @dataclass
@@ -283,10 +358,13 @@ def assign(
     the jobs of ``queue`` (Slurm's priority order) some host can serve now; ``partitions``: each job's partitions
     by name (a job with none listed may go to any host). ``pools``: the jobs (``slurm-<id>``) of several devices on
     one node, whose parts (``slurm-<id>#k``) are one pool node's: all go to one host, where they fit on one GPU
-    (:func:`flexmig.slurm.pool.choose_pool`), or to none. Every host that computes it from the same view gets the
+    (:func:`flexmig.slurm.pool.choose_pool`), or to none; a host with an open pool node of exactly that profile and
+    count (:attr:`ClusterHost.pools`) comes first, as that host serves the job with it (Slurm starts it there), the
+    first such job in priority order a pool node. Every host that computes it from the same view gets the
     same answer (nothing here depends on which host asks)."""
     names = sorted(hosts)
     filled = {h: _Host.of(model, hosts[h]) for h in names}
+    open_pools = {h: list(hosts[h].pools) for h in names}
     out: dict[str, str] = {}
     for group in _groups(queue, pools):
         job = group[0]
@@ -295,6 +373,10 @@ def assign(
         except KeyError:
             continue
         wanted = frozenset(partitions.get(job.name, ()))
+        served = _open_pool(group, open_pools, hosts, wanted)
+        if served is not None:
+            out.update({part.name: served for part in group})
+            continue
         job_id = job_id_of(job.name) or 0
         best: tuple[tuple[int, int, int, str], _Host | tuple[int, int]] | None = None
         for k, h in enumerate(names):
@@ -316,6 +398,20 @@ def assign(
             filled[host].take(profile, taken, carved=created > 0)
         out.update({part.name: host for part in group})
     return out
+
+
+def _open_pool(
+    group: Sequence[Waiting], open_pools: Mapping[str, list[tuple[str, int]]], hosts: Mapping[str, ClusterHost],
+    wanted: Collection[str],
+) -> str | None:  # fmt: skip
+    """The first host by name (of the partitions ``wanted``; none: any) whose open pool node serves the pool job of
+    parts ``group`` (its profile and count), the pool then taken from ``open_pools``; else None."""
+    key = (group[0].profile, len(group))
+    fits = [h for h in sorted(open_pools) if key in open_pools[h] and (not wanted or set(wanted) & hosts[h].partitions)]
+    if len(group) < 2 or not fits:
+        return None
+    open_pools[fits[0]].remove(key)
+    return fits[0]
 
 
 def _fill(h: _Host, profile: Profile, count: int) -> tuple[tuple[int, int], _Host | tuple[int, int]] | None:
@@ -377,7 +473,7 @@ def cluster_queue(
     partitions. A job that names nodes to run on or to avoid is left out (it stays anyone's: the
     hosts cannot tell from names alone where Slurm may start it)."""
     demand = read_demand(jobs, None, "", model, index_map={}, now_s=now_s, hook_token=hook_token)
-    queue, _ = queue_of(demand, now_s, most_parts=most_parts, pools=True)
+    queue, _ = queue_of(demand, now_s, most_parts=most_parts, pools=True, model=model)
     by_id = {j.job_id: j for j in demand.pending_jobs}
     out: list[Waiting] = []
     partitions: dict[str, frozenset[str]] = {}

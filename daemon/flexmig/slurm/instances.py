@@ -22,7 +22,9 @@ Jobs asking for MIG devices of several instances (``--gres=gpu:P:2``) cannot run
 the parts of a pool node (:mod:`flexmig.slurm.pool_nodes`), or, without pool nodes, are left out of the carving with
 that reason (ask for ``--nodes=N --gres=gpu:P:1``, a job the carving counts as N waiting parts, one instance node
 each). A job asking for devices of several profiles on one node (``--gres=gpu:1g.18gb:1,gpu:2g.35gb:1``) is left
-out at once (:data:`MIXED`): no node of this layout has two profiles, so carving for it would only idle instances.
+out at once (:data:`MIXED`): no node of this layout has two profiles, so carving for it would only idle instances;
+so is a job asking for more devices of a profile smaller than a GPU on one node than one GPU holds
+(``--gres=gpu:1g.18gb:8`` on an H200, :data:`TOO_MANY`): a pool node's instances share one GPU.
 Pure: the caller reads Slurm and NVML and runs the actions.
 """
 
@@ -44,6 +46,7 @@ from flexmig.slurm.demand import SlurmDemand, SlurmRunning, job_id_of
 
 __all__ = [
     "MIXED",
+    "TOO_MANY",
     "CarvingReport",
     "HostLayouts",
     "busy_of",
@@ -58,6 +61,11 @@ __all__ = [
 
 MIXED = "asks for MIG devices of several profiles on one node"
 """The start of the reason a job of several GPU types on one node is left out with (:func:`queue_of`)."""
+
+TOO_MANY = "asks for more MIG devices of one profile on one node than one GPU holds"
+"""The start of the reason a job is left out with (:func:`queue_of`) when it asks for more devices of a profile
+smaller than a GPU on one node than one GPU of the model holds: its pool node's instances share one GPU
+(:mod:`flexmig.slurm.pool`), so no pool node can ever serve it."""
 
 
 def hold_name(node: str) -> str:
@@ -120,8 +128,27 @@ def busy_of(running: Iterable[SlurmRunning], on_nodes: Mapping[Where, bool]) -> 
     return busy
 
 
+def _too_many(model: GpuModel | None, profile: str, count: int) -> str | None:
+    """Why a job of ``count`` devices of ``profile`` on one node (a pool node's) can never run, when a GPU of
+    ``model`` holds fewer instances of that profile (smaller than a GPU; a whole-GPU profile's pool spans GPUs), or
+    None (also for a profile ``model`` does not have, or no model)."""
+    if model is None:
+        return None
+    try:
+        p = model.profile(profile)
+    except KeyError:
+        return None
+    if p.compute_slices >= model.compute_slices or count <= p.max_instances:
+        return None
+    return (
+        f"{TOO_MANY} ({count} x {profile}; a GPU of {model.key} holds {p.max_instances}); a pool node's devices share "
+        f"one GPU, so Slurm would never start it: ask for at most {p.max_instances} a node, or one a node "
+        f"(--nodes={count} --gres=gpu:{profile}:1)"
+    )
+
+
 def queue_of(
-    demand: SlurmDemand, now_s: float, *, most_parts: int = 56, pools: bool = False
+    demand: SlurmDemand, now_s: float, *, most_parts: int = 56, pools: bool = False, model: GpuModel | None = None
 ) -> tuple[list[Waiting], dict[str, str]]:
     """The waiting jobs for the carving, in Slurm's priority order, and the ones left out (name -> why).
 
@@ -129,7 +156,8 @@ def queue_of(
     instance nodes: it waits as N parts, ``slurm-42#1`` ... ``slurm-42#N``, each carved for like a job of its own
     (at most ``most_parts``, as many instance nodes as the host can hold; a bigger job spans hosts). With ``pools``
     (the host registers pool nodes: :mod:`flexmig.slurm.pool_nodes`), a job of N devices on one node waits as N parts
-    the same way: the instances its pool node will be made of."""
+    the same way: the instances its pool node will be made of, unless ``model``'s GPU holds fewer than N of its
+    profile (left out at once, :data:`TOO_MANY`)."""
     nodes = {j.job_id: max(1, j.node_count) for j in demand.pending_jobs}
     mixed = {j.job_id: j for j in demand.pending_jobs if len([g for g in j.gpus_per_node if g.count > 0]) > 1}
     queue: list[Waiting] = []
@@ -155,6 +183,10 @@ def queue_of(
                 f"(--nodes={req.ranks} --gres=gpu:{profile}:1)"
                 + (f", not {parts} nodes of {req.ranks} devices" if pools else "")
             )
+            continue
+        too_many = _too_many(model, profile, req.ranks) if req.ranks > 1 else None
+        if too_many is not None:
+            left[req.name] = too_many
             continue
         parts = max(parts, min(req.ranks, max(1, most_parts)))  # several devices: a pool node's, carved as parts
         waited = max(0.0, now_s - req.submitted_s)

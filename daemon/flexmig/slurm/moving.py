@@ -122,7 +122,9 @@ def other_hosts(
     layouts (its instance nodes, a GPU by the number in their names, in that order; an instance its host is
     retiring left out, its place as good as free), its busy instances as jobs that never move (what runs there is
     not this host's to requeue), and its closed ones (an administrator's, a reservation's, a slurmd that does not
-    answer: never a target). A host whose view is not a layout (caught between two looks) is left out."""
+    answer: never a target); a pool node's instances are busy or closed as
+    :func:`~flexmig.slurm.cluster_claims.cluster_hosts` places them (never a target either). A host whose view is
+    not a layout (caught between two looks) is left out."""
     lays: dict[str, list[Layout]] = {}
     busy: list[Running] = []
     closed: set[Place] = set()

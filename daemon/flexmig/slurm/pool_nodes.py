@@ -185,7 +185,7 @@ class PoolNodes:
             hook_token=settings.hook_token,
         )  # fmt: skip
         gpus = len({i.gpu for i in view.instances}) or 1
-        queue, _ = queue_of(demand, now, most_parts=gpus * model.compute_slices, pools=True)
+        queue, _ = queue_of(demand, now, most_parts=gpus * model.compute_slices, pools=True, model=model)
         mine, _, _ = host_queue(
             self.host, queue, nodes, jobs, model, reserved=frozenset(n for r in reservations for n in r.nodes),
             seen=self.seen(), now_s=now, hook_token=settings.hook_token,
