@@ -20,6 +20,7 @@ import pytest
 from flexmig.slurm.testbed import free_port
 from support.slurm import JOB_USERS, skip_reason, slurm_version
 from support.slurm_cluster import SlurmCluster
+from support.slurmd_gate import slurmd_gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
@@ -93,21 +94,6 @@ def test_a_two_node_job_runs_one_rank_per_host_each_on_its_own_hosts_mig_device(
         assert JOB_USERS[0] != "root"
 
 
-GATE = """#!/bin/sh
-# Before the slurmd hook of host 1 (fm-h1-*): once the test armed it, a start says it was reached, then waits
-# (bounded) until the test opens it; a hook whose flexmigd is gone by then (SIGKILLed) starts nothing.
-for verb; do :; done
-case "$FLEXMIG_SLURMD_NODE:$verb" in
-  fm-h1-*:start|fm-h1-*:restart)
-    if [ -e {gate}/armed ]; then
-      touch {gate}/reached
-      i=0
-      while [ ! -e {gate}/open ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-      kill -0 $PPID 2>/dev/null || exit 1
-    fi ;;
-esac
-exec "$@"
-"""
 
 
 def test_sigkill_of_one_hosts_flexmigd_mid_carving_leaves_the_other_host_working_and_its_restart_finishes(
@@ -116,10 +102,8 @@ def test_sigkill_of_one_hosts_flexmigd_mid_carving_leaves_the_other_host_working
     """Host 1's flexmigd is killed in the middle of a carving (3g -> 1g: the idle 3g destroyed, the 1g made, its
     slurmd being started); host 2's jobs run on and its nodes answer; host 1's running 3g job runs on; restarted,
     host 1's flexmigd finishes the carving and the waiting 1g job runs there."""
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    (tmp_path / "gate.sh").write_text(GATE.format(gate=gate))
-    with SlurmCluster("h200:3g.71gb@0+3g.71gb@4", hosts=2, hook_prefix=("/bin/sh", str(tmp_path / "gate.sh"))) as c:
+    gate, prefix = slurmd_gate(tmp_path, "fm-h1-*")
+    with SlurmCluster("h200:3g.71gb@0+3g.71gb@4", hosts=2, hook_prefix=prefix) as c:
         h1, h2 = c.first_nodes(0), c.first_nodes(1)
         busy = c.sbatch("-w", h1[0], "--gres=gpu:3g.71gb:1", script=SLEEP)
         others = [c.sbatch("-w", n, "--gres=gpu:3g.71gb:1", script=SLEEP) for n in h2]  # host 2: no room for a 1g

@@ -26,33 +26,11 @@ from flexmig.slurm.cluster_claims import (
 )
 from flexmig.slurm.gres import GresCount
 from flexmig.slurm.nodes import SlurmNode
-from flexmig.slurm.settings import instance_node, slot_node
+from flexmig.slurm.settings import slot_node
 from flexmig.slurm.squeue import SlurmJob
+from support.slurm_views import LAYOUTS, host_nodes, node
 
-LAYOUTS = (
-    (("7g.141gb", 0),),
-    (("3g.71gb", 0), ("3g.71gb", 4)),
-    (("4g.71gb", 0), ("3g.71gb", 4)),
-    tuple(("1g.18gb", s) for s in range(7)),
-    (("2g.35gb", 0), ("2g.35gb", 2), ("3g.71gb", 4)),
-    (("3g.71gb", 4),),
-    (("1g.18gb", 0), ("2g.35gb", 2)),
-)
 PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
-STATES = {IDLE: ("idle", frozenset(), ""), BUSY: ("allocated", frozenset(), ""),
-          CLOSED: ("idle", frozenset({"DRAIN"}), "maintenance"),
-          RETIRING: ("idle", frozenset({"DRAIN"}), "flexmig: carving new MIG instances")}  # fmt: skip
-
-
-def node(host: str, gpu: int, start: int, profile: str, what: str = IDLE, *, static: bool = True) -> SlurmNode:
-    """The instance node of ``profile`` at ``start`` of GPU ``gpu`` of ``host`` as Slurm lists it."""
-    state, flags, reason = STATES[what]
-    name = slot_node(host, gpu, start, profile) if static else instance_node(host, gpu, start)
-    return SlurmNode(name, state, flags, reason, (GresCount("gpu", profile, 1),), (), ("mig",), 8)
-
-
-def host_nodes(host: str, layout: tuple[tuple[str, int], ...], what: str = IDLE, gpu: int = 0) -> list[SlurmNode]:
-    return [node(host, gpu, s, p, what) for p, s in layout]
 
 
 def job(job_id: int, profile: str = "1g.18gb", **kw: object) -> SlurmJob:

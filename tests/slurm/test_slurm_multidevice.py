@@ -13,21 +13,13 @@ import subprocess
 
 import pytest
 
-from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
+from support.slurm import SlurmDaemon, skip_reason
+from support.slurm_forms import NODE_FORMS
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
 SPEC = "h200:3g.71gb@0+3g.71gb@4"
 POOL = "fm-node-gpu0-x2-1g18gb"
-FORMS = [
-    pytest.param(True, id="static"),
-    pytest.param(
-        False, id="dynamic",
-        marks=pytest.mark.skipif(not per_gpu_capable(), reason=f"dynamic nodes need Slurm 23.11+ ({slurm_version()})"),
-    ),
-]  # fmt: skip
-
-
 def instance(static: bool, start: int) -> str:
     """The instance node of the 1g.18gb instance at ``start`` of GPU 0 (static or dynamic)."""
     return f"fm-node-gpu0-{start}-1g18gb" if static else f"fm-node-gpu0-{start}"
@@ -36,7 +28,7 @@ def instance(static: bool, start: int) -> str:
 PRINT = '#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES"\nsleep 60\n'
 
 
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_a_job_asking_two_1g_devices_on_one_host_runs_with_two_distinct_mig_uuids(static: bool) -> None:
     with SlurmDaemon(SPEC, node_per_instance=True, static_nodes=static, default_layout=True) as d:
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:2", script=PRINT)  # as the rig's ordinary user
@@ -66,7 +58,7 @@ def test_with_the_pool_lines_a_two_device_job_pends_and_one_device_jobs_stay_on_
         assert waiting is not None and waiting.state == "PENDING", waiting
 
 
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_device_jobs_again(static: bool) -> None:
     """Step 4: once the two-device job has ended, the pool node leaves Slurm (back to FUTURE) and its two MIG
     instances, kept, get their own instance nodes again: two one-device jobs run there on the very same devices."""
@@ -90,7 +82,7 @@ def test_the_pool_node_is_given_back_after_the_job_and_its_instances_serve_one_d
         assert f"pool node {pool} over gpu0@" in log and f"pool node {pool} idle" in log, log[-3000:]
 
 
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_and_lends_its_instances_to_nobody(
     static: bool,
 ) -> None:
@@ -122,7 +114,7 @@ def test_a_flexmigd_killed_while_a_pool_node_runs_its_job_reads_the_pool_back_an
         assert f"pool node {pool} over gpu0@{starts[0]}, gpu0@{starts[1]}, read back from its GRES map" in d.log()
 
 
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_after_a_slurmctld_restart_the_pool_node_is_registered_again_with_its_job_running(static: bool) -> None:
     """slurmctld starts again while the two-device job runs: a static pool node is back in slurm.conf's FUTURE (a
     dynamic one stays), its slurmd runs on; flexmig registers it again, the job runs on unrequeued, and its

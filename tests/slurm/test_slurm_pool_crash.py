@@ -13,35 +13,19 @@ from pathlib import Path
 import pytest
 
 from support.slurm import SlurmDaemon, skip_reason, slurm_version
+from support.slurmd_gate import slurmd_gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
 SPEC = "h200:3g.71gb@0+3g.71gb@4"
 POOL = "fm-node-gpu0-x2-1g18gb"
 PRINT = '#!/bin/sh\necho "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"\nsleep 60\n'
-GATE = """#!/bin/sh
-# Before the pool node's slurmd starts: once the test armed it, a start says it was reached, then waits (bounded)
-# until the test opens it; a start whose flexmigd is gone by then (SIGKILLed) starts nothing.
-for verb; do :; done
-case "$FLEXMIG_SLURMD_NODE:$verb" in
-  *-x2-*:start|*-x2-*:restart)
-    if [ -e {gate}/armed ]; then
-      touch {gate}/reached
-      i=0
-      while [ ! -e {gate}/open ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-      kill -0 $PPID 2>/dev/null || exit 1
-    fi ;;
-esac
-exec "$@"
-"""
 
 
 def test_flexmigd_killed_mid_pool_finishes_it_at_restart_and_the_job_runs_on_the_pool(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    (tmp_path / "gate.sh").write_text(GATE.format(gate=gate))
+    gate, prefix = slurmd_gate(tmp_path, "*-x2-*")
     d = SlurmDaemon(SPEC, node_per_instance=True, static_nodes=True, default_layout=True, start=False)
-    d.testbed.hook_prefix = ("/bin/sh", str(tmp_path / "gate.sh"))
+    d.testbed.hook_prefix = prefix
     with d:
         d.start()
         (gate / "armed").touch()

@@ -13,7 +13,8 @@ from flexmig.slurm.demand import SlurmDemand, read_demand
 from flexmig.slurm.gres import GresCount
 from flexmig.slurm.instances import MIXED, queue_of
 from flexmig.slurm.squeue import SlurmJob
-from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
+from support.slurm import SlurmDaemon, skip_reason
+from support.slurm_forms import NODE_FORMS
 
 SPEC = "h200:3g.71gb@0+3g.71gb@4"
 SLEEP = "#!/bin/sh\nsleep 60\n"
@@ -40,18 +41,9 @@ def test_a_job_of_two_profiles_on_one_node_is_left_out_at_once_naming_what_it_as
         assert why.startswith(MIXED) and "(gpu:1g.18gb:1,gpu:2g.35gb:1)" in why, why
 
 
-FORMS = [
-    pytest.param(True, id="static"),
-    pytest.param(
-        False, id="dynamic",
-        marks=pytest.mark.skipif(not per_gpu_capable(), reason=f"dynamic nodes need Slurm 23.11+ ({slurm_version()})"),
-    ),
-]  # fmt: skip
-
-
 @pytest.mark.integration
 @pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_a_two_profile_job_is_refused_at_once_by_slurm_or_by_flexmigd_in_one_line_and_nothing_is_carved(
     static: bool,
 ) -> None:

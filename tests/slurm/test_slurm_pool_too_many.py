@@ -21,7 +21,8 @@ from flexmig.slurm.demand import SlurmDemand, read_demand
 from flexmig.slurm.gres import GresCount
 from flexmig.slurm.instances import TOO_MANY, queue_of
 from flexmig.slurm.squeue import SlurmJob
-from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
+from support.slurm import SlurmDaemon, skip_reason
+from support.slurm_forms import NODE_FORMS
 
 SPEC = "h200:3g.71gb@0+3g.71gb@4"
 SLEEP = "#!/bin/sh\nsleep 60\n"
@@ -55,15 +56,6 @@ def test_a_pool_job_of_more_devices_than_a_gpu_holds_is_left_out_at_once_naming_
     assert {w.name.split("#")[0] for w in everyone} == {"slurm-8", "slurm-10"}
 
 
-FORMS = [
-    pytest.param(True, id="static"),
-    pytest.param(
-        False, id="dynamic",
-        marks=pytest.mark.skipif(not per_gpu_capable(), reason=f"dynamic nodes need Slurm 23.11+ ({slurm_version()})"),
-    ),
-]  # fmt: skip
-
-
 def test_the_carver_warns_once_per_refused_job(caplog: pytest.LogCaptureFixture) -> None:
     """One warning line per job left out as :data:`TOO_MANY`, the round it is first left out, never again while it
     waits (the carver's :meth:`_tell_refused`, shared with jobs mixing profiles)."""
@@ -80,18 +72,9 @@ def test_the_carver_warns_once_per_refused_job(caplog: pytest.LogCaptureFixture)
     assert len(lines) == 1 and lines[0].startswith(f"Slurm: job 7 {TOO_MANY} (8 x 1g.18gb"), lines
 
 
-FORMS = [
-    pytest.param(True, id="static"),
-    pytest.param(
-        False, id="dynamic",
-        marks=pytest.mark.skipif(not per_gpu_capable(), reason=f"dynamic nodes need Slurm 23.11+ ({slurm_version()})"),
-    ),
-]  # fmt: skip
-
-
 @pytest.mark.integration
 @pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_a_job_of_eight_1g_on_one_node_is_refused_by_slurm_or_by_flexmigd_in_one_line(static: bool) -> None:
     """Static nodes: slurmctld refuses the job at submission (the biggest pool node of slurm.conf has 7 1g devices);
     so does 24.11.5's with dynamic nodes. Where a slurmctld queues it, flexmigd says once, as a warning, that it

@@ -9,28 +9,20 @@ from __future__ import annotations
 
 import pytest
 
-from support.slurm import SlurmDaemon, per_gpu_capable, skip_reason, slurm_version
+from support.slurm import SlurmDaemon, skip_reason
+from support.slurm_forms import NODE_FORMS
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
 SPEC = "h200x2:3g.71gb@0+2g.35gb@4+1g.18gb@6"
 SLEEP = "#!/bin/sh\nsleep 600\n"
 PRINT = '#!/bin/sh\necho "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"\nsleep 60\n'
-FORMS = [
-    pytest.param(True, id="static"),
-    pytest.param(
-        False, id="dynamic",
-        marks=pytest.mark.skipif(not per_gpu_capable(), reason=f"dynamic nodes need Slurm 23.11+ ({slurm_version()})"),
-    ),
-]  # fmt: skip
-
-
 def instance(static: bool, gpu: int, start: int, profile: str) -> str:
     tag = profile.replace(".", "")
     return f"fm-node-gpu{gpu}-{start}-{tag}" if static else f"fm-node-gpu{gpu}-{start}"
 
 
-@pytest.mark.parametrize("static", FORMS)
+@pytest.mark.parametrize("static", NODE_FORMS)
 def test_a_two_device_job_gets_both_instances_on_the_one_gpu_with_room_and_runs(static: bool) -> None:
     with SlurmDaemon(SPEC, node_per_instance=True, static_nodes=static, default_layout=True) as d:
         busy = [(0, 0, "3g.71gb"), (0, 4, "2g.35gb"), (1, 4, "2g.35gb")]
