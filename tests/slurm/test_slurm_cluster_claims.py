@@ -10,7 +10,6 @@ waited so assigned for the bound.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 
@@ -29,14 +28,6 @@ SPEC = "h200:3g.71gb@0+3g.71gb@4"
 SLEEP = '#!/bin/sh\necho "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"\nsleep 600\n'
 
 
-def _instances(c: SlurmCluster, host: int) -> list[tuple[int, int, str]]:
-    """Host ``host``'s MIG instances ``(gpu, start, profile)`` as its simulated driver holds them (its state file)."""
-    model = parse_node_spec(SPEC).model
-    by_id = {p.profile_id: p.name for p in model.profiles}
-    doc = json.loads((c.testbed.host_paths(host).flexmig / "sim.json").read_text())
-    return sorted((g["index"], gi["start"], by_id[gi["profile_id"]]) for g in doc["gpus"] for gi in g["gpu_instances"])
-
-
 def _node_of(c: SlurmCluster, host: int, gpu: int, start: int, profile: str) -> str:
     node = c.node(host)
     return slot_node(node, gpu, start, profile) if c.layout.static_nodes else instance_node(node, gpu, start)
@@ -47,7 +38,7 @@ def _settled(c: SlurmCluster) -> bool:
     listed: no carving is under way anywhere."""
     listed = {n.name for n in c.slurm_nodes() if n.responding}
     ours = {name for h in range(c.hosts) for name in c.testbed.node_names(h)}
-    made = {_node_of(c, h, *i) for h in range(c.hosts) for i in _instances(c, h)}
+    made = {_node_of(c, h, *i) for h in range(c.hosts) for i in c.instances(h)}
     return made == listed & ours
 
 
@@ -69,7 +60,7 @@ def test_two_idle_hosts_carve_three_1g_instances_in_all_for_three_waiting_1g_job
         ran = [c.wait_state(j, "RUNNING", timeout_s=120) for j in jobs]
         took = time.monotonic() - released_at
         c.wait("every host's carving finished (each instance's node registered)", lambda: _settled(c), timeout_s=60)
-        made = {h: _instances(c, h) for h in range(c.hosts)}
+        made = {h: c.instances(h) for h in range(c.hosts)}
         small = {h: [i for i in made[h] if i[2] == "1g.18gb"] for h in made}
         assert sum(len(v) for v in small.values()) == 3, made  # one instance per job in the whole cluster
         nodes = [j.nodes[0] for j in ran]
@@ -103,6 +94,6 @@ def test_a_job_assigned_to_a_host_whose_flexmigd_is_down_is_carved_for_by_anothe
         ran = c.wait_state(job, "RUNNING", timeout_s=FREE_AFTER_MIN_S + 90)
         took = time.monotonic() - released_at
         assert ran.nodes and c.host_of(ran.nodes[0]) == other, ran
-        assert not [i for i in _instances(c, owner) if i[2] == "1g.18gb"], _instances(c, owner)
+        assert not [i for i in c.instances(owner) if i[2] == "1g.18gb"], c.instances(owner)
         print(f"\ncluster claims: a job left to a host whose flexmigd is down ran on the other {took:.1f} s after "
               f"its release ({slurm_version()})")  # fmt: skip

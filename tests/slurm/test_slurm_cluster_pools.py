@@ -9,13 +9,11 @@ and made (or tried to make) a pool node, one of which idled until it was given b
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 
 import pytest
 
-from flexmig.mig.nodespec import parse_node_spec
 from support.slurm import JOB_USERS, skip_reason, slurm_version
 from support.slurm_cluster import SlurmCluster
 
@@ -25,17 +23,9 @@ SPEC = "h200:3g.71gb@0+3g.71gb@4"
 PRINT = '#!/bin/sh\necho "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"\nsleep 600\n'
 
 
-def _instances(c: SlurmCluster, host: int) -> list[tuple[int, int, str]]:
-    """Host ``host``'s MIG instances ``(gpu, start, profile)`` as its simulated driver holds them (its state file)."""
-    model = parse_node_spec(SPEC).model
-    by_id = {p.profile_id: p.name for p in model.profiles}
-    doc = json.loads((c.testbed.host_paths(host).flexmig / "sim.json").read_text())
-    return sorted((g["index"], gi["start"], by_id[gi["profile_id"]]) for g in doc["gpus"] for gi in g["gpu_instances"])
-
-
 def test_one_host_alone_makes_the_pool_node_for_a_two_device_job_and_the_job_runs_there() -> None:
     with SlurmCluster(SPEC, hosts=2, interval_s=5.0) as c:  # stopped between rounds, most likely
-        before = [_instances(c, h) for h in range(c.hosts)]
+        before = [c.instances(h) for h in range(c.hosts)]
         user = JOB_USERS[0]
         pair = c.testbed.sbatch("--hold", "--gres=gpu:1g.18gb:2", script=PRINT, user=user)
         paused = [p for p in c.procs if p is not None]
@@ -60,10 +50,10 @@ def test_one_host_alone_makes_the_pool_node_for_a_two_device_job_and_the_job_run
         c.wait("the job printed its devices", lambda: out.exists() and out.read_text().strip(), timeout_s=30)
         name, devices = out.read_text().split()
         assert name == pool and len(set(devices.split(","))) == 2, out.read_text()
-        assert _instances(c, other) == before[other], (before, _instances(c, other))  # nothing carved there
+        assert c.instances(other) == before[other], (before, c.instances(other))  # nothing carved there
         assert "pool node" not in c.log(other), c.log(other)[-3000:]
-        small = [i for i in _instances(c, host) if i[2] == "1g.18gb"]
-        assert len(small) == 2 and len({i[0] for i in small}) == 1, _instances(c, host)  # two 1g of one GPU
+        small = [i for i in c.instances(host) if i[2] == "1g.18gb"]
+        assert len(small) == 2 and len({i[0] for i in small}) == 1, c.instances(host)  # two 1g of one GPU
         assert not any(n.name.startswith(f"{c.node(other)}-gpu0-x") for n in c.slurm_nodes()), c.slurm_nodes()
         print(f"\ncluster pool: {pool} on host {host + 1} alone, the job running {took:.1f} s after its release "
               f"({slurm_version()})")  # fmt: skip

@@ -15,6 +15,7 @@ from flexmig.slurm.instances import MIXED, queue_of
 from flexmig.slurm.squeue import SlurmJob
 from support.slurm import SlurmDaemon, skip_reason
 from support.slurm_forms import NODE_FORMS
+from support.slurm_refusals import refused_once
 
 SPEC = "h200:3g.71gb@0+3g.71gb@4"
 SLEEP = "#!/bin/sh\nsleep 60\n"
@@ -56,13 +57,6 @@ def test_a_two_profile_job_is_refused_at_once_by_slurm_or_by_flexmigd_in_one_lin
                 d.testbed.sbatch("--gres=gpu:1g.18gb:1,gpu:2g.35gb:1", script=SLEEP)
             return
         job = d.testbed.sbatch("--gres=gpu:1g.18gb:1,gpu:2g.35gb:1", script=SLEEP)
-        line = d.wait("flexmigd's refusal", lambda: next((x for x in d.log().splitlines() if MIXED in x), None),
-                      timeout_s=30)  # fmt: skip
-        assert f"job {job} {MIXED} (gpu:1g.18gb:1,gpu:2g.35gb:1)" in line and "WARNING" in line, line
-        one = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)  # a round later: a carving for this one alone
-        d.wait_state(one, "RUNNING", timeout_s=60)
-        pending = d.job(job)
-        assert pending is not None and pending.state == "PENDING", pending
-        warned = [x for x in d.log().splitlines() if MIXED in x and "WARNING" in x]
-        assert len(warned) == 1, d.log()[-3000:]  # told once, not every round
+        line = refused_once(d, job, MIXED, SLEEP)
+        assert f"job {job} {MIXED} (gpu:1g.18gb:1,gpu:2g.35gb:1)" in line, line
         assert "2g.35gb@" not in d.log(), d.log()[-3000:]  # nothing carved for its 2g device

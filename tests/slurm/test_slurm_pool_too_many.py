@@ -23,6 +23,7 @@ from flexmig.slurm.instances import TOO_MANY, queue_of
 from flexmig.slurm.squeue import SlurmJob
 from support.slurm import SlurmDaemon, skip_reason
 from support.slurm_forms import NODE_FORMS
+from support.slurm_refusals import refused_once
 
 SPEC = "h200:3g.71gb@0+3g.71gb@4"
 SLEEP = "#!/bin/sh\nsleep 60\n"
@@ -86,12 +87,5 @@ def test_a_job_of_eight_1g_on_one_node_is_refused_by_slurm_or_by_flexmigd_in_one
             assert "Requested node configuration is not available" in str(e), e
             return
         assert not static, "slurmctld queued a job no static node can run"
-        line = d.wait("flexmigd's refusal", lambda: next((x for x in d.log().splitlines() if TOO_MANY in x), None),
-                      timeout_s=30)  # fmt: skip
-        assert f"job {job} {TOO_MANY} (8 x 1g.18gb" in line and "WARNING" in line, line
-        one = d.testbed.sbatch("--gres=gpu:1g.18gb:1", script=SLEEP)  # a round later: a carving for this one alone
-        d.wait_state(one, "RUNNING", timeout_s=60)
-        pending = d.job(job)
-        assert pending is not None and pending.state == "PENDING", pending
-        warned = [x for x in d.log().splitlines() if TOO_MANY in x and "WARNING" in x]
-        assert len(warned) == 1, d.log()[-3000:]  # told once, not every round
+        line = refused_once(d, job, TOO_MANY, SLEEP)
+        assert f"job {job} {TOO_MANY} (8 x 1g.18gb" in line, line

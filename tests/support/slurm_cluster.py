@@ -201,6 +201,15 @@ class SlurmCluster:
         node = self.slurm_node(name)
         return node is not None and bool(node.responding)
 
+    def instances(self, host: int) -> list[tuple[int, int, str]]:
+        """Host ``host``'s MIG instances ``(gpu, start, profile)`` as its simulated driver holds them (its state
+        file)."""
+        by_id = {p.profile_id: p.name for p in parse_node_spec(self.spec).model.profiles}
+        doc = json.loads((self.testbed.host_paths(host).flexmig / "sim.json").read_text())
+        return sorted(
+            (g["index"], gi["start"], by_id[gi["profile_id"]]) for g in doc["gpus"] for gi in g["gpu_instances"]
+        )
+
     def host_of(self, node: str) -> int | None:
         """Which host node ``node`` is of."""
         return next((h for h in range(self.hosts) if node in self.testbed.node_names(h)), None)
